@@ -1,0 +1,624 @@
+/*
+ * spec.c - strict job-spec validation: JSON (DESIGN.md §4) to gpu_job_config.
+ *
+ * Every object is checked against its list of known keys first, so an unknown or misspelt
+ * field is an error rather than silently ignored. Every error names the field by its
+ * dotted path. Numbers: integer fields take JSON integers only; real fields take integers
+ * or reals, which must be finite (JSON has no NaN, and "NaN" as a string is a type error).
+ *
+ * Threads: reentrant; no global state.
+ */
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "api/api.h"
+
+typedef struct {
+    api_error *err;
+    const api_spec_opts *opts;
+} ctx;
+
+static int fail(ctx *c, const char *field, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int fail(ctx *c, const char *field, const char *fmt, ...)
+{
+    va_list ap;
+    snprintf(c->err->code, sizeof(c->err->code), "invalid_spec");
+    snprintf(c->err->field, sizeof(c->err->field), "%s", field);
+    va_start(ap, fmt);
+    vsnprintf(c->err->message, sizeof(c->err->message), fmt, ap);
+    va_end(ap);
+    return GPU_EINVAL;
+}
+
+void api_spec_opts_default(api_spec_opts *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->nroots = 1;
+    snprintf(o->roots[0], sizeof(o->roots[0]), "/usr/share/datasets");
+}
+
+/* Reject keys of obj not in the NULL-terminated list known; path names obj. */
+static int only_keys(ctx *c, json_t *obj, const char *path, const char *const *known)
+{
+    const char *key;
+    json_t *v;
+    json_object_foreach(obj, key, v) {
+        int ok = 0;
+        for (const char *const *k = known; *k; k++)
+            ok |= strcmp(*k, key) == 0;
+        if (!ok) {
+            char f[128];
+            snprintf(f, sizeof(f), "%s%s%s", path, *path ? "." : "", key);
+            return fail(c, f, "unknown field");
+        }
+    }
+    (void)v;
+    return 0;
+}
+
+static int want_object(ctx *c, json_t *v, const char *field)
+{
+    return json_is_object(v) ? 0 : fail(c, field, "must be an object");
+}
+
+/* Optional real in [lo, hi]; *out unchanged when absent. */
+static int get_real(ctx *c, json_t *obj, const char *key, const char *field, double lo,
+                    double hi, float *out)
+{
+    json_t *v = json_object_get(obj, key);
+    if (!v)
+        return 0;
+    if (!json_is_number(v))
+        return fail(c, field, "must be a number");
+    double d = json_number_value(v);
+    if (!isfinite(d) || d < lo || d > hi)
+        return fail(c, field, "must be a finite number in [%g, %g]", lo, hi);
+    *out = (float)d;
+    return 0;
+}
+
+static int get_int(ctx *c, json_t *obj, const char *key, const char *field, long long lo,
+                   long long hi, int64_t *out)
+{
+    json_t *v = json_object_get(obj, key);
+    if (!v)
+        return 0;
+    if (!json_is_integer(v))
+        return fail(c, field, "must be an integer");
+    long long n = json_integer_value(v);
+    if (n < lo || n > hi)
+        return fail(c, field, "must be an integer in [%lld, %lld]", lo, hi);
+    *out = n;
+    return 0;
+}
+
+static int get_int32(ctx *c, json_t *obj, const char *key, const char *field, int lo, int hi,
+                     int *out)
+{
+    int64_t v = *out;
+    int rc = get_int(c, obj, key, field, lo, hi, &v);
+    *out = (int)v;
+    return rc;
+}
+
+static int get_bool(ctx *c, json_t *obj, const char *key, const char *field, bool *out)
+{
+    json_t *v = json_object_get(obj, key);
+    if (!v)
+        return 0;
+    if (!json_is_boolean(v))
+        return fail(c, field, "must be true or false");
+    *out = json_is_true(v);
+    return 0;
+}
+
+/* Optional string that must be one of the NULL-terminated choices; *idx gets its index. */
+static int get_choice(ctx *c, json_t *obj, const char *key, const char *field,
+                      const char *const *choices, int *idx)
+{
+    json_t *v = json_object_get(obj, key);
+    if (!v)
+        return 0;
+    if (json_is_string(v))
+        for (int i = 0; choices[i]; i++)
+            if (strcmp(choices[i], json_string_value(v)) == 0) {
+                *idx = i;
+                return 0;
+            }
+    char list[160] = "";
+    for (int i = 0; choices[i]; i++)
+        snprintf(list + strlen(list), sizeof(list) - strlen(list), "%s\"%s\"", i ? ", " : "",
+                 choices[i]);
+    return fail(c, field, "must be one of %s", list);
+}
+
+static int parse_model(ctx *c, json_t *m, gpu_model_config *mc)
+{
+    static const char *const keys[] = {"type", "layers", "activation", "init_scale", NULL};
+    static const char *const types[] = {"mlp", "gpt", NULL};
+    static const char *const acts[] = {"relu", "gelu", NULL};
+    int type = 0, act = (int)mc->activation, rc;
+    json_t *layers;
+
+    if ((rc = want_object(c, m, "model")) || (rc = only_keys(c, m, "model", keys)) ||
+        (rc = get_choice(c, m, "type", "model.type", types, &type)) ||
+        (rc = get_choice(c, m, "activation", "model.activation", acts, &act)) ||
+        (rc = get_real(c, m, "init_scale", "model.init_scale", 1e-6, 1e3, &mc->init_scale)))
+        return rc;
+    if (type == 1)
+        return fail(c, "model.type", "\"gpt\" is not available in this version; use \"mlp\"");
+    mc->activation = (gpu_activation)act;
+    layers = json_object_get(m, "layers");
+    if (!layers)
+        return 0;
+    if (!json_is_array(layers) || json_array_size(layers) < 2 ||
+        json_array_size(layers) > GPU_MAX_LAYERS)
+        return fail(c, "model.layers", "must be an array of 2 to %d widths", GPU_MAX_LAYERS);
+    mc->nlayers = (int)json_array_size(layers);
+    for (int i = 0; i < mc->nlayers; i++) {
+        json_t *w = json_array_get(layers, (size_t)i);
+        char f[32];
+        snprintf(f, sizeof(f), "model.layers[%d]", i);
+        if (!json_is_integer(w) || json_integer_value(w) < 1 || json_integer_value(w) > 65536)
+            return fail(c, f, "must be an integer width in [1, 65536]");
+        mc->layers[i] = (int)json_integer_value(w);
+    }
+    return 0;
+}
+
+/* Is path inside one of the data roots (after resolving symlinks)? */
+static int inside_roots(const api_spec_opts *o, const char *real)
+{
+    for (int i = 0; i < o->nroots; i++) {
+        char root[PATH_MAX];
+        if (!realpath(o->roots[i], root))
+            continue;
+        size_t n = strlen(root);
+        if (strncmp(real, root, n) == 0 && (real[n] == '/' || real[n] == '\0'))
+            return 1;
+    }
+    return 0;
+}
+
+static int file_exists(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* Find <dir>/<prefix>-<kind>-ubyte[.gz] into out. */
+static int find_idx(const char *dir, const char *prefix, const char *kind, char *out,
+                    size_t outlen)
+{
+    snprintf(out, outlen, "%s/%s-%s-ubyte.gz", dir, prefix, kind);
+    if (file_exists(out))
+        return 0;
+    snprintf(out, outlen, "%s/%s-%s-ubyte", dir, prefix, kind);
+    return file_exists(out) ? 0 : -1;
+}
+
+/* Resolve "name[:split]" or a directory path to the image and label files of a split. */
+static int resolve_dataset(ctx *c, const char *field, const char *spec, const char *dflt_split,
+                           char *images, char *labels, size_t len)
+{
+    char name[512], dir[PATH_MAX], real[PATH_MAX];
+    const char *split = dflt_split, *colon = strrchr(spec, ':');
+    size_t n = colon ? (size_t)(colon - spec) : strlen(spec);
+
+    if (n == 0 || n >= sizeof(name))
+        return fail(c, field, "must name a dataset, e.g. \"fashion-mnist\"");
+    memcpy(name, spec, n);
+    name[n] = '\0';
+    if (colon)
+        split = colon + 1;
+    if (strcmp(split, "train") != 0 && strcmp(split, "test") != 0)
+        return fail(c, field, "unknown split \"%s\": use \"train\" or \"test\"", split);
+    const char *prefix = strcmp(split, "train") == 0 ? "train" : "t10k";
+    for (int i = 0; i <= c->opts->nroots; i++) {
+        if (i == c->opts->nroots) {
+            if (name[0] != '/' && strncmp(name, "./", 2) != 0)
+                break;
+            snprintf(dir, sizeof(dir), "%s", name);
+        } else if (strchr(name, '/') == NULL && strcmp(name, "..") != 0) {
+            snprintf(dir, sizeof(dir), "%s/%s", c->opts->roots[i], name);
+        } else {
+            continue;
+        }
+        if (!realpath(dir, real))
+            continue;
+        if (!inside_roots(c->opts, real))
+            return fail(c, field, "path \"%s\" is outside the data roots", name);
+        if (find_idx(real, prefix, "images-idx3", images, len) == 0 &&
+            find_idx(real, prefix, "labels-idx1", labels, len) == 0)
+            return 0;
+        return fail(c, field, "no %s-images-idx3-ubyte[.gz] and %s-labels-idx1-ubyte[.gz] in %s",
+                    prefix, prefix, real);
+    }
+    if (name[0] == '/' || strchr(name, '/'))
+        return fail(c, field, "path \"%s\" is outside the data roots or does not exist", name);
+    return fail(c, field, "unknown dataset \"%s\" (looked in %s%s)", name, c->opts->roots[0],
+                c->opts->nroots > 1 ? " and the other data roots" : "");
+}
+
+static int parse_data(ctx *c, json_t *d, gpu_data_config *dc)
+{
+    static const char *const keys[] = {"type",    "train",      "eval",      "features",
+                                       "classes", "train_size", "eval_size", NULL};
+    static const char *const types[] = {"idx", "synthetic", NULL};
+    int type = (int)dc->type, rc;
+    json_t *train, *eval;
+
+    if ((rc = want_object(c, d, "data")) || (rc = only_keys(c, d, "data", keys)) ||
+        (rc = get_choice(c, d, "type", "data.type", types, &type)))
+        return rc;
+    dc->type = (gpu_data_type)type;
+    if (dc->type == GPU_DATA_SYNTHETIC) {
+        if (json_object_get(d, "train") || json_object_get(d, "eval"))
+            return fail(c, json_object_get(d, "train") ? "data.train" : "data.eval",
+                        "synthetic data takes features, classes, train_size and eval_size");
+        return (rc = get_int32(c, d, "features", "data.features", 1, 65536,
+                               &dc->synth_features)) ||
+                       (rc = get_int32(c, d, "classes", "data.classes", 2, 256,
+                                       &dc->synth_classes)) ||
+                       (rc = get_int32(c, d, "train_size", "data.train_size", 1, 10000000,
+                                       &dc->synth_train)) ||
+                       (rc = get_int32(c, d, "eval_size", "data.eval_size", 0, 10000000,
+                                       &dc->synth_eval))
+                   ? rc
+                   : 0;
+    }
+    for (const char *const *k = keys + 3; *k; k++)
+        if (json_object_get(d, *k)) {
+            char f[64];
+            snprintf(f, sizeof(f), "data.%s", *k);
+            return fail(c, f, "only for \"synthetic\" data");
+        }
+    train = json_object_get(d, "train");
+    eval = json_object_get(d, "eval");
+    if (train && !json_is_string(train))
+        return fail(c, "data.train", "must be a dataset name or path");
+    if (eval && !json_is_string(eval) && !json_is_null(eval))
+        return fail(c, "data.eval", "must be a dataset name, a path or null");
+    char tr[520], ev[540];
+    snprintf(tr, sizeof(tr), "%s", train ? json_string_value(train) : "fashion-mnist");
+    rc = resolve_dataset(c, "data.train", tr, "train", dc->train_images, dc->train_labels,
+                         sizeof(dc->train_images));
+    if (rc)
+        return rc;
+    dc->eval_images[0] = dc->eval_labels[0] = '\0';
+    if (eval && json_is_null(eval))
+        return 0;
+    if (eval) {
+        snprintf(ev, sizeof(ev), "%s", json_string_value(eval));
+    } else {
+        char *colon = strrchr(tr, ':');
+        if (colon)
+            *colon = '\0';
+        snprintf(ev, sizeof(ev), "%s:test", tr);
+    }
+    return resolve_dataset(c, "data.eval", ev, "test", dc->eval_images, dc->eval_labels,
+                           sizeof(dc->eval_images));
+}
+
+static int parse_scaler(ctx *c, json_t *ls, gpu_scaler_config *s)
+{
+    static const char *const keys[] = {"mode",       "init",      "growth_factor",
+                                       "backoff_factor", "growth_interval", "hysteresis",
+                                       "min_scale",  "max_scale", "floor_patience", NULL};
+    static const char *const modes[] = {"none", "static", "dynamic", NULL};
+    int mode = (int)s->mode, rc;
+    const char *field = NULL;
+    const float big = 3.0e38f;
+
+    if ((rc = want_object(c, ls, "precision.loss_scale")) ||
+        (rc = only_keys(c, ls, "precision.loss_scale", keys)) ||
+        (rc = get_choice(c, ls, "mode", "precision.loss_scale.mode", modes, &mode)) ||
+        (rc = get_real(c, ls, "init", "precision.loss_scale.init", 0, big, &s->init_scale)) ||
+        (rc = get_real(c, ls, "growth_factor", "precision.loss_scale.growth_factor", 0, big,
+                       &s->growth_factor)) ||
+        (rc = get_real(c, ls, "backoff_factor", "precision.loss_scale.backoff_factor", 0, 1,
+                       &s->backoff_factor)) ||
+        (rc = get_int32(c, ls, "growth_interval", "precision.loss_scale.growth_interval", 1,
+                        INT_MAX, &s->growth_interval)) ||
+        (rc = get_int32(c, ls, "hysteresis", "precision.loss_scale.hysteresis", 1, 1000000,
+                        &s->hysteresis)) ||
+        (rc = get_real(c, ls, "min_scale", "precision.loss_scale.min_scale", 0, big,
+                       &s->min_scale)) ||
+        (rc = get_real(c, ls, "max_scale", "precision.loss_scale.max_scale", 0, big,
+                       &s->max_scale)) ||
+        (rc = get_int32(c, ls, "floor_patience", "precision.loss_scale.floor_patience", 1,
+                        INT_MAX, &s->floor_patience)))
+        return rc;
+    s->mode = (gpu_scale_mode)mode;
+    if (gpu_scaler_validate(s, &field) != 0)
+        return fail(c, field ? field : "precision.loss_scale",
+                    "is out of range (growth_factor > 1, backoff_factor in (0,1), "
+                    "0 < min_scale <= init <= max_scale)");
+    return 0;
+}
+
+static int parse_autocast(ctx *c, json_t *ac, gpu_autocast *a)
+{
+    static const char *const keys[] = {"overrides", NULL};
+    json_t *ov, *v;
+    const char *op;
+    int rc;
+
+    if ((rc = want_object(c, ac, "precision.autocast")) ||
+        (rc = only_keys(c, ac, "precision.autocast", keys)))
+        return rc;
+    ov = json_object_get(ac, "overrides");
+    if (!ov)
+        return 0;
+    if (!json_is_object(ov))
+        return fail(c, "precision.autocast.overrides", "must be an object of op: policy");
+    json_object_foreach(ov, op, v) {
+        char f[128];
+        gpu_op o;
+        gpu_cast_policy p;
+        snprintf(f, sizeof(f), "precision.autocast.overrides.%s", op);
+        if (gpu_op_parse(op, &o) != 0)
+            return fail(c, f, "unknown op (see GET /v1/system for the autocast table)");
+        if (!json_is_string(v) || gpu_cast_policy_parse(json_string_value(v), &p) != 0)
+            return fail(c, f, "must be \"lowp\", \"fp32\" or \"input\"");
+        a->policy[o] = p;
+    }
+    return 0;
+}
+
+static int parse_precision(ctx *c, json_t *p, gpu_job_config *jc)
+{
+    static const char *const keys[] = {"dtype", "master_weights", "loss_scale", "autocast",
+                                       NULL};
+    static const char *const dtypes[] = {"fp32", "fp16", "bf16", NULL};
+    int dt = (int)jc->dtype, rc;
+    json_t *v;
+
+    if ((rc = want_object(c, p, "precision")) || (rc = only_keys(c, p, "precision", keys)) ||
+        (rc = get_choice(c, p, "dtype", "precision.dtype", dtypes, &dt)) ||
+        (rc = get_bool(c, p, "master_weights", "precision.master_weights",
+                       &jc->master_weights)))
+        return rc;
+    jc->dtype = (gpu_dtype)dt;
+    gpu_scaler_defaults(&jc->scaler, jc->dtype);
+    if ((v = json_object_get(p, "loss_scale")) && (rc = parse_scaler(c, v, &jc->scaler)))
+        return rc;
+    if ((v = json_object_get(p, "autocast")) && (rc = parse_autocast(c, v, &jc->autocast)))
+        return rc;
+    return 0;
+}
+
+static int parse_optimizer(ctx *c, json_t *o, gpu_optim_config *oc)
+{
+    static const char *const keys[] = {"type",         "lr",          "betas",
+                                       "eps",          "momentum",    "weight_decay",
+                                       "grad_clip",    "warmup_steps", "schedule",
+                                       "min_lr_ratio", NULL};
+    static const char *const types[] = {"adamw", "sgd", NULL};
+    static const char *const scheds[] = {"constant", "cosine", "linear", NULL};
+    int type = (int)oc->type, sched = (int)oc->schedule, rc;
+    const char *field = NULL;
+    json_t *betas;
+
+    if ((rc = want_object(c, o, "optimizer")) || (rc = only_keys(c, o, "optimizer", keys)) ||
+        (rc = get_choice(c, o, "type", "optimizer.type", types, &type)) ||
+        (rc = get_choice(c, o, "schedule", "optimizer.schedule", scheds, &sched)) ||
+        (rc = get_real(c, o, "lr", "optimizer.lr", 0, 1e6, &oc->lr)) ||
+        (rc = get_real(c, o, "eps", "optimizer.eps", 0, 1, &oc->eps)) ||
+        (rc = get_real(c, o, "momentum", "optimizer.momentum", 0, 1, &oc->momentum)) ||
+        (rc = get_real(c, o, "weight_decay", "optimizer.weight_decay", 0, 1e6,
+                       &oc->weight_decay)) ||
+        (rc = get_real(c, o, "grad_clip", "optimizer.grad_clip", 0, 3e38, &oc->grad_clip)) ||
+        (rc = get_int32(c, o, "warmup_steps", "optimizer.warmup_steps", 0, INT_MAX,
+                        &oc->warmup_steps)) ||
+        (rc = get_real(c, o, "min_lr_ratio", "optimizer.min_lr_ratio", 0, 1,
+                       &oc->min_lr_ratio)))
+        return rc;
+    oc->type = (gpu_opt_type)type;
+    oc->schedule = (gpu_sched)sched;
+    betas = json_object_get(o, "betas");
+    if (betas) {
+        if (!json_is_array(betas) || json_array_size(betas) != 2 ||
+            !json_is_number(json_array_get(betas, 0)) ||
+            !json_is_number(json_array_get(betas, 1)))
+            return fail(c, "optimizer.betas", "must be an array of two numbers in [0, 1)");
+        oc->beta1 = (float)json_number_value(json_array_get(betas, 0));
+        oc->beta2 = (float)json_number_value(json_array_get(betas, 1));
+    }
+    if (gpu_optim_validate(oc, &field) != 0)
+        return fail(c, field ? field : "optimizer",
+                    "is out of range (lr > 0, betas in [0, 1), eps > 0, momentum in [0, 1))");
+    return 0;
+}
+
+static int parse_distributed(ctx *c, json_t *d)
+{
+    static const char *const keys[] = {"world_size", "comm_hook", NULL};
+    static const char *const hooks[] = {"none", "fp16", "bf16", NULL};
+    int64_t ws = 1;
+    int hook = 0, rc;
+    if ((rc = want_object(c, d, "distributed")) ||
+        (rc = only_keys(c, d, "distributed", keys)) ||
+        (rc = get_int(c, d, "world_size", "distributed.world_size", 1, 4096, &ws)) ||
+        (rc = get_choice(c, d, "comm_hook", "distributed.comm_hook", hooks, &hook)))
+        return rc;
+    if (ws != 1)
+        return fail(c, "distributed.world_size",
+                    "multi-rank jobs are not available in this version; use 1");
+    return 0;
+}
+
+static int parse_device(ctx *c, json_t *v, gpu_job_config *jc)
+{
+    const char *s = json_string_value(v);
+    char *end;
+    if (!json_is_string(v))
+        return fail(c, "device", "must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"");
+    if (strcmp(s, "auto") && strcmp(s, "cpu") && strcmp(s, "cuda")) {
+        if (strncmp(s, "cuda:", 5) != 0 || !s[5] || strtol(s + 5, &end, 10) < 0 || *end ||
+            strlen(s) > 10)
+            return fail(c, "device", "must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"");
+    }
+    snprintf(jc->device, sizeof(jc->device), "%s", s);
+    return 0;
+}
+
+static int parse_top(ctx *c, json_t *spec, gpu_job_config *jc)
+{
+    static const char *const keys[] = {"name",       "model",       "data",
+                                       "precision",  "optimizer",   "batch_size",
+                                       "steps",      "seed",        "eval_every",
+                                       "checkpoint_every", "diagnostics_every", "device",
+                                       "distributed", "threads",    NULL};
+    json_t *v;
+    int64_t seed = (int64_t)jc->seed;
+    int rc;
+
+    if (!json_is_object(spec))
+        return fail(c, "", "the job spec must be a JSON object");
+    if ((rc = only_keys(c, spec, "", keys)))
+        return rc;
+    if ((v = json_object_get(spec, "name"))) {
+        if (!json_is_string(v) || json_string_length(v) == 0 || json_string_length(v) > 127)
+            return fail(c, "name", "must be a string of 1 to 127 characters");
+        snprintf(jc->name, sizeof(jc->name), "%s", json_string_value(v));
+    }
+    if (((v = json_object_get(spec, "model")) && (rc = parse_model(c, v, &jc->model))) ||
+        ((v = json_object_get(spec, "precision")) && (rc = parse_precision(c, v, jc))) ||
+        ((v = json_object_get(spec, "optimizer")) && (rc = parse_optimizer(c, v, &jc->optim))) ||
+        ((v = json_object_get(spec, "distributed")) && (rc = parse_distributed(c, v))) ||
+        ((v = json_object_get(spec, "device")) && (rc = parse_device(c, v, jc))))
+        return rc;
+    if ((rc = get_int32(c, spec, "batch_size", "batch_size", 1, 65536, &jc->batch_size)) ||
+        (rc = get_int(c, spec, "steps", "steps", 1, 1000000000LL, &jc->steps)) ||
+        (rc = get_int(c, spec, "seed", "seed", 0, INT64_MAX, &seed)) ||
+        (rc = get_int(c, spec, "eval_every", "eval_every", 0, 1000000000LL, &jc->eval_every)) ||
+        (rc = get_int(c, spec, "checkpoint_every", "checkpoint_every", 0, 1000000000LL,
+                      &jc->checkpoint_every)) ||
+        (rc = get_int(c, spec, "diagnostics_every", "diagnostics_every", 0, 1000000000LL,
+                      &jc->diagnostics_every)) ||
+        (rc = get_int32(c, spec, "threads", "threads", 0, 1024, &jc->threads)))
+        return rc;
+    jc->seed = (uint64_t)seed;
+    /* data last: synthetic defaults follow the model's shape */
+    jc->data.synth_features = jc->model.layers[0];
+    jc->data.synth_classes = jc->model.layers[jc->model.nlayers - 1];
+    v = json_object_get(spec, "data");
+    if (!v)
+        v = json_object();
+    else
+        json_incref(v);
+    rc = parse_data(c, v, &jc->data);
+    json_decref(v);
+    return rc;
+}
+
+/* Parse a job spec object; see api.h. */
+int api_spec_from_json(json_t *spec, const api_spec_opts *o, gpu_job_config *out,
+                       api_error *err)
+{
+    ctx c = {err, o};
+    gpu_job_config jc;
+    api_spec_opts dflt;
+
+    memset(err, 0, sizeof(*err));
+    if (!o) {
+        api_spec_opts_default(&dflt);
+        c.opts = &dflt;
+    }
+    gpu_job_defaults(&jc);
+    jc.data.type = GPU_DATA_IDX;
+    jc.dtype = GPU_FP32;
+    int rc = parse_top(&c, spec, &jc);
+    if (rc)
+        return rc;
+    *out = jc;
+    return 0;
+}
+
+/* Parse JSON text; see api.h. */
+int api_spec_parse(const char *text, size_t len, const api_spec_opts *o, gpu_job_config *out,
+                   api_error *err)
+{
+    json_error_t je;
+    json_t *spec = json_loadb(text, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &je);
+    if (!spec) {
+        memset(err, 0, sizeof(*err));
+        snprintf(err->code, sizeof(err->code), "invalid_json");
+        snprintf(err->message, sizeof(err->message), "line %d column %d: %s", je.line,
+                 je.column, je.text);
+        return GPU_EINVAL;
+    }
+    int rc = api_spec_from_json(spec, o, out, err);
+    json_decref(spec);
+    return rc;
+}
+
+/* The autocast table as JSON; caller owns the reference. */
+json_t *api_autocast_to_json(const gpu_autocast *a)
+{
+    json_t *o = json_object();
+    for (int i = 0; i < GPU_OP_COUNT; i++)
+        json_object_set_new(o, gpu_op_name((gpu_op)i),
+                            json_string(gpu_cast_policy_name(a->policy[i])));
+    return o;
+}
+
+static json_t *scaler_to_json(const gpu_scaler_config *s)
+{
+    static const char *const modes[] = {"none", "static", "dynamic"};
+    return json_pack("{s:s, s:f, s:f, s:f, s:i, s:i, s:f, s:f, s:i}", "mode", modes[s->mode],
+                     "init", api_float_value(s->init_scale), "growth_factor", api_float_value(s->growth_factor),
+                     "backoff_factor", api_float_value(s->backoff_factor), "growth_interval",
+                     s->growth_interval, "hysteresis", s->hysteresis, "min_scale",
+                     api_float_value(s->min_scale), "max_scale", api_float_value(s->max_scale),
+                     "floor_patience", s->floor_patience);
+}
+
+static json_t *data_to_json(const gpu_data_config *d)
+{
+    if (d->type == GPU_DATA_SYNTHETIC)
+        return json_pack("{s:s, s:i, s:i, s:i, s:i}", "type", "synthetic", "features",
+                         d->synth_features, "classes", d->synth_classes, "train_size",
+                         d->synth_train, "eval_size", d->synth_eval);
+    return json_pack("{s:s, s:s, s:s, s:s?, s:s?}", "type", "idx", "train_images",
+                     d->train_images, "train_labels", d->train_labels, "eval_images",
+                     d->eval_images[0] ? d->eval_images : NULL, "eval_labels",
+                     d->eval_labels[0] ? d->eval_labels : NULL);
+}
+
+/* The canonical, fully defaulted spec; caller owns the reference. */
+json_t *api_spec_to_json(const gpu_job_config *c)
+{
+    static const char *const opts[] = {"adamw", "sgd"};
+    static const char *const scheds[] = {"constant", "cosine", "linear"};
+    json_t *layers = json_array();
+    for (int i = 0; i < c->model.nlayers; i++)
+        json_array_append_new(layers, json_integer(c->model.layers[i]));
+    const gpu_optim_config *o = &c->optim;
+    return json_pack(
+        "{s:s, s:{s:s, s:o, s:s, s:f}, s:o, s:{s:s, s:b, s:o, s:{s:o}},"
+        " s:{s:s, s:f, s:[f,f], s:f, s:f, s:f, s:f, s:i, s:s, s:f},"
+        " s:i, s:I, s:I, s:I, s:I, s:I, s:s, s:i}",
+        "name", c->name, "model", "type", "mlp", "layers", layers, "activation",
+        c->model.activation == GPU_ACT_GELU ? "gelu" : "relu", "init_scale",
+        api_float_value(c->model.init_scale), "data", data_to_json(&c->data), "precision", "dtype",
+        gpu_dtype_name(c->dtype), "master_weights", c->master_weights, "loss_scale",
+        scaler_to_json(&c->scaler), "autocast", "table", api_autocast_to_json(&c->autocast),
+        "optimizer", "type", opts[o->type], "lr", api_float_value(o->lr), "betas", api_float_value(o->beta1),
+        api_float_value(o->beta2), "eps", api_float_value(o->eps), "momentum", api_float_value(o->momentum),
+        "weight_decay", api_float_value(o->weight_decay), "grad_clip", api_float_value(o->grad_clip),
+        "warmup_steps", o->warmup_steps, "schedule", scheds[o->schedule], "min_lr_ratio",
+        api_float_value(o->min_lr_ratio), "batch_size", c->batch_size, "steps", (json_int_t)c->steps,
+        "seed", (json_int_t)c->seed, "eval_every", (json_int_t)c->eval_every,
+        "checkpoint_every", (json_int_t)c->checkpoint_every, "diagnostics_every",
+        (json_int_t)c->diagnostics_every, "device", c->device, "threads", c->threads);
+}

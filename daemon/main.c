@@ -1,0 +1,51 @@
+/*
+ * main.c - the ampd executable: dispatches `ampd run`, `ampd version` and `ampd help`.
+ *
+ * provides: main. uses: daemon_run_main (daemon/run.c), gpu_blas_info, gpu_cuda_probe.
+ * Threads: the main thread only.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "config.h"
+#include "daemon/daemon.h"
+#include "gpu/gpu.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: ampd COMMAND [ARGS]\n"
+               "commands:\n"
+               "  run JOB.json   train a job in the foreground (JSON lines on stdout)\n"
+               "  version        print the version and the backends found\n"
+               "  help           this text\n"
+               "`ampd run --help` describes the run options.\n");
+}
+
+static int version(void)
+{
+    char why[256];
+    int cuda = gpu_cuda_probe(why, sizeof(why)) == 0;
+    gpu_blas_init(0);
+    printf("ampd %s\nblas: %s\nconvert: %s\ncuda: %s\n", PACKAGE_VERSION, gpu_blas_info(),
+           gpu_cvt_impl(), cuda ? "device available" : why);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (strcmp(argv[1], "run") == 0)
+        return daemon_run_main(argc - 1, argv + 1);
+    if (strcmp(argv[1], "version") == 0 || strcmp(argv[1], "--version") == 0)
+        return version();
+    if (strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    fprintf(stderr, "ampd: unknown command \"%s\"\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,334 @@
+/*
+ * run.c - `ampd run JOB.json`: validate a job spec, train it in the foreground and print
+ * one JSON line per step, eval lines and a final summary on stdout (logs go to stderr).
+ *
+ * Non-finite numbers are written as the strings "NaN", "Infinity" and "-Infinity", never
+ * dropped. SIGINT/SIGTERM stop the loop after the current step; the summary then says
+ * "interrupted".
+ *
+ * Threads: the calling thread only (BLAS has its own).
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/api.h"
+#include "daemon/daemon.h"
+
+#define SPEC_MAX_BYTES (1 << 20)
+
+static volatile sig_atomic_t stop_requested;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    stop_requested = 1;
+}
+
+typedef struct {
+    const char *path;
+    int every;
+    api_spec_opts opts;
+} run_args;
+
+static json_t *mem_json(const gpu_mem *m)
+{
+    return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "weights", (json_int_t)m->weights,
+                     "master", (json_int_t)m->master, "grads", (json_int_t)m->grads,
+                     "optimizer", (json_int_t)m->optimizer, "activations",
+                     (json_int_t)m->activations, "workspace", (json_int_t)m->workspace,
+                     "total", (json_int_t)m->total);
+}
+
+/* Print obj as one line and release it. */
+static void emit(json_t *obj)
+{
+    char *s = json_dumps(obj, JSON_COMPACT | JSON_REAL_PRECISION(9));
+    if (s) {
+        fputs(s, stdout);
+        fputc('\n', stdout);
+        fflush(stdout);
+        free(s);
+    }
+    json_decref(obj);
+}
+
+static void emit_step(const gpu_step_metrics *m)
+{
+    emit(json_pack("{s:s, s:I, s:o, s:o, s:o, s:b, s:b, s:I, s:I, s:o, s:o, s:o, s:I, s:o}",
+                   "type", "step", "step", (json_int_t)m->step, "loss", api_json_num(m->loss), "lr",
+                   api_json_float(m->lr), "loss_scale", api_json_float(m->loss_scale), "overflow", m->overflow,
+                   "skipped", m->skipped, "overflow_total", (json_int_t)m->overflow_total,
+                   "skipped_total", (json_int_t)m->skipped_total, "grad_norm",
+                   api_json_num(m->grad_norm), "step_ms", api_json_num(m->step_ms), "samples_per_s",
+                   api_json_num(m->samples_per_s), "lost_updates", (json_int_t)m->lost_updates, "mem",
+                   mem_json(&m->mem)));
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int64_t n)
+{
+    if (n == 0)
+        return NAN;
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: ampd run [--every N] [--data-root DIR]... JOB.json|-\n"
+               "  Train the job in the foreground; one JSON line per step on stdout.\n"
+               "  --every N        print every Nth step line (default 1)\n"
+               "  --data-root DIR  where named datasets are found (repeatable;\n"
+               "                   default /usr/share/datasets)\n");
+}
+
+static int parse_args(int argc, char **argv, run_args *a)
+{
+    static const struct option longopts[] = {{"every", required_argument, NULL, 'e'},
+                                             {"data-root", required_argument, NULL, 'd'},
+                                             {"help", no_argument, NULL, 'h'},
+                                             {NULL, 0, NULL, 0}};
+    int ch, roots = 0;
+    memset(a, 0, sizeof(*a));
+    a->every = 1;
+    api_spec_opts_default(&a->opts);
+    optind = 1;
+    while ((ch = getopt_long(argc, argv, "e:d:h", longopts, NULL)) != -1) {
+        switch (ch) {
+        case 'e':
+            a->every = atoi(optarg);
+            if (a->every < 1) {
+                fprintf(stderr, "ampd run: --every must be a positive integer\n");
+                return 2;
+            }
+            break;
+        case 'd':
+            if (roots >= API_MAX_ROOTS) {
+                fprintf(stderr, "ampd run: at most %d --data-root options\n", API_MAX_ROOTS);
+                return 2;
+            }
+            snprintf(a->opts.roots[roots++], sizeof(a->opts.roots[0]), "%s", optarg);
+            a->opts.nroots = roots;
+            break;
+        case 'h':
+            usage(stdout);
+            return 1;
+        default:
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (optind != argc - 1) {
+        usage(stderr);
+        return 2;
+    }
+    a->path = argv[optind];
+    return 0;
+}
+
+/* Read the whole spec file (or stdin for "-"); caller frees *out. */
+static int read_spec(const char *path, char **out, size_t *len)
+{
+    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
+    char *buf = NULL;
+    size_t n = 0;
+    if (!f) {
+        fprintf(stderr, "ampd run: %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    buf = malloc(SPEC_MAX_BYTES + 1);
+    if (buf)
+        n = fread(buf, 1, SPEC_MAX_BYTES + 1, f);
+    if (f != stdin)
+        fclose(f);
+    if (!buf || n > SPEC_MAX_BYTES) {
+        fprintf(stderr, "ampd run: %s: larger than %d bytes\n", path, SPEC_MAX_BYTES);
+        free(buf);
+        return -1;
+    }
+    *out = buf;
+    *len = n;
+    return 0;
+}
+
+static void print_spec_error(const api_error *e)
+{
+    json_t *o = json_pack("{s:{s:s, s:s, s:s}}", "error", "code", e->code, "field", e->field,
+                          "message", e->message);
+    char *s = json_dumps(o, JSON_COMPACT);
+    fprintf(stderr, "%s\n", s ? s : "invalid spec");
+    free(s);
+    json_decref(o);
+}
+
+/* Decide the backend for the job's device field; 0 = CPU, else an error was logged. */
+static int choose_device(const gpu_job_config *c, char *err, size_t errlen)
+{
+    char why[256];
+    int have = gpu_cuda_probe(why, sizeof(why)) == 0;
+    if (strcmp(c->device, "cpu") == 0)
+        return 0;
+    if (strcmp(c->device, "auto") == 0) {
+        if (have)
+            log_warn("a CUDA device is present but CUDA training is not in this version; "
+                     "using the CPU backend");
+        else
+            log_info("device auto: using the CPU backend (%s)", why);
+        return 0;
+    }
+    if (!have)
+        snprintf(err, errlen, "device \"%s\": %s", c->device, why);
+    else
+        snprintf(err, errlen, "device \"%s\": CUDA training is not available in this "
+                 "version; use \"cpu\" or \"auto\"", c->device);
+    return GPU_ENODEV;
+}
+
+typedef struct {
+    double *times;
+    int64_t ntimes, cap;
+    gpu_step_metrics last;
+    gpu_eval_result eval;
+    int have_eval;
+} run_state;
+
+static void emit_eval(gpu_trainer *t, run_state *s, int64_t step)
+{
+    if (gpu_trainer_eval(t, &s->eval) != 0)
+        return;
+    s->have_eval = 1;
+    emit(json_pack("{s:s, s:I, s:o, s:o, s:I}", "type", "eval", "step", (json_int_t)step,
+                   "eval_loss", api_json_num(s->eval.loss), "eval_acc", api_json_num(s->eval.accuracy), "count",
+                   (json_int_t)s->eval.count));
+}
+
+static void emit_summary(const gpu_job_config *c, gpu_trainer *t, run_state *s,
+                         const char *status, const char *error)
+{
+    const gpu_scaler_state *sc = t ? gpu_trainer_scaler(t) : NULL;
+    double med = median(s->times, s->ntimes);
+    json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:I}", "type", "summary", "name", c->name,
+                          "status", status, "dtype", gpu_dtype_name(c->dtype), "steps",
+                          (json_int_t)s->last.step);
+    if (error)
+        json_object_set_new(o, "error", json_string(error));
+    if (sc) {
+        json_object_set_new(o, "final_loss", api_json_num(s->last.loss));
+        json_object_set_new(o, "final_loss_scale", api_json_float(sc->scale));
+        json_object_set_new(o, "overflow_total", json_integer(sc->overflow_total));
+        json_object_set_new(o, "skipped_total", json_integer(sc->skipped_total));
+        json_object_set_new(o, "lost_updates_total", json_integer(s->last.lost_total));
+        json_object_set_new(o, "params", json_integer(gpu_trainer_params(t)));
+        json_object_set_new(o, "median_step_ms", api_json_num(med));
+        json_object_set_new(o, "samples_per_s", api_json_num(c->batch_size / (med * 1e-3)));
+        json_object_set_new(o, "peak_mem", mem_json(&s->last.peak));
+    }
+    if (s->have_eval) {
+        json_object_set_new(o, "eval_loss", api_json_num(s->eval.loss));
+        json_object_set_new(o, "eval_acc", api_json_num(s->eval.accuracy));
+    }
+    emit(o);
+}
+
+static void record_time(run_state *s, double ms)
+{
+    if (s->ntimes == s->cap) {
+        int64_t cap = s->cap ? s->cap * 2 : 1024;
+        double *p = cap <= (1 << 24) ? realloc(s->times, sizeof(double) * (size_t)cap) : NULL;
+        if (!p)
+            return;
+        s->times = p;
+        s->cap = cap;
+    }
+    s->times[s->ntimes++] = ms;
+}
+
+static void emit_start(const gpu_job_config *c, gpu_trainer *t)
+{
+    json_t *spec = api_spec_to_json(c);
+    emit(json_pack("{s:s, s:s, s:I, s:s, s:s, s:o}", "type", "start", "name", c->name, "params",
+                   (json_int_t)gpu_trainer_params(t), "blas", gpu_blas_info(), "convert",
+                   gpu_cvt_impl(), "spec", spec ? spec : json_null()));
+}
+
+/* Train c to the end; returns the exit status. */
+static int train(const gpu_job_config *c, int every)
+{
+    char err[512] = "";
+    gpu_trainer *t = NULL;
+    run_state s;
+    int rc, status = 0;
+
+    memset(&s, 0, sizeof(s));
+    rc = choose_device(c, err, sizeof(err));
+    if (!rc)
+        rc = gpu_trainer_create(c, &t, err, sizeof(err));
+    if (rc) {
+        log_error("%s", err);
+        emit_summary(c, NULL, &s, "failed", err);
+        return 1;
+    }
+    emit_start(c, t);
+    for (int64_t i = 0; i < c->steps && !stop_requested; i++) {
+        rc = gpu_trainer_step(t, &s.last, err, sizeof(err));
+        record_time(&s, s.last.step_ms);
+        if (s.last.step % every == 0 || rc || s.last.step == c->steps || s.last.overflow)
+            emit_step(&s.last);
+        if (rc) {
+            if (!err[0])
+                snprintf(err, sizeof(err), "%s", gpu_strerror(rc));
+            log_error("step %lld: %s", (long long)s.last.step, err);
+            status = 1;
+            break;
+        }
+        if (c->eval_every > 0 && s.last.step % c->eval_every == 0 && s.last.step < c->steps)
+            emit_eval(t, &s, s.last.step);
+    }
+    if (stop_requested && status == 0)
+        status = 130;
+    if (status != 1)
+        emit_eval(t, &s, s.last.step);
+    emit_summary(c, t, &s, status == 0 ? "succeeded" : status == 130 ? "interrupted" : "failed",
+                 status == 1 ? err : NULL);
+    free(s.times);
+    gpu_trainer_free(t);
+    return status;
+}
+
+/* `ampd run`; see daemon.h. */
+int daemon_run_main(int argc, char **argv)
+{
+    run_args a;
+    api_error e;
+    gpu_job_config c;
+    char *text = NULL;
+    size_t len = 0;
+    struct sigaction sa;
+
+    int rc = parse_args(argc, argv, &a);
+    if (rc)
+        return rc == 1 ? 0 : rc;
+    if (read_spec(a.path, &text, &len) != 0)
+        return 2;
+    rc = api_spec_parse(text, len, &a.opts, &c, &e);
+    free(text);
+    if (rc) {
+        print_spec_error(&e);
+        return 2;
+    }
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    return train(&c, a.every);
+}

@@ -1,0 +1,793 @@
+/*
+ * format.c - number formats: dtype helpers, the scalar reference conversions between fp32
+ * and fp16/bf16, their vectorised bulk versions, and CPU feature detection.
+ *
+ * Semantics (the contract of gpu.h, identical on every path and on the CUDA kernels):
+ *   fp32 -> fp16/bf16: round to nearest, ties to even; subnormal results are produced, never
+ *     flushed; +-inf is kept; every NaN becomes the canonical quiet NaN of the target
+ *     (GPU_FP16_NAN 0x7E00, GPU_BF16_NAN 0x7FC0, sign dropped); fp16 overflows to inf at
+ *     |x| >= 65520, bf16 at |x| >= 0x7F7F8000 (so FLT_MAX -> inf).
+ *   fp16/bf16 -> fp32: exact. A NaN input widens the IEEE way: sign and payload kept, the
+ *     quiet bit set (this is what VCVTPH2PS does, so the vector path needs no fix-up there).
+ * The scalar functions use integer bit manipulation only, so MXCSR (FTZ/DAZ, rounding mode)
+ * cannot change a result. The vector paths use VCVTPS2PH/VCVTPH2PS (which ignore FTZ/DAZ and
+ * take an explicit rounding mode), fix NaN lanes with a compare and blend, and do bf16
+ * rounding with integer arithmetic (VCVTNEPS2BF16 flushes denormals, so it is not used).
+ *
+ * Invariants: every path is bit-identical to the scalar functions for every input
+ * (tests/check_format.c checks all 16-bit patterns and millions of random 32-bit ones).
+ *
+ * Threads: all functions are thread-safe. The CPU features are read once (pthread_once); the
+ * conversion path is one atomic pointer, chosen at first use or by gpu_cvt_force().
+ */
+#include <float.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "gpu/gpu_int.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define FMT_X86 1
+#include <cpuid.h>
+#include <immintrin.h>
+#else
+#define FMT_X86 0
+#endif
+
+/* ---- dtype helpers --------------------------------------------------------------------- */
+
+const char *gpu_dtype_name(gpu_dtype dt)
+{
+    switch (dt) {
+    case GPU_FP32:
+        return "fp32";
+    case GPU_FP16:
+        return "fp16";
+    case GPU_BF16:
+        return "bf16";
+    }
+    return "unknown";
+}
+
+/* s is borrowed; *out is written only on success. */
+int gpu_dtype_parse(const char *s, gpu_dtype *out)
+{
+    static const gpu_dtype all[] = {GPU_FP32, GPU_FP16, GPU_BF16};
+
+    if (s == NULL || out == NULL)
+        return GPU_EINVAL;
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
+        if (strcmp(s, gpu_dtype_name(all[i])) == 0) {
+            *out = all[i];
+            return 0;
+        }
+    }
+    return GPU_EINVAL;
+}
+
+size_t gpu_dtype_size(gpu_dtype dt)
+{
+    switch (dt) {
+    case GPU_FP32:
+        return 4;
+    case GPU_FP16:
+    case GPU_BF16:
+        return 2;
+    }
+    return 0;
+}
+
+float gpu_dtype_max(gpu_dtype dt)
+{
+    switch (dt) {
+    case GPU_FP32:
+        return FLT_MAX;
+    case GPU_FP16:
+        return GPU_FP16_MAX;
+    case GPU_BF16:
+        return GPU_BF16_MAX;
+    }
+    return 0.0f;
+}
+
+float gpu_dtype_min_subnormal(gpu_dtype dt)
+{
+    switch (dt) {
+    case GPU_FP32:
+        return FLT_TRUE_MIN;              /* 2^-149 */
+    case GPU_FP16:
+        return 5.9604644775390625e-08f;   /* 2^-24 */
+    case GPU_BF16:
+        return 9.183549615799121e-41f;    /* 2^-133 */
+    }
+    return 0.0f;
+}
+
+/* ---- scalar reference conversions (integer only) ---------------------------------------- */
+
+static inline uint32_t f2u(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof(u));
+    return u;
+}
+
+static inline float u2f(uint32_t u)
+{
+    float x;
+    memcpy(&x, &u, sizeof(x));
+    return x;
+}
+
+static inline uint16_t f32_to_f16_bits(uint32_t u)
+{
+    uint32_t sign = (u >> 16) & 0x8000u;
+    uint32_t a = u & 0x7FFFFFFFu;
+
+    if (a > 0x7F800000u)
+        return (uint16_t)GPU_FP16_NAN;
+    if (a >= 0x477FF000u)                 /* 65520 and above, inf included */
+        return (uint16_t)(sign | 0x7C00u);
+    if (a >= 0x38800000u) {               /* 2^-14 and above: fp16 normal */
+        /* rebias the exponent (127 -> 15) and round the 13 dropped bits to nearest even */
+        uint32_t r = a - 0x38000000u + 0x0FFFu + ((a >> 13) & 1u);
+        return (uint16_t)(sign | (r >> 13));
+    }
+    if (a < 0x33000000u)                  /* below 2^-25: rounds to zero */
+        return (uint16_t)sign;
+    /* fp16 subnormal: the result is round(m * 2^(e - 126)), e in [102, 112] */
+    uint32_t e = a >> 23;
+    uint32_t m = (a & 0x007FFFFFu) | 0x00800000u;
+    uint32_t shift = 126u - e;            /* 14 .. 24 */
+    uint32_t h = m >> shift;
+    uint32_t rem = m & ((1u << shift) - 1u);
+    uint32_t half = 1u << (shift - 1u);
+    if (rem > half || (rem == half && (h & 1u)))
+        h++;                              /* may carry into 0x0400, the smallest normal */
+    return (uint16_t)(sign | h);
+}
+
+static inline uint32_t f16_to_f32_bits(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t e = (h >> 10) & 0x1Fu;
+    uint32_t m = h & 0x3FFu;
+
+    if (e == 0x1Fu) {
+        if (m == 0)
+            return sign | 0x7F800000u;
+        return sign | 0x7FC00000u | (m << 13);   /* NaN: payload kept, quiet bit set */
+    }
+    if (e != 0)
+        return sign | ((e + 112u) << 23) | (m << 13);
+    if (m == 0)
+        return sign;
+    /* subnormal: value m * 2^-24 with the top set bit of m at position p (0..9) */
+    uint32_t p = 31u - (uint32_t)__builtin_clz(m);
+    return sign | ((p + 103u) << 23) | ((m << (23u - p)) & 0x007FFFFFu);
+}
+
+static inline uint32_t f32_to_bf16_rounded(uint32_t u)
+{
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u)
+        return (uint32_t)GPU_BF16_NAN << 16;
+    return (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+}
+
+static inline uint16_t f32_to_bf16_bits(uint32_t u)
+{
+    return (uint16_t)(f32_to_bf16_rounded(u) >> 16);
+}
+
+static inline uint32_t bf16_to_f32_bits(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u)
+        u |= 0x00400000u;                  /* NaN: quiet bit set */
+    return u;
+}
+
+uint16_t gpu_f32_to_f16(float x)
+{
+    return f32_to_f16_bits(f2u(x));
+}
+
+float gpu_f16_to_f32(uint16_t h)
+{
+    return u2f(f16_to_f32_bits(h));
+}
+
+uint16_t gpu_f32_to_bf16(float x)
+{
+    return f32_to_bf16_bits(f2u(x));
+}
+
+float gpu_bf16_to_f32(uint16_t h)
+{
+    return u2f(bf16_to_f32_bits(h));
+}
+
+float gpu_round(float x, gpu_dtype dt)
+{
+    switch (dt) {
+    case GPU_FP16:
+        return u2f(f16_to_f32_bits(f32_to_f16_bits(f2u(x))));
+    case GPU_BF16:
+        return u2f(f32_to_bf16_rounded(f2u(x)));
+    case GPU_FP32:
+        break;
+    }
+    return x;
+}
+
+/* ---- portable bulk paths ---------------------------------------------------------------- */
+
+static void port_f32_f16(uint16_t *dst, const float *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = f32_to_f16_bits(f2u(src[i]));
+}
+
+static void port_f16_f32(float *dst, const uint16_t *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = u2f(f16_to_f32_bits(src[i]));
+}
+
+static void port_f32_bf16(uint16_t *dst, const float *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = f32_to_bf16_bits(f2u(src[i]));
+}
+
+static void port_bf16_f32(float *dst, const uint16_t *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = u2f(bf16_to_f32_bits(src[i]));
+}
+
+static void port_round_f16(float *dst, const float *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = u2f(f16_to_f32_bits(f32_to_f16_bits(f2u(src[i]))));
+}
+
+static void port_round_bf16(float *dst, const float *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = u2f(f32_to_bf16_rounded(f2u(src[i])));
+}
+
+/* ---- AVX-512 paths (F, BW, VL, DQ): 16 lanes, masked tails ------------------------------ */
+
+#if FMT_X86
+#define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c,fma")))
+#define FROUND_RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+
+T512 static inline __mmask16 a512_tail(size_t left)
+{
+    return (__mmask16)((1u << left) - 1u);
+}
+
+T512 static inline __m256i v512_f32_f16(__m512 v)
+{
+    __m256i h = _mm512_cvtps_ph(v, FROUND_RNE);
+    __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    return _mm256_mask_mov_epi16(h, nan, _mm256_set1_epi16((short)GPU_FP16_NAN));
+}
+
+/* bf16 rounding: the result in the high half of each 32-bit lane, low half zero */
+T512 static inline __m512i v512_bf16_round(__m512 v)
+{
+    __m512i u = _mm512_castps_si512(v);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb);
+    __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    r = _mm512_and_si512(r, _mm512_set1_epi32((int)0xFFFF0000u));
+    return _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32((int)GPU_BF16_NAN << 16));
+}
+
+T512 static inline __m512 v512_bf16_f32(__m256i h)
+{
+    __m512i u = _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16);
+    __mmask16 nan = _mm512_cmp_ps_mask(_mm512_castsi512_ps(u), _mm512_castsi512_ps(u),
+                                       _CMP_UNORD_Q);
+    u = _mm512_mask_or_epi32(u, nan, u, _mm512_set1_epi32(0x00400000));
+    return _mm512_castsi512_ps(u);
+}
+
+T512 static inline __m512 v512_round_f16(__m512 v)
+{
+    __m512 r = _mm512_cvtph_ps(_mm512_cvtps_ph(v, FROUND_RNE));
+    __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    return _mm512_mask_mov_ps(r, nan, _mm512_castsi512_ps(_mm512_set1_epi32(0x7FC00000)));
+}
+
+T512 static void a512_f32_f16(uint16_t *dst, const float *src, size_t n)
+{
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256i h0 = v512_f32_f16(_mm512_loadu_ps(src + i));
+        __m256i h1 = v512_f32_f16(_mm512_loadu_ps(src + i + 16));
+        _mm256_storeu_si256((__m256i *)(dst + i), h0);
+        _mm256_storeu_si256((__m256i *)(dst + i + 16), h1);
+    }
+    for (; i < n; i += 16) {
+        __mmask16 k = n - i >= 16 ? (__mmask16)0xFFFF : a512_tail(n - i);
+        __m256i h = v512_f32_f16(_mm512_maskz_loadu_ps(k, src + i));
+        _mm256_mask_storeu_epi16(dst + i, k, h);
+    }
+}
+
+T512 static void a512_f16_f32(float *dst, const uint16_t *src, size_t n)
+{
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512 v0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i)));
+        __m512 v1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i + 16)));
+        _mm512_storeu_ps(dst + i, v0);
+        _mm512_storeu_ps(dst + i + 16, v1);
+    }
+    for (; i < n; i += 16) {
+        __mmask16 k = n - i >= 16 ? (__mmask16)0xFFFF : a512_tail(n - i);
+        __m512 v = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, src + i));
+        _mm512_mask_storeu_ps(dst + i, k, v);
+    }
+}
+
+T512 static void a512_f32_bf16(uint16_t *dst, const float *src, size_t n)
+{
+    /* word indices of the high halves of 32 lanes taken from two vectors */
+    const __m512i hi = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39,
+                                        37, 35, 33, 31, 29, 27, 25, 23, 21, 19, 17, 15, 13,
+                                        11, 9, 7, 5, 3, 1);
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512i r0 = v512_bf16_round(_mm512_loadu_ps(src + i));
+        __m512i r1 = v512_bf16_round(_mm512_loadu_ps(src + i + 16));
+        _mm512_storeu_si512((void *)(dst + i), _mm512_permutex2var_epi16(r0, hi, r1));
+    }
+    for (; i < n; i += 16) {
+        __mmask16 k = n - i >= 16 ? (__mmask16)0xFFFF : a512_tail(n - i);
+        __m512i r = v512_bf16_round(_mm512_maskz_loadu_ps(k, src + i));
+        _mm256_mask_storeu_epi16(dst + i, k, _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+    }
+}
+
+T512 static void a512_bf16_f32(float *dst, const uint16_t *src, size_t n)
+{
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512 v0 = v512_bf16_f32(_mm256_loadu_si256((const __m256i *)(src + i)));
+        __m512 v1 = v512_bf16_f32(_mm256_loadu_si256((const __m256i *)(src + i + 16)));
+        _mm512_storeu_ps(dst + i, v0);
+        _mm512_storeu_ps(dst + i + 16, v1);
+    }
+    for (; i < n; i += 16) {
+        __mmask16 k = n - i >= 16 ? (__mmask16)0xFFFF : a512_tail(n - i);
+        __m512 v = v512_bf16_f32(_mm256_maskz_loadu_epi16(k, src + i));
+        _mm512_mask_storeu_ps(dst + i, k, v);
+    }
+}
+
+T512 static void a512_round_f16(float *dst, const float *src, size_t n)
+{
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512 v0 = v512_round_f16(_mm512_loadu_ps(src + i));
+        __m512 v1 = v512_round_f16(_mm512_loadu_ps(src + i + 16));
+        _mm512_storeu_ps(dst + i, v0);
+        _mm512_storeu_ps(dst + i + 16, v1);
+    }
+    for (; i < n; i += 16) {
+        __mmask16 k = n - i >= 16 ? (__mmask16)0xFFFF : a512_tail(n - i);
+        __m512 v = v512_round_f16(_mm512_maskz_loadu_ps(k, src + i));
+        _mm512_mask_storeu_ps(dst + i, k, v);
+    }
+}
+
+T512 static void a512_round_bf16(float *dst, const float *src, size_t n)
+{
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512i r0 = v512_bf16_round(_mm512_loadu_ps(src + i));
+        __m512i r1 = v512_bf16_round(_mm512_loadu_ps(src + i + 16));
+        _mm512_storeu_si512((void *)(dst + i), r0);
+        _mm512_storeu_si512((void *)(dst + i + 16), r1);
+    }
+    for (; i < n; i += 16) {
+        __mmask16 k = n - i >= 16 ? (__mmask16)0xFFFF : a512_tail(n - i);
+        __m512i r = v512_bf16_round(_mm512_maskz_loadu_ps(k, src + i));
+        _mm512_mask_storeu_epi32(dst + i, k, r);
+    }
+}
+
+/* ---- F16C + AVX2 paths: 8 lanes, tails through a small stack buffer --------------------- */
+
+#define T256 __attribute__((target("avx2,f16c,fma")))
+
+T256 static inline __m128i v256_f32_f16(__m256 v)
+{
+    __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
+    __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    __m128i nan16 = _mm_packs_epi32(_mm256_castsi256_si128(nan),
+                                    _mm256_extracti128_si256(nan, 1));
+    return _mm_blendv_epi8(h, _mm_set1_epi16((short)GPU_FP16_NAN), nan16);
+}
+
+T256 static inline __m256i v256_bf16_round(__m256 v)
+{
+    __m256i u = _mm256_castps_si256(v);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb);
+    __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    r = _mm256_and_si256(r, _mm256_set1_epi32((int)0xFFFF0000u));
+    return _mm256_blendv_epi8(r, _mm256_set1_epi32((int)GPU_BF16_NAN << 16), nan);
+}
+
+T256 static inline __m256 v256_bf16_f32(__m128i h)
+{
+    __m256i u = _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16);
+    __m256 f = _mm256_castsi256_ps(u);
+    __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q));
+    u = _mm256_or_si256(u, _mm256_and_si256(nan, _mm256_set1_epi32(0x00400000)));
+    return _mm256_castsi256_ps(u);
+}
+
+T256 static inline __m256 v256_round_f16(__m256 v)
+{
+    __m256 r = _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+    return _mm256_blendv_ps(r, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)), nan);
+}
+
+/* One block of at most 8 elements through the vector code (the tail of every a256 loop). */
+T256 static void a256_f32_f16_block(uint16_t *dst, const float *src, size_t n)
+{
+    float in[8] = {0};
+    uint16_t out[8];
+    memcpy(in, src, n * sizeof(*src));
+    _mm_storeu_si128((__m128i *)out, v256_f32_f16(_mm256_loadu_ps(in)));
+    memcpy(dst, out, n * sizeof(*dst));
+}
+
+T256 static void a256_f32_f16(uint16_t *dst, const float *src, size_t n)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m128i h0 = v256_f32_f16(_mm256_loadu_ps(src + i));
+        __m128i h1 = v256_f32_f16(_mm256_loadu_ps(src + i + 8));
+        _mm_storeu_si128((__m128i *)(dst + i), h0);
+        _mm_storeu_si128((__m128i *)(dst + i + 8), h1);
+    }
+    for (; i < n; i += 8)
+        a256_f32_f16_block(dst + i, src + i, n - i < 8 ? n - i : 8);
+}
+
+T256 static void a256_f16_f32_block(float *dst, const uint16_t *src, size_t n)
+{
+    uint16_t in[8] = {0};
+    float out[8];
+    memcpy(in, src, n * sizeof(*src));
+    _mm256_storeu_ps(out, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)in)));
+    memcpy(dst, out, n * sizeof(*dst));
+}
+
+T256 static void a256_f16_f32(float *dst, const uint16_t *src, size_t n)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 v0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i)));
+        __m256 v1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i + 8)));
+        _mm256_storeu_ps(dst + i, v0);
+        _mm256_storeu_ps(dst + i + 8, v1);
+    }
+    for (; i < n; i += 8)
+        a256_f16_f32_block(dst + i, src + i, n - i < 8 ? n - i : 8);
+}
+
+T256 static void a256_f32_bf16_block(uint16_t *dst, const float *src, size_t n)
+{
+    float in[8] = {0};
+    uint16_t out[8];
+    memcpy(in, src, n * sizeof(*src));
+    __m256i r = _mm256_srli_epi32(v256_bf16_round(_mm256_loadu_ps(in)), 16);
+    __m128i h = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+    _mm_storeu_si128((__m128i *)out, h);
+    memcpy(dst, out, n * sizeof(*dst));
+}
+
+T256 static void a256_f32_bf16(uint16_t *dst, const float *src, size_t n)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256i r0 = _mm256_srli_epi32(v256_bf16_round(_mm256_loadu_ps(src + i)), 16);
+        __m256i r1 = _mm256_srli_epi32(v256_bf16_round(_mm256_loadu_ps(src + i + 8)), 16);
+        /* packus interleaves 128-bit halves: r0lo r1lo r0hi r1hi; reorder the quadwords */
+        __m256i h = _mm256_permute4x64_epi64(_mm256_packus_epi32(r0, r1), 0xD8);
+        _mm256_storeu_si256((__m256i *)(dst + i), h);
+    }
+    for (; i < n; i += 8)
+        a256_f32_bf16_block(dst + i, src + i, n - i < 8 ? n - i : 8);
+}
+
+T256 static void a256_bf16_f32_block(float *dst, const uint16_t *src, size_t n)
+{
+    uint16_t in[8] = {0};
+    float out[8];
+    memcpy(in, src, n * sizeof(*src));
+    _mm256_storeu_ps(out, v256_bf16_f32(_mm_loadu_si128((const __m128i *)in)));
+    memcpy(dst, out, n * sizeof(*dst));
+}
+
+T256 static void a256_bf16_f32(float *dst, const uint16_t *src, size_t n)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 v0 = v256_bf16_f32(_mm_loadu_si128((const __m128i *)(src + i)));
+        __m256 v1 = v256_bf16_f32(_mm_loadu_si128((const __m128i *)(src + i + 8)));
+        _mm256_storeu_ps(dst + i, v0);
+        _mm256_storeu_ps(dst + i + 8, v1);
+    }
+    for (; i < n; i += 8)
+        a256_bf16_f32_block(dst + i, src + i, n - i < 8 ? n - i : 8);
+}
+
+T256 static void a256_round_f16_block(float *dst, const float *src, size_t n)
+{
+    float buf[8] = {0};
+    memcpy(buf, src, n * sizeof(*src));
+    _mm256_storeu_ps(buf, v256_round_f16(_mm256_loadu_ps(buf)));
+    memcpy(dst, buf, n * sizeof(*dst));
+}
+
+T256 static void a256_round_f16(float *dst, const float *src, size_t n)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 v0 = v256_round_f16(_mm256_loadu_ps(src + i));
+        __m256 v1 = v256_round_f16(_mm256_loadu_ps(src + i + 8));
+        _mm256_storeu_ps(dst + i, v0);
+        _mm256_storeu_ps(dst + i + 8, v1);
+    }
+    for (; i < n; i += 8)
+        a256_round_f16_block(dst + i, src + i, n - i < 8 ? n - i : 8);
+}
+
+T256 static void a256_round_bf16_block(float *dst, const float *src, size_t n)
+{
+    float buf[8] = {0};
+    memcpy(buf, src, n * sizeof(*src));
+    _mm256_storeu_si256((__m256i *)buf, v256_bf16_round(_mm256_loadu_ps(buf)));
+    memcpy(dst, buf, n * sizeof(*dst));
+}
+
+T256 static void a256_round_bf16(float *dst, const float *src, size_t n)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256i r0 = v256_bf16_round(_mm256_loadu_ps(src + i));
+        __m256i r1 = v256_bf16_round(_mm256_loadu_ps(src + i + 8));
+        _mm256_storeu_si256((__m256i *)(dst + i), r0);
+        _mm256_storeu_si256((__m256i *)(dst + i + 8), r1);
+    }
+    for (; i < n; i += 8)
+        a256_round_bf16_block(dst + i, src + i, n - i < 8 ? n - i : 8);
+}
+#endif /* FMT_X86 */
+
+/* ---- CPU features ----------------------------------------------------------------------- */
+
+static gpu_cpu_features cpu_features;
+static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
+
+#if FMT_X86
+static uint64_t read_xcr0(void)
+{
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((uint64_t)hi << 32) | lo;
+}
+
+static void cpu_detect(void)
+{
+    unsigned a, b, c, d;
+    gpu_cpu_features f;
+
+    memset(&f, 0, sizeof(f));
+    if (!__get_cpuid(1, &a, &b, &c, &d))
+        goto done;
+    bool osxsave = (c >> 27) & 1u, avx = (c >> 28) & 1u;
+    uint64_t xcr0 = osxsave ? read_xcr0() : 0;
+    bool os_ymm = (xcr0 & 0x6u) == 0x6u;           /* XMM and YMM state */
+    bool os_zmm = os_ymm && (xcr0 & 0xE0u) == 0xE0u; /* opmask, ZMM_Hi256, Hi16_ZMM */
+    if (!avx || !os_ymm)
+        goto done;
+    f.fma = (c >> 12) & 1u;
+    f.f16c = (c >> 29) & 1u;
+    if (__get_cpuid_max(0, NULL) < 7)
+        goto done;
+    __cpuid_count(7, 0, a, b, c, d);
+    f.avx2 = (b >> 5) & 1u;
+    if (os_zmm) {
+        f.avx512f = (b >> 16) & 1u;
+        f.avx512dq = (b >> 17) & 1u;
+        f.avx512bw = (b >> 30) & 1u;
+        f.avx512vl = (b >> 31) & 1u;
+        f.avx512fp16 = (d >> 23) & 1u;
+        unsigned max_sub = a;
+        if (max_sub >= 1) {
+            __cpuid_count(7, 1, a, b, c, d);
+            f.avx512bf16 = (a >> 5) & 1u;
+        }
+    }
+done:
+    cpu_features = f;
+}
+#else
+static void cpu_detect(void)
+{
+    memset(&cpu_features, 0, sizeof(cpu_features));
+}
+#endif
+
+const gpu_cpu_features *gpu_cpu(void)
+{
+    pthread_once(&cpu_once, cpu_detect);
+    return &cpu_features;
+}
+
+/* ---- dispatch --------------------------------------------------------------------------- */
+
+typedef struct {
+    const char *name;
+    void (*f32_f16)(uint16_t *, const float *, size_t);
+    void (*f16_f32)(float *, const uint16_t *, size_t);
+    void (*f32_bf16)(uint16_t *, const float *, size_t);
+    void (*bf16_f32)(float *, const uint16_t *, size_t);
+    void (*round_f16)(float *, const float *, size_t);
+    void (*round_bf16)(float *, const float *, size_t);
+} cvt_impl;
+
+static const cvt_impl impl_portable = {
+    "portable", port_f32_f16, port_f16_f32, port_f32_bf16, port_bf16_f32,
+    port_round_f16, port_round_bf16,
+};
+
+#if FMT_X86
+static const cvt_impl impl_avx512 = {
+    "avx512", a512_f32_f16, a512_f16_f32, a512_f32_bf16, a512_bf16_f32,
+    a512_round_f16, a512_round_bf16,
+};
+
+static const cvt_impl impl_f16c = {
+    "f16c", a256_f32_f16, a256_f16_f32, a256_f32_bf16, a256_bf16_f32,
+    a256_round_f16, a256_round_bf16,
+};
+#endif
+
+static _Atomic(const cvt_impl *) cvt_current;
+
+/* The path named name when this CPU can run it, else NULL. */
+static const cvt_impl *impl_lookup(const char *name)
+{
+    if (strcmp(name, "portable") == 0)
+        return &impl_portable;
+#if FMT_X86
+    const gpu_cpu_features *f = gpu_cpu();
+    if (strcmp(name, "avx512") == 0 && f->avx512f && f->avx512bw && f->avx512vl &&
+        f->avx512dq && f->f16c && f->avx2 && f->fma)
+        return &impl_avx512;
+    if (strcmp(name, "f16c") == 0 && f->f16c && f->avx2 && f->fma)
+        return &impl_f16c;
+#endif
+    return NULL;
+}
+
+static const cvt_impl *impl_get(void)
+{
+    const cvt_impl *p = atomic_load_explicit(&cvt_current, memory_order_acquire);
+    if (p != NULL)
+        return p;
+    p = impl_lookup("avx512");
+    if (p == NULL)
+        p = impl_lookup("f16c");
+    if (p == NULL)
+        p = &impl_portable;
+    /* a racing gpu_cvt_force wins; a racing first use stores the same pointer */
+    const cvt_impl *expected = NULL;
+    if (!atomic_compare_exchange_strong(&cvt_current, &expected, p))
+        p = expected;
+    return p;
+}
+
+const char *gpu_cvt_impl(void)
+{
+    return impl_get()->name;
+}
+
+/* impl is borrowed. */
+int gpu_cvt_force(const char *impl)
+{
+    if (impl == NULL)
+        return GPU_EINVAL;
+    if (strcmp(impl, "avx512") != 0 && strcmp(impl, "f16c") != 0 &&
+        strcmp(impl, "portable") != 0)
+        return GPU_EINVAL;
+    const cvt_impl *p = impl_lookup(impl);
+    if (p == NULL)
+        return GPU_ENODEV;
+    atomic_store_explicit(&cvt_current, p, memory_order_release);
+    return 0;
+}
+
+/* ---- bulk entry points (dst and src borrowed, n elements each) -------------------------- */
+
+void gpu_cvt_f32_f16(uint16_t *dst, const float *src, size_t n)
+{
+    impl_get()->f32_f16(dst, src, n);
+}
+
+void gpu_cvt_f16_f32(float *dst, const uint16_t *src, size_t n)
+{
+    impl_get()->f16_f32(dst, src, n);
+}
+
+void gpu_cvt_f32_bf16(uint16_t *dst, const float *src, size_t n)
+{
+    impl_get()->f32_bf16(dst, src, n);
+}
+
+void gpu_cvt_bf16_f32(float *dst, const uint16_t *src, size_t n)
+{
+    impl_get()->bf16_f32(dst, src, n);
+}
+
+void gpu_round_n(float *dst, const float *src, size_t n, gpu_dtype dt)
+{
+    switch (dt) {
+    case GPU_FP16:
+        impl_get()->round_f16(dst, src, n);
+        return;
+    case GPU_BF16:
+        impl_get()->round_bf16(dst, src, n);
+        return;
+    case GPU_FP32:
+        if (dst != src && n > 0)
+            memmove(dst, src, n * sizeof(*dst));
+        return;
+    }
+}
+
+void gpu_cvt_to_f32(float *dst, const void *src, gpu_dtype sdt, size_t n)
+{
+    switch (sdt) {
+    case GPU_FP16:
+        gpu_cvt_f16_f32(dst, src, n);
+        return;
+    case GPU_BF16:
+        gpu_cvt_bf16_f32(dst, src, n);
+        return;
+    case GPU_FP32:
+        if ((const void *)dst != src && n > 0)
+            memmove(dst, src, n * sizeof(*dst));
+        return;
+    }
+}
+
+void gpu_cvt_from_f32(void *dst, gpu_dtype ddt, const float *src, size_t n)
+{
+    switch (ddt) {
+    case GPU_FP16:
+        gpu_cvt_f32_f16(dst, src, n);
+        return;
+    case GPU_BF16:
+        gpu_cvt_f32_bf16(dst, src, n);
+        return;
+    case GPU_FP32:
+        if (dst != (const void *)src && n > 0)
+            memmove(dst, src, n * sizeof(*src));
+        return;
+    }
+}

@@ -1,0 +1,391 @@
+/*
+ * gpu.h - the ampd training engine: the one public header of the gpu/ module.
+ *
+ * The engine trains a model with automatic mixed precision (AMP): number formats and
+ * conversions, the autocast policy, the dynamic loss scaler, fp32 master weights,
+ * optimizers, models, data loaders and backends (CPU always, CUDA when built). It has no
+ * dependency on HTTP, JSON or SQLite so that tests, benchmarks and GPU checks link it alone.
+ *
+ * Conventions: functions return 0 or a negative GPU_E* code; results go through trailing
+ * out-pointers; every *_free accepts NULL. Ownership is stated in each comment.
+ *
+ * Threads: the engine is not thread-safe per object; one trainer is driven by one thread.
+ * The conversion and BLAS entry points are safe to call from any thread.
+ */
+#ifndef AMPD_GPU_H
+#define AMPD_GPU_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- errors ---------------------------------------------------------------------------- */
+
+#define GPU_ERRORS(X)                                                              \
+    X(GPU_OK, 0, "ok")                                                             \
+    X(GPU_EINVAL, -1, "invalid argument")                                          \
+    X(GPU_ENOMEM, -2, "out of memory")                                             \
+    X(GPU_EIO, -3, "input/output error")                                           \
+    X(GPU_EFORMAT, -4, "malformed data file")                                      \
+    X(GPU_ENODEV, -5, "no such device")                                            \
+    X(GPU_EBLAS, -6, "BLAS library unavailable")                                   \
+    X(GPU_ESCALE_FLOOR, -7, "loss scale stuck at its floor")                       \
+    X(GPU_ENONFINITE, -8, "non-finite loss")                                       \
+    X(GPU_ECUDA, -9, "CUDA error")                                                 \
+    X(GPU_EINTR, -10, "interrupted")
+
+enum gpu_error {
+#define GPU_ERR_ENUM(name, val, msg) name = (val),
+    GPU_ERRORS(GPU_ERR_ENUM)
+#undef GPU_ERR_ENUM
+};
+
+/* A static string that describes code; never NULL. */
+const char *gpu_strerror(int code);
+
+/* ---- number formats (format.c) --------------------------------------------------------- */
+
+typedef enum { GPU_FP32 = 0, GPU_FP16 = 1, GPU_BF16 = 2 } gpu_dtype;
+
+#define GPU_FP16_MAX 65504.0f
+#define GPU_BF16_MAX 3.3895313892515355e38f
+#define GPU_FP16_NAN 0x7E00u /* the one canonical quiet NaN each format produces */
+#define GPU_BF16_NAN 0x7FC0u
+
+const char *gpu_dtype_name(gpu_dtype dt);     /* "fp32", "fp16", "bf16" */
+int gpu_dtype_parse(const char *s, gpu_dtype *out);
+size_t gpu_dtype_size(gpu_dtype dt);           /* 4 or 2 */
+float gpu_dtype_max(gpu_dtype dt);             /* largest finite value */
+float gpu_dtype_min_subnormal(gpu_dtype dt);   /* smallest positive value */
+
+/* Scalar reference conversions: round-to-nearest-even, subnormals kept, every NaN becomes
+ * the canonical quiet NaN of the target (sign dropped), |x| >= 65520 -> fp16 inf. */
+uint16_t gpu_f32_to_f16(float x);
+float gpu_f16_to_f32(uint16_t h);
+uint16_t gpu_f32_to_bf16(float x);
+float gpu_bf16_to_f32(uint16_t h);
+/* Value of x after a round trip through dt (identity for GPU_FP32). */
+float gpu_round(float x, gpu_dtype dt);
+
+/* Bulk conversions, vectorised (AVX-512 or F16C+AVX2, chosen from CPUID at first use,
+ * portable C otherwise) and bit-identical to the scalar functions above. src and dst may
+ * not overlap, except gpu_round_n which works in place (dst == src allowed). */
+void gpu_cvt_f32_f16(uint16_t *dst, const float *src, size_t n);
+void gpu_cvt_f16_f32(float *dst, const uint16_t *src, size_t n);
+void gpu_cvt_f32_bf16(uint16_t *dst, const float *src, size_t n);
+void gpu_cvt_bf16_f32(float *dst, const uint16_t *src, size_t n);
+void gpu_round_n(float *dst, const float *src, size_t n, gpu_dtype dt);
+/* Typed helpers: dst/src hold elements of the named dtype (float for fp32, uint16_t for
+ * the 16-bit formats). Same-dtype calls copy. */
+void gpu_cvt_to_f32(float *dst, const void *src, gpu_dtype sdt, size_t n);
+void gpu_cvt_from_f32(void *dst, gpu_dtype ddt, const float *src, size_t n);
+/* Name of the conversion path in use: "avx512", "f16c", or "portable". */
+const char *gpu_cvt_impl(void);
+/* Force a conversion path for tests: "avx512", "f16c", "portable"; returns GPU_ENODEV if
+ * the CPU lacks it, GPU_EINVAL for an unknown name. */
+int gpu_cvt_force(const char *impl);
+
+/* ---- BLAS (blas.c) ---------------------------------------------------------------------- */
+
+/* Open the BLAS library once (thread-safe). On x86 it chooses OpenBLAS's kernel set from
+ * CPUID unless OPENBLAS_CORETYPE is set. nthreads <= 0 keeps the library default.
+ * Returns GPU_EBLAS with a message in the log when the library cannot be loaded. */
+int gpu_blas_init(int nthreads);
+/* Description like "OpenBLAS 0.3.21 (SkylakeX kernels, 2 threads)"; valid forever. */
+const char *gpu_blas_info(void);
+
+/* C[M,N] = op(A)[M,K] * op(B)[K,N] + beta * C, row-major, fp32 accumulation.
+ * A and B hold elements of adt / bdt (float or uint16_t), which are widened exactly to
+ * fp32 before the product (the tensor-core contract: low-precision operands, fp32
+ * accumulate). C is fp32; the caller rounds it to the op's dtype. ta/tb: A is stored
+ * K x M (lda >= M) when ta, else M x K (lda >= K); likewise B. scratch must hold
+ * gpu_gemm_scratch_floats(...) floats (may be NULL when that is 0); borrowed. */
+int gpu_gemm(bool ta, bool tb, int M, int N, int K,
+             const void *A, gpu_dtype adt, int lda,
+             const void *B, gpu_dtype bdt, int ldb,
+             float beta, float *C, int ldc, float *scratch);
+size_t gpu_gemm_scratch_floats(bool ta, bool tb, int M, int N, int K,
+                               gpu_dtype adt, int lda, gpu_dtype bdt, int ldb);
+/* The naive triple loop with double accumulation: the reference the tests compare with. */
+void gpu_gemm_ref(bool ta, bool tb, int M, int N, int K, const float *A, int lda,
+                  const float *B, int ldb, float beta, float *C, int ldc);
+
+/* ---- loss scaling (scaler.c) ------------------------------------------------------------ */
+
+typedef enum { GPU_SCALE_NONE = 0, GPU_SCALE_STATIC, GPU_SCALE_DYNAMIC } gpu_scale_mode;
+
+typedef struct {
+    gpu_scale_mode mode;
+    float init_scale;       /* 65536 */
+    float growth_factor;    /* 2.0, > 1 */
+    float backoff_factor;   /* 0.5, in (0,1) */
+    int growth_interval;    /* 2000 clean steps */
+    int hysteresis;         /* 1 = none (PyTorch); n = n overflows before backing off */
+    float min_scale;        /* floor, > 0 */
+    float max_scale;        /* ceiling: growth is refused above it */
+    int floor_patience;     /* consecutive overflowing steps at the floor before failing */
+} gpu_scaler_config;
+
+typedef struct {
+    float scale;
+    int growth_tracker;     /* clean steps since the last overflow or growth attempt */
+    int hysteresis_left;
+    int floor_streak;       /* consecutive overflowing steps at the floor */
+    int64_t steps;
+    int64_t overflow_total; /* steps whose gradients held inf/NaN */
+    int64_t skipped_total;  /* optimizer steps skipped */
+    int64_t growth_total;
+    int64_t backoff_total;
+} gpu_scaler_state;
+
+/* PyTorch defaults for the given dtype: dynamic for fp16, none for fp32 and bf16. */
+void gpu_scaler_defaults(gpu_scaler_config *c, gpu_dtype dt);
+/* GPU_EINVAL (with the field in *field) when a value is out of range. */
+int gpu_scaler_validate(const gpu_scaler_config *c, const char **field);
+void gpu_scaler_init(gpu_scaler_state *s, const gpu_scaler_config *c);
+/* The multiplier the unscale pass uses: (float)(1.0 / (double)scale). */
+float gpu_scaler_inv(const gpu_scaler_state *s);
+/* Apply one step's outcome. found_inf: the step's gradients held inf/NaN (and so the
+ * optimizer step was skipped). PyTorch-exact for hysteresis 1 with no floor/ceiling hit.
+ * Returns GPU_ESCALE_FLOOR when the scale has overflowed at its floor floor_patience times
+ * in a row (the job should fail with a diagnosis), else 0. */
+int gpu_scaler_update(gpu_scaler_state *s, const gpu_scaler_config *c, bool found_inf);
+
+/* Per-tensor outcome of the fused unscale pass. */
+typedef struct {
+    float amax;         /* max |g| over finite elements, after unscaling */
+    float amax_scaled;  /* the same before unscaling (what the low dtype had to hold) */
+    int64_t nonfinite;  /* inf/NaN elements seen (on the scaled value) */
+    int64_t zeros;      /* exact zeros after unscaling */
+} gpu_grad_stat;
+
+/* One fused pass over every gradient tensor: check the scaled value for inf/NaN, multiply
+ * by inv (skipped when inv == 1.0f), record per-tensor stats, and accumulate the sum of
+ * squares of the unscaled values in double. Tensors are described by offsets/counts into
+ * one block g (borrowed, modified in place). stats has ntensors entries (may be NULL).
+ * *found_inf is set when any element was not finite; *sumsq receives the sum of squares
+ * (meaningless when found_inf). */
+void gpu_unscale(float *g, const size_t *offsets, const size_t *counts, int ntensors,
+                 float inv, gpu_grad_stat *stats, bool *found_inf, double *sumsq);
+/* Name of the unscale path in use, "avx512" or "portable" (bit-identical results), and a
+ * way to force one for tests: GPU_ENODEV if the CPU lacks it, GPU_EINVAL if unknown. */
+const char *gpu_unscale_impl(void);
+int gpu_unscale_force(const char *impl);
+
+/* ---- optimizers (optim.c) --------------------------------------------------------------- */
+
+typedef enum { GPU_OPT_ADAMW = 0, GPU_OPT_SGD } gpu_opt_type;
+typedef enum { GPU_SCHED_CONSTANT = 0, GPU_SCHED_COSINE, GPU_SCHED_LINEAR } gpu_sched;
+
+typedef struct {
+    gpu_opt_type type;
+    float lr;
+    float beta1, beta2, eps;  /* AdamW */
+    float momentum;           /* SGD (nesterov off) */
+    float weight_decay;       /* decoupled for AdamW, L2 into the gradient for SGD */
+    float grad_clip;          /* global-norm clip on unscaled grads; <= 0 disables */
+    int warmup_steps;         /* linear warmup from 0 */
+    gpu_sched schedule;
+    float min_lr_ratio;       /* floor of the decay as a fraction of lr (0) */
+} gpu_optim_config;
+
+void gpu_optim_defaults(gpu_optim_config *c);
+int gpu_optim_validate(const gpu_optim_config *c, const char **field);
+/* Learning rate for 0-based step `step` of `total` steps. */
+float gpu_lr_at(const gpu_optim_config *c, int64_t step, int64_t total);
+
+/* One optimizer update of n parameters, fused: reads grads g (fp32, unscaled, multiplied
+ * by gmul, e.g. the clip coefficient), updates the fp32 master copy p and the state m/v
+ * (v unused by SGD; pass NULL), and writes the working copy `work` in wdt (NULL when the
+ * master is the working copy). t is the 1-based count of applied steps (bias correction).
+ * All pointers borrowed. */
+void gpu_optim_update(const gpu_optim_config *c, float lr, int64_t t, float gmul,
+                      float *p, const float *g, float *m, float *v, size_t n,
+                      void *work, gpu_dtype wdt);
+/* The same without master weights: the parameters live only in wdt (uint16_t for the 16-bit
+ * formats). Returns in *lost the number of elements whose update was non-zero but rounded
+ * away (the stored value did not change). */
+void gpu_optim_update_lowp(const gpu_optim_config *c, float lr, int64_t t, float gmul,
+                           void *w, gpu_dtype wdt, const float *g, float *m, float *v,
+                           size_t n, int64_t *lost);
+/* Name of the update-kernel path in use, "avx512" or "portable" (bit-identical results), and
+ * a way to force one for tests: GPU_ENODEV if the CPU lacks it, GPU_EINVAL if unknown. */
+const char *gpu_optim_impl(void);
+int gpu_optim_force(const char *impl);
+
+/* ---- autocast policy (autocast.c) ------------------------------------------------------- */
+
+typedef enum {
+    GPU_CAST_LOWP = 0,  /* run in the job's low dtype, fp32 accumulation */
+    GPU_CAST_FP32,      /* run in fp32 */
+    GPU_CAST_INPUT      /* run in the dtype of the input */
+} gpu_cast_policy;
+
+typedef enum {
+    GPU_OP_LINEAR = 0, GPU_OP_MATMUL, GPU_OP_RELU, GPU_OP_GELU, GPU_OP_ADD,
+    GPU_OP_SOFTMAX, GPU_OP_LOG_SOFTMAX, GPU_OP_CROSS_ENTROPY, GPU_OP_LAYER_NORM,
+    GPU_OP_EXP, GPU_OP_LOG, GPU_OP_SUM, GPU_OP_NORM, GPU_OP_EMBEDDING,
+    GPU_OP_COUNT
+} gpu_op;
+
+typedef struct {
+    gpu_cast_policy policy[GPU_OP_COUNT];
+} gpu_autocast;
+
+/* The default table (PyTorch's CUDA lists): matmul-like ops LOWP; softmax, log-softmax,
+ * cross-entropy, layer norm, exp/log, sums and norms FP32; elementwise ops INPUT. */
+void gpu_autocast_defaults(gpu_autocast *a);
+const char *gpu_op_name(gpu_op op);
+int gpu_op_parse(const char *name, gpu_op *out);
+const char *gpu_cast_policy_name(gpu_cast_policy p); /* "lowp", "fp32", "input" */
+int gpu_cast_policy_parse(const char *s, gpu_cast_policy *out);
+/* The dtype an op runs in under job dtype dt when its input has dtype in. */
+gpu_dtype gpu_autocast_dtype(const gpu_autocast *a, gpu_op op, gpu_dtype dt, gpu_dtype in);
+
+/* ---- data (data.c) ---------------------------------------------------------------------- */
+
+typedef enum { GPU_DATA_IDX = 0, GPU_DATA_SYNTHETIC } gpu_data_type;
+
+typedef struct {
+    gpu_data_type type;
+    char train_images[512], train_labels[512]; /* IDX files, gzip or raw */
+    char eval_images[512], eval_labels[512];   /* empty: no eval set */
+    /* synthetic: a fixed random teacher labels Gaussian inputs */
+    int synth_features, synth_classes, synth_train, synth_eval;
+} gpu_data_config;
+
+typedef struct gpu_dataset gpu_dataset; /* opaque */
+
+/* Load an IDX image/label pair (gzip or raw, detected from the bytes). Images must be
+ * 3-d uint8, labels 1-d uint8 with the same count. Caller frees with gpu_dataset_free(). */
+int gpu_dataset_load_idx(const char *images, const char *labels, gpu_dataset **out,
+                         char *err, size_t errlen);
+/* A deterministic synthetic classification set: Gaussian inputs labelled by the argmax of a
+ * random linear teacher. The teacher depends only on teacher_seed, the samples only on
+ * sample_seed (so a train and an eval set share a teacher). Caller frees. */
+int gpu_dataset_synthetic(int n, int features, int classes, uint64_t teacher_seed,
+                          uint64_t sample_seed, gpu_dataset **out);
+/* Normalise d with the mean and standard deviation measured on `from` (for image data;
+ * a no-op for synthetic data). Borrowed pointers. */
+void gpu_dataset_normalize_like(gpu_dataset *d, const gpu_dataset *from);
+void gpu_dataset_free(gpu_dataset *d);
+int gpu_dataset_count(const gpu_dataset *d);
+int gpu_dataset_features(const gpu_dataset *d);
+int gpu_dataset_classes(const gpu_dataset *d);
+/* Write rows idx[0..n) as normalised floats into x (n x features) and labels into y. */
+void gpu_dataset_gather(const gpu_dataset *d, const int *idx, int n, float *x, int *y);
+
+/* ---- jobs and the trainer (train.c) ---------------------------------------------------- */
+
+#define GPU_MAX_LAYERS 16
+
+typedef enum { GPU_ACT_RELU = 0, GPU_ACT_GELU } gpu_activation;
+typedef enum { GPU_MODEL_MLP = 0 } gpu_model_type;
+
+typedef struct {
+    gpu_model_type type;
+    int nlayers;                 /* number of widths in layers[] (>= 2) */
+    int layers[GPU_MAX_LAYERS];  /* widths, input first, classes last */
+    gpu_activation activation;
+    float init_scale;            /* multiplies the default (Kaiming-uniform) init; 1.0 */
+} gpu_model_config;
+
+typedef struct {
+    char name[128];
+    gpu_model_config model;
+    gpu_data_config data;
+    gpu_dtype dtype;
+    bool master_weights;
+    gpu_scaler_config scaler;
+    gpu_autocast autocast;
+    gpu_optim_config optim;
+    int batch_size;
+    int64_t steps;
+    uint64_t seed;
+    int64_t eval_every;          /* 0: only at the end */
+    int64_t checkpoint_every;
+    int64_t diagnostics_every;
+    int threads;                 /* BLAS threads; 0: all cores */
+    char device[16];             /* "auto", "cpu", "cuda" or "cuda:N" */
+} gpu_job_config;
+
+/* Defaults for every field (documented in docs/job-spec.md); dtype fp32. */
+void gpu_job_defaults(gpu_job_config *c);
+
+/* Bytes by category, as the metrics report them. */
+typedef struct {
+    int64_t weights;      /* working copy the forward pass reads (the params for fp32) */
+    int64_t master;       /* fp32 master copy (0 when it is the working copy or disabled) */
+    int64_t grads;
+    int64_t optimizer;
+    int64_t activations;  /* saved for backward, in their storage dtype */
+    int64_t workspace;    /* GEMM widening buffers and temporaries */
+    int64_t total;
+} gpu_mem;
+
+typedef struct {
+    int64_t step;          /* 1-based */
+    double loss;           /* unscaled training loss of the batch (may be inf/NaN) */
+    float lr;
+    float loss_scale;      /* scale used for this step's backward */
+    bool overflow;         /* gradients held inf/NaN */
+    bool skipped;          /* the optimizer step was skipped */
+    int64_t overflow_total, skipped_total;
+    double grad_norm;      /* global norm of unscaled grads, before clipping (inf/NaN on overflow) */
+    double step_ms;
+    double samples_per_s;
+    int64_t lost_updates;  /* master_weights off: updates that rounded away this step */
+    int64_t lost_total;    /* ... of params_total elements in total */
+    gpu_mem mem;
+    gpu_mem peak;
+} gpu_step_metrics;
+
+typedef struct {
+    double loss;
+    double accuracy;
+    int64_t count;
+} gpu_eval_result;
+
+typedef struct gpu_trainer gpu_trainer; /* opaque */
+
+/* Build the model, load the data and allocate every block. On failure returns a GPU_E*
+ * code and, when err is not NULL, a message naming the problem. Caller frees with
+ * gpu_trainer_free(). cfg is copied. */
+int gpu_trainer_create(const gpu_job_config *cfg, gpu_trainer **out, char *err, size_t errlen);
+void gpu_trainer_free(gpu_trainer *t);
+/* Run one training step and fill *m. Returns GPU_ESCALE_FLOOR (with err) when the scale is
+ * stuck at its floor; the step's metrics are still filled. */
+int gpu_trainer_step(gpu_trainer *t, gpu_step_metrics *m, char *err, size_t errlen);
+/* Evaluate on the eval set (or the training set when there is none). */
+int gpu_trainer_eval(gpu_trainer *t, gpu_eval_result *r);
+int64_t gpu_trainer_params(const gpu_trainer *t);
+const gpu_scaler_state *gpu_trainer_scaler(const gpu_trainer *t);
+/* The named tensors of the parameter blocks ("fc1.weight", ...) and the per-tensor
+ * gradient statistics of the last step (ntensors entries; valid until the next step). */
+int gpu_trainer_tensors(const gpu_trainer *t);
+const char *gpu_trainer_tensor_name(const gpu_trainer *t, int i);
+const gpu_grad_stat *gpu_trainer_grad_stats(const gpu_trainer *t);
+
+/* ---- CUDA (cuda_*.cu; cuda_none.c when built without CUDA) ------------------------------ */
+
+/* 0 when a CUDA device can be used; otherwise GPU_ENODEV and a reason in why (e.g.
+ * "built without CUDA", "no CUDA driver", "no CUDA device"). */
+int gpu_cuda_probe(char *why, size_t whylen);
+/* Host-to-host wrappers that run the CUDA conversion kernels (for tests and checks):
+ * copy in, convert on the device, copy out. */
+int gpu_cuda_cvt_f32_f16(uint16_t *dst, const float *src, size_t n);
+int gpu_cuda_cvt_f16_f32(float *dst, const uint16_t *src, size_t n);
+int gpu_cuda_cvt_f32_bf16(uint16_t *dst, const float *src, size_t n);
+int gpu_cuda_cvt_bf16_f32(float *dst, const uint16_t *src, size_t n);
+/* The fused unscale kernel with gpu_unscale()'s contract, on host buffers. */
+int gpu_cuda_unscale(float *g, const size_t *offsets, const size_t *counts, int ntensors,
+                     float inv, gpu_grad_stat *stats, bool *found_inf, double *sumsq);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* AMPD_GPU_H */

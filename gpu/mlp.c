@@ -1,0 +1,320 @@
+/*
+ * mlp.c - a multi-layer perceptron (linear, ReLU or GELU, ..., linear, softmax
+ * cross-entropy) trained under the autocast policy.
+ *
+ * Numerics, the same contract a GPU with tensor cores follows: each linear layer runs in
+ * lin_dt; its operands are stored in lin_dt, the GEMM accumulates in fp32 and the output
+ * (bias added in fp32) is rounded to lin_dt, so a value beyond fp16's range becomes inf.
+ * Activations compute in fp32 on their rounded input and round to act_dt. Cross-entropy
+ * runs in ce_dt (fp32 by default). Backward runs in the dtype of its forward op: every
+ * gradient leaves its op rounded to that op's dtype (a too-large loss scale overflows it,
+ * a too-small gradient flushes to zero), and only then lands in the fp32 gradient block.
+ *
+ * Buffers: parameters, activations and the fp32 scratch are owned by the caller (one
+ * block each, llm.c style); this file only plans their layout and fills them.
+ * Threads: none of its own; the GEMMs use the BLAS library's threads.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "gpu/gpu_int.h"
+
+static size_t align64(size_t n)
+{
+    return (n + 63) & ~(size_t)63;
+}
+
+static int act_needs_z(const gpu_mlp *m, int l)
+{
+    return l == m->nlin - 1 || m->act == GPU_ACT_GELU;
+}
+
+/* Scratch floats: two B x maxw backward buffers, one fp32 GEMM output, a bias row and the
+ * largest widening scratch of any GEMM the passes make. */
+static size_t plan_scratch(const gpu_mlp *m, int maxw, gpu_dtype wdt)
+{
+    size_t B = (size_t)m->max_batch, widen = 0;
+    for (int l = 0; l < m->nlin; l++) {
+        int in = m->width[l], out = m->width[l + 1], b = m->max_batch;
+        size_t s[3] = {
+            gpu_gemm_scratch_floats(false, true, b, out, in, m->lin_dt, in, wdt, in),
+            gpu_gemm_scratch_floats(true, false, out, in, b, GPU_FP32, out, m->lin_dt, in),
+            gpu_gemm_scratch_floats(false, false, b, in, out, GPU_FP32, out, wdt, in),
+        };
+        for (int i = 0; i < 3; i++)
+            if (s[i] > widen)
+                widen = s[i];
+    }
+    return 3 * B * (size_t)maxw + (size_t)maxw + widen + 64;
+}
+
+/* Plan the MLP's layout; see gpu_int.h. */
+int gpu_mlp_plan(gpu_mlp *m, const gpu_model_config *mc, const gpu_autocast *a, gpu_dtype dt,
+                 int max_batch, char *err, size_t errlen)
+{
+    size_t off = 0, bytes = 0;
+    int maxw = 0;
+
+    memset(m, 0, sizeof(*m));
+    if (mc->nlayers < 2 || mc->nlayers > GPU_MAX_LAYERS) {
+        snprintf(err, errlen, "model.layers: needs 2 to %d widths", GPU_MAX_LAYERS);
+        return GPU_EINVAL;
+    }
+    m->nlin = mc->nlayers - 1;
+    m->act = mc->activation;
+    m->max_batch = max_batch;
+    for (int i = 0; i < mc->nlayers; i++) {
+        if (mc->layers[i] < 1 || mc->layers[i] > 65536) {
+            snprintf(err, errlen, "model.layers[%d]: width must be in 1..65536", i);
+            return GPU_EINVAL;
+        }
+        m->width[i] = mc->layers[i];
+        if (m->width[i] > maxw)
+            maxw = m->width[i];
+    }
+    m->lin_dt = gpu_autocast_dtype(a, GPU_OP_LINEAR, dt, GPU_FP32);
+    m->act_dt = gpu_autocast_dtype(a, mc->activation == GPU_ACT_GELU ? GPU_OP_GELU : GPU_OP_RELU,
+                                   dt, m->lin_dt);
+    m->ce_dt = gpu_autocast_dtype(a, GPU_OP_CROSS_ENTROPY, dt, m->lin_dt);
+    for (int l = 0; l < m->nlin; l++) {
+        m->w_off[l] = off;
+        off += (size_t)m->width[l + 1] * m->width[l];
+        m->b_off[l] = off;
+        off += (size_t)m->width[l + 1];
+    }
+    m->nparams = off;
+    for (int l = 0; l < m->nlin; l++) {
+        size_t es = gpu_dtype_size(m->lin_dt);
+        m->x_off[l] = bytes;
+        bytes = align64(bytes + (size_t)max_batch * m->width[l] * es);
+        m->z_off[l] = bytes;
+        if (act_needs_z(m, l))
+            bytes = align64(bytes + (size_t)max_batch * m->width[l + 1] * es);
+    }
+    m->probs_off = bytes;
+    bytes = align64(bytes + (size_t)max_batch * m->width[m->nlin] * sizeof(float));
+    m->act_bytes = bytes;
+    /* the weights the GEMMs read are the working copy, which is 16-bit at most */
+    m->scratch_floats = plan_scratch(m, maxw, dt);
+    return 0;
+}
+
+/* PyTorch's nn.Linear init; see gpu_int.h. */
+void gpu_mlp_init_params(const gpu_mlp *m, float *params, float init_scale, gpu_rng *rng)
+{
+    for (int l = 0; l < m->nlin; l++) {
+        int in = m->width[l], out = m->width[l + 1];
+        float bound = init_scale / sqrtf((float)in);
+        float *w = params + m->w_off[l], *b = params + m->b_off[l];
+        for (size_t i = 0; i < (size_t)out * in; i++)
+            w[i] = (2.0f * gpu_rng_uniform(rng) - 1.0f) * bound;
+        for (int i = 0; i < out; i++)
+            b[i] = (2.0f * gpu_rng_uniform(rng) - 1.0f) * bound;
+    }
+}
+
+/* The weight operand of a linear layer: fp32 master for an fp32 op when there is one. */
+static const void *weight_ptr(const gpu_mlp *m, const gpu_mlp_weights *w, size_t off,
+                              gpu_dtype *dt)
+{
+    if (m->lin_dt == GPU_FP32 && w->master) {
+        *dt = GPU_FP32;
+        return w->master + off;
+    }
+    *dt = w->pdt;
+    return (const uint8_t *)w->p + off * gpu_dtype_size(w->pdt);
+}
+
+static float gelu(float x)
+{
+    return 0.5f * x * (1.0f + erff(x * 0.70710678f));
+}
+
+static float gelu_grad(float x)
+{
+    return 0.5f * (1.0f + erff(x * 0.70710678f)) + x * expf(-0.5f * x * x) * 0.39894228f;
+}
+
+static void activate(gpu_activation act, float *v, size_t n)
+{
+    if (act == GPU_ACT_RELU) {
+        for (size_t i = 0; i < n; i++)
+            v[i] = v[i] > 0.0f ? v[i] : 0.0f;
+    } else {
+        for (size_t i = 0; i < n; i++)
+            v[i] = gelu(v[i]);
+    }
+}
+
+/* One linear layer forward: out32 = round_lin(x W^T + b), fp32 values. */
+static int linear_fwd(const gpu_mlp *m, const gpu_mlp_weights *w, int l, const void *x, int B,
+                      float *out32, float *bias32, float *scratch)
+{
+    int in = m->width[l], out = m->width[l + 1];
+    gpu_dtype wdt;
+    const void *W = weight_ptr(m, w, m->w_off[l], &wdt);
+    const void *bias = weight_ptr(m, w, m->b_off[l], &wdt);
+    int rc = gpu_gemm(false, true, B, out, in, x, m->lin_dt, in, W, wdt, in, 0.0f, out32, out,
+                      scratch);
+    if (rc)
+        return rc;
+    gpu_cvt_to_f32(bias32, bias, wdt, (size_t)out);
+    for (int i = 0; i < B; i++) {
+        float *row = out32 + (size_t)i * out;
+        for (int j = 0; j < out; j++)
+            row[j] += bias32[j];
+    }
+    gpu_round_n(out32, out32, (size_t)B * out, m->lin_dt);
+    return 0;
+}
+
+/* Softmax cross-entropy in ce_dt on rounded logits; fills probs, returns the summed loss. */
+static double cross_entropy(const gpu_mlp *m, const float *logits, const int *y, int B,
+                            float *probs, int *correct)
+{
+    int C = m->width[m->nlin];
+    double total = 0.0;
+    *correct = 0;
+    for (int i = 0; i < B; i++) {
+        const float *z = logits + (size_t)i * C;
+        float *p = probs + (size_t)i * C;
+        float mx = z[0];
+        int arg = 0;
+        for (int j = 1; j < C; j++)
+            if (z[j] > mx || isnan(z[j])) {
+                mx = z[j];
+                arg = j;
+            }
+        double sum = 0.0;
+        for (int j = 0; j < C; j++)
+            sum += exp((double)z[j] - mx);
+        for (int j = 0; j < C; j++)
+            p[j] = (float)(exp((double)z[j] - mx) / sum);
+        total += -((double)z[y[i]] - mx - log(sum));
+        if (arg == y[i])
+            (*correct)++;
+    }
+    gpu_round_n(probs, probs, (size_t)B * C, m->ce_dt);
+    return total;
+}
+
+/* Forward pass; see gpu_int.h. */
+int gpu_mlp_forward(const gpu_mlp *m, const gpu_mlp_weights *w, const float *x, const int *y,
+                    int B, uint8_t *acts, float *scratch, double *loss, int *correct)
+{
+    size_t B_ = (size_t)B;
+    int maxw = 0;
+    for (int i = 0; i <= m->nlin; i++)
+        maxw = m->width[i] > maxw ? m->width[i] : maxw;
+    float *out32 = scratch + 2 * (size_t)m->max_batch * maxw;
+    float *bias32 = out32 + (size_t)m->max_batch * maxw;
+    float *gscratch = bias32 + maxw;
+
+    if (B < 1 || B > m->max_batch)
+        return GPU_EINVAL;
+    /* the input is cast to the first linear's dtype (autocast's input cast) */
+    gpu_cvt_from_f32(acts + m->x_off[0], m->lin_dt, x, B_ * m->width[0]);
+    for (int l = 0; l < m->nlin; l++) {
+        size_t nout = B_ * m->width[l + 1];
+        int rc = linear_fwd(m, w, l, acts + m->x_off[l], B, out32, bias32, gscratch);
+        if (rc)
+            return rc;
+        if (act_needs_z(m, l))
+            gpu_cvt_from_f32(acts + m->z_off[l], m->lin_dt, out32, nout);
+        if (l == m->nlin - 1)
+            break;
+        activate(m->act, out32, nout);
+        gpu_round_n(out32, out32, nout, m->act_dt);
+        gpu_cvt_from_f32(acts + m->x_off[l + 1], m->lin_dt, out32, nout);
+    }
+    *loss = cross_entropy(m, out32, y, B, (float *)(acts + m->probs_off), correct) / B;
+    return 0;
+}
+
+/* dlogits = seed/B (p - onehot), leaving cross-entropy in ce_dt and entering the last
+ * linear's backward in lin_dt. */
+static void ce_backward(const gpu_mlp *m, const float *probs, const int *y, int B, float seed,
+                        float *dz)
+{
+    int C = m->width[m->nlin];
+    float g = seed / (float)B;
+    for (int i = 0; i < B; i++)
+        for (int j = 0; j < C; j++)
+            dz[(size_t)i * C + j] = (probs[(size_t)i * C + j] - (j == y[i] ? 1.0f : 0.0f)) * g;
+    gpu_round_n(dz, dz, (size_t)B * C, m->ce_dt);
+    gpu_round_n(dz, dz, (size_t)B * C, m->lin_dt);
+}
+
+/* dZ of layer l-1 from dX of layer l: through the activation in act_dt, then the cast back
+ * to lin_dt. The activation's input z is read from acts (GELU) or recovered from its ReLU
+ * output x_l, which equals z where z > 0. */
+static void act_backward(const gpu_mlp *m, int l, const uint8_t *acts, int B, float *dx,
+                         float *tmp)
+{
+    size_t n = (size_t)B * m->width[l];
+    gpu_round_n(dx, dx, n, m->act_dt);
+    if (m->act == GPU_ACT_RELU) {
+        gpu_cvt_to_f32(tmp, acts + m->x_off[l], m->lin_dt, n);
+        for (size_t i = 0; i < n; i++)
+            dx[i] = tmp[i] > 0.0f ? dx[i] : 0.0f;
+    } else {
+        gpu_cvt_to_f32(tmp, acts + m->z_off[l - 1], m->lin_dt, n);
+        for (size_t i = 0; i < n; i++)
+            dx[i] = dx[i] * gelu_grad(tmp[i]);
+        gpu_round_n(dx, dx, n, m->act_dt);
+    }
+    gpu_round_n(dx, dx, n, m->lin_dt);
+}
+
+/* Bias gradient: column sums of dz accumulated in fp32, rounded to lin_dt. */
+static void bias_grad(const float *dz, int B, int out, gpu_dtype dt, float *db)
+{
+    memset(db, 0, sizeof(float) * (size_t)out);
+    for (int i = 0; i < B; i++) {
+        const float *row = dz + (size_t)i * out;
+        for (int j = 0; j < out; j++)
+            db[j] += row[j];
+    }
+    gpu_round_n(db, db, (size_t)out, dt);
+}
+
+/* Backward pass; see gpu_int.h. */
+int gpu_mlp_backward(const gpu_mlp *m, const gpu_mlp_weights *w, const int *y, int B,
+                     float seed, const uint8_t *acts, float *scratch, float *grads)
+{
+    int maxw = 0;
+    for (int i = 0; i <= m->nlin; i++)
+        maxw = m->width[i] > maxw ? m->width[i] : maxw;
+    size_t slot = (size_t)m->max_batch * maxw;
+    float *dz = scratch, *dx = scratch + slot, *tmp = scratch + 2 * slot;
+    float *gscratch = tmp + slot + maxw;
+
+    if (B < 1 || B > m->max_batch)
+        return GPU_EINVAL;
+    ce_backward(m, (const float *)(acts + m->probs_off), y, B, seed, dz);
+    for (int l = m->nlin - 1; l >= 0; l--) {
+        int in = m->width[l], out = m->width[l + 1];
+        float *gw = grads + m->w_off[l];
+        gpu_dtype wdt;
+        const void *W = weight_ptr(m, w, m->w_off[l], &wdt);
+        int rc = gpu_gemm(true, false, out, in, B, dz, GPU_FP32, out, acts + m->x_off[l],
+                          m->lin_dt, in, 0.0f, gw, in, gscratch);
+        if (rc)
+            return rc;
+        gpu_round_n(gw, gw, (size_t)out * in, m->lin_dt);
+        bias_grad(dz, B, out, m->lin_dt, grads + m->b_off[l]);
+        if (l == 0)
+            break;
+        rc = gpu_gemm(false, false, B, in, out, dz, GPU_FP32, out, W, wdt, in, 0.0f, dx, in,
+                      gscratch);
+        if (rc)
+            return rc;
+        gpu_round_n(dx, dx, (size_t)B * in, m->lin_dt);
+        act_backward(m, l, acts, B, dx, tmp);
+        float *t = dz;
+        dz = dx;
+        dx = t;
+    }
+    return 0;
+}

@@ -1,0 +1,392 @@
+/*
+ * optim.c - optimizers (AdamW, SGD with momentum) and the learning-rate schedule.
+ *
+ * The update math follows PyTorch's single-tensor implementations in fp32:
+ *   AdamW: p *= 1 - lr*wd; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g;
+ *          p -= (lr / (1 - b1^t)) * (m / (sqrt(v) / sqrt(1 - b2^t) + eps))
+ *   SGD:   d = g + wd*p; buf = d at t == 1, else momentum*buf + d (no buffer when momentum
+ *          is 0); p -= lr*buf
+ * where g is the incoming gradient times gmul. The bias corrections are formed once per call
+ * in double; the per-element loops use float math only. The loops have an AVX-512 path
+ * (chosen from CPUID at first use; GCC does not vectorise them at -O2) and a portable path
+ * that performs the same IEEE operations in the same order, so both give bit-identical
+ * results. Parameters are processed in chunks of CHUNK elements so that the low-precision
+ * working copy is written while the chunk is still in cache.
+ *
+ * Invariants: after gpu_optim_update with work != NULL, work[i] is the round-to-nearest-even
+ * image of p[i] in wdt (bit-identical to gpu_f32_to_f16 / gpu_f32_to_bf16).
+ * Threads: the only shared state is the kernel path choice (an atomic); calls on distinct
+ * buffers may run concurrently.
+ */
+#include <math.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define OPTIM_HAVE_X86 1
+#else
+#define OPTIM_HAVE_X86 0
+#endif
+
+#include "gpu/gpu_int.h"
+
+#define CHUNK 1024
+
+void gpu_optim_defaults(gpu_optim_config *c)
+{
+    memset(c, 0, sizeof(*c));
+    c->type = GPU_OPT_ADAMW;
+    c->lr = 1e-3f;
+    c->beta1 = 0.9f;
+    c->beta2 = 0.999f;
+    c->eps = 1e-8f;
+    c->momentum = 0.9f;
+    c->weight_decay = 0.0f;
+    c->grad_clip = 0.0f;
+    c->warmup_steps = 0;
+    c->schedule = GPU_SCHED_CONSTANT;
+    c->min_lr_ratio = 0.0f;
+}
+
+static bool in_unit(float x) /* [0, 1) */
+{
+    return x >= 0.0f && x < 1.0f;
+}
+
+/* Checks every field; on a bad value stores the job-spec name of the field in *field
+ * (a static string; field may be NULL) and returns GPU_EINVAL. c is borrowed. */
+int gpu_optim_validate(const gpu_optim_config *c, const char **field)
+{
+    const char *bad = NULL;
+
+    if (c->type != GPU_OPT_ADAMW && c->type != GPU_OPT_SGD)
+        bad = "optimizer.type";
+    else if (!(isfinite(c->lr) && c->lr > 0.0f))
+        bad = "optimizer.lr";
+    else if (!in_unit(c->beta1) || !in_unit(c->beta2))
+        bad = "optimizer.betas";
+    else if (!(isfinite(c->eps) && c->eps > 0.0f))
+        bad = "optimizer.eps";
+    else if (!(isfinite(c->weight_decay) && c->weight_decay >= 0.0f))
+        bad = "optimizer.weight_decay";
+    else if (!in_unit(c->momentum))
+        bad = "optimizer.momentum";
+    else if (!(isfinite(c->grad_clip) && c->grad_clip >= 0.0f))
+        bad = "optimizer.grad_clip";
+    else if (c->warmup_steps < 0)
+        bad = "optimizer.warmup_steps";
+    else if (c->schedule != GPU_SCHED_CONSTANT && c->schedule != GPU_SCHED_COSINE &&
+             c->schedule != GPU_SCHED_LINEAR)
+        bad = "optimizer.schedule";
+    else if (!(c->min_lr_ratio >= 0.0f && c->min_lr_ratio <= 1.0f))
+        bad = "optimizer.min_lr_ratio";
+    if (field)
+        *field = bad;
+    return bad ? GPU_EINVAL : 0;
+}
+
+/*
+ * Learning rate for 0-based step `step` of `total` (c borrowed), computed in double:
+ *   step < W (W = warmup_steps):  lr * (step + 1) / W
+ *   otherwise, with D = max(total - W, 1), p = clamp((step - W) / D, 0, 1), r = min_lr_ratio:
+ *     constant: lr
+ *     cosine:   lr * (r + (1 - r) * (1 + cos(pi * p)) / 2)
+ *     linear:   lr * (r + (1 - r) * (1 - p))
+ * So the decay starts at lr on step W and reaches lr * r at step total (the last step,
+ * total - 1, is one 1/D short of it). A negative step counts as step 0.
+ */
+float gpu_lr_at(const gpu_optim_config *c, int64_t step, int64_t total)
+{
+    double lr = c->lr, r = c->min_lr_ratio;
+    int64_t w = c->warmup_steps;
+
+    if (step < 0)
+        step = 0;
+    if (step < w)
+        return (float)(lr * (double)(step + 1) / (double)w);
+    if (c->schedule == GPU_SCHED_CONSTANT)
+        return c->lr;
+    int64_t d = total - w;
+    if (d < 1)
+        d = 1;
+    double p = (double)(step - w) / (double)d;
+    if (p > 1.0)
+        p = 1.0;
+    double f = c->schedule == GPU_SCHED_COSINE ? 0.5 * (1.0 + cos(M_PI * p)) : 1.0 - p;
+    return (float)(lr * (r + (1.0 - r) * f));
+}
+
+/* ---- per-chunk kernels --------------------------------------------------------------- */
+
+typedef struct {
+    float gmul, lr, wd;
+    float b1, b2, omb1, omb2, eps;
+    float decay;        /* 1 - lr*wd (AdamW) */
+    float step_size;    /* lr / (1 - b1^t) */
+    float bc2_sqrt;     /* sqrt(1 - b2^t) */
+    float momentum;
+    bool first;         /* t == 1 (SGD buffer initialisation) */
+} step_consts;
+
+static void consts_init(step_consts *k, const gpu_optim_config *c, float lr, int64_t t,
+                        float gmul)
+{
+    if (t < 1)
+        t = 1;
+    k->gmul = gmul;
+    k->lr = lr;
+    k->wd = c->weight_decay;
+    k->b1 = c->beta1;
+    k->b2 = c->beta2;
+    k->omb1 = 1.0f - c->beta1;
+    k->omb2 = 1.0f - c->beta2;
+    k->eps = c->eps;
+    k->decay = (float)(1.0 - (double)lr * (double)c->weight_decay);
+    k->step_size = (float)((double)lr / (1.0 - pow((double)c->beta1, (double)t)));
+    k->bc2_sqrt = (float)sqrt(1.0 - pow((double)c->beta2, (double)t));
+    k->momentum = c->momentum;
+    k->first = t == 1;
+}
+
+/* Portable kernels. The operation order is fixed (no FMA: -std=c11 keeps contraction off)
+ * and the AVX-512 kernels below perform the same IEEE operations in the same order, so the
+ * two paths give bit-identical results. */
+static void adamw_chunk(const step_consts *k, float *restrict p, const float *restrict g,
+                        float *restrict m, float *restrict v, size_t n)
+{
+    const float gmul = k->gmul, decay = k->decay, b1 = k->b1, b2 = k->b2;
+    const float omb1 = k->omb1, omb2 = k->omb2, eps = k->eps;
+    const float step_size = k->step_size, bc2_sqrt = k->bc2_sqrt;
+
+    for (size_t i = 0; i < n; i++) {
+        float gi = g[i] * gmul;
+        float mi = b1 * m[i] + omb1 * gi;
+        float vi = b2 * v[i] + omb2 * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        float denom = sqrtf(vi) / bc2_sqrt + eps;
+        p[i] = p[i] * decay - step_size * (mi / denom);
+    }
+}
+
+/* mode 0: no buffer (momentum 0 or none given); 1: first step, buf = d; 2: buf = mom*buf + d */
+static int sgd_mode(const step_consts *k, const float *buf)
+{
+    if (k->momentum == 0.0f || buf == NULL)
+        return 0;
+    return k->first ? 1 : 2;
+}
+
+static void sgd_chunk(const step_consts *k, float *restrict p, const float *restrict g,
+                      float *restrict buf, size_t n)
+{
+    const float gmul = k->gmul, wd = k->wd, lr = k->lr, mom = k->momentum;
+    int mode = sgd_mode(k, buf);
+
+    for (size_t i = 0; i < n; i++) {
+        float d = g[i] * gmul + wd * p[i];
+        if (mode == 1)
+            buf[i] = d;
+        else if (mode == 2)
+            d = buf[i] = mom * buf[i] + d;
+        p[i] = p[i] - lr * d;
+    }
+}
+
+#if OPTIM_HAVE_X86
+#define V16 16
+
+static inline __mmask16 tail_mask(size_t rem)
+{
+    return rem >= V16 ? (__mmask16)0xFFFF : (__mmask16)((1u << rem) - 1u);
+}
+
+__attribute__((target("avx512f"))) static void
+adamw_chunk_avx512(const step_consts *k, float *restrict p, const float *restrict g,
+                   float *restrict m, float *restrict v, size_t n)
+{
+    const __m512 gmul = _mm512_set1_ps(k->gmul), decay = _mm512_set1_ps(k->decay);
+    const __m512 b1 = _mm512_set1_ps(k->b1), b2 = _mm512_set1_ps(k->b2);
+    const __m512 omb1 = _mm512_set1_ps(k->omb1), omb2 = _mm512_set1_ps(k->omb2);
+    const __m512 eps = _mm512_set1_ps(k->eps), step = _mm512_set1_ps(k->step_size);
+    const __m512 bc2 = _mm512_set1_ps(k->bc2_sqrt);
+
+    for (size_t i = 0; i < n; i += V16) {
+        __mmask16 mk = tail_mask(n - i);
+        __m512 gi = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, g + i), gmul);
+        __m512 mi = _mm512_add_ps(_mm512_mul_ps(b1, _mm512_maskz_loadu_ps(mk, m + i)),
+                                  _mm512_mul_ps(omb1, gi));
+        __m512 vi = _mm512_add_ps(_mm512_mul_ps(b2, _mm512_maskz_loadu_ps(mk, v + i)),
+                                  _mm512_mul_ps(_mm512_mul_ps(omb2, gi), gi));
+        _mm512_mask_storeu_ps(m + i, mk, mi);
+        _mm512_mask_storeu_ps(v + i, mk, vi);
+        __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vi), bc2), eps);
+        __m512 pi = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, p + i), decay);
+        pi = _mm512_sub_ps(pi, _mm512_mul_ps(step, _mm512_div_ps(mi, denom)));
+        _mm512_mask_storeu_ps(p + i, mk, pi);
+    }
+}
+
+__attribute__((target("avx512f"))) static void
+sgd_chunk_avx512(const step_consts *k, float *restrict p, const float *restrict g,
+                 float *restrict buf, size_t n)
+{
+    const __m512 gmul = _mm512_set1_ps(k->gmul), wd = _mm512_set1_ps(k->wd);
+    const __m512 lr = _mm512_set1_ps(k->lr), mom = _mm512_set1_ps(k->momentum);
+    int mode = sgd_mode(k, buf);
+
+    for (size_t i = 0; i < n; i += V16) {
+        __mmask16 mk = tail_mask(n - i);
+        __m512 pi = _mm512_maskz_loadu_ps(mk, p + i);
+        __m512 d = _mm512_add_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(mk, g + i), gmul),
+                                 _mm512_mul_ps(wd, pi));
+        if (mode == 2)
+            d = _mm512_add_ps(_mm512_mul_ps(mom, _mm512_maskz_loadu_ps(mk, buf + i)), d);
+        if (mode != 0)
+            _mm512_mask_storeu_ps(buf + i, mk, d);
+        _mm512_mask_storeu_ps(p + i, mk, _mm512_sub_ps(pi, _mm512_mul_ps(lr, d)));
+    }
+}
+#endif
+
+enum { IMPL_UNSET = 0, IMPL_PORTABLE, IMPL_AVX512 };
+static atomic_int optim_impl_id = IMPL_UNSET;
+
+static bool have_avx512(void)
+{
+#if OPTIM_HAVE_X86
+    return gpu_cpu()->avx512f;
+#else
+    return false;
+#endif
+}
+
+static int optim_pick(void)
+{
+    int id = atomic_load_explicit(&optim_impl_id, memory_order_relaxed);
+    if (id == IMPL_UNSET) {
+        id = have_avx512() ? IMPL_AVX512 : IMPL_PORTABLE;
+        atomic_store_explicit(&optim_impl_id, id, memory_order_relaxed);
+    }
+    return id;
+}
+
+const char *gpu_optim_impl(void)
+{
+    return optim_pick() == IMPL_AVX512 ? "avx512" : "portable";
+}
+
+/* impl is borrowed. */
+int gpu_optim_force(const char *impl)
+{
+    int id;
+    if (strcmp(impl, "portable") == 0)
+        id = IMPL_PORTABLE;
+    else if (strcmp(impl, "avx512") == 0)
+        id = IMPL_AVX512;
+    else
+        return GPU_EINVAL;
+    if (id == IMPL_AVX512 && !have_avx512())
+        return GPU_ENODEV;
+    atomic_store_explicit(&optim_impl_id, id, memory_order_relaxed);
+    return 0;
+}
+
+static void step_chunk(const gpu_optim_config *c, const step_consts *k, int impl, float *p,
+                       const float *g, float *m, float *v, size_t n)
+{
+#if OPTIM_HAVE_X86
+    if (impl == IMPL_AVX512) {
+        if (c->type == GPU_OPT_SGD)
+            sgd_chunk_avx512(k, p, g, m, n);
+        else
+            adamw_chunk_avx512(k, p, g, m, v, n);
+        return;
+    }
+#endif
+    (void)impl;
+    if (c->type == GPU_OPT_SGD)
+        sgd_chunk(k, p, g, m, n);
+    else
+        adamw_chunk(k, p, g, m, v, n);
+}
+
+/* Writes src[0..n) into dst (elements of wdt) starting at element off. */
+static void store_work(void *dst, gpu_dtype wdt, size_t off, const float *src, size_t n)
+{
+    if (wdt == GPU_FP16)
+        gpu_cvt_f32_f16((uint16_t *)dst + off, src, n);
+    else if (wdt == GPU_BF16)
+        gpu_cvt_f32_bf16((uint16_t *)dst + off, src, n);
+    else
+        memcpy((float *)dst + off, src, n * sizeof(float));
+}
+
+/* See gpu.h. All pointers are borrowed; m is the AdamW first moment or the SGD momentum
+ * buffer (may be NULL for SGD with momentum 0), v the AdamW second moment (NULL for SGD).
+ * p, g, m, v and work must not overlap. */
+void gpu_optim_update(const gpu_optim_config *c, float lr, int64_t t, float gmul,
+                      float *p, const float *g, float *m, float *v, size_t n,
+                      void *work, gpu_dtype wdt)
+{
+    step_consts k;
+    int impl = optim_pick();
+
+    consts_init(&k, c, lr, t, gmul);
+    for (size_t off = 0; off < n; off += CHUNK) {
+        size_t len = n - off < CHUNK ? n - off : CHUNK;
+        step_chunk(c, &k, impl, p + off, g + off, m ? m + off : NULL, v ? v + off : NULL,
+                   len);
+        if (work)
+            store_work(work, wdt, off, p + off, len);
+    }
+}
+
+/* See gpu.h. w holds n elements of wdt (uint16_t for fp16/bf16, float for fp32), updated in
+ * place; g, m, v as for gpu_optim_update; all borrowed. *lost (may be NULL) receives the
+ * number of elements whose fp32 result differed from the fp32 value read but whose stored
+ * 16-bit value did not change. For wdt == GPU_FP32 the fp32 result is stored as it is, so
+ * *lost is 0. */
+void gpu_optim_update_lowp(const gpu_optim_config *c, float lr, int64_t t, float gmul,
+                           void *w, gpu_dtype wdt, const float *g, float *m, float *v,
+                           size_t n, int64_t *lost)
+{
+    step_consts k;
+    int64_t nlost = 0;
+    int impl = optim_pick();
+
+    consts_init(&k, c, lr, t, gmul);
+    if (wdt == GPU_FP32) {
+        for (size_t off = 0; off < n; off += CHUNK) {
+            size_t len = n - off < CHUNK ? n - off : CHUNK;
+            step_chunk(c, &k, impl, (float *)w + off, g + off, m ? m + off : NULL,
+                       v ? v + off : NULL, len);
+        }
+        if (lost)
+            *lost = 0;
+        return;
+    }
+
+    float cur[CHUNK], old[CHUNK];
+    uint16_t out[CHUNK];
+    uint16_t *w16 = w;
+    for (size_t off = 0; off < n; off += CHUNK) {
+        size_t len = n - off < CHUNK ? n - off : CHUNK;
+        if (wdt == GPU_FP16)
+            gpu_cvt_f16_f32(cur, w16 + off, len);
+        else
+            gpu_cvt_bf16_f32(cur, w16 + off, len);
+        memcpy(old, cur, len * sizeof(float));
+        step_chunk(c, &k, impl, cur, g + off, m ? m + off : NULL, v ? v + off : NULL, len);
+        if (wdt == GPU_FP16)
+            gpu_cvt_f32_f16(out, cur, len);
+        else
+            gpu_cvt_f32_bf16(out, cur, len);
+        for (size_t i = 0; i < len; i++)
+            nlost += (cur[i] != old[i]) & (out[i] == w16[off + i]);
+        memcpy(w16 + off, out, len * sizeof(uint16_t));
+    }
+    if (lost)
+        *lost = nlost;
+}

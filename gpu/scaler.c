@@ -1,0 +1,331 @@
+/*
+ * scaler.c - the loss scaler: configuration, the per-step scale update and the fused
+ * unscale pass over the gradients.
+ *
+ * The update follows PyTorch's _amp_update_scale_ exactly for the default configuration
+ * (hysteresis 1, the scale never at its floor or ceiling): products are formed in double and
+ * stored as float, the growth tracker resets on every overflow and on every growth attempt,
+ * and growth is refused when the result would not be finite. Beyond PyTorch it adds
+ * DeepSpeed/Megatron hysteresis, a floor (min_scale) that fails the job after floor_patience
+ * overflowing steps in a row, and a ceiling (max_scale).
+ *
+ * gpu_unscale has an AVX-512 path (chosen from CPUID at first use) and a portable path. Both
+ * accumulate the sum of squares in the same order (16 double lanes, element i of a tensor
+ * going to lane i % 16, the lanes carried across tensors and added 0..15 at the end), so
+ * the two paths give bit-identical results, sumsq included.
+ *
+ * Invariants: a state initialised by gpu_scaler_init and driven by gpu_scaler_update keeps
+ * min_scale <= scale <= max(init_scale, max_scale) in dynamic mode.
+ * Threads: state objects are per trainer (one thread); the unscale path choice is a
+ * process-wide atomic, gpu_unscale is safe to call from any thread on distinct buffers.
+ */
+#include <float.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define SCALER_HAVE_X86 1
+#else
+#define SCALER_HAVE_X86 0
+#endif
+
+#include "gpu/gpu_int.h"
+
+/* ---- configuration ------------------------------------------------------------------- */
+
+void gpu_scaler_defaults(gpu_scaler_config *c, gpu_dtype dt)
+{
+    memset(c, 0, sizeof(*c));
+    c->mode = dt == GPU_FP16 ? GPU_SCALE_DYNAMIC : GPU_SCALE_NONE;
+    c->init_scale = 65536.0f;
+    c->growth_factor = 2.0f;
+    c->backoff_factor = 0.5f;
+    c->growth_interval = 2000;
+    c->hysteresis = 1;
+    c->min_scale = 1.0f;
+    c->max_scale = 16777216.0f;
+    c->floor_patience = 50;
+}
+
+/* Checks every field; on a bad value stores the job-spec name of the field in *field
+ * (a static string; field may be NULL) and returns GPU_EINVAL. c is borrowed. */
+int gpu_scaler_validate(const gpu_scaler_config *c, const char **field)
+{
+    const char *bad = NULL;
+
+    if (c->mode != GPU_SCALE_NONE && c->mode != GPU_SCALE_STATIC &&
+        c->mode != GPU_SCALE_DYNAMIC)
+        bad = "precision.loss_scale.mode";
+    else if (c->mode != GPU_SCALE_NONE && !(isfinite(c->init_scale) && c->init_scale > 0.0f))
+        bad = "precision.loss_scale.init";
+    else if (!(isfinite(c->growth_factor) && c->growth_factor > 1.0f))
+        bad = "precision.loss_scale.growth_factor";
+    else if (!(c->backoff_factor > 0.0f && c->backoff_factor < 1.0f))
+        bad = "precision.loss_scale.backoff_factor";
+    else if (c->growth_interval < 1)
+        bad = "precision.loss_scale.growth_interval";
+    else if (c->hysteresis < 1)
+        bad = "precision.loss_scale.hysteresis";
+    else if (!(isfinite(c->min_scale) && c->min_scale > 0.0f))
+        bad = "precision.loss_scale.min_scale";
+    else if (!(isfinite(c->max_scale) && c->max_scale >= c->min_scale))
+        bad = "precision.loss_scale.max_scale";
+    else if (c->floor_patience < 1)
+        bad = "precision.loss_scale.floor_patience";
+    else if (c->mode == GPU_SCALE_DYNAMIC &&
+             !(c->init_scale >= c->min_scale && c->init_scale <= c->max_scale))
+        bad = "precision.loss_scale.init";
+    if (field)
+        *field = bad;
+    return bad ? GPU_EINVAL : 0;
+}
+
+/* Resets *s for a fresh run under config c (both borrowed). */
+void gpu_scaler_init(gpu_scaler_state *s, const gpu_scaler_config *c)
+{
+    memset(s, 0, sizeof(*s));
+    s->scale = c->mode == GPU_SCALE_NONE ? 1.0f : c->init_scale;
+    s->hysteresis_left = c->hysteresis;
+}
+
+/* The unscale multiplier for the current scale; s is borrowed. A scale of 1 (mode none)
+ * gives exactly 1, which makes gpu_unscale skip the multiply. */
+float gpu_scaler_inv(const gpu_scaler_state *s)
+{
+    return (float)(1.0 / (double)s->scale);
+}
+
+/* ---- the per-step update ------------------------------------------------------------- */
+
+/*
+ * Dynamic mode, one step (found_inf = the step's gradients held inf/NaN):
+ *   overflow: tracker = 0; floor_streak + 1 if the scale was already <= min_scale, else 0;
+ *             hysteresis_left - 1 (not below 0); when it is then <= 0 the scale backs off:
+ *             scale = max((float)(scale * backoff), min_scale), products in double.
+ *             Returns GPU_ESCALE_FLOOR once floor_streak reaches floor_patience.
+ *   clean:    floor_streak = 0; tracker + 1; when it reaches growth_interval the tracker
+ *             resets to 0, the hysteresis is refilled, and cand = (float)(scale * growth) is
+ *             taken only when finite and <= max_scale.
+ * backoff_total counts the overflows that lowered the scale, growth_total the growths.
+ * In every mode an overflowing step is counted in overflow_total and skipped_total: even
+ * with mode none (scale 1) an inf/NaN gradient skips the optimizer step rather than
+ * poisoning the weights. Static and none never change the scale.
+ * s is updated in place; s and c are borrowed.
+ */
+int gpu_scaler_update(gpu_scaler_state *s, const gpu_scaler_config *c, bool found_inf)
+{
+    s->steps++;
+    if (found_inf) {
+        s->overflow_total++;
+        s->skipped_total++;
+    }
+    if (c->mode != GPU_SCALE_DYNAMIC) {
+        if (c->mode == GPU_SCALE_NONE)
+            s->scale = 1.0f;
+        return 0;
+    }
+    if (!found_inf) {
+        s->floor_streak = 0;
+        if (s->growth_tracker + 1 < c->growth_interval) {
+            s->growth_tracker++;
+            return 0;
+        }
+        s->growth_tracker = 0;
+        s->hysteresis_left = c->hysteresis;
+        float cand = (float)((double)s->scale * (double)c->growth_factor);
+        if (isfinite(cand) && cand <= c->max_scale) {
+            s->scale = cand;
+            s->growth_total++;
+        }
+        return 0;
+    }
+
+    s->growth_tracker = 0;
+    s->floor_streak = s->scale <= c->min_scale ? s->floor_streak + 1 : 0;
+    if (s->hysteresis_left > 0)
+        s->hysteresis_left--;
+    if (s->hysteresis_left <= 0) {
+        float next = (float)((double)s->scale * (double)c->backoff_factor);
+        if (!(next >= c->min_scale))
+            next = c->min_scale;
+        if (next < s->scale)
+            s->backoff_total++;
+        s->scale = next;
+    }
+    return s->floor_streak >= c->floor_patience ? GPU_ESCALE_FLOOR : 0;
+}
+
+/* ---- the fused unscale pass ---------------------------------------------------------- */
+
+#define LANES 16
+
+typedef struct {
+    float amax, amax_scaled;
+    int64_t nonfinite, zeros;
+} tensor_acc;
+
+/*
+ * Portable path. For each element x (the scaled gradient):
+ *   not finite (|x| > FLT_MAX or NaN): counted, left untouched;
+ *   finite: y = x * inv (or x when inv == 1), stored; amax_scaled = max(|x|),
+ *           amax = max(|y|), zeros += (y == 0), lane[i % 16] += (double)y * y.
+ * The max is written as (a > m ? a : m) to match the AVX-512 VMAXPS operand order, so a NaN
+ * y (only possible when inv is not finite) never replaces the running maximum.
+ */
+static void unscale_portable(float *g, size_t n, float inv, double *lane, tensor_acc *t)
+{
+    const bool mul = inv != 1.0f;
+    float amax = 0.0f, amax_s = 0.0f;
+    int64_t nonfinite = 0, zeros = 0;
+
+    for (size_t i = 0; i < n; i++) {
+        float x = g[i];
+        float a = fabsf(x);
+        if (!(a <= FLT_MAX)) {
+            nonfinite++;
+            continue;
+        }
+        float y = mul ? x * inv : x;
+        if (mul)
+            g[i] = y;
+        float ay = fabsf(y);
+        amax_s = a > amax_s ? a : amax_s;
+        amax = ay > amax ? ay : amax;
+        zeros += y == 0.0f;
+        lane[i % LANES] += (double)y * (double)y;
+    }
+    t->amax = amax;
+    t->amax_scaled = amax_s;
+    t->nonfinite = nonfinite;
+    t->zeros = zeros;
+}
+
+#if SCALER_HAVE_X86
+/* AVX-512 path: 16 elements per iteration, the tail with masked loads and stores. Lane k
+ * of the two 8-wide double accumulators is lane k of the portable path, and the product
+ * (double)y * y is exact, so the FMA gives the same sums as the portable add. */
+__attribute__((target("avx512f"))) static void
+unscale_avx512(float *g, size_t n, float inv, double *lane, tensor_acc *t)
+{
+    const bool mul = inv != 1.0f;
+    const __m512 vinv = _mm512_set1_ps(inv);
+    const __m512 vmax = _mm512_set1_ps(FLT_MAX);
+    const __m512 zero = _mm512_setzero_ps();
+    __m512 amax = zero, amax_s = zero;
+    __m512d acc_lo = _mm512_loadu_pd(lane), acc_hi = _mm512_loadu_pd(lane + 8);
+    int64_t nonfinite = 0, zeros = 0;
+
+    for (size_t i = 0; i < n; i += LANES) {
+        size_t rem = n - i;
+        __mmask16 valid = rem >= LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << rem) - 1u);
+        __m512 x = _mm512_maskz_loadu_ps(valid, g + i);
+        __m512 a = _mm512_abs_ps(x);
+        __mmask16 fin = _mm512_mask_cmp_ps_mask(valid, a, vmax, _CMP_LE_OQ);
+        nonfinite += __builtin_popcount((unsigned)(valid & (__mmask16)~fin));
+        __m512 y = x;
+        if (mul) {
+            y = _mm512_mul_ps(x, vinv);
+            _mm512_mask_storeu_ps(g + i, fin, y);
+        }
+        y = _mm512_maskz_mov_ps(fin, y);
+        amax_s = _mm512_mask_max_ps(amax_s, fin, a, amax_s);
+        amax = _mm512_mask_max_ps(amax, fin, _mm512_abs_ps(y), amax);
+        zeros += __builtin_popcount((unsigned)_mm512_mask_cmp_ps_mask(fin, y, zero,
+                                                                       _CMP_EQ_OQ));
+        __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(y));
+        __m512d hi = _mm512_cvtps_pd(
+            _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(y), 1)));
+        acc_lo = _mm512_fmadd_pd(lo, lo, acc_lo);
+        acc_hi = _mm512_fmadd_pd(hi, hi, acc_hi);
+    }
+    _mm512_storeu_pd(lane, acc_lo);
+    _mm512_storeu_pd(lane + 8, acc_hi);
+    t->amax = _mm512_reduce_max_ps(amax);
+    t->amax_scaled = _mm512_reduce_max_ps(amax_s);
+    t->nonfinite = nonfinite;
+    t->zeros = zeros;
+}
+#endif
+
+enum { IMPL_UNSET = 0, IMPL_PORTABLE, IMPL_AVX512 };
+static atomic_int unscale_impl_id = IMPL_UNSET;
+
+static bool have_avx512(void)
+{
+#if SCALER_HAVE_X86
+    return gpu_cpu()->avx512f;
+#else
+    return false;
+#endif
+}
+
+static int unscale_pick(void)
+{
+    int id = atomic_load_explicit(&unscale_impl_id, memory_order_relaxed);
+    if (id == IMPL_UNSET) {
+        id = have_avx512() ? IMPL_AVX512 : IMPL_PORTABLE;
+        atomic_store_explicit(&unscale_impl_id, id, memory_order_relaxed);
+    }
+    return id;
+}
+
+const char *gpu_unscale_impl(void)
+{
+    return unscale_pick() == IMPL_AVX512 ? "avx512" : "portable";
+}
+
+/* impl is borrowed. */
+int gpu_unscale_force(const char *impl)
+{
+    int id;
+    if (strcmp(impl, "portable") == 0)
+        id = IMPL_PORTABLE;
+    else if (strcmp(impl, "avx512") == 0)
+        id = IMPL_AVX512;
+    else
+        return GPU_EINVAL;
+    if (id == IMPL_AVX512 && !have_avx512())
+        return GPU_ENODEV;
+    atomic_store_explicit(&unscale_impl_id, id, memory_order_relaxed);
+    return 0;
+}
+
+/* See gpu.h. g, offsets and counts are borrowed (g modified in place); stats, found_inf and
+ * sumsq are out-pointers (each may be NULL). *found_inf receives true or false (it is
+ * assigned, not OR-ed). A gradient whose scaled value is finite but whose unscaled value
+ * overflows (possible only when scale < 1) is not flagged; it shows in amax and sumsq. */
+void gpu_unscale(float *g, const size_t *offsets, const size_t *counts, int ntensors,
+                 float inv, gpu_grad_stat *stats, bool *found_inf, double *sumsq)
+{
+    double lane[LANES] = {0};
+    bool any = false;
+    int impl = unscale_pick();
+
+    for (int k = 0; k < ntensors; k++) {
+        tensor_acc t;
+        float *p = g + offsets[k];
+#if SCALER_HAVE_X86
+        if (impl == IMPL_AVX512)
+            unscale_avx512(p, counts[k], inv, lane, &t);
+        else
+#endif
+            unscale_portable(p, counts[k], inv, lane, &t);
+        (void)impl;
+        any |= t.nonfinite > 0;
+        if (stats) {
+            stats[k].amax = t.amax;
+            stats[k].amax_scaled = t.amax_scaled;
+            stats[k].nonfinite = t.nonfinite;
+            stats[k].zeros = t.zeros;
+        }
+    }
+    double total = 0.0;
+    for (int l = 0; l < LANES; l++)
+        total += lane[l];
+    if (found_inf)
+        *found_inf = any;
+    if (sumsq)
+        *sumsq = total;
+}

@@ -1,0 +1,450 @@
+/*
+ * train.c - the trainer: owns a job's memory blocks, data and state, and runs AMP steps.
+ *
+ * Memory, the llm.c way: one block each for the fp32 master weights, the working copy the
+ * forward pass reads (in the job's dtype), the fp32 gradients, the optimizer state (m, v),
+ * the saved activations and an fp32 workspace, with a table of named tensors into the
+ * parameter-shaped blocks. For an fp32 job the master is the working copy; with
+ * master_weights off there is no master, only the low-precision weights.
+ *
+ * One step: gather a shuffled batch, forward, backward seeded with the loss scale S, one
+ * fused unscale pass (inf/NaN check on the scaled values, multiply by 1/S, per-tensor
+ * stats, global norm), skip the update if anything overflowed, else clip and update with
+ * the working copy refreshed in the same pass, then update the scale.
+ *
+ * Threads: a trainer is driven by one thread; BLAS uses its own.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu/gpu_int.h"
+
+struct gpu_trainer {
+    gpu_job_config cfg;
+    gpu_mlp mlp;
+    gpu_dataset *train, *eval;
+    float *master;       /* fp32 master weights, or the fp32 params of an fp32 job */
+    void *work;          /* working copy in cfg.dtype; == master for fp32 */
+    float *grads, *m, *v;
+    uint8_t *acts;
+    float *scratch, *xbatch;
+    int *ybatch, *perm;
+    int perm_pos;
+    int ntensors;
+    size_t offsets[2 * GPU_MAX_LAYERS], counts[2 * GPU_MAX_LAYERS];
+    char names[2 * GPU_MAX_LAYERS][32];
+    gpu_grad_stat stats[2 * GPU_MAX_LAYERS];
+    gpu_scaler_state scaler;
+    int64_t step, applied, lost_total;
+    gpu_rng rng;
+    gpu_mem mem;
+};
+
+/* Defaults for every job field; see gpu.h and docs/job-spec.md. */
+void gpu_job_defaults(gpu_job_config *c)
+{
+    memset(c, 0, sizeof(*c));
+    snprintf(c->name, sizeof(c->name), "job");
+    c->model.type = GPU_MODEL_MLP;
+    c->model.nlayers = 4;
+    c->model.layers[0] = 784;
+    c->model.layers[1] = 1024;
+    c->model.layers[2] = 1024;
+    c->model.layers[3] = 10;
+    c->model.activation = GPU_ACT_RELU;
+    c->model.init_scale = 1.0f;
+    c->data.type = GPU_DATA_SYNTHETIC;
+    c->data.synth_features = 784;
+    c->data.synth_classes = 10;
+    c->data.synth_train = 8192;
+    c->data.synth_eval = 2048;
+    c->dtype = GPU_FP32;
+    c->master_weights = true;
+    gpu_scaler_defaults(&c->scaler, GPU_FP32);
+    gpu_autocast_defaults(&c->autocast);
+    gpu_optim_defaults(&c->optim);
+    c->batch_size = 256;
+    c->steps = 2000;
+    c->seed = 1;
+    c->eval_every = 0;
+    c->checkpoint_every = 0;
+    c->diagnostics_every = 0;
+    c->threads = 0;
+    snprintf(c->device, sizeof(c->device), "auto");
+}
+
+void gpu_trainer_free(gpu_trainer *t)
+{
+    if (!t)
+        return;
+    gpu_dataset_free(t->train);
+    gpu_dataset_free(t->eval);
+    if (t->work != t->master)
+        free(t->work);
+    free(t->master);
+    free(t->grads);
+    free(t->m);
+    free(t->v);
+    free(t->acts);
+    free(t->scratch);
+    free(t->xbatch);
+    free(t->ybatch);
+    free(t->perm);
+    free(t);
+}
+
+static int load_data(gpu_trainer *t, char *err, size_t errlen)
+{
+    const gpu_data_config *d = &t->cfg.data;
+    int rc;
+    if (d->type == GPU_DATA_SYNTHETIC) {
+        rc = gpu_dataset_synthetic(d->synth_train, d->synth_features, d->synth_classes,
+                                   t->cfg.seed, t->cfg.seed * 2 + 1, &t->train);
+        if (!rc && d->synth_eval > 0)
+            rc = gpu_dataset_synthetic(d->synth_eval, d->synth_features, d->synth_classes,
+                                       t->cfg.seed, t->cfg.seed * 2 + 2, &t->eval);
+        if (rc)
+            snprintf(err, errlen, "data: cannot build the synthetic set (%s)",
+                     gpu_strerror(rc));
+        return rc;
+    }
+    rc = gpu_dataset_load_idx(d->train_images, d->train_labels, &t->train, err, errlen);
+    if (!rc && d->eval_images[0]) {
+        rc = gpu_dataset_load_idx(d->eval_images, d->eval_labels, &t->eval, err, errlen);
+        if (!rc)
+            gpu_dataset_normalize_like(t->eval, t->train);
+    }
+    return rc;
+}
+
+static int check_shapes(gpu_trainer *t, char *err, size_t errlen)
+{
+    const gpu_model_config *mc = &t->cfg.model;
+    int in = mc->layers[0], out = mc->layers[mc->nlayers - 1];
+    const gpu_dataset *sets[2] = {t->train, t->eval};
+    for (int i = 0; i < 2; i++) {
+        if (!sets[i])
+            continue;
+        if (gpu_dataset_features(sets[i]) != in) {
+            snprintf(err, errlen, "model.layers[0]: is %d but the data has %d features", in,
+                     gpu_dataset_features(sets[i]));
+            return GPU_EINVAL;
+        }
+        if (gpu_dataset_classes(sets[i]) > out) {
+            snprintf(err, errlen, "model.layers[%d]: is %d but the data has %d classes",
+                     mc->nlayers - 1, out, gpu_dataset_classes(sets[i]));
+            return GPU_EINVAL;
+        }
+    }
+    return 0;
+}
+
+static void build_table(gpu_trainer *t)
+{
+    const gpu_mlp *m = &t->mlp;
+    t->ntensors = 0;
+    for (int l = 0; l < m->nlin; l++) {
+        int i = t->ntensors;
+        t->offsets[i] = m->w_off[l];
+        t->counts[i] = (size_t)m->width[l + 1] * m->width[l];
+        snprintf(t->names[i], sizeof(t->names[i]), "fc%d.weight", l + 1);
+        t->offsets[i + 1] = m->b_off[l];
+        t->counts[i + 1] = (size_t)m->width[l + 1];
+        snprintf(t->names[i + 1], sizeof(t->names[i + 1]), "fc%d.bias", l + 1);
+        t->ntensors += 2;
+    }
+}
+
+/* Byte accounting by category; allocation follows it exactly. */
+static void plan_memory(gpu_trainer *t)
+{
+    const gpu_job_config *c = &t->cfg;
+    int64_t P = (int64_t)t->mlp.nparams;
+    gpu_mem *mem = &t->mem;
+    memset(mem, 0, sizeof(*mem));
+    mem->weights = P * (int64_t)gpu_dtype_size(c->dtype);
+    mem->master = (c->dtype != GPU_FP32 && c->master_weights) ? P * 4 : 0;
+    mem->grads = P * 4;
+    mem->optimizer = P * 4 * (c->optim.type == GPU_OPT_ADAMW ? 2 : 1);
+    mem->activations = (int64_t)t->mlp.act_bytes;
+    mem->workspace = (int64_t)t->mlp.scratch_floats * 4 +
+                     (int64_t)c->batch_size * (t->mlp.width[0] * 4 + 4);
+    mem->total = mem->weights + mem->master + mem->grads + mem->optimizer + mem->activations +
+                 mem->workspace;
+}
+
+static int allocate(gpu_trainer *t, char *err, size_t errlen)
+{
+    const gpu_job_config *c = &t->cfg;
+    size_t P = t->mlp.nparams;
+    bool fp32 = c->dtype == GPU_FP32;
+
+    if (fp32 || c->master_weights)
+        t->master = malloc(P * sizeof(float));
+    t->work = fp32 ? (void *)t->master : malloc(P * gpu_dtype_size(c->dtype));
+    t->grads = calloc(P, sizeof(float));
+    t->m = calloc(P, sizeof(float));
+    if (c->optim.type == GPU_OPT_ADAMW)
+        t->v = calloc(P, sizeof(float));
+    t->acts = calloc(1, t->mlp.act_bytes);
+    t->scratch = calloc(t->mlp.scratch_floats, sizeof(float));
+    t->xbatch = malloc(sizeof(float) * (size_t)c->batch_size * t->mlp.width[0]);
+    t->ybatch = malloc(sizeof(int) * (size_t)c->batch_size);
+    t->perm = malloc(sizeof(int) * (size_t)gpu_dataset_count(t->train));
+    if ((!t->master && (fp32 || c->master_weights)) || !t->work || !t->grads || !t->m ||
+        (!t->v && c->optim.type == GPU_OPT_ADAMW) || !t->acts || !t->scratch || !t->xbatch ||
+        !t->ybatch || !t->perm) {
+        snprintf(err, errlen, "the job needs %lld bytes of memory, which could not be allocated",
+                 (long long)t->mem.total);
+        return GPU_ENOMEM;
+    }
+    return 0;
+}
+
+/* Initialise the weights in fp32 (the master, or a temporary without one) and round the
+ * working copy from them. */
+static int init_weights(gpu_trainer *t)
+{
+    size_t P = t->mlp.nparams;
+    float *init = t->master ? t->master : malloc(P * sizeof(float));
+    gpu_rng r;
+    if (!init)
+        return GPU_ENOMEM;
+    gpu_rng_seed(&r, t->cfg.seed);
+    gpu_mlp_init_params(&t->mlp, init, t->cfg.model.init_scale, &r);
+    if (t->work != (void *)init)
+        gpu_cvt_from_f32(t->work, t->cfg.dtype, init, P);
+    if (!t->master)
+        free(init);
+    return 0;
+}
+
+static void shuffle(gpu_trainer *t)
+{
+    int n = gpu_dataset_count(t->train);
+    for (int i = 0; i < n; i++)
+        t->perm[i] = i;
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)gpu_rng_below(&t->rng, (uint32_t)i + 1);
+        int tmp = t->perm[i];
+        t->perm[i] = t->perm[j];
+        t->perm[j] = tmp;
+    }
+    t->perm_pos = 0;
+}
+
+/* Build a trainer; see gpu.h. */
+int gpu_trainer_create(const gpu_job_config *cfg, gpu_trainer **out, char *err, size_t errlen)
+{
+    char dummy[8];
+    gpu_trainer *t = calloc(1, sizeof(*t));
+    int rc;
+
+    if (!err) {
+        err = dummy;
+        errlen = sizeof(dummy);
+    }
+    err[0] = '\0';
+    *out = NULL;
+    if (!t)
+        return GPU_ENOMEM;
+    t->cfg = *cfg;
+    rc = gpu_blas_init(cfg->threads);
+    if (rc) {
+        snprintf(err, errlen, "cannot load the BLAS library (%s)", gpu_strerror(rc));
+        goto fail;
+    }
+    if (cfg->batch_size < 1 || cfg->steps < 0) {
+        snprintf(err, errlen, cfg->batch_size < 1 ? "batch_size: must be >= 1"
+                                                  : "steps: must be >= 0");
+        rc = GPU_EINVAL;
+        goto fail;
+    }
+    rc = gpu_mlp_plan(&t->mlp, &cfg->model, &cfg->autocast, cfg->dtype, cfg->batch_size, err,
+                      errlen);
+    if (rc)
+        goto fail;
+    rc = load_data(t, err, errlen);
+    if (rc)
+        goto fail;
+    rc = check_shapes(t, err, errlen);
+    if (rc)
+        goto fail;
+    build_table(t);
+    plan_memory(t);
+    rc = allocate(t, err, errlen);
+    if (rc)
+        goto fail;
+    rc = init_weights(t);
+    if (rc) {
+        snprintf(err, errlen, "cannot allocate the initial weights");
+        goto fail;
+    }
+    gpu_scaler_init(&t->scaler, &cfg->scaler);
+    gpu_rng_seed(&t->rng, cfg->seed ^ 0xDA7A5EEDull);
+    shuffle(t);
+    *out = t;
+    return 0;
+fail:
+    gpu_trainer_free(t);
+    return rc;
+}
+
+int64_t gpu_trainer_params(const gpu_trainer *t)
+{
+    return (int64_t)t->mlp.nparams;
+}
+
+const gpu_scaler_state *gpu_trainer_scaler(const gpu_trainer *t)
+{
+    return &t->scaler;
+}
+
+int gpu_trainer_tensors(const gpu_trainer *t)
+{
+    return t->ntensors;
+}
+
+const char *gpu_trainer_tensor_name(const gpu_trainer *t, int i)
+{
+    return (i >= 0 && i < t->ntensors) ? t->names[i] : NULL;
+}
+
+const gpu_grad_stat *gpu_trainer_grad_stats(const gpu_trainer *t)
+{
+    return t->stats;
+}
+
+static void next_batch(gpu_trainer *t, int B)
+{
+    int n = gpu_dataset_count(t->train);
+    int idx[B];
+    for (int i = 0; i < B; i++) {
+        if (t->perm_pos >= n)
+            shuffle(t);
+        idx[i] = t->perm[t->perm_pos++];
+    }
+    gpu_dataset_gather(t->train, idx, B, t->xbatch, t->ybatch);
+}
+
+static gpu_mlp_weights weights_view(const gpu_trainer *t)
+{
+    gpu_mlp_weights w = {t->work, t->cfg.dtype, NULL};
+    if (t->cfg.dtype != GPU_FP32 && t->master)
+        w.master = t->master;
+    return w;
+}
+
+/* Clip coefficient for global-norm clipping of the unscaled gradients. */
+static float clip_coef(const gpu_optim_config *o, double norm)
+{
+    if (o->grad_clip <= 0.0f || !(norm > o->grad_clip))
+        return 1.0f;
+    return (float)(o->grad_clip / (norm + 1e-6));
+}
+
+static void apply_update(gpu_trainer *t, float lr, float gmul, gpu_step_metrics *m)
+{
+    const gpu_job_config *c = &t->cfg;
+    size_t P = t->mlp.nparams;
+    t->applied++;
+    if (t->master) {
+        void *work = t->work == t->master ? NULL : t->work;
+        gpu_optim_update(&c->optim, lr, t->applied, gmul, t->master, t->grads, t->m, t->v, P,
+                         work, c->dtype);
+    } else {
+        int64_t lost = 0;
+        gpu_optim_update_lowp(&c->optim, lr, t->applied, gmul, t->work, c->dtype, t->grads,
+                              t->m, t->v, P, &lost);
+        m->lost_updates = lost;
+        t->lost_total += lost;
+    }
+}
+
+static void floor_message(const gpu_trainer *t, char *err, size_t errlen)
+{
+    int n = snprintf(err, errlen,
+                     "loss scale stuck at its floor %g for %d overflowing steps in a row; "
+                     "tensors with inf/NaN gradients:",
+                     (double)t->cfg.scaler.min_scale, t->scaler.floor_streak);
+    for (int i = 0; i < t->ntensors && n > 0 && (size_t)n < errlen; i++)
+        if (t->stats[i].nonfinite > 0)
+            n += snprintf(err + n, errlen - (size_t)n, " %s", t->names[i]);
+    if (n > 0 && (size_t)n < errlen)
+        snprintf(err + n, errlen - (size_t)n,
+                 t->cfg.dtype == GPU_FP16 ? "; the values exceed fp16's range: use bf16"
+                                          : "; the loss diverged");
+}
+
+/* One training step; see gpu.h. */
+int gpu_trainer_step(gpu_trainer *t, gpu_step_metrics *m, char *err, size_t errlen)
+{
+    const gpu_job_config *c = &t->cfg;
+    gpu_mlp_weights w = weights_view(t);
+    int B = c->batch_size, correct, rc;
+    double t0 = gpu_now(), loss, sumsq;
+    bool found_inf;
+
+    memset(m, 0, sizeof(*m));
+    m->step = ++t->step;
+    m->lr = gpu_lr_at(&c->optim, t->step - 1, c->steps);
+    m->loss_scale = t->scaler.scale;
+    next_batch(t, B);
+    rc = gpu_mlp_forward(&t->mlp, &w, t->xbatch, t->ybatch, B, t->acts, t->scratch, &loss,
+                         &correct);
+    if (!rc)
+        rc = gpu_mlp_backward(&t->mlp, &w, t->ybatch, B, t->scaler.scale, t->acts, t->scratch,
+                              t->grads);
+    if (rc)
+        return rc;
+    gpu_unscale(t->grads, t->offsets, t->counts, t->ntensors, gpu_scaler_inv(&t->scaler),
+                t->stats, &found_inf, &sumsq);
+    m->loss = loss;
+    m->grad_norm = found_inf ? NAN : sqrt(sumsq);
+    if (!found_inf)
+        apply_update(t, m->lr, clip_coef(&c->optim, m->grad_norm), m);
+    rc = gpu_scaler_update(&t->scaler, &c->scaler, found_inf);
+    m->overflow = found_inf;
+    m->skipped = found_inf;
+    m->overflow_total = t->scaler.overflow_total;
+    m->skipped_total = t->scaler.skipped_total;
+    m->lost_total = t->lost_total;
+    m->step_ms = (gpu_now() - t0) * 1e3;
+    m->samples_per_s = B / (m->step_ms * 1e-3);
+    m->mem = t->mem;
+    m->peak = t->mem;
+    if (rc == GPU_ESCALE_FLOOR && err)
+        floor_message(t, err, errlen);
+    return rc;
+}
+
+/* Evaluate on the eval set (or the training set); see gpu.h. */
+int gpu_trainer_eval(gpu_trainer *t, gpu_eval_result *r)
+{
+    const gpu_dataset *d = t->eval ? t->eval : t->train;
+    gpu_mlp_weights w = weights_view(t);
+    int n = gpu_dataset_count(d), B = t->cfg.batch_size;
+    double total = 0.0;
+    int64_t right = 0;
+    int idx[B];
+
+    for (int start = 0; start < n; start += B) {
+        int b = n - start < B ? n - start : B, correct;
+        double loss;
+        for (int i = 0; i < b; i++)
+            idx[i] = start + i;
+        gpu_dataset_gather(d, idx, b, t->xbatch, t->ybatch);
+        int rc = gpu_mlp_forward(&t->mlp, &w, t->xbatch, t->ybatch, b, t->acts, t->scratch,
+                                 &loss, &correct);
+        if (rc)
+            return rc;
+        total += loss * b;
+        right += correct;
+    }
+    r->count = n;
+    r->loss = total / n;
+    r->accuracy = (double)right / n;
+    return 0;
+}

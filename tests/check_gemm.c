@@ -1,0 +1,598 @@
+/*
+ * check_gemm.c - Check suite "gemm": gpu_gemm (OpenBLAS, opened at run time) against the
+ * fp64 reference gpu_gemm_ref, and the kernel choice gpu_blas_init makes.
+ *
+ * Operands are stored in buffers of exactly their footprint ((rows-1)*ld + cols elements)
+ * so that AddressSanitizer catches any read past the last row, and the padding between rows
+ * (and beside C) holds NaN so that any use of it shows in the result or the check.
+ *
+ * Tolerance. The reference sums in double and rounds once, so it is within u|c| of the
+ * exact c (u = 2^-24). An fp32 GEMM of any summation order, blocking or FMA use computes
+ * each element as a sum of K products plus beta*c: K+1 terms, so its error is at most
+ * gamma_{K+1} * S with S = sum_k |a_ik||b_kj| + |beta c_ij| and gamma_n = n u / (1 - n u)
+ * (Higham, Accuracy and Stability, 3.1). Since |c| <= S, the two differ by at most
+ * (K+2) u S / (1 - (K+1) u), and we allow 1% over that plus a few subnormal units for
+ * underflow. Widening a 16-bit operand is exact, so operands pre-rounded to fp16/bf16 give
+ * the same bound against the reference of the rounded values; a lossy widening (or a
+ * wrong ld, transposition or dtype) breaks it by orders of magnitude.
+ *
+ * Results need not be bit-identical for 1 and 2 BLAS threads (blocking changes the
+ * summation order), so nothing here compares them.
+ *
+ * Threads: each test runs in its own process (Check's fork mode) or in sequence; the
+ * kernel-choice tests re-execute this binary (--blas-info) for a fresh process.
+ */
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+
+#include <check.h>
+#include <dlfcn.h>
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "gpu/gpu_int.h"
+
+#ifndef AMPD_OPENBLAS_PATH
+#define AMPD_OPENBLAS_PATH "libopenblas.so.0" /* as gpu/blas.c */
+#endif
+
+extern char **environ;
+
+static const int sizes[] = {1, 3, 17, 31, 65, 127, 255};
+#define NSIZES ((int)(sizeof sizes / sizeof sizes[0]))
+
+/* One operand: the fp32 values the reference sees and the stored form gpu_gemm reads. */
+typedef struct {
+    int rows, cols, ld;
+    gpu_dtype dt;
+    float *ref;   /* rows x cols at ld, fp32; padding NaN */
+    void *store;  /* the same in dt (aliases ref for fp32) */
+    size_t n;     /* footprint in elements */
+} operand;
+
+static const char *dtname(gpu_dtype dt)
+{
+    return dt == GPU_FP16 ? "fp16" : dt == GPU_BF16 ? "bf16" : "fp32";
+}
+
+static size_t footprint(int rows, int cols, int ld)
+{
+    return rows > 0 && cols > 0 ? (size_t)(rows - 1) * (size_t)ld + (size_t)cols : 0;
+}
+
+/* Random values in [-1, 1), rounded to dt. */
+static void operand_make(operand *o, int rows, int cols, int ld, gpu_dtype dt, gpu_rng *rng)
+{
+    o->rows = rows;
+    o->cols = cols;
+    o->ld = ld;
+    o->dt = dt;
+    o->n = footprint(rows, cols, ld);
+    o->ref = malloc((o->n > 0 ? o->n : 1) * sizeof(float));
+    ck_assert_ptr_nonnull(o->ref);
+    for (size_t i = 0; i < o->n; i++) {
+        bool pad = (int)(i % (size_t)ld) >= cols;
+        o->ref[i] = pad ? NAN : gpu_round(2.0f * gpu_rng_uniform(rng) - 1.0f, dt);
+    }
+    if (dt == GPU_FP32) {
+        o->store = o->ref;
+        return;
+    }
+    uint16_t *s = malloc((o->n > 0 ? o->n : 1) * sizeof(uint16_t));
+    ck_assert_ptr_nonnull(s);
+    for (size_t i = 0; i < o->n; i++)
+        s[i] = dt == GPU_FP16 ? gpu_f32_to_f16(o->ref[i]) : gpu_f32_to_bf16(o->ref[i]);
+    o->store = s;
+}
+
+static void operand_free(operand *o)
+{
+    if (o->store != o->ref)
+        free(o->store);
+    free(o->ref);
+}
+
+/* Set element (r, c) of an operand in both forms. */
+static void operand_set(operand *o, int r, int c, float v)
+{
+    size_t i = (size_t)r * (size_t)o->ld + (size_t)c;
+    o->ref[i] = v;
+    if (o->dt == GPU_FP16)
+        ((uint16_t *)o->store)[i] = gpu_f32_to_f16(v);
+    else if (o->dt == GPU_BF16)
+        ((uint16_t *)o->store)[i] = gpu_f32_to_bf16(v);
+}
+
+/* Compare C (from gpu_gemm) with the reference R elementwise under the bound above. C0 is
+ * C's content before the call. Padding of C must be untouched (still NaN). */
+static void check_result(bool ta, bool tb, int M, int N, int K, const operand *a,
+                         const operand *b, float beta, const float *C0, const float *C,
+                         const float *R, int ldc, const char *what)
+{
+    const double u = ldexp(1.0, -24);
+    for (int i = 0; i < M; i++) {
+        for (int j = 0; j < N; j++) {
+            size_t at = (size_t)i * (size_t)ldc + (size_t)j;
+            double s = beta != 0.0f ? fabs((double)beta * C0[at]) : 0.0;
+            for (int k = 0; k < K; k++) {
+                double x = ta ? a->ref[(size_t)k * a->ld + i] : a->ref[(size_t)i * a->ld + k];
+                double y = tb ? b->ref[(size_t)j * b->ld + k] : b->ref[(size_t)k * b->ld + j];
+                s += fabs(x * y);
+            }
+            double tol = 1.01 * (K + 2) * u * s / (1.0 - (K + 1) * u) +
+                         (K + 2) * (double)FLT_TRUE_MIN;
+            double err = fabs((double)C[at] - (double)R[at]);
+            ck_assert_msg(err <= tol,
+                          "%s: ta=%d tb=%d M=%d N=%d K=%d beta=%g: C[%d,%d]=%.9g ref %.9g "
+                          "err %.3g > tol %.3g",
+                          what, ta, tb, M, N, K, beta, i, j, C[at], R[at], err, tol);
+        }
+        for (int j = N; j < ldc && i + 1 < M; j++)
+            ck_assert_msg(isnan(C[(size_t)i * ldc + j]), "%s: C padding written", what);
+    }
+}
+
+/* Run one GEMM through gpu_gemm and the reference and compare. pad: extra columns of
+ * every leading dimension. */
+static void run_case(bool ta, bool tb, int M, int N, int K, gpu_dtype adt, gpu_dtype bdt,
+                     int pad, float beta, gpu_rng *rng)
+{
+    operand a, b;
+    int a_rows = ta ? K : M, a_cols = ta ? M : K, b_rows = tb ? N : K, b_cols = tb ? K : N;
+    operand_make(&a, a_rows, a_cols, (a_cols > 0 ? a_cols : 1) + pad, adt, rng);
+    operand_make(&b, b_rows, b_cols, (b_cols > 0 ? b_cols : 1) + pad, bdt, rng);
+    int ldc = (N > 0 ? N : 1) + pad;
+    size_t nc = footprint(M, N, ldc) + 1;
+    float *C0 = malloc(nc * sizeof *C0), *C = malloc(nc * sizeof *C);
+    float *R = malloc(nc * sizeof *R);
+    ck_assert(C0 != NULL && C != NULL && R != NULL);
+    for (size_t i = 0; i < nc; i++) {
+        bool pad_or_beta0 = (int)(i % (size_t)ldc) >= N || beta == 0.0f;
+        /* With beta == 0, C's old content must be ignored (BLAS): make it NaN. */
+        C0[i] = pad_or_beta0 ? NAN : 2.0f * gpu_rng_uniform(rng) - 1.0f;
+    }
+    memcpy(C, C0, nc * sizeof *C);
+    memcpy(R, C0, nc * sizeof *R);
+
+    size_t ns = gpu_gemm_scratch_floats(ta, tb, M, N, K, adt, a.ld, bdt, b.ld);
+    size_t want = (M > 0 && N > 0 && K > 0)
+                      ? (adt != GPU_FP32 ? a.n : 0) + (bdt != GPU_FP32 ? b.n : 0) : 0;
+    ck_assert_uint_eq(ns, want);
+    float *scratch = ns > 0 ? malloc(ns * sizeof *scratch) : NULL;
+    ck_assert(ns == 0 || scratch != NULL);
+
+    int rc = gpu_gemm(ta, tb, M, N, K, a.store, adt, a.ld, b.store, bdt, b.ld, beta, C, ldc,
+                      scratch);
+    ck_assert_int_eq(rc, 0);
+    gpu_gemm_ref(ta, tb, M, N, K, a.ref, a.ld, b.ref, b.ld, beta, R, ldc);
+    char what[64];
+    snprintf(what, sizeof what, "%s x %s pad %d", dtname(adt), dtname(bdt), pad);
+    check_result(ta, tb, M, N, K, &a, &b, beta, C0, C, R, ldc, what);
+
+    free(scratch);
+    free(R);
+    free(C);
+    free(C0);
+    operand_free(&b);
+    operand_free(&a);
+}
+
+/* ---- the reference itself --------------------------------------------------------------- */
+
+/* A 2x3 times 3x2 product worked by hand, through every transposition and with beta. */
+START_TEST(t_ref_known)
+{
+    const float a[6] = {1, 2, 3, 4, 5, 6};        /* A = [1 2 3; 4 5 6] */
+    const float at[6] = {1, 4, 2, 5, 3, 6};       /* A^T stored 3x2 */
+    const float b[6] = {7, 8, 9, 10, 11, 12};     /* B = [7 8; 9 10; 11 12] */
+    const float bt[6] = {7, 9, 11, 8, 10, 12};    /* B^T stored 2x3 */
+    const float want[4] = {58, 64, 139, 154};
+    for (int t = 0; t < 4; t++) {
+        bool ta = t & 1, tb = t & 2;
+        float c[4] = {1, 1, 1, 1};
+        gpu_gemm_ref(ta, tb, 2, 2, 3, ta ? at : a, ta ? 2 : 3, tb ? bt : b, tb ? 3 : 2, 0.5f,
+                     c, 2);
+        for (int i = 0; i < 4; i++)
+            ck_assert_float_eq(c[i], want[i] + 0.5f);
+    }
+    float c0[1] = {NAN};
+    gpu_gemm_ref(false, false, 1, 1, 3, a, 3, b, 2, 0.0f, c0, 1); /* beta 0 ignores NaN */
+    ck_assert_float_eq(c0[0], 1 * 7 + 2 * 9 + 3 * 11);
+}
+END_TEST
+
+/* ---- fp32 operands ---------------------------------------------------------------------- */
+
+/* Random shapes from the odd sizes, one transposition per loop index, with and without
+ * padding, beta 0 and 1. */
+START_TEST(t_fp32_shapes)
+{
+    bool ta = _i & 1, tb = _i & 2;
+    gpu_rng rng;
+    gpu_rng_seed(&rng, 100 + (uint64_t)_i);
+    ck_assert_int_eq(gpu_blas_init(2), 0);
+    for (int c = 0; c < 14; c++) {
+        int M = sizes[gpu_rng_below(&rng, NSIZES)];
+        int N = sizes[gpu_rng_below(&rng, NSIZES)];
+        int K = sizes[gpu_rng_below(&rng, NSIZES)];
+        if ((double)M * N * K > 2e6) /* keep the fp64 reference cheap under sanitizers */
+            K = 17;
+        run_case(ta, tb, M, N, K, GPU_FP32, GPU_FP32, c % 3 == 0 ? 0 : 1 + c % 5,
+                 c % 2 ? 1.0f : 0.0f, &rng);
+    }
+    /* Sizes large enough for OpenBLAS's threaded paths. */
+    run_case(ta, tb, 255, 127, 65, GPU_FP32, GPU_FP32, 3, 1.0f, &rng);
+    run_case(ta, tb, 256, 10, 255, GPU_FP32, GPU_FP32, 0, 0.0f, &rng);
+}
+END_TEST
+
+/* A beta that is neither 0 nor 1 and one BLAS thread. */
+START_TEST(t_fp32_beta_threads)
+{
+    gpu_rng rng;
+    gpu_rng_seed(&rng, 7);
+    ck_assert_int_eq(gpu_blas_init(1), 0);
+    run_case(false, true, 65, 31, 127, GPU_FP32, GPU_FP32, 2, -0.75f, &rng);
+    run_case(true, false, 31, 65, 17, GPU_FP32, GPU_FP32, 0, 0.5f, &rng);
+    ck_assert_int_eq(gpu_blas_init(2), 0);
+    run_case(true, true, 127, 65, 31, GPU_FP32, GPU_FP32, 1, 2.0f, &rng);
+}
+END_TEST
+
+/* K == 0 is C = beta*C (beta 0 writes zeros even over NaN); M or N == 0 touches nothing. */
+START_TEST(t_empty)
+{
+    float c[6], junk = 1.0f;
+    for (int i = 0; i < 6; i++)
+        c[i] = NAN;
+    ck_assert_int_eq(gpu_gemm(false, false, 2, 3, 0, NULL, GPU_FP16, 1, NULL, GPU_FP32, 3,
+                              0.0f, c, 3, NULL), 0);
+    for (int i = 0; i < 6; i++)
+        ck_assert_float_eq(c[i], 0.0f);
+    for (int i = 0; i < 6; i++)
+        c[i] = (float)i + 1.0f;
+    ck_assert_int_eq(gpu_gemm(true, true, 2, 3, 0, NULL, GPU_FP32, 2, NULL, GPU_BF16, 1,
+                              1.0f, c, 3, NULL), 0);
+    for (int i = 0; i < 6; i++)
+        ck_assert_float_eq(c[i], (float)i + 1.0f);
+    ck_assert_int_eq(gpu_gemm(false, false, 2, 2, 0, NULL, GPU_FP32, 1, NULL, GPU_FP32, 2,
+                              -0.5f, c, 3, NULL), 0);
+    ck_assert_float_eq(c[0], -0.5f);
+    ck_assert_float_eq(c[1], -1.0f);
+    ck_assert_float_eq(c[2], 3.0f); /* outside N = 2: untouched */
+    ck_assert_float_eq(c[3], -2.0f);
+    ck_assert_float_eq(c[4], -2.5f);
+    ck_assert_float_eq(c[5], 6.0f);
+    ck_assert_int_eq(gpu_gemm(false, false, 0, 3, 4, NULL, GPU_FP32, 4, &junk, GPU_FP32, 3,
+                              0.0f, NULL, 3, NULL), 0);
+    ck_assert_int_eq(gpu_gemm(false, false, 2, 0, 4, &junk, GPU_FP32, 4, NULL, GPU_FP32, 1,
+                              0.0f, c, 1, NULL), 0);
+    ck_assert_float_eq(c[0], -0.5f);
+    ck_assert_uint_eq(gpu_gemm_scratch_floats(false, false, 2, 3, 0, GPU_FP16, 1, GPU_FP16, 3),
+                      0);
+    /* The generic path with K == 0 through the reference as well. */
+    gpu_rng rng;
+    gpu_rng_seed(&rng, 3);
+    run_case(true, false, 17, 3, 0, GPU_FP16, GPU_FP32, 1, 1.0f, &rng);
+    run_case(false, true, 3, 17, 0, GPU_BF16, GPU_FP16, 0, 0.0f, &rng);
+}
+END_TEST
+
+/* ---- 16-bit operands -------------------------------------------------------------------- */
+
+static const gpu_dtype lowp_pairs[][2] = {
+    {GPU_FP16, GPU_FP32}, {GPU_FP32, GPU_FP16}, {GPU_FP16, GPU_FP16},
+    {GPU_BF16, GPU_FP32}, {GPU_FP32, GPU_BF16}, {GPU_BF16, GPU_BF16},
+    {GPU_FP16, GPU_BF16},
+};
+
+/* Each dtype pair through all four transpositions, padded and not, beta 0 and 1. */
+START_TEST(t_lowp)
+{
+    gpu_dtype adt = lowp_pairs[_i][0], bdt = lowp_pairs[_i][1];
+    gpu_rng rng;
+    gpu_rng_seed(&rng, 200 + (uint64_t)_i);
+    for (int c = 0; c < 8; c++) {
+        int M = sizes[gpu_rng_below(&rng, NSIZES)];
+        int N = sizes[gpu_rng_below(&rng, NSIZES)];
+        int K = sizes[gpu_rng_below(&rng, NSIZES)];
+        if ((double)M * N * K > 2e6)
+            M = 31;
+        run_case(c & 1, c & 2, M, N, K, adt, bdt, c & 4 ? 3 : 0, c % 3 ? 1.0f : 0.0f, &rng);
+    }
+    /* An MLP-like shape: X[256,k] times W^T with 16-bit operands. */
+    run_case(false, true, 64, 255, 127, adt, bdt, 0, 0.0f, &rng);
+}
+END_TEST
+
+/* The scratch size is the footprint of each widened operand, nothing for fp32. */
+START_TEST(t_scratch_size)
+{
+    /* A fp16 3x5 at lda 7: 2*7+5; B bf16 stored 4x5 (tb) at ldb 6: 3*6+5. */
+    ck_assert_uint_eq(gpu_gemm_scratch_floats(false, true, 3, 4, 5, GPU_FP16, 7, GPU_BF16, 6),
+                      19 + 23);
+    /* A stored K x M = 5x3 at lda 4 (ta): 4*4+3; B fp32. */
+    ck_assert_uint_eq(gpu_gemm_scratch_floats(true, false, 3, 4, 5, GPU_BF16, 4, GPU_FP32, 4),
+                      19);
+    /* B stored K x N = 5x4 at ldb 4: 20. */
+    ck_assert_uint_eq(gpu_gemm_scratch_floats(false, false, 3, 4, 5, GPU_FP32, 5, GPU_FP16, 4),
+                      20);
+    ck_assert_uint_eq(gpu_gemm_scratch_floats(false, false, 3, 4, 5, GPU_FP32, 5, GPU_FP32, 4),
+                      0);
+}
+END_TEST
+
+/* Bad arguments are refused with GPU_EINVAL and leave C alone. */
+START_TEST(t_invalid)
+{
+    float a[12] = {0}, b[12] = {0}, c[12], s[64];
+    uint16_t h[12] = {0};
+    for (int i = 0; i < 12; i++)
+        c[i] = 42.0f;
+    ck_assert_int_eq(gpu_gemm(false, false, -1, 2, 2, a, GPU_FP32, 2, b, GPU_FP32, 2, 0.0f, c,
+                              2, NULL), GPU_EINVAL);
+    ck_assert_int_eq(gpu_gemm(false, false, 2, 2, -3, a, GPU_FP32, 2, b, GPU_FP32, 2, 0.0f, c,
+                              2, NULL), GPU_EINVAL);
+    /* lda < K, lda < M when transposed, ldb < N, ldb < K when transposed, ldc < N. */
+    ck_assert_int_eq(gpu_gemm(false, false, 2, 2, 3, a, GPU_FP32, 2, b, GPU_FP32, 2, 0.0f, c,
+                              2, NULL), GPU_EINVAL);
+    ck_assert_int_eq(gpu_gemm(true, false, 3, 2, 2, a, GPU_FP32, 2, b, GPU_FP32, 2, 0.0f, c,
+                              2, NULL), GPU_EINVAL);
+    ck_assert_int_eq(gpu_gemm(false, false, 2, 3, 2, a, GPU_FP32, 2, b, GPU_FP32, 2, 0.0f, c,
+                              3, NULL), GPU_EINVAL);
+    ck_assert_int_eq(gpu_gemm(false, true, 2, 2, 3, a, GPU_FP32, 3, b, GPU_FP32, 2, 0.0f, c,
+                              2, NULL), GPU_EINVAL);
+    ck_assert_int_eq(gpu_gemm(false, false, 2, 3, 2, a, GPU_FP32, 2, b, GPU_FP32, 3, 0.0f, c,
+                              2, NULL), GPU_EINVAL);
+    ck_assert_int_eq(gpu_gemm(false, false, 1, 1, 1, a, GPU_FP32, 0, b, GPU_FP32, 1, 0.0f, c,
+                              1, NULL), GPU_EINVAL);
+    /* Unknown dtype, missing C, missing operand, missing scratch. */
+    ck_assert_int_eq(gpu_gemm(false, false, 2, 2, 2, a, (gpu_dtype)7, 2, b, GPU_FP32, 2, 0.0f,
+                              c, 2, NULL), GPU_EINVAL);
+    ck_assert_int_eq(gpu_gemm(false, false, 2, 2, 2, a, GPU_FP32, 2, b, GPU_FP32, 2, 0.0f,
+                              NULL, 2, NULL), GPU_EINVAL);
+    ck_assert_int_eq(gpu_gemm(false, false, 2, 2, 2, NULL, GPU_FP32, 2, b, GPU_FP32, 2, 0.0f,
+                              c, 2, NULL), GPU_EINVAL);
+    ck_assert_int_eq(gpu_gemm(false, false, 2, 2, 2, h, GPU_FP16, 2, b, GPU_FP32, 2, 0.0f, c,
+                              2, NULL), GPU_EINVAL);
+    for (int i = 0; i < 12; i++)
+        ck_assert_float_eq(c[i], 42.0f);
+    /* The same call with scratch works. */
+    ck_assert_int_eq(gpu_gemm(false, false, 2, 2, 2, h, GPU_FP16, 2, b, GPU_FP32, 2, 0.0f, c,
+                              2, s), 0);
+    for (int i = 0; i < 4; i++)
+        ck_assert_float_eq(c[i], 0.0f);
+}
+END_TEST
+
+/* ---- overflow reaches the output -------------------------------------------------------- */
+
+/* An inf (or NaN) in a 16-bit operand makes every output it feeds non-finite and leaves
+ * the others finite: the loss scaler must see the overflow. */
+static void inf_case(gpu_dtype dt, bool in_b, bool ta, bool tb, float bad)
+{
+    const int M = 17, N = 31, K = 65, r = 5, k0 = 40;
+    gpu_rng rng;
+    gpu_rng_seed(&rng, 11);
+    operand a, b;
+    operand_make(&a, ta ? K : M, ta ? M : K, (ta ? M : K) + 1, in_b ? GPU_FP32 : dt, &rng);
+    operand_make(&b, tb ? N : K, tb ? K : N, tb ? K : N, in_b ? dt : GPU_FP32, &rng);
+    if (in_b) /* column r of op(B) */
+        operand_set(&b, tb ? r : k0, tb ? k0 : r, bad);
+    else      /* row r of op(A) */
+        operand_set(&a, ta ? k0 : r, ta ? r : k0, bad);
+    /* One exact zero beside the inf: inf * 0 = NaN must not be lost either. */
+    if (in_b)
+        operand_set(&a, ta ? k0 : 3, ta ? 3 : k0, 0.0f);
+    else
+        operand_set(&b, tb ? 3 : k0, tb ? k0 : 3, 0.0f);
+    float C[17 * 31], scratch[17 * 66 + 65 * 31];
+    ck_assert_uint_le(gpu_gemm_scratch_floats(ta, tb, M, N, K, a.dt, a.ld, b.dt, b.ld),
+                      sizeof scratch / sizeof scratch[0]);
+    ck_assert_int_eq(gpu_gemm(ta, tb, M, N, K, a.store, a.dt, a.ld, b.store, b.dt, b.ld, 0.0f,
+                              C, N, scratch), 0);
+    for (int i = 0; i < M; i++) {
+        for (int j = 0; j < N; j++) {
+            bool hit = in_b ? j == r : i == r;
+            ck_assert_msg(hit != (bool)isfinite(C[i * N + j]),
+                          "%s %s in %s (ta=%d tb=%d): C[%d,%d] = %g", dtname(dt),
+                          isnan(bad) ? "NaN" : "inf", in_b ? "B" : "A", ta, tb, i, j,
+                          C[i * N + j]);
+        }
+    }
+    if (!isnan(bad))
+        ck_assert(isnan(C[in_b ? 3 * N + r : r * N + 3]));
+    operand_free(&b);
+    operand_free(&a);
+}
+
+START_TEST(t_inf_propagates)
+{
+    bool ta = _i & 1, tb = _i & 2;
+    inf_case(GPU_FP16, false, ta, tb, INFINITY);
+    inf_case(GPU_FP16, true, ta, tb, -INFINITY);
+    inf_case(GPU_BF16, false, ta, tb, -INFINITY);
+    inf_case(GPU_BF16, true, ta, tb, INFINITY);
+    inf_case(GPU_FP16, false, ta, tb, NAN);
+    /* 65520 is past fp16's range: storing it gives inf, as a too-large scale would. */
+    inf_case(GPU_FP16, true, ta, tb, 65520.0f);
+}
+END_TEST
+
+/* ---- library and kernel choice ---------------------------------------------------------- */
+
+/* Run this binary again as "--blas-info [preload]" with OPENBLAS_CORETYPE set to coretype
+ * (NULL: removed) and return its output line in out. */
+static void child_info(const char *coretype, bool preload, char *out, size_t outlen)
+{
+    int fd[2];
+    ck_assert_int_eq(pipe(fd), 0);
+    size_t n = 0;
+    while (environ[n] != NULL)
+        n++;
+    char **envp = calloc(n + 2, sizeof *envp);
+    char var[64];
+    ck_assert_ptr_nonnull(envp);
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (strncmp(environ[i], "OPENBLAS_CORETYPE=", 18) != 0)
+            envp[m++] = environ[i];
+    if (coretype != NULL) {
+        snprintf(var, sizeof var, "OPENBLAS_CORETYPE=%s", coretype);
+        envp[m++] = var;
+    }
+    char *argv[] = {"check_gemm", "--blas-info", preload ? "preload" : NULL, NULL};
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        dup2(fd[1], STDOUT_FILENO);
+        close(fd[0]);
+        close(fd[1]);
+        execve("/proc/self/exe", argv, envp);
+        _exit(127);
+    }
+    close(fd[1]);
+    size_t got = 0;
+    ssize_t r;
+    while (got + 1 < outlen && (r = read(fd[0], out + got, outlen - 1 - got)) > 0)
+        got += (size_t)r;
+    out[got] = '\0';
+    close(fd[0]);
+    int status;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child failed: %s", out);
+    free(envp);
+}
+
+/* The kernel-set name in an info string: the word before " kernels". */
+static void kernel_name(const char *info, char *out, size_t outlen)
+{
+    const char *lp = strchr(info, '('), *end = strstr(info, " kernels");
+    ck_assert_msg(lp != NULL && end != NULL && end > lp, "no kernel set in \"%s\"", info);
+    size_t n = (size_t)(end - lp - 1);
+    ck_assert_uint_lt(n, outlen);
+    memcpy(out, lp + 1, n);
+    out[n] = '\0';
+}
+
+/* What the automatic choice must be on this CPU (NULL: OpenBLAS's own detection). */
+static const char *expected_core(void)
+{
+    const gpu_cpu_features *f = gpu_cpu();
+    bool avx512 = f->avx512f && f->avx512bw && f->avx512vl && f->avx512dq;
+    if (avx512 && f->avx512bf16)
+        return "Cooperlake";
+    if (avx512)
+        return "SkylakeX";
+    if (f->avx2 && f->fma)
+        return "Haswell";
+    return NULL;
+}
+
+START_TEST(t_info)
+{
+    char line[512], core[64];
+    ck_assert_int_eq(gpu_blas_init(2), 0);
+    const char *info = gpu_blas_info();
+    ck_assert_ptr_nonnull(info);
+    ck_assert_msg(strncmp(info, "OpenBLAS 0.", 11) == 0, "info \"%s\"", info);
+    ck_assert_msg(strstr(info, ", 2 threads") != NULL, "info \"%s\"", info);
+    kernel_name(info, core, sizeof core);
+    ck_assert_int_eq(gpu_blas_init(1), 0);
+    ck_assert_msg(strstr(gpu_blas_info(), ", 1 thread") != NULL, "\"%s\"", gpu_blas_info());
+    /* The string returned earlier is still valid and unchanged. */
+    ck_assert_msg(strstr(info, ", 2 threads") != NULL, "info \"%s\"", info);
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    ck_assert_int_eq(gpu_blas_init(0), 0);
+    snprintf(line, sizeof line, ", %ld thread%s", cpus, cpus == 1 ? "" : "s");
+    ck_assert_msg(strstr(gpu_blas_info(), line) != NULL, "\"%s\"", gpu_blas_info());
+
+    /* The automatic choice in a fresh process with no OPENBLAS_CORETYPE. */
+    child_info(NULL, false, line, sizeof line);
+    kernel_name(line, core, sizeof core);
+    const char *want = expected_core();
+    if (want != NULL)
+        ck_assert_msg(strcmp(core, want) == 0, "chose \"%s\", expected %s", line, want);
+    if (gpu_cpu()->avx512f)
+        ck_assert_msg(strcmp(core, "Prescott") != 0, "AVX-512 CPU got \"%s\"", line);
+    ck_assert_msg(strstr(line, "OPENBLAS_CORETYPE") == NULL && strchr(line, ';') == NULL,
+                  "\"%s\"", line);
+}
+END_TEST
+
+/* A user's OPENBLAS_CORETYPE wins and is reported; an already loaded library is noted. */
+START_TEST(t_info_overrides)
+{
+    char line[512], core[64];
+    if (gpu_cpu()->avx2 && gpu_cpu()->fma) {
+        child_info("Haswell", false, line, sizeof line);
+        kernel_name(line, core, sizeof core);
+        ck_assert_str_eq(core, "Haswell");
+        ck_assert_msg(strstr(line, "from OPENBLAS_CORETYPE") != NULL, "\"%s\"", line);
+    }
+    child_info(NULL, true, line, sizeof line);
+    ck_assert_msg(strstr(line, "already loaded") != NULL, "\"%s\"", line);
+    kernel_name(line, core, sizeof core); /* still names what OpenBLAS picked */
+}
+END_TEST
+
+/* The child side of child_info(): print gpu_blas_info(), after loading OpenBLAS behind the
+ * engine's back when asked. */
+static int blas_info_main(bool preload)
+{
+    if (preload && dlopen(AMPD_OPENBLAS_PATH, RTLD_NOW) == NULL) {
+        fprintf(stderr, "dlopen: %s\n", dlerror());
+        return EXIT_FAILURE;
+    }
+    if (gpu_blas_init(2) != 0)
+        return EXIT_FAILURE;
+    printf("%s\n", gpu_blas_info());
+    return EXIT_SUCCESS;
+}
+
+static Suite *gemm_suite(void)
+{
+    Suite *s = suite_create("gemm");
+    TCase *tc = tcase_create("reference");
+    tcase_add_test(tc, t_ref_known);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("fp32");
+    tcase_set_timeout(tc, 20);
+    tcase_add_loop_test(tc, t_fp32_shapes, 0, 4);
+    tcase_add_test(tc, t_fp32_beta_threads);
+    tcase_add_test(tc, t_empty);
+    tcase_add_test(tc, t_invalid);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("lowp");
+    tcase_set_timeout(tc, 20);
+    tcase_add_loop_test(tc, t_lowp, 0, (int)(sizeof lowp_pairs / sizeof lowp_pairs[0]));
+    tcase_add_test(tc, t_scratch_size);
+    tcase_add_loop_test(tc, t_inf_propagates, 0, 4);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("library");
+    tcase_set_timeout(tc, 20);
+    tcase_add_test(tc, t_info);
+    tcase_add_test(tc, t_info_overrides);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc >= 2 && strcmp(argv[1], "--blas-info") == 0)
+        return blas_info_main(argc >= 3 && strcmp(argv[2], "preload") == 0);
+    SRunner *sr = srunner_create(gemm_suite());
+    srunner_run_all(sr, CK_ENV);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

@@ -1,0 +1,667 @@
+/*
+ * check_optim.c - optimizers, the learning-rate schedule and the autocast table.
+ *
+ * AdamW and SGD with momentum are checked against double-precision reference
+ * implementations written here from PyTorch's formulas; the fused working copy against the
+ * scalar conversions of format.c; the lost-update count of the low-precision path against
+ * cases whose outcome is known; the schedule against its closed forms.
+ *
+ * Threads: Check forks one child per test; nothing is shared.
+ */
+#include <check.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu/gpu_int.h"
+
+static const char *const impls[] = {"portable", "avx512"};
+
+/* Forces the optimizer kernel path; false (test skipped) when the CPU lacks it. */
+static bool use_impl(const char *impl)
+{
+    int rc = gpu_optim_force(impl);
+    if (rc == GPU_ENODEV)
+        return false;
+    ck_assert_int_eq(rc, 0);
+    ck_assert_str_eq(gpu_optim_impl(), impl);
+    return true;
+}
+
+static uint32_t fbits(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof(u));
+    return u;
+}
+
+static double rel_err(double got, double want)
+{
+    return fabs(got - want) / fabs(want);
+}
+
+/* ---- double-precision references ------------------------------------------------------ */
+
+/* pa and ma follow the magnitudes the values are built from (the same recurrences on |terms|):
+ * rounding error is relative to them, so an element whose moment cancels to near zero is
+ * judged against the size of what cancelled. */
+typedef struct {
+    double *p, *m, *v, *pa, *ma;
+} ref_state;
+
+static void ref_alloc(ref_state *r, const float *p, size_t n)
+{
+    r->p = malloc(n * sizeof(double));
+    r->m = calloc(n, sizeof(double));
+    r->v = calloc(n, sizeof(double));
+    r->pa = malloc(n * sizeof(double));
+    r->ma = calloc(n, sizeof(double));
+    ck_assert(r->p && r->m && r->v && r->pa && r->ma);
+    for (size_t i = 0; i < n; i++) {
+        r->p[i] = p[i];
+        r->pa[i] = fabs(p[i]);
+    }
+}
+
+static void ref_free(ref_state *r)
+{
+    free(r->p);
+    free(r->m);
+    free(r->v);
+    free(r->pa);
+    free(r->ma);
+}
+
+/* AdamW as in the paper / torch.optim.AdamW: decoupled decay, bias-corrected moments. */
+static void ref_adamw(const gpu_optim_config *c, double lr, long t, double gmul, ref_state *r,
+                      const float *g, size_t n)
+{
+    double b1 = c->beta1, b2 = c->beta2, eps = c->eps, wd = c->weight_decay;
+    for (size_t i = 0; i < n; i++) {
+        double gi = (double)g[i] * gmul;
+        r->p[i] -= lr * wd * r->p[i];
+        r->m[i] = b1 * r->m[i] + (1.0 - b1) * gi;
+        r->v[i] = b2 * r->v[i] + (1.0 - b2) * gi * gi;
+        double mhat = r->m[i] / (1.0 - pow(b1, (double)t));
+        double vhat = r->v[i] / (1.0 - pow(b2, (double)t));
+        double step = lr * mhat / (sqrt(vhat) + eps);
+        r->p[i] -= step;
+        r->ma[i] = b1 * r->ma[i] + (1.0 - b1) * fabs(gi);
+        r->pa[i] = r->pa[i] * (1.0 - lr * wd) + fabs(step);
+    }
+}
+
+/* torch.optim.SGD: L2 decay into the gradient, buffer = gradient on the first step. */
+static void ref_sgd(const gpu_optim_config *c, double lr, long t, double gmul, ref_state *r,
+                    const float *g, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)g[i] * gmul + (double)c->weight_decay * r->p[i];
+        double da = fabs((double)g[i] * gmul) + (double)c->weight_decay * r->pa[i];
+        if (c->momentum != 0.0f) {
+            r->m[i] = t == 1 ? d : (double)c->momentum * r->m[i] + d;
+            r->ma[i] = t == 1 ? da : (double)c->momentum * r->ma[i] + da;
+            d = r->m[i];
+            da = r->ma[i];
+        }
+        r->p[i] -= lr * d;
+        r->pa[i] += lr * da;
+    }
+}
+
+static void fill_params(float *p, size_t n, gpu_rng *r)
+{
+    for (size_t i = 0; i < n; i++) {
+        float a = 0.5f + gpu_rng_uniform(r);
+        p[i] = gpu_rng_uniform(r) < 0.5f ? -a : a;
+    }
+}
+
+/* ---- AdamW and SGD against the references ------------------------------------------- */
+
+enum { N = 2600 }; /* crosses the 1024-element chunks with a ragged tail */
+
+static void run_vs_reference(gpu_opt_type type, float wd, float gmul, float momentum)
+{
+    gpu_optim_config c;
+    gpu_optim_defaults(&c);
+    c.type = type;
+    c.weight_decay = wd;
+    c.momentum = momentum;
+    c.lr = type == GPU_OPT_SGD ? 0.01f : 1e-3f;
+    ck_assert_int_eq(gpu_optim_validate(&c, NULL), 0);
+
+    gpu_rng r;
+    gpu_rng_seed(&r, 11);
+    float *p = malloc(N * sizeof(float)), *g = malloc(N * sizeof(float));
+    float *m = calloc(N, sizeof(float)), *v = calloc(N, sizeof(float));
+    ck_assert(p && g && m && v);
+    fill_params(p, N, &r);
+    ref_state ref;
+    ref_alloc(&ref, p, N);
+    float *p0 = malloc(N * sizeof(float));
+    ck_assert_ptr_nonnull(p0);
+    memcpy(p0, p, N * sizeof(float));
+    float *mbuf = type == GPU_OPT_SGD && momentum == 0.0f ? NULL : m;
+
+    for (long t = 1; t <= 20; t++) {
+        for (size_t i = 0; i < N; i++)
+            g[i] = gpu_rng_normal(&r) * (i % 3 == 0 ? 1e-3f : 1.0f);
+        float lr = c.lr * (1.0f + 0.1f * (float)t); /* a changing lr, as a schedule gives */
+        gpu_optim_update(&c, lr, t, gmul, p, g, mbuf, type == GPU_OPT_SGD ? NULL : v, N, NULL,
+                         GPU_FP32);
+        if (type == GPU_OPT_SGD)
+            ref_sgd(&c, lr, t, gmul, &ref, g, N);
+        else
+            ref_adamw(&c, lr, t, gmul, &ref, g, N);
+    }
+    double worst_p = 0, worst_m = 0, worst_v = 0;
+    for (size_t i = 0; i < N; i++) {
+        worst_p = fmax(worst_p, fabs(p[i] - ref.p[i]) / ref.pa[i]);
+        if (momentum != 0.0f || type == GPU_OPT_ADAMW)
+            worst_m = fmax(worst_m, fabs(m[i] - ref.m[i]) / ref.ma[i]);
+        if (type == GPU_OPT_ADAMW)
+            worst_v = fmax(worst_v, rel_err(v[i], ref.v[i]));
+    }
+    ck_assert_msg(worst_p < 1e-5, "params: worst relative error %g", worst_p);
+    ck_assert_msg(worst_m < 1e-5, "first moment: worst relative error %g", worst_m);
+    ck_assert_msg(worst_v < 1e-5, "second moment: worst relative error %g", worst_v);
+    /* and the parameters moved far beyond that tolerance */
+    double moved = 0;
+    for (size_t i = 0; i < N; i++)
+        moved = fmax(moved, rel_err(p[i], p0[i]));
+    ck_assert_msg(moved > 1e-2, "parameters moved only %g", moved);
+    ref_free(&ref);
+    free(p0);
+    free(p);
+    free(g);
+    free(m);
+    free(v);
+}
+
+START_TEST(test_adamw_reference)
+{
+    if (!use_impl(impls[_i]))
+        return;
+    run_vs_reference(GPU_OPT_ADAMW, 0.0f, 1.0f, 0.0f);
+    run_vs_reference(GPU_OPT_ADAMW, 0.1f, 0.5f, 0.0f);
+}
+END_TEST
+
+START_TEST(test_sgd_reference)
+{
+    if (!use_impl(impls[_i]))
+        return;
+    run_vs_reference(GPU_OPT_SGD, 0.0f, 1.0f, 0.9f);
+    run_vs_reference(GPU_OPT_SGD, 1e-2f, 0.25f, 0.9f);
+    run_vs_reference(GPU_OPT_SGD, 1e-2f, 2.0f, 0.0f); /* plain SGD: no buffer, m NULL */
+}
+END_TEST
+
+START_TEST(test_adamw_first_step)
+{
+    /* At t = 1 the bias corrections make mhat = g and vhat = g^2 exactly, so the step is
+     * lr * g / (|g| + eps): about lr in size whatever the gradient's scale. */
+    if (!use_impl(impls[_i]))
+        return;
+    gpu_optim_config c;
+    gpu_optim_defaults(&c);
+    enum { M = 40 };
+    float p[M], g[M], m[M] = {0}, v[M] = {0};
+    for (int i = 0; i < M; i++) {
+        p[i] = 1.0f;
+        g[i] = ldexpf(i % 2 ? -1.5f : 1.25f, i - 20);
+    }
+    gpu_optim_update(&c, c.lr, 1, 1.0f, p, g, m, v, M, NULL, GPU_FP32);
+    for (int i = 0; i < M; i++) {
+        double gi = g[i];
+        double want = 1.0 - 1e-3 * gi / (fabs(gi) + 1e-8);
+        ck_assert_msg(rel_err(p[i], want) < 2e-7, "i %d: %.9g vs %.9g", i, (double)p[i],
+                      want);
+        ck_assert(m[i] == (1.0f - 0.9f) * g[i]);
+    }
+    /* a large gradient gives a step of lr to within float rounding */
+    ck_assert(fabsf(p[30] - (1.0f - 1e-3f)) <= 2e-7f);
+}
+END_TEST
+
+/* ---- the fused working copy ------------------------------------------------------------ */
+
+START_TEST(test_working_copy)
+{
+    if (!use_impl(impls[_i]))
+        return;
+    gpu_optim_config c;
+    gpu_optim_defaults(&c);
+    gpu_rng r;
+    gpu_rng_seed(&r, 3);
+    enum { M = 3000 };
+    static float p[M], g[M], m[M], v[M], w32[M];
+    static uint16_t w16[M];
+    for (int dt = 0; dt < 3; dt++) {
+        fill_params(p, M, &r);
+        p[0] = 70000.0f; /* beyond fp16 range: the copy says inf, as RNE does */
+        p[1] = 1e-6f;    /* an fp16 subnormal */
+        memset(m, 0, sizeof(m));
+        memset(v, 0, sizeof(v));
+        for (int t = 1; t <= 3; t++) {
+            for (int i = 0; i < M; i++)
+                g[i] = gpu_rng_normal(&r);
+            void *work = dt == GPU_FP32 ? (void *)w32 : (void *)w16;
+            gpu_optim_update(&c, c.lr, t, 1.0f, p, g, m, v, M, work, (gpu_dtype)dt);
+            int bad = 0;
+            for (int i = 0; i < M; i++) {
+                if (dt == GPU_FP16)
+                    bad += w16[i] != gpu_f32_to_f16(p[i]);
+                else if (dt == GPU_BF16)
+                    bad += w16[i] != gpu_f32_to_bf16(p[i]);
+                else
+                    bad += fbits(w32[i]) != fbits(p[i]);
+            }
+            ck_assert_msg(bad == 0, "%s step %d: %d working-copy elements differ",
+                          gpu_dtype_name((gpu_dtype)dt), t, bad);
+        }
+    }
+}
+END_TEST
+
+START_TEST(test_paths_identical)
+{
+    if (gpu_optim_force("avx512") == GPU_ENODEV)
+        return;
+    ck_assert_int_eq(gpu_optim_force("nonsense"), GPU_EINVAL);
+    gpu_rng r;
+    gpu_rng_seed(&r, 8);
+    enum { M = 2053 };
+    static float p[2][M], g[M], m[2][M], v[2][M];
+    static uint16_t w[2][M];
+    for (int type = 0; type < 2; type++) {
+        gpu_optim_config c;
+        gpu_optim_defaults(&c);
+        c.type = (gpu_opt_type)type;
+        c.weight_decay = 0.05f;
+        fill_params(p[0], M, &r);
+        memcpy(p[1], p[0], sizeof(p[0]));
+        memset(m, 0, sizeof(m));
+        memset(v, 0, sizeof(v));
+        for (int t = 1; t <= 4; t++) {
+            for (int i = 0; i < M; i++)
+                g[i] = gpu_rng_normal(&r) * 0.01f;
+            for (int k = 0; k < 2; k++) {
+                ck_assert_int_eq(gpu_optim_force(impls[k]), 0);
+                gpu_optim_update(&c, 3e-3f, t, 0.7f, p[k], g, m[k], v[k], M, w[k], GPU_BF16);
+            }
+            ck_assert(memcmp(p[0], p[1], sizeof(p[0])) == 0);
+            ck_assert(memcmp(m[0], m[1], sizeof(m[0])) == 0);
+            ck_assert(memcmp(v[0], v[1], sizeof(v[0])) == 0);
+            ck_assert(memcmp(w[0], w[1], sizeof(w[0])) == 0);
+        }
+    }
+}
+END_TEST
+
+/* ---- parameters only in the low dtype -------------------------------------------------- */
+
+START_TEST(test_lowp_lost_updates)
+{
+    if (!use_impl(impls[_i]))
+        return;
+    gpu_optim_config c;
+    gpu_optim_defaults(&c);
+    c.type = GPU_OPT_SGD;
+    c.momentum = 0.0f;
+    enum { M = 1500 };
+    static uint16_t w[M];
+    static float g[M];
+    gpu_rng r;
+    gpu_rng_seed(&r, 4);
+    for (int i = 0; i < M; i++)
+        g[i] = 0.5f + 0.5f * gpu_rng_uniform(&r);
+    int64_t lost = -1;
+
+    /* fp16 1.0 has neighbours 1 - 2^-11 and 1 + 2^-10: a step of <= 1e-5 rounds away */
+    for (int i = 0; i < M; i++)
+        w[i] = gpu_f32_to_f16(1.0f);
+    gpu_optim_update_lowp(&c, 1e-5f, 1, 1.0f, w, GPU_FP16, g, NULL, NULL, M, &lost);
+    ck_assert_int_eq(lost, M);
+    int bad = 0;
+    for (int i = 0; i < M; i++)
+        bad += w[i] != 0x3C00u;
+    ck_assert_int_eq(bad, 0);
+
+    /* a step of >= 5e-3 always lands on another fp16 value */
+    gpu_optim_update_lowp(&c, 1e-2f, 2, 1.0f, w, GPU_FP16, g, NULL, NULL, M, &lost);
+    ck_assert_int_eq(lost, 0);
+    for (int i = 0; i < M; i++)
+        bad += w[i] != gpu_f32_to_f16(1.0f - 1e-2f * g[i]);
+    ck_assert_int_eq(bad, 0);
+
+    /* zero gradients are no update at all, so nothing is lost */
+    static float zero[M];
+    gpu_optim_update_lowp(&c, 1e-2f, 3, 1.0f, w, GPU_FP16, zero, NULL, NULL, M, &lost);
+    ck_assert_int_eq(lost, 0);
+
+    /* bf16 has 8 bits of precision: lr 1e-3 is lost at 1.0, mixed with ones that are not */
+    for (int i = 0; i < M; i++) {
+        w[i] = gpu_f32_to_bf16(1.0f);
+        g[i] = i % 2 ? 1.0f : 10.0f; /* 1e-3 (lost, half ulp 2^-9) and 1e-2 (kept) */
+    }
+    gpu_optim_update_lowp(&c, 1e-3f, 1, 1.0f, w, GPU_BF16, g, NULL, NULL, M, &lost);
+    ck_assert_int_eq(lost, M / 2);
+}
+END_TEST
+
+START_TEST(test_lowp_matches_master_math)
+{
+    /* One lowp step gives exactly the rounding of the fp32 step taken from the same values. */
+    if (!use_impl(impls[_i]))
+        return;
+    enum { M = 2100 };
+    static uint16_t w[M], w0[M];
+    static float p[M], g[M], m1[M], v1[M], m2[M], v2[M];
+    gpu_rng r;
+    gpu_rng_seed(&r, 21);
+    for (int dt = GPU_FP16; dt <= GPU_BF16; dt++) {
+        for (int type = 0; type < 2; type++) {
+            gpu_optim_config c;
+            gpu_optim_defaults(&c);
+            c.type = (gpu_opt_type)type;
+            c.weight_decay = 0.01f;
+            memset(m1, 0, sizeof(m1));
+            memset(v1, 0, sizeof(v1));
+            memset(m2, 0, sizeof(m2));
+            memset(v2, 0, sizeof(v2));
+            for (int t = 1; t <= 3; t++) {
+                for (int i = 0; i < M; i++) {
+                    w[i] = dt == GPU_FP16 ? gpu_f32_to_f16(gpu_rng_normal(&r))
+                                          : gpu_f32_to_bf16(gpu_rng_normal(&r));
+                    p[i] = dt == GPU_FP16 ? gpu_f16_to_f32(w[i]) : gpu_bf16_to_f32(w[i]);
+                    g[i] = gpu_rng_normal(&r);
+                }
+                memcpy(w0, w, sizeof(w));
+                int64_t lost = -1;
+                gpu_optim_update_lowp(&c, 0.05f, t, 0.5f, w, (gpu_dtype)dt, g, m1,
+                                      type == GPU_OPT_ADAMW ? v1 : NULL, M, &lost);
+                gpu_optim_update(&c, 0.05f, t, 0.5f, p, g, m2,
+                                 type == GPU_OPT_ADAMW ? v2 : NULL, M, NULL, GPU_FP32);
+                ck_assert(memcmp(m1, m2, sizeof(m1)) == 0);
+                ck_assert(memcmp(v1, v2, sizeof(v1)) == 0);
+                int64_t want_lost = 0;
+                int bad = 0;
+                for (int i = 0; i < M; i++) {
+                    uint16_t want = dt == GPU_FP16 ? gpu_f32_to_f16(p[i])
+                                                   : gpu_f32_to_bf16(p[i]);
+                    bad += w[i] != want;
+                    float before = dt == GPU_FP16 ? gpu_f16_to_f32(w0[i])
+                                                  : gpu_bf16_to_f32(w0[i]);
+                    want_lost += p[i] != before && w[i] == w0[i];
+                }
+                ck_assert_int_eq(bad, 0);
+                ck_assert_int_eq(lost, want_lost);
+            }
+        }
+    }
+}
+END_TEST
+
+START_TEST(test_lowp_fp32)
+{
+    gpu_optim_config c;
+    gpu_optim_defaults(&c);
+    c.type = GPU_OPT_SGD;
+    c.momentum = 0.0f;
+    float w[20], g[20];
+    for (int i = 0; i < 20; i++) {
+        w[i] = 1.0f;
+        g[i] = (float)i;
+    }
+    int64_t lost = -1;
+    gpu_optim_update_lowp(&c, 0.5f, 1, 1.0f, w, GPU_FP32, g, NULL, NULL, 20, &lost);
+    ck_assert_int_eq(lost, 0);
+    for (int i = 0; i < 20; i++)
+        ck_assert(w[i] == 1.0f - 0.5f * (float)i);
+}
+END_TEST
+
+/* ---- learning-rate schedule ------------------------------------------------------------ */
+
+START_TEST(test_schedule_warmup_constant)
+{
+    gpu_optim_config c;
+    gpu_optim_defaults(&c);
+    c.lr = 1e-3f;
+    ck_assert(gpu_lr_at(&c, 0, 100) == 1e-3f);
+    ck_assert(gpu_lr_at(&c, 99, 100) == 1e-3f);
+    c.warmup_steps = 10;
+    ck_assert(gpu_lr_at(&c, 0, 100) == (float)((double)1e-3f * 1.0 / 10.0));
+    ck_assert(gpu_lr_at(&c, 4, 100) == (float)((double)1e-3f * 5.0 / 10.0));
+    ck_assert(gpu_lr_at(&c, 9, 100) == 1e-3f);
+    ck_assert(gpu_lr_at(&c, 10, 100) == 1e-3f);
+    ck_assert(gpu_lr_at(&c, 500, 100) == 1e-3f);
+    for (int s = 1; s < 10; s++)
+        ck_assert(gpu_lr_at(&c, s, 100) > gpu_lr_at(&c, s - 1, 100));
+}
+END_TEST
+
+START_TEST(test_schedule_cosine)
+{
+    gpu_optim_config c;
+    gpu_optim_defaults(&c);
+    c.lr = 2e-3f;
+    c.warmup_steps = 10;
+    c.schedule = GPU_SCHED_COSINE;
+    c.min_lr_ratio = 0.1f;
+    const int64_t total = 110;
+    double lr = c.lr, r = c.min_lr_ratio;
+    ck_assert(gpu_lr_at(&c, 10, total) == c.lr); /* the decay starts at lr */
+    /* half way the cosine is at the mean of lr and its floor */
+    ck_assert(rel_err(gpu_lr_at(&c, 60, total), lr * (r + (1 - r) * 0.5)) < 1e-6);
+    /* one step before the end: 1/100 of the way short of the floor */
+    double last = lr * (r + (1 - r) * 0.5 * (1 + cos(M_PI * 99.0 / 100.0)));
+    ck_assert(rel_err(gpu_lr_at(&c, 109, total), last) < 1e-6);
+    ck_assert(rel_err(gpu_lr_at(&c, 109, total), lr * r) < 3e-3);
+    ck_assert(rel_err(gpu_lr_at(&c, 110, total), lr * r) < 1e-6);
+    ck_assert(rel_err(gpu_lr_at(&c, 1000, total), lr * r) < 1e-6);
+    for (int64_t s = 11; s < total; s++)
+        ck_assert(gpu_lr_at(&c, s, total) < gpu_lr_at(&c, s - 1, total));
+    c.min_lr_ratio = 0.0f;
+    ck_assert(gpu_lr_at(&c, 109, total) > 0.0f);
+    ck_assert(gpu_lr_at(&c, 109, total) < 1e-6f);
+}
+END_TEST
+
+START_TEST(test_schedule_linear)
+{
+    gpu_optim_config c;
+    gpu_optim_defaults(&c);
+    c.lr = 1.0f;
+    c.schedule = GPU_SCHED_LINEAR;
+    ck_assert(gpu_lr_at(&c, 0, 100) == 1.0f); /* no warmup: starts at lr */
+    ck_assert(rel_err(gpu_lr_at(&c, 25, 100), 0.75) < 1e-7);
+    ck_assert(rel_err(gpu_lr_at(&c, 99, 100), 0.01) < 1e-6);
+    c.warmup_steps = 20;
+    c.min_lr_ratio = 0.5f;
+    ck_assert(rel_err(gpu_lr_at(&c, 9, 100), 0.5) < 1e-7);
+    ck_assert(gpu_lr_at(&c, 20, 100) == 1.0f);
+    ck_assert(rel_err(gpu_lr_at(&c, 60, 100), 0.75) < 1e-7);
+    ck_assert(rel_err(gpu_lr_at(&c, 100, 100), 0.5) < 1e-7);
+    /* total not beyond the warmup: no decay phase to divide by zero over */
+    ck_assert(isfinite(gpu_lr_at(&c, 20, 10)));
+}
+END_TEST
+
+/* ---- validation ------------------------------------------------------------------------ */
+
+START_TEST(test_optim_defaults_validate)
+{
+    gpu_optim_config c;
+    const char *field = "x";
+    gpu_optim_defaults(&c);
+    ck_assert_int_eq(c.type, GPU_OPT_ADAMW);
+    ck_assert(c.lr == 1e-3f && c.beta1 == 0.9f && c.beta2 == 0.999f && c.eps == 1e-8f);
+    ck_assert(c.weight_decay == 0.0f && c.momentum == 0.9f && c.grad_clip == 0.0f);
+    ck_assert(c.warmup_steps == 0 && c.schedule == GPU_SCHED_CONSTANT);
+    ck_assert(c.min_lr_ratio == 0.0f);
+    ck_assert_int_eq(gpu_optim_validate(&c, &field), 0);
+    ck_assert_ptr_null(field);
+
+    struct {
+        const char *field;
+        int which;
+        float value;
+    } bad[] = {
+        {"optimizer.lr", 0, NAN},           {"optimizer.lr", 0, 0.0f},
+        {"optimizer.lr", 0, INFINITY},      {"optimizer.betas", 1, 1.0f},
+        {"optimizer.betas", 2, -0.1f},      {"optimizer.betas", 2, NAN},
+        {"optimizer.eps", 3, -1e-8f},       {"optimizer.eps", 3, 0.0f},
+        {"optimizer.weight_decay", 4, -1},  {"optimizer.weight_decay", 4, INFINITY},
+        {"optimizer.momentum", 5, 1.0f},    {"optimizer.momentum", 5, -0.5f},
+        {"optimizer.grad_clip", 6, -1.0f},  {"optimizer.grad_clip", 6, NAN},
+        {"optimizer.warmup_steps", 7, -1},  {"optimizer.min_lr_ratio", 8, 1.5f},
+        {"optimizer.min_lr_ratio", 8, NAN},
+    };
+    for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
+        gpu_optim_defaults(&c);
+        float x = bad[k].value;
+        switch (bad[k].which) {
+        case 0: c.lr = x; break;
+        case 1: c.beta1 = x; break;
+        case 2: c.beta2 = x; break;
+        case 3: c.eps = x; break;
+        case 4: c.weight_decay = x; break;
+        case 5: c.momentum = x; break;
+        case 6: c.grad_clip = x; break;
+        case 7: c.warmup_steps = (int)x; break;
+        default: c.min_lr_ratio = x; break;
+        }
+        field = NULL;
+        ck_assert_int_eq(gpu_optim_validate(&c, &field), GPU_EINVAL);
+        ck_assert_ptr_nonnull(field);
+        ck_assert_str_eq(field, bad[k].field);
+    }
+    /* boundary values that are allowed */
+    gpu_optim_defaults(&c);
+    c.beta1 = 0.0f;
+    c.momentum = 0.0f;
+    c.min_lr_ratio = 1.0f;
+    c.grad_clip = 0.0f;
+    ck_assert_int_eq(gpu_optim_validate(&c, NULL), 0);
+}
+END_TEST
+
+/* ---- autocast ------------------------------------------------------------------------- */
+
+START_TEST(test_autocast_defaults)
+{
+    gpu_autocast a;
+    gpu_autocast_defaults(&a);
+    const gpu_op lowp[] = {GPU_OP_LINEAR, GPU_OP_MATMUL};
+    const gpu_op fp32[] = {GPU_OP_SOFTMAX, GPU_OP_LOG_SOFTMAX, GPU_OP_CROSS_ENTROPY,
+                           GPU_OP_LAYER_NORM, GPU_OP_EXP, GPU_OP_LOG, GPU_OP_SUM,
+                           GPU_OP_NORM};
+    const gpu_op input[] = {GPU_OP_RELU, GPU_OP_GELU, GPU_OP_ADD, GPU_OP_EMBEDDING};
+    int seen = 0;
+    for (size_t i = 0; i < sizeof(lowp) / sizeof(lowp[0]); i++, seen++)
+        ck_assert_int_eq(a.policy[lowp[i]], GPU_CAST_LOWP);
+    for (size_t i = 0; i < sizeof(fp32) / sizeof(fp32[0]); i++, seen++)
+        ck_assert_int_eq(a.policy[fp32[i]], GPU_CAST_FP32);
+    for (size_t i = 0; i < sizeof(input) / sizeof(input[0]); i++, seen++)
+        ck_assert_int_eq(a.policy[input[i]], GPU_CAST_INPUT);
+    ck_assert_int_eq(seen, GPU_OP_COUNT); /* every op is covered */
+}
+END_TEST
+
+START_TEST(test_autocast_names)
+{
+    static const char *const names[GPU_OP_COUNT] = {
+        "linear", "matmul", "relu", "gelu", "add", "softmax", "log_softmax", "cross_entropy",
+        "layer_norm", "exp", "log", "sum", "norm", "embedding"};
+    for (int op = 0; op < GPU_OP_COUNT; op++) {
+        ck_assert_str_eq(gpu_op_name((gpu_op)op), names[op]);
+        gpu_op back = GPU_OP_COUNT;
+        ck_assert_int_eq(gpu_op_parse(names[op], &back), 0);
+        ck_assert_int_eq(back, op);
+    }
+    gpu_op o = GPU_OP_ADD;
+    ck_assert_int_eq(gpu_op_parse("conv2d", &o), GPU_EINVAL);
+    ck_assert_int_eq(gpu_op_parse("Linear", &o), GPU_EINVAL);
+    ck_assert_int_eq(gpu_op_parse("", &o), GPU_EINVAL);
+    ck_assert_int_eq(o, GPU_OP_ADD);
+
+    static const char *const pol[] = {"lowp", "fp32", "input"};
+    for (int p = 0; p < 3; p++) {
+        ck_assert_str_eq(gpu_cast_policy_name((gpu_cast_policy)p), pol[p]);
+        gpu_cast_policy back = GPU_CAST_INPUT;
+        ck_assert_int_eq(gpu_cast_policy_parse(pol[p], &back), 0);
+        ck_assert_int_eq(back, p);
+    }
+    gpu_cast_policy cp;
+    ck_assert_int_eq(gpu_cast_policy_parse("fp16", &cp), GPU_EINVAL);
+    ck_assert_int_eq(gpu_cast_policy_parse("bf16", &cp), GPU_EINVAL);
+    ck_assert_int_eq(gpu_cast_policy_parse("FP32", &cp), GPU_EINVAL);
+}
+END_TEST
+
+START_TEST(test_autocast_dtype)
+{
+    gpu_autocast a;
+    gpu_autocast_defaults(&a);
+    for (int dt = GPU_FP16; dt <= GPU_BF16; dt++) {
+        gpu_dtype d = (gpu_dtype)dt;
+        ck_assert_int_eq(gpu_autocast_dtype(&a, GPU_OP_LINEAR, d, GPU_FP32), d);
+        ck_assert_int_eq(gpu_autocast_dtype(&a, GPU_OP_MATMUL, d, GPU_FP32), d);
+        ck_assert_int_eq(gpu_autocast_dtype(&a, GPU_OP_SOFTMAX, d, d), GPU_FP32);
+        ck_assert_int_eq(gpu_autocast_dtype(&a, GPU_OP_CROSS_ENTROPY, d, d), GPU_FP32);
+        ck_assert_int_eq(gpu_autocast_dtype(&a, GPU_OP_RELU, d, d), d);
+        ck_assert_int_eq(gpu_autocast_dtype(&a, GPU_OP_RELU, d, GPU_FP32), GPU_FP32);
+        ck_assert_int_eq(gpu_autocast_dtype(&a, GPU_OP_EMBEDDING, d, d), d);
+    }
+    /* an fp32 job runs everything in fp32, whatever the table and the input say */
+    for (int op = 0; op < GPU_OP_COUNT; op++)
+        ck_assert_int_eq(gpu_autocast_dtype(&a, (gpu_op)op, GPU_FP32, GPU_BF16), GPU_FP32);
+    /* overrides are honoured */
+    a.policy[GPU_OP_SOFTMAX] = GPU_CAST_LOWP;
+    a.policy[GPU_OP_LINEAR] = GPU_CAST_FP32;
+    ck_assert_int_eq(gpu_autocast_dtype(&a, GPU_OP_SOFTMAX, GPU_BF16, GPU_FP32), GPU_BF16);
+    ck_assert_int_eq(gpu_autocast_dtype(&a, GPU_OP_LINEAR, GPU_FP16, GPU_FP16), GPU_FP32);
+}
+END_TEST
+
+static Suite *optim_suite(void)
+{
+    Suite *s = suite_create("optim");
+    TCase *tc = tcase_create("update");
+    tcase_set_timeout(tc, 10);
+    tcase_add_loop_test(tc, test_adamw_reference, 0, 2);
+    tcase_add_loop_test(tc, test_sgd_reference, 0, 2);
+    tcase_add_loop_test(tc, test_adamw_first_step, 0, 2);
+    tcase_add_loop_test(tc, test_working_copy, 0, 2);
+    tcase_add_test(tc, test_paths_identical);
+    tcase_add_loop_test(tc, test_lowp_lost_updates, 0, 2);
+    tcase_add_loop_test(tc, test_lowp_matches_master_math, 0, 2);
+    tcase_add_test(tc, test_lowp_fp32);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("schedule");
+    tcase_add_test(tc, test_schedule_warmup_constant);
+    tcase_add_test(tc, test_schedule_cosine);
+    tcase_add_test(tc, test_schedule_linear);
+    tcase_add_test(tc, test_optim_defaults_validate);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("autocast");
+    tcase_add_test(tc, test_autocast_defaults);
+    tcase_add_test(tc, test_autocast_names);
+    tcase_add_test(tc, test_autocast_dtype);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(optim_suite());
+    srunner_run_all(sr, CK_ENV);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

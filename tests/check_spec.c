@@ -1,0 +1,264 @@
+/*
+ * check_spec.c - job-spec validation: the DESIGN.md example parses with its values, every
+ * omitted field gets its default, and bad input is refused with the offending field named.
+ *
+ * Data roots point at a temporary directory with a fake IDX dataset so the tests do not
+ * depend on installed packages.
+ */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "api/api.h"
+
+static char root[256];
+static api_spec_opts opts;
+
+static void touch(const char *dir, const char *name)
+{
+    char p[512];
+    snprintf(p, sizeof(p), "%s/%s", dir, name);
+    FILE *f = fopen(p, "wb");
+    ck_assert_ptr_nonnull(f);
+    fclose(f);
+}
+
+static void setup(void)
+{
+    char dir[300];
+    snprintf(root, sizeof(root), "/tmp/ampd-spec-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(root));
+    snprintf(dir, sizeof(dir), "%s/fashion-mnist", root);
+    ck_assert_int_eq(mkdir(dir, 0755), 0);
+    touch(dir, "train-images-idx3-ubyte.gz");
+    touch(dir, "train-labels-idx1-ubyte.gz");
+    touch(dir, "t10k-images-idx3-ubyte");
+    touch(dir, "t10k-labels-idx1-ubyte");
+    memset(&opts, 0, sizeof(opts));
+    opts.nroots = 1;
+    snprintf(opts.roots[0], sizeof(opts.roots[0]), "%s", root);
+}
+
+static void teardown(void)
+{
+    char cmd[300];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+static int parse(const char *json, gpu_job_config *c, api_error *e)
+{
+    return api_spec_parse(json, strlen(json), &opts, c, e);
+}
+
+/* Parsing json must fail and name field. */
+static void expect_field(const char *json, const char *field)
+{
+    gpu_job_config c;
+    api_error e;
+    int rc = parse(json, &c, &e);
+    ck_assert_msg(rc == GPU_EINVAL, "accepted: %s", json);
+    ck_assert_str_eq(e.code, "invalid_spec");
+    ck_assert_msg(strcmp(e.field, field) == 0, "%s: field \"%s\", expected \"%s\" (%s)", json,
+                  e.field, field, e.message);
+    ck_assert_msg(strlen(e.message) > 5, "no message for %s", json);
+}
+
+START_TEST(test_design_example)
+{
+    const char *spec =
+        "{\"name\": \"fmnist-fp16\","
+        " \"model\": {\"type\": \"mlp\", \"layers\": [784, 1024, 1024, 10], \"activation\": \"relu\"},"
+        " \"data\": {\"type\": \"idx\", \"train\": \"fashion-mnist\", \"eval\": \"fashion-mnist:test\"},"
+        " \"precision\": {\"dtype\": \"fp16\", \"master_weights\": true,"
+        "   \"loss_scale\": {\"mode\": \"dynamic\", \"init\": 65536, \"growth_factor\": 2.0,"
+        "     \"backoff_factor\": 0.5, \"growth_interval\": 2000, \"hysteresis\": 1,"
+        "     \"min_scale\": 1.0, \"max_scale\": 16777216},"
+        "   \"autocast\": {\"overrides\": {\"softmax\": \"fp32\"}}},"
+        " \"optimizer\": {\"type\": \"adamw\", \"lr\": 0.001, \"betas\": [0.9, 0.999], \"eps\": 1e-8,"
+        "   \"weight_decay\": 0.0, \"grad_clip\": 1.0, \"warmup_steps\": 0, \"schedule\": \"cosine\"},"
+        " \"batch_size\": 256, \"steps\": 2000, \"seed\": 1,"
+        " \"eval_every\": 200, \"checkpoint_every\": 500, \"diagnostics_every\": 50,"
+        " \"device\": \"auto\", \"distributed\": {\"world_size\": 1, \"comm_hook\": \"none\"}}";
+    gpu_job_config c;
+    api_error e;
+    ck_assert_int_eq(parse(spec, &c, &e), 0);
+    ck_assert_str_eq(c.name, "fmnist-fp16");
+    ck_assert_int_eq(c.model.nlayers, 4);
+    ck_assert_int_eq(c.model.layers[1], 1024);
+    ck_assert_int_eq(c.dtype, GPU_FP16);
+    ck_assert(c.master_weights);
+    ck_assert_int_eq(c.scaler.mode, GPU_SCALE_DYNAMIC);
+    ck_assert_float_eq(c.scaler.init_scale, 65536.0f);
+    ck_assert_float_eq(c.scaler.max_scale, 16777216.0f);
+    ck_assert_int_eq(c.optim.schedule, GPU_SCHED_COSINE);
+    ck_assert_float_eq(c.optim.grad_clip, 1.0f);
+    ck_assert_int_eq(c.autocast.policy[GPU_OP_SOFTMAX], GPU_CAST_FP32);
+    ck_assert_int_eq(c.steps, 2000);
+    ck_assert_int_eq(c.eval_every, 200);
+    ck_assert_ptr_nonnull(strstr(c.data.train_images, "fashion-mnist/train-images-idx3-ubyte.gz"));
+    ck_assert_ptr_nonnull(strstr(c.data.eval_labels, "fashion-mnist/t10k-labels-idx1-ubyte"));
+    json_t *canon = api_spec_to_json(&c);
+    ck_assert_ptr_nonnull(canon);
+    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(canon, "precision"),
+                                                       "dtype")),
+                     "fp16");
+    json_decref(canon);
+}
+END_TEST
+
+START_TEST(test_defaults)
+{
+    gpu_job_config c;
+    api_error e;
+    ck_assert_int_eq(parse("{}", &c, &e), 0);
+    ck_assert_int_eq(c.dtype, GPU_FP32);
+    ck_assert_int_eq(c.scaler.mode, GPU_SCALE_NONE);
+    ck_assert_int_eq(c.data.type, GPU_DATA_IDX);
+    ck_assert_ptr_nonnull(strstr(c.data.eval_images, "t10k-images"));
+    ck_assert_int_eq(c.batch_size, 256);
+    ck_assert_str_eq(c.device, "auto");
+    /* fp16 defaults to dynamic scaling, bf16 to none (PyTorch, DeepSpeed) */
+    ck_assert_int_eq(parse("{\"precision\": {\"dtype\": \"fp16\"}}", &c, &e), 0);
+    ck_assert_int_eq(c.scaler.mode, GPU_SCALE_DYNAMIC);
+    ck_assert_float_eq(c.scaler.init_scale, 65536.0f);
+    ck_assert_int_eq(c.scaler.growth_interval, 2000);
+    ck_assert_int_eq(parse("{\"precision\": {\"dtype\": \"bf16\"}}", &c, &e), 0);
+    ck_assert_int_eq(c.scaler.mode, GPU_SCALE_NONE);
+    /* synthetic data follows the model's shape */
+    ck_assert_int_eq(parse("{\"model\": {\"layers\": [20, 8, 3]}, \"data\": {\"type\": \"synthetic\"}}",
+                           &c, &e), 0);
+    ck_assert_int_eq(c.data.synth_features, 20);
+    ck_assert_int_eq(c.data.synth_classes, 3);
+    ck_assert_int_eq(parse("{\"data\": {\"train\": \"fashion-mnist\", \"eval\": null}}", &c, &e), 0);
+    ck_assert_int_eq(c.data.eval_images[0], '\0');
+}
+END_TEST
+
+START_TEST(test_malformed_json)
+{
+    gpu_job_config c;
+    api_error e;
+    const char *bad[] = {"", "{", "[1,2]x", "{\"steps\": 1,}", "nul", "{\"a\":1, \"a\":2}",
+                         "{\"optimizer\": {\"lr\": 1e400}}"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        ck_assert_int_eq(parse(bad[i], &c, &e), GPU_EINVAL);
+        ck_assert_msg(strcmp(e.code, "invalid_json") == 0, "%s -> %s", bad[i], e.code);
+        ck_assert(strlen(e.message) > 0);
+    }
+    expect_field("[]", "");
+    expect_field("42", "");
+}
+END_TEST
+
+START_TEST(test_unknown_fields)
+{
+    expect_field("{\"stepz\": 10}", "stepz");
+    expect_field("{\"model\": {\"layer\": [1, 2]}}", "model.layer");
+    expect_field("{\"precision\": {\"loss_scale\": {\"init_scale\": 2}}}",
+                 "precision.loss_scale.init_scale");
+    expect_field("{\"optimizer\": {\"learning_rate\": 0.1}}", "optimizer.learning_rate");
+    expect_field("{\"precision\": {\"autocast\": {\"overrides\": {\"conv9d\": \"fp32\"}}}}",
+                 "precision.autocast.overrides.conv9d");
+    expect_field("{\"distributed\": {\"ranks\": 2}}", "distributed.ranks");
+}
+END_TEST
+
+START_TEST(test_bad_values)
+{
+    expect_field("{\"optimizer\": {\"lr\": -0.1}}", "optimizer.lr");
+    expect_field("{\"optimizer\": {\"lr\": 0}}", "optimizer.lr");
+    expect_field("{\"optimizer\": {\"lr\": \"NaN\"}}", "optimizer.lr");
+    expect_field("{\"optimizer\": {\"betas\": [0.9, 1.0]}}", "optimizer.betas");
+    expect_field("{\"optimizer\": {\"betas\": [0.9]}}", "optimizer.betas");
+    expect_field("{\"optimizer\": {\"eps\": -1}}", "optimizer.eps");
+    expect_field("{\"optimizer\": {\"type\": \"lamb\"}}", "optimizer.type");
+    expect_field("{\"optimizer\": {\"schedule\": 3}}", "optimizer.schedule");
+    expect_field("{\"batch_size\": 0}", "batch_size");
+    expect_field("{\"batch_size\": -5}", "batch_size");
+    expect_field("{\"batch_size\": 2.5}", "batch_size");
+    expect_field("{\"batch_size\": 100000000}", "batch_size");
+    expect_field("{\"steps\": \"10\"}", "steps");
+    expect_field("{\"steps\": 0}", "steps");
+    expect_field("{\"seed\": -1}", "seed");
+    expect_field("{\"name\": 7}", "name");
+    expect_field("{\"name\": \"\"}", "name");
+    expect_field("{\"model\": {\"layers\": [784]}}", "model.layers");
+    expect_field("{\"model\": {\"layers\": [784, 0, 10]}}", "model.layers[1]");
+    expect_field("{\"model\": {\"layers\": [784, 1e9, 10]}}", "model.layers[1]");
+    expect_field("{\"model\": {\"layers\": \"784-10\"}}", "model.layers");
+    expect_field("{\"model\": {\"activation\": \"tanh\"}}", "model.activation");
+    expect_field("{\"model\": []}", "model");
+    expect_field("{\"precision\": {\"dtype\": \"fp8\"}}", "precision.dtype");
+    expect_field("{\"precision\": {\"master_weights\": 1}}", "precision.master_weights");
+    expect_field("{\"precision\": {\"loss_scale\": {\"mode\": \"auto\"}}}",
+                 "precision.loss_scale.mode");
+    expect_field("{\"precision\": {\"dtype\": \"fp16\", \"loss_scale\": {\"backoff_factor\": 1.5}}}",
+                 "precision.loss_scale.backoff_factor");
+    expect_field("{\"precision\": {\"dtype\": \"fp16\", \"loss_scale\": {\"growth_factor\": 0.5}}}",
+                 "precision.loss_scale.growth_factor");
+    expect_field("{\"precision\": {\"dtype\": \"fp16\", \"loss_scale\": {\"growth_interval\": 0}}}",
+                 "precision.loss_scale.growth_interval");
+    expect_field("{\"precision\": {\"autocast\": {\"overrides\": {\"softmax\": \"fp64\"}}}}",
+                 "precision.autocast.overrides.softmax");
+    expect_field("{\"device\": \"tpu\"}", "device");
+    expect_field("{\"device\": \"cuda:x\"}", "device");
+    expect_field("{\"distributed\": {\"world_size\": 2}}", "distributed.world_size");
+    expect_field("{\"distributed\": {\"comm_hook\": \"fp8\"}}", "distributed.comm_hook");
+    expect_field("{\"model\": {\"type\": \"gpt\"}}", "model.type");
+    expect_field("{\"data\": {\"type\": \"synthetic\", \"classes\": 1}}", "data.classes");
+    expect_field("{\"data\": {\"type\": \"idx\", \"features\": 3}}", "data.features");
+}
+END_TEST
+
+START_TEST(test_data_roots)
+{
+    gpu_job_config c;
+    api_error e;
+    char spec[700];
+    /* a path inside the root is accepted, one outside is refused */
+    snprintf(spec, sizeof(spec), "{\"data\": {\"train\": \"%s/fashion-mnist\"}}", root);
+    ck_assert_int_eq(parse(spec, &c, &e), 0);
+    expect_field("{\"data\": {\"train\": \"/etc\"}}", "data.train");
+    expect_field("{\"data\": {\"train\": \"/usr/share/datasets/../../../etc\"}}", "data.train");
+    snprintf(spec, sizeof(spec), "{\"data\": {\"train\": \"%s/fashion-mnist/../..\"}}", root);
+    expect_field(spec, "data.train");
+    expect_field("{\"data\": {\"train\": \"../fashion-mnist\"}}", "data.train");
+    expect_field("{\"data\": {\"train\": \"mnist\"}}", "data.train");
+    expect_field("{\"data\": {\"train\": \"fashion-mnist:valid\"}}", "data.train");
+    expect_field("{\"data\": {\"train\": \"fashion-mnist\", \"eval\": \"nope\"}}", "data.eval");
+    expect_field("{\"data\": {\"train\": 5}}", "data.train");
+    /* a symlink inside the root that leads outside is refused */
+    char link[400];
+    snprintf(link, sizeof(link), "%s/escape", root);
+    ck_assert_int_eq(symlink("/etc", link), 0);
+    expect_field("{\"data\": {\"train\": \"escape\"}}", "data.train");
+}
+END_TEST
+
+static Suite *spec_suite(void)
+{
+    Suite *s = suite_create("spec");
+    TCase *tc = tcase_create("core");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_design_example);
+    tcase_add_test(tc, test_defaults);
+    tcase_add_test(tc, test_malformed_json);
+    tcase_add_test(tc, test_unknown_fields);
+    tcase_add_test(tc, test_bad_values);
+    tcase_add_test(tc, test_data_roots);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(spec_suite());
+    srunner_run_all(sr, CK_ENV);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

@@ -1,0 +1,267 @@
+/*
+ * check_train.c - whole training runs through the trainer, turning the seed's lessons into
+ * facts:
+ *   - a short Fashion-MNIST run in fp16 with dynamic scaling whose loss falls;
+ *   - fp16 without loss scaling loses a deep, narrow MLP's first-layer gradients to
+ *     underflow (all exact zeros) and does not learn, where dynamic scaling does;
+ *   - fp16 without master weights loses most updates to rounding and stalls, where master
+ *     weights converge;
+ *   - fp16 activations beyond 65504 make every step overflow until the scale sits at its
+ *     floor, and the job fails with a diagnosis that recommends bf16; bf16 trains it;
+ *   - the same seed gives the same run, bit for bit.
+ */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu/gpu.h"
+
+/* A deep (n widths), narrow MLP on a 4-class synthetic problem, trained in fp16. */
+static void narrow_job(gpu_job_config *c, int depth, float init, gpu_scale_mode mode)
+{
+    gpu_job_defaults(c);
+    c->dtype = GPU_FP16;
+    gpu_scaler_defaults(&c->scaler, GPU_FP16);
+    c->scaler.mode = mode;
+    c->model.nlayers = depth;
+    for (int i = 0; i < depth - 1; i++)
+        c->model.layers[i] = 32;
+    c->model.layers[depth - 1] = 4;
+    c->model.init_scale = init;
+    c->data.type = GPU_DATA_SYNTHETIC;
+    c->data.synth_features = 32;
+    c->data.synth_classes = 4;
+    c->data.synth_train = 4096;
+    c->data.synth_eval = 1024;
+    c->batch_size = 64;
+    c->threads = 1;
+}
+
+typedef struct {
+    double first, last;
+    gpu_eval_result eval;
+    gpu_step_metrics m;
+    gpu_grad_stat fc1w;
+    int rc;
+    char err[512];
+} run_result;
+
+static void train(const gpu_job_config *c, run_result *r)
+{
+    gpu_trainer *t;
+    memset(r, 0, sizeof(*r));
+    ck_assert_msg(gpu_trainer_create(c, &t, r->err, sizeof(r->err)) == 0, "create: %s", r->err);
+    for (int64_t i = 0; i < c->steps; i++) {
+        r->rc = gpu_trainer_step(t, &r->m, r->err, sizeof(r->err));
+        if (i == 0)
+            r->first = r->m.loss;
+        if (r->rc)
+            break;
+    }
+    r->last = r->m.loss;
+    r->fc1w = gpu_trainer_grad_stats(t)[0];
+    ck_assert_str_eq(gpu_trainer_tensor_name(t, 0), "fc1.weight");
+    ck_assert_int_eq(gpu_trainer_eval(t, &r->eval), 0);
+    gpu_trainer_free(t);
+}
+
+START_TEST(test_fashion_mnist)
+{
+    const char *dir = getenv("AMPD_TEST_DATA");
+    gpu_job_config c;
+    gpu_trainer *t;
+    gpu_step_metrics m;
+    gpu_eval_result ev;
+    char err[512];
+    double head = 0, tail = 0;
+
+    if (!dir)
+        dir = "/usr/share/datasets/fashion-mnist";
+    gpu_job_defaults(&c);
+    c.data.type = GPU_DATA_IDX;
+    snprintf(c.data.train_images, sizeof(c.data.train_images), "%s/train-images-idx3-ubyte.gz", dir);
+    snprintf(c.data.train_labels, sizeof(c.data.train_labels), "%s/train-labels-idx1-ubyte.gz", dir);
+    snprintf(c.data.eval_images, sizeof(c.data.eval_images), "%s/t10k-images-idx3-ubyte.gz", dir);
+    snprintf(c.data.eval_labels, sizeof(c.data.eval_labels), "%s/t10k-labels-idx1-ubyte.gz", dir);
+    c.model.nlayers = 3;
+    c.model.layers[1] = 256;
+    c.model.layers[2] = 10;
+    c.dtype = GPU_FP16;
+    gpu_scaler_defaults(&c.scaler, GPU_FP16);
+    c.batch_size = 128;
+    c.steps = 150;
+    ck_assert_msg(gpu_trainer_create(&c, &t, err, sizeof(err)) == 0,
+                  "%s (install the Debian package dataset-fashion-mnist)", err);
+    for (int i = 0; i < 150; i++) {
+        ck_assert_int_eq(gpu_trainer_step(t, &m, err, sizeof(err)), 0);
+        ck_assert(isfinite(m.loss));
+        if (i < 10)
+            head += m.loss / 10;
+        if (i >= 140)
+            tail += m.loss / 10;
+    }
+    ck_assert_int_eq(gpu_trainer_eval(t, &ev), 0);
+    ck_assert_int_eq(ev.count, 10000);
+    ck_assert_msg(tail < 0.5 * head, "loss fell only from %.3f to %.3f", head, tail);
+    ck_assert_msg(ev.accuracy > 0.78, "test accuracy %.3f", ev.accuracy);
+    ck_assert(m.mem.master == 4 * gpu_trainer_params(t));
+    ck_assert(m.mem.weights == 2 * gpu_trainer_params(t));
+    gpu_trainer_free(t);
+}
+END_TEST
+
+START_TEST(test_underflow_lesson)
+{
+    gpu_job_config c;
+    run_result none, dyn, fp32;
+    narrow_job(&c, 12, 0.5f, GPU_SCALE_NONE);
+    c.steps = 300;
+    train(&c, &none);
+    narrow_job(&c, 12, 0.5f, GPU_SCALE_DYNAMIC);
+    c.steps = 300;
+    train(&c, &dyn);
+    narrow_job(&c, 12, 0.5f, GPU_SCALE_NONE);
+    c.dtype = GPU_FP32;
+    c.steps = 300;
+    train(&c, &fp32);
+    int64_t n = 32 * 32;
+    /* without scaling every first-layer gradient flushed to zero in fp16 */
+    ck_assert_msg(none.fc1w.zeros == n, "only %lld of %lld grads flushed", (long long)none.fc1w.zeros,
+                  (long long)n);
+    ck_assert_msg(none.eval.loss > 1.3, "unscaled fp16 still learned: %.3f", none.eval.loss);
+    /* dynamic scaling keeps them and the model learns, like fp32 */
+    ck_assert_msg(dyn.fc1w.zeros < n / 20, "%lld grads still zero", (long long)dyn.fc1w.zeros);
+    ck_assert_msg(dyn.eval.loss < 1.05, "scaled fp16 eval loss %.3f", dyn.eval.loss);
+    ck_assert_msg(fp32.eval.loss < 1.05, "fp32 eval loss %.3f", fp32.eval.loss);
+    ck_assert_int_eq(dyn.m.overflow_total, dyn.m.skipped_total);
+}
+END_TEST
+
+START_TEST(test_master_weights_lesson)
+{
+    gpu_job_config c;
+    run_result with, without;
+    narrow_job(&c, 4, 2.0f, GPU_SCALE_DYNAMIC);
+    c.optim.lr = 3e-5f;
+    c.steps = 2000;
+    train(&c, &with);
+    c.master_weights = false;
+    train(&c, &without);
+    ck_assert_int_eq(with.m.lost_total, 0);
+    int64_t updates = 2000 * (int64_t)(32 * 32 + 32 + 32 * 32 + 32 + 32 * 4 + 4);
+    ck_assert_msg(without.m.lost_total > updates / 2, "%lld of %lld updates lost",
+                  (long long)without.m.lost_total, (long long)updates);
+    ck_assert_msg(with.eval.loss < without.eval.loss - 0.2,
+                  "master weights %.3f vs fp16 weights %.3f", with.eval.loss,
+                  without.eval.loss);
+    ck_assert_msg(without.eval.loss > 0.95 * without.first, "fp16 weights did not stall");
+}
+END_TEST
+
+START_TEST(test_overflow_floor)
+{
+    gpu_job_config c;
+    run_result r, bf;
+    narrow_job(&c, 4, 300.0f, GPU_SCALE_DYNAMIC);
+    c.steps = 500;
+    train(&c, &r);
+    /* 16 backoffs from 65536 to the floor of 1, then 50 overflowing steps at the floor */
+    ck_assert_int_eq(r.rc, GPU_ESCALE_FLOOR);
+    ck_assert_int_eq(r.m.step, 16 + 50);
+    ck_assert_float_eq(r.m.loss_scale, 1.0f);
+    ck_assert(!isfinite(r.m.loss));
+    ck_assert_int_eq(r.m.overflow_total, 66);
+    ck_assert_int_eq(r.m.skipped_total, 66);
+    ck_assert_msg(strstr(r.err, "use bf16") != NULL, "diagnosis: %s", r.err);
+    ck_assert_msg(strstr(r.err, "fc") != NULL, "no tensor named: %s", r.err);
+    /* the same job in bf16 trains: bf16 has fp32's range */
+    c.dtype = GPU_BF16;
+    gpu_scaler_defaults(&c.scaler, GPU_BF16);
+    c.steps = 100;
+    train(&c, &bf);
+    ck_assert_int_eq(bf.rc, 0);
+    ck_assert(isfinite(bf.last));
+    ck_assert_int_eq(bf.m.overflow_total, 0);
+}
+END_TEST
+
+START_TEST(test_scale_backoff_then_growth)
+{
+    gpu_job_config c;
+    run_result r;
+    narrow_job(&c, 4, 1.0f, GPU_SCALE_DYNAMIC);
+    c.scaler.init_scale = 16777216.0f; /* 2^24: the first backward overflows fp16 */
+    c.scaler.growth_interval = 50;
+    c.steps = 200;
+    train(&c, &r);
+    ck_assert_int_eq(r.rc, 0);
+    ck_assert_msg(r.m.overflow_total >= 1, "no overflow at scale 2^24");
+    ck_assert_int_eq(r.m.overflow_total, r.m.skipped_total);
+    ck_assert(r.m.loss_scale < 16777216.0f);
+    ck_assert(isfinite(r.last) && r.last < r.first);
+}
+END_TEST
+
+START_TEST(test_deterministic)
+{
+    gpu_job_config c;
+    gpu_trainer *a, *b;
+    gpu_step_metrics ma, mb;
+    narrow_job(&c, 5, 1.0f, GPU_SCALE_DYNAMIC);
+    ck_assert_int_eq(gpu_trainer_create(&c, &a, NULL, 0), 0);
+    ck_assert_int_eq(gpu_trainer_create(&c, &b, NULL, 0), 0);
+    for (int i = 0; i < 50; i++) {
+        ck_assert_int_eq(gpu_trainer_step(a, &ma, NULL, 0), 0);
+        ck_assert_int_eq(gpu_trainer_step(b, &mb, NULL, 0), 0);
+        ck_assert_msg(memcmp(&ma.loss, &mb.loss, sizeof(double)) == 0, "step %d differs", i);
+    }
+    gpu_trainer_free(a);
+    gpu_trainer_free(b);
+}
+END_TEST
+
+START_TEST(test_bad_config)
+{
+    gpu_job_config c;
+    gpu_trainer *t = NULL;
+    char err[512];
+    narrow_job(&c, 4, 1.0f, GPU_SCALE_DYNAMIC);
+    c.model.layers[0] = 33; /* data has 32 features */
+    ck_assert_int_eq(gpu_trainer_create(&c, &t, err, sizeof(err)), GPU_EINVAL);
+    ck_assert_ptr_null(t);
+    ck_assert_msg(strstr(err, "model.layers[0]") != NULL, "%s", err);
+    gpu_job_defaults(&c);
+    c.data.type = GPU_DATA_IDX;
+    snprintf(c.data.train_images, sizeof(c.data.train_images), "/nonexistent/x-images");
+    snprintf(c.data.train_labels, sizeof(c.data.train_labels), "/nonexistent/x-labels");
+    ck_assert_int_eq(gpu_trainer_create(&c, &t, err, sizeof(err)), GPU_EIO);
+    ck_assert_msg(strstr(err, "/nonexistent/x-images") != NULL, "%s", err);
+}
+END_TEST
+
+static Suite *train_suite(void)
+{
+    Suite *s = suite_create("train");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_fashion_mnist);
+    tcase_add_test(tc, test_underflow_lesson);
+    tcase_add_test(tc, test_master_weights_lesson);
+    tcase_add_test(tc, test_overflow_floor);
+    tcase_add_test(tc, test_scale_backoff_then_growth);
+    tcase_add_test(tc, test_deterministic);
+    tcase_add_test(tc, test_bad_config);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(train_suite());
+    srunner_run_all(sr, CK_ENV);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
