@@ -73,9 +73,11 @@ static char infos[INFO_SLOTS][INFO_MAX];   /* written once each, under threads_l
 static _Atomic(const char *) info_now;
 
 /* The OpenBLAS kernel set for this CPU, or NULL to leave the choice to OpenBLAS.
- * Measured on a 2-core Xeon with AVX-512 BF16/FP16 at the MLP's shapes and 512-2048
- * squares: Cooperlake and SkylakeX run the same sgemm kernels (within noise), Haswell
- * reaches about 60% of them and Prescott 15%. */
+ * Measured with bench/sgemm on a 2-core Xeon with AVX-512 BF16/FP16 (2 threads, best of 10,
+ * GFLOP/s at the MLP's large GEMMs / 2048 square): Cooperlake 257-277 / 294, SkylakeX
+ * 257-273 / 305, Haswell 144-152 / 161, Prescott 57-62 / 56. Cooperlake's sgemm kernels
+ * are SkylakeX's (0.3.21 adds only bf16 sbgemm kernels to them), so the two tie; the name
+ * follows the CPU. */
 static const char *choose_coretype(void)
 {
 #if defined(__x86_64__) || defined(__i386__)
@@ -108,7 +110,7 @@ static const char *prepare_coretype(void)
     }
     const char *core = choose_coretype();
     if (core != NULL)
-        setenv("OPENBLAS_CORETYPE", core, 0);
+        setenv("OPENBLAS_CORETYPE", core, 1); /* unset or empty here */
     return core;
 }
 
@@ -143,7 +145,26 @@ static void read_version(void)
         snprintf(blas.version, sizeof blas.version, "OpenBLAS");
 }
 
-static int set_threads_locked(int nthreads);
+/* Apply the thread count and publish the matching description. Caller holds
+ * threads_lock. */
+static void set_threads_locked(int nthreads)
+{
+    if (nthreads <= 0) {
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        nthreads = cpus > 0 ? (int)(cpus < INFO_SLOTS - 1 ? cpus : INFO_SLOTS - 1) : 1;
+    }
+    blas.set_threads(nthreads);
+    int got = blas.get_threads();
+    int slot = got < 1 ? 0 : got >= INFO_SLOTS ? INFO_SLOTS - 1 : got;
+    char *info = infos[slot];
+    if (info[0] == '\0') {
+        const char *core = blas.corename();
+        snprintf(info, INFO_MAX, "%s (%s kernels%s, %d thread%s%s)", blas.version,
+                 core != NULL ? core : "unknown", blas.source, got, got == 1 ? "" : "s",
+                 blas.note);
+    }
+    atomic_store(&info_now, info);
+}
 
 static void load(void)
 {
@@ -196,37 +217,15 @@ static int ensure_loaded(void)
     return blas.rc;
 }
 
-/* Apply the thread count and publish the matching description. Caller holds
- * threads_lock. */
-static int set_threads_locked(int nthreads)
-{
-    if (nthreads <= 0) {
-        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-        nthreads = cpus > 0 ? (int)(cpus < INFO_SLOTS - 1 ? cpus : INFO_SLOTS - 1) : 1;
-    }
-    blas.set_threads(nthreads);
-    int got = blas.get_threads();
-    int slot = got < 1 ? 0 : got >= INFO_SLOTS ? INFO_SLOTS - 1 : got;
-    char *info = infos[slot];
-    if (info[0] == '\0') {
-        const char *core = blas.corename();
-        snprintf(info, INFO_MAX, "%s (%s kernels%s, %d thread%s%s)", blas.version,
-                 core != NULL ? core : "unknown", blas.source, got, got == 1 ? "" : "s",
-                 blas.note);
-    }
-    atomic_store(&info_now, info);
-    return 0;
-}
-
 int gpu_blas_init(int nthreads)
 {
     int rc = ensure_loaded();
     if (rc != 0)
         return rc;
     pthread_mutex_lock(&threads_lock);
-    rc = set_threads_locked(nthreads);
+    set_threads_locked(nthreads);
     pthread_mutex_unlock(&threads_lock);
-    return rc;
+    return 0;
 }
 
 /* Loads the library when needed. The result is static; never freed. */

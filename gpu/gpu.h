@@ -92,8 +92,9 @@ int gpu_cvt_force(const char *impl);
 /* ---- BLAS (blas.c) ---------------------------------------------------------------------- */
 
 /* Open the BLAS library once (thread-safe). On x86 it chooses OpenBLAS's kernel set from
- * CPUID unless OPENBLAS_CORETYPE is set. nthreads <= 0 keeps the library default.
- * Returns GPU_EBLAS with a message in the log when the library cannot be loaded. */
+ * CPUID unless OPENBLAS_CORETYPE is set. Each call sets the BLAS thread count: nthreads <= 0
+ * means every online CPU. Returns GPU_EBLAS with a message in the log when the library
+ * cannot be loaded. */
 int gpu_blas_init(int nthreads);
 /* Description like "OpenBLAS 0.3.21 (SkylakeX kernels, 2 threads)"; valid forever. */
 const char *gpu_blas_info(void);

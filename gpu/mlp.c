@@ -136,36 +136,78 @@ static float gelu_grad(float x)
     return 0.5f * (1.0f + erff(x * 0.70710678f)) + x * expf(-0.5f * x * x) * 0.39894228f;
 }
 
-static void activate(gpu_activation act, float *v, size_t n)
+/* Elementwise kernels, cloned for AVX-512 and AVX2 and picked at load time (ifunc). */
+#define HOT __attribute__((target_clones("avx512f", "avx2", "default"), optimize("O3")))
+
+HOT static void add_row(float *restrict v, const float *restrict b, int n)
 {
-    if (act == GPU_ACT_RELU) {
-        for (size_t i = 0; i < n; i++)
-            v[i] = v[i] > 0.0f ? v[i] : 0.0f;
-    } else {
-        for (size_t i = 0; i < n; i++)
-            v[i] = gelu(v[i]);
-    }
+    for (int j = 0; j < n; j++)
+        v[j] += b[j];
 }
 
-/* One linear layer forward: out32 = round_lin(x W^T + b), fp32 values. */
-static int linear_fwd(const gpu_mlp *m, const gpu_mlp_weights *w, int l, const void *x, int B,
+HOT static void relu_row(float *restrict v, int n)
+{
+    for (int j = 0; j < n; j++)
+        v[j] = v[j] > 0.0f ? v[j] : 0.0f;
+}
+
+/* dx = x > 0 ? dx : 0, the ReLU backward from the saved output x. */
+HOT static void relu_mask_row(float *restrict dx, const float *restrict x, int n)
+{
+    for (int j = 0; j < n; j++)
+        dx[j] = x[j] > 0.0f ? dx[j] : 0.0f;
+}
+
+HOT static void col_sum(float *restrict acc, const float *restrict row, int n)
+{
+    for (int j = 0; j < n; j++)
+        acc[j] += row[j];
+}
+
+static void gelu_row(float *v, int n)
+{
+    for (int j = 0; j < n; j++)
+        v[j] = gelu(v[j]);
+}
+
+/* Linear epilogue for one output row, in L1: add the bias in fp32, round to lin_dt (z),
+ * save z when backward needs it, then activate, round to act_dt and store the next
+ * layer's input in lin_dt. */
+static void epilogue_row(const gpu_mlp *m, int l, int i, float *o, const float *bias32,
+                         uint8_t *acts)
+{
+    int out = m->width[l + 1];
+    size_t es = gpu_dtype_size(m->lin_dt), at = (size_t)i * out * es;
+    add_row(o, bias32, out);
+    gpu_round_n(o, o, (size_t)out, m->lin_dt);
+    if (act_needs_z(m, l))
+        gpu_cvt_from_f32(acts + m->z_off[l] + at, m->lin_dt, o, (size_t)out);
+    if (l == m->nlin - 1)
+        return;
+    if (m->act == GPU_ACT_RELU)
+        relu_row(o, out);
+    else
+        gelu_row(o, out);
+    gpu_round_n(o, o, (size_t)out, m->act_dt);
+    gpu_cvt_from_f32(acts + m->x_off[l + 1] + at, m->lin_dt, o, (size_t)out);
+}
+
+/* One linear layer forward: out32 = round_lin(x W^T + b) (fp32 values), its epilogue
+ * applied row by row. */
+static int linear_fwd(const gpu_mlp *m, const gpu_mlp_weights *w, int l, uint8_t *acts, int B,
                       float *out32, float *bias32, float *scratch)
 {
     int in = m->width[l], out = m->width[l + 1];
     gpu_dtype wdt;
     const void *W = weight_ptr(m, w, m->w_off[l], &wdt);
     const void *bias = weight_ptr(m, w, m->b_off[l], &wdt);
-    int rc = gpu_gemm(false, true, B, out, in, x, m->lin_dt, in, W, wdt, in, 0.0f, out32, out,
-                      scratch);
+    int rc = gpu_gemm(false, true, B, out, in, acts + m->x_off[l], m->lin_dt, in, W, wdt, in,
+                      0.0f, out32, out, scratch);
     if (rc)
         return rc;
     gpu_cvt_to_f32(bias32, bias, wdt, (size_t)out);
-    for (int i = 0; i < B; i++) {
-        float *row = out32 + (size_t)i * out;
-        for (int j = 0; j < out; j++)
-            row[j] += bias32[j];
-    }
-    gpu_round_n(out32, out32, (size_t)B * out, m->lin_dt);
+    for (int i = 0; i < B; i++)
+        epilogue_row(m, l, i, out32 + (size_t)i * out, bias32, acts);
     return 0;
 }
 
@@ -216,17 +258,9 @@ int gpu_mlp_forward(const gpu_mlp *m, const gpu_mlp_weights *w, const float *x, 
     /* the input is cast to the first linear's dtype (autocast's input cast) */
     gpu_cvt_from_f32(acts + m->x_off[0], m->lin_dt, x, B_ * m->width[0]);
     for (int l = 0; l < m->nlin; l++) {
-        size_t nout = B_ * m->width[l + 1];
-        int rc = linear_fwd(m, w, l, acts + m->x_off[l], B, out32, bias32, gscratch);
+        int rc = linear_fwd(m, w, l, acts, B, out32, bias32, gscratch);
         if (rc)
             return rc;
-        if (act_needs_z(m, l))
-            gpu_cvt_from_f32(acts + m->z_off[l], m->lin_dt, out32, nout);
-        if (l == m->nlin - 1)
-            break;
-        activate(m->act, out32, nout);
-        gpu_round_n(out32, out32, nout, m->act_dt);
-        gpu_cvt_from_f32(acts + m->x_off[l + 1], m->lin_dt, out32, nout);
     }
     *loss = cross_entropy(m, out32, y, B, (float *)(acts + m->probs_off), correct) / B;
     return 0;
@@ -246,36 +280,41 @@ static void ce_backward(const gpu_mlp *m, const float *probs, const int *y, int 
     gpu_round_n(dz, dz, (size_t)B * C, m->lin_dt);
 }
 
-/* dZ of layer l-1 from dX of layer l: through the activation in act_dt, then the cast back
- * to lin_dt. The activation's input z is read from acts (GELU) or recovered from its ReLU
- * output x_l, which equals z where z > 0. */
+/* dZ of layer l-1 from dX of layer l, row by row: through the activation in act_dt, then
+ * the cast back to lin_dt. The activation's input z is read from acts (GELU) or recovered
+ * from its ReLU output x_l, which equals z where z > 0. */
 static void act_backward(const gpu_mlp *m, int l, const uint8_t *acts, int B, float *dx,
                          float *tmp)
 {
-    size_t n = (size_t)B * m->width[l];
-    gpu_round_n(dx, dx, n, m->act_dt);
-    if (m->act == GPU_ACT_RELU) {
-        gpu_cvt_to_f32(tmp, acts + m->x_off[l], m->lin_dt, n);
-        for (size_t i = 0; i < n; i++)
-            dx[i] = tmp[i] > 0.0f ? dx[i] : 0.0f;
-    } else {
-        gpu_cvt_to_f32(tmp, acts + m->z_off[l - 1], m->lin_dt, n);
-        for (size_t i = 0; i < n; i++)
-            dx[i] = dx[i] * gelu_grad(tmp[i]);
-        gpu_round_n(dx, dx, n, m->act_dt);
+    int n = m->width[l];
+    size_t es = gpu_dtype_size(m->lin_dt);
+    for (int i = 0; i < B; i++) {
+        float *d = dx + (size_t)i * n;
+        size_t at = (size_t)i * n * es;
+        gpu_round_n(d, d, (size_t)n, m->act_dt);
+        if (m->act == GPU_ACT_RELU) {
+            const float *x = (const float *)(acts + m->x_off[l] + at);
+            if (m->lin_dt != GPU_FP32) {
+                gpu_cvt_to_f32(tmp, acts + m->x_off[l] + at, m->lin_dt, (size_t)n);
+                x = tmp;
+            }
+            relu_mask_row(d, x, n);
+        } else {
+            gpu_cvt_to_f32(tmp, acts + m->z_off[l - 1] + at, m->lin_dt, (size_t)n);
+            for (int j = 0; j < n; j++)
+                d[j] *= gelu_grad(tmp[j]);
+            gpu_round_n(d, d, (size_t)n, m->act_dt);
+        }
+        gpu_round_n(d, d, (size_t)n, m->lin_dt);
     }
-    gpu_round_n(dx, dx, n, m->lin_dt);
 }
 
 /* Bias gradient: column sums of dz accumulated in fp32, rounded to lin_dt. */
 static void bias_grad(const float *dz, int B, int out, gpu_dtype dt, float *db)
 {
     memset(db, 0, sizeof(float) * (size_t)out);
-    for (int i = 0; i < B; i++) {
-        const float *row = dz + (size_t)i * out;
-        for (int j = 0; j < out; j++)
-            db[j] += row[j];
-    }
+    for (int i = 0; i < B; i++)
+        col_sum(db, dz + (size_t)i * out, out);
     gpu_round_n(db, db, (size_t)out, dt);
 }
 
