@@ -791,3 +791,35 @@ void gpu_cvt_from_f32(void *dst, gpu_dtype ddt, const float *src, size_t n)
         return;
     }
 }
+
+/* ---- kernel-path switches (see gpu_int.h) ---------------------------------------------- */
+
+int gpu_impl_pick(_Atomic int *sw)
+{
+    int id = atomic_load_explicit(sw, memory_order_relaxed);
+    if (id == GPU_IMPL_UNSET) {
+        id = gpu_cpu()->avx512f ? GPU_IMPL_AVX512 : GPU_IMPL_PORTABLE;
+        atomic_store_explicit(sw, id, memory_order_relaxed);
+    }
+    return id;
+}
+
+int gpu_impl_force(_Atomic int *sw, const char *name)
+{
+    int id;
+    if (strcmp(name, "portable") == 0)
+        id = GPU_IMPL_PORTABLE;
+    else if (strcmp(name, "avx512") == 0)
+        id = GPU_IMPL_AVX512;
+    else
+        return GPU_EINVAL;
+    if (id == GPU_IMPL_AVX512 && !gpu_cpu()->avx512f)
+        return GPU_ENODEV;
+    atomic_store_explicit(sw, id, memory_order_relaxed);
+    return 0;
+}
+
+const char *gpu_impl_name(int id)
+{
+    return id == GPU_IMPL_AVX512 ? "avx512" : "portable";
+}

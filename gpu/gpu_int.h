@@ -34,6 +34,15 @@ typedef struct {
 /* Read once from CPUID (and XGETBV for OS support); thread-safe. */
 const gpu_cpu_features *gpu_cpu(void);
 
+/* A kernel-path switch for components with an AVX-512 and a portable path: the path is
+ * chosen from CPUID at first use and can be forced by tests. 0 means not chosen yet. */
+enum { GPU_IMPL_UNSET = 0, GPU_IMPL_PORTABLE, GPU_IMPL_AVX512 };
+int gpu_impl_pick(_Atomic int *sw);
+/* Force "portable" or "avx512": GPU_EINVAL for other names, GPU_ENODEV when the CPU lacks
+ * AVX-512. name is borrowed. */
+int gpu_impl_force(_Atomic int *sw, const char *name);
+const char *gpu_impl_name(int id);
+
 /* Monotonic clock in seconds. */
 double gpu_now(void);
 

@@ -250,54 +250,24 @@ sgd_chunk_avx512(const step_consts *k, float *restrict p, const float *restrict 
 }
 #endif
 
-enum { IMPL_UNSET = 0, IMPL_PORTABLE, IMPL_AVX512 };
-static atomic_int optim_impl_id = IMPL_UNSET;
-
-static bool have_avx512(void)
-{
-#if OPTIM_HAVE_X86
-    return gpu_cpu()->avx512f;
-#else
-    return false;
-#endif
-}
-
-static int optim_pick(void)
-{
-    int id = atomic_load_explicit(&optim_impl_id, memory_order_relaxed);
-    if (id == IMPL_UNSET) {
-        id = have_avx512() ? IMPL_AVX512 : IMPL_PORTABLE;
-        atomic_store_explicit(&optim_impl_id, id, memory_order_relaxed);
-    }
-    return id;
-}
+static atomic_int optim_impl_id = GPU_IMPL_UNSET;
 
 const char *gpu_optim_impl(void)
 {
-    return optim_pick() == IMPL_AVX512 ? "avx512" : "portable";
+    return gpu_impl_name(gpu_impl_pick(&optim_impl_id));
 }
 
 /* impl is borrowed. */
 int gpu_optim_force(const char *impl)
 {
-    int id;
-    if (strcmp(impl, "portable") == 0)
-        id = IMPL_PORTABLE;
-    else if (strcmp(impl, "avx512") == 0)
-        id = IMPL_AVX512;
-    else
-        return GPU_EINVAL;
-    if (id == IMPL_AVX512 && !have_avx512())
-        return GPU_ENODEV;
-    atomic_store_explicit(&optim_impl_id, id, memory_order_relaxed);
-    return 0;
+    return gpu_impl_force(&optim_impl_id, impl);
 }
 
 static void step_chunk(const gpu_optim_config *c, const step_consts *k, int impl, float *p,
                        const float *g, float *m, float *v, size_t n)
 {
 #if OPTIM_HAVE_X86
-    if (impl == IMPL_AVX512) {
+    if (impl == GPU_IMPL_AVX512) {
         if (c->type == GPU_OPT_SGD)
             sgd_chunk_avx512(k, p, g, m, n);
         else
@@ -331,7 +301,7 @@ void gpu_optim_update(const gpu_optim_config *c, float lr, int64_t t, float gmul
                       void *work, gpu_dtype wdt)
 {
     step_consts k;
-    int impl = optim_pick();
+    int impl = gpu_impl_pick(&optim_impl_id);
 
     consts_init(&k, c, lr, t, gmul);
     for (size_t off = 0; off < n; off += CHUNK) {
@@ -354,7 +324,7 @@ void gpu_optim_update_lowp(const gpu_optim_config *c, float lr, int64_t t, float
 {
     step_consts k;
     int64_t nlost = 0;
-    int impl = optim_pick();
+    int impl = gpu_impl_pick(&optim_impl_id);
 
     consts_init(&k, c, lr, t, gmul);
     if (wdt == GPU_FP32) {

@@ -249,47 +249,17 @@ unscale_avx512(float *g, size_t n, float inv, double *lane, tensor_acc *t)
 }
 #endif
 
-enum { IMPL_UNSET = 0, IMPL_PORTABLE, IMPL_AVX512 };
-static atomic_int unscale_impl_id = IMPL_UNSET;
-
-static bool have_avx512(void)
-{
-#if SCALER_HAVE_X86
-    return gpu_cpu()->avx512f;
-#else
-    return false;
-#endif
-}
-
-static int unscale_pick(void)
-{
-    int id = atomic_load_explicit(&unscale_impl_id, memory_order_relaxed);
-    if (id == IMPL_UNSET) {
-        id = have_avx512() ? IMPL_AVX512 : IMPL_PORTABLE;
-        atomic_store_explicit(&unscale_impl_id, id, memory_order_relaxed);
-    }
-    return id;
-}
+static atomic_int unscale_impl_id = GPU_IMPL_UNSET;
 
 const char *gpu_unscale_impl(void)
 {
-    return unscale_pick() == IMPL_AVX512 ? "avx512" : "portable";
+    return gpu_impl_name(gpu_impl_pick(&unscale_impl_id));
 }
 
 /* impl is borrowed. */
 int gpu_unscale_force(const char *impl)
 {
-    int id;
-    if (strcmp(impl, "portable") == 0)
-        id = IMPL_PORTABLE;
-    else if (strcmp(impl, "avx512") == 0)
-        id = IMPL_AVX512;
-    else
-        return GPU_EINVAL;
-    if (id == IMPL_AVX512 && !have_avx512())
-        return GPU_ENODEV;
-    atomic_store_explicit(&unscale_impl_id, id, memory_order_relaxed);
-    return 0;
+    return gpu_impl_force(&unscale_impl_id, impl);
 }
 
 /* See gpu.h. g, offsets and counts are borrowed (g modified in place); stats, found_inf and
@@ -301,13 +271,13 @@ void gpu_unscale(float *g, const size_t *offsets, const size_t *counts, int nten
 {
     double lane[LANES] = {0};
     bool any = false;
-    int impl = unscale_pick();
+    int impl = gpu_impl_pick(&unscale_impl_id);
 
     for (int k = 0; k < ntensors; k++) {
         tensor_acc t;
         float *p = g + offsets[k];
 #if SCALER_HAVE_X86
-        if (impl == IMPL_AVX512)
+        if (impl == GPU_IMPL_AVX512)
             unscale_avx512(p, counts[k], inv, lane, &t);
         else
 #endif
