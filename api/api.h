@@ -40,8 +40,7 @@ void api_spec_opts_default(api_spec_opts *o);
 int api_spec_parse(const char *text, size_t len, const api_spec_opts *o, gpu_job_config *out,
                    api_error *err);
 /* The same for an already parsed JSON object (borrowed). */
-int api_spec_from_json(json_t *spec, const api_spec_opts *o, gpu_job_config *out,
-                       api_error *err);
+int api_spec_from_json(json_t *spec, const api_spec_opts *o, gpu_job_config *out, api_error *err);
 /* The validated config as a JSON object with every field filled in (the canonical form
  * the daemon stores and reports). Caller owns the returned reference (json_decref). */
 json_t *api_spec_to_json(const gpu_job_config *c);

@@ -50,7 +50,8 @@ static int only_keys(ctx *c, json_t *obj, const char *path, const char *const *k
 {
     const char *key;
     json_t *v;
-    json_object_foreach(obj, key, v) {
+    json_object_foreach(obj, key, v)
+    {
         int ok = 0;
         for (const char *const *k = known; *k; k++)
             ok |= strcmp(*k, key) == 0;
@@ -69,9 +70,19 @@ static int want_object(ctx *c, json_t *v, const char *field)
     return json_is_object(v) ? 0 : fail(c, field, "must be an object");
 }
 
-/* Optional real in [lo, hi]; *out unchanged when absent. */
-static int get_real(ctx *c, json_t *obj, const char *key, const char *field, double lo,
-                    double hi, float *out)
+/* A range of reals; an open end excludes its bound. */
+typedef struct {
+    double lo, hi;
+    bool lo_open, hi_open;
+} range;
+
+#define CLOSED(a, b) ((range){(a), (b), false, false})
+#define ABOVE(a, b) ((range){(a), (b), true, false})  /* (a, b] */
+#define BETWEEN(a, b) ((range){(a), (b), true, true}) /* (a, b) */
+#define UPTO(a, b) ((range){(a), (b), false, true})   /* [a, b) */
+
+/* Optional real in r; *out unchanged when absent. */
+static int get_real(ctx *c, json_t *obj, const char *key, const char *field, range r, float *out)
 {
     json_t *v = json_object_get(obj, key);
     if (!v)
@@ -79,8 +90,9 @@ static int get_real(ctx *c, json_t *obj, const char *key, const char *field, dou
     if (!json_is_number(v))
         return fail(c, field, "must be a number");
     double d = json_number_value(v);
-    if (!isfinite(d) || d < lo || d > hi)
-        return fail(c, field, "must be a finite number in [%g, %g]", lo, hi);
+    if (!isfinite(d) || (r.lo_open ? d <= r.lo : d < r.lo) || (r.hi_open ? d >= r.hi : d > r.hi))
+        return fail(c, field, "must be a finite number in %c%g, %g%c", r.lo_open ? '(' : '[', r.lo,
+                    r.hi, r.hi_open ? ')' : ']');
     *out = (float)d;
     return 0;
 }
@@ -151,7 +163,7 @@ static int parse_model(ctx *c, json_t *m, gpu_model_config *mc)
     if ((rc = want_object(c, m, "model")) || (rc = only_keys(c, m, "model", keys)) ||
         (rc = get_choice(c, m, "type", "model.type", types, &type)) ||
         (rc = get_choice(c, m, "activation", "model.activation", acts, &act)) ||
-        (rc = get_real(c, m, "init_scale", "model.init_scale", 1e-6, 1e3, &mc->init_scale)))
+        (rc = get_real(c, m, "init_scale", "model.init_scale", ABOVE(0, 1e6), &mc->init_scale)))
         return rc;
     if (type == 1)
         return fail(c, "model.type", "\"gpt\" is not available in this version; use \"mlp\"");
@@ -195,8 +207,7 @@ static int file_exists(const char *p)
 }
 
 /* Find <dir>/<prefix>-<kind>-ubyte[.gz] into out. */
-static int find_idx(const char *dir, const char *prefix, const char *kind, char *out,
-                    size_t outlen)
+static int find_idx(const char *dir, const char *prefix, const char *kind, char *out, size_t outlen)
 {
     snprintf(out, outlen, "%s/%s-%s-ubyte.gz", dir, prefix, kind);
     if (file_exists(out))
@@ -264,8 +275,7 @@ static int parse_data(ctx *c, json_t *d, gpu_data_config *dc)
         if (json_object_get(d, "train") || json_object_get(d, "eval"))
             return fail(c, json_object_get(d, "train") ? "data.train" : "data.eval",
                         "synthetic data takes features, classes, train_size and eval_size");
-        return (rc = get_int32(c, d, "features", "data.features", 1, 65536,
-                               &dc->synth_features)) ||
+        return (rc = get_int32(c, d, "features", "data.features", 1, 65536, &dc->synth_features)) ||
                        (rc = get_int32(c, d, "classes", "data.classes", 2, 256,
                                        &dc->synth_classes)) ||
                        (rc = get_int32(c, d, "train_size", "data.train_size", 1, 10000000,
@@ -310,9 +320,9 @@ static int parse_data(ctx *c, json_t *d, gpu_data_config *dc)
 
 static int parse_scaler(ctx *c, json_t *ls, gpu_scaler_config *s)
 {
-    static const char *const keys[] = {"mode",       "init",      "growth_factor",
-                                       "backoff_factor", "growth_interval", "hysteresis",
-                                       "min_scale",  "max_scale", "floor_patience", NULL};
+    static const char *const keys[] = {
+        "mode",       "init",      "growth_factor", "backoff_factor", "growth_interval",
+        "hysteresis", "min_scale", "max_scale",     "floor_patience", NULL};
     static const char *const modes[] = {"none", "static", "dynamic", NULL};
     int mode = (int)s->mode, rc;
     const char *field = NULL;
@@ -321,21 +331,22 @@ static int parse_scaler(ctx *c, json_t *ls, gpu_scaler_config *s)
     if ((rc = want_object(c, ls, "precision.loss_scale")) ||
         (rc = only_keys(c, ls, "precision.loss_scale", keys)) ||
         (rc = get_choice(c, ls, "mode", "precision.loss_scale.mode", modes, &mode)) ||
-        (rc = get_real(c, ls, "init", "precision.loss_scale.init", 0, big, &s->init_scale)) ||
-        (rc = get_real(c, ls, "growth_factor", "precision.loss_scale.growth_factor", 0, big,
+        (rc =
+             get_real(c, ls, "init", "precision.loss_scale.init", ABOVE(0, big), &s->init_scale)) ||
+        (rc = get_real(c, ls, "growth_factor", "precision.loss_scale.growth_factor", ABOVE(1, big),
                        &s->growth_factor)) ||
-        (rc = get_real(c, ls, "backoff_factor", "precision.loss_scale.backoff_factor", 0, 1,
-                       &s->backoff_factor)) ||
+        (rc = get_real(c, ls, "backoff_factor", "precision.loss_scale.backoff_factor",
+                       BETWEEN(0, 1), &s->backoff_factor)) ||
         (rc = get_int32(c, ls, "growth_interval", "precision.loss_scale.growth_interval", 1,
                         INT_MAX, &s->growth_interval)) ||
         (rc = get_int32(c, ls, "hysteresis", "precision.loss_scale.hysteresis", 1, 1000000,
                         &s->hysteresis)) ||
-        (rc = get_real(c, ls, "min_scale", "precision.loss_scale.min_scale", 0, big,
+        (rc = get_real(c, ls, "min_scale", "precision.loss_scale.min_scale", ABOVE(0, big),
                        &s->min_scale)) ||
-        (rc = get_real(c, ls, "max_scale", "precision.loss_scale.max_scale", 0, big,
+        (rc = get_real(c, ls, "max_scale", "precision.loss_scale.max_scale", ABOVE(0, big),
                        &s->max_scale)) ||
-        (rc = get_int32(c, ls, "floor_patience", "precision.loss_scale.floor_patience", 1,
-                        INT_MAX, &s->floor_patience)))
+        (rc = get_int32(c, ls, "floor_patience", "precision.loss_scale.floor_patience", 1, INT_MAX,
+                        &s->floor_patience)))
         return rc;
     s->mode = (gpu_scale_mode)mode;
     if (gpu_scaler_validate(s, &field) != 0)
@@ -360,7 +371,8 @@ static int parse_autocast(ctx *c, json_t *ac, gpu_autocast *a)
         return 0;
     if (!json_is_object(ov))
         return fail(c, "precision.autocast.overrides", "must be an object of op: policy");
-    json_object_foreach(ov, op, v) {
+    json_object_foreach(ov, op, v)
+    {
         char f[128];
         gpu_op o;
         gpu_cast_policy p;
@@ -376,16 +388,14 @@ static int parse_autocast(ctx *c, json_t *ac, gpu_autocast *a)
 
 static int parse_precision(ctx *c, json_t *p, gpu_job_config *jc)
 {
-    static const char *const keys[] = {"dtype", "master_weights", "loss_scale", "autocast",
-                                       NULL};
+    static const char *const keys[] = {"dtype", "master_weights", "loss_scale", "autocast", NULL};
     static const char *const dtypes[] = {"fp32", "fp16", "bf16", NULL};
     int dt = (int)jc->dtype, rc;
     json_t *v;
 
     if ((rc = want_object(c, p, "precision")) || (rc = only_keys(c, p, "precision", keys)) ||
         (rc = get_choice(c, p, "dtype", "precision.dtype", dtypes, &dt)) ||
-        (rc = get_bool(c, p, "master_weights", "precision.master_weights",
-                       &jc->master_weights)))
+        (rc = get_bool(c, p, "master_weights", "precision.master_weights", &jc->master_weights)))
         return rc;
     jc->dtype = (gpu_dtype)dt;
     gpu_scaler_defaults(&jc->scaler, jc->dtype);
@@ -398,10 +408,9 @@ static int parse_precision(ctx *c, json_t *p, gpu_job_config *jc)
 
 static int parse_optimizer(ctx *c, json_t *o, gpu_optim_config *oc)
 {
-    static const char *const keys[] = {"type",         "lr",          "betas",
-                                       "eps",          "momentum",    "weight_decay",
-                                       "grad_clip",    "warmup_steps", "schedule",
-                                       "min_lr_ratio", NULL};
+    static const char *const keys[] = {"type",     "lr",           "betas",     "eps",
+                                       "momentum", "weight_decay", "grad_clip", "warmup_steps",
+                                       "schedule", "min_lr_ratio", NULL};
     static const char *const types[] = {"adamw", "sgd", NULL};
     static const char *const scheds[] = {"constant", "cosine", "linear", NULL};
     int type = (int)oc->type, sched = (int)oc->schedule, rc;
@@ -411,15 +420,16 @@ static int parse_optimizer(ctx *c, json_t *o, gpu_optim_config *oc)
     if ((rc = want_object(c, o, "optimizer")) || (rc = only_keys(c, o, "optimizer", keys)) ||
         (rc = get_choice(c, o, "type", "optimizer.type", types, &type)) ||
         (rc = get_choice(c, o, "schedule", "optimizer.schedule", scheds, &sched)) ||
-        (rc = get_real(c, o, "lr", "optimizer.lr", 0, 1e6, &oc->lr)) ||
-        (rc = get_real(c, o, "eps", "optimizer.eps", 0, 1, &oc->eps)) ||
-        (rc = get_real(c, o, "momentum", "optimizer.momentum", 0, 1, &oc->momentum)) ||
-        (rc = get_real(c, o, "weight_decay", "optimizer.weight_decay", 0, 1e6,
+        (rc = get_real(c, o, "lr", "optimizer.lr", ABOVE(0, 1e6), &oc->lr)) ||
+        (rc = get_real(c, o, "eps", "optimizer.eps", ABOVE(0, 1), &oc->eps)) ||
+        (rc = get_real(c, o, "momentum", "optimizer.momentum", UPTO(0, 1), &oc->momentum)) ||
+        (rc = get_real(c, o, "weight_decay", "optimizer.weight_decay", CLOSED(0, 1e6),
                        &oc->weight_decay)) ||
-        (rc = get_real(c, o, "grad_clip", "optimizer.grad_clip", 0, 3e38, &oc->grad_clip)) ||
+        (rc =
+             get_real(c, o, "grad_clip", "optimizer.grad_clip", CLOSED(0, 3e38), &oc->grad_clip)) ||
         (rc = get_int32(c, o, "warmup_steps", "optimizer.warmup_steps", 0, INT_MAX,
                         &oc->warmup_steps)) ||
-        (rc = get_real(c, o, "min_lr_ratio", "optimizer.min_lr_ratio", 0, 1,
+        (rc = get_real(c, o, "min_lr_ratio", "optimizer.min_lr_ratio", CLOSED(0, 1),
                        &oc->min_lr_ratio)))
         return rc;
     oc->type = (gpu_opt_type)type;
@@ -427,8 +437,7 @@ static int parse_optimizer(ctx *c, json_t *o, gpu_optim_config *oc)
     betas = json_object_get(o, "betas");
     if (betas) {
         if (!json_is_array(betas) || json_array_size(betas) != 2 ||
-            !json_is_number(json_array_get(betas, 0)) ||
-            !json_is_number(json_array_get(betas, 1)))
+            !json_is_number(json_array_get(betas, 0)) || !json_is_number(json_array_get(betas, 1)))
             return fail(c, "optimizer.betas", "must be an array of two numbers in [0, 1)");
         oc->beta1 = (float)json_number_value(json_array_get(betas, 0));
         oc->beta2 = (float)json_number_value(json_array_get(betas, 1));
@@ -445,8 +454,7 @@ static int parse_distributed(ctx *c, json_t *d)
     static const char *const hooks[] = {"none", "fp16", "bf16", NULL};
     int64_t ws = 1;
     int hook = 0, rc;
-    if ((rc = want_object(c, d, "distributed")) ||
-        (rc = only_keys(c, d, "distributed", keys)) ||
+    if ((rc = want_object(c, d, "distributed")) || (rc = only_keys(c, d, "distributed", keys)) ||
         (rc = get_int(c, d, "world_size", "distributed.world_size", 1, 4096, &ws)) ||
         (rc = get_choice(c, d, "comm_hook", "distributed.comm_hook", hooks, &hook)))
         return rc;
@@ -473,11 +481,21 @@ static int parse_device(ctx *c, json_t *v, gpu_job_config *jc)
 
 static int parse_top(ctx *c, json_t *spec, gpu_job_config *jc)
 {
-    static const char *const keys[] = {"name",       "model",       "data",
-                                       "precision",  "optimizer",   "batch_size",
-                                       "steps",      "seed",        "eval_every",
-                                       "checkpoint_every", "diagnostics_every", "device",
-                                       "distributed", "threads",    NULL};
+    static const char *const keys[] = {"name",
+                                       "model",
+                                       "data",
+                                       "precision",
+                                       "optimizer",
+                                       "batch_size",
+                                       "steps",
+                                       "seed",
+                                       "eval_every",
+                                       "checkpoint_every",
+                                       "diagnostics_every",
+                                       "device",
+                                       "distributed",
+                                       "threads",
+                                       NULL};
     json_t *v;
     int64_t seed = (int64_t)jc->seed;
     int rc;
@@ -522,8 +540,7 @@ static int parse_top(ctx *c, json_t *spec, gpu_job_config *jc)
 }
 
 /* Parse a job spec object; see api.h. */
-int api_spec_from_json(json_t *spec, const api_spec_opts *o, gpu_job_config *out,
-                       api_error *err)
+int api_spec_from_json(json_t *spec, const api_spec_opts *o, gpu_job_config *out, api_error *err)
 {
     ctx c = {err, o};
     gpu_job_config jc;
@@ -553,8 +570,8 @@ int api_spec_parse(const char *text, size_t len, const api_spec_opts *o, gpu_job
     if (!spec) {
         memset(err, 0, sizeof(*err));
         snprintf(err->code, sizeof(err->code), "invalid_json");
-        snprintf(err->message, sizeof(err->message), "line %d column %d: %s", je.line,
-                 je.column, je.text);
+        snprintf(err->message, sizeof(err->message), "line %d column %d: %s", je.line, je.column,
+                 je.text);
         return GPU_EINVAL;
     }
     int rc = api_spec_from_json(spec, o, out, err);
@@ -575,12 +592,12 @@ json_t *api_autocast_to_json(const gpu_autocast *a)
 static json_t *scaler_to_json(const gpu_scaler_config *s)
 {
     static const char *const modes[] = {"none", "static", "dynamic"};
-    return json_pack("{s:s, s:f, s:f, s:f, s:i, s:i, s:f, s:f, s:i}", "mode", modes[s->mode],
-                     "init", api_float_value(s->init_scale), "growth_factor", api_float_value(s->growth_factor),
-                     "backoff_factor", api_float_value(s->backoff_factor), "growth_interval",
-                     s->growth_interval, "hysteresis", s->hysteresis, "min_scale",
-                     api_float_value(s->min_scale), "max_scale", api_float_value(s->max_scale),
-                     "floor_patience", s->floor_patience);
+    return json_pack(
+        "{s:s, s:f, s:f, s:f, s:i, s:i, s:f, s:f, s:i}", "mode", modes[s->mode], "init",
+        api_float_value(s->init_scale), "growth_factor", api_float_value(s->growth_factor),
+        "backoff_factor", api_float_value(s->backoff_factor), "growth_interval", s->growth_interval,
+        "hysteresis", s->hysteresis, "min_scale", api_float_value(s->min_scale), "max_scale",
+        api_float_value(s->max_scale), "floor_patience", s->floor_patience);
 }
 
 static json_t *data_to_json(const gpu_data_config *d)
@@ -589,8 +606,8 @@ static json_t *data_to_json(const gpu_data_config *d)
         return json_pack("{s:s, s:i, s:i, s:i, s:i}", "type", "synthetic", "features",
                          d->synth_features, "classes", d->synth_classes, "train_size",
                          d->synth_train, "eval_size", d->synth_eval);
-    return json_pack("{s:s, s:s, s:s, s:s?, s:s?}", "type", "idx", "train_images",
-                     d->train_images, "train_labels", d->train_labels, "eval_images",
+    return json_pack("{s:s, s:s, s:s, s:s?, s:s?}", "type", "idx", "train_images", d->train_images,
+                     "train_labels", d->train_labels, "eval_images",
                      d->eval_images[0] ? d->eval_images : NULL, "eval_labels",
                      d->eval_labels[0] ? d->eval_labels : NULL);
 }
@@ -613,12 +630,13 @@ json_t *api_spec_to_json(const gpu_job_config *c)
         api_float_value(c->model.init_scale), "data", data_to_json(&c->data), "precision", "dtype",
         gpu_dtype_name(c->dtype), "master_weights", c->master_weights, "loss_scale",
         scaler_to_json(&c->scaler), "autocast", "table", api_autocast_to_json(&c->autocast),
-        "optimizer", "type", opts[o->type], "lr", api_float_value(o->lr), "betas", api_float_value(o->beta1),
-        api_float_value(o->beta2), "eps", api_float_value(o->eps), "momentum", api_float_value(o->momentum),
-        "weight_decay", api_float_value(o->weight_decay), "grad_clip", api_float_value(o->grad_clip),
-        "warmup_steps", o->warmup_steps, "schedule", scheds[o->schedule], "min_lr_ratio",
-        api_float_value(o->min_lr_ratio), "batch_size", c->batch_size, "steps", (json_int_t)c->steps,
-        "seed", (json_int_t)c->seed, "eval_every", (json_int_t)c->eval_every,
-        "checkpoint_every", (json_int_t)c->checkpoint_every, "diagnostics_every",
-        (json_int_t)c->diagnostics_every, "device", c->device, "threads", c->threads);
+        "optimizer", "type", opts[o->type], "lr", api_float_value(o->lr), "betas",
+        api_float_value(o->beta1), api_float_value(o->beta2), "eps", api_float_value(o->eps),
+        "momentum", api_float_value(o->momentum), "weight_decay", api_float_value(o->weight_decay),
+        "grad_clip", api_float_value(o->grad_clip), "warmup_steps", o->warmup_steps, "schedule",
+        scheds[o->schedule], "min_lr_ratio", api_float_value(o->min_lr_ratio), "batch_size",
+        c->batch_size, "steps", (json_int_t)c->steps, "seed", (json_int_t)c->seed, "eval_every",
+        (json_int_t)c->eval_every, "checkpoint_every", (json_int_t)c->checkpoint_every,
+        "diagnostics_every", (json_int_t)c->diagnostics_every, "device", c->device, "threads",
+        c->threads);
 }

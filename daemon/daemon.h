@@ -10,7 +10,12 @@
 
 #include <stdarg.h>
 
-typedef enum { DAEMON_LOG_DEBUG = 0, DAEMON_LOG_INFO, DAEMON_LOG_WARN, DAEMON_LOG_ERROR } daemon_log_level;
+typedef enum {
+    DAEMON_LOG_DEBUG = 0,
+    DAEMON_LOG_INFO,
+    DAEMON_LOG_WARN,
+    DAEMON_LOG_ERROR
+} daemon_log_level;
 
 /* Messages below this level are dropped (default INFO; AMPD_LOG=debug|info|warn|error). */
 void daemon_log_set_level(daemon_log_level level);
@@ -19,10 +24,10 @@ int daemon_log_enabled(daemon_log_level level);
 void daemon_log_write(daemon_log_level level, const char *func, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-#define daemon_log(level, ...)                                 \
-    do {                                                       \
-        if (daemon_log_enabled(level))                         \
-            daemon_log_write(level, __func__, __VA_ARGS__);    \
+#define daemon_log(level, ...)                                                                     \
+    do {                                                                                           \
+        if (daemon_log_enabled(level))                                                             \
+            daemon_log_write(level, __func__, __VA_ARGS__);                                        \
     } while (0)
 #define log_debug(...) daemon_log(DAEMON_LOG_DEBUG, __VA_ARGS__)
 #define log_info(...) daemon_log(DAEMON_LOG_INFO, __VA_ARGS__)

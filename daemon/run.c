@@ -38,10 +38,9 @@ typedef struct {
 static json_t *mem_json(const gpu_mem *m)
 {
     return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "weights", (json_int_t)m->weights,
-                     "master", (json_int_t)m->master, "grads", (json_int_t)m->grads,
-                     "optimizer", (json_int_t)m->optimizer, "activations",
-                     (json_int_t)m->activations, "workspace", (json_int_t)m->workspace,
-                     "total", (json_int_t)m->total);
+                     "master", (json_int_t)m->master, "grads", (json_int_t)m->grads, "optimizer",
+                     (json_int_t)m->optimizer, "activations", (json_int_t)m->activations,
+                     "workspace", (json_int_t)m->workspace, "total", (json_int_t)m->total);
 }
 
 /* Print obj as one line and release it. */
@@ -59,14 +58,14 @@ static void emit(json_t *obj)
 
 static void emit_step(const gpu_step_metrics *m)
 {
-    emit(json_pack("{s:s, s:I, s:o, s:o, s:o, s:b, s:b, s:I, s:I, s:o, s:o, s:o, s:I, s:o}",
-                   "type", "step", "step", (json_int_t)m->step, "loss", api_json_num(m->loss), "lr",
-                   api_json_float(m->lr), "loss_scale", api_json_float(m->loss_scale), "overflow", m->overflow,
-                   "skipped", m->skipped, "overflow_total", (json_int_t)m->overflow_total,
-                   "skipped_total", (json_int_t)m->skipped_total, "grad_norm",
-                   api_json_num(m->grad_norm), "step_ms", api_json_num(m->step_ms), "samples_per_s",
-                   api_json_num(m->samples_per_s), "lost_updates", (json_int_t)m->lost_updates, "mem",
-                   mem_json(&m->mem)));
+    emit(json_pack("{s:s, s:I, s:o, s:o, s:o, s:b, s:b, s:I, s:I, s:o, s:o, s:o, s:I, s:o}", "type",
+                   "step", "step", (json_int_t)m->step, "loss", api_json_num(m->loss), "lr",
+                   api_json_float(m->lr), "loss_scale", api_json_float(m->loss_scale), "overflow",
+                   m->overflow, "skipped", m->skipped, "overflow_total",
+                   (json_int_t)m->overflow_total, "skipped_total", (json_int_t)m->skipped_total,
+                   "grad_norm", api_json_num(m->grad_norm), "step_ms", api_json_num(m->step_ms),
+                   "samples_per_s", api_json_num(m->samples_per_s), "lost_updates",
+                   (json_int_t)m->lost_updates, "mem", mem_json(&m->mem)));
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -189,8 +188,10 @@ static int choose_device(const gpu_job_config *c, char *err, size_t errlen)
     if (!have)
         snprintf(err, errlen, "device \"%s\": %s", c->device, why);
     else
-        snprintf(err, errlen, "device \"%s\": CUDA training is not available in this "
-                 "version; use \"cpu\" or \"auto\"", c->device);
+        snprintf(err, errlen,
+                 "device \"%s\": CUDA training is not available in this "
+                 "version; use \"cpu\" or \"auto\"",
+                 c->device);
     return GPU_ENODEV;
 }
 
@@ -208,18 +209,18 @@ static void emit_eval(gpu_trainer *t, run_state *s, int64_t step)
         return;
     s->have_eval = 1;
     emit(json_pack("{s:s, s:I, s:o, s:o, s:I}", "type", "eval", "step", (json_int_t)step,
-                   "eval_loss", api_json_num(s->eval.loss), "eval_acc", api_json_num(s->eval.accuracy), "count",
-                   (json_int_t)s->eval.count));
+                   "eval_loss", api_json_num(s->eval.loss), "eval_acc",
+                   api_json_num(s->eval.accuracy), "count", (json_int_t)s->eval.count));
 }
 
-static void emit_summary(const gpu_job_config *c, gpu_trainer *t, run_state *s,
-                         const char *status, const char *error)
+static void emit_summary(const gpu_job_config *c, gpu_trainer *t, run_state *s, const char *status,
+                         const char *error)
 {
     const gpu_scaler_state *sc = t ? gpu_trainer_scaler(t) : NULL;
     double med = median(s->times, s->ntimes);
-    json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:I}", "type", "summary", "name", c->name,
-                          "status", status, "dtype", gpu_dtype_name(c->dtype), "steps",
-                          (json_int_t)s->last.step);
+    json_t *o =
+        json_pack("{s:s, s:s, s:s, s:s, s:I}", "type", "summary", "name", c->name, "status", status,
+                  "dtype", gpu_dtype_name(c->dtype), "steps", (json_int_t)s->last.step);
     if (error)
         json_object_set_new(o, "error", json_string(error));
     if (sc) {
@@ -298,7 +299,10 @@ static int train(const gpu_job_config *c, int every)
         status = 130;
     if (status != 1)
         emit_eval(t, &s, s.last.step);
-    emit_summary(c, t, &s, status == 0 ? "succeeded" : status == 130 ? "interrupted" : "failed",
+    emit_summary(c, t, &s,
+                 status == 0     ? "succeeded"
+                 : status == 130 ? "interrupted"
+                                 : "failed",
                  status == 1 ? err : NULL);
     free(s.times);
     gpu_trainer_free(t);

@@ -22,9 +22,9 @@
 
 struct gpu_dataset {
     int count, features, classes;
-    uint8_t *pixels;  /* count x features, image data; NULL for synthetic */
-    float *values;    /* count x features, synthetic data; NULL for images */
-    uint8_t *labels;  /* count */
+    uint8_t *pixels; /* count x features, image data; NULL for synthetic */
+    float *values;   /* count x features, synthetic data; NULL for images */
+    uint8_t *labels; /* count */
     float mean, inv_std;
 };
 
@@ -38,9 +38,18 @@ void gpu_dataset_free(gpu_dataset *d)
     free(d);
 }
 
-int gpu_dataset_count(const gpu_dataset *d) { return d->count; }
-int gpu_dataset_features(const gpu_dataset *d) { return d->features; }
-int gpu_dataset_classes(const gpu_dataset *d) { return d->classes; }
+int gpu_dataset_count(const gpu_dataset *d)
+{
+    return d->count;
+}
+int gpu_dataset_features(const gpu_dataset *d)
+{
+    return d->features;
+}
+int gpu_dataset_classes(const gpu_dataset *d)
+{
+    return d->classes;
+}
 
 static uint32_t be32(const uint8_t *p)
 {
@@ -63,8 +72,8 @@ static int gz_read_all(gzFile f, void *buf, size_t n)
 }
 
 /* Read an IDX file of uint8 with `ndims` dimensions; *data is malloc'ed (caller frees). */
-static int idx_read(const char *path, int ndims, uint32_t dims[3], uint8_t **data,
-                    char *err, size_t errlen)
+static int idx_read(const char *path, int ndims, uint32_t dims[3], uint8_t **data, char *err,
+                    size_t errlen)
 {
     uint8_t hdr[16];
     size_t total = 1;
@@ -131,8 +140,8 @@ static void measure_norm(gpu_dataset *d)
 }
 
 /* Load an IDX image/label pair; see gpu.h. */
-int gpu_dataset_load_idx(const char *images, const char *labels, gpu_dataset **out,
-                         char *err, size_t errlen)
+int gpu_dataset_load_idx(const char *images, const char *labels, gpu_dataset **out, char *err,
+                         size_t errlen)
 {
     uint32_t idims[3], ldims[3];
     gpu_dataset *d = calloc(1, sizeof(*d));
@@ -149,8 +158,8 @@ int gpu_dataset_load_idx(const char *images, const char *labels, gpu_dataset **o
         goto fail;
     rc = GPU_EFORMAT;
     if (ldims[0] != idims[0]) {
-        snprintf(err, errlen, "%s has %u labels but %s has %u images", labels, ldims[0],
-                 images, idims[0]);
+        snprintf(err, errlen, "%s has %u labels but %s has %u images", labels, ldims[0], images,
+                 idims[0]);
         goto fail;
     }
     d->count = (int)idims[0];

@@ -336,7 +336,7 @@ typedef struct {
     bool overflow;         /* gradients held inf/NaN */
     bool skipped;          /* the optimizer step was skipped */
     int64_t overflow_total, skipped_total;
-    double grad_norm;      /* global norm of unscaled grads, before clipping (inf/NaN on overflow) */
+    double grad_norm;      /* global norm of unscaled grads before clipping; NaN on overflow */
     double step_ms;
     double samples_per_s;
     int64_t lost_updates;  /* master_weights off: updates that rounded away this step */

@@ -115,8 +115,7 @@ void gpu_mlp_init_params(const gpu_mlp *m, float *params, float init_scale, gpu_
 }
 
 /* The weight operand of a linear layer: fp32 master for an fp32 op when there is one. */
-static const void *weight_ptr(const gpu_mlp *m, const gpu_mlp_weights *w, size_t off,
-                              gpu_dtype *dt)
+static const void *weight_ptr(const gpu_mlp *m, const gpu_mlp_weights *w, size_t off, gpu_dtype *dt)
 {
     if (m->lin_dt == GPU_FP32 && w->master) {
         *dt = GPU_FP32;
@@ -201,8 +200,8 @@ static int linear_fwd(const gpu_mlp *m, const gpu_mlp_weights *w, int l, uint8_t
     gpu_dtype wdt;
     const void *W = weight_ptr(m, w, m->w_off[l], &wdt);
     const void *bias = weight_ptr(m, w, m->b_off[l], &wdt);
-    int rc = gpu_gemm(false, true, B, out, in, acts + m->x_off[l], m->lin_dt, in, W, wdt, in,
-                      0.0f, out32, out, scratch);
+    int rc = gpu_gemm(false, true, B, out, in, acts + m->x_off[l], m->lin_dt, in, W, wdt, in, 0.0f,
+                      out32, out, scratch);
     if (rc)
         return rc;
     gpu_cvt_to_f32(bias32, bias, wdt, (size_t)out);
@@ -242,8 +241,8 @@ static double cross_entropy(const gpu_mlp *m, const float *logits, const int *y,
 }
 
 /* Forward pass; see gpu_int.h. */
-int gpu_mlp_forward(const gpu_mlp *m, const gpu_mlp_weights *w, const float *x, const int *y,
-                    int B, uint8_t *acts, float *scratch, double *loss, int *correct)
+int gpu_mlp_forward(const gpu_mlp *m, const gpu_mlp_weights *w, const float *x, const int *y, int B,
+                    uint8_t *acts, float *scratch, double *loss, int *correct)
 {
     size_t B_ = (size_t)B;
     int maxw = 0;
@@ -283,8 +282,7 @@ static void ce_backward(const gpu_mlp *m, const float *probs, const int *y, int 
 /* dZ of layer l-1 from dX of layer l, row by row: through the activation in act_dt, then
  * the cast back to lin_dt. The activation's input z is read from acts (GELU) or recovered
  * from its ReLU output x_l, which equals z where z > 0. */
-static void act_backward(const gpu_mlp *m, int l, const uint8_t *acts, int B, float *dx,
-                         float *tmp)
+static void act_backward(const gpu_mlp *m, int l, const uint8_t *acts, int B, float *dx, float *tmp)
 {
     int n = m->width[l];
     size_t es = gpu_dtype_size(m->lin_dt);
@@ -319,8 +317,8 @@ static void bias_grad(const float *dz, int B, int out, gpu_dtype dt, float *db)
 }
 
 /* Backward pass; see gpu_int.h. */
-int gpu_mlp_backward(const gpu_mlp *m, const gpu_mlp_weights *w, const int *y, int B,
-                     float seed, const uint8_t *acts, float *scratch, float *grads)
+int gpu_mlp_backward(const gpu_mlp *m, const gpu_mlp_weights *w, const int *y, int B, float seed,
+                     const uint8_t *acts, float *scratch, float *grads)
 {
     int maxw = 0;
     for (int i = 0; i <= m->nlin; i++)
@@ -337,8 +335,8 @@ int gpu_mlp_backward(const gpu_mlp *m, const gpu_mlp_weights *w, const int *y, i
         float *gw = grads + m->w_off[l];
         gpu_dtype wdt;
         const void *W = weight_ptr(m, w, m->w_off[l], &wdt);
-        int rc = gpu_gemm(true, false, out, in, B, dz, GPU_FP32, out, acts + m->x_off[l],
-                          m->lin_dt, in, 0.0f, gw, in, gscratch);
+        int rc = gpu_gemm(true, false, out, in, B, dz, GPU_FP32, out, acts + m->x_off[l], m->lin_dt,
+                          in, 0.0f, gw, in, gscratch);
         if (rc)
             return rc;
         gpu_round_n(gw, gw, (size_t)out * in, m->lin_dt);

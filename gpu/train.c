@@ -25,8 +25,8 @@ struct gpu_trainer {
     gpu_job_config cfg;
     gpu_mlp mlp;
     gpu_dataset *train, *eval;
-    float *master;       /* fp32 master weights, or the fp32 params of an fp32 job */
-    void *work;          /* working copy in cfg.dtype; == master for fp32 */
+    float *master; /* fp32 master weights, or the fp32 params of an fp32 job */
+    void *work;    /* working copy in cfg.dtype; == master for fp32 */
     float *grads, *m, *v;
     uint8_t *acts;
     float *scratch, *xbatch;
@@ -100,14 +100,13 @@ static int load_data(gpu_trainer *t, char *err, size_t errlen)
     const gpu_data_config *d = &t->cfg.data;
     int rc;
     if (d->type == GPU_DATA_SYNTHETIC) {
-        rc = gpu_dataset_synthetic(d->synth_train, d->synth_features, d->synth_classes,
-                                   t->cfg.seed, t->cfg.seed * 2 + 1, &t->train);
+        rc = gpu_dataset_synthetic(d->synth_train, d->synth_features, d->synth_classes, t->cfg.seed,
+                                   t->cfg.seed * 2 + 1, &t->train);
         if (!rc && d->synth_eval > 0)
             rc = gpu_dataset_synthetic(d->synth_eval, d->synth_features, d->synth_classes,
                                        t->cfg.seed, t->cfg.seed * 2 + 2, &t->eval);
         if (rc)
-            snprintf(err, errlen, "data: cannot build the synthetic set (%s)",
-                     gpu_strerror(rc));
+            snprintf(err, errlen, "data: cannot build the synthetic set (%s)", gpu_strerror(rc));
         return rc;
     }
     rc = gpu_dataset_load_idx(d->train_images, d->train_labels, &t->train, err, errlen);
@@ -169,8 +168,8 @@ static void plan_memory(gpu_trainer *t)
     mem->grads = P * 4;
     mem->optimizer = P * 4 * (c->optim.type == GPU_OPT_ADAMW ? 2 : 1);
     mem->activations = (int64_t)t->mlp.act_bytes;
-    mem->workspace = (int64_t)t->mlp.scratch_floats * 4 +
-                     (int64_t)c->batch_size * (t->mlp.width[0] * 4 + 4);
+    mem->workspace =
+        (int64_t)t->mlp.scratch_floats * 4 + (int64_t)c->batch_size * (t->mlp.width[0] * 4 + 4);
     mem->total = mem->weights + mem->master + mem->grads + mem->optimizer + mem->activations +
                  mem->workspace;
 }
@@ -257,8 +256,8 @@ int gpu_trainer_create(const gpu_job_config *cfg, gpu_trainer **out, char *err, 
         goto fail;
     }
     if (cfg->batch_size < 1 || cfg->steps < 0) {
-        snprintf(err, errlen, cfg->batch_size < 1 ? "batch_size: must be >= 1"
-                                                  : "steps: must be >= 0");
+        snprintf(err, errlen,
+                 cfg->batch_size < 1 ? "batch_size: must be >= 1" : "steps: must be >= 0");
         rc = GPU_EINVAL;
         goto fail;
     }
@@ -352,12 +351,12 @@ static void apply_update(gpu_trainer *t, float lr, float gmul, gpu_step_metrics 
     t->applied++;
     if (t->master) {
         void *work = t->work == t->master ? NULL : t->work;
-        gpu_optim_update(&c->optim, lr, t->applied, gmul, t->master, t->grads, t->m, t->v, P,
-                         work, c->dtype);
+        gpu_optim_update(&c->optim, lr, t->applied, gmul, t->master, t->grads, t->m, t->v, P, work,
+                         c->dtype);
     } else {
         int64_t lost = 0;
-        gpu_optim_update_lowp(&c->optim, lr, t->applied, gmul, t->work, c->dtype, t->grads,
-                              t->m, t->v, P, &lost);
+        gpu_optim_update_lowp(&c->optim, lr, t->applied, gmul, t->work, c->dtype, t->grads, t->m,
+                              t->v, P, &lost);
         m->lost_updates = lost;
         t->lost_total += lost;
     }
@@ -392,15 +391,15 @@ int gpu_trainer_step(gpu_trainer *t, gpu_step_metrics *m, char *err, size_t errl
     m->lr = gpu_lr_at(&c->optim, t->step - 1, c->steps);
     m->loss_scale = t->scaler.scale;
     next_batch(t, B);
-    rc = gpu_mlp_forward(&t->mlp, &w, t->xbatch, t->ybatch, B, t->acts, t->scratch, &loss,
-                         &correct);
+    rc =
+        gpu_mlp_forward(&t->mlp, &w, t->xbatch, t->ybatch, B, t->acts, t->scratch, &loss, &correct);
     if (!rc)
         rc = gpu_mlp_backward(&t->mlp, &w, t->ybatch, B, t->scaler.scale, t->acts, t->scratch,
                               t->grads);
     if (rc)
         return rc;
-    gpu_unscale(t->grads, t->offsets, t->counts, t->ntensors, gpu_scaler_inv(&t->scaler),
-                t->stats, &found_inf, &sumsq);
+    gpu_unscale(t->grads, t->offsets, t->counts, t->ntensors, gpu_scaler_inv(&t->scaler), t->stats,
+                &found_inf, &sumsq);
     m->loss = loss;
     m->grad_norm = found_inf ? NAN : sqrt(sumsq);
     if (!found_inf)
@@ -436,8 +435,8 @@ int gpu_trainer_eval(gpu_trainer *t, gpu_eval_result *r)
         for (int i = 0; i < b; i++)
             idx[i] = start + i;
         gpu_dataset_gather(d, idx, b, t->xbatch, t->ybatch);
-        int rc = gpu_mlp_forward(&t->mlp, &w, t->xbatch, t->ybatch, b, t->acts, t->scratch,
-                                 &loss, &correct);
+        int rc = gpu_mlp_forward(&t->mlp, &w, t->xbatch, t->ybatch, b, t->acts, t->scratch, &loss,
+                                 &correct);
         if (rc)
             return rc;
         total += loss * b;

@@ -25,8 +25,8 @@ typedef struct {
 static void net_init(net *n, int nw, const int *widths, gpu_activation act, gpu_dtype dt,
                      uint64_t seed)
 {
-    gpu_model_config mc = {.type = GPU_MODEL_MLP, .nlayers = nw, .activation = act,
-                           .init_scale = 1.0f};
+    gpu_model_config mc = {
+        .type = GPU_MODEL_MLP, .nlayers = nw, .activation = act, .init_scale = 1.0f};
     gpu_autocast a;
     gpu_rng r;
     char err[128];
@@ -92,10 +92,9 @@ static void run_fwd_bwd(net *n, gpu_dtype pdt, const void *p, float seed, double
 {
     gpu_mlp_weights w = {p, pdt, NULL};
     int correct;
-    ck_assert_int_eq(gpu_mlp_forward(&n->m, &w, n->x, n->y, B, n->acts, n->scratch, loss,
-                                     &correct), 0);
-    ck_assert_int_eq(gpu_mlp_backward(&n->m, &w, n->y, B, seed, n->acts, n->scratch, n->grads),
+    ck_assert_int_eq(gpu_mlp_forward(&n->m, &w, n->x, n->y, B, n->acts, n->scratch, loss, &correct),
                      0);
+    ck_assert_int_eq(gpu_mlp_backward(&n->m, &w, n->y, B, seed, n->acts, n->scratch, n->grads), 0);
 }
 
 static void check_fd(gpu_activation act)
@@ -124,8 +123,8 @@ static void check_fd(gpu_activation act)
         /* fp32 analytic vs fp64 central difference: fp32 rounding dominates (~1e-7
          * relative per op); the FD truncation error is O(h^2) ~ 1e-10. */
         ck_assert_msg(fabs(n.grads[i] - fd) <= 2e-4 * fabs(fd) + 2e-6,
-                      "param %zu: analytic %.9g vs finite difference %.9g", i,
-                      (double)n.grads[i], fd);
+                      "param %zu: analytic %.9g vs finite difference %.9g", i, (double)n.grads[i],
+                      fd);
     }
     free(p);
     net_free(&n);
@@ -230,8 +229,7 @@ START_TEST(test_forward_overflow)
     gpu_cvt_from_f32(w16, GPU_FP16, n.params, P);
     gpu_mlp_weights w = {w16, GPU_FP16, NULL};
     int correct;
-    ck_assert_int_eq(gpu_mlp_forward(&n.m, &w, n.x, n.y, B, n.acts, n.scratch, &loss, &correct),
-                     0);
+    ck_assert_int_eq(gpu_mlp_forward(&n.m, &w, n.x, n.y, B, n.acts, n.scratch, &loss, &correct), 0);
     ck_assert_msg(!isfinite(loss), "loss %g should overflow in fp16", loss);
     free(w16);
     net_free(&n);

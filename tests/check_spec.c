@@ -71,15 +71,19 @@ START_TEST(test_design_example)
 {
     const char *spec =
         "{\"name\": \"fmnist-fp16\","
-        " \"model\": {\"type\": \"mlp\", \"layers\": [784, 1024, 1024, 10], \"activation\": \"relu\"},"
-        " \"data\": {\"type\": \"idx\", \"train\": \"fashion-mnist\", \"eval\": \"fashion-mnist:test\"},"
+        " \"model\": {\"type\": \"mlp\", \"layers\": [784, 1024, 1024, 10], \"activation\": "
+        "\"relu\"},"
+        " \"data\": {\"type\": \"idx\", \"train\": \"fashion-mnist\", \"eval\": "
+        "\"fashion-mnist:test\"},"
         " \"precision\": {\"dtype\": \"fp16\", \"master_weights\": true,"
         "   \"loss_scale\": {\"mode\": \"dynamic\", \"init\": 65536, \"growth_factor\": 2.0,"
         "     \"backoff_factor\": 0.5, \"growth_interval\": 2000, \"hysteresis\": 1,"
         "     \"min_scale\": 1.0, \"max_scale\": 16777216},"
         "   \"autocast\": {\"overrides\": {\"softmax\": \"fp32\"}}},"
-        " \"optimizer\": {\"type\": \"adamw\", \"lr\": 0.001, \"betas\": [0.9, 0.999], \"eps\": 1e-8,"
-        "   \"weight_decay\": 0.0, \"grad_clip\": 1.0, \"warmup_steps\": 0, \"schedule\": \"cosine\"},"
+        " \"optimizer\": {\"type\": \"adamw\", \"lr\": 0.001, \"betas\": [0.9, 0.999], \"eps\": "
+        "1e-8,"
+        "   \"weight_decay\": 0.0, \"grad_clip\": 1.0, \"warmup_steps\": 0, \"schedule\": "
+        "\"cosine\"},"
         " \"batch_size\": 256, \"steps\": 2000, \"seed\": 1,"
         " \"eval_every\": 200, \"checkpoint_every\": 500, \"diagnostics_every\": 50,"
         " \"device\": \"auto\", \"distributed\": {\"world_size\": 1, \"comm_hook\": \"none\"}}";
@@ -103,9 +107,8 @@ START_TEST(test_design_example)
     ck_assert_ptr_nonnull(strstr(c.data.eval_labels, "fashion-mnist/t10k-labels-idx1-ubyte"));
     json_t *canon = api_spec_to_json(&c);
     ck_assert_ptr_nonnull(canon);
-    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(canon, "precision"),
-                                                       "dtype")),
-                     "fp16");
+    ck_assert_str_eq(
+        json_string_value(json_object_get(json_object_get(canon, "precision"), "dtype")), "fp16");
     json_decref(canon);
 }
 END_TEST
@@ -129,11 +132,13 @@ START_TEST(test_defaults)
     ck_assert_int_eq(parse("{\"precision\": {\"dtype\": \"bf16\"}}", &c, &e), 0);
     ck_assert_int_eq(c.scaler.mode, GPU_SCALE_NONE);
     /* synthetic data follows the model's shape */
-    ck_assert_int_eq(parse("{\"model\": {\"layers\": [20, 8, 3]}, \"data\": {\"type\": \"synthetic\"}}",
-                           &c, &e), 0);
+    ck_assert_int_eq(
+        parse("{\"model\": {\"layers\": [20, 8, 3]}, \"data\": {\"type\": \"synthetic\"}}", &c, &e),
+        0);
     ck_assert_int_eq(c.data.synth_features, 20);
     ck_assert_int_eq(c.data.synth_classes, 3);
-    ck_assert_int_eq(parse("{\"data\": {\"train\": \"fashion-mnist\", \"eval\": null}}", &c, &e), 0);
+    ck_assert_int_eq(parse("{\"data\": {\"train\": \"fashion-mnist\", \"eval\": null}}", &c, &e),
+                     0);
     ck_assert_int_eq(c.data.eval_images[0], '\0');
 }
 END_TEST
@@ -142,7 +147,12 @@ START_TEST(test_malformed_json)
 {
     gpu_job_config c;
     api_error e;
-    const char *bad[] = {"", "{", "[1,2]x", "{\"steps\": 1,}", "nul", "{\"a\":1, \"a\":2}",
+    const char *bad[] = {"",
+                         "{",
+                         "[1,2]x",
+                         "{\"steps\": 1,}",
+                         "nul",
+                         "{\"a\":1, \"a\":2}",
                          "{\"optimizer\": {\"lr\": 1e400}}"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         ck_assert_int_eq(parse(bad[i], &c, &e), GPU_EINVAL);
@@ -196,8 +206,9 @@ START_TEST(test_bad_values)
     expect_field("{\"precision\": {\"master_weights\": 1}}", "precision.master_weights");
     expect_field("{\"precision\": {\"loss_scale\": {\"mode\": \"auto\"}}}",
                  "precision.loss_scale.mode");
-    expect_field("{\"precision\": {\"dtype\": \"fp16\", \"loss_scale\": {\"backoff_factor\": 1.5}}}",
-                 "precision.loss_scale.backoff_factor");
+    expect_field(
+        "{\"precision\": {\"dtype\": \"fp16\", \"loss_scale\": {\"backoff_factor\": 1.5}}}",
+        "precision.loss_scale.backoff_factor");
     expect_field("{\"precision\": {\"dtype\": \"fp16\", \"loss_scale\": {\"growth_factor\": 0.5}}}",
                  "precision.loss_scale.growth_factor");
     expect_field("{\"precision\": {\"dtype\": \"fp16\", \"loss_scale\": {\"growth_interval\": 0}}}",

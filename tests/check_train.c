@@ -81,8 +81,10 @@ START_TEST(test_fashion_mnist)
         dir = "/usr/share/datasets/fashion-mnist";
     gpu_job_defaults(&c);
     c.data.type = GPU_DATA_IDX;
-    snprintf(c.data.train_images, sizeof(c.data.train_images), "%s/train-images-idx3-ubyte.gz", dir);
-    snprintf(c.data.train_labels, sizeof(c.data.train_labels), "%s/train-labels-idx1-ubyte.gz", dir);
+    snprintf(c.data.train_images, sizeof(c.data.train_images), "%s/train-images-idx3-ubyte.gz",
+             dir);
+    snprintf(c.data.train_labels, sizeof(c.data.train_labels), "%s/train-labels-idx1-ubyte.gz",
+             dir);
     snprintf(c.data.eval_images, sizeof(c.data.eval_images), "%s/t10k-images-idx3-ubyte.gz", dir);
     snprintf(c.data.eval_labels, sizeof(c.data.eval_labels), "%s/t10k-labels-idx1-ubyte.gz", dir);
     c.model.nlayers = 3;
@@ -128,8 +130,8 @@ START_TEST(test_underflow_lesson)
     train(&c, &fp32);
     int64_t n = 32 * 32;
     /* without scaling every first-layer gradient flushed to zero in fp16 */
-    ck_assert_msg(none.fc1w.zeros == n, "only %lld of %lld grads flushed", (long long)none.fc1w.zeros,
-                  (long long)n);
+    ck_assert_msg(none.fc1w.zeros == n, "only %lld of %lld grads flushed",
+                  (long long)none.fc1w.zeros, (long long)n);
     ck_assert_msg(none.eval.loss > 1.3, "unscaled fp16 still learned: %.3f", none.eval.loss);
     /* dynamic scaling keeps them and the model learns, like fp32 */
     ck_assert_msg(dyn.fc1w.zeros < n / 20, "%lld grads still zero", (long long)dyn.fc1w.zeros);
@@ -154,8 +156,7 @@ START_TEST(test_master_weights_lesson)
     ck_assert_msg(without.m.lost_total > updates / 2, "%lld of %lld updates lost",
                   (long long)without.m.lost_total, (long long)updates);
     ck_assert_msg(with.eval.loss < without.eval.loss - 0.2,
-                  "master weights %.3f vs fp16 weights %.3f", with.eval.loss,
-                  without.eval.loss);
+                  "master weights %.3f vs fp16 weights %.3f", with.eval.loss, without.eval.loss);
     ck_assert_msg(without.eval.loss > 0.95 * without.first, "fp16 weights did not stall");
 }
 END_TEST
