@@ -1,0 +1,75 @@
+#!/bin/bash
+# check_run.sh - `ampd run` end to end, as a user drives it: a small synthetic job trains
+# and prints start, step, eval and summary lines; a bad spec is refused with the field
+# named and exit status 2; an impossible device fails the job with the reason; SIGINT
+# stops a run cleanly with status "interrupted" and exit status 130.
+set -u
+AMPD=${AMPD:-./ampd}
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+pass=0
+fail=0
+
+ok() { pass=$((pass + 1)); echo "PASS: $1"; }
+bad() { fail=$((fail + 1)); echo "FAIL: $1"; }
+check() { # name, command...
+    local name=$1
+    shift
+    if "$@"; then ok "$name"; else bad "$name"; fi
+}
+
+job='{"name": "tiny", "model": {"layers": [20, 32, 4]},
+      "data": {"type": "synthetic", "train_size": 512, "eval_size": 128},
+      "precision": {"dtype": "fp16"}, "batch_size": 32, "steps": 40, "eval_every": 20,
+      "threads": 1}'
+
+echo "$job" | "$AMPD" run - >"$TMP/out" 2>"$TMP/err"
+rc=$?
+check "run exits 0" test "$rc" -eq 0
+check "one start line" test "$(grep -c '"type":"start"' "$TMP/out")" -eq 1
+check "one line per step" test "$(grep -c '"type":"step"' "$TMP/out")" -eq 40
+check "eval at 20 and at the end" test "$(grep -c '"type":"eval"' "$TMP/out")" -eq 2
+check "summary succeeded" grep -q '"type":"summary","name":"tiny","status":"succeeded"' "$TMP/out"
+check "fp16 scale reported" grep -q '"loss_scale":65536' "$TMP/out"
+check "memory by category" grep -q '"mem":{"weights":' "$TMP/out"
+check "log says which backend" grep -q 'using the CPU backend' "$TMP/err"
+
+echo "$job" | "$AMPD" run --every 10 - >"$TMP/out"
+check "--every 10 prints 4 steps" test "$(grep -c '"type":"step"' "$TMP/out")" -eq 4
+
+echo '{"optimizer": {"lr": -1}}' | "$AMPD" run - >"$TMP/out" 2>"$TMP/err"
+rc=$?
+check "bad spec exits 2" test "$rc" -eq 2
+check "bad spec names the field" grep -q '"field":"optimizer.lr"' "$TMP/err"
+check "bad spec prints no steps" test ! -s "$TMP/out"
+
+echo '{"model": {"layers": [20, 4]}, "dataa": {}}' | "$AMPD" run - 2>"$TMP/err" >/dev/null
+check "unknown field refused" grep -q '"field":"dataa"' "$TMP/err"
+
+"$AMPD" run "$TMP/missing.json" 2>"$TMP/err" >/dev/null
+rc=$?
+check "missing file exits 2" test "$rc" -eq 2
+
+echo '{"model": {"layers": [20, 4]}, "data": {"type": "synthetic"}, "device": "cuda"}' |
+    "$AMPD" run - >"$TMP/out" 2>/dev/null
+rc=$?
+check "device cuda without a usable GPU fails" test "$rc" -eq 1
+check "the failure says why" grep -q '"status":"failed","dtype":"fp32","steps":0,"error":"device' "$TMP/out"
+
+long='{"model": {"layers": [64, 256, 256, 10]}, "data": {"type": "synthetic"},
+       "steps": 100000, "threads": 1}'
+echo "$long" | "$AMPD" run --every 100000 - >"$TMP/out" 2>/dev/null &
+pid=$!
+for _ in $(seq 1 100); do
+    grep -q '"type":"start"' "$TMP/out" 2>/dev/null && break
+    sleep 0.1
+done
+sleep 0.5
+kill -INT "$pid"
+wait "$pid"
+rc=$?
+check "SIGINT exits 130" test "$rc" -eq 130
+check "SIGINT summary says interrupted" grep -q '"status":"interrupted"' "$TMP/out"
+
+echo "$pass passed, $fail failed"
+test "$fail" -eq 0
