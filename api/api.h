@@ -47,6 +47,30 @@ json_t *api_spec_to_json(const gpu_job_config *c);
 /* The autocast table as a JSON object {"linear": "lowp", ...}; caller owns it. */
 json_t *api_autocast_to_json(const gpu_autocast *a);
 
+/* ---- the HTTP server (server.c) -------------------------------------------------------- */
+
+struct store;
+struct daemon_sched;
+typedef struct api_server api_server; /* opaque */
+
+typedef struct {
+    char listen[128];      /* "127.0.0.1:8080", "[::1]:8080", "0.0.0.0:8080" */
+    char token[256];       /* bearer token for mutating endpoints; empty: none (loopback only) */
+    size_t max_body;       /* request body limit in bytes (1 MiB) */
+    api_spec_opts spec;    /* data roots for spec validation */
+    char web_root[512];    /* static dashboard files; empty: none */
+} api_config;
+
+/* Start serving. st and sc are borrowed and must outlive the server. Refuses (GPU_EINVAL
+ * with a message in err) to listen beyond loopback without a token. Caller stops with
+ * api_stop(). */
+int api_start(const api_config *c, struct store *st, struct daemon_sched *sc,
+              api_server **out, char *err, size_t errlen);
+/* The port actually bound (useful with port 0). */
+unsigned api_port(const api_server *a);
+/* Close every connection (ending SSE streams) and free. NULL is accepted. */
+void api_stop(api_server *a);
+
 /* JSON encoding of metric values (api/json.c). A non-finite double becomes the string
  * "NaN", "Infinity" or "-Infinity" (never dropped); a float is written as its shortest
  * round-trip decimal (0.001, not 0.00100000005). Both return a new reference. */

@@ -31,6 +31,8 @@ static void on_signal(int sig)
 
 typedef struct {
     const char *path;
+    const char *ckpt_dir; /* --checkpoint-dir: NULL for none */
+    const char *resume;   /* --resume: a checkpoint file or NULL */
     int every;
     api_spec_opts opts;
 } run_args;
@@ -84,17 +86,23 @@ static double median(double *v, int64_t n)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: ampd run [--every N] [--data-root DIR]... JOB.json|-\n"
+    fprintf(f, "usage: ampd run [--every N] [--data-root DIR]... [--checkpoint-dir DIR]\n"
+               "                [--resume CKPT] JOB.json|-\n"
                "  Train the job in the foreground; one JSON line per step on stdout.\n"
-               "  --every N        print every Nth step line (default 1)\n"
-               "  --data-root DIR  where named datasets are found (repeatable;\n"
-               "                   default /usr/share/datasets)\n");
+               "  --every N             print every Nth step line (default 1)\n"
+               "  --data-root DIR       where named datasets are found (repeatable;\n"
+               "                        default /usr/share/datasets)\n"
+               "  --checkpoint-dir DIR  write ckpt-<step>.safetensors every checkpoint_every\n"
+               "                        steps, at the end and when stopped by a signal\n"
+               "  --resume CKPT         continue from a checkpoint of the same job\n");
 }
 
 static int parse_args(int argc, char **argv, run_args *a)
 {
     static const struct option longopts[] = {{"every", required_argument, NULL, 'e'},
                                              {"data-root", required_argument, NULL, 'd'},
+                                             {"checkpoint-dir", required_argument, NULL, 'c'},
+                                             {"resume", required_argument, NULL, 'r'},
                                              {"help", no_argument, NULL, 'h'},
                                              {NULL, 0, NULL, 0}};
     int ch, roots = 0;
@@ -102,7 +110,7 @@ static int parse_args(int argc, char **argv, run_args *a)
     a->every = 1;
     api_spec_opts_default(&a->opts);
     optind = 1;
-    while ((ch = getopt_long(argc, argv, "e:d:h", longopts, NULL)) != -1) {
+    while ((ch = getopt_long(argc, argv, "e:d:c:r:h", longopts, NULL)) != -1) {
         switch (ch) {
         case 'e':
             a->every = atoi(optarg);
@@ -118,6 +126,12 @@ static int parse_args(int argc, char **argv, run_args *a)
             }
             snprintf(a->opts.roots[roots++], sizeof(a->opts.roots[0]), "%s", optarg);
             a->opts.nroots = roots;
+            break;
+        case 'c':
+            a->ckpt_dir = optarg;
+            break;
+        case 'r':
+            a->resume = optarg;
             break;
         case 'h':
             usage(stdout);
@@ -262,41 +276,78 @@ static void emit_start(const gpu_job_config *c, gpu_trainer *t)
                    gpu_cvt_impl(), "spec", spec ? spec : json_null()));
 }
 
+/* Save a checkpoint and print its line; 0 or an error with err filled. */
+static int checkpoint(gpu_trainer *t, const char *dir, char *err, size_t errlen)
+{
+    char path[1024];
+    int64_t bytes = 0;
+    gpu_state_scalars sc;
+    int rc = daemon_ckpt_save(t, dir, path, sizeof(path), &bytes, err, errlen);
+    if (rc)
+        return rc;
+    gpu_trainer_get_scalars(t, &sc);
+    emit(json_pack("{s:s, s:I, s:s, s:I}", "type", "checkpoint", "step", (json_int_t)sc.step,
+                   "path", path, "bytes", (json_int_t)bytes));
+    return 0;
+}
+
+/* The step loop from the trainer's current step to the end or a stop signal. Returns 0,
+ * 1 (failed, err filled) or 130 (interrupted). */
+static int loop(const gpu_job_config *c, const run_args *a, gpu_trainer *t, run_state *s,
+                char *err, size_t errlen)
+{
+    gpu_state_scalars sc;
+    gpu_trainer_get_scalars(t, &sc);
+    for (int64_t step = sc.step; step < c->steps && !stop_requested; step++) {
+        int rc = gpu_trainer_step(t, &s->last, err, errlen);
+        record_time(s, s->last.step_ms);
+        if (s->last.step % a->every == 0 || rc || s->last.step == c->steps || s->last.overflow)
+            emit_step(&s->last);
+        if (rc) {
+            if (!err[0])
+                snprintf(err, errlen, "%s", gpu_strerror(rc));
+            log_error("step %lld: %s", (long long)s->last.step, err);
+            return 1;
+        }
+        if (c->eval_every > 0 && s->last.step % c->eval_every == 0 && s->last.step < c->steps)
+            emit_eval(t, s, s->last.step);
+        if (a->ckpt_dir && c->checkpoint_every > 0 && s->last.step % c->checkpoint_every == 0 &&
+            s->last.step < c->steps && checkpoint(t, a->ckpt_dir, err, errlen))
+            return 1;
+    }
+    return stop_requested ? 130 : 0;
+}
+
 /* Train c to the end; returns the exit status. */
-static int train(const gpu_job_config *c, int every)
+static int train(const gpu_job_config *c, const run_args *a)
 {
     char err[512] = "";
     gpu_trainer *t = NULL;
     run_state s;
-    int rc, status = 0;
+    int rc, status;
 
     memset(&s, 0, sizeof(s));
     rc = choose_device(c, err, sizeof(err));
     if (!rc)
         rc = gpu_trainer_create(c, &t, err, sizeof(err));
+    if (!rc && a->resume)
+        rc = daemon_ckpt_load(t, a->resume, err, sizeof(err));
     if (rc) {
         log_error("%s", err);
         emit_summary(c, NULL, &s, "failed", err);
+        gpu_trainer_free(t);
         return 1;
     }
     emit_start(c, t);
-    for (int64_t i = 0; i < c->steps && !stop_requested; i++) {
-        rc = gpu_trainer_step(t, &s.last, err, sizeof(err));
-        record_time(&s, s.last.step_ms);
-        if (s.last.step % every == 0 || rc || s.last.step == c->steps || s.last.overflow)
-            emit_step(&s.last);
-        if (rc) {
-            if (!err[0])
-                snprintf(err, sizeof(err), "%s", gpu_strerror(rc));
-            log_error("step %lld: %s", (long long)s.last.step, err);
-            status = 1;
-            break;
-        }
-        if (c->eval_every > 0 && s.last.step % c->eval_every == 0 && s.last.step < c->steps)
-            emit_eval(t, &s, s.last.step);
+    if (a->resume) {
+        gpu_state_scalars sc;
+        gpu_trainer_get_scalars(t, &sc);
+        emit(json_pack("{s:s, s:I, s:s}", "type", "resume", "step", (json_int_t)sc.step,
+                       "path", a->resume));
     }
-    if (stop_requested && status == 0)
-        status = 130;
+    status = loop(c, a, t, &s, err, sizeof(err));
+    if (status != 1 && a->ckpt_dir && checkpoint(t, a->ckpt_dir, err, sizeof(err)))
+        status = 1;
     if (status != 1)
         emit_eval(t, &s, s.last.step);
     emit_summary(c, t, &s,
@@ -334,5 +385,5 @@ int daemon_run_main(int argc, char **argv)
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
-    return train(&c, a.every);
+    return train(&c, &a);
 }

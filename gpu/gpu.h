@@ -371,6 +371,38 @@ int gpu_trainer_tensors(const gpu_trainer *t);
 const char *gpu_trainer_tensor_name(const gpu_trainer *t, int i);
 const gpu_grad_stat *gpu_trainer_grad_stats(const gpu_trainer *t);
 
+/* ---- checkpoint state (train.c) -------------------------------------------------------- */
+
+/* One tensor of a trainer's state, pointing into its blocks: the weights (the fp32 master,
+ * or the low-precision weights when there is none), the optimizer state and the data
+ * order. Names follow PyTorch ("fc1.weight", "optim.exp_avg.fc1.weight", ...). */
+typedef struct {
+    char name[64];
+    const char *dtype; /* safetensors dtype: "F32", "F16", "BF16" or "I32" */
+    int ndim;
+    int64_t shape[2];
+    void *data;        /* borrowed: valid while the trainer lives */
+    size_t bytes;
+} gpu_state_tensor;
+
+typedef struct {
+    int64_t step;        /* steps taken */
+    int64_t applied;     /* optimizer steps applied (AdamW's t) */
+    int64_t lost_total;
+    int64_t perm_pos;    /* position in the shuffled data order */
+    gpu_scaler_state scaler;
+    uint64_t rng[4];     /* the shuffling generator */
+} gpu_state_scalars;
+
+/* The trainer's state tensors: a heap array of *n entries (caller frees it with free();
+ * the data stays the trainer's). Writing into the data and then calling
+ * gpu_trainer_set_scalars() restores a checkpoint. */
+int gpu_trainer_state(gpu_trainer *t, gpu_state_tensor **out, int *n);
+void gpu_trainer_get_scalars(const gpu_trainer *t, gpu_state_scalars *out);
+/* Restore the scalars after the tensors were written, and refresh the working copy from
+ * the master weights. GPU_EINVAL when a value cannot belong to this job. */
+int gpu_trainer_set_scalars(gpu_trainer *t, const gpu_state_scalars *in);
+
 /* ---- CUDA (cuda_*.cu; cuda_none.c when built without CUDA) ------------------------------ */
 
 /* 0 when a CUDA device can be used; otherwise GPU_ENODEV and a reason in why (e.g.

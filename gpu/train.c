@@ -447,3 +447,79 @@ int gpu_trainer_eval(gpu_trainer *t, gpu_eval_result *r)
     r->accuracy = (double)right / n;
     return 0;
 }
+
+static void state_add(gpu_state_tensor *v, int *n, const char *prefix, const char *name,
+                      const char *dtype, void *data, size_t elems, size_t esize, int rows,
+                      int cols)
+{
+    gpu_state_tensor *e = &v[(*n)++];
+    snprintf(e->name, sizeof(e->name), "%s%s", prefix, name);
+    e->dtype = dtype;
+    e->ndim = cols > 0 ? 2 : 1;
+    e->shape[0] = rows;
+    e->shape[1] = cols;
+    e->data = data;
+    e->bytes = elems * esize;
+}
+
+/* The state tensors; see gpu.h. */
+int gpu_trainer_state(gpu_trainer *t, gpu_state_tensor **out, int *n)
+{
+    static const char *const names[] = {"F32", "F16", "BF16"};
+    gpu_state_tensor *v = calloc((size_t)t->ntensors * 3 + 1, sizeof(*v));
+    gpu_dtype wdt = t->master ? GPU_FP32 : t->cfg.dtype;
+    uint8_t *w = t->master ? (uint8_t *)t->master : (uint8_t *)t->work;
+    const char *mname = t->cfg.optim.type == GPU_OPT_ADAMW ? "optim.exp_avg."
+                                                           : "optim.momentum_buffer.";
+    if (!v)
+        return GPU_ENOMEM;
+    *n = 0;
+    for (int i = 0; i < t->ntensors; i++) {
+        bool bias = i % 2 == 1;
+        int l = i / 2, rows = t->mlp.width[l + 1], cols = bias ? 0 : t->mlp.width[l];
+        size_t off = t->offsets[i], cnt = t->counts[i];
+        state_add(v, n, "", t->names[i], names[wdt], w + off * gpu_dtype_size(wdt), cnt,
+                  gpu_dtype_size(wdt), rows, cols);
+        state_add(v, n, mname, t->names[i], "F32", t->m + off, cnt, 4, rows, cols);
+        if (t->v)
+            state_add(v, n, "optim.exp_avg_sq.", t->names[i], "F32", t->v + off, cnt, 4, rows,
+                      cols);
+    }
+    state_add(v, n, "", "data.order", "I32", t->perm, (size_t)gpu_dataset_count(t->train),
+              sizeof(int), gpu_dataset_count(t->train), 0);
+    *out = v;
+    return 0;
+}
+
+void gpu_trainer_get_scalars(const gpu_trainer *t, gpu_state_scalars *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->step = t->step;
+    out->applied = t->applied;
+    out->lost_total = t->lost_total;
+    out->perm_pos = t->perm_pos;
+    out->scaler = t->scaler;
+    memcpy(out->rng, t->rng.s, sizeof(out->rng));
+}
+
+/* Restore scalars and the working copy; see gpu.h. */
+int gpu_trainer_set_scalars(gpu_trainer *t, const gpu_state_scalars *in)
+{
+    int n = gpu_dataset_count(t->train);
+    if (in->step < 0 || in->step > t->cfg.steps || in->applied < 0 || in->applied > in->step ||
+        in->perm_pos < 0 || in->perm_pos > n || !(in->scaler.scale > 0.0f) ||
+        !isfinite(in->scaler.scale))
+        return GPU_EINVAL;
+    for (int i = 0; i < n; i++)
+        if (t->perm[i] < 0 || t->perm[i] >= n)
+            return GPU_EINVAL;
+    t->step = in->step;
+    t->applied = in->applied;
+    t->lost_total = in->lost_total;
+    t->perm_pos = (int)in->perm_pos;
+    t->scaler = in->scaler;
+    memcpy(t->rng.s, in->rng, sizeof(in->rng));
+    if (t->master && t->work != t->master)
+        gpu_cvt_from_f32(t->work, t->cfg.dtype, t->master, t->mlp.nparams);
+    return 0;
+}

@@ -58,7 +58,8 @@ check "the failure says why" grep -q '"status":"failed","dtype":"fp32","steps":0
 
 long='{"model": {"layers": [64, 256, 256, 10]}, "data": {"type": "synthetic"},
        "steps": 100000, "threads": 1}'
-echo "$long" | "$AMPD" run --every 100000 - >"$TMP/out" 2>/dev/null &
+mkdir -p "$TMP/sig"
+echo "$long" | "$AMPD" run --every 100000 --checkpoint-dir "$TMP/sig" - >"$TMP/out" 2>/dev/null &
 pid=$!
 for _ in $(seq 1 100); do
     grep -q '"type":"start"' "$TMP/out" 2>/dev/null && break
@@ -70,6 +71,35 @@ wait "$pid"
 rc=$?
 check "SIGINT exits 130" test "$rc" -eq 130
 check "SIGINT summary says interrupted" grep -q '"status":"interrupted"' "$TMP/out"
+check "SIGINT writes a checkpoint first" grep -q '"type":"checkpoint"' "$TMP/out"
+
+# checkpoint and resume: steps 21..40 of a resumed run equal the uninterrupted run's
+ck='{"name": "ck", "model": {"layers": [20, 32, 4]},
+     "data": {"type": "synthetic", "train_size": 300, "eval_size": 64},
+     "precision": {"dtype": "fp16", "loss_scale": {"init": 1024, "growth_interval": 7}},
+     "batch_size": 32, "steps": 40, "checkpoint_every": 20, "threads": 1}'
+echo "$ck" >"$TMP/ck.json"
+mkdir -p "$TMP/ck"
+steps_of() { grep '"type":"step"' "$1" | sed 's/,"step_ms".*//'; }
+"$AMPD" run "$TMP/ck.json" >"$TMP/full" 2>/dev/null
+"$AMPD" run --checkpoint-dir "$TMP/ck" "$TMP/ck.json" >"$TMP/first" 2>/dev/null
+check "checkpoint lines at 20 and 40" test "$(grep -c '"type":"checkpoint"' "$TMP/first")" -eq 2
+check "checkpoint is a safetensors file" test -s "$TMP/ck/ckpt-20.safetensors"
+"$AMPD" run --checkpoint-dir "$TMP/ck" --resume "$TMP/ck/ckpt-20.safetensors" "$TMP/ck.json" \
+    >"$TMP/resumed" 2>/dev/null
+check "resume line" grep -q '"type":"resume","step":20' "$TMP/resumed"
+check "resumed run prints steps 21..40" test "$(grep -c '"type":"step"' "$TMP/resumed")" -eq 20
+steps_of "$TMP/full" | tail -n 20 >"$TMP/a"
+steps_of "$TMP/resumed" >"$TMP/b"
+check "resumed steps equal the uninterrupted run bit for bit" cmp -s "$TMP/a" "$TMP/b"
+echo "$ck" | sed 's/\[20, 32, 4\]/[20, 16, 4]/' >"$TMP/other.json"
+"$AMPD" run --resume "$TMP/ck/ckpt-20.safetensors" "$TMP/other.json" >"$TMP/out" 2>/dev/null
+rc=$?
+check "another job's checkpoint is refused" test "$rc" -eq 1
+check "the refusal names the tensor" grep -q 'fc1.weight does not match' "$TMP/out"
+printf 'garbage' >"$TMP/ck/bad.safetensors"
+"$AMPD" run --resume "$TMP/ck/bad.safetensors" "$TMP/ck.json" >"$TMP/out" 2>/dev/null
+check "a damaged checkpoint is refused" grep -q 'not an ampd checkpoint' "$TMP/out"
 
 echo "$pass passed, $fail failed"
 test "$fail" -eq 0

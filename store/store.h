@@ -1,0 +1,209 @@
+/*
+ * store.h - the public header of the store/ module: ampd's run history in SQLite.
+ *
+ * Tables (DESIGN.md §6): jobs, metrics (one row per job, rank and step), metrics_rollup
+ * (min/max/last per bucket of 100, 1000 and 10000 steps, maintained by the writer so a
+ * long series downsamples without scanning it), layer_stats, events, checkpoints,
+ * schema_version. WAL mode, synchronous=NORMAL, busy_timeout, versioned migrations run
+ * at open, prepared statements only: nothing a client sends reaches SQL except as a
+ * bound parameter.
+ *
+ * Writes of metrics and events are asynchronous: they are queued to the one writer
+ * thread, which commits them in batched transactions and checkpoints the WAL
+ * periodically. Job rows are written synchronously (they are rare and callers need them
+ * durable before they answer). store_flush() waits until everything queued before it is
+ * committed.
+ *
+ * Threads: every function is thread-safe. Reads use one SQLite connection per calling
+ * thread (opened on first use); the writer thread owns the write connection.
+ *
+ * Errors: functions return 0 or a negative STORE_E* code; messages go to the log.
+ * NaN metric values round-trip (SQLite turns NaN into NULL, so a per-row mask records
+ * which fields were NaN); +-Inf are stored as they are.
+ */
+#ifndef AMPD_STORE_H
+#define AMPD_STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define STORE_ENOTFOUND -101
+#define STORE_ECONFLICT -102 /* wrong state for the operation, or a duplicate */
+#define STORE_EIO -103       /* SQLite error (logged with the statement) */
+#define STORE_EINVAL -104
+
+typedef struct store store; /* opaque */
+
+typedef enum {
+    STORE_QUEUED = 0,
+    STORE_RUNNING,
+    STORE_SUCCEEDED,
+    STORE_FAILED,
+    STORE_CANCELLED,
+    STORE_INTERRUPTED,
+    STORE_NSTATUS
+} store_status;
+
+const char *store_status_name(store_status s); /* "queued", ... */
+int store_status_parse(const char *name, store_status *out);
+bool store_status_finished(store_status s);    /* succeeded, failed or cancelled */
+
+/* Open (creating if needed) the database at path, run migrations, start the writer.
+ * ":memory:" is not allowed (readers need their own connections); use a temp file.
+ * Caller closes with store_close(). */
+int store_open(const char *path, store **out);
+/* Flush the writer, stop it and close every connection. NULL is accepted. */
+void store_close(store *s);
+/* Wait until everything queued so far is committed. */
+int store_flush(store *s);
+
+/* ---- jobs ------------------------------------------------------------------------------- */
+
+typedef struct {
+    int64_t id;
+    char name[128];
+    char dtype[8];
+    store_status status;
+    double created_at, started_at, finished_at; /* unix seconds; 0 when not yet */
+    int64_t steps;           /* the job's total steps */
+    int64_t step;            /* last step recorded */
+    int64_t checkpoint_step; /* last checkpoint (0: none) */
+    int retries;             /* restarts after interruption or crash */
+    bool cancel_requested;
+    char *spec;              /* canonical spec JSON (heap) */
+    char *summary;           /* summary JSON or NULL (heap) */
+    char *error;             /* failure reason or NULL (heap) */
+} store_job;
+
+/* Release the heap strings of j (not j itself). */
+void store_job_clear(store_job *j);
+
+/* Insert a queued job. idem_key (may be NULL) makes the submit idempotent: a second
+ * insert with the same key returns the first job's id with *existed = true. */
+int store_job_insert(store *s, const char *name, const char *dtype, int64_t steps,
+                     const char *spec_json, const char *idem_key, int64_t *id,
+                     bool *existed);
+/* Fill *out (caller clears with store_job_clear). STORE_ENOTFOUND when absent. */
+int store_job_get(store *s, int64_t id, store_job *out);
+
+typedef struct {
+    int status;        /* -1: any */
+    const char *dtype; /* NULL: any */
+    const char *name;  /* NULL: any; exact match */
+    int64_t after;     /* keyset cursor: ids below this (newest first); 0: from the top */
+    int limit;         /* 1..1000 */
+} store_job_filter;
+
+/* Jobs newest first. *out is a heap array of *n jobs; free with store_jobs_free(). */
+int store_job_list(store *s, const store_job_filter *f, store_job **out, int *n);
+void store_jobs_free(store_job *jobs, int n);
+
+/* State changes. set_status stamps started_at (running) or finished_at (finished states)
+ * and stores error (NULL clears it). STORE_ENOTFOUND when the job is gone. */
+int store_job_set_status(store *s, int64_t id, store_status st, const char *error);
+int store_job_set_summary(store *s, int64_t id, const char *summary_json);
+int store_job_set_checkpoint(store *s, int64_t id, int64_t step);
+int store_job_set_cancel(store *s, int64_t id, bool requested);
+int store_job_set_retries(store *s, int64_t id, int retries);
+/* Delete the job and every row that belongs to it. */
+int store_job_delete(store *s, int64_t id);
+/* Ids of jobs in status st, oldest first (heap array, free()). */
+int store_job_ids(store *s, store_status st, int64_t **ids, int *n);
+
+/* ---- metrics and events (queued to the writer) ------------------------------------------ */
+
+/* Field numbers of the fixed metric columns, in this order. */
+enum {
+    STORE_M_LOSS = 0, STORE_M_LR, STORE_M_LOSS_SCALE, STORE_M_OVERFLOW, STORE_M_SKIPPED,
+    STORE_M_OVERFLOW_TOTAL, STORE_M_SKIPPED_TOTAL, STORE_M_GRAD_NORM, STORE_M_STEP_MS,
+    STORE_M_SAMPLES_PER_S, STORE_M_MEM_BYTES, STORE_M_PEAK_MEM_BYTES, STORE_M_COMM_BYTES,
+    STORE_M_COMM_MS, STORE_M_EVAL_LOSS, STORE_M_EVAL_ACC, STORE_M_NFIELDS
+};
+/* "loss", "lr", ... (the column and API names); -1 from parse for an unknown name. */
+const char *store_metric_name(int field);
+int store_metric_parse(const char *name);
+
+typedef struct {
+    int64_t job_id;
+    int rank;
+    int64_t step;
+    double v[STORE_M_NFIELDS]; /* NaN allowed; eval fields NaN when not evaluated */
+    bool has_eval;             /* eval fields are meaningful */
+} store_metric;
+
+/* Queue one row (upsert on (job, rank, step): a resumed job rewrites its steps). */
+int store_metric_append(store *s, const store_metric *m);
+/* Queue an eval result for an existing (or later) step row. */
+int store_metric_eval(store *s, int64_t job, int rank, int64_t step, double loss, double acc);
+/* Queue an event. kind: "overflow", "skip", "scale", "lifecycle", "recommendation", ...
+ * data_json may be NULL. */
+int store_event_append(store *s, int64_t job, int64_t step, const char *kind,
+                       const char *message, const char *data_json);
+/* Delete metric rows (and rollups) with step > after_step (before a resume). Synchronous:
+ * flushes the queue first. */
+int store_metrics_truncate(store *s, int64_t job, int64_t after_step);
+int store_checkpoint_add(store *s, int64_t job, int64_t step, const char *path, int64_t bytes);
+
+/* ---- reads ------------------------------------------------------------------------------ */
+
+/* One point of a series: a raw step (count == 1) or a bucket of steps. For every
+ * requested field: min, max and last (the value at step_last). flags: what happened in
+ * the bucket. Buckets never hide an overflow, skipped or NaN step: such a step is
+ * always also returned as its own raw point. */
+#define STORE_F_OVERFLOW 1u
+#define STORE_F_SKIPPED 2u
+#define STORE_F_NONFINITE 4u
+typedef struct {
+    int64_t step_first, step_last, count;
+    unsigned flags;
+    double *min, *max, *last; /* nfields each, inside the series' storage */
+} store_point;
+
+typedef struct {
+    int nfields;
+    int fields[STORE_M_NFIELDS];
+    int npoints;
+    store_point *points; /* ordered by step_first */
+    double *values;      /* storage of min/max/last */
+    int64_t total_steps; /* rows in [from, to] */
+} store_series;
+
+/* The series of job (rank 0) for fields over [from, to] (inclusive; to < 0: the end).
+ * points <= 0: every raw row. Otherwise at most about `points` buckets of equal step width
+ * plus the raw special steps. Caller frees with store_series_free(). */
+int store_series_query(store *s, int64_t job, const int *fields, int nfields, int64_t from,
+                       int64_t to, int points, store_series *out);
+void store_series_free(store_series *se);
+
+typedef struct {
+    int64_t id, job_id, step;
+    double ts;
+    char kind[32];
+    char *message, *data; /* heap */
+} store_event;
+/* Events of a job with id > after, oldest first, at most limit. */
+int store_event_list(store *s, int64_t job, int64_t after, int limit, store_event **out,
+                     int *n);
+void store_events_free(store_event *ev, int n);
+
+typedef struct {
+    int64_t step, bytes;
+    double created_at;
+    char path[512];
+} store_checkpoint;
+int store_checkpoint_list(store *s, int64_t job, store_checkpoint **out, int *n); /* free() */
+
+/* Latest metric row of a job (rank 0); STORE_ENOTFOUND when none. */
+int store_metric_latest(store *s, int64_t job, store_metric *out);
+
+/* Counters for /metrics and /v1/system. */
+typedef struct {
+    int64_t jobs_by_status[STORE_NSTATUS];
+    int64_t metric_rows;   /* rows written since open */
+    int64_t queue_depth;   /* rows waiting for the writer */
+    int64_t batches;       /* transactions committed */
+} store_stats;
+void store_get_stats(store *s, store_stats *out);
+
+#endif /* AMPD_STORE_H */
