@@ -539,6 +539,29 @@ static int parse_top(ctx *c, json_t *spec, gpu_job_config *jc)
     return rc;
 }
 
+static double gib(int64_t b)
+{
+    return (double)b / (1024.0 * 1024.0 * 1024.0);
+}
+
+/* Refuse a job whose blocks cannot fit in this machine's memory, saying what it needs. */
+static int check_memory(ctx *c, const gpu_job_config *jc)
+{
+    gpu_mem m;
+    char err[256];
+    double phys = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    if (gpu_job_memory(jc, &m, err, sizeof(err)) != 0)
+        return fail(c, "model.layers", "%s", err);
+    if ((double)m.total <= 0.8 * phys)
+        return 0;
+    bool batch = m.activations + m.workspace > m.total / 2;
+    return fail(c, batch ? "batch_size" : "model.layers",
+                "the job needs %.1f GiB (weights %.1f, master %.1f, gradients %.1f, optimizer "
+                "%.1f, activations %.1f, workspace %.1f) but this machine has %.1f GiB",
+                gib(m.total), gib(m.weights), gib(m.master), gib(m.grads), gib(m.optimizer),
+                gib(m.activations), gib(m.workspace), phys / (1024.0 * 1024.0 * 1024.0));
+}
+
 /* Parse a job spec object; see api.h. */
 int api_spec_from_json(json_t *spec, const api_spec_opts *o, gpu_job_config *out, api_error *err)
 {
@@ -555,6 +578,8 @@ int api_spec_from_json(json_t *spec, const api_spec_opts *o, gpu_job_config *out
     jc.data.type = GPU_DATA_IDX;
     jc.dtype = GPU_FP32;
     int rc = parse_top(&c, spec, &jc);
+    if (!rc)
+        rc = check_memory(&c, &jc);
     if (rc)
         return rc;
     *out = jc;

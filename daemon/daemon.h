@@ -128,4 +128,8 @@ int daemon_ckpt_load(gpu_trainer *t, const char *path, char *err, size_t errlen)
  * 130 interrupted). */
 int daemon_run_main(int argc, char **argv);
 
+/* `ampd serve [options]`: the daemon in the foreground until SIGTERM/SIGINT. Returns the
+ * process exit status (0 after a graceful stop, 1 start-up error, 2 bad usage). */
+int daemon_serve_main(int argc, char **argv);
+
 #endif /* AMPD_DAEMON_H */

@@ -1,8 +1,9 @@
 /*
- * main.c - the ampd executable: dispatches `ampd run`, `ampd version` and `ampd help`.
+ * main.c - the ampd executable: dispatches `ampd serve`, `ampd run`, `ampd version` and
+ * `ampd help`.
  *
- * provides: main. uses: daemon_run_main (daemon/run.c), gpu_blas_info, gpu_cuda_probe.
- * Threads: the main thread only.
+ * provides: main. uses: daemon_serve_main (daemon/serve.c), daemon_run_main (daemon/run.c),
+ * gpu_blas_info, gpu_cuda_probe. Threads: the main thread only.
  */
 #include <stdio.h>
 #include <string.h>
@@ -15,10 +16,11 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: ampd COMMAND [ARGS]\n"
                "commands:\n"
+               "  serve          run the daemon (REST API, job queue, run history)\n"
                "  run JOB.json   train a job in the foreground (JSON lines on stdout)\n"
                "  version        print the version and the backends found\n"
                "  help           this text\n"
-               "`ampd run --help` describes the run options.\n");
+               "`ampd serve --help` and `ampd run --help` describe their options.\n");
 }
 
 static int version(void)
@@ -39,6 +41,8 @@ int main(int argc, char **argv)
     }
     if (strcmp(argv[1], "run") == 0)
         return daemon_run_main(argc - 1, argv + 1);
+    if (strcmp(argv[1], "serve") == 0)
+        return daemon_serve_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "version") == 0 || strcmp(argv[1], "--version") == 0)
         return version();
     if (strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0) {

@@ -353,6 +353,10 @@ typedef struct {
 
 typedef struct gpu_trainer gpu_trainer; /* opaque */
 
+/* The bytes the job's blocks will take (*out, by category) without allocating them;
+ * GPU_EINVAL with a message for a malformed model. */
+int gpu_job_memory(const gpu_job_config *c, gpu_mem *out, char *err, size_t errlen);
+
 /* Build the model, load the data and allocate every block. On failure returns a GPU_E*
  * code and, when err is not NULL, a message naming the problem. Caller frees with
  * gpu_trainer_free(). cfg is copied. */

@@ -157,21 +157,35 @@ static void build_table(gpu_trainer *t)
 }
 
 /* Byte accounting by category; allocation follows it exactly. */
-static void plan_memory(gpu_trainer *t)
+static void plan_memory(const gpu_job_config *c, const gpu_mlp *m, gpu_mem *mem)
 {
-    const gpu_job_config *c = &t->cfg;
-    int64_t P = (int64_t)t->mlp.nparams;
-    gpu_mem *mem = &t->mem;
+    int64_t P = (int64_t)m->nparams;
     memset(mem, 0, sizeof(*mem));
     mem->weights = P * (int64_t)gpu_dtype_size(c->dtype);
     mem->master = (c->dtype != GPU_FP32 && c->master_weights) ? P * 4 : 0;
     mem->grads = P * 4;
     mem->optimizer = P * 4 * (c->optim.type == GPU_OPT_ADAMW ? 2 : 1);
-    mem->activations = (int64_t)t->mlp.act_bytes;
+    mem->activations = (int64_t)m->act_bytes;
     mem->workspace =
-        (int64_t)t->mlp.scratch_floats * 4 + (int64_t)c->batch_size * (t->mlp.width[0] * 4 + 4);
+        (int64_t)m->scratch_floats * 4 + (int64_t)c->batch_size * (m->width[0] * 4 + 4);
     mem->total = mem->weights + mem->master + mem->grads + mem->optimizer + mem->activations +
                  mem->workspace;
+}
+
+/* The bytes a job's blocks will take; see gpu.h. */
+int gpu_job_memory(const gpu_job_config *c, gpu_mem *out, char *err, size_t errlen)
+{
+    gpu_mlp m;
+    char dummy[8];
+    if (!err) {
+        err = dummy;
+        errlen = sizeof(dummy);
+    }
+    int rc = gpu_mlp_plan(&m, &c->model, &c->autocast, c->dtype, c->batch_size, err, errlen);
+    if (rc)
+        return rc;
+    plan_memory(c, &m, out);
+    return 0;
 }
 
 static int allocate(gpu_trainer *t, char *err, size_t errlen)
@@ -272,7 +286,7 @@ int gpu_trainer_create(const gpu_job_config *cfg, gpu_trainer **out, char *err, 
     if (rc)
         goto fail;
     build_table(t);
-    plan_memory(t);
+    plan_memory(&t->cfg, &t->mlp, &t->mem);
     rc = allocate(t, err, errlen);
     if (rc)
         goto fail;

@@ -2,7 +2,7 @@
  * store.h - the public header of the store/ module: ampd's run history in SQLite.
  *
  * Tables (DESIGN.md §6): jobs, metrics (one row per job, rank and step), metrics_rollup
- * (min/max/last per bucket of 100, 1000 and 10000 steps, maintained by the writer so a
+ * (min/max/last per bucket of 10, 100, 1000 and 10000 steps, maintained by the writer so a
  * long series downsamples without scanning it), layer_stats, events, checkpoints,
  * schema_version. WAL mode, synchronous=NORMAL, busy_timeout, versioned migrations run
  * at open, prepared statements only: nothing a client sends reaches SQL except as a

@@ -222,6 +222,16 @@ START_TEST(test_bad_values)
     expect_field("{\"model\": {\"type\": \"gpt\"}}", "model.type");
     expect_field("{\"data\": {\"type\": \"synthetic\", \"classes\": 1}}", "data.classes");
     expect_field("{\"data\": {\"type\": \"idx\", \"features\": 3}}", "data.features");
+    /* a model that cannot fit is refused with what it needs */
+    gpu_job_config c;
+    api_error e;
+    ck_assert_int_eq(parse("{\"model\": {\"layers\": [65536, 65536, 65536, 65536]}}", &c, &e),
+                     GPU_EINVAL);
+    ck_assert_str_eq(e.field, "model.layers");
+    ck_assert_msg(strstr(e.message, "GiB") && strstr(e.message, "this machine has"), "%s",
+                  e.message);
+    ck_assert_int_eq(parse("{\"model\": {\"layers\": [784, 4096, 10]}, \"batch_size\": 65536,"
+                           " \"data\": {\"type\": \"synthetic\"}}", &c, &e), 0);
 }
 END_TEST
 

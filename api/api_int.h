@@ -1,0 +1,226 @@
+/*
+ * api_int.h - the api/ module's internal header: the pieces the HTTP server is built from
+ * (a growable output buffer and the encoders that write into it, strict query-parameter
+ * parsing, the route table) and the server state shared by server.c, routes.c, sse.c and
+ * prom.c. Nothing here is part of the public contract; tests/check_api.c tests the pure
+ * functions directly.
+ *
+ * Ownership: an api_buf owns its bytes until api_buf_steal() hands them over (free()).
+ * Encoders never fail halfway: on allocation failure the buffer is marked (b->oom) and
+ * further appends are ignored, so callers check once at the end.
+ *
+ * Threads: the buffer and encoder functions are reentrant; the server state is shared by
+ * every connection thread (its mutable parts are atomics or under its mutex).
+ */
+#ifndef AMPD_API_INT_H
+#define AMPD_API_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "api/api.h"
+#include "daemon/daemon.h"
+#include "store/store.h"
+
+/* ---- growable buffer (encode.c) --------------------------------------------------------- */
+
+typedef struct {
+    char *data; /* NUL-terminated when not empty */
+    size_t len, cap;
+    bool oom;
+} api_buf;
+
+void api_buf_init(api_buf *b);
+void api_buf_free(api_buf *b);  /* NULL accepted */
+void api_buf_reset(api_buf *b); /* keep the storage, drop the contents */
+void api_buf_put(api_buf *b, const char *s, size_t n);
+void api_buf_puts(api_buf *b, const char *s);
+void api_buf_putc(api_buf *b, char c);
+void api_buf_printf(api_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Hand the bytes over (NUL-terminated, never NULL unless oom); caller frees with free().
+ * The buffer is left empty. */
+char *api_buf_steal(api_buf *b, size_t *len);
+
+/* A JSON string literal (quotes included); invalid UTF-8 becomes U+FFFD, control
+ * characters are escaped. NULL writes null. */
+void api_buf_json_str(api_buf *b, const char *s);
+/* A JSON number; NaN and +-Inf become the strings "NaN", "Infinity", "-Infinity".
+ * Written as the shortest of %.9g / %.17g that reads back exactly. */
+void api_buf_json_num(api_buf *b, double v);
+/* A number for CSV: NaN, inf, -inf for the non-finite values. */
+void api_buf_csv_num(api_buf *b, double v);
+/* A sample value in the Prometheus text format: NaN, +Inf, -Inf. */
+void api_buf_prom_num(api_buf *b, double v);
+/* A Prometheus label value, escaped (\\, \", \n) without the quotes. */
+void api_buf_prom_label(api_buf *b, const char *s);
+/* ISO-8601 UTC with milliseconds ("2025-01-02T03:04:05.678Z") as a JSON string, or null
+ * when t <= 0. */
+void api_buf_json_time(api_buf *b, double t);
+/* Copy a JSON text into b with the whitespace outside strings removed (the text must
+ * already be valid JSON). */
+void api_buf_json_compact(api_buf *b, const char *text, size_t len);
+
+/* ---- strict parsing (encode.c) ---------------------------------------------------------- */
+
+/* A decimal integer in [lo, hi]: optional '-', digits only, no spaces, no overflow.
+ * Returns 0 or -1. */
+int api_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
+/* A comma-separated list of metric names ("loss,loss_scale"). Fills fields (at most
+ * STORE_M_NFIELDS, no duplicates). On error returns -1 and a message in err. */
+int api_parse_fields(const char *s, int *fields, int *n, char *err, size_t errlen);
+/* A comma-separated list of job ids (1..max entries, positive, no duplicates). */
+int api_parse_ids(const char *s, int64_t *ids, int max, int *n, char *err, size_t errlen);
+/* Nesting depth of a JSON text (objects and arrays, strings skipped). */
+int api_json_depth(const char *text, size_t len);
+/* Constant-time comparison of a presented token with the configured one. */
+bool api_token_equal(const char *given, size_t given_len, const char *want);
+
+/* ---- routes (encode.c) ------------------------------------------------------------------ */
+
+enum {
+    API_M_GET = 1u,
+    API_M_HEAD = 2u,
+    API_M_POST = 4u,
+    API_M_DELETE = 8u,
+};
+
+typedef enum {
+    API_R_NONE = 0,
+    API_R_HEALTHZ,
+    API_R_PROM,
+    API_R_SYSTEM,
+    API_R_COMPARE,
+    API_R_JOBS,
+    API_R_JOB,
+    API_R_JOB_CANCEL,
+    API_R_JOB_RESUME,
+    API_R_JOB_METRICS,
+    API_R_JOB_LAYERS,
+    API_R_JOB_EVENTS,
+    API_R_JOB_STREAM,
+    API_R_JOB_CKPTS,
+    API_R_JOB_CKPT,
+    API_R_STATIC
+} api_route_id;
+
+typedef struct {
+    api_route_id id;
+    unsigned allow; /* API_M_* the route accepts */
+    int64_t job;    /* the {id} segment; -1 when it is not a valid id */
+    int64_t step;   /* the {step} segment; -1 when it is not a valid step */
+} api_route;
+
+/* Match a request path (no query). static_files: unknown GET paths go to API_R_STATIC.
+ * Returns 0 (out filled) or -1 (no such route). */
+int api_route_match(const char *path, bool static_files, api_route *out);
+/* "GET, HEAD, POST" for an API_M_* mask; into buf. */
+void api_allow_string(unsigned allow, char *buf, size_t len);
+/* API_M_* for a method name; 0 for any other method. */
+unsigned api_method_bit(const char *method);
+
+/* ---- series encoding (encode.c) --------------------------------------------------------- */
+
+/* The metrics response is written in three parts so raw series can be read from the store
+ * in chunks: begin, points (any number of times), end. raw: CSV has one column per field
+ * (step,<field>...), otherwise step,step_last,count,flags,<field>_min,_max,_last...; in
+ * JSON a point of one step (count 1) carries plain values, a bucket {min, max, last} per
+ * field. The fields overflow and skipped are carried by the JSON point's flags of the same
+ * names (for a bucket: some step in it overflowed / was skipped). */
+typedef struct {
+    bool csv, raw;
+    int nfields;
+    int fields[STORE_M_NFIELDS];
+    int64_t npoints;
+} api_series_enc;
+
+void api_series_begin(api_series_enc *e, api_buf *b, int64_t job);
+/* Points [from, from + n) of se. */
+void api_series_points(api_series_enc *e, api_buf *b, const store_series *se, int from, int n);
+void api_series_end(api_series_enc *e, api_buf *b, int64_t total_steps);
+
+/* ---- the server ------------------------------------------------------------------------- */
+
+struct MHD_Connection;
+
+/* HTTP status codes counted for ampd_http_requests_total (100..599). */
+#define API_NCODES 600
+
+struct api_server {
+    struct MHD_Daemon *mhd;
+    api_config cfg;
+    struct store *st;
+    struct daemon_sched *sc; /* NULL: degraded mode, mutations answer 503 */
+    unsigned port;
+    atomic_bool stopping;
+    pthread_mutex_t mu; /* with cv: SSE readers wait here so api_stop wakes them */
+    pthread_cond_t cv;
+    int heartbeat_ms;
+    atomic_ullong codes[API_NCODES];
+    const char *blas_info;
+    char cpu_model[160];
+    int cores;
+    char web_root_real[4096]; /* realpath of cfg.web_root; empty when not serving files */
+};
+
+/* What a handler answers. The server turns it into an MHD response. */
+typedef ssize_t (*api_reader_fn)(void *cls, uint64_t pos, char *buf, size_t max);
+
+typedef struct {
+    unsigned status;
+    const char *ctype; /* static string; NULL: application/json */
+    api_buf body;
+    char location[96];
+    char allow[64];
+    char disposition[128];
+    bool www_auth;
+    int fd; /* >= 0: send this file (closed by MHD) */
+    uint64_t fd_size;
+    api_reader_fn reader;           /* non-NULL: a body of unknown length produced by reader(cls) */
+    void (*reader_free)(void *cls); /* frees cls (also when the response is never sent) */
+    void *reader_cls;
+} api_resp;
+
+/* A request as the handlers see it. */
+typedef struct {
+    api_server *srv;
+    struct MHD_Connection *conn;
+    unsigned method; /* API_M_* */
+    api_route route;
+    const char *path;
+    const char *body; /* POST body (NUL-terminated) or NULL */
+    size_t body_len;
+} api_req;
+
+/* Fill r with a JSON error {"error": {"code", "field", "message"}}; field may be NULL. */
+void api_error_resp(api_resp *r, unsigned status, const char *code, const char *field,
+                    const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* A query parameter or NULL. */
+const char *api_query(const api_req *q, const char *name);
+
+/* Handlers (routes.c, sse.c, prom.c). Each fills r. */
+void api_h_healthz(api_req *q, api_resp *r);
+void api_h_system(api_req *q, api_resp *r);
+void api_h_compare(api_req *q, api_resp *r);
+void api_h_jobs_list(api_req *q, api_resp *r);
+void api_h_jobs_submit(api_req *q, api_resp *r);
+void api_h_job_get(api_req *q, api_resp *r);
+void api_h_job_action(api_req *q, api_resp *r); /* cancel, resume, delete */
+void api_h_job_metrics(api_req *q, api_resp *r);
+void api_h_job_layers(api_req *q, api_resp *r);
+void api_h_job_events(api_req *q, api_resp *r);
+void api_h_job_ckpts(api_req *q, api_resp *r);
+void api_h_job_ckpt(api_req *q, api_resp *r);
+void api_h_prom(api_req *q, api_resp *r);
+void api_h_stream(api_req *q, api_resp *r);
+
+/* The job object of the API (routes.c): full adds spec and summary. */
+void api_job_json(api_buf *b, const store_job *j, bool full);
+
+/* Milliseconds on the monotonic clock. */
+int64_t api_now_ms(void);
+
+#endif /* AMPD_API_INT_H */

@@ -1,0 +1,123 @@
+/*
+ * prom.c - GET /metrics: the Prometheus text exposition format 0.0.4.
+ *
+ * Every family has its # HELP and # TYPE lines and all of its samples together; counters
+ * end in _total, units are in the name (_seconds, _bytes); label values are escaped
+ * (\\, \", \n) and non-finite samples are written NaN, +Inf, -Inf. Per running job the
+ * values come from its latest metric row (store_metric_latest), labelled with the job's
+ * id, name and dtype.
+ *
+ * Threads: runs on the requesting connection's thread; reads the store, the scheduler's
+ * counters and the server's atomic status counters.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/api_int.h"
+
+#define PROM_MAX_JOBS 1000
+
+typedef struct {
+    const store_job *job;
+    store_metric m;
+} job_row;
+
+static void family(api_buf *b, const char *name, const char *type, const char *help)
+{
+    api_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void job_labels(api_buf *b, const store_job *j)
+{
+    api_buf_printf(b, "{job=\"%lld\",name=\"", (long long)j->id);
+    api_buf_prom_label(b, j->name);
+    api_buf_puts(b, "\",dtype=\"");
+    api_buf_prom_label(b, j->dtype);
+    api_buf_puts(b, "\"}");
+}
+
+/* One per-job family: field is a STORE_M_* column, scale multiplies it. */
+static void job_family(api_buf *b, const char *name, const char *type, const char *help,
+                       const job_row *rows, int n, int field, double scale)
+{
+    family(b, name, type, help);
+    for (int i = 0; i < n; i++) {
+        api_buf_puts(b, name);
+        job_labels(b, rows[i].job);
+        api_buf_putc(b, ' ');
+        api_buf_prom_num(b, rows[i].m.v[field] * scale);
+        api_buf_putc(b, '\n');
+    }
+}
+
+void api_h_prom(api_req *q, api_resp *r)
+{
+    api_server *s = q->srv;
+    api_buf *b = &r->body;
+    store_stats stats;
+    daemon_sched_info info;
+    store_job_filter f = {.status = STORE_RUNNING, .limit = PROM_MAX_JOBS};
+    store_job *jobs = NULL;
+    job_row *rows = NULL;
+    int njobs = 0, nrows = 0;
+
+    store_get_stats(s->st, &stats);
+    memset(&info, 0, sizeof(info));
+    if (s->sc)
+        daemon_sched_get_info(s->sc, &info);
+    if (store_job_list(s->st, &f, &jobs, &njobs) != 0) {
+        jobs = NULL;
+        njobs = 0;
+    }
+    rows = njobs > 0 ? calloc((size_t)njobs, sizeof(*rows)) : NULL;
+    for (int i = 0; rows && i < njobs; i++) {
+        if (store_metric_latest(s->st, jobs[i].id, &rows[nrows].m) == 0)
+            rows[nrows++].job = &jobs[i];
+    }
+
+    r->status = 200;
+    r->ctype = "text/plain; version=0.0.4; charset=utf-8";
+    family(b, "ampd_jobs", "gauge", "Jobs in the run history by status.");
+    for (int i = 0; i < STORE_NSTATUS; i++)
+        api_buf_printf(b, "ampd_jobs{status=\"%s\"} %lld\n", store_status_name((store_status)i),
+                       (long long)stats.jobs_by_status[i]);
+    family(b, "ampd_workers_started_total", "counter",
+           "Worker processes started since the daemon started.");
+    api_buf_printf(b, "ampd_workers_started_total %lld\n", (long long)info.workers_started);
+    family(b, "ampd_workers_failed_total", "counter",
+           "Worker processes that crashed, hung or failed since the daemon started.");
+    api_buf_printf(b, "ampd_workers_failed_total %lld\n", (long long)info.workers_failed);
+    family(b, "ampd_store_rows_total", "counter",
+           "Metric rows written to the store since the daemon started.");
+    api_buf_printf(b, "ampd_store_rows_total %lld\n", (long long)stats.metric_rows);
+    family(b, "ampd_store_queue_depth", "gauge", "Metric rows waiting for the store's writer.");
+    api_buf_printf(b, "ampd_store_queue_depth %lld\n", (long long)stats.queue_depth);
+
+    job_family(b, "ampd_loss_scale", "gauge", "Loss-scale factor of the latest step.", rows, nrows,
+               STORE_M_LOSS_SCALE, 1.0);
+    job_family(b, "ampd_loss", "gauge", "Training loss of the latest step.", rows, nrows,
+               STORE_M_LOSS, 1.0);
+    job_family(b, "ampd_overflow_steps_total", "counter",
+               "Steps whose gradients overflowed (inf/NaN) in the running job.", rows, nrows,
+               STORE_M_OVERFLOW_TOTAL, 1.0);
+    job_family(b, "ampd_skipped_steps_total", "counter",
+               "Optimizer steps skipped in the running job.", rows, nrows, STORE_M_SKIPPED_TOTAL,
+               1.0);
+    job_family(b, "ampd_step_seconds", "gauge", "Duration of the latest training step.", rows,
+               nrows, STORE_M_STEP_MS, 1e-3);
+    job_family(b, "ampd_samples_per_second", "gauge", "Training throughput of the latest step.",
+               rows, nrows, STORE_M_SAMPLES_PER_S, 1.0);
+    job_family(b, "ampd_device_memory_bytes", "gauge",
+               "Memory the running job's training state holds on its device.", rows, nrows,
+               STORE_M_MEM_BYTES, 1.0);
+
+    family(b, "ampd_http_requests_total", "counter", "HTTP responses sent, by status code.");
+    for (int code = 100; code < API_NCODES; code++) {
+        unsigned long long c = atomic_load(&s->codes[code]);
+        if (c)
+            api_buf_printf(b, "ampd_http_requests_total{code=\"%d\"} %llu\n", code, c);
+    }
+    free(rows);
+    store_jobs_free(jobs, njobs);
+}

@@ -1,0 +1,824 @@
+/*
+ * routes.c - the JSON endpoints of DESIGN.md §5: jobs (submit, list, get, cancel, resume,
+ * delete), metrics (JSON and CSV, raw or downsampled), layers, events, checkpoints
+ * (list and download), compare, system and healthz.
+ *
+ * Every answer is built in an api_buf (no per-field allocations, no quadratic
+ * concatenation); store reads go through store.h's prepared statements. Query parameters
+ * are parsed strictly: a bad value is a 400 that names the parameter. The scheduler may be
+ * NULL (a degraded, read-only server): mutations then answer 503.
+ *
+ * Threads: handlers run on their connection's thread; they share only the api_server
+ * (read-only here) and the thread-safe store and scheduler.
+ */
+#include <fcntl.h>
+#include <jansson.h>
+#include <math.h>
+#include <microhttpd.h>
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "api/api_int.h"
+#include "config.h"
+
+#define SPEC_MAX_DEPTH 32 /* a job spec nests 4 levels; anything deeper is refused */
+#define IDEM_KEY_MAX 200
+#define RAW_CHUNK_STEPS 16384 /* raw series are read from the store this many steps at a time */
+#define MAX_POINTS 10000      /* downsampled answers are for plots */
+#define MAX_COMPARE 16
+
+/* ---- helpers --------------------------------------------------------------------------- */
+
+static void ok_json(api_resp *r, unsigned status)
+{
+    r->status = status;
+    r->ctype = NULL;
+}
+
+/* A store error as an HTTP error (not-found names what was looked for). */
+static void store_error(api_resp *r, int rc, const char *what, int64_t id)
+{
+    if (rc == STORE_ENOTFOUND)
+        api_error_resp(r, 404, "not_found", NULL, "no %s %lld", what, (long long)id);
+    else if (rc == STORE_ECONFLICT)
+        api_error_resp(r, 409, "conflict", NULL, "%s %lld is in the wrong state", what,
+                       (long long)id);
+    else if (rc == STORE_EINVAL)
+        api_error_resp(r, 400, "invalid_request", NULL, "the store refused the request");
+    else
+        api_error_resp(r, 503, "unavailable", NULL, "the run history could not be read (%d)", rc);
+}
+
+/* Load the route's job into j; false with r filled when it cannot be. */
+static bool load_job(api_req *q, api_resp *r, store_job *j)
+{
+    memset(j, 0, sizeof(*j));
+    if (q->route.job < 0) {
+        api_error_resp(r, 404, "not_found", NULL, "no job %.64s (ids are positive integers)",
+                       q->path + 9);
+        return false;
+    }
+    int rc = store_job_get(q->srv->st, q->route.job, j);
+    if (rc) {
+        store_error(r, rc, "job", q->route.job);
+        return false;
+    }
+    return true;
+}
+
+/* An optional integer query parameter in [lo, hi]; false with a 400 in r when malformed. */
+static bool query_int(api_req *q, api_resp *r, const char *name, int64_t lo, int64_t hi,
+                      int64_t dflt, int64_t *out)
+{
+    const char *v = api_query(q, name);
+    *out = dflt;
+    if (!v)
+        return true;
+    if (api_parse_i64(v, lo, hi, out) != 0) {
+        api_error_resp(r, 400, "invalid_parameter", name, "must be an integer in [%lld, %lld]",
+                       (long long)lo, (long long)hi);
+        return false;
+    }
+    return true;
+}
+
+/* true when text (after leading spaces) starts with one of the two characters */
+static bool looks_like(const char *text, char a, char b)
+{
+    if (!text)
+        return false;
+    while (*text == ' ' || *text == '\n' || *text == '\t' || *text == '\r')
+        text++;
+    return *text == a || *text == b;
+}
+
+/* Stored JSON (written by ampd itself) spliced in as is; null when absent. */
+static void put_stored_json(api_buf *b, const char *text)
+{
+    if (looks_like(text, '{', '['))
+        api_buf_puts(b, text);
+    else if (text && *text)
+        api_buf_json_str(b, text);
+    else
+        api_buf_puts(b, "null");
+}
+
+static void put_unix(api_buf *b, double t)
+{
+    if (t > 0)
+        api_buf_json_num(b, t);
+    else
+        api_buf_puts(b, "null");
+}
+
+void api_job_json(api_buf *b, const store_job *j, bool full)
+{
+    double frac = j->steps > 0 ? (double)j->step / (double)j->steps : 0.0;
+    if (frac > 1)
+        frac = 1;
+    if (frac < 0)
+        frac = 0;
+    api_buf_printf(b, "{\"id\":%lld,\"name\":", (long long)j->id);
+    api_buf_json_str(b, j->name);
+    api_buf_puts(b, ",\"dtype\":");
+    api_buf_json_str(b, j->dtype);
+    api_buf_puts(b, ",\"status\":");
+    api_buf_json_str(b, store_status_name(j->status));
+    api_buf_printf(b,
+                   ",\"progress\":{\"step\":%lld,\"steps\":%lld,\"fraction\":", (long long)j->step,
+                   (long long)j->steps);
+    api_buf_json_num(b, frac);
+    api_buf_puts(b, "},\"created_at\":");
+    api_buf_json_time(b, j->created_at);
+    api_buf_puts(b, ",\"started_at\":");
+    api_buf_json_time(b, j->started_at);
+    api_buf_puts(b, ",\"finished_at\":");
+    api_buf_json_time(b, j->finished_at);
+    api_buf_puts(b, ",\"created_at_unix\":");
+    put_unix(b, j->created_at);
+    api_buf_puts(b, ",\"started_at_unix\":");
+    put_unix(b, j->started_at);
+    api_buf_puts(b, ",\"finished_at_unix\":");
+    put_unix(b, j->finished_at);
+    api_buf_printf(b, ",\"retries\":%d,\"checkpoint_step\":%lld,\"cancel_requested\":%s,\"error\":",
+                   j->retries, (long long)j->checkpoint_step,
+                   j->cancel_requested ? "true" : "false");
+    api_buf_json_str(b, j->error);
+    api_buf_puts(b, ",\"summary\":");
+    put_stored_json(b, looks_like(j->summary, '{', '{') ? j->summary : NULL);
+    if (full) {
+        api_buf_puts(b, ",\"spec\":");
+        put_stored_json(b, looks_like(j->spec, '{', '{') ? j->spec : NULL);
+    }
+    api_buf_putc(b, '}');
+}
+
+/* ---- healthz, system ------------------------------------------------------------------- */
+
+void api_h_healthz(api_req *q, api_resp *r)
+{
+    (void)q;
+    ok_json(r, 200);
+    api_buf_puts(&r->body, "{\"status\":\"ok\"}");
+}
+
+static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;
+static char cuda_text[256];
+static bool cuda_ok;
+
+static void probe_cuda(void)
+{
+    cuda_ok = gpu_cuda_probe(cuda_text, sizeof(cuda_text)) == 0;
+}
+
+void api_h_system(api_req *q, api_resp *r)
+{
+    api_server *s = q->srv;
+    api_buf *b = &r->body;
+    daemon_sched_info info;
+    store_stats stats;
+    gpu_autocast ac;
+    json_t *acj;
+    char *acs;
+
+    pthread_once(&cuda_once, probe_cuda);
+    gpu_autocast_defaults(&ac);
+    acj = api_autocast_to_json(&ac);
+    acs = acj ? json_dumps(acj, JSON_COMPACT) : NULL;
+    json_decref(acj);
+    store_get_stats(s->st, &stats);
+    memset(&info, 0, sizeof(info));
+    if (s->sc)
+        daemon_sched_get_info(s->sc, &info);
+
+    ok_json(r, 200);
+    api_buf_puts(b, "{\"devices\":{\"cpu\":{\"model\":");
+    api_buf_json_str(b, s->cpu_model);
+    api_buf_printf(b, ",\"cores\":%d},\"cuda\":{\"available\":%s,\"detail\":", s->cores,
+                   cuda_ok ? "true" : "false");
+    api_buf_json_str(b, cuda_text);
+    api_buf_puts(b, "}},\"backend\":\"cpu\",\"versions\":{\"ampd\":");
+    api_buf_json_str(b, PACKAGE_VERSION);
+    api_buf_puts(b, ",\"sqlite\":");
+    api_buf_json_str(b, sqlite3_libversion());
+    api_buf_puts(b, ",\"libmicrohttpd\":");
+    api_buf_json_str(b, MHD_get_version());
+    api_buf_puts(b, ",\"jansson\":");
+    api_buf_json_str(b, jansson_version_str());
+    api_buf_puts(b, ",\"blas\":");
+    api_buf_json_str(b, s->blas_info);
+    api_buf_puts(b, "},\"autocast\":");
+    api_buf_puts(b, acs ? acs : "null");
+    free(acs);
+    if (s->sc)
+        api_buf_printf(b,
+                       ",\"queue\":{\"running\":%d,\"queued\":%d,\"max_running\":%d,"
+                       "\"workers_started\":%lld,\"workers_failed\":%lld}",
+                       info.running, info.queued, info.max_running, (long long)info.workers_started,
+                       (long long)info.workers_failed);
+    else
+        api_buf_puts(b, ",\"queue\":null");
+    api_buf_printf(b, ",\"capacity\":{\"max_running\":%d,\"free_slots\":%d,\"cpu_cores\":%d}",
+                   info.max_running,
+                   info.max_running > info.running ? info.max_running - info.running : 0, s->cores);
+    api_buf_puts(b, ",\"jobs\":{");
+    for (int i = 0; i < STORE_NSTATUS; i++)
+        api_buf_printf(b, "%s\"%s\":%lld", i ? "," : "", store_status_name((store_status)i),
+                       (long long)stats.jobs_by_status[i]);
+    api_buf_printf(b, "},\"store\":{\"metric_rows\":%lld,\"queue_depth\":%lld,\"batches\":%lld}}",
+                   (long long)stats.metric_rows, (long long)stats.queue_depth,
+                   (long long)stats.batches);
+}
+
+/* ---- jobs ------------------------------------------------------------------------------ */
+
+void api_h_jobs_list(api_req *q, api_resp *r)
+{
+    store_job_filter f = {.status = -1};
+    store_job *jobs = NULL;
+    int n = 0, rc;
+    int64_t limit, after;
+    const char *v;
+
+    if ((v = api_query(q, "status"))) {
+        store_status st;
+        if (store_status_parse(v, &st) != 0) {
+            api_error_resp(r, 400, "invalid_parameter", "status",
+                           "must be one of queued, running, succeeded, failed, cancelled, "
+                           "interrupted");
+            return;
+        }
+        f.status = (int)st;
+    }
+    if ((v = api_query(q, "dtype"))) {
+        gpu_dtype dt;
+        if (gpu_dtype_parse(v, &dt) != 0) {
+            api_error_resp(r, 400, "invalid_parameter", "dtype", "must be fp32, fp16 or bf16");
+            return;
+        }
+        f.dtype = v;
+    }
+    if ((v = api_query(q, "name"))) {
+        if (!*v || strlen(v) >= sizeof(((store_job *)0)->name)) {
+            api_error_resp(r, 400, "invalid_parameter", "name", "must be 1 to %zu bytes",
+                           sizeof(((store_job *)0)->name) - 1);
+            return;
+        }
+        f.name = v;
+    }
+    if (!query_int(q, r, "limit", 1, 1000, 50, &limit) ||
+        !query_int(q, r, "after", 1, INT64_MAX, 0, &after))
+        return;
+    f.limit = (int)limit;
+    f.after = after;
+    rc = store_job_list(q->srv->st, &f, &jobs, &n);
+    if (rc) {
+        store_error(r, rc, "job", 0);
+        return;
+    }
+    ok_json(r, 200);
+    api_buf_puts(&r->body, "{\"jobs\":[");
+    for (int i = 0; i < n; i++) {
+        if (i)
+            api_buf_putc(&r->body, ',');
+        api_job_json(&r->body, &jobs[i], false);
+    }
+    if (n == f.limit && n > 0)
+        api_buf_printf(&r->body, "],\"next\":%lld}", (long long)jobs[n - 1].id);
+    else
+        api_buf_puts(&r->body, "],\"next\":null}");
+    store_jobs_free(jobs, n);
+}
+
+/* An Idempotency-Key is 1..200 visible ASCII characters. */
+static bool idem_key_ok(const char *k)
+{
+    size_t n = strlen(k);
+    if (n == 0 || n > IDEM_KEY_MAX)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)k[i] < 0x21 || (unsigned char)k[i] > 0x7e)
+            return false;
+    return true;
+}
+
+void api_h_jobs_submit(api_req *q, api_resp *r)
+{
+    api_server *s = q->srv;
+    gpu_job_config cfg;
+    api_error e;
+    api_buf spec;
+    store_job j;
+    const char *key;
+    int64_t id = 0;
+    bool existed = false;
+    int rc;
+
+    if (!q->body || q->body_len == 0) {
+        api_error_resp(r, 400, "invalid_json", NULL, "the request body is empty (send a job spec)");
+        return;
+    }
+    if (api_json_depth(q->body, q->body_len) > SPEC_MAX_DEPTH) {
+        api_error_resp(r, 400, "invalid_json", NULL, "the JSON nests deeper than %d levels",
+                       SPEC_MAX_DEPTH);
+        return;
+    }
+    key = MHD_lookup_connection_value(q->conn, MHD_HEADER_KIND, "Idempotency-Key");
+    if (key && !idem_key_ok(key)) {
+        api_error_resp(r, 400, "invalid_request", "Idempotency-Key",
+                       "must be 1 to %d visible ASCII characters", IDEM_KEY_MAX);
+        return;
+    }
+    memset(&e, 0, sizeof(e));
+    if (api_spec_parse(q->body, q->body_len, &s->cfg.spec, &cfg, &e) != 0) {
+        api_error_resp(r, 400, e.code[0] ? e.code : "invalid_spec", e.field[0] ? e.field : NULL,
+                       "%s", e.message);
+        return;
+    }
+    if (!s->sc) {
+        api_error_resp(r, 503, "unavailable", NULL, "the scheduler is not running");
+        return;
+    }
+    api_buf_init(&spec);
+    api_buf_json_compact(&spec, q->body, q->body_len);
+    if (spec.oom) {
+        api_buf_free(&spec);
+        api_error_resp(r, 503, "unavailable", NULL, "out of memory");
+        return;
+    }
+    rc = daemon_sched_submit(s->sc, cfg.name, gpu_dtype_name(cfg.dtype), cfg.steps, spec.data, key,
+                             &id, &existed);
+    api_buf_free(&spec);
+    if (rc) {
+        store_error(r, rc, "job", id);
+        return;
+    }
+    rc = store_job_get(s->st, id, &j);
+    if (rc) {
+        store_error(r, rc, "job", id);
+        return;
+    }
+    ok_json(r, existed ? 200 : 201);
+    snprintf(r->location, sizeof(r->location), "/v1/jobs/%lld", (long long)id);
+    api_job_json(&r->body, &j, true);
+    store_job_clear(&j);
+}
+
+void api_h_job_get(api_req *q, api_resp *r)
+{
+    store_job j;
+    if (!load_job(q, r, &j))
+        return;
+    ok_json(r, 200);
+    api_job_json(&r->body, &j, true);
+    store_job_clear(&j);
+}
+
+void api_h_job_action(api_req *q, api_resp *r)
+{
+    api_server *s = q->srv;
+    api_route_id what = q->route.id;
+    const char *verb = what == API_R_JOB_CANCEL   ? "cancelled"
+                       : what == API_R_JOB_RESUME ? "resumed"
+                                                  : "deleted";
+    const char *when = what == API_R_JOB_CANCEL   ? "only a queued or running job can be"
+                       : what == API_R_JOB_RESUME ? "only a cancelled, failed or interrupted job "
+                                                    "can be"
+                                                  : "a queued or running job cannot be";
+    store_job j;
+    int rc;
+
+    if (!load_job(q, r, &j))
+        return;
+    store_job_clear(&j);
+    if (!s->sc) {
+        api_error_resp(r, 503, "unavailable", NULL, "the scheduler is not running");
+        return;
+    }
+    if (what == API_R_JOB_CANCEL)
+        rc = daemon_sched_cancel(s->sc, q->route.job);
+    else if (what == API_R_JOB_RESUME)
+        rc = daemon_sched_resume(s->sc, q->route.job);
+    else
+        rc = daemon_sched_delete(s->sc, q->route.job);
+    if (rc == STORE_ECONFLICT) {
+        char now[32] = "in another state";
+        if (store_job_get(s->st, q->route.job, &j) == 0) {
+            snprintf(now, sizeof(now), "%s", store_status_name(j.status));
+            store_job_clear(&j);
+        }
+        api_error_resp(r, 409, "conflict", NULL, "job %lld is %s; %s %s", (long long)q->route.job,
+                       now, when, verb);
+        return;
+    }
+    if (rc) {
+        store_error(r, rc, "job", q->route.job);
+        return;
+    }
+    if (what == API_R_JOB) {
+        r->status = 204;
+        return;
+    }
+    rc = store_job_get(s->st, q->route.job, &j);
+    if (rc) {
+        store_error(r, rc, "job", q->route.job);
+        return;
+    }
+    ok_json(r, 202);
+    api_job_json(&r->body, &j, true);
+    store_job_clear(&j);
+}
+
+/* ---- metrics --------------------------------------------------------------------------- */
+
+/* The metrics body is produced while it is sent (MHD calls series_read on the connection's
+ * thread), a piece of at most PIECE_POINTS points at a time: a raw series is read from the
+ * store RAW_CHUNK_STEPS steps at a time, so no response sits in memory whole. */
+#define PIECE_POINTS 2048
+
+typedef struct {
+    api_server *srv;
+    int64_t job;
+    api_series_enc enc;
+    api_buf out;
+    size_t off;
+    store_series se; /* downsampled: the whole answer; raw: the current chunk */
+    bool have_se, raw_done, ended, failed;
+    int idx; /* next point of se to encode */
+    int64_t lo, hi_limit, known_end, total;
+    bool to_open; /* no `to`: read on while rows keep coming past known_end */
+} series_stream;
+
+static void series_free(void *cls)
+{
+    series_stream *ss = cls;
+    if (!ss)
+        return;
+    if (ss->have_se)
+        store_series_free(&ss->se);
+    api_buf_free(&ss->out);
+    free(ss);
+}
+
+/* Read the next chunk of a raw series into ss->se. */
+static int raw_chunk(series_stream *ss)
+{
+    int64_t lo = ss->lo;
+    int64_t hi = ss->hi_limit - lo < RAW_CHUNK_STEPS ? ss->hi_limit : lo + RAW_CHUNK_STEPS - 1;
+    int rc = store_series_query(ss->srv->st, ss->job, ss->enc.fields, ss->enc.nfields, lo, hi, 0,
+                                &ss->se);
+    if (rc)
+        return rc;
+    ss->have_se = true;
+    ss->idx = 0;
+    ss->total += ss->se.total_steps;
+    if (ss->se.npoints > 0 && ss->se.points[ss->se.npoints - 1].step_last > ss->known_end)
+        ss->known_end = ss->se.points[ss->se.npoints - 1].step_last;
+    ss->raw_done =
+        hi >= ss->hi_limit || (ss->to_open && ss->se.npoints == 0 && hi >= ss->known_end);
+    ss->lo = hi + 1;
+    return 0;
+}
+
+/* Append the next piece of the body to ss->out. */
+static void series_piece(series_stream *ss)
+{
+    if (ss->have_se && ss->idx < ss->se.npoints) {
+        int n = ss->se.npoints - ss->idx < PIECE_POINTS ? ss->se.npoints - ss->idx : PIECE_POINTS;
+        api_series_points(&ss->enc, &ss->out, &ss->se, ss->idx, n);
+        ss->idx += n;
+        return;
+    }
+    if (ss->have_se) {
+        store_series_free(&ss->se);
+        ss->have_se = false;
+    }
+    if (ss->enc.raw && !ss->raw_done) {
+        int rc = raw_chunk(ss);
+        if (rc) {
+            log_warn("job %lld: metrics: the store failed mid-response (%d)", (long long)ss->job,
+                     rc);
+            ss->failed = true;
+        }
+        return;
+    }
+    api_series_end(&ss->enc, &ss->out, ss->total);
+    ss->ended = true;
+}
+
+static ssize_t series_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    series_stream *ss = cls;
+    (void)pos;
+    for (;;) {
+        if (ss->off < ss->out.len) {
+            size_t n = ss->out.len - ss->off < max ? ss->out.len - ss->off : max;
+            memcpy(buf, ss->out.data + ss->off, n);
+            ss->off += n;
+            return (ssize_t)n;
+        }
+        if (ss->out.oom || ss->failed)
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        api_buf_reset(&ss->out);
+        ss->off = 0;
+        if (ss->ended)
+            return MHD_CONTENT_READER_END_OF_STREAM;
+        series_piece(ss);
+    }
+}
+
+void api_h_job_metrics(api_req *q, api_resp *r)
+{
+    api_server *s = q->srv;
+    series_stream *ss;
+    store_job j;
+    int64_t from, to, points;
+    const char *v;
+    char err[160];
+    int rc;
+
+    ss = calloc(1, sizeof(*ss));
+    if (!ss) {
+        api_error_resp(r, 503, "unavailable", NULL, "out of memory");
+        return;
+    }
+    api_buf_init(&ss->out);
+    if ((v = api_query(q, "fields"))) {
+        if (api_parse_fields(v, ss->enc.fields, &ss->enc.nfields, err, sizeof(err)) != 0) {
+            api_error_resp(r, 400, "invalid_parameter", "fields", "%s", err);
+            goto fail;
+        }
+    } else {
+        ss->enc.nfields = STORE_M_NFIELDS;
+        for (int i = 0; i < STORE_M_NFIELDS; i++)
+            ss->enc.fields[i] = i;
+    }
+    if (!query_int(q, r, "from", 0, INT64_MAX, 0, &from) ||
+        !query_int(q, r, "to", 0, INT64_MAX, -1, &to) ||
+        !query_int(q, r, "points", 0, MAX_POINTS, 0, &points))
+        goto fail;
+    if (to >= 0 && to < from) {
+        api_error_resp(r, 400, "invalid_parameter", "to", "must not be below from (%lld)",
+                       (long long)from);
+        goto fail;
+    }
+    if ((v = api_query(q, "format"))) {
+        if (strcmp(v, "csv") == 0) {
+            ss->enc.csv = true;
+        } else if (strcmp(v, "json") != 0) {
+            api_error_resp(r, 400, "invalid_parameter", "format", "must be json or csv");
+            goto fail;
+        }
+    }
+    if (!load_job(q, r, &j))
+        goto fail;
+    ss->srv = s;
+    ss->job = j.id;
+    ss->enc.raw = points == 0;
+    ss->lo = from;
+    ss->hi_limit = to >= 0 ? to : INT64_MAX;
+    ss->to_open = to < 0;
+    ss->known_end = j.step;
+    store_job_clear(&j);
+    /* The first read happens here, so that a store failure is still a proper 503. */
+    if (ss->enc.raw) {
+        rc = raw_chunk(ss);
+    } else {
+        rc = store_series_query(s->st, ss->job, ss->enc.fields, ss->enc.nfields, from, to,
+                                (int)points, &ss->se);
+        ss->have_se = rc == 0;
+        ss->total = rc == 0 ? ss->se.total_steps : 0;
+    }
+    if (rc) {
+        store_error(r, rc, "metrics of job", q->route.job);
+        goto fail;
+    }
+    api_series_begin(&ss->enc, &ss->out, ss->job);
+    if (ss->enc.csv) {
+        r->ctype = "text/csv; charset=utf-8";
+        snprintf(r->disposition, sizeof(r->disposition),
+                 "attachment; filename=\"job-%lld-metrics.csv\"", (long long)ss->job);
+    }
+    r->status = 200;
+    r->reader = series_read;
+    r->reader_free = series_free;
+    r->reader_cls = ss;
+    return;
+fail:
+    series_free(ss);
+}
+
+/* ---- layers, events, checkpoints ------------------------------------------------------- */
+
+void api_h_job_layers(api_req *q, api_resp *r)
+{
+    store_job j;
+    int64_t step;
+    if (!query_int(q, r, "step", 0, INT64_MAX, -1, &step) || !load_job(q, r, &j))
+        return;
+    /* The layer_stats table is filled by a later issue and store.h has no read for it yet:
+     * the answer says "no layer data" rather than inventing any. */
+    ok_json(r, 200);
+    api_buf_printf(&r->body, "{\"job\":%lld,\"step\":null,\"layers\":[]}", (long long)j.id);
+    store_job_clear(&j);
+}
+
+void api_h_job_events(api_req *q, api_resp *r)
+{
+    store_event *ev = NULL;
+    store_job j;
+    int64_t after, limit;
+    int n = 0, rc;
+
+    if (!query_int(q, r, "after", 0, INT64_MAX, 0, &after) ||
+        !query_int(q, r, "limit", 1, 1000, 100, &limit) || !load_job(q, r, &j))
+        return;
+    store_job_clear(&j);
+    rc = store_event_list(q->srv->st, q->route.job, after, (int)limit, &ev, &n);
+    if (rc) {
+        store_error(r, rc, "events of job", q->route.job);
+        return;
+    }
+    ok_json(r, 200);
+    api_buf *b = &r->body;
+    api_buf_printf(b, "{\"job\":%lld,\"events\":[", (long long)q->route.job);
+    for (int i = 0; i < n; i++) {
+        api_buf_printf(b, "%s{\"id\":%lld,\"step\":%lld,\"time\":", i ? "," : "",
+                       (long long)ev[i].id, (long long)ev[i].step);
+        api_buf_json_time(b, ev[i].ts);
+        api_buf_puts(b, ",\"ts\":");
+        put_unix(b, ev[i].ts);
+        api_buf_puts(b, ",\"kind\":");
+        api_buf_json_str(b, ev[i].kind);
+        api_buf_puts(b, ",\"message\":");
+        api_buf_json_str(b, ev[i].message);
+        api_buf_puts(b, ",\"data\":");
+        put_stored_json(b, ev[i].data);
+        api_buf_putc(b, '}');
+    }
+    if (n == limit && n > 0)
+        api_buf_printf(b, "],\"next\":%lld}", (long long)ev[n - 1].id);
+    else
+        api_buf_puts(b, "],\"next\":null}");
+    store_events_free(ev, n);
+}
+
+void api_h_job_ckpts(api_req *q, api_resp *r)
+{
+    store_checkpoint *ck = NULL;
+    store_job j;
+    int n = 0, rc;
+
+    if (!load_job(q, r, &j))
+        return;
+    store_job_clear(&j);
+    rc = store_checkpoint_list(q->srv->st, q->route.job, &ck, &n);
+    if (rc) {
+        store_error(r, rc, "checkpoints of job", q->route.job);
+        return;
+    }
+    ok_json(r, 200);
+    api_buf *b = &r->body;
+    api_buf_printf(b, "{\"job\":%lld,\"checkpoints\":[", (long long)q->route.job);
+    for (int i = 0; i < n; i++) {
+        api_buf_printf(b, "%s{\"step\":%lld,\"bytes\":%lld,\"created_at\":", i ? "," : "",
+                       (long long)ck[i].step, (long long)ck[i].bytes);
+        api_buf_json_time(b, ck[i].created_at);
+        api_buf_puts(b, ",\"created_at_unix\":");
+        put_unix(b, ck[i].created_at);
+        api_buf_printf(b, ",\"url\":\"/v1/jobs/%lld/checkpoints/%lld\"}", (long long)q->route.job,
+                       (long long)ck[i].step);
+    }
+    api_buf_puts(b, "]}");
+    free(ck);
+}
+
+void api_h_job_ckpt(api_req *q, api_resp *r)
+{
+    store_checkpoint *ck = NULL;
+    store_job j;
+    struct stat st;
+    int n = 0, rc, fd = -1;
+
+    if (!load_job(q, r, &j))
+        return;
+    store_job_clear(&j);
+    if (q->route.step < 0) {
+        api_error_resp(r, 404, "not_found", NULL, "no such checkpoint (steps are integers)");
+        return;
+    }
+    rc = store_checkpoint_list(q->srv->st, q->route.job, &ck, &n);
+    if (rc) {
+        store_error(r, rc, "checkpoints of job", q->route.job);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        if (ck[i].step == q->route.step) {
+            fd = open(ck[i].path, O_RDONLY | O_CLOEXEC);
+            break;
+        }
+    }
+    free(ck);
+    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        if (fd >= 0)
+            close(fd);
+        api_error_resp(r, 404, "not_found", NULL, "job %lld has no checkpoint at step %lld",
+                       (long long)q->route.job, (long long)q->route.step);
+        return;
+    }
+    r->status = 200;
+    r->fd = fd;
+    r->fd_size = (uint64_t)st.st_size;
+    r->ctype = "application/octet-stream";
+    snprintf(r->disposition, sizeof(r->disposition),
+             "attachment; filename=\"ckpt-%lld.safetensors\"", (long long)q->route.step);
+}
+
+/* ---- compare --------------------------------------------------------------------------- */
+
+/* Summary keys that describe the job rather than compare it. */
+static bool compare_skip(const char *k)
+{
+    static const char *const skip[] = {"type", "name", "status", "dtype", "steps", "error"};
+    for (size_t i = 0; i < sizeof(skip) / sizeof(skip[0]); i++)
+        if (strcmp(k, skip[i]) == 0)
+            return true;
+    return false;
+}
+
+void api_h_compare(api_req *q, api_resp *r)
+{
+    int64_t ids[MAX_COMPARE];
+    store_job jobs[MAX_COMPARE];
+    json_t *fields = json_array();
+    char err[160];
+    int n = 0, loaded = 0;
+    const char *v = api_query(q, "ids");
+
+    if (!fields) {
+        api_error_resp(r, 503, "unavailable", NULL, "out of memory");
+        return;
+    }
+    if (!v) {
+        api_error_resp(r, 400, "invalid_parameter", "ids", "list the jobs to compare: ids=1,2,3");
+        goto out;
+    }
+    if (api_parse_ids(v, ids, MAX_COMPARE, &n, err, sizeof(err)) != 0) {
+        api_error_resp(r, 400, "invalid_parameter", "ids", "%s", err);
+        goto out;
+    }
+    for (; loaded < n; loaded++) {
+        int rc = store_job_get(q->srv->st, ids[loaded], &jobs[loaded]);
+        if (rc) {
+            if (rc == STORE_ENOTFOUND)
+                api_error_resp(r, 404, "not_found", "ids", "no job %lld", (long long)ids[loaded]);
+            else
+                store_error(r, rc, "job", ids[loaded]);
+            goto out;
+        }
+    }
+    ok_json(r, 200);
+    api_buf *b = &r->body;
+    api_buf_puts(b, "{\"jobs\":[");
+    for (int i = 0; i < n; i++) {
+        const store_job *j = &jobs[i];
+        api_buf_printf(b, "%s{\"id\":%lld,\"name\":", i ? "," : "", (long long)j->id);
+        api_buf_json_str(b, j->name);
+        api_buf_puts(b, ",\"dtype\":");
+        api_buf_json_str(b, j->dtype);
+        api_buf_puts(b, ",\"status\":");
+        api_buf_json_str(b, store_status_name(j->status));
+        api_buf_printf(b, ",\"steps\":%lld,\"step\":%lld,\"summary\":", (long long)j->steps,
+                       (long long)j->step);
+        put_stored_json(b, looks_like(j->summary, '{', '{') ? j->summary : NULL);
+        api_buf_putc(b, '}');
+        json_t *sum = j->summary ? json_loads(j->summary, 0, NULL) : NULL;
+        const char *key;
+        json_t *val;
+        json_object_foreach(sum, key, val)
+        {
+            bool seen = compare_skip(key);
+            for (size_t k = 0; !seen && k < json_array_size(fields); k++)
+                seen = strcmp(json_string_value(json_array_get(fields, k)), key) == 0;
+            if (!seen)
+                json_array_append_new(fields, json_string(key));
+        }
+        json_decref(sum);
+    }
+    api_buf_puts(b, "],\"fields\":[");
+    for (size_t k = 0; k < json_array_size(fields); k++) {
+        if (k)
+            api_buf_putc(b, ',');
+        api_buf_json_str(b, json_string_value(json_array_get(fields, k)));
+    }
+    api_buf_puts(b, "]}");
+out:
+    for (int i = 0; i < loaded; i++)
+        store_job_clear(&jobs[i]);
+    json_decref(fields);
+}

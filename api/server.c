@@ -1,0 +1,659 @@
+/*
+ * server.c - the HTTP server of DESIGN.md §5 on libmicrohttpd 0.9.75: start and stop,
+ * request admission (routing, method, bearer token, size and media-type limits), request
+ * bodies, turning a handler's answer into an MHD response, and static files.
+ *
+ * Request flow: MHD calls on_request() first with the headers only. Everything that can be
+ * decided from the headers is decided there (404 unknown route, 405 wrong method with
+ * Allow, 401 missing or wrong token, 415 wrong media type, 413 declared body too large,
+ * 414 URL too long) and answered at once, so MHD never reads such a body. Otherwise the
+ * body is accumulated in the per-request context (at most max_body bytes; beyond that it
+ * is dropped and the request answered 413), and on the last call the route's handler
+ * (routes.c, sse.c, prom.c) fills an api_resp that respond() sends.
+ *
+ * Threads: MHD runs one thread per connection (MHD_USE_THREAD_PER_CONNECTION with an
+ * internal polling thread that accepts), so a handler may block: the SSE content reader
+ * waits for live lines in its own thread. The per-request context belongs to its
+ * connection's thread and is freed in the completion callback. Shared state (api_server)
+ * is read-only after start except the atomics (stopping, the status counters) and the
+ * mutex/condition the SSE readers sleep on, which api_stop() broadcasts.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "api/api_int.h"
+
+#define MAX_PATH_LEN 2048       /* longest URL path accepted */
+#define MAX_QUERY_LEN 8192      /* longest total of query keys and values */
+#define DISCARD_CAP (64u << 20) /* a chunked body this far past max_body closes the socket */
+#define CONN_LIMIT 1024u
+#define CONN_TIMEOUT_S 60u
+#define DEFAULT_HEARTBEAT_MS 15000
+#define DEFAULT_MAX_BODY (1u << 20)
+
+/* Per-request state (MHD's con_cls); freed in on_completed. */
+typedef struct {
+    api_route route;
+    unsigned method;
+    bool too_large;
+    uint64_t discarded;
+    api_buf body;
+} req_ctx;
+
+int64_t api_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void api_error_resp(api_resp *r, unsigned status, const char *code, const char *field,
+                    const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    r->status = status;
+    r->ctype = NULL;
+    api_buf_reset(&r->body);
+    api_buf_puts(&r->body, "{\"error\":{\"code\":");
+    api_buf_json_str(&r->body, code);
+    api_buf_puts(&r->body, ",\"field\":");
+    api_buf_json_str(&r->body, field);
+    api_buf_puts(&r->body, ",\"message\":");
+    api_buf_json_str(&r->body, msg);
+    api_buf_puts(&r->body, "}}");
+}
+
+const char *api_query(const api_req *q, const char *name)
+{
+    return MHD_lookup_connection_value(q->conn, MHD_GET_ARGUMENT_KIND, name);
+}
+
+static void resp_init(api_resp *r)
+{
+    memset(r, 0, sizeof(*r));
+    api_buf_init(&r->body);
+    r->fd = -1;
+    r->status = 500;
+}
+
+static void resp_clear(api_resp *r)
+{
+    api_buf_free(&r->body);
+    if (r->fd >= 0)
+        close(r->fd);
+    r->fd = -1;
+    if (r->reader_cls && r->reader_free)
+        r->reader_free(r->reader_cls);
+    r->reader = NULL;
+    r->reader_cls = NULL;
+}
+
+/* ---- responses ------------------------------------------------------------------------- */
+
+static void add_header(struct MHD_Response *m, const char *name, const char *value)
+{
+    if (value && value[0])
+        MHD_add_response_header(m, name, value);
+}
+
+/* Send r on c (consumes r). Returns MHD's verdict. */
+static enum MHD_Result respond(api_server *s, struct MHD_Connection *c, api_resp *r)
+{
+    struct MHD_Response *m = NULL;
+    const char *ctype = r->ctype ? r->ctype : "application/json";
+    enum MHD_Result ok;
+
+    if (r->reader) {
+        m = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 65536, r->reader, r->reader_cls,
+                                              r->reader_free);
+        if (m)
+            r->reader_cls = NULL; /* MHD owns it now */
+    } else if (r->fd >= 0) {
+        m = MHD_create_response_from_fd((size_t)r->fd_size, r->fd);
+        if (m)
+            r->fd = -1; /* MHD closes it */
+    } else {
+        size_t len;
+        char *body = api_buf_steal(&r->body, &len);
+        if (!body) {
+            log_error("out of memory building a %u response", r->status);
+            resp_clear(r);
+            return MHD_NO;
+        }
+        m = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
+        if (!m)
+            free(body);
+    }
+    if (!m) {
+        resp_clear(r);
+        return MHD_NO;
+    }
+    if (r->status != MHD_HTTP_NO_CONTENT)
+        add_header(m, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    add_header(m, MHD_HTTP_HEADER_LOCATION, r->location);
+    add_header(m, MHD_HTTP_HEADER_ALLOW, r->allow);
+    add_header(m, MHD_HTTP_HEADER_CONTENT_DISPOSITION, r->disposition);
+    if (r->www_auth)
+        add_header(m, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"ampd\"");
+    if (strncmp(ctype, "text/event-stream", 17) == 0) {
+        add_header(m, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+        add_header(m, "X-Accel-Buffering", "no");
+    }
+    ok = MHD_queue_response(c, r->status, m);
+    MHD_destroy_response(m);
+    if (r->status < API_NCODES)
+        atomic_fetch_add(&s->codes[r->status], 1);
+    resp_clear(r);
+    return ok;
+}
+
+/* ---- static files ---------------------------------------------------------------------- */
+
+static const char *mime_type(const char *path)
+{
+    static const struct {
+        const char *ext, *type;
+    } t[] = {{".html", "text/html; charset=utf-8"},
+             {".js", "text/javascript; charset=utf-8"},
+             {".mjs", "text/javascript; charset=utf-8"},
+             {".css", "text/css; charset=utf-8"},
+             {".json", "application/json"},
+             {".svg", "image/svg+xml"},
+             {".png", "image/png"},
+             {".ico", "image/x-icon"},
+             {".txt", "text/plain; charset=utf-8"},
+             {".map", "application/json"}};
+    const char *dot = strrchr(path, '.');
+    for (size_t i = 0; dot && i < sizeof(t) / sizeof(t[0]); i++)
+        if (strcasecmp(dot, t[i].ext) == 0)
+            return t[i].type;
+    return "application/octet-stream";
+}
+
+/* GET of a file under web_root; "/" is index.html. No ".." segment, no escape through a
+ * symlink (the resolved path must stay inside the resolved root). */
+static void static_file(api_req *q, api_resp *r)
+{
+    const char *root = q->srv->web_root_real;
+    char want[PATH_MAX], real[PATH_MAX];
+    const char *rel = strcmp(q->path, "/") == 0 ? "/index.html" : q->path;
+    struct stat st;
+    size_t rl = strlen(root);
+
+    if (strstr(rel, "/..") || strchr(rel, '\\') ||
+        snprintf(want, sizeof(want), "%s%s", root, rel) >= (int)sizeof(want) ||
+        !realpath(want, real) || strncmp(real, root, rl) != 0 || real[rl] != '/') {
+        api_error_resp(r, 404, "not_found", NULL, "no such file: %s", q->path);
+        return;
+    }
+    int fd = open(real, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        if (fd >= 0)
+            close(fd);
+        api_error_resp(r, 404, "not_found", NULL, "no such file: %s", q->path);
+        return;
+    }
+    r->status = 200;
+    r->fd = fd;
+    r->fd_size = (uint64_t)st.st_size;
+    r->ctype = mime_type(real);
+}
+
+/* ---- admission and dispatch ------------------------------------------------------------ */
+
+typedef struct {
+    size_t total;
+} query_len;
+
+static enum MHD_Result sum_query(void *cls, enum MHD_ValueKind kind, const char *key,
+                                 const char *value)
+{
+    query_len *ql = cls;
+    (void)kind;
+    ql->total += strlen(key) + (value ? strlen(value) : 0) + 2;
+    return MHD_YES;
+}
+
+static bool is_mutating(unsigned method)
+{
+    return method == API_M_POST || method == API_M_DELETE;
+}
+
+/* The bearer token check; true when the request may go on. */
+static bool authorized(api_server *s, struct MHD_Connection *c)
+{
+    const char *h;
+    if (!s->cfg.token[0])
+        return true;
+    h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!h || strncasecmp(h, "Bearer ", 7) != 0)
+        return false;
+    h += 7;
+    while (*h == ' ')
+        h++;
+    size_t n = strlen(h);
+    while (n > 0 && (h[n - 1] == ' ' || h[n - 1] == '\t'))
+        n--;
+    return api_token_equal(h, n, s->cfg.token);
+}
+
+/* media type of a Content-Type value is application/json (parameters allowed) */
+static bool is_json_type(const char *ct)
+{
+    if (!ct)
+        return false;
+    while (*ct == ' ')
+        ct++;
+    if (strncasecmp(ct, "application/json", 16) != 0)
+        return false;
+    ct += 16;
+    while (*ct == ' ' || *ct == '\t')
+        ct++;
+    return *ct == '\0' || *ct == ';';
+}
+
+/* Decide what the headers alone decide. Returns true with r filled when the request is
+ * answered now. */
+static bool admit(api_server *s, struct MHD_Connection *c, const char *url, const char *method,
+                  req_ctx *x, api_resp *r)
+{
+    query_len ql = {0};
+    const char *cl;
+
+    x->method = api_method_bit(method);
+    if (strlen(url) > MAX_PATH_LEN) {
+        api_error_resp(r, 414, "uri_too_long", NULL, "the path is longer than %d bytes",
+                       MAX_PATH_LEN);
+        return true;
+    }
+    MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, sum_query, &ql);
+    if (ql.total > MAX_QUERY_LEN) {
+        api_error_resp(r, 414, "uri_too_long", NULL, "the query is longer than %d bytes",
+                       MAX_QUERY_LEN);
+        return true;
+    }
+    if (api_route_match(url, s->web_root_real[0] != '\0', &x->route) != 0) {
+        api_error_resp(r, 404, "not_found", NULL, "no route %.16s %.200s", method, url);
+        return true;
+    }
+    if (!(x->method & x->route.allow)) {
+        api_allow_string(x->route.allow, r->allow, sizeof(r->allow));
+        api_error_resp(r, 405, "method_not_allowed", NULL,
+                       "%.16s is not allowed here (allowed: %s)", method, r->allow);
+        return true;
+    }
+    if (is_mutating(x->method) && !authorized(s, c)) {
+        r->www_auth = true;
+        api_error_resp(r, 401, "unauthorized", NULL,
+                       "this endpoint needs the header Authorization: Bearer <token>");
+        return true;
+    }
+    cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (cl) {
+        int64_t n;
+        if (api_parse_i64(cl, 0, INT64_MAX, &n) != 0 || (uint64_t)n > s->cfg.max_body) {
+            api_error_resp(r, 413, "body_too_large", NULL,
+                           "the request body is larger than %zu bytes", s->cfg.max_body);
+            return true;
+        }
+    }
+    if (x->route.id == API_R_JOBS && x->method == API_M_POST &&
+        !is_json_type(
+            MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE))) {
+        api_error_resp(r, 415, "unsupported_media_type", NULL,
+                       "the job spec must be sent with Content-Type: application/json");
+        return true;
+    }
+    return false;
+}
+
+static void dispatch(api_req *q, api_resp *r)
+{
+    switch (q->route.id) {
+    case API_R_HEALTHZ:
+        api_h_healthz(q, r);
+        break;
+    case API_R_PROM:
+        api_h_prom(q, r);
+        break;
+    case API_R_SYSTEM:
+        api_h_system(q, r);
+        break;
+    case API_R_COMPARE:
+        api_h_compare(q, r);
+        break;
+    case API_R_JOBS:
+        if (q->method == API_M_POST)
+            api_h_jobs_submit(q, r);
+        else
+            api_h_jobs_list(q, r);
+        break;
+    case API_R_JOB:
+        if (q->method == API_M_DELETE)
+            api_h_job_action(q, r);
+        else
+            api_h_job_get(q, r);
+        break;
+    case API_R_JOB_CANCEL:
+    case API_R_JOB_RESUME:
+        api_h_job_action(q, r);
+        break;
+    case API_R_JOB_METRICS:
+        api_h_job_metrics(q, r);
+        break;
+    case API_R_JOB_LAYERS:
+        api_h_job_layers(q, r);
+        break;
+    case API_R_JOB_EVENTS:
+        api_h_job_events(q, r);
+        break;
+    case API_R_JOB_STREAM:
+        api_h_stream(q, r);
+        break;
+    case API_R_JOB_CKPTS:
+        api_h_job_ckpts(q, r);
+        break;
+    case API_R_JOB_CKPT:
+        api_h_job_ckpt(q, r);
+        break;
+    case API_R_STATIC:
+        static_file(q, r);
+        break;
+    case API_R_NONE:
+        api_error_resp(r, 404, "not_found", NULL, "no route");
+        break;
+    }
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+                                  const char *method, const char *version, const char *upload_data,
+                                  size_t *upload_data_size, void **con_cls)
+{
+    api_server *s = cls;
+    req_ctx *x = *con_cls;
+    api_resp r;
+    (void)version;
+
+    if (!x) {
+        x = calloc(1, sizeof(*x));
+        if (!x)
+            return MHD_NO;
+        api_buf_init(&x->body);
+        *con_cls = x;
+        resp_init(&r);
+        if (admit(s, c, url, method, x, &r))
+            return respond(s, c, &r);
+        return MHD_YES;
+    }
+    if (*upload_data_size > 0) {
+        if (!x->too_large && x->body.len + *upload_data_size > s->cfg.max_body) {
+            x->too_large = true;
+            api_buf_free(&x->body);
+        }
+        if (x->too_large) {
+            x->discarded += *upload_data_size;
+            if (x->discarded > DISCARD_CAP)
+                return MHD_NO;
+        } else {
+            api_buf_put(&x->body, upload_data, *upload_data_size);
+        }
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
+    resp_init(&r);
+    if (x->too_large) {
+        api_error_resp(&r, 413, "body_too_large", NULL, "the request body is larger than %zu bytes",
+                       s->cfg.max_body);
+    } else if (x->body.oom) {
+        api_error_resp(&r, 503, "unavailable", NULL, "out of memory reading the request");
+    } else {
+        api_req q = {.srv = s,
+                     .conn = c,
+                     .method = x->method,
+                     .route = x->route,
+                     .path = url,
+                     .body = x->body.data,
+                     .body_len = x->body.len};
+        dispatch(&q, &r);
+    }
+    return respond(s, c, &r);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    req_ctx *x = *con_cls;
+    (void)cls, (void)c, (void)toe;
+    if (x) {
+        api_buf_free(&x->body);
+        free(x);
+        *con_cls = NULL;
+    }
+}
+
+static void on_mhd_log(void *cls, const char *fmt, va_list ap)
+    __attribute__((format(printf, 2, 0)));
+
+static void on_mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    char msg[512];
+    (void)cls;
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    size_t n = strlen(msg);
+    while (n > 0 && (msg[n - 1] == '\n' || msg[n - 1] == '\r'))
+        msg[--n] = '\0';
+    log_warn("libmicrohttpd: %s", msg);
+}
+
+/* ---- start and stop -------------------------------------------------------------------- */
+
+/* Parse "host:port" / "[v6]:port" into ss. */
+static int parse_listen(const char *s, struct sockaddr_storage *ss, bool *v6, bool *loopback,
+                        char *err, size_t errlen)
+{
+    char host[128];
+    const char *port;
+    int64_t p;
+
+    memset(ss, 0, sizeof(*ss));
+    if (s[0] == '[') {
+        const char *close_br = strchr(s, ']');
+        if (!close_br || close_br[1] != ':' || (size_t)(close_br - s - 1) >= sizeof(host))
+            goto bad;
+        memcpy(host, s + 1, (size_t)(close_br - s - 1));
+        host[close_br - s - 1] = '\0';
+        port = close_br + 2;
+        *v6 = true;
+    } else {
+        const char *colon = strrchr(s, ':');
+        if (!colon || colon == s || (size_t)(colon - s) >= sizeof(host) ||
+            memchr(s, ':', (size_t)(colon - s)))
+            goto bad;
+        memcpy(host, s, (size_t)(colon - s));
+        host[colon - s] = '\0';
+        port = colon + 1;
+        *v6 = false;
+        if (strcmp(host, "localhost") == 0)
+            snprintf(host, sizeof(host), "127.0.0.1");
+    }
+    if (api_parse_i64(port, 0, 65535, &p) != 0)
+        goto bad;
+    if (*v6) {
+        struct sockaddr_in6 *a = (struct sockaddr_in6 *)ss;
+        a->sin6_family = AF_INET6;
+        a->sin6_port = htons((uint16_t)p);
+        if (inet_pton(AF_INET6, host, &a->sin6_addr) != 1)
+            goto bad;
+        *loopback = IN6_IS_ADDR_LOOPBACK(&a->sin6_addr) ||
+                    (IN6_IS_ADDR_V4MAPPED(&a->sin6_addr) && a->sin6_addr.s6_addr[12] == 127);
+    } else {
+        struct sockaddr_in *a = (struct sockaddr_in *)ss;
+        a->sin_family = AF_INET;
+        a->sin_port = htons((uint16_t)p);
+        if (inet_pton(AF_INET, host, &a->sin_addr) != 1)
+            goto bad;
+        *loopback = (ntohl(a->sin_addr.s_addr) >> 24) == 127;
+    }
+    return 0;
+bad:
+    snprintf(err, errlen,
+             "cannot parse the listen address \"%s\" (want IPv4:port, [IPv6]:port or "
+             "localhost:port)",
+             s);
+    return GPU_EINVAL;
+}
+
+static void read_cpu_model(api_server *s)
+{
+    char line[512];
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    s->cores = n > 0 ? (int)n : 1;
+    snprintf(s->cpu_model, sizeof(s->cpu_model), "unknown");
+    while (f && fgets(line, sizeof(line), f)) {
+        if (strncmp(line, "model name", 10) == 0) {
+            const char *v = strchr(line, ':');
+            if (v) {
+                v++;
+                while (*v == ' ' || *v == '\t')
+                    v++;
+                snprintf(s->cpu_model, sizeof(s->cpu_model), "%s", v);
+                s->cpu_model[strcspn(s->cpu_model, "\n")] = '\0';
+            }
+            break;
+        }
+    }
+    if (f)
+        fclose(f);
+}
+
+/* See api.h. c, st and sc are borrowed; st must not be NULL; sc may be NULL (mutations and
+ * live streams then answer 503 / read the store only). */
+int api_start(const api_config *c, struct store *st, struct daemon_sched *sc, api_server **out,
+              char *err, size_t errlen)
+{
+    struct sockaddr_storage ss;
+    bool v6 = false, loopback = false;
+    api_server *s = NULL;
+    const char *hb;
+    unsigned flags;
+    int rc;
+
+    *out = NULL;
+    if (!c || !st) {
+        snprintf(err, errlen, "api_start: no configuration or no store");
+        return GPU_EINVAL;
+    }
+    rc = parse_listen(c->listen, &ss, &v6, &loopback, err, errlen);
+    if (rc)
+        return rc;
+    if (!loopback && !c->token[0]) {
+        snprintf(err, errlen,
+                 "refusing to listen on %s without a bearer token: a non-loopback address "
+                 "needs --token-file (or listen on 127.0.0.1)",
+                 c->listen);
+        return GPU_EINVAL;
+    }
+    s = calloc(1, sizeof(*s));
+    if (!s) {
+        snprintf(err, errlen, "out of memory");
+        return GPU_ENOMEM;
+    }
+    s->cfg = *c;
+    if (s->cfg.max_body == 0)
+        s->cfg.max_body = DEFAULT_MAX_BODY;
+    s->st = st;
+    s->sc = sc;
+    atomic_init(&s->stopping, false);
+    for (int i = 0; i < API_NCODES; i++)
+        atomic_init(&s->codes[i], 0);
+    pthread_mutex_init(&s->mu, NULL);
+    {
+        pthread_condattr_t ca;
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&s->cv, &ca);
+        pthread_condattr_destroy(&ca);
+    }
+    s->heartbeat_ms = DEFAULT_HEARTBEAT_MS;
+    hb = getenv("AMPD_SSE_HEARTBEAT_MS");
+    if (hb) {
+        int64_t v;
+        if (api_parse_i64(hb, 10, 30000, &v) == 0)
+            s->heartbeat_ms = (int)v;
+        else
+            log_warn("AMPD_SSE_HEARTBEAT_MS=%s ignored (want 10..30000)", hb);
+    }
+    if (s->cfg.web_root[0] && !realpath(s->cfg.web_root, s->web_root_real)) {
+        log_warn("web root %s: %s; not serving static files", s->cfg.web_root, strerror(errno));
+        s->web_root_real[0] = '\0';
+    }
+    read_cpu_model(s);
+    /* Loads BLAS once here, before the connection threads exist (it may setenv). */
+    s->blas_info = gpu_blas_info();
+
+    flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL |
+            MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
+    s->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER,
+                              on_mhd_log, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+                              MHD_OPTION_CONNECTION_LIMIT, CONN_LIMIT,
+                              MHD_OPTION_CONNECTION_TIMEOUT, CONN_TIMEOUT_S,
+                              MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_END);
+    if (!s->mhd) {
+        snprintf(err, errlen, "cannot listen on %s (address in use or not available)", c->listen);
+        rc = GPU_EIO;
+        goto fail;
+    }
+    {
+        const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
+        s->port = di ? di->port : 0;
+    }
+    log_info("listening on %s (port %u)%s", c->listen, s->port,
+             c->token[0] ? ", bearer token required for changes" : "");
+    *out = s;
+    return 0;
+fail:
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+    return rc;
+}
+
+unsigned api_port(const api_server *a)
+{
+    return a ? a->port : 0;
+}
+
+/* Ends every stream (the readers see `stopping` within one wait slice), closes every
+ * connection and frees a. */
+void api_stop(api_server *a)
+{
+    if (!a)
+        return;
+    atomic_store(&a->stopping, true);
+    pthread_mutex_lock(&a->mu);
+    pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+    if (a->mhd)
+        MHD_stop_daemon(a->mhd);
+    pthread_cond_destroy(&a->cv);
+    pthread_mutex_destroy(&a->mu);
+    free(a);
+}

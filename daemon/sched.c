@@ -1,0 +1,1267 @@
+/*
+ * sched.c - the scheduler and worker supervision (contract in daemon.h).
+ *
+ * A worker is an `ampd run` child process: fork + execv of cfg.exe with
+ *   run --every 1 --checkpoint-dir <data_dir>/jobs/<id> [--resume CKPT] [--data-root R]...
+ *       <data_dir>/jobs/<id>/spec.json
+ * in its own process group, stdin /dev/null, stdout a pipe to the scheduler, stderr appended
+ * to <data_dir>/jobs/<id>/worker.log, every other descriptor closed, every signal
+ * disposition back to the default (signals blocked across the fork until then) and an
+ * empty signal mask, and PR_SET_PDEATHSIG(SIGKILL) so that a worker never outlives a
+ * daemon killed with -9 (the scheduler thread that forks it lives until every worker is
+ * reaped, so the death signal only fires when the daemon process dies).
+ *
+ * The scheduler thread polls the worker pipes and a self-pipe (submit, cancel, resume and
+ * stop write a byte) with a 200 ms timeout, parses each JSON line (no fixed line length),
+ * and writes it to the store and the live hub:
+ *   step       -> store_metric_append; "overflow" and "scale" events; hub
+ *   eval       -> store_metric_eval; hub
+ *   checkpoint -> store_flush (every metric up to the checkpoint is durable before the
+ *                 checkpoint is recorded, so a restart never resumes past a lost row),
+ *                 store_checkpoint_add, store_job_set_checkpoint; hub
+ *   summary    -> store_job_set_summary (the line as is); hub
+ *   start, resume -> "lifecycle" events; hub
+ * Children are reaped with waitpid(WNOHANG) each turn (no SIGCHLD handler). A worker's job
+ * ends after it has exited and its pipe is drained: the store is flushed, then the status
+ * is written (succeeded / failed with the reason and the log's last lines / cancelled /
+ * interrupted), then the hub entry is marked finished.
+ *
+ * Invariants: a job id is in the worker table iff its store status is running and this
+ * daemon started it; the table changes only on the scheduler thread and only under mu;
+ * every store status change of a queued or running job happens under mu, so cancel,
+ * resume, delete and the start of a worker never interleave.
+ *
+ * Threads: one scheduler thread; the daemon_sched_* calls come from the HTTP threads and
+ * take mu. A worker's parsing state is touched by the scheduler thread only.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "api/api.h"
+#include "daemon/daemon.h"
+#include "daemon/hub.h"
+#include "gpu/gpu.h"
+#include "store/store.h"
+
+#define POLL_MS 200
+#define SCHEDULE_EVERY_S 2.0 /* look at the queue at least this often */
+#define GRACE_S 30.0         /* SIGTERM to SIGKILL, on cancel and on stop */
+#define LINE_MAX_BYTES (64u << 20)
+#define READ_CHUNK 65536
+#define HUB_LINES 10000
+#define HUB_KEEP_FINISHED 64
+#define LOG_TAIL_LINES 10
+#define LOG_TAIL_BYTES 8192
+#define MAX_EVENTS_PER_RUN 2000 /* overflow and scale events of one worker run */
+
+typedef struct {
+    int64_t job;
+    pid_t pid;
+    int fd; /* read end of the stdout pipe; -1 after EOF */
+    char dir[640];
+    off_t log_start; /* worker.log size when this run started */
+    double started, last_output, term_at;
+    bool term_sent, kill_sent, cancel, exited, hung;
+    int wstatus;
+    /* line assembly */
+    char *buf;
+    size_t len, cap;
+    bool discarding; /* inside an over-long line */
+    /* parsing state */
+    int64_t base_step, last_step;
+    double prev_scale, peak_mem, final_scale;
+    bool have_prev;
+    bool pending; /* an overflow event waits for the next step's scale */
+    int64_t pending_step;
+    double pending_scale;
+    bool pending_skipped;
+    int events;
+    char *summary_error;
+} worker;
+
+struct daemon_sched {
+    store *st;
+    daemon_sched_config cfg;
+    daemon_hub *hub;
+    pthread_t thread;
+    int wake[2];
+    pthread_mutex_t mu;
+    /* under mu */
+    worker **workers;
+    int nworkers;
+    bool stop_requested, need_schedule;
+    int64_t started, failed;
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void wake_up(daemon_sched *s)
+{
+    char c = 1;
+    ssize_t r = write(s->wake[1], &c, 1);
+    (void)r; /* a full pipe already means "wake up" */
+}
+
+/* ---- files -------------------------------------------------------------------------------- */
+
+/* Append text to the string in out (outlen bytes), truncating. */
+static void append(char *out, size_t outlen, const char *text)
+{
+    size_t used = strnlen(out, outlen), n = strlen(text);
+    if (used + 1 >= outlen)
+        return;
+    if (n > outlen - used - 1)
+        n = outlen - used - 1;
+    memcpy(out + used, text, n);
+    out[used + n] = '\0';
+}
+
+static int mkdir_p(const char *path)
+{
+    char tmp[1024];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof(tmp))
+        return -1;
+    memcpy(tmp, path, n + 1);
+    for (char *p = tmp + 1; *p; p++)
+        if (*p == '/') {
+            *p = '\0';
+            if (mkdir(tmp, 0750) != 0 && errno != EEXIST)
+                return -1;
+            *p = '/';
+        }
+    return mkdir(tmp, 0750) != 0 && errno != EEXIST ? -1 : 0;
+}
+
+static void job_dir(const daemon_sched *s, int64_t id, char *out, size_t len)
+{
+    snprintf(out, len, "%s/jobs/%lld", s->cfg.data_dir, (long long)id);
+}
+
+/* Write text to path atomically (temp file, fsync, rename). */
+static int write_atomic(const char *path, const char *text)
+{
+    char tmp[1100];
+    size_t n = strlen(text);
+    int fd, ok;
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+    if (fd < 0)
+        return -1;
+    ok = write(fd, text, n) == (ssize_t)n && fsync(fd) == 0;
+    ok = close(fd) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        unlink(tmp);
+        return -1;
+    }
+    return 0;
+}
+
+/* Remove a job directory: its files (no subdirectories are ever made) and itself. */
+static void remove_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    char path[1024];
+    if (!d)
+        return;
+    while ((e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        if (unlink(path) != 0)
+            log_warn("cannot remove %s: %s", path, strerror(errno));
+    }
+    closedir(d);
+    if (rmdir(dir) != 0 && errno != ENOENT)
+        log_warn("cannot remove %s: %s", dir, strerror(errno));
+}
+
+/* The last LOG_TAIL_LINES lines of worker.log written since byte start, appended to out. */
+static void log_tail(const char *dir, off_t start, char *out, size_t outlen)
+{
+    char path[700], buf[LOG_TAIL_BYTES + 1];
+    struct stat sb;
+    ssize_t n;
+    char *p;
+    int fd, lines = 0;
+
+    snprintf(path, sizeof(path), "%s/worker.log", dir);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    if (fstat(fd, &sb) != 0 || sb.st_size <= start) {
+        close(fd);
+        return;
+    }
+    if (sb.st_size - start > LOG_TAIL_BYTES)
+        start = sb.st_size - LOG_TAIL_BYTES;
+    n = pread(fd, buf, LOG_TAIL_BYTES, start);
+    close(fd);
+    if (n <= 0)
+        return;
+    while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
+        n--;
+    buf[n] = '\0';
+    for (p = buf + n; p > buf; p--)
+        if (p[-1] == '\n' && ++lines == LOG_TAIL_LINES)
+            break;
+    append(out, outlen, "\nlast lines of worker.log:\n");
+    append(out, outlen, p);
+}
+
+/* ---- events and the hub ------------------------------------------------------------------- */
+
+/* Record an event in the store and the hub. Strings are borrowed; data (may be NULL) is
+ * consumed. */
+static void add_event(daemon_sched *s, int64_t job, int64_t step, const char *kind,
+                      const char *message, json_t *data)
+{
+    char *d = data ? json_dumps(data, JSON_COMPACT) : NULL;
+    json_t *o = json_pack("{s:s, s:I, s:s, s:s}", "type", "event", "step", (json_int_t)step, "kind",
+                          kind, "message", message);
+    char *line;
+    if (o && data)
+        json_object_set(o, "data", data);
+    line = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    store_event_append(s->st, job, step, kind, message, d);
+    if (line)
+        daemon_hub_push(s->hub, job, step, false, line, strlen(line));
+    free(line);
+    free(d);
+    json_decref(o);
+    json_decref(data);
+}
+
+/* Emit the overflow event waiting for the scale that followed it (NaN: unknown). */
+static void flush_pending(daemon_sched *s, worker *w, double new_scale)
+{
+    char msg[256];
+    int n;
+    if (!w->pending)
+        return;
+    w->pending = false;
+    if (w->events >= MAX_EVENTS_PER_RUN)
+        return;
+    if (++w->events == MAX_EVENTS_PER_RUN) {
+        add_event(s, w->job, w->pending_step, "overflow",
+                  "further overflow and scale events of this run are not recorded as events; "
+                  "the metrics keep every step",
+                  NULL);
+        return;
+    }
+    n = snprintf(msg, sizeof(msg), "step %lld: gradients overflowed%s", (long long)w->pending_step,
+                 w->pending_skipped ? "; optimizer step skipped" : "");
+    if (!isnan(new_scale) && new_scale != w->pending_scale)
+        snprintf(msg + n, sizeof(msg) - (size_t)n, "; loss scale %g -> %g", w->pending_scale,
+                 new_scale);
+    else
+        snprintf(msg + n, sizeof(msg) - (size_t)n, "; loss scale %g", w->pending_scale);
+    add_event(s, w->job, w->pending_step, "overflow", msg,
+              json_pack("{s:b, s:o, s:o}", "skipped", w->pending_skipped, "loss_scale",
+                        api_json_num(w->pending_scale), "new_loss_scale", api_json_num(new_scale)));
+}
+
+/* ---- line parsing ------------------------------------------------------------------------- */
+
+/* A metric value: numbers, booleans, and the strings "NaN", "Infinity", "-Infinity". */
+static double num(json_t *v)
+{
+    const char *str;
+    if (json_is_number(v))
+        return json_number_value(v);
+    if (json_is_boolean(v))
+        return json_is_true(v) ? 1.0 : 0.0;
+    str = json_string_value(v);
+    if (str && strcmp(str, "Infinity") == 0)
+        return INFINITY;
+    if (str && strcmp(str, "-Infinity") == 0)
+        return -INFINITY;
+    return NAN;
+}
+
+static double field(json_t *o, const char *key)
+{
+    return num(json_object_get(o, key));
+}
+
+/* The "step" of a line, or -1 when absent or not a non-negative integer. */
+static int64_t line_step(json_t *o)
+{
+    json_t *v = json_object_get(o, "step");
+    return json_is_integer(v) && json_integer_value(v) >= 0 ? (int64_t)json_integer_value(v) : -1;
+}
+
+static void on_step(daemon_sched *s, worker *w, json_t *o, const char *line, size_t len)
+{
+    store_metric m;
+    int64_t step = line_step(o);
+    json_t *peak = json_object_get(o, "peak_mem");
+    double scale;
+
+    if (step < 1)
+        return;
+    memset(&m, 0, sizeof(m));
+    m.job_id = w->job;
+    m.step = step;
+    for (int i = 0; i < STORE_M_NFIELDS; i++)
+        m.v[i] = NAN;
+    m.v[STORE_M_LOSS] = field(o, "loss");
+    m.v[STORE_M_LR] = field(o, "lr");
+    m.v[STORE_M_LOSS_SCALE] = scale = field(o, "loss_scale");
+    m.v[STORE_M_OVERFLOW] = field(o, "overflow");
+    m.v[STORE_M_SKIPPED] = field(o, "skipped");
+    m.v[STORE_M_OVERFLOW_TOTAL] = field(o, "overflow_total");
+    m.v[STORE_M_SKIPPED_TOTAL] = field(o, "skipped_total");
+    m.v[STORE_M_GRAD_NORM] = field(o, "grad_norm");
+    m.v[STORE_M_STEP_MS] = field(o, "step_ms");
+    m.v[STORE_M_SAMPLES_PER_S] = field(o, "samples_per_s");
+    m.v[STORE_M_MEM_BYTES] = field(json_object_get(o, "mem"), "total");
+    if (m.v[STORE_M_MEM_BYTES] > w->peak_mem)
+        w->peak_mem = m.v[STORE_M_MEM_BYTES];
+    if (json_is_object(peak))
+        w->peak_mem = fmax(w->peak_mem, field(peak, "total"));
+    m.v[STORE_M_PEAK_MEM_BYTES] = w->peak_mem > 0 ? w->peak_mem : 0;
+    m.v[STORE_M_COMM_BYTES] = 0; /* one rank: nothing is communicated */
+    m.v[STORE_M_COMM_MS] = 0;
+    store_metric_append(s->st, &m);
+
+    /* The scale of step N is the one its backward used; a change shows at step N+1. */
+    flush_pending(s, w, scale);
+    if (w->have_prev && step == w->last_step + 1 && scale != w->prev_scale &&
+        !(isnan(scale) && isnan(w->prev_scale)) && w->events < MAX_EVENTS_PER_RUN) {
+        char msg[160];
+        w->events++;
+        snprintf(msg, sizeof(msg), "after step %lld: loss scale %g -> %g (%s)",
+                 (long long)w->last_step, w->prev_scale, scale,
+                 scale < w->prev_scale ? "backoff" : "growth");
+        add_event(s, w->job, w->last_step, "scale", msg,
+                  json_pack("{s:o, s:o}", "from", api_json_num(w->prev_scale), "to",
+                            api_json_num(scale)));
+    }
+    daemon_hub_push(s->hub, w->job, step, true, line, len);
+    if (json_is_true(json_object_get(o, "overflow"))) {
+        w->pending = true;
+        w->pending_step = step;
+        w->pending_scale = scale;
+        w->pending_skipped = json_is_true(json_object_get(o, "skipped"));
+    }
+    w->prev_scale = scale;
+    w->have_prev = true;
+    w->last_step = step;
+}
+
+static void on_checkpoint(daemon_sched *s, worker *w, json_t *o, const char *line, size_t len)
+{
+    int64_t step = line_step(o);
+    const char *path = json_string_value(json_object_get(o, "path"));
+    json_t *bytes = json_object_get(o, "bytes");
+    size_t dl = strlen(w->dir);
+
+    if (step < 0 || !path || strncmp(path, w->dir, dl) != 0 || path[dl] != '/' ||
+        strstr(path + dl, "/..")) {
+        log_warn("job %lld: ignoring a checkpoint line outside %s", (long long)w->job, w->dir);
+        return;
+    }
+    /* Every metric row up to this step must be durable before the checkpoint is. */
+    store_flush(s->st);
+    if (store_checkpoint_add(s->st, w->job, step, path,
+                             json_is_integer(bytes) ? (int64_t)json_integer_value(bytes) : 0) ||
+        store_job_set_checkpoint(s->st, w->job, step))
+        log_error("job %lld: cannot record the checkpoint at step %lld", (long long)w->job,
+                  (long long)step);
+    daemon_hub_push(s->hub, w->job, step, false, line, len);
+}
+
+static void on_summary(daemon_sched *s, worker *w, json_t *o, const char *line, size_t len)
+{
+    const char *err = json_string_value(json_object_get(o, "error"));
+    json_t *steps = json_object_get(o, "steps");
+    int64_t step = json_is_integer(steps) ? (int64_t)json_integer_value(steps) : w->last_step;
+    w->final_scale = field(o, "final_loss_scale");
+    flush_pending(s, w, w->final_scale);
+    if (err) {
+        free(w->summary_error);
+        w->summary_error = strdup(err);
+    }
+    if (store_job_set_summary(s->st, w->job, line))
+        log_error("job %lld: cannot store the summary", (long long)w->job);
+    daemon_hub_push(s->hub, w->job, step, false, line, len);
+}
+
+/* One complete line from a worker: len bytes, no newline; line[len] is writable. */
+static void handle_line(daemon_sched *s, worker *w, char *line, size_t len)
+{
+    json_error_t jerr;
+    json_t *o;
+    const char *type;
+    char msg[768];
+
+    while (len > 0 && (line[len - 1] == '\r' || line[len - 1] == ' '))
+        len--;
+    line[len] = '\0';
+    if (len == 0)
+        return;
+    o = json_loadb(line, len, 0, &jerr);
+    type = json_string_value(json_object_get(o, "type"));
+    if (!type) {
+        log_debug("job %lld: ignoring a line that is not a JSON object with a type",
+                  (long long)w->job);
+    } else if (strcmp(type, "step") == 0) {
+        on_step(s, w, o, line, len);
+    } else if (strcmp(type, "eval") == 0) {
+        int64_t step = line_step(o);
+        if (step >= 0) {
+            store_metric_eval(s->st, w->job, 0, step, field(o, "eval_loss"), field(o, "eval_acc"));
+            daemon_hub_push(s->hub, w->job, step, false, line, len);
+        }
+    } else if (strcmp(type, "checkpoint") == 0) {
+        on_checkpoint(s, w, o, line, len);
+    } else if (strcmp(type, "summary") == 0) {
+        on_summary(s, w, o, line, len);
+    } else if (strcmp(type, "start") == 0) {
+        const char *blas = json_string_value(json_object_get(o, "blas"));
+        snprintf(msg, sizeof(msg), "worker %d started: %.0f parameters, blas %s", (int)w->pid,
+                 field(o, "params"), blas ? blas : "?");
+        add_event(s, w->job, w->base_step, "lifecycle", msg, NULL);
+    } else if (strcmp(type, "resume") == 0) {
+        snprintf(msg, sizeof(msg), "resumed from the checkpoint at step %lld",
+                 (long long)line_step(o));
+        add_event(s, w->job, w->base_step, "lifecycle", msg, NULL);
+    } else {
+        log_debug("job %lld: ignoring a \"%s\" line", (long long)w->job, type);
+    }
+    json_decref(o);
+}
+
+/* Split w->buf into lines; keep the incomplete tail. */
+static void split_lines(daemon_sched *s, worker *w)
+{
+    size_t start = 0;
+    for (;;) {
+        char *nl = memchr(w->buf + start, '\n', w->len - start);
+        if (!nl)
+            break;
+        size_t end = (size_t)(nl - w->buf);
+        if (w->discarding)
+            w->discarding = false;
+        else
+            handle_line(s, w, w->buf + start, end - start);
+        start = end + 1;
+    }
+    memmove(w->buf, w->buf + start, w->len - start);
+    w->len -= start;
+    if (w->len > LINE_MAX_BYTES) {
+        log_warn("job %lld: dropping a line longer than %u bytes", (long long)w->job,
+                 LINE_MAX_BYTES);
+        w->len = 0;
+        w->discarding = true;
+    }
+}
+
+/* Read what the pipe has; on EOF or error close it. */
+static void read_worker(daemon_sched *s, worker *w)
+{
+    while (w->fd >= 0) {
+        ssize_t n;
+        if (w->cap - w->len < READ_CHUNK) {
+            size_t cap = w->cap ? w->cap * 2 : 2 * READ_CHUNK;
+            while (cap - w->len < READ_CHUNK)
+                cap *= 2;
+            char *p = realloc(w->buf, cap);
+            if (!p) {
+                log_error("job %lld: out of memory reading the worker", (long long)w->job);
+                w->len = 0;
+                w->discarding = true;
+                if (w->cap < READ_CHUNK) {
+                    close(w->fd);
+                    w->fd = -1;
+                }
+                continue;
+            }
+            w->buf = p;
+            w->cap = cap;
+        }
+        n = read(w->fd, w->buf + w->len, w->cap - w->len);
+        if (n > 0) {
+            w->len += (size_t)n;
+            w->last_output = now_s();
+            split_lines(s, w);
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return;
+        /* EOF (or a read error): a last line without a newline still counts. */
+        if (w->len > 0 && !w->discarding)
+            handle_line(s, w, w->buf, w->len);
+        w->len = 0;
+        close(w->fd);
+        w->fd = -1;
+    }
+    /* Keep memory bounded between long lines. */
+    if (w->len == 0 && w->cap > 16 * READ_CHUNK) {
+        free(w->buf);
+        w->buf = NULL;
+        w->cap = 0;
+    }
+}
+
+/* ---- spawning ----------------------------------------------------------------------------- */
+
+static void worker_free(worker *w)
+{
+    if (!w)
+        return;
+    if (w->fd >= 0)
+        close(w->fd);
+    free(w->buf);
+    free(w->summary_error);
+    free(w);
+}
+
+/* The checkpoint file of job at step, or "" when it is gone. */
+static void checkpoint_path(daemon_sched *s, int64_t job, int64_t step, char *out, size_t len)
+{
+    store_checkpoint *cks = NULL;
+    int n = 0;
+    out[0] = '\0';
+    if (step <= 0 || store_checkpoint_list(s->st, job, &cks, &n) != 0)
+        return;
+    for (int i = 0; i < n; i++)
+        if (cks[i].step == step && access(cks[i].path, R_OK) == 0)
+            snprintf(out, len, "%s", cks[i].path);
+    free(cks);
+}
+
+/* Prepare a queued job to restart from its last checkpoint (or from scratch when that is
+ * gone): metric rows after it are deleted. *from gets the step it resumes after. */
+static int prepare_resume(daemon_sched *s, const store_job *j, char *ckpt, size_t len,
+                          int64_t *from)
+{
+    int rc;
+    checkpoint_path(s, j->id, j->checkpoint_step, ckpt, len);
+    *from = ckpt[0] ? j->checkpoint_step : 0;
+    if (j->checkpoint_step > 0 && !ckpt[0]) {
+        log_warn("job %lld: the checkpoint at step %lld is gone; starting from scratch",
+                 (long long)j->id, (long long)j->checkpoint_step);
+        store_job_set_checkpoint(s->st, j->id, 0);
+    }
+    rc = store_metrics_truncate(s->st, j->id, *from);
+    if (rc == 0)
+        rc = daemon_hub_open(s->hub, j->id, *from);
+    return rc;
+}
+
+typedef struct {
+    char *argv[12 + 2 * DAEMON_MAX_ROOTS];
+    char every[8], flag_ckdir[32], flag_resume[16], flag_root[16];
+    char spec[700];
+    char ckpt[600];
+} spawn_args;
+
+/* Start the worker of job j (status queued, under mu). On failure err says why. */
+static int spawn_locked(daemon_sched *s, const store_job *j, worker **out, char *err, size_t errlen)
+{
+    spawn_args a;
+    worker *w = calloc(1, sizeof(*w));
+    int p[2] = {-1, -1}, logfd = -1, nullfd = -1, k = 0;
+    int64_t from = 0;
+    struct rlimit rl;
+    long maxfd = 65536;
+    pid_t pid, parent = getpid();
+    sigset_t all, none, old;
+    struct sigaction dfl;
+    struct stat sb;
+    char path[700], head[1024];
+
+    if (!w) {
+        snprintf(err, errlen, "out of memory");
+        return GPU_ENOMEM;
+    }
+    w->fd = -1;
+    w->job = j->id;
+    job_dir(s, j->id, w->dir, sizeof(w->dir));
+    memset(&a, 0, sizeof(a));
+    if (mkdir_p(w->dir) != 0) {
+        snprintf(err, errlen, "cannot create %s: %s", w->dir, strerror(errno));
+        goto fail;
+    }
+    snprintf(a.spec, sizeof(a.spec), "%s/spec.json", w->dir);
+    if (write_atomic(a.spec, j->spec ? j->spec : "{}") != 0) {
+        snprintf(err, errlen, "cannot write %s: %s", a.spec, strerror(errno));
+        goto fail;
+    }
+    if (prepare_resume(s, j, a.ckpt, sizeof(a.ckpt), &from) != 0) {
+        snprintf(err, errlen, "cannot prepare the job's metrics for a restart");
+        goto fail;
+    }
+    snprintf(path, sizeof(path), "%s/worker.log", w->dir);
+    logfd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+    nullfd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (logfd < 0 || nullfd < 0 || pipe2(p, O_CLOEXEC) != 0) {
+        snprintf(err, errlen, "cannot set up the worker's files: %s", strerror(errno));
+        goto fail;
+    }
+    snprintf(head, sizeof(head), "---- worker for job %lld starting%s%s\n", (long long)j->id,
+             a.ckpt[0] ? ", resuming from " : "", a.ckpt);
+    if (write(logfd, head, strlen(head)) < 0)
+        log_warn("cannot write %s: %s", path, strerror(errno));
+    if (fstat(logfd, &sb) == 0)
+        w->log_start = sb.st_size; /* the failure reason quotes only this run's lines */
+
+    snprintf(a.every, sizeof(a.every), "1");
+    a.argv[k++] = s->cfg.exe;
+    a.argv[k++] = "run";
+    a.argv[k++] = "--every";
+    a.argv[k++] = a.every;
+    a.argv[k++] = "--checkpoint-dir";
+    a.argv[k++] = w->dir;
+    if (a.ckpt[0]) {
+        a.argv[k++] = "--resume";
+        a.argv[k++] = a.ckpt;
+    }
+    for (int i = 0; i < s->cfg.nroots && i < DAEMON_MAX_ROOTS; i++) {
+        a.argv[k++] = "--data-root";
+        a.argv[k++] = s->cfg.roots[i];
+    }
+    a.argv[k++] = a.spec;
+    a.argv[k] = NULL;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+        rl.rlim_cur < (rlim_t)(1 << 20))
+        maxfd = (long)rl.rlim_cur;
+
+    /* Every signal stays blocked from before the fork until the child has put every
+     * disposition back to the default: a SIGTERM (a cancel) that reaches the child before
+     * its execv must not run a handler the child inherited from this process. */
+    sigfillset(&all);
+    sigemptyset(&none);
+    memset(&dfl, 0, sizeof(dfl));
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pid = fork();
+    if (pid == 0) {
+        /* The child: async-signal-safe calls only until execv. */
+        setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(127);
+        for (int sig = 1; sig < NSIG; sig++) {
+            struct sigaction cur;
+            if (sig != SIGKILL && sig != SIGSTOP && sigaction(sig, NULL, &cur) == 0 &&
+                cur.sa_handler != SIG_DFL)
+                sigaction(sig, &dfl, NULL); /* SIG_IGN too: the worker gets SIGPIPE back */
+        }
+        if (dup2(nullfd, 0) < 0 || dup2(p[1], 1) < 0 || dup2(logfd, 2) < 0)
+            _exit(127);
+        if (syscall(SYS_close_range, 3U, ~0U, 0U) != 0)
+            for (long fd = 3; fd < maxfd; fd++)
+                close((int)fd);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        execv(s->cfg.exe, a.argv);
+        {
+            static const char msg[] = "ampd: cannot execute the worker binary\n";
+            ssize_t r = write(2, msg, sizeof(msg) - 1);
+            (void)r;
+        }
+        _exit(127);
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (pid < 0) {
+        snprintf(err, errlen, "cannot fork a worker: %s", strerror(errno));
+        goto fail;
+    }
+    setpgid(pid, pid); /* also here, so that the group exists before any kill() */
+    close(p[1]);
+    close(logfd);
+    close(nullfd);
+    fcntl(p[0], F_SETFL, fcntl(p[0], F_GETFL) | O_NONBLOCK);
+    w->fd = p[0];
+    w->pid = pid;
+    w->started = w->last_output = now_s();
+    w->base_step = w->last_step = from;
+    w->final_scale = NAN;
+    *out = w;
+    return 0;
+fail:
+    if (p[0] >= 0)
+        close(p[0]);
+    if (p[1] >= 0)
+        close(p[1]);
+    if (logfd >= 0)
+        close(logfd);
+    if (nullfd >= 0)
+        close(nullfd);
+    worker_free(w);
+    return GPU_EIO;
+}
+
+/* Start queued jobs while slots are free (under mu). */
+static void start_queued_locked(daemon_sched *s)
+{
+    int64_t *ids = NULL;
+    int n = 0;
+    if (s->nworkers >= s->cfg.max_running || store_job_ids(s->st, STORE_QUEUED, &ids, &n) != 0)
+        return;
+    for (int i = 0; i < n && s->nworkers < s->cfg.max_running; i++) {
+        store_job j;
+        worker *w = NULL;
+        char err[1536], msg[1600];
+        memset(&j, 0, sizeof(j));
+        if (store_job_get(s->st, ids[i], &j) != 0 || j.status != STORE_QUEUED) {
+            store_job_clear(&j);
+            continue;
+        }
+        if (spawn_locked(s, &j, &w, err, sizeof(err)) != 0) {
+            log_error("job %lld: %s", (long long)j.id, err);
+            store_job_set_status(s->st, j.id, STORE_FAILED, err);
+            snprintf(msg, sizeof(msg), "failed to start: %s", err);
+            add_event(s, j.id, 0, "lifecycle", msg, NULL);
+            daemon_hub_finish(s->hub, j.id);
+            s->failed++;
+            store_job_clear(&j);
+            continue;
+        }
+        if (store_job_set_status(s->st, j.id, STORE_RUNNING, NULL) != 0)
+            log_error("job %lld: cannot mark it running", (long long)j.id);
+        s->workers[s->nworkers++] = w;
+        s->started++;
+        log_info("job %lld (%s): worker %d started%s", (long long)j.id, j.name, (int)w->pid,
+                 w->base_step ? ", resuming" : "");
+        store_job_clear(&j);
+    }
+    free(ids);
+}
+
+/* ---- ending a worker ---------------------------------------------------------------------- */
+
+static const char *signal_name(int sig)
+{
+    const char *abbrev = sigabbrev_np(sig);
+    static _Thread_local char buf[32];
+    snprintf(buf, sizeof(buf), "SIG%s", abbrev ? abbrev : "?");
+    return buf;
+}
+
+/* Decide the job's final status from how its worker ended; err gets the failure reason. */
+static store_status final_status(daemon_sched *s, worker *w, char *err, size_t errlen)
+{
+    int n = 0;
+    err[0] = '\0';
+    if (w->hung) {
+        n = snprintf(err, errlen, "hung: no output for %d s", s->cfg.worker_timeout_s);
+    } else if (WIFEXITED(w->wstatus)) {
+        int code = WEXITSTATUS(w->wstatus);
+        if (code == 0)
+            return STORE_SUCCEEDED;
+        if (code == 130)
+            return w->cancel ? STORE_CANCELLED : STORE_INTERRUPTED;
+        if (w->summary_error)
+            n = snprintf(err, errlen, "%s (worker exited with status %d)", w->summary_error, code);
+        else
+            n = snprintf(err, errlen, "worker exited with status %d", code);
+    } else if (WIFSIGNALED(w->wstatus)) {
+        int sig = WTERMSIG(w->wstatus);
+        if (w->term_sent && (sig == SIGTERM || sig == SIGKILL))
+            return w->cancel ? STORE_CANCELLED : STORE_INTERRUPTED;
+        n = snprintf(err, errlen, "worker killed by signal %d (%s)", sig, signal_name(sig));
+    }
+    (void)n;
+    log_tail(w->dir, w->log_start, err, errlen);
+    return STORE_FAILED;
+}
+
+/* The worker has exited: drain its pipe and write the job's end (scheduler thread). The
+ * status is written under mu, so that no cancel or resume sees the job half ended. */
+static void finish_worker(daemon_sched *s, worker *w)
+{
+    char err[4096], msg[4200];
+    store_status st;
+
+    read_worker(s, w);
+    if (w->fd >= 0) { /* a grandchild holds the pipe open: what the worker wrote is read */
+        close(w->fd);
+        w->fd = -1;
+    }
+    flush_pending(s, w, w->final_scale);
+    store_flush(s->st); /* every metric row is committed before the job says it ended */
+
+    pthread_mutex_lock(&s->mu);
+    st = final_status(s, w, err, sizeof(err));
+    if (store_job_set_status(s->st, w->job, st, st == STORE_FAILED ? err : NULL) != 0)
+        log_error("job %lld: cannot record its end", (long long)w->job);
+    if (st == STORE_FAILED)
+        snprintf(msg, sizeof(msg), "failed: %s", err);
+    else
+        snprintf(msg, sizeof(msg), "%s", store_status_name(st));
+    add_event(s, w->job, w->last_step, "lifecycle", msg, NULL);
+    daemon_hub_finish(s->hub, w->job);
+    for (int i = 0; i < s->nworkers; i++)
+        if (s->workers[i] == w) {
+            s->workers[i] = s->workers[--s->nworkers];
+            break;
+        }
+    if (st == STORE_FAILED)
+        s->failed++;
+    s->need_schedule = true;
+    pthread_mutex_unlock(&s->mu);
+
+    if (st == STORE_FAILED) /* the first line; the log's lines are in the job's error */
+        log_warn("job %lld: %.*s", (long long)w->job, (int)strcspn(err, "\n"), err);
+    else
+        log_info("job %lld: %s at step %lld", (long long)w->job, store_status_name(st),
+                 (long long)w->last_step);
+    worker_free(w);
+}
+
+/* Signal a worker's process group (under mu, or on the scheduler thread for kills). */
+static void signal_worker(worker *w, int sig)
+{
+    if (w->exited || w->pid <= 0)
+        return;
+    if (kill(-w->pid, sig) != 0 && errno == ESRCH)
+        kill(w->pid, sig);
+}
+
+/* ---- the scheduler thread ----------------------------------------------------------------- */
+
+static void *sched_main(void *arg)
+{
+    daemon_sched *s = arg;
+    struct pollfd *fds = calloc((size_t)s->cfg.max_running + 1, sizeof(*fds));
+    worker **polled = calloc((size_t)s->cfg.max_running + 1, sizeof(*polled));
+    bool stopping = false;
+    double stop_deadline = 0, last_schedule = 0;
+
+    if (!fds || !polled) {
+        log_error("out of memory: the scheduler cannot run");
+        free(fds);
+        free(polled);
+        return NULL;
+    }
+    for (;;) {
+        double now = now_s();
+        int nfds = 1;
+
+        pthread_mutex_lock(&s->mu);
+        if (s->stop_requested && !stopping) {
+            stopping = true;
+            stop_deadline = now + GRACE_S;
+            for (int i = 0; i < s->nworkers; i++) {
+                worker *w = s->workers[i];
+                if (!w->term_sent) {
+                    w->term_sent = true;
+                    w->term_at = now;
+                    signal_worker(w, SIGTERM);
+                }
+            }
+            if (s->nworkers)
+                log_info("stopping: waiting for %d worker(s) to checkpoint", s->nworkers);
+        }
+        if (stopping && s->nworkers == 0) {
+            pthread_mutex_unlock(&s->mu);
+            break;
+        }
+        if (!stopping && (s->need_schedule || now - last_schedule >= SCHEDULE_EVERY_S)) {
+            s->need_schedule = false;
+            last_schedule = now;
+            start_queued_locked(s);
+        }
+        fds[0].fd = s->wake[0];
+        fds[0].events = POLLIN;
+        for (int i = 0; i < s->nworkers; i++)
+            if (s->workers[i]->fd >= 0) {
+                polled[nfds] = s->workers[i];
+                fds[nfds].fd = s->workers[i]->fd;
+                fds[nfds].events = POLLIN;
+                fds[nfds].revents = 0;
+                nfds++;
+            }
+        pthread_mutex_unlock(&s->mu);
+
+        if (poll(fds, (nfds_t)nfds, POLL_MS) < 0 && errno != EINTR)
+            log_warn("poll: %s", strerror(errno));
+        if (fds[0].revents) {
+            char drain[64];
+            while (read(s->wake[0], drain, sizeof(drain)) > 0)
+                ;
+        }
+        for (int i = 1; i < nfds; i++)
+            if (fds[i].revents)
+                read_worker(s, polled[i]);
+
+        /* Reap, kill the hung and the slow to stop, end the exited. The table changes only
+         * on this thread, so it can be walked here without mu; the flags that cancel sets
+         * are read under it. */
+        now = now_s();
+        pthread_mutex_lock(&s->mu);
+        for (int i = 0; i < s->nworkers; i++) {
+            worker *w = s->workers[i];
+            int status;
+            if (w->exited)
+                continue;
+            if (waitpid(w->pid, &status, WNOHANG) == w->pid) {
+                w->exited = true;
+                w->wstatus = status;
+                continue;
+            }
+            if (!w->hung && !w->term_sent && s->cfg.worker_timeout_s > 0 &&
+                now - w->last_output > s->cfg.worker_timeout_s) {
+                log_warn("job %lld: worker %d printed nothing for %d s; killing it",
+                         (long long)w->job, (int)w->pid, s->cfg.worker_timeout_s);
+                w->hung = true;
+                signal_worker(w, SIGKILL);
+            }
+            if (w->term_sent && !w->kill_sent &&
+                (now - w->term_at > GRACE_S || (stopping && now > stop_deadline))) {
+                log_warn("job %lld: worker %d did not stop within %.0f s; killing it",
+                         (long long)w->job, (int)w->pid, GRACE_S);
+                w->kill_sent = true;
+                signal_worker(w, SIGKILL);
+            }
+        }
+        pthread_mutex_unlock(&s->mu);
+        for (int i = 0; i < s->nworkers;) {
+            worker *w = s->workers[i];
+            if (w->exited)
+                finish_worker(s, w); /* removes w: the next one moves to slot i */
+            else
+                i++;
+        }
+    }
+    free(fds);
+    free(polled);
+    return NULL;
+}
+
+/* ---- recovery ----------------------------------------------------------------------------- */
+
+/* Jobs a dead daemon left running become interrupted; interrupted jobs are queued again
+ * (retries + 1) or failed once they have been restarted max_retries times. */
+static int recover(daemon_sched *s)
+{
+    int64_t *ids = NULL;
+    int n = 0, rc;
+
+    rc = store_job_ids(s->st, STORE_RUNNING, &ids, &n);
+    for (int i = 0; rc == 0 && i < n; i++) {
+        log_warn("job %lld was running when the daemon stopped; it is interrupted",
+                 (long long)ids[i]);
+        rc = store_job_set_status(s->st, ids[i], STORE_INTERRUPTED,
+                                  "the daemon stopped while the job was running");
+    }
+    free(ids);
+    ids = NULL;
+    if (rc == 0)
+        rc = store_job_ids(s->st, STORE_INTERRUPTED, &ids, &n);
+    for (int i = 0; rc == 0 && i < n; i++) {
+        store_job j;
+        char msg[256];
+        memset(&j, 0, sizeof(j));
+        if (store_job_get(s->st, ids[i], &j) != 0)
+            continue;
+        int retries = j.retries + 1;
+        rc = store_job_set_retries(s->st, j.id, retries);
+        if (rc == 0 && retries > s->cfg.max_retries) {
+            snprintf(msg, sizeof(msg), "interrupted too often: %d restarts (max_retries %d)",
+                     retries - 1, s->cfg.max_retries);
+            log_warn("job %lld: %s", (long long)j.id, msg);
+            rc = store_job_set_status(s->st, j.id, STORE_FAILED, msg);
+            store_event_append(s->st, j.id, j.step, "lifecycle", msg, NULL);
+        } else if (rc == 0) {
+            snprintf(msg, sizeof(msg), "queued again after an interruption (restart %d of %d)",
+                     retries, s->cfg.max_retries);
+            log_info("job %lld: %s, from step %lld", (long long)j.id, msg,
+                     (long long)j.checkpoint_step);
+            rc = store_job_set_status(s->st, j.id, STORE_QUEUED, NULL);
+            store_event_append(s->st, j.id, j.checkpoint_step, "lifecycle", msg, NULL);
+        }
+        store_job_clear(&j);
+    }
+    free(ids);
+    ids = NULL;
+    /* Queued jobs get a hub entry now, so that SSE readers can wait for them. */
+    if (rc == 0)
+        rc = store_job_ids(s->st, STORE_QUEUED, &ids, &n);
+    for (int i = 0; rc == 0 && i < n; i++) {
+        store_job j;
+        memset(&j, 0, sizeof(j));
+        if (store_job_get(s->st, ids[i], &j) == 0)
+            daemon_hub_open(s->hub, j.id, j.checkpoint_step);
+        store_job_clear(&j);
+    }
+    free(ids);
+    return rc;
+}
+
+/* ---- the public calls --------------------------------------------------------------------- */
+
+/* See daemon.h. st is borrowed; c is copied. */
+int daemon_sched_start(store *st, const daemon_sched_config *c, daemon_sched **out)
+{
+    daemon_sched *s;
+    char jobs[600];
+    int rc = GPU_EIO;
+
+    *out = NULL;
+    if (!st || !c || !c->exe[0] || !c->data_dir[0] || c->nroots < 0 || c->nroots > DAEMON_MAX_ROOTS)
+        return GPU_EINVAL;
+    s = calloc(1, sizeof(*s));
+    if (!s)
+        return GPU_ENOMEM;
+    s->st = st;
+    s->cfg = *c;
+    s->wake[0] = s->wake[1] = -1;
+    if (s->cfg.max_running < 1)
+        s->cfg.max_running = 1;
+    if (s->cfg.max_retries < 0)
+        s->cfg.max_retries = 0;
+    {
+        char abs[PATH_MAX];
+        if (mkdir_p(s->cfg.data_dir) != 0 || !realpath(s->cfg.data_dir, abs) ||
+            strlen(abs) >= sizeof(s->cfg.data_dir)) {
+            log_error("cannot use the data directory %s", c->data_dir);
+            free(s);
+            return GPU_EIO;
+        }
+        memcpy(s->cfg.data_dir, abs, strlen(abs) + 1);
+    }
+    snprintf(jobs, sizeof(jobs), "%s/jobs", s->cfg.data_dir);
+    if (mkdir_p(jobs) != 0) {
+        log_error("cannot create %s: %s", jobs, strerror(errno));
+        free(s);
+        return GPU_EIO;
+    }
+    pthread_mutex_init(&s->mu, NULL);
+    s->workers = calloc((size_t)s->cfg.max_running, sizeof(*s->workers));
+    if (!s->workers) {
+        rc = GPU_ENOMEM;
+        goto fail;
+    }
+    if (pipe2(s->wake, O_CLOEXEC | O_NONBLOCK) != 0)
+        goto fail;
+    if ((rc = daemon_hub_create(HUB_LINES, HUB_KEEP_FINISHED, &s->hub)) != 0)
+        goto fail;
+    if ((rc = recover(s)) != 0) {
+        log_error("cannot recover the jobs of the previous run");
+        goto fail;
+    }
+    s->need_schedule = true;
+    if (pthread_create(&s->thread, NULL, sched_main, s) != 0) {
+        rc = GPU_ENOMEM;
+        goto fail;
+    }
+    *out = s;
+    return 0;
+fail:
+    if (s->wake[0] >= 0) {
+        close(s->wake[0]);
+        close(s->wake[1]);
+    }
+    daemon_hub_free(s->hub);
+    free(s->workers);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+    return rc;
+}
+
+/* See daemon.h. Waits for the workers (at most 30 s, then SIGKILL); their jobs are
+ * interrupted. */
+void daemon_sched_stop(daemon_sched *s)
+{
+    if (!s)
+        return;
+    pthread_mutex_lock(&s->mu);
+    s->stop_requested = true;
+    pthread_mutex_unlock(&s->mu);
+    wake_up(s);
+    pthread_join(s->thread, NULL);
+    for (int i = 0; i < s->nworkers; i++) /* none: the thread ends when the table is empty */
+        worker_free(s->workers[i]);
+    close(s->wake[0]);
+    close(s->wake[1]);
+    daemon_hub_free(s->hub);
+    free(s->workers);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
+/* See daemon.h. Borrowed strings; *id and *existed are outputs. */
+int daemon_sched_submit(daemon_sched *s, const char *name, const char *dtype, int64_t steps,
+                        const char *spec_json, const char *idem_key, int64_t *id, bool *existed)
+{
+    int rc = store_job_insert(s->st, name, dtype, steps, spec_json, idem_key, id, existed);
+    if (rc != 0)
+        return rc;
+    if (!*existed) {
+        daemon_hub_open(s->hub, *id, 0);
+        pthread_mutex_lock(&s->mu);
+        s->need_schedule = true;
+        pthread_mutex_unlock(&s->mu);
+        wake_up(s);
+    }
+    return 0;
+}
+
+static worker *find_worker_locked(daemon_sched *s, int64_t id)
+{
+    for (int i = 0; i < s->nworkers; i++)
+        if (s->workers[i]->job == id)
+            return s->workers[i];
+    return NULL;
+}
+
+/* See daemon.h: a queued job is cancelled at once; a running one gets SIGTERM and becomes
+ * cancelled when its worker has checkpointed and exited. */
+int daemon_sched_cancel(daemon_sched *s, int64_t id)
+{
+    store_job j;
+    worker *w;
+    int rc;
+
+    memset(&j, 0, sizeof(j));
+    pthread_mutex_lock(&s->mu);
+    rc = store_job_get(s->st, id, &j);
+    if (rc != 0)
+        goto out;
+    if (j.status == STORE_QUEUED) {
+        rc = store_job_set_status(s->st, id, STORE_CANCELLED, NULL);
+        if (rc == 0) {
+            add_event(s, id, j.step, "lifecycle", "cancelled while queued", NULL);
+            daemon_hub_finish(s->hub, id);
+            log_info("job %lld: cancelled while queued", (long long)id);
+        }
+    } else if (j.status == STORE_RUNNING && (w = find_worker_locked(s, id)) != NULL && !w->exited) {
+        rc = store_job_set_cancel(s->st, id, true);
+        if (rc == 0 && !w->cancel) {
+            w->cancel = true;
+            if (!w->term_sent) {
+                w->term_sent = true;
+                w->term_at = now_s();
+                signal_worker(w, SIGTERM);
+            }
+            log_info("job %lld: cancel requested; worker %d checkpoints and stops", (long long)id,
+                     (int)w->pid);
+            store_event_append(s->st, id, w->last_step, "lifecycle", "cancel requested", NULL);
+        }
+    } else {
+        rc = STORE_ECONFLICT;
+    }
+out:
+    pthread_mutex_unlock(&s->mu);
+    store_job_clear(&j);
+    return rc;
+}
+
+/* See daemon.h: metric rows after the last checkpoint are deleted and the job is queued;
+ * its worker starts with --resume (from scratch when no checkpoint is left). */
+int daemon_sched_resume(daemon_sched *s, int64_t id)
+{
+    store_job j;
+    char ckpt[600], msg[200];
+    int64_t from = 0;
+    int rc;
+
+    memset(&j, 0, sizeof(j));
+    pthread_mutex_lock(&s->mu);
+    rc = store_job_get(s->st, id, &j);
+    if (rc == 0 && j.status != STORE_CANCELLED && j.status != STORE_FAILED &&
+        j.status != STORE_INTERRUPTED)
+        rc = STORE_ECONFLICT;
+    if (rc == 0)
+        rc = prepare_resume(s, &j, ckpt, sizeof(ckpt), &from);
+    if (rc == 0)
+        rc = store_job_set_cancel(s->st, id, false);
+    if (rc == 0)
+        rc = store_job_set_status(s->st, id, STORE_QUEUED, NULL);
+    if (rc == 0) {
+        if (from > 0)
+            snprintf(msg, sizeof(msg), "resume requested: from the checkpoint at step %lld",
+                     (long long)from);
+        else
+            snprintf(msg, sizeof(msg), "resume requested: no checkpoint, from the start");
+        add_event(s, id, from, "lifecycle", msg, NULL);
+        log_info("job %lld: %s", (long long)id, msg);
+        s->need_schedule = true;
+    }
+    pthread_mutex_unlock(&s->mu);
+    store_job_clear(&j);
+    if (rc == 0)
+        wake_up(s);
+    return rc;
+}
+
+/* See daemon.h: the job's rows, its directory and its hub entry go. */
+int daemon_sched_delete(daemon_sched *s, int64_t id)
+{
+    store_job j;
+    char dir[640];
+    int rc;
+
+    memset(&j, 0, sizeof(j));
+    pthread_mutex_lock(&s->mu);
+    rc = store_job_get(s->st, id, &j);
+    if (rc == 0 && (j.status == STORE_QUEUED || j.status == STORE_RUNNING))
+        rc = STORE_ECONFLICT;
+    if (rc == 0)
+        rc = store_job_delete(s->st, id);
+    if (rc == 0) {
+        job_dir(s, id, dir, sizeof(dir));
+        remove_dir(dir);
+        daemon_hub_remove(s->hub, id);
+        log_info("job %lld deleted", (long long)id);
+    }
+    pthread_mutex_unlock(&s->mu);
+    store_job_clear(&j);
+    return rc;
+}
+
+/* See daemon.h. *lines is heap (daemon_lines_free). */
+int daemon_sched_lines(daemon_sched *s, int64_t job, int64_t after, int timeout_ms,
+                       daemon_line **lines, int *n, int64_t *oldest, bool *finished)
+{
+    return daemon_hub_lines(s->hub, job, after, timeout_ms, lines, n, oldest, finished);
+}
+
+/* See daemon.h; *out is filled. */
+void daemon_sched_get_info(daemon_sched *s, daemon_sched_info *out)
+{
+    int64_t *ids = NULL;
+    int n = 0;
+    memset(out, 0, sizeof(*out));
+    pthread_mutex_lock(&s->mu);
+    out->running = s->nworkers;
+    out->max_running = s->cfg.max_running;
+    out->workers_started = s->started;
+    out->workers_failed = s->failed;
+    pthread_mutex_unlock(&s->mu);
+    if (store_job_ids(s->st, STORE_QUEUED, &ids, &n) == 0)
+        out->queued = n;
+    free(ids);
+}

@@ -1,0 +1,430 @@
+/*
+ * serve.c - `ampd serve`: the daemon. Opens the store, recovers and starts the scheduler,
+ * starts the HTTP server, then waits for SIGTERM or SIGINT and stops in the reverse order:
+ * the server (closing SSE streams), the scheduler (running jobs checkpoint and become
+ * interrupted), the store.
+ *
+ * Start-up errors (bad options, an unusable token file, data directory or database, a
+ * port in use, a non-loopback address without a token) print one line and exit 1 (2 for
+ * bad usage); nothing after start-up exits.
+ *
+ * Threads: SIGTERM, SIGINT (and SIGPIPE, ignored) are blocked before any thread starts, so
+ * every thread inherits the mask and the main thread takes them with sigwait(). Workers get
+ * a clean mask (sched.c). After the first signal a second SIGINT kills the daemon at once.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "api/api.h"
+#include "config.h"
+#include "daemon/daemon.h"
+#include "store/store.h"
+
+#define TOKEN_FILE_MAX 4096
+#define PATH_LEN 1024
+
+typedef struct {
+    char listen[128];
+    char db[PATH_LEN];
+    char data_dir[PATH_LEN];
+    char token_file[PATH_LEN];
+    char port_file[PATH_LEN];
+    char token[256];
+    int nroots;
+    char roots[DAEMON_MAX_ROOTS][512];
+    int max_running, max_retries, worker_timeout_s;
+} serve_args;
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: ampd serve [OPTIONS]\n"
+               "  Run the training daemon in the foreground (logs on stderr; SIGTERM or Ctrl-C\n"
+               "  stops it: running jobs checkpoint and resume at the next start).\n"
+               "  --listen ADDR:PORT   address to listen on (default 127.0.0.1:8080); beyond\n"
+               "                       loopback only with --token-file\n"
+               "  --data-dir DIR       job files and the database (default $XDG_STATE_HOME/ampd\n"
+               "                       or ~/.local/state/ampd; created if missing)\n"
+               "  --db FILE            the SQLite database (default DATA_DIR/ampd.db)\n"
+               "  --data-root DIR      where named datasets are found (repeatable; default\n"
+               "                       /usr/share/datasets)\n"
+               "  --token-file FILE    bearer token (first line) required by mutating requests;\n"
+               "                       the file must not be readable by group or others\n"
+               "  --max-running N      jobs that run at once (default 1)\n"
+               "  --max-retries N      automatic resumes of an interrupted job (default 3)\n"
+               "  --worker-timeout S   a worker silent this long is killed as hung (default 600)\n"
+               "  --port-file FILE     write the bound port to FILE once listening (for tests)\n"
+               "  --help, --version\n");
+}
+
+/* A whole number in [lo, hi], or -1 with a message. */
+static int int_arg(const char *opt, const char *v, int lo, int hi, int *out)
+{
+    char *end;
+    long x;
+    errno = 0;
+    x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi) {
+        fprintf(stderr, "ampd serve: %s must be an integer in [%d, %d]\n", opt, lo, hi);
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+/* Copy v into out (len bytes), or -1 with a message when it does not fit. */
+static int str_arg(const char *opt, const char *v, char *out, size_t len)
+{
+    if (strlen(v) >= len || !v[0]) {
+        fprintf(stderr, "ampd serve: %s: %s\n", opt, v[0] ? "too long" : "empty");
+        return -1;
+    }
+    memcpy(out, v, strlen(v) + 1);
+    return 0;
+}
+
+static void default_data_dir(char *out, size_t len)
+{
+    const char *xdg = getenv("XDG_STATE_HOME"), *home = getenv("HOME");
+    if (xdg && xdg[0] == '/')
+        snprintf(out, len, "%s/ampd", xdg);
+    else if (home && home[0])
+        snprintf(out, len, "%s/.local/state/ampd", home);
+    else
+        snprintf(out, len, "/var/lib/ampd");
+}
+
+/* 0 to run, 1 for --help/--version (exit 0), 2 for bad usage. */
+static int parse_args(int argc, char **argv, serve_args *a)
+{
+    enum {
+        O_LISTEN = 256,
+        O_DB,
+        O_DATA_DIR,
+        O_ROOT,
+        O_TOKEN,
+        O_MAXRUN,
+        O_RETRIES,
+        O_TIMEOUT,
+        O_PORTFILE,
+        O_HELP,
+        O_VERSION
+    };
+    static const struct option longopts[] = {{"listen", required_argument, NULL, O_LISTEN},
+                                             {"db", required_argument, NULL, O_DB},
+                                             {"data-dir", required_argument, NULL, O_DATA_DIR},
+                                             {"data-root", required_argument, NULL, O_ROOT},
+                                             {"token-file", required_argument, NULL, O_TOKEN},
+                                             {"max-running", required_argument, NULL, O_MAXRUN},
+                                             {"max-retries", required_argument, NULL, O_RETRIES},
+                                             {"worker-timeout", required_argument, NULL, O_TIMEOUT},
+                                             {"port-file", required_argument, NULL, O_PORTFILE},
+                                             {"help", no_argument, NULL, O_HELP},
+                                             {"version", no_argument, NULL, O_VERSION},
+                                             {NULL, 0, NULL, 0}};
+    int ch, bad = 0;
+
+    memset(a, 0, sizeof(*a));
+    snprintf(a->listen, sizeof(a->listen), "127.0.0.1:8080");
+    a->max_running = 1;
+    a->max_retries = 3;
+    a->worker_timeout_s = 600;
+    optind = 1;
+    while (!bad && (ch = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        switch (ch) {
+        case O_LISTEN:
+            bad = str_arg("--listen", optarg, a->listen, sizeof(a->listen));
+            break;
+        case O_DB:
+            bad = str_arg("--db", optarg, a->db, sizeof(a->db));
+            break;
+        case O_DATA_DIR:
+            bad = str_arg("--data-dir", optarg, a->data_dir, sizeof(a->data_dir));
+            break;
+        case O_ROOT:
+            if (a->nroots >= DAEMON_MAX_ROOTS || a->nroots >= API_MAX_ROOTS) {
+                fprintf(stderr, "ampd serve: at most %d --data-root options\n", DAEMON_MAX_ROOTS);
+                bad = -1;
+                break;
+            }
+            bad = str_arg("--data-root", optarg, a->roots[a->nroots], sizeof(a->roots[0]));
+            a->nroots += !bad;
+            break;
+        case O_TOKEN:
+            bad = str_arg("--token-file", optarg, a->token_file, sizeof(a->token_file));
+            break;
+        case O_MAXRUN:
+            bad = int_arg("--max-running", optarg, 1, 64, &a->max_running);
+            break;
+        case O_RETRIES:
+            bad = int_arg("--max-retries", optarg, 0, 1000, &a->max_retries);
+            break;
+        case O_TIMEOUT:
+            bad = int_arg("--worker-timeout", optarg, 1, 7 * 24 * 3600, &a->worker_timeout_s);
+            break;
+        case O_PORTFILE:
+            bad = str_arg("--port-file", optarg, a->port_file, sizeof(a->port_file));
+            break;
+        case O_HELP:
+            usage(stdout);
+            return 1;
+        case O_VERSION:
+            printf("ampd %s\n", PACKAGE_VERSION);
+            return 1;
+        default:
+            bad = -1;
+        }
+    }
+    if (!bad && optind != argc) {
+        fprintf(stderr, "ampd serve: unexpected argument \"%s\"\n", argv[optind]);
+        bad = -1;
+    }
+    if (bad) {
+        fprintf(stderr, "`ampd serve --help` lists the options\n");
+        return 2;
+    }
+    if (!a->data_dir[0])
+        default_data_dir(a->data_dir, sizeof(a->data_dir));
+    if (a->nroots == 0) {
+        a->nroots = 1;
+        snprintf(a->roots[0], sizeof(a->roots[0]), "/usr/share/datasets");
+    }
+    return 0;
+}
+
+/* Read the token: the file's first line, which must be non-empty; the file must not be
+ * readable or writable by group or others. -1 with err filled otherwise. */
+static int read_token(const char *path, char *token, size_t len, char *err, size_t errlen)
+{
+    char buf[TOKEN_FILE_MAX + 1];
+    struct stat sb;
+    FILE *f = fopen(path, "r");
+    size_t n;
+
+    if (!f) {
+        snprintf(err, errlen, "token file %s: %s", path, strerror(errno));
+        return -1;
+    }
+    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        snprintf(err, errlen, "token file %s: not a regular file", path);
+        fclose(f);
+        return -1;
+    }
+    if (sb.st_mode & 077) {
+        snprintf(err, errlen,
+                 "token file %s is accessible by group or others (mode %04o); "
+                 "run chmod 600 %s",
+                 path, (unsigned)(sb.st_mode & 07777), path);
+        fclose(f);
+        return -1;
+    }
+    n = fread(buf, 1, TOKEN_FILE_MAX, f);
+    fclose(f);
+    buf[n] = '\0';
+    buf[strcspn(buf, "\r\n")] = '\0';
+    n = strlen(buf);
+    while (n > 0 && (buf[n - 1] == ' ' || buf[n - 1] == '\t'))
+        buf[--n] = '\0';
+    if (n == 0 || n >= len) {
+        snprintf(err, errlen, "token file %s: the first line must hold a token of 1 to %zu bytes",
+                 path, len - 1);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)buf[i] <= ' ' || (unsigned char)buf[i] >= 127) {
+            snprintf(err, errlen, "token file %s: the token must be printable ASCII without spaces",
+                     path);
+            return -1;
+        }
+    memcpy(token, buf, n + 1);
+    return 0;
+}
+
+/* mkdir -p with mode 0700 for directories this creates. */
+static int make_dirs(const char *path)
+{
+    char tmp[PATH_MAX];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof(tmp))
+        return -1;
+    memcpy(tmp, path, n + 1);
+    for (char *p = tmp + 1; *p; p++)
+        if (*p == '/') {
+            *p = '\0';
+            if (mkdir(tmp, 0700) != 0 && errno != EEXIST)
+                return -1;
+            *p = '/';
+        }
+    return mkdir(tmp, 0700) != 0 && errno != EEXIST ? -1 : 0;
+}
+
+/* Write the bound port to path atomically (a reader never sees a partial file). */
+static int write_port_file(const char *path, unsigned port)
+{
+    char tmp[PATH_LEN + 8];
+    FILE *f;
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    f = fopen(tmp, "w");
+    if (!f)
+        return -1;
+    fprintf(f, "%u\n", port);
+    if (fclose(f) != 0 || rename(tmp, path) != 0) {
+        unlink(tmp);
+        return -1;
+    }
+    return 0;
+}
+
+/* Fill the scheduler's config; -1 with err when a path does not fit. */
+static int sched_config(const serve_args *a, daemon_sched_config *sc, char *err, size_t errlen)
+{
+    ssize_t n;
+    memset(sc, 0, sizeof(*sc));
+    n = readlink("/proc/self/exe", sc->exe, sizeof(sc->exe) - 1);
+    if (n <= 0 || (size_t)n >= sizeof(sc->exe) - 1) {
+        snprintf(err, errlen, "cannot find the ampd executable (/proc/self/exe): %s",
+                 n < 0 ? strerror(errno) : "path too long");
+        return -1;
+    }
+    sc->exe[n] = '\0';
+    if (strlen(a->data_dir) >= sizeof(sc->data_dir)) {
+        snprintf(err, errlen, "the data directory's path is too long");
+        return -1;
+    }
+    memcpy(sc->data_dir, a->data_dir, strlen(a->data_dir) + 1);
+    sc->nroots = a->nroots;
+    for (int i = 0; i < a->nroots; i++)
+        snprintf(sc->roots[i], sizeof(sc->roots[i]), "%s", a->roots[i]);
+    sc->max_running = a->max_running;
+    sc->max_retries = a->max_retries;
+    sc->worker_timeout_s = a->worker_timeout_s;
+    return 0;
+}
+
+static void api_config_fill(const serve_args *a, api_config *ac)
+{
+    memset(ac, 0, sizeof(*ac));
+    snprintf(ac->listen, sizeof(ac->listen), "%s", a->listen);
+    snprintf(ac->token, sizeof(ac->token), "%s", a->token);
+    ac->max_body = 1 << 20;
+    ac->spec.nroots = a->nroots;
+    for (int i = 0; i < a->nroots; i++)
+        snprintf(ac->spec.roots[i], sizeof(ac->spec.roots[i]), "%s", a->roots[i]);
+}
+
+/* The URL clients use: the listen address with the bound port. */
+static void url_of(const char *listen, unsigned port, char *out, size_t len)
+{
+    char host[128];
+    const char *colon = strrchr(listen, ':');
+    size_t n = colon ? (size_t)(colon - listen) : strlen(listen);
+    if (n >= sizeof(host))
+        n = sizeof(host) - 1;
+    memcpy(host, listen, n);
+    host[n] = '\0';
+    snprintf(out, len, "http://%s:%u", host, port);
+}
+
+/* `ampd serve`; see daemon.h. Returns the exit status. */
+int daemon_serve_main(int argc, char **argv)
+{
+    serve_args a;
+    daemon_sched_config sc;
+    api_config ac;
+    store *st = NULL;
+    daemon_sched *sched = NULL;
+    api_server *api = NULL;
+    char err[4096] = "", abs[PATH_MAX], why[256], url[200];
+    sigset_t set;
+    int rc, sig = 0;
+
+    rc = parse_args(argc, argv, &a);
+    if (rc)
+        return rc == 1 ? 0 : rc;
+    if (a.token_file[0] && read_token(a.token_file, a.token, sizeof(a.token), err, sizeof(err)))
+        goto startup_error;
+    if (make_dirs(a.data_dir) != 0 || !realpath(a.data_dir, abs)) {
+        snprintf(err, sizeof(err), "cannot create the data directory %s: %s", a.data_dir,
+                 strerror(errno));
+        goto startup_error;
+    }
+    if (strlen(abs) >= sizeof(a.data_dir)) {
+        snprintf(err, sizeof(err), "the data directory's path is too long");
+        goto startup_error;
+    }
+    memcpy(a.data_dir, abs, strlen(abs) + 1);
+    if (!a.db[0] && snprintf(a.db, sizeof(a.db), "%s/ampd.db", a.data_dir) >= (int)sizeof(a.db)) {
+        snprintf(err, sizeof(err), "the database path is too long");
+        goto startup_error;
+    }
+    for (int i = 0; i < a.nroots; i++)
+        if (realpath(a.roots[i], abs) && strlen(abs) < sizeof(a.roots[i]))
+            memcpy(a.roots[i], abs, strlen(abs) + 1);
+        else
+            log_warn("data root %s: %s", a.roots[i], strerror(errno));
+    if (sched_config(&a, &sc, err, sizeof(err)) != 0)
+        goto startup_error;
+    api_config_fill(&a, &ac);
+
+    /* Before any thread exists: every thread inherits this mask. */
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    /* Loading BLAS may setenv (its kernel choice): do it before any thread exists. */
+    gpu_blas_init(1);
+    if (store_open(a.db, &st) != 0) {
+        snprintf(err, sizeof(err), "cannot open the database %s (see the log above)", a.db);
+        goto startup_error;
+    }
+    if (daemon_sched_start(st, &sc, &sched) != 0) {
+        snprintf(err, sizeof(err), "cannot start the scheduler (see the log above)");
+        goto startup_error;
+    }
+    if (api_start(&ac, st, sched, &api, err, sizeof(err)) != 0) {
+        if (!err[0])
+            snprintf(err, sizeof(err), "cannot listen on %s", a.listen);
+        goto startup_error;
+    }
+    if (a.port_file[0] && write_port_file(a.port_file, api_port(api)) != 0) {
+        snprintf(err, sizeof(err), "cannot write the port file %s: %s", a.port_file,
+                 strerror(errno));
+        goto startup_error;
+    }
+    url_of(a.listen, api_port(api), url, sizeof(url));
+    if (gpu_cuda_probe(why, sizeof(why)) == 0)
+        snprintf(why, sizeof(why), "CUDA device available");
+    log_info("ampd %s serving %s (db %s, data dir %s, blas %s, device: %s, max running %d%s)",
+             PACKAGE_VERSION, url, a.db, a.data_dir, gpu_blas_info(), why, a.max_running,
+             a.token[0] ? ", token required" : "");
+
+    while (sigwait(&set, &sig) != 0 || (sig != SIGTERM && sig != SIGINT))
+        ;
+    log_info("%s: stopping (running jobs checkpoint; a second Ctrl-C kills at once)",
+             sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    signal(SIGINT, SIG_DFL);
+    pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+    api_stop(api);
+    daemon_sched_stop(sched);
+    store_close(st);
+    log_info("stopped");
+    return 0;
+
+startup_error:
+    fprintf(stderr, "ampd serve: %s\n", err);
+    api_stop(api);
+    daemon_sched_stop(sched);
+    store_close(st);
+    return 1;
+}

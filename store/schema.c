@@ -1,0 +1,452 @@
+/*
+ * schema.c - the store's SQLite connections: opening them with their PRAGMAs, the
+ * versioned migrations, and the SQL of every statement with a per-connection cache of
+ * prepared statements.
+ *
+ * Migrations are an ordered array of steps; step i brings the schema from version i to
+ * i + 1 and runs in one transaction together with the schema_version row that records it.
+ * A database whose version is above the newest step comes from a newer ampd and is
+ * refused. A step's SQL never changes once released: a new column or index is a new step.
+ *
+ * Statements: every statement's text is a constant in this file (the column lists are
+ * spelled by the STORE_FIELDS macros at compile time); values only ever reach SQL as
+ * bound parameters. Each connection prepares a statement on first use with
+ * SQLITE_PREPARE_PERSISTENT and keeps it until the connection closes.
+ *
+ * Threads: a store_conn is used by one thread at a time (the caller's lock or thread).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/daemon.h"
+#include "store/store_int.h"
+
+/* ---- migrations --------------------------------------------------------------------------- */
+
+static const char *const migration_1[] = {
+    "CREATE TABLE jobs (id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL, "
+    "dtype TEXT NOT NULL, status TEXT NOT NULL, created_at REAL NOT NULL, started_at REAL, "
+    "finished_at REAL, steps INTEGER NOT NULL, step INTEGER NOT NULL DEFAULT 0, "
+    "checkpoint_step INTEGER NOT NULL DEFAULT 0, retries INTEGER NOT NULL DEFAULT 0, "
+    "cancel_requested INTEGER NOT NULL DEFAULT 0, spec TEXT NOT NULL, summary TEXT, "
+    "error TEXT, idem_key TEXT UNIQUE)",
+    "CREATE INDEX jobs_status ON jobs(status, id)",
+    /* nan_mask: bit i = field i was NaN (SQLite stores NaN as NULL; a NULL without its bit
+     * is an absent eval value). nf_mask: bit i = field i was NaN or +-Inf. special: see
+     * store_int.h. */
+    "CREATE TABLE metrics (job_id INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE, "
+    "rank INTEGER NOT NULL, step INTEGER NOT NULL, "
+    "loss REAL, lr REAL, loss_scale REAL, overflow REAL, skipped REAL, "
+    "overflow_total REAL, skipped_total REAL, grad_norm REAL, step_ms REAL, "
+    "samples_per_s REAL, mem_bytes REAL, peak_mem_bytes REAL, comm_bytes REAL, "
+    "comm_ms REAL, eval_loss REAL, eval_acc REAL, "
+    "nan_mask INTEGER NOT NULL DEFAULT 0, nf_mask INTEGER NOT NULL DEFAULT 0, "
+    "special INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (job_id, rank, step)) WITHOUT ROWID",
+    "CREATE INDEX metrics_special ON metrics(job_id, rank, step) WHERE special != 0",
+    "CREATE TABLE metrics_rollup (job_id INTEGER NOT NULL REFERENCES jobs(id) "
+    "ON DELETE CASCADE, rank INTEGER NOT NULL, level INTEGER NOT NULL, "
+    "bucket INTEGER NOT NULL, step_first INTEGER NOT NULL, step_last INTEGER NOT NULL, "
+    "count INTEGER NOT NULL, flags INTEGER NOT NULL, nf_mask INTEGER NOT NULL, "
+    "loss_min REAL, loss_max REAL, loss_last REAL, lr_min REAL, lr_max REAL, "
+    "lr_last REAL, loss_scale_min REAL, loss_scale_max REAL, loss_scale_last REAL, "
+    "overflow_min REAL, overflow_max REAL, overflow_last REAL, skipped_min REAL, "
+    "skipped_max REAL, skipped_last REAL, overflow_total_min REAL, "
+    "overflow_total_max REAL, overflow_total_last REAL, skipped_total_min REAL, "
+    "skipped_total_max REAL, skipped_total_last REAL, grad_norm_min REAL, "
+    "grad_norm_max REAL, grad_norm_last REAL, step_ms_min REAL, step_ms_max REAL, "
+    "step_ms_last REAL, samples_per_s_min REAL, samples_per_s_max REAL, "
+    "samples_per_s_last REAL, mem_bytes_min REAL, mem_bytes_max REAL, "
+    "mem_bytes_last REAL, peak_mem_bytes_min REAL, peak_mem_bytes_max REAL, "
+    "peak_mem_bytes_last REAL, comm_bytes_min REAL, comm_bytes_max REAL, "
+    "comm_bytes_last REAL, comm_ms_min REAL, comm_ms_max REAL, comm_ms_last REAL, "
+    "eval_loss_min REAL, eval_loss_max REAL, eval_loss_last REAL, eval_acc_min REAL, "
+    "eval_acc_max REAL, eval_acc_last REAL, "
+    "PRIMARY KEY (job_id, rank, level, bucket)) WITHOUT ROWID",
+    "CREATE TABLE layer_stats (job_id INTEGER NOT NULL REFERENCES jobs(id) "
+    "ON DELETE CASCADE, step INTEGER NOT NULL, layer INTEGER NOT NULL, name TEXT NOT NULL, "
+    "act_amax REAL, act_headroom REAL, grad_amax REAL, grad_amax_scaled REAL, "
+    "grad_underflow REAL, grad_underflow_unscaled REAL, "
+    "nonfinite INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (job_id, step, layer)) WITHOUT ROWID",
+    "CREATE TABLE events (id INTEGER PRIMARY KEY, job_id INTEGER NOT NULL REFERENCES "
+    "jobs(id) ON DELETE CASCADE, step INTEGER NOT NULL, ts REAL NOT NULL, "
+    "kind TEXT NOT NULL, message TEXT NOT NULL, data TEXT)",
+    "CREATE INDEX events_job ON events(job_id, id)",
+    "CREATE TABLE checkpoints (job_id INTEGER NOT NULL REFERENCES jobs(id) "
+    "ON DELETE CASCADE, step INTEGER NOT NULL, path TEXT NOT NULL, "
+    "bytes INTEGER NOT NULL, created_at REAL NOT NULL, PRIMARY KEY (job_id, step)) "
+    "WITHOUT ROWID",
+    NULL};
+
+static const char *const *const migrations[] = {migration_1};
+#define NMIGRATIONS ((int)(sizeof(migrations) / sizeof(migrations[0])))
+
+int store_schema_version(void)
+{
+    return NMIGRATIONS;
+}
+
+/* ---- statements --------------------------------------------------------------------------- */
+
+#define COL_(f) #f ","
+#define Q_(f) "?,"
+#define SET_(f) #f "=excluded." #f ","
+#define RCOL_(f) #f "_min," #f "_max," #f "_last,"
+#define RQ_(f) "?,?,?,"
+#define RSET_(f)                                                                                   \
+#f "_min=excluded." #f "_min," #f "_max=excluded." #f "_max," #f "_last=excluded." #f "_last,"
+
+/* STORE_EVAL_BITS as SQL text (checked below). */
+#define EVB "49152"
+_Static_assert(STORE_EVAL_BITS == 49152u, "EVB must spell STORE_EVAL_BITS");
+_Static_assert(STORE_M_NFIELDS == 16, "the column lists below have 16 fields");
+
+#define PCOL_(f) "," #f
+#define PRCOL_(f) "," #f "_min," #f "_max," #f "_last"
+#define RAW_COLS "step,special,nf_mask,nan_mask,rank" STORE_FIELDS(PCOL_)
+#define ROLLUP_COLS "bucket,step_first,step_last,count,flags,nf_mask" STORE_FIELDS(PRCOL_)
+#define JOB_COLS                                                                                   \
+    "id,name,dtype,status,created_at,started_at,finished_at,steps,step,checkpoint_step,"           \
+    "retries,cancel_requested,spec,summary,error"
+
+/* clang-format off */
+/* Fields ?1..?16, job ?17, rank ?18, step ?19, nan_mask ?20, nf_mask ?21, special ?22,
+ * has_eval ?23. Without an eval the row keeps the eval values (and their mask bits) it
+ * already had. */
+#define METRIC_UPSERT_SQL                                                                          \
+    "INSERT INTO metrics(" STORE_FIELDS(COL_) "job_id,rank,step,nan_mask,nf_mask,special) "        \
+    "VALUES(" STORE_FIELDS(Q_) "?,?,?,?,?,?) ON CONFLICT(job_id,rank,step) DO UPDATE SET "         \
+    STORE_FIELDS_MAIN(SET_)                                                                        \
+    "eval_loss=CASE WHEN ?23 THEN excluded.eval_loss ELSE eval_loss END,"                          \
+    "eval_acc=CASE WHEN ?23 THEN excluded.eval_acc ELSE eval_acc END,"                             \
+    "nan_mask=CASE WHEN ?23 THEN excluded.nan_mask ELSE excluded.nan_mask|(nan_mask&" EVB ") END," \
+    "nf_mask=CASE WHEN ?23 THEN excluded.nf_mask ELSE excluded.nf_mask|(nf_mask&" EVB ") END,"     \
+    "special=(excluded.special&3)|CASE WHEN (CASE WHEN ?23 THEN excluded.nf_mask "                 \
+    "ELSE excluded.nf_mask|(nf_mask&" EVB ") END)!=0 THEN 4 ELSE 0 END"
+
+/* Field i's min, max, last ?3i+1..?3i+3; job ?49, rank ?50, level ?51, bucket ?52,
+ * step_first ?53, step_last ?54, count ?55, flags ?56, nf_mask ?57. */
+#define ROLLUP_UPSERT_SQL                                                                          \
+    "INSERT INTO metrics_rollup(" STORE_FIELDS(RCOL_)                                              \
+    "job_id,rank,level,bucket,step_first,step_last,count,flags,nf_mask) "                          \
+    "VALUES(" STORE_FIELDS(RQ_) "?,?,?,?,?,?,?,?,?) "                                              \
+    "ON CONFLICT(job_id,rank,level,bucket) DO UPDATE SET " STORE_FIELDS(RSET_)                     \
+    "step_first=excluded.step_first,step_last=excluded.step_last,count=excluded.count,"            \
+    "flags=excluded.flags,nf_mask=excluded.nf_mask"
+/* clang-format on */
+
+static const char *const stmt_sql[ST_COUNT] = {
+    [ST_BEGIN] = "BEGIN",
+    [ST_BEGIN_IMMEDIATE] = "BEGIN IMMEDIATE",
+    [ST_COMMIT] = "COMMIT",
+    [ST_ROLLBACK] = "ROLLBACK",
+    [ST_VERSION_GET] = "SELECT COALESCE(MAX(version), 0) FROM schema_version",
+    [ST_VERSION_ADD] = "INSERT INTO schema_version(version, applied_at) VALUES(?1, ?2)",
+    [ST_JOB_INSERT] = "INSERT INTO jobs(name, dtype, status, created_at, steps, spec, idem_key) "
+                      "VALUES(?1, ?2, 'queued', ?3, ?4, ?5, ?6) ON CONFLICT(idem_key) DO NOTHING",
+    [ST_JOB_BY_IDEM] = "SELECT id FROM jobs WHERE idem_key = ?1",
+    [ST_JOB_GET] = "SELECT " JOB_COLS " FROM jobs WHERE id = ?1",
+    [ST_JOB_LIST] = "SELECT " JOB_COLS " FROM jobs WHERE id < ?1 AND (?2 IS NULL OR status = ?2) "
+                    "AND (?3 IS NULL OR dtype = ?3) AND (?4 IS NULL OR name = ?4) "
+                    "ORDER BY id DESC LIMIT ?5",
+    [ST_JOB_IDS] = "SELECT id FROM jobs WHERE status = ?1 ORDER BY id",
+    /* ?4: stamp started_at; ?6: stamp finished_at; ?7: clear finished_at; ?5: now. */
+    [ST_JOB_STATUS] = "UPDATE jobs SET status = ?2, error = ?3, "
+                      "started_at = CASE WHEN ?4 THEN ?5 ELSE started_at END, "
+                      "finished_at = CASE WHEN ?6 THEN ?5 WHEN ?7 THEN NULL ELSE finished_at END "
+                      "WHERE id = ?1",
+    [ST_JOB_SUMMARY] = "UPDATE jobs SET summary = ?2 WHERE id = ?1",
+    [ST_JOB_CHECKPOINT] = "UPDATE jobs SET checkpoint_step = ?2 WHERE id = ?1",
+    [ST_JOB_CANCEL] = "UPDATE jobs SET cancel_requested = ?2 WHERE id = ?1",
+    [ST_JOB_RETRIES] = "UPDATE jobs SET retries = ?2 WHERE id = ?1",
+    [ST_JOB_DELETE] = "DELETE FROM jobs WHERE id = ?1",
+    [ST_JOB_STEP_MAX] = "UPDATE jobs SET step = MAX(step, ?2) WHERE id = ?1",
+    [ST_JOB_STEP_MIN] = "UPDATE jobs SET step = MIN(step, ?2) WHERE id = ?1",
+    [ST_JOB_COUNTS] = "SELECT status, COUNT(*) FROM jobs GROUP BY status",
+    [ST_METRIC_UPSERT] = METRIC_UPSERT_SQL,
+    /* eval_loss ?1, eval_acc ?2, their nan bits ?3, nf bits ?4, job ?5, rank ?6, step ?7. */
+    [ST_METRIC_EVAL] = "UPDATE metrics SET eval_loss=?1, eval_acc=?2, "
+                       "nan_mask=(nan_mask&~" EVB ")|?3, nf_mask=(nf_mask&~" EVB ")|?4, "
+                       "special=(special&3)|CASE WHEN ((nf_mask&~" EVB ")|?4)!=0 THEN 4 ELSE 0 "
+                       "END WHERE job_id=?5 AND rank=?6 AND step=?7",
+    [ST_METRIC_LATEST] = "SELECT " RAW_COLS " FROM metrics WHERE job_id=?1 AND rank=0 "
+                         "ORDER BY step DESC LIMIT 1",
+    [ST_METRIC_MAX_STEP] = "SELECT MAX(step) FROM metrics WHERE job_id=?1 AND rank=?2",
+    [ST_METRIC_TRUNCATE] = "DELETE FROM metrics WHERE job_id=?1 AND step>?2",
+    [ST_RAW_RANGE] = "SELECT " RAW_COLS " FROM metrics WHERE job_id=?1 AND rank=?2 "
+                     "AND step>=?3 AND step<=?4 ORDER BY step",
+    [ST_ROLLUP_GET] = "SELECT " ROLLUP_COLS " FROM metrics_rollup WHERE job_id=?1 AND rank=?2 "
+                      "AND level=?3 AND bucket=?4",
+    [ST_ROLLUP_RANGE] = "SELECT " ROLLUP_COLS " FROM metrics_rollup WHERE job_id=?1 AND rank=?2 "
+                        "AND level=?3 AND bucket>=?4 AND bucket<=?5 ORDER BY bucket",
+    [ST_ROLLUP_UPSERT] = ROLLUP_UPSERT_SQL,
+    [ST_ROLLUP_DELETE] = "DELETE FROM metrics_rollup WHERE job_id=?1 AND rank=?2 AND level=?3 "
+                         "AND bucket=?4",
+    [ST_ROLLUP_TRUNCATE] = "DELETE FROM metrics_rollup WHERE job_id=?1 AND bucket*level>?2",
+    [ST_ROLLUP_STRADDLING] = "SELECT rank, level, bucket FROM metrics_rollup WHERE job_id=?1 "
+                             "AND bucket*level<=?2 AND (bucket+1)*level-1>?2 "
+                             "ORDER BY level, rank, bucket",
+    [ST_LAYER_TRUNCATE] = "DELETE FROM layer_stats WHERE job_id=?1 AND step>?2",
+    [ST_EVENT_INSERT] = "INSERT INTO events(job_id, step, ts, kind, message, data) "
+                        "VALUES(?1, ?2, ?3, ?4, ?5, ?6)",
+    [ST_EVENT_LIST] = "SELECT id, job_id, step, ts, kind, message, data FROM events "
+                      "WHERE job_id=?1 AND id>?2 ORDER BY id LIMIT ?3",
+    [ST_CKPT_ADD] = "INSERT INTO checkpoints(job_id, step, path, bytes, created_at) "
+                    "VALUES(?1, ?2, ?3, ?4, ?5) ON CONFLICT(job_id, step) DO UPDATE SET "
+                    "path=excluded.path, bytes=excluded.bytes, created_at=excluded.created_at",
+    [ST_CKPT_LIST] = "SELECT step, bytes, created_at, path FROM checkpoints WHERE job_id=?1 "
+                     "ORDER BY step",
+};
+
+#define NAME_(f) #f,
+static const char *const field_names[STORE_M_NFIELDS] = {STORE_FIELDS(NAME_)};
+
+/* The text of a STORE_Q_ statement; false when it does not fit. */
+static bool fields_sql(int kind, uint32_t mask, char *buf, size_t size)
+{
+    static const char *const head[] = {
+        [STORE_Q_RAW] = "SELECT step,special,nf_mask,nan_mask,rank",
+        [STORE_Q_SPECIAL] = "SELECT step,special,nf_mask,nan_mask,rank",
+        [STORE_Q_ROLLUP] = "SELECT bucket,step_first,step_last,count,flags,nf_mask"};
+    static const char *const tail[] = {
+        [STORE_Q_RAW] = " FROM metrics WHERE job_id=?1 AND rank=?2 AND step>=?3 AND step<=?4 "
+                        "ORDER BY step",
+        [STORE_Q_SPECIAL] = " FROM metrics INDEXED BY metrics_special WHERE job_id=?1 AND "
+                            "rank=?2 AND step>=?3 AND step<=?4 AND special!=0 ORDER BY step",
+        [STORE_Q_ROLLUP] = " FROM metrics_rollup WHERE job_id=?1 AND rank=?2 AND level=?3 AND "
+                           "bucket>=?4 AND bucket<=?5 ORDER BY bucket"};
+    size_t n = (size_t)snprintf(buf, size, "%s", head[kind]);
+    for (int i = 0; i < STORE_M_NFIELDS && n < size; i++) {
+        if (!((mask >> i) & 1u))
+            continue;
+        if (kind == STORE_Q_ROLLUP)
+            n += (size_t)snprintf(buf + n, size - n, ",%s_min,%s_max,%s_last", field_names[i],
+                                  field_names[i], field_names[i]);
+        else
+            n += (size_t)snprintf(buf + n, size - n, ",%s", field_names[i]);
+    }
+    if (n < size)
+        n += (size_t)snprintf(buf + n, size - n, "%s", tail[kind]);
+    return n < size;
+}
+
+sqlite3_stmt *store_stmt_fields(store_conn *c, int kind, int slot, uint32_t mask)
+{
+    int key = kind * 8 + slot, victim = 0;
+    char sql[2048];
+
+    if (kind < STORE_Q_RAW || kind > STORE_Q_ROLLUP || slot < 0 || slot >= 8)
+        return NULL;
+    mask &= STORE_ALL_FIELDS;
+    for (int i = 0; i < STORE_NQCACHE; i++) {
+        if (c->q[i].st && c->q[i].key == key && c->q[i].mask == mask) {
+            c->q[i].used = ++c->tick;
+            return c->q[i].st;
+        }
+        if (!c->q[i].st || (c->q[victim].st && c->q[i].used < c->q[victim].used))
+            victim = i;
+    }
+    if (!fields_sql(kind, mask, sql, sizeof(sql)))
+        return NULL;
+    sqlite3_finalize(c->q[victim].st);
+    c->q[victim].st = NULL;
+    if (sqlite3_prepare_v3(c->db, sql, -1, SQLITE_PREPARE_PERSISTENT, &c->q[victim].st, NULL) !=
+        SQLITE_OK) {
+        log_error("prepare failed: %s in: %s", sqlite3_errmsg(c->db), sql);
+        c->q[victim].st = NULL;
+        return NULL;
+    }
+    c->q[victim].key = key;
+    c->q[victim].mask = mask;
+    c->q[victim].used = ++c->tick;
+    return c->q[victim].st;
+}
+
+int store_sql_error(sqlite3 *db, sqlite3_stmt *st, int rc, const char *func)
+{
+    int prim = rc & 0xff;
+    if (rc == SQLITE_CONSTRAINT_FOREIGNKEY)
+        return STORE_ENOTFOUND;
+    if (prim == SQLITE_CONSTRAINT)
+        return STORE_ECONFLICT;
+    log_error("%s: sqlite error %d (%s)%s%s", func, rc,
+              db ? sqlite3_errmsg(db) : sqlite3_errstr(rc), st ? " in: " : "",
+              st ? sqlite3_sql(st) : "");
+    return STORE_EIO;
+}
+
+sqlite3_stmt *store_stmt(store_conn *c, int id)
+{
+    if (id < 0 || id >= ST_COUNT || !stmt_sql[id])
+        return NULL;
+    if (!c->st[id]) {
+        int rc = sqlite3_prepare_v3(c->db, stmt_sql[id], -1, SQLITE_PREPARE_PERSISTENT, &c->st[id],
+                                    NULL);
+        if (rc != SQLITE_OK) {
+            log_error("prepare failed: %s in: %s", sqlite3_errmsg(c->db), stmt_sql[id]);
+            c->st[id] = NULL;
+            return NULL;
+        }
+    }
+    return c->st[id];
+}
+
+void store_stmt_done(sqlite3_stmt *st)
+{
+    if (st) {
+        sqlite3_reset(st);
+        sqlite3_clear_bindings(st);
+    }
+}
+
+int store_exec_stmt(store_conn *c, int id)
+{
+    sqlite3_stmt *st = store_stmt(c, id);
+    if (!st)
+        return STORE_EIO;
+    int rc = sqlite3_step(st);
+    rc = rc == SQLITE_DONE ? 0 : store_sql_error(c->db, st, rc, __func__);
+    sqlite3_reset(st);
+    return rc;
+}
+
+/* Run constant SQL (PRAGMAs, migrations). */
+static int exec_const(sqlite3 *db, const char *sql)
+{
+    char *msg = NULL;
+    int rc = sqlite3_exec(db, sql, NULL, NULL, &msg);
+    if (rc != SQLITE_OK) {
+        log_error("sqlite error %d (%s) in: %s", rc, msg ? msg : sqlite3_errstr(rc), sql);
+        sqlite3_free(msg);
+        return STORE_EIO;
+    }
+    return 0;
+}
+
+static int first_text(void *arg, int n, char **vals, char **names)
+{
+    (void)names;
+    if (n > 0 && vals[0])
+        snprintf(arg, 16, "%s", vals[0]);
+    return 0;
+}
+
+int store_conn_open(const char *path, bool writer, store_conn **out)
+{
+    store_conn *c = calloc(1, sizeof(*c));
+    int flags = SQLITE_OPEN_NOMUTEX |
+                (writer ? SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE : SQLITE_OPEN_READONLY);
+    int rc;
+    char mode[16] = "";
+
+    *out = NULL;
+    if (!c)
+        return STORE_EIO;
+    rc = sqlite3_open_v2(path, &c->db, flags, NULL);
+    if (rc != SQLITE_OK) {
+        log_error("cannot open %s: %s", path, c->db ? sqlite3_errmsg(c->db) : sqlite3_errstr(rc));
+        goto fail;
+    }
+    sqlite3_extended_result_codes(c->db, 1);
+    sqlite3_busy_timeout(c->db, 5000);
+    if (writer) {
+        rc = sqlite3_exec(c->db, "PRAGMA journal_mode=WAL", first_text, mode, NULL);
+        if (rc != SQLITE_OK || strcmp(mode, "wal") != 0) {
+            log_error("cannot put %s in WAL mode (%s)", path,
+                      rc != SQLITE_OK ? sqlite3_errmsg(c->db) : mode);
+            goto fail;
+        }
+        if (exec_const(c->db, "PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON; "
+                              "PRAGMA temp_store=MEMORY; PRAGMA cache_size=-32768") != 0)
+            goto fail;
+    } else if (exec_const(c->db, "PRAGMA cache_size=-32768; PRAGMA mmap_size=1073741824") != 0) {
+        goto fail;
+    }
+    *out = c;
+    return 0;
+fail:
+    store_conn_close(c);
+    return STORE_EIO;
+}
+
+void store_conn_close(store_conn *c)
+{
+    if (!c)
+        return;
+    for (int i = 0; i < ST_COUNT; i++)
+        sqlite3_finalize(c->st[i]);
+    for (int i = 0; i < STORE_NQCACHE; i++)
+        sqlite3_finalize(c->q[i].st);
+    if (sqlite3_close(c->db) != SQLITE_OK)
+        log_error("sqlite3_close: %s", sqlite3_errmsg(c->db));
+    free(c);
+}
+
+/* The current version inside the open transaction, or a negative code. */
+static int version_get(store_conn *c, int *version)
+{
+    sqlite3_stmt *st = store_stmt(c, ST_VERSION_GET);
+    int rc;
+    if (!st)
+        return STORE_EIO;
+    rc = sqlite3_step(st);
+    if (rc != SQLITE_ROW) {
+        rc = store_sql_error(c->db, st, rc, __func__);
+        store_stmt_done(st);
+        return rc;
+    }
+    *version = sqlite3_column_int(st, 0);
+    store_stmt_done(st);
+    return 0;
+}
+
+static int version_add(store_conn *c, int version)
+{
+    sqlite3_stmt *st = store_stmt(c, ST_VERSION_ADD);
+    int rc;
+    if (!st)
+        return STORE_EIO;
+    sqlite3_bind_int(st, 1, version);
+    sqlite3_bind_double(st, 2, store_now());
+    rc = sqlite3_step(st);
+    rc = rc == SQLITE_DONE ? 0 : store_sql_error(c->db, st, rc, __func__);
+    store_stmt_done(st);
+    return rc;
+}
+
+int store_migrate(store_conn *c, const char *path)
+{
+    int rc, version = 0;
+
+    rc = exec_const(c->db, "CREATE TABLE IF NOT EXISTS schema_version "
+                           "(version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)");
+    if (rc != 0)
+        return rc;
+    for (;;) {
+        if ((rc = store_exec_stmt(c, ST_BEGIN_IMMEDIATE)) != 0)
+            return rc;
+        if ((rc = version_get(c, &version)) != 0)
+            goto fail;
+        if (version > NMIGRATIONS) {
+            log_error("%s has schema version %d, newer than this ampd's %d: refusing to open it "
+                      "(use the ampd that wrote it, or another --db)",
+                      path, version, NMIGRATIONS);
+            rc = STORE_ECONFLICT;
+            goto fail;
+        }
+        if (version == NMIGRATIONS)
+            return store_exec_stmt(c, ST_COMMIT);
+        for (const char *const *sql = migrations[version]; *sql; sql++)
+            if ((rc = exec_const(c->db, *sql)) != 0)
+                goto fail;
+        if ((rc = version_add(c, version + 1)) != 0)
+            goto fail;
+        if ((rc = store_exec_stmt(c, ST_COMMIT)) != 0)
+            goto fail;
+        log_info("%s: schema migrated to version %d", path, version + 1);
+    }
+fail:
+    store_exec_stmt(c, ST_ROLLBACK);
+    return rc;
+}

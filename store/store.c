@@ -1,0 +1,734 @@
+/*
+ * store.c - the store's front: open and close, status and metric names, the job rows
+ * (written synchronously on the write connection), and the reads of jobs, events,
+ * checkpoints, the latest metric row and the counters.
+ *
+ * Invariants: the write connection is only used under wlock, so a job write waits at most
+ * for the writer's current batch and never meets SQLITE_BUSY from this process. Reads
+ * use this thread's read connection (store_reader): under WAL they never wait for the
+ * writer and see every transaction committed before they start.
+ *
+ * Threads: every public function is thread-safe. Read connections are closed by their
+ * thread's exit (the pthread key's destructor) or by store_close, whichever comes first;
+ * no thread may use the store once store_close has begun.
+ */
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "daemon/daemon.h"
+#include "store/store_int.h"
+
+struct store_rconn {
+    store *s;
+    store_conn *c;
+    store_rconn *prev, *next;
+};
+
+static const char *const status_names[STORE_NSTATUS] = {"queued", "running",   "succeeded",
+                                                        "failed", "cancelled", "interrupted"};
+
+#define NAME_(f) #f,
+static const char *const metric_names[STORE_M_NFIELDS] = {STORE_FIELDS(NAME_)};
+
+double store_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+const char *store_status_name(store_status s)
+{
+    return (int)s >= 0 && s < STORE_NSTATUS ? status_names[s] : "unknown";
+}
+
+int store_status_parse(const char *name, store_status *out)
+{
+    for (int i = 0; name && i < STORE_NSTATUS; i++)
+        if (strcmp(name, status_names[i]) == 0) {
+            *out = (store_status)i;
+            return 0;
+        }
+    return STORE_EINVAL;
+}
+
+bool store_status_finished(store_status s)
+{
+    return s == STORE_SUCCEEDED || s == STORE_FAILED || s == STORE_CANCELLED;
+}
+
+const char *store_metric_name(int field)
+{
+    return field >= 0 && field < STORE_M_NFIELDS ? metric_names[field] : NULL;
+}
+
+int store_metric_parse(const char *name)
+{
+    for (int i = 0; name && i < STORE_M_NFIELDS; i++)
+        if (strcmp(name, metric_names[i]) == 0)
+            return i;
+    return -1;
+}
+
+/* ---- connections ---------------------------------------------------------------------------- */
+
+static void rconn_unlink(store *s, store_rconn *r)
+{
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        s->rconns = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+}
+
+/* The pthread key's destructor: the thread is exiting. */
+static void rconn_destroy(void *arg)
+{
+    store_rconn *r = arg;
+    pthread_mutex_lock(&r->s->rlock);
+    rconn_unlink(r->s, r);
+    pthread_mutex_unlock(&r->s->rlock);
+    store_conn_close(r->c);
+    free(r);
+}
+
+store_conn *store_reader(store *s)
+{
+    store_rconn *r = pthread_getspecific(s->rkey);
+    if (r)
+        return r->c;
+    r = calloc(1, sizeof(*r));
+    if (!r)
+        return NULL;
+    if (store_conn_open(s->path, false, &r->c) != 0) {
+        free(r);
+        return NULL;
+    }
+    r->s = s;
+    pthread_mutex_lock(&s->rlock);
+    r->next = s->rconns;
+    if (s->rconns)
+        s->rconns->prev = r;
+    s->rconns = r;
+    pthread_mutex_unlock(&s->rlock);
+    if (pthread_setspecific(s->rkey, r) != 0) {
+        pthread_mutex_lock(&s->rlock);
+        rconn_unlink(s, r);
+        pthread_mutex_unlock(&s->rlock);
+        store_conn_close(r->c);
+        free(r);
+        return NULL;
+    }
+    return r->c;
+}
+
+int store_open(const char *path, store **out)
+{
+    store *s;
+    int rc;
+
+    if (!out)
+        return STORE_EINVAL;
+    *out = NULL;
+    if (!path || !*path || strcmp(path, ":memory:") == 0 || strncmp(path, "file:", 5) == 0) {
+        log_error("store path must be a plain file name (got \"%s\")", path ? path : "(null)");
+        return STORE_EINVAL;
+    }
+    s = calloc(1, sizeof(*s));
+    if (!s)
+        return STORE_EIO;
+    pthread_mutex_init(&s->wlock, NULL);
+    pthread_mutex_init(&s->rlock, NULL);
+    s->path = strdup(path);
+    if (!s->path || pthread_key_create(&s->rkey, rconn_destroy) != 0) {
+        free(s->path);
+        pthread_mutex_destroy(&s->wlock);
+        pthread_mutex_destroy(&s->rlock);
+        free(s);
+        return STORE_EIO;
+    }
+    if ((rc = store_conn_open(path, true, &s->w)) != 0)
+        goto fail;
+    if ((rc = store_migrate(s->w, path)) != 0)
+        goto fail;
+    if ((rc = store_writer_start(s)) != 0)
+        goto fail;
+    *out = s;
+    return 0;
+fail:
+    store_close(s);
+    return rc;
+}
+
+void store_close(store *s)
+{
+    if (!s)
+        return;
+    store_writer_stop(s);
+    pthread_key_delete(s->rkey);
+    pthread_mutex_lock(&s->rlock);
+    while (s->rconns) {
+        store_rconn *r = s->rconns;
+        s->rconns = r->next;
+        store_conn_close(r->c);
+        free(r);
+    }
+    pthread_mutex_unlock(&s->rlock);
+    /* The last connection to close checkpoints the WAL into the database and removes it. */
+    store_conn_close(s->w);
+    pthread_mutex_destroy(&s->wlock);
+    pthread_mutex_destroy(&s->rlock);
+    free(s->path);
+    free(s);
+}
+
+/* ---- jobs ----------------------------------------------------------------------------------- */
+
+void store_job_clear(store_job *j)
+{
+    if (!j)
+        return;
+    free(j->spec);
+    free(j->summary);
+    free(j->error);
+    j->spec = j->summary = j->error = NULL;
+}
+
+void store_jobs_free(store_job *jobs, int n)
+{
+    for (int i = 0; jobs && i < n; i++)
+        store_job_clear(&jobs[i]);
+    free(jobs);
+}
+
+static int bind_text(sqlite3_stmt *st, int i, const char *v)
+{
+    return v ? sqlite3_bind_text(st, i, v, -1, SQLITE_TRANSIENT) : sqlite3_bind_null(st, i);
+}
+
+static char *column_dup(sqlite3_stmt *st, int i)
+{
+    const unsigned char *t = sqlite3_column_text(st, i);
+    return t ? strdup((const char *)t) : NULL;
+}
+
+static void column_copy(sqlite3_stmt *st, int i, char *dst, size_t size)
+{
+    const unsigned char *t = sqlite3_column_text(st, i);
+    snprintf(dst, size, "%s", t ? (const char *)t : "");
+}
+
+/* A job from the current row of a JOB_COLS statement; 0 or STORE_EIO (out of memory). */
+static int job_from_row(sqlite3_stmt *st, store_job *j)
+{
+    const unsigned char *status = sqlite3_column_text(st, 3);
+    store_status stat = STORE_FAILED;
+
+    memset(j, 0, sizeof(*j));
+    j->id = sqlite3_column_int64(st, 0);
+    column_copy(st, 1, j->name, sizeof(j->name));
+    column_copy(st, 2, j->dtype, sizeof(j->dtype));
+    if (store_status_parse((const char *)status, &stat) != 0)
+        log_warn("job %lld has unknown status \"%s\"", (long long)j->id,
+                 status ? (const char *)status : "");
+    j->status = stat;
+    j->created_at = sqlite3_column_double(st, 4);
+    j->started_at = sqlite3_column_double(st, 5); /* NULL reads as 0 */
+    j->finished_at = sqlite3_column_double(st, 6);
+    j->steps = sqlite3_column_int64(st, 7);
+    j->step = sqlite3_column_int64(st, 8);
+    j->checkpoint_step = sqlite3_column_int64(st, 9);
+    j->retries = sqlite3_column_int(st, 10);
+    j->cancel_requested = sqlite3_column_int(st, 11) != 0;
+    j->spec = column_dup(st, 12);
+    j->summary = column_dup(st, 13);
+    j->error = column_dup(st, 14);
+    if (!j->spec || (sqlite3_column_type(st, 13) != SQLITE_NULL && !j->summary) ||
+        (sqlite3_column_type(st, 14) != SQLITE_NULL && !j->error)) {
+        store_job_clear(j);
+        return STORE_EIO;
+    }
+    return 0;
+}
+
+int store_job_insert(store *s, const char *name, const char *dtype, int64_t steps,
+                     const char *spec_json, const char *idem_key, int64_t *id, bool *existed)
+{
+    sqlite3_stmt *st;
+    int rc;
+
+    if (!s || !name || !dtype || !spec_json || !id ||
+        strlen(name) >= sizeof(((store_job *)0)->name) ||
+        strlen(dtype) >= sizeof(((store_job *)0)->dtype) || steps < 0)
+        return STORE_EINVAL;
+    if (existed)
+        *existed = false;
+    pthread_mutex_lock(&s->wlock);
+    st = store_stmt(s->w, ST_JOB_INSERT);
+    if (!st) {
+        rc = STORE_EIO;
+        goto out;
+    }
+    sqlite3_bind_text(st, 1, name, -1, SQLITE_TRANSIENT);
+    sqlite3_bind_text(st, 2, dtype, -1, SQLITE_TRANSIENT);
+    sqlite3_bind_double(st, 3, store_now());
+    sqlite3_bind_int64(st, 4, steps);
+    sqlite3_bind_text(st, 5, spec_json, -1, SQLITE_TRANSIENT);
+    bind_text(st, 6, idem_key);
+    rc = sqlite3_step(st);
+    if (rc != SQLITE_DONE) {
+        rc = store_sql_error(s->w->db, st, rc, __func__);
+        store_stmt_done(st);
+        goto out;
+    }
+    store_stmt_done(st);
+    if (sqlite3_changes(s->w->db) == 1) {
+        *id = sqlite3_last_insert_rowid(s->w->db);
+        rc = 0;
+        goto out;
+    }
+    /* The idempotency key is taken: answer with the job that has it. */
+    st = store_stmt(s->w, ST_JOB_BY_IDEM);
+    if (!st) {
+        rc = STORE_EIO;
+        goto out;
+    }
+    bind_text(st, 1, idem_key);
+    rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW) {
+        *id = sqlite3_column_int64(st, 0);
+        if (existed)
+            *existed = true;
+        rc = 0;
+    } else {
+        rc = rc == SQLITE_DONE ? STORE_EIO : store_sql_error(s->w->db, st, rc, __func__);
+    }
+    store_stmt_done(st);
+out:
+    pthread_mutex_unlock(&s->wlock);
+    return rc;
+}
+
+int store_job_get(store *s, int64_t id, store_job *out)
+{
+    store_conn *c;
+    sqlite3_stmt *st;
+    int rc;
+
+    if (!s || !out)
+        return STORE_EINVAL;
+    memset(out, 0, sizeof(*out));
+    if (!(c = store_reader(s)) || !(st = store_stmt(c, ST_JOB_GET)))
+        return STORE_EIO;
+    sqlite3_bind_int64(st, 1, id);
+    rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW)
+        rc = job_from_row(st, out);
+    else if (rc == SQLITE_DONE)
+        rc = STORE_ENOTFOUND;
+    else
+        rc = store_sql_error(c->db, st, rc, __func__);
+    store_stmt_done(st);
+    return rc;
+}
+
+int store_job_list(store *s, const store_job_filter *f, store_job **out, int *n)
+{
+    store_conn *c;
+    sqlite3_stmt *st;
+    store_job *jobs = NULL;
+    int rc, cnt = 0;
+
+    if (!s || !f || !out || !n)
+        return STORE_EINVAL;
+    *out = NULL;
+    *n = 0;
+    if (f->limit < 1 || f->limit > 1000 || f->status < -1 || f->status >= STORE_NSTATUS ||
+        f->after < 0)
+        return STORE_EINVAL;
+    if (!(c = store_reader(s)) || !(st = store_stmt(c, ST_JOB_LIST)))
+        return STORE_EIO;
+    jobs = calloc((size_t)f->limit, sizeof(*jobs));
+    if (!jobs)
+        return STORE_EIO;
+    sqlite3_bind_int64(st, 1, f->after > 0 ? f->after : INT64_MAX);
+    bind_text(st, 2, f->status >= 0 ? status_names[f->status] : NULL);
+    bind_text(st, 3, f->dtype);
+    bind_text(st, 4, f->name);
+    sqlite3_bind_int(st, 5, f->limit);
+    rc = SQLITE_DONE;
+    while (cnt < f->limit && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        if ((rc = job_from_row(st, &jobs[cnt])) != 0)
+            goto fail;
+        cnt++;
+        rc = SQLITE_DONE;
+    }
+    if (rc != SQLITE_DONE) {
+        rc = store_sql_error(c->db, st, rc, __func__);
+        goto fail;
+    }
+    store_stmt_done(st);
+    *out = jobs;
+    *n = cnt;
+    return 0;
+fail:
+    store_stmt_done(st);
+    store_jobs_free(jobs, cnt);
+    return rc;
+}
+
+/* Step a bound UPDATE/DELETE of the write connection (wlock held) and reset it;
+ * STORE_ENOTFOUND when it changed no row. */
+static int step_change(store *s, sqlite3_stmt *st, const char *func)
+{
+    int rc = sqlite3_step(st);
+    if (rc != SQLITE_DONE)
+        rc = store_sql_error(s->w->db, st, rc, func);
+    else
+        rc = sqlite3_changes(s->w->db) > 0 ? 0 : STORE_ENOTFOUND;
+    store_stmt_done(st);
+    return rc;
+}
+
+int store_job_set_status(store *s, int64_t id, store_status stat, const char *error)
+{
+    sqlite3_stmt *st;
+    int rc;
+
+    if (!s || (int)stat < 0 || stat >= STORE_NSTATUS)
+        return STORE_EINVAL;
+    pthread_mutex_lock(&s->wlock);
+    if (!(st = store_stmt(s->w, ST_JOB_STATUS))) {
+        rc = STORE_EIO;
+    } else {
+        sqlite3_bind_int64(st, 1, id);
+        sqlite3_bind_text(st, 2, status_names[stat], -1, SQLITE_STATIC);
+        bind_text(st, 3, error);
+        sqlite3_bind_int(st, 4, stat == STORE_RUNNING);
+        sqlite3_bind_double(st, 5, store_now());
+        sqlite3_bind_int(st, 6, store_status_finished(stat));
+        sqlite3_bind_int(st, 7, stat == STORE_RUNNING || stat == STORE_QUEUED);
+        rc = step_change(s, st, __func__);
+    }
+    pthread_mutex_unlock(&s->wlock);
+    return rc;
+}
+
+/* UPDATE jobs SET <column> = v WHERE id = id, for the statements that set one integer. */
+static int job_set_int(store *s, int stmt, int64_t id, int64_t v, const char *func)
+{
+    sqlite3_stmt *st;
+    int rc;
+
+    if (!s)
+        return STORE_EINVAL;
+    pthread_mutex_lock(&s->wlock);
+    if (!(st = store_stmt(s->w, stmt))) {
+        rc = STORE_EIO;
+    } else {
+        sqlite3_bind_int64(st, 1, id);
+        sqlite3_bind_int64(st, 2, v);
+        rc = step_change(s, st, func);
+    }
+    pthread_mutex_unlock(&s->wlock);
+    return rc;
+}
+
+int store_job_set_summary(store *s, int64_t id, const char *summary_json)
+{
+    sqlite3_stmt *st;
+    int rc;
+
+    if (!s)
+        return STORE_EINVAL;
+    pthread_mutex_lock(&s->wlock);
+    if (!(st = store_stmt(s->w, ST_JOB_SUMMARY))) {
+        rc = STORE_EIO;
+    } else {
+        sqlite3_bind_int64(st, 1, id);
+        bind_text(st, 2, summary_json);
+        rc = step_change(s, st, __func__);
+    }
+    pthread_mutex_unlock(&s->wlock);
+    return rc;
+}
+
+int store_job_set_checkpoint(store *s, int64_t id, int64_t step)
+{
+    if (step < 0)
+        return STORE_EINVAL;
+    return job_set_int(s, ST_JOB_CHECKPOINT, id, step, __func__);
+}
+
+int store_job_set_cancel(store *s, int64_t id, bool requested)
+{
+    return job_set_int(s, ST_JOB_CANCEL, id, requested ? 1 : 0, __func__);
+}
+
+int store_job_set_retries(store *s, int64_t id, int retries)
+{
+    if (retries < 0)
+        return STORE_EINVAL;
+    return job_set_int(s, ST_JOB_RETRIES, id, retries, __func__);
+}
+
+int store_job_delete(store *s, int64_t id)
+{
+    sqlite3_stmt *st;
+    int rc;
+
+    if (!s)
+        return STORE_EINVAL;
+    /* Rows queued before the delete are committed first, so the cascade removes them too. */
+    if ((rc = store_flush(s)) != 0)
+        return rc;
+    pthread_mutex_lock(&s->wlock);
+    if (!(st = store_stmt(s->w, ST_JOB_DELETE))) {
+        rc = STORE_EIO;
+    } else {
+        sqlite3_bind_int64(st, 1, id);
+        /* One statement: the job and, by ON DELETE CASCADE, its metrics, rollups, layer
+         * stats, events and checkpoints go in one implicit transaction. */
+        rc = step_change(s, st, __func__);
+        store_writer_forget(s, id, INT64_MIN);
+    }
+    pthread_mutex_unlock(&s->wlock);
+    return rc;
+}
+
+int store_job_ids(store *s, store_status stat, int64_t **ids, int *n)
+{
+    store_conn *c;
+    sqlite3_stmt *st;
+    int64_t *v = NULL;
+    int rc, cnt = 0, cap = 0;
+
+    if (!s || !ids || !n || (int)stat < 0 || stat >= STORE_NSTATUS)
+        return STORE_EINVAL;
+    *ids = NULL;
+    *n = 0;
+    if (!(c = store_reader(s)) || !(st = store_stmt(c, ST_JOB_IDS)))
+        return STORE_EIO;
+    sqlite3_bind_text(st, 1, status_names[stat], -1, SQLITE_STATIC);
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        if (cnt == cap) {
+            int64_t *nv = realloc(v, (size_t)(cap = cap ? 2 * cap : 16) * sizeof(*v));
+            if (!nv) {
+                rc = STORE_EIO;
+                goto fail;
+            }
+            v = nv;
+        }
+        v[cnt++] = sqlite3_column_int64(st, 0);
+    }
+    if (rc != SQLITE_DONE) {
+        rc = store_sql_error(c->db, st, rc, __func__);
+        goto fail;
+    }
+    store_stmt_done(st);
+    *ids = v;
+    *n = cnt;
+    return 0;
+fail:
+    store_stmt_done(st);
+    free(v);
+    return rc;
+}
+
+/* ---- events, checkpoints, latest metric -------------------------------------------------- */
+
+void store_events_free(store_event *ev, int n)
+{
+    for (int i = 0; ev && i < n; i++) {
+        free(ev[i].message);
+        free(ev[i].data);
+    }
+    free(ev);
+}
+
+int store_event_list(store *s, int64_t job, int64_t after, int limit, store_event **out, int *n)
+{
+    store_conn *c;
+    sqlite3_stmt *st;
+    store_event *ev = NULL;
+    int rc, cnt = 0, cap = 0;
+
+    if (!s || !out || !n || limit < 1)
+        return STORE_EINVAL;
+    *out = NULL;
+    *n = 0;
+    if (limit > 10000)
+        limit = 10000;
+    if (!(c = store_reader(s)) || !(st = store_stmt(c, ST_EVENT_LIST)))
+        return STORE_EIO;
+    sqlite3_bind_int64(st, 1, job);
+    sqlite3_bind_int64(st, 2, after);
+    sqlite3_bind_int(st, 3, limit);
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        store_event *e;
+        if (cnt == cap) {
+            store_event *ne = realloc(ev, (size_t)(cap = cap ? 2 * cap : 16) * sizeof(*ev));
+            if (!ne) {
+                rc = STORE_EIO;
+                goto fail;
+            }
+            ev = ne;
+        }
+        e = &ev[cnt];
+        memset(e, 0, sizeof(*e));
+        e->id = sqlite3_column_int64(st, 0);
+        e->job_id = sqlite3_column_int64(st, 1);
+        e->step = sqlite3_column_int64(st, 2);
+        e->ts = sqlite3_column_double(st, 3);
+        column_copy(st, 4, e->kind, sizeof(e->kind));
+        e->message = column_dup(st, 5);
+        e->data = column_dup(st, 6);
+        cnt++;
+        if (!e->message || (sqlite3_column_type(st, 6) != SQLITE_NULL && !e->data)) {
+            rc = STORE_EIO;
+            goto fail;
+        }
+    }
+    if (rc != SQLITE_DONE) {
+        rc = store_sql_error(c->db, st, rc, __func__);
+        goto fail;
+    }
+    store_stmt_done(st);
+    *out = ev;
+    *n = cnt;
+    return 0;
+fail:
+    store_stmt_done(st);
+    store_events_free(ev, cnt);
+    return rc;
+}
+
+int store_checkpoint_add(store *s, int64_t job, int64_t step, const char *path, int64_t bytes)
+{
+    sqlite3_stmt *st;
+    int rc;
+
+    if (!s || !path || step < 0 || bytes < 0 ||
+        strlen(path) >= sizeof(((store_checkpoint *)0)->path))
+        return STORE_EINVAL;
+    pthread_mutex_lock(&s->wlock);
+    if (!(st = store_stmt(s->w, ST_CKPT_ADD))) {
+        rc = STORE_EIO;
+    } else {
+        sqlite3_bind_int64(st, 1, job);
+        sqlite3_bind_int64(st, 2, step);
+        sqlite3_bind_text(st, 3, path, -1, SQLITE_TRANSIENT);
+        sqlite3_bind_int64(st, 4, bytes);
+        sqlite3_bind_double(st, 5, store_now());
+        rc = step_change(s, st, __func__); /* an unknown job fails the foreign key */
+    }
+    pthread_mutex_unlock(&s->wlock);
+    return rc;
+}
+
+int store_checkpoint_list(store *s, int64_t job, store_checkpoint **out, int *n)
+{
+    store_conn *c;
+    sqlite3_stmt *st;
+    store_checkpoint *v = NULL;
+    int rc, cnt = 0, cap = 0;
+
+    if (!s || !out || !n)
+        return STORE_EINVAL;
+    *out = NULL;
+    *n = 0;
+    if (!(c = store_reader(s)) || !(st = store_stmt(c, ST_CKPT_LIST)))
+        return STORE_EIO;
+    sqlite3_bind_int64(st, 1, job);
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        if (cnt == cap) {
+            store_checkpoint *nv = realloc(v, (size_t)(cap = cap ? 2 * cap : 8) * sizeof(*v));
+            if (!nv) {
+                rc = STORE_EIO;
+                goto fail;
+            }
+            v = nv;
+        }
+        v[cnt].step = sqlite3_column_int64(st, 0);
+        v[cnt].bytes = sqlite3_column_int64(st, 1);
+        v[cnt].created_at = sqlite3_column_double(st, 2);
+        column_copy(st, 3, v[cnt].path, sizeof(v[cnt].path));
+        cnt++;
+    }
+    if (rc != SQLITE_DONE) {
+        rc = store_sql_error(c->db, st, rc, __func__);
+        goto fail;
+    }
+    store_stmt_done(st);
+    *out = v;
+    *n = cnt;
+    return 0;
+fail:
+    store_stmt_done(st);
+    free(v);
+    return rc;
+}
+
+int store_metric_latest(store *s, int64_t job, store_metric *out)
+{
+    store_conn *c;
+    sqlite3_stmt *st;
+    unsigned flags;
+    uint32_t nf;
+    int rc;
+
+    if (!s || !out)
+        return STORE_EINVAL;
+    memset(out, 0, sizeof(*out));
+    if (!(c = store_reader(s)) || !(st = store_stmt(c, ST_METRIC_LATEST)))
+        return STORE_EIO;
+    sqlite3_bind_int64(st, 1, job);
+    rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW) {
+        out->job_id = job;
+        out->rank = sqlite3_column_int(st, STORE_RAW_RANK);
+        out->step = store_row_read(st, STORE_ALL_FIELDS, out->v, &flags, &nf);
+        out->has_eval =
+            sqlite3_column_type(st, STORE_RAW_FIELDS + STORE_M_EVAL_LOSS) != SQLITE_NULL ||
+            sqlite3_column_type(st, STORE_RAW_FIELDS + STORE_M_EVAL_ACC) != SQLITE_NULL ||
+            (sqlite3_column_int64(st, STORE_RAW_NAN) & STORE_EVAL_BITS) != 0;
+        rc = 0;
+    } else if (rc == SQLITE_DONE) {
+        rc = STORE_ENOTFOUND;
+    } else {
+        rc = store_sql_error(c->db, st, rc, __func__);
+    }
+    store_stmt_done(st);
+    return rc;
+}
+
+void store_get_stats(store *s, store_stats *out)
+{
+    store_conn *c;
+    sqlite3_stmt *st;
+    int rc;
+
+    if (!out)
+        return;
+    memset(out, 0, sizeof(*out));
+    if (!s)
+        return;
+    out->metric_rows = atomic_load(&s->metric_rows);
+    out->batches = atomic_load(&s->batches);
+    out->queue_depth = store_writer_depth(s);
+    if (!(c = store_reader(s)) || !(st = store_stmt(c, ST_JOB_COUNTS)))
+        return;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        store_status stat;
+        if (store_status_parse((const char *)sqlite3_column_text(st, 0), &stat) == 0)
+            out->jobs_by_status[stat] = sqlite3_column_int64(st, 1);
+    }
+    if (rc != SQLITE_DONE)
+        store_sql_error(c->db, st, rc, __func__);
+    store_stmt_done(st);
+}

@@ -1,0 +1,219 @@
+/*
+ * store_int.h - what the files of the store/ module share and nothing outside it uses:
+ * the store struct, connections with their prepared-statement caches, the aggregate of a
+ * bucket of metric rows (min/max/last per field) and the writer's entry points.
+ *
+ * Files: schema.c (connections, PRAGMAs, migrations, the SQL of every statement),
+ * store.c (open/close, names, jobs, events, checkpoints, stats), writer.c (the queue, the
+ * writer thread, rollup maintenance, truncate), series.c (aggregates and the series
+ * query).
+ *
+ * Threads: the write connection is used only under store.wlock (by the writer thread for
+ * its batches and by the synchronous job calls); each read connection belongs to one
+ * thread (store_reader()).
+ */
+#ifndef AMPD_STORE_INT_H
+#define AMPD_STORE_INT_H
+
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdatomic.h>
+
+#include "store/store.h"
+
+/* The fixed metric columns in field order (store.h's enum). */
+#define STORE_FIELDS_MAIN(X)                                                                       \
+    X(loss)                                                                                        \
+    X(lr)                                                                                          \
+    X(loss_scale)                                                                                  \
+    X(overflow)                                                                                    \
+    X(skipped)                                                                                     \
+    X(overflow_total)                                                                              \
+    X(skipped_total)                                                                               \
+    X(grad_norm)                                                                                   \
+    X(step_ms)                                                                                     \
+    X(samples_per_s)                                                                               \
+    X(mem_bytes)                                                                                   \
+    X(peak_mem_bytes)                                                                              \
+    X(comm_bytes)                                                                                  \
+    X(comm_ms)
+#define STORE_FIELDS_EVAL(X)                                                                       \
+    X(eval_loss)                                                                                   \
+    X(eval_acc)
+#define STORE_FIELDS(X) STORE_FIELDS_MAIN(X) STORE_FIELDS_EVAL(X)
+
+#define STORE_ALL_FIELDS ((1u << STORE_M_NFIELDS) - 1u)
+#define STORE_EVAL_BITS ((1u << STORE_M_EVAL_LOSS) | (1u << STORE_M_EVAL_ACC))
+
+/* metrics.special: bit 0 overflow, bit 1 skipped (the STORE_F_ values), bit 2 some field
+ * is NaN or +-Inf (nf_mask != 0). The partial index covers rows with special != 0. */
+#define STORE_SPECIAL_NF 4u
+
+/* Rollup levels: buckets of 10, 100, 1000 and 10000 steps, bucket b of level L covering
+ * steps [b*L, (b+1)*L - 1]. Each level's buckets nest in the next one's, ten to one
+ * (rebuilds use that). Level 10 keeps the raw rows read at unaligned bucket edges few. */
+#define STORE_NLEVELS 4
+extern const int64_t store_levels[STORE_NLEVELS];
+
+/* ---- statements (schema.c) -------------------------------------------------------------- */
+
+enum {
+    ST_BEGIN,           /* deferred: a consistent snapshot for readers */
+    ST_BEGIN_IMMEDIATE, /* writers */
+    ST_COMMIT,
+    ST_ROLLBACK,
+    ST_VERSION_GET,
+    ST_VERSION_ADD,
+    ST_JOB_INSERT,
+    ST_JOB_BY_IDEM,
+    ST_JOB_GET,
+    ST_JOB_LIST,
+    ST_JOB_IDS,
+    ST_JOB_STATUS,
+    ST_JOB_SUMMARY,
+    ST_JOB_CHECKPOINT,
+    ST_JOB_CANCEL,
+    ST_JOB_RETRIES,
+    ST_JOB_DELETE,
+    ST_JOB_STEP_MAX,
+    ST_JOB_STEP_MIN,
+    ST_JOB_COUNTS,
+    ST_METRIC_UPSERT,
+    ST_METRIC_EVAL,
+    ST_METRIC_LATEST,
+    ST_METRIC_MAX_STEP,
+    ST_METRIC_TRUNCATE,
+    ST_RAW_RANGE,
+    ST_ROLLUP_GET,
+    ST_ROLLUP_RANGE,
+    ST_ROLLUP_UPSERT,
+    ST_ROLLUP_DELETE,
+    ST_ROLLUP_TRUNCATE,
+    ST_ROLLUP_STRADDLING,
+    ST_LAYER_TRUNCATE,
+    ST_EVENT_INSERT,
+    ST_EVENT_LIST,
+    ST_CKPT_ADD,
+    ST_CKPT_LIST,
+    ST_COUNT
+};
+
+/* Columns of metric-row SELECTs (ST_RAW_RANGE, ST_METRIC_LATEST, STORE_Q_RAW,
+ * STORE_Q_SPECIAL): these, then the statement's fields in field order (all 16 for the
+ * fixed statements, the field mask's for the STORE_Q_ ones). */
+#define STORE_RAW_STEP 0
+#define STORE_RAW_SPECIAL 1
+#define STORE_RAW_NF 2
+#define STORE_RAW_NAN 3
+#define STORE_RAW_RANK 4
+#define STORE_RAW_FIELDS 5
+/* Columns of rollup SELECTs (ST_ROLLUP_GET, ST_ROLLUP_RANGE, STORE_Q_ROLLUP): these, then
+ * min, max, last of each of the statement's fields. */
+#define STORE_RU_BUCKET 0
+#define STORE_RU_FIRST 1
+#define STORE_RU_LAST 2
+#define STORE_RU_COUNT 3
+#define STORE_RU_FLAGS 4
+#define STORE_RU_NF 5
+#define STORE_RU_FIELDS 6
+
+/* Range SELECTs that read only some fields (SQLite's cost per row grows with the columns
+ * it returns). Their text is built from the fixed column names, never from input. */
+enum { STORE_Q_RAW, STORE_Q_SPECIAL, STORE_Q_ROLLUP };
+#define STORE_NQCACHE 16
+
+typedef struct {
+    sqlite3 *db;
+    sqlite3_stmt *st[ST_COUNT]; /* prepared on first use, SQLITE_PREPARE_PERSISTENT */
+    struct {
+        int key;       /* kind * 8 + slot */
+        uint32_t mask; /* fields */
+        uint64_t used;
+        sqlite3_stmt *st;
+    } q[STORE_NQCACHE]; /* the field-subset statements, least recently used replaced */
+    uint64_t tick;
+} store_conn;
+
+/* Open a connection to path: the writer creates the file, sets WAL, synchronous=NORMAL,
+ * foreign_keys=ON; readers open read-only. Both get busy_timeout=5000. Caller closes with
+ * store_conn_close(). */
+int store_conn_open(const char *path, bool writer, store_conn **out);
+void store_conn_close(store_conn *c);
+/* The cached statement id of c, prepared on first use; NULL on error (logged). The caller
+ * resets it when done (store_stmt_done). */
+sqlite3_stmt *store_stmt(store_conn *c, int id);
+void store_stmt_done(sqlite3_stmt *st);
+/* A STORE_Q_ kind of range SELECT for the fields in mask, prepared on first use and cached
+ * (slot tells apart statements that are stepped at the same time). Parameters: job ?1,
+ * rank ?2, then steps ?3..?4 (raw, special) or level ?3 and buckets ?4..?5 (rollup).
+ * NULL on error (logged). */
+sqlite3_stmt *store_stmt_fields(store_conn *c, int kind, int slot, uint32_t mask);
+/* Log the SQLite error of st (or of db when st is NULL) and map rc to a STORE_E code. */
+int store_sql_error(sqlite3 *db, sqlite3_stmt *st, int rc, const char *func);
+/* Run one of the transaction statements (ST_BEGIN...ST_ROLLBACK) on c. */
+int store_exec_stmt(store_conn *c, int id);
+/* Bring the schema of the write connection c up to date (each migration in its own
+ * transaction). STORE_ECONFLICT when the database comes from a newer ampd. */
+int store_migrate(store_conn *c, const char *path);
+/* The schema version this code writes. */
+int store_schema_version(void);
+
+/* ---- aggregates (series.c) -------------------------------------------------------------- */
+
+/* Min, max and last of every field over a set of rows. min/max skip NaN (NaN when no
+ * field value was a number); last is the value at step_last (NaN included). */
+typedef struct {
+    int64_t step_first, step_last, count;
+    unsigned flags;   /* STORE_F_OVERFLOW | STORE_F_SKIPPED of any row */
+    uint32_t nf_mask; /* fields that were NaN or +-Inf in some row */
+    double min[STORE_M_NFIELDS], max[STORE_M_NFIELDS], last[STORE_M_NFIELDS];
+} store_agg;
+
+void store_agg_init(store_agg *a);
+/* Fold one row (v: every field, NaN for absent) into a. */
+void store_agg_add(store_agg *a, int64_t step, const double *v, unsigned flags, uint32_t nf);
+/* Fold the aggregate b (rows disjoint from a's) into a. */
+void store_agg_merge(store_agg *a, const store_agg *b);
+/* Read the current row of a metric-row SELECT whose fields are mask: those into v (others
+ * NaN), the flags (overflow/skipped) and nf_mask. Returns the step. */
+int64_t store_row_read(sqlite3_stmt *st, uint32_t mask, double *v, unsigned *flags, uint32_t *nf);
+/* Read the current row of a rollup SELECT whose fields are mask into a (fields outside
+ * mask NaN). Returns the bucket. */
+int64_t store_agg_read(sqlite3_stmt *st, uint32_t mask, store_agg *a);
+
+/* ---- the store ---------------------------------------------------------------------------- */
+
+typedef struct store_rconn store_rconn;
+typedef struct store_writer store_writer;
+
+struct store {
+    char *path;
+    store_conn *w;         /* the write connection; only under wlock */
+    pthread_mutex_t wlock; /* also guards the writer's rollup state */
+    store_writer *wr;
+    pthread_key_t rkey; /* this thread's store_rconn */
+    pthread_mutex_t rlock;
+    store_rconn *rconns; /* every open read connection */
+    atomic_llong metric_rows, batches;
+};
+
+/* This thread's read connection, opened on first use; NULL on error (logged). */
+store_conn *store_reader(store *s);
+
+/* ---- the writer (writer.c) ---------------------------------------------------------------- */
+
+int store_writer_start(store *s);
+/* Commit what is queued, stop the thread, free the writer. */
+void store_writer_stop(store *s);
+int64_t store_writer_depth(store *s);
+/* Drop the writer's in-memory state of job (rollup buckets, pending evals past
+ * after_step; INT64_MIN: all). Call with wlock held. */
+void store_writer_forget(store *s, int64_t job, int64_t after_step);
+/* Recompute rollup bucket (job, rank, level li, bucket) from the rows under it (raw rows
+ * for level 0, the buckets of level li-1 otherwise); deletes it when empty. wlock held,
+ * inside a transaction. */
+int store_rollup_rebuild(store *s, int64_t job, int rank, int li, int64_t bucket);
+
+double store_now(void);
+
+#endif /* AMPD_STORE_INT_H */

@@ -1,0 +1,1902 @@
+/*
+ * check_api.c - the HTTP server (api/server.c, routes.c, sse.c, prom.c, encode.c).
+ *
+ * Three test cases:
+ *   units     the pure pieces: strict integer, list and id parsing, the route table, JSON
+ *             strings (escapes, invalid UTF-8), numbers (NaN/Infinity, shortest round
+ *             trip), CSV and Prometheus numbers and labels, the series encoders (JSON and
+ *             CSV, raw and bucketed), the token comparison, JSON depth and compaction.
+ *   store     a server over a real store in a temporary directory and no scheduler (the
+ *             degraded mode): every GET route, the 4xx errors (404, 405 + Allow, 401 +
+ *             WWW-Authenticate, 413 by Content-Length and chunked, 414, 415, 400 naming the
+ *             parameter), 503 for submits, metrics as JSON and CSV (raw and downsampled,
+ *             NaN and Infinity kept, overflow steps kept), events with a cursor,
+ *             checkpoint download, compare, system, Prometheus text parsed line by line,
+ *             SSE of a finished job (backlog, resume by Last-Event-ID, `end`), SSE of a
+ *             running job followed through the store, the heartbeat, and api_stop ending
+ *             open streams at once.
+ *   live      the same server with a real scheduler whose worker is tests/sched_worker.sh:
+ *             submit (201, Location, Idempotency-Key -> 200 with the same job), the job
+ *             runs to succeeded, cancel / resume / delete with 202, 409 and 204, an SSE
+ *             client that disconnects and resumes with Last-Event-ID sees every step
+ *             exactly once, and 100 concurrent SSE clients all see the whole run.
+ *
+ * The HTTP client is a small raw-socket one (HTTP/1.1, chunked decoding) so the test needs
+ * no libcurl. Only 127.0.0.1 is used.
+ */
+#include <arpa/inet.h>
+#include <check.h>
+#include <errno.h>
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "api/api_int.h"
+
+#define TOKEN "s3cret-token"
+
+/* ---- a raw HTTP client ----------------------------------------------------------------- */
+
+typedef struct {
+    int fd;
+    api_buf raw;  /* bytes as received */
+    api_buf body; /* decoded body */
+    bool hdone, chunked, done, eof;
+    int status;
+    char headers[8192];
+    size_t pos; /* next raw byte to decode */
+} hconn;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static void hc_open(hconn *c, unsigned port)
+{
+    struct sockaddr_in a;
+    memset(c, 0, sizeof(*c));
+    api_buf_init(&c->raw);
+    api_buf_init(&c->body);
+    c->fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ck_assert_int_ge(c->fd, 0);
+    memset(&a, 0, sizeof(a));
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_int_eq(connect(c->fd, (struct sockaddr *)&a, sizeof(a)), 0);
+}
+
+static void hc_close(hconn *c)
+{
+    if (c->fd >= 0)
+        close(c->fd);
+    c->fd = -1;
+    api_buf_free(&c->raw);
+    api_buf_free(&c->body);
+}
+
+static void hc_send(hconn *c, const char *data, size_t len)
+{
+    while (len > 0) {
+        ssize_t n = send(c->fd, data, len, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return; /* the server may close early (413): what it answered is still read */
+        data += n;
+        len -= (size_t)n;
+    }
+}
+
+/* Decode what has arrived: the head, then the body (chunked or not). */
+static void hc_decode(hconn *c)
+{
+    if (!c->hdone) {
+        const char *end = c->raw.data ? strstr(c->raw.data, "\r\n\r\n") : NULL;
+        if (!end)
+            return;
+        size_t hl = (size_t)(end - c->raw.data) + 4;
+        ck_assert_uint_lt(hl, sizeof(c->headers));
+        memcpy(c->headers, c->raw.data, hl);
+        c->headers[hl] = '\0';
+        ck_assert_int_eq(sscanf(c->headers, "HTTP/1.%*d %d", &c->status), 1);
+        c->hdone = true;
+        c->pos = hl;
+        for (const char *h = c->headers; (h = strstr(h, "\r\n")) != NULL; h += 2)
+            if (strncasecmp(h + 2, "Transfer-Encoding: chunked", 26) == 0)
+                c->chunked = true;
+    }
+    if (!c->chunked) {
+        api_buf_put(&c->body, c->raw.data + c->pos, c->raw.len - c->pos);
+        c->pos = c->raw.len;
+        return;
+    }
+    while (!c->done) {
+        const char *p = c->raw.data + c->pos;
+        const char *nl = strstr(p, "\r\n");
+        if (!nl)
+            return;
+        unsigned long n = strtoul(p, NULL, 16);
+        size_t need = (size_t)(nl - p) + 2 + n + 2;
+        if (c->raw.len - c->pos < need)
+            return;
+        if (n == 0) {
+            c->done = true;
+            return;
+        }
+        api_buf_put(&c->body, nl + 2, n);
+        c->pos += need;
+    }
+}
+
+/* Read what arrives within timeout_ms; false on EOF or timeout without data. */
+static bool hc_pump(hconn *c, int timeout_ms)
+{
+    char buf[65536];
+    struct pollfd pf = {c->fd, POLLIN, 0};
+    if (c->eof || c->done)
+        return false;
+    if (poll(&pf, 1, timeout_ms) <= 0)
+        return false;
+    ssize_t n = recv(c->fd, buf, sizeof(buf), 0);
+    if (n <= 0) {
+        c->eof = true;
+        return false;
+    }
+    api_buf_put(&c->raw, buf, (size_t)n);
+    hc_decode(c);
+    return true;
+}
+
+/* Pump until the decoded body holds needle; false on EOF or after timeout_ms. */
+static bool hc_wait(hconn *c, const char *needle, int timeout_ms)
+{
+    double end = now_s() + timeout_ms / 1000.0;
+    while (!(c->body.data && strstr(c->body.data, needle))) {
+        int left = (int)((end - now_s()) * 1000);
+        if (left <= 0 || c->eof || c->done)
+            return false;
+        hc_pump(c, left < 100 ? left : 100);
+    }
+    return true;
+}
+
+/* Read to the end of the response (close or last chunk). */
+static void hc_read_all(hconn *c, int timeout_ms)
+{
+    double end = now_s() + timeout_ms / 1000.0;
+    while (!c->eof && !c->done) {
+        int left = (int)((end - now_s()) * 1000);
+        ck_assert_msg(left > 0, "the response did not end in %d ms", timeout_ms);
+        hc_pump(c, left < 200 ? left : 200);
+    }
+}
+
+typedef struct {
+    int status;
+    char headers[8192];
+    char *body;
+    size_t len;
+} hresp;
+
+static void hresp_free(hresp *r)
+{
+    free(r->body);
+    r->body = NULL;
+}
+
+/* One request on a new connection (Connection: close); extra: more header lines, each
+ * ending in \r\n. */
+static void http(unsigned port, const char *method, const char *path, const char *extra,
+                 const char *body, size_t blen, hresp *out)
+{
+    hconn c;
+    char head[16384];
+    int n;
+    hc_open(&c, port);
+    n = snprintf(head, sizeof(head), "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s",
+                 method, path, extra ? extra : "");
+    if (body)
+        n += snprintf(head + n, sizeof(head) - (size_t)n, "Content-Length: %zu\r\n", blen);
+    n += snprintf(head + n, sizeof(head) - (size_t)n, "\r\n");
+    hc_send(&c, head, (size_t)n);
+    if (body)
+        hc_send(&c, body, blen);
+    hc_read_all(&c, 10000);
+    ck_assert(c.hdone);
+    out->status = c.status;
+    memcpy(out->headers, c.headers, sizeof(out->headers));
+    out->body = api_buf_steal(&c.body, &out->len);
+    hc_close(&c);
+}
+
+/* The value of header name in r (a static copy), or NULL. */
+static const char *header(const hresp *r, const char *name)
+{
+    static char val[1024];
+    size_t nl = strlen(name);
+    for (const char *h = r->headers; (h = strstr(h, "\r\n")) != NULL; h += 2) {
+        if (strncasecmp(h + 2, name, nl) == 0 && h[2 + nl] == ':') {
+            const char *v = h + 3 + nl;
+            while (*v == ' ')
+                v++;
+            size_t vl = strcspn(v, "\r");
+            snprintf(val, sizeof(val), "%.*s", (int)vl, v);
+            return val;
+        }
+    }
+    return NULL;
+}
+
+static json_t *json_of(const hresp *r)
+{
+    json_error_t e;
+    json_t *j = json_loadb(r->body, r->len, 0, &e);
+    ck_assert_msg(j != NULL, "not JSON (%s): %.300s", e.text, r->body);
+    return j;
+}
+
+/* GET path expecting status; returns the parsed JSON body (caller decrefs). */
+static json_t *get_json(unsigned port, const char *path, int status)
+{
+    hresp r;
+    http(port, "GET", path, NULL, NULL, 0, &r);
+    ck_assert_msg(r.status == status, "GET %s: %d, expected %d: %.300s", path, r.status, status,
+                  r.body);
+    ck_assert_str_eq(header(&r, "Content-Type"), "application/json");
+    json_t *j = json_of(&r);
+    hresp_free(&r);
+    return j;
+}
+
+/* An error answer: status, code and (when not NULL) the field it names. */
+static void expect_error(const hresp *r, int status, const char *code, const char *field)
+{
+    ck_assert_msg(r->status == status, "status %d, expected %d: %.300s", r->status, status,
+                  r->body);
+    json_t *j = json_of(r);
+    json_t *e = json_object_get(j, "error");
+    ck_assert_ptr_nonnull(e);
+    ck_assert_str_eq(json_string_value(json_object_get(e, "code")), code);
+    ck_assert_ptr_nonnull(json_string_value(json_object_get(e, "message")));
+    if (field)
+        ck_assert_str_eq(json_string_value(json_object_get(e, "field")), field);
+    json_decref(j);
+}
+
+static void req_error(unsigned port, const char *method, const char *path, const char *extra,
+                      const char *body, int status, const char *code, const char *field)
+{
+    hresp r;
+    http(port, method, path, extra, body, body ? strlen(body) : 0, &r);
+    expect_error(&r, status, code, field);
+    hresp_free(&r);
+}
+
+/* ---- unit tests ------------------------------------------------------------------------ */
+
+START_TEST(test_parse_int)
+{
+    int64_t v;
+    ck_assert_int_eq(api_parse_i64("42", 0, 100, &v), 0);
+    ck_assert_int_eq(v, 42);
+    ck_assert_int_eq(api_parse_i64("-7", -10, 10, &v), 0);
+    ck_assert_int_eq(v, -7);
+    ck_assert_int_eq(api_parse_i64("9223372036854775807", 0, INT64_MAX, &v), 0);
+    ck_assert(v == INT64_MAX);
+    ck_assert_int_eq(api_parse_i64("-9223372036854775808", INT64_MIN, 0, &v), 0);
+    ck_assert(v == INT64_MIN);
+    const char *bad[] = {"",
+                         "-",
+                         "+1",
+                         " 1",
+                         "1 ",
+                         "1a",
+                         "0x10",
+                         "1.0",
+                         "1e3",
+                         "9223372036854775808",
+                         "-9223372036854775809",
+                         "99999999999999999999999",
+                         "101",
+                         "-1"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        ck_assert_msg(api_parse_i64(bad[i], 0, 100, &v) != 0, "accepted \"%s\"", bad[i]);
+    ck_assert(api_parse_i64(NULL, 0, 1, &v) != 0);
+}
+END_TEST
+
+START_TEST(test_parse_lists)
+{
+    int f[STORE_M_NFIELDS], n;
+    int64_t ids[4];
+    char err[160];
+    ck_assert_int_eq(api_parse_fields("loss,loss_scale,eval_acc", f, &n, err, sizeof(err)), 0);
+    ck_assert_int_eq(n, 3);
+    ck_assert_int_eq(f[0], STORE_M_LOSS);
+    ck_assert_int_eq(f[1], STORE_M_LOSS_SCALE);
+    ck_assert_int_eq(f[2], STORE_M_EVAL_ACC);
+    ck_assert_int_ne(api_parse_fields("loss,bogus", f, &n, err, sizeof(err)), 0);
+    ck_assert_ptr_nonnull(strstr(err, "bogus"));
+    ck_assert_int_ne(api_parse_fields("loss,,lr", f, &n, err, sizeof(err)), 0);
+    ck_assert_int_ne(api_parse_fields("loss,loss", f, &n, err, sizeof(err)), 0);
+    ck_assert_int_ne(api_parse_fields("", f, &n, err, sizeof(err)), 0);
+    ck_assert_int_ne(api_parse_fields("loss,", f, &n, err, sizeof(err)), 0);
+
+    ck_assert_int_eq(api_parse_ids("3,1,2", ids, 4, &n, err, sizeof(err)), 0);
+    ck_assert_int_eq(n, 3);
+    ck_assert(ids[0] == 3 && ids[1] == 1 && ids[2] == 2);
+    ck_assert_int_ne(api_parse_ids("1,x", ids, 4, &n, err, sizeof(err)), 0);
+    ck_assert_ptr_nonnull(strstr(err, "\"x\""));
+    ck_assert_int_ne(api_parse_ids("1,0", ids, 4, &n, err, sizeof(err)), 0);
+    ck_assert_int_ne(api_parse_ids("1,1", ids, 4, &n, err, sizeof(err)), 0);
+    ck_assert_int_ne(api_parse_ids("1,2,3,4,5", ids, 4, &n, err, sizeof(err)), 0);
+    ck_assert_int_ne(api_parse_ids("", ids, 4, &n, err, sizeof(err)), 0);
+    ck_assert_int_ne(api_parse_ids("1,-2", ids, 4, &n, err, sizeof(err)), 0);
+}
+END_TEST
+
+START_TEST(test_routes)
+{
+    static const struct {
+        const char *path;
+        api_route_id id;
+        int64_t job, step;
+        unsigned allow;
+    } ok[] = {
+        {"/healthz", API_R_HEALTHZ, -1, -1, API_M_GET | API_M_HEAD},
+        {"/metrics", API_R_PROM, -1, -1, API_M_GET | API_M_HEAD},
+        {"/v1/system", API_R_SYSTEM, -1, -1, API_M_GET | API_M_HEAD},
+        {"/v1/compare", API_R_COMPARE, -1, -1, API_M_GET | API_M_HEAD},
+        {"/v1/jobs", API_R_JOBS, -1, -1, API_M_GET | API_M_HEAD | API_M_POST},
+        {"/v1/jobs/", API_R_JOBS, -1, -1, API_M_GET | API_M_HEAD | API_M_POST},
+        {"/v1/jobs/17", API_R_JOB, 17, -1, API_M_GET | API_M_HEAD | API_M_DELETE},
+        {"/v1/jobs/abc", API_R_JOB, -1, -1, API_M_GET | API_M_HEAD | API_M_DELETE},
+        {"/v1/jobs/007", API_R_JOB, -1, -1, API_M_GET | API_M_HEAD | API_M_DELETE},
+        {"/v1/jobs/0", API_R_JOB, -1, -1, API_M_GET | API_M_HEAD | API_M_DELETE},
+        {"/v1/jobs/99999999999999999999", API_R_JOB, -1, -1, API_M_GET | API_M_HEAD | API_M_DELETE},
+        {"/v1/jobs/5/cancel", API_R_JOB_CANCEL, 5, -1, API_M_POST},
+        {"/v1/jobs/5/resume", API_R_JOB_RESUME, 5, -1, API_M_POST},
+        {"/v1/jobs/5/metrics", API_R_JOB_METRICS, 5, -1, API_M_GET | API_M_HEAD},
+        {"/v1/jobs/5/layers", API_R_JOB_LAYERS, 5, -1, API_M_GET | API_M_HEAD},
+        {"/v1/jobs/5/events", API_R_JOB_EVENTS, 5, -1, API_M_GET | API_M_HEAD},
+        {"/v1/jobs/5/stream", API_R_JOB_STREAM, 5, -1, API_M_GET | API_M_HEAD},
+        {"/v1/jobs/5/checkpoints", API_R_JOB_CKPTS, 5, -1, API_M_GET | API_M_HEAD},
+        {"/v1/jobs/5/checkpoints/", API_R_JOB_CKPTS, 5, -1, API_M_GET | API_M_HEAD},
+        {"/v1/jobs/5/checkpoints/500", API_R_JOB_CKPT, 5, 500, API_M_GET | API_M_HEAD},
+        {"/v1/jobs/5/checkpoints/0", API_R_JOB_CKPT, 5, 0, API_M_GET | API_M_HEAD},
+        {"/v1/jobs/5/checkpoints/x", API_R_JOB_CKPT, 5, -1, API_M_GET | API_M_HEAD},
+    };
+    static const char *const bad[] = {"",
+                                      "healthz",
+                                      "/",
+                                      "/v1",
+                                      "/v1/",
+                                      "/v2/jobs",
+                                      "/v1/jobsx",
+                                      "/v1/jobs/5/nope",
+                                      "/v1/jobs/5/cancel/x",
+                                      "/v1/jobs/5/metrics/1",
+                                      "/v1/jobs/5/checkpoints/1/2",
+                                      "/healthz/x",
+                                      "/index.html"};
+    api_route r;
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+        ck_assert_msg(api_route_match(ok[i].path, false, &r) == 0, "%s unmatched", ok[i].path);
+        ck_assert_msg(r.id == ok[i].id, "%s: route %d", ok[i].path, (int)r.id);
+        ck_assert_msg(r.job == ok[i].job, "%s: job %lld", ok[i].path, (long long)r.job);
+        ck_assert_msg(r.step == ok[i].step, "%s: step %lld", ok[i].path, (long long)r.step);
+        ck_assert_msg(r.allow == ok[i].allow, "%s: allow %u", ok[i].path, r.allow);
+    }
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        ck_assert_msg(api_route_match(bad[i], false, &r) != 0, "%s matched", bad[i]);
+    /* with static files, unknown non-API paths are files */
+    ck_assert_int_eq(api_route_match("/", true, &r), 0);
+    ck_assert_int_eq(r.id, API_R_STATIC);
+    ck_assert_int_eq(api_route_match("/app.js", true, &r), 0);
+    ck_assert_int_eq(r.id, API_R_STATIC);
+    ck_assert_int_ne(api_route_match("/v1/nope", true, &r), 0);
+
+    char allow[64];
+    api_allow_string(API_M_GET | API_M_HEAD | API_M_POST, allow, sizeof(allow));
+    ck_assert_str_eq(allow, "GET, HEAD, POST");
+    api_allow_string(API_M_POST, allow, sizeof(allow));
+    ck_assert_str_eq(allow, "POST");
+    ck_assert_uint_eq(api_method_bit("DELETE"), API_M_DELETE);
+    ck_assert_uint_eq(api_method_bit("PUT"), 0);
+    ck_assert_uint_eq(api_method_bit("get"), 0);
+}
+END_TEST
+
+/* Encode s as a JSON string, parse it back and compare with want. */
+static void json_str_roundtrip(const char *s, const char *want)
+{
+    api_buf b;
+    json_error_t e;
+    api_buf_init(&b);
+    api_buf_putc(&b, '[');
+    api_buf_json_str(&b, s);
+    api_buf_putc(&b, ']');
+    json_t *j = json_loads(b.data, 0, &e);
+    ck_assert_msg(j != NULL, "invalid JSON %s: %s", b.data, e.text);
+    ck_assert_str_eq(json_string_value(json_array_get(j, 0)), want);
+    json_decref(j);
+    api_buf_free(&b);
+}
+
+START_TEST(test_json_strings)
+{
+    json_str_roundtrip("plain", "plain");
+    json_str_roundtrip("q\"b\\s/", "q\"b\\s/");
+    json_str_roundtrip("tab\tnl\ncr\r\x01\x1f", "tab\tnl\ncr\r\x01\x1f");
+    json_str_roundtrip("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80",
+                       "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80");
+    /* invalid UTF-8: a lone continuation byte, a truncated sequence, an overlong slash,
+     * a surrogate, 0xFF */
+    json_str_roundtrip("a\x80z", "a\xef\xbf\xbdz");
+    json_str_roundtrip("a\xe2\x82", "a\xef\xbf\xbd\xef\xbf\xbd");
+    json_str_roundtrip("\xc0\xaf", "\xef\xbf\xbd\xef\xbf\xbd");
+    json_str_roundtrip("\xed\xa0\x80", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");
+    json_str_roundtrip("\xff", "\xef\xbf\xbd");
+    api_buf b;
+    api_buf_init(&b);
+    api_buf_json_str(&b, NULL);
+    ck_assert_str_eq(b.data, "null");
+    api_buf_free(&b);
+}
+END_TEST
+
+static const char *num_text(void (*fn)(api_buf *, double), double v, api_buf *b)
+{
+    api_buf_reset(b);
+    fn(b, v);
+    return b->data;
+}
+
+START_TEST(test_numbers)
+{
+    api_buf b;
+    api_buf_init(&b);
+    ck_assert_str_eq(num_text(api_buf_json_num, NAN, &b), "\"NaN\"");
+    ck_assert_str_eq(num_text(api_buf_json_num, INFINITY, &b), "\"Infinity\"");
+    ck_assert_str_eq(num_text(api_buf_json_num, -INFINITY, &b), "\"-Infinity\"");
+    ck_assert_str_eq(num_text(api_buf_json_num, 65536.0, &b), "65536.0");
+    ck_assert_str_eq(num_text(api_buf_json_num, 0.5, &b), "0.5");
+    ck_assert_str_eq(num_text(api_buf_json_num, 0.001, &b), "0.001");
+    ck_assert_str_eq(num_text(api_buf_json_num, 0.1, &b), "0.1");
+    ck_assert_str_eq(num_text(api_buf_csv_num, NAN, &b), "NaN");
+    ck_assert_str_eq(num_text(api_buf_csv_num, INFINITY, &b), "inf");
+    ck_assert_str_eq(num_text(api_buf_csv_num, -INFINITY, &b), "-inf");
+    ck_assert_str_eq(num_text(api_buf_csv_num, 3.0, &b), "3");
+    ck_assert_str_eq(num_text(api_buf_prom_num, NAN, &b), "NaN");
+    ck_assert_str_eq(num_text(api_buf_prom_num, INFINITY, &b), "+Inf");
+    ck_assert_str_eq(num_text(api_buf_prom_num, -INFINITY, &b), "-Inf");
+    /* every finite double reads back exactly */
+    uint64_t x = 88172645463325252ull;
+    for (int i = 0; i < 50000; i++) {
+        double v;
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        memcpy(&v, &x, sizeof(v));
+        if (!isfinite(v))
+            continue;
+        num_text(api_buf_json_num, v, &b);
+        ck_assert_msg(strtod(b.data, NULL) == v || (v == 0 && strtod(b.data, NULL) == 0),
+                      "%s != %.17g", b.data, v);
+        json_t *j = json_loads(b.data, JSON_DECODE_ANY, NULL);
+        ck_assert_msg(j != NULL, "not a JSON number: %s", b.data);
+        json_decref(j);
+    }
+    api_buf_reset(&b);
+    api_buf_json_time(&b, 0);
+    ck_assert_str_eq(b.data, "null");
+    api_buf_reset(&b);
+    api_buf_json_time(&b, 1700000000.25);
+    ck_assert_str_eq(b.data, "\"2023-11-14T22:13:20.250Z\"");
+    api_buf_free(&b);
+}
+END_TEST
+
+START_TEST(test_prom_label)
+{
+    api_buf b;
+    api_buf_init(&b);
+    api_buf_prom_label(&b, "a\"b\\c\nd\xff");
+    ck_assert_str_eq(b.data, "a\\\"b\\\\c\\nd\xef\xbf\xbd");
+    api_buf_free(&b);
+}
+END_TEST
+
+START_TEST(test_misc)
+{
+    ck_assert(api_token_equal("abc", 3, "abc"));
+    ck_assert(!api_token_equal("abd", 3, "abc"));
+    ck_assert(!api_token_equal("ab", 2, "abc"));
+    ck_assert(!api_token_equal("abcd", 4, "abc"));
+    ck_assert(!api_token_equal("", 0, ""));
+    ck_assert_int_eq(api_json_depth("{\"a\":[1,{\"b\":\"[[[\"}]}", 22), 3);
+    ck_assert_int_eq(api_json_depth("1", 1), 0);
+
+    const char *in = "{ \"a\" : [1, 2],\n\t\"s\": \"x y \\\" z\" }";
+    api_buf b;
+    api_buf_init(&b);
+    api_buf_json_compact(&b, in, strlen(in));
+    ck_assert_str_eq(b.data, "{\"a\":[1,2],\"s\":\"x y \\\" z\"}");
+    api_buf_reset(&b);
+    for (int i = 0; i < 100000; i++)
+        api_buf_puts(&b, "0123456789");
+    ck_assert_uint_eq(b.len, 1000000);
+    ck_assert(!b.oom);
+    size_t len;
+    char *s = api_buf_steal(&b, &len);
+    ck_assert_uint_eq(len, 1000000);
+    ck_assert_uint_eq(b.len, 0);
+    free(s);
+}
+END_TEST
+
+/* A hand-made series: a bucket, an overflow step and a NaN step. */
+static void make_series(store_series *se, double *vals)
+{
+    static store_point pts[3];
+    memset(se, 0, sizeof(*se));
+    se->nfields = 2;
+    se->fields[0] = STORE_M_LOSS;
+    se->fields[1] = STORE_M_LOSS_SCALE;
+    se->npoints = 3;
+    se->points = pts;
+    se->total_steps = 12;
+    /* point i uses vals[6i .. 6i+5]: min[2], max[2], last[2] */
+    pts[0] = (store_point){1, 10, 10, 0, vals, vals + 2, vals + 4};
+    pts[1] =
+        (store_point){5, 5, 1, STORE_F_OVERFLOW | STORE_F_SKIPPED, vals + 6, vals + 8, vals + 10};
+    pts[2] = (store_point){11, 11, 1, STORE_F_NONFINITE, vals + 12, vals + 14, vals + 16};
+}
+
+START_TEST(test_series_json)
+{
+    double v[18] = {0.5, 1024,  2.0, 65536, 0.7, 2048,  /* bucket */
+                    1.5, 32768, 1.5, 32768, 1.5, 32768, /* overflow step */
+                    NAN, 8,     NAN, 8,     NAN, 8};    /* NaN step */
+    store_series se;
+    api_series_enc e;
+    api_buf b;
+    make_series(&se, v);
+    memset(&e, 0, sizeof(e));
+    e.nfields = 2;
+    e.fields[0] = STORE_M_LOSS;
+    e.fields[1] = STORE_M_LOSS_SCALE;
+    api_buf_init(&b);
+    api_series_begin(&e, &b, 7);
+    api_series_points(&e, &b, &se, 0, se.npoints);
+    api_series_end(&e, &b, se.total_steps);
+    json_t *j = json_loads(b.data, 0, NULL);
+    ck_assert_msg(j != NULL, "invalid JSON: %s", b.data);
+    ck_assert_int_eq(json_integer_value(json_object_get(j, "job")), 7);
+    ck_assert_int_eq(json_integer_value(json_object_get(j, "total_steps")), 12);
+    ck_assert_str_eq(json_string_value(json_array_get(json_object_get(j, "fields"), 1)),
+                     "loss_scale");
+    json_t *p = json_object_get(j, "points");
+    ck_assert_int_eq(json_array_size(p), 3);
+    json_t *p0 = json_array_get(p, 0), *p1 = json_array_get(p, 1), *p2 = json_array_get(p, 2);
+    ck_assert_int_eq(json_integer_value(json_object_get(p0, "count")), 10);
+    ck_assert_int_eq(json_integer_value(json_object_get(p0, "step_last")), 10);
+    ck_assert(json_is_false(json_object_get(p0, "overflow")));
+    ck_assert(json_real_value(json_object_get(json_object_get(p0, "loss"), "min")) == 0.5);
+    ck_assert(json_real_value(json_object_get(json_object_get(p0, "loss"), "max")) == 2.0);
+    ck_assert(json_real_value(json_object_get(json_object_get(p0, "loss"), "last")) == 0.7);
+    ck_assert(json_real_value(json_object_get(json_object_get(p0, "loss_scale"), "last")) == 2048);
+    ck_assert(json_is_true(json_object_get(p1, "overflow")));
+    ck_assert(json_is_true(json_object_get(p1, "skipped")));
+    ck_assert(json_real_value(json_object_get(p1, "loss")) == 1.5); /* raw: a plain value */
+    ck_assert(json_is_true(json_object_get(p2, "nonfinite")));
+    ck_assert_str_eq(json_string_value(json_object_get(p2, "loss")), "NaN");
+    json_decref(j);
+
+    /* the same JSON written in pieces (as a streamed response is) */
+    api_buf whole, parts;
+    api_buf_init(&whole);
+    api_buf_init(&parts);
+    api_series_begin(&e, &whole, 7);
+    api_series_points(&e, &whole, &se, 0, se.npoints);
+    api_series_end(&e, &whole, 12);
+    api_series_begin(&e, &parts, 7);
+    for (int i = 0; i < se.npoints; i++)
+        api_series_points(&e, &parts, &se, i, 1);
+    api_series_end(&e, &parts, 12);
+    ck_assert_str_eq(whole.data, parts.data);
+    api_buf_free(&whole);
+    api_buf_free(&parts);
+
+    /* CSV, bucketed */
+    api_buf_reset(&b);
+    e.csv = true;
+    api_series_begin(&e, &b, 7);
+    api_series_points(&e, &b, &se, 0, se.npoints);
+    api_series_end(&e, &b, se.total_steps);
+    ck_assert_str_eq(b.data, "step,step_last,count,flags,loss_min,loss_max,loss_last,"
+                             "loss_scale_min,loss_scale_max,loss_scale_last\n"
+                             "1,10,10,0,0.5,2,0.7,1024,65536,2048\n"
+                             "5,5,1,3,1.5,1.5,1.5,32768,32768,32768\n"
+                             "11,11,1,4,NaN,NaN,NaN,8,8,8\n");
+    /* CSV, raw */
+    api_buf_reset(&b);
+    e.raw = true;
+    se.npoints = 2;
+    se.points++;
+    api_series_begin(&e, &b, 7);
+    api_series_points(&e, &b, &se, 0, se.npoints);
+    api_series_end(&e, &b, 2);
+    ck_assert_str_eq(b.data, "step,loss,loss_scale\n5,1.5,32768\n11,NaN,8\n");
+    api_buf_free(&b);
+}
+END_TEST
+
+/* ---- a server over a store ------------------------------------------------------------- */
+
+static char dir[256], dbpath[320];
+static store *st;
+static api_server *srv;
+static unsigned port;
+static daemon_sched *sc;
+
+static void start_server(daemon_sched *with)
+{
+    api_config c;
+    char err[256];
+    memset(&c, 0, sizeof(c));
+    snprintf(c.listen, sizeof(c.listen), "127.0.0.1:0");
+    snprintf(c.token, sizeof(c.token), "%s", TOKEN);
+    c.max_body = 4096;
+    api_spec_opts_default(&c.spec);
+    ck_assert_msg(api_start(&c, st, with, &srv, err, sizeof(err)) == 0, "%s", err);
+    port = api_port(srv);
+    ck_assert_uint_gt(port, 0);
+}
+
+static void store_setup(void)
+{
+    setenv("AMPD_SSE_HEARTBEAT_MS", "100", 1);
+    snprintf(dir, sizeof(dir), "/tmp/check_api.XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(dbpath, sizeof(dbpath), "%s/ampd.db", dir);
+    ck_assert_int_eq(store_open(dbpath, &st), 0);
+    sc = NULL;
+    start_server(NULL);
+}
+
+static void store_teardown(void)
+{
+    char cmd[400];
+    api_stop(srv);
+    srv = NULL;
+    daemon_sched_stop(sc);
+    sc = NULL;
+    store_close(st);
+    st = NULL;
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+static int64_t add_job(const char *name, const char *dtype, int64_t steps)
+{
+    int64_t id;
+    bool existed;
+    char spec[256];
+    snprintf(spec, sizeof(spec), "{\"name\":\"%s\",\"steps\":%lld}", name, (long long)steps);
+    ck_assert_int_eq(store_job_insert(st, name, dtype, steps, spec, NULL, &id, &existed), 0);
+    return id;
+}
+
+/* Rows 1..n for job: loss 1/step, overflow at multiples of 97, NaN loss at 50, +Inf at 51,
+ * eval at multiples of 100. */
+static void add_rows(int64_t job, int64_t first, int64_t n)
+{
+    for (int64_t s = first; s < first + n; s++) {
+        store_metric m;
+        memset(&m, 0, sizeof(m));
+        m.job_id = job;
+        m.step = s;
+        for (int f = 0; f < STORE_M_NFIELDS; f++)
+            m.v[f] = 0;
+        m.v[STORE_M_LOSS] = s == 50 ? NAN : s == 51 ? INFINITY : 1.0 / (double)s;
+        m.v[STORE_M_LR] = 0.001;
+        m.v[STORE_M_LOSS_SCALE] = 65536;
+        m.v[STORE_M_OVERFLOW] = m.v[STORE_M_SKIPPED] = s % 97 == 0;
+        m.v[STORE_M_OVERFLOW_TOTAL] = m.v[STORE_M_SKIPPED_TOTAL] = (double)(s / 97);
+        m.v[STORE_M_STEP_MS] = 25;
+        m.v[STORE_M_SAMPLES_PER_S] = 10000;
+        m.v[STORE_M_MEM_BYTES] = 1 << 20;
+        m.v[STORE_M_EVAL_LOSS] = m.v[STORE_M_EVAL_ACC] = NAN;
+        if (s % 100 == 0) {
+            m.has_eval = true;
+            m.v[STORE_M_EVAL_LOSS] = 0.25;
+            m.v[STORE_M_EVAL_ACC] = 0.9;
+        }
+        ck_assert_int_eq(store_metric_append(st, &m), 0);
+    }
+    ck_assert_int_eq(store_flush(st), 0);
+}
+
+START_TEST(test_basics)
+{
+    json_t *j = get_json(port, "/healthz", 200);
+    ck_assert_str_eq(json_string_value(json_object_get(j, "status")), "ok");
+    json_decref(j);
+
+    req_error(port, "GET", "/nope", NULL, NULL, 404, "not_found", NULL);
+    req_error(port, "GET", "/", NULL, NULL, 404, "not_found", NULL);
+    req_error(port, "GET", "/v1/jobs/abc", NULL, NULL, 404, "not_found", NULL);
+    req_error(port, "GET", "/v1/jobs/12345", NULL, NULL, 404, "not_found", NULL);
+    req_error(port, "GET", "/v1/jobs/12345/metrics", NULL, NULL, 404, "not_found", NULL);
+    req_error(port, "GET", "/v1/jobs/12345/stream", NULL, NULL, 404, "not_found", NULL);
+
+    hresp r;
+    http(port, "PUT", "/v1/jobs", NULL, NULL, 0, &r);
+    expect_error(&r, 405, "method_not_allowed", NULL);
+    ck_assert_str_eq(header(&r, "Allow"), "GET, HEAD, POST");
+    hresp_free(&r);
+    http(port, "DELETE", "/healthz", "Authorization: Bearer " TOKEN "\r\n", NULL, 0, &r);
+    expect_error(&r, 405, "method_not_allowed", NULL);
+    ck_assert_str_eq(header(&r, "Allow"), "GET, HEAD");
+    hresp_free(&r);
+    http(port, "GET", "/v1/jobs/1/cancel", NULL, NULL, 0, &r);
+    expect_error(&r, 405, "method_not_allowed", NULL);
+    ck_assert_str_eq(header(&r, "Allow"), "POST");
+    hresp_free(&r);
+
+    /* HEAD: the headers of GET, no body */
+    http(port, "HEAD", "/healthz", NULL, NULL, 0, &r);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_uint_eq(r.len, 0);
+    hresp_free(&r);
+
+    /* a very long path or query */
+    char path[5000];
+    memset(path, 'a', sizeof(path));
+    memcpy(path, "/v1/", 4);
+    path[sizeof(path) - 1] = '\0';
+    req_error(port, "GET", path, NULL, NULL, 414, "uri_too_long", NULL);
+    char q[9000];
+    snprintf(q, sizeof(q), "/v1/jobs?name=");
+    memset(q + 14, 'x', sizeof(q) - 15);
+    q[sizeof(q) - 1] = '\0';
+    req_error(port, "GET", q, NULL, NULL, 414, "uri_too_long", NULL);
+}
+END_TEST
+
+START_TEST(test_auth_and_limits)
+{
+    static const char spec[] = "{\"name\":\"t\",\"data\":{\"type\":\"synthetic\"},\"steps\":5}";
+    const char *json_hdr = "Content-Type: application/json\r\n";
+    char hdr[256];
+    hresp r;
+
+    /* no token, a wrong token, a wrong scheme */
+    http(port, "POST", "/v1/jobs", json_hdr, spec, strlen(spec), &r);
+    expect_error(&r, 401, "unauthorized", NULL);
+    ck_assert_ptr_nonnull(header(&r, "WWW-Authenticate"));
+    ck_assert_int_eq(strncmp(header(&r, "WWW-Authenticate"), "Bearer", 6), 0);
+    hresp_free(&r);
+    snprintf(hdr, sizeof(hdr), "%sAuthorization: Bearer wrong\r\n", json_hdr);
+    req_error(port, "POST", "/v1/jobs", hdr, spec, 401, "unauthorized", NULL);
+    snprintf(hdr, sizeof(hdr), "%sAuthorization: Bearer " TOKEN "x\r\n", json_hdr);
+    req_error(port, "POST", "/v1/jobs", hdr, spec, 401, "unauthorized", NULL);
+    snprintf(hdr, sizeof(hdr), "%sAuthorization: Basic " TOKEN "\r\n", json_hdr);
+    req_error(port, "POST", "/v1/jobs", hdr, spec, 401, "unauthorized", NULL);
+    req_error(port, "DELETE", "/v1/jobs/1", NULL, NULL, 401, "unauthorized", NULL);
+    req_error(port, "POST", "/v1/jobs/1/cancel", NULL, NULL, 401, "unauthorized", NULL);
+
+    /* media type */
+    req_error(port, "POST", "/v1/jobs",
+              "Authorization: Bearer " TOKEN "\r\nContent-Type: text/plain\r\n", spec, 415,
+              "unsupported_media_type", NULL);
+    req_error(port, "POST", "/v1/jobs", "Authorization: Bearer " TOKEN "\r\n", spec, 415,
+              "unsupported_media_type", NULL);
+    req_error(port, "POST", "/v1/jobs",
+              "Authorization: Bearer " TOKEN "\r\nContent-Type: application/jsonx\r\n", spec, 415,
+              "unsupported_media_type", NULL);
+
+    snprintf(hdr, sizeof(hdr), "%sAuthorization: Bearer " TOKEN "\r\n", json_hdr);
+    /* bad bodies: 400 with the code and the field */
+    req_error(port, "POST", "/v1/jobs", hdr, "{\"steps\": ", 400, "invalid_json", NULL);
+    req_error(port, "POST", "/v1/jobs", hdr, "", 400, "invalid_json", NULL);
+    req_error(port, "POST", "/v1/jobs", hdr, "{\"optimizer\": {\"lr\": -1}}", 400, "invalid_spec",
+              "optimizer.lr");
+    req_error(port, "POST", "/v1/jobs", hdr, "{\"bogus\": 1}", 400, "invalid_spec", "bogus");
+    req_error(port, "POST", "/v1/jobs", hdr, "{\"steps\": \"ten\"}", 400, "invalid_spec", "steps");
+    req_error(port, "POST", "/v1/jobs", hdr, "[1,2]", 400, "invalid_spec", NULL);
+    char deep[200];
+    memset(deep, '[', 100);
+    memset(deep + 100, ']', 99);
+    deep[199] = '\0';
+    req_error(port, "POST", "/v1/jobs", hdr, deep, 400, "invalid_json", NULL);
+    /* a bad Idempotency-Key */
+    char hk[400];
+    snprintf(hk, sizeof(hk), "%sIdempotency-Key: has space\r\n", hdr);
+    req_error(port, "POST", "/v1/jobs", hk, spec, 400, "invalid_request", "Idempotency-Key");
+    /* a valid spec with no scheduler: 503 */
+    req_error(port, "POST", "/v1/jobs", hdr, spec, 503, "unavailable", NULL);
+    req_error(port, "POST", "/v1/jobs",
+              "Authorization: Bearer " TOKEN
+              "\r\nContent-Type: application/json; charset=utf-8\r\n",
+              spec, 503, "unavailable", NULL);
+    int64_t id = add_job("a", "fp16", 10);
+    char path[64];
+    snprintf(path, sizeof(path), "/v1/jobs/%lld/cancel", (long long)id);
+    req_error(port, "POST", path, "Authorization: Bearer " TOKEN "\r\n", NULL, 503, "unavailable",
+              NULL);
+
+    /* 413: a declared length over max_body is refused before the body is read */
+    char big[8192];
+    memset(big, ' ', sizeof(big));
+    big[0] = '{';
+    big[sizeof(big) - 1] = '}';
+    http(port, "POST", "/v1/jobs", hdr, big, sizeof(big), &r);
+    expect_error(&r, 413, "body_too_large", NULL);
+    hresp_free(&r);
+    {
+        hconn c;
+        char head[512];
+        hc_open(&c, port);
+        int n = snprintf(head, sizeof(head),
+                         "POST /v1/jobs HTTP/1.1\r\nHost: x\r\nConnection: close\r\n%s"
+                         "Content-Length: 100000000\r\n\r\n",
+                         hdr);
+        hc_send(&c, head, (size_t)n);
+        hc_read_all(&c, 5000); /* answered without sending a byte of the body */
+        ck_assert_int_eq(c.status, 413);
+        hc_close(&c);
+    }
+    /* 413: a chunked body that grows past max_body */
+    {
+        hconn c;
+        char head[512];
+        hc_open(&c, port);
+        int n = snprintf(head, sizeof(head),
+                         "POST /v1/jobs HTTP/1.1\r\nHost: x\r\nConnection: close\r\n%s"
+                         "Transfer-Encoding: chunked\r\n\r\n",
+                         hdr);
+        hc_send(&c, head, (size_t)n);
+        for (int i = 0; i < 4; i++) {
+            n = snprintf(head, sizeof(head), "800\r\n");
+            hc_send(&c, head, (size_t)n);
+            hc_send(&c, big, 0x800);
+            hc_send(&c, "\r\n", 2);
+        }
+        hc_send(&c, "0\r\n\r\n", 5);
+        hc_read_all(&c, 5000);
+        ck_assert_int_eq(c.status, 413);
+        ck_assert_ptr_nonnull(strstr(c.body.data, "body_too_large"));
+        hc_close(&c);
+    }
+    /* the server still serves */
+    json_decref(get_json(port, "/healthz", 200));
+}
+END_TEST
+
+START_TEST(test_jobs)
+{
+    int64_t a = add_job("alpha", "fp16", 100);
+    int64_t b = add_job("beta", "bf16", 100);
+    int64_t c = add_job("gamma", "fp16", 100);
+    int64_t d = add_job("alpha", "fp32", 100);
+    ck_assert_int_eq(store_job_set_status(st, b, STORE_RUNNING, NULL), 0);
+    ck_assert_int_eq(store_job_set_status(st, c, STORE_FAILED, "worker killed by signal 9"), 0);
+    ck_assert_int_eq(store_job_set_summary(st, c, "{\"type\":\"summary\",\"final_loss\":0.5}"), 0);
+    add_rows(b, 1, 40);
+
+    json_t *j = get_json(port, "/v1/jobs", 200);
+    json_t *jobs = json_object_get(j, "jobs");
+    ck_assert_int_eq(json_array_size(jobs), 4);
+    ck_assert_int_eq(json_integer_value(json_object_get(json_array_get(jobs, 0), "id")), d);
+    ck_assert(json_is_null(json_object_get(j, "next")));
+    json_decref(j);
+
+    /* keyset pagination */
+    j = get_json(port, "/v1/jobs?limit=2", 200);
+    ck_assert_int_eq(json_array_size(json_object_get(j, "jobs")), 2);
+    int64_t next = json_integer_value(json_object_get(j, "next"));
+    ck_assert_int_eq(next, c);
+    json_decref(j);
+    char path[128];
+    snprintf(path, sizeof(path), "/v1/jobs?limit=2&after=%lld", (long long)next);
+    j = get_json(port, path, 200);
+    jobs = json_object_get(j, "jobs");
+    ck_assert_int_eq(json_array_size(jobs), 2);
+    ck_assert_int_eq(json_integer_value(json_object_get(json_array_get(jobs, 0), "id")), b);
+    ck_assert_int_eq(json_integer_value(json_object_get(json_array_get(jobs, 1), "id")), a);
+    json_decref(j);
+
+    /* filters */
+    j = get_json(port, "/v1/jobs?dtype=fp16", 200);
+    ck_assert_int_eq(json_array_size(json_object_get(j, "jobs")), 2);
+    json_decref(j);
+    j = get_json(port, "/v1/jobs?name=alpha", 200);
+    ck_assert_int_eq(json_array_size(json_object_get(j, "jobs")), 2);
+    json_decref(j);
+    j = get_json(port, "/v1/jobs?status=failed", 200);
+    jobs = json_object_get(j, "jobs");
+    ck_assert_int_eq(json_array_size(jobs), 1);
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(jobs, 0), "error")),
+                     "worker killed by signal 9");
+    json_decref(j);
+    j = get_json(port, "/v1/jobs?status=running&dtype=bf16&name=beta", 200);
+    ck_assert_int_eq(json_array_size(json_object_get(j, "jobs")), 1);
+    json_decref(j);
+
+    /* bad filters name the parameter */
+    const char *bad[][2] = {{"/v1/jobs?status=done", "status"},
+                            {"/v1/jobs?dtype=fp8", "dtype"},
+                            {"/v1/jobs?limit=0", "limit"},
+                            {"/v1/jobs?limit=1001", "limit"},
+                            {"/v1/jobs?limit=ten", "limit"},
+                            {"/v1/jobs?limit=", "limit"},
+                            {"/v1/jobs?limit=99999999999999999999", "limit"},
+                            {"/v1/jobs?after=-1", "after"},
+                            {"/v1/jobs?after=1.5", "after"}};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        req_error(port, "GET", bad[i][0], NULL, NULL, 400, "invalid_parameter", bad[i][1]);
+
+    /* one job: spec, progress, timestamps, summary */
+    snprintf(path, sizeof(path), "/v1/jobs/%lld", (long long)b);
+    j = get_json(port, path, 200);
+    ck_assert_str_eq(json_string_value(json_object_get(j, "status")), "running");
+    ck_assert_str_eq(json_string_value(json_object_get(j, "dtype")), "bf16");
+    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "spec"), "name")),
+                     "beta");
+    json_t *prog = json_object_get(j, "progress");
+    ck_assert_int_eq(json_integer_value(json_object_get(prog, "step")), 40);
+    ck_assert_int_eq(json_integer_value(json_object_get(prog, "steps")), 100);
+    ck_assert(fabs(json_number_value(json_object_get(prog, "fraction")) - 0.4) < 1e-12);
+    const char *created = json_string_value(json_object_get(j, "created_at"));
+    ck_assert_ptr_nonnull(created);
+    ck_assert_uint_eq(strlen(created), 24);
+    ck_assert_int_eq(created[23], 'Z');
+    ck_assert(json_number_value(json_object_get(j, "created_at_unix")) > 1.6e9);
+    ck_assert_ptr_nonnull(json_string_value(json_object_get(j, "started_at")));
+    ck_assert(json_is_null(json_object_get(j, "finished_at")));
+    ck_assert(json_is_null(json_object_get(j, "summary")));
+    ck_assert(json_is_null(json_object_get(j, "error")));
+    json_decref(j);
+    snprintf(path, sizeof(path), "/v1/jobs/%lld", (long long)c);
+    j = get_json(port, path, 200);
+    ck_assert(json_real_value(json_object_get(json_object_get(j, "summary"), "final_loss")) == 0.5);
+    json_decref(j);
+
+    /* layers: no layer data yet */
+    snprintf(path, sizeof(path), "/v1/jobs/%lld/layers", (long long)b);
+    j = get_json(port, path, 200);
+    ck_assert_int_eq(json_integer_value(json_object_get(j, "job")), b);
+    ck_assert(json_is_null(json_object_get(j, "step")));
+    ck_assert_int_eq(json_array_size(json_object_get(j, "layers")), 0);
+    json_decref(j);
+    snprintf(path, sizeof(path), "/v1/jobs/%lld/layers?step=x", (long long)b);
+    req_error(port, "GET", path, NULL, NULL, 400, "invalid_parameter", "step");
+
+    /* compare */
+    snprintf(path, sizeof(path), "/v1/compare?ids=%lld,%lld", (long long)c, (long long)a);
+    j = get_json(port, path, 200);
+    jobs = json_object_get(j, "jobs");
+    ck_assert_int_eq(json_array_size(jobs), 2);
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(jobs, 0), "dtype")), "fp16");
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(jobs, 1), "name")), "alpha");
+    ck_assert(json_is_null(json_object_get(json_array_get(jobs, 1), "summary")));
+    ck_assert_int_eq(json_array_size(json_object_get(j, "fields")), 1);
+    ck_assert_str_eq(json_string_value(json_array_get(json_object_get(j, "fields"), 0)),
+                     "final_loss");
+    json_decref(j);
+    req_error(port, "GET", "/v1/compare", NULL, NULL, 400, "invalid_parameter", "ids");
+    req_error(port, "GET", "/v1/compare?ids=1,x", NULL, NULL, 400, "invalid_parameter", "ids");
+    req_error(port, "GET", "/v1/compare?ids=", NULL, NULL, 400, "invalid_parameter", "ids");
+    snprintf(path, sizeof(path), "/v1/compare?ids=%lld,99999", (long long)a);
+    hresp r;
+    http(port, "GET", path, NULL, NULL, 0, &r);
+    expect_error(&r, 404, "not_found", "ids");
+    ck_assert_ptr_nonnull(strstr(r.body, "99999"));
+    hresp_free(&r);
+}
+END_TEST
+
+START_TEST(test_metrics)
+{
+    int64_t id = add_job("m", "fp16", 1000);
+    char path[160];
+    add_rows(id, 1, 1000);
+
+    /* raw, selected fields */
+    snprintf(path, sizeof(path), "/v1/jobs/%lld/metrics?fields=loss,overflow", (long long)id);
+    json_t *j = get_json(port, path, 200);
+    ck_assert_int_eq(json_integer_value(json_object_get(j, "total_steps")), 1000);
+    json_t *pts = json_object_get(j, "points");
+    ck_assert_int_eq(json_array_size(pts), 1000);
+    for (size_t i = 0; i < 1000; i++) {
+        json_t *p = json_array_get(pts, i);
+        ck_assert_int_eq(json_integer_value(json_object_get(p, "step")), (json_int_t)i + 1);
+        ck_assert_int_eq(json_integer_value(json_object_get(p, "count")), 1);
+    }
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(pts, 49), "loss")), "NaN");
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(pts, 50), "loss")),
+                     "Infinity");
+    ck_assert(json_is_true(json_object_get(json_array_get(pts, 96), "overflow")));
+    ck_assert(json_number_value(json_object_get(json_array_get(pts, 1), "loss")) == 0.5);
+    ck_assert_ptr_null(json_object_get(json_array_get(pts, 1), "lr"));
+    json_decref(j);
+
+    /* from / to */
+    snprintf(path, sizeof(path), "/v1/jobs/%lld/metrics?fields=loss&from=10&to=19", (long long)id);
+    j = get_json(port, path, 200);
+    ck_assert_int_eq(json_array_size(json_object_get(j, "points")), 10);
+    json_decref(j);
+
+    /* every field by default */
+    snprintf(path, sizeof(path), "/v1/jobs/%lld/metrics?to=3", (long long)id);
+    j = get_json(port, path, 200);
+    ck_assert_int_eq(json_array_size(json_object_get(j, "fields")), STORE_M_NFIELDS);
+    ck_assert(json_number_value(json_object_get(json_array_get(json_object_get(j, "points"), 0),
+                                                "loss_scale")) == 65536);
+    json_decref(j);
+
+    /* downsampled: min/max/last buckets, every overflow and non-finite step kept */
+    snprintf(path, sizeof(path), "/v1/jobs/%lld/metrics?fields=loss,loss_scale&points=20",
+             (long long)id);
+    j = get_json(port, path, 200);
+    pts = json_object_get(j, "points");
+    ck_assert_int_eq(json_integer_value(json_object_get(j, "total_steps")), 1000);
+    ck_assert_int_le(json_array_size(pts), 40);
+    int overflow_seen = 0, buckets = 0;
+    bool nan_seen = false;
+    for (size_t i = 0; i < json_array_size(pts); i++) {
+        json_t *p = json_array_get(pts, i);
+        if (json_integer_value(json_object_get(p, "count")) > 1) {
+            buckets++;
+            ck_assert(json_is_object(json_object_get(p, "loss")));
+            ck_assert_ptr_nonnull(json_object_get(json_object_get(p, "loss"), "min"));
+        } else if (json_is_true(json_object_get(p, "overflow"))) {
+            overflow_seen++;
+        } else if (json_integer_value(json_object_get(p, "step")) == 50) {
+            nan_seen = json_is_string(json_object_get(p, "loss"));
+        }
+    }
+    ck_assert_int_ge(buckets, 10);
+    ck_assert_int_eq(overflow_seen, 1000 / 97);
+    ck_assert(nan_seen);
+    json_decref(j);
+
+    /* CSV, raw and bucketed */
+    hresp r;
+    snprintf(path, sizeof(path), "/v1/jobs/%lld/metrics?fields=loss,lr&format=csv&to=51",
+             (long long)id);
+    http(port, "GET", path, NULL, NULL, 0, &r);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_int_eq(strncmp(header(&r, "Content-Type"), "text/csv", 8), 0);
+    ck_assert_int_eq(strncmp(header(&r, "Content-Disposition"), "attachment", 10), 0);
+    ck_assert_int_eq(strncmp(r.body, "step,loss,lr\n1,1,0.001\n2,0.5,0.001\n", 35), 0);
+    ck_assert_ptr_nonnull(strstr(r.body, "\n50,NaN,0.001\n51,inf,0.001\n"));
+    hresp_free(&r);
+    snprintf(path, sizeof(path), "/v1/jobs/%lld/metrics?fields=loss&format=csv&points=10",
+             (long long)id);
+    http(port, "GET", path, NULL, NULL, 0, &r);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_int_eq(
+        strncmp(r.body, "step,step_last,count,flags,loss_min,loss_max,loss_last\n", 55), 0);
+    hresp_free(&r);
+
+    /* bad parameters name themselves */
+    const char *bad[][2] = {{"fields=loss,nope", "fields"},
+                            {"fields=", "fields"},
+                            {"from=-1", "from"},
+                            {"to=x", "to"},
+                            {"from=10&to=5", "to"},
+                            {"points=-1", "points"},
+                            {"points=1000001", "points"},
+                            {"format=xml", "format"}};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        snprintf(path, sizeof(path), "/v1/jobs/%lld/metrics?%s", (long long)id, bad[i][0]);
+        http(port, "GET", path, NULL, NULL, 0, &r);
+        expect_error(&r, 400, "invalid_parameter", bad[i][1]);
+        if (i == 0)
+            ck_assert_ptr_nonnull(strstr(r.body, "nope"));
+        hresp_free(&r);
+    }
+
+    /* a larger raw series crosses the chunk boundary intact */
+    int64_t big = add_job("big", "fp32", 40000);
+    add_rows(big, 1, 40000);
+    snprintf(path, sizeof(path), "/v1/jobs/%lld/metrics?fields=loss&format=csv", (long long)big);
+    http(port, "GET", path, NULL, NULL, 0, &r);
+    ck_assert_int_eq(r.status, 200);
+    int lines = 0;
+    int64_t expect = 1;
+    for (char *p = strchr(r.body, '\n'); p && p[1]; p = strchr(p + 1, '\n')) {
+        ck_assert_int_eq(strtoll(p + 1, NULL, 10), expect);
+        expect++;
+        lines++;
+    }
+    ck_assert_int_eq(lines, 40000);
+    hresp_free(&r);
+}
+END_TEST
+
+START_TEST(test_events_checkpoints)
+{
+    int64_t id = add_job("e", "fp16", 100);
+    char path[160], file[400];
+    for (int i = 1; i <= 5; i++) {
+        char msg[32];
+        snprintf(msg, sizeof(msg), "event %d", i);
+        ck_assert_int_eq(store_event_append(st, id, i * 10, i == 3 ? "scale" : "overflow", msg,
+                                            i == 3 ? "{\"from\":65536,\"to\":32768}" : NULL),
+                         0);
+    }
+    ck_assert_int_eq(store_flush(st), 0);
+    snprintf(path, sizeof(path), "/v1/jobs/%lld/events?limit=3", (long long)id);
+    json_t *j = get_json(port, path, 200);
+    json_t *ev = json_object_get(j, "events");
+    ck_assert_int_eq(json_array_size(ev), 3);
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(ev, 0), "message")),
+                     "event 1");
+    ck_assert_int_eq(json_integer_value(json_object_get(json_array_get(ev, 2), "step")), 30);
+    ck_assert_int_eq(
+        json_integer_value(json_object_get(json_object_get(json_array_get(ev, 2), "data"), "to")),
+        32768);
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(ev, 2), "kind")), "scale");
+    json_int_t next = json_integer_value(json_object_get(j, "next"));
+    json_decref(j);
+    snprintf(path, sizeof(path), "/v1/jobs/%lld/events?limit=3&after=%lld", (long long)id,
+             (long long)next);
+    j = get_json(port, path, 200);
+    ck_assert_int_eq(json_array_size(json_object_get(j, "events")), 2);
+    ck_assert(json_is_null(json_object_get(j, "next")));
+    json_decref(j);
+    snprintf(path, sizeof(path), "/v1/jobs/%lld/events?limit=0", (long long)id);
+    req_error(port, "GET", path, NULL, NULL, 400, "invalid_parameter", "limit");
+
+    /* checkpoints: list, download, missing */
+    snprintf(file, sizeof(file), "%s/ckpt-50.safetensors", dir);
+    FILE *f = fopen(file, "wb");
+    ck_assert_ptr_nonnull(f);
+    for (int i = 0; i < 100000; i++)
+        fputc(i * 7 & 0xff, f);
+    fclose(f);
+    ck_assert_int_eq(store_checkpoint_add(st, id, 50, file, 100000), 0);
+    snprintf(file, sizeof(file), "%s/ckpt-90.safetensors", dir); /* never written */
+    ck_assert_int_eq(store_checkpoint_add(st, id, 90, file, 10), 0);
+    ck_assert_int_eq(store_flush(st), 0);
+    snprintf(path, sizeof(path), "/v1/jobs/%lld/checkpoints", (long long)id);
+    j = get_json(port, path, 200);
+    json_t *ck = json_object_get(j, "checkpoints");
+    ck_assert_int_eq(json_array_size(ck), 2);
+    ck_assert_int_eq(json_integer_value(json_object_get(json_array_get(ck, 0), "step")), 50);
+    ck_assert_int_eq(json_integer_value(json_object_get(json_array_get(ck, 0), "bytes")), 100000);
+    ck_assert_ptr_null(json_object_get(json_array_get(ck, 0), "path"));
+    json_decref(j);
+    hresp r;
+    snprintf(path, sizeof(path), "/v1/jobs/%lld/checkpoints/50", (long long)id);
+    http(port, "GET", path, NULL, NULL, 0, &r);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_str_eq(header(&r, "Content-Type"), "application/octet-stream");
+    ck_assert_str_eq(header(&r, "Content-Disposition"),
+                     "attachment; filename=\"ckpt-50.safetensors\"");
+    ck_assert_uint_eq(r.len, 100000);
+    for (size_t i = 0; i < r.len; i++)
+        ck_assert_int_eq((unsigned char)r.body[i], (int)(i * 7 & 0xff));
+    hresp_free(&r);
+    snprintf(path, sizeof(path), "/v1/jobs/%lld/checkpoints/90", (long long)id);
+    req_error(port, "GET", path, NULL, NULL, 404, "not_found", NULL);
+    snprintf(path, sizeof(path), "/v1/jobs/%lld/checkpoints/60", (long long)id);
+    req_error(port, "GET", path, NULL, NULL, 404, "not_found", NULL);
+    snprintf(path, sizeof(path), "/v1/jobs/%lld/checkpoints/x", (long long)id);
+    req_error(port, "GET", path, NULL, NULL, 404, "not_found", NULL);
+}
+END_TEST
+
+START_TEST(test_system)
+{
+    json_t *j = get_json(port, "/v1/system", 200);
+    json_t *v = json_object_get(j, "versions");
+    ck_assert_ptr_nonnull(json_string_value(json_object_get(v, "ampd")));
+    ck_assert_ptr_nonnull(json_string_value(json_object_get(v, "sqlite")));
+    ck_assert_str_eq(json_string_value(json_object_get(v, "libmicrohttpd")), MHD_get_version());
+    ck_assert_ptr_nonnull(json_string_value(json_object_get(v, "jansson")));
+    ck_assert_ptr_nonnull(json_string_value(json_object_get(v, "blas")));
+    json_t *cpu = json_object_get(json_object_get(j, "devices"), "cpu");
+    ck_assert_int_ge(json_integer_value(json_object_get(cpu, "cores")), 1);
+    ck_assert_ptr_nonnull(json_string_value(json_object_get(cpu, "model")));
+    json_t *cuda = json_object_get(json_object_get(j, "devices"), "cuda");
+    ck_assert(json_is_boolean(json_object_get(cuda, "available")));
+    ck_assert_ptr_nonnull(json_string_value(json_object_get(cuda, "detail")));
+    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "autocast"), "softmax")),
+                     "fp32");
+    ck_assert(json_is_null(json_object_get(j, "queue"))); /* no scheduler */
+    ck_assert_ptr_nonnull(json_object_get(j, "capacity"));
+    json_decref(j);
+}
+END_TEST
+
+/* Parse Prometheus text: every sample belongs to a family declared by # TYPE before it,
+ * families are contiguous, names and labels are well formed, values are numbers. Returns
+ * the value of the first sample whose text starts with `want` (NAN if none). */
+static double prom_check(const char *text, const char *want)
+{
+    char fam[64][64];
+    int nfam = 0;
+    char cur[64] = "";
+    double found = NAN;
+    const char *line = text;
+    while (*line) {
+        const char *end = strchr(line, '\n');
+        ck_assert_msg(end != NULL, "the exposition must end with a newline");
+        char l[1024];
+        snprintf(l, sizeof(l), "%.*s", (int)(end - line), line);
+        line = end + 1;
+        if (strncmp(l, "# HELP ", 7) == 0)
+            continue;
+        if (strncmp(l, "# TYPE ", 7) == 0) {
+            char name[64], type[32];
+            ck_assert_int_eq(sscanf(l + 7, "%63s %31s", name, type), 2);
+            ck_assert_msg(strcmp(type, "gauge") == 0 || strcmp(type, "counter") == 0, "%s", l);
+            if (strcmp(type, "counter") == 0)
+                ck_assert_msg(strlen(name) > 6 && strcmp(name + strlen(name) - 6, "_total") == 0,
+                              "counter %s must end in _total", name);
+            for (int i = 0; i < nfam; i++)
+                ck_assert_msg(strcmp(fam[i], name) != 0, "family %s declared twice", name);
+            ck_assert_int_lt(nfam, 64);
+            snprintf(fam[nfam++], sizeof(fam[0]), "%s", name);
+            snprintf(cur, sizeof(cur), "%s", name);
+            continue;
+        }
+        ck_assert_msg(l[0] != '#' && l[0] != '\0', "unexpected line: %s", l);
+        size_t nl = strspn(l, "abcdefghijklmnopqrstuvwxyz_:ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789");
+        ck_assert_msg(nl == strlen(cur) && strncmp(l, cur, nl) == 0,
+                      "sample %s outside its family %s", l, cur);
+        const char *p = l + nl;
+        if (*p == '{') {
+            p++;
+            while (*p != '}') {
+                size_t kl = strspn(p, "abcdefghijklmnopqrstuvwxyz_");
+                ck_assert_msg(kl > 0 && p[kl] == '=' && p[kl + 1] == '"', "bad label: %s", l);
+                p += kl + 2;
+                while (*p != '"') {
+                    ck_assert_msg(*p != '\0' && *p != '\n', "unterminated label: %s", l);
+                    if (*p == '\\') {
+                        ck_assert_msg(p[1] == '\\' || p[1] == '"' || p[1] == 'n', "bad escape %s",
+                                      l);
+                        p++;
+                    }
+                    p++;
+                }
+                p++;
+                if (*p == ',')
+                    p++;
+            }
+            p++;
+        }
+        ck_assert_msg(*p == ' ', "no value: %s", l);
+        p++;
+        char *e;
+        double v = strtod(p, &e);
+        ck_assert_msg(e != p && *e == '\0', "bad value: %s", l);
+        if (isnan(found) && want && strncmp(l, want, strlen(want)) == 0)
+            found = v;
+    }
+    return found;
+}
+
+START_TEST(test_prometheus)
+{
+    int64_t id = add_job("we\"ird\\name", "fp16", 1000);
+    ck_assert_int_eq(store_job_set_status(st, id, STORE_RUNNING, NULL), 0);
+    add_rows(id, 1, 51); /* the latest row has an infinite loss */
+    add_job("q", "fp32", 10);
+    json_decref(get_json(port, "/healthz", 200));
+    req_error(port, "GET", "/nope", NULL, NULL, 404, "not_found", NULL);
+
+    hresp r;
+    http(port, "GET", "/metrics", NULL, NULL, 0, &r);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_str_eq(header(&r, "Content-Type"), "text/plain; version=0.0.4; charset=utf-8");
+    ck_assert(prom_check(r.body, "ampd_jobs{status=\"queued\"}") == 1);
+    ck_assert(prom_check(r.body, "ampd_jobs{status=\"running\"}") == 1);
+    ck_assert(prom_check(r.body, "ampd_store_rows_total") >= 51);
+    ck_assert(prom_check(r.body, "ampd_http_requests_total{code=\"404\"}") >= 1);
+    ck_assert(prom_check(r.body, "ampd_http_requests_total{code=\"200\"}") >= 1);
+    char want[160];
+    snprintf(want, sizeof(want),
+             "ampd_loss_scale{job=\"%lld\",name=\"we\\\"ird\\\\name\",dtype=\"fp16\"}",
+             (long long)id);
+    ck_assert(prom_check(r.body, want) == 65536);
+    snprintf(want, sizeof(want), "ampd_loss{job=\"%lld\",", (long long)id);
+    double loss = prom_check(r.body, want);
+    ck_assert(isinf(loss) && loss > 0);
+    ck_assert_ptr_nonnull(strstr(r.body, "} +Inf\n"));
+    snprintf(want, sizeof(want), "ampd_step_seconds{job=\"%lld\",", (long long)id);
+    ck_assert(fabs(prom_check(r.body, want) - 0.025) < 1e-12);
+    snprintf(want, sizeof(want), "ampd_overflow_steps_total{job=\"%lld\",", (long long)id);
+    ck_assert(prom_check(r.body, want) == 0);
+    snprintf(want, sizeof(want), "ampd_device_memory_bytes{job=\"%lld\",", (long long)id);
+    ck_assert(prom_check(r.body, want) == 1 << 20);
+    hresp_free(&r);
+}
+END_TEST
+
+/* The step ids of the `event: step` messages in an SSE body, in order; checks that every
+ * message is well formed. Returns the count; steps[] gets them. (The body is split by
+ * hand: libc string searches over a multi-megabyte remainder, as sanitizers check them,
+ * would make this quadratic.) */
+static int sse_steps(const char *body, int64_t *steps, int max)
+{
+    int n = 0;
+    const char *p = body;
+    while (*p) {
+        const char *e = p;
+        while (e[0] && !(e[0] == '\n' && e[1] == '\n'))
+            e++;
+        size_t len = (size_t)(e - p);
+        char *m = malloc(len + 1);
+        ck_assert_ptr_nonnull(m);
+        memcpy(m, p, len);
+        m[len] = '\0';
+        p = *e ? e + 2 : e;
+        if (strncmp(m, "id: ", 4) != 0) { /* ": ping", "retry: ..." */
+            ck_assert_msg(m[0] == ':' || strncmp(m, "retry: ", 7) == 0, "bad message: %.200s", m);
+            free(m);
+            continue;
+        }
+        long long id;
+        char ev[32];
+        ck_assert_int_eq(sscanf(m, "id: %lld\nevent: %31s\ndata: ", &id, ev), 2);
+        const char *data = strstr(m, "\ndata: ");
+        ck_assert_ptr_nonnull(data);
+        json_t *j = json_loads(data + 7, 0, NULL);
+        ck_assert_msg(j != NULL, "bad data: %.200s", data);
+        if (strcmp(ev, "end") != 0)
+            ck_assert_str_eq(json_string_value(json_object_get(j, "type")), ev);
+        json_decref(j);
+        if (strcmp(ev, "step") == 0 && n < max)
+            steps[n++] = id;
+        free(m);
+    }
+    return n;
+}
+
+START_TEST(test_sse_finished)
+{
+    int64_t id = add_job("s", "fp16", 300);
+    int64_t steps[400];
+    char path[160];
+    add_rows(id, 1, 300);
+    ck_assert_int_eq(store_event_append(st, id, 0, "lifecycle", "started", NULL), 0);
+    ck_assert_int_eq(store_event_append(st, id, 97, "overflow", "overflow at 97", NULL), 0);
+    ck_assert_int_eq(store_flush(st), 0);
+    ck_assert_int_eq(store_job_set_status(st, id, STORE_RUNNING, NULL), 0);
+    ck_assert_int_eq(store_job_set_summary(st, id,
+                                           "{\"type\":\"summary\",\"status\":"
+                                           "\"succeeded\",\"final_loss\":0.003}"),
+                     0);
+    ck_assert_int_eq(store_job_set_status(st, id, STORE_SUCCEEDED, NULL), 0);
+
+    hresp r;
+    snprintf(path, sizeof(path), "/v1/jobs/%lld/stream", (long long)id);
+    http(port, "GET", path, NULL, NULL, 0, &r);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_str_eq(header(&r, "Content-Type"), "text/event-stream");
+    ck_assert_str_eq(header(&r, "Cache-Control"), "no-cache");
+    int n = sse_steps(r.body, steps, 400);
+    ck_assert_int_eq(n, 300);
+    for (int i = 0; i < n; i++)
+        ck_assert_int_eq(steps[i], i + 1);
+    /* eval, events in step order, the summary last */
+    ck_assert_ptr_nonnull(strstr(r.body, "id: 100\nevent: eval\ndata: {\"type\":\"eval\""));
+    const char *s97 = strstr(r.body, "id: 97\nevent: step\n");
+    const char *e97 = strstr(r.body, "id: 97\nevent: event\n");
+    const char *s98 = strstr(r.body, "id: 98\nevent: step\n");
+    ck_assert(s97 && e97 && s98 && s97 < e97 && e97 < s98);
+    ck_assert(strstr(r.body, "id: 0\nevent: event\n") < strstr(r.body, "id: 1\nevent: step\n"));
+    const char *end = strstr(r.body, "event: end\ndata: ");
+    ck_assert_ptr_nonnull(end);
+    ck_assert_ptr_nonnull(strstr(end, "\"final_loss\":0.003"));
+    ck_assert_ptr_null(strstr(end + 1, "event:"));
+    ck_assert_ptr_nonnull(strstr(r.body, "\"loss\":\"NaN\""));
+    ck_assert_ptr_nonnull(strstr(r.body, "\"loss\":\"Infinity\""));
+    hresp_free(&r);
+
+    /* resume by Last-Event-ID and by the query parameter */
+    http(port, "GET", path, "Last-Event-ID: 250\r\n", NULL, 0, &r);
+    n = sse_steps(r.body, steps, 400);
+    ck_assert_int_eq(n, 50);
+    ck_assert_int_eq(steps[0], 251);
+    ck_assert_ptr_null(strstr(r.body, "id: 97\n"));
+    ck_assert_ptr_nonnull(strstr(r.body, "event: end\n"));
+    hresp_free(&r);
+    snprintf(path, sizeof(path), "/v1/jobs/%lld/stream?last_event_id=299", (long long)id);
+    http(port, "GET", path, NULL, NULL, 0, &r);
+    n = sse_steps(r.body, steps, 400);
+    ck_assert_int_eq(n, 1);
+    ck_assert_int_eq(steps[0], 300);
+    hresp_free(&r);
+    snprintf(path, sizeof(path), "/v1/jobs/%lld/stream", (long long)id);
+    req_error(port, "GET", path, "Last-Event-ID: abc\r\n", NULL, 400, "invalid_parameter",
+              "Last-Event-ID");
+}
+END_TEST
+
+START_TEST(test_sse_running_and_stop)
+{
+    int64_t id = add_job("live", "fp16", 100);
+    char path[160], head[256];
+    hconn c;
+    ck_assert_int_eq(store_job_set_status(st, id, STORE_RUNNING, NULL), 0);
+    add_rows(id, 1, 10);
+    snprintf(path, sizeof(path), "/v1/jobs/%lld/stream", (long long)id);
+    hc_open(&c, port);
+    int n = snprintf(head, sizeof(head), "GET %s HTTP/1.1\r\nHost: x\r\n\r\n", path);
+    hc_send(&c, head, (size_t)n);
+    ck_assert(hc_wait(&c, "id: 10\nevent: step\n", 3000));
+    /* no data: a heartbeat (100 ms in this test) */
+    ck_assert(hc_wait(&c, "\n: ping\n\n", 2000));
+    /* rows that reach the store are followed */
+    add_rows(id, 11, 10);
+    ck_assert(hc_wait(&c, "id: 20\nevent: step\n", 3000));
+    int64_t steps[64];
+    ck_assert_int_eq(sse_steps(c.body.data, steps, 64), 20);
+    for (int i = 0; i < 20; i++)
+        ck_assert_int_eq(steps[i], i + 1);
+
+    /* api_stop ends the open stream promptly */
+    double t0 = now_s();
+    api_stop(srv);
+    srv = NULL;
+    double took = now_s() - t0;
+    ck_assert_msg(took < 2.0, "api_stop took %.2f s with a stream open", took);
+    hc_read_all(&c, 2000);
+    hc_close(&c);
+}
+END_TEST
+
+START_TEST(test_sse_many_clients)
+{
+    enum { N = 100 };
+    static hconn c[N];
+    int64_t id = add_job("many", "bf16", 100);
+    char head[256];
+    ck_assert_int_eq(store_job_set_status(st, id, STORE_RUNNING, NULL), 0);
+    add_rows(id, 1, 5);
+    int n = snprintf(head, sizeof(head), "GET /v1/jobs/%lld/stream HTTP/1.1\r\nHost: x\r\n\r\n",
+                     (long long)id);
+    for (int i = 0; i < N; i++) {
+        hc_open(&c[i], port);
+        hc_send(&c[i], head, (size_t)n);
+    }
+    for (int i = 0; i < N; i++)
+        ck_assert_msg(hc_wait(&c[i], "id: 5\nevent: step\n", 5000), "client %d", i);
+    /* all of them are connected at once; the job goes on and ends */
+    add_rows(id, 6, 20);
+    ck_assert_int_eq(store_job_set_summary(st, id,
+                                           "{\"type\":\"summary\",\"status\":"
+                                           "\"succeeded\"}"),
+                     0);
+    ck_assert_int_eq(store_job_set_status(st, id, STORE_SUCCEEDED, NULL), 0);
+    for (int i = 0; i < N; i++) {
+        int64_t steps[64];
+        hc_read_all(&c[i], 10000);
+        ck_assert_int_eq(sse_steps(c[i].body.data, steps, 64), 25);
+        for (int k = 0; k < 25; k++)
+            ck_assert_int_eq(steps[k], k + 1);
+        ck_assert_ptr_nonnull(strstr(c[i].body.data, "event: end\n"));
+        hc_close(&c[i]);
+    }
+}
+END_TEST
+
+START_TEST(test_start_refusals)
+{
+    api_config c;
+    api_server *s = NULL;
+    char err[256];
+    memset(&c, 0, sizeof(c));
+    api_spec_opts_default(&c.spec);
+    snprintf(c.listen, sizeof(c.listen), "0.0.0.0:0");
+    ck_assert_int_eq(api_start(&c, st, NULL, &s, err, sizeof(err)), GPU_EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "token"));
+    ck_assert_ptr_null(s);
+    snprintf(c.listen, sizeof(c.listen), "[::]:0");
+    ck_assert_int_eq(api_start(&c, st, NULL, &s, err, sizeof(err)), GPU_EINVAL);
+    const char *bad[] = {"127.0.0.1", "127.0.0.1:",   "127.0.0.1:65536", "127.0.0.1:x", "::1:80",
+                         "[::1]80",   "300.1.1.1:80", "host:80",         ":80",         ""};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        snprintf(c.listen, sizeof(c.listen), "%s", bad[i]);
+        ck_assert_msg(api_start(&c, st, NULL, &s, err, sizeof(err)) == GPU_EINVAL, "%s", bad[i]);
+    }
+    /* IPv6 loopback, when the machine has it */
+    snprintf(c.listen, sizeof(c.listen), "[::1]:0");
+    if (api_start(&c, st, NULL, &s, err, sizeof(err)) == 0) {
+        ck_assert_uint_gt(api_port(s), 0);
+        api_stop(s);
+    }
+    api_stop(NULL);
+    ck_assert_uint_eq(api_port(NULL), 0);
+}
+END_TEST
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+START_TEST(test_static_and_head)
+{
+    char web[300], p[400], err[256];
+    api_config c;
+    api_server *s2 = NULL;
+    hresp r;
+
+    snprintf(web, sizeof(web), "%s/web", dir);
+    ck_assert_int_eq(mkdir(web, 0755), 0);
+    snprintf(p, sizeof(p), "%s/index.html", web);
+    write_file(p, "<!doctype html><title>ampd</title>");
+    snprintf(p, sizeof(p), "%s/app.js", web);
+    write_file(p, "console.log(1);");
+    snprintf(p, sizeof(p), "%s/secret.txt", dir);
+    write_file(p, "outside");
+    snprintf(p, sizeof(p), "%s/escape.txt", web);
+    char target[400];
+    snprintf(target, sizeof(target), "%s/secret.txt", dir);
+    ck_assert_int_eq(symlink(target, p), 0);
+
+    memset(&c, 0, sizeof(c));
+    snprintf(c.listen, sizeof(c.listen), "127.0.0.1:0");
+    snprintf(c.web_root, sizeof(c.web_root), "%s", web);
+    api_spec_opts_default(&c.spec);
+    ck_assert_msg(api_start(&c, st, NULL, &s2, err, sizeof(err)) == 0, "%s", err);
+    unsigned p2 = api_port(s2);
+    http(p2, "GET", "/", NULL, NULL, 0, &r);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_str_eq(header(&r, "Content-Type"), "text/html; charset=utf-8");
+    ck_assert_str_eq(r.body, "<!doctype html><title>ampd</title>");
+    hresp_free(&r);
+    http(p2, "GET", "/app.js", NULL, NULL, 0, &r);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_int_eq(strncmp(header(&r, "Content-Type"), "text/javascript", 15), 0);
+    hresp_free(&r);
+    req_error(p2, "GET", "/escape.txt", NULL, NULL, 404, "not_found", NULL);
+    req_error(p2, "GET", "/../secret.txt", NULL, NULL, 404, "not_found", NULL);
+    req_error(p2, "GET", "/%2e%2e/secret.txt", NULL, NULL, 404, "not_found", NULL);
+    req_error(p2, "GET", "/nope.html", NULL, NULL, 404, "not_found", NULL);
+    req_error(p2, "POST", "/", NULL, NULL, 405, "method_not_allowed", NULL);
+    json_decref(get_json(p2, "/healthz", 200)); /* the API is still there */
+    api_stop(s2);
+
+    /* HEAD of a stream and of a metrics series: headers only */
+    int64_t id = add_job("h", "fp16", 10);
+    add_rows(id, 1, 10);
+    snprintf(p, sizeof(p), "/v1/jobs/%lld/stream", (long long)id);
+    http(port, "HEAD", p, NULL, NULL, 0, &r);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_str_eq(header(&r, "Content-Type"), "text/event-stream");
+    ck_assert_uint_eq(r.len, 0);
+    hresp_free(&r);
+    snprintf(p, sizeof(p), "/v1/jobs/%lld/metrics", (long long)id);
+    http(port, "HEAD", p, NULL, NULL, 0, &r);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_uint_eq(r.len, 0);
+    hresp_free(&r);
+}
+END_TEST
+
+/* ---- a server with a real scheduler ---------------------------------------------------- */
+
+static void live_setup(void)
+{
+    daemon_sched_config cfg;
+    const char *src = getenv("srcdir");
+    char p[PATH_MAX + 64];
+
+    setenv("AMPD_SSE_HEARTBEAT_MS", "200", 1);
+    snprintf(dir, sizeof(dir), "/tmp/check_api.XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(dbpath, sizeof(dbpath), "%s/ampd.db", dir);
+    ck_assert_int_eq(store_open(dbpath, &st), 0);
+    memset(&cfg, 0, sizeof(cfg));
+    snprintf(p, sizeof(p), "%s/tests/sched_worker.sh", src ? src : ".");
+    ck_assert_msg(realpath(p, cfg.exe) != NULL, "the fake worker %s is missing", p);
+    snprintf(cfg.data_dir, sizeof(cfg.data_dir), "%s/data", dir);
+    cfg.nroots = 1;
+    snprintf(cfg.roots[0], sizeof(cfg.roots[0]), "/usr/share/datasets");
+    cfg.max_running = 2;
+    cfg.max_retries = 3;
+    cfg.worker_timeout_s = 30;
+    ck_assert_int_eq(daemon_sched_start(st, &cfg, &sc), 0);
+    start_server(sc);
+}
+
+static json_t *job_json(int64_t id)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/v1/jobs/%lld", (long long)id);
+    return get_json(port, path, 200);
+}
+
+static void wait_job(int64_t id, const char *status, double timeout_s)
+{
+    double t0 = now_s();
+    for (;;) {
+        json_t *j = job_json(id);
+        char cur[32];
+        snprintf(cur, sizeof(cur), "%s", json_string_value(json_object_get(j, "status")));
+        json_decref(j);
+        if (strcmp(cur, status) == 0)
+            return;
+        ck_assert_msg(now_s() - t0 < timeout_s, "job %lld is %s, expected %s", (long long)id, cur,
+                      status);
+        sleep_ms(20);
+    }
+}
+
+static int64_t post_job(const char *spec, const char *idem, int want_status)
+{
+    char hdr[512];
+    hresp r;
+    snprintf(hdr, sizeof(hdr),
+             "Authorization: Bearer " TOKEN "\r\nContent-Type: application/json\r\n%s%s%s",
+             idem ? "Idempotency-Key: " : "", idem ? idem : "", idem ? "\r\n" : "");
+    http(port, "POST", "/v1/jobs", hdr, spec, strlen(spec), &r);
+    ck_assert_msg(r.status == want_status, "POST: %d %.300s", r.status, r.body);
+    json_t *j = json_of(&r);
+    int64_t id = json_integer_value(json_object_get(j, "id"));
+    char loc[64];
+    snprintf(loc, sizeof(loc), "/v1/jobs/%lld", (long long)id);
+    ck_assert_str_eq(header(&r, "Location"), loc);
+    ck_assert(json_is_object(json_object_get(j, "spec")));
+    json_decref(j);
+    hresp_free(&r);
+    return id;
+}
+
+static int action(const char *method, int64_t id, const char *verb)
+{
+    char path[96];
+    hresp r;
+    snprintf(path, sizeof(path), "/v1/jobs/%lld%s%s", (long long)id, verb ? "/" : "",
+             verb ? verb : "");
+    http(port, method, path, "Authorization: Bearer " TOKEN "\r\n", NULL, 0, &r);
+    int s = r.status;
+    if (s == 202) {
+        json_t *j = json_of(&r);
+        ck_assert_int_eq(json_integer_value(json_object_get(j, "id")), id);
+        json_decref(j);
+    } else if (s == 409) {
+        expect_error(&r, 409, "conflict", NULL);
+    } else if (s == 204) {
+        ck_assert_uint_eq(r.len, 0);
+    }
+    hresp_free(&r);
+    return s;
+}
+
+START_TEST(test_live_lifecycle)
+{
+    static const char spec[] =
+        "{\n  \"name\": \"synthetic-run\",\n  \"data\": {\"type\": \"synthetic\"},\n"
+        "  \"precision\": {\"dtype\": \"fp16\"},\n  \"steps\": 12\n}";
+    int64_t id = post_job(spec, "key-1", 201);
+    ck_assert_int_eq(post_job(spec, "key-1", 200), id);
+    json_t *j = job_json(id);
+    ck_assert_str_eq(json_string_value(json_object_get(j, "dtype")), "fp16");
+    ck_assert_str_eq(json_string_value(json_object_get(j, "name")), "synthetic-run");
+    ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(j, "spec"), "steps")), 12);
+    json_decref(j);
+    wait_job(id, "succeeded", 20);
+    j = job_json(id);
+    ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(j, "progress"), "step")),
+                     12);
+    ck_assert(json_is_object(json_object_get(j, "summary")));
+    ck_assert_ptr_nonnull(json_string_value(json_object_get(j, "finished_at")));
+    json_decref(j);
+
+    /* wrong states: 409; delete: 204, then 404 */
+    ck_assert_int_eq(action("POST", id, "cancel"), 409);
+    ck_assert_int_eq(action("POST", id, "resume"), 409);
+    ck_assert_int_eq(action("DELETE", id, NULL), 204);
+    ck_assert_int_eq(action("DELETE", id, NULL), 404);
+    ck_assert_int_eq(action("POST", id, "cancel"), 404);
+
+    /* cancel a running job, resume it, let it finish */
+    int64_t slow = 0;
+    bool existed;
+    ck_assert_int_eq(daemon_sched_submit(sc, "slow", "fp16", 40,
+                                         "{\"mode\":\"slow\",\"steps\":40,\"delay\":0.02,"
+                                         "\"ckpt\":5}",
+                                         NULL, &slow, &existed),
+                     0);
+    wait_job(slow, "running", 10);
+    ck_assert_int_eq(action("DELETE", slow, NULL), 409);
+    ck_assert_int_eq(action("POST", slow, "cancel"), 202);
+    wait_job(slow, "cancelled", 10);
+    ck_assert_int_eq(action("POST", slow, "resume"), 202);
+    wait_job(slow, "succeeded", 20);
+    char path[96];
+    snprintf(path, sizeof(path), "/v1/jobs/%lld/checkpoints", (long long)slow);
+    j = get_json(port, path, 200);
+    ck_assert_int_ge(json_array_size(json_object_get(j, "checkpoints")), 1);
+    json_decref(j);
+
+    j = get_json(port, "/v1/system", 200);
+    ck_assert_int_eq(
+        json_integer_value(json_object_get(json_object_get(j, "queue"), "max_running")), 2);
+    json_decref(j);
+}
+END_TEST
+
+START_TEST(test_live_stream_resume)
+{
+    enum { STEPS = 60, CLIENTS = 100 };
+    static hconn many[CLIENTS];
+    int64_t id = 0, steps[STEPS + 10];
+    bool existed;
+    char head[256];
+    hconn c;
+
+    ck_assert_int_eq(daemon_sched_submit(sc, "stream", "fp16", STEPS,
+                                         "{\"mode\":\"slow\",\"steps\":60,\"delay\":0.025,"
+                                         "\"ckpt\":10}",
+                                         NULL, &id, &existed),
+                     0);
+    int n = snprintf(head, sizeof(head), "GET /v1/jobs/%lld/stream HTTP/1.1\r\nHost: x\r\n\r\n",
+                     (long long)id);
+    /* 100 clients from the start (the job is queued or just starting) */
+    for (int i = 0; i < CLIENTS; i++) {
+        hc_open(&many[i], port);
+        hc_send(&many[i], head, (size_t)n);
+    }
+    /* one client reads to step 15, drops the connection and resumes */
+    hc_open(&c, port);
+    hc_send(&c, head, (size_t)n);
+    ck_assert(hc_wait(&c, "id: 15\nevent: step\n", 15000));
+    int got = sse_steps(c.body.data, steps, STEPS + 10);
+    int64_t last = steps[got - 1];
+    hc_close(&c);
+    sleep_ms(300); /* steps go on meanwhile */
+    hc_open(&c, port);
+    n = snprintf(head, sizeof(head),
+                 "GET /v1/jobs/%lld/stream HTTP/1.1\r\nHost: x\r\nLast-Event-ID: %lld\r\n\r\n",
+                 (long long)id, (long long)last);
+    hc_send(&c, head, (size_t)n);
+    hc_read_all(&c, 20000);
+    got = sse_steps(c.body.data, steps, STEPS + 10);
+    ck_assert_int_eq(got, STEPS - last);
+    for (int i = 0; i < got; i++)
+        ck_assert_int_eq(steps[i], last + 1 + i);
+    ck_assert_ptr_nonnull(strstr(c.body.data, "event: checkpoint\n"));
+    const char *end = strstr(c.body.data, "event: end\ndata: ");
+    ck_assert_ptr_nonnull(end);
+    ck_assert_ptr_nonnull(strstr(end, "\"type\":\"summary\""));
+    hc_close(&c);
+
+    for (int i = 0; i < CLIENTS; i++) {
+        hc_read_all(&many[i], 20000);
+        got = sse_steps(many[i].body.data, steps, STEPS + 10);
+        ck_assert_msg(got == STEPS, "client %d saw %d steps", i, got);
+        for (int k = 0; k < got; k++)
+            ck_assert_int_eq(steps[k], k + 1);
+        ck_assert_ptr_nonnull(strstr(many[i].body.data, "event: end\n"));
+        /* each checkpoint once */
+        int ck = 0;
+        for (const char *p = many[i].body.data; (p = strstr(p, "event: checkpoint\n")); p++)
+            ck++;
+        ck_assert_int_eq(ck, STEPS / 10);
+        hc_close(&many[i]);
+    }
+}
+END_TEST
+
+/* A client that stops reading falls behind the hub's ring (HUB_LINES in sched.c): when it
+ * reads again, the steps the hub dropped come from the store, with no gap or repeat. */
+START_TEST(test_live_stream_gap)
+{
+    enum { STEPS = 30000 };
+    static int64_t steps[STEPS + 10];
+    int64_t id = 0;
+    bool existed;
+    char head[256];
+    hconn c;
+    int small = 4096;
+
+    ck_assert_int_eq(daemon_sched_submit(sc, "gap", "fp16", STEPS,
+                                         "{\"mode\":\"ok\",\"steps\":30000}", NULL, &id, &existed),
+                     0);
+    memset(&c, 0, sizeof(c));
+    api_buf_init(&c.raw);
+    api_buf_init(&c.body);
+    c.fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ck_assert_int_ge(c.fd, 0);
+    ck_assert_int_eq(setsockopt(c.fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small)), 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_int_eq(connect(c.fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    int n = snprintf(head, sizeof(head), "GET /v1/jobs/%lld/stream HTTP/1.1\r\nHost: x\r\n\r\n",
+                     (long long)id);
+    hc_send(&c, head, (size_t)n);
+    wait_job(id, "succeeded", 30); /* not reading meanwhile */
+    hc_read_all(&c, 30000);
+    int got = sse_steps(c.body.data, steps, STEPS + 10);
+    ck_assert_int_eq(got, STEPS);
+    for (int i = 0; i < got; i++)
+        ck_assert_int_eq(steps[i], i + 1);
+    ck_assert_ptr_nonnull(strstr(c.body.data, "event: end\n"));
+    hc_close(&c);
+}
+END_TEST
+
+static Suite *api_suite(void)
+{
+    Suite *s = suite_create("api");
+    TCase *u = tcase_create("units");
+    tcase_set_timeout(u, 20);
+    tcase_add_test(u, test_parse_int);
+    tcase_add_test(u, test_parse_lists);
+    tcase_add_test(u, test_routes);
+    tcase_add_test(u, test_json_strings);
+    tcase_add_test(u, test_numbers);
+    tcase_add_test(u, test_prom_label);
+    tcase_add_test(u, test_misc);
+    tcase_add_test(u, test_series_json);
+    suite_add_tcase(s, u);
+
+    TCase *t = tcase_create("store");
+    tcase_add_checked_fixture(t, store_setup, store_teardown);
+    tcase_set_timeout(t, 30);
+    tcase_add_test(t, test_basics);
+    tcase_add_test(t, test_auth_and_limits);
+    tcase_add_test(t, test_jobs);
+    tcase_add_test(t, test_metrics);
+    tcase_add_test(t, test_events_checkpoints);
+    tcase_add_test(t, test_system);
+    tcase_add_test(t, test_prometheus);
+    tcase_add_test(t, test_sse_finished);
+    tcase_add_test(t, test_sse_running_and_stop);
+    tcase_add_test(t, test_sse_many_clients);
+    tcase_add_test(t, test_start_refusals);
+    tcase_add_test(t, test_static_and_head);
+    suite_add_tcase(s, t);
+
+    TCase *l = tcase_create("live");
+    tcase_add_checked_fixture(l, live_setup, store_teardown);
+    tcase_set_timeout(l, 60);
+    tcase_add_test(l, test_live_lifecycle);
+    tcase_add_test(l, test_live_stream_resume);
+    tcase_add_test(l, test_live_stream_gap);
+    suite_add_tcase(s, l);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(api_suite());
+    srunner_run_all(sr, CK_ENV);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

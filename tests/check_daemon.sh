@@ -1,0 +1,484 @@
+#!/bin/bash
+# check_daemon.sh - `ampd serve` end to end over HTTP, as a user drives it with curl: a real
+# daemon on a free loopback port (it writes the port it bound to --port-file) with a fresh
+# database and data directory, small synthetic jobs, and:
+#   submit -> running -> succeeded, one metric row per step; a downsampled series that keeps
+#   every overflow step; CSV export; an SSE client that sees live steps and resumes with
+#   Last-Event-ID without a gap or a duplicate; cancel (a checkpoint exists) and resume (one
+#   row per step); delete (404 afterwards); list filters and the keyset cursor; /metrics as
+#   Prometheus text; more than 40 malformed or hostile requests answered with the right
+#   4xx JSON error while the daemon keeps serving; start-up errors; kill -9 of the daemon
+#   mid-job and a restart that resumes from the last checkpoint with exactly one row per
+#   step; kill -9 of a worker fails its job with a reason and the next queued job runs.
+# Every wait is bounded; every daemon started here is killed on exit.
+set -u
+AMPD=${AMPD:-./ampd}
+TMP=$(mktemp -d)
+DPID=""
+cleanup() {
+    [ -n "$DPID" ] && kill -9 "$DPID" 2>/dev/null
+    [ -n "${SSE_PID:-}" ] && kill -9 "$SSE_PID" 2>/dev/null
+    wait 2>/dev/null
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+pass=0
+fail=0
+
+ok() { pass=$((pass + 1)); echo "PASS: $1"; }
+bad() { fail=$((fail + 1)); echo "FAIL: $1"; }
+check() { # name, command...
+    local name=$1
+    shift
+    if "$@"; then ok "$name"; else bad "$name"; fi
+}
+
+TOKEN=e2e-secret-token-0123456789
+printf '%s\n' "$TOKEN" >"$TMP/token"
+chmod 600 "$TMP/token"
+AUTH=(-H "Authorization: Bearer $TOKEN")
+
+# Start a daemon on a free port; sets DPID, PORT, URL. Extra arguments go to serve.
+start_daemon() {
+    rm -f "$TMP/port"
+    "$AMPD" serve --listen 127.0.0.1:0 --port-file "$TMP/port" --data-dir "$TMP/data" \
+        --db "$TMP/ampd.db" --token-file "$TMP/token" --worker-timeout 120 "$@" \
+        >>"$TMP/daemon.log" 2>&1 &
+    DPID=$!
+    for _ in $(seq 1 200); do
+        [ -s "$TMP/port" ] && break
+        kill -0 "$DPID" 2>/dev/null || break
+        sleep 0.05
+    done
+    PORT=$(cat "$TMP/port" 2>/dev/null)
+    URL="http://127.0.0.1:${PORT:-0}"
+}
+
+# req METHOD PATH [curl args]: sets CODE and BODY.
+req() {
+    local m=$1 p=$2 out
+    shift 2
+    out=$(curl -sS -m 20 -X "$m" -w '\n%{http_code}' "$@" "$URL$p" 2>&1)
+    CODE=${out##*$'\n'}
+    BODY=${out%$'\n'*}
+}
+post_json() { # path body [curl args]
+    local p=$1 b=$2
+    shift 2
+    req POST "$p" "${AUTH[@]}" -H 'Content-Type: application/json' --data-binary "$b" "$@"
+}
+# The first value of "key" in BODY (string quotes stripped).
+jget() { printf '%s' "$BODY" | grep -o "\"$1\":[^,}]*" | head -1 | sed 's/^[^:]*://; s/"//g'; }
+
+job_status() { # id -> status
+    req GET "/v1/jobs/$1"
+    jget status
+}
+wait_status() { # id status seconds: 0 once the job has the status
+    local id=$1 want=$2 n=$(($3 * 20)) st=""
+    for _ in $(seq 1 "$n"); do
+        st=$(job_status "$id")
+        [ "$st" = "$want" ] && return 0
+        sleep 0.05
+    done
+    echo "  job $id is \"$st\", expected \"$want\"" >&2
+    return 1
+}
+wait_step() { # id step seconds: 0 once the job's progress reached the step
+    local id=$1 want=$2 n=$(($3 * 20)) s
+    for _ in $(seq 1 "$n"); do
+        req GET "/v1/jobs/$id"
+        s=$(printf '%s' "$BODY" | grep -o '"progress":{"step":[0-9]*' | grep -o '[0-9]*$')
+        [ "${s:-0}" -ge "$want" ] && return 0
+        sleep 0.05
+    done
+    return 1
+}
+# The raw metric steps of a job, one per line (CSV export).
+raw_steps() {
+    curl -sS -m 20 "$URL/v1/jobs/$1/metrics?fields=loss&format=csv" | tail -n +2 | cut -d, -f1
+}
+steps_are_1_to() { # id n: the raw steps are exactly 1..n
+    raw_steps "$1" >"$TMP/steps"
+    seq 1 "$2" | cmp -s - "$TMP/steps"
+}
+healthy() {
+    req GET /healthz
+    [ "$CODE" = 200 ] && [ "$BODY" = '{"status":"ok"}' ]
+}
+submit() { # spec: sets SID to the new job's id ("" when the submit failed)
+    post_json /v1/jobs "$1"
+    SID=""
+    [ "$CODE" = 201 ] && SID=$(jget id)
+}
+# The pids of a job's worker: processes whose argv is `ampd run ... DATA/jobs/ID/spec.json`
+# (what pgrep -f would find, without needing procps).
+worker_pids() {
+    local f argv
+    for f in /proc/[0-9]*/cmdline; do
+        { mapfile -d '' -t argv <"$f"; } 2>/dev/null || continue
+        if [ "${#argv[@]}" -ge 3 ] && [ "${argv[1]}" = run ] &&
+            [ "${argv[-1]}" = "$TMP/data/jobs/$1/spec.json" ]; then
+            f=${f#/proc/}
+            echo "${f%/cmdline}"
+        fi
+    done
+}
+
+spec() { # name steps [extra top-level fields] [layers] [dtype/precision object]
+    local name=$1 steps=$2 extra=${3:-} layers=${4:-[32, 64, 4]}
+    local prec=${5:-'{"dtype": "fp32"}'}
+    printf '{"name": "%s", "model": {"layers": %s}, %s, "precision": %s, %s, "steps": %s%s}' \
+        "$name" "$layers" '"data": {"type": "synthetic", "train_size": 512, "eval_size": 128}' \
+        "$prec" '"batch_size": 32, "threads": 1' "$steps" "$extra"
+}
+BIG='[64, 256, 256, 10]' # a few hundred microseconds a step: jobs that live long enough
+
+# ---- start-up --------------------------------------------------------------------------------
+start_daemon --max-running 1
+check "serve starts and writes its port" test -n "$PORT"
+check "healthz" healthy
+check "start-up log names URL, db, blas and device" \
+    grep -q "serving http://127.0.0.1:$PORT (db $TMP/ampd.db.*blas .*device: " "$TMP/daemon.log"
+
+# ---- submit -> running -> succeeded ----------------------------------------------------------
+submit "$(spec small 300 ', "eval_every": 100, "checkpoint_every": 100')"
+id1=$SID
+check "submit answers 201 with an id" test -n "$id1"
+check "the new job is queued or running" grep -Eq '"status":"(queued|running)"' <<<"$BODY"
+check "Location header points at the job" \
+    sh -c "curl -sS -m 20 -o /dev/null -D - -X POST -H 'Authorization: Bearer $TOKEN' \
+        -H 'Content-Type: application/json' --data-binary '$(spec loc 10)' $URL/v1/jobs |
+        grep -qi '^Location: /v1/jobs/[0-9]'"
+check "job 1 succeeds" wait_status "$id1" succeeded 30
+req GET "/v1/jobs/$id1"
+check "job 1 has started and finished times" \
+    test "$(jget started_at)" != null -a "$(jget finished_at)" != null
+check "job shows progress 300/300" grep -q '"progress":{"step":300,"steps":300' <<<"$BODY"
+check "job has a summary with eval results" \
+    grep -q '"summary":{"type":"summary".*"eval_acc"' <<<"$BODY"
+check "job keeps its spec" grep -q '"spec":{"name":"small"' <<<"$BODY"
+check "metric rows equal the steps run (1..300)" steps_are_1_to "$id1" 300
+req GET "/v1/jobs/$id1/metrics?fields=loss,loss_scale&points=0"
+check "raw JSON series has 300 points" test "$(grep -o '"count":1,' <<<"$BODY" | wc -l)" -eq 300
+check "raw JSON series reports total_steps" grep -q '"total_steps":300}' <<<"$BODY"
+req GET "/v1/jobs/$id1/checkpoints"
+check "checkpoints at 100, 200, 300" \
+    test "$(grep -o '"step":[0-9]*' <<<"$BODY" | tr -dc '0-9\n' | tr '\n' ' ')" = '100 200 300 '
+curl -sS -m 20 -o "$TMP/ck.bin" "$URL/v1/jobs/$id1/checkpoints/300"
+hdr=$(head -c 8 "$TMP/ck.bin" | od -An -tu8 | tr -d ' ')
+check "checkpoint download is a safetensors file (header of ${hdr:-?} bytes)" \
+    sh -c "test '${hdr:-0}' -gt 0 && test '${hdr:-0}' -lt $(stat -c %s "$TMP/ck.bin")"
+req GET "/v1/jobs/$id1/events"
+check "events record the worker's start and the end" \
+    grep -q '"kind":"lifecycle","message":"worker [0-9]* started.*"message":"succeeded"' <<<"$BODY"
+
+# ---- CSV export ------------------------------------------------------------------------------
+curl -sS -m 20 -D "$TMP/csv.h" -o "$TMP/csv" \
+    "$URL/v1/jobs/$id1/metrics?format=csv&fields=loss,lr,loss_scale,overflow"
+check "CSV header" test "$(head -1 "$TMP/csv")" = "step,loss,lr,loss_scale,overflow"
+check "CSV has one line per step" test "$(tail -n +2 "$TMP/csv" | wc -l)" -eq 300
+check "CSV rows have 5 numeric columns" \
+    awk -F, 'NR > 1 && (NF != 5 || $1 !~ /^[0-9]+$/) { bad = 1 } END { exit bad }' "$TMP/csv"
+check "CSV content type" grep -qi '^Content-Type: text/csv' "$TMP/csv.h"
+
+# ---- overflow steps survive downsampling -----------------------------------------------------
+ovf_prec='{"dtype": "fp16",
+           "loss_scale": {"mode": "dynamic", "init": 16777216, "max_scale": 16777216}}'
+submit "$(spec overflow 400 '' '[32, 64, 4]' "$ovf_prec")"
+id2=$SID
+check "fp16 job at scale 2^24 succeeds" wait_status "$id2" succeeded 30
+curl -sS -m 20 "$URL/v1/jobs/$id2/metrics?fields=overflow&format=csv" |
+    awk -F, '$2 == 1 { print $1 }' >"$TMP/ovf_raw"
+check "the first steps overflowed" test "$(head -1 "$TMP/ovf_raw")" = 1
+req GET "/v1/jobs/$id2/metrics?fields=loss,loss_scale&points=10"
+grep -o '"step":[0-9]*,"step_last":[0-9]*,"count":1,"overflow":true' <<<"$BODY" |
+    sed 's/"step":\([0-9]*\),.*/\1/' >"$TMP/ovf_ds"
+check "points=10 keeps every overflow step ($(wc -l <"$TMP/ovf_raw") of them)" \
+    cmp -s "$TMP/ovf_raw" "$TMP/ovf_ds"
+check "points=10 is downsampled" \
+    test "$(grep -o '"count":' <<<"$BODY" | wc -l)" -le $((10 + 2 + $(wc -l <"$TMP/ovf_raw")))
+req GET "/v1/jobs/$id2/events"
+msg='step 1: gradients overflowed; optimizer step skipped; loss scale 1.67772e+07 -> 8.38861e+06'
+check "overflow events name the scale change" \
+    grep -qF "\"kind\":\"overflow\",\"message\":\"$msg\"" <<<"$BODY"
+
+# ---- SSE: live steps, then a reconnect with Last-Event-ID ------------------------------------
+submit "$(spec sse 8000 '' "$BIG")"
+id3=$SID
+wait_step "$id3" 5 30
+curl -sSN -m 1 "$URL/v1/jobs/$id3/stream" >"$TMP/sse1" 2>/dev/null
+last=$(grep '^id:' "$TMP/sse1" | tail -1 | tr -dc '0-9')
+status_mid=$(job_status "$id3")
+check "SSE client saw live step events" grep -q '^data: {"type":"step"' "$TMP/sse1"
+check "the job was still running when the first client left" test "$status_mid" = running
+curl -sSN -m 40 -H "Last-Event-ID: ${last:-0}" "$URL/v1/jobs/$id3/stream" >"$TMP/sse2" 2>/dev/null
+check "SSE job succeeded" wait_status "$id3" succeeded 30
+sse_steps() { # the step numbers of a stream's step events
+    grep '^data: {"type":"step"' "$1" | sed 's/^data: {"type":"step","step":\([0-9]*\),.*/\1/'
+}
+sse_steps "$TMP/sse1" >"$TMP/s1"
+sse_steps "$TMP/sse2" >"$TMP/s2"
+check "the reconnect starts right after Last-Event-ID ${last:-?}" \
+    test "$(head -1 "$TMP/s2")" = "$((${last:-0} + 1))"
+seq 1 8000 >"$TMP/seq8000"
+check "both streams together: every step once, no gap, no duplicate" \
+    cmp -s <(cat "$TMP/s1" "$TMP/s2") "$TMP/seq8000"
+check "the stream ends with the summary" grep -q '"type":"summary"' "$TMP/sse2"
+
+# ---- cancel, resume --------------------------------------------------------------------------
+submit "$(spec cancel 6000 ', "checkpoint_every": 1000' "$BIG")"
+id4=$SID
+wait_step "$id4" 50 30
+req DELETE "/v1/jobs/$id4" "${AUTH[@]}"
+check "delete of a running job is 409" test "$CODE" = 409
+req POST "/v1/jobs/$id4/cancel" "${AUTH[@]}"
+check "cancel answers 202" test "$CODE" = 202
+check "the job becomes cancelled" wait_status "$id4" cancelled 30
+req GET "/v1/jobs/$id4"
+ck4=$(jget checkpoint_step)
+check "cancel left a checkpoint (step ${ck4:-none})" test "${ck4:-0}" -gt 0
+code=$(curl -sS -m 20 -o /dev/null -w '%{http_code}' "$URL/v1/jobs/$id4/checkpoints/$ck4")
+check "the cancel checkpoint downloads" test "$code" = 200
+req POST "/v1/jobs/$id4/cancel" "${AUTH[@]}"
+check "cancel of a cancelled job is 409" test "$CODE" = 409
+check "metrics stop at the checkpoint" test "$(raw_steps "$id4" | tail -1)" = "$ck4"
+req POST "/v1/jobs/$id4/resume" "${AUTH[@]}"
+check "resume answers 202" test "$CODE" = 202
+check "the resumed job succeeds" wait_status "$id4" succeeded 60
+check "after the resume: exactly one row per step (1..6000)" steps_are_1_to "$id4" 6000
+req GET "/v1/jobs/$id4/events?limit=1000"
+check "events say it resumed from the checkpoint" \
+    grep -q "resumed from the checkpoint at step $ck4" <<<"$BODY"
+
+# ---- delete ----------------------------------------------------------------------------------
+req DELETE "/v1/jobs/$id1" "${AUTH[@]}"
+check "delete answers 204" test "$CODE" = 204
+req GET "/v1/jobs/$id1"
+check "a deleted job is 404" test "$CODE" = 404
+check "a deleted job's files are gone" test ! -e "$TMP/data/jobs/$id1"
+req GET "/v1/jobs/$id1/metrics"
+check "a deleted job's metrics are 404" test "$CODE" = 404
+
+# ---- list: filters and cursor ----------------------------------------------------------------
+ids() { grep -o '"id":[0-9]*' <<<"$BODY" | tr -dc '0-9\n' | tr '\n' ' '; } # ids in BODY
+req GET "/v1/jobs?dtype=fp16"
+check "list dtype=fp16 finds the overflow job only" test "$(ids)" = "$id2 "
+req GET "/v1/jobs?status=cancelled"
+check "list status=cancelled is empty" grep -q '^{"jobs":\[\],"next":null}$' <<<"$BODY"
+req GET "/v1/jobs?name=sse&status=succeeded"
+check "list name=sse&status=succeeded" test "$(ids)" = "$id3 "
+req GET "/v1/jobs?limit=2"
+page1=$(ids)
+next=$(jget next)
+check "list limit=2 gives 2 jobs and a cursor" \
+    test "$(wc -w <<<"$page1")" -eq 2 -a -n "$next" -a "$next" != null
+req GET "/v1/jobs?limit=2&after=$next"
+page2=$(ids)
+req GET "/v1/jobs?limit=1000"
+all=$(ids)
+check "the cursor pages continue the list, newest first, without overlap" \
+    test "$page1$page2" = "$(echo "$all" | cut -d' ' -f1-4) "
+
+# ---- /metrics --------------------------------------------------------------------------------
+curl -sS -m 20 "$URL/metrics" >"$TMP/prom"
+prom_ok() {
+    # name{label="value",...} value [timestamp]; every sample's family has a # TYPE line
+    local name='[a-zA-Z_:][a-zA-Z0-9_:]*' label='[a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*"'
+    local num='[-+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+)?|NaN|\+Inf|-Inf'
+    SAMPLE="^$name(\\{($label(,$label)*,?)?\\})? ($num)( -?[0-9]+)?\$" awk '
+    BEGIN { sample = ENVIRON["SAMPLE"] } # (not -v: awk would eat the backslashes)
+    /^# TYPE / {
+        if ($4 !~ /^(counter|gauge|histogram|summary|untyped)$/) { print "bad type: " $0; bad = 1 }
+        if ($3 in typed) { print "duplicate TYPE: " $3; bad = 1 }
+        typed[$3] = $4
+        next
+    }
+    /^#/ || /^$/ { next }
+    {
+        if ($0 !~ sample) { print "bad sample: " $0; bad = 1; next }
+        name = $0; sub(/[{ ].*/, "", name); base = name
+        if (!(name in typed)) sub(/_(bucket|sum|count)$/, "", base)
+        if (!(base in typed)) { print "no TYPE for " name; bad = 1 }
+        n++
+    }
+    END { if (n < 5) { print "only " n " samples"; bad = 1 } exit bad }' "$TMP/prom"
+}
+check "/metrics parses as Prometheus text" prom_ok
+check "/metrics has the loss-scale gauge" grep -q '^# TYPE ampd_loss_scale gauge' "$TMP/prom"
+check "/metrics has the overflow counter" \
+    grep -q '^# TYPE ampd_overflow_steps_total counter' "$TMP/prom"
+
+# ---- malformed and hostile requests ----------------------------------------------------------
+# expect STATUS CODE METHOD PATH [curl args]: the status and the JSON error's code (and, when
+# FIELD is set, the field it names).
+nbad=0
+FIELD=""
+expect() {
+    local want=$1 code=$2 m=$3 p=$4 f=""
+    shift 4
+    req "$m" "$p" "$@"
+    nbad=$((nbad + 1))
+    [ -n "$FIELD" ] && f=",\"field\":\"$FIELD\""
+    if [ "$CODE" = "$want" ] && grep -qF "{\"error\":{\"code\":\"$code\"$f" <<<"$BODY"; then
+        ok "hostile #$nbad: $m $p -> $want $code${FIELD:+ $FIELD}"
+    else
+        bad "hostile #$nbad: $m $p -> $want $code${FIELD:+ $FIELD} (got $CODE: ${BODY:0:200})"
+    fi
+    FIELD=""
+}
+JSON=(-H 'Content-Type: application/json')
+bad_spec() { # body status code [field]
+    FIELD=${4:-}
+    expect "$2" "$3" POST /v1/jobs "${AUTH[@]}" "${JSON[@]}" --data-binary "$1"
+}
+bad_spec '{' 400 invalid_json
+bad_spec '' 400 invalid_json
+bad_spec '[]' 400 invalid_spec
+bad_spec '"a string"' 400 invalid_spec
+bad_spec '{"steps": "100"}' 400 invalid_spec steps
+bad_spec '{"steps": -1}' 400 invalid_spec steps
+bad_spec '{"steps": 1.5}' 400 invalid_spec steps
+bad_spec '{"steps": 1e30}' 400 invalid_spec steps
+bad_spec '{"batch_size": 0}' 400 invalid_spec batch_size
+bad_spec '{"batch_size": 1000000000000}' 400 invalid_spec batch_size
+bad_spec '{"model": {"layers": [32, -4]}}' 400 invalid_spec 'model.layers[1]'
+bad_spec '{"model": {"layers": []}}' 400 invalid_spec model.layers
+bad_spec '{"model": {"layers": [100000, 100000, 100000]}}' 400 invalid_spec 'model.layers[0]'
+bad_spec '{"optimizer": {"lr": "NaN"}}' 400 invalid_spec optimizer.lr
+bad_spec '{"optimizer": {"lr": -0.1}}' 400 invalid_spec optimizer.lr
+bad_spec '{"optimizer": {"lr": 1e999}}' 400 invalid_json
+bad_spec '{"unknown_field": 1}' 400 invalid_spec unknown_field
+bad_spec '{"model": {"typo": 1}}' 400 invalid_spec model.typo
+bad_spec '{"precision": {"dtype": "fp64"}}' 400 invalid_spec precision.dtype
+bad_spec '{"precision": {"loss_scale": {"init": -5}}}' 400 invalid_spec precision.loss_scale.init
+bad_spec '{"data": {"type": "idx", "train": "/etc/passwd"}}' 400 invalid_spec data.train
+bad_spec '{"data": {"type": "idx", "train": "../../../etc"}}' 400 invalid_spec data.train
+bad_spec '{"name": 123}' 400 invalid_spec name
+bad_spec '{"device": "tpu"}' 400 invalid_spec device
+bad_spec '{"eval_every": -3}' 400 invalid_spec eval_every
+bad_spec "$(printf '{"name": "\xff\xfe"}')" 400 invalid_json
+bad_spec "$(printf '%0.s[' $(seq 1 200))" 400 invalid_json
+check "healthz after bad specs" healthy
+head -c 2000000 /dev/zero | tr '\0' ' ' >"$TMP/big.json"
+expect 413 body_too_large POST /v1/jobs "${AUTH[@]}" "${JSON[@]}" --data-binary @"$TMP/big.json"
+expect 415 unsupported_media_type POST /v1/jobs "${AUTH[@]}" -H 'Content-Type: text/plain' \
+    --data-binary '{}'
+expect 415 unsupported_media_type POST /v1/jobs "${AUTH[@]}" --data-binary '{}'
+expect 401 unauthorized POST /v1/jobs "${JSON[@]}" --data-binary '{}'
+expect 401 unauthorized POST /v1/jobs -H 'Authorization: Bearer wrong' "${JSON[@]}" \
+    --data-binary '{}'
+expect 401 unauthorized POST "/v1/jobs/$id2/cancel" -H "Authorization: Basic $TOKEN"
+expect 401 unauthorized DELETE "/v1/jobs/$id2"
+expect 405 method_not_allowed PUT /v1/jobs "${AUTH[@]}"
+expect 405 method_not_allowed DELETE /healthz "${AUTH[@]}"
+expect 405 method_not_allowed PATCH "/v1/jobs/$id2" "${AUTH[@]}"
+expect 405 method_not_allowed POST /metrics "${AUTH[@]}"
+check "healthz after bad methods" healthy
+expect 404 not_found GET /v1/nope
+expect 404 not_found GET /v1/jobs/abc
+expect 404 not_found GET /v1/jobs/999999
+expect 404 not_found GET /v1/jobs/-1
+expect 404 not_found GET "/v1/jobs/$id2/checkpoints/99999"
+expect 404 not_found POST /v1/jobs/999999/cancel "${AUTH[@]}"
+FIELD=limit
+expect 400 invalid_parameter GET '/v1/jobs?limit=0'
+expect 400 invalid_parameter GET '/v1/jobs?limit=abc'
+FIELD=status
+expect 400 invalid_parameter GET '/v1/jobs?status=bogus'
+expect 400 invalid_parameter GET '/v1/jobs?dtype=fp64'
+expect 400 invalid_parameter GET '/v1/jobs?after=-5'
+expect 400 invalid_parameter GET "/v1/jobs/$id2/metrics?points=-1"
+expect 400 invalid_parameter GET "/v1/jobs/$id2/metrics?points=99999999999999999999"
+FIELD=fields
+expect 400 invalid_parameter GET "/v1/jobs/$id2/metrics?fields=nope"
+expect 400 invalid_parameter GET "/v1/jobs/$id2/metrics?format=xml"
+expect 400 invalid_parameter GET "/v1/jobs/$id2/metrics?from=10&to=5"
+expect 400 invalid_parameter GET /v1/compare
+expect 400 invalid_parameter GET '/v1/compare?ids=a,b'
+expect 409 conflict POST "/v1/jobs/$id2/cancel" "${AUTH[@]}"
+expect 409 conflict POST "/v1/jobs/$id2/resume" "${AUTH[@]}"
+FIELD=Idempotency-Key
+expect 400 invalid_request POST /v1/jobs "${AUTH[@]}" "${JSON[@]}" \
+    -H 'Idempotency-Key: has spaces' --data-binary "$(spec idem 10)"
+check "at least 40 hostile requests were tried ($nbad)" test "$nbad" -ge 40
+check "healthz after every hostile request" healthy
+req GET /v1/jobs
+check "reads need no token" test "$CODE" = 200
+
+# ---- start-up errors (each must refuse to start; `timeout` ends one that does not) -----------
+TIMEOUT=(timeout -s KILL 20)
+chmod 644 "$TMP/token"
+"${TIMEOUT[@]}" "$AMPD" serve --listen 127.0.0.1:0 --data-dir "$TMP/d2" --token-file "$TMP/token" \
+    >/dev/null 2>"$TMP/err"
+rc=$?
+check "a group-readable token file is refused (exit 1)" test "$rc" -eq 1
+check "... with a clear message" grep -q 'token file .* is accessible by group or others' "$TMP/err"
+chmod 600 "$TMP/token"
+"${TIMEOUT[@]}" "$AMPD" serve --listen 0.0.0.0:0 --data-dir "$TMP/d2" >/dev/null 2>"$TMP/err"
+check "non-loopback without a token is refused (exit 1)" test $? -eq 1
+"${TIMEOUT[@]}" "$AMPD" serve --listen "127.0.0.1:$PORT" --data-dir "$TMP/d2" \
+    >/dev/null 2>"$TMP/err"
+check "a port in use is refused (exit 1)" test $? -eq 1
+check "... with one line on stderr" test "$(grep -c '^ampd serve: ' "$TMP/err")" -eq 1
+"${TIMEOUT[@]}" "$AMPD" serve --listen 127.0.0.1:0 --data-dir "$TMP/d2" \
+    --db "$TMP/nodir/x/ampd.db" >/dev/null 2>"$TMP/err"
+check "an unusable database is refused (exit 1)" test $? -eq 1
+"${TIMEOUT[@]}" "$AMPD" serve --max-running 0 >/dev/null 2>&1
+check "bad usage exits 2" test $? -eq 2
+
+# ---- kill -9 of the daemon mid-job, restart, resume ------------------------------------------
+submit "$(spec crash 5000 ', "checkpoint_every": 200' "$BIG")"
+id5=$SID
+wait_step "$id5" 700 60
+{
+    kill -9 "$DPID"
+    wait "$DPID"
+} 2>/dev/null
+ok_pid=$DPID
+check "the daemon is gone" sh -c "! kill -0 $ok_pid 2>/dev/null"
+sleep 0.2
+check "its worker died with it" test -z "$(worker_pids "$id5")"
+start_daemon --max-running 1
+check "the daemon restarts on the same db" healthy
+check "the crashed job resumes and succeeds" wait_status "$id5" succeeded 60
+check "exactly one metric row per step (1..5000)" steps_are_1_to "$id5" 5000
+req GET "/v1/jobs/$id5"
+check "the job counts one retry" grep -q '"retries":1,' <<<"$BODY"
+req GET "/v1/jobs/$id5/events?limit=1000"
+check "events say it was queued again" grep -q 'queued again after an interruption' <<<"$BODY"
+check "events say it resumed from a checkpoint" \
+    grep -q 'resumed from the checkpoint at step' <<<"$BODY"
+
+# ---- kill -9 of a worker: its job fails, the next one runs -----------------------------------
+submit "$(spec victim 1000000 '' "$BIG")"
+id6=$SID
+submit "$(spec next 100)"
+id7=$SID
+wait_step "$id6" 10 30
+wpid=$(worker_pids "$id6" | head -1)
+check "the worker process is found" test -n "$wpid"
+[ -n "$wpid" ] && kill -9 "$wpid"
+check "the killed worker's job fails" wait_status "$id6" failed 30
+req GET "/v1/jobs/$id6"
+check "the failure names the signal" \
+    grep -q '"error":"worker killed by signal 9 (SIGKILL)' <<<"$BODY"
+check "the next queued job runs and succeeds" wait_status "$id7" succeeded 30
+check "the daemon keeps serving" healthy
+
+# ---- graceful stop: running jobs checkpoint and become interrupted ---------------------------
+submit "$(spec stop 1000000 '' "$BIG")"
+id8=$SID
+wait_step "$id8" 10 30
+kill -TERM "$DPID"
+for _ in $(seq 1 400); do kill -0 "$DPID" 2>/dev/null || break; sleep 0.05; done
+wait "$DPID"
+rc=$?
+check "SIGTERM stops the daemon with status 0" test "$rc" -eq 0
+DPID=""
+check "the running job is interrupted" grep -q "job $id8: interrupted at step" "$TMP/daemon.log"
+check "... after writing a checkpoint" \
+    sh -c "ls '$TMP/data/jobs/$id8/' | grep -q '^ckpt-[0-9]*\.safetensors$'"
+
+echo "$pass passed, $fail failed"
+test "$fail" -eq 0

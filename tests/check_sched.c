@@ -1,0 +1,882 @@
+/*
+ * check_sched.c - the scheduler and worker supervision (daemon/sched.c) and the live hub
+ * (daemon/hub.c), against a real store in a temporary directory. The worker binary is
+ * tests/sched_worker.sh, a test double that prints the lines `ampd run` prints and crashes,
+ * hangs, fails, overflows or stops on SIGTERM as its spec asks, so that every path of the
+ * supervision runs in well under a second.
+ *
+ * Checks: a job runs to succeeded with exactly one metric row per step, NaN/Infinity
+ * decoded, checkpoints and the summary recorded, the hub's lines; a crashed worker fails
+ * its job with the signal and its log's last lines and the next queued job runs; a hung
+ * worker is killed; a failing worker's summary error is kept; cancel (queued and running)
+ * and resume from the checkpoint; restart recovery (running -> interrupted -> resumed,
+ * retries exhausted -> failed); a stop interrupts running jobs, which resume on the next
+ * start; two slots run two jobs at once; overflow and scale events; over-long and garbage lines;
+ * delete; the worker's descriptors, signal state and process group; a cancel that reaches a worker
+ * before its exec (no handler of the daemon runs in it); an unrunnable worker binary; hub
+ * semantics.
+ */
+#include <check.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon/daemon.h"
+#include "daemon/hub.h"
+#include "store/store.h"
+
+typedef struct {
+    char dir[256], db[300];
+    store *st;
+    daemon_sched *sc;
+    daemon_sched_config cfg;
+} fixture;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static void worker_path(char *out, size_t len)
+{
+    const char *src = getenv("srcdir");
+    char p[PATH_MAX + 64], abs[PATH_MAX];
+    snprintf(p, sizeof(p), "%s/tests/sched_worker.sh", src ? src : ".");
+    ck_assert_msg(realpath(p, abs) != NULL, "the fake worker %s is missing", p);
+    ck_assert_uint_lt(strlen(abs), len);
+    memcpy(out, abs, strlen(abs) + 1);
+}
+
+/* A fresh directory and store; the scheduler is started by start_sched(). */
+static void setup(fixture *f)
+{
+    memset(f, 0, sizeof(*f));
+    snprintf(f->dir, sizeof(f->dir), "/tmp/check_sched.XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(f->dir));
+    snprintf(f->db, sizeof(f->db), "%s/ampd.db", f->dir);
+    ck_assert_int_eq(store_open(f->db, &f->st), 0);
+    worker_path(f->cfg.exe, sizeof(f->cfg.exe));
+    snprintf(f->cfg.data_dir, sizeof(f->cfg.data_dir), "%s/data", f->dir);
+    f->cfg.nroots = 1;
+    snprintf(f->cfg.roots[0], sizeof(f->cfg.roots[0]), "/usr/share/datasets");
+    f->cfg.max_running = 1;
+    f->cfg.max_retries = 3;
+    f->cfg.worker_timeout_s = 30;
+}
+
+static void start_sched(fixture *f)
+{
+    ck_assert_int_eq(daemon_sched_start(f->st, &f->cfg, &f->sc), 0);
+}
+
+static void teardown(fixture *f)
+{
+    char cmd[400];
+    daemon_sched_stop(f->sc);
+    store_close(f->st);
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", f->dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+static int64_t submit(fixture *f, const char *spec)
+{
+    int64_t id = 0;
+    bool existed = true;
+    ck_assert_int_eq(daemon_sched_submit(f->sc, "t", "fp32", 20, spec, NULL, &id, &existed), 0);
+    ck_assert(!existed);
+    return id;
+}
+
+/* Wait (at most timeout_s) until job has status st; fails the test otherwise. */
+static void wait_status(fixture *f, int64_t id, store_status st, double timeout_s)
+{
+    double t0 = now_s();
+    store_job j;
+    for (;;) {
+        memset(&j, 0, sizeof(j));
+        ck_assert_int_eq(store_job_get(f->st, id, &j), 0);
+        store_status cur = j.status;
+        char err[600];
+        snprintf(err, sizeof(err), "%s", j.error ? j.error : "");
+        store_job_clear(&j);
+        if (cur == st)
+            return;
+        ck_assert_msg(now_s() - t0 < timeout_s, "job %lld: status %s, expected %s (error: %s)",
+                      (long long)id, store_status_name(cur), store_status_name(st), err);
+        sleep_ms(10);
+    }
+}
+
+/* Wait until the job's last recorded step reaches step (the store's progress). */
+static void wait_step(fixture *f, int64_t id, int64_t step, double timeout_s)
+{
+    double t0 = now_s();
+    for (;;) {
+        store_metric m;
+        if (store_metric_latest(f->st, id, &m) == 0 && m.step >= step)
+            return;
+        ck_assert_msg(now_s() - t0 < timeout_s, "job %lld never reached step %lld", (long long)id,
+                      (long long)step);
+        sleep_ms(10);
+    }
+}
+
+static store_job get_job(fixture *f, int64_t id)
+{
+    store_job j;
+    memset(&j, 0, sizeof(j));
+    ck_assert_int_eq(store_job_get(f->st, id, &j), 0);
+    return j;
+}
+
+/* The raw series of one field; asserts the steps are exactly 1..n, once each. */
+static void check_rows(fixture *f, int64_t id, int field, int64_t n, store_series *se)
+{
+    ck_assert_int_eq(store_flush(f->st), 0);
+    ck_assert_int_eq(store_series_query(f->st, id, &field, 1, 0, -1, 0, se), 0);
+    ck_assert_int_eq(se->npoints, n);
+    for (int i = 0; i < se->npoints; i++) {
+        ck_assert_int_eq(se->points[i].step_first, i + 1);
+        ck_assert_int_eq(se->points[i].count, 1);
+    }
+}
+
+/* Count the events of a job of this kind whose message contains text (NULL: any). */
+static int count_events(fixture *f, int64_t id, const char *kind, const char *text)
+{
+    store_event *ev = NULL;
+    int n = 0, c = 0;
+    ck_assert_int_eq(store_flush(f->st), 0);
+    ck_assert_int_eq(store_event_list(f->st, id, 0, 1000, &ev, &n), 0);
+    for (int i = 0; i < n; i++)
+        if (strcmp(ev[i].kind, kind) == 0 && (!text || strstr(ev[i].message, text)))
+            c++;
+    store_events_free(ev, n);
+    return c;
+}
+
+static bool dir_exists(const char *p)
+{
+    struct stat sb;
+    return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+/* ---- the scheduler ------------------------------------------------------------------------ */
+
+START_TEST(test_job_succeeds)
+{
+    fixture f;
+    store_series se;
+    store_checkpoint *ck = NULL;
+    daemon_line *lines = NULL;
+    int nck = 0, n = 0;
+    int64_t oldest;
+    bool finished;
+    int fields[2] = {STORE_M_GRAD_NORM, STORE_M_SAMPLES_PER_S};
+
+    setup(&f);
+    start_sched(&f);
+    int64_t id = submit(&f, "{\"mode\":\"ok\",\"steps\":20,\"ckpt\":5}");
+    wait_status(&f, id, STORE_SUCCEEDED, 10);
+    check_rows(&f, id, STORE_M_LOSS, 20, &se);
+    ck_assert(se.points[19].last[0] == 20.5);
+    store_series_free(&se);
+
+    /* "NaN" and "Infinity" strings come back as non-finite doubles. */
+    ck_assert_int_eq(store_series_query(f.st, id, fields, 2, 0, -1, 0, &se), 0);
+    ck_assert_int_eq(se.npoints, 20);
+    ck_assert(isnan(se.points[3].last[0]));
+    ck_assert(isinf(se.points[3].last[1]) && se.points[3].last[1] > 0);
+    store_series_free(&se);
+    int mf[2] = {STORE_M_MEM_BYTES, STORE_M_PEAK_MEM_BYTES};
+    ck_assert_int_eq(store_series_query(f.st, id, mf, 2, 0, -1, 0, &se), 0);
+    ck_assert(se.points[6].last[0] == 1007 && se.points[6].last[1] == 1007);
+    store_series_free(&se);
+
+    store_job j = get_job(&f, id);
+    ck_assert_int_eq(j.step, 20);
+    ck_assert_int_eq(j.checkpoint_step, 20);
+    ck_assert_ptr_nonnull(j.summary);
+    ck_assert_ptr_nonnull(strstr(j.summary, "\"status\":\"succeeded\""));
+    ck_assert_ptr_null(j.error);
+    store_job_clear(&j);
+    ck_assert_int_eq(store_checkpoint_list(f.st, id, &ck, &nck), 0);
+    ck_assert_int_eq(nck, 4);
+    for (int i = 0; i < nck; i++)
+        ck_assert_int_eq(access(ck[i].path, R_OK), 0);
+    free(ck);
+    ck_assert_int_eq(count_events(&f, id, "lifecycle", "started"), 1);
+    ck_assert_int_eq(count_events(&f, id, "lifecycle", "succeeded"), 1);
+
+    /* The hub: everything after step 10, the summary among it, finished. */
+    ck_assert_int_eq(daemon_sched_lines(f.sc, id, 10, 1000, &lines, &n, &oldest, &finished), 0);
+    ck_assert(finished);
+    ck_assert_int_eq(oldest, 1);
+    ck_assert_int_ge(n, 10);
+    /* The checkpoint at 10 was printed after step 10's line: it is owed too. */
+    ck_assert_int_eq(lines[0].step, 10);
+    ck_assert_ptr_nonnull(strstr(lines[0].json, "\"type\":\"checkpoint\",\"step\":10,"));
+    ck_assert_ptr_nonnull(strstr(lines[1].json, "\"type\":\"step\",\"step\":11,"));
+    int summaries = 0, steps = 0;
+    for (int i = 0; i < n; i++) {
+        summaries += strstr(lines[i].json, "\"type\":\"summary\"") != NULL;
+        steps += strstr(lines[i].json, "\"type\":\"step\"") != NULL;
+    }
+    ck_assert_int_eq(summaries, 1);
+    ck_assert_int_eq(steps, 10);
+    daemon_lines_free(lines, n);
+    lines = NULL;
+    ck_assert_int_eq(daemon_sched_lines(f.sc, 999, 0, 10, &lines, &n, &oldest, &finished),
+                     STORE_ENOTFOUND);
+
+    daemon_sched_info info;
+    daemon_sched_get_info(f.sc, &info);
+    ck_assert_int_eq(info.workers_started, 1);
+    ck_assert_int_eq(info.workers_failed, 0);
+    ck_assert_int_eq(info.running, 0);
+    ck_assert_int_eq(info.queued, 0);
+    ck_assert_int_eq(info.max_running, 1);
+    teardown(&f);
+}
+END_TEST
+
+START_TEST(test_crash_fails_only_its_job)
+{
+    fixture f;
+    store_series se;
+    setup(&f);
+    start_sched(&f);
+    int64_t bad = submit(&f, "{\"mode\":\"crash\",\"steps\":20}");
+    int64_t good = submit(&f, "{\"mode\":\"ok\",\"steps\":8}");
+    wait_status(&f, bad, STORE_FAILED, 10);
+    store_job j = get_job(&f, bad);
+    ck_assert_ptr_nonnull(j.error);
+    ck_assert_msg(strstr(j.error, "worker killed by signal 9 (SIGKILL)") != NULL, "%s", j.error);
+    ck_assert_msg(strstr(j.error, "boom: the fake worker crashes") != NULL, "%s", j.error);
+    store_job_clear(&j);
+    wait_status(&f, good, STORE_SUCCEEDED, 10);
+    check_rows(&f, good, STORE_M_LOSS, 8, &se);
+    store_series_free(&se);
+    check_rows(&f, bad, STORE_M_LOSS, 3, &se); /* what it did before the crash is kept */
+    store_series_free(&se);
+    daemon_sched_info info;
+    daemon_sched_get_info(f.sc, &info);
+    ck_assert_int_eq(info.workers_started, 2);
+    ck_assert_int_eq(info.workers_failed, 1);
+    teardown(&f);
+}
+END_TEST
+
+START_TEST(test_hung_worker_is_killed)
+{
+    fixture f;
+    setup(&f);
+    f.cfg.worker_timeout_s = 1;
+    start_sched(&f);
+    double t0 = now_s();
+    int64_t id = submit(&f, "{\"mode\":\"hang\"}");
+    wait_status(&f, id, STORE_FAILED, 10);
+    ck_assert(now_s() - t0 >= 1.0);
+    store_job j = get_job(&f, id);
+    ck_assert_msg(strncmp(j.error, "hung: no output for 1 s", 23) == 0, "%s", j.error);
+    store_job_clear(&j);
+    teardown(&f);
+}
+END_TEST
+
+START_TEST(test_failed_worker_reason)
+{
+    fixture f;
+    setup(&f);
+    start_sched(&f);
+    int64_t id = submit(&f, "{\"mode\":\"fail\"}");
+    wait_status(&f, id, STORE_FAILED, 10);
+    store_job j = get_job(&f, id);
+    ck_assert_msg(strstr(j.error, "loss scale stuck (worker exited with status 1)") != NULL, "%s",
+                  j.error);
+    ck_assert_msg(strstr(j.error, "fake failure on stderr") != NULL, "%s", j.error);
+    ck_assert_ptr_nonnull(j.summary);
+    store_job_clear(&j);
+    teardown(&f);
+}
+END_TEST
+
+START_TEST(test_cancel_and_resume)
+{
+    fixture f;
+    store_series se;
+    char log[600], buf[4096];
+    setup(&f);
+    start_sched(&f);
+    int64_t id = submit(&f, "{\"mode\":\"slow\",\"steps\":40,\"ckpt\":10,\"delay\":0.02}");
+    wait_step(&f, id, 5, 10);
+    ck_assert_int_eq(daemon_sched_cancel(f.sc, id), 0);
+    wait_status(&f, id, STORE_CANCELLED, 10);
+    store_job j = get_job(&f, id);
+    int64_t at = j.checkpoint_step;
+    ck_assert_int_ge(at, 5);
+    ck_assert_int_lt(at, 40);
+    ck_assert(j.cancel_requested);
+    store_job_clear(&j);
+    ck_assert_int_eq(daemon_sched_cancel(f.sc, id), STORE_ECONFLICT);
+    ck_assert_int_eq(daemon_sched_cancel(f.sc, 12345), STORE_ENOTFOUND);
+
+    ck_assert_int_eq(daemon_sched_resume(f.sc, id), 0);
+    wait_status(&f, id, STORE_SUCCEEDED, 20);
+    check_rows(&f, id, STORE_M_LOSS, 40, &se);
+    store_series_free(&se);
+    ck_assert_int_eq(count_events(&f, id, "lifecycle", "resumed from the checkpoint"), 1);
+    ck_assert_int_eq(daemon_sched_resume(f.sc, id), STORE_ECONFLICT);
+
+    snprintf(log, sizeof(log), "%s/data/jobs/%lld/worker.log", f.dir, (long long)id);
+    FILE *lf = fopen(log, "r");
+    ck_assert_ptr_nonnull(lf);
+    size_t n = fread(buf, 1, sizeof(buf) - 1, lf);
+    buf[n] = '\0';
+    fclose(lf);
+    snprintf(log, sizeof(log), "resuming from %s/data/jobs/%lld/ckpt-%lld.safetensors", f.dir,
+             (long long)id, (long long)at);
+    ck_assert_msg(strstr(buf, log) != NULL, "%s", buf);
+    teardown(&f);
+}
+END_TEST
+
+START_TEST(test_cancel_queued)
+{
+    fixture f;
+    setup(&f);
+    start_sched(&f);
+    int64_t first = submit(&f, "{\"mode\":\"hang\"}");
+    int64_t second = submit(&f, "{\"mode\":\"ok\"}");
+    wait_status(&f, first, STORE_RUNNING, 10);
+    ck_assert_int_eq(daemon_sched_cancel(f.sc, second), 0);
+    store_job j = get_job(&f, second);
+    ck_assert_int_eq(j.status, STORE_CANCELLED); /* at once */
+    store_job_clear(&j);
+    ck_assert_int_eq(daemon_sched_delete(f.sc, first), STORE_ECONFLICT);
+    /* A worker that dies of the SIGTERM without a checkpoint is still cancelled. */
+    ck_assert_int_eq(daemon_sched_cancel(f.sc, first), 0);
+    wait_status(&f, first, STORE_CANCELLED, 10);
+    j = get_job(&f, first);
+    ck_assert_int_eq(j.checkpoint_step, 0);
+    store_job_clear(&j);
+    /* Resume without a checkpoint starts from scratch. */
+    teardown(&f);
+}
+END_TEST
+
+START_TEST(test_worker_descriptors)
+{
+    fixture f;
+    store_event *ev = NULL;
+    int n = 0, pid = 0;
+    char path[600], target[600];
+    setup(&f);
+    start_sched(&f);
+    signal(SIGPIPE, SIG_IGN);
+    signal(SIGUSR2, SIG_IGN);
+    int64_t id = submit(&f, "{\"mode\":\"fds\"}");
+    double t0 = now_s();
+    while (pid == 0 && now_s() - t0 < 10) {
+        sleep_ms(10);
+        store_flush(f.st);
+        ck_assert_int_eq(store_event_list(f.st, id, 0, 100, &ev, &n), 0);
+        for (int i = 0; i < n; i++)
+            if (sscanf(ev[i].message, "worker %d started", &pid) != 1)
+                pid = 0;
+            else
+                break;
+        store_events_free(ev, n);
+    }
+    ck_assert_int_gt(pid, 0);
+    sleep_ms(100); /* the worker has exec'd sleep */
+    snprintf(path, sizeof(path), "/proc/%d/fd", pid);
+    DIR *d = opendir(path);
+    ck_assert_ptr_nonnull(d);
+    struct dirent *e;
+    int nfd = 0;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        ck_assert_msg(atoi(e->d_name) <= 2, "the worker inherited descriptor %s", e->d_name);
+        nfd++;
+    }
+    closedir(d);
+    ck_assert_int_eq(nfd, 3);
+    snprintf(path, sizeof(path), "/proc/%d/fd/2", pid);
+    ssize_t tl = readlink(path, target, sizeof(target) - 1);
+    ck_assert_int_gt(tl, 0);
+    target[tl] = '\0';
+    ck_assert_ptr_nonnull(strstr(target, "/worker.log"));
+    ck_assert_int_eq(getpgid(pid), pid);
+    /* No signal blocked or ignored, though this process ignores SIGPIPE and SIGUSR2 (glibc's
+     * own signals 32 and 33, which sigaction() cannot change, are not looked at). */
+    snprintf(path, sizeof(path), "/proc/%d/status", pid);
+    FILE *sf = fopen(path, "r");
+    ck_assert_ptr_nonnull(sf);
+    char line[256];
+    int seen = 0;
+    while (fgets(line, sizeof(line), sf)) {
+        if (strncmp(line, "SigBlk:", 7) == 0 || strncmp(line, "SigIgn:", 7) == 0) {
+            unsigned long long mask = strtoull(line + 7, NULL, 16);
+            ck_assert_msg((mask & ~(3ULL << 31)) == 0, "%s", line);
+            seen++;
+        }
+    }
+    fclose(sf);
+    ck_assert_int_eq(seen, 2);
+    ck_assert_int_eq(daemon_sched_cancel(f.sc, id), 0);
+    wait_status(&f, id, STORE_CANCELLED, 10);
+    teardown(&f);
+}
+END_TEST
+
+/* A handler of the test process; if it ever runs in a worker (between fork and exec) it
+ * leaves a mark. */
+static char term_mark[300];
+static void on_term(int sig)
+{
+    int fd = open(term_mark, O_WRONLY | O_CREAT | O_APPEND, 0600);
+    (void)sig;
+    if (fd >= 0)
+        close(fd);
+    _exit(3);
+}
+
+START_TEST(test_cancel_at_spawn)
+{
+    fixture f;
+    struct sigaction sa, old;
+    setup(&f);
+    snprintf(term_mark, sizeof(term_mark), "%s/handler-ran", f.dir);
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_term;
+    sigaction(SIGTERM, &sa, &old);
+    signal(SIGUSR2, SIG_IGN);
+    start_sched(&f);
+    for (int i = 0; i < 10; i++) {
+        int64_t id = submit(&f, "{\"mode\":\"hang\"}");
+        double t0 = now_s();
+        for (;;) { /* cancel the moment the job runs: its worker may not have exec'd yet */
+            store_job j = get_job(&f, id);
+            store_status st = j.status;
+            store_job_clear(&j);
+            if (st == STORE_RUNNING)
+                break;
+            ck_assert(now_s() - t0 < 10);
+        }
+        ck_assert_int_eq(daemon_sched_cancel(f.sc, id), 0);
+        wait_status(&f, id, STORE_CANCELLED, 10);
+    }
+    ck_assert_msg(access(term_mark, F_OK) != 0, "a worker ran the parent's SIGTERM handler");
+    sigaction(SIGTERM, &old, NULL);
+    teardown(&f);
+}
+END_TEST
+
+START_TEST(test_recovery_after_crash)
+{
+    fixture f;
+    store_series se;
+    store_metric m;
+    int64_t id, spent;
+    bool existed;
+    char dir[600], ck[1400];
+    setup(&f);
+
+    /* What a daemon killed with -9 leaves: a running job with a checkpoint at step 10 and
+     * metric rows up to 13; a job already restarted max_retries times. */
+    ck_assert_int_eq(store_job_insert(f.st, "crashed", "fp32", 20,
+                                      "{\"mode\":\"ok\",\"steps\":20,\"ckpt\":5}", NULL, &id,
+                                      &existed),
+                     0);
+    ck_assert_int_eq(store_job_set_status(f.st, id, STORE_RUNNING, NULL), 0);
+    snprintf(dir, sizeof(dir), "%s/data/jobs/%lld", f.dir, (long long)id);
+    snprintf(ck, sizeof(ck), "mkdir -p %s && echo w > %s/ckpt-10.safetensors", dir, dir);
+    ck_assert_int_eq(system(ck), 0);
+    snprintf(ck, sizeof(ck), "%s/ckpt-10.safetensors", dir);
+    ck_assert_int_eq(store_checkpoint_add(f.st, id, 10, ck, 2), 0);
+    ck_assert_int_eq(store_job_set_checkpoint(f.st, id, 10), 0);
+    for (int s = 1; s <= 13; s++) {
+        memset(&m, 0, sizeof(m));
+        m.job_id = id;
+        m.step = s;
+        for (int k = 0; k < STORE_M_NFIELDS; k++)
+            m.v[k] = NAN;
+        m.v[STORE_M_LOSS] = 100 + s;
+        ck_assert_int_eq(store_metric_append(f.st, &m), 0);
+    }
+    ck_assert_int_eq(
+        store_job_insert(f.st, "spent", "fp32", 20, "{\"mode\":\"ok\"}", NULL, &spent, &existed),
+        0);
+    ck_assert_int_eq(store_job_set_status(f.st, spent, STORE_INTERRUPTED, NULL), 0);
+    ck_assert_int_eq(store_job_set_retries(f.st, spent, 3), 0);
+    ck_assert_int_eq(store_flush(f.st), 0);
+
+    start_sched(&f);
+    wait_status(&f, id, STORE_SUCCEEDED, 10);
+    check_rows(&f, id, STORE_M_LOSS, 20, &se);
+    for (int i = 0; i < 10; i++) /* rows up to the checkpoint are the first run's */
+        ck_assert(se.points[i].last[0] == 101 + i);
+    for (int i = 10; i < 20; i++) /* 11..13 were replaced, not duplicated */
+        ck_assert(se.points[i].last[0] == i + 1.5);
+    store_series_free(&se);
+    store_job j = get_job(&f, id);
+    ck_assert_int_eq(j.retries, 1);
+    store_job_clear(&j);
+    j = get_job(&f, spent);
+    ck_assert_int_eq(j.status, STORE_FAILED);
+    ck_assert_msg(strstr(j.error, "interrupted too often") != NULL, "%s", j.error);
+    store_job_clear(&j);
+    teardown(&f);
+}
+END_TEST
+
+START_TEST(test_stop_interrupts_and_restart_resumes)
+{
+    fixture f;
+    store_series se;
+    setup(&f);
+    start_sched(&f);
+    int64_t id = submit(&f, "{\"mode\":\"slow\",\"steps\":30,\"ckpt\":100,\"delay\":0.02}");
+    int64_t queued = submit(&f, "{\"mode\":\"ok\",\"steps\":5}");
+    wait_step(&f, id, 4, 10);
+    daemon_sched_stop(f.sc);
+    f.sc = NULL;
+    store_job j = get_job(&f, id);
+    ck_assert_int_eq(j.status, STORE_INTERRUPTED);
+    ck_assert_int_ge(j.checkpoint_step, 4); /* the checkpoint taken on SIGTERM */
+    store_job_clear(&j);
+    j = get_job(&f, queued);
+    ck_assert_int_eq(j.status, STORE_QUEUED);
+    store_job_clear(&j);
+
+    start_sched(&f);
+    wait_status(&f, id, STORE_SUCCEEDED, 20);
+    wait_status(&f, queued, STORE_SUCCEEDED, 10);
+    check_rows(&f, id, STORE_M_LOSS, 30, &se);
+    store_series_free(&se);
+    j = get_job(&f, id);
+    ck_assert_int_eq(j.retries, 1);
+    store_job_clear(&j);
+    teardown(&f);
+}
+END_TEST
+
+START_TEST(test_two_slots)
+{
+    fixture f;
+    store_series se;
+    daemon_sched_info info;
+    setup(&f);
+    f.cfg.max_running = 2;
+    start_sched(&f);
+    int64_t a = submit(&f, "{\"mode\":\"slow\",\"steps\":25,\"delay\":0.02}");
+    int64_t b = submit(&f, "{\"mode\":\"slow\",\"steps\":25,\"delay\":0.02}");
+    int64_t c = submit(&f, "{\"mode\":\"ok\",\"steps\":5}");
+    wait_step(&f, a, 2, 10);
+    wait_step(&f, b, 2, 10);
+    daemon_sched_get_info(f.sc, &info);
+    ck_assert_int_eq(info.running, 2);
+    ck_assert_int_eq(info.queued, 1);
+    ck_assert_int_eq(info.max_running, 2);
+    store_job j = get_job(&f, c);
+    ck_assert_int_eq(j.status, STORE_QUEUED); /* both slots are taken */
+    store_job_clear(&j);
+    wait_status(&f, a, STORE_SUCCEEDED, 20);
+    wait_status(&f, b, STORE_SUCCEEDED, 20);
+    wait_status(&f, c, STORE_SUCCEEDED, 20);
+    check_rows(&f, a, STORE_M_LOSS, 25, &se);
+    store_series_free(&se);
+    check_rows(&f, b, STORE_M_LOSS, 25, &se);
+    store_series_free(&se);
+    teardown(&f);
+}
+END_TEST
+
+START_TEST(test_overflow_events)
+{
+    fixture f;
+    store_series se;
+    setup(&f);
+    start_sched(&f);
+    int64_t id = submit(&f, "{\"mode\":\"overflow\",\"steps\":6}");
+    wait_status(&f, id, STORE_SUCCEEDED, 10);
+    check_rows(&f, id, STORE_M_OVERFLOW, 6, &se);
+    ck_assert(se.points[0].last[0] == 1 && se.points[3].last[0] == 0);
+    store_series_free(&se);
+    ck_assert_int_eq(count_events(&f, id, "overflow", NULL), 3);
+    ck_assert_int_eq(
+        count_events(&f, id, "overflow",
+                     "step 1: gradients overflowed; optimizer step skipped; loss scale 8 -> 4"),
+        1);
+    ck_assert_int_eq(count_events(&f, id, "overflow", "step 3: gradients overflowed"), 1);
+    ck_assert_int_eq(count_events(&f, id, "overflow", "loss scale 2 -> 1"), 1);
+    ck_assert_int_eq(count_events(&f, id, "scale", NULL), 3);
+    ck_assert_int_eq(count_events(&f, id, "scale", "after step 2: loss scale 4 -> 2 (backoff)"), 1);
+    teardown(&f);
+}
+END_TEST
+
+START_TEST(test_long_and_garbage_lines)
+{
+    fixture f;
+    store_series se;
+    setup(&f);
+    start_sched(&f);
+    int64_t a = submit(&f, "{\"mode\":\"longline\",\"steps\":6}");
+    int64_t b = submit(&f, "{\"mode\":\"garbage\",\"steps\":6}");
+    wait_status(&f, a, STORE_SUCCEEDED, 10);
+    wait_status(&f, b, STORE_SUCCEEDED, 10);
+    check_rows(&f, a, STORE_M_LOSS, 6, &se);
+    store_series_free(&se);
+    check_rows(&f, b, STORE_M_LOSS, 6, &se);
+    store_series_free(&se);
+    teardown(&f);
+}
+END_TEST
+
+START_TEST(test_delete)
+{
+    fixture f;
+    char dir[600];
+    setup(&f);
+    start_sched(&f);
+    int64_t id = submit(&f, "{\"mode\":\"ok\",\"steps\":3,\"ckpt\":1}");
+    wait_status(&f, id, STORE_SUCCEEDED, 10);
+    snprintf(dir, sizeof(dir), "%s/data/jobs/%lld", f.dir, (long long)id);
+    ck_assert(dir_exists(dir));
+    ck_assert_int_eq(daemon_sched_delete(f.sc, id), 0);
+    ck_assert(!dir_exists(dir));
+    store_job j;
+    ck_assert_int_eq(store_job_get(f.st, id, &j), STORE_ENOTFOUND);
+    ck_assert_int_eq(daemon_sched_delete(f.sc, id), STORE_ENOTFOUND);
+    ck_assert_int_eq(daemon_sched_resume(f.sc, id), STORE_ENOTFOUND);
+    teardown(&f);
+}
+END_TEST
+
+START_TEST(test_bad_worker_binary)
+{
+    fixture f;
+    setup(&f);
+    snprintf(f.cfg.exe, sizeof(f.cfg.exe), "%s/no-such-ampd", f.dir);
+    start_sched(&f);
+    int64_t id = submit(&f, "{}");
+    wait_status(&f, id, STORE_FAILED, 10);
+    store_job j = get_job(&f, id);
+    ck_assert_msg(strstr(j.error, "worker exited with status 127") != NULL, "%s", j.error);
+    ck_assert_msg(strstr(j.error, "cannot execute the worker binary") != NULL, "%s", j.error);
+    store_job_clear(&j);
+    teardown(&f);
+}
+END_TEST
+
+START_TEST(test_idempotent_submit)
+{
+    fixture f;
+    int64_t a, b;
+    bool existed;
+    setup(&f);
+    start_sched(&f);
+    ck_assert_int_eq(
+        daemon_sched_submit(f.sc, "t", "fp32", 3, "{\"steps\":3}", "key-1", &a, &existed), 0);
+    ck_assert(!existed);
+    ck_assert_int_eq(
+        daemon_sched_submit(f.sc, "t", "fp32", 3, "{\"steps\":3}", "key-1", &b, &existed), 0);
+    ck_assert(existed);
+    ck_assert_int_eq(a, b);
+    wait_status(&f, a, STORE_SUCCEEDED, 10);
+    teardown(&f);
+}
+END_TEST
+
+/* ---- the hub ------------------------------------------------------------------------------ */
+
+static void push_step(daemon_hub *h, int64_t job, int64_t step)
+{
+    char line[64];
+    snprintf(line, sizeof(line), "{\"type\":\"step\",\"step\":%lld}", (long long)step);
+    ck_assert_int_eq(daemon_hub_push(h, job, step, true, line, strlen(line)), 0);
+}
+
+START_TEST(test_hub_ring)
+{
+    daemon_hub *h;
+    daemon_line *l = NULL;
+    int n;
+    int64_t oldest;
+    bool fin;
+    ck_assert_int_eq(daemon_hub_create(16, 2, &h), 0);
+    ck_assert_int_eq(daemon_hub_open(h, 1, 0), 0);
+    for (int s = 1; s <= 20; s++) {
+        push_step(h, 1, s);
+        if (s == 12)
+            ck_assert_int_eq(daemon_hub_push(h, 1, 12, false, "{\"type\":\"eval\"}", 15), 0);
+    }
+    /* 21 lines in a ring of 16: steps 6..20 and the eval remain. */
+    ck_assert_int_eq(daemon_hub_lines(h, 1, 0, 0, &l, &n, &oldest, &fin), 0);
+    ck_assert_int_eq(n, 16);
+    ck_assert_int_eq(oldest, 6);
+    ck_assert_int_eq(l[0].step, 6);
+    ck_assert(!fin);
+    daemon_lines_free(l, n);
+    /* After step 12: its eval, then 13..20. */
+    ck_assert_int_eq(daemon_hub_lines(h, 1, 12, 0, &l, &n, &oldest, &fin), 0);
+    ck_assert_int_eq(n, 9);
+    ck_assert_str_eq(l[0].json, "{\"type\":\"eval\"}");
+    ck_assert_int_eq(l[1].step, 13);
+    daemon_lines_free(l, n);
+    /* Nothing after 20: a timeout returns no lines. */
+    double t0 = now_s();
+    ck_assert_int_eq(daemon_hub_lines(h, 1, 20, 100, &l, &n, &oldest, &fin), 0);
+    ck_assert_int_eq(n, 0);
+    ck_assert(now_s() - t0 >= 0.09);
+    /* A resume from step 15 drops 16..20; a reader that saw 18 of the first run gets the
+     * new run's lines after 18 (no duplicate ids), one that saw 15 gets 16 on. */
+    ck_assert_int_eq(daemon_hub_open(h, 1, 15), 0);
+    ck_assert_int_eq(daemon_hub_lines(h, 1, 0, 0, &l, &n, &oldest, &fin), 0);
+    ck_assert_int_eq(l[n - 1].step, 15);
+    daemon_lines_free(l, n);
+    for (int s = 16; s <= 19; s++)
+        push_step(h, 1, s);
+    ck_assert_int_eq(daemon_hub_lines(h, 1, 18, 0, &l, &n, &oldest, &fin), 0);
+    ck_assert_int_eq(n, 1);
+    ck_assert_int_eq(l[0].step, 19);
+    daemon_lines_free(l, n);
+    ck_assert_int_eq(daemon_hub_lines(h, 1, 15, 0, &l, &n, &oldest, &fin), 0);
+    ck_assert_int_eq(n, 4);
+    ck_assert_int_eq(l[0].step, 16);
+    daemon_lines_free(l, n);
+    /* A job opened at a resume step holds nothing below it. */
+    ck_assert_int_eq(daemon_hub_open(h, 2, 40), 0);
+    ck_assert_int_eq(daemon_hub_lines(h, 2, 0, 0, &l, &n, &oldest, &fin), 0);
+    ck_assert_int_eq(n, 0);
+    ck_assert_int_eq(oldest, 41);
+    /* Finished jobs: the oldest beyond keep_finished (2) are dropped. */
+    daemon_hub_finish(h, 1);
+    ck_assert_int_eq(daemon_hub_lines(h, 1, 19, 1000, &l, &n, &oldest, &fin), 0);
+    ck_assert(fin);
+    ck_assert_int_eq(n, 0);
+    daemon_hub_finish(h, 2);
+    daemon_hub_open(h, 3, 0);
+    daemon_hub_finish(h, 3);
+    ck_assert_int_eq(daemon_hub_lines(h, 1, 0, 0, &l, &n, &oldest, &fin), STORE_ENOTFOUND);
+    ck_assert_int_eq(daemon_hub_lines(h, 3, 0, 0, &l, &n, &oldest, &fin), 0);
+    daemon_hub_remove(h, 3);
+    ck_assert_int_eq(daemon_hub_lines(h, 3, 0, 0, &l, &n, &oldest, &fin), STORE_ENOTFOUND);
+    daemon_hub_free(h);
+}
+END_TEST
+
+typedef struct {
+    daemon_hub *h;
+    int64_t after;
+    int n;
+    int64_t first;
+    bool fin;
+} reader_arg;
+
+static void *reader(void *p)
+{
+    reader_arg *a = p;
+    daemon_line *l = NULL;
+    int64_t oldest;
+    a->n = -1;
+    if (daemon_hub_lines(a->h, 7, a->after, 5000, &l, &a->n, &oldest, &a->fin) == 0 && a->n > 0)
+        a->first = l[0].step;
+    daemon_lines_free(l, a->n);
+    return NULL;
+}
+
+START_TEST(test_hub_wakes_readers)
+{
+    daemon_hub *h;
+    pthread_t t[4];
+    reader_arg a[4];
+    ck_assert_int_eq(daemon_hub_create(100, 4, &h), 0);
+    daemon_hub_open(h, 7, 0);
+    for (int s = 1; s <= 3; s++)
+        push_step(h, 7, s);
+    double t0 = now_s();
+    for (int i = 0; i < 4; i++) {
+        a[i] = (reader_arg){h, 3, 0, 0, false};
+        ck_assert_int_eq(pthread_create(&t[i], NULL, reader, &a[i]), 0);
+    }
+    sleep_ms(50);
+    push_step(h, 7, 4);
+    for (int i = 0; i < 4; i++) {
+        pthread_join(t[i], NULL);
+        ck_assert_int_eq(a[i].n, 1);
+        ck_assert_int_eq(a[i].first, 4);
+    }
+    ck_assert(now_s() - t0 < 2.0);
+    ck_assert(!a[0].fin);
+    /* A reader of a job that finishes wakes with finished set and no lines. */
+    a[0] = (reader_arg){h, 4, 0, 0, false};
+    ck_assert_int_eq(pthread_create(&t[0], NULL, reader, &a[0]), 0);
+    sleep_ms(50);
+    t0 = now_s();
+    daemon_hub_finish(h, 7);
+    pthread_join(t[0], NULL);
+    ck_assert(now_s() - t0 < 2.0);
+    ck_assert_int_eq(a[0].n, 0);
+    ck_assert(a[0].fin);
+    daemon_hub_free(h);
+}
+END_TEST
+
+static Suite *sched_suite(void)
+{
+    Suite *s = suite_create("sched");
+    TCase *tc = tcase_create("scheduler");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_job_succeeds);
+    tcase_add_test(tc, test_crash_fails_only_its_job);
+    tcase_add_test(tc, test_hung_worker_is_killed);
+    tcase_add_test(tc, test_failed_worker_reason);
+    tcase_add_test(tc, test_cancel_and_resume);
+    tcase_add_test(tc, test_cancel_queued);
+    tcase_add_test(tc, test_worker_descriptors);
+    tcase_add_test(tc, test_cancel_at_spawn);
+    tcase_add_test(tc, test_recovery_after_crash);
+    tcase_add_test(tc, test_stop_interrupts_and_restart_resumes);
+    tcase_add_test(tc, test_two_slots);
+    tcase_add_test(tc, test_overflow_events);
+    tcase_add_test(tc, test_long_and_garbage_lines);
+    tcase_add_test(tc, test_delete);
+    tcase_add_test(tc, test_bad_worker_binary);
+    tcase_add_test(tc, test_idempotent_submit);
+    suite_add_tcase(s, tc);
+    TCase *th = tcase_create("hub");
+    tcase_add_test(th, test_hub_ring);
+    tcase_add_test(th, test_hub_wakes_readers);
+    suite_add_tcase(s, th);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(sched_suite());
+    srunner_run_all(sr, CK_ENV);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}

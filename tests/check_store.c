@@ -1,0 +1,1252 @@
+/*
+ * check_store.c - the SQLite store: migrations and re-open, job rows (filters, keyset
+ * cursor, idempotency, timestamps, flags, cascading delete), metric rows through the
+ * writer (NaN/+-Inf round-trip, flags, upsert, evals, truncate), downsampling against a
+ * brute-force computation over random data, the rollup table against the raw rows,
+ * events, checkpoints, the latest row, counters, and readers on several threads while the
+ * writer appends.
+ *
+ * Each test opens a fresh database file made with mkstemp in a directory under /tmp and
+ * removes it (and its -wal/-shm files) afterwards; the directory and anything a failed
+ * test left in it go when the test case ends. The brute-force reference keeps what the test wrote
+ * in an array indexed by step and computes buckets, special points and rollups from it directly,
+ * without the store's aggregation code.
+ *
+ * Threads: Check forks one child per test; the concurrency test starts reader threads.
+ */
+#include <check.h>
+#include <dirent.h>
+#include <math.h>
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "store/store.h"
+
+#define NF STORE_M_NFIELDS
+#define EVAL_BITS ((1u << STORE_M_EVAL_LOSS) | (1u << STORE_M_EVAL_ACC))
+
+static char tmp_dir[64];
+static char db_path[96];
+static store *st;
+
+/* Unchecked fixture (the parent process): a directory for the test case's files, removed
+ * with whatever a failed test left in it. */
+static void dir_setup(void)
+{
+    snprintf(tmp_dir, sizeof(tmp_dir), "/tmp/ampd-store-XXXXXX");
+    if (!mkdtemp(tmp_dir)) {
+        perror("mkdtemp");
+        abort();
+    }
+}
+
+static void dir_teardown(void)
+{
+    DIR *d = opendir(tmp_dir);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        char p[400];
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        snprintf(p, sizeof(p), "%s/%s", tmp_dir, e->d_name);
+        unlink(p);
+    }
+    if (d)
+        closedir(d);
+    rmdir(tmp_dir);
+}
+
+static void make_path(void)
+{
+    int fd;
+    snprintf(db_path, sizeof(db_path), "%s/db-XXXXXX", tmp_dir);
+    fd = mkstemp(db_path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+}
+
+static void remove_db(void)
+{
+    char p[128];
+    unlink(db_path);
+    snprintf(p, sizeof(p), "%s-wal", db_path);
+    unlink(p);
+    snprintf(p, sizeof(p), "%s-shm", db_path);
+    unlink(p);
+}
+
+static void setup(void)
+{
+    make_path();
+    ck_assert_int_eq(store_open(db_path, &st), 0);
+    ck_assert_ptr_nonnull(st);
+}
+
+static void teardown(void)
+{
+    store_close(st);
+    st = NULL;
+    remove_db();
+}
+
+static int64_t new_job(const char *name, const char *dtype)
+{
+    int64_t id = 0;
+    bool existed = true;
+    ck_assert_int_eq(
+        store_job_insert(st, name, dtype, 1000, "{\"steps\":1000}", NULL, &id, &existed), 0);
+    ck_assert(!existed);
+    ck_assert_int_gt(id, 0);
+    return id;
+}
+
+/* A second, plain connection to the test database. */
+static sqlite3 *raw_open(void)
+{
+    sqlite3 *db = NULL;
+    ck_assert_int_eq(sqlite3_open_v2(db_path, &db, SQLITE_OPEN_READWRITE, NULL), SQLITE_OK);
+    sqlite3_busy_timeout(db, 5000);
+    return db;
+}
+
+static int64_t raw_int(sqlite3 *db, const char *sql, int64_t arg)
+{
+    sqlite3_stmt *q = NULL;
+    int64_t v;
+    ck_assert_int_eq(sqlite3_prepare_v2(db, sql, -1, &q, NULL), SQLITE_OK);
+    if (sqlite3_bind_parameter_count(q) > 0)
+        sqlite3_bind_int64(q, 1, arg);
+    ck_assert_int_eq(sqlite3_step(q), SQLITE_ROW);
+    v = sqlite3_column_int64(q, 0);
+    sqlite3_finalize(q);
+    return v;
+}
+
+static bool same(double a, double b)
+{
+    return (isnan(a) && isnan(b)) || a == b;
+}
+
+/* ---- the reference model ------------------------------------------------------------------- */
+
+typedef struct {
+    bool present;
+    bool has_eval; /* eval fields present (else NaN and not flagged) */
+    double v[NF];
+} mrow;
+
+typedef struct {
+    mrow *rows;
+    int64_t n; /* steps 0..n-1 */
+} model;
+
+static uint64_t rng_state;
+
+static uint64_t rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+static double urand(void)
+{
+    return (double)(rnd() >> 11) / 9007199254740992.0;
+}
+
+static model model_new(int64_t n)
+{
+    model m = {calloc((size_t)n, sizeof(mrow)), n};
+    ck_assert_ptr_nonnull(m.rows);
+    return m;
+}
+
+/* Random values with NaN, +-Inf, overflow and skipped steps sprinkled in. */
+static void gen_metric(store_metric *m, int64_t job, int64_t step, bool eval)
+{
+    memset(m, 0, sizeof(*m));
+    m->job_id = job;
+    m->step = step;
+    for (int i = 0; i < NF; i++)
+        m->v[i] = (urand() - 0.3) * 100.0;
+    m->v[STORE_M_OVERFLOW] = rnd() % 200 == 0 ? 1.0 : 0.0;
+    m->v[STORE_M_SKIPPED] = (m->v[STORE_M_OVERFLOW] != 0 || rnd() % 300 == 0) ? 1.0 : 0.0;
+    if (rnd() % 100 == 0)
+        m->v[rnd() % 14] = NAN;
+    if (rnd() % 150 == 0)
+        m->v[rnd() % 14] = INFINITY;
+    if (rnd() % 150 == 0)
+        m->v[rnd() % 14] = -INFINITY;
+    m->has_eval = eval;
+    if (eval) {
+        m->v[STORE_M_EVAL_LOSS] = rnd() % 10 == 0 ? NAN : urand();
+        m->v[STORE_M_EVAL_ACC] = urand();
+    } else {
+        m->v[STORE_M_EVAL_LOSS] = m->v[STORE_M_EVAL_ACC] = NAN;
+    }
+}
+
+static void put(model *md, const store_metric *m)
+{
+    mrow *r = &md->rows[m->step];
+    ck_assert_int_lt(m->step, md->n);
+    if (!m->has_eval && r->present) {
+        /* an upsert without eval keeps the row's eval values */
+        double el = r->v[STORE_M_EVAL_LOSS], ea = r->v[STORE_M_EVAL_ACC];
+        memcpy(r->v, m->v, sizeof(r->v));
+        r->v[STORE_M_EVAL_LOSS] = el;
+        r->v[STORE_M_EVAL_ACC] = ea;
+    } else {
+        memcpy(r->v, m->v, sizeof(r->v));
+        r->has_eval = m->has_eval;
+        if (!m->has_eval)
+            r->v[STORE_M_EVAL_LOSS] = r->v[STORE_M_EVAL_ACC] = NAN;
+    }
+    r->present = true;
+    ck_assert_int_eq(store_metric_append(st, m), 0);
+}
+
+static unsigned row_flags(const mrow *r, uint32_t mask)
+{
+    unsigned f = 0;
+    if (r->v[STORE_M_OVERFLOW] != 0 && !isnan(r->v[STORE_M_OVERFLOW]))
+        f |= STORE_F_OVERFLOW;
+    if (r->v[STORE_M_SKIPPED] != 0 && !isnan(r->v[STORE_M_SKIPPED]))
+        f |= STORE_F_SKIPPED;
+    for (int i = 0; i < NF; i++)
+        if (((mask >> i) & 1u) && !isfinite(r->v[i]) && (r->has_eval || !((EVAL_BITS >> i) & 1u)))
+            f |= STORE_F_NONFINITE;
+    return f;
+}
+
+/* A reference point: the brute-force aggregate of the present rows in [lo, hi]. */
+typedef struct {
+    int64_t first, last, count;
+    unsigned flags;
+    double min[NF], max[NF], lastv[NF];
+} rpoint;
+
+static rpoint brute(const model *md, int64_t lo, int64_t hi, uint32_t mask)
+{
+    rpoint p;
+    memset(&p, 0, sizeof(p));
+    for (int i = 0; i < NF; i++)
+        p.min[i] = p.max[i] = p.lastv[i] = NAN;
+    for (int64_t s = lo < 0 ? 0 : lo; s <= hi && s < md->n; s++) {
+        const mrow *r = &md->rows[s];
+        if (!r->present)
+            continue;
+        if (p.count == 0)
+            p.first = s;
+        p.last = s;
+        p.count++;
+        p.flags |= row_flags(r, mask);
+        for (int i = 0; i < NF; i++) {
+            double x = r->v[i];
+            if (!isnan(x) && (isnan(p.min[i]) || x < p.min[i]))
+                p.min[i] = x;
+            if (!isnan(x) && (isnan(p.max[i]) || x > p.max[i]))
+                p.max[i] = x;
+            p.lastv[i] = x;
+        }
+    }
+    return p;
+}
+
+static int64_t model_last(const model *md)
+{
+    for (int64_t s = md->n - 1; s >= 0; s--)
+        if (md->rows[s].present)
+            return s;
+    return -1;
+}
+
+/* The expected series: buckets, then the special steps merged in by step_first (buckets
+ * first on ties; a special step whose bucket is that step alone is not repeated). */
+static rpoint *expected(const model *md, const int *fields, int nf, int64_t from, int64_t to,
+                        int points, int *n, int64_t *total)
+{
+    uint32_t mask = 0;
+    rpoint *bk, *sp, *out;
+    int nb = 0, ns = 0, no = 0, i = 0, j = 0;
+    int64_t w;
+
+    for (int k = 0; k < nf; k++)
+        mask |= 1u << fields[k];
+    if (from < 0)
+        from = 0;
+    if (to < 0)
+        to = model_last(md);
+    *n = 0;
+    *total = 0;
+    bk = calloc((size_t)md->n + 2, sizeof(rpoint));
+    sp = calloc((size_t)md->n + 2, sizeof(rpoint));
+    out = calloc(2 * (size_t)md->n + 4, sizeof(rpoint));
+    ck_assert(bk && sp && out);
+    if (to < from)
+        goto done;
+    if (points <= 0) {
+        for (int64_t s = from; s <= to && s < md->n; s++)
+            if (md->rows[s].present) {
+                out[no++] = brute(md, s, s, mask);
+                (*total)++;
+            }
+        goto done;
+    }
+    w = (to - from + 1 + points - 1) / points;
+    for (int64_t a = from; a <= to; a += w) {
+        rpoint p = brute(md, a, a + w - 1 > to ? to : a + w - 1, mask);
+        if (p.count) {
+            bk[nb++] = p;
+            *total += p.count;
+        }
+    }
+    for (int64_t s = from; s <= to && s < md->n; s++)
+        if (md->rows[s].present && row_flags(&md->rows[s], mask))
+            sp[ns++] = brute(md, s, s, mask);
+    while (i < nb || j < ns) {
+        if (j >= ns || (i < nb && bk[i].first <= sp[j].first)) {
+            out[no++] = bk[i++];
+        } else {
+            if (!(no > 0 && out[no - 1].count == 1 && out[no - 1].first == sp[j].first))
+                out[no++] = sp[j];
+            j++;
+        }
+    }
+done:
+    free(bk);
+    free(sp);
+    *n = no;
+    return out;
+}
+
+static void check_series(const model *md, int64_t job, const int *fields, int nf, int64_t from,
+                         int64_t to, int points)
+{
+    store_series se;
+    int n;
+    int64_t total;
+    rpoint *want = expected(md, fields, nf, from, to, points, &n, &total);
+
+    ck_assert_int_eq(store_series_query(st, job, fields, nf, from, to, points, &se), 0);
+    ck_assert_msg(se.npoints == n, "from %lld to %lld points %d: %d points, want %d",
+                  (long long)from, (long long)to, points, se.npoints, n);
+    ck_assert_int_eq(se.total_steps, total);
+    ck_assert_int_eq(se.nfields, nf);
+    for (int k = 0; k < n; k++) {
+        const store_point *p = &se.points[k];
+        ck_assert_msg(p->step_first == want[k].first && p->step_last == want[k].last &&
+                          p->count == want[k].count && p->flags == want[k].flags,
+                      "point %d (from %lld to %lld points %d): [%lld,%lld] n=%lld f=%u, want "
+                      "[%lld,%lld] n=%lld f=%u",
+                      k, (long long)from, (long long)to, points, (long long)p->step_first,
+                      (long long)p->step_last, (long long)p->count, p->flags,
+                      (long long)want[k].first, (long long)want[k].last, (long long)want[k].count,
+                      want[k].flags);
+        for (int f = 0; f < nf; f++) {
+            int fi = fields[f];
+            ck_assert_msg(same(p->min[f], want[k].min[fi]) && same(p->max[f], want[k].max[fi]) &&
+                              same(p->last[f], want[k].lastv[fi]),
+                          "point %d field %s: %g %g %g, want %g %g %g", k, store_metric_name(fi),
+                          p->min[f], p->max[f], p->last[f], want[k].min[fi], want[k].max[fi],
+                          want[k].lastv[fi]);
+        }
+    }
+    store_series_free(&se);
+    free(want);
+}
+
+static const int all_fields[NF] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+
+/* Every rollup row equals the brute-force aggregate of the raw rows under it, and every
+ * non-empty bucket has one. */
+static void check_rollups(const model *md, int64_t job)
+{
+    static const int64_t levels[4] = {10, 100, 1000, 10000};
+    sqlite3 *db = raw_open();
+    sqlite3_stmt *q = NULL;
+    int64_t rows = 0, want_rows = 0;
+
+    ck_assert_int_eq(sqlite3_prepare_v2(db,
+                                        "SELECT * FROM metrics_rollup WHERE job_id=?1 AND "
+                                        "rank=0 ORDER BY level, bucket",
+                                        -1, &q, NULL),
+                     SQLITE_OK);
+    sqlite3_bind_int64(q, 1, job);
+    while (sqlite3_step(q) == SQLITE_ROW) {
+        int64_t L = sqlite3_column_int64(q, 2), b = sqlite3_column_int64(q, 3);
+        rpoint p = brute(md, b * L, b * L + L - 1, (1u << NF) - 1);
+        rows++;
+        ck_assert_msg(p.count == sqlite3_column_int64(q, 6), "level %lld bucket %lld count",
+                      (long long)L, (long long)b);
+        ck_assert_int_eq(sqlite3_column_int64(q, 4), p.first);
+        ck_assert_int_eq(sqlite3_column_int64(q, 5), p.last);
+        ck_assert_uint_eq((unsigned)sqlite3_column_int(q, 7) & 3u, p.flags & 3u);
+        for (int i = 0; i < NF; i++) {
+            double got[3];
+            for (int k = 0; k < 3; k++)
+                got[k] = sqlite3_column_type(q, 9 + 3 * i + k) == SQLITE_NULL
+                             ? NAN
+                             : sqlite3_column_double(q, 9 + 3 * i + k);
+            ck_assert_msg(same(got[0], p.min[i]) && same(got[1], p.max[i]) &&
+                              same(got[2], p.lastv[i]),
+                          "level %lld bucket %lld field %d", (long long)L, (long long)b, i);
+        }
+    }
+    sqlite3_finalize(q);
+    sqlite3_close(db);
+    for (int l = 0; l < 4; l++)
+        for (int64_t b = 0; b * levels[l] < md->n; b++)
+            want_rows += brute(md, b * levels[l], b * levels[l] + levels[l] - 1, 0).count > 0;
+    ck_assert_int_eq(rows, want_rows);
+}
+
+/* ---- schema ------------------------------------------------------------------------------- */
+
+START_TEST(test_migrate_and_reopen)
+{
+    sqlite3 *db = raw_open();
+    static const char *const tables[] = {"jobs",   "metrics",     "metrics_rollup", "layer_stats",
+                                         "events", "checkpoints", "schema_version"};
+    store_metric m;
+    store_job j;
+    int64_t id;
+    store_series se;
+    int f = STORE_M_LOSS;
+
+    ck_assert_int_eq(raw_int(db, "SELECT MAX(version) FROM schema_version", 0), 1);
+    for (size_t i = 0; i < sizeof(tables) / sizeof(tables[0]); i++) {
+        sqlite3_stmt *q;
+        ck_assert_int_eq(sqlite3_prepare_v2(db, "SELECT COUNT(*) FROM sqlite_schema WHERE name=?1",
+                                            -1, &q, NULL),
+                         SQLITE_OK);
+        sqlite3_bind_text(q, 1, tables[i], -1, SQLITE_STATIC);
+        ck_assert_int_eq(sqlite3_step(q), SQLITE_ROW);
+        ck_assert_msg(sqlite3_column_int(q, 0) == 1, "table %s missing", tables[i]);
+        sqlite3_finalize(q);
+    }
+    {
+        sqlite3_stmt *q;
+        ck_assert_int_eq(sqlite3_prepare_v2(db, "PRAGMA journal_mode", -1, &q, NULL), SQLITE_OK);
+        ck_assert_int_eq(sqlite3_step(q), SQLITE_ROW);
+        ck_assert_str_eq((const char *)sqlite3_column_text(q, 0), "wal");
+        sqlite3_finalize(q);
+    }
+    sqlite3_close(db);
+
+    id = new_job("keep", "fp16");
+    gen_metric(&m, id, 7, false);
+    m.v[STORE_M_LOSS] = 1.5;
+    ck_assert_int_eq(store_metric_append(st, &m), 0);
+    store_close(st);
+
+    ck_assert_int_eq(store_open(db_path, &st), 0);
+    db = raw_open();
+    ck_assert_int_eq(raw_int(db, "SELECT MAX(version) FROM schema_version", 0), 1);
+    ck_assert_int_eq(raw_int(db, "SELECT COUNT(*) FROM schema_version", 0), 1);
+    sqlite3_close(db);
+    ck_assert_int_eq(store_job_get(st, id, &j), 0);
+    ck_assert_str_eq(j.name, "keep");
+    ck_assert_int_eq(j.step, 7);
+    store_job_clear(&j);
+    ck_assert_int_eq(store_series_query(st, id, &f, 1, 0, -1, 0, &se), 0);
+    ck_assert_int_eq(se.npoints, 1);
+    ck_assert(se.points[0].last[0] == 1.5);
+    store_series_free(&se);
+}
+END_TEST
+
+START_TEST(test_newer_schema_refused)
+{
+    sqlite3 *db;
+    store *s2 = (store *)1;
+    store_close(st);
+    st = NULL;
+    db = raw_open();
+    ck_assert_int_eq(
+        sqlite3_exec(db, "INSERT INTO schema_version VALUES(999, 0)", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+    ck_assert_int_eq(store_open(db_path, &s2), STORE_ECONFLICT);
+    ck_assert_ptr_null(s2);
+}
+END_TEST
+
+START_TEST(test_open_bad_input)
+{
+    store *s2 = NULL;
+    char path[128];
+    FILE *f;
+    int fd;
+
+    store_close(NULL);
+    ck_assert_int_eq(store_open(":memory:", &s2), STORE_EINVAL);
+    ck_assert_int_eq(store_open("", &s2), STORE_EINVAL);
+    ck_assert_int_eq(store_open(NULL, &s2), STORE_EINVAL);
+    snprintf(path, sizeof(path), "%s/bad-XXXXXX", tmp_dir);
+    fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    f = fopen(path, "wb");
+    for (int i = 0; i < 4096; i++)
+        fputc("not a database "[i % 15], f);
+    fclose(f);
+    ck_assert_int_eq(store_open(path, &s2), STORE_EIO);
+    ck_assert_ptr_null(s2);
+    unlink(path);
+}
+END_TEST
+
+/* ---- jobs --------------------------------------------------------------------------------- */
+
+START_TEST(test_job_list_cursor)
+{
+    int64_t ids[25];
+    bool seen[26] = {false};
+    store_job_filter f = {.status = -1, .limit = 10};
+    store_job *jobs;
+    int n, total = 0, pages = 0;
+
+    for (int i = 0; i < 25; i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "job-%d", i % 5);
+        ids[i] = new_job(name, i % 2 ? "bf16" : "fp16");
+        if (i > 0)
+            ck_assert_int_gt(ids[i], ids[i - 1]);
+    }
+    for (int i = 0; i < 25; i += 3)
+        ck_assert_int_eq(store_job_set_status(st, ids[i], STORE_RUNNING, NULL), 0);
+    do {
+        ck_assert_int_eq(store_job_list(st, &f, &jobs, &n), 0);
+        for (int k = 0; k < n; k++) {
+            int idx = (int)(jobs[k].id - ids[0]);
+            ck_assert(idx >= 0 && idx < 25 && !seen[idx]);
+            seen[idx] = true;
+            if (k > 0)
+                ck_assert_int_lt(jobs[k].id, jobs[k - 1].id);
+            if (total + k == 0)
+                ck_assert_int_eq(jobs[k].id, ids[24]);
+            ck_assert_str_eq(jobs[k].spec, "{\"steps\":1000}");
+        }
+        if (n > 0)
+            f.after = jobs[n - 1].id;
+        total += n;
+        pages++;
+        ck_assert_int_eq(n, pages < 3 ? 10 : pages == 3 ? 5 : 0);
+        store_jobs_free(jobs, n);
+    } while (n > 0);
+    ck_assert_int_eq(total, 25);
+    ck_assert_int_eq(pages, 4);
+
+    f = (store_job_filter){.status = -1, .dtype = "bf16", .limit = 1000};
+    ck_assert_int_eq(store_job_list(st, &f, &jobs, &n), 0);
+    ck_assert_int_eq(n, 12);
+    for (int k = 0; k < n; k++)
+        ck_assert_str_eq(jobs[k].dtype, "bf16");
+    store_jobs_free(jobs, n);
+
+    f = (store_job_filter){.status = STORE_RUNNING, .limit = 1000};
+    ck_assert_int_eq(store_job_list(st, &f, &jobs, &n), 0);
+    ck_assert_int_eq(n, 9);
+    store_jobs_free(jobs, n);
+
+    f = (store_job_filter){.status = STORE_QUEUED, .dtype = "fp16", .name = "job-2", .limit = 1000};
+    ck_assert_int_eq(store_job_list(st, &f, &jobs, &n), 0);
+    /* job-2: i = 2, 7, 12, 17, 22; fp16: even i -> 2, 12, 22; queued: not i % 3 == 0 */
+    ck_assert_int_eq(n, 2);
+    ck_assert_int_eq(jobs[0].id, ids[22]);
+    ck_assert_int_eq(jobs[1].id, ids[2]);
+    store_jobs_free(jobs, n);
+
+    f = (store_job_filter){.status = -1, .name = "job-2'; DROP TABLE jobs; --", .limit = 10};
+    ck_assert_int_eq(store_job_list(st, &f, &jobs, &n), 0);
+    ck_assert_int_eq(n, 0);
+    store_jobs_free(jobs, n);
+
+    f.limit = 0;
+    ck_assert_int_eq(store_job_list(st, &f, &jobs, &n), STORE_EINVAL);
+    f.limit = 1001;
+    ck_assert_int_eq(store_job_list(st, &f, &jobs, &n), STORE_EINVAL);
+    f.limit = 10;
+    f.status = STORE_NSTATUS;
+    ck_assert_int_eq(store_job_list(st, &f, &jobs, &n), STORE_EINVAL);
+}
+END_TEST
+
+START_TEST(test_job_idempotency)
+{
+    int64_t a, b, c, d, e;
+    bool existed;
+    ck_assert_int_eq(store_job_insert(st, "x", "fp16", 10, "{}", "key-1", &a, &existed), 0);
+    ck_assert(!existed);
+    ck_assert_int_eq(store_job_insert(st, "x", "fp16", 10, "{}", "key-1", &b, &existed), 0);
+    ck_assert(existed);
+    ck_assert_int_eq(a, b);
+    ck_assert_int_eq(store_job_insert(st, "x", "fp16", 10, "{}", "key-2", &c, &existed), 0);
+    ck_assert(!existed);
+    ck_assert_int_ne(a, c);
+    ck_assert_int_eq(store_job_insert(st, "x", "fp16", 10, "{}", NULL, &d, &existed), 0);
+    ck_assert_int_eq(store_job_insert(st, "x", "fp16", 10, "{}", NULL, &e, &existed), 0);
+    ck_assert(!existed);
+    ck_assert_int_ne(d, e);
+
+    char longname[200];
+    memset(longname, 'a', sizeof(longname) - 1);
+    longname[sizeof(longname) - 1] = 0;
+    ck_assert_int_eq(store_job_insert(st, longname, "fp16", 10, "{}", NULL, &d, NULL),
+                     STORE_EINVAL);
+    ck_assert_int_eq(store_job_insert(st, "x", "fp16-long", 10, "{}", NULL, &d, NULL),
+                     STORE_EINVAL);
+    ck_assert_int_eq(store_job_insert(st, "x", "fp16", 10, NULL, NULL, &d, NULL), STORE_EINVAL);
+}
+END_TEST
+
+START_TEST(test_job_state)
+{
+    store_job j;
+    double t0 = (double)time(NULL);
+    int64_t id = new_job("s", "bf16"), id2 = new_job("t", "fp32");
+    int64_t *ids;
+    int n;
+
+    ck_assert_int_eq(store_job_get(st, id, &j), 0);
+    ck_assert_int_eq(j.status, STORE_QUEUED);
+    ck_assert(j.created_at >= t0 - 1 && j.created_at <= t0 + 5);
+    ck_assert(j.started_at == 0 && j.finished_at == 0);
+    ck_assert_ptr_null(j.summary);
+    ck_assert_ptr_null(j.error);
+    ck_assert_int_eq(j.steps, 1000);
+    store_job_clear(&j);
+
+    ck_assert_int_eq(store_job_set_status(st, id, STORE_RUNNING, NULL), 0);
+    ck_assert_int_eq(store_job_get(st, id, &j), 0);
+    ck_assert_int_eq(j.status, STORE_RUNNING);
+    ck_assert(j.started_at >= j.created_at && j.finished_at == 0);
+    store_job_clear(&j);
+
+    ck_assert_int_eq(store_job_set_status(st, id, STORE_FAILED, "worker killed by signal 9"), 0);
+    ck_assert_int_eq(store_job_set_summary(st, id, "{\"final_loss\":0.5}"), 0);
+    ck_assert_int_eq(store_job_set_checkpoint(st, id, 500), 0);
+    ck_assert_int_eq(store_job_set_cancel(st, id, true), 0);
+    ck_assert_int_eq(store_job_set_retries(st, id, 2), 0);
+    ck_assert_int_eq(store_job_get(st, id, &j), 0);
+    ck_assert_int_eq(j.status, STORE_FAILED);
+    ck_assert(j.finished_at >= j.started_at && j.started_at > 0);
+    ck_assert_str_eq(j.error, "worker killed by signal 9");
+    ck_assert_str_eq(j.summary, "{\"final_loss\":0.5}");
+    ck_assert_int_eq(j.checkpoint_step, 500);
+    ck_assert(j.cancel_requested);
+    ck_assert_int_eq(j.retries, 2);
+    store_job_clear(&j);
+
+    /* resumed: running again clears finished_at and the error */
+    ck_assert_int_eq(store_job_set_status(st, id, STORE_RUNNING, NULL), 0);
+    ck_assert_int_eq(store_job_set_cancel(st, id, false), 0);
+    ck_assert_int_eq(store_job_get(st, id, &j), 0);
+    ck_assert(j.finished_at == 0 && j.started_at > 0);
+    ck_assert_ptr_null(j.error);
+    ck_assert(!j.cancel_requested);
+    store_job_clear(&j);
+
+    ck_assert_int_eq(store_job_set_status(st, 99999, STORE_RUNNING, NULL), STORE_ENOTFOUND);
+    ck_assert_int_eq(store_job_set_summary(st, 99999, "{}"), STORE_ENOTFOUND);
+    ck_assert_int_eq(store_job_set_cancel(st, 99999, true), STORE_ENOTFOUND);
+    ck_assert_int_eq(store_job_get(st, 99999, &j), STORE_ENOTFOUND);
+    ck_assert_int_eq(store_job_set_status(st, id, STORE_NSTATUS, NULL), STORE_EINVAL);
+
+    ck_assert_int_eq(store_job_ids(st, STORE_QUEUED, &ids, &n), 0);
+    ck_assert_int_eq(n, 1);
+    ck_assert_int_eq(ids[0], id2);
+    free(ids);
+    ck_assert_int_eq(store_job_ids(st, STORE_RUNNING, &ids, &n), 0);
+    ck_assert_int_eq(n, 1);
+    ck_assert_int_eq(ids[0], id);
+    free(ids);
+
+    for (int s = 0; s < STORE_NSTATUS; s++) {
+        store_status back;
+        ck_assert_int_eq(store_status_parse(store_status_name((store_status)s), &back), 0);
+        ck_assert_int_eq(back, s);
+    }
+    ck_assert_int_eq(store_status_parse("done", &(store_status){0}), STORE_EINVAL);
+    ck_assert(store_status_finished(STORE_CANCELLED) && !store_status_finished(STORE_INTERRUPTED));
+    for (int i = 0; i < NF; i++)
+        ck_assert_int_eq(store_metric_parse(store_metric_name(i)), i);
+    ck_assert_int_eq(store_metric_parse("loss; DROP"), -1);
+    ck_assert_str_eq(store_metric_name(STORE_M_LOSS_SCALE), "loss_scale");
+}
+END_TEST
+
+START_TEST(test_job_delete_cascade)
+{
+    int64_t a = new_job("a", "fp16"), b = new_job("b", "fp16");
+    store_metric m;
+    store_series se;
+    store_event *ev;
+    store_checkpoint *ck;
+    store_job j;
+    sqlite3 *db;
+    int n, f = STORE_M_LOSS;
+    static const char *const counts[] = {
+        "SELECT COUNT(*) FROM metrics WHERE job_id=?1",
+        "SELECT COUNT(*) FROM metrics_rollup WHERE job_id=?1",
+        "SELECT COUNT(*) FROM events WHERE job_id=?1",
+        "SELECT COUNT(*) FROM checkpoints WHERE job_id=?1",
+        "SELECT COUNT(*) FROM layer_stats WHERE job_id=?1",
+    };
+
+    for (int64_t s = 0; s < 2500; s++) {
+        gen_metric(&m, a, s, s % 100 == 0);
+        ck_assert_int_eq(store_metric_append(st, &m), 0);
+        m.job_id = b;
+        ck_assert_int_eq(store_metric_append(st, &m), 0);
+    }
+    for (int k = 0; k < 5; k++) {
+        ck_assert_int_eq(store_event_append(st, a, k, "lifecycle", "started", NULL), 0);
+        ck_assert_int_eq(store_event_append(st, b, k, "lifecycle", "started", "{\"x\":1}"), 0);
+    }
+    ck_assert_int_eq(store_checkpoint_add(st, a, 500, "/tmp/a-500", 10), 0);
+    ck_assert_int_eq(store_checkpoint_add(st, b, 500, "/tmp/b-500", 10), 0);
+    ck_assert_int_eq(store_flush(st), 0);
+    db = raw_open();
+    {
+        char *sql = sqlite3_mprintf("INSERT INTO layer_stats(job_id, step, layer, name) VALUES "
+                                    "(%lld, 10, 0, 'fc1'), (%lld, 10, 0, 'fc1')",
+                                    (long long)a, (long long)b);
+        ck_assert_int_eq(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
+        sqlite3_free(sql);
+    }
+    for (size_t i = 0; i < 5; i++)
+        ck_assert_int_gt(raw_int(db, counts[i], a), 0);
+
+    ck_assert_int_eq(store_job_delete(st, a), 0);
+    for (size_t i = 0; i < 5; i++) {
+        ck_assert_msg(raw_int(db, counts[i], a) == 0, "%s", counts[i]);
+        ck_assert_int_gt(raw_int(db, counts[i], b), 0);
+    }
+    sqlite3_close(db);
+    ck_assert_int_eq(store_job_get(st, a, &j), STORE_ENOTFOUND);
+    ck_assert_int_eq(store_job_delete(st, a), STORE_ENOTFOUND);
+    ck_assert_int_eq(store_series_query(st, a, &f, 1, 0, -1, 100, &se), 0);
+    ck_assert_int_eq(se.npoints, 0);
+    store_series_free(&se);
+    ck_assert_int_eq(store_event_list(st, a, 0, 100, &ev, &n), 0);
+    ck_assert_int_eq(n, 0);
+    store_events_free(ev, n);
+    ck_assert_int_eq(store_checkpoint_list(st, a, &ck, &n), 0);
+    ck_assert_int_eq(n, 0);
+    free(ck);
+    ck_assert_int_eq(store_metric_latest(st, a, &m), STORE_ENOTFOUND);
+
+    /* rows still arriving for the deleted job are dropped; the writer keeps going */
+    gen_metric(&m, a, 3000, false);
+    ck_assert_int_eq(store_metric_append(st, &m), 0);
+    ck_assert_int_eq(store_event_append(st, a, 3000, "lifecycle", "late", NULL), 0);
+    gen_metric(&m, b, 3000, false);
+    ck_assert_int_eq(store_metric_append(st, &m), 0);
+    ck_assert_int_eq(store_flush(st), 0);
+    ck_assert_int_eq(store_metric_latest(st, a, &m), STORE_ENOTFOUND);
+    ck_assert_int_eq(store_metric_latest(st, b, &m), 0);
+    ck_assert_int_eq(m.step, 3000);
+    ck_assert_int_eq(store_checkpoint_add(st, a, 600, "/tmp/a-600", 1), STORE_ENOTFOUND);
+}
+END_TEST
+
+/* ---- metrics ------------------------------------------------------------------------------ */
+
+START_TEST(test_metrics_roundtrip)
+{
+    int64_t job = new_job("m", "fp16");
+    model md = model_new(10000);
+    store_metric m;
+    store_series se;
+    store_stats stats;
+    int nspecial = 0;
+
+    rng_state = 0x9e3779b97f4a7c15ull;
+    for (int64_t s = 0; s < 10000; s++) {
+        gen_metric(&m, job, s, s % 250 == 0);
+        if (s == 17) { /* every kind of non-finite in one row */
+            m.v[STORE_M_LOSS] = NAN;
+            m.v[STORE_M_GRAD_NORM] = INFINITY;
+            m.v[STORE_M_LOSS_SCALE] = -INFINITY;
+        }
+        put(&md, &m);
+    }
+    /* a rank-1 row is stored but is not part of the rank-0 series */
+    gen_metric(&m, job, 10, false);
+    m.rank = 1;
+    m.v[STORE_M_LOSS] = 12345.0;
+    ck_assert_int_eq(store_metric_append(st, &m), 0);
+    ck_assert_int_eq(store_flush(st), 0);
+
+    ck_assert_int_eq(store_series_query(st, job, all_fields, NF, 0, -1, 0, &se), 0);
+    ck_assert_int_eq(se.npoints, 10000);
+    ck_assert_int_eq(se.total_steps, 10000);
+    for (int k = 0; k < se.npoints; k++) {
+        const store_point *p = &se.points[k];
+        const mrow *r = &md.rows[k];
+        ck_assert_int_eq(p->step_first, k);
+        ck_assert_int_eq(p->step_last, k);
+        ck_assert_int_eq(p->count, 1);
+        ck_assert_uint_eq(p->flags, row_flags(r, (1u << NF) - 1));
+        nspecial += p->flags != 0;
+        for (int f = 0; f < NF; f++) {
+            ck_assert_msg(same(p->min[f], r->v[f]) && same(p->max[f], r->v[f]) &&
+                              same(p->last[f], r->v[f]),
+                          "step %d field %d: %g want %g", k, f, p->last[f], r->v[f]);
+            if (isinf(r->v[f]))
+                ck_assert(isinf(p->last[f]) && signbit(p->last[f]) == signbit(r->v[f]));
+        }
+    }
+    ck_assert(isnan(se.points[17].last[STORE_M_LOSS]));
+    ck_assert(isinf(se.points[17].last[STORE_M_GRAD_NORM]) &&
+              se.points[17].last[STORE_M_GRAD_NORM] > 0);
+    ck_assert(isinf(se.points[17].last[STORE_M_LOSS_SCALE]) &&
+              se.points[17].last[STORE_M_LOSS_SCALE] < 0);
+    ck_assert_uint_eq(se.points[17].flags & STORE_F_NONFINITE, STORE_F_NONFINITE);
+    ck_assert_int_gt(nspecial, 50); /* the generator did make overflow/NaN steps */
+    ck_assert_int_eq(se.points[10].last[STORE_M_LOSS] == 12345.0, 0);
+    store_series_free(&se);
+
+    /* a sub-range, fields in another order */
+    {
+        int fl[3] = {STORE_M_GRAD_NORM, STORE_M_LOSS, STORE_M_EVAL_LOSS};
+        check_series(&md, job, fl, 3, 4990, 5010, 0);
+    }
+
+    ck_assert_int_eq(store_metric_latest(st, job, &m), 0);
+    ck_assert_int_eq(m.step, 9999);
+    ck_assert_int_eq(m.rank, 0);
+    ck_assert(!m.has_eval);
+    for (int f = 0; f < NF; f++)
+        ck_assert(same(m.v[f], md.rows[9999].v[f]));
+
+    store_get_stats(st, &stats);
+    ck_assert_int_eq(stats.metric_rows, 10001);
+    ck_assert_int_ge(stats.batches, 1);
+    ck_assert_int_eq(stats.queue_depth, 0);
+    ck_assert_int_eq(stats.jobs_by_status[STORE_QUEUED], 1);
+    {
+        store_job j;
+        ck_assert_int_eq(store_job_get(st, job, &j), 0);
+        ck_assert_int_eq(j.step, 9999);
+        store_job_clear(&j);
+    }
+    check_rollups(&md, job);
+    free(md.rows);
+}
+END_TEST
+
+START_TEST(test_upsert_and_eval)
+{
+    int64_t job = new_job("u", "fp16");
+    model md = model_new(30000);
+    store_metric m;
+    int fl[4] = {STORE_M_LOSS, STORE_M_EVAL_LOSS, STORE_M_EVAL_ACC, STORE_M_GRAD_NORM};
+
+    rng_state = 12345;
+    for (int64_t s = 0; s < 25000; s++) {
+        gen_metric(&m, job, s, false);
+        put(&md, &m);
+        if (s % 200 == 199) { /* eval after its step row, as `ampd run` prints them */
+            double loss = s == 1999 ? NAN : urand(), acc = urand();
+            ck_assert_int_eq(store_metric_eval(st, job, 0, s, loss, acc), 0);
+            md.rows[s].v[STORE_M_EVAL_LOSS] = loss;
+            md.rows[s].v[STORE_M_EVAL_ACC] = acc;
+            md.rows[s].has_eval = true;
+        }
+    }
+    ck_assert_int_eq(store_flush(st), 0);
+    /* rewrite steps (a resumed job without truncate, out of order), some with eval */
+    for (int k = 0; k < 300; k++) {
+        int64_t s = (int64_t)(rnd() % 25000);
+        gen_metric(&m, job, s, k % 3 == 0);
+        m.v[STORE_M_LOSS] = k % 2 ? -1000.0 - k : 1000.0 + k; /* new extremes */
+        put(&md, &m);
+    }
+    /* an eval before its row, then the row */
+    ck_assert_int_eq(store_metric_eval(st, job, 0, 26000, 0.25, 0.75), 0);
+    ck_assert_int_eq(store_flush(st), 0);
+    gen_metric(&m, job, 26000, false);
+    put(&md, &m);
+    md.rows[26000].v[STORE_M_EVAL_LOSS] = 0.25;
+    md.rows[26000].v[STORE_M_EVAL_ACC] = 0.75;
+    md.rows[26000].has_eval = true;
+    ck_assert_int_eq(store_flush(st), 0);
+
+    ck_assert_int_eq(store_metric_latest(st, job, &m), 0);
+    ck_assert_int_eq(m.step, 26000);
+    ck_assert(m.has_eval);
+    ck_assert(m.v[STORE_M_EVAL_LOSS] == 0.25 && m.v[STORE_M_EVAL_ACC] == 0.75);
+
+    check_series(&md, job, all_fields, NF, 0, -1, 0);
+    check_series(&md, job, fl, 4, 0, -1, 10);
+    check_series(&md, job, fl, 4, 0, -1, 250);
+    check_series(&md, job, all_fields, NF, 37, 24999, 23);
+    check_rollups(&md, job);
+    free(md.rows);
+}
+END_TEST
+
+START_TEST(test_truncate)
+{
+    int64_t job = new_job("t", "fp16");
+    model md = model_new(40000);
+    store_metric m;
+    store_job j;
+    int fl[3] = {STORE_M_LOSS, STORE_M_LOSS_SCALE, STORE_M_OVERFLOW};
+
+    rng_state = 777;
+    for (int64_t s = 1; s <= 25000; s++) {
+        gen_metric(&m, job, s, s % 500 == 0);
+        put(&md, &m);
+    }
+    ck_assert_int_eq(store_checkpoint_add(st, job, 12000, "/tmp/ck", 5), 0);
+    /* truncate without a flush first: the queued rows must be committed before the delete */
+    ck_assert_int_eq(store_metrics_truncate(st, job, 12345), 0);
+    for (int64_t s = 12346; s < md.n; s++)
+        md.rows[s].present = false;
+    ck_assert_int_eq(store_job_get(st, job, &j), 0);
+    ck_assert_int_eq(j.step, 12345);
+    store_job_clear(&j);
+    ck_assert_int_eq(store_metric_latest(st, job, &m), 0);
+    ck_assert_int_eq(m.step, 12345);
+    check_rollups(&md, job);
+    check_series(&md, job, fl, 3, 0, -1, 0);
+    check_series(&md, job, fl, 3, 0, -1, 1000);
+    check_series(&md, job, fl, 3, 0, -1, 7);
+    check_series(&md, job, all_fields, NF, 11111, -1, 3);
+    check_series(&md, job, fl, 3, 0, 30000, 2);
+
+    /* the resumed job writes its steps again, with other values */
+    for (int64_t s = 12346; s <= 30000; s++) {
+        gen_metric(&m, job, s, s % 500 == 0);
+        put(&md, &m);
+    }
+    ck_assert_int_eq(store_flush(st), 0);
+    check_rollups(&md, job);
+    check_series(&md, job, fl, 3, 0, -1, 1000);
+    check_series(&md, job, fl, 3, 5, -1, 3);
+    check_series(&md, job, all_fields, NF, 12000, 13000, 10);
+
+    /* truncating everything, and at a bucket edge */
+    ck_assert_int_eq(store_metrics_truncate(st, job, 9999), 0);
+    for (int64_t s = 10000; s < md.n; s++)
+        md.rows[s].present = false;
+    check_rollups(&md, job);
+    check_series(&md, job, fl, 3, 0, -1, 100);
+    ck_assert_int_eq(store_metrics_truncate(st, job, 0), 0);
+    for (int64_t s = 1; s < md.n; s++)
+        md.rows[s].present = false;
+    check_rollups(&md, job);
+    ck_assert_int_eq(store_metric_latest(st, job, &m), STORE_ENOTFOUND);
+    free(md.rows);
+}
+END_TEST
+
+/* Random data with gaps, many widths and alignments, levels used and not used. */
+START_TEST(test_downsample_bruteforce)
+{
+    int64_t job = new_job("d", "fp16"), other = new_job("other", "fp16");
+    model md = model_new(40000);
+    store_metric m;
+    int fl[5] = {STORE_M_LOSS, STORE_M_LOSS_SCALE, STORE_M_GRAD_NORM, STORE_M_EVAL_ACC,
+                 STORE_M_STEP_MS};
+    int one = STORE_M_LR;
+    struct {
+        int64_t from, to;
+        int points;
+    } cases[] = {
+        {0, -1, 1000},      /* w 36: raw rows only */
+        {0, -1, 100},       /* w 360: level 100 */
+        {0, -1, 36},        /* w 1000: level 1000 aligned */
+        {0, -1, 7},         /* w 5143: levels 1000 and 100 with edges */
+        {0, -1, 2},         /* w 18000: level 10000 */
+        {0, -1, 1},         /* one bucket */
+        {123, 29876, 37},   /* unaligned both ends */
+        {5, 25000, 10000},  /* w 3 */
+        {777, 10776, 1},    /* one unaligned bucket of 10000 */
+        {999, 31001, 16},   /* w 2001 */
+        {0, 99, 100},       /* w 1 */
+        {35000, 40000, 10}, /* beyond the data: empty */
+        {100, 50, 10},      /* to < from: empty */
+        {0, 100000, 3},     /* to beyond the data */
+    };
+
+    rng_state = 4242;
+    /* steps 0..35999 with 10% gaps, written mostly in order with some blocks out of order */
+    for (int64_t blk = 0; blk < 360; blk++) {
+        int64_t b = blk % 50 == 7 ? blk + 1 : blk % 50 == 8 ? blk - 1 : blk;
+        for (int64_t s = b * 100; s < b * 100 + 100; s++) {
+            if (rnd() % 10 == 0)
+                continue;
+            gen_metric(&m, job, s, s % 50 == 0);
+            put(&md, &m);
+            if (s % 1000 == 0) { /* another job's rows interleave */
+                m.job_id = other;
+                ck_assert_int_eq(store_metric_append(st, &m), 0);
+            }
+        }
+    }
+    ck_assert_int_eq(store_flush(st), 0);
+    check_rollups(&md, job);
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        check_series(&md, job, fl, 5, cases[c].from, cases[c].to, cases[c].points);
+        check_series(&md, job, &one, 1, cases[c].from, cases[c].to, cases[c].points);
+    }
+    check_series(&md, job, all_fields, NF, 0, -1, 13);
+    check_series(&md, job, NULL, 0, 0, -1, 13);
+
+    /* special steps are never hidden: each overflow/skipped/NaN step is its own point */
+    {
+        store_series se;
+        int f = STORE_M_LOSS, found = 0, want = 0;
+        ck_assert_int_eq(store_series_query(st, job, &f, 1, 0, -1, 10, &se), 0);
+        for (int64_t s = 0; s < md.n; s++) {
+            if (!md.rows[s].present || !row_flags(&md.rows[s], 1u << f))
+                continue;
+            want++;
+            for (int k = 0; k < se.npoints; k++)
+                if (se.points[k].count == 1 && se.points[k].step_first == s) {
+                    found++;
+                    break;
+                }
+        }
+        ck_assert_int_gt(want, 100);
+        ck_assert_int_eq(found, want);
+        ck_assert_int_le(se.npoints, 10 + want);
+        store_series_free(&se);
+    }
+    free(md.rows);
+}
+END_TEST
+
+START_TEST(test_bad_input)
+{
+    store_series se;
+    store_metric m;
+    int bad = NF, f = 0;
+    int64_t job = new_job("b", "fp16");
+
+    ck_assert_int_eq(store_series_query(st, job, &bad, 1, 0, -1, 10, &se), STORE_EINVAL);
+    ck_assert_int_eq(store_series_query(st, job, &f, NF + 1, 0, -1, 10, &se), STORE_EINVAL);
+    ck_assert_int_eq(store_series_query(st, job, NULL, 1, 0, -1, 10, &se), STORE_EINVAL);
+    ck_assert_int_eq(store_series_query(NULL, job, &f, 1, 0, -1, 10, &se), STORE_EINVAL);
+    ck_assert_int_eq(store_series_query(st, 4242, &f, 1, 0, -1, 10, &se), 0);
+    ck_assert_int_eq(se.npoints, 0);
+    store_series_free(&se);
+    store_series_free(NULL);
+    gen_metric(&m, job, -1, false);
+    ck_assert_int_eq(store_metric_append(st, &m), STORE_EINVAL);
+    ck_assert_int_eq(store_metric_append(st, NULL), STORE_EINVAL);
+    ck_assert_int_eq(
+        store_event_append(st, job, 1, "a-kind-name-that-is-far-too-long-to-fit", "m", NULL),
+        STORE_EINVAL);
+    ck_assert_int_eq(store_event_append(st, job, 1, "k", NULL, NULL), STORE_EINVAL);
+    ck_assert_int_eq(store_checkpoint_add(st, job, -5, "/x", 1), STORE_EINVAL);
+    store_job_clear(NULL);
+    store_jobs_free(NULL, 0);
+    store_events_free(NULL, 0);
+}
+END_TEST
+
+/* ---- events, checkpoints ----------------------------------------------------------------- */
+
+START_TEST(test_events_cursor)
+{
+    int64_t a = new_job("a", "fp16"), b = new_job("b", "fp16"), after = 0;
+    store_event *ev;
+    int n, total = 0;
+    double t0 = (double)time(NULL);
+
+    for (int k = 0; k < 25; k++) {
+        char msg[64];
+        snprintf(msg, sizeof(msg), "event %d with 'quotes' and \"json\"", k);
+        ck_assert_int_eq(store_event_append(st, a, 10 * k, k % 2 ? "overflow" : "scale", msg,
+                                            k % 3 ? NULL : "{\"scale\":32768}"),
+                         0);
+        ck_assert_int_eq(store_event_append(st, b, k, "lifecycle", "other job", NULL), 0);
+    }
+    ck_assert_int_eq(store_flush(st), 0);
+    for (;;) {
+        ck_assert_int_eq(store_event_list(st, a, after, 10, &ev, &n), 0);
+        if (n == 0) {
+            store_events_free(ev, n);
+            break;
+        }
+        for (int k = 0; k < n; k++) {
+            int idx = total + k;
+            char msg[64];
+            snprintf(msg, sizeof(msg), "event %d with 'quotes' and \"json\"", idx);
+            ck_assert_int_gt(ev[k].id, after);
+            ck_assert_int_eq(ev[k].job_id, a);
+            ck_assert_int_eq(ev[k].step, 10 * idx);
+            ck_assert_str_eq(ev[k].kind, idx % 2 ? "overflow" : "scale");
+            ck_assert_str_eq(ev[k].message, msg);
+            if (idx % 3)
+                ck_assert_ptr_null(ev[k].data);
+            else
+                ck_assert_str_eq(ev[k].data, "{\"scale\":32768}");
+            ck_assert(ev[k].ts >= t0 - 1 && ev[k].ts <= t0 + 10);
+            after = ev[k].id;
+        }
+        ck_assert_int_eq(n, total < 20 ? 10 : 5);
+        total += n;
+        store_events_free(ev, n);
+    }
+    ck_assert_int_eq(total, 25);
+    ck_assert_int_eq(store_event_list(st, a, 0, 0, &ev, &n), STORE_EINVAL);
+}
+END_TEST
+
+START_TEST(test_checkpoints)
+{
+    int64_t job = new_job("c", "fp16");
+    store_checkpoint *ck;
+    int n;
+
+    ck_assert_int_eq(store_checkpoint_add(st, job, 1000, "/data/jobs/1/ckpt-1000", 123), 0);
+    ck_assert_int_eq(store_checkpoint_add(st, job, 500, "/data/jobs/1/ckpt-500", 100), 0);
+    ck_assert_int_eq(store_checkpoint_add(st, job, 1500, "/data/jobs/1/ckpt-1500", 150), 0);
+    ck_assert_int_eq(store_checkpoint_add(st, job, 1000, "/data/jobs/1/ckpt-1000b", 124), 0);
+    ck_assert_int_eq(store_checkpoint_list(st, job, &ck, &n), 0);
+    ck_assert_int_eq(n, 3);
+    ck_assert_int_eq(ck[0].step, 500);
+    ck_assert_int_eq(ck[1].step, 1000);
+    ck_assert_int_eq(ck[2].step, 1500);
+    ck_assert_str_eq(ck[1].path, "/data/jobs/1/ckpt-1000b");
+    ck_assert_int_eq(ck[1].bytes, 124);
+    ck_assert(ck[0].created_at > 1e9);
+    free(ck);
+    ck_assert_int_eq(store_checkpoint_add(st, 4242, 1, "/x", 1), STORE_ENOTFOUND);
+}
+END_TEST
+
+/* ---- concurrency -------------------------------------------------------------------------- */
+
+static atomic_int writer_done;
+static int64_t conc_job;
+
+/* Rows are written in step order from 0, so every committed snapshot holds a prefix: each
+ * query must see steps 0..k with no gap, whatever k is. */
+static void *reader_main(void *arg)
+{
+    int f[2] = {STORE_M_LOSS, STORE_M_STEP_MS};
+    int64_t last_seen = -1;
+    long iters = 0;
+    (void)arg;
+    while (!atomic_load(&writer_done) || iters < 5) {
+        store_metric m;
+        store_series se;
+        store_job j;
+        store_stats stats;
+        int64_t sum = 0;
+
+        if (store_metric_latest(st, conc_job, &m) == 0) {
+            ck_assert_int_ge(m.step, last_seen);
+            last_seen = m.step;
+            ck_assert(m.v[STORE_M_LOSS] == (double)m.step * 0.5);
+        }
+        ck_assert_int_eq(store_series_query(st, conc_job, f, 2, 0, -1, 50, &se), 0);
+        for (int k = 0; k < se.npoints; k++) {
+            const store_point *p = &se.points[k];
+            ck_assert_int_eq(p->count, p->step_last - p->step_first + 1);
+            ck_assert(p->min[0] == (double)p->step_first * 0.5);
+            ck_assert(p->max[0] == (double)p->step_last * 0.5);
+            ck_assert(p->last[1] == (double)p->step_last);
+            if (k > 0)
+                ck_assert_int_eq(p->step_first, se.points[k - 1].step_last + 1);
+            sum += p->count;
+        }
+        ck_assert_int_eq(sum, se.total_steps);
+        if (se.npoints)
+            ck_assert_int_eq(se.total_steps, se.points[se.npoints - 1].step_last + 1);
+        store_series_free(&se);
+        if (last_seen > 10) {
+            ck_assert_int_eq(store_series_query(st, conc_job, f, 2, 0, last_seen, 0, &se), 0);
+            ck_assert_int_eq(se.npoints, last_seen + 1);
+            store_series_free(&se);
+        }
+        ck_assert_int_eq(store_job_get(st, conc_job, &j), 0);
+        store_job_clear(&j);
+        store_get_stats(st, &stats);
+        iters++;
+    }
+    return (void *)iters;
+}
+
+START_TEST(test_concurrent_readers)
+{
+    pthread_t th[4];
+    store_metric m;
+    store_series se;
+    int f = STORE_M_LOSS;
+
+    conc_job = new_job("conc", "fp16");
+    atomic_store(&writer_done, 0);
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(pthread_create(&th[i], NULL, reader_main, NULL), 0);
+    memset(&m, 0, sizeof(m));
+    m.job_id = conc_job;
+    for (int64_t s = 0; s < 60000; s++) {
+        m.step = s;
+        m.v[STORE_M_LOSS] = (double)s * 0.5;
+        m.v[STORE_M_STEP_MS] = (double)s;
+        m.v[STORE_M_EVAL_LOSS] = m.v[STORE_M_EVAL_ACC] = NAN;
+        ck_assert_int_eq(store_metric_append(st, &m), 0);
+        if (s % 5000 == 0)
+            usleep(2000);
+    }
+    ck_assert_int_eq(store_flush(st), 0);
+    atomic_store(&writer_done, 1);
+    for (int i = 0; i < 4; i++) {
+        void *iters;
+        ck_assert_int_eq(pthread_join(th[i], &iters), 0);
+        ck_assert_int_ge((long)iters, 5);
+    }
+    ck_assert_int_eq(store_series_query(st, conc_job, &f, 1, 0, -1, 0, &se), 0);
+    ck_assert_int_eq(se.npoints, 60000);
+    store_series_free(&se);
+}
+END_TEST
+
+static Suite *store_suite(void)
+{
+    Suite *s = suite_create("store");
+    TCase *tc = tcase_create("core");
+    tcase_add_unchecked_fixture(tc, dir_setup, dir_teardown);
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_migrate_and_reopen);
+    tcase_add_test(tc, test_newer_schema_refused);
+    tcase_add_test(tc, test_open_bad_input);
+    tcase_add_test(tc, test_job_list_cursor);
+    tcase_add_test(tc, test_job_idempotency);
+    tcase_add_test(tc, test_job_state);
+    tcase_add_test(tc, test_job_delete_cascade);
+    tcase_add_test(tc, test_metrics_roundtrip);
+    tcase_add_test(tc, test_upsert_and_eval);
+    tcase_add_test(tc, test_truncate);
+    tcase_add_test(tc, test_downsample_bruteforce);
+    tcase_add_test(tc, test_bad_input);
+    tcase_add_test(tc, test_events_cursor);
+    tcase_add_test(tc, test_checkpoints);
+    tcase_add_test(tc, test_concurrent_readers);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(store_suite());
+    srunner_run_all(sr, CK_ENV);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
