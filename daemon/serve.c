@@ -41,6 +41,7 @@ typedef struct {
     int nroots;
     char roots[DAEMON_MAX_ROOTS][512];
     int max_running, max_retries, worker_timeout_s;
+    bool demo;
 } serve_args;
 
 static void usage(FILE *f)
@@ -61,6 +62,8 @@ static void usage(FILE *f)
                "  --max-retries N      automatic resumes of an interrupted job (default 3)\n"
                "  --worker-timeout S   a worker silent this long is killed as hung (default 600)\n"
                "  --port-file FILE     write the bound port to FILE once listening (for tests)\n"
+               "  --demo               on an empty database, queue the Fashion-MNIST MLP in\n"
+               "                       fp32, fp16 and bf16 (the side-by-side experiment)\n"
                "  --help, --version\n");
 }
 
@@ -101,6 +104,41 @@ static void default_data_dir(char *out, size_t len)
         snprintf(out, len, "/var/lib/ampd");
 }
 
+/* --demo: on an empty database, queue the seed experiment: the same Fashion-MNIST MLP in
+ * fp32, fp16 (dynamic loss scaling) and bf16, validated like any submitted spec. */
+static void queue_demo(store *st, daemon_sched *sc, const api_config *ac)
+{
+    static const char *const dtypes[] = {"fp32", "fp16", "bf16"};
+    store_job_filter f = {.status = -1, .limit = 1};
+    store_job *jobs = NULL;
+    int n = 0;
+
+    if (store_job_list(st, &f, &jobs, &n) != 0 || n > 0) {
+        store_jobs_free(jobs, n);
+        return;
+    }
+    for (int i = 0; i < 3; i++) {
+        char spec[512];
+        gpu_job_config c;
+        api_error e;
+        int64_t id;
+        bool existed;
+        snprintf(spec, sizeof(spec),
+                 "{\"name\": \"demo-fmnist-%s\", \"model\": {\"type\": \"mlp\", \"layers\": "
+                 "[784, 1024, 1024, 10]}, \"data\": {\"type\": \"idx\", \"train\": "
+                 "\"fashion-mnist\"}, \"precision\": {\"dtype\": \"%s\"}, \"batch_size\": 256, "
+                 "\"steps\": 2000, \"eval_every\": 200, \"checkpoint_every\": 500}",
+                 dtypes[i], dtypes[i]);
+        if (api_spec_parse(spec, strlen(spec), &ac->spec, &c, &e) != 0) {
+            log_warn("demo: %s: %s (install the Debian package dataset-fashion-mnist)",
+                     e.field, e.message);
+            return;
+        }
+        if (daemon_sched_submit(sc, c.name, dtypes[i], c.steps, spec, NULL, &id, &existed) == 0)
+            log_info("demo: queued job %lld (%s)", (long long)id, c.name);
+    }
+}
+
 /* 0 to run, 1 for --help/--version (exit 0), 2 for bad usage. */
 static int parse_args(int argc, char **argv, serve_args *a)
 {
@@ -114,6 +152,7 @@ static int parse_args(int argc, char **argv, serve_args *a)
         O_RETRIES,
         O_TIMEOUT,
         O_PORTFILE,
+        O_DEMO,
         O_HELP,
         O_VERSION
     };
@@ -126,6 +165,7 @@ static int parse_args(int argc, char **argv, serve_args *a)
                                              {"max-retries", required_argument, NULL, O_RETRIES},
                                              {"worker-timeout", required_argument, NULL, O_TIMEOUT},
                                              {"port-file", required_argument, NULL, O_PORTFILE},
+                                             {"demo", no_argument, NULL, O_DEMO},
                                              {"help", no_argument, NULL, O_HELP},
                                              {"version", no_argument, NULL, O_VERSION},
                                              {NULL, 0, NULL, 0}};
@@ -171,6 +211,9 @@ static int parse_args(int argc, char **argv, serve_args *a)
             break;
         case O_PORTFILE:
             bad = str_arg("--port-file", optarg, a->port_file, sizeof(a->port_file));
+            break;
+        case O_DEMO:
+            a->demo = true;
             break;
         case O_HELP:
             usage(stdout);
@@ -401,6 +444,8 @@ int daemon_serve_main(int argc, char **argv)
         goto startup_error;
     }
     url_of(a.listen, api_port(api), url, sizeof(url));
+    if (a.demo)
+        queue_demo(st, sched, &ac);
     if (gpu_cuda_probe(why, sizeof(why)) == 0)
         snprintf(why, sizeof(why), "CUDA device available");
     log_info("ampd %s serving %s (db %s, data dir %s, blas %s, device: %s, max running %d%s)",

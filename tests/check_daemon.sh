@@ -357,6 +357,8 @@ bad_spec '{"data": {"type": "idx", "train": "../../../etc"}}' 400 invalid_spec d
 bad_spec '{"name": 123}' 400 invalid_spec name
 bad_spec '{"device": "tpu"}' 400 invalid_spec device
 bad_spec '{"eval_every": -3}' 400 invalid_spec eval_every
+bad_spec '{"model": {"layers": [65536, 65536, 65536, 65536]}}' 400 invalid_spec model.layers
+check "a model that cannot fit says how much memory it needs" grep -q 'GiB' <<<"$BODY"
 bad_spec "$(printf '{"name": "\xff\xfe"}')" 400 invalid_json
 bad_spec "$(printf '%0.s[' $(seq 1 200))" 400 invalid_json
 check "healthz after bad specs" healthy
