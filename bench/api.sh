@@ -53,8 +53,8 @@ done
 [ "$running" = yes ] || { echo "bench/api.sh: job $JOB did not start" >&2; exit 1; }
 echo "training job $JOB running; the 1M-step series is job $BIG"
 
-wrk_line() { # url -> "req/s p99"
-    wrk -t2 -c32 -d"${SECS}s" --latency "$1" >"$TMP/wrk.txt"
+wrk_line() { # url [threads connections] -> "req/s p99"
+    wrk -t"${2:-2}" -c"${3:-32}" -d"${SECS}s" --latency "$1" >"$TMP/wrk.txt"
     rps=$(awk '/^Requests\/sec/ {print $2}' "$TMP/wrk.txt")
     p99=$(awk '$1 == "99%" {print $2}' "$TMP/wrk.txt")
     echo "$rps $p99"
@@ -66,6 +66,8 @@ printf '%-46s %12s req/s   p99 %s\n' "GET /v1/jobs/{id}" "$rps" "$p99"
 DS="$URL/v1/jobs/$BIG/metrics?fields=loss,loss_scale&points=1000"
 read -r rps2 p992 < <(wrk_line "$DS")
 printf '%-46s %12s req/s   p99 %s\n' "GET metrics, 1M steps -> 1000 points" "$rps2" "$p992"
+read -r rps3 p993 < <(wrk_line "$DS" 1 1)
+printf '%-46s %12s req/s   p99 %s\n' "  the same, one client at a time" "$rps3" "$p993"
 one=$(curl -s -o /dev/null -w '%{time_total}' "$DS")
 printf '%-46s %12s ms\n' "one downsample request (curl, end to end)" "$(awk -v t="$one" 'BEGIN {printf "%.1f", t * 1000}')"
 
