@@ -5,7 +5,8 @@
  * end in _total, units are in the name (_seconds, _bytes); label values are escaped
  * (\\, \", \n) and non-finite samples are written NaN, +Inf, -Inf. Per running job the
  * values come from its latest metric row (store_metric_latest), labelled with the job's
- * id, name and dtype.
+ * id, name and dtype; the per-layer gauges come from its latest diagnosed step
+ * (store_layer_stats_get), labelled with the job's id and the layer's name.
  *
  * Threads: runs on the requesting connection's thread; reads the store, the scheduler's
  * counters and the server's atomic status counters.
@@ -23,6 +24,12 @@ typedef struct {
     store_metric m;
 } job_row;
 
+typedef struct {
+    int64_t job;
+    store_layer_stat *rows; /* heap */
+    int n;
+} job_layers;
+
 static void family(api_buf *b, const char *name, const char *type, const char *help)
 {
     api_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
@@ -35,6 +42,24 @@ static void job_labels(api_buf *b, const store_job *j)
     api_buf_puts(b, "\",dtype=\"");
     api_buf_prom_label(b, j->dtype);
     api_buf_puts(b, "\"}");
+}
+
+/* One per-layer family: field is a STORE_L_* field of the latest diagnosed step. */
+static void layer_family(api_buf *b, const char *name, const char *help, const job_layers *jl,
+                         int n, int field)
+{
+    family(b, name, "gauge", help);
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < jl[i].n; k++) {
+            const store_layer_stat *r = &jl[i].rows[k];
+            if ((r->missing >> field) & 1u)
+                continue;
+            api_buf_printf(b, "%s{job=\"%lld\",layer=\"", name, (long long)jl[i].job);
+            api_buf_prom_label(b, r->name);
+            api_buf_puts(b, "\"} ");
+            api_buf_prom_num(b, r->v[field]);
+            api_buf_putc(b, '\n');
+        }
 }
 
 /* One per-job family: field is a STORE_M_* column, scale multiplies it. */
@@ -60,7 +85,8 @@ void api_h_prom(api_req *q, api_resp *r)
     store_job_filter f = {.status = STORE_RUNNING, .limit = PROM_MAX_JOBS};
     store_job *jobs = NULL;
     job_row *rows = NULL;
-    int njobs = 0, nrows = 0;
+    job_layers *layers = NULL;
+    int njobs = 0, nrows = 0, nlayers = 0;
 
     store_get_stats(s->st, &stats);
     memset(&info, 0, sizeof(info));
@@ -74,6 +100,13 @@ void api_h_prom(api_req *q, api_resp *r)
     for (int i = 0; rows && i < njobs; i++) {
         if (store_metric_latest(s->st, jobs[i].id, &rows[nrows].m) == 0)
             rows[nrows++].job = &jobs[i];
+    }
+    layers = njobs > 0 ? calloc((size_t)njobs, sizeof(*layers)) : NULL;
+    for (int i = 0; layers && i < njobs; i++) {
+        int64_t at;
+        if (store_layer_stats_get(s->st, jobs[i].id, -1, &layers[nlayers].rows, &layers[nlayers].n,
+                                  &at, NULL) == 0)
+            layers[nlayers++].job = jobs[i].id;
     }
 
     r->status = 200;
@@ -112,12 +145,24 @@ void api_h_prom(api_req *q, api_resp *r)
                "Memory the running job's training state holds on its device.", rows, nrows,
                STORE_M_MEM_BYTES, 1.0);
 
+    layer_family(b, "ampd_layer_act_headroom",
+                 "Dtype max over the largest forward output of the layer, at the running job's "
+                 "latest diagnosed step (+Inf: all zero).",
+                 layers, nlayers, STORE_L_ACT_HEADROOM);
+    layer_family(b, "ampd_layer_grad_underflow_ratio",
+                 "Fraction of the layer's weight-gradient elements flushed to zero at the loss "
+                 "scale, at the running job's latest diagnosed step.",
+                 layers, nlayers, STORE_L_GRAD_UNDERFLOW);
+
     family(b, "ampd_http_requests_total", "counter", "HTTP responses sent, by status code.");
     for (int code = 100; code < API_NCODES; code++) {
         unsigned long long c = atomic_load(&s->codes[code]);
         if (c)
             api_buf_printf(b, "ampd_http_requests_total{code=\"%d\"} %llu\n", code, c);
     }
+    for (int i = 0; i < nlayers; i++)
+        free(layers[i].rows);
+    free(layers);
     free(rows);
     store_jobs_free(jobs, njobs);
 }

@@ -615,17 +615,256 @@ fail:
 
 /* ---- layers, events, checkpoints ------------------------------------------------------- */
 
+/* GET /v1/jobs/{id}/layers has two shapes.
+ *
+ * One step (no parameter, or ?step=N; 404 when step N has no stats):
+ *   {"job", "step", "scale", "first_nonfinite": {"layer", "where"} | null,
+ *    "nonfinite": bool, "overflow": bool,
+ *    "layers": [{"name", "dtype", "act_amax", "act_headroom", "act_overflow", "grad_amax",
+ *                "grad_underflow", "grad_underflow_unscaled", "grad_nonfinite",
+ *                "lost_updates"}, ...]}
+ * with "step": null and "layers": [] while the job has no diagnosed step yet.
+ *
+ * A heatmap (any of from, to, steps, fields): the diagnosed steps in [from, to], at most
+ * `steps` of them (default 200, at most 2000) picked evenly, never dropping a step with a
+ * non-finite value or an overflow unless those alone are more than `steps`:
+ *   {"job", "from", "to", "total_steps", "steps": [s...], "scale": [...],
+ *    "nonfinite": [bool...], "overflow": [bool...], "first_nonfinite": [null | {...}...],
+ *    "layers": [name...], "dtypes": [dtype...],
+ *    "fields": {"<field>": [[value per step] per layer], ...}}
+ * fields (default act_headroom,grad_underflow,grad_underflow_unscaled,act_amax,grad_amax)
+ * lists any of the layer fields. A value is null where the layer had no row or did not
+ * report the field; NaN and +-Inf are the strings "NaN", "Infinity", "-Infinity". */
+#define LAYER_DEFAULT_STEPS 200
+#define LAYER_MAX_STEPS 2000
+
+/* A layer field value: counts as integers, null when missing. */
+static void put_layer_value(api_buf *b, int field, double v, bool present)
+{
+    if (!present)
+        api_buf_puts(b, "null");
+    else if ((field == STORE_L_ACT_OVERFLOW || field == STORE_L_GRAD_NONFINITE) && isfinite(v) &&
+             v == floor(v) && fabs(v) < 9e15)
+        api_buf_printf(b, "%lld", (long long)v);
+    else
+        api_buf_json_num(b, v);
+}
+
+static void put_first_nonfinite(api_buf *b, const store_layer_info *info)
+{
+    if (!info->first_layer[0]) {
+        api_buf_puts(b, "null");
+        return;
+    }
+    api_buf_puts(b, "{\"layer\":");
+    api_buf_json_str(b, info->first_layer);
+    api_buf_puts(b, ",\"where\":");
+    api_buf_json_str(b, info->first_where[0] ? info->first_where : NULL);
+    api_buf_putc(b, '}');
+}
+
+/* A comma-separated list of layer field names into fields; false with a 400 in r. */
+static bool parse_layer_fields(const char *v, int *fields, int *n, api_resp *r)
+{
+    const char *p = v;
+    *n = 0;
+    for (;;) {
+        size_t len = strcspn(p, ",");
+        char item[40];
+        int f = -1;
+        if (len > 0 && len < sizeof(item)) {
+            memcpy(item, p, len);
+            item[len] = '\0';
+            f = store_layer_field_parse(item);
+        }
+        if (f < 0) {
+            api_error_resp(r, 400, "invalid_parameter", "fields",
+                           len == 0 ? "empty field name in the list"
+                                    : "unknown layer field \"%.*s\" (act_amax, act_headroom, "
+                                      "act_overflow, grad_amax, grad_underflow, "
+                                      "grad_underflow_unscaled, grad_nonfinite, lost_updates)",
+                           (int)(len < 40 ? len : 40), p);
+            return false;
+        }
+        for (int i = 0; i < *n; i++)
+            if (fields[i] == f) {
+                api_error_resp(r, 400, "invalid_parameter", "fields", "field \"%s\" listed twice",
+                               item);
+                return false;
+            }
+        fields[(*n)++] = f;
+        if (!p[len])
+            return true;
+        p += len + 1;
+    }
+}
+
+static void layers_step(api_req *q, api_resp *r, int64_t job, int64_t step)
+{
+    store_layer_stat *rows = NULL;
+    store_layer_info info;
+    int64_t at = -1;
+    int n = 0;
+    int rc = store_layer_stats_get(q->srv->st, job, step, &rows, &n, &at, &info);
+    api_buf *b = &r->body;
+
+    if (rc == STORE_ENOTFOUND && step < 0) {
+        ok_json(r, 200);
+        api_buf_printf(b,
+                       "{\"job\":%lld,\"step\":null,\"scale\":null,\"first_nonfinite\":null,"
+                       "\"nonfinite\":false,\"overflow\":false,\"layers\":[]}",
+                       (long long)job);
+        return;
+    }
+    if (rc == STORE_ENOTFOUND) {
+        api_error_resp(r, 404, "not_found", "step", "job %lld has no layer stats at step %lld",
+                       (long long)job, (long long)step);
+        return;
+    }
+    if (rc) {
+        store_error(r, rc, "layer stats of job", job);
+        return;
+    }
+    ok_json(r, 200);
+    api_buf_printf(b, "{\"job\":%lld,\"step\":%lld,\"scale\":", (long long)job, (long long)at);
+    api_buf_json_num(b, info.scale);
+    api_buf_puts(b, ",\"first_nonfinite\":");
+    put_first_nonfinite(b, &info);
+    api_buf_printf(b, ",\"nonfinite\":%s,\"overflow\":%s,\"layers\":[",
+                   info.flags & STORE_LS_NONFINITE ? "true" : "false",
+                   info.flags & STORE_LS_OVERFLOW ? "true" : "false");
+    for (int i = 0; i < n; i++) {
+        api_buf_puts(b, i ? ",{\"name\":" : "{\"name\":");
+        api_buf_json_str(b, rows[i].name);
+        api_buf_puts(b, ",\"dtype\":");
+        api_buf_json_str(b, rows[i].dtype);
+        for (int f = 0; f < STORE_L_NFIELDS; f++) {
+            api_buf_printf(b, ",\"%s\":", store_layer_field_name(f));
+            put_layer_value(b, f, rows[i].v[f], !((rows[i].missing >> f) & 1u));
+        }
+        api_buf_putc(b, '}');
+    }
+    api_buf_puts(b, "]}");
+    free(rows);
+}
+
+static void layers_range(api_req *q, api_resp *r, int64_t job, int64_t from, int64_t to,
+                         int max_steps, const int *fields, int nfields)
+{
+    store_layer_range lr;
+    api_buf *b = &r->body;
+    int rc = store_layer_stats_range(q->srv->st, job, from, to, max_steps, fields, nfields, &lr);
+
+    if (rc == STORE_EINVAL) {
+        api_error_resp(r, 400, "invalid_parameter", "steps",
+                       "the answer would hold more than %d values: ask for fewer steps or fields",
+                       STORE_LR_MAX_CELLS);
+        return;
+    }
+    if (rc) {
+        store_error(r, rc, "layer stats of job", job);
+        return;
+    }
+    ok_json(r, 200);
+    api_buf_printf(b, "{\"job\":%lld,\"from\":%lld,\"to\":", (long long)job, (long long)from);
+    if (to >= 0)
+        api_buf_printf(b, "%lld", (long long)to);
+    else
+        api_buf_puts(b, "null");
+    api_buf_printf(b, ",\"total_steps\":%lld,\"steps\":[", (long long)lr.total_steps);
+    for (int k = 0; k < lr.nsteps; k++)
+        api_buf_printf(b, "%s%lld", k ? "," : "", (long long)lr.steps[k]);
+    api_buf_puts(b, "],\"scale\":[");
+    for (int k = 0; k < lr.nsteps; k++) {
+        if (k)
+            api_buf_putc(b, ',');
+        api_buf_json_num(b, lr.info[k].scale);
+    }
+    api_buf_puts(b, "],\"nonfinite\":[");
+    for (int k = 0; k < lr.nsteps; k++)
+        api_buf_printf(b, "%s%s", k ? "," : "",
+                       lr.info[k].flags & STORE_LS_NONFINITE ? "true" : "false");
+    api_buf_puts(b, "],\"overflow\":[");
+    for (int k = 0; k < lr.nsteps; k++)
+        api_buf_printf(b, "%s%s", k ? "," : "",
+                       lr.info[k].flags & STORE_LS_OVERFLOW ? "true" : "false");
+    api_buf_puts(b, "],\"first_nonfinite\":[");
+    for (int k = 0; k < lr.nsteps; k++) {
+        if (k)
+            api_buf_putc(b, ',');
+        put_first_nonfinite(b, &lr.info[k]);
+    }
+    api_buf_puts(b, "],\"layers\":[");
+    for (int l = 0; l < lr.nlayers; l++) {
+        if (l)
+            api_buf_putc(b, ',');
+        api_buf_json_str(b, lr.layers[l].name);
+    }
+    api_buf_puts(b, "],\"dtypes\":[");
+    for (int l = 0; l < lr.nlayers; l++) {
+        if (l)
+            api_buf_putc(b, ',');
+        api_buf_json_str(b, lr.layers[l].dtype);
+    }
+    api_buf_puts(b, "],\"fields\":{");
+    for (int f = 0; f < lr.nfields; f++) {
+        api_buf_printf(b, "%s\"%s\":[", f ? "," : "", store_layer_field_name(lr.fields[f]));
+        for (int l = 0; l < lr.nlayers; l++) {
+            api_buf_puts(b, l ? ",[" : "[");
+            for (int k = 0; k < lr.nsteps; k++) {
+                size_t at = STORE_LR_AT(&lr, l, f, k);
+                if (k)
+                    api_buf_putc(b, ',');
+                put_layer_value(b, lr.fields[f], lr.values[at], lr.has[at] != 0);
+            }
+            api_buf_putc(b, ']');
+        }
+        api_buf_putc(b, ']');
+    }
+    api_buf_puts(b, "}}");
+    store_layer_range_free(&lr);
+}
+
 void api_h_job_layers(api_req *q, api_resp *r)
 {
+    static const int default_fields[] = {STORE_L_ACT_HEADROOM, STORE_L_GRAD_UNDERFLOW,
+                                         STORE_L_GRAD_UNDERFLOW_UNSCALED, STORE_L_ACT_AMAX,
+                                         STORE_L_GRAD_AMAX};
+    int fields[STORE_L_NFIELDS], nfields = 0;
+    int64_t step, from, to, steps;
+    const char *fv = api_query(q, "fields");
+    bool range = api_query(q, "from") || api_query(q, "to") || api_query(q, "steps") || fv;
     store_job j;
-    int64_t step;
-    if (!query_int(q, r, "step", 0, INT64_MAX, -1, &step) || !load_job(q, r, &j))
+
+    if (!query_int(q, r, "step", 0, INT64_MAX, -1, &step) ||
+        !query_int(q, r, "from", 0, INT64_MAX, 0, &from) ||
+        !query_int(q, r, "to", 0, INT64_MAX, -1, &to) ||
+        !query_int(q, r, "steps", 1, LAYER_MAX_STEPS, LAYER_DEFAULT_STEPS, &steps))
         return;
-    /* The layer_stats table is filled by a later issue and store.h has no read for it yet:
-     * the answer says "no layer data" rather than inventing any. */
-    ok_json(r, 200);
-    api_buf_printf(&r->body, "{\"job\":%lld,\"step\":null,\"layers\":[]}", (long long)j.id);
+    if (range && step >= 0) {
+        api_error_resp(r, 400, "invalid_parameter", "step",
+                       "asks for one step; it cannot be combined with from, to, steps or fields");
+        return;
+    }
+    if (to >= 0 && to < from) {
+        api_error_resp(r, 400, "invalid_parameter", "to", "must not be below from (%lld)",
+                       (long long)from);
+        return;
+    }
+    if (fv) {
+        if (!parse_layer_fields(fv, fields, &nfields, r))
+            return;
+    } else {
+        nfields = (int)(sizeof(default_fields) / sizeof(default_fields[0]));
+        memcpy(fields, default_fields, sizeof(default_fields));
+    }
+    if (!load_job(q, r, &j))
+        return;
     store_job_clear(&j);
+    if (range)
+        layers_range(q, r, q->route.job, from, to, (int)steps, fields, nfields);
+    else
+        layers_step(q, r, q->route.job, step);
 }
 
 void api_h_job_events(api_req *q, api_resp *r)

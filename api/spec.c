@@ -152,21 +152,35 @@ static int get_choice(ctx *c, json_t *obj, const char *key, const char *field,
     return fail(c, field, "must be one of %s", list);
 }
 
-static int parse_model(ctx *c, json_t *m, gpu_model_config *mc)
+static int parse_gpt(ctx *c, json_t *m, gpu_model_config *mc)
+{
+    static const char *const keys[] = {"type",    "n_layer", "n_head",     "d_model",
+                                       "seq_len", "vocab",   "init_scale", NULL};
+    int rc;
+    if ((rc = only_keys(c, m, "model", keys)) ||
+        (rc = get_int32(c, m, "n_layer", "model.n_layer", 1, 96, &mc->n_layer)) ||
+        (rc = get_int32(c, m, "n_head", "model.n_head", 1, 128, &mc->n_head)) ||
+        (rc = get_int32(c, m, "d_model", "model.d_model", 1, 16384, &mc->d_model)) ||
+        (rc = get_int32(c, m, "seq_len", "model.seq_len", 1, 65536, &mc->seq_len)) ||
+        (rc = get_int32(c, m, "vocab", "model.vocab", 2, 65536, &mc->vocab)) ||
+        (rc = get_real(c, m, "init_scale", "model.init_scale", ABOVE(0, 1e6), &mc->init_scale)))
+        return rc;
+    if (mc->d_model % mc->n_head != 0)
+        return fail(c, "model.n_head", "must divide d_model (%d)", mc->d_model);
+    return 0;
+}
+
+static int parse_mlp(ctx *c, json_t *m, gpu_model_config *mc)
 {
     static const char *const keys[] = {"type", "layers", "activation", "init_scale", NULL};
-    static const char *const types[] = {"mlp", "gpt", NULL};
     static const char *const acts[] = {"relu", "gelu", NULL};
-    int type = 0, act = (int)mc->activation, rc;
+    int act = (int)mc->activation, rc;
     json_t *layers;
 
-    if ((rc = want_object(c, m, "model")) || (rc = only_keys(c, m, "model", keys)) ||
-        (rc = get_choice(c, m, "type", "model.type", types, &type)) ||
+    if ((rc = only_keys(c, m, "model", keys)) ||
         (rc = get_choice(c, m, "activation", "model.activation", acts, &act)) ||
         (rc = get_real(c, m, "init_scale", "model.init_scale", ABOVE(0, 1e6), &mc->init_scale)))
         return rc;
-    if (type == 1)
-        return fail(c, "model.type", "\"gpt\" is not available in this version; use \"mlp\"");
     mc->activation = (gpu_activation)act;
     layers = json_object_get(m, "layers");
     if (!layers)
@@ -184,6 +198,17 @@ static int parse_model(ctx *c, json_t *m, gpu_model_config *mc)
         mc->layers[i] = (int)json_integer_value(w);
     }
     return 0;
+}
+
+static int parse_model(ctx *c, json_t *m, gpu_model_config *mc)
+{
+    static const char *const types[] = {"mlp", "gpt", NULL};
+    int type = (int)mc->type, rc;
+    if ((rc = want_object(c, m, "model")) ||
+        (rc = get_choice(c, m, "type", "model.type", types, &type)))
+        return rc;
+    mc->type = (gpu_model_type)type;
+    return mc->type == GPU_MODEL_GPT ? parse_gpt(c, m, mc) : parse_mlp(c, m, mc);
 }
 
 /* Is path inside one of the data roots (after resolving symlinks)? */
@@ -216,13 +241,41 @@ static int find_idx(const char *dir, const char *prefix, const char *kind, char 
     return file_exists(out) ? 0 : -1;
 }
 
+/* Resolve name (a name under a data root, or an absolute or "./" path) to the real path
+ * real[PATH_MAX] of something that exists inside the data roots; else fail on field. */
+static int locate(ctx *c, const char *field, const char *name, char *real)
+{
+    char path[PATH_MAX];
+    for (int i = 0; i <= c->opts->nroots; i++) {
+        if (i == c->opts->nroots) {
+            if (name[0] != '/' && strncmp(name, "./", 2) != 0)
+                break;
+            snprintf(path, sizeof(path), "%s", name);
+        } else if (strchr(name, '/') == NULL && strcmp(name, "..") != 0) {
+            snprintf(path, sizeof(path), "%s/%s", c->opts->roots[i], name);
+        } else {
+            continue;
+        }
+        if (!realpath(path, real))
+            continue;
+        if (!inside_roots(c->opts, real))
+            return fail(c, field, "path \"%s\" is outside the data roots", name);
+        return 0;
+    }
+    if (name[0] == '/' || strchr(name, '/'))
+        return fail(c, field, "path \"%s\" is outside the data roots or does not exist", name);
+    return fail(c, field, "unknown dataset \"%s\" (looked in %s%s)", name, c->opts->roots[0],
+                c->opts->nroots > 1 ? " and the other data roots" : "");
+}
+
 /* Resolve "name[:split]" or a directory path to the image and label files of a split. */
 static int resolve_dataset(ctx *c, const char *field, const char *spec, const char *dflt_split,
                            char *images, char *labels, size_t len)
 {
-    char name[512], dir[PATH_MAX], real[PATH_MAX];
+    char name[512], real[PATH_MAX];
     const char *split = dflt_split, *colon = strrchr(spec, ':');
     size_t n = colon ? (size_t)(colon - spec) : strlen(spec);
+    int rc;
 
     if (n == 0 || n >= sizeof(name))
         return fail(c, field, "must name a dataset, e.g. \"fashion-mnist\"");
@@ -233,37 +286,83 @@ static int resolve_dataset(ctx *c, const char *field, const char *spec, const ch
     if (strcmp(split, "train") != 0 && strcmp(split, "test") != 0)
         return fail(c, field, "unknown split \"%s\": use \"train\" or \"test\"", split);
     const char *prefix = strcmp(split, "train") == 0 ? "train" : "t10k";
-    for (int i = 0; i <= c->opts->nroots; i++) {
-        if (i == c->opts->nroots) {
-            if (name[0] != '/' && strncmp(name, "./", 2) != 0)
-                break;
-            snprintf(dir, sizeof(dir), "%s", name);
-        } else if (strchr(name, '/') == NULL && strcmp(name, "..") != 0) {
-            snprintf(dir, sizeof(dir), "%s/%s", c->opts->roots[i], name);
-        } else {
-            continue;
+    if ((rc = locate(c, field, name, real)) != 0)
+        return rc;
+    if (find_idx(real, prefix, "images-idx3", images, len) == 0 &&
+        find_idx(real, prefix, "labels-idx1", labels, len) == 0)
+        return 0;
+    return fail(c, field, "no %s-images-idx3-ubyte[.gz] and %s-labels-idx1-ubyte[.gz] in %s",
+                prefix, prefix, real);
+}
+
+/* Resolve a text or token source (a file; for text also a directory) into out[len]. */
+static int resolve_seq(ctx *c, const char *field, const char *spec, bool text, char *out,
+                       size_t len)
+{
+    char real[PATH_MAX];
+    struct stat st;
+    int rc;
+
+    if (!spec[0] || strlen(spec) >= 512)
+        return fail(c, field, "must name a %s inside the data roots",
+                    text ? "text file or directory" : "token file");
+    if ((rc = locate(c, field, spec, real)) != 0)
+        return rc;
+    if (stat(real, &st) != 0 || !(S_ISREG(st.st_mode) || (text && S_ISDIR(st.st_mode))))
+        return fail(c, field, "%s is not a %s", real,
+                    text ? "regular file or a directory" : "regular file (an llm.c .bin shard)");
+    if (strlen(real) >= len)
+        return fail(c, field, "path \"%s\" is too long", real);
+    snprintf(out, len, "%s", real);
+    return 0;
+}
+
+/* data.type "text" and "tokens": train, eval, val_fraction. */
+static int parse_seq_data(ctx *c, json_t *d, gpu_data_config *dc)
+{
+    static const char *const other[] = {"features", "classes", "train_size", "eval_size", NULL};
+    bool text = dc->type == GPU_DATA_TEXT;
+    const char *kind = text ? "text" : "tokens";
+    json_t *train = json_object_get(d, "train"), *eval = json_object_get(d, "eval");
+    int rc;
+
+    for (const char *const *k = other; *k; k++)
+        if (json_object_get(d, *k)) {
+            char f[64];
+            snprintf(f, sizeof(f), "data.%s", *k);
+            return fail(c, f, "only for \"synthetic\" data");
         }
-        if (!realpath(dir, real))
-            continue;
-        if (!inside_roots(c->opts, real))
-            return fail(c, field, "path \"%s\" is outside the data roots", name);
-        if (find_idx(real, prefix, "images-idx3", images, len) == 0 &&
-            find_idx(real, prefix, "labels-idx1", labels, len) == 0)
-            return 0;
-        return fail(c, field, "no %s-images-idx3-ubyte[.gz] and %s-labels-idx1-ubyte[.gz] in %s",
-                    prefix, prefix, real);
-    }
-    if (name[0] == '/' || strchr(name, '/'))
-        return fail(c, field, "path \"%s\" is outside the data roots or does not exist", name);
-    return fail(c, field, "unknown dataset \"%s\" (looked in %s%s)", name, c->opts->roots[0],
-                c->opts->nroots > 1 ? " and the other data roots" : "");
+    if (!train)
+        return fail(c, "data.train", "is required for \"%s\" data: a %s inside the data roots",
+                    kind, text ? "text file or directory" : "token file");
+    if (!json_is_string(train))
+        return fail(c, "data.train", "must be a dataset name or path");
+    if (eval && !json_is_string(eval) && !json_is_null(eval))
+        return fail(c, "data.eval", "must be a dataset name, a path or null");
+    if (!(dc->val_fraction > 0 && dc->val_fraction < 1))
+        dc->val_fraction = 0.1f;
+    if ((rc = get_real(c, d, "val_fraction", "data.val_fraction", BETWEEN(0, 1),
+                       &dc->val_fraction)) != 0)
+        return rc;
+    if ((rc = resolve_seq(c, "data.train", json_string_value(train), text, dc->seq_train,
+                          sizeof(dc->seq_train))) != 0)
+        return rc;
+    dc->seq_eval[0] = '\0';
+    if (!eval || json_is_null(eval))
+        return 0;
+    if (json_object_get(d, "val_fraction"))
+        return fail(c, "data.val_fraction", "is not used when data.eval is given");
+    return resolve_seq(c, "data.eval", json_string_value(eval), text, dc->seq_eval,
+                       sizeof(dc->seq_eval));
 }
 
 static int parse_data(ctx *c, json_t *d, gpu_data_config *dc)
 {
-    static const char *const keys[] = {"type",    "train",      "eval",      "features",
-                                       "classes", "train_size", "eval_size", NULL};
-    static const char *const types[] = {"idx", "synthetic", NULL};
+    static const char *const keys[] = {"type",      "train",        "eval",
+                                       "features",  "classes",      "train_size",
+                                       "eval_size", "val_fraction", NULL};
+    /* in gpu_data_type's order */
+    static const char *const types[] = {"idx", "synthetic", "text", "tokens", NULL};
     int type = (int)dc->type, rc;
     json_t *train, *eval;
 
@@ -271,6 +370,10 @@ static int parse_data(ctx *c, json_t *d, gpu_data_config *dc)
         (rc = get_choice(c, d, "type", "data.type", types, &type)))
         return rc;
     dc->type = (gpu_data_type)type;
+    if (dc->type == GPU_DATA_TEXT || dc->type == GPU_DATA_TOKENS)
+        return parse_seq_data(c, d, dc);
+    if (json_object_get(d, "val_fraction"))
+        return fail(c, "data.val_fraction", "only for \"text\" and \"tokens\" data");
     if (dc->type == GPU_DATA_SYNTHETIC) {
         if (json_object_get(d, "train") || json_object_get(d, "eval"))
             return fail(c, json_object_get(d, "train") ? "data.train" : "data.eval",
@@ -285,7 +388,7 @@ static int parse_data(ctx *c, json_t *d, gpu_data_config *dc)
                    ? rc
                    : 0;
     }
-    for (const char *const *k = keys + 3; *k; k++)
+    for (const char *const *k = keys + 3; *k && strcmp(*k, "val_fraction") != 0; k++)
         if (json_object_get(d, *k)) {
             char f[64];
             snprintf(f, sizeof(f), "data.%s", *k);
@@ -536,7 +639,14 @@ static int parse_top(ctx *c, json_t *spec, gpu_job_config *jc)
         json_incref(v);
     rc = parse_data(c, v, &jc->data);
     json_decref(v);
-    return rc;
+    if (rc)
+        return rc;
+    bool seq = jc->data.type == GPU_DATA_TEXT || jc->data.type == GPU_DATA_TOKENS;
+    if (jc->model.type == GPU_MODEL_GPT && !seq)
+        return fail(c, "data.type", "a gpt model trains on \"text\" or \"tokens\" data");
+    if (jc->model.type == GPU_MODEL_MLP && seq)
+        return fail(c, "data.type", "an mlp trains on \"idx\" or \"synthetic\" data");
+    return 0;
 }
 
 static double gib(int64_t b)
@@ -631,10 +741,33 @@ static json_t *data_to_json(const gpu_data_config *d)
         return json_pack("{s:s, s:i, s:i, s:i, s:i}", "type", "synthetic", "features",
                          d->synth_features, "classes", d->synth_classes, "train_size",
                          d->synth_train, "eval_size", d->synth_eval);
+    if (d->type == GPU_DATA_TEXT || d->type == GPU_DATA_TOKENS) {
+        const char *type = d->type == GPU_DATA_TEXT ? "text" : "tokens";
+        if (d->seq_eval[0])
+            return json_pack("{s:s, s:s, s:s}", "type", type, "train", d->seq_train, "eval",
+                             d->seq_eval);
+        return json_pack("{s:s, s:s, s:n, s:f}", "type", type, "train", d->seq_train, "eval",
+                         "val_fraction", api_float_value(d->val_fraction));
+    }
     return json_pack("{s:s, s:s, s:s, s:s?, s:s?}", "type", "idx", "train_images", d->train_images,
                      "train_labels", d->train_labels, "eval_images",
                      d->eval_images[0] ? d->eval_images : NULL, "eval_labels",
                      d->eval_labels[0] ? d->eval_labels : NULL);
+}
+
+static json_t *model_to_json(const gpu_model_config *m)
+{
+    if (m->type == GPU_MODEL_GPT)
+        return json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:f}", "type", "gpt", "n_layer",
+                         m->n_layer, "n_head", m->n_head, "d_model", m->d_model, "seq_len",
+                         m->seq_len, "vocab", m->vocab, "init_scale",
+                         api_float_value(m->init_scale));
+    json_t *layers = json_array();
+    for (int i = 0; i < m->nlayers; i++)
+        json_array_append_new(layers, json_integer(m->layers[i]));
+    return json_pack("{s:s, s:o, s:s, s:f}", "type", "mlp", "layers", layers, "activation",
+                     m->activation == GPU_ACT_GELU ? "gelu" : "relu", "init_scale",
+                     api_float_value(m->init_scale));
 }
 
 /* The canonical, fully defaulted spec; caller owns the reference. */
@@ -642,17 +775,13 @@ json_t *api_spec_to_json(const gpu_job_config *c)
 {
     static const char *const opts[] = {"adamw", "sgd"};
     static const char *const scheds[] = {"constant", "cosine", "linear"};
-    json_t *layers = json_array();
-    for (int i = 0; i < c->model.nlayers; i++)
-        json_array_append_new(layers, json_integer(c->model.layers[i]));
     const gpu_optim_config *o = &c->optim;
     return json_pack(
-        "{s:s, s:{s:s, s:o, s:s, s:f}, s:o, s:{s:s, s:b, s:o, s:{s:o}},"
+        "{s:s, s:o, s:o, s:{s:s, s:b, s:o, s:{s:o}},"
         " s:{s:s, s:f, s:[f,f], s:f, s:f, s:f, s:f, s:i, s:s, s:f},"
         " s:i, s:I, s:I, s:I, s:I, s:I, s:s, s:i}",
-        "name", c->name, "model", "type", "mlp", "layers", layers, "activation",
-        c->model.activation == GPU_ACT_GELU ? "gelu" : "relu", "init_scale",
-        api_float_value(c->model.init_scale), "data", data_to_json(&c->data), "precision", "dtype",
+        "name", c->name, "model", model_to_json(&c->model), "data", data_to_json(&c->data),
+        "precision", "dtype",
         gpu_dtype_name(c->dtype), "master_weights", c->master_weights, "loss_scale",
         scaler_to_json(&c->scaler), "autocast", "table", api_autocast_to_json(&c->autocast),
         "optimizer", "type", opts[o->type], "lr", api_float_value(o->lr), "betas",

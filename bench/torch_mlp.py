@@ -32,11 +32,8 @@ Modes:
         and AdamW steps only when all were finite. This is the closest fair peer: it does
         the same work ampd does on this machine; it is not a native PyTorch fp16 path.
 
-OpenBLAS: Debian's torch does its fp32 GEMMs through libblas.so.3, which is OpenBLAS
-(DYNAMIC_ARCH), and OpenBLAS's own CPU detection picks the slow generic "Prescott" kernels
-on some AVX-512 machines. ampd chooses the kernel set from CPUID; for a fair comparison this
-script does the same (--openblas-coretype auto, the default) by setting OPENBLAS_CORETYPE
-before torch is imported, unless it is already set. "none" leaves OpenBLAS's detection.
+OpenBLAS: as ampd, the kernel set comes from CPUID (--openblas-coretype auto, the default;
+see bench/torch_common.py, which this script shares with bench/torch_gpt.py).
 
 Threads: torch runs its elementwise ops on an OpenMP pool of 2 threads, but its fp32 GEMMs
 in OpenBLAS's own 2 pthreads; on 2 cores, OpenMP workers spinning after each parallel
@@ -51,88 +48,32 @@ Usage: torch_mlp.py --mode fp32|bf16|fp16 [--steps N] [--warmup W]
                     [--omp-wait-policy auto|default|active|passive] [--verbose]
 """
 import argparse
-import json
-import os
-import statistics
 import sys
-import time
 
-THREADS = 2
+import torch_common as tc
+
 BATCH = 256
 LAYERS = (784, 1024, 1024, 10)
-
-
-def cpu_flags():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
-def choose_coretype():
-    """The OpenBLAS kernel set ampd's gpu/blas.c picks for this CPU (None: OpenBLAS's)."""
-    f = cpu_flags()
-    avx512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= f
-    if avx512 and "avx512_bf16" in f:
-        return "Cooperlake"
-    if avx512:
-        return "SkylakeX"
-    if {"avx2", "fma"} <= f:
-        return "Haswell"
-    return None
+OMP_AUTO = {"fp32": "passive", "fp16": "passive", "bf16": "default"}
 
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--mode", choices=("fp32", "bf16", "fp16"), required=True)
-    p.add_argument("--steps", type=int, default=50, help="timed steps (default 50)")
-    p.add_argument("--warmup", type=int, default=5, help="untimed steps first (default 5)")
-    p.add_argument("--openblas-coretype", default="auto",
-                   help="auto (from CPUID, as ampd), none, or an OpenBLAS core name")
-    p.add_argument("--omp-wait-policy", default="auto",
-                   choices=("auto", "default", "active", "passive"),
-                   help="OMP_WAIT_POLICY; auto: passive for fp32/fp16, unset for bf16")
-    p.add_argument("--verbose", action="store_true", help="loss and scale on stderr")
+    tc.add_common_args(p, steps=50, warmup=5, omp_auto=OMP_AUTO)
     a = p.parse_args()
-    if a.steps < 1 or a.warmup < 0:
-        p.error("--steps must be >= 1 and --warmup >= 0")
+    tc.check_common_args(p, a)
     return a
-
-
-def setup_openblas(choice):
-    """Set OPENBLAS_CORETYPE before torch loads OpenBLAS; return what is in effect."""
-    if "OPENBLAS_CORETYPE" in os.environ:
-        return os.environ["OPENBLAS_CORETYPE"]
-    core = choose_coretype() if choice == "auto" else None if choice == "none" else choice
-    if core is not None:
-        os.environ["OPENBLAS_CORETYPE"] = core
-    return core or "default"
-
-
-def setup_omp(choice, mode):
-    """Set OMP_WAIT_POLICY before torch loads libgomp; return what is in effect."""
-    if "OMP_WAIT_POLICY" in os.environ:
-        return os.environ["OMP_WAIT_POLICY"]
-    if choice == "auto":
-        choice = "default" if mode == "bf16" else "passive"
-    if choice != "default":
-        os.environ["OMP_WAIT_POLICY"] = choice.upper()
-    return choice
 
 
 def main():
     args = parse_args()
-    coretype = setup_openblas(args.openblas_coretype)
-    wait_policy = setup_omp(args.omp_wait_policy, args.mode)
+    coretype = tc.setup_openblas(args.openblas_coretype)
+    wait_policy = tc.setup_omp(args.omp_wait_policy, args.mode, OMP_AUTO)
 
     import torch
     import torch.nn.functional as F
 
-    torch.set_num_threads(THREADS)
+    torch.set_num_threads(tc.THREADS)
     torch.manual_seed(1)
 
     model = torch.nn.Sequential(
@@ -144,10 +85,7 @@ def main():
     opt = torch.optim.AdamW(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
     batches = [(torch.randn(BATCH, LAYERS[0]), torch.randint(0, LAYERS[-1], (BATCH,)))
                for _ in range(8)]
-
-    def r16(t):
-        """Round through fp16; its backward rounds the gradient through fp16 as well."""
-        return t.half().float()
+    r16 = tc.r16
 
     def forward_fp16(x):
         h = x
@@ -157,8 +95,7 @@ def main():
                 h = F.relu(h)
         return h
 
-    scaler = {"scale": 65536.0, "tracker": 0, "growth": 2.0, "backoff": 0.5,
-              "interval": 2000, "skipped": 0}
+    scaler = tc.LossScaler()
 
     def step_fp32(x, y):
         opt.zero_grad(set_to_none=True)
@@ -178,42 +115,19 @@ def main():
     def step_fp16(x, y):
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(forward_fp16(x), y)  # fp32 loss on fp16-rounded logits
-        (loss * scaler["scale"]).backward()
-        grads = [p.grad for p in params]
-        found_inf = not bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())
-        if found_inf:
-            scaler["skipped"] += 1
-            scaler["scale"] *= scaler["backoff"]
-            scaler["tracker"] = 0
-            return loss
-        torch._foreach_mul_(grads, float(1.0 / scaler["scale"]))
-        opt.step()
-        scaler["tracker"] += 1
-        if scaler["tracker"] == scaler["interval"]:
-            grown = scaler["scale"] * scaler["growth"]
-            if grown != float("inf"):
-                scaler["scale"] = grown
-            scaler["tracker"] = 0
+        scaler.backward_and_step(loss, params, opt)
         return loss
 
     step = {"fp32": step_fp32, "bf16": step_bf16, "fp16": step_fp16}[args.mode]
-    times = []
-    loss = None
-    for i in range(args.warmup + args.steps):
-        x, y = batches[i % len(batches)]
-        t0 = time.perf_counter()
-        loss = step(x, y)
-        t1 = time.perf_counter()
-        if i >= args.warmup:
-            times.append((t1 - t0) * 1e3)
+    times, loss = tc.time_steps(step, batches, args.warmup, args.steps)
     if args.verbose:
         print(f"torch_mlp: mode {args.mode} final loss {float(loss):.4f} "
-              f"scale {scaler['scale']:g} skipped {scaler['skipped']}", file=sys.stderr)
-    print(json.dumps({"impl": "pytorch", "mode": args.mode,
-                      "median_step_ms": round(statistics.median(times), 3),
-                      "steps": args.steps, "torch": torch.__version__,
-                      "threads": torch.get_num_threads(), "openblas_coretype": coretype,
-                      "omp_wait_policy": wait_policy.lower()}))
+              f"scale {scaler.scale:g} skipped {scaler.skipped}", file=sys.stderr)
+    tc.report({"impl": "pytorch", "mode": args.mode,
+               "median_step_ms": round(tc.median(times), 3),
+               "steps": args.steps, "torch": torch.__version__,
+               "threads": torch.get_num_threads(), "openblas_coretype": coretype,
+               "omp_wait_policy": wait_policy.lower()})
 
 
 if __name__ == "__main__":

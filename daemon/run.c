@@ -1,6 +1,9 @@
 /*
  * run.c - `ampd run JOB.json`: validate a job spec, train it in the foreground and print
  * one JSON line per step, eval lines and a final summary on stdout (logs go to stderr).
+ * A step that collected per-layer diagnostics (every diagnostics_every steps and every
+ * overflowing step) adds a "layers" line, and each new recommendation an "event" line of
+ * kind "recommendation"; --every never suppresses either.
  *
  * Non-finite numbers are written as the strings "NaN", "Infinity" and "-Infinity", never
  * dropped. SIGINT/SIGTERM stop the loop after the current step; the summary then says
@@ -68,6 +71,41 @@ static void emit_step(const gpu_step_metrics *m)
                    "grad_norm", api_json_num(m->grad_norm), "step_ms", api_json_num(m->step_ms),
                    "samples_per_s", api_json_num(m->samples_per_s), "lost_updates",
                    (json_int_t)m->lost_updates, "mem", mem_json(&m->mem)));
+}
+
+/* The "layers" line of a diagnosed step and an "event" line per new recommendation. */
+static void emit_diagnostics(gpu_trainer *t, const gpu_step_metrics *m)
+{
+    const gpu_layer_stat *ls;
+    const gpu_recommendation *recs;
+    const char *first, *where;
+    int n, nrecs;
+    if (m->diagnosed && gpu_trainer_diagnostics(t, &ls, &n, &first, &where) == 0) {
+        json_t *arr = json_array();
+        for (int i = 0; i < n; i++) {
+            const gpu_layer_stat *l = &ls[i];
+            json_array_append_new(
+                arr,
+                json_pack("{s:s, s:s, s:o, s:o, s:I, s:o, s:o, s:o, s:I, s:o}", "name", l->name,
+                          "dtype", gpu_dtype_name(l->dtype), "act_amax", api_json_num(l->act_amax),
+                          "act_headroom", api_json_num(l->act_headroom), "act_overflow",
+                          (json_int_t)l->act_overflow, "grad_amax", api_json_num(l->grad_amax),
+                          "grad_underflow", api_json_num(l->grad_underflow),
+                          "grad_underflow_unscaled", api_json_num(l->grad_underflow_unscaled),
+                          "grad_nonfinite", (json_int_t)l->grad_nonfinite, "lost_updates",
+                          api_json_num(l->lost_updates)));
+        }
+        json_t *fn = first ? json_pack("{s:s, s:s}", "layer", first, "where", where) : json_null();
+        emit(json_pack("{s:s, s:I, s:o, s:o, s:o}", "type", "layers", "step", (json_int_t)m->step,
+                       "scale", api_json_float(m->loss_scale), "first_nonfinite", fn, "layers",
+                       arr));
+    }
+    gpu_trainer_recommendations(t, &recs, &nrecs);
+    for (int i = 0; i < nrecs; i++)
+        emit(json_pack("{s:s, s:I, s:s, s:o, s:s}", "type", "event", "step", (json_int_t)m->step,
+                       "kind", "recommendation", "layer",
+                       recs[i].layer ? json_string(recs[i].layer) : json_null(), "message",
+                       recs[i].message));
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -303,6 +341,7 @@ static int loop(const gpu_job_config *c, const run_args *a, gpu_trainer *t, run_
         record_time(s, s->last.step_ms);
         if (s->last.step % a->every == 0 || rc || s->last.step == c->steps || s->last.overflow)
             emit_step(&s->last);
+        emit_diagnostics(t, &s->last);
         if (rc) {
             if (!err[0])
                 snprintf(err, errlen, "%s", gpu_strerror(rc));

@@ -20,6 +20,12 @@
  *                 checkpoint is recorded, so a restart never resumes past a lost row),
  *                 store_checkpoint_add, store_job_set_checkpoint; hub
  *   summary    -> store_job_set_summary (the line as is); hub
+ *   layers     -> store_layer_stats_append (one row per layer, the scale and the first
+ *                 layer to produce inf/NaN); hub (the line as is)
+ *   event      -> store_event_append with the line's kind ("recommendation", ...) and
+ *                 message, data {"layer": ...} when the line names one; hub (as the
+ *                 event line the daemon writes). Kinds the daemon writes itself
+ *                 (lifecycle, overflow, scale) are refused.
  *   start, resume -> "lifecycle" events; hub
  * Children are reaped with waitpid(WNOHANG) each turn (no SIGCHLD handler). A worker's job
  * ends after it has exited and its pipe is drained: the store is flushed, then the status
@@ -72,6 +78,7 @@
 #define LOG_TAIL_LINES 10
 #define LOG_TAIL_BYTES 8192
 #define MAX_EVENTS_PER_RUN 2000 /* overflow and scale events of one worker run */
+#define MAX_WORKER_EVENTS 2000  /* events (recommendations, ...) a worker run may add */
 
 typedef struct {
     int64_t job;
@@ -94,7 +101,9 @@ typedef struct {
     int64_t pending_step;
     double pending_scale;
     bool pending_skipped;
-    int events;
+    int events, worker_events;
+    store_layer_stat *layers; /* the rows of a "layers" line being parsed */
+    size_t layers_cap;
     char *summary_error;
 } worker;
 
@@ -413,6 +422,102 @@ static void on_summary(daemon_sched *s, worker *w, json_t *o, const char *line, 
     daemon_hub_push(s->hub, w->job, step, false, line, len);
 }
 
+/* A "layers" line: {"step", "scale", "first_nonfinite": {"layer", "where"} | null,
+ * "layers": [{"name", "dtype", <STORE_L_ fields>}, ...]}. A field a layer does not report
+ * is stored as missing; a layer without a name ends the list there. */
+static void on_layers(daemon_sched *s, worker *w, json_t *o, const char *line, size_t len)
+{
+    int64_t step = line_step(o);
+    json_t *arr = json_object_get(o, "layers"), *first = json_object_get(o, "first_nonfinite");
+    store_layer_info info;
+    size_t n = json_array_size(arr);
+    int k = 0;
+
+    if (step < 0 || !json_is_array(arr)) {
+        log_debug("job %lld: ignoring a layers line without a step or layers", (long long)w->job);
+        return;
+    }
+    if (n > STORE_LAYERS_MAX) {
+        log_warn("job %lld: step %lld reports %zu layers; keeping the first %d", (long long)w->job,
+                 (long long)step, n, STORE_LAYERS_MAX);
+        n = STORE_LAYERS_MAX;
+    }
+    if (n > w->layers_cap) {
+        store_layer_stat *nl = realloc(w->layers, n * sizeof(*nl));
+        if (!nl) {
+            log_error("job %lld: out of memory storing layer stats", (long long)w->job);
+            return;
+        }
+        w->layers = nl;
+        w->layers_cap = n;
+    }
+    memset(&info, 0, sizeof(info));
+    info.scale = field(o, "scale");
+    if (json_is_object(first)) {
+        const char *name = json_string_value(json_object_get(first, "layer"));
+        const char *where = json_string_value(json_object_get(first, "where"));
+        snprintf(info.first_layer, sizeof(info.first_layer), "%s", name ? name : "?");
+        snprintf(info.first_where, sizeof(info.first_where), "%s", where ? where : "");
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_t *l = json_array_get(arr, i);
+        const char *name = json_string_value(json_object_get(l, "name"));
+        const char *dtype = json_string_value(json_object_get(l, "dtype"));
+        store_layer_stat *r = &w->layers[k];
+        if (!name || !*name) {
+            log_warn("job %lld: step %lld: layer %zu has no name; the rest are not stored",
+                     (long long)w->job, (long long)step, i);
+            break;
+        }
+        memset(r, 0, sizeof(*r));
+        snprintf(r->name, sizeof(r->name), "%s", name);
+        snprintf(r->dtype, sizeof(r->dtype), "%s", dtype ? dtype : "");
+        for (int f = 0; f < STORE_L_NFIELDS; f++) {
+            json_t *v = json_object_get(l, store_layer_field_name(f));
+            r->v[f] = num(v);
+            if (!v || json_is_null(v))
+                r->missing |= 1u << f;
+        }
+        k++;
+    }
+    if (store_layer_stats_append(s->st, w->job, step, &info, w->layers, k) != 0)
+        log_warn("job %lld: the layer stats of step %lld were not stored", (long long)w->job,
+                 (long long)step);
+    daemon_hub_push(s->hub, w->job, step, false, line, len);
+}
+
+/* An "event" line: {"step", "kind", "message", "layer"?}. */
+static void on_worker_event(daemon_sched *s, worker *w, json_t *o)
+{
+    static const char *const reserved[] = {"lifecycle", "overflow", "scale"};
+    const char *kind = json_string_value(json_object_get(o, "kind"));
+    const char *message = json_string_value(json_object_get(o, "message"));
+    const char *layer = json_string_value(json_object_get(o, "layer"));
+    int64_t step = line_step(o);
+    size_t kl = kind ? strlen(kind) : 0;
+
+    if (kl == 0 || kl >= 32 || strspn(kind, "abcdefghijklmnopqrstuvwxyz_") != kl || !message) {
+        log_debug("job %lld: ignoring an event line without a kind or a message",
+                  (long long)w->job);
+        return;
+    }
+    for (size_t i = 0; i < sizeof(reserved) / sizeof(reserved[0]); i++)
+        if (strcmp(kind, reserved[i]) == 0) {
+            log_debug("job %lld: ignoring a worker event of the daemon's kind \"%s\"",
+                      (long long)w->job, kind);
+            return;
+        }
+    if (w->worker_events >= MAX_WORKER_EVENTS)
+        return;
+    if (++w->worker_events == MAX_WORKER_EVENTS) {
+        add_event(s, w->job, step < 0 ? w->last_step : step, kind,
+                  "further events of this worker run are not recorded", NULL);
+        return;
+    }
+    add_event(s, w->job, step < 0 ? w->last_step : step, kind, message,
+              layer ? json_pack("{s:s}", "layer", layer) : NULL);
+}
+
 /* One complete line from a worker: len bytes, no newline; line[len] is writable. */
 static void handle_line(daemon_sched *s, worker *w, char *line, size_t len)
 {
@@ -443,6 +548,10 @@ static void handle_line(daemon_sched *s, worker *w, char *line, size_t len)
         on_checkpoint(s, w, o, line, len);
     } else if (strcmp(type, "summary") == 0) {
         on_summary(s, w, o, line, len);
+    } else if (strcmp(type, "layers") == 0) {
+        on_layers(s, w, o, line, len);
+    } else if (strcmp(type, "event") == 0) {
+        on_worker_event(s, w, o);
     } else if (strcmp(type, "start") == 0) {
         const char *blas = json_string_value(json_object_get(o, "blas"));
         snprintf(msg, sizeof(msg), "worker %d started: %.0f parameters, blas %s", (int)w->pid,
@@ -541,6 +650,7 @@ static void worker_free(worker *w)
     if (w->fd >= 0)
         close(w->fd);
     free(w->buf);
+    free(w->layers);
     free(w->summary_error);
     free(w);
 }

@@ -249,7 +249,7 @@ gpu_dtype gpu_autocast_dtype(const gpu_autocast *a, gpu_op op, gpu_dtype dt, gpu
 
 /* ---- data (data.c) ---------------------------------------------------------------------- */
 
-typedef enum { GPU_DATA_IDX = 0, GPU_DATA_SYNTHETIC } gpu_data_type;
+typedef enum { GPU_DATA_IDX = 0, GPU_DATA_SYNTHETIC, GPU_DATA_TEXT, GPU_DATA_TOKENS } gpu_data_type;
 
 typedef struct {
     gpu_data_type type;
@@ -257,6 +257,11 @@ typedef struct {
     char eval_images[512], eval_labels[512];   /* empty: no eval set */
     /* synthetic: a fixed random teacher labels Gaussian inputs */
     int synth_features, synth_classes, synth_train, synth_eval;
+    /* text (bytes of a file, or of every file of a directory in name order; vocab 256) and
+     * tokens (llm.c shards: 256 int32 header, magic 20240520, version 1, count, uint16s) */
+    char seq_train[512];
+    char seq_eval[512];   /* empty: the last val_fraction of the training tokens */
+    float val_fraction;   /* 0.1 */
 } gpu_data_config;
 
 typedef struct gpu_dataset gpu_dataset; /* opaque */
@@ -280,19 +285,38 @@ int gpu_dataset_classes(const gpu_dataset *d);
 /* Write rows idx[0..n) as normalised floats into x (n x features) and labels into y. */
 void gpu_dataset_gather(const gpu_dataset *d, const int *idx, int n, float *x, int *y);
 
+/* Sequence datasets (data.c). Load a text or token source and split it: *train gets the
+ * first (1 - val_fraction) of the tokens and *val the rest (or the eval source when
+ * eval_path is not empty/NULL). Caller frees both with gpu_dataset_free(). */
+int gpu_dataset_load_text(const char *path, const char *eval_path, float val_fraction,
+                          gpu_dataset **train, gpu_dataset **val, char *err, size_t errlen);
+int gpu_dataset_load_tokens(const char *path, const char *eval_path, float val_fraction,
+                            gpu_dataset **train, gpu_dataset **val, char *err, size_t errlen);
+int64_t gpu_dataset_ntokens(const gpu_dataset *d);  /* 0 for a classification set */
+int gpu_dataset_vocab(const gpu_dataset *d);        /* largest token + 1 (256 for text) */
+/* B windows of T+1 consecutive tokens at positions drawn from (seed, step) alone (so a
+ * resumed job draws the same batches): inputs x[b*T+t], targets y[b*T+t] = next token. */
+void gpu_dataset_sample_seq(const gpu_dataset *d, uint64_t seed, int64_t step, int B, int T,
+                            int *x, int *y);
+/* Non-overlapping windows for evaluation: how many of length T+1, and window i. */
+int64_t gpu_dataset_nwindows(const gpu_dataset *d, int T);
+void gpu_dataset_window(const gpu_dataset *d, int64_t i, int T, int *x, int *y);
+
 /* ---- jobs and the trainer (train.c) ---------------------------------------------------- */
 
 #define GPU_MAX_LAYERS 16
 
 typedef enum { GPU_ACT_RELU = 0, GPU_ACT_GELU } gpu_activation;
-typedef enum { GPU_MODEL_MLP = 0 } gpu_model_type;
+typedef enum { GPU_MODEL_MLP = 0, GPU_MODEL_GPT } gpu_model_type;
 
 typedef struct {
     gpu_model_type type;
-    int nlayers;                 /* number of widths in layers[] (>= 2) */
-    int layers[GPU_MAX_LAYERS];  /* widths, input first, classes last */
-    gpu_activation activation;
-    float init_scale;            /* multiplies the default (Kaiming-uniform) init; 1.0 */
+    int nlayers;                 /* mlp: number of widths in layers[] (>= 2) */
+    int layers[GPU_MAX_LAYERS];  /* mlp: widths, input first, classes last */
+    gpu_activation activation;   /* mlp */
+    float init_scale;            /* multiplies the default initialisation; 1.0 */
+    /* gpt: a GPT-2-style pre-LN decoder with tied embeddings */
+    int n_layer, n_head, d_model, seq_len, vocab;
 } gpu_model_config;
 
 typedef struct {
@@ -343,6 +367,7 @@ typedef struct {
     int64_t lost_total;    /* ... of params_total elements in total */
     gpu_mem mem;
     gpu_mem peak;
+    bool diagnosed;        /* per-layer diagnostics were collected (gpu_trainer_diagnostics) */
 } gpu_step_metrics;
 
 typedef struct {
@@ -374,6 +399,51 @@ const gpu_scaler_state *gpu_trainer_scaler(const gpu_trainer *t);
 int gpu_trainer_tensors(const gpu_trainer *t);
 const char *gpu_trainer_tensor_name(const gpu_trainer *t, int i);
 const gpu_grad_stat *gpu_trainer_grad_stats(const gpu_trainer *t);
+
+/* ---- per-layer diagnostics (diag.c, train.c) -------------------------------------------
+ *
+ * A trainer collects them every diagnostics_every steps and on every step whose gradients
+ * overflowed (recomputing that step's forward and backward on the same batch when it was
+ * not a collecting step; the step is skipped either way). Layers are the model's
+ * low-precision ops in forward order ("fc1", "fc2", ... for the MLP). */
+typedef struct {
+    const char *name;         /* borrowed from the trainer */
+    gpu_dtype dtype;          /* the op's compute dtype */
+    double act_amax;          /* largest finite |output| before rounding to dtype */
+    double act_headroom;      /* dtype max / act_amax; +inf when act_amax is 0 */
+    int64_t act_overflow;     /* outputs that became inf/NaN when rounded to dtype */
+    double grad_amax;         /* largest finite |weight gradient|, unscaled (divided by S) */
+    double grad_underflow;    /* fraction of the non-zero weight-gradient values lost to 0 in
+                               * dtype at the current scale S: flushed when rounded, or 0
+                               * because every gradient reaching their unit was flushed
+                               * upstream (MLP) */
+    double grad_underflow_unscaled; /* the fraction that would be lost without loss scaling
+                                     * (|g / S| <= half dtype's smallest subnormal) */
+    int64_t grad_nonfinite;   /* weight-gradient values that were inf/NaN in dtype */
+    double lost_updates;      /* master_weights off: fraction of the layer's parameter
+                               * updates that rounded away this step; 0 otherwise */
+} gpu_layer_stat;
+
+/* A plain-language recommendation drawn from the diagnostics and the scaler state. */
+typedef struct {
+    const char *layer;        /* the layer it is about, or NULL for the whole job */
+    const char *kind;         /* a stable key: "act_overflow", "act_headroom", "underflow",
+                               * "lost_updates", "scale_floor", "scale_below_one" */
+    const char *message;      /* e.g. "activations of fc2 exceed fp16's 65504 (max
+                               * 1.2e+05): use bf16" */
+} gpu_recommendation;
+
+/* The per-layer results of the last step when it collected them (metrics.diagnosed):
+ * *layers (n entries, borrowed, valid until the next step), the first layer whose output
+ * or gradient held inf/NaN (NULL when none) and where ("forward" or "backward"; NULL when
+ * none). GPU_EINVAL (and *n = 0) when the last step did not collect. Out-pointers other
+ * than layers and n may be NULL. */
+int gpu_trainer_diagnostics(const gpu_trainer *t, const gpu_layer_stat **layers, int *n,
+                            const char **first_nonfinite_layer, const char **where);
+/* The recommendations that are new at the last step (n may be 0): each distinct one is
+ * given once per job, and again only when its number changes by a factor of two or more.
+ * Borrowed, valid until the next step. Always 0. */
+int gpu_trainer_recommendations(const gpu_trainer *t, const gpu_recommendation **recs, int *n);
 
 /* ---- checkpoint state (train.c) -------------------------------------------------------- */
 

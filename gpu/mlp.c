@@ -10,6 +10,12 @@
  * gradient leaves its op rounded to that op's dtype (a too-large loss scale overflows it,
  * a too-small gradient flushes to zero), and only then lands in the fp32 gradient block.
  *
+ * Diagnostics (a gpu_diag, NULL = off, which costs one predictable branch per row or
+ * layer): each linear layer ("fc1", ...) accounts its fp32 outputs row by row in the
+ * epilogue before they are rounded, its weight, bias and input gradients chunk by chunk
+ * right before they are rounded, and the units of its outputs that upstream flushing
+ * starved of any gradient (starve_scan). Collecting changes no computed value.
+ *
  * Buffers: parameters, activations and the fp32 scratch are owned by the caller (one
  * block each, llm.c style); this file only plans their layout and fills them.
  * Threads: none of its own; the GEMMs use the BLAS library's threads.
@@ -173,11 +179,13 @@ static void gelu_row(float *v, int n)
  * save z when backward needs it, then activate, round to act_dt and store the next
  * layer's input in lin_dt. */
 static void epilogue_row(const gpu_mlp *m, int l, int i, float *o, const float *bias32,
-                         uint8_t *acts)
+                         uint8_t *acts, gpu_diag *diag, int slot)
 {
     int out = m->width[l + 1];
     size_t es = gpu_dtype_size(m->lin_dt), at = (size_t)i * out * es;
     add_row(o, bias32, out);
+    if (diag)
+        gpu_diag_forward(diag, slot, o, (size_t)out);
     gpu_round_n(o, o, (size_t)out, m->lin_dt);
     if (act_needs_z(m, l))
         gpu_cvt_from_f32(acts + m->z_off[l] + at, m->lin_dt, o, (size_t)out);
@@ -191,11 +199,22 @@ static void epilogue_row(const gpu_mlp *m, int l, int i, float *o, const float *
     gpu_cvt_from_f32(acts + m->x_off[l + 1] + at, m->lin_dt, o, (size_t)out);
 }
 
-/* One linear layer forward: out32 = round_lin(x W^T + b) (fp32 values), its epilogue
- * applied row by row. */
-static int linear_fwd(const gpu_mlp *m, const gpu_mlp_weights *w, int l, uint8_t *acts, int B,
-                      float *out32, float *bias32, float *scratch)
+/* The diagnostics slot of linear layer l ("fc1", "fc2", ...), or -1 without diagnostics. */
+static int diag_slot(gpu_diag *diag, const gpu_mlp *m, int l)
 {
+    char name[16];
+    if (!diag)
+        return -1;
+    snprintf(name, sizeof(name), "fc%d", l + 1);
+    return gpu_diag_layer(diag, name, m->lin_dt);
+}
+
+/* One linear layer forward: out32 = round_lin(x W^T + b) (fp32 values), its epilogue
+ * applied row by row (each row accounted to the diagnostics while it is in L1). */
+static int linear_fwd(const gpu_mlp *m, const gpu_mlp_weights *w, int l, uint8_t *acts, int B,
+                      float *out32, float *bias32, float *scratch, gpu_diag *diag)
+{
+    int slot = diag_slot(diag, m, l);
     int in = m->width[l], out = m->width[l + 1];
     gpu_dtype wdt;
     const void *W = weight_ptr(m, w, m->w_off[l], &wdt);
@@ -206,7 +225,7 @@ static int linear_fwd(const gpu_mlp *m, const gpu_mlp_weights *w, int l, uint8_t
         return rc;
     gpu_cvt_to_f32(bias32, bias, wdt, (size_t)out);
     for (int i = 0; i < B; i++)
-        epilogue_row(m, l, i, out32 + (size_t)i * out, bias32, acts);
+        epilogue_row(m, l, i, out32 + (size_t)i * out, bias32, acts, diag, slot);
     return 0;
 }
 
@@ -242,7 +261,7 @@ static double cross_entropy(const gpu_mlp *m, const float *logits, const int *y,
 
 /* Forward pass; see gpu_int.h. */
 int gpu_mlp_forward(const gpu_mlp *m, const gpu_mlp_weights *w, const float *x, const int *y, int B,
-                    uint8_t *acts, float *scratch, double *loss, int *correct)
+                    uint8_t *acts, float *scratch, double *loss, int *correct, gpu_diag *diag)
 {
     size_t B_ = (size_t)B;
     int maxw = 0;
@@ -257,7 +276,7 @@ int gpu_mlp_forward(const gpu_mlp *m, const gpu_mlp_weights *w, const float *x, 
     /* the input is cast to the first linear's dtype (autocast's input cast) */
     gpu_cvt_from_f32(acts + m->x_off[0], m->lin_dt, x, B_ * m->width[0]);
     for (int l = 0; l < m->nlin; l++) {
-        int rc = linear_fwd(m, w, l, acts, B, out32, bias32, gscratch);
+        int rc = linear_fwd(m, w, l, acts, B, out32, bias32, gscratch, diag);
         if (rc)
             return rc;
     }
@@ -307,18 +326,127 @@ static void act_backward(const gpu_mlp *m, int l, const uint8_t *acts, int B, fl
     }
 }
 
+/* Diagnostics of underflow that cascades. A unit of linear l that some row uses (its ReLU
+ * is active, or any unit of a GELU or of the last layer) but whose incoming gradient dz is
+ * 0 in every row has a weight row and bias that are 0 only because upstream roundings
+ * flushed the gradient: they are "starved". The same question is asked without the loss
+ * scale, following which rows of dz would be entirely 0 at scale 1: a value would be 0 if
+ * it would flush (|dz| / S <= half the smallest subnormal) or its row would be 0 entirely
+ * (every value of the gradient row it came from would be 0). One starve_state lives in the
+ * backward's tmp buffer, after the row that act_backward uses. */
+typedef struct {
+    uint8_t *rowdead, *rowdead_next; /* B: the row of dz would be all 0 without scaling */
+    uint8_t *active, *alive, *alive_u, *starved_u; /* per output unit */
+    uint32_t ufl; /* largest |dz| bit pattern that flushes at scale 1 */
+    bool on;
+} starve_state;
+
+static void starve_init(starve_state *st, const gpu_mlp *m, gpu_diag *diag, int B, int maxw,
+                        float *tmp, size_t tmp_floats)
+{
+    uint8_t *p = (uint8_t *)(void *)(tmp + maxw);
+    memset(st, 0, sizeof(*st));
+    if (!diag || m->lin_dt == GPU_FP32 ||
+        2 * (size_t)B + 4 * (size_t)maxw > (tmp_floats - (size_t)maxw) * sizeof(float))
+        return;
+    st->rowdead = p;
+    st->rowdead_next = p + B;
+    st->active = p + 2 * B;
+    st->alive = st->active + maxw;
+    st->alive_u = st->alive + maxw;
+    st->starved_u = st->alive_u + maxw;
+    st->ufl = gpu_diag_flush_bits(m->lin_dt, diag->scale);
+    memset(st->rowdead, 0, (size_t)B);
+    st->on = true;
+}
+
+/* One row of dz: which units got a gradient (alive), which would without scaling
+ * (alive_u), and whether the whole row would be 0 without scaling (returned). */
+HOT static uint8_t starve_row(const uint32_t *restrict g, int n, uint8_t rowdead, uint32_t ufl,
+                              uint8_t *restrict alive, uint8_t *restrict alive_u)
+{
+    uint8_t all = 1;
+    for (int j = 0; j < n; j++) {
+        uint32_t a = g[j] & 0x7FFFFFFFu;
+        uint8_t zu = rowdead | (uint8_t)(a <= ufl);
+        alive[j] |= (uint8_t)(a != 0);
+        alive_u[j] |= zu ^ 1;
+        all &= zu;
+    }
+    return all;
+}
+
+/* active |= x > 0 for a row of 16-bit values (+inf pattern inf16). */
+HOT static void relu_active_row(const uint16_t *restrict x, int n, uint16_t inf16,
+                                uint8_t *restrict active)
+{
+    for (int j = 0; j < n; j++)
+        active[j] |= (uint8_t)((uint16_t)(x[j] - 1u) < inf16);
+}
+
+/* Scan dz (B x out, rounded), the gradient reaching linear l: returns the starved units,
+ * marks those starved only without scaling in starved_u, and passes the rows that would be
+ * all 0 without scaling down to the next layer. */
+static int64_t starve_scan(starve_state *st, const gpu_mlp *m, int l, const uint8_t *acts,
+                           const float *dz, int B)
+{
+    int out = m->width[l + 1];
+    bool relu = l < m->nlin - 1 && m->act == GPU_ACT_RELU;
+    /* x > 0 for 16-bit storage: 0 < bits <= +inf (the sign bit clear) */
+    uint16_t inf16 = m->lin_dt == GPU_FP16 ? 0x7C00u : 0x7F80u;
+    int64_t n = 0;
+    memset(st->active, !relu, (size_t)out);
+    memset(st->alive, 0, (size_t)out);
+    memset(st->alive_u, 0, (size_t)out);
+    for (int i = 0; i < B; i++) {
+        const uint32_t *g = (const uint32_t *)(const void *)(dz + (size_t)i * out);
+        st->rowdead_next[i] = starve_row(g, out, st->rowdead[i], st->ufl, st->alive, st->alive_u);
+        if (relu)
+            relu_active_row((const uint16_t *)(const void *)(acts + m->x_off[l + 1]) +
+                                (size_t)i * out,
+                            out, inf16, st->active);
+    }
+    for (int j = 0; j < out; j++) {
+        n += st->active[j] && !st->alive[j];
+        st->starved_u[j] = st->active[j] && st->alive[j] && !st->alive_u[j];
+    }
+    uint8_t *t = st->rowdead;
+    st->rowdead = st->rowdead_next;
+    st->rowdead_next = t;
+    return n;
+}
+
+/* Non-zero values of g (fp32, before rounding) in the units starved only without scaling
+ * that would not flush on their own: lost only because their unit would get no gradient.
+ * g is [out x len] (a weight gradient) or [out] (a bias gradient, len 1). */
+static int64_t starve_extra(const starve_state *st, const float *g, int out, int len)
+{
+    int64_t n = 0;
+    for (int j = 0; j < out; j++) {
+        if (!st->starved_u[j])
+            continue;
+        const uint32_t *r = (const uint32_t *)(const void *)(g + (size_t)j * len);
+        for (int k = 0; k < len; k++)
+            n += (r[k] & 0x7FFFFFFFu) > st->ufl;
+    }
+    return n;
+}
+
 /* Bias gradient: column sums of dz accumulated in fp32, rounded to lin_dt. */
-static void bias_grad(const float *dz, int B, int out, gpu_dtype dt, float *db)
+static void bias_grad(const float *dz, int B, int out, gpu_dtype dt, float *db, gpu_diag *diag,
+                      int slot, const starve_state *st)
 {
     memset(db, 0, sizeof(float) * (size_t)out);
     for (int i = 0; i < B; i++)
         col_sum(db, dz + (size_t)i * out, out);
-    gpu_round_n(db, db, (size_t)out, dt);
+    if (st)
+        gpu_diag_starved(diag, slot, 0, starve_extra(st, db, out, 1));
+    gpu_diag_round_grad(diag, slot, true, db, (size_t)out, dt);
 }
 
 /* Backward pass; see gpu_int.h. */
 int gpu_mlp_backward(const gpu_mlp *m, const gpu_mlp_weights *w, const int *y, int B, float seed,
-                     const uint8_t *acts, float *scratch, float *grads)
+                     const uint8_t *acts, float *scratch, float *grads, gpu_diag *diag)
 {
     int maxw = 0;
     for (int i = 0; i <= m->nlin; i++)
@@ -326,28 +454,37 @@ int gpu_mlp_backward(const gpu_mlp *m, const gpu_mlp_weights *w, const int *y, i
     size_t slot = (size_t)m->max_batch * maxw;
     float *dz = scratch, *dx = scratch + slot, *tmp = scratch + 2 * slot;
     float *gscratch = tmp + slot + maxw;
+    starve_state st;
 
     if (B < 1 || B > m->max_batch)
         return GPU_EINVAL;
+    starve_init(&st, m, diag, B, maxw, tmp, slot + (size_t)maxw);
     ce_backward(m, (const float *)(acts + m->probs_off), y, B, seed, dz);
     for (int l = m->nlin - 1; l >= 0; l--) {
         int in = m->width[l], out = m->width[l + 1];
         float *gw = grads + m->w_off[l];
+        int ds = diag_slot(diag, m, l);
         gpu_dtype wdt;
         const void *W = weight_ptr(m, w, m->w_off[l], &wdt);
         int rc = gpu_gemm(true, false, out, in, B, dz, GPU_FP32, out, acts + m->x_off[l], m->lin_dt,
                           in, 0.0f, gw, in, gscratch);
         if (rc)
             return rc;
-        gpu_round_n(gw, gw, (size_t)out * in, m->lin_dt);
-        bias_grad(dz, B, out, m->lin_dt, grads + m->b_off[l]);
+        if (diag)
+            gpu_diag_backward(diag, ds, dz, (size_t)B * out);
+        if (st.on) {
+            int64_t starved = starve_scan(&st, m, l, acts, dz, B) * (in + 1);
+            gpu_diag_starved(diag, ds, starved, starve_extra(&st, gw, out, in));
+        }
+        gpu_diag_round_grad(diag, ds, true, gw, (size_t)out * in, m->lin_dt);
+        bias_grad(dz, B, out, m->lin_dt, grads + m->b_off[l], diag, ds, st.on ? &st : NULL);
         if (l == 0)
             break;
         rc = gpu_gemm(false, false, B, in, out, dz, GPU_FP32, out, W, wdt, in, 0.0f, dx, in,
                       gscratch);
         if (rc)
             return rc;
-        gpu_round_n(dx, dx, (size_t)B * in, m->lin_dt);
+        gpu_diag_round_grad(diag, ds, false, dx, (size_t)B * in, m->lin_dt);
         act_backward(m, l, acts, B, dx, tmp);
         float *t = dz;
         dz = dx;

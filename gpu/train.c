@@ -12,6 +12,13 @@
  * stats, global norm), skip the update if anything overflowed, else clip and update with
  * the working copy refreshed in the same pass, then update the scale.
  *
+ * Diagnostics: every diagnostics_every steps the forward and backward feed per-layer
+ * counters (diag.c); a step whose gradients overflowed without collecting is run again on
+ * the same batch with collection on before it is skipped (the weights have not changed, so
+ * the recomputation sees the same numbers and has no side effect). The counters become
+ * per-layer statistics, with the fraction of each layer's updates that rounded away when
+ * master weights are off, and then recommendations (once per job each, see diag.c).
+ *
  * Threads: a trainer is driven by one thread; BLAS uses its own.
  */
 #include <math.h>
@@ -40,6 +47,12 @@ struct gpu_trainer {
     int64_t step, applied, lost_total;
     gpu_rng rng;
     gpu_mem mem;
+    /* diagnostics */
+    gpu_diag *diag;
+    gpu_layer_stat *lstats; /* GPU_DIAG_MAX_LAYERS entries */
+    bool diagnosed;         /* the last step collected */
+    gpu_diag_advisor *advisor;
+    int64_t tensor_lost[2 * GPU_MAX_LAYERS]; /* master weights off: per tensor, last update */
 };
 
 /* Defaults for every job field; see gpu.h and docs/job-spec.md. */
@@ -55,6 +68,12 @@ void gpu_job_defaults(gpu_job_config *c)
     c->model.layers[3] = 10;
     c->model.activation = GPU_ACT_RELU;
     c->model.init_scale = 1.0f;
+    c->model.n_layer = 4;
+    c->model.n_head = 4;
+    c->model.d_model = 256;
+    c->model.seq_len = 128;
+    c->model.vocab = 256;
+    c->data.val_fraction = 0.1f;
     c->data.type = GPU_DATA_SYNTHETIC;
     c->data.synth_features = 784;
     c->data.synth_classes = 10;
@@ -92,6 +111,9 @@ void gpu_trainer_free(gpu_trainer *t)
     free(t->xbatch);
     free(t->ybatch);
     free(t->perm);
+    free(t->diag);
+    free(t->lstats);
+    free(t->advisor);
     free(t);
 }
 
@@ -206,9 +228,12 @@ static int allocate(gpu_trainer *t, char *err, size_t errlen)
     t->xbatch = malloc(sizeof(float) * (size_t)c->batch_size * t->mlp.width[0]);
     t->ybatch = malloc(sizeof(int) * (size_t)c->batch_size);
     t->perm = malloc(sizeof(int) * (size_t)gpu_dataset_count(t->train));
-    if ((!t->master && (fp32 || c->master_weights)) || !t->work || !t->grads || !t->m ||
-        (!t->v && c->optim.type == GPU_OPT_ADAMW) || !t->acts || !t->scratch || !t->xbatch ||
-        !t->ybatch || !t->perm) {
+    t->diag = calloc(1, sizeof(*t->diag));
+    t->lstats = calloc(GPU_DIAG_MAX_LAYERS, sizeof(*t->lstats));
+    t->advisor = calloc(1, sizeof(*t->advisor));
+    if (!t->diag || !t->lstats || !t->advisor || (!t->master && (fp32 || c->master_weights)) ||
+        !t->work || !t->grads || !t->m || (!t->v && c->optim.type == GPU_OPT_ADAMW) || !t->acts ||
+        !t->scratch || !t->xbatch || !t->ybatch || !t->perm) {
         snprintf(err, errlen, "the job needs %lld bytes of memory, which could not be allocated",
                  (long long)t->mem.total);
         return GPU_ENOMEM;
@@ -350,6 +375,19 @@ static gpu_mlp_weights weights_view(const gpu_trainer *t)
     return w;
 }
 
+/* The model's forward and backward on the current batch, collecting into diag (NULL: off). */
+static int forward_backward(gpu_trainer *t, double *loss, gpu_diag *diag)
+{
+    gpu_mlp_weights w = weights_view(t);
+    int B = t->cfg.batch_size, correct;
+    int rc = gpu_mlp_forward(&t->mlp, &w, t->xbatch, t->ybatch, B, t->acts, t->scratch, loss,
+                             &correct, diag);
+    if (!rc)
+        rc = gpu_mlp_backward(&t->mlp, &w, t->ybatch, B, t->scaler.scale, t->acts, t->scratch,
+                              t->grads, diag);
+    return rc;
+}
+
 /* Clip coefficient for global-norm clipping of the unscaled gradients. */
 static float clip_coef(const gpu_optim_config *o, double norm)
 {
@@ -368,35 +406,98 @@ static void apply_update(gpu_trainer *t, float lr, float gmul, gpu_step_metrics 
         gpu_optim_update(&c->optim, lr, t->applied, gmul, t->master, t->grads, t->m, t->v, P, work,
                          c->dtype);
     } else {
+        /* tensor by tensor (the update is elementwise, so this equals one call over the
+         * block) to know each layer's lost updates */
         int64_t lost = 0;
-        gpu_optim_update_lowp(&c->optim, lr, t->applied, gmul, t->work, c->dtype, t->grads, t->m,
-                              t->v, P, &lost);
+        size_t es = gpu_dtype_size(c->dtype);
+        for (int i = 0; i < t->ntensors; i++) {
+            size_t off = t->offsets[i];
+            gpu_optim_update_lowp(&c->optim, lr, t->applied, gmul, (uint8_t *)t->work + off * es,
+                                  c->dtype, t->grads + off, t->m + off, t->v ? t->v + off : NULL,
+                                  t->counts[i], &t->tensor_lost[i]);
+            lost += t->tensor_lost[i];
+        }
         m->lost_updates = lost;
         t->lost_total += lost;
     }
 }
 
-static void floor_message(const gpu_trainer *t, char *err, size_t errlen)
+/* The diagnostics layer a parameter tensor belongs to: its name without the last
+ * component ("fc1.weight" -> "fc1"); -1 when the model reported no such layer. */
+static int tensor_layer(const gpu_trainer *t, int i)
 {
+    const char *name = t->names[i], *dot = strrchr(name, '.');
+    size_t len = dot ? (size_t)(dot - name) : strlen(name);
+    for (int l = 0; l < t->diag->nlayers; l++)
+        if (strncmp(t->diag->layer[l].name, name, len) == 0 && t->diag->layer[l].name[len] == 0)
+            return l;
+    return -1;
+}
+
+/* Per-layer statistics of a collecting step, with the lost updates when they were
+ * counted (an update was applied without master weights). */
+static void layer_stats(gpu_trainer *t, bool updated)
+{
+    int64_t lost[GPU_DIAG_MAX_LAYERS] = {0}, count[GPU_DIAG_MAX_LAYERS] = {0};
+    gpu_diag_stats(t->diag, t->lstats);
+    if (!updated || t->master)
+        return;
+    for (int i = 0; i < t->ntensors; i++) {
+        int l = tensor_layer(t, i);
+        if (l < 0)
+            continue;
+        lost[l] += t->tensor_lost[i];
+        count[l] += (int64_t)t->counts[i];
+    }
+    for (int l = 0; l < t->diag->nlayers; l++)
+        if (count[l] > 0)
+            t->lstats[l].lost_updates = (double)lost[l] / (double)count[l];
+}
+
+static void advise(gpu_trainer *t, float scale_used)
+{
+    const gpu_job_config *c = &t->cfg;
+    gpu_diag_context ctx = {
+        .dtype = c->dtype,
+        .master_weights = t->master != NULL,
+        .mode = c->scaler.mode,
+        .scale = scale_used,
+        .next_scale = t->scaler.scale,
+        .min_scale = c->scaler.min_scale,
+        .max_scale = c->scaler.max_scale,
+        .floor_streak = t->scaler.floor_streak,
+        .floor_patience = c->scaler.floor_patience,
+    };
+    gpu_diag_advise(t->advisor, t->diagnosed ? t->diag : NULL, t->lstats, &ctx);
+}
+
+/* The failure at the scale's floor, with the step's diagnosis (every overflowing step
+ * collects one) and the tensors whose gradients held inf/NaN. */
+static void floor_message(const gpu_trainer *t, float scale_used, char *err, size_t errlen)
+{
+    const gpu_job_config *c = &t->cfg;
+    gpu_diag_context ctx = {.dtype = c->dtype, .scale = scale_used, .mode = c->scaler.mode};
+    char why[256];
+    gpu_diag_explain(t->diagnosed ? t->diag : NULL, t->lstats, &ctx, why, sizeof(why));
     int n = snprintf(err, errlen,
-                     "loss scale stuck at its floor %g for %d overflowing steps in a row; "
+                     "loss scale stuck at its floor %g for %d overflowing steps in a row: %s; "
                      "tensors with inf/NaN gradients:",
-                     (double)t->cfg.scaler.min_scale, t->scaler.floor_streak);
+                     (double)c->scaler.min_scale, t->scaler.floor_streak, why);
+    int listed = 0;
     for (int i = 0; i < t->ntensors && n > 0 && (size_t)n < errlen; i++)
-        if (t->stats[i].nonfinite > 0)
+        if (t->stats[i].nonfinite > 0) {
             n += snprintf(err + n, errlen - (size_t)n, " %s", t->names[i]);
-    if (n > 0 && (size_t)n < errlen)
-        snprintf(err + n, errlen - (size_t)n,
-                 t->cfg.dtype == GPU_FP16 ? "; the values exceed fp16's range: use bf16"
-                                          : "; the loss diverged");
+            listed++;
+        }
+    if (!listed && n > 0 && (size_t)n < errlen)
+        snprintf(err + n, errlen - (size_t)n, " none (the loss itself is not finite)");
 }
 
 /* One training step; see gpu.h. */
 int gpu_trainer_step(gpu_trainer *t, gpu_step_metrics *m, char *err, size_t errlen)
 {
     const gpu_job_config *c = &t->cfg;
-    gpu_mlp_weights w = weights_view(t);
-    int B = c->batch_size, correct, rc;
+    int B = c->batch_size, rc;
     double t0 = gpu_now(), loss, sumsq;
     bool found_inf;
 
@@ -404,21 +505,33 @@ int gpu_trainer_step(gpu_trainer *t, gpu_step_metrics *m, char *err, size_t errl
     m->step = ++t->step;
     m->lr = gpu_lr_at(&c->optim, t->step - 1, c->steps);
     m->loss_scale = t->scaler.scale;
+    t->diagnosed = c->diagnostics_every > 0 && t->step % c->diagnostics_every == 0;
     next_batch(t, B);
-    rc =
-        gpu_mlp_forward(&t->mlp, &w, t->xbatch, t->ybatch, B, t->acts, t->scratch, &loss, &correct);
-    if (!rc)
-        rc = gpu_mlp_backward(&t->mlp, &w, t->ybatch, B, t->scaler.scale, t->acts, t->scratch,
-                              t->grads);
+    if (t->diagnosed)
+        gpu_diag_begin(t->diag, t->scaler.scale);
+    rc = forward_backward(t, &loss, t->diagnosed ? t->diag : NULL);
     if (rc)
         return rc;
     gpu_unscale(t->grads, t->offsets, t->counts, t->ntensors, gpu_scaler_inv(&t->scaler), t->stats,
                 &found_inf, &sumsq);
+    if (found_inf && !t->diagnosed) {
+        /* diagnose the overflow: the same batch and weights again, collecting */
+        double again;
+        t->diagnosed = true;
+        gpu_diag_begin(t->diag, t->scaler.scale);
+        rc = forward_backward(t, &again, t->diag);
+        if (rc)
+            return rc;
+    }
     m->loss = loss;
     m->grad_norm = found_inf ? NAN : sqrt(sumsq);
     if (!found_inf)
         apply_update(t, m->lr, clip_coef(&c->optim, m->grad_norm), m);
+    if (t->diagnosed)
+        layer_stats(t, !found_inf);
     rc = gpu_scaler_update(&t->scaler, &c->scaler, found_inf);
+    advise(t, m->loss_scale);
+    m->diagnosed = t->diagnosed;
     m->overflow = found_inf;
     m->skipped = found_inf;
     m->overflow_total = t->scaler.overflow_total;
@@ -429,8 +542,31 @@ int gpu_trainer_step(gpu_trainer *t, gpu_step_metrics *m, char *err, size_t errl
     m->mem = t->mem;
     m->peak = t->mem;
     if (rc == GPU_ESCALE_FLOOR && err)
-        floor_message(t, err, errlen);
+        floor_message(t, m->loss_scale, err, errlen);
     return rc;
+}
+
+/* The last step's per-layer results; see gpu.h. */
+int gpu_trainer_diagnostics(const gpu_trainer *t, const gpu_layer_stat **layers, int *n,
+                            const char **first_nonfinite_layer, const char **where)
+{
+    const gpu_diag *d = t->diag;
+    bool any = t->diagnosed && d->first_nonfinite >= 0;
+    if (first_nonfinite_layer)
+        *first_nonfinite_layer = any ? d->layer[d->first_nonfinite].name : NULL;
+    if (where)
+        *where = any ? (d->first_in_forward ? "forward" : "backward") : NULL;
+    *layers = t->lstats;
+    *n = t->diagnosed ? d->nlayers : 0;
+    return t->diagnosed ? 0 : GPU_EINVAL;
+}
+
+/* The last step's new recommendations; see gpu.h. */
+int gpu_trainer_recommendations(const gpu_trainer *t, const gpu_recommendation **recs, int *n)
+{
+    *recs = t->advisor->rec;
+    *n = t->advisor->nnew;
+    return 0;
 }
 
 /* Evaluate on the eval set (or the training set); see gpu.h. */
@@ -450,7 +586,7 @@ int gpu_trainer_eval(gpu_trainer *t, gpu_eval_result *r)
             idx[i] = start + i;
         gpu_dataset_gather(d, idx, b, t->xbatch, t->ybatch);
         int rc = gpu_mlp_forward(&t->mlp, &w, t->xbatch, t->ybatch, b, t->acts, t->scratch, &loss,
-                                 &correct);
+                                 &correct, NULL);
         if (rc)
             return rc;
         total += loss * b;

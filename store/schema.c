@@ -79,7 +79,26 @@ static const char *const migration_1[] = {
     "WITHOUT ROWID",
     NULL};
 
-static const char *const *const migrations[] = {migration_1};
+/* Version 2: per-layer diagnostics. Version 1's layer_stats was a placeholder that no
+ * ampd ever wrote to, so it is replaced rather than altered. layer_stats.nan_mask: bit i =
+ * field i was NaN (NULL without its bit: the field was not reported). layer_steps: one row
+ * per diagnosed step (flags: STORE_LS_*; first_layer/first_where NULL when no layer
+ * produced inf/NaN). */
+static const char *const migration_2[] = {
+    "DROP TABLE layer_stats",
+    "CREATE TABLE layer_stats (job_id INTEGER NOT NULL REFERENCES jobs(id) "
+    "ON DELETE CASCADE, step INTEGER NOT NULL, layer INTEGER NOT NULL, name TEXT NOT NULL, "
+    "dtype TEXT NOT NULL, act_amax REAL, act_headroom REAL, act_overflow REAL, "
+    "grad_amax REAL, grad_underflow REAL, grad_underflow_unscaled REAL, "
+    "grad_nonfinite REAL, lost_updates REAL, nan_mask INTEGER NOT NULL DEFAULT 0, "
+    "PRIMARY KEY (job_id, step, layer)) WITHOUT ROWID",
+    "CREATE TABLE layer_steps (job_id INTEGER NOT NULL REFERENCES jobs(id) "
+    "ON DELETE CASCADE, step INTEGER NOT NULL, scale REAL, nlayers INTEGER NOT NULL, "
+    "flags INTEGER NOT NULL DEFAULT 0, first_layer TEXT, first_where TEXT, "
+    "PRIMARY KEY (job_id, step)) WITHOUT ROWID",
+    NULL};
+
+static const char *const *const migrations[] = {migration_1, migration_2};
 #define NMIGRATIONS ((int)(sizeof(migrations) / sizeof(migrations[0])))
 
 int store_schema_version(void)
@@ -96,6 +115,11 @@ int store_schema_version(void)
 #define RQ_(f) "?,?,?,"
 #define RSET_(f)                                                                                   \
 #f "_min=excluded." #f "_min," #f "_max=excluded." #f "_max," #f "_last=excluded." #f "_last,"
+
+#define LCOL_(f) "," #f
+#define LQ_(f) ",?"
+#define LSET_(f) "," #f "=excluded." #f
+_Static_assert(STORE_L_NFIELDS == 8, "the layer column lists below have 8 fields");
 
 /* STORE_EVAL_BITS as SQL text (checked below). */
 #define EVB "49152"
@@ -134,6 +158,16 @@ _Static_assert(STORE_M_NFIELDS == 16, "the column lists below have 16 fields");
     "ON CONFLICT(job_id,rank,level,bucket) DO UPDATE SET " STORE_FIELDS(RSET_)                     \
     "step_first=excluded.step_first,step_last=excluded.step_last,count=excluded.count,"            \
     "flags=excluded.flags,nf_mask=excluded.nf_mask"
+
+/* job ?1, step ?2, layer ?3, name ?4, dtype ?5, nan_mask ?6, fields ?7..?14 */
+#define LAYER_UPSERT_SQL                                                                           \
+    "INSERT INTO layer_stats(job_id,step,layer,name,dtype,nan_mask" STORE_LAYER_FIELDS(LCOL_)      \
+    ") VALUES(?,?,?,?,?,?" STORE_LAYER_FIELDS(LQ_) ") ON CONFLICT(job_id,step,layer) DO UPDATE "   \
+    "SET name=excluded.name,dtype=excluded.dtype,nan_mask=excluded.nan_mask"                       \
+    STORE_LAYER_FIELDS(LSET_)
+#define LAYER_GET_SQL                                                                              \
+    "SELECT layer,name,dtype,nan_mask" STORE_LAYER_FIELDS(LCOL_) " FROM layer_stats "              \
+    "WHERE job_id=?1 AND step=?2 ORDER BY layer"
 /* clang-format on */
 
 static const char *const stmt_sql[ST_COUNT] = {
@@ -188,6 +222,22 @@ static const char *const stmt_sql[ST_COUNT] = {
                              "AND bucket*level<=?2 AND (bucket+1)*level-1>?2 "
                              "ORDER BY level, rank, bucket",
     [ST_LAYER_TRUNCATE] = "DELETE FROM layer_stats WHERE job_id=?1 AND step>?2",
+    [ST_LAYER_STEP_TRUNCATE] = "DELETE FROM layer_steps WHERE job_id=?1 AND step>?2",
+    /* job ?1, step ?2, scale ?3, nlayers ?4, flags ?5, first_layer ?6, first_where ?7 */
+    [ST_LAYER_STEP_UPSERT] = "INSERT INTO layer_steps(job_id, step, scale, nlayers, flags, "
+                             "first_layer, first_where) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7) "
+                             "ON CONFLICT(job_id, step) DO UPDATE SET scale=excluded.scale, "
+                             "nlayers=excluded.nlayers, flags=excluded.flags, "
+                             "first_layer=excluded.first_layer, first_where=excluded.first_where",
+    [ST_LAYER_STEP_GET] = "SELECT step, scale, nlayers, flags, first_layer, first_where "
+                          "FROM layer_steps WHERE job_id=?1 AND step=?2",
+    [ST_LAYER_STEP_LATEST] = "SELECT step, scale, nlayers, flags, first_layer, first_where "
+                             "FROM layer_steps WHERE job_id=?1 ORDER BY step DESC LIMIT 1",
+    [ST_LAYER_STEP_RANGE] = "SELECT step, flags FROM layer_steps WHERE job_id=?1 AND step>=?2 "
+                            "AND step<=?3 ORDER BY step",
+    [ST_LAYER_UPSERT] = LAYER_UPSERT_SQL,
+    [ST_LAYER_TRIM] = "DELETE FROM layer_stats WHERE job_id=?1 AND step=?2 AND layer>=?3",
+    [ST_LAYER_GET] = LAYER_GET_SQL,
     [ST_EVENT_INSERT] = "INSERT INTO events(job_id, step, ts, kind, message, data) "
                         "VALUES(?1, ?2, ?3, ?4, ?5, ?6)",
     [ST_EVENT_LIST] = "SELECT id, job_id, step, ts, kind, message, data FROM events "

@@ -1,7 +1,7 @@
 /*
- * store.c - the store's front: open and close, status and metric names, the job rows
- * (written synchronously on the write connection), and the reads of jobs, events,
- * checkpoints, the latest metric row and the counters.
+ * store.c - the store's front: open and close, status, metric and layer-field names, the
+ * job rows (written synchronously on the write connection), and the reads of jobs, events,
+ * checkpoints, the latest metric row, the per-layer diagnostics and the counters.
  *
  * Invariants: the write connection is only used under wlock, so a job write waits at most
  * for the writer's current batch and never meets SQLITE_BUSY from this process. Reads
@@ -731,4 +731,368 @@ void store_get_stats(store *s, store_stats *out)
     if (rc != SQLITE_DONE)
         store_sql_error(c->db, st, rc, __func__);
     store_stmt_done(st);
+}
+
+/* ---- per-layer diagnostics ------------------------------------------------------------
+ *
+ * The reads of layer_stats and layer_steps (the writes are queued through writer.c): one
+ * diagnosed step (or the latest), and the heatmap of a range of diagnosed steps, subsampled
+ * evenly without dropping a step that saw inf/NaN or an overflow (unless those alone are
+ * too many). A row's nan_mask bit tells a NaN field from one that was not reported (both
+ * are NULL in SQLite). Every read runs in one read transaction, so a step's record and its
+ * rows come from the same commit. */
+
+static const char *const layer_field_names[STORE_L_NFIELDS] = {STORE_LAYER_FIELDS(NAME_)};
+
+const char *store_layer_field_name(int field)
+{
+    return field >= 0 && field < STORE_L_NFIELDS ? layer_field_names[field] : NULL;
+}
+
+int store_layer_field_parse(const char *name)
+{
+    for (int i = 0; name && i < STORE_L_NFIELDS; i++)
+        if (strcmp(name, layer_field_names[i]) == 0)
+            return i;
+    return -1;
+}
+
+/* The current row of ST_LAYER_STEP_GET / ST_LAYER_STEP_LATEST into info; returns the step. */
+static int64_t info_read(sqlite3_stmt *st, store_layer_info *info)
+{
+    memset(info, 0, sizeof(*info));
+    info->scale = sqlite3_column_type(st, 1) == SQLITE_NULL ? NAN : sqlite3_column_double(st, 1);
+    info->flags = (unsigned)sqlite3_column_int(st, 3);
+    column_copy(st, 4, info->first_layer, sizeof(info->first_layer));
+    column_copy(st, 5, info->first_where, sizeof(info->first_where));
+    return sqlite3_column_int64(st, 0);
+}
+
+/* The record of (job, step), step < 0: the latest. STORE_ENOTFOUND when there is none. */
+static int step_read(store_conn *c, int64_t job, int64_t step, int64_t *step_out,
+                     store_layer_info *info)
+{
+    sqlite3_stmt *st = store_stmt(c, step < 0 ? ST_LAYER_STEP_LATEST : ST_LAYER_STEP_GET);
+    int rc;
+    if (!st)
+        return STORE_EIO;
+    sqlite3_bind_int64(st, 1, job);
+    if (step >= 0)
+        sqlite3_bind_int64(st, 2, step);
+    rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW) {
+        *step_out = info_read(st, info);
+        rc = 0;
+    } else if (rc == SQLITE_DONE) {
+        rc = STORE_ENOTFOUND;
+    } else {
+        rc = store_sql_error(c->db, st, rc, __func__);
+    }
+    store_stmt_done(st);
+    return rc;
+}
+
+/* The rows of (job, step) in layer order into *rows (heap, realloc'd; *cap its capacity)
+ * and *n. */
+static int rows_read(store_conn *c, int64_t job, int64_t step, store_layer_stat **rows, int *cap,
+                     int *n)
+{
+    sqlite3_stmt *st = store_stmt(c, ST_LAYER_GET);
+    int rc;
+    *n = 0;
+    if (!st)
+        return STORE_EIO;
+    sqlite3_bind_int64(st, 1, job);
+    sqlite3_bind_int64(st, 2, step);
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        store_layer_stat *r;
+        uint32_t nan_mask;
+        if (*n == *cap) {
+            int nc = *cap ? 2 * *cap : 32;
+            store_layer_stat *nr = realloc(*rows, (size_t)nc * sizeof(*nr));
+            if (!nr) {
+                store_stmt_done(st);
+                return STORE_EIO;
+            }
+            *rows = nr;
+            *cap = nc;
+        }
+        r = &(*rows)[(*n)++];
+        memset(r, 0, sizeof(*r));
+        column_copy(st, 1, r->name, sizeof(r->name));
+        column_copy(st, 2, r->dtype, sizeof(r->dtype));
+        nan_mask = (uint32_t)sqlite3_column_int64(st, 3);
+        for (int f = 0; f < STORE_L_NFIELDS; f++) {
+            int col = STORE_LG_FIELDS + f;
+            if (sqlite3_column_type(st, col) != SQLITE_NULL) {
+                r->v[f] = sqlite3_column_double(st, col);
+            } else {
+                r->v[f] = NAN;
+                if (!((nan_mask >> f) & 1u))
+                    r->missing |= 1u << f;
+            }
+        }
+    }
+    rc = rc == SQLITE_DONE ? 0 : store_sql_error(c->db, st, rc, __func__);
+    store_stmt_done(st);
+    return rc;
+}
+
+/* End a read transaction (COMMIT, or ROLLBACK when that fails). */
+static void read_end(store_conn *c)
+{
+    if (store_exec_stmt(c, ST_COMMIT) != 0)
+        store_exec_stmt(c, ST_ROLLBACK);
+}
+
+int store_layer_stats_get(store *s, int64_t job, int64_t step, store_layer_stat **rows, int *n,
+                          int64_t *step_out, store_layer_info *info)
+{
+    store_layer_info tmp;
+    store_conn *c;
+    int rc, cap = 0;
+    int64_t at = -1;
+
+    if (!rows || !n)
+        return STORE_EINVAL;
+    *rows = NULL;
+    *n = 0;
+    if (step_out)
+        *step_out = -1;
+    if (!s)
+        return STORE_EINVAL;
+    if (!(c = store_reader(s)))
+        return STORE_EIO;
+    if ((rc = store_exec_stmt(c, ST_BEGIN)) != 0)
+        return rc;
+    rc = step_read(c, job, step, &at, &tmp);
+    if (rc == 0)
+        rc = rows_read(c, job, at, rows, &cap, n);
+    read_end(c);
+    if (rc) {
+        free(*rows);
+        *rows = NULL;
+        *n = 0;
+        return rc;
+    }
+    if (step_out)
+        *step_out = at;
+    if (info)
+        *info = tmp;
+    return 0;
+}
+
+/* ---- the heatmap --------------------------------------------------------------------------- */
+
+void store_layer_range_free(store_layer_range *r)
+{
+    if (!r)
+        return;
+    free(r->steps);
+    free(r->info);
+    free(r->layers);
+    free(r->values);
+    free(r->has);
+    memset(r, 0, sizeof(*r));
+}
+
+/* Mark k of the m indices idx[0..m) evenly (the first and the last among them). */
+static void pick_even(const int64_t *idx, int64_t m, int64_t k, unsigned char *keep)
+{
+    if (k <= 0 || m <= 0)
+        return;
+    if (k >= m) {
+        for (int64_t i = 0; i < m; i++)
+            keep[idx[i]] = 1;
+        return;
+    }
+    if (k == 1) {
+        keep[idx[m - 1]] = 1; /* the most recent */
+        return;
+    }
+    for (int64_t j = 0; j < k; j++)
+        keep[idx[(int64_t)((double)j * (double)(m - 1) / (double)(k - 1) + 0.5)]] = 1;
+}
+
+/* The diagnosed steps of job in [from, to], subsampled to max_steps: out->steps,
+ * out->nsteps and out->total_steps. */
+static int choose_steps(store_conn *c, int64_t job, int64_t from, int64_t to, int max_steps,
+                        store_layer_range *out)
+{
+    sqlite3_stmt *st = store_stmt(c, ST_LAYER_STEP_RANGE);
+    int64_t *steps = NULL, *sp = NULL, *reg = NULL, n = 0, cap = 0, nsp = 0, nreg = 0;
+    unsigned char *special = NULL, *keep = NULL;
+    int rc;
+
+    if (!st)
+        return STORE_EIO;
+    sqlite3_bind_int64(st, 1, job);
+    sqlite3_bind_int64(st, 2, from);
+    sqlite3_bind_int64(st, 3, to);
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        if (n == cap) {
+            int64_t nc = cap ? 2 * cap : 256;
+            int64_t *ns = realloc(steps, (size_t)nc * sizeof(*ns));
+            unsigned char *nsp_ = realloc(special, (size_t)nc);
+            if (ns)
+                steps = ns;
+            if (nsp_)
+                special = nsp_;
+            if (!ns || !nsp_) {
+                rc = STORE_EIO;
+                store_stmt_done(st);
+                goto out;
+            }
+            cap = nc;
+        }
+        steps[n] = sqlite3_column_int64(st, 0);
+        special[n] =
+            (sqlite3_column_int(st, 1) & (int)(STORE_LS_NONFINITE | STORE_LS_OVERFLOW)) != 0;
+        n++;
+    }
+    rc = rc == SQLITE_DONE ? 0 : store_sql_error(c->db, st, rc, __func__);
+    store_stmt_done(st);
+    if (rc)
+        goto out;
+    out->total_steps = n;
+    if (n <= max_steps) {
+        out->steps = steps;
+        out->nsteps = (int)n;
+        steps = NULL;
+        goto out;
+    }
+    keep = calloc((size_t)n, 1);
+    sp = malloc((size_t)n * sizeof(*sp));
+    reg = malloc((size_t)n * sizeof(*reg));
+    out->steps = malloc((size_t)max_steps * sizeof(*out->steps));
+    if (!keep || !sp || !reg || !out->steps) {
+        rc = STORE_EIO;
+        goto out;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        if (special[i])
+            sp[nsp++] = i;
+        else
+            reg[nreg++] = i;
+    }
+    if (nsp >= max_steps) {
+        pick_even(sp, nsp, max_steps, keep);
+    } else {
+        pick_even(sp, nsp, nsp, keep);
+        pick_even(reg, nreg, max_steps - nsp, keep);
+    }
+    for (int64_t i = 0; i < n; i++)
+        if (keep[i] && out->nsteps < max_steps)
+            out->steps[out->nsteps++] = steps[i];
+out:
+    free(steps);
+    free(special);
+    free(keep);
+    free(sp);
+    free(reg);
+    return rc;
+}
+
+/* The slot of layer name in out->layers, added (with its value block) when new; hint: the
+ * slot it probably has. -1 when out of memory, -2 past STORE_LR_MAX_CELLS. */
+static int layer_slot(store_layer_range *out, int *cap, const store_layer_stat *row, int hint)
+{
+    size_t block = (size_t)out->nfields * (size_t)out->nsteps;
+    if (hint >= 0 && hint < out->nlayers && strcmp(out->layers[hint].name, row->name) == 0)
+        return hint;
+    for (int i = 0; i < out->nlayers; i++)
+        if (strcmp(out->layers[i].name, row->name) == 0)
+            return i;
+    if ((size_t)(out->nlayers + 1) * block > STORE_LR_MAX_CELLS)
+        return -2;
+    if (out->nlayers == *cap) {
+        int nc = *cap ? 2 * *cap : 16;
+        store_layer_name *nl = realloc(out->layers, (size_t)nc * sizeof(*nl));
+        double *nv;
+        unsigned char *nh;
+        if (nl)
+            out->layers = nl;
+        nv = nl ? realloc(out->values, (size_t)nc * block * sizeof(*nv)) : NULL;
+        if (nv)
+            out->values = nv;
+        nh = nv ? realloc(out->has, (size_t)nc * block) : NULL;
+        if (nh)
+            out->has = nh;
+        if (!nh)
+            return -1;
+        *cap = nc;
+    }
+    int l = out->nlayers++;
+    snprintf(out->layers[l].name, sizeof(out->layers[l].name), "%s", row->name);
+    snprintf(out->layers[l].dtype, sizeof(out->layers[l].dtype), "%s", row->dtype);
+    for (size_t i = 0; i < block; i++)
+        out->values[(size_t)l * block + i] = NAN;
+    memset(out->has + (size_t)l * block, 0, block);
+    return l;
+}
+
+int store_layer_stats_range(store *s, int64_t job, int64_t from, int64_t to, int max_steps,
+                            const int *fields, int nfields, store_layer_range *out)
+{
+    store_layer_stat *rows = NULL;
+    store_conn *c;
+    int rc, rcap = 0, lcap = 0;
+
+    if (!out)
+        return STORE_EINVAL;
+    memset(out, 0, sizeof(*out));
+    if (!s || max_steps < 1 || nfields < 1 || nfields > STORE_L_NFIELDS || !fields)
+        return STORE_EINVAL;
+    for (int i = 0; i < nfields; i++) {
+        if (fields[i] < 0 || fields[i] >= STORE_L_NFIELDS)
+            return STORE_EINVAL;
+        for (int k = 0; k < i; k++)
+            if (fields[k] == fields[i])
+                return STORE_EINVAL;
+        out->fields[i] = fields[i];
+    }
+    out->nfields = nfields;
+    if (from < 0)
+        from = 0;
+    if (to < 0)
+        to = INT64_MAX;
+    if (!(c = store_reader(s)))
+        return STORE_EIO;
+    if ((rc = store_exec_stmt(c, ST_BEGIN)) != 0)
+        return rc;
+    if (to < from || (rc = choose_steps(c, job, from, to, max_steps, out)) != 0 || out->nsteps == 0)
+        goto out;
+    if (!(out->info = calloc((size_t)out->nsteps, sizeof(*out->info)))) {
+        rc = STORE_EIO;
+        goto out;
+    }
+    for (int k = 0; k < out->nsteps && rc == 0; k++) {
+        int64_t at;
+        int n = 0;
+        if ((rc = step_read(c, job, out->steps[k], &at, &out->info[k])) != 0 ||
+            (rc = rows_read(c, job, at, &rows, &rcap, &n)) != 0)
+            break;
+        for (int i = 0; i < n; i++) {
+            int l = layer_slot(out, &lcap, &rows[i], i);
+            if (l < 0) {
+                rc = l == -2 ? STORE_EINVAL : STORE_EIO;
+                break;
+            }
+            for (int f = 0; f < nfields; f++) {
+                if ((rows[i].missing >> fields[f]) & 1u)
+                    continue;
+                size_t at_ = STORE_LR_AT(out, l, f, k);
+                out->values[at_] = rows[i].v[fields[f]];
+                out->has[at_] = 1;
+            }
+        }
+    }
+out:
+    read_end(c);
+    free(rows);
+    if (rc) {
+        store_layer_range_free(out);
+        return rc;
+    }
+    return 0;
 }

@@ -3,13 +3,14 @@
  *
  * Tables (DESIGN.md §6): jobs, metrics (one row per job, rank and step), metrics_rollup
  * (min/max/last per bucket of 10, 100, 1000 and 10000 steps, maintained by the writer so a
- * long series downsamples without scanning it), layer_stats, events, checkpoints,
+ * long series downsamples without scanning it), layer_stats (one row per job, diagnosed
+ * step and layer) with layer_steps (one per diagnosed step), events, checkpoints,
  * schema_version. WAL mode, synchronous=NORMAL, busy_timeout, versioned migrations run
  * at open, prepared statements only: nothing a client sends reaches SQL except as a
  * bound parameter.
  *
- * Writes of metrics and events are asynchronous: they are queued to the one writer
- * thread, which commits them in batched transactions and checkpoints the WAL
+ * Writes of metrics, layer stats and events are asynchronous: they are queued to the one
+ * writer thread, which commits them in batched transactions and checkpoints the WAL
  * periodically. Job rows are written synchronously (they are rare and callers need them
  * durable before they answer). store_flush() waits until everything queued before it is
  * committed.
@@ -140,8 +141,8 @@ int store_metric_eval(store *s, int64_t job, int rank, int64_t step, double loss
  * data_json may be NULL. */
 int store_event_append(store *s, int64_t job, int64_t step, const char *kind,
                        const char *message, const char *data_json);
-/* Delete metric rows (and rollups) with step > after_step (before a resume). Synchronous:
- * flushes the queue first. */
+/* Delete metric rows (and rollups) and per-layer diagnostics with step > after_step (before
+ * a resume). Synchronous: flushes the queue first. */
 int store_metrics_truncate(store *s, int64_t job, int64_t after_step);
 int store_checkpoint_add(store *s, int64_t job, int64_t step, const char *path, int64_t bytes);
 
@@ -196,6 +197,95 @@ int store_checkpoint_list(store *s, int64_t job, store_checkpoint **out, int *n)
 
 /* Latest metric row of a job (rank 0); STORE_ENOTFOUND when none. */
 int store_metric_latest(store *s, int64_t job, store_metric *out);
+
+/* ---- per-layer diagnostics ------------------------------------------------------------ */
+
+/* A diagnosed step (every diagnostics_every steps and every overflow step) has one row per
+ * layer (in the model's order) and one step record (the loss scale and which layer first
+ * produced inf/NaN). Fields of a layer row, in this order: */
+enum {
+    STORE_L_ACT_AMAX = 0,            /* max |forward output| before rounding */
+    STORE_L_ACT_HEADROOM,            /* dtype max / act_amax (+Inf when act_amax is 0) */
+    STORE_L_ACT_OVERFLOW,            /* outputs that became inf/NaN when rounded (a count) */
+    STORE_L_GRAD_AMAX,               /* max |weight gradient|, unscaled */
+    STORE_L_GRAD_UNDERFLOW,          /* fraction of gradient elements flushed to 0 at the scale */
+    STORE_L_GRAD_UNDERFLOW_UNSCALED, /* ... that would flush without loss scaling */
+    STORE_L_GRAD_NONFINITE,          /* gradient elements that were inf/NaN (a count) */
+    STORE_L_LOST_UPDATES,            /* fraction of weight updates that rounded away */
+    STORE_L_NFIELDS
+};
+/* "act_amax", ... (the column and API names); -1 from parse for an unknown name. */
+const char *store_layer_field_name(int field);
+int store_layer_field_parse(const char *name);
+
+#define STORE_LAYER_NAME_MAX 64 /* layer names are shorter than this */
+#define STORE_LAYERS_MAX 4096   /* layer rows per step */
+
+typedef struct {
+    char name[STORE_LAYER_NAME_MAX]; /* "fc1", "blocks.3.mlp.fc", ... */
+    char dtype[8];                   /* the op's compute dtype: "fp16", "bf16", "fp32" */
+    double v[STORE_L_NFIELDS];       /* NaN and +-Inf round-trip */
+    unsigned missing;                /* bit i: field i was not reported (v[i] is NaN) */
+} store_layer_stat;
+
+/* What a diagnosed step says besides its rows. flags is computed by the append (callers'
+ * values are ignored): STORE_LS_NONFINITE when a layer reported a non-finite amax or
+ * gradient elements, or first_layer is set; STORE_LS_OVERFLOW when a layer's forward output
+ * overflowed (act_overflow > 0). */
+#define STORE_LS_NONFINITE 1u
+#define STORE_LS_OVERFLOW 2u
+typedef struct {
+    double scale;                           /* the loss scale of the step (NaN: unknown) */
+    char first_layer[STORE_LAYER_NAME_MAX]; /* first layer to produce inf/NaN; "" if none */
+    char first_where[16];                   /* "forward", "backward", "comm"; "" if none */
+    unsigned flags;
+} store_layer_info;
+
+/* Queue the n rows of a diagnosed step of job (info may be NULL: scale unknown, no
+ * first_nonfinite). Committed by the writer in the same batched transactions as metrics;
+ * upsert on (job, step, layer index): a step written again replaces its rows (and rows
+ * past the new n are removed). Rows are copied. STORE_EINVAL for step < 0, n outside
+ * [0, STORE_LAYERS_MAX], or a name or dtype that does not fit. */
+int store_layer_stats_append(store *s, int64_t job, int64_t step, const store_layer_info *info,
+                             const store_layer_stat *rows, int n);
+/* The rows of job at step (step < 0: the latest diagnosed step), in layer order, as a heap
+ * array (free()) of *n; *step_out gets the step and *info (may be NULL) its record.
+ * STORE_ENOTFOUND when that step (or, for the latest, any step) has no stats. */
+int store_layer_stats_get(store *s, int64_t job, int64_t step, store_layer_stat **rows, int *n,
+                          int64_t *step_out, store_layer_info *info);
+
+/* A heatmap over steps: the chosen fields of every layer at the diagnosed steps in
+ * [from, to]. Layers are identified by name, in the order they first appear. A cell is
+ * absent (has == 0) when the layer had no row at that step or did not report the field. */
+typedef struct {
+    char name[STORE_LAYER_NAME_MAX];
+    char dtype[8];
+} store_layer_name;
+
+typedef struct {
+    int64_t total_steps; /* diagnosed steps in [from, to] */
+    int nsteps, nlayers, nfields;
+    int fields[STORE_L_NFIELDS];
+    int64_t *steps;           /* nsteps, increasing */
+    store_layer_info *info;   /* nsteps */
+    store_layer_name *layers; /* nlayers */
+    double *values;           /* [layer][field index][step]: STORE_LR_AT */
+    unsigned char *has;       /* same layout: 1 when the value is present */
+} store_layer_range;
+/* The index of layer l, field fields[f] and step steps[k] in values and has. */
+#define STORE_LR_AT(r, l, f, k)                                                                    \
+    (((size_t)(l) * (size_t)(r)->nfields + (size_t)(f)) * (size_t)(r)->nsteps + (size_t)(k))
+
+/* Fill *out (free with store_layer_range_free) for job over [from, to] (to < 0: the end)
+ * with the fields[0..nfields) (STORE_L_*, no duplicates). When more than max_steps (>= 1)
+ * steps were diagnosed they are subsampled evenly, always keeping the steps flagged
+ * STORE_LS_NONFINITE or STORE_LS_OVERFLOW; when those alone are more than max_steps, they
+ * are the ones subsampled evenly. STORE_EINVAL for bad arguments and for an answer of more
+ * than STORE_LR_MAX_CELLS values (ask for fewer steps or fields). */
+#define STORE_LR_MAX_CELLS (1 << 22)
+int store_layer_stats_range(store *s, int64_t job, int64_t from, int64_t to, int max_steps,
+                            const int *fields, int nfields, store_layer_range *out);
+void store_layer_range_free(store_layer_range *r); /* NULL accepted */
 
 /* Counters for /metrics and /v1/system. */
 typedef struct {

@@ -4,9 +4,9 @@
  * bucket of metric rows (min/max/last per field) and the writer's entry points.
  *
  * Files: schema.c (connections, PRAGMAs, migrations, the SQL of every statement),
- * store.c (open/close, names, jobs, events, checkpoints, stats), writer.c (the queue, the
- * writer thread, rollup maintenance, truncate), series.c (aggregates and the series
- * query).
+ * store.c (open/close, names, jobs, events, checkpoints, layer-stats reads, stats),
+ * writer.c (the queue, the writer thread, rollup maintenance, layer-stats writes, truncate),
+ * series.c (aggregates and the series query).
  *
  * Threads: the write connection is used only under store.wlock (by the writer thread for
  * its batches and by the synchronous job calls); each read connection belongs to one
@@ -41,6 +41,17 @@
     X(eval_loss)                                                                                   \
     X(eval_acc)
 #define STORE_FIELDS(X) STORE_FIELDS_MAIN(X) STORE_FIELDS_EVAL(X)
+
+/* The layer_stats columns in field order (store.h's STORE_L_ enum). */
+#define STORE_LAYER_FIELDS(X)                                                                      \
+    X(act_amax)                                                                                    \
+    X(act_headroom)                                                                                \
+    X(act_overflow)                                                                                \
+    X(grad_amax)                                                                                   \
+    X(grad_underflow)                                                                              \
+    X(grad_underflow_unscaled)                                                                     \
+    X(grad_nonfinite)                                                                              \
+    X(lost_updates)
 
 #define STORE_ALL_FIELDS ((1u << STORE_M_NFIELDS) - 1u)
 #define STORE_EVAL_BITS ((1u << STORE_M_EVAL_LOSS) | (1u << STORE_M_EVAL_ACC))
@@ -91,6 +102,14 @@ enum {
     ST_ROLLUP_TRUNCATE,
     ST_ROLLUP_STRADDLING,
     ST_LAYER_TRUNCATE,
+    ST_LAYER_STEP_TRUNCATE,
+    ST_LAYER_STEP_UPSERT,
+    ST_LAYER_STEP_GET,
+    ST_LAYER_STEP_LATEST,
+    ST_LAYER_STEP_RANGE,
+    ST_LAYER_UPSERT,
+    ST_LAYER_TRIM,
+    ST_LAYER_GET,
     ST_EVENT_INSERT,
     ST_EVENT_LIST,
     ST_CKPT_ADD,
@@ -116,6 +135,11 @@ enum {
 #define STORE_RU_FLAGS 4
 #define STORE_RU_NF 5
 #define STORE_RU_FIELDS 6
+
+/* Columns of ST_LAYER_STEP_GET / ST_LAYER_STEP_LATEST: step, scale, nlayers, flags,
+ * first_layer, first_where. Columns of ST_LAYER_GET: layer, name, dtype, nan_mask, then
+ * the STORE_L_NFIELDS fields. */
+#define STORE_LG_FIELDS 4
 
 /* Range SELECTs that read only some fields (SQLite's cost per row grows with the columns
  * it returns). Their text is built from the fixed column names, never from input. */

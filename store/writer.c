@@ -1,7 +1,8 @@
 /*
- * writer.c - the store's one writer thread: a bounded queue of metric rows, eval results
- * and events, committed in batched transactions, with the metric rollups maintained as
- * rows arrive; the synchronous truncate; periodic WAL checkpoints.
+ * writer.c - the store's one writer thread: a bounded queue of metric rows, eval results,
+ * per-layer diagnostics and events, committed in batched transactions, with the metric
+ * rollups maintained as rows arrive; the synchronous truncate; periodic WAL checkpoints.
+ * A diagnosed step's layer rows travel as one queue item (one heap block).
  *
  * Queue: a FIFO of fixed-size chunks holding at most W_CAP items; an appender blocks
  * while it is full (nothing is ever dropped to make room). The writer takes everything
@@ -51,7 +52,14 @@
 #define W_MAX_JOBSTEPS 64
 #define W_ATTEMPTS 3
 
-enum { W_METRIC, W_EVAL, W_EVENT };
+enum { W_METRIC, W_EVAL, W_EVENT, W_LAYERS };
+
+/* A diagnosed step's layer rows (heap, one block, freed after the batch). */
+typedef struct {
+    store_layer_info info;
+    int n;
+    store_layer_stat rows[];
+} wlayers;
 
 typedef struct {
     int kind;
@@ -70,6 +78,7 @@ typedef struct {
             char kind[32];
             char *message, *data; /* heap, freed after the batch */
         } ev;
+        wlayers *layers; /* heap, freed after the batch */
     } u;
 } witem;
 
@@ -755,6 +764,60 @@ static int apply_event(store_writer *w, const witem *it)
     return batch_step(w, st, it->job, &ok);
 }
 
+/* A diagnosed step: its layer_steps row, its rows, and no rows past its layer count. */
+static int apply_layers(store_writer *w, const witem *it)
+{
+    const wlayers *L = it->u.layers;
+    sqlite3_stmt *st = store_stmt(w->s->w, ST_LAYER_STEP_UPSERT);
+    bool ok;
+    int rc;
+
+    if (!st)
+        return STORE_EIO;
+    sqlite3_bind_int64(st, 1, it->job);
+    sqlite3_bind_int64(st, 2, it->step);
+    bind_real(st, 3, L->info.scale);
+    sqlite3_bind_int(st, 4, L->n);
+    sqlite3_bind_int(st, 5, (int)L->info.flags);
+    if (L->info.first_layer[0]) {
+        sqlite3_bind_text(st, 6, L->info.first_layer, -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 7, L->info.first_where, -1, SQLITE_STATIC);
+    }
+    if ((rc = batch_step(w, st, it->job, &ok)) != 0 || !ok)
+        return rc; /* the job is gone: its rows would fail the same way */
+    if (!(st = store_stmt(w->s->w, ST_LAYER_TRIM)))
+        return STORE_EIO;
+    sqlite3_bind_int64(st, 1, it->job);
+    sqlite3_bind_int64(st, 2, it->step);
+    sqlite3_bind_int(st, 3, L->n);
+    if ((rc = batch_step(w, st, it->job, &ok)) != 0)
+        return rc;
+    for (int i = 0; i < L->n; i++) {
+        const store_layer_stat *r = &L->rows[i];
+        uint32_t nan_mask = 0;
+        if (!(st = store_stmt(w->s->w, ST_LAYER_UPSERT)))
+            return STORE_EIO;
+        sqlite3_bind_int64(st, 1, it->job);
+        sqlite3_bind_int64(st, 2, it->step);
+        sqlite3_bind_int(st, 3, i);
+        sqlite3_bind_text(st, 4, r->name, -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 5, r->dtype, -1, SQLITE_STATIC);
+        for (int f = 0; f < STORE_L_NFIELDS; f++) {
+            bool missing = (r->missing >> f) & 1u;
+            if (!missing && isnan(r->v[f]))
+                nan_mask |= 1u << f;
+            if (missing)
+                sqlite3_bind_null(st, 7 + f);
+            else
+                bind_real(st, 7 + f, r->v[f]);
+        }
+        sqlite3_bind_int64(st, 6, nan_mask);
+        if ((rc = batch_step(w, st, it->job, &ok)) != 0)
+            return rc;
+    }
+    return 0;
+}
+
 /* One transaction for items[0..n) (wlock held). */
 static int apply_batch(store_writer *w, const witem *items, int n, int64_t *rows)
 {
@@ -774,6 +837,9 @@ static int apply_batch(store_writer *w, const witem *items, int n, int64_t *rows
             break;
         case W_EVAL:
             rc = apply_eval(w, &items[i]);
+            break;
+        case W_LAYERS:
+            rc = apply_layers(w, &items[i]);
             break;
         default:
             rc = apply_event(w, &items[i]);
@@ -821,14 +887,18 @@ static void process_batch(store_writer *w, witem *items, int n)
         atomic_fetch_add(&s->batches, 1);
         w->commits_since_ckpt++;
     } else {
-        log_error("LOST a batch of %d queued metric rows, evals and events after %d attempts", n,
-                  W_ATTEMPTS);
+        log_error("LOST a batch of %d queued metric rows, evals, layer stats and events after %d "
+                  "attempts",
+                  n, W_ATTEMPTS);
     }
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         if (items[i].kind == W_EVENT) {
             free(items[i].u.ev.message);
             free(items[i].u.ev.data);
+        } else if (items[i].kind == W_LAYERS) {
+            free(items[i].u.layers);
         }
+    }
 }
 
 static void wal_checkpoint(store_writer *w)
@@ -1055,6 +1125,69 @@ int store_event_append(store *s, int64_t job, int64_t step, const char *kind, co
     return rc;
 }
 
+/* The STORE_LS_ flags of a diagnosed step. */
+static unsigned layer_flags(const store_layer_info *info, const store_layer_stat *rows, int n)
+{
+    unsigned flags = info && info->first_layer[0] ? STORE_LS_NONFINITE : 0;
+    for (int i = 0; i < n; i++) {
+        const store_layer_stat *r = &rows[i];
+        bool has_ovf = !((r->missing >> STORE_L_ACT_OVERFLOW) & 1u);
+        bool has_nf = !((r->missing >> STORE_L_GRAD_NONFINITE) & 1u);
+        if (has_ovf && r->v[STORE_L_ACT_OVERFLOW] > 0)
+            flags |= STORE_LS_OVERFLOW;
+        if (has_nf && r->v[STORE_L_GRAD_NONFINITE] > 0)
+            flags |= STORE_LS_NONFINITE;
+        if ((!((r->missing >> STORE_L_ACT_AMAX) & 1u) && !isfinite(r->v[STORE_L_ACT_AMAX])) ||
+            (!((r->missing >> STORE_L_GRAD_AMAX) & 1u) && !isfinite(r->v[STORE_L_GRAD_AMAX])))
+            flags |= STORE_LS_NONFINITE;
+    }
+    return flags;
+}
+
+int store_layer_stats_append(store *s, int64_t job, int64_t step, const store_layer_info *info,
+                             const store_layer_stat *rows, int n)
+{
+    wlayers *L;
+    witem it;
+    int rc;
+
+    if (!s || step < 0 || n < 0 || n > STORE_LAYERS_MAX || (n > 0 && !rows))
+        return STORE_EINVAL;
+    if (info &&
+        (strnlen(info->first_layer, sizeof(info->first_layer)) == sizeof(info->first_layer) ||
+         strnlen(info->first_where, sizeof(info->first_where)) == sizeof(info->first_where)))
+        return STORE_EINVAL;
+    for (int i = 0; i < n; i++)
+        if (!rows[i].name[0] ||
+            strnlen(rows[i].name, sizeof(rows[i].name)) == sizeof(rows[i].name) ||
+            strnlen(rows[i].dtype, sizeof(rows[i].dtype)) == sizeof(rows[i].dtype))
+            return STORE_EINVAL;
+    L = malloc(sizeof(*L) + (size_t)n * sizeof(store_layer_stat));
+    if (!L)
+        return STORE_EIO;
+    memset(&L->info, 0, sizeof(L->info));
+    L->info.scale = NAN;
+    if (info) {
+        L->info.scale = info->scale;
+        memcpy(L->info.first_layer, info->first_layer, sizeof(L->info.first_layer));
+        memcpy(L->info.first_where, info->first_where, sizeof(L->info.first_where));
+        if (!L->info.first_layer[0])
+            L->info.first_where[0] = '\0';
+    }
+    L->info.flags = layer_flags(&L->info, rows, n);
+    L->n = n;
+    if (n > 0)
+        memcpy(L->rows, rows, (size_t)n * sizeof(store_layer_stat));
+    memset(&it, 0, sizeof(it));
+    it.kind = W_LAYERS;
+    it.job = job;
+    it.step = step;
+    it.u.layers = L;
+    if ((rc = q_push(s->wr, &it)) != 0)
+        free(L);
+    return rc;
+}
+
 /* Step a bound statement of the write connection to completion. */
 static int step_done(store *s, sqlite3_stmt *st)
 {
@@ -1067,7 +1200,7 @@ static int step_done(store *s, sqlite3_stmt *st)
 int store_metrics_truncate(store *s, int64_t job, int64_t after_step)
 {
     static const int deletes[] = {ST_METRIC_TRUNCATE, ST_ROLLUP_TRUNCATE, ST_LAYER_TRUNCATE,
-                                  ST_JOB_STEP_MIN};
+                                  ST_LAYER_STEP_TRUNCATE, ST_JOB_STEP_MIN};
     struct straddle {
         int rank, li;
         int64_t bucket;

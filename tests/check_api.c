@@ -10,8 +10,10 @@
  *             degraded mode): every GET route, the 4xx errors (404, 405 + Allow, 401 +
  *             WWW-Authenticate, 413 by Content-Length and chunked, 414, 415, 400 naming the
  *             parameter), 503 for submits, metrics as JSON and CSV (raw and downsampled,
- *             NaN and Infinity kept, overflow steps kept), events with a cursor,
- *             checkpoint download, compare, system, Prometheus text parsed line by line,
+ *             NaN and Infinity kept, overflow steps kept), per-layer stats (one step, the
+ *             latest, the heatmap with its subsampling, 400s naming the parameter, the
+ *             Prometheus gauges), events with a cursor, checkpoint download, compare,
+ *             system, Prometheus text parsed line by line,
  *             SSE of a finished job (backlog, resume by Last-Event-ID, `end`), SSE of a
  *             running job followed through the store, the heartbeat, and api_stop ending
  *             open streams at once.
@@ -19,7 +21,8 @@
  *             submit (201, Location, Idempotency-Key -> 200 with the same job), the job
  *             runs to succeeded, cancel / resume / delete with 202, 409 and 204, an SSE
  *             client that disconnects and resumes with Last-Event-ID sees every step
- *             exactly once, and 100 concurrent SSE clients all see the whole run.
+ *             exactly once, 100 concurrent SSE clients all see the whole run, and a worker's
+ *             layers and recommendation lines reach SSE clients, /layers and /events.
  *
  * The HTTP client is a small raw-socket one (HTTP/1.1, chunked decoding) so the test needs
  * no libcurl. Only 127.0.0.1 is used.
@@ -1339,6 +1342,209 @@ START_TEST(test_prometheus)
 }
 END_TEST
 
+/* Steps 10, 20, ..., 100 of a three-layer job: fc1 (fp16) plain; fc2 (fp16) overflows at
+ * 10 and 70 (act_overflow 7; at 10 a NaN grad_amax and the first non-finite), headroom
+ * +Inf, lost_updates NaN; head (fp32) does not report lost_updates. */
+static void add_layer_rows(int64_t job)
+{
+    for (int64_t s = 10; s <= 100; s += 10) {
+        store_layer_stat r[3];
+        store_layer_info info;
+        memset(r, 0, sizeof(r));
+        memset(&info, 0, sizeof(info));
+        info.scale = s == 10 ? 65536 : 32768;
+        if (s == 10) {
+            snprintf(info.first_layer, sizeof(info.first_layer), "fc2");
+            snprintf(info.first_where, sizeof(info.first_where), "forward");
+        }
+        for (int l = 0; l < 3; l++) {
+            snprintf(r[l].name, sizeof(r[l].name), "%s", l == 0 ? "fc1" : l == 1 ? "fc2" : "head");
+            snprintf(r[l].dtype, sizeof(r[l].dtype), "%s", l == 2 ? "fp32" : "fp16");
+            r[l].v[STORE_L_ACT_AMAX] = (double)s + l;
+            r[l].v[STORE_L_ACT_HEADROOM] = 65504.0 / ((double)s + l);
+            r[l].v[STORE_L_GRAD_AMAX] = 0.5;
+            r[l].v[STORE_L_GRAD_UNDERFLOW] = 0.125 * l;
+            r[l].v[STORE_L_GRAD_UNDERFLOW_UNSCALED] = 0.25 * l;
+        }
+        r[1].v[STORE_L_ACT_HEADROOM] = INFINITY;
+        r[1].v[STORE_L_GRAD_AMAX] = s == 10 ? NAN : 0.5;
+        r[1].v[STORE_L_LOST_UPDATES] = NAN; /* NaN, but not a sign of overflow */
+        r[1].v[STORE_L_ACT_OVERFLOW] = s == 10 || s == 70 ? 7 : 0;
+        r[2].missing = 1u << STORE_L_LOST_UPDATES;
+        r[2].v[STORE_L_LOST_UPDATES] = NAN;
+        ck_assert_int_eq(store_layer_stats_append(st, job, s, &info, r, 3), 0);
+    }
+    ck_assert_int_eq(store_flush(st), 0);
+}
+
+START_TEST(test_layers)
+{
+    int64_t id = add_job("layers", "fp16", 100);
+    char path[200];
+    json_t *j, *l;
+
+    /* no diagnosed step yet: an empty answer, not an error */
+    snprintf(path, sizeof(path), "/v1/jobs/%lld/layers", (long long)id);
+    j = get_json(port, path, 200);
+    ck_assert_int_eq(json_integer_value(json_object_get(j, "job")), id);
+    ck_assert(json_is_null(json_object_get(j, "step")));
+    ck_assert(json_is_null(json_object_get(j, "first_nonfinite")));
+    ck_assert_int_eq(json_array_size(json_object_get(j, "layers")), 0);
+    json_decref(j);
+    add_layer_rows(id);
+
+    /* the latest diagnosed step */
+    j = get_json(port, path, 200);
+    ck_assert_int_eq(json_integer_value(json_object_get(j, "step")), 100);
+    ck_assert(json_number_value(json_object_get(j, "scale")) == 32768);
+    ck_assert(json_is_null(json_object_get(j, "first_nonfinite")));
+    ck_assert(json_is_false(json_object_get(j, "overflow")));
+    ck_assert_int_eq(json_array_size(json_object_get(j, "layers")), 3);
+    l = json_array_get(json_object_get(j, "layers"), 0);
+    ck_assert_str_eq(json_string_value(json_object_get(l, "name")), "fc1");
+    ck_assert_str_eq(json_string_value(json_object_get(l, "dtype")), "fp16");
+    ck_assert(json_number_value(json_object_get(l, "act_amax")) == 100);
+    ck_assert(json_number_value(json_object_get(l, "act_headroom")) == 655.04);
+    ck_assert_int_eq(json_object_size(l), 2 + STORE_L_NFIELDS);
+    json_decref(j);
+
+    /* one step: non-finite values as strings, counts as integers, missing as null */
+    snprintf(path, sizeof(path), "/v1/jobs/%lld/layers?step=10", (long long)id);
+    j = get_json(port, path, 200);
+    ck_assert_int_eq(json_integer_value(json_object_get(j, "step")), 10);
+    ck_assert(json_number_value(json_object_get(j, "scale")) == 65536);
+    ck_assert_str_eq(
+        json_string_value(json_object_get(json_object_get(j, "first_nonfinite"), "layer")), "fc2");
+    ck_assert_str_eq(
+        json_string_value(json_object_get(json_object_get(j, "first_nonfinite"), "where")),
+        "forward");
+    ck_assert(json_is_true(json_object_get(j, "nonfinite")));
+    ck_assert(json_is_true(json_object_get(j, "overflow")));
+    l = json_array_get(json_object_get(j, "layers"), 1);
+    ck_assert_str_eq(json_string_value(json_object_get(l, "act_headroom")), "Infinity");
+    ck_assert_str_eq(json_string_value(json_object_get(l, "grad_amax")), "NaN");
+    ck_assert(json_is_integer(json_object_get(l, "act_overflow")));
+    ck_assert_int_eq(json_integer_value(json_object_get(l, "act_overflow")), 7);
+    ck_assert_int_eq(json_integer_value(json_object_get(l, "grad_nonfinite")), 0);
+    l = json_array_get(json_object_get(j, "layers"), 2);
+    ck_assert_str_eq(json_string_value(json_object_get(l, "dtype")), "fp32");
+    ck_assert(json_is_null(json_object_get(l, "lost_updates")));
+    ck_assert(json_number_value(json_object_get(l, "grad_underflow_unscaled")) == 0.5);
+    json_decref(j);
+    snprintf(path, sizeof(path), "/v1/jobs/%lld/layers?step=20", (long long)id);
+    j = get_json(port, path, 200);
+    ck_assert(json_is_false(json_object_get(j, "nonfinite")));
+    l = json_array_get(json_object_get(j, "layers"), 1);
+    ck_assert_str_eq(json_string_value(json_object_get(l, "lost_updates")), "NaN");
+    ck_assert(json_number_value(json_object_get(l, "grad_amax")) == 0.5);
+    json_decref(j);
+
+    /* a heatmap: 4 of the 10 steps, the overflowing 10 and 70 always among them */
+    snprintf(path, sizeof(path), "/v1/jobs/%lld/layers?from=0&steps=4", (long long)id);
+    j = get_json(port, path, 200);
+    ck_assert_int_eq(json_integer_value(json_object_get(j, "total_steps")), 10);
+    ck_assert(json_is_null(json_object_get(j, "to")));
+    json_t *steps = json_object_get(j, "steps");
+    static const int want[] = {10, 20, 70, 100};
+    ck_assert_int_eq(json_array_size(steps), 4);
+    for (int k = 0; k < 4; k++)
+        ck_assert_int_eq(json_integer_value(json_array_get(steps, (size_t)k)), want[k]);
+    ck_assert(json_is_true(json_array_get(json_object_get(j, "overflow"), 2)));
+    ck_assert(json_is_false(json_array_get(json_object_get(j, "overflow"), 1)));
+    ck_assert(json_number_value(json_array_get(json_object_get(j, "scale"), 0)) == 65536);
+    ck_assert_str_eq(json_string_value(json_object_get(
+                         json_array_get(json_object_get(j, "first_nonfinite"), 0), "layer")),
+                     "fc2");
+    ck_assert(json_is_null(json_array_get(json_object_get(j, "first_nonfinite"), 1)));
+    ck_assert_int_eq(json_array_size(json_object_get(j, "layers")), 3);
+    ck_assert_str_eq(json_string_value(json_array_get(json_object_get(j, "layers"), 2)), "head");
+    ck_assert_str_eq(json_string_value(json_array_get(json_object_get(j, "dtypes"), 2)), "fp32");
+    json_t *fields = json_object_get(j, "fields");
+    ck_assert_int_eq(json_object_size(fields), 5); /* the default fields */
+    json_t *hr = json_object_get(fields, "act_headroom");
+    ck_assert_int_eq(json_array_size(hr), 3);
+    ck_assert_int_eq(json_array_size(json_array_get(hr, 0)), 4);
+    ck_assert(json_number_value(json_array_get(json_array_get(hr, 0), 2)) == 65504.0 / 70);
+    ck_assert_str_eq(json_string_value(json_array_get(json_array_get(hr, 1), 3)), "Infinity");
+    ck_assert(json_number_value(json_array_get(
+                  json_array_get(json_object_get(fields, "grad_underflow"), 2), 0)) == 0.25);
+    ck_assert_ptr_nonnull(json_object_get(fields, "grad_underflow_unscaled"));
+    ck_assert_ptr_nonnull(json_object_get(fields, "act_amax"));
+    ck_assert_ptr_nonnull(json_object_get(fields, "grad_amax"));
+    json_decref(j);
+
+    /* chosen fields and a window */
+    snprintf(path, sizeof(path),
+             "/v1/jobs/%lld/layers?from=20&to=70&fields=act_overflow,lost_updates", (long long)id);
+    j = get_json(port, path, 200);
+    ck_assert_int_eq(json_integer_value(json_object_get(j, "total_steps")), 6);
+    ck_assert_int_eq(json_integer_value(json_object_get(j, "to")), 70);
+    fields = json_object_get(j, "fields");
+    ck_assert_int_eq(json_object_size(fields), 2);
+    json_t *ovf = json_array_get(json_object_get(fields, "act_overflow"), 1);
+    ck_assert_int_eq(json_array_size(ovf), 6);
+    ck_assert(json_is_integer(json_array_get(ovf, 5)));
+    ck_assert_int_eq(json_integer_value(json_array_get(ovf, 5)), 7);
+    ck_assert_int_eq(json_integer_value(json_array_get(ovf, 0)), 0);
+    ck_assert(json_is_null(
+        json_array_get(json_array_get(json_object_get(fields, "lost_updates"), 2), 0)));
+    json_decref(j);
+    snprintf(path, sizeof(path), "/v1/jobs/%lld/layers?from=500", (long long)id);
+    j = get_json(port, path, 200);
+    ck_assert_int_eq(json_integer_value(json_object_get(j, "total_steps")), 0);
+    ck_assert_int_eq(json_array_size(json_object_get(j, "steps")), 0);
+    ck_assert_int_eq(json_array_size(json_object_get(j, "layers")), 0);
+    json_decref(j);
+
+    /* errors name the parameter */
+    static const struct {
+        const char *query, *field;
+        int status;
+    } bad[] = {
+        {"step=15", "step", 404},
+        {"step=x", "step", 400},
+        {"step=-1", "step", 400},
+        {"step=10&from=0", "step", 400},
+        {"step=10&fields=act_amax", "step", 400},
+        {"from=-1", "from", 400},
+        {"from=1x", "from", 400},
+        {"from=50&to=40", "to", 400},
+        {"steps=0", "steps", 400},
+        {"steps=2001", "steps", 400},
+        {"fields=loss", "fields", 400},
+        {"fields=", "fields", 400},
+        {"fields=act_amax,,grad_amax", "fields", 400},
+        {"fields=act_amax,act_amax", "fields", 400},
+        {"fields=act_amax,", "fields", 400},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        snprintf(path, sizeof(path), "/v1/jobs/%lld/layers?%s", (long long)id, bad[i].query);
+        req_error(port, "GET", path, NULL, NULL, bad[i].status,
+                  bad[i].status == 404 ? "not_found" : "invalid_parameter", bad[i].field);
+    }
+    req_error(port, "GET", "/v1/jobs/4242/layers", NULL, NULL, 404, "not_found", NULL);
+    req_error(port, "GET", "/v1/jobs/4242/layers?from=0", NULL, NULL, 404, "not_found", NULL);
+
+    /* Prometheus: the running job's latest diagnosed step, per layer */
+    ck_assert_int_eq(store_job_set_status(st, id, STORE_RUNNING, NULL), 0);
+    hresp r;
+    char want_s[160];
+    http(port, "GET", "/metrics", NULL, NULL, 0, &r);
+    ck_assert_int_eq(r.status, 200);
+    snprintf(want_s, sizeof(want_s), "ampd_layer_act_headroom{job=\"%lld\",layer=\"fc1\"}",
+             (long long)id);
+    ck_assert(prom_check(r.body, want_s) == 655.04);
+    snprintf(want_s, sizeof(want_s), "ampd_layer_act_headroom{job=\"%lld\",layer=\"fc2\"}",
+             (long long)id);
+    double v = prom_check(r.body, want_s);
+    ck_assert(isinf(v) && v > 0);
+    snprintf(want_s, sizeof(want_s), "ampd_layer_grad_underflow_ratio{job=\"%lld\",layer=\"head\"}",
+             (long long)id);
+    ck_assert(prom_check(r.body, want_s) == 0.25);
+    hresp_free(&r);
+}
+END_TEST
+
 /* The step ids of the `event: step` messages in an SSE body, in order; checks that every
  * message is well formed. Returns the count; steps[] gets them. (The body is split by
  * hand: libc string searches over a multi-megabyte remainder, as sanitizers check them,
@@ -1850,6 +2056,67 @@ START_TEST(test_live_stream_gap)
 }
 END_TEST
 
+/* A job whose worker prints layers lines and recommendations: a live SSE client gets them
+ * as `event: layers` and `event: event`, and /layers and /events answer from the store. */
+START_TEST(test_live_layers)
+{
+    int64_t id = 0;
+    bool existed;
+    char head[256], path[128];
+    hconn c;
+
+    ck_assert_int_eq(daemon_sched_submit(sc, "diag", "fp16", 30,
+                                         "{\"mode\":\"slow\",\"steps\":30,\"delay\":0.02,"
+                                         "\"diag\":10}",
+                                         NULL, &id, &existed),
+                     0);
+    int n = snprintf(head, sizeof(head), "GET /v1/jobs/%lld/stream HTTP/1.1\r\nHost: x\r\n\r\n",
+                     (long long)id);
+    hc_open(&c, port);
+    hc_send(&c, head, (size_t)n);
+    hc_read_all(&c, 20000);
+    ck_assert_ptr_nonnull(strstr(c.body.data, "event: end\n"));
+    for (int s = 10; s <= 30; s += 10) {
+        char want[96];
+        snprintf(want, sizeof(want),
+                 "id: %d\nevent: layers\ndata: {\"type\":\"layers\",\"step\":%d,", s, s);
+        ck_assert_msg(strstr(c.body.data, want) != NULL, "no layers message for step %d", s);
+    }
+    const char *rec =
+        strstr(c.body.data, "id: 10\nevent: event\ndata: {\"type\":\"event\",\"step\":10,"
+                            "\"kind\":\"recommendation\"");
+    ck_assert_ptr_nonnull(rec);
+    hc_close(&c);
+
+    snprintf(path, sizeof(path), "/v1/jobs/%lld/layers", (long long)id);
+    json_t *j = get_json(port, path, 200);
+    ck_assert_int_eq(json_integer_value(json_object_get(j, "step")), 30);
+    json_t *l = json_array_get(json_object_get(j, "layers"), 1);
+    ck_assert_str_eq(json_string_value(json_object_get(l, "name")), "fc2");
+    ck_assert_str_eq(json_string_value(json_object_get(l, "act_headroom")), "Infinity");
+    ck_assert_str_eq(json_string_value(json_object_get(l, "grad_underflow")), "NaN");
+    json_decref(j);
+    snprintf(path, sizeof(path), "/v1/jobs/%lld/layers?from=0", (long long)id);
+    j = get_json(port, path, 200);
+    ck_assert_int_eq(json_array_size(json_object_get(j, "steps")), 3);
+    json_decref(j);
+    snprintf(path, sizeof(path), "/v1/jobs/%lld/events", (long long)id);
+    j = get_json(port, path, 200);
+    int recs = 0;
+    json_t *ev = json_object_get(j, "events");
+    for (size_t i = 0; i < json_array_size(ev); i++) {
+        json_t *e = json_array_get(ev, i);
+        if (strcmp(json_string_value(json_object_get(e, "kind")), "recommendation") != 0)
+            continue;
+        recs++;
+        json_t *layer = json_object_get(json_object_get(e, "data"), "layer");
+        ck_assert(layer == NULL || strcmp(json_string_value(layer), "fc1") == 0);
+    }
+    ck_assert_int_eq(recs, 2);
+    json_decref(j);
+}
+END_TEST
+
 static Suite *api_suite(void)
 {
     Suite *s = suite_create("api");
@@ -1875,6 +2142,7 @@ static Suite *api_suite(void)
     tcase_add_test(t, test_events_checkpoints);
     tcase_add_test(t, test_system);
     tcase_add_test(t, test_prometheus);
+    tcase_add_test(t, test_layers);
     tcase_add_test(t, test_sse_finished);
     tcase_add_test(t, test_sse_running_and_stop);
     tcase_add_test(t, test_sse_many_clients);
@@ -1888,6 +2156,7 @@ static Suite *api_suite(void)
     tcase_add_test(l, test_live_lifecycle);
     tcase_add_test(l, test_live_stream_resume);
     tcase_add_test(l, test_live_stream_gap);
+    tcase_add_test(l, test_live_layers);
     suite_add_tcase(s, l);
     return s;
 }

@@ -92,9 +92,10 @@ static void run_fwd_bwd(net *n, gpu_dtype pdt, const void *p, float seed, double
 {
     gpu_mlp_weights w = {p, pdt, NULL};
     int correct;
-    ck_assert_int_eq(gpu_mlp_forward(&n->m, &w, n->x, n->y, B, n->acts, n->scratch, loss, &correct),
-                     0);
-    ck_assert_int_eq(gpu_mlp_backward(&n->m, &w, n->y, B, seed, n->acts, n->scratch, n->grads), 0);
+    ck_assert_int_eq(
+        gpu_mlp_forward(&n->m, &w, n->x, n->y, B, n->acts, n->scratch, loss, &correct, NULL), 0);
+    ck_assert_int_eq(
+        gpu_mlp_backward(&n->m, &w, n->y, B, seed, n->acts, n->scratch, n->grads, NULL), 0);
 }
 
 static void check_fd(gpu_activation act)
@@ -229,7 +230,8 @@ START_TEST(test_forward_overflow)
     gpu_cvt_from_f32(w16, GPU_FP16, n.params, P);
     gpu_mlp_weights w = {w16, GPU_FP16, NULL};
     int correct;
-    ck_assert_int_eq(gpu_mlp_forward(&n.m, &w, n.x, n.y, B, n.acts, n.scratch, &loss, &correct), 0);
+    ck_assert_int_eq(
+        gpu_mlp_forward(&n.m, &w, n.x, n.y, B, n.acts, n.scratch, &loss, &correct, NULL), 0);
     ck_assert_msg(!isfinite(loss), "loss %g should overflow in fp16", loss);
     free(w16);
     net_free(&n);

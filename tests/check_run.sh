@@ -2,7 +2,8 @@
 # check_run.sh - `ampd run` end to end, as a user drives it: a small synthetic job trains
 # and prints start, step, eval and summary lines; a bad spec is refused with the field
 # named and exit status 2; an impossible device fails the job with the reason; SIGINT
-# stops a run cleanly with status "interrupted" and exit status 130.
+# stops a run cleanly with status "interrupted" and exit status 130; a job with
+# diagnostics prints "layers" lines and recommendation events.
 set -u
 AMPD=${AMPD:-./ampd}
 TMP=$(mktemp -d)
@@ -36,6 +37,40 @@ check "log says which backend" grep -q 'using the CPU backend' "$TMP/err"
 
 echo "$job" | "$AMPD" run --every 10 - >"$TMP/out"
 check "--every 10 prints 4 steps" test "$(grep -c '"type":"step"' "$TMP/out")" -eq 4
+
+# per-layer diagnostics: a "layers" line every diagnostics_every steps that --every does not
+# suppress, with the numbers of each layer
+dj='{"name": "diag", "model": {"layers": [20, 32, 32, 4]},
+     "data": {"type": "synthetic", "train_size": 512, "eval_size": 128},
+     "precision": {"dtype": "fp16"}, "batch_size": 32, "steps": 40, "diagnostics_every": 10,
+     "threads": 1}'
+echo "$dj" | "$AMPD" run --every 40 - >"$TMP/out" 2>/dev/null
+check "diagnosed job: one step line with --every 40" test "$(grep -c '"type":"step"' "$TMP/out")" -eq 1
+check "diagnosed job: a layers line every 10 steps all the same" \
+    test "$(grep -c '"type":"layers"' "$TMP/out")" -eq 4
+check "layers line: step, scale, no inf/NaN, the layers by name" \
+    grep -q '^{"type":"layers","step":10,"scale":65536.0,"first_nonfinite":null,"layers":\[{"name":"fc1","dtype":"fp16","act_amax":' "$TMP/out"
+check "layers line: every field of a layer" \
+    grep -q '{"name":"fc3","dtype":"fp16","act_amax":[0-9.e+-]*,"act_headroom":[0-9.e+-]*,"act_overflow":0,"grad_amax":[0-9.e+-]*,"grad_underflow":[0-9.e+-]*,"grad_underflow_unscaled":[0-9.e+-]*,"grad_nonfinite":0,"lost_updates":0.0}\]}$' "$TMP/out"
+
+# fp16 activations beyond 65504 in fc2: every step overflows and is diagnosed, the advice
+# names fc2 and bf16 once, and the failure at the scale's floor carries the diagnosis
+ov='{"name": "ovf", "model": {"layers": [32, 32, 32, 4], "init_scale": 300},
+     "data": {"type": "synthetic", "features": 32, "classes": 4, "train_size": 1024,
+              "eval_size": 128},
+     "precision": {"dtype": "fp16"}, "batch_size": 64, "steps": 200, "threads": 1}'
+echo "$ov" | "$AMPD" run --every 1000 - >"$TMP/out" 2>/dev/null
+rc=$?
+check "overflowing job fails at the floor" test "$rc" -eq 1
+check "every overflowing step has a layers line" test "$(grep -c '"type":"layers"' "$TMP/out")" -eq 66
+check "the first inf/NaN: fc2's forward pass" \
+    grep -q '"type":"layers","step":1,"scale":65536.0,"first_nonfinite":{"layer":"fc2","where":"forward"}' "$TMP/out"
+check "one recommendation for fc2: use bf16" \
+    test "$(grep -c '"type":"event","step":1,"kind":"recommendation","layer":"fc2","message":"activations of fc2 exceed fp16.s 65504 (max [0-9.e+]*): use bf16"' "$TMP/out")" -eq 1
+check "the scale floor recommendation" \
+    grep -q '"type":"event","step":66,"kind":"recommendation","layer":null,"message":"loss scale stuck at its floor 1 for 50 steps' "$TMP/out"
+check "the failure carries the diagnosis" \
+    grep -q '"status":"failed".*"error":"loss scale stuck at its floor 1 for 50 overflowing steps in a row: fc2.s forward activations reach' "$TMP/out"
 
 echo '{"optimizer": {"lr": -1}}' | "$AMPD" run - >"$TMP/out" 2>"$TMP/err"
 rc=$?

@@ -12,6 +12,8 @@
  * and resume from the checkpoint; restart recovery (running -> interrupted -> resumed,
  * retries exhausted -> failed); a stop interrupts running jobs, which resume on the next
  * start; two slots run two jobs at once; overflow and scale events; over-long and garbage lines;
+ * layers lines stored as layer stats (NaN/Infinity, scale, first non-finite layer) and
+ * recommendation events (with their layer) stored and passed to the hub;
  * delete; the worker's descriptors, signal state and process group; a cancel that reaches a worker
  * before its exec (no handler of the daemon runs in it); an unrunnable worker binary; hub
  * semantics.
@@ -639,6 +641,9 @@ START_TEST(test_long_and_garbage_lines)
 {
     fixture f;
     store_series se;
+    store_layer_stat *rows = NULL;
+    int64_t at;
+    int n;
     setup(&f);
     start_sched(&f);
     int64_t a = submit(&f, "{\"mode\":\"longline\",\"steps\":6}");
@@ -649,6 +654,124 @@ START_TEST(test_long_and_garbage_lines)
     store_series_free(&se);
     check_rows(&f, b, STORE_M_LOSS, 6, &se);
     store_series_free(&se);
+    /* a layers line without layers or without a step is dropped; a nameless layer ends
+     * the list; event lines with a bad kind or no message are dropped */
+    ck_assert_int_eq(store_layer_stats_get(f.st, b, 2, &rows, &n, &at, NULL), STORE_ENOTFOUND);
+    ck_assert_int_eq(store_layer_stats_get(f.st, b, -1, &rows, &n, &at, NULL), 0);
+    ck_assert_int_eq(at, 3);
+    ck_assert_int_eq(n, 0);
+    free(rows);
+    ck_assert_int_eq(count_events(&f, b, "recommendation", NULL), 0);
+    ck_assert_int_eq(count_events(&f, b, "Bad Kind", NULL), 0);
+    teardown(&f);
+}
+END_TEST
+
+START_TEST(test_layers_and_recommendations)
+{
+    fixture f;
+    store_layer_stat *rows = NULL;
+    store_layer_info info;
+    store_layer_range lr;
+    store_event *ev = NULL;
+    daemon_line *lines = NULL;
+    int64_t at, oldest;
+    int n, nev = 0, fields[2] = {STORE_L_ACT_OVERFLOW, STORE_L_ACT_HEADROOM};
+    bool finished;
+
+    setup(&f);
+    start_sched(&f);
+    int64_t id = submit(&f, "{\"mode\":\"overflow\",\"steps\":6,\"diag\":2}");
+    wait_status(&f, id, STORE_SUCCEEDED, 10);
+    ck_assert_int_eq(store_flush(f.st), 0);
+
+    /* the latest diagnosed step: every field as the worker printed it */
+    ck_assert_int_eq(store_layer_stats_get(f.st, id, -1, &rows, &n, &at, &info), 0);
+    ck_assert_int_eq(at, 6);
+    ck_assert_int_eq(n, 2);
+    ck_assert_str_eq(rows[0].name, "fc1");
+    ck_assert_str_eq(rows[0].dtype, "fp16");
+    ck_assert(rows[0].v[STORE_L_ACT_AMAX] == 6.5);
+    ck_assert(rows[0].v[STORE_L_ACT_HEADROOM] == 32.75);
+    ck_assert(rows[0].v[STORE_L_GRAD_AMAX] == 0.125);
+    ck_assert(rows[0].v[STORE_L_GRAD_UNDERFLOW] == 0.25);
+    ck_assert(rows[0].v[STORE_L_GRAD_UNDERFLOW_UNSCALED] == 0.75);
+    ck_assert_uint_eq(rows[0].missing, 0);
+    ck_assert_str_eq(rows[1].name, "fc2");
+    ck_assert(isinf(rows[1].v[STORE_L_ACT_HEADROOM]) && rows[1].v[STORE_L_ACT_HEADROOM] > 0);
+    ck_assert(isnan(rows[1].v[STORE_L_GRAD_UNDERFLOW]));
+    ck_assert(rows[1].v[STORE_L_GRAD_AMAX] == 0.0625);
+    ck_assert(rows[1].v[STORE_L_ACT_OVERFLOW] == 0);
+    ck_assert_uint_eq(rows[1].missing, 0);
+    ck_assert(info.scale == 1);
+    ck_assert_str_eq(info.first_layer, "");
+    ck_assert_uint_eq(info.flags, 0);
+    free(rows);
+
+    /* an overflowing step: its scale, the first non-finite layer, the counts */
+    ck_assert_int_eq(store_layer_stats_get(f.st, id, 1, &rows, &n, &at, &info), 0);
+    ck_assert_int_eq(n, 2);
+    ck_assert(info.scale == 8);
+    ck_assert_str_eq(info.first_layer, "fc2");
+    ck_assert_str_eq(info.first_where, "forward");
+    ck_assert_uint_eq(info.flags, STORE_LS_NONFINITE | STORE_LS_OVERFLOW);
+    ck_assert(rows[1].v[STORE_L_ACT_OVERFLOW] == 5 && rows[1].v[STORE_L_GRAD_NONFINITE] == 5);
+    ck_assert(isnan(rows[1].v[STORE_L_GRAD_AMAX]));
+    free(rows);
+    ck_assert_int_eq(store_layer_stats_get(f.st, id, 5, &rows, &n, &at, NULL), STORE_ENOTFOUND);
+
+    /* every overflowing step and every second step was diagnosed */
+    ck_assert_int_eq(store_layer_stats_range(f.st, id, 0, -1, 100, fields, 2, &lr), 0);
+    ck_assert_int_eq(lr.nsteps, 5);
+    static const int64_t want_steps[] = {1, 2, 3, 4, 6};
+    for (int k = 0; k < 5; k++)
+        ck_assert_int_eq(lr.steps[k], want_steps[k]);
+    ck_assert_int_eq(lr.nlayers, 2);
+    ck_assert(lr.values[STORE_LR_AT(&lr, 1, 0, 2)] == 5 &&
+              lr.values[STORE_LR_AT(&lr, 1, 0, 3)] == 0);
+    store_layer_range_free(&lr);
+
+    /* recommendations are events (with the layer as data); a worker event of a kind the
+     * daemon writes itself is not taken */
+    ck_assert_int_eq(count_events(&f, id, "recommendation", NULL), 2);
+    ck_assert_int_eq(count_events(&f, id, "scale", NULL), 3);
+    ck_assert_int_eq(count_events(&f, id, "scale", "not the daemon"), 0);
+    ck_assert_int_eq(store_event_list(f.st, id, 0, 1000, &ev, &nev), 0);
+    int with_layer = 0, without = 0;
+    for (int i = 0; i < nev; i++) {
+        if (strcmp(ev[i].kind, "recommendation") != 0)
+            continue;
+        ck_assert_int_eq(ev[i].step, 1);
+        if (ev[i].data) {
+            ck_assert_str_eq(ev[i].data, "{\"layer\":\"fc1\"}");
+            ck_assert_ptr_nonnull(strstr(ev[i].message, "fc1 flush to zero"));
+            with_layer++;
+        } else {
+            ck_assert_str_eq(ev[i].message, "loss scale pinned at its minimum");
+            without++;
+        }
+    }
+    ck_assert_int_eq(with_layer, 1);
+    ck_assert_int_eq(without, 1);
+    store_events_free(ev, nev);
+
+    /* the hub has the layers lines as printed and the recommendations as event lines */
+    ck_assert_int_eq(daemon_sched_lines(f.sc, id, 0, 1000, &lines, &n, &oldest, &finished), 0);
+    int nlayers = 0, nrec = 0;
+    for (int i = 0; i < n; i++) {
+        if (strncmp(lines[i].json, "{\"type\":\"layers\",", 17) == 0) {
+            nlayers++;
+            ck_assert_ptr_nonnull(strstr(lines[i].json, "\"act_headroom\":\"Infinity\""));
+        }
+        if (strstr(lines[i].json, "\"type\":\"event\"") &&
+            strstr(lines[i].json, "\"kind\":\"recommendation\"")) {
+            ck_assert_int_eq(lines[i].step, 1);
+            nrec++;
+        }
+    }
+    ck_assert_int_eq(nlayers, 5);
+    ck_assert_int_eq(nrec, 2);
+    daemon_lines_free(lines, n);
     teardown(&f);
 }
 END_TEST
@@ -861,6 +984,7 @@ static Suite *sched_suite(void)
     tcase_add_test(tc, test_two_slots);
     tcase_add_test(tc, test_overflow_events);
     tcase_add_test(tc, test_long_and_garbage_lines);
+    tcase_add_test(tc, test_layers_and_recommendations);
     tcase_add_test(tc, test_delete);
     tcase_add_test(tc, test_bad_worker_binary);
     tcase_add_test(tc, test_idempotent_submit);

@@ -2,10 +2,11 @@
  * check_spec.c - job-spec validation: the DESIGN.md example parses with its values, every
  * omitted field gets its default, and bad input is refused with the offending field named.
  *
- * Data roots point at a temporary directory with a fake IDX dataset so the tests do not
- * depend on installed packages.
+ * Data roots point at a temporary directory with a fake IDX dataset, text files and token
+ * files so the tests do not depend on installed packages.
  */
 #include <check.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +38,14 @@ static void setup(void)
     touch(dir, "train-labels-idx1-ubyte.gz");
     touch(dir, "t10k-images-idx3-ubyte");
     touch(dir, "t10k-labels-idx1-ubyte");
+    /* text and token sources (their content is the worker's business, not the spec's) */
+    snprintf(dir, sizeof(dir), "%s/fortunes", root);
+    ck_assert_int_eq(mkdir(dir, 0755), 0);
+    touch(dir, "cookie");
+    touch(dir, "cookie.dat");
+    touch(root, "shakespeare.txt");
+    touch(root, "tiny_train.bin");
+    touch(root, "tiny_val.bin");
     memset(&opts, 0, sizeof(opts));
     opts.nroots = 1;
     snprintf(opts.roots[0], sizeof(opts.roots[0]), "%s", root);
@@ -219,7 +228,16 @@ START_TEST(test_bad_values)
     expect_field("{\"device\": \"cuda:x\"}", "device");
     expect_field("{\"distributed\": {\"world_size\": 2}}", "distributed.world_size");
     expect_field("{\"distributed\": {\"comm_hook\": \"fp8\"}}", "distributed.comm_hook");
-    expect_field("{\"model\": {\"type\": \"gpt\"}}", "model.type");
+    /* a gpt needs sequence data, its heads must divide d_model, its fields are its own */
+    expect_field("{\"model\": {\"type\": \"gpt\"}}", "data.type");
+    expect_field("{\"model\": {\"type\": \"gpt\", \"d_model\": 100, \"n_head\": 3}}",
+                 "model.n_head");
+    expect_field("{\"model\": {\"type\": \"gpt\", \"layers\": [2, 3]}}", "model.layers");
+    expect_field("{\"model\": {\"type\": \"gpt\", \"vocab\": 1}}", "model.vocab");
+    expect_field("{\"model\": {\"type\": \"mlp\", \"n_layer\": 2}}", "model.n_layer");
+    expect_field("{\"model\": {\"type\": \"mlp\"}, \"data\": {\"type\": \"text\", "
+                 "\"train\": \"fashion-mnist\"}}",
+                 "data.type");
     expect_field("{\"data\": {\"type\": \"synthetic\", \"classes\": 1}}", "data.classes");
     expect_field("{\"data\": {\"type\": \"idx\", \"features\": 3}}", "data.features");
     /* a model that cannot fit is refused with what it needs */
@@ -231,7 +249,9 @@ START_TEST(test_bad_values)
     ck_assert_msg(strstr(e.message, "GiB") && strstr(e.message, "this machine has"), "%s",
                   e.message);
     ck_assert_int_eq(parse("{\"model\": {\"layers\": [784, 4096, 10]}, \"batch_size\": 65536,"
-                           " \"data\": {\"type\": \"synthetic\"}}", &c, &e), 0);
+                           " \"data\": {\"type\": \"synthetic\"}}",
+                           &c, &e),
+                     0);
 }
 END_TEST
 
@@ -260,6 +280,108 @@ START_TEST(test_data_roots)
 }
 END_TEST
 
+START_TEST(test_seq_data)
+{
+    gpu_job_config c;
+    api_error e;
+    char spec[700], want[PATH_MAX];
+    json_t *canon, *d;
+
+    /* a text directory by name: default val_fraction, no eval source */
+    ck_assert_int_eq(parse("{\"model\": {\"type\": \"gpt\"}, \"data\": {\"type\": \"text\", \"train\": \"fortunes\"}}", &c, &e), 0);
+    ck_assert_int_eq(c.data.type, GPU_DATA_TEXT);
+    ck_assert_ptr_nonnull(realpath(root, want));
+    strcat(want, "/fortunes");
+    ck_assert_str_eq(c.data.seq_train, want);
+    ck_assert_str_eq(c.data.seq_eval, "");
+    ck_assert_float_eq(c.data.val_fraction, 0.1f);
+    canon = api_spec_to_json(&c);
+    d = json_object_get(canon, "data");
+    ck_assert_str_eq(json_string_value(json_object_get(d, "type")), "text");
+    ck_assert_str_eq(json_string_value(json_object_get(d, "train")), want);
+    ck_assert(json_is_null(json_object_get(d, "eval")));
+    ck_assert_float_eq_tol(json_number_value(json_object_get(d, "val_fraction")), 0.1, 1e-7);
+    json_decref(canon);
+    /* a text file by name, and by absolute path inside the root */
+    ck_assert_int_eq(parse("{\"model\": {\"type\": \"gpt\"}, \"data\": {\"type\": \"text\", \"train\": \"shakespeare.txt\","
+                           " \"val_fraction\": 0.25}}",
+                           &c, &e),
+                     0);
+    ck_assert_ptr_nonnull(strstr(c.data.seq_train, "/shakespeare.txt"));
+    ck_assert_float_eq(c.data.val_fraction, 0.25f);
+    snprintf(spec, sizeof(spec),
+             "{\"model\": {\"type\": \"gpt\"}, \"data\": {\"type\": \"text\", \"train\": \"%s/fortunes/cookie\", \"eval\": "
+             "\"shakespeare.txt\"}}",
+             root);
+    ck_assert_int_eq(parse(spec, &c, &e), 0);
+    ck_assert_ptr_nonnull(strstr(c.data.seq_train, "/fortunes/cookie"));
+    ck_assert_ptr_nonnull(strstr(c.data.seq_eval, "/shakespeare.txt"));
+    /* token files, with an eval file */
+    ck_assert_int_eq(parse("{\"model\": {\"type\": \"gpt\"}, \"data\": {\"type\": \"tokens\", \"train\": \"tiny_train.bin\","
+                           " \"eval\": \"tiny_val.bin\"}}",
+                           &c, &e),
+                     0);
+    ck_assert_int_eq(c.data.type, GPU_DATA_TOKENS);
+    ck_assert_ptr_nonnull(strstr(c.data.seq_train, "/tiny_train.bin"));
+    ck_assert_ptr_nonnull(strstr(c.data.seq_eval, "/tiny_val.bin"));
+    canon = api_spec_to_json(&c);
+    d = json_object_get(canon, "data");
+    ck_assert_str_eq(json_string_value(json_object_get(d, "type")), "tokens");
+    ck_assert_ptr_nonnull(strstr(json_string_value(json_object_get(d, "eval")), "tiny_val.bin"));
+    ck_assert_ptr_null(json_object_get(d, "val_fraction"));
+    json_decref(canon);
+    ck_assert_int_eq(parse("{\"model\": {\"type\": \"gpt\"}, \"data\": {\"type\": \"tokens\", \"train\": \"tiny_train.bin\","
+                           " \"eval\": null}}",
+                           &c, &e),
+                     0);
+    ck_assert_str_eq(c.data.seq_eval, "");
+
+    /* errors name the field */
+    expect_field("{\"data\": {\"type\": \"csv\"}}", "data.type");
+    expect_field("{\"model\": {\"type\": \"gpt\"}, \"data\": {\"type\": \"text\"}}", "data.train");
+    expect_field("{\"model\": {\"type\": \"gpt\"}, \"data\": {\"type\": \"text\", \"train\": 3}}", "data.train");
+    expect_field("{\"model\": {\"type\": \"gpt\"}, \"data\": {\"type\": \"text\", \"train\": \"\"}}", "data.train");
+    expect_field("{\"model\": {\"type\": \"gpt\"}, \"data\": {\"type\": \"text\", \"train\": \"nope.txt\"}}", "data.train");
+    expect_field("{\"model\": {\"type\": \"gpt\"}, \"data\": {\"type\": \"text\", \"train\": \"/etc/passwd\"}}", "data.train");
+    expect_field("{\"model\": {\"type\": \"gpt\"}, \"data\": {\"type\": \"text\", \"train\": \"../shakespeare.txt\"}}",
+                 "data.train");
+    expect_field("{\"model\": {\"type\": \"gpt\"}, \"data\": {\"type\": \"text\", \"train\": \"fortunes/cookie\"}}", "data.train");
+    expect_field("{\"model\": {\"type\": \"gpt\"}, \"data\": {\"type\": \"tokens\", \"train\": \"fortunes\"}}", "data.train");
+    expect_field("{\"model\": {\"type\": \"gpt\"}, \"data\": {\"type\": \"tokens\", \"train\": \"tiny_train.bin\", \"eval\": "
+                 "\"fortunes\"}}",
+                 "data.eval");
+    expect_field("{\"model\": {\"type\": \"gpt\"}, \"data\": {\"type\": \"text\", \"train\": \"fortunes\", \"eval\": 5}}",
+                 "data.eval");
+    expect_field("{\"model\": {\"type\": \"gpt\"}, \"data\": {\"type\": \"text\", \"train\": \"fortunes\", \"eval\": "
+                 "\"missing\"}}",
+                 "data.eval");
+    const char *bad_fracs[] = {"0", "1", "1.5", "-0.1", "\"0.1\"", "null"};
+    for (size_t i = 0; i < sizeof(bad_fracs) / sizeof(bad_fracs[0]); i++) {
+        snprintf(spec, sizeof(spec),
+                 "{\"model\": {\"type\": \"gpt\"}, \"data\": {\"type\": \"text\", \"train\": \"fortunes\", \"val_fraction\": "
+                 "%s}}",
+                 bad_fracs[i]);
+        expect_field(spec, "data.val_fraction");
+    }
+    expect_field("{\"model\": {\"type\": \"gpt\"}, \"data\": {\"type\": \"text\", \"train\": \"fortunes\", \"eval\": "
+                 "\"shakespeare.txt\", \"val_fraction\": 0.2}}",
+                 "data.val_fraction");
+    expect_field("{\"data\": {\"type\": \"idx\", \"val_fraction\": 0.2}}", "data.val_fraction");
+    expect_field("{\"data\": {\"type\": \"synthetic\", \"val_fraction\": 0.2}}",
+                 "data.val_fraction");
+    expect_field("{\"model\": {\"type\": \"gpt\"}, \"data\": {\"type\": \"text\", \"train\": \"fortunes\", \"classes\": 3}}",
+                 "data.classes");
+    expect_field("{\"model\": {\"type\": \"gpt\"}, \"data\": {\"type\": \"tokens\", \"train\": \"tiny_train.bin\", \"split\": "
+                 "1}}",
+                 "data.split");
+    /* a symlink inside the root that leads outside is refused */
+    char link[400];
+    snprintf(link, sizeof(link), "%s/passwd", root);
+    ck_assert_int_eq(symlink("/etc/passwd", link), 0);
+    expect_field("{\"model\": {\"type\": \"gpt\"}, \"data\": {\"type\": \"text\", \"train\": \"passwd\"}}", "data.train");
+}
+END_TEST
+
 static Suite *spec_suite(void)
 {
     Suite *s = suite_create("spec");
@@ -271,6 +393,7 @@ static Suite *spec_suite(void)
     tcase_add_test(tc, test_unknown_fields);
     tcase_add_test(tc, test_bad_values);
     tcase_add_test(tc, test_data_roots);
+    tcase_add_test(tc, test_seq_data);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -3,8 +3,11 @@
  * cursor, idempotency, timestamps, flags, cascading delete), metric rows through the
  * writer (NaN/+-Inf round-trip, flags, upsert, evals, truncate), downsampling against a
  * brute-force computation over random data, the rollup table against the raw rows,
- * events, checkpoints, the latest row, counters, and readers on several threads while the
- * writer appends.
+ * events, checkpoints, the latest row, counters, readers on several threads while the
+ * writer appends, the migration from schema version 1, and the per-layer diagnostics
+ * (NaN/+-Inf/missing round trip, step flags, upsert, latest, truncate, delete, and the
+ * heatmap range against a reference: subsampling that keeps special steps, layers by
+ * first appearance, every cell).
  *
  * Each test opens a fresh database file made with mkstemp in a directory under /tmp and
  * removes it (and its -wal/-shm files) afterwards; the directory and anything a failed
@@ -28,6 +31,8 @@
 #include "store/store.h"
 
 #define NF STORE_M_NFIELDS
+#define NLF STORE_L_NFIELDS
+#define SCHEMA_VERSION 2
 #define EVAL_BITS ((1u << STORE_M_EVAL_LOSS) | (1u << STORE_M_EVAL_ACC))
 
 static char tmp_dir[64];
@@ -412,15 +417,16 @@ static void check_rollups(const model *md, int64_t job)
 START_TEST(test_migrate_and_reopen)
 {
     sqlite3 *db = raw_open();
-    static const char *const tables[] = {"jobs",   "metrics",     "metrics_rollup", "layer_stats",
-                                         "events", "checkpoints", "schema_version"};
+    static const char *const tables[] = {"jobs",        "metrics",       "metrics_rollup",
+                                         "layer_stats", "layer_steps",   "events",
+                                         "checkpoints", "schema_version"};
     store_metric m;
     store_job j;
     int64_t id;
     store_series se;
     int f = STORE_M_LOSS;
 
-    ck_assert_int_eq(raw_int(db, "SELECT MAX(version) FROM schema_version", 0), 1);
+    ck_assert_int_eq(raw_int(db, "SELECT MAX(version) FROM schema_version", 0), SCHEMA_VERSION);
     for (size_t i = 0; i < sizeof(tables) / sizeof(tables[0]); i++) {
         sqlite3_stmt *q;
         ck_assert_int_eq(sqlite3_prepare_v2(db, "SELECT COUNT(*) FROM sqlite_schema WHERE name=?1",
@@ -448,8 +454,8 @@ START_TEST(test_migrate_and_reopen)
 
     ck_assert_int_eq(store_open(db_path, &st), 0);
     db = raw_open();
-    ck_assert_int_eq(raw_int(db, "SELECT MAX(version) FROM schema_version", 0), 1);
-    ck_assert_int_eq(raw_int(db, "SELECT COUNT(*) FROM schema_version", 0), 1);
+    ck_assert_int_eq(raw_int(db, "SELECT MAX(version) FROM schema_version", 0), SCHEMA_VERSION);
+    ck_assert_int_eq(raw_int(db, "SELECT COUNT(*) FROM schema_version", 0), SCHEMA_VERSION);
     sqlite3_close(db);
     ck_assert_int_eq(store_job_get(st, id, &j), 0);
     ck_assert_str_eq(j.name, "keep");
@@ -698,7 +704,9 @@ START_TEST(test_job_delete_cascade)
         "SELECT COUNT(*) FROM events WHERE job_id=?1",
         "SELECT COUNT(*) FROM checkpoints WHERE job_id=?1",
         "SELECT COUNT(*) FROM layer_stats WHERE job_id=?1",
+        "SELECT COUNT(*) FROM layer_steps WHERE job_id=?1",
     };
+    store_layer_stat lrow;
 
     for (int64_t s = 0; s < 2500; s++) {
         gen_metric(&m, a, s, s % 100 == 0);
@@ -712,20 +720,20 @@ START_TEST(test_job_delete_cascade)
     }
     ck_assert_int_eq(store_checkpoint_add(st, a, 500, "/tmp/a-500", 10), 0);
     ck_assert_int_eq(store_checkpoint_add(st, b, 500, "/tmp/b-500", 10), 0);
+    memset(&lrow, 0, sizeof(lrow));
+    snprintf(lrow.name, sizeof(lrow.name), "fc1");
+    snprintf(lrow.dtype, sizeof(lrow.dtype), "fp16");
+    ck_assert_int_eq(store_layer_stats_append(st, a, 10, NULL, &lrow, 1), 0);
+    ck_assert_int_eq(store_layer_stats_append(st, b, 10, NULL, &lrow, 1), 0);
     ck_assert_int_eq(store_flush(st), 0);
     db = raw_open();
-    {
-        char *sql = sqlite3_mprintf("INSERT INTO layer_stats(job_id, step, layer, name) VALUES "
-                                    "(%lld, 10, 0, 'fc1'), (%lld, 10, 0, 'fc1')",
-                                    (long long)a, (long long)b);
-        ck_assert_int_eq(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
-        sqlite3_free(sql);
-    }
-    for (size_t i = 0; i < 5; i++)
+    for (size_t i = 0; i < 6; i++)
         ck_assert_int_gt(raw_int(db, counts[i], a), 0);
 
+    /* not flushed: the delete must commit the queue before it cascades */
+    ck_assert_int_eq(store_layer_stats_append(st, a, 20, NULL, &lrow, 1), 0);
     ck_assert_int_eq(store_job_delete(st, a), 0);
-    for (size_t i = 0; i < 5; i++) {
+    for (size_t i = 0; i < 6; i++) {
         ck_assert_msg(raw_int(db, counts[i], a) == 0, "%s", counts[i]);
         ck_assert_int_gt(raw_int(db, counts[i], b), 0);
     }
@@ -742,11 +750,21 @@ START_TEST(test_job_delete_cascade)
     ck_assert_int_eq(n, 0);
     free(ck);
     ck_assert_int_eq(store_metric_latest(st, a, &m), STORE_ENOTFOUND);
+    {
+        store_layer_stat *lr = NULL;
+        int64_t at;
+        ck_assert_int_eq(store_layer_stats_get(st, a, -1, &lr, &n, &at, NULL), STORE_ENOTFOUND);
+        ck_assert_int_eq(store_layer_stats_get(st, b, -1, &lr, &n, &at, NULL), 0);
+        ck_assert_int_eq(n, 1);
+        ck_assert_int_eq(at, 10);
+        free(lr);
+    }
 
     /* rows still arriving for the deleted job are dropped; the writer keeps going */
     gen_metric(&m, a, 3000, false);
     ck_assert_int_eq(store_metric_append(st, &m), 0);
     ck_assert_int_eq(store_event_append(st, a, 3000, "lifecycle", "late", NULL), 0);
+    ck_assert_int_eq(store_layer_stats_append(st, a, 3000, NULL, &lrow, 1), 0);
     gen_metric(&m, b, 3000, false);
     ck_assert_int_eq(store_metric_append(st, &m), 0);
     ck_assert_int_eq(store_flush(st), 0);
@@ -1216,6 +1234,470 @@ START_TEST(test_concurrent_readers)
 }
 END_TEST
 
+/* ---- per-layer diagnostics --------------------------------------------------------------- */
+
+static store_layer_stat lstat(const char *name, const char *dtype, const double *v,
+                              unsigned missing)
+{
+    store_layer_stat r;
+    memset(&r, 0, sizeof(r));
+    snprintf(r.name, sizeof(r.name), "%s", name);
+    snprintf(r.dtype, sizeof(r.dtype), "%s", dtype);
+    for (int f = 0; f < NLF; f++)
+        r.v[f] = (missing >> f) & 1u ? NAN : v[f];
+    r.missing = missing;
+    return r;
+}
+
+static void check_lrow(const store_layer_stat *got, const store_layer_stat *want)
+{
+    ck_assert_str_eq(got->name, want->name);
+    ck_assert_str_eq(got->dtype, want->dtype);
+    ck_assert_uint_eq(got->missing, want->missing);
+    for (int f = 0; f < NLF; f++)
+        ck_assert_msg(same(got->v[f], want->v[f]), "%s.%s: %g, expected %g", want->name,
+                      store_layer_field_name(f), got->v[f], want->v[f]);
+}
+
+/* A database made by the version-1 schema is migrated: its placeholder layer_stats is
+ * replaced, everything else is kept. */
+START_TEST(test_migrate_from_v1)
+{
+    int64_t id = new_job("old", "fp16");
+    sqlite3 *db;
+    store_layer_stat r, *rows = NULL;
+    double v[NLF] = {1, 2, 3, 4, 0.5, 0.25, 0, 0};
+    int64_t at;
+    int n;
+    store_job j;
+
+    store_close(st);
+    st = NULL;
+    db = raw_open();
+    ck_assert_int_eq(
+        sqlite3_exec(db,
+                     "DROP TABLE layer_steps; DROP TABLE layer_stats; "
+                     "CREATE TABLE layer_stats (job_id INTEGER NOT NULL REFERENCES jobs(id) "
+                     "ON DELETE CASCADE, step INTEGER NOT NULL, layer INTEGER NOT NULL, name TEXT "
+                     "NOT NULL, act_amax REAL, act_headroom REAL, grad_amax REAL, grad_amax_scaled "
+                     "REAL, grad_underflow REAL, grad_underflow_unscaled REAL, nonfinite INTEGER "
+                     "NOT NULL DEFAULT 0, PRIMARY KEY (job_id, step, layer)) WITHOUT ROWID; "
+                     "DELETE FROM schema_version WHERE version > 1",
+                     NULL, NULL, NULL),
+        SQLITE_OK);
+    ck_assert_int_eq(raw_int(db, "SELECT MAX(version) FROM schema_version", 0), 1);
+    sqlite3_close(db);
+
+    ck_assert_int_eq(store_open(db_path, &st), 0);
+    db = raw_open();
+    ck_assert_int_eq(raw_int(db, "SELECT MAX(version) FROM schema_version", 0), SCHEMA_VERSION);
+    ck_assert_int_eq(raw_int(db,
+                             "SELECT COUNT(*) FROM pragma_table_info('layer_stats') WHERE "
+                             "name IN ('dtype','act_overflow','grad_nonfinite',"
+                             "'lost_updates','nan_mask')",
+                             0),
+                     5);
+    ck_assert_int_eq(raw_int(db,
+                             "SELECT COUNT(*) FROM pragma_table_info('layer_stats') WHERE "
+                             "name IN ('grad_amax_scaled','nonfinite')",
+                             0),
+                     0);
+    sqlite3_close(db);
+    ck_assert_int_eq(store_job_get(st, id, &j), 0);
+    ck_assert_str_eq(j.name, "old");
+    store_job_clear(&j);
+    r = lstat("fc1", "fp16", v, 0);
+    ck_assert_int_eq(store_layer_stats_append(st, id, 5, NULL, &r, 1), 0);
+    ck_assert_int_eq(store_flush(st), 0);
+    ck_assert_int_eq(store_layer_stats_get(st, id, -1, &rows, &n, &at, NULL), 0);
+    ck_assert_int_eq(n, 1);
+    ck_assert_int_eq(at, 5);
+    check_lrow(&rows[0], &r);
+    free(rows);
+}
+END_TEST
+
+START_TEST(test_layer_roundtrip)
+{
+    int64_t job = new_job("l", "fp16"), other = new_job("o", "fp16");
+    const unsigned miss3 = (1u << STORE_L_LOST_UPDATES) | (1u << STORE_L_GRAD_UNDERFLOW_UNSCALED);
+    double v1[NLF] = {1000.5, 65504.0 / 1000.5, 0, 3e-3, 0.25, 0.75, 0, 0};
+    double v2[NLF] = {0, INFINITY, 7, NAN, NAN, 0.5, 2, -INFINITY};
+    double v3[NLF] = {1e-30, 6.5e34, 0, 1e38, 1, 0, 0, 0};
+    store_layer_stat want[3] = {lstat("fc1", "fp16", v1, 0), lstat("fc2", "bf16", v2, 0),
+                                lstat("blocks.11.attn.proj", "fp32", v3, miss3)};
+    store_layer_stat *rows = NULL, bad;
+    store_layer_info info, got;
+    int64_t at;
+    int n;
+    sqlite3 *db;
+
+    memset(&info, 0, sizeof(info));
+    info.scale = 32768;
+    snprintf(info.first_layer, sizeof(info.first_layer), "fc2");
+    snprintf(info.first_where, sizeof(info.first_where), "forward");
+    info.flags = 0xff; /* ignored: the store computes them */
+    ck_assert_int_eq(store_layer_stats_append(st, job, 10, &info, want, 3), 0);
+    ck_assert_int_eq(store_layer_stats_append(st, job, 20, NULL, want, 1), 0);
+    ck_assert_int_eq(store_layer_stats_append(st, job, 30, NULL, NULL, 0), 0);
+    ck_assert_int_eq(store_flush(st), 0);
+
+    /* the latest diagnosed step, even without rows */
+    ck_assert_int_eq(store_layer_stats_get(st, job, -1, &rows, &n, &at, &got), 0);
+    ck_assert_int_eq(at, 30);
+    ck_assert_int_eq(n, 0);
+    ck_assert(isnan(got.scale));
+    ck_assert_str_eq(got.first_layer, "");
+    ck_assert_uint_eq(got.flags, 0);
+    free(rows);
+    ck_assert_int_eq(store_layer_stats_get(st, job, 20, &rows, &n, &at, &got), 0);
+    ck_assert_int_eq(n, 1);
+    check_lrow(&rows[0], &want[0]);
+    ck_assert_uint_eq(got.flags, 0);
+    free(rows);
+    ck_assert_int_eq(store_layer_stats_get(st, job, 10, &rows, &n, &at, &got), 0);
+    ck_assert_int_eq(at, 10);
+    ck_assert_int_eq(n, 3);
+    for (int i = 0; i < 3; i++)
+        check_lrow(&rows[i], &want[i]);
+    ck_assert(got.scale == 32768);
+    ck_assert_str_eq(got.first_layer, "fc2");
+    ck_assert_str_eq(got.first_where, "forward");
+    ck_assert_uint_eq(got.flags, STORE_LS_NONFINITE | STORE_LS_OVERFLOW);
+    free(rows);
+    ck_assert_int_eq(store_layer_stats_get(st, job, 15, &rows, &n, &at, NULL), STORE_ENOTFOUND);
+    ck_assert_ptr_null(rows);
+    ck_assert_int_eq(n, 0);
+    ck_assert_int_eq(store_layer_stats_get(st, other, -1, &rows, &n, &at, NULL), STORE_ENOTFOUND);
+
+    /* each flag on its own */
+    {
+        double c[NLF] = {1, 2, 0, 1, 0, 0, 0, 0};
+        store_layer_stat r = lstat("x", "fp16", c, 0);
+        store_layer_info fi;
+        memset(&fi, 0, sizeof(fi));
+        snprintf(fi.first_layer, sizeof(fi.first_layer), "x");
+        ck_assert_int_eq(store_layer_stats_append(st, other, 1, NULL, &r, 1), 0);
+        ck_assert_int_eq(store_layer_stats_append(st, other, 2, &fi, &r, 1), 0);
+        r.v[STORE_L_GRAD_NONFINITE] = 1;
+        ck_assert_int_eq(store_layer_stats_append(st, other, 3, NULL, &r, 1), 0);
+        r.v[STORE_L_GRAD_NONFINITE] = 0;
+        r.v[STORE_L_ACT_OVERFLOW] = 4;
+        ck_assert_int_eq(store_layer_stats_append(st, other, 4, NULL, &r, 1), 0);
+        r.v[STORE_L_ACT_OVERFLOW] = 0;
+        r.v[STORE_L_ACT_AMAX] = INFINITY;
+        ck_assert_int_eq(store_layer_stats_append(st, other, 5, NULL, &r, 1), 0);
+        r.missing = 1u << STORE_L_ACT_AMAX; /* a missing field never raises a flag */
+        ck_assert_int_eq(store_layer_stats_append(st, other, 6, NULL, &r, 1), 0);
+        ck_assert_int_eq(store_flush(st), 0);
+        static const unsigned wantf[] = {
+            0, 0, STORE_LS_NONFINITE, STORE_LS_NONFINITE, STORE_LS_OVERFLOW, STORE_LS_NONFINITE, 0};
+        for (int s2 = 1; s2 <= 6; s2++) {
+            ck_assert_int_eq(store_layer_stats_get(st, other, s2, &rows, &n, &at, &fi), 0);
+            ck_assert_msg(fi.flags == wantf[s2], "step %d: flags %u", s2, fi.flags);
+            free(rows);
+        }
+        ck_assert_str_eq(fi.first_layer, "");
+    }
+
+    /* upsert: step 10 written again with one layer replaces its rows and record */
+    want[0].v[STORE_L_ACT_AMAX] = 12.0;
+    info.scale = 16384;
+    info.first_layer[0] = '\0';
+    ck_assert_int_eq(store_layer_stats_append(st, job, 10, &info, want, 1), 0);
+    ck_assert_int_eq(store_flush(st), 0);
+    ck_assert_int_eq(store_layer_stats_get(st, job, 10, &rows, &n, &at, &got), 0);
+    ck_assert_int_eq(n, 1);
+    check_lrow(&rows[0], &want[0]);
+    ck_assert(got.scale == 16384);
+    ck_assert_str_eq(got.first_layer, "");
+    ck_assert_str_eq(got.first_where, "");
+    ck_assert_uint_eq(got.flags, 0);
+    free(rows);
+    db = raw_open();
+    ck_assert_int_eq(raw_int(db, "SELECT COUNT(*) FROM layer_stats WHERE step=10", 0), 1);
+    sqlite3_close(db);
+
+    /* rows for a job that does not exist are dropped; the writer goes on */
+    ck_assert_int_eq(store_layer_stats_append(st, 4242, 1, NULL, want, 2), 0);
+    ck_assert_int_eq(store_layer_stats_append(st, job, 40, NULL, want, 2), 0);
+    ck_assert_int_eq(store_flush(st), 0);
+    ck_assert_int_eq(store_layer_stats_get(st, 4242, -1, &rows, &n, &at, NULL), STORE_ENOTFOUND);
+    ck_assert_int_eq(store_layer_stats_get(st, job, -1, &rows, &n, &at, NULL), 0);
+    ck_assert_int_eq(at, 40);
+    ck_assert_int_eq(n, 2);
+    free(rows);
+
+    /* bad input */
+    ck_assert_int_eq(store_layer_stats_append(NULL, job, 1, NULL, want, 1), STORE_EINVAL);
+    ck_assert_int_eq(store_layer_stats_append(st, job, -1, NULL, want, 1), STORE_EINVAL);
+    ck_assert_int_eq(store_layer_stats_append(st, job, 1, NULL, want, -1), STORE_EINVAL);
+    ck_assert_int_eq(store_layer_stats_append(st, job, 1, NULL, NULL, 1), STORE_EINVAL);
+    ck_assert_int_eq(store_layer_stats_append(st, job, 1, NULL, want, STORE_LAYERS_MAX + 1),
+                     STORE_EINVAL);
+    bad = want[0];
+    bad.name[0] = '\0';
+    ck_assert_int_eq(store_layer_stats_append(st, job, 1, NULL, &bad, 1), STORE_EINVAL);
+    memset(bad.name, 'a', sizeof(bad.name)); /* unterminated */
+    ck_assert_int_eq(store_layer_stats_append(st, job, 1, NULL, &bad, 1), STORE_EINVAL);
+    bad = want[0];
+    memset(bad.dtype, 'b', sizeof(bad.dtype));
+    ck_assert_int_eq(store_layer_stats_append(st, job, 1, NULL, &bad, 1), STORE_EINVAL);
+    memset(info.first_where, 'w', sizeof(info.first_where));
+    ck_assert_int_eq(store_layer_stats_append(st, job, 1, &info, want, 1), STORE_EINVAL);
+    ck_assert_int_eq(store_layer_stats_get(st, job, -1, NULL, &n, &at, NULL), STORE_EINVAL);
+    ck_assert_int_eq(store_layer_stats_get(NULL, job, -1, &rows, &n, &at, NULL), STORE_EINVAL);
+    ck_assert_int_eq(store_layer_field_parse("grad_underflow_unscaled"),
+                     STORE_L_GRAD_UNDERFLOW_UNSCALED);
+    ck_assert_int_eq(store_layer_field_parse("loss"), -1);
+    ck_assert_int_eq(store_layer_field_parse(NULL), -1);
+    ck_assert_str_eq(store_layer_field_name(STORE_L_LOST_UPDATES), "lost_updates");
+    ck_assert_ptr_null(store_layer_field_name(NLF));
+    store_layer_range_free(NULL);
+}
+END_TEST
+
+START_TEST(test_layer_truncate)
+{
+    int64_t job = new_job("lt", "fp16");
+    double v[NLF] = {1, 2, 0, 3, 0.1, 0.2, 0, 0};
+    store_layer_stat rows2[2] = {lstat("fc1", "fp16", v, 0), lstat("fc2", "fp16", v, 0)};
+    store_layer_stat *rows = NULL;
+    store_layer_range lr;
+    int f = STORE_L_ACT_AMAX, n;
+    int64_t at;
+    sqlite3 *db;
+
+    for (int64_t s = 10; s <= 100; s += 10)
+        ck_assert_int_eq(store_layer_stats_append(st, job, s, NULL, rows2, 2), 0);
+    /* not flushed: the truncate commits the queue first */
+    ck_assert_int_eq(store_metrics_truncate(st, job, 55), 0);
+    ck_assert_int_eq(store_layer_stats_get(st, job, -1, &rows, &n, &at, NULL), 0);
+    ck_assert_int_eq(at, 50);
+    free(rows);
+    ck_assert_int_eq(store_layer_stats_get(st, job, 60, &rows, &n, &at, NULL), STORE_ENOTFOUND);
+    db = raw_open();
+    ck_assert_int_eq(raw_int(db, "SELECT COUNT(*) FROM layer_stats WHERE job_id=?1", job), 10);
+    ck_assert_int_eq(raw_int(db, "SELECT COUNT(*) FROM layer_steps WHERE job_id=?1", job), 5);
+    ck_assert_int_eq(store_layer_stats_range(st, job, 0, -1, 100, &f, 1, &lr), 0);
+    ck_assert_int_eq(lr.total_steps, 5);
+    ck_assert_int_eq(lr.nsteps, 5);
+    ck_assert_int_eq(lr.steps[4], 50);
+    store_layer_range_free(&lr);
+
+    /* the resumed job writes its steps again */
+    ck_assert_int_eq(store_layer_stats_append(st, job, 60, NULL, rows2, 1), 0);
+    ck_assert_int_eq(store_flush(st), 0);
+    ck_assert_int_eq(store_layer_stats_get(st, job, -1, &rows, &n, &at, NULL), 0);
+    ck_assert_int_eq(at, 60);
+    ck_assert_int_eq(n, 1);
+    free(rows);
+    ck_assert_int_eq(store_metrics_truncate(st, job, 0), 0);
+    ck_assert_int_eq(store_layer_stats_get(st, job, -1, &rows, &n, &at, NULL), STORE_ENOTFOUND);
+    ck_assert_int_eq(raw_int(db, "SELECT COUNT(*) FROM layer_stats WHERE job_id=?1", job), 0);
+    ck_assert_int_eq(raw_int(db, "SELECT COUNT(*) FROM layer_steps WHERE job_id=?1", job), 0);
+    sqlite3_close(db);
+}
+END_TEST
+
+/* The reference of the range test: diagnosed steps 5, 10, ..., 2000; layers l0..l3 (l3
+ * absent at multiples of 35), "late" from step 1000 on; l1 never reports lost_updates.
+ * Special steps: act_overflow at multiples of 65, an infinite grad_amax at multiples of 95,
+ * a first non-finite layer at multiples of 145. */
+#define RNSTEPS 400
+#define RNLAYERS 5
+static const char *const rnames[RNLAYERS] = {"l0", "l1", "l2", "l3", "late"};
+
+static bool rpresent(int64_t step, int l)
+{
+    return l < 3 || (l == 3 && step % 35 != 0) || (l == 4 && step >= 1000);
+}
+
+static double rval(int64_t step, int l, int f)
+{
+    uint64_t h = (uint64_t)step * 1000003u + (uint64_t)l * 101u + (uint64_t)f * 7u;
+    if (f == STORE_L_ACT_OVERFLOW)
+        return step % 65 == 0 && l == 2 ? 3 : 0;
+    if (f == STORE_L_GRAD_NONFINITE)
+        return 0;
+    if (f == STORE_L_GRAD_AMAX && step % 95 == 0 && l == 0)
+        return INFINITY;
+    if (f != STORE_L_ACT_AMAX && f != STORE_L_GRAD_AMAX) {
+        if (h % 97 == 0)
+            return NAN;
+        if (h % 89 == 0)
+            return INFINITY;
+        if (h % 83 == 0)
+            return -INFINITY;
+    }
+    return (double)(h % 10007) / 37.0 - 50.0;
+}
+
+static bool rspecial(int64_t step)
+{
+    return step % 65 == 0 || step % 95 == 0 || step % 145 == 0;
+}
+
+static void range_fill(int64_t job)
+{
+    for (int64_t step = 5; step <= 5 * RNSTEPS; step += 5) {
+        store_layer_stat rows[RNLAYERS];
+        store_layer_info info;
+        int n = 0;
+        memset(&info, 0, sizeof(info));
+        info.scale = (double)(65536 >> (step % 7));
+        if (step % 145 == 0) {
+            snprintf(info.first_layer, sizeof(info.first_layer), "l1");
+            snprintf(info.first_where, sizeof(info.first_where), "backward");
+        }
+        for (int l = 0; l < RNLAYERS; l++) {
+            double v[NLF];
+            if (!rpresent(step, l))
+                continue;
+            for (int f = 0; f < NLF; f++)
+                v[f] = rval(step, l, f);
+            rows[n++] = lstat(rnames[l], l == 4 ? "fp32" : "fp16", v,
+                              l == 1 ? 1u << STORE_L_LOST_UPDATES : 0);
+        }
+        ck_assert_int_eq(store_layer_stats_append(st, job, step, &info, rows, n), 0);
+    }
+    ck_assert_int_eq(store_flush(st), 0);
+}
+
+/* Check a range answer against the reference: the steps chosen (every one when they fit;
+ * else every special one and evenly spread regular ones; else evenly spread special ones),
+ * the layers in order of first appearance, and every cell. */
+static void range_check(int64_t job, int64_t from, int64_t to, int max, const int *fields, int nf)
+{
+    store_layer_range lr;
+    int64_t win[RNSTEPS], sp[RNSTEPS], reg[RNSTEPS];
+    int nwin = 0, nsp = 0, nreg = 0, order[RNLAYERS], norder = 0;
+
+    ck_assert_int_eq(store_layer_stats_range(st, job, from, to, max, fields, nf, &lr), 0);
+    for (int64_t step = 5; step <= 5 * RNSTEPS; step += 5) {
+        if (step < from || (to >= 0 && step > to))
+            continue;
+        win[nwin++] = step;
+        if (rspecial(step))
+            sp[nsp++] = step;
+        else
+            reg[nreg++] = step;
+    }
+    ck_assert_int_eq(lr.total_steps, nwin);
+    ck_assert_int_eq(lr.nfields, nf);
+    ck_assert_int_le(lr.nsteps, max);
+    for (int k = 1; k < lr.nsteps; k++)
+        ck_assert_int_gt(lr.steps[k], lr.steps[k - 1]);
+    if (nwin <= max) {
+        ck_assert_int_eq(lr.nsteps, nwin);
+        for (int k = 0; k < nwin; k++)
+            ck_assert_int_eq(lr.steps[k], win[k]);
+    } else {
+        int64_t *pool = nsp >= max ? sp : reg;
+        int npool = nsp >= max ? nsp : nreg, picked = 0, prev = -1, gmin = INT32_MAX, gmax = 0;
+        ck_assert_int_eq(lr.nsteps, max);
+        if (nsp < max) { /* every special step is there */
+            for (int i = 0; i < nsp; i++) {
+                bool found = false;
+                for (int k = 0; k < lr.nsteps && !found; k++)
+                    found = lr.steps[k] == sp[i];
+                ck_assert_msg(found, "special step %lld dropped", (long long)sp[i]);
+            }
+        }
+        for (int i = 0; i < npool; i++) {
+            bool found = false;
+            for (int k = 0; k < lr.nsteps && !found; k++)
+                found = lr.steps[k] == pool[i];
+            if (!found)
+                continue;
+            if (prev >= 0) {
+                gmin = i - prev < gmin ? i - prev : gmin;
+                gmax = i - prev > gmax ? i - prev : gmax;
+            }
+            prev = i;
+            picked++;
+        }
+        ck_assert_int_eq(picked, nsp >= max ? max : max - nsp);
+        if (picked == 1 && nsp >= max) /* one of many: the most recent */
+            ck_assert_int_eq(lr.steps[0], pool[npool - 1]);
+        if (picked > 1) { /* evenly: the first and last, gaps differing by at most one */
+            bool first = false, last = false;
+            for (int k = 0; k < lr.nsteps; k++) {
+                first |= lr.steps[k] == pool[0];
+                last |= lr.steps[k] == pool[npool - 1];
+            }
+            ck_assert(first && last);
+            ck_assert_int_le(gmax - gmin, 1);
+        }
+    }
+    /* layers in order of first appearance over the chosen steps */
+    for (int k = 0; k < lr.nsteps; k++)
+        for (int l = 0; l < RNLAYERS; l++) {
+            bool seen = false;
+            for (int i = 0; i < norder; i++)
+                seen |= order[i] == l;
+            if (rpresent(lr.steps[k], l) && !seen)
+                order[norder++] = l;
+        }
+    ck_assert_int_eq(lr.nlayers, norder);
+    for (int l = 0; l < lr.nlayers; l++) {
+        ck_assert_str_eq(lr.layers[l].name, rnames[order[l]]);
+        ck_assert_str_eq(lr.layers[l].dtype, order[l] == 4 ? "fp32" : "fp16");
+    }
+    for (int k = 0; k < lr.nsteps; k++) {
+        int64_t step = lr.steps[k];
+        ck_assert(lr.info[k].scale == (double)(65536 >> (step % 7)));
+        ck_assert_str_eq(lr.info[k].first_layer, step % 145 == 0 ? "l1" : "");
+        ck_assert_int_eq((lr.info[k].flags & STORE_LS_OVERFLOW) != 0, step % 65 == 0);
+        ck_assert_int_eq((lr.info[k].flags & STORE_LS_NONFINITE) != 0,
+                         step % 95 == 0 || step % 145 == 0);
+        for (int l = 0; l < lr.nlayers; l++)
+            for (int f = 0; f < nf; f++) {
+                size_t at = STORE_LR_AT(&lr, l, f, k);
+                int rl = order[l];
+                bool want = rpresent(step, rl) && !(rl == 1 && fields[f] == STORE_L_LOST_UPDATES);
+                ck_assert_msg(lr.has[at] == want, "step %lld layer %s field %d: has %d",
+                              (long long)step, rnames[rl], fields[f], lr.has[at]);
+                if (want)
+                    ck_assert_msg(same(lr.values[at], rval(step, rl, fields[f])),
+                                  "step %lld layer %s field %d: %g", (long long)step, rnames[rl],
+                                  fields[f], lr.values[at]);
+            }
+    }
+    store_layer_range_free(&lr);
+    ck_assert_ptr_null(lr.steps);
+}
+
+START_TEST(test_layer_range)
+{
+    int64_t job = new_job("lr", "fp16");
+    int all[NLF], two[2] = {STORE_L_LOST_UPDATES, STORE_L_GRAD_AMAX}, dup[2] = {1, 1};
+    int bad = NLF;
+    store_layer_range lr;
+
+    for (int f = 0; f < NLF; f++)
+        all[f] = f;
+    range_fill(job);
+    range_check(job, 0, -1, 1000, all, NLF);   /* everything */
+    range_check(job, 0, -1, 100, all, NLF);    /* every special step, regular ones spread */
+    range_check(job, 0, -1, 20, two, 2);       /* too many special steps: those spread */
+    range_check(job, 300, 1700, 60, two, 2);   /* a window */
+    range_check(job, 1000, 1000, 5, all, NLF); /* one step */
+    range_check(job, 997, 1003, 5, all, NLF);
+    range_check(job, 995, 2000, 1, two, 2);   /* one step out of many: the last special */
+    range_check(job, 2001, -1, 10, all, NLF); /* nothing there */
+    range_check(job, 50, 10, 10, all, NLF);   /* an empty window */
+
+    ck_assert_int_eq(store_layer_stats_range(st, job, 0, -1, 0, all, 1, &lr), STORE_EINVAL);
+    ck_assert_int_eq(store_layer_stats_range(st, job, 0, -1, 10, all, 0, &lr), STORE_EINVAL);
+    ck_assert_int_eq(store_layer_stats_range(st, job, 0, -1, 10, dup, 2, &lr), STORE_EINVAL);
+    ck_assert_int_eq(store_layer_stats_range(st, job, 0, -1, 10, &bad, 1, &lr), STORE_EINVAL);
+    ck_assert_int_eq(store_layer_stats_range(st, job, 0, -1, 10, NULL, 1, &lr), STORE_EINVAL);
+    ck_assert_int_eq(store_layer_stats_range(NULL, job, 0, -1, 10, all, 1, &lr), STORE_EINVAL);
+    ck_assert_int_eq(store_layer_stats_range(st, job, 0, -1, 10, all, 1, NULL), STORE_EINVAL);
+}
+END_TEST
+
 static Suite *store_suite(void)
 {
     Suite *s = suite_create("store");
@@ -1238,6 +1720,10 @@ static Suite *store_suite(void)
     tcase_add_test(tc, test_events_cursor);
     tcase_add_test(tc, test_checkpoints);
     tcase_add_test(tc, test_concurrent_readers);
+    tcase_add_test(tc, test_migrate_from_v1);
+    tcase_add_test(tc, test_layer_roundtrip);
+    tcase_add_test(tc, test_layer_truncate);
+    tcase_add_test(tc, test_layer_range);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -10,8 +10,15 @@
 #   fail      2 steps, a summary with an error, exit 1
 #   overflow  steps 1-3 overflow (scale 8, 4, 2), then clean steps at scale 1
 #   longline  a step line of about 3 MB (one huge field), then the ok run
-#   garbage   non-JSON and type-less lines between the ok run's lines
+#   garbage   non-JSON and type-less lines, and malformed layers and event lines, between
+#             the ok run's lines
 #   hang, fds a start line, then silence (the test reads /proc/PID/fd of an fds worker)
+# With "diag": K (> 0) a "layers" line follows every K-th step's line and every overflowing
+# step's line, as `ampd run` prints them (two layers: fc1 with plain numbers, fc2 with an
+# "Infinity" headroom and a "NaN" underflow fraction; an overflowing step has act_overflow
+# and grad_nonfinite 5 and a "NaN" grad_amax on fc2, and fc2's forward as the first
+# non-finite), and the first diagnosed step also prints two recommendation events (one
+# naming a layer) and an event of a kind the daemon keeps for itself.
 set -u
 ckdir="" resume="" spec=""
 while [ $# -gt 0 ]; do
@@ -35,11 +42,38 @@ mode=$(get mode ok)
 steps=$(get steps 20)
 ckpt=$(get ckpt 0)
 delay=$(get delay 0)
+diag=$(get diag 0)
 step=0
 if [ -n "$resume" ]; then
     step=${resume##*ckpt-}
     step=${step%.safetensors}
 fi
+
+diagnosed=0
+layers() { # step scale overflowed
+    local first=null ovf=0 gmax=0.0625
+    if [ "$3" = true ]; then
+        first='{"layer":"fc2","where":"forward"}'
+        ovf=5
+        gmax='"NaN"'
+    fi
+    printf '{"type":"layers","step":%d,"scale":%d,' "$1" "$2"
+    printf '"first_nonfinite":%s,"layers":[' "$first"
+    printf '{"name":"fc1","dtype":"fp16","act_amax":%d.5,"act_headroom":32.75,' "$1"
+    printf '"act_overflow":0,"grad_amax":0.125,"grad_underflow":0.25,'
+    printf '"grad_underflow_unscaled":0.75,"grad_nonfinite":0,"lost_updates":0},'
+    printf '{"name":"fc2","dtype":"fp16","act_amax":0,"act_headroom":"Infinity",'
+    printf '"act_overflow":%d,"grad_amax":%s,"grad_underflow":"NaN",' "$ovf" "$gmax"
+    printf '"grad_underflow_unscaled":0.5,"grad_nonfinite":%d,"lost_updates":0}]}\n' "$ovf"
+    if [ "$diagnosed" = 0 ]; then
+        diagnosed=1
+        printf '{"type":"event","step":%d,"kind":"recommendation","layer":"fc1",' "$1"
+        printf '"message":"75%% of the gradients of fc1 flush to zero without loss scaling"}\n'
+        printf '{"type":"event","step":%d,"kind":"recommendation",' "$1"
+        printf '"message":"loss scale pinned at its minimum"}\n'
+        printf '{"type":"event","step":%d,"kind":"scale","message":"not the daemon'"'"'s"}\n' "$1"
+    fi
+}
 
 checkpoint() {
     local path="$ckdir/ckpt-$step.safetensors"
@@ -69,12 +103,19 @@ while [ "$step" -lt "$steps" ]; do
     if [ "$mode" = longline ] && [ "$step" -eq 2 ]; then
         pad=",\"pad\":\"$(head -c 3000000 /dev/zero | tr '\0' x)\""
     fi
-    [ "$mode" = garbage ] && echo "not json at step $step" && echo '{"no_type":1}' && echo '[1,2'
+    [ "$mode" = garbage ] && echo "not json at step $step" && echo '{"no_type":1}' && echo '[1,2' &&
+        echo '{"type":"layers","step":2}' && echo '{"type":"layers","layers":[]}' &&
+        echo '{"type":"layers","step":3,"layers":[{"dtype":"fp16","act_amax":1}]}' &&
+        echo '{"type":"event","step":1,"kind":"Bad Kind","message":"x"}' &&
+        echo '{"type":"event","step":1,"kind":"recommendation"}'
     printf '{"type":"step","step":%d,"loss":%d.5,"lr":0.001,' "$step" "$step"
     printf '"loss_scale":%d,' "$scale"
     printf '"overflow":%s,"skipped":%s,"overflow_total":0,"skipped_total":0,' "$ovf" "$ovf"
     printf '"grad_norm":"NaN","step_ms":1.5,"samples_per_s":"Infinity","lost_updates":0,'
     printf '"mem":{"total":%d}%s}\n' $((1000 + step)) "$pad"
+    if [ "$diag" -gt 0 ] && { [ $((step % diag)) -eq 0 ] || [ "$ovf" = true ]; }; then
+        layers "$step" "$scale" "$ovf"
+    fi
     if [ "$ckpt" -gt 0 ] && [ $((step % ckpt)) -eq 0 ]; then
         checkpoint
     fi
