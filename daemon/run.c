@@ -63,14 +63,17 @@ static void emit(json_t *obj)
 
 static void emit_step(const gpu_step_metrics *m)
 {
-    emit(json_pack("{s:s, s:I, s:o, s:o, s:o, s:b, s:b, s:I, s:I, s:o, s:o, s:o, s:I, s:o}", "type",
+    json_t *o = json_pack("{s:s, s:I, s:o, s:o, s:o, s:b, s:b, s:I, s:I, s:o, s:o, s:o, s:I, s:o}", "type",
                    "step", "step", (json_int_t)m->step, "loss", api_json_num(m->loss), "lr",
                    api_json_float(m->lr), "loss_scale", api_json_float(m->loss_scale), "overflow",
                    m->overflow, "skipped", m->skipped, "overflow_total",
                    (json_int_t)m->overflow_total, "skipped_total", (json_int_t)m->skipped_total,
                    "grad_norm", api_json_num(m->grad_norm), "step_ms", api_json_num(m->step_ms),
                    "samples_per_s", api_json_num(m->samples_per_s), "lost_updates",
-                   (json_int_t)m->lost_updates, "mem", mem_json(&m->mem)));
+                   (json_int_t)m->lost_updates, "mem", mem_json(&m->mem));
+    if (m->tokens_per_s > 0)
+        json_object_set_new(o, "tokens_per_s", api_json_num(m->tokens_per_s));
+    emit(o);
 }
 
 /* The "layers" line of a diagnosed step and an "event" line per new recommendation. */

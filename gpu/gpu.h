@@ -363,6 +363,7 @@ typedef struct {
     double grad_norm;      /* global norm of unscaled grads before clipping; NaN on overflow */
     double step_ms;
     double samples_per_s;
+    double tokens_per_s;   /* sequence models: tokens trained per second (0 otherwise) */
     int64_t lost_updates;  /* master_weights off: updates that rounded away this step */
     int64_t lost_total;    /* ... of params_total elements in total */
     gpu_mem mem;

@@ -28,21 +28,26 @@
 
 #include "gpu/gpu_int.h"
 
+#define TRAINER_MAX_TENSORS GPU_GPT_MAX_TENSORS
+
 struct gpu_trainer {
     gpu_job_config cfg;
     gpu_mlp mlp;
+    gpu_gpt *gpt; /* the model when it is a GPT (heap: a large plan) */
     gpu_dataset *train, *eval;
     float *master; /* fp32 master weights, or the fp32 params of an fp32 job */
     void *work;    /* working copy in cfg.dtype; == master for fp32 */
     float *grads, *m, *v;
     uint8_t *acts;
     float *scratch, *xbatch;
-    int *ybatch, *perm;
+    int *ybatch, *perm, *xtok; /* xtok: a GPT's input tokens */
     int perm_pos;
     int ntensors;
-    size_t offsets[2 * GPU_MAX_LAYERS], counts[2 * GPU_MAX_LAYERS];
-    char names[2 * GPU_MAX_LAYERS][32];
-    gpu_grad_stat stats[2 * GPU_MAX_LAYERS];
+    size_t offsets[TRAINER_MAX_TENSORS], counts[TRAINER_MAX_TENSORS];
+    char names[TRAINER_MAX_TENSORS][48];
+    int ndim[TRAINER_MAX_TENSORS];
+    int64_t shape[TRAINER_MAX_TENSORS][2];
+    gpu_grad_stat stats[TRAINER_MAX_TENSORS];
     gpu_scaler_state scaler;
     int64_t step, applied, lost_total;
     gpu_rng rng;
@@ -52,7 +57,7 @@ struct gpu_trainer {
     gpu_layer_stat *lstats; /* GPU_DIAG_MAX_LAYERS entries */
     bool diagnosed;         /* the last step collected */
     gpu_diag_advisor *advisor;
-    int64_t tensor_lost[2 * GPU_MAX_LAYERS]; /* master weights off: per tensor, last update */
+    int64_t tensor_lost[TRAINER_MAX_TENSORS]; /* master weights off: per tensor, last update */
 };
 
 /* Defaults for every job field; see gpu.h and docs/job-spec.md. */
@@ -111,6 +116,8 @@ void gpu_trainer_free(gpu_trainer *t)
     free(t->xbatch);
     free(t->ybatch);
     free(t->perm);
+    free(t->xtok);
+    free(t->gpt);
     free(t->diag);
     free(t->lstats);
     free(t->advisor);
@@ -131,6 +138,12 @@ static int load_data(gpu_trainer *t, char *err, size_t errlen)
             snprintf(err, errlen, "data: cannot build the synthetic set (%s)", gpu_strerror(rc));
         return rc;
     }
+    if (d->type == GPU_DATA_TEXT)
+        return gpu_dataset_load_text(d->seq_train, d->seq_eval, d->val_fraction, &t->train,
+                                     &t->eval, err, errlen);
+    if (d->type == GPU_DATA_TOKENS)
+        return gpu_dataset_load_tokens(d->seq_train, d->seq_eval, d->val_fraction, &t->train,
+                                       &t->eval, err, errlen);
     rc = gpu_dataset_load_idx(d->train_images, d->train_labels, &t->train, err, errlen);
     if (!rc && d->eval_images[0]) {
         rc = gpu_dataset_load_idx(d->eval_images, d->eval_labels, &t->eval, err, errlen);
@@ -140,8 +153,32 @@ static int load_data(gpu_trainer *t, char *err, size_t errlen)
     return rc;
 }
 
+static int check_seq_shapes(gpu_trainer *t, char *err, size_t errlen)
+{
+    const gpu_model_config *mc = &t->cfg.model;
+    const gpu_dataset *sets[2] = {t->train, t->eval};
+    for (int i = 0; i < 2; i++) {
+        if (!sets[i])
+            continue;
+        if (gpu_dataset_ntokens(sets[i]) < mc->seq_len + 1) {
+            snprintf(err, errlen, "data.%s: has %lld tokens, fewer than seq_len + 1 = %d",
+                     i ? "eval" : "train", (long long)gpu_dataset_ntokens(sets[i]),
+                     mc->seq_len + 1);
+            return GPU_EINVAL;
+        }
+        if (gpu_dataset_vocab(sets[i]) > mc->vocab) {
+            snprintf(err, errlen, "model.vocab: is %d but the data has token %d", mc->vocab,
+                     gpu_dataset_vocab(sets[i]) - 1);
+            return GPU_EINVAL;
+        }
+    }
+    return 0;
+}
+
 static int check_shapes(gpu_trainer *t, char *err, size_t errlen)
 {
+    if (t->gpt)
+        return check_seq_shapes(t, err, errlen);
     const gpu_model_config *mc = &t->cfg.model;
     int in = mc->layers[0], out = mc->layers[mc->nlayers - 1];
     const gpu_dataset *sets[2] = {t->train, t->eval};
@@ -162,34 +199,69 @@ static int check_shapes(gpu_trainer *t, char *err, size_t errlen)
     return 0;
 }
 
+static void table_add(gpu_trainer *t, const char *name, size_t off, size_t count, int ndim,
+                      int64_t rows, int64_t cols)
+{
+    int i = t->ntensors++;
+    snprintf(t->names[i], sizeof(t->names[i]), "%s", name);
+    t->offsets[i] = off;
+    t->counts[i] = count;
+    t->ndim[i] = ndim;
+    t->shape[i][0] = rows;
+    t->shape[i][1] = cols;
+}
+
 static void build_table(gpu_trainer *t)
 {
     const gpu_mlp *m = &t->mlp;
     t->ntensors = 0;
+    if (t->gpt) {
+        for (int i = 0; i < t->gpt->ntensors; i++) {
+            const gpu_gpt_tensor *g = &t->gpt->tensor[i];
+            table_add(t, g->name, g->off, g->count, g->ndim, g->shape[0], g->shape[1]);
+        }
+        return;
+    }
     for (int l = 0; l < m->nlin; l++) {
-        int i = t->ntensors;
-        t->offsets[i] = m->w_off[l];
-        t->counts[i] = (size_t)m->width[l + 1] * m->width[l];
-        snprintf(t->names[i], sizeof(t->names[i]), "fc%d.weight", l + 1);
-        t->offsets[i + 1] = m->b_off[l];
-        t->counts[i + 1] = (size_t)m->width[l + 1];
-        snprintf(t->names[i + 1], sizeof(t->names[i + 1]), "fc%d.bias", l + 1);
-        t->ntensors += 2;
+        char name[48];
+        snprintf(name, sizeof(name), "fc%d.weight", l + 1);
+        table_add(t, name, m->w_off[l], (size_t)m->width[l + 1] * m->width[l], 2,
+                  m->width[l + 1], m->width[l]);
+        snprintf(name, sizeof(name), "fc%d.bias", l + 1);
+        table_add(t, name, m->b_off[l], (size_t)m->width[l + 1], 1, m->width[l + 1], 0);
     }
 }
 
 /* Byte accounting by category; allocation follows it exactly. */
-static void plan_memory(const gpu_job_config *c, const gpu_mlp *m, gpu_mem *mem)
+/* The sizes a model plan gives the trainer. */
+typedef struct {
+    size_t nparams, act_bytes, scratch_floats, input_bytes;
+} model_sizes;
+
+static model_sizes sizes_of(const gpu_job_config *c, const gpu_mlp *m, const gpu_gpt *g)
 {
-    int64_t P = (int64_t)m->nparams;
+    model_sizes z;
+    size_t B = (size_t)c->batch_size;
+    if (g) {
+        z = (model_sizes){g->nparams, g->act_bytes, g->scratch_floats,
+                          2 * B * (size_t)g->seq_len * sizeof(int)};
+    } else {
+        z = (model_sizes){m->nparams, m->act_bytes, m->scratch_floats,
+                          B * ((size_t)m->width[0] * 4 + 4)};
+    }
+    return z;
+}
+
+static void plan_memory(const gpu_job_config *c, model_sizes z, gpu_mem *mem)
+{
+    int64_t P = (int64_t)z.nparams;
     memset(mem, 0, sizeof(*mem));
     mem->weights = P * (int64_t)gpu_dtype_size(c->dtype);
     mem->master = (c->dtype != GPU_FP32 && c->master_weights) ? P * 4 : 0;
     mem->grads = P * 4;
     mem->optimizer = P * 4 * (c->optim.type == GPU_OPT_ADAMW ? 2 : 1);
-    mem->activations = (int64_t)m->act_bytes;
-    mem->workspace =
-        (int64_t)m->scratch_floats * 4 + (int64_t)c->batch_size * (m->width[0] * 4 + 4);
+    mem->activations = (int64_t)z.act_bytes;
+    mem->workspace = (int64_t)z.scratch_floats * 4 + (int64_t)z.input_bytes;
     mem->total = mem->weights + mem->master + mem->grads + mem->optimizer + mem->activations +
                  mem->workspace;
 }
@@ -198,22 +270,31 @@ static void plan_memory(const gpu_job_config *c, const gpu_mlp *m, gpu_mem *mem)
 int gpu_job_memory(const gpu_job_config *c, gpu_mem *out, char *err, size_t errlen)
 {
     gpu_mlp m;
+    gpu_gpt *g = NULL;
     char dummy[8];
+    int rc;
     if (!err) {
         err = dummy;
         errlen = sizeof(dummy);
     }
-    int rc = gpu_mlp_plan(&m, &c->model, &c->autocast, c->dtype, c->batch_size, err, errlen);
-    if (rc)
-        return rc;
-    plan_memory(c, &m, out);
-    return 0;
+    if (c->model.type == GPU_MODEL_GPT) {
+        if (!(g = malloc(sizeof(*g))))
+            return GPU_ENOMEM;
+        rc = gpu_gpt_plan(g, &c->model, &c->autocast, c->dtype, c->batch_size, err, errlen);
+    } else {
+        rc = gpu_mlp_plan(&m, &c->model, &c->autocast, c->dtype, c->batch_size, err, errlen);
+    }
+    if (!rc)
+        plan_memory(c, sizes_of(c, &m, g), out);
+    free(g);
+    return rc;
 }
 
 static int allocate(gpu_trainer *t, char *err, size_t errlen)
 {
     const gpu_job_config *c = &t->cfg;
-    size_t P = t->mlp.nparams;
+    model_sizes z = sizes_of(c, &t->mlp, t->gpt);
+    size_t P = z.nparams, B = (size_t)c->batch_size;
     bool fp32 = c->dtype == GPU_FP32;
 
     if (fp32 || c->master_weights)
@@ -223,17 +304,23 @@ static int allocate(gpu_trainer *t, char *err, size_t errlen)
     t->m = calloc(P, sizeof(float));
     if (c->optim.type == GPU_OPT_ADAMW)
         t->v = calloc(P, sizeof(float));
-    t->acts = calloc(1, t->mlp.act_bytes);
-    t->scratch = calloc(t->mlp.scratch_floats, sizeof(float));
-    t->xbatch = malloc(sizeof(float) * (size_t)c->batch_size * t->mlp.width[0]);
-    t->ybatch = malloc(sizeof(int) * (size_t)c->batch_size);
-    t->perm = malloc(sizeof(int) * (size_t)gpu_dataset_count(t->train));
+    t->acts = calloc(1, z.act_bytes);
+    t->scratch = calloc(z.scratch_floats, sizeof(float));
+    if (t->gpt) {
+        size_t T = (size_t)t->gpt->seq_len;
+        t->xtok = malloc(sizeof(int) * B * T);
+        t->ybatch = malloc(sizeof(int) * B * T);
+    } else {
+        t->xbatch = malloc(sizeof(float) * B * t->mlp.width[0]);
+        t->ybatch = malloc(sizeof(int) * B);
+        t->perm = malloc(sizeof(int) * (size_t)gpu_dataset_count(t->train));
+    }
     t->diag = calloc(1, sizeof(*t->diag));
     t->lstats = calloc(GPU_DIAG_MAX_LAYERS, sizeof(*t->lstats));
     t->advisor = calloc(1, sizeof(*t->advisor));
     if (!t->diag || !t->lstats || !t->advisor || (!t->master && (fp32 || c->master_weights)) ||
         !t->work || !t->grads || !t->m || (!t->v && c->optim.type == GPU_OPT_ADAMW) || !t->acts ||
-        !t->scratch || !t->xbatch || !t->ybatch || !t->perm) {
+        !t->scratch || !(t->xbatch || t->xtok) || !t->ybatch || !(t->perm || t->gpt)) {
         snprintf(err, errlen, "the job needs %lld bytes of memory, which could not be allocated",
                  (long long)t->mem.total);
         return GPU_ENOMEM;
@@ -245,13 +332,16 @@ static int allocate(gpu_trainer *t, char *err, size_t errlen)
  * working copy from them. */
 static int init_weights(gpu_trainer *t)
 {
-    size_t P = t->mlp.nparams;
+    size_t P = (size_t)gpu_trainer_params(t);
     float *init = t->master ? t->master : malloc(P * sizeof(float));
     gpu_rng r;
     if (!init)
         return GPU_ENOMEM;
     gpu_rng_seed(&r, t->cfg.seed);
-    gpu_mlp_init_params(&t->mlp, init, t->cfg.model.init_scale, &r);
+    if (t->gpt)
+        gpu_gpt_init_params(t->gpt, init, t->cfg.model.init_scale, &r);
+    else
+        gpu_mlp_init_params(&t->mlp, init, t->cfg.model.init_scale, &r);
     if (t->work != (void *)init)
         gpu_cvt_from_f32(t->work, t->cfg.dtype, init, P);
     if (!t->master)
@@ -262,6 +352,8 @@ static int init_weights(gpu_trainer *t)
 static void shuffle(gpu_trainer *t)
 {
     int n = gpu_dataset_count(t->train);
+    if (!t->perm)
+        return;
     for (int i = 0; i < n; i++)
         t->perm[i] = i;
     for (int i = n - 1; i > 0; i--) {
@@ -300,8 +392,16 @@ int gpu_trainer_create(const gpu_job_config *cfg, gpu_trainer **out, char *err, 
         rc = GPU_EINVAL;
         goto fail;
     }
-    rc = gpu_mlp_plan(&t->mlp, &cfg->model, &cfg->autocast, cfg->dtype, cfg->batch_size, err,
-                      errlen);
+    if (cfg->model.type == GPU_MODEL_GPT) {
+        rc = GPU_ENOMEM;
+        if (!(t->gpt = malloc(sizeof(*t->gpt))))
+            goto fail;
+        rc = gpu_gpt_plan(t->gpt, &cfg->model, &cfg->autocast, cfg->dtype, cfg->batch_size, err,
+                          errlen);
+    } else {
+        rc = gpu_mlp_plan(&t->mlp, &cfg->model, &cfg->autocast, cfg->dtype, cfg->batch_size,
+                          err, errlen);
+    }
     if (rc)
         goto fail;
     rc = load_data(t, err, errlen);
@@ -311,7 +411,7 @@ int gpu_trainer_create(const gpu_job_config *cfg, gpu_trainer **out, char *err, 
     if (rc)
         goto fail;
     build_table(t);
-    plan_memory(&t->cfg, &t->mlp, &t->mem);
+    plan_memory(&t->cfg, sizes_of(&t->cfg, &t->mlp, t->gpt), &t->mem);
     rc = allocate(t, err, errlen);
     if (rc)
         goto fail;
@@ -332,7 +432,7 @@ fail:
 
 int64_t gpu_trainer_params(const gpu_trainer *t)
 {
-    return (int64_t)t->mlp.nparams;
+    return (int64_t)(t->gpt ? t->gpt->nparams : t->mlp.nparams);
 }
 
 const gpu_scaler_state *gpu_trainer_scaler(const gpu_trainer *t)
@@ -358,6 +458,12 @@ const gpu_grad_stat *gpu_trainer_grad_stats(const gpu_trainer *t)
 static void next_batch(gpu_trainer *t, int B)
 {
     int n = gpu_dataset_count(t->train);
+    if (t->gpt) {
+        /* batches depend on (seed, step) alone, so a resumed job draws the same ones */
+        gpu_dataset_sample_seq(t->train, t->cfg.seed, t->step, B, t->gpt->seq_len, t->xtok,
+                               t->ybatch);
+        return;
+    }
     int idx[B];
     for (int i = 0; i < B; i++) {
         if (t->perm_pos >= n)
@@ -379,8 +485,16 @@ static gpu_mlp_weights weights_view(const gpu_trainer *t)
 static int forward_backward(gpu_trainer *t, double *loss, gpu_diag *diag)
 {
     gpu_mlp_weights w = weights_view(t);
-    int B = t->cfg.batch_size, correct;
-    int rc = gpu_mlp_forward(&t->mlp, &w, t->xbatch, t->ybatch, B, t->acts, t->scratch, loss,
+    int B = t->cfg.batch_size, correct, rc;
+    if (t->gpt) {
+        rc = gpu_gpt_forward(t->gpt, &w, t->xtok, t->ybatch, B, t->acts, t->scratch, diag, loss,
+                             &correct);
+        if (!rc)
+            rc = gpu_gpt_backward(t->gpt, &w, t->xtok, t->ybatch, B, t->scaler.scale, t->acts,
+                                  t->scratch, diag, t->grads);
+        return rc;
+    }
+    rc = gpu_mlp_forward(&t->mlp, &w, t->xbatch, t->ybatch, B, t->acts, t->scratch, loss,
                              &correct, diag);
     if (!rc)
         rc = gpu_mlp_backward(&t->mlp, &w, t->ybatch, B, t->scaler.scale, t->acts, t->scratch,
@@ -399,7 +513,7 @@ static float clip_coef(const gpu_optim_config *o, double norm)
 static void apply_update(gpu_trainer *t, float lr, float gmul, gpu_step_metrics *m)
 {
     const gpu_job_config *c = &t->cfg;
-    size_t P = t->mlp.nparams;
+    size_t P = (size_t)gpu_trainer_params(t);
     t->applied++;
     if (t->master) {
         void *work = t->work == t->master ? NULL : t->work;
@@ -539,6 +653,8 @@ int gpu_trainer_step(gpu_trainer *t, gpu_step_metrics *m, char *err, size_t errl
     m->lost_total = t->lost_total;
     m->step_ms = (gpu_now() - t0) * 1e3;
     m->samples_per_s = B / (m->step_ms * 1e-3);
+    if (t->gpt)
+        m->tokens_per_s = m->samples_per_s * t->gpt->seq_len;
     m->mem = t->mem;
     m->peak = t->mem;
     if (rc == GPU_ESCALE_FLOOR && err)
@@ -570,8 +686,41 @@ int gpu_trainer_recommendations(const gpu_trainer *t, const gpu_recommendation *
 }
 
 /* Evaluate on the eval set (or the training set); see gpu.h. */
+/* Validation of a GPT: mean next-token loss and accuracy over evenly spaced
+ * non-overlapping windows of the eval split (at most 32 batches). */
+static int eval_gpt(gpu_trainer *t, gpu_eval_result *r)
+{
+    const gpu_dataset *d = t->eval ? t->eval : t->train;
+    gpu_mlp_weights w = weights_view(t);
+    int B = t->cfg.batch_size, T = t->gpt->seq_len;
+    int64_t nwin = gpu_dataset_nwindows(d, T), use = nwin < 32 * (int64_t)B ? nwin : 32 * B;
+    double total = 0.0;
+    int64_t right = 0, done = 0;
+
+    for (int64_t start = 0; start < use; start += B) {
+        int b = use - start < B ? (int)(use - start) : B, correct;
+        double loss;
+        for (int i = 0; i < b; i++)
+            gpu_dataset_window(d, (start + i) * nwin / use, T, t->xtok + (size_t)i * T,
+                               t->ybatch + (size_t)i * T);
+        int rc = gpu_gpt_forward(t->gpt, &w, t->xtok, t->ybatch, b, t->acts, t->scratch, NULL,
+                                 &loss, &correct);
+        if (rc)
+            return rc;
+        total += loss * b * T;
+        right += correct;
+        done += (int64_t)b * T;
+    }
+    r->count = done;
+    r->loss = done ? total / (double)done : NAN;
+    r->accuracy = done ? (double)right / (double)done : NAN;
+    return 0;
+}
+
 int gpu_trainer_eval(gpu_trainer *t, gpu_eval_result *r)
 {
+    if (t->gpt)
+        return eval_gpt(t, r);
     const gpu_dataset *d = t->eval ? t->eval : t->train;
     gpu_mlp_weights w = weights_view(t);
     int n = gpu_dataset_count(d), B = t->cfg.batch_size;
@@ -617,6 +766,7 @@ int gpu_trainer_state(gpu_trainer *t, gpu_state_tensor **out, int *n)
 {
     static const char *const names[] = {"F32", "F16", "BF16"};
     gpu_state_tensor *v = calloc((size_t)t->ntensors * 3 + 1, sizeof(*v));
+    int ds = t->perm ? gpu_dataset_count(t->train) : 0;
     gpu_dtype wdt = t->master ? GPU_FP32 : t->cfg.dtype;
     uint8_t *w = t->master ? (uint8_t *)t->master : (uint8_t *)t->work;
     const char *mname = t->cfg.optim.type == GPU_OPT_ADAMW ? "optim.exp_avg."
@@ -625,8 +775,7 @@ int gpu_trainer_state(gpu_trainer *t, gpu_state_tensor **out, int *n)
         return GPU_ENOMEM;
     *n = 0;
     for (int i = 0; i < t->ntensors; i++) {
-        bool bias = i % 2 == 1;
-        int l = i / 2, rows = t->mlp.width[l + 1], cols = bias ? 0 : t->mlp.width[l];
+        int rows = (int)t->shape[i][0], cols = t->ndim[i] == 2 ? (int)t->shape[i][1] : 0;
         size_t off = t->offsets[i], cnt = t->counts[i];
         state_add(v, n, "", t->names[i], names[wdt], w + off * gpu_dtype_size(wdt), cnt,
                   gpu_dtype_size(wdt), rows, cols);
@@ -635,8 +784,8 @@ int gpu_trainer_state(gpu_trainer *t, gpu_state_tensor **out, int *n)
             state_add(v, n, "optim.exp_avg_sq.", t->names[i], "F32", t->v + off, cnt, 4, rows,
                       cols);
     }
-    state_add(v, n, "", "data.order", "I32", t->perm, (size_t)gpu_dataset_count(t->train),
-              sizeof(int), gpu_dataset_count(t->train), 0);
+    if (t->perm) /* classification data: the shuffled order (sequence batches are stateless) */
+        state_add(v, n, "", "data.order", "I32", t->perm, (size_t)ds, sizeof(int), ds, 0);
     *out = v;
     return 0;
 }
@@ -655,7 +804,7 @@ void gpu_trainer_get_scalars(const gpu_trainer *t, gpu_state_scalars *out)
 /* Restore scalars and the working copy; see gpu.h. */
 int gpu_trainer_set_scalars(gpu_trainer *t, const gpu_state_scalars *in)
 {
-    int n = gpu_dataset_count(t->train);
+    int n = t->perm ? gpu_dataset_count(t->train) : 0;
     if (in->step < 0 || in->step > t->cfg.steps || in->applied < 0 || in->applied > in->step ||
         in->perm_pos < 0 || in->perm_pos > n || !(in->scaler.scale > 0.0f) ||
         !isfinite(in->scaler.scale))
@@ -670,6 +819,6 @@ int gpu_trainer_set_scalars(gpu_trainer *t, const gpu_state_scalars *in)
     t->scaler = in->scaler;
     memcpy(t->rng.s, in->rng, sizeof(in->rng));
     if (t->master && t->work != t->master)
-        gpu_cvt_from_f32(t->work, t->cfg.dtype, t->master, t->mlp.nparams);
+        gpu_cvt_from_f32(t->work, t->cfg.dtype, t->master, (size_t)gpu_trainer_params(t));
     return 0;
 }

@@ -136,5 +136,28 @@ printf 'garbage' >"$TMP/ck/bad.safetensors"
 "$AMPD" run --resume "$TMP/ck/bad.safetensors" "$TMP/ck.json" >"$TMP/out" 2>/dev/null
 check "a damaged checkpoint is refused" grep -q 'not an ampd checkpoint' "$TMP/out"
 
+# a GPT on text: the loss falls, and a resumed run continues it bit for bit
+mkdir -p "$TMP/text" "$TMP/gck"
+for i in $(seq 1 400); do echo "the quick brown fox jumps over the lazy dog $((i % 7))"; done \
+    >"$TMP/text/fox.txt"
+gpt='{"name": "gpt", "model": {"type": "gpt", "n_layer": 2, "n_head": 2, "d_model": 32,
+      "seq_len": 32, "vocab": 256}, "data": {"type": "text", "train": "fox.txt"},
+      "precision": {"dtype": "fp16"}, "batch_size": 8, "steps": 80, "checkpoint_every": 40,
+      "threads": 1}'
+echo "$gpt" >"$TMP/gpt.json"
+"$AMPD" run --data-root "$TMP/text" "$TMP/gpt.json" >"$TMP/gfull" 2>/dev/null
+rc=$?
+check "gpt run exits 0" test "$rc" -eq 0
+first=$(grep '"type":"step","step":1,' "$TMP/gfull" | sed 's/.*"loss":\([0-9.]*\).*/\1/')
+last=$(grep '"type":"step","step":80,' "$TMP/gfull" | sed 's/.*"loss":\([0-9.]*\).*/\1/')
+check "gpt loss falls ($first -> $last)" awk -v a="$first" -v b="$last" 'BEGIN {exit !(b < a / 2)}'
+check "gpt step lines carry tokens/s" grep -q '"tokens_per_s":' "$TMP/gfull"
+"$AMPD" run --data-root "$TMP/text" --checkpoint-dir "$TMP/gck" "$TMP/gpt.json" >/dev/null 2>&1
+"$AMPD" run --data-root "$TMP/text" --checkpoint-dir "$TMP/gck" \
+    --resume "$TMP/gck/ckpt-40.safetensors" "$TMP/gpt.json" >"$TMP/gres" 2>/dev/null
+steps_of "$TMP/gfull" | tail -n 40 >"$TMP/a"
+steps_of "$TMP/gres" >"$TMP/b"
+check "gpt resumed steps equal the uninterrupted run" cmp -s "$TMP/a" "$TMP/b"
+
 echo "$pass passed, $fail failed"
 test "$fail" -eq 0
