@@ -31,7 +31,8 @@ typedef struct {
     char message[384];
 } api_error;
 
-/* Default options: the data root /usr/share/datasets (Debian's dataset-* packages). */
+/* Default options: the data roots /usr/share/datasets (Debian's dataset-* packages) and
+ * /usr/share/games (where Debian's fortunes package puts its text). */
 void api_spec_opts_default(api_spec_opts *o);
 
 /* Parse and validate a job spec given as JSON text of len bytes. On success fills *out

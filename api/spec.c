@@ -41,8 +41,9 @@ static int fail(ctx *c, const char *field, const char *fmt, ...)
 void api_spec_opts_default(api_spec_opts *o)
 {
     memset(o, 0, sizeof(*o));
-    o->nroots = 1;
+    o->nroots = 2;
     snprintf(o->roots[0], sizeof(o->roots[0]), "/usr/share/datasets");
+    snprintf(o->roots[1], sizeof(o->roots[1]), "/usr/share/games");
 }
 
 /* Reject keys of obj not in the NULL-terminated list known; path names obj. */

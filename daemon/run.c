@@ -132,7 +132,7 @@ static void usage(FILE *f)
                "  Train the job in the foreground; one JSON line per step on stdout.\n"
                "  --every N             print every Nth step line (default 1)\n"
                "  --data-root DIR       where named datasets are found (repeatable;\n"
-               "                        default /usr/share/datasets)\n"
+               "                        default /usr/share/datasets, /usr/share/games)\n"
                "  --checkpoint-dir DIR  write ckpt-<step>.safetensors every checkpoint_every\n"
                "                        steps, at the end and when stopped by a signal\n"
                "  --resume CKPT         continue from a checkpoint of the same job\n");

@@ -55,7 +55,7 @@ static void usage(FILE *f)
                "                       or ~/.local/state/ampd; created if missing)\n"
                "  --db FILE            the SQLite database (default DATA_DIR/ampd.db)\n"
                "  --data-root DIR      where named datasets are found (repeatable; default\n"
-               "                       /usr/share/datasets)\n"
+               "                       /usr/share/datasets and /usr/share/games)\n"
                "  --token-file FILE    bearer token (first line) required by mutating requests;\n"
                "                       the file must not be readable by group or others\n"
                "  --max-running N      jobs that run at once (default 1)\n"
@@ -236,8 +236,9 @@ static int parse_args(int argc, char **argv, serve_args *a)
     if (!a->data_dir[0])
         default_data_dir(a->data_dir, sizeof(a->data_dir));
     if (a->nroots == 0) {
-        a->nroots = 1;
+        a->nroots = 2;
         snprintf(a->roots[0], sizeof(a->roots[0]), "/usr/share/datasets");
+        snprintf(a->roots[1], sizeof(a->roots[1]), "/usr/share/games");
     }
     return 0;
 }
