@@ -87,6 +87,9 @@ int daemon_sched_resume(daemon_sched *s, int64_t id);
 /* STORE_ECONFLICT while the job is queued or running; removes its files too. */
 int daemon_sched_delete(daemon_sched *s, int64_t id);
 
+/* Create path and its missing parents (mode for the ones created); 0 or -1 with errno. */
+int daemon_mkdirs(const char *path, unsigned mode);
+
 /* ---- live lines for SSE (hub in sched.c) ------------------------------------------------ */
 
 /* A JSON line a worker printed ("step", "eval", "checkpoint", "event", "summary") with the

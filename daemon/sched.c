@@ -149,7 +149,8 @@ static void append(char *out, size_t outlen, const char *text)
     out[used + n] = '\0';
 }
 
-static int mkdir_p(const char *path)
+/* Create path and its missing parents with mode; see daemon.h. */
+int daemon_mkdirs(const char *path, unsigned mode)
 {
     char tmp[1024];
     size_t n = strlen(path);
@@ -159,11 +160,11 @@ static int mkdir_p(const char *path)
     for (char *p = tmp + 1; *p; p++)
         if (*p == '/') {
             *p = '\0';
-            if (mkdir(tmp, 0750) != 0 && errno != EEXIST)
+            if (mkdir(tmp, (mode_t)mode) != 0 && errno != EEXIST)
                 return -1;
             *p = '/';
         }
-    return mkdir(tmp, 0750) != 0 && errno != EEXIST ? -1 : 0;
+    return mkdir(tmp, (mode_t)mode) != 0 && errno != EEXIST ? -1 : 0;
 }
 
 static void job_dir(const daemon_sched *s, int64_t id, char *out, size_t len)
@@ -718,7 +719,7 @@ static int spawn_locked(daemon_sched *s, const store_job *j, worker **out, char 
     w->job = j->id;
     job_dir(s, j->id, w->dir, sizeof(w->dir));
     memset(&a, 0, sizeof(a));
-    if (mkdir_p(w->dir) != 0) {
+    if (daemon_mkdirs(w->dir, 0750) != 0) {
         snprintf(err, errlen, "cannot create %s: %s", w->dir, strerror(errno));
         goto fail;
     }
@@ -1154,7 +1155,7 @@ int daemon_sched_start(store *st, const daemon_sched_config *c, daemon_sched **o
         s->cfg.max_retries = 0;
     {
         char abs[PATH_MAX];
-        if (mkdir_p(s->cfg.data_dir) != 0 || !realpath(s->cfg.data_dir, abs) ||
+        if (daemon_mkdirs(s->cfg.data_dir, 0750) != 0 || !realpath(s->cfg.data_dir, abs) ||
             strlen(abs) >= sizeof(s->cfg.data_dir)) {
             log_error("cannot use the data directory %s", c->data_dir);
             free(s);
@@ -1163,7 +1164,7 @@ int daemon_sched_start(store *st, const daemon_sched_config *c, daemon_sched **o
         memcpy(s->cfg.data_dir, abs, strlen(abs) + 1);
     }
     snprintf(jobs, sizeof(jobs), "%s/jobs", s->cfg.data_dir);
-    if (mkdir_p(jobs) != 0) {
+    if (daemon_mkdirs(jobs, 0750) != 0) {
         log_error("cannot create %s: %s", jobs, strerror(errno));
         free(s);
         return GPU_EIO;

@@ -292,23 +292,6 @@ static int read_token(const char *path, char *token, size_t len, char *err, size
 }
 
 /* mkdir -p with mode 0700 for directories this creates. */
-static int make_dirs(const char *path)
-{
-    char tmp[PATH_MAX];
-    size_t n = strlen(path);
-    if (n == 0 || n >= sizeof(tmp))
-        return -1;
-    memcpy(tmp, path, n + 1);
-    for (char *p = tmp + 1; *p; p++)
-        if (*p == '/') {
-            *p = '\0';
-            if (mkdir(tmp, 0700) != 0 && errno != EEXIST)
-                return -1;
-            *p = '/';
-        }
-    return mkdir(tmp, 0700) != 0 && errno != EEXIST ? -1 : 0;
-}
-
 /* Write the bound port to path atomically (a reader never sees a partial file). */
 static int write_port_file(const char *path, unsigned port)
 {
@@ -394,7 +377,7 @@ int daemon_serve_main(int argc, char **argv)
         return rc == 1 ? 0 : rc;
     if (a.token_file[0] && read_token(a.token_file, a.token, sizeof(a.token), err, sizeof(err)))
         goto startup_error;
-    if (make_dirs(a.data_dir) != 0 || !realpath(a.data_dir, abs)) {
+    if (daemon_mkdirs(a.data_dir, 0700) != 0 || !realpath(a.data_dir, abs)) {
         snprintf(err, sizeof(err), "cannot create the data directory %s: %s", a.data_dir,
                  strerror(errno));
         goto startup_error;
