@@ -46,14 +46,22 @@ const char *store_status_name(store_status s)
     return (int)s >= 0 && s < STORE_NSTATUS ? status_names[s] : "unknown";
 }
 
+/* The index of name in names[0..n), or -1 (also for a NULL name). */
+static int name_index(const char *const *names, int n, const char *name)
+{
+    for (int i = 0; name && i < n; i++)
+        if (strcmp(name, names[i]) == 0)
+            return i;
+    return -1;
+}
+
 int store_status_parse(const char *name, store_status *out)
 {
-    for (int i = 0; name && i < STORE_NSTATUS; i++)
-        if (strcmp(name, status_names[i]) == 0) {
-            *out = (store_status)i;
-            return 0;
-        }
-    return STORE_EINVAL;
+    int i = name_index(status_names, STORE_NSTATUS, name);
+    if (i < 0)
+        return STORE_EINVAL;
+    *out = (store_status)i;
+    return 0;
 }
 
 bool store_status_finished(store_status s)
@@ -68,10 +76,7 @@ const char *store_metric_name(int field)
 
 int store_metric_parse(const char *name)
 {
-    for (int i = 0; name && i < STORE_M_NFIELDS; i++)
-        if (strcmp(name, metric_names[i]) == 0)
-            return i;
-    return -1;
+    return name_index(metric_names, STORE_M_NFIELDS, name);
 }
 
 /* ---- connections ---------------------------------------------------------------------------- */
@@ -751,10 +756,7 @@ const char *store_layer_field_name(int field)
 
 int store_layer_field_parse(const char *name)
 {
-    for (int i = 0; name && i < STORE_L_NFIELDS; i++)
-        if (strcmp(name, layer_field_names[i]) == 0)
-            return i;
-    return -1;
+    return name_index(layer_field_names, STORE_L_NFIELDS, name);
 }
 
 /* The current row of ST_LAYER_STEP_GET / ST_LAYER_STEP_LATEST into info; returns the step. */

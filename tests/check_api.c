@@ -45,6 +45,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "gpu/gpu_int.h"
+#include "tests/testutil.h"
 #include "api/api_int.h"
 
 #define TOKEN "s3cret-token"
@@ -60,19 +62,6 @@ typedef struct {
     char headers[8192];
     size_t pos; /* next raw byte to decode */
 } hconn;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 static void hc_open(hconn *c, unsigned port)
 {
@@ -174,9 +163,9 @@ static bool hc_pump(hconn *c, int timeout_ms)
 /* Pump until the decoded body holds needle; false on EOF or after timeout_ms. */
 static bool hc_wait(hconn *c, const char *needle, int timeout_ms)
 {
-    double end = now_s() + timeout_ms / 1000.0;
+    double end = gpu_now() + timeout_ms / 1000.0;
     while (!(c->body.data && strstr(c->body.data, needle))) {
-        int left = (int)((end - now_s()) * 1000);
+        int left = (int)((end - gpu_now()) * 1000);
         if (left <= 0 || c->eof || c->done)
             return false;
         hc_pump(c, left < 100 ? left : 100);
@@ -187,9 +176,9 @@ static bool hc_wait(hconn *c, const char *needle, int timeout_ms)
 /* Read to the end of the response (close or last chunk). */
 static void hc_read_all(hconn *c, int timeout_ms)
 {
-    double end = now_s() + timeout_ms / 1000.0;
+    double end = gpu_now() + timeout_ms / 1000.0;
     while (!c->eof && !c->done) {
-        int left = (int)((end - now_s()) * 1000);
+        int left = (int)((end - gpu_now()) * 1000);
         ck_assert_msg(left > 0, "the response did not end in %d ms", timeout_ms);
         hc_pump(c, left < 200 ? left : 200);
     }
@@ -1669,10 +1658,10 @@ START_TEST(test_sse_running_and_stop)
         ck_assert_int_eq(steps[i], i + 1);
 
     /* api_stop ends the open stream promptly */
-    double t0 = now_s();
+    double t0 = gpu_now();
     api_stop(srv);
     srv = NULL;
-    double took = now_s() - t0;
+    double took = gpu_now() - t0;
     ck_assert_msg(took < 2.0, "api_stop took %.2f s with a stream open", took);
     hc_read_all(&c, 2000);
     hc_close(&c);
@@ -1847,7 +1836,7 @@ static json_t *job_json(int64_t id)
 
 static void wait_job(int64_t id, const char *status, double timeout_s)
 {
-    double t0 = now_s();
+    double t0 = gpu_now();
     for (;;) {
         json_t *j = job_json(id);
         char cur[32];
@@ -1855,9 +1844,9 @@ static void wait_job(int64_t id, const char *status, double timeout_s)
         json_decref(j);
         if (strcmp(cur, status) == 0)
             return;
-        ck_assert_msg(now_s() - t0 < timeout_s, "job %lld is %s, expected %s", (long long)id, cur,
+        ck_assert_msg(gpu_now() - t0 < timeout_s, "job %lld is %s, expected %s", (long long)id, cur,
                       status);
-        sleep_ms(20);
+        test_sleep_ms(20);
     }
 }
 
@@ -1984,7 +1973,7 @@ START_TEST(test_live_stream_resume)
     int got = sse_steps(c.body.data, steps, STEPS + 10);
     int64_t last = steps[got - 1];
     hc_close(&c);
-    sleep_ms(300); /* steps go on meanwhile */
+    test_sleep_ms(300); /* steps go on meanwhile */
     hc_open(&c, port);
     n = snprintf(head, sizeof(head),
                  "GET /v1/jobs/%lld/stream HTTP/1.1\r\nHost: x\r\nLast-Event-ID: %lld\r\n\r\n",

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "gpu/gpu_int.h"
+#include "tests/testutil.h"
 
 static float bits_f(uint32_t u)
 {
@@ -479,27 +480,6 @@ START_TEST(test_mlp_unchanged_by_diag)
 }
 END_TEST
 
-/* A deep (n widths), narrow MLP on a 4-class synthetic problem in fp16 (check_train's). */
-static void narrow_job(gpu_job_config *c, int depth, float init, gpu_scale_mode mode)
-{
-    gpu_job_defaults(c);
-    c->dtype = GPU_FP16;
-    gpu_scaler_defaults(&c->scaler, GPU_FP16);
-    c->scaler.mode = mode;
-    c->model.nlayers = depth;
-    for (int i = 0; i < depth - 1; i++)
-        c->model.layers[i] = 32;
-    c->model.layers[depth - 1] = 4;
-    c->model.init_scale = init;
-    c->data.type = GPU_DATA_SYNTHETIC;
-    c->data.synth_features = 32;
-    c->data.synth_classes = 4;
-    c->data.synth_train = 4096;
-    c->data.synth_eval = 1024;
-    c->batch_size = 64;
-    c->threads = 1;
-}
-
 /* What a run saw: the recommendations given (kind/layer/message) and the last stats. */
 typedef struct {
     int nrecs;
@@ -555,7 +535,7 @@ START_TEST(test_story_activation_overflow)
     story s;
     memset(&s, 0, sizeof(s));
     /* init 300: fc1's outputs reach ~600, fc2's ~1e5 (beyond 65504) */
-    narrow_job(&c, 4, 300.0f, GPU_SCALE_DYNAMIC);
+    test_narrow_job(&c, 4, 300.0f, GPU_SCALE_DYNAMIC);
     c.steps = 500;
     c.diagnostics_every = 0; /* only the overflowing steps collect */
     ck_assert_int_eq(gpu_trainer_create(&c, &t, err, sizeof(err)), 0);
@@ -632,7 +612,7 @@ START_TEST(test_story_underflow)
     memset(&dyn, 0, sizeof(dyn));
     for (int mode = 0; mode < 2; mode++) {
         story *s = mode ? &dyn : &none;
-        narrow_job(&c, 12, 0.5f, mode ? GPU_SCALE_DYNAMIC : GPU_SCALE_NONE);
+        test_narrow_job(&c, 12, 0.5f, mode ? GPU_SCALE_DYNAMIC : GPU_SCALE_NONE);
         c.steps = 100;
         c.diagnostics_every = 50;
         ck_assert_int_eq(gpu_trainer_create(&c, &t, err, sizeof(err)), 0);
@@ -669,7 +649,7 @@ START_TEST(test_story_underflow)
     ck_assert_int_eq(story_count(&dyn, "underflow", NULL), 0);
 
     /* fp32 has no underflow to report */
-    narrow_job(&c, 12, 0.5f, GPU_SCALE_NONE);
+    test_narrow_job(&c, 12, 0.5f, GPU_SCALE_NONE);
     c.dtype = GPU_FP32;
     c.diagnostics_every = 5;
     ck_assert_int_eq(gpu_trainer_create(&c, &t, err, sizeof(err)), 0);
@@ -690,7 +670,7 @@ START_TEST(test_story_master_weights)
     for (int master = 0; master < 2; master++) {
         story s;
         memset(&s, 0, sizeof(s));
-        narrow_job(&c, 4, 2.0f, GPU_SCALE_DYNAMIC);
+        test_narrow_job(&c, 4, 2.0f, GPU_SCALE_DYNAMIC);
         c.optim.lr = 3e-5f;
         c.master_weights = master;
         c.steps = 100;
@@ -731,7 +711,7 @@ START_TEST(test_training_unchanged)
     gpu_trainer *a, *b;
     gpu_step_metrics ma, mb;
     int overflows = 0, diagnosed = 0;
-    narrow_job(&c, 5, 1.0f, GPU_SCALE_DYNAMIC);
+    test_narrow_job(&c, 5, 1.0f, GPU_SCALE_DYNAMIC);
     c.scaler.init_scale = 16777216.0f; /* 2^24: the first backward overflows fp16 */
     ck_assert_int_eq(gpu_trainer_create(&c, &a, NULL, 0), 0);
     c.diagnostics_every = 7;

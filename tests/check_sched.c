@@ -32,6 +32,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "gpu/gpu_int.h"
+#include "tests/testutil.h"
 #include "daemon/daemon.h"
 #include "daemon/hub.h"
 #include "store/store.h"
@@ -42,19 +44,6 @@ typedef struct {
     daemon_sched *sc;
     daemon_sched_config cfg;
 } fixture;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 static void worker_path(char *out, size_t len)
 {
@@ -109,7 +98,7 @@ static int64_t submit(fixture *f, const char *spec)
 /* Wait (at most timeout_s) until job has status st; fails the test otherwise. */
 static void wait_status(fixture *f, int64_t id, store_status st, double timeout_s)
 {
-    double t0 = now_s();
+    double t0 = gpu_now();
     store_job j;
     for (;;) {
         memset(&j, 0, sizeof(j));
@@ -120,23 +109,23 @@ static void wait_status(fixture *f, int64_t id, store_status st, double timeout_
         store_job_clear(&j);
         if (cur == st)
             return;
-        ck_assert_msg(now_s() - t0 < timeout_s, "job %lld: status %s, expected %s (error: %s)",
+        ck_assert_msg(gpu_now() - t0 < timeout_s, "job %lld: status %s, expected %s (error: %s)",
                       (long long)id, store_status_name(cur), store_status_name(st), err);
-        sleep_ms(10);
+        test_sleep_ms(10);
     }
 }
 
 /* Wait until the job's last recorded step reaches step (the store's progress). */
 static void wait_step(fixture *f, int64_t id, int64_t step, double timeout_s)
 {
-    double t0 = now_s();
+    double t0 = gpu_now();
     for (;;) {
         store_metric m;
         if (store_metric_latest(f->st, id, &m) == 0 && m.step >= step)
             return;
-        ck_assert_msg(now_s() - t0 < timeout_s, "job %lld never reached step %lld", (long long)id,
+        ck_assert_msg(gpu_now() - t0 < timeout_s, "job %lld never reached step %lld", (long long)id,
                       (long long)step);
-        sleep_ms(10);
+        test_sleep_ms(10);
     }
 }
 
@@ -292,10 +281,10 @@ START_TEST(test_hung_worker_is_killed)
     setup(&f);
     f.cfg.worker_timeout_s = 1;
     start_sched(&f);
-    double t0 = now_s();
+    double t0 = gpu_now();
     int64_t id = submit(&f, "{\"mode\":\"hang\"}");
     wait_status(&f, id, STORE_FAILED, 10);
-    ck_assert(now_s() - t0 >= 1.0);
+    ck_assert(gpu_now() - t0 >= 1.0);
     store_job j = get_job(&f, id);
     ck_assert_msg(strncmp(j.error, "hung: no output for 1 s", 23) == 0, "%s", j.error);
     store_job_clear(&j);
@@ -395,9 +384,9 @@ START_TEST(test_worker_descriptors)
     signal(SIGPIPE, SIG_IGN);
     signal(SIGUSR2, SIG_IGN);
     int64_t id = submit(&f, "{\"mode\":\"fds\"}");
-    double t0 = now_s();
-    while (pid == 0 && now_s() - t0 < 10) {
-        sleep_ms(10);
+    double t0 = gpu_now();
+    while (pid == 0 && gpu_now() - t0 < 10) {
+        test_sleep_ms(10);
         store_flush(f.st);
         ck_assert_int_eq(store_event_list(f.st, id, 0, 100, &ev, &n), 0);
         for (int i = 0; i < n; i++)
@@ -408,7 +397,7 @@ START_TEST(test_worker_descriptors)
         store_events_free(ev, n);
     }
     ck_assert_int_gt(pid, 0);
-    sleep_ms(100); /* the worker has exec'd sleep */
+    test_sleep_ms(100); /* the worker has exec'd sleep */
     snprintf(path, sizeof(path), "/proc/%d/fd", pid);
     DIR *d = opendir(path);
     ck_assert_ptr_nonnull(d);
@@ -475,14 +464,14 @@ START_TEST(test_cancel_at_spawn)
     start_sched(&f);
     for (int i = 0; i < 10; i++) {
         int64_t id = submit(&f, "{\"mode\":\"hang\"}");
-        double t0 = now_s();
+        double t0 = gpu_now();
         for (;;) { /* cancel the moment the job runs: its worker may not have exec'd yet */
             store_job j = get_job(&f, id);
             store_status st = j.status;
             store_job_clear(&j);
             if (st == STORE_RUNNING)
                 break;
-            ck_assert(now_s() - t0 < 10);
+            ck_assert(gpu_now() - t0 < 10);
         }
         ck_assert_int_eq(daemon_sched_cancel(f.sc, id), 0);
         wait_status(&f, id, STORE_CANCELLED, 10);
@@ -868,10 +857,10 @@ START_TEST(test_hub_ring)
     ck_assert_int_eq(l[1].step, 13);
     daemon_lines_free(l, n);
     /* Nothing after 20: a timeout returns no lines. */
-    double t0 = now_s();
+    double t0 = gpu_now();
     ck_assert_int_eq(daemon_hub_lines(h, 1, 20, 100, &l, &n, &oldest, &fin), 0);
     ck_assert_int_eq(n, 0);
-    ck_assert(now_s() - t0 >= 0.09);
+    ck_assert(gpu_now() - t0 >= 0.09);
     /* A resume from step 15 drops 16..20; a reader that saw 18 of the first run gets the
      * new run's lines after 18 (no duplicate ids), one that saw 15 gets 16 on. */
     ck_assert_int_eq(daemon_hub_open(h, 1, 15), 0);
@@ -938,28 +927,28 @@ START_TEST(test_hub_wakes_readers)
     daemon_hub_open(h, 7, 0);
     for (int s = 1; s <= 3; s++)
         push_step(h, 7, s);
-    double t0 = now_s();
+    double t0 = gpu_now();
     for (int i = 0; i < 4; i++) {
         a[i] = (reader_arg){h, 3, 0, 0, false};
         ck_assert_int_eq(pthread_create(&t[i], NULL, reader, &a[i]), 0);
     }
-    sleep_ms(50);
+    test_sleep_ms(50);
     push_step(h, 7, 4);
     for (int i = 0; i < 4; i++) {
         pthread_join(t[i], NULL);
         ck_assert_int_eq(a[i].n, 1);
         ck_assert_int_eq(a[i].first, 4);
     }
-    ck_assert(now_s() - t0 < 2.0);
+    ck_assert(gpu_now() - t0 < 2.0);
     ck_assert(!a[0].fin);
     /* A reader of a job that finishes wakes with finished set and no lines. */
     a[0] = (reader_arg){h, 4, 0, 0, false};
     ck_assert_int_eq(pthread_create(&t[0], NULL, reader, &a[0]), 0);
-    sleep_ms(50);
-    t0 = now_s();
+    test_sleep_ms(50);
+    t0 = gpu_now();
     daemon_hub_finish(h, 7);
     pthread_join(t[0], NULL);
-    ck_assert(now_s() - t0 < 2.0);
+    ck_assert(gpu_now() - t0 < 2.0);
     ck_assert_int_eq(a[0].n, 0);
     ck_assert(a[0].fin);
     daemon_hub_free(h);

@@ -17,27 +17,7 @@
 #include <string.h>
 
 #include "gpu/gpu.h"
-
-/* A deep (n widths), narrow MLP on a 4-class synthetic problem, trained in fp16. */
-static void narrow_job(gpu_job_config *c, int depth, float init, gpu_scale_mode mode)
-{
-    gpu_job_defaults(c);
-    c->dtype = GPU_FP16;
-    gpu_scaler_defaults(&c->scaler, GPU_FP16);
-    c->scaler.mode = mode;
-    c->model.nlayers = depth;
-    for (int i = 0; i < depth - 1; i++)
-        c->model.layers[i] = 32;
-    c->model.layers[depth - 1] = 4;
-    c->model.init_scale = init;
-    c->data.type = GPU_DATA_SYNTHETIC;
-    c->data.synth_features = 32;
-    c->data.synth_classes = 4;
-    c->data.synth_train = 4096;
-    c->data.synth_eval = 1024;
-    c->batch_size = 64;
-    c->threads = 1;
-}
+#include "tests/testutil.h"
 
 typedef struct {
     double first, last;
@@ -118,13 +98,13 @@ START_TEST(test_underflow_lesson)
 {
     gpu_job_config c;
     run_result none, dyn, fp32;
-    narrow_job(&c, 12, 0.5f, GPU_SCALE_NONE);
+    test_narrow_job(&c, 12, 0.5f, GPU_SCALE_NONE);
     c.steps = 300;
     train(&c, &none);
-    narrow_job(&c, 12, 0.5f, GPU_SCALE_DYNAMIC);
+    test_narrow_job(&c, 12, 0.5f, GPU_SCALE_DYNAMIC);
     c.steps = 300;
     train(&c, &dyn);
-    narrow_job(&c, 12, 0.5f, GPU_SCALE_NONE);
+    test_narrow_job(&c, 12, 0.5f, GPU_SCALE_NONE);
     c.dtype = GPU_FP32;
     c.steps = 300;
     train(&c, &fp32);
@@ -145,7 +125,7 @@ START_TEST(test_master_weights_lesson)
 {
     gpu_job_config c;
     run_result with, without;
-    narrow_job(&c, 4, 2.0f, GPU_SCALE_DYNAMIC);
+    test_narrow_job(&c, 4, 2.0f, GPU_SCALE_DYNAMIC);
     c.optim.lr = 3e-5f;
     c.steps = 2000;
     train(&c, &with);
@@ -165,7 +145,7 @@ START_TEST(test_overflow_floor)
 {
     gpu_job_config c;
     run_result r, bf;
-    narrow_job(&c, 4, 300.0f, GPU_SCALE_DYNAMIC);
+    test_narrow_job(&c, 4, 300.0f, GPU_SCALE_DYNAMIC);
     c.steps = 500;
     train(&c, &r);
     /* 16 backoffs from 65536 to the floor of 1, then 50 overflowing steps at the floor */
@@ -192,7 +172,7 @@ START_TEST(test_scale_backoff_then_growth)
 {
     gpu_job_config c;
     run_result r;
-    narrow_job(&c, 4, 1.0f, GPU_SCALE_DYNAMIC);
+    test_narrow_job(&c, 4, 1.0f, GPU_SCALE_DYNAMIC);
     c.scaler.init_scale = 16777216.0f; /* 2^24: the first backward overflows fp16 */
     c.scaler.growth_interval = 50;
     c.steps = 200;
@@ -210,7 +190,7 @@ START_TEST(test_deterministic)
     gpu_job_config c;
     gpu_trainer *a, *b;
     gpu_step_metrics ma, mb;
-    narrow_job(&c, 5, 1.0f, GPU_SCALE_DYNAMIC);
+    test_narrow_job(&c, 5, 1.0f, GPU_SCALE_DYNAMIC);
     ck_assert_int_eq(gpu_trainer_create(&c, &a, NULL, 0), 0);
     ck_assert_int_eq(gpu_trainer_create(&c, &b, NULL, 0), 0);
     for (int i = 0; i < 50; i++) {
@@ -228,7 +208,7 @@ START_TEST(test_bad_config)
     gpu_job_config c;
     gpu_trainer *t = NULL;
     char err[512];
-    narrow_job(&c, 4, 1.0f, GPU_SCALE_DYNAMIC);
+    test_narrow_job(&c, 4, 1.0f, GPU_SCALE_DYNAMIC);
     c.model.layers[0] = 33; /* data has 32 features */
     ck_assert_int_eq(gpu_trainer_create(&c, &t, err, sizeof(err)), GPU_EINVAL);
     ck_assert_ptr_null(t);
