@@ -116,8 +116,75 @@ static void put_unix(api_buf *b, double t)
         api_buf_puts(b, "null");
 }
 
+/* An optional whole number of o, or dflt when absent; false when present but not one. */
+static bool spec_int(const json_t *o, const char *key, json_int_t dflt, json_int_t *out)
+{
+    const json_t *v = json_object_get(o, key);
+    *out = dflt;
+    if (!v)
+        return true;
+    if (!json_is_integer(v))
+        return false;
+    *out = json_integer_value(v);
+    return true;
+}
+
+/* The model of a stored spec, in words, with the defaults of docs/job-spec.md: "mlp
+ * 784-1024-1024-10" or "gpt 4L d256 4h T128". 0 with type and text filled, -1 when the spec
+ * is not a JSON object with a well-formed model (the caller writes null). */
+static int model_text(const char *spec, const char **type, char *text, size_t len)
+{
+    static const json_int_t dflt_layers[] = {784, 1024, 1024, 10};
+    json_t *root = spec ? json_loads(spec, JSON_REJECT_DUPLICATES, NULL) : NULL;
+    const json_t *m, *v;
+    const char *t = "mlp";
+    size_t off = 0;
+    int rc = -1;
+
+    if (!json_is_object(root))
+        goto fail;
+    m = json_object_get(root, "model");
+    if (m && !json_is_object(m))
+        goto fail;
+    v = json_object_get(m, "type");
+    if (v && !(t = json_string_value(v)))
+        goto fail;
+    if (strcmp(t, "gpt") == 0) {
+        json_int_t nl, nh, d, T;
+        if (!spec_int(m, "n_layer", 4, &nl) || !spec_int(m, "n_head", 4, &nh) ||
+            !spec_int(m, "d_model", 256, &d) || !spec_int(m, "seq_len", 128, &T))
+            goto fail;
+        *type = "gpt";
+        off = (size_t)snprintf(text, len, "gpt %lldL d%lld %lldh T%lld", (long long)nl,
+                               (long long)d, (long long)nh, (long long)T);
+    } else if (strcmp(t, "mlp") == 0) {
+        size_t n;
+        v = json_object_get(m, "layers");
+        if (v && (!json_is_array(v) || json_array_size(v) == 0))
+            goto fail;
+        n = v ? json_array_size(v) : sizeof(dflt_layers) / sizeof(dflt_layers[0]);
+        *type = "mlp";
+        off = (size_t)snprintf(text, len, "mlp");
+        for (size_t i = 0; i < n && off < len; i++) {
+            const json_t *w = v ? json_array_get(v, i) : NULL;
+            if (w && !json_is_integer(w))
+                goto fail;
+            off += (size_t)snprintf(text + off, len - off, "%c%lld", i ? '-' : ' ',
+                                    (long long)(w ? json_integer_value(w) : dflt_layers[i]));
+        }
+    } else {
+        goto fail;
+    }
+    rc = off < len ? 0 : -1;
+fail:
+    json_decref(root);
+    return rc;
+}
+
 void api_job_json(api_buf *b, const store_job *j, bool full)
 {
+    const char *mtype = NULL;
+    char mtext[256];
     double frac = j->steps > 0 ? (double)j->step / (double)j->steps : 0.0;
     if (frac > 1)
         frac = 1;
@@ -127,6 +194,14 @@ void api_job_json(api_buf *b, const store_job *j, bool full)
     api_buf_json_str(b, j->name);
     api_buf_puts(b, ",\"dtype\":");
     api_buf_json_str(b, j->dtype);
+    api_buf_puts(b, ",\"model\":");
+    if (model_text(j->spec, &mtype, mtext, sizeof(mtext)) == 0) {
+        api_buf_printf(b, "{\"type\":\"%s\",\"text\":", mtype);
+        api_buf_json_str(b, mtext);
+        api_buf_putc(b, '}');
+    } else {
+        api_buf_puts(b, "null");
+    }
     api_buf_puts(b, ",\"status\":");
     api_buf_json_str(b, store_status_name(j->status));
     api_buf_printf(b,
@@ -230,9 +305,10 @@ void api_h_system(api_req *q, api_resp *r)
     for (int i = 0; i < STORE_NSTATUS; i++)
         api_buf_printf(b, "%s\"%s\":%lld", i ? "," : "", store_status_name((store_status)i),
                        (long long)stats.jobs_by_status[i]);
-    api_buf_printf(b, "},\"store\":{\"metric_rows\":%lld,\"queue_depth\":%lld,\"batches\":%lld}}",
+    api_buf_printf(b, "},\"store\":{\"metric_rows\":%lld,\"queue_depth\":%lld,\"batches\":%lld}",
                    (long long)stats.metric_rows, (long long)stats.queue_depth,
                    (long long)stats.batches);
+    api_buf_printf(b, ",\"auth\":{\"token_required\":%s}}", s->cfg.token[0] ? "true" : "false");
 }
 
 /* ---- jobs ------------------------------------------------------------------------------ */

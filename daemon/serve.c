@@ -4,9 +4,14 @@
  * the server (closing SSE streams), the scheduler (running jobs checkpoint and become
  * interrupted), the store.
  *
+ * The dashboard (web/: index.html, css/, js/, vendor/) is served at / from --web-root, else
+ * from web/ beside the ampd executable when that holds index.html (the build tree), else
+ * from AMPD_WEBDIR (make install puts it there) when that does; otherwise only the API is
+ * served. One log line says which.
+ *
  * Start-up errors (bad options, an unusable token file, data directory or database, a
- * port in use, a non-loopback address without a token) print one line and exit 1 (2 for
- * bad usage); nothing after start-up exits.
+ * port in use, a non-loopback address without a token, a --web-root without index.html)
+ * print one line and exit 1 (2 for bad usage); nothing after start-up exits.
  *
  * Threads: SIGTERM, SIGINT (and SIGPIPE, ignored) are blocked before any thread starts, so
  * every thread inherits the mask and the main thread takes them with sigwait(). Workers get
@@ -31,17 +36,22 @@
 #define TOKEN_FILE_MAX 4096
 #define PATH_LEN 1024
 
+#ifndef AMPD_WEBDIR
+#define AMPD_WEBDIR "" /* set by Makefile.am: $(pkgdatadir)/web */
+#endif
+
 typedef struct {
     char listen[128];
     char db[PATH_LEN];
     char data_dir[PATH_LEN];
     char token_file[PATH_LEN];
     char port_file[PATH_LEN];
+    char web_root[PATH_LEN]; /* --web-root; after find_web_root, the one served or "" */
     char token[256];
     int nroots;
     char roots[DAEMON_MAX_ROOTS][512];
     int max_running, max_retries, worker_timeout_s;
-    bool demo;
+    bool demo, no_dashboard;
 } serve_args;
 
 static void usage(FILE *f)
@@ -62,9 +72,13 @@ static void usage(FILE *f)
                "  --max-retries N      automatic resumes of an interrupted job (default 3)\n"
                "  --worker-timeout S   a worker silent this long is killed as hung (default 600)\n"
                "  --port-file FILE     write the bound port to FILE once listening (for tests)\n"
+               "  --web-root DIR       the dashboard's files (default: web/ beside the ampd\n"
+               "                       binary when it holds index.html, else %s)\n"
+               "  --no-dashboard       serve only the API, not the dashboard at /\n"
                "  --demo               on an empty database, queue the Fashion-MNIST MLP in\n"
                "                       fp32, fp16 and bf16 (the side-by-side experiment)\n"
-               "  --help, --version\n");
+               "  --help, --version\n",
+            AMPD_WEBDIR[0] ? AMPD_WEBDIR : "none");
 }
 
 /* A whole number in [lo, hi], or -1 with a message. */
@@ -152,6 +166,8 @@ static int parse_args(int argc, char **argv, serve_args *a)
         O_RETRIES,
         O_TIMEOUT,
         O_PORTFILE,
+        O_WEBROOT,
+        O_NODASH,
         O_DEMO,
         O_HELP,
         O_VERSION
@@ -165,6 +181,8 @@ static int parse_args(int argc, char **argv, serve_args *a)
                                              {"max-retries", required_argument, NULL, O_RETRIES},
                                              {"worker-timeout", required_argument, NULL, O_TIMEOUT},
                                              {"port-file", required_argument, NULL, O_PORTFILE},
+                                             {"web-root", required_argument, NULL, O_WEBROOT},
+                                             {"no-dashboard", no_argument, NULL, O_NODASH},
                                              {"demo", no_argument, NULL, O_DEMO},
                                              {"help", no_argument, NULL, O_HELP},
                                              {"version", no_argument, NULL, O_VERSION},
@@ -212,6 +230,12 @@ static int parse_args(int argc, char **argv, serve_args *a)
         case O_PORTFILE:
             bad = str_arg("--port-file", optarg, a->port_file, sizeof(a->port_file));
             break;
+        case O_WEBROOT:
+            bad = str_arg("--web-root", optarg, a->web_root, sizeof(a->web_root));
+            break;
+        case O_NODASH:
+            a->no_dashboard = true;
+            break;
         case O_DEMO:
             a->demo = true;
             break;
@@ -227,6 +251,10 @@ static int parse_args(int argc, char **argv, serve_args *a)
     }
     if (!bad && optind != argc) {
         fprintf(stderr, "ampd serve: unexpected argument \"%s\"\n", argv[optind]);
+        bad = -1;
+    }
+    if (!bad && a->no_dashboard && a->web_root[0]) {
+        fprintf(stderr, "ampd serve: --web-root and --no-dashboard exclude each other\n");
         bad = -1;
     }
     if (bad) {
@@ -309,6 +337,65 @@ static int write_port_file(const char *path, unsigned port)
     return 0;
 }
 
+/* dir holds a regular file index.html (following symlinks) */
+static bool has_index(const char *dir)
+{
+    char p[PATH_MAX + 16];
+    struct stat sb;
+    return snprintf(p, sizeof(p), "%s/index.html", dir) < (int)sizeof(p) && stat(p, &sb) == 0 &&
+           S_ISREG(sb.st_mode);
+}
+
+/* Choose the dashboard's directory (see the top of the file) and resolve it: a->web_root
+ * becomes its real path, or "" with why saying why none is served. -1 with err when an
+ * explicit --web-root is unusable. */
+static int find_web_root(serve_args *a, char *why, size_t whylen, char *err, size_t errlen)
+{
+    char exe[PATH_MAX], beside[PATH_MAX + 8] = "", real[PATH_MAX];
+    const char *pick = NULL;
+    char *slash;
+
+    if (a->no_dashboard) {
+        snprintf(why, whylen, "--no-dashboard");
+        return 0;
+    }
+    if (a->web_root[0]) {
+        if (!realpath(a->web_root, real)) {
+            snprintf(err, errlen, "--web-root %s: %s", a->web_root, strerror(errno));
+            return -1;
+        }
+        if (!has_index(real)) {
+            snprintf(err, errlen, "--web-root %s: no index.html in it", a->web_root);
+            return -1;
+        }
+    } else {
+        if (realpath("/proc/self/exe", exe) && (slash = strrchr(exe, '/')) != NULL) {
+            *slash = '\0';
+            snprintf(beside, sizeof(beside), "%s/web", exe);
+        }
+        if (beside[0] && has_index(beside))
+            pick = beside;
+        else if (AMPD_WEBDIR[0] && has_index(AMPD_WEBDIR))
+            pick = AMPD_WEBDIR;
+        if (!pick) {
+            snprintf(why, whylen, "no index.html in %s%s%s; --web-root DIR names one",
+                     beside[0] ? beside : "web/ beside the binary",
+                     AMPD_WEBDIR[0] ? " nor in " : "", AMPD_WEBDIR);
+            return 0;
+        }
+        if (!realpath(pick, real)) {
+            snprintf(why, whylen, "%s: %s", pick, strerror(errno));
+            return 0;
+        }
+    }
+    if (strlen(real) >= sizeof(a->web_root)) {
+        snprintf(err, errlen, "the dashboard's path is too long (%zu bytes)", strlen(real));
+        return -1;
+    }
+    memcpy(a->web_root, real, strlen(real) + 1);
+    return 0;
+}
+
 /* Fill the scheduler's config; -1 with err when a path does not fit. */
 static int sched_config(const serve_args *a, daemon_sched_config *sc, char *err, size_t errlen)
 {
@@ -335,15 +422,21 @@ static int sched_config(const serve_args *a, daemon_sched_config *sc, char *err,
     return 0;
 }
 
-static void api_config_fill(const serve_args *a, api_config *ac)
+static int api_config_fill(const serve_args *a, api_config *ac, char *err, size_t errlen)
 {
     memset(ac, 0, sizeof(*ac));
+    if (strlen(a->web_root) >= sizeof(ac->web_root)) {
+        snprintf(err, errlen, "the dashboard's path %s is too long", a->web_root);
+        return -1;
+    }
+    memcpy(ac->web_root, a->web_root, strlen(a->web_root) + 1);
     snprintf(ac->listen, sizeof(ac->listen), "%s", a->listen);
     snprintf(ac->token, sizeof(ac->token), "%s", a->token);
     ac->max_body = 1 << 20;
     ac->spec.nroots = a->nroots;
     for (int i = 0; i < a->nroots; i++)
         snprintf(ac->spec.roots[i], sizeof(ac->spec.roots[i]), "%s", a->roots[i]);
+    return 0;
 }
 
 /* The URL clients use: the listen address with the bound port. */
@@ -368,7 +461,7 @@ int daemon_serve_main(int argc, char **argv)
     store *st = NULL;
     daemon_sched *sched = NULL;
     api_server *api = NULL;
-    char err[4096] = "", abs[PATH_MAX], why[256], url[200];
+    char err[4096] = "", abs[PATH_MAX], why[256], url[200], nodash[512] = "";
     sigset_t set;
     int rc, sig = 0;
 
@@ -396,9 +489,10 @@ int daemon_serve_main(int argc, char **argv)
             memcpy(a.roots[i], abs, strlen(abs) + 1);
         else
             log_warn("data root %s: %s", a.roots[i], strerror(errno));
-    if (sched_config(&a, &sc, err, sizeof(err)) != 0)
+    if (sched_config(&a, &sc, err, sizeof(err)) != 0 ||
+        find_web_root(&a, nodash, sizeof(nodash), err, sizeof(err)) != 0 ||
+        api_config_fill(&a, &ac, err, sizeof(err)) != 0)
         goto startup_error;
-    api_config_fill(&a, &ac);
 
     /* Before any thread exists: every thread inherits this mask. */
     sigemptyset(&set);
@@ -435,6 +529,10 @@ int daemon_serve_main(int argc, char **argv)
     log_info("ampd %s serving %s (db %s, data dir %s, blas %s, device: %s, max running %d%s)",
              PACKAGE_VERSION, url, a.db, a.data_dir, gpu_blas_info(), why, a.max_running,
              a.token[0] ? ", token required" : "");
+    if (a.web_root[0])
+        log_info("dashboard: %s/ (files from %s)", url, a.web_root);
+    else
+        log_info("dashboard: not served (%s)", nodash);
 
     while (sigwait(&set, &sig) != 0 || (sig != SIGTERM && sig != SIGINT))
         ;

@@ -7,7 +7,8 @@
  *             trip), CSV and Prometheus numbers and labels, the series encoders (JSON and
  *             CSV, raw and bucketed), the token comparison, JSON depth and compaction.
  *   store     a server over a real store in a temporary directory and no scheduler (the
- *             degraded mode): every GET route, the 4xx errors (404, 405 + Allow, 401 +
+ *             degraded mode): every GET route, each job's model in words (mlp and gpt, the
+ *             spec's defaults, null for a malformed spec), the 4xx errors (404, 405 + Allow, 401 +
  *             WWW-Authenticate, 413 by Content-Length and chunked, 414, 415, 400 naming the
  *             parameter), 503 for submits, metrics as JSON and CSV (raw and downsampled,
  *             NaN and Infinity kept, overflow steps kept), per-layer stats (one step, the
@@ -1006,6 +1007,72 @@ START_TEST(test_jobs)
     expect_error(&r, 404, "not_found", "ids");
     ck_assert_ptr_nonnull(strstr(r.body, "99999"));
     hresp_free(&r);
+}
+END_TEST
+
+/* The "model" object of a job, from its stored spec with the documented defaults. */
+static void expect_model(json_t *job, const char *type, const char *text)
+{
+    json_t *m = json_object_get(job, "model");
+    if (!type) {
+        ck_assert_msg(json_is_null(m), "model should be null");
+        return;
+    }
+    ck_assert_msg(json_is_object(m), "model should be an object");
+    ck_assert_int_eq(json_object_size(m), 2);
+    ck_assert_str_eq(json_string_value(json_object_get(m, "type")), type);
+    ck_assert_str_eq(json_string_value(json_object_get(m, "text")), text);
+}
+
+START_TEST(test_job_model)
+{
+    static const struct {
+        const char *spec, *type, *text;
+    } t[] = {
+        {"{\"name\":\"mlp\",\"model\":{\"type\":\"mlp\",\"layers\":[32,64,4]}}", "mlp",
+         "mlp 32-64-4"},
+        {"{\"name\":\"mlp-default\"}", "mlp", "mlp 784-1024-1024-10"},
+        {"{\"model\":{\"activation\":\"gelu\",\"layers\":[784,256,10]}}", "mlp",
+         "mlp 784-256-10"},
+        {"{\"model\":{\"type\":\"gpt\",\"n_layer\":6,\"n_head\":8,\"d_model\":512,"
+         "\"seq_len\":64,\"vocab\":256}}",
+         "gpt", "gpt 6L d512 8h T64"},
+        {"{\"model\":{\"type\":\"gpt\"},\"data\":{\"type\":\"text\",\"train\":\"fortunes\"}}",
+         "gpt", "gpt 4L d256 4h T128"},
+        {"{\"model\":{\"type\":\"gpt\",\"d_model\":\"big\"}}", NULL, NULL},
+        {"{\"model\":{\"layers\":[32,\"x\"]}}", NULL, NULL},
+        {"{\"model\":{\"type\":\"rnn\"}}", NULL, NULL},
+        {"{\"model\":[1,2]}", NULL, NULL},
+        {"not json", NULL, NULL},
+    };
+    const size_t n = sizeof(t) / sizeof(t[0]);
+    int64_t ids[sizeof(t) / sizeof(t[0])];
+    char path[64];
+
+    for (size_t i = 0; i < n; i++) {
+        bool existed;
+        char name[16];
+        snprintf(name, sizeof(name), "m%zu", i);
+        ck_assert_int_eq(store_job_insert(st, name, "fp32", 10, t[i].spec, NULL, &ids[i], &existed),
+                         0);
+    }
+    /* one job */
+    for (size_t i = 0; i < n; i++) {
+        snprintf(path, sizeof(path), "/v1/jobs/%lld", (long long)ids[i]);
+        json_t *j = get_json(port, path, 200);
+        expect_model(j, t[i].type, t[i].text);
+        json_decref(j);
+    }
+    /* the list (newest first) */
+    json_t *j = get_json(port, "/v1/jobs?limit=1000", 200);
+    json_t *jobs = json_object_get(j, "jobs");
+    ck_assert_uint_eq(json_array_size(jobs), n);
+    for (size_t i = 0; i < n; i++) {
+        json_t *job = json_array_get(jobs, n - 1 - i);
+        ck_assert_int_eq(json_integer_value(json_object_get(job, "id")), ids[i]);
+        expect_model(job, t[i].type, t[i].text);
+    }
+    json_decref(j);
 }
 END_TEST
 
@@ -2127,6 +2194,7 @@ static Suite *api_suite(void)
     tcase_add_test(t, test_basics);
     tcase_add_test(t, test_auth_and_limits);
     tcase_add_test(t, test_jobs);
+    tcase_add_test(t, test_job_model);
     tcase_add_test(t, test_metrics);
     tcase_add_test(t, test_events_checkpoints);
     tcase_add_test(t, test_system);

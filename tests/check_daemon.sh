@@ -6,7 +6,9 @@
 #   every overflow step; CSV export; an SSE client that sees live steps and resumes with
 #   Last-Event-ID without a gap or a duplicate; cancel (a checkpoint exists) and resume (one
 #   row per step); delete (404 afterwards); list filters and the keyset cursor; /metrics as
-#   Prometheus text; more than 40 malformed or hostile requests answered with the right
+#   Prometheus text; the dashboard's static files at / (from --web-root: content types,
+#   no escape from the root, 404 and 405 as JSON, the API beside them) and how the default
+#   web root is found; more than 40 malformed or hostile requests answered with the right
 #   4xx JSON error while the daemon keeps serving; start-up errors; kill -9 of the daemon
 #   mid-job and a restart that resumes from the last checkpoint with exactly one row per
 #   step; kill -9 of a worker fails its job with a reason and the next queued job runs.
@@ -134,12 +136,74 @@ spec() { # name steps [extra top-level fields] [layers] [dtype/precision object]
 }
 BIG='[64, 256, 256, 10]' # a few hundred microseconds a step: jobs that live long enough
 
+# The dashboard served by the first daemon: a small app of our own, not web/ (which may not
+# hold an app yet; the default web root is checked further down).
+mkdir -p "$TMP/web/js" "$TMP/web/css"
+printf '<!doctype html><title>ampd test app</title>\n' >"$TMP/web/index.html"
+printf 'export const answer = 42;\n' >"$TMP/web/js/x.js"
+printf 'body { margin: 0; }\n' >"$TMP/web/css/x.css"
+printf 'outside the web root\n' >"$TMP/secret.txt"
+ln -s "$TMP/secret.txt" "$TMP/web/escape.txt"
+WEB=$(realpath "$TMP/web")
+
 # ---- start-up --------------------------------------------------------------------------------
-start_daemon --max-running 1
+start_daemon --max-running 1 --web-root "$TMP/web"
 check "serve starts and writes its port" test -n "$PORT"
 check "healthz" healthy
 check "start-up log names URL, db, blas and device" \
     grep -q "serving http://127.0.0.1:$PORT (db $TMP/ampd.db.*blas .*device: " "$TMP/daemon.log"
+
+check "start-up log names the dashboard's URL and files" \
+    grep -qF "dashboard: http://127.0.0.1:$PORT/ (files from $WEB)" "$TMP/daemon.log"
+
+# ---- the dashboard's static files ------------------------------------------------------------
+get_file() { # path [curl args]: sets CODE, BODY and HDRS (the response headers)
+    local p=$1
+    shift
+    BODY=$(curl -sS -m 20 -D "$TMP/hdrs" -w '\n%{http_code}' "$@" "$URL$p" 2>&1)
+    CODE=${BODY##*$'\n'}
+    BODY=${BODY%$'\n'*}
+    HDRS=$(tr -d '\r' <"$TMP/hdrs")
+}
+ctype_is() { grep -qi "^Content-Type: $1" <<<"$HDRS"; }
+body_is() { printf '%s' "$BODY" | cmp -s - "$1"; } # file: BODY is exactly its content
+code_and_body() { test "$CODE" = "$1" && body_is "$2"; } # status, file
+code_and_type() { test "$CODE" = "$1" && ctype_is "$2"; } # status, Content-Type prefix
+get_file /
+check "GET / is 200" test "$CODE" = 200
+check "GET / is text/html" ctype_is 'text/html; charset=utf-8$'
+check "GET / is index.html" body_is "$TMP/web/index.html"
+get_file /index.html
+check "GET /index.html is the same file" code_and_body 200 "$TMP/web/index.html"
+get_file /js/x.js
+check "GET /js/x.js is 200 text/javascript" code_and_type 200 text/javascript
+check "... with the file's content" code_and_body 200 "$TMP/web/js/x.js"
+get_file /css/x.css
+check "GET /css/x.css is 200 text/css" code_and_type 200 text/css
+get_file / -I -o /dev/null
+check "HEAD / is 200 text/html" code_and_type 200 text/html
+web_404() { # path [curl args]: a 404 with a JSON error, and nothing of the file
+    get_file "$@"
+    test "$CODE" = 404 && ctype_is 'application/json' &&
+        grep -qF '{"error":{"code":"not_found"' <<<"$BODY" && ! grep -q 'root:' <<<"$BODY"
+}
+check "GET /../../etc/passwd is a 404 JSON error" web_404 /../../etc/passwd --path-as-is
+check "GET /%2e%2e/etc/passwd is a 404 JSON error" web_404 /%2e%2e/etc/passwd --path-as-is
+check "GET /js/%2e%2e/%2e%2e/secret.txt is a 404" web_404 /js/%2e%2e/%2e%2e/secret.txt --path-as-is
+check "a symlink out of the web root is a 404" web_404 /escape.txt
+check "a missing file is a 404 JSON error" web_404 /js/missing.js
+check "a directory is a 404" web_404 /js
+check "/v1/ paths never fall through to files" web_404 /v1/index.html
+get_file /v1/jobs
+check "GET /v1/jobs still answers JSON beside the files" code_and_type 200 application/json
+get_file /healthz
+check "GET /healthz still answers beside the files" test "$CODE:$BODY" = '200:{"status":"ok"}'
+get_file / -X POST "${AUTH[@]}"
+check "POST / is a 405 JSON error" code_and_type 405 application/json
+check "... method_not_allowed" grep -qF '{"error":{"code":"method_not_allowed"' <<<"$BODY"
+check "... with Allow: GET, HEAD" grep -qi '^Allow: GET, HEAD$' <<<"$HDRS"
+get_file /js/x.js -X DELETE "${AUTH[@]}"
+check "DELETE of a file is 405" test "$CODE" = 405
 
 # ---- submit -> running -> succeeded ----------------------------------------------------------
 submit "$(spec small 300 ', "eval_every": 100, "checkpoint_every": 100')"
@@ -158,6 +222,8 @@ check "job shows progress 300/300" grep -q '"progress":{"step":300,"steps":300' 
 check "job has a summary with eval results" \
     grep -q '"summary":{"type":"summary".*"eval_acc"' <<<"$BODY"
 check "job keeps its spec" grep -q '"spec":{"name":"small"' <<<"$BODY"
+check "job has its model in words" \
+    grep -qF '"dtype":"fp32","model":{"type":"mlp","text":"mlp 32-64-4"},' <<<"$BODY"
 check "metric rows equal the steps run (1..300)" steps_are_1_to "$id1" 300
 req GET "/v1/jobs/$id1/metrics?fields=loss,loss_scale&points=0"
 check "raw JSON series has 300 points" test "$(grep -o '"count":1,' <<<"$BODY" | wc -l)" -eq 300
@@ -428,6 +494,55 @@ check "... with one line on stderr" test "$(grep -c '^ampd serve: ' "$TMP/err")"
 check "an unusable database is refused (exit 1)" test $? -eq 1
 "${TIMEOUT[@]}" "$AMPD" serve --max-running 0 >/dev/null 2>&1
 check "bad usage exits 2" test $? -eq 2
+"${TIMEOUT[@]}" "$AMPD" serve --listen 127.0.0.1:0 --data-dir "$TMP/d2" \
+    --web-root /nonexistent/ampd-web >/dev/null 2>"$TMP/err"
+check "--web-root of a missing directory is refused (exit 1)" test $? -eq 1
+check "... naming the path" grep -q '^ampd serve: --web-root /nonexistent/ampd-web: ' "$TMP/err"
+"${TIMEOUT[@]}" "$AMPD" serve --listen 127.0.0.1:0 --data-dir "$TMP/d2" \
+    --web-root "$TMP/data" >/dev/null 2>"$TMP/err"
+check "--web-root without index.html is refused (exit 1)" test $? -eq 1
+check "... naming the path" grep -qF "ampd serve: --web-root $TMP/data: no index.html" "$TMP/err"
+"${TIMEOUT[@]}" "$AMPD" serve --web-root "$TMP/web" --no-dashboard >/dev/null 2>&1
+check "--web-root with --no-dashboard is bad usage (exit 2)" test $? -eq 2
+
+# ---- the default web root: web/ beside the binary when it holds index.html -------------------
+# A second daemon for a moment (own data dir and port file); it is stopped before going on.
+serve_briefly() { # log-file args...: start, wait for the port, GET / into CODE/BODY, stop
+    local log=$1 pid port
+    shift
+    rm -f "$TMP/port2"
+    "$AMPD" serve --listen 127.0.0.1:0 --port-file "$TMP/port2" --data-dir "$TMP/d3" "$@" \
+        >"$log" 2>&1 &
+    pid=$!
+    for _ in $(seq 1 200); do
+        [ -s "$TMP/port2" ] && break
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.05
+    done
+    port=$(cat "$TMP/port2" 2>/dev/null)
+    out=$(curl -sS -m 20 -w '\n%{http_code}' "http://127.0.0.1:${port:-0}/" 2>&1)
+    CODE=${out##*$'\n'}
+    BODY=${out%$'\n'*}
+    kill -TERM "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+    test -n "$port"
+}
+beside=$(dirname "$(realpath "$AMPD")")/web
+check "a daemon without --web-root starts" serve_briefly "$TMP/d3.log"
+check "... and logs one dashboard line" test "$(grep -c 'dashboard: ' "$TMP/d3.log")" -eq 1
+if [ -f "$beside/index.html" ]; then
+    check "... serving web/ beside the binary ($beside)" \
+        grep -qF "(files from $(realpath "$beside"))" "$TMP/d3.log"
+    check "... whose index.html is GET /" code_and_body 200 "$beside/index.html"
+else
+    echo "# $beside/index.html does not exist (yet): the default is web/ beside the binary"
+    check "... saying where no index.html was found, or serving the installed one" \
+        grep -Eq "dashboard: (not served \(no index.html in $beside|http://.* \(files from )" \
+        "$TMP/d3.log"
+fi
+check "--no-dashboard: GET / is a 404" serve_briefly "$TMP/d4.log" --no-dashboard
+check "... with the reason in the log" test "$CODE" = 404 -a \
+    "$(grep -c 'dashboard: not served (--no-dashboard)' "$TMP/d4.log")" -eq 1
 
 # ---- kill -9 of the daemon mid-job, restart, resume ------------------------------------------
 submit "$(spec crash 5000 ', "checkpoint_every": 200' "$BIG")"

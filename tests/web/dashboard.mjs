@@ -1,0 +1,396 @@
+// dashboard.mjs - the dashboard in headless Chromium against a real daemon, as a user
+// drives it: the runs table, the submit form (a refused spec shows its error next to the
+// field; the token dialog), an fp16 and a bf16 job submitted through the form, the run
+// page's live loss-scale chart growing while the fp16 job runs, an SSE drop and reconnect
+// that leaves no gap and no duplicate, zoom that fetches finer buckets, the compare view
+// whose values must equal the API's, a phone-sized viewport without horizontal scrolling,
+// and no console error anywhere. Screenshots go to $SHOTS (default tests/web-shots).
+//
+// Exit 0 when every check passed, 1 when one failed, 77 (automake's SKIP) only when
+// Chromium cannot start. Every wait is bounded; the daemon is killed on exit.
+import {spawn} from 'node:child_process';
+import {createRequire} from 'node:module';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+
+const srcdir = process.env.srcdir || '.';
+const AMPD = process.env.AMPD || './ampd';
+const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium';
+const SHOTS = process.env.SHOTS || 'tests/web-shots';
+const SLOW = Number(process.env.AMPD_TEST_SLOW || 1); // wait multiplier (sanitizer builds)
+const require = createRequire(path.resolve(srcdir, 'web/package.json'));
+const {chromium} = require('playwright-core');
+
+let pass = 0, fail = 0;
+const ok = (name) => { pass++; console.log('PASS: ' + name); };
+const bad = (name, why) => { fail++; console.log('FAIL: ' + name + (why ? ' — ' + why : '')); };
+const check = (name, cond, why) => (cond ? ok(name) : bad(name, why));
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'ampd-web-'));
+const TOKEN = 'web-test-token-0123456789abcdef';
+fs.writeFileSync(path.join(tmp, 'token'), TOKEN + '\n', {mode: 0o600});
+let daemon = null, browser = null, expect400 = false;
+const errors = []; // console errors and uncaught exceptions of every page
+
+async function cleanup() {
+    if (browser) await browser.close().catch(() => {});
+    if (daemon) daemon.kill('SIGKILL');
+    fs.rmSync(tmp, {recursive: true, force: true});
+}
+
+async function startDaemon() {
+    const log = fs.openSync(path.join(tmp, 'daemon.log'), 'a');
+    daemon = spawn(AMPD, ['serve', '--listen', '127.0.0.1:0', '--port-file', path.join(tmp, 'port'),
+                          '--data-dir', path.join(tmp, 'data'), '--db', path.join(tmp, 'ampd.db'),
+                          '--token-file', path.join(tmp, 'token'), '--max-running', '2',
+                          '--web-root', path.resolve(srcdir, 'web')],
+                   {stdio: ['ignore', log, log]});
+    for (let i = 0; i < 200; i++) {
+        const p = path.join(tmp, 'port');
+        if (fs.existsSync(p) && fs.readFileSync(p, 'utf8').trim()) return Number(fs.readFileSync(p, 'utf8'));
+        if (daemon.exitCode !== null) break;
+        await sleep(50);
+    }
+    throw new Error('the daemon did not start: ' + fs.readFileSync(path.join(tmp, 'daemon.log'), 'utf8'));
+}
+
+// Poll f until it returns a truthy value (returned) or ms pass (null).
+async function until(f, ms, every = 100) {
+    const end = Date.now() + ms * SLOW;
+    while (Date.now() < end) {
+        const v = await f();
+        if (v) return v;
+        await sleep(every);
+    }
+    return null;
+}
+
+let BASE;
+const apiGet = async (p) => (await fetch(BASE + p)).json();
+
+function close(a, b) {
+    if (a === b) return true;
+    return Number.isFinite(a) && Number.isFinite(b) && Math.abs(a - b) <= 1e-9 * Math.max(1, Math.abs(b));
+}
+
+// Fill the submit form for an MLP on Fashion-MNIST in the given precision.
+async function fillForm(page, name, dtype, over = {}) {
+    await page.click('button[data-template="mlp-fmnist"]');
+    const v = Object.assign({name, steps: '6000', batch: '64', widths: '784, 256, 10', eval: '1000',
+                             diag: '250', init: '1', growth: '150', threads: '1'}, over);
+    await page.fill('#f-name', v.name);
+    await page.check(`#f-precision-dtype input[value="${dtype}"]`);
+    await page.fill('#f-steps', v.steps);
+    await page.fill('#f-batch_size', v.batch);
+    await page.fill('#f-model-layers', v.widths);
+    await page.fill('#f-eval_every', v.eval);
+    await page.fill('#f-diagnostics_every', v.diag);
+    await page.fill('#f-threads', v.threads);
+    if (dtype === 'fp16') {
+        await page.selectOption('#f-precision-loss_scale-mode', 'dynamic');
+        await page.fill('#f-precision-loss_scale-init', v.init);
+        await page.fill('#f-precision-loss_scale-growth_interval', v.growth);
+    }
+}
+
+async function shot(page, name) {
+    fs.mkdirSync(SHOTS, {recursive: true});
+    await page.screenshot({path: path.join(SHOTS, name), fullPage: false});
+}
+
+async function main() {
+    const port = await startDaemon();
+    BASE = `http://127.0.0.1:${port}`;
+    try {
+        browser = await chromium.launch({executablePath: CHROMIUM, headless: true,
+                                         args: ['--headless', '--no-sandbox', '--disable-gpu',
+                                                '--disable-background-networking']});
+    } catch (e) {
+        console.log(`SKIP: Chromium cannot start (${CHROMIUM}): ${String(e.message).split('\n')[0]}`);
+        return 77;
+    }
+    const ctx = await browser.newContext({viewport: {width: 1440, height: 900}});
+    const page = await ctx.newPage();
+    // The one refused submit below is answered 400, which Chromium logs as a console error
+    // for the resource: that one (and only that one) is expected.
+    page.on('console', (m) => {
+        if (m.type() !== 'error') return;
+        if (expect400 && m.text().includes('status of 400') && m.location().url.endsWith('/v1/jobs')) {
+            expect400 = false;
+            return;
+        }
+        errors.push(m.text());
+    });
+    page.on('pageerror', (e) => errors.push(String(e)));
+    page.setDefaultTimeout(15000 * SLOW);
+
+    // ---- the runs table, empty
+    await page.goto(BASE + '/');
+    await page.waitForSelector('#app[data-ready=runs]');
+    check('GET / serves the dashboard and the runs table renders',
+          (await page.textContent('#runs-table')).includes('no runs yet'));
+    check('the footer shows the daemon version and backend',
+          /ampd .* · cpu/.test(await page.textContent('#system')));
+
+    // ---- a refused spec: token dialog first, then the error next to its field
+    await page.click('nav a[data-nav=submit]');
+    await page.waitForSelector('#app[data-ready=submit]');
+    await fillForm(page, 'bad-widths', 'fp16', {widths: '784, 0, 10'});
+    const json = JSON.parse(await page.inputValue('#spec-json'));
+    check('the form writes the JSON spec', json.model.layers[1] === 0 && json.precision.dtype === 'fp16' &&
+          json.precision.loss_scale.growth_interval === 150 && json.steps === 6000);
+    await page.click('#submit-one');
+    await page.waitForSelector('#token-dialog[open]');
+    ok('a change without a token opens the token dialog (the daemon requires one)');
+    await page.fill('#token-input', TOKEN);
+    expect400 = true;
+    await page.click('#token-save');
+    const fieldErr = await page.waitForSelector('.field[data-path="model.layers"] .field-error:not([hidden])');
+    const errText = await fieldErr.textContent();
+    check('the API error is shown next to the field it names', errText.includes('model.layers[1]') &&
+          errText.includes('integer width'), errText);
+    check('nothing was stored by the refused submit', (await apiGet('/v1/jobs')).jobs.length === 0);
+
+    // ---- a JSON edit updates the form
+    const edited = Object.assign(JSON.parse(await page.inputValue('#spec-json')), {seed: 7});
+    await page.fill('#spec-json', JSON.stringify(edited));
+    check('editing the JSON updates the form', (await page.inputValue('#f-seed')) === '7');
+
+    // ---- an fp16 job through the form; then its run page
+    await fillForm(page, 'web-fp16', 'fp16');
+    await page.click('#submit-one');
+    await page.waitForURL(/#\/runs\/\d+$/);
+    const fpId = Number(page.url().split('/').pop());
+    const fpSpec = (await apiGet(`/v1/jobs/${fpId}`)).spec;
+    check('the fp16 job was submitted with the form\'s values', fpSpec && fpSpec.precision.dtype === 'fp16' &&
+          fpSpec.steps === 6000 && fpSpec.precision.loss_scale.growth_interval === 150 &&
+          fpSpec.model.layers.join() === '784,256,10', JSON.stringify(fpSpec));
+    await page.waitForSelector('#app[data-ready=run]');
+
+    // ---- the live loss-scale chart grows while the fp16 job runs
+    const seen = [];
+    let dropped = false;
+    await until(async () => {
+        const st = await page.getAttribute('.run-title [data-status]', 'data-status');
+        const y = Number(await page.getAttribute('[data-chart=loss_scale]', 'data-last-y'));
+        const n = Number(await page.getAttribute('[data-chart=loss_scale]', 'data-points'));
+        if (st === 'running' && y > 0) seen.push({y, n});
+        if (!dropped && seen.length >= 3) {
+            dropped = await page.evaluate(() => {
+                const s = window.ampd.run && window.ampd.run.stream;
+                if (!s || s.closed) return false;
+                s.drop();
+                return true;
+            });
+        }
+        return st && st !== 'running' && st !== 'queued';
+    }, 180000, 200);
+    const ys = seen.map((s) => s.y);
+    const grew = ys.length >= 3 && Math.max(...ys) >= 16 * ys[0];
+    check('the loss-scale chart grew live while the fp16 job ran', grew,
+          `values seen: ${[...new Set(ys)].join(', ')}`);
+    check('the live chart gained points while running', seen.length >= 2 && seen[seen.length - 1].n > seen[0].n);
+    check('the SSE connection was dropped mid-run', dropped);
+    await until(async () => (await apiGet(`/v1/jobs/${fpId}`)).status === 'succeeded', 60000);
+    const stream = await page.evaluate(() => {
+        const r = window.ampd.run;
+        const x = r.series.x;
+        let inc = true;
+        for (let i = 1; i < x.length; i++) if (x[i] <= x[i - 1]) inc = false;
+        return {gaps: r.stream.gaps, dupes: r.stream.dupes, reconnects: r.stream.reconnects,
+                last: r.series.lastStep, inc};
+    });
+    check('after the drop the stream reconnected with no gap and no duplicate step',
+          stream.reconnects >= 1 && stream.gaps === 0 && stream.dupes === 0 && stream.inc &&
+          stream.last === 6000, JSON.stringify(stream));
+    await until(async () => (await page.getAttribute('.run-title [data-status]', 'data-status')) === 'succeeded', 10000);
+    const scaleAttr = Number(await page.getAttribute('[data-chart=loss_scale]', 'data-last-y'));
+    const fpJob = await apiGet(`/v1/jobs/${fpId}`);
+    check('the run page shows the final loss scale of the API', scaleAttr === fpJob.summary.final_loss_scale,
+          `${scaleAttr} vs ${fpJob.summary.final_loss_scale}`);
+    const lossCard = await page.getAttribute('.stat[data-field=loss]', 'data-value');
+    check('the run page shows the API\'s final loss', close(Number(lossCard), fpJob.summary.final_loss));
+    check('the heatmap shows the diagnosed layers', Number(await page.getAttribute('[data-chart=heatmap]', 'data-layers')) === 2 &&
+          Number(await page.getAttribute('[data-chart=heatmap]', 'data-steps')) >= 24);
+    const evCount = await page.locator('.timeline li[data-kind=lifecycle]').count();
+    check('the events timeline lists the lifecycle events', evCount >= 2);
+    await page.evaluate(() => window.scrollTo(0, 0));
+    await shot(page, 'run.png');
+
+    // ---- zoom fetches finer buckets for the range; double click resets
+    const over = await page.locator('[data-chart=loss] .u-over').boundingBox();
+    const zoomReq = page.waitForRequest((r) => r.url().includes(`/v1/jobs/${fpId}/metrics`) && r.url().includes('from='));
+    await page.mouse.move(over.x + over.width * 0.3, over.y + over.height / 2);
+    await page.mouse.down();
+    await page.mouse.move(over.x + over.width * 0.5, over.y + over.height / 2, {steps: 5});
+    await page.mouse.up();
+    const zr = await zoomReq.catch(() => null);
+    const zoom = await until(async () => page.getAttribute('[data-chart=loss]', 'data-zoom'), 5000);
+    const zp = Number(await page.getAttribute('[data-chart=loss]', 'data-points'));
+    check('dragging across a chart fetches that range from the API and zooms in',
+          zr && zoom && /^\d+-\d+$/.test(zoom) && zp > 0, `zoom=${zoom} points=${zp}`);
+    if (zoom) {
+        const [a, b] = zoom.split('-').map(Number);
+        const raw = await apiGet(`/v1/jobs/${fpId}/metrics?fields=loss&from=${a}&to=${b}&points=5000`);
+        check('the zoomed range is drawn at full resolution when it fits', b - a + 1 <= 2000 ? zp >= raw.points.length : zp > 0,
+              `${zp} points drawn, ${raw.points.length} rows`);
+    }
+    await page.dblclick('[data-chart=loss] .u-over');
+    check('a double click resets the zoom',
+          await until(async () => (await page.getAttribute('[data-chart=loss]', 'data-zoom')) === '', 5000));
+
+    // ---- the experiment button: the same spec in fp32, fp16 and bf16, then the compare view
+    await page.click('nav a[data-nav=submit]');
+    await page.waitForSelector('#app[data-ready=submit]');
+    await fillForm(page, 'web-exp', 'fp16', {steps: '2000'});
+    await page.click('#submit-experiment');
+    await page.waitForURL(/#\/compare\?ids=\d+,\d+,\d+$/);
+    const expIds = page.url().split('ids=')[1].split(',').map(Number);
+    const exp = await Promise.all(expIds.map((id) => apiGet(`/v1/jobs/${id}`)));
+    check('the experiment queued the spec in fp32, fp16 and bf16',
+          exp.map((j) => j.dtype).join() === 'fp32,fp16,bf16' &&
+          exp.every((j) => j.name === `web-exp-${j.dtype}` && j.spec.steps === 2000) &&
+          exp.every((j) => (j.dtype === 'fp16') === !!j.spec.precision.loss_scale));
+    await page.waitForSelector('#compare-table');
+    check('the compare view follows the runs live while they run',
+          (await page.getAttribute('#app', 'data-live')) === 'yes');
+    const done = await until(async () => {
+        const all = await Promise.all(expIds.map((id) => apiGet(`/v1/jobs/${id}`)));
+        return all.every((j) => j.status === 'succeeded');
+    }, 180000, 250);
+    check('the three experiment runs succeeded', !!done);
+    await until(async () => (await page.getAttribute('#app', 'data-live')) === 'no', 10000);
+    const cmp = await apiGet(`/v1/compare?ids=${expIds.join(',')}`);
+    const mism = [];
+    for (const j of cmp.jobs) {
+        for (const f of ['final_loss', 'eval_loss', 'eval_acc', 'overflow_total', 'skipped_total',
+                         'median_step_ms', 'samples_per_s', 'final_loss_scale', 'params']) {
+            const shown = await page.getAttribute(`#compare-table td[data-job="${j.id}"][data-field=${f}]`, 'data-value');
+            if (!close(Number(shown), Number(j.summary[f]))) mism.push(`${j.id}.${f}: ${shown} vs ${j.summary[f]}`);
+        }
+        for (const k of ['total', 'weights', 'master', 'grads', 'optimizer', 'activations']) {
+            const f = k === 'total' ? 'peak_mem' : 'mem_' + k;
+            const shown = await page.getAttribute(`#compare-table td[data-job="${j.id}"][data-field=${f}]`, 'data-value');
+            if (Number(shown) !== j.summary.peak_mem[k]) mism.push(`${j.id}.${f}: ${shown} vs ${j.summary.peak_mem[k]}`);
+        }
+    }
+    check('every value in the compare table equals the API\'s', mism.length === 0, mism.join('; '));
+    const fp32 = cmp.jobs.find((j) => j.dtype === 'fp32'), fp16 = cmp.jobs.find((j) => j.dtype === 'fp16');
+    const accText = await page.textContent(`#compare-table td[data-job="${fp16.id}"][data-field=eval_acc]`);
+    check('the accuracy is shown as a percentage of the API value',
+          accText.trim() === (100 * fp16.summary.eval_acc).toFixed(2) + '%', accText);
+    const memText = await page.textContent(`#compare-table td[data-job="${fp16.id}"][data-field=peak_mem]`);
+    const memRatio = (fp16.summary.peak_mem.total / fp32.summary.peak_mem.total).toFixed(2);
+    check('peak memory is compared with the fp32 baseline', memText.includes(memRatio + '×'), `${memText} (${memRatio})`);
+    const cmpPoints = Number(await page.getAttribute('[data-chart=cmp-loss]', 'data-points'));
+    check('the compare view overlays the three runs\' loss curves', cmpPoints > 100 &&
+          (await page.locator('[data-chart=cmp-loss] .u-legend .u-series').count()) === 4);
+    await page.evaluate(() => window.scrollTo(0, 0));
+    await shot(page, 'compare.png');
+
+    // ---- the runs table: values, filter, sort, select two, compare
+    await page.click('nav a[data-nav=runs]');
+    await page.waitForSelector('#app[data-ready=runs]');
+    await page.waitForSelector(`#runs-table tr[data-id="${fpId}"][data-status=succeeded]`);
+    check('the runs table lists every run', (await page.locator('#runs-table tbody tr[data-id]').count()) === 4);
+    const rowLoss = await page.textContent(`#runs-table tr[data-id="${fpId}"] td[data-field=final_loss]`);
+    check('the runs table shows the final loss', close(Number(rowLoss), Number(fpJob.summary.final_loss.toPrecision(4))),
+          `${rowLoss} vs ${fpJob.summary.final_loss}`);
+    const bfId = expIds[2];
+    await page.selectOption('#filter-dtype', 'bf16');
+    check('filtering by precision leaves the bf16 run', (await page.locator('#runs-table tbody tr[data-id]').count()) === 1 &&
+          (await page.locator(`#runs-table tr[data-id="${bfId}"]`).count()) === 1);
+    await page.selectOption('#filter-dtype', '');
+    await page.fill('#filter-text', 'exp');
+    check('filtering by name leaves the experiment', await until(async () =>
+        (await page.locator('#runs-table tbody tr[data-id]').count()) === 3, 3000));
+    await page.fill('#filter-text', '');
+    await page.click('#runs-table th[data-key=id]');
+    const firstId = await page.getAttribute('#runs-table tbody tr[data-id]', 'data-id');
+    check('sorting by id ascending puts the first run first', Number(firstId) === fpId);
+    await page.check(`#runs-table tr[data-id="${bfId}"] input[type=checkbox]`);
+    await page.check(`#runs-table tr[data-id="${fpId}"] input[type=checkbox]`);
+    await shot(page, 'runs.png');
+    await page.click('#compare-selected');
+    await page.waitForURL(new RegExp(`#/compare\\?ids=${fpId},${bfId}$`));
+    await page.waitForSelector('#compare-table');
+    check('comparing the selected runs shows those two', (await page.locator('#compare-table thead th a').count()) === 2);
+
+    // ---- downloads, clone, cancel, resume and delete from the run page
+    await page.goto(`${BASE}/#/runs/${fpId}`);
+    await page.waitForSelector('#app[data-ready=run]');
+    const csvHref = await page.getAttribute('a:has-text("Metrics CSV")', 'href');
+    const csv = await (await fetch(BASE + csvHref)).text();
+    const csvLines = csv.trim().split('\n');
+    check('the CSV link downloads every step', csvLines[0].startsWith('step,') && csvLines.length === 6001,
+          `${csvLines.length} lines, header ${csvLines[0].slice(0, 40)}`);
+    await page.waitForSelector('[data-chart=checkpoints] a');
+    const ckHref = await page.getAttribute('[data-chart=checkpoints] a', 'href');
+    const ck = Buffer.from(await (await fetch(BASE + ckHref)).arrayBuffer());
+    let ckOk = false;
+    try {
+        const n = Number(ck.readBigUInt64LE(0));
+        const header = JSON.parse(ck.subarray(8, 8 + n).toString('utf8'));
+        ckOk = Object.keys(header).some((k) => k !== '__metadata__');
+    } catch (e) { ckOk = false; }
+    check('the checkpoint link downloads safetensors weights', ckOk, ckHref);
+    await page.click('a:has-text("Clone")');
+    await page.waitForSelector('#app[data-ready=submit]');
+    check('clone opens the form with the run\'s spec', (await page.inputValue('#f-name')) === 'web-fp16-again' &&
+          (await page.inputValue('#f-steps')) === '6000');
+    await page.fill('#f-steps', '1000000');
+    await page.click('#submit-one');
+    await page.waitForURL(/#\/runs\/\d+$/);
+    const cId = Number(page.url().split('/').pop());
+    await page.waitForSelector('#app[data-ready=run]');
+    const status = async () => (await apiGet(`/v1/jobs/${cId}`)).status;
+    await until(async () => (await status()) === 'running', 20000);
+    await page.click('.actions button:has-text("Cancel")');
+    check('Cancel stops the running job', await until(async () => (await status()) === 'cancelled', 30000));
+    await page.click('.actions button:has-text("Resume")', {timeout: 10000 * SLOW});
+    check('Resume runs it again', await until(async () => (await status()) === 'running', 20000));
+    await page.click('.actions button:has-text("Cancel")', {timeout: 10000 * SLOW});
+    await until(async () => (await status()) === 'cancelled', 30000);
+    await page.click('.actions button:has-text("Delete")', {timeout: 10000 * SLOW});
+    await page.waitForSelector('#confirm-dialog[open]');
+    await page.click('#confirm-yes');
+    await page.waitForSelector('#app[data-ready=runs]');
+    check('Delete (confirmed) removes the run', (await fetch(`${BASE}/v1/jobs/${cId}`)).status === 404);
+
+    // ---- a phone: no horizontal scrolling on the runs table, a run page, the compare view
+    const phone = await browser.newContext({viewport: {width: 390, height: 844}, deviceScaleFactor: 2, isMobile: true, hasTouch: true});
+    const pp = await phone.newPage();
+    pp.on('console', (m) => { if (m.type() === 'error') errors.push('phone: ' + m.text()); });
+    pp.on('pageerror', (e) => errors.push('phone: ' + String(e)));
+    for (const [hash, ready] of [['#/runs', 'runs'], [`#/runs/${fpId}`, 'run'],
+                                 [`#/compare?ids=${expIds.join(',')}`, 'compare'], ['#/submit', 'submit']]) {
+        await pp.goto(BASE + '/' + hash);
+        await pp.waitForSelector(`#app[data-ready=${ready}]`);
+        await sleep(300);
+        const w = await pp.evaluate(() => [document.documentElement.scrollWidth, window.innerWidth]);
+        check(`on a phone ${hash} fits the screen width`, w[0] <= w[1] + 1, `${w[0]} > ${w[1]}`);
+        if (ready === 'run') await shot(pp, 'phone-run.png');
+    }
+    await phone.close();
+
+    check('no console error or uncaught exception in any page', errors.length === 0, errors.join(' | '));
+    console.log(`${pass} passed, ${fail} failed`);
+    return fail ? 1 : 0;
+}
+
+let code = 1;
+try {
+    code = await main();
+} catch (e) {
+    console.log('FAIL: ' + (e.stack || e));
+    if (errors.length) console.log('console errors: ' + errors.join(' | '));
+    console.log(`${pass} passed, ${fail + 1} failed`);
+    try {
+        console.log(fs.readFileSync(path.join(tmp, 'daemon.log'), 'utf8').split('\n').slice(-30).join('\n'));
+    } catch (e2) { /* no log */ }
+    code = 1;
+}
+await cleanup();
+process.exit(code);

@@ -1,0 +1,439 @@
+// charts.js - line charts on uPlot and the per-layer heatmap on a canvas.
+//
+// LineChart owns one uPlot instance in a card. Its data is columnar: x (steps, strictly
+// increasing) and one array per series, null for a gap (a NaN or an infinite value is never
+// drawn as a number; such steps are marked instead). Optional min/max arrays draw a band
+// around a series (the server's downsampling buckets keep min, max and last per bucket).
+// Marks are vertical ticks at steps: overflow (red), skipped (orange), non-finite (black).
+//
+// Zoom: dragging across the plot calls onZoom(from, to); the owner fetches finer buckets
+// for that range and calls setData(..., {zoom: [from, to]}). A double click or the
+// "reset zoom" button calls onReset(). While zoomed the owner keeps live data aside.
+//
+// For tests and scripts each chart's element carries data-points, data-last-x, data-last-y
+// (series 1) and data-zoom ("from-to" or empty); the heatmap carries data-layers,
+// data-steps and data-field.
+import {h, clear, fmtNum, debounce} from './util.js';
+
+const MARK_COLORS = {overflow: '#dc2626', skipped: '#f59e0b', nonfinite: '#111827'};
+
+export class LineChart {
+    // opts: {title, series: [{label, color, dash, width, scale, band}], yLog, yLabel,
+    //        y2Label, fmt, fmt2, height, onZoom, onReset, sync, note}
+    constructor(parent, opts) {
+        this.opts = opts;
+        this.zoom = null;
+        this.marks = {};
+        this.resetBtn = h('button', {class: 'btn small ghost', hidden: true,
+                                     onclick: () => this.opts.onReset && this.opts.onReset()},
+                          'reset zoom');
+        this.plotEl = h('div', {class: 'plot'});
+        this.legendNote = h('span', {class: 'muted small'}, opts.note || '');
+        this.el = h('section', {class: 'card chart', dataset: {chart: opts.id || opts.title}},
+                    h('header', {class: 'card-head'}, h('h3', {}, opts.title), this.legendNote,
+                      this.resetBtn),
+                    this.plotEl);
+        parent.append(this.el);
+        this.data = [[]].concat(this.seriesSpec().map(() => []));
+        this.u = new uPlot(this.uplotOpts(), this.data, this.plotEl);
+        // the band's min and max are series for uPlot but not lines for the reader
+        const rows = this.u.root.querySelectorAll('.u-legend .u-series');
+        this.seriesSpec().forEach((s, k) => { if (s.kind && rows[k + 1]) rows[k + 1].hidden = true; });
+        this.plotEl.addEventListener('dblclick', () => this.opts.onReset && this.opts.onReset());
+        this.ro = new ResizeObserver(debounce(() => this.resize(), 50));
+        this.ro.observe(this.plotEl);
+        this.updateAttrs();
+    }
+
+    // The uPlot series: each user series, then its band's min and max (hidden lines).
+    seriesSpec() {
+        const out = [];
+        this.opts.series.forEach((s, i) => {
+            out.push({label: s.label, stroke: s.color, width: s.width || 1.5, dash: s.dash,
+                      scale: s.scale || 'y', spanGaps: s.spanGaps !== false, points: {show: s.points || false, size: 5, fill: s.color},
+                      value: (u, v) => (v === null || v === undefined ? '—' :
+                                        (s.scale === 'y2' ? this.opts.fmt2 || fmtNum : this.opts.fmt || fmtNum)(v)),
+                      src: i});
+        });
+        this.opts.series.forEach((s, i) => {
+            if (!s.band) return;
+            const common = {stroke: 'transparent', width: 0, scale: s.scale || 'y', points: {show: false},
+                            spanGaps: true, value: () => ''};
+            out.push(Object.assign({label: s.label + ' min', band: i, kind: 'min'}, common));
+            out.push(Object.assign({label: s.label + ' max', band: i, kind: 'max'}, common));
+        });
+        return out;
+    }
+
+    uplotOpts() {
+        const o = this.opts;
+        const spec = this.seriesSpec();
+        const bands = [];
+        spec.forEach((s, k) => {
+            if (s.kind === 'max') {
+                const base = o.series[s.band];
+                bands.push({series: [k + 1, k], fill: hexAlpha(base.color, 0.15)});
+            }
+        });
+        const self = this;
+        return {
+            width: Math.max(200, this.plotEl.clientWidth || 600),
+            height: o.height || 220,
+            scales: {x: {time: false},
+                     y: o.yLog ? {distr: 3, log: 2} : {},
+                     y2: {}},
+            series: [{label: 'step', value: (u, v) => (v === null ? '—' : Math.round(v).toLocaleString('en-US'))}]
+                        .concat(spec.map((s) => {
+                            const c = Object.assign({}, s);
+                            delete c.src; delete c.band; delete c.kind;
+                            if (s.kind) c.show = true;
+                            return c;
+                        })),
+            bands,
+            axes: [{label: 'step', size: 36, labelSize: 14},
+                   {label: o.yLabel || '', size: 60, labelSize: 14,
+                    values: (u, vals) => vals.map((v) => (v === null ? '' : o.yLog ? log2Label(v) : fmtNum(v, 3)))},
+                   o.y2Label ? {scale: 'y2', side: 1, label: o.y2Label, size: 60, labelSize: 14,
+                                grid: {show: false},
+                                values: (u, vals) => vals.map((v) => (v === null ? '' : fmtNum(v, 3)))}
+                             : null].filter(Boolean),
+            cursor: {drag: {x: true, y: false, setScale: false}, sync: o.sync ? {key: o.sync} : undefined},
+            legend: {live: true},
+            hooks: {
+                setSelect: [(u) => self.onSelect(u)],
+                draw: [(u) => self.drawMarks(u)],
+            },
+        };
+    }
+
+    onSelect(u) {
+        const w = u.select.width;
+        if (w < 4) return;
+        const from = Math.max(1, Math.floor(u.posToVal(u.select.left, 'x')));
+        const to = Math.ceil(u.posToVal(u.select.left + w, 'x'));
+        u.setSelect({left: 0, top: 0, width: 0, height: 0}, false);
+        if (to > from && this.opts.onZoom) this.opts.onZoom(from, to);
+    }
+
+    drawMarks(u) {
+        const ctx = u.ctx;
+        const {left, top, width, height} = u.bbox;
+        ctx.save();
+        ctx.beginPath();
+        ctx.rect(left, top, width, height);
+        ctx.clip();
+        for (const [kind, steps] of Object.entries(this.marks)) {
+            if (!steps || !steps.length) continue;
+            ctx.strokeStyle = MARK_COLORS[kind] || '#000';
+            ctx.globalAlpha = kind === 'overflow' ? 0.8 : 0.5;
+            ctx.lineWidth = Math.max(1, devicePixelRatio);
+            const len = kind === 'overflow' ? height * 0.12 : kind === 'skipped' ? height * 0.08 : height;
+            ctx.setLineDash(kind === 'nonfinite' ? [3, 3] : []);
+            ctx.beginPath();
+            for (const s of steps) {
+                const x = u.valToPos(s, 'x', true);
+                if (x < left || x > left + width) continue;
+                ctx.moveTo(x, top);
+                ctx.lineTo(x, top + len);
+            }
+            ctx.stroke();
+        }
+        ctx.restore();
+    }
+
+    // d: {x, ys: [[...] per series], lo: [[...]|null per series], hi: [...], marks}
+    setData(d, {zoom = null} = {}) {
+        const cols = [d.x];
+        d.ys.forEach((y) => cols.push(y));
+        this.opts.series.forEach((s, i) => {
+            if (!s.band) return;
+            cols.push((d.lo && d.lo[i]) || d.ys[i]);
+            cols.push((d.hi && d.hi[i]) || d.ys[i]);
+        });
+        this.data = cols;
+        this.marks = d.marks || {};
+        this.zoom = zoom;
+        this.u.setData(cols, true);
+        if (zoom) this.u.setScale('x', {min: zoom[0], max: zoom[1]});
+        this.resetBtn.hidden = !zoom;
+        this.updateAttrs();
+    }
+
+    setNote(text) {
+        this.legendNote.textContent = text || '';
+    }
+
+    updateAttrs() {
+        const x = this.data[0];
+        const y = this.data[1] || [];
+        let last = null;
+        for (let i = y.length - 1; i >= 0; i--)
+            if (y[i] !== null && y[i] !== undefined) {
+                last = i;
+                break;
+            }
+        const ds = this.el.dataset;
+        ds.points = String(x.length);
+        ds.lastX = x.length ? String(x[x.length - 1]) : '';
+        ds.lastY = last === null ? '' : String(y[last]);
+        ds.zoom = this.zoom ? this.zoom.join('-') : '';
+    }
+
+    resize() {
+        const w = this.plotEl.clientWidth;
+        if (w > 0 && Math.abs(w - this.u.width) > 1) this.u.setSize({width: w, height: this.u.height});
+    }
+
+    destroy() {
+        this.ro.disconnect();
+        this.u.destroy();
+        this.el.remove();
+    }
+}
+
+function log2Label(v) {
+    const e = Math.log2(v);
+    return Number.isInteger(e) ? (Math.abs(e) >= 10 ? `2^${e}` : String(v)) : fmtNum(v, 2);
+}
+
+export function hexAlpha(hex, a) {
+    const n = parseInt(hex.slice(1), 16);
+    return `rgba(${(n >> 16) & 255},${(n >> 8) & 255},${n & 255},${a})`;
+}
+
+// ---- heatmap --------------------------------------------------------------------------
+
+// The fields a heatmap can show, with their colour scale: value -> [0, 1] intensity and
+// a description for the legend.
+export const HEAT_FIELDS = {
+    act_headroom: {
+        label: 'activation headroom',
+        help: 'how many times larger the activations could grow before overflowing this layer\'s dtype (log2; red = overflow)',
+        color: (v) => {
+            if (v === null) return null;
+            if (!(v >= 1)) return '#7f1d1d';
+            const t = Math.min(1, Math.log2(v) / 16);
+            return mix([254, 226, 226], [30, 64, 175], Math.sqrt(t));
+        },
+        fmt: (v) => (v === null ? '—' : v < 1 ? `${fmtNum(v)} (overflow)` : `${fmtNum(v)}× (2^${Math.log2(v).toFixed(1)})`),
+    },
+    grad_underflow: {
+        label: 'gradient underflow (at the scale used)',
+        help: 'fraction of this layer\'s gradient elements that flush to zero in the low dtype at the loss scale of that step',
+        color: (v) => (v === null ? null : mix([240, 253, 244], [88, 28, 135], Math.sqrt(Math.min(1, Math.max(0, v))))),
+        fmt: (v) => (v === null ? '—' : (100 * v).toFixed(2) + '%'),
+    },
+    grad_underflow_unscaled: {
+        label: 'gradient underflow without scaling',
+        help: 'the same fraction had the loss not been scaled: what loss scaling saves',
+        color: (v) => (v === null ? null : mix([240, 253, 244], [88, 28, 135], Math.sqrt(Math.min(1, Math.max(0, v))))),
+        fmt: (v) => (v === null ? '—' : (100 * v).toFixed(2) + '%'),
+    },
+    lost_updates: {
+        label: 'lost updates (no master weights)',
+        help: 'fraction of weight updates that round away in the low dtype',
+        color: (v) => (v === null ? null : mix([255, 251, 235], [180, 83, 9], Math.sqrt(Math.min(1, Math.max(0, v))))),
+        fmt: (v) => (v === null ? '—' : (100 * v).toFixed(2) + '%'),
+    },
+};
+
+function mix(a, b, t) {
+    const c = a.map((x, i) => Math.round(x + (b[i] - x) * t));
+    return `rgb(${c[0]},${c[1]},${c[2]})`;
+}
+
+// Heatmap: rows are layers (input first), columns diagnosed steps.
+// data: {steps: [...], layers: [...], dtypes, values: {field: [[per step] per layer]},
+//        nonfinite: [bool], first: [null | {layer, where}]}
+export class Heatmap {
+    constructor(parent, {field = 'act_headroom', onField} = {}) {
+        this.field = field;
+        this.onField = onField;
+        this.data = null;
+        const sel = h('select', {class: 'small', 'aria-label': 'heatmap field',
+                                 onchange: (e) => this.setField(e.target.value)},
+                      Object.entries(HEAT_FIELDS).map(([k, f]) => h('option', {value: k}, f.label)));
+        sel.value = field;
+        this.select = sel;
+        this.canvas = h('canvas', {class: 'heat-canvas'});
+        this.tip = h('div', {class: 'heat-tip', hidden: true});
+        this.help = h('p', {class: 'muted small'});
+        this.labels = h('div', {class: 'heat-labels'});
+        this.el = h('section', {class: 'card heatmap', dataset: {chart: 'heatmap'}},
+                    h('header', {class: 'card-head'}, h('h3', {}, 'Per-layer numerics'), sel),
+                    this.help,
+                    h('div', {class: 'heat-body'}, this.labels,
+                      h('div', {class: 'heat-wrap'}, this.canvas, this.tip)),
+                    h('p', {class: 'muted small heat-axis'}));
+        parent.append(this.el);
+        this.canvas.addEventListener('mousemove', (e) => this.hover(e));
+        this.canvas.addEventListener('mouseleave', () => (this.tip.hidden = true));
+        this.ro = new ResizeObserver(debounce(() => this.draw(), 50));
+        this.ro.observe(this.canvas.parentElement);
+        this.setField(field);
+    }
+
+    setField(f) {
+        this.field = f;
+        this.select.value = f;
+        this.help.textContent = HEAT_FIELDS[f].help;
+        this.el.dataset.field = f;
+        this.draw();
+    }
+
+    setData(d) {
+        this.data = d;
+        this.draw();
+    }
+
+    // Append one diagnosed step from a live "layers" message.
+    push(msg) {
+        if (!this.data) this.data = {steps: [], layers: [], dtypes: [], values: {}, nonfinite: [], first: []};
+        const d = this.data;
+        if (d.steps.length && msg.step <= d.steps[d.steps.length - 1]) return;
+        for (const l of msg.layers)
+            if (!d.layers.includes(l.name)) {
+                d.layers.push(l.name);
+                d.dtypes.push(l.dtype);
+                for (const f of Object.keys(HEAT_FIELDS)) {
+                    d.values[f] = d.values[f] || [];
+                    d.values[f].push(new Array(d.steps.length).fill(null));
+                }
+            }
+        d.steps.push(msg.step);
+        d.nonfinite.push(!!msg.first_nonfinite);
+        d.first.push(msg.first_nonfinite || null);
+        for (const f of Object.keys(HEAT_FIELDS)) {
+            d.values[f] = d.values[f] || d.layers.map(() => new Array(d.steps.length - 1).fill(null));
+            d.layers.forEach((name, li) => {
+                const l = msg.layers.find((x) => x.name === name);
+                const v = l ? toNum(l[f]) : null;
+                d.values[f][li].push(v);
+            });
+        }
+        this.draw();
+    }
+
+    draw() {
+        const d = this.data;
+        const c = this.canvas;
+        const ds = this.el.dataset;
+        ds.layers = d ? String(d.layers.length) : '0';
+        ds.steps = d ? String(d.steps.length) : '0';
+        const wrap = c.parentElement;
+        const width = Math.max(100, wrap.clientWidth);
+        const rows = d ? d.layers.length : 0;
+        const rowH = rows > 12 ? 14 : 22;
+        const height = Math.max(40, rows * rowH);
+        const dpr = window.devicePixelRatio || 1;
+        c.width = Math.round(width * dpr);
+        c.height = Math.round(height * dpr);
+        c.style.width = width + 'px';
+        c.style.height = height + 'px';
+        const ctx = c.getContext('2d');
+        ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+        ctx.clearRect(0, 0, width, height);
+        clear(this.labels);
+        const axis = this.el.querySelector('.heat-axis');
+        if (!d || !d.steps.length) {
+            ctx.fillStyle = '#6b7280';
+            ctx.font = '13px system-ui, sans-serif';
+            ctx.fillText('no diagnosed step yet (diagnostics_every, or a step that overflowed)', 8, 24);
+            axis.textContent = '';
+            return;
+        }
+        const f = HEAT_FIELDS[this.field];
+        const vals = d.values[this.field] || [];
+        const n = d.steps.length;
+        const colW = width / n;
+        this.geom = {colW, rowH, n, rows};
+        for (let li = 0; li < rows; li++) {
+            this.labels.append(h('div', {class: 'heat-label', style: `height:${rowH}px`,
+                                         title: `${d.layers[li]} (${d.dtypes[li] || ''})`}, d.layers[li]));
+            const row = vals[li] || [];
+            for (let k = 0; k < n; k++) {
+                const col = f.color(row[k] === undefined ? null : row[k]);
+                ctx.fillStyle = col || '#e5e7eb';
+                ctx.fillRect(k * colW, li * rowH, Math.ceil(colW), rowH - 1);
+            }
+        }
+        // the first layer that produced an inf/NaN at a step: a black outline
+        ctx.strokeStyle = '#111827';
+        ctx.lineWidth = 2;
+        d.first.forEach((fn, k) => {
+            if (!fn) return;
+            const li = d.layers.indexOf(fn.layer);
+            if (li >= 0) ctx.strokeRect(k * colW + 1, li * rowH + 1, Math.max(2, colW - 2), rowH - 3);
+        });
+        axis.textContent = `steps ${d.steps[0].toLocaleString('en-US')} … ${d.steps[n - 1].toLocaleString('en-US')} ` +
+                           `(${n} diagnosed steps; outlined: first layer to produce inf/NaN)`;
+    }
+
+    hover(e) {
+        const d = this.data;
+        if (!d || !this.geom) return;
+        const r = this.canvas.getBoundingClientRect();
+        const k = Math.floor((e.clientX - r.left) / this.geom.colW);
+        const li = Math.floor((e.clientY - r.top) / this.geom.rowH);
+        if (k < 0 || k >= this.geom.n || li < 0 || li >= this.geom.rows) {
+            this.tip.hidden = true;
+            return;
+        }
+        const v = ((d.values[this.field] || [])[li] || [])[k];
+        const fn = d.first[k];
+        this.tip.hidden = false;
+        this.tip.textContent = `step ${d.steps[k]} · ${d.layers[li]}: ${HEAT_FIELDS[this.field].fmt(v ?? null)}` +
+                               (fn ? ` · first inf/NaN: ${fn.layer} (${fn.where})` : '');
+        const x = Math.min(e.clientX - r.left + 12, r.width - 220);
+        this.tip.style.left = Math.max(0, x) + 'px';
+        this.tip.style.top = (e.clientY - r.top + 12) + 'px';
+    }
+
+    destroy() {
+        this.ro.disconnect();
+        this.el.remove();
+    }
+}
+
+function toNum(v) {
+    if (typeof v === 'number') return v;
+    if (v === 'Infinity') return Infinity;
+    if (v === '-Infinity') return -Infinity;
+    if (v === 'NaN') return NaN;
+    return null;
+}
+
+// Convert the API's heatmap answer to Heatmap data.
+export function heatFromApi(r) {
+    const values = {};
+    for (const [f, rows] of Object.entries(r.fields || {}))
+        values[f] = rows.map((row) => row.map(toNum));
+    return {steps: r.steps.slice(), layers: r.layers.slice(), dtypes: (r.dtypes || []).slice(), values,
+            nonfinite: r.nonfinite.slice(), first: r.first_nonfinite.slice()};
+}
+
+// A stacked horizontal bar of memory by category, with a legend.
+export const MEM_CATS = [
+    ['weights', '#2563eb'], ['master', '#7c3aed'], ['grads', '#dc2626'], ['optimizer', '#d97706'],
+    ['activations', '#059669'], ['workspace', '#6b7280'],
+];
+
+export function memoryBar(mem, maxTotal, fmtBytes) {
+    const total = mem ? mem.total || MEM_CATS.reduce((s, [k]) => s + (mem[k] || 0), 0) : 0;
+    const scale = maxTotal || total || 1;
+    const bar = h('div', {class: 'membar', role: 'img',
+                          'aria-label': 'memory by category: ' + (mem ? MEM_CATS.map(([k]) => `${k} ${fmtBytes(mem[k] || 0)}`).join(', ') : 'none')});
+    if (mem)
+        for (const [k, color] of MEM_CATS) {
+            const v = mem[k] || 0;
+            if (v <= 0) continue;
+            bar.append(h('span', {style: `width:${(100 * v / scale).toFixed(3)}%;background:${color}`,
+                                  title: `${k}: ${fmtBytes(v)}`}));
+        }
+    return bar;
+}
+
+export function memoryLegend() {
+    return h('div', {class: 'legend'}, MEM_CATS.map(([k, c]) =>
+        h('span', {class: 'legend-item'}, h('i', {style: `background:${c}`}), k)));
+}

@@ -1,0 +1,442 @@
+// run.js - the run page (#/runs/<id>): a job's header and actions, summary cards, live
+// charts (loss and eval, loss scale on a log axis with overflow and skipped steps marked,
+// step time and throughput, communication when present), memory by category, the
+// per-layer heatmap, the events timeline with recommendations, checkpoints.
+//
+// Data flow: the series is loaded downsampled (about one point per pixel column) and then
+// extended by the job's SSE stream from the last step loaded, so nothing is fetched twice
+// and nothing is missed (stream.js reconnects from the last id). When the live tail grows
+// past LIVE_MAX points the series is reloaded downsampled and the stream goes on. Zooming
+// a chart fetches finer buckets for that range; the live tail keeps arriving meanwhile and
+// shows again on reset. The job itself (status, progress, summary) is polled every
+// POLL_MS, which also catches changes the stream does not carry (cancel requested, queued
+// -> running).
+import * as api from './api.js';
+import {LineChart, Heatmap, heatFromApi, memoryBar, memoryLegend} from './charts.js';
+import {Series, FIELDS} from './series.js';
+import {JobStream} from './stream.js';
+import {h, clear, fmtNum, fmtInt, fmtBytes, fmtMs, fmtPct, fmtScale, fmtTime, fmtDuration,
+        jobSeconds, statusBadge, dtypeBadge, DTYPE_COLORS, num} from './util.js';
+import {toast, confirmDialog, navigate} from './app.js';
+
+const POLL_MS = 2000;
+const LIVE_MAX = 6000;
+const DRAW_MS = 250;
+const FINISHED = ['succeeded', 'failed', 'cancelled'];
+
+function targetPoints() {
+    return Math.min(2000, Math.max(300, Math.round(window.innerWidth)));
+}
+
+export class RunPage {
+    constructor(root, id) {
+        this.root = root;
+        this.id = id;
+        this.series = new Series();
+        this.events = [];
+        this.charts = [];
+        this.zoomed = null;
+        this.dirty = false;
+        this.stream = null;
+        this.job = null;
+        this.liveMem = null;
+        this.disposed = false;
+        window.ampd.run = this;
+    }
+
+    async mount() {
+        clear(this.root);
+        this.root.append(h('p', {class: 'muted'}, 'Loading run ', this.id, '…'));
+        try {
+            this.job = await api.getJob(this.id);
+        } catch (e) {
+            clear(this.root);
+            this.root.append(h('div', {class: 'card error-box'}, h('h2', {}, 'Run ', this.id),
+                               h('p', {}, e.message), h('a', {href: '#/runs'}, '← all runs')));
+            return;
+        }
+        this.build();
+        await this.loadSeries();
+        await Promise.all([this.loadEvents(), this.loadLayers(), this.loadCheckpoints()]);
+        this.startStream();
+        this.pollTimer = setInterval(() => this.poll(), POLL_MS);
+        this.drawTimer = setInterval(() => this.redraw(), DRAW_MS);
+    }
+
+    dispose() {
+        this.disposed = true;
+        clearInterval(this.pollTimer);
+        clearInterval(this.drawTimer);
+        if (this.stream) this.stream.close();
+        for (const c of this.charts) c.destroy();
+        if (this.heat) this.heat.destroy();
+        if (window.ampd.run === this) window.ampd.run = null;
+    }
+
+    spec() {
+        return (this.job && this.job.spec) || {};
+    }
+
+    isGpt() {
+        return ((this.spec().model || {}).type || 'mlp') === 'gpt';
+    }
+
+    // ---- layout --------------------------------------------------------------------
+
+    build() {
+        clear(this.root);
+        const j = this.job;
+        this.head = h('div', {class: 'run-head'});
+        this.cards = h('div', {class: 'cards'});
+        this.errorBox = h('div', {class: 'card error-box', hidden: true});
+        this.grid = h('div', {class: 'chart-grid'});
+        this.side = h('div', {class: 'side-grid'});
+        this.root.append(this.head, this.errorBox, this.cards, this.grid, this.side);
+        const sync = 'run' + j.id;
+        const color = DTYPE_COLORS[j.dtype] || '#2563eb';
+        const zoom = {onZoom: (a, b) => this.zoom(a, b), onReset: () => this.zoom(null), sync};
+        this.lossChart = new LineChart(this.grid, Object.assign({
+            id: 'loss', title: 'Loss', yLabel: 'loss',
+            series: [{label: 'train loss', color, band: true},
+                     {label: 'eval loss', color: '#111827', width: 2, points: true, spanGaps: true}],
+        }, zoom));
+        this.scaleChart = new LineChart(this.grid, Object.assign({
+            id: 'loss_scale', title: 'Loss scale', yLabel: 'scale', yLog: true, fmt: fmtScale,
+            note: 'log axis · red ticks: overflow (step skipped) · dashed: inf/NaN loss',
+            series: [{label: 'loss scale', color: '#7c3aed', width: 2}],
+        }, zoom));
+        this.timeChart = new LineChart(this.grid, Object.assign({
+            id: 'step_time', title: 'Step time and throughput', yLabel: 'ms / step', fmt: fmtMs,
+            y2Label: this.isGpt() ? 'tokens/s' : 'samples/s', fmt2: (v) => fmtNum(v, 3),
+            series: [{label: 'step time', color: '#0891b2', band: true},
+                     {label: this.isGpt() ? 'tokens/s' : 'samples/s', color: '#d97706', scale: 'y2'}],
+        }, zoom));
+        this.gradChart = new LineChart(this.grid, Object.assign({
+            id: 'grad_norm', title: 'Gradient norm and learning rate', yLabel: 'grad norm',
+            y2Label: 'lr', fmt2: (v) => fmtNum(v, 3),
+            series: [{label: 'grad norm (unscaled)', color: '#db2777', band: true},
+                     {label: 'lr', color: '#4b5563', scale: 'y2', dash: [4, 3]}],
+        }, zoom));
+        this.charts = [this.lossChart, this.scaleChart, this.timeChart, this.gradChart];
+        this.memCard = h('section', {class: 'card', dataset: {chart: 'memory'}});
+        this.side.append(this.memCard);
+        this.heat = new Heatmap(this.side, {});
+        this.eventsCard = h('section', {class: 'card events', dataset: {chart: 'events'}});
+        this.ckptCard = h('section', {class: 'card', dataset: {chart: 'checkpoints'}});
+        this.side.append(this.eventsCard, this.ckptCard);
+        this.renderHead();
+    }
+
+    renderHead() {
+        const j = this.job;
+        const s = j.summary || {};
+        clear(this.head);
+        const st = j.status;
+        const actions = h('div', {class: 'actions'});
+        if (st === 'queued' || st === 'running')
+            actions.append(h('button', {class: 'btn', onclick: () => this.act('cancel'),
+                                        disabled: j.cancel_requested}, j.cancel_requested ? 'cancelling…' : 'Cancel'));
+        if (st === 'cancelled' || st === 'failed' || st === 'interrupted')
+            actions.append(h('button', {class: 'btn', onclick: () => this.act('resume')}, 'Resume'));
+        if (FINISHED.includes(st))
+            actions.append(h('button', {class: 'btn danger', onclick: () => this.act('delete')}, 'Delete'));
+        actions.append(h('a', {class: 'btn ghost', href: `/v1/jobs/${j.id}/metrics?format=csv`,
+                               download: `ampd-job${j.id}-metrics.csv`}, 'Metrics CSV'));
+        actions.append(h('a', {class: 'btn ghost', href: `#/submit?from=${j.id}`}, 'Clone'));
+        const frac = j.progress ? j.progress.fraction : 0;
+        this.head.append(
+            h('div', {class: 'run-title'},
+              h('h2', {}, h('span', {class: 'muted'}, '#', j.id, ' '), j.name),
+              statusBadge(st), dtypeBadge(j.dtype),
+              h('span', {class: 'muted'}, j.model ? j.model.text : ''),
+              this.liveBadge = h('span', {class: 'live muted small', dataset: {live: this.liveState || ''}},
+                                 this.liveState || '')),
+            h('div', {class: 'progress-row'},
+              h('div', {class: 'progress', title: `${fmtPct(frac, 1)}`},
+                h('span', {style: `width:${(100 * frac).toFixed(2)}%`})),
+              h('span', {class: 'small', dataset: {field: 'progress'}},
+                `step ${fmtInt(j.progress.step)} / ${fmtInt(j.progress.steps)}`),
+              h('span', {class: 'muted small'},
+                j.started_at ? `started ${fmtTime(j.started_at)} · ${fmtDuration(jobSeconds(j))}` :
+                               `queued ${fmtTime(j.created_at)}`)),
+            actions);
+        if (j.error) {
+            this.errorBox.hidden = false;
+            clear(this.errorBox).append(h('h3', {}, 'Error'), h('pre', {class: 'wrap'}, j.error));
+        } else {
+            this.errorBox.hidden = true;
+        }
+        this.renderCards(s);
+        this.renderMemory();
+    }
+
+    renderCards(s) {
+        const se = this.series;
+        const loss = s.final_loss ?? se.lastValue('loss');
+        const scale = s.final_loss_scale ?? se.lastValue('loss_scale');
+        const evalLoss = s.eval_loss ?? se.lastValue('eval_loss');
+        const evalAcc = s.eval_acc ?? se.lastValue('eval_acc');
+        const ov = s.overflow_total ?? se.lastValue('overflow_total');
+        const sk = s.skipped_total ?? se.lastValue('skipped_total');
+        const tput = s.samples_per_s ?? se.lastValue('samples_per_s');
+        const seq = ((this.spec().model || {}).seq_len) || 128;
+        const card = (label, value, field, raw) =>
+            h('div', {class: 'stat', dataset: {field, value: raw === undefined || raw === null ? '' : String(raw)}},
+              h('div', {class: 'stat-label'}, label), h('div', {class: 'stat-value'}, value));
+        clear(this.cards).append(
+            card('loss', fmtNum(loss), 'loss', loss),
+            card('eval loss', fmtNum(evalLoss), 'eval_loss', evalLoss),
+            this.isGpt() ? null : card('eval accuracy', fmtPct(evalAcc), 'eval_acc', evalAcc),
+            card('loss scale', fmtScale(scale), 'loss_scale', scale),
+            card('overflow / skipped', `${fmtInt(ov)} / ${fmtInt(sk)}`, 'overflow_total', ov),
+            card('median step', fmtMs(s.median_step_ms ?? se.lastValue('step_ms')), 'median_step_ms', s.median_step_ms),
+            card(this.isGpt() ? 'tokens/s' : 'samples/s', fmtNum(this.isGpt() ? num(tput) * seq : tput, 3), 'samples_per_s', tput),
+            card('peak memory', fmtBytes(s.peak_mem ? s.peak_mem.total : se.lastValue('mem_bytes')), 'peak_mem',
+                 s.peak_mem ? s.peak_mem.total : null),
+            s.params ? card('parameters', fmtInt(s.params), 'params', s.params) : null);
+    }
+
+    renderMemory() {
+        const s = (this.job && this.job.summary) || {};
+        const mem = s.peak_mem || this.liveMem;
+        clear(this.memCard).append(h('header', {class: 'card-head'}, h('h3', {}, 'Memory by category'),
+                                     h('span', {class: 'muted small'}, s.peak_mem ? 'peak' : 'current')));
+        if (!mem) {
+            this.memCard.append(h('p', {class: 'muted'}, 'no step yet'));
+            return;
+        }
+        this.memCard.append(memoryBar(mem, 0, fmtBytes), memoryLegend(),
+                            h('table', {class: 'kv'}, h('tbody', {},
+                              Object.entries(mem).map(([k, v]) =>
+                                  h('tr', {}, h('th', {}, k), h('td', {class: 'num', dataset: {mem: k, value: v}}, fmtBytes(v)))))));
+    }
+
+    // ---- data ----------------------------------------------------------------------
+
+    async loadSeries() {
+        const r = await api.getMetrics(this.id, {fields: FIELDS.join(','), points: targetPoints()});
+        this.series.load(r);
+        this.dirty = true;
+        this.redraw();
+    }
+
+    async zoom(from, to) {
+        if (from === null) {
+            this.zoomed = null;
+            this.dirty = true;
+            this.redraw();
+            return;
+        }
+        try {
+            const r = await api.getMetrics(this.id, {fields: FIELDS.join(','), points: targetPoints(), from, to});
+            const s = new Series().load(r);
+            this.zoomed = [from, to];
+            this.drawSeries(s, [from, to]);
+        } catch (e) {
+            toast(e.message, 'error');
+        }
+    }
+
+    redraw() {
+        if (!this.dirty || this.zoomed || this.disposed) return;
+        this.dirty = false;
+        this.drawSeries(this.series, null);
+        if (this.job && !this.job.summary) this.renderCards({});
+    }
+
+    drawSeries(s, zoom) {
+        const opt = {zoom};
+        this.lossChart.setData({x: s.x, ys: [s.col('loss'), s.col('eval_loss')],
+                                lo: [s.lo.loss, null], hi: [s.hi.loss, null], marks: s.marks}, opt);
+        this.scaleChart.setData({x: s.x, ys: [s.col('loss_scale')], marks: s.marks}, opt);
+        const seq = ((this.spec().model || {}).seq_len) || 128;
+        const tput = this.isGpt() ? s.col('samples_per_s').map((v) => (v === null ? null : v * seq))
+                                  : s.col('samples_per_s');
+        this.timeChart.setData({x: s.x, ys: [s.col('step_ms'), tput], lo: [s.lo.step_ms, null],
+                                hi: [s.hi.step_ms, null]}, opt);
+        this.gradChart.setData({x: s.x, ys: [s.col('grad_norm'), s.col('lr')], lo: [s.lo.grad_norm, null],
+                                hi: [s.hi.grad_norm, null], marks: {overflow: s.marks.overflow, nonfinite: s.marks.nonfinite}}, opt);
+        if (s.hasAny('comm_bytes') && !this.commChart) {
+            this.commChart = new LineChart(this.grid, {
+                id: 'comm', title: 'Gradient communication', yLabel: 'bytes / step', fmt: fmtBytes,
+                y2Label: 'ms', series: [{label: 'bytes', color: '#0f766e'}, {label: 'comm ms', color: '#9333ea', scale: 'y2'}],
+                onZoom: (a, b) => this.zoom(a, b), onReset: () => this.zoom(null)});
+            this.charts.push(this.commChart);
+        }
+        if (this.commChart) this.commChart.setData({x: s.x, ys: [s.col('comm_bytes'), s.col('comm_ms')]}, opt);
+    }
+
+    async loadEvents() {
+        try {
+            this.events = await api.allEvents(this.id);
+        } catch (e) {
+            this.events = [];
+        }
+        this.renderEvents();
+    }
+
+    async loadLayers() {
+        try {
+            const r = await api.getLayers(this.id, {from: 1, steps: 400});
+            this.heat.setData(heatFromApi(r));
+        } catch (e) {
+            this.heat.setData(null);
+        }
+    }
+
+    async loadCheckpoints() {
+        let list = [];
+        try {
+            list = (await api.getCheckpoints(this.id)).checkpoints || [];
+        } catch (e) {
+            list = [];
+        }
+        clear(this.ckptCard).append(h('header', {class: 'card-head'}, h('h3', {}, 'Checkpoints (safetensors)')));
+        if (!list.length) {
+            this.ckptCard.append(h('p', {class: 'muted'}, 'none yet'));
+            return;
+        }
+        this.ckptCard.append(h('ul', {class: 'plain'}, list.slice().reverse().map((c) =>
+            h('li', {}, h('a', {href: c.url, download: `ampd-job${this.id}-step${c.step}.safetensors`},
+                          `step ${fmtInt(c.step)}`), h('span', {class: 'muted small'}, ` ${fmtBytes(c.bytes)} · ${fmtTime(c.created_at)}`)))));
+    }
+
+    renderEvents() {
+        const recs = this.events.filter((e) => e.kind === 'recommendation');
+        const showScale = this.showScale || false;
+        const shown = this.events.filter((e) => showScale || e.kind !== 'scale');
+        const nScale = this.events.length - this.events.filter((e) => e.kind !== 'scale').length;
+        clear(this.eventsCard).append(
+            h('header', {class: 'card-head'}, h('h3', {}, 'Events'),
+              h('label', {class: 'small'}, h('input', {type: 'checkbox', checked: showScale,
+                                                       onchange: (e) => { this.showScale = e.target.checked; this.renderEvents(); }}),
+                ` scale changes (${nScale})`)));
+        if (recs.length)
+            this.eventsCard.append(h('div', {class: 'recs'}, h('h4', {}, 'Recommendations'),
+                h('ul', {}, recs.map((e) => h('li', {dataset: {step: e.step}},
+                    h('span', {class: 'muted small'}, `step ${fmtInt(e.step)} `), e.message)))));
+        const list = h('ol', {class: 'timeline', reversed: true});
+        for (const e of shown.slice(-300).reverse())
+            list.append(h('li', {class: `ev ev-${e.kind}`, dataset: {kind: e.kind, step: e.step}},
+                          h('span', {class: 'ev-step'}, fmtInt(e.step)),
+                          h('span', {class: `badge ev-kind k-${e.kind}`}, e.kind),
+                          h('span', {class: 'ev-msg'}, e.message)));
+        if (!shown.length) list.append(h('li', {class: 'muted'}, 'no events'));
+        this.eventsCard.append(list);
+        if (shown.length > 300) this.eventsCard.append(h('p', {class: 'muted small'}, `showing the latest 300 of ${shown.length}`));
+    }
+
+    // ---- live ----------------------------------------------------------------------
+
+    startStream() {
+        if (this.stream) this.stream.close();
+        if (FINISHED.includes(this.job.status) && this.series.lastStep >= this.job.progress.step) {
+            this.setLive('finished');
+            return;
+        }
+        this.stream = new JobStream(this.id, this.series.lastStep, {
+            step: (m) => this.onStep(m),
+            eval: (m) => {
+                this.series.pushEval(m);
+                this.dirty = true;
+            },
+            event: (m) => {
+                this.events.push({id: 0, step: m.step, kind: m.kind, message: m.message, data: m.data || null});
+                this.renderEvents();
+            },
+            checkpoint: () => this.loadCheckpoints(),
+            layers: (m) => this.heat.push(m),
+            end: () => this.poll(),
+            state: (s) => this.setLive(s),
+        });
+        this.stream.start();
+    }
+
+    onStep(m) {
+        if (!this.series.pushStep(m)) return;
+        if (m.mem && !this.liveMem) {
+            this.liveMem = m.mem;
+            this.renderMemory();
+        }
+        this.liveMem = m.mem || this.liveMem;
+        this.dirty = true;
+        if (this.series.x.length > LIVE_MAX && !this.rebasing) this.rebase();
+    }
+
+    // Reload the series downsampled, then re-apply the live steps that arrived meanwhile.
+    async rebase() {
+        this.rebasing = true;
+        const held = [];
+        const saved = this.stream && this.stream.h.step;
+        if (this.stream) this.stream.h.step = (m) => held.push(m);
+        try {
+            const r = await api.getMetrics(this.id, {fields: FIELDS.join(','), points: targetPoints()});
+            this.series.load(r);
+            for (const m of held) this.series.pushStep(m);
+        } catch (e) {
+            for (const m of held) this.series.pushStep(m);
+        }
+        if (this.stream) this.stream.h.step = saved;
+        this.rebasing = false;
+        this.dirty = true;
+    }
+
+    setLive(s) {
+        this.liveState = s;
+        if (this.liveBadge) {
+            this.liveBadge.textContent = s === 'live' ? '● live' : s;
+            this.liveBadge.dataset.live = s;
+        }
+    }
+
+    async poll() {
+        if (this.disposed) return;
+        let j;
+        try {
+            j = await api.getJob(this.id);
+        } catch (e) {
+            if (e.status === 404) {
+                toast(`run ${this.id} no longer exists`, 'error');
+                navigate('#/runs');
+            }
+            return;
+        }
+        const before = this.job.status;
+        this.job = j;
+        this.renderHead();
+        if (before !== j.status && !FINISHED.includes(j.status) && (!this.stream || this.stream.closed))
+            this.startStream();
+        if (FINISHED.includes(j.status) && before !== j.status) {
+            this.loadCheckpoints();
+            this.loadEvents();
+        }
+    }
+
+    async act(what) {
+        const id = this.id;
+        try {
+            if (what === 'delete') {
+                if (!(await confirmDialog(`Delete run #${id} (${this.job.name}) with its metrics and checkpoints?`))) return;
+                await api.deleteJob(id);
+                toast(`run #${id} deleted`);
+                navigate('#/runs');
+                return;
+            }
+            if (what === 'cancel') await api.cancelJob(id);
+            if (what === 'resume') {
+                await api.resumeJob(id);
+                if (this.stream) this.stream.close();
+                this.stream = null;
+            }
+            toast(`${what} sent to run #${id}`);
+            await this.poll();
+            if (what === 'resume') {
+                // the steps after the checkpoint are trained again and replace the old rows
+                await this.loadSeries();
+                this.startStream();
+            }
+        } catch (e) {
+            toast(`${what}: ${e.message}`, 'error');
+        }
+    }
+}
