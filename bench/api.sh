@@ -19,25 +19,13 @@ for tool in wrk curl; do
 done
 [ -x "$AMPD" ] && [ -x "$INGEST" ] || { echo "bench/api.sh: run make first" >&2; exit 1; }
 
-TMP=$(mktemp -d)
-PIDS=()
-cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
+# shellcheck source=bench/common.sh
+. "$(dirname "$0")/common.sh"
+bench_init
 
-echo "== store ingest (1,000,000 rows through the writer)"
-"$INGEST" 1000000 "$TMP/ampd.db" | tee "$TMP/ingest.txt"
-
-echo "== daemon on the same database"
-"$AMPD" serve --listen 127.0.0.1:0 --port-file "$TMP/port" --db "$TMP/ampd.db" \
-    --data-dir "$TMP/data" 2>"$TMP/serve.log" &
-PIDS+=($!)
-for _ in $(seq 1 100); do [ -s "$TMP/port" ] && break; sleep 0.1; done
-PORT=$(cat "$TMP/port")
-URL="http://127.0.0.1:$PORT"
+echo "== store ingest (1,000,000 rows through the writer), a daemon on that database"
+bench_serve_1m
+cat "$TMP/ingest.txt"
 BIG=$(curl -sf "$URL/v1/jobs?limit=1000" | grep -o '"id":[0-9]*' | tail -n 1 | cut -d: -f2)
 
 curl -sf -H 'Content-Type: application/json' -X POST "$URL/v1/jobs" -d '{

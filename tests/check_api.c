@@ -1287,6 +1287,8 @@ START_TEST(test_system)
     ck_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "autocast"), "softmax")),
                      "fp32");
     ck_assert(json_is_null(json_object_get(j, "queue"))); /* no scheduler */
+    /* this server has a token: the dashboard asks for it before a change */
+    ck_assert(json_is_true(json_object_get(json_object_get(j, "auth"), "token_required")));
     ck_assert_ptr_nonnull(json_object_get(j, "capacity"));
     json_decref(j);
 }

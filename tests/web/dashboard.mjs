@@ -95,9 +95,9 @@ async function fillForm(page, name, dtype, over = {}) {
     }
 }
 
-async function shot(page, name) {
+async function shot(page, name, fullPage = false) {
     fs.mkdirSync(SHOTS, {recursive: true});
-    await page.screenshot({path: path.join(SHOTS, name), fullPage: false});
+    await page.screenshot({path: path.join(SHOTS, name), fullPage});
 }
 
 async function main() {
@@ -217,7 +217,7 @@ async function main() {
     const evCount = await page.locator('.timeline li[data-kind=lifecycle]').count();
     check('the events timeline lists the lifecycle events', evCount >= 2);
     await page.evaluate(() => window.scrollTo(0, 0));
-    await shot(page, 'run.png');
+    await shot(page, 'run.png', true);
 
     // ---- zoom fetches finer buckets for the range; double click resets
     const over = await page.locator('[data-chart=loss] .u-over').boundingBox();
@@ -233,9 +233,12 @@ async function main() {
           zr && zoom && /^\d+-\d+$/.test(zoom) && zp > 0, `zoom=${zoom} points=${zp}`);
     if (zoom) {
         const [a, b] = zoom.split('-').map(Number);
-        const raw = await apiGet(`/v1/jobs/${fpId}/metrics?fields=loss&from=${a}&to=${b}&points=5000`);
-        check('the zoomed range is drawn at full resolution when it fits', b - a + 1 <= 2000 ? zp >= raw.points.length : zp > 0,
-              `${zp} points drawn, ${raw.points.length} rows`);
+        const asked = Number(new URL(zr.url()).searchParams.get('points'));
+        const xs = await page.evaluate(() => { const x = window.ampd.run.lossChart.data[0]; return [x[0], x[x.length - 1]]; });
+        const n = b - a + 1, want = Math.ceil(n / Math.ceil(n / asked)); // the API's bucket width
+        check('the zoomed chart holds that range in finer buckets (raw steps when they fit)',
+              xs[0] >= a && xs[1] <= b && zp >= want && zp <= want + 100,
+              `range ${a}-${b}, asked ${asked} points, drew ${zp} from ${xs[0]} to ${xs[1]}`);
     }
     await page.dblclick('[data-chart=loss] .u-over');
     check('a double click resets the zoom',
@@ -286,9 +289,22 @@ async function main() {
     check('peak memory is compared with the fp32 baseline', memText.includes(memRatio + '×'), `${memText} (${memRatio})`);
     const cmpPoints = Number(await page.getAttribute('[data-chart=cmp-loss]', 'data-points'));
     check('the compare view overlays the three runs\' loss curves', cmpPoints > 100 &&
-          (await page.locator('[data-chart=cmp-loss] .u-legend .u-series').count()) === 4);
+          (await page.locator('[data-chart=cmp-loss] .u-legend .u-series:not([hidden])').count()) === 4);
+    await page.fill('#smoothing', '0.9');
+    const sm = await page.evaluate(() => {
+        const c = window.ampd.compare.charts[0];
+        return {raw: c.last.d.ys[0], shown: c.u.data[1]};
+    });
+    let emaOk = sm.raw.length > 10, acc = 0, n = 0;
+    for (let i = 0; i < sm.raw.length && emaOk; i++) {
+        if (sm.raw[i] === null) continue;
+        acc = 0.9 * acc + 0.1 * sm.raw[i];
+        n++;
+        if (Math.abs(acc / (1 - 0.9 ** n) - sm.shown[i]) > 1e-9 * Math.max(1, Math.abs(sm.shown[i]))) emaOk = false;
+    }
+    check('smoothing draws the debiased EMA of the series', emaOk);
     await page.evaluate(() => window.scrollTo(0, 0));
-    await shot(page, 'compare.png');
+    await shot(page, 'compare.png', true);
 
     // ---- the runs table: values, filter, sort, select two, compare
     await page.click('nav a[data-nav=runs]');

@@ -6,6 +6,9 @@
 // around a series (the server's downsampling buckets keep min, max and last per bucket).
 // Marks are vertical ticks at steps: overflow (red), skipped (orange), non-finite (black).
 //
+// Smoothing (setSmoothing) replaces a series marked `smooth` by its debiased EMA and
+// draws the raw values faintly behind it, as TensorBoard does.
+//
 // Zoom: dragging across the plot calls onZoom(from, to); the owner fetches finer buckets
 // for that range and calls setData(..., {zoom: [from, to]}). A double click or the
 // "reset zoom" button calls onReset(). While zoomed the owner keeps live data aside.
@@ -62,7 +65,20 @@ export class LineChart {
             out.push(Object.assign({label: s.label + ' min', band: i, kind: 'min'}, common));
             out.push(Object.assign({label: s.label + ' max', band: i, kind: 'max'}, common));
         });
+        // with smoothing on, a smoothed series keeps its raw values as a faint line
+        this.opts.series.forEach((s, i) => {
+            if (!s.smooth) return;
+            out.push({label: s.label + ' raw', stroke: hexAlpha(s.color, 0.25), width: 1,
+                      scale: s.scale || 'y', points: {show: false}, spanGaps: true, value: () => '',
+                      kind: 'raw', src: i});
+        });
         return out;
+    }
+
+    // TensorBoard's debiased exponential moving average, weight a in [0, 1), per point.
+    setSmoothing(a) {
+        this.smoothing = a;
+        if (this.last) this.setData(this.last.d, this.last.opt);
     }
 
     uplotOpts() {
@@ -143,12 +159,17 @@ export class LineChart {
 
     // d: {x, ys: [[...] per series], lo: [[...]|null per series], hi: [...], marks}
     setData(d, {zoom = null} = {}) {
+        this.last = {d, opt: {zoom}};
+        const a = this.smoothing || 0;
         const cols = [d.x];
-        d.ys.forEach((y) => cols.push(y));
+        this.opts.series.forEach((s, i) => cols.push(s.smooth && a > 0 ? ema(d.ys[i], a) : d.ys[i]));
         this.opts.series.forEach((s, i) => {
             if (!s.band) return;
             cols.push((d.lo && d.lo[i]) || d.ys[i]);
             cols.push((d.hi && d.hi[i]) || d.ys[i]);
+        });
+        this.opts.series.forEach((s, i) => {
+            if (s.smooth) cols.push(a > 0 ? d.ys[i] : d.ys[i].map(() => null));
         });
         this.data = cols;
         this.marks = d.marks || {};
@@ -191,6 +212,22 @@ export class LineChart {
     }
 }
 
+// Debiased EMA over the non-null values of y (gaps stay gaps), as TensorBoard draws it.
+export function ema(y, a) {
+    const out = new Array(y.length);
+    let acc = 0, n = 0;
+    for (let i = 0; i < y.length; i++) {
+        if (y[i] === null || y[i] === undefined) {
+            out[i] = null;
+            continue;
+        }
+        acc = acc * a + (1 - a) * y[i];
+        n++;
+        out[i] = acc / (1 - Math.pow(a, n));
+    }
+    return out;
+}
+
 function log2Label(v) {
     const e = Math.log2(v);
     return Number.isInteger(e) ? (Math.abs(e) >= 10 ? `2^${e}` : String(v)) : fmtNum(v, 2);
@@ -203,18 +240,22 @@ export function hexAlpha(hex, a) {
 
 // ---- heatmap --------------------------------------------------------------------------
 
+const FRACTION_LEGEND = [[0, '0%'], [0.01, '1%'], [0.1, '10%'], [0.5, '50%'], [1, '100%']];
+
 // The fields a heatmap can show, with their colour scale: value -> [0, 1] intensity and
 // a description for the legend.
 export const HEAT_FIELDS = {
     act_headroom: {
         label: 'activation headroom',
         help: 'how many times larger the activations could grow before overflowing this layer\'s dtype (log2; red = overflow)',
+        // dark red below 1 (overflowed), red to yellow while the margin is under 2^8, then
+        // pale to blue: fp16's whole range is 2^16 above an activation of 1
         color: (v) => {
             if (v === null) return null;
             if (!(v >= 1)) return '#7f1d1d';
-            const t = Math.min(1, Math.log2(v) / 16);
-            return mix([254, 226, 226], [30, 64, 175], Math.sqrt(t));
+            return ramp(HEADROOM_STOPS, Math.log2(v));
         },
+        legend: [[0.5, 'overflow'], [1, '2^0'], [16, '2^4'], [256, '2^8'], [4096, '2^12'], [65536, '2^16'], [1048576, '≥2^20']],
         fmt: (v) => (v === null ? '—' : v < 1 ? `${fmtNum(v)} (overflow)` : `${fmtNum(v)}× (2^${Math.log2(v).toFixed(1)})`),
     },
     grad_underflow: {
@@ -222,20 +263,38 @@ export const HEAT_FIELDS = {
         help: 'fraction of this layer\'s gradient elements that flush to zero in the low dtype at the loss scale of that step',
         color: (v) => (v === null ? null : mix([240, 253, 244], [88, 28, 135], Math.sqrt(Math.min(1, Math.max(0, v))))),
         fmt: (v) => (v === null ? '—' : (100 * v).toFixed(2) + '%'),
+        legend: FRACTION_LEGEND,
     },
     grad_underflow_unscaled: {
         label: 'gradient underflow without scaling',
         help: 'the same fraction had the loss not been scaled: what loss scaling saves',
         color: (v) => (v === null ? null : mix([240, 253, 244], [88, 28, 135], Math.sqrt(Math.min(1, Math.max(0, v))))),
         fmt: (v) => (v === null ? '—' : (100 * v).toFixed(2) + '%'),
+        legend: FRACTION_LEGEND,
     },
     lost_updates: {
         label: 'lost updates (no master weights)',
         help: 'fraction of weight updates that round away in the low dtype',
         color: (v) => (v === null ? null : mix([255, 251, 235], [180, 83, 9], Math.sqrt(Math.min(1, Math.max(0, v))))),
         fmt: (v) => (v === null ? '—' : (100 * v).toFixed(2) + '%'),
+        legend: FRACTION_LEGEND,
     },
 };
+
+const HEADROOM_STOPS = [[0, [185, 28, 28]], [4, [249, 115, 22]], [8, [253, 224, 71]],
+                        [12, [219, 234, 254]], [20, [30, 64, 175]]];
+
+// Piecewise-linear colour over stops [[x, rgb]...], clamped at both ends.
+function ramp(stops, x) {
+    if (x <= stops[0][0]) return mix(stops[0][1], stops[0][1], 0);
+    for (let i = 1; i < stops.length; i++)
+        if (x <= stops[i][0]) {
+            const [x0, c0] = stops[i - 1], [x1, c1] = stops[i];
+            return mix(c0, c1, (x - x0) / (x1 - x0));
+        }
+    const last = stops[stops.length - 1][1];
+    return mix(last, last, 0);
+}
 
 function mix(a, b, t) {
     const c = a.map((x, i) => Math.round(x + (b[i] - x) * t));
@@ -264,7 +323,8 @@ export class Heatmap {
                     this.help,
                     h('div', {class: 'heat-body'}, this.labels,
                       h('div', {class: 'heat-wrap'}, this.canvas, this.tip)),
-                    h('p', {class: 'muted small heat-axis'}));
+                    h('p', {class: 'muted small heat-axis'}),
+                    this.legendEl = h('div', {class: 'heat-legend'}));
         parent.append(this.el);
         this.canvas.addEventListener('mousemove', (e) => this.hover(e));
         this.canvas.addEventListener('mouseleave', () => (this.tip.hidden = true));
@@ -277,6 +337,8 @@ export class Heatmap {
         this.field = f;
         this.select.value = f;
         this.help.textContent = HEAT_FIELDS[f].help;
+        clear(this.legendEl).append(...HEAT_FIELDS[f].legend.map(([v, label]) =>
+            h('span', {class: 'heat-key'}, h('i', {style: `background:${HEAT_FIELDS[f].color(v)}`}), label)));
         this.el.dataset.field = f;
         this.draw();
     }
@@ -367,6 +429,11 @@ export class Heatmap {
         });
         axis.textContent = `steps ${d.steps[0].toLocaleString('en-US')} … ${d.steps[n - 1].toLocaleString('en-US')} ` +
                            `(${n} diagnosed steps; outlined: first layer to produce inf/NaN)`;
+        const culprits = firstNonfiniteCounts(d.first);
+        this.el.dataset.culprits = culprits.map(([k, c]) => `${k}:${c}`).join(',');
+        if (culprits.length)
+            axis.textContent += ' · first inf/NaN from ' +
+                culprits.slice(0, 4).map(([k, c]) => `${k} ×${c}`).join(', ');
     }
 
     hover(e) {
@@ -393,6 +460,14 @@ export class Heatmap {
         this.ro.disconnect();
         this.el.remove();
     }
+}
+
+// [["layer (where)", count]...] over the steps that had an inf/NaN, most frequent first.
+function firstNonfiniteCounts(first) {
+    const m = new Map();
+    for (const f of first)
+        if (f) m.set(`${f.layer} (${f.where})`, (m.get(`${f.layer} (${f.where})`) || 0) + 1);
+    return [...m.entries()].sort((a, b) => b[1] - a[1]);
 }
 
 function toNum(v) {
@@ -437,3 +512,23 @@ export function memoryLegend() {
     return h('div', {class: 'legend'}, MEM_CATS.map(([k, c]) =>
         h('span', {class: 'legend-item'}, h('i', {style: `background:${c}`}), k)));
 }
+
+// The smoothing slider shared by the run and compare pages; the weight is remembered in
+// localStorage ("ampd.smooth"). onChange(weight) is called now and on every change.
+export function smoothingControl(onChange) {
+    const saved = Number(localStorage.getItem('ampd.smooth'));
+    const start = Number.isFinite(saved) && saved >= 0 && saved < 1 ? saved : 0;
+    const out = h('output', {class: 'small num'}, start.toFixed(2));
+    const input = h('input', {type: 'range', min: 0, max: 0.99, step: 0.01, value: String(start),
+                              id: 'smoothing', 'aria-label': 'smoothing'});
+    input.addEventListener('input', () => {
+        const a = Number(input.value);
+        out.textContent = a.toFixed(2);
+        localStorage.setItem('ampd.smooth', String(a));
+        onChange(a);
+    });
+    onChange(start);
+    return h('label', {class: 'smoothing small muted', title: 'exponential moving average of the lines (debiased, per point)'},
+             'smoothing ', input, ' ', out);
+}
+

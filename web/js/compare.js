@@ -8,7 +8,7 @@
 // re-read every POLL_MS. Table cells carry data-job, data-field and data-value (the raw
 // API number) so a script can check what is shown against the API.
 import * as api from './api.js';
-import {LineChart, memoryBar, memoryLegend, MEM_CATS} from './charts.js';
+import {LineChart, memoryBar, memoryLegend, MEM_CATS, smoothingControl} from './charts.js';
 import {Series} from './series.js';
 import {h, clear, fmtNum, fmtInt, fmtBytes, fmtMs, fmtPct, fmtScale, statusBadge, dtypeBadge,
         DTYPE_COLORS, runColor, num} from './util.js';
@@ -36,7 +36,12 @@ export class ComparePage {
             return;
         }
         this.title = h('div', {class: 'toolbar'}, h('h2', {}, 'Compare runs'),
-                       h('span', {class: 'muted'}, this.ids.map((i) => '#' + i).join(' · ')));
+                       h('span', {class: 'muted'}, this.ids.map((i) => '#' + i).join(' · ')),
+                       h('span', {class: 'spacer'}),
+                       smoothingControl((a) => {
+                           this.smoothing = a;
+                           this.charts.forEach((c) => c.setSmoothing(a));
+                       }));
         this.tableCard = h('section', {class: 'card', id: 'compare-summary'});
         this.memCard = h('section', {class: 'card', id: 'compare-memory'});
         this.grid = h('div', {class: 'chart-grid'});
@@ -160,10 +165,10 @@ export class ComparePage {
 
     renderCharts() {
         const specs = [
-            {id: 'cmp-loss', title: 'Train loss', field: 'loss', yLabel: 'loss'},
+            {id: 'cmp-loss', title: 'Train loss', field: 'loss', yLabel: 'loss', smooth: true},
             {id: 'cmp-eval', title: 'Eval loss', field: 'eval_loss', yLabel: 'loss', points: true},
             {id: 'cmp-scale', title: 'Loss scale', field: 'loss_scale', yLabel: 'scale', yLog: true, fmt: fmtScale},
-            {id: 'cmp-time', title: 'Step time', field: 'step_ms', yLabel: 'ms / step', fmt: fmtMs},
+            {id: 'cmp-time', title: 'Step time', field: 'step_ms', yLabel: 'ms / step', fmt: fmtMs, smooth: true},
         ];
         const sig = this.jobs.map((j) => j.id).join(',');
         if (this.chartSig !== sig) {
@@ -171,9 +176,10 @@ export class ComparePage {
             this.charts = specs.map((s) => new LineChart(this.grid, {
                 id: s.id, title: s.title, yLabel: s.yLabel, yLog: s.yLog, fmt: s.fmt, sync: 'cmp',
                 series: this.jobs.map((j) => ({label: `#${j.id} ${j.dtype}`, color: this.colors.get(j.id),
-                                               points: s.points, spanGaps: true})),
+                                               points: s.points, spanGaps: true, smooth: s.smooth})),
                 onZoom: (a, b) => this.zoomAll(a, b), onReset: () => this.zoomAll(null)}));
             this.chartSig = sig;
+            this.charts.forEach((c) => c.setSmoothing(this.smoothing || 0));
         }
         specs.forEach((s, k) => this.charts[k].setData(this.joined(s.field), {zoom: this.zoom}));
     }

@@ -12,7 +12,7 @@
 // POLL_MS, which also catches changes the stream does not carry (cancel requested, queued
 // -> running).
 import * as api from './api.js';
-import {LineChart, Heatmap, heatFromApi, memoryBar, memoryLegend} from './charts.js';
+import {LineChart, Heatmap, heatFromApi, memoryBar, memoryLegend, smoothingControl} from './charts.js';
 import {Series, FIELDS} from './series.js';
 import {JobStream} from './stream.js';
 import {h, clear, fmtNum, fmtInt, fmtBytes, fmtMs, fmtPct, fmtScale, fmtTime, fmtDuration,
@@ -24,8 +24,9 @@ const LIVE_MAX = 6000;
 const DRAW_MS = 250;
 const FINISHED = ['succeeded', 'failed', 'cancelled'];
 
+// About one bucket per pixel column of a chart (two charts side by side on a laptop).
 function targetPoints() {
-    return Math.min(2000, Math.max(300, Math.round(window.innerWidth)));
+    return Math.min(1500, Math.max(300, Math.round(window.innerWidth * 0.6)));
 }
 
 export class RunPage {
@@ -97,7 +98,7 @@ export class RunPage {
         const zoom = {onZoom: (a, b) => this.zoom(a, b), onReset: () => this.zoom(null), sync};
         this.lossChart = new LineChart(this.grid, Object.assign({
             id: 'loss', title: 'Loss', yLabel: 'loss',
-            series: [{label: 'train loss', color, band: true},
+            series: [{label: 'train loss', color, band: true, smooth: true},
                      {label: 'eval loss', color: '#111827', width: 2, points: true, spanGaps: true}],
         }, zoom));
         this.scaleChart = new LineChart(this.grid, Object.assign({
@@ -108,16 +109,18 @@ export class RunPage {
         this.timeChart = new LineChart(this.grid, Object.assign({
             id: 'step_time', title: 'Step time and throughput', yLabel: 'ms / step', fmt: fmtMs,
             y2Label: this.isGpt() ? 'tokens/s' : 'samples/s', fmt2: (v) => fmtNum(v, 3),
-            series: [{label: 'step time', color: '#0891b2', band: true},
-                     {label: this.isGpt() ? 'tokens/s' : 'samples/s', color: '#d97706', scale: 'y2'}],
+            series: [{label: 'step time', color: '#0891b2', band: true, smooth: true},
+                     {label: this.isGpt() ? 'tokens/s' : 'samples/s', color: '#d97706', scale: 'y2', smooth: true}],
         }, zoom));
         this.gradChart = new LineChart(this.grid, Object.assign({
             id: 'grad_norm', title: 'Gradient norm and learning rate', yLabel: 'grad norm',
             y2Label: 'lr', fmt2: (v) => fmtNum(v, 3),
-            series: [{label: 'grad norm (unscaled)', color: '#db2777', band: true},
+            series: [{label: 'grad norm (unscaled)', color: '#db2777', band: true, smooth: true},
                      {label: 'lr', color: '#4b5563', scale: 'y2', dash: [4, 3]}],
         }, zoom));
         this.charts = [this.lossChart, this.scaleChart, this.timeChart, this.gradChart];
+        this.smoother = smoothingControl((a) => this.charts.forEach((c) => c.setSmoothing(a)));
+        this.grid.before(h('div', {class: 'chart-tools'}, this.smoother));
         this.memCard = h('section', {class: 'card', dataset: {chart: 'memory'}});
         this.side.append(this.memCard);
         this.heat = new Heatmap(this.side, {});
@@ -176,24 +179,25 @@ export class RunPage {
         const scale = s.final_loss_scale ?? se.lastValue('loss_scale');
         const evalLoss = s.eval_loss ?? se.lastValue('eval_loss');
         const evalAcc = s.eval_acc ?? se.lastValue('eval_acc');
-        const ov = s.overflow_total ?? se.lastValue('overflow_total');
-        const sk = s.skipped_total ?? se.lastValue('skipped_total');
+        const live = this.lastMsg || {};
+        const ov = s.overflow_total ?? live.overflow_total;
+        const sk = s.skipped_total ?? live.skipped_total;
         const tput = s.samples_per_s ?? se.lastValue('samples_per_s');
         const seq = ((this.spec().model || {}).seq_len) || 128;
         const card = (label, value, field, raw) =>
             h('div', {class: 'stat', dataset: {field, value: raw === undefined || raw === null ? '' : String(raw)}},
               h('div', {class: 'stat-label'}, label), h('div', {class: 'stat-value'}, value));
-        clear(this.cards).append(
+        clear(this.cards).append(...[
             card('loss', fmtNum(loss), 'loss', loss),
             card('eval loss', fmtNum(evalLoss), 'eval_loss', evalLoss),
-            this.isGpt() ? null : card('eval accuracy', fmtPct(evalAcc), 'eval_acc', evalAcc),
+            card(this.isGpt() ? 'next-token accuracy' : 'eval accuracy', fmtPct(evalAcc), 'eval_acc', evalAcc),
             card('loss scale', fmtScale(scale), 'loss_scale', scale),
             card('overflow / skipped', `${fmtInt(ov)} / ${fmtInt(sk)}`, 'overflow_total', ov),
             card('median step', fmtMs(s.median_step_ms ?? se.lastValue('step_ms')), 'median_step_ms', s.median_step_ms),
             card(this.isGpt() ? 'tokens/s' : 'samples/s', fmtNum(this.isGpt() ? num(tput) * seq : tput, 3), 'samples_per_s', tput),
-            card('peak memory', fmtBytes(s.peak_mem ? s.peak_mem.total : se.lastValue('mem_bytes')), 'peak_mem',
+            card('peak memory', fmtBytes(s.peak_mem ? s.peak_mem.total : this.liveMem && this.liveMem.total), 'peak_mem',
                  s.peak_mem ? s.peak_mem.total : null),
-            s.params ? card('parameters', fmtInt(s.params), 'params', s.params) : null);
+            s.params ? card('parameters', fmtInt(s.params), 'params', s.params) : null].filter(Boolean));
     }
 
     renderMemory() {
@@ -354,6 +358,7 @@ export class RunPage {
 
     onStep(m) {
         if (!this.series.pushStep(m)) return;
+        this.lastMsg = m;
         if (m.mem && !this.liveMem) {
             this.liveMem = m.mem;
             this.renderMemory();

@@ -10,9 +10,9 @@
 // max accuracy).
 import {num, plotValue} from './util.js';
 
+// The fields the run page draws (each costs min/max/last per bucket on the wire).
 export const FIELDS = ['loss', 'loss_scale', 'eval_loss', 'eval_acc', 'step_ms',
-                       'samples_per_s', 'grad_norm', 'lr', 'mem_bytes', 'comm_bytes', 'comm_ms',
-                       'overflow_total', 'skipped_total'];
+                       'samples_per_s', 'grad_norm', 'lr', 'comm_bytes', 'comm_ms'];
 
 export class Series {
     constructor() {
@@ -80,7 +80,6 @@ export class Series {
         if (!m.overflow && (!Number.isFinite(num(m.loss)) || !Number.isFinite(num(m.grad_norm))))
             this.marks.nonfinite.push(m.step);
         const row = Object.assign({}, m);
-        if (row.mem_bytes === undefined && m.mem) row.mem_bytes = m.mem.total;
         row.eval_loss = null;
         row.eval_acc = null;
         this.pushPoint(m.step, row);
