@@ -242,13 +242,35 @@ void api_h_healthz(api_req *q, api_resp *r)
     api_buf_puts(&r->body, "{\"status\":\"ok\"}");
 }
 
+#define API_MAX_GPUS 16
 static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;
 static char cuda_text[256];
 static bool cuda_ok;
+static gpu_cuda_device cuda_devs[API_MAX_GPUS];
+static int cuda_ndevs;
 
 static void probe_cuda(void)
 {
     cuda_ok = gpu_cuda_probe(cuda_text, sizeof(cuda_text)) == 0;
+    if (cuda_ok)
+        (void)gpu_cuda_devices(cuda_devs, API_MAX_GPUS, &cuda_ndevs);
+}
+
+/* The GPUs, as [{"index", "name", "memory_bytes", "compute_capability", "multiprocessors"}]. */
+static void put_gpus(api_buf *b)
+{
+    api_buf_putc(b, '[');
+    for (int i = 0; i < cuda_ndevs; i++) {
+        const gpu_cuda_device *d = &cuda_devs[i];
+        api_buf_printf(b, "%s{\"index\":%d,\"name\":", i ? "," : "", i);
+        api_buf_json_str(b, d->name);
+        api_buf_printf(b,
+                       ",\"memory_bytes\":%llu,\"compute_capability\":\"%d.%d\","
+                       "\"multiprocessors\":%d}",
+                       (unsigned long long)d->memory_bytes, d->cc_major, d->cc_minor,
+                       d->multiprocessors);
+    }
+    api_buf_putc(b, ']');
 }
 
 void api_h_system(api_req *q, api_resp *r)
@@ -277,7 +299,10 @@ void api_h_system(api_req *q, api_resp *r)
     api_buf_printf(b, ",\"cores\":%d},\"cuda\":{\"available\":%s,\"detail\":", s->cores,
                    cuda_ok ? "true" : "false");
     api_buf_json_str(b, cuda_text);
-    api_buf_puts(b, "}},\"backend\":\"cpu\",\"versions\":{\"ampd\":");
+    api_buf_puts(b, ",\"gpus\":");
+    put_gpus(b);
+    /* the backend a job with "device": "auto" gets */
+    api_buf_printf(b, "}},\"backend\":\"%s\",\"versions\":{\"ampd\":", cuda_ok ? "cuda" : "cpu");
     api_buf_json_str(b, PACKAGE_VERSION);
     api_buf_puts(b, ",\"sqlite\":");
     api_buf_json_str(b, sqlite3_libversion());

@@ -568,16 +568,22 @@ static int parse_distributed(ctx *c, json_t *d)
     return 0;
 }
 
+#define DEVICE_MSG "must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\" with N from 0 to %d"
+
+/* "auto", "cpu", "cuda" or "cuda:N" with N a decimal below GPU_MAX_CUDA_DEVICES. Whether
+ * the device exists is the trainer's question, when the job starts. */
 static int parse_device(ctx *c, json_t *v, gpu_job_config *jc)
 {
     const char *s = json_string_value(v);
-    char *end;
+    char *end = NULL;
     if (!json_is_string(v))
-        return fail(c, "device", "must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"");
+        return fail(c, "device", DEVICE_MSG, GPU_MAX_CUDA_DEVICES - 1);
     if (strcmp(s, "auto") && strcmp(s, "cpu") && strcmp(s, "cuda")) {
-        if (strncmp(s, "cuda:", 5) != 0 || !s[5] || strtol(s + 5, &end, 10) < 0 || *end ||
-            strlen(s) > 10)
-            return fail(c, "device", "must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"");
+        long n = -1;
+        if (strncmp(s, "cuda:", 5) == 0 && s[5] >= '0' && s[5] <= '9')
+            n = strtol(s + 5, &end, 10);
+        if (n < 0 || n >= GPU_MAX_CUDA_DEVICES || *end || strlen(s) >= sizeof(jc->device))
+            return fail(c, "device", DEVICE_MSG, GPU_MAX_CUDA_DEVICES - 1);
     }
     snprintf(jc->device, sizeof(jc->device), "%s", s);
     return 0;

@@ -1,9 +1,11 @@
 /*
  * run.c - `ampd run JOB.json`: validate a job spec, train it in the foreground and print
  * one JSON line per step, eval lines and a final summary on stdout (logs go to stderr).
- * A step that collected per-layer diagnostics (every diagnostics_every steps and every
- * overflowing step) adds a "layers" line, and each new recommendation an "event" line of
- * kind "recommendation"; --every never suppresses either.
+ * The start line names the device the job runs on ("cpu" or "cuda:N (...)"); a CUDA device
+ * that cannot be used fails the job with the reason. A step that collected per-layer
+ * diagnostics (every diagnostics_every steps and every overflowing step, or on CUDA the
+ * step after it) adds a "layers" line, and each new recommendation an "event" line of kind
+ * "recommendation"; --every never suppresses either.
  *
  * Non-finite numbers are written as the strings "NaN", "Infinity" and "-Infinity", never
  * dropped. SIGINT/SIGTERM stop the loop after the current step; the summary then says
@@ -225,29 +227,19 @@ static void print_spec_error(const api_error *e)
     json_decref(o);
 }
 
-/* Decide the backend for the job's device field; 0 = CPU, else an error was logged. */
-static int choose_device(const gpu_job_config *c, char *err, size_t errlen)
+/* Say which backend a job with device "auto" got (the trainer chose it: CUDA device 0 when
+ * gpu_cuda_probe finds one usable, else the CPU, and then the probe's reason). */
+static void log_device(const gpu_job_config *c, const gpu_trainer *t)
 {
     char why[256];
-    int have = gpu_cuda_probe(why, sizeof(why)) == 0;
-    if (strcmp(c->device, "cpu") == 0)
-        return 0;
-    if (strcmp(c->device, "auto") == 0) {
-        if (have)
-            log_warn("a CUDA device is present but CUDA training is not in this version; "
-                     "using the CPU backend");
-        else
-            log_info("device auto: using the CPU backend (%s)", why);
-        return 0;
+    if (strcmp(c->device, "auto") != 0)
+        return;
+    if (strcmp(gpu_trainer_device(t), "cpu") != 0) {
+        log_info("device auto: using the CUDA backend, %s", gpu_trainer_device(t));
+        return;
     }
-    if (!have)
-        snprintf(err, errlen, "device \"%s\": %s", c->device, why);
-    else
-        snprintf(err, errlen,
-                 "device \"%s\": CUDA training is not available in this "
-                 "version; use \"cpu\" or \"auto\"",
-                 c->device);
-    return GPU_ENODEV;
+    (void)gpu_cuda_probe(why, sizeof(why));
+    log_info("device auto: using the CPU backend (%s)", why);
 }
 
 typedef struct {
@@ -312,9 +304,10 @@ static void record_time(run_state *s, double ms)
 static void emit_start(const gpu_job_config *c, gpu_trainer *t)
 {
     json_t *spec = api_spec_to_json(c);
-    emit(json_pack("{s:s, s:s, s:I, s:s, s:s, s:o}", "type", "start", "name", c->name, "params",
-                   (json_int_t)gpu_trainer_params(t), "blas", gpu_blas_info(), "convert",
-                   gpu_cvt_impl(), "spec", spec ? spec : json_null()));
+    emit(json_pack("{s:s, s:s, s:I, s:s, s:s, s:s, s:o}", "type", "start", "name", c->name,
+                   "params", (json_int_t)gpu_trainer_params(t), "device",
+                   gpu_trainer_device(t), "blas", gpu_blas_info(), "convert", gpu_cvt_impl(),
+                   "spec", spec ? spec : json_null()));
 }
 
 /* Save a checkpoint and print its line; 0 or an error with err filled. */
@@ -369,9 +362,9 @@ static int train(const gpu_job_config *c, const run_args *a)
     int rc, status;
 
     memset(&s, 0, sizeof(s));
-    rc = choose_device(c, err, sizeof(err));
+    rc = gpu_trainer_create(c, &t, err, sizeof(err));
     if (!rc)
-        rc = gpu_trainer_create(c, &t, err, sizeof(err));
+        log_device(c, t);
     if (!rc && a->resume)
         rc = daemon_ckpt_load(t, a->resume, err, sizeof(err));
     if (rc) {

@@ -5,8 +5,8 @@
  * from the OPENBLAS_CORETYPE environment variable or its own CPU detection, and that
  * detection picks the generic SSE3 "Prescott" kernels on some of our AVX-512 machines
  * (~37 GFLOP/s instead of 200-290). So the library is not linked: it is opened with
- * dlopen() after OPENBLAS_CORETYPE has been set from CPUID (unless the user set it), and
- * the entry points are looked up with dlsym().
+ * dlopen() (the file configure found, or $AMPD_OPENBLAS) after OPENBLAS_CORETYPE has been
+ * set from CPUID (unless the user set it), and the entry points are looked up with dlsym().
  *
  * gpu_gemm() follows the tensor-core contract: 16-bit operands are widened exactly to fp32
  * into the caller's scratch, then multiplied with cblas_sgemm (fp32 accumulation).
@@ -92,6 +92,15 @@ static const char *choose_coretype(void)
     return NULL;
 }
 
+/* The library to open: $AMPD_OPENBLAS when set (a machine where OpenBLAS is not where
+ * configure found it, e.g. a GPU machine running carried test binaries), else the path
+ * configure found. */
+static const char *openblas_path(void)
+{
+    const char *p = getenv("AMPD_OPENBLAS");
+    return p != NULL && p[0] != '\0' ? p : AMPD_OPENBLAS_PATH;
+}
+
 /* Set OPENBLAS_CORETYPE for the library's constructor and record in blas.note why the
  * kernel set may differ from the automatic choice. Returns the coretype asked for. */
 static const char *prepare_coretype(void)
@@ -101,7 +110,7 @@ static const char *prepare_coretype(void)
         snprintf(blas.source, sizeof blas.source, " from OPENBLAS_CORETYPE");
         return NULL;
     }
-    void *already = dlopen(AMPD_OPENBLAS_PATH, RTLD_NOW | RTLD_NOLOAD);
+    void *already = dlopen(openblas_path(), RTLD_NOW | RTLD_NOLOAD);
     if (already != NULL) {
         dlclose(already);
         snprintf(blas.note, sizeof blas.note,
@@ -119,10 +128,10 @@ static int load_symbol(void **out, const char *name)
     *out = dlsym(blas.lib, name);
     if (*out == NULL) {
         const char *why = dlerror();
-        fprintf(stderr, "ampd: cannot load OpenBLAS from %s: %s\n", AMPD_OPENBLAS_PATH,
+        fprintf(stderr, "ampd: cannot load OpenBLAS from %s: %s\n", openblas_path(),
                 why != NULL ? why : name);
         snprintf(blas.failed, sizeof blas.failed, "OpenBLAS unavailable (no %s in %s)",
-                 name, AMPD_OPENBLAS_PATH);
+                 name, openblas_path());
         return GPU_EBLAS;
     }
     return 0;
@@ -172,13 +181,13 @@ static void load(void)
     const char *asked = prepare_coretype();
 
     dlerror();
-    blas.lib = dlopen(AMPD_OPENBLAS_PATH, RTLD_NOW | RTLD_LOCAL);
+    blas.lib = dlopen(openblas_path(), RTLD_NOW | RTLD_LOCAL);
     if (blas.lib == NULL) {
         const char *why = dlerror();
-        fprintf(stderr, "ampd: cannot load OpenBLAS from %s: %s\n", AMPD_OPENBLAS_PATH,
+        fprintf(stderr, "ampd: cannot load OpenBLAS from %s: %s\n", openblas_path(),
                 why != NULL ? why : "unknown error");
         snprintf(blas.failed, sizeof blas.failed, "OpenBLAS unavailable (cannot load %s)",
-                 AMPD_OPENBLAS_PATH);
+                 openblas_path());
         goto fail;
     }
     if (load_symbol(&sym[0], "cblas_sgemm") != 0 ||

@@ -1,6 +1,6 @@
 /*
- * cuda_format.cu - the CUDA number-format kernels, gpu_cuda_probe() and the host-to-host
- * conversion wrappers declared in gpu.h.
+ * cuda_format.cu - the CUDA number-format kernels, gpu_cuda_probe(), gpu_cuda_devices()
+ * and the host-to-host conversion wrappers declared in gpu.h.
  *
  * The kernels are grid-stride loops over the __host__ __device__ conversions of
  * cuda_common.cuh, so their results equal gpu/format.c's scalar functions bit for bit.
@@ -104,6 +104,31 @@ extern "C" int gpu_cuda_probe(char *why, size_t whylen)
     if (why != NULL && whylen > 0)
         snprintf(why, whylen, "%s", buf);
     return e == cudaSuccess && count > 0 ? 0 : GPU_ENODEV;
+}
+
+/* out: max entries, the caller's; *n receives how many were filled. */
+extern "C" int gpu_cuda_devices(gpu_cuda_device *out, int max, int *n)
+{
+    int count = 0;
+    *n = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count <= 0) {
+        (void)cudaGetLastError();
+        return GPU_ENODEV;
+    }
+    for (int i = 0; i < count && *n < max; i++) {
+        cudaDeviceProp prop;
+        if (cudaGetDeviceProperties(&prop, i) != cudaSuccess) {
+            (void)cudaGetLastError();
+            continue;
+        }
+        gpu_cuda_device *d = &out[(*n)++];
+        snprintf(d->name, sizeof(d->name), "%s", prop.name);
+        d->memory_bytes = (uint64_t)prop.totalGlobalMem;
+        d->cc_major = prop.major;
+        d->cc_minor = prop.minor;
+        d->multiprocessors = prop.multiProcessorCount;
+    }
+    return *n > 0 ? 0 : GPU_ENODEV;
 }
 
 /* dst and src are host buffers of n elements, borrowed. */

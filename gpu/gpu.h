@@ -305,6 +305,7 @@ void gpu_dataset_window(const gpu_dataset *d, int64_t i, int T, int *x, int *y);
 /* ---- jobs and the trainer (train.c) ---------------------------------------------------- */
 
 #define GPU_MAX_LAYERS 16
+#define GPU_MAX_CUDA_DEVICES 64 /* "cuda:N" names a device N below this */
 
 typedef enum { GPU_ACT_RELU = 0, GPU_ACT_GELU } gpu_activation;
 typedef enum { GPU_MODEL_MLP = 0, GPU_MODEL_GPT } gpu_model_type;
@@ -335,7 +336,8 @@ typedef struct {
     int64_t checkpoint_every;
     int64_t diagnostics_every;
     int threads;                 /* BLAS threads; 0: all cores */
-    char device[16];             /* "auto", "cpu", "cuda" or "cuda:N" */
+    char device[16];             /* "auto" (CUDA device 0 when one is usable, else the CPU),
+                                  * "cpu", "cuda" (device 0) or "cuda:N" */
 } gpu_job_config;
 
 /* Defaults for every field (documented in docs/job-spec.md); dtype fp32. */
@@ -383,9 +385,10 @@ typedef struct gpu_trainer gpu_trainer; /* opaque */
  * GPU_EINVAL with a message for a malformed model. */
 int gpu_job_memory(const gpu_job_config *c, gpu_mem *out, char *err, size_t errlen);
 
-/* Build the model, load the data and allocate every block. On failure returns a GPU_E*
- * code and, when err is not NULL, a message naming the problem. Caller frees with
- * gpu_trainer_free(). cfg is copied. */
+/* Build the model, load the data and allocate every block, on the device cfg->device names
+ * (see gpu_job_config). On failure returns a GPU_E* code (GPU_ENODEV when the CUDA device
+ * asked for cannot be used) and, when err is not NULL, a message naming the problem. Caller
+ * frees with gpu_trainer_free(). cfg is copied. */
 int gpu_trainer_create(const gpu_job_config *cfg, gpu_trainer **out, char *err, size_t errlen);
 void gpu_trainer_free(gpu_trainer *t);
 /* Run one training step and fill *m. Returns GPU_ESCALE_FLOOR (with err) when the scale is
@@ -394,6 +397,9 @@ int gpu_trainer_step(gpu_trainer *t, gpu_step_metrics *m, char *err, size_t errl
 /* Evaluate on the eval set (or the training set when there is none). */
 int gpu_trainer_eval(gpu_trainer *t, gpu_eval_result *r);
 int64_t gpu_trainer_params(const gpu_trainer *t);
+/* Where the trainer runs: "cpu", or "cuda:N (device name, compute capability, memory; what
+ * the job holds)". Valid while the trainer lives. */
+const char *gpu_trainer_device(const gpu_trainer *t);
 const gpu_scaler_state *gpu_trainer_scaler(const gpu_trainer *t);
 /* The named tensors of the parameter blocks ("fc1.weight", ...) and the per-tensor
  * gradient statistics of the last step (ntensors entries; valid until the next step). */
@@ -483,6 +489,16 @@ int gpu_trainer_set_scalars(gpu_trainer *t, const gpu_state_scalars *in);
 /* 0 when a CUDA device can be used; otherwise GPU_ENODEV and a reason in why (e.g.
  * "built without CUDA", "no CUDA driver", "no CUDA device"). */
 int gpu_cuda_probe(char *why, size_t whylen);
+/* One visible CUDA device, as the runtime describes it (no context is created). */
+typedef struct {
+    char name[256];
+    uint64_t memory_bytes; /* total global memory */
+    int cc_major, cc_minor;
+    int multiprocessors;
+} gpu_cuda_device;
+/* The first max devices into out (caller's array), their number in *n; GPU_ENODEV (with *n
+ * 0) when there is none, no driver, or no CUDA in this build. */
+int gpu_cuda_devices(gpu_cuda_device *out, int max, int *n);
 /* Host-to-host wrappers that run the CUDA conversion kernels (for tests and checks):
  * copy in, convert on the device, copy out. */
 int gpu_cuda_cvt_f32_f16(uint16_t *dst, const float *src, size_t n);

@@ -19,6 +19,16 @@
  * per-layer statistics, with the fraction of each layer's updates that rounded away when
  * master weights are off, and then recommendations (once per job each, see diag.c).
  *
+ * Devices: cfg.device "cpu" runs here; "cuda" / "cuda:N" on that CUDA device or the job fails
+ * with the reason; "auto" on CUDA device 0 when gpu_cuda_probe() finds one usable, else here.
+ * On CUDA the host blocks stay (initialisation, checkpoints, the tensor table) and a device
+ * twin (cuda_train.c) holds their copies and runs each step on the device, synchronising once
+ * at its end; the host builds the batches and keeps the scalars from the step's snapshot.
+ * There, a step that overflows without collecting diagnostics is not run again: the next step
+ * collects them instead (the device learns of the overflow only at the step's end).
+ * gpu_trainer_state() copies the device blocks to the host first, gpu_trainer_set_scalars()
+ * copies the restored host blocks back.
+ *
  * Threads: a trainer is driven by one thread; BLAS uses its own.
  */
 #include <math.h>
@@ -58,6 +68,11 @@ struct gpu_trainer {
     bool diagnosed;         /* the last step collected */
     gpu_diag_advisor *advisor;
     int64_t tensor_lost[TRAINER_MAX_TENSORS]; /* master weights off: per tensor, last update */
+    /* CUDA */
+    bool use_cuda;          /* the job runs on CUDA device cuda_index */
+    int cuda_index;
+    gpu_cuda_twin *cuda;    /* the device twin, once created */
+    bool diag_next;         /* the last step overflowed undiagnosed: collect on this one */
 };
 
 /* Defaults for every job field; see gpu.h and docs/job-spec.md. */
@@ -103,6 +118,7 @@ void gpu_trainer_free(gpu_trainer *t)
 {
     if (!t)
         return;
+    gpu_cuda_twin_free(t->cuda);
     gpu_dataset_free(t->train);
     gpu_dataset_free(t->eval);
     if (t->work != t->master)
@@ -304,8 +320,10 @@ static int allocate(gpu_trainer *t, char *err, size_t errlen)
     t->m = calloc(P, sizeof(float));
     if (c->optim.type == GPU_OPT_ADAMW)
         t->v = calloc(P, sizeof(float));
-    t->acts = calloc(1, z.act_bytes);
-    t->scratch = calloc(z.scratch_floats, sizeof(float));
+    if (!t->use_cuda) { /* the host model's blocks (the device has its own) */
+        t->acts = calloc(1, z.act_bytes);
+        t->scratch = calloc(z.scratch_floats, sizeof(float));
+    }
     if (t->gpt) {
         size_t T = (size_t)t->gpt->seq_len;
         t->xtok = malloc(sizeof(int) * B * T);
@@ -319,8 +337,9 @@ static int allocate(gpu_trainer *t, char *err, size_t errlen)
     t->lstats = calloc(GPU_DIAG_MAX_LAYERS, sizeof(*t->lstats));
     t->advisor = calloc(1, sizeof(*t->advisor));
     if (!t->diag || !t->lstats || !t->advisor || (!t->master && (fp32 || c->master_weights)) ||
-        !t->work || !t->grads || !t->m || (!t->v && c->optim.type == GPU_OPT_ADAMW) || !t->acts ||
-        !t->scratch || !(t->xbatch || t->xtok) || !t->ybatch || !(t->perm || t->gpt)) {
+        !t->work || !t->grads || !t->m || (!t->v && c->optim.type == GPU_OPT_ADAMW) ||
+        (!t->use_cuda && (!t->acts || !t->scratch)) || !(t->xbatch || t->xtok) || !t->ybatch ||
+        !(t->perm || t->gpt)) {
         snprintf(err, errlen, "the job needs %lld bytes of memory, which could not be allocated",
                  (long long)t->mem.total);
         return GPU_ENOMEM;
@@ -365,6 +384,68 @@ static void shuffle(gpu_trainer *t)
     t->perm_pos = 0;
 }
 
+/* Where the job runs, from cfg.device: t->use_cuda and t->cuda_index. GPU_EINVAL for a
+ * malformed device, GPU_ENODEV when the CUDA device asked for cannot be used (the reason in
+ * err). */
+static int pick_device(gpu_trainer *t, char *err, size_t errlen)
+{
+    const char *s = t->cfg.device;
+    char why[256], *end = NULL;
+    gpu_cuda_device devs[GPU_MAX_CUDA_DEVICES];
+    int n = 0;
+
+    if (strcmp(s, "cpu") == 0)
+        return 0;
+    if (strcmp(s, "auto") == 0) {
+        t->use_cuda = gpu_cuda_probe(NULL, 0) == 0;
+        return 0;
+    }
+    if (strcmp(s, "cuda") != 0) {
+        long i = -1;
+        if (strncmp(s, "cuda:", 5) == 0 && s[5] >= '0' && s[5] <= '9')
+            i = strtol(s + 5, &end, 10);
+        if (i < 0 || i >= GPU_MAX_CUDA_DEVICES || *end) {
+            snprintf(err, errlen,
+                     "device: must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\" with N from "
+                     "0 to %d, not \"%s\"",
+                     GPU_MAX_CUDA_DEVICES - 1, s);
+            return GPU_EINVAL;
+        }
+        t->cuda_index = (int)i;
+    }
+    if (gpu_cuda_probe(why, sizeof(why)) != 0) {
+        snprintf(err, errlen, "device \"%s\": %s", s, why);
+        return GPU_ENODEV;
+    }
+    (void)gpu_cuda_devices(devs, GPU_MAX_CUDA_DEVICES, &n);
+    if (t->cuda_index >= n) {
+        snprintf(err, errlen, "device \"%s\": no CUDA device %d (this machine has %d)", s,
+                 t->cuda_index, n);
+        return GPU_ENODEV;
+    }
+    t->use_cuda = true;
+    return 0;
+}
+
+/* Create the device twin from the initialised host blocks; t->mem becomes its device bytes. */
+static int start_cuda(gpu_trainer *t, char *err, size_t errlen)
+{
+    gpu_cuda_host h = {
+        .cfg = &t->cfg,
+        .mlp = t->gpt ? NULL : &t->mlp,
+        .gpt = t->gpt,
+        .ntensors = t->ntensors,
+        .offsets = t->offsets,
+        .counts = t->counts,
+        .master = t->master,
+        .work = t->work,
+        .m = t->m,
+        .v = t->v,
+    };
+    return gpu_cuda_twin_create(&h, t->cuda_index, &t->scaler, t->applied, t->lost_total,
+                                &t->cuda, &t->mem, err, errlen);
+}
+
 /* Build a trainer; see gpu.h. */
 int gpu_trainer_create(const gpu_job_config *cfg, gpu_trainer **out, char *err, size_t errlen)
 {
@@ -392,6 +473,9 @@ int gpu_trainer_create(const gpu_job_config *cfg, gpu_trainer **out, char *err, 
         rc = GPU_EINVAL;
         goto fail;
     }
+    rc = pick_device(t, err, errlen);
+    if (rc)
+        goto fail;
     if (cfg->model.type == GPU_MODEL_GPT) {
         rc = GPU_ENOMEM;
         if (!(t->gpt = malloc(sizeof(*t->gpt))))
@@ -423,6 +507,8 @@ int gpu_trainer_create(const gpu_job_config *cfg, gpu_trainer **out, char *err, 
     gpu_scaler_init(&t->scaler, &cfg->scaler);
     gpu_rng_seed(&t->rng, cfg->seed ^ 0xDA7A5EEDull);
     shuffle(t);
+    if (t->use_cuda && (rc = start_cuda(t, err, errlen)))
+        goto fail;
     *out = t;
     return 0;
 fail:
@@ -607,28 +693,22 @@ static void floor_message(const gpu_trainer *t, float scale_used, char *err, siz
         snprintf(err + n, errlen - (size_t)n, " none (the loss itself is not finite)");
 }
 
-/* One training step; see gpu.h. */
-int gpu_trainer_step(gpu_trainer *t, gpu_step_metrics *m, char *err, size_t errlen)
+/* The step on the CPU after the batch: forward, backward, unscale, update, scaler. Returns
+ * 0, GPU_ESCALE_FLOOR (the step is complete) or an error. */
+static int step_cpu(gpu_trainer *t, gpu_step_metrics *m, bool *found_inf)
 {
     const gpu_job_config *c = &t->cfg;
-    int B = c->batch_size, rc;
-    double t0 = gpu_now(), loss, sumsq;
-    bool found_inf;
+    double loss, sumsq;
+    int rc;
 
-    memset(m, 0, sizeof(*m));
-    m->step = ++t->step;
-    m->lr = gpu_lr_at(&c->optim, t->step - 1, c->steps);
-    m->loss_scale = t->scaler.scale;
-    t->diagnosed = c->diagnostics_every > 0 && t->step % c->diagnostics_every == 0;
-    next_batch(t, B);
     if (t->diagnosed)
         gpu_diag_begin(t->diag, t->scaler.scale);
     rc = forward_backward(t, &loss, t->diagnosed ? t->diag : NULL);
     if (rc)
         return rc;
     gpu_unscale(t->grads, t->offsets, t->counts, t->ntensors, gpu_scaler_inv(&t->scaler), t->stats,
-                &found_inf, &sumsq);
-    if (found_inf && !t->diagnosed) {
+                found_inf, &sumsq);
+    if (*found_inf && !t->diagnosed) {
         /* diagnose the overflow: the same batch and weights again, collecting */
         double again;
         t->diagnosed = true;
@@ -638,12 +718,58 @@ int gpu_trainer_step(gpu_trainer *t, gpu_step_metrics *m, char *err, size_t errl
             return rc;
     }
     m->loss = loss;
-    m->grad_norm = found_inf ? NAN : sqrt(sumsq);
-    if (!found_inf)
+    m->grad_norm = *found_inf ? NAN : sqrt(sumsq);
+    if (!*found_inf)
         apply_update(t, m->lr, clip_coef(&c->optim, m->grad_norm), m);
     if (t->diagnosed)
-        layer_stats(t, !found_inf);
-    rc = gpu_scaler_update(&t->scaler, &c->scaler, found_inf);
+        layer_stats(t, !*found_inf);
+    return gpu_scaler_update(&t->scaler, &c->scaler, *found_inf);
+}
+
+/* The step on the CUDA device after the batch: the whole step there, then the host takes the
+ * scalars of its snapshot. *ms: the step's device time (CUDA events). Returns as step_cpu. */
+static int step_cuda(gpu_trainer *t, gpu_step_metrics *m, bool *found_inf, double *ms)
+{
+    gpu_cuda_step_out o;
+    const void *x = t->gpt ? (const void *)t->xtok : (const void *)t->xbatch;
+    int rc = gpu_cuda_twin_step(t->cuda, x, t->ybatch, t->cfg.batch_size, m->lr,
+                                t->diagnosed ? t->diag : NULL, t->stats, t->tensor_lost, &o);
+    if (rc)
+        return rc;
+    *found_inf = o.found_inf;
+    *ms = o.step_ms;
+    m->loss = o.loss;
+    m->grad_norm = o.grad_norm;
+    m->lost_updates = o.lost_updates;
+    t->scaler = o.scaler;
+    t->applied = o.applied;
+    t->lost_total = o.lost_total;
+    /* the device cannot run an overflowing step again: the next step collects instead */
+    t->diag_next = o.found_inf && !t->diagnosed;
+    if (t->diagnosed)
+        layer_stats(t, !o.found_inf);
+    return o.floor_failed ? GPU_ESCALE_FLOOR : 0;
+}
+
+/* One training step; see gpu.h. */
+int gpu_trainer_step(gpu_trainer *t, gpu_step_metrics *m, char *err, size_t errlen)
+{
+    const gpu_job_config *c = &t->cfg;
+    int B = c->batch_size, rc;
+    double t0 = gpu_now(), device_ms = 0.0;
+    bool found_inf = false;
+
+    memset(m, 0, sizeof(*m));
+    m->step = ++t->step;
+    m->lr = gpu_lr_at(&c->optim, t->step - 1, c->steps);
+    m->loss_scale = t->scaler.scale;
+    t->diagnosed = (c->diagnostics_every > 0 && t->step % c->diagnostics_every == 0) ||
+                   t->diag_next;
+    t->diag_next = false;
+    next_batch(t, B);
+    rc = t->cuda ? step_cuda(t, m, &found_inf, &device_ms) : step_cpu(t, m, &found_inf);
+    if (rc && rc != GPU_ESCALE_FLOOR)
+        return rc;
     advise(t, m->loss_scale);
     m->diagnosed = t->diagnosed;
     m->overflow = found_inf;
@@ -651,7 +777,7 @@ int gpu_trainer_step(gpu_trainer *t, gpu_step_metrics *m, char *err, size_t errl
     m->overflow_total = t->scaler.overflow_total;
     m->skipped_total = t->scaler.skipped_total;
     m->lost_total = t->lost_total;
-    m->step_ms = (gpu_now() - t0) * 1e3;
+    m->step_ms = t->cuda ? device_ms : (gpu_now() - t0) * 1e3;
     m->samples_per_s = B / (m->step_ms * 1e-3);
     if (t->gpt)
         m->tokens_per_s = m->samples_per_s * t->gpt->seq_len;
@@ -703,11 +829,18 @@ static int eval_gpt(gpu_trainer *t, gpu_eval_result *r)
         for (int i = 0; i < b; i++)
             gpu_dataset_window(d, (start + i) * nwin / use, T, t->xtok + (size_t)i * T,
                                t->ybatch + (size_t)i * T);
-        int rc = gpu_gpt_forward(t->gpt, &w, t->xtok, t->ybatch, b, t->acts, t->scratch, NULL,
-                                 &loss, &correct);
-        if (rc)
-            return rc;
-        total += loss * b * T;
+        if (t->cuda) {
+            int rc = gpu_cuda_twin_eval(t->cuda, t->xtok, t->ybatch, b, &loss, &correct);
+            if (rc)
+                return rc;
+            total += loss; /* the summed loss of the b x T positions */
+        } else {
+            int rc = gpu_gpt_forward(t->gpt, &w, t->xtok, t->ybatch, b, t->acts, t->scratch,
+                                     NULL, &loss, &correct);
+            if (rc)
+                return rc;
+            total += loss * b * T;
+        }
         right += correct;
         done += (int64_t)b * T;
     }
@@ -734,11 +867,18 @@ int gpu_trainer_eval(gpu_trainer *t, gpu_eval_result *r)
         for (int i = 0; i < b; i++)
             idx[i] = start + i;
         gpu_dataset_gather(d, idx, b, t->xbatch, t->ybatch);
-        int rc = gpu_mlp_forward(&t->mlp, &w, t->xbatch, t->ybatch, b, t->acts, t->scratch, &loss,
-                                 &correct, NULL);
-        if (rc)
-            return rc;
-        total += loss * b;
+        if (t->cuda) {
+            int rc = gpu_cuda_twin_eval(t->cuda, t->xbatch, t->ybatch, b, &loss, &correct);
+            if (rc)
+                return rc;
+            total += loss; /* the summed loss of the b rows */
+        } else {
+            int rc = gpu_mlp_forward(&t->mlp, &w, t->xbatch, t->ybatch, b, t->acts, t->scratch,
+                                     &loss, &correct, NULL);
+            if (rc)
+                return rc;
+            total += loss * b;
+        }
         right += correct;
     }
     r->count = n;
@@ -761,16 +901,21 @@ static void state_add(gpu_state_tensor *v, int *n, const char *prefix, const cha
     e->bytes = elems * esize;
 }
 
-/* The state tensors; see gpu.h. */
+/* The state tensors (on CUDA, the device blocks copied to the host first); see gpu.h. */
 int gpu_trainer_state(gpu_trainer *t, gpu_state_tensor **out, int *n)
 {
     static const char *const names[] = {"F32", "F16", "BF16"};
-    gpu_state_tensor *v = calloc((size_t)t->ntensors * 3 + 1, sizeof(*v));
     int ds = t->perm ? gpu_dataset_count(t->train) : 0;
     gpu_dtype wdt = t->master ? GPU_FP32 : t->cfg.dtype;
     uint8_t *w = t->master ? (uint8_t *)t->master : (uint8_t *)t->work;
     const char *mname = t->cfg.optim.type == GPU_OPT_ADAMW ? "optim.exp_avg."
                                                            : "optim.momentum_buffer.";
+    if (t->cuda) {
+        int rc = gpu_cuda_twin_download(t->cuda, NULL);
+        if (rc)
+            return rc;
+    }
+    gpu_state_tensor *v = calloc((size_t)t->ntensors * 3 + 1, sizeof(*v));
     if (!v)
         return GPU_ENOMEM;
     *n = 0;
@@ -801,7 +946,7 @@ void gpu_trainer_get_scalars(const gpu_trainer *t, gpu_state_scalars *out)
     memcpy(out->rng, t->rng.s, sizeof(out->rng));
 }
 
-/* Restore scalars and the working copy; see gpu.h. */
+/* Restore scalars and the working copy (and, on CUDA, the device blocks); see gpu.h. */
 int gpu_trainer_set_scalars(gpu_trainer *t, const gpu_state_scalars *in)
 {
     int n = t->perm ? gpu_dataset_count(t->train) : 0;
@@ -820,5 +965,26 @@ int gpu_trainer_set_scalars(gpu_trainer *t, const gpu_state_scalars *in)
     memcpy(t->rng.s, in->rng, sizeof(in->rng));
     if (t->master && t->work != t->master)
         gpu_cvt_from_f32(t->work, t->cfg.dtype, t->master, (size_t)gpu_trainer_params(t));
+    t->diag_next = false;
+    if (t->cuda)
+        return gpu_cuda_twin_upload(t->cuda, &t->scaler, t->applied, t->lost_total);
+    return 0;
+}
+
+/* Where the trainer runs; see gpu.h. */
+const char *gpu_trainer_device(const gpu_trainer *t)
+{
+    return t->cuda ? gpu_cuda_twin_describe(t->cuda) : "cpu";
+}
+
+/* The last step's gradients; see gpu_int.h. */
+int gpu_trainer_grads(gpu_trainer *t, const float **grads)
+{
+    if (t->cuda) {
+        int rc = gpu_cuda_twin_download(t->cuda, t->grads);
+        if (rc)
+            return rc;
+    }
+    *grads = t->grads;
     return 0;
 }

@@ -1284,6 +1284,9 @@ START_TEST(test_system)
     json_t *cuda = json_object_get(json_object_get(j, "devices"), "cuda");
     ck_assert(json_is_boolean(json_object_get(cuda, "available")));
     ck_assert_ptr_nonnull(json_string_value(json_object_get(cuda, "detail")));
+    json_t *gpus = json_object_get(cuda, "gpus"); /* one entry per device, none without */
+    ck_assert(json_is_array(gpus));
+    ck_assert_int_eq(json_array_size(gpus) > 0, json_is_true(json_object_get(cuda, "available")));
     ck_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "autocast"), "softmax")),
                      "fp32");
     ck_assert(json_is_null(json_object_get(j, "queue"))); /* no scheduler */

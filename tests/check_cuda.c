@@ -63,8 +63,20 @@ START_TEST(t_probe_contract)
     memset(tiny, 'x', sizeof(tiny));
     ck_assert_int_eq(gpu_cuda_probe(tiny, 4), rc);
     ck_assert_uint_le(strlen(tiny), 3);         /* truncated, terminated */
-    if (rc == 0)
+    gpu_cuda_device devs[4];
+    int ndev = -1;
+    ck_assert_int_eq(gpu_cuda_devices(devs, 4, &ndev), rc);
+    if (rc == 0) {
+        ck_assert_int_ge(ndev, 1);
+        for (int i = 0; i < ndev; i++) {
+            ck_assert_uint_gt(strlen(devs[i].name), 0);
+            ck_assert_uint_gt(devs[i].memory_bytes, 1u << 30);
+            ck_assert_int_ge(devs[i].cc_major, 8); /* built for sm_80 and sm_90 */
+            ck_assert_int_gt(devs[i].multiprocessors, 0);
+        }
         return;
+    }
+    ck_assert_int_eq(ndev, 0);
 
     float f[4] = {1.0f, 2.0f, 3.0f, 4.0f};
     uint16_t h[4] = {1, 2, 3, 4};

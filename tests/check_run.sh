@@ -1,9 +1,12 @@
 #!/bin/bash
 # check_run.sh - `ampd run` end to end, as a user drives it: a small synthetic job trains
-# and prints start, step, eval and summary lines; a bad spec is refused with the field
-# named and exit status 2; an impossible device fails the job with the reason; SIGINT
-# stops a run cleanly with status "interrupted" and exit status 130; a job with
-# diagnostics prints "layers" lines and recommendation events.
+# and prints start (naming its device), step, eval and summary lines; a bad spec is refused
+# with the field named and exit status 2; a CUDA device that cannot be used (none on this
+# machine, or no device 63) is accepted by the spec and fails the job when it starts, with
+# the reason; SIGINT stops a run cleanly with status "interrupted" and exit status 130; a
+# job with diagnostics prints "layers" lines and recommendation events. The jobs whose
+# checks are the CPU trainer's own (diagnosis of every overflowing step, bit-exact resume)
+# ask for "device": "cpu", so that they test the same thing on a machine with a GPU.
 set -u
 AMPD=${AMPD:-./ampd}
 TMP=$(mktemp -d)
@@ -33,7 +36,9 @@ check "eval at 20 and at the end" test "$(grep -c '"type":"eval"' "$TMP/out")" -
 check "summary succeeded" grep -q '"type":"summary","name":"tiny","status":"succeeded"' "$TMP/out"
 check "fp16 scale reported" grep -q '"loss_scale":65536' "$TMP/out"
 check "memory by category" grep -q '"mem":{"weights":' "$TMP/out"
-check "log says which backend" grep -q 'using the CPU backend' "$TMP/err"
+check "log says which backend" grep -Eq 'using the (CPU|CUDA) backend' "$TMP/err"
+check "the start line names the device" \
+    grep -Eq '"type":"start",.*"device":"(cpu|cuda:[0-9]+ \(.*\))"' "$TMP/out"
 
 echo "$job" | "$AMPD" run --every 10 - >"$TMP/out"
 check "--every 10 prints 4 steps" test "$(grep -c '"type":"step"' "$TMP/out")" -eq 4
@@ -43,7 +48,7 @@ check "--every 10 prints 4 steps" test "$(grep -c '"type":"step"' "$TMP/out")" -
 dj='{"name": "diag", "model": {"layers": [20, 32, 32, 4]},
      "data": {"type": "synthetic", "train_size": 512, "eval_size": 128},
      "precision": {"dtype": "fp16"}, "batch_size": 32, "steps": 40, "diagnostics_every": 10,
-     "threads": 1}'
+     "threads": 1, "device": "cpu"}'
 echo "$dj" | "$AMPD" run --every 40 - >"$TMP/out" 2>/dev/null
 check "diagnosed job: one step line with --every 40" test "$(grep -c '"type":"step"' "$TMP/out")" -eq 1
 check "diagnosed job: a layers line every 10 steps all the same" \
@@ -58,7 +63,8 @@ check "layers line: every field of a layer" \
 ov='{"name": "ovf", "model": {"layers": [32, 32, 32, 4], "init_scale": 300},
      "data": {"type": "synthetic", "features": 32, "classes": 4, "train_size": 1024,
               "eval_size": 128},
-     "precision": {"dtype": "fp16"}, "batch_size": 64, "steps": 200, "threads": 1}'
+     "precision": {"dtype": "fp16"}, "batch_size": 64, "steps": 200, "threads": 1,
+     "device": "cpu"}'
 echo "$ov" | "$AMPD" run --every 1000 - >"$TMP/out" 2>/dev/null
 rc=$?
 check "overflowing job fails at the floor" test "$rc" -eq 1
@@ -85,11 +91,29 @@ check "unknown field refused" grep -q '"field":"dataa"' "$TMP/err"
 rc=$?
 check "missing file exits 2" test "$rc" -eq 2
 
-echo '{"model": {"layers": [20, 4]}, "data": {"type": "synthetic"}, "device": "cuda"}' |
-    "$AMPD" run - >"$TMP/out" 2>/dev/null
+# CUDA devices pass the spec and fail at start when unusable: no device 63 anywhere (no
+# driver, no device or a build without CUDA says so first); "cuda" itself fails the same
+# way on a machine without a usable GPU and trains on one that has it
+nocuda='no CUDA|without CUDA|CUDA unavailable'
+echo '{"model": {"layers": [20, 4]}, "data": {"type": "synthetic"}, "device": "cuda:63"}' |
+    "$AMPD" run - >"$TMP/out" 2>"$TMP/err"
 rc=$?
-check "device cuda without a usable GPU fails" test "$rc" -eq 1
-check "the failure says why" grep -q '"status":"failed","dtype":"fp32","steps":0,"error":"device' "$TMP/out"
+check "device cuda:63 fails" test "$rc" -eq 1
+check "the failure says why" \
+    grep -Eq '"status":"failed","dtype":"fp32","steps":0,"error":"device \\"cuda:63\\": ('"$nocuda"')' "$TMP/out"
+check "the log says why" grep -Eq "$nocuda" "$TMP/err"
+echo '{"model": {"layers": [20, 4]}, "data": {"type": "synthetic"}, "device": "cuda",
+       "steps": 5}' | "$AMPD" run - >"$TMP/out" 2>"$TMP/err"
+rc=$?
+if "$AMPD" version | grep -q '^cuda: device available'; then
+    check "device cuda trains on the GPU" test "$rc" -eq 0
+    check "its start line names it" grep -q '"device":"cuda:0 (' "$TMP/out"
+else
+    check "device cuda without a usable GPU fails" test "$rc" -eq 1
+    check "the failure names the missing CUDA" \
+        grep -Eq '"status":"failed","dtype":"fp32","steps":0,"error":"device \\"cuda\\": ('"$nocuda"')' "$TMP/out"
+    check "an error line names it" grep -Eq "$nocuda" "$TMP/err"
+fi
 
 long='{"model": {"layers": [64, 256, 256, 10]}, "data": {"type": "synthetic"},
        "steps": 100000, "threads": 1}'
@@ -112,7 +136,7 @@ check "SIGINT writes a checkpoint first" grep -q '"type":"checkpoint"' "$TMP/out
 ck='{"name": "ck", "model": {"layers": [20, 32, 4]},
      "data": {"type": "synthetic", "train_size": 300, "eval_size": 64},
      "precision": {"dtype": "fp16", "loss_scale": {"init": 1024, "growth_interval": 7}},
-     "batch_size": 32, "steps": 40, "checkpoint_every": 20, "threads": 1}'
+     "batch_size": 32, "steps": 40, "checkpoint_every": 20, "threads": 1, "device": "cpu"}'
 echo "$ck" >"$TMP/ck.json"
 mkdir -p "$TMP/ck"
 steps_of() { grep '"type":"step"' "$1" | sed 's/,"step_ms".*//'; }
@@ -143,7 +167,7 @@ for i in $(seq 1 400); do echo "the quick brown fox jumps over the lazy dog $((i
 gpt='{"name": "gpt", "model": {"type": "gpt", "n_layer": 2, "n_head": 2, "d_model": 32,
       "seq_len": 32, "vocab": 256}, "data": {"type": "text", "train": "fox.txt"},
       "precision": {"dtype": "fp16"}, "batch_size": 8, "steps": 80, "checkpoint_every": 40,
-      "threads": 1}'
+      "threads": 1, "device": "cpu"}'
 echo "$gpt" >"$TMP/gpt.json"
 "$AMPD" run --data-root "$TMP/text" "$TMP/gpt.json" >"$TMP/gfull" 2>/dev/null
 rc=$?

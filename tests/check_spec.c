@@ -152,6 +152,25 @@ START_TEST(test_defaults)
 }
 END_TEST
 
+/* CUDA devices are accepted whatever this machine has: a job fails when it starts on a
+ * device that cannot be used (tests/check_run.sh). */
+START_TEST(test_devices)
+{
+    const char *ok[] = {"auto", "cpu", "cuda", "cuda:0", "cuda:7", "cuda:63"};
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+        char json[64];
+        gpu_job_config c;
+        api_error e;
+        snprintf(json, sizeof(json), "{\"device\": \"%s\"}", ok[i]);
+        ck_assert_msg(parse(json, &c, &e) == 0, "%s: %s", json, e.message);
+        ck_assert_str_eq(c.device, ok[i]);
+        json_t *canon = api_spec_to_json(&c);
+        ck_assert_str_eq(json_string_value(json_object_get(canon, "device")), ok[i]);
+        json_decref(canon);
+    }
+}
+END_TEST
+
 START_TEST(test_malformed_json)
 {
     gpu_job_config c;
@@ -226,6 +245,13 @@ START_TEST(test_bad_values)
                  "precision.autocast.overrides.softmax");
     expect_field("{\"device\": \"tpu\"}", "device");
     expect_field("{\"device\": \"cuda:x\"}", "device");
+    expect_field("{\"device\": \"cuda:64\"}", "device");
+    expect_field("{\"device\": \"cuda:-1\"}", "device");
+    expect_field("{\"device\": \"cuda:+1\"}", "device");
+    expect_field("{\"device\": \"cuda:\"}", "device");
+    expect_field("{\"device\": \"cuda:1 \"}", "device");
+    expect_field("{\"device\": \"cuda:0000000000001\"}", "device");
+    expect_field("{\"device\": 0}", "device");
     expect_field("{\"distributed\": {\"world_size\": 2}}", "distributed.world_size");
     expect_field("{\"distributed\": {\"comm_hook\": \"fp8\"}}", "distributed.comm_hook");
     /* a gpt needs sequence data, its heads must divide d_model, its fields are its own */
@@ -389,6 +415,7 @@ static Suite *spec_suite(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_design_example);
     tcase_add_test(tc, test_defaults);
+    tcase_add_test(tc, test_devices);
     tcase_add_test(tc, test_malformed_json);
     tcase_add_test(tc, test_unknown_fields);
     tcase_add_test(tc, test_bad_values);

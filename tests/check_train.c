@@ -59,7 +59,7 @@ START_TEST(test_fashion_mnist)
 
     if (!dir)
         dir = "/usr/share/datasets/fashion-mnist";
-    gpu_job_defaults(&c);
+    test_cpu_job(&c);
     c.data.type = GPU_DATA_IDX;
     snprintf(c.data.train_images, sizeof(c.data.train_images), "%s/train-images-idx3-ubyte.gz",
              dir);
@@ -213,7 +213,7 @@ START_TEST(test_bad_config)
     ck_assert_int_eq(gpu_trainer_create(&c, &t, err, sizeof(err)), GPU_EINVAL);
     ck_assert_ptr_null(t);
     ck_assert_msg(strstr(err, "model.layers[0]") != NULL, "%s", err);
-    gpu_job_defaults(&c);
+    test_cpu_job(&c);
     c.data.type = GPU_DATA_IDX;
     snprintf(c.data.train_images, sizeof(c.data.train_images), "/nonexistent/x-images");
     snprintf(c.data.train_labels, sizeof(c.data.train_labels), "/nonexistent/x-labels");

@@ -6,6 +6,7 @@
 #ifndef AMPD_TESTUTIL_H
 #define AMPD_TESTUTIL_H
 
+#include <stdio.h>
 #include <time.h>
 
 #include "gpu/gpu.h"
@@ -16,12 +17,21 @@ static inline void test_sleep_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
+/* gpu_job_defaults on the CPU backend: the suites that assert the CPU's exact behaviour
+ * (bit-identical reruns, re-diagnosing an overflowing step) stay on it on a GPU machine,
+ * where "auto" would pick CUDA. */
+static inline void test_cpu_job(gpu_job_config *c)
+{
+    gpu_job_defaults(c);
+    snprintf(c->device, sizeof(c->device), "cpu");
+}
+
 /* A deep (depth widths), 32-wide MLP with a 4-class head on synthetic data, in fp16 with
- * the given loss-scaling mode, batch 64, one BLAS thread. */
+ * the given loss-scaling mode, batch 64, one BLAS thread, on the CPU. */
 static inline void test_narrow_job(gpu_job_config *c, int depth, float init,
                                    gpu_scale_mode mode)
 {
-    gpu_job_defaults(c);
+    test_cpu_job(c);
     c->dtype = GPU_FP16;
     gpu_scaler_defaults(&c->scaler, GPU_FP16);
     c->scaler.mode = mode;

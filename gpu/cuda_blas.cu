@@ -1,0 +1,763 @@
+/*
+ * cuda_blas.cu - the CUDA backend's GEMMs through cuBLASLt, and host-buffer wrappers for the
+ * tests (declarations and the full contract in gpu/cuda_blas.h).
+ *
+ * Loading: libcublasLt is opened once per process with dlopen() ("libcublasLt.so.13", then
+ * "libcublasLt.so", then /usr/local/cuda/lib64/libcublasLt.so.13) and every entry point used
+ * here is resolved with dlsym() into a table typed from <cublasLt.h> (decltype), so the
+ * program never links against cuBLAS and runs on machines without it: the handle then fails
+ * to open with GPU_ENODEV and the reason. The library is never closed.
+ *
+ * Row-major to column-major: cuBLASLt is column-major, and a row-major M x N matrix at ld is
+ * the column-major N x M matrix at the same ld. So C = op(A) op(B) is computed as
+ * C^T = op(B)^T op(A)^T: cuBLASLt's A is our B (N x K after its op), its B is our A (K x M),
+ * its D is C^T (N x M), and the bias (one value per row of D) is our per-column bias[N].
+ *
+ * Numerics: compute type CUBLAS_COMPUTE_32F (plain fp32 FMA or tensor cores with fp32
+ * accumulation, never TF32), scale type fp32, alpha 1. The heuristic is told the real
+ * alignment of every pointer (its default assumes 256 bytes), may use the 32 MiB workspace,
+ * must not use TF32 inputs or 16-bit accumulators, and may only use split-K reductions whose
+ * partial sums stay in fp32 (COMPUTE_TYPE; OUTPUT_TYPE too when C is fp32): the in-place
+ * scheme would round partial sums to a 16-bit C several times and is not reproducible. So
+ * the fp32 result (+ beta C + bias, then GELU) is rounded to C's dtype exactly once.
+ * No algorithm cache here: cuBLASLt caches heuristic results itself (its heuristics cache).
+ *
+ * Threads: loading is guarded by pthread_once; a handle serves one thread and one stream at a
+ * time (shared workspace); gpu_cuda_matmul only enqueues work and never synchronises; the
+ * host wrappers are synchronous and own their handle and buffers.
+ */
+#include <cublasLt.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdlib.h>
+
+#include "gpu/cuda_blas.h"
+#include "gpu/cuda_common.cuh"
+
+/* ---- the library ------------------------------------------------------------------------- */
+
+#define LT_FUNCS(X)                                            \
+    X(create, cublasLtCreate)                                  \
+    X(destroy, cublasLtDestroy)                                \
+    X(get_version, cublasLtGetVersion)                         \
+    X(status_name, cublasLtGetStatusName)                      \
+    X(desc_create, cublasLtMatmulDescCreate)                   \
+    X(desc_destroy, cublasLtMatmulDescDestroy)                 \
+    X(desc_set, cublasLtMatmulDescSetAttribute)                \
+    X(layout_create, cublasLtMatrixLayoutCreate)               \
+    X(layout_destroy, cublasLtMatrixLayoutDestroy)             \
+    X(layout_set, cublasLtMatrixLayoutSetAttribute)            \
+    X(pref_create, cublasLtMatmulPreferenceCreate)             \
+    X(pref_destroy, cublasLtMatmulPreferenceDestroy)           \
+    X(pref_set, cublasLtMatmulPreferenceSetAttribute)          \
+    X(heuristic, cublasLtMatmulAlgoGetHeuristic)               \
+    X(matmul, cublasLtMatmul)
+
+static struct {
+    int rc;                 /* result of the one load: 0 or GPU_ENODEV */
+    char why[320];          /* the reason when rc != 0 */
+    size_t version;         /* cublasLtGetVersion(), e.g. 130100 */
+#define LT_FIELD(field, fn) decltype(&fn) field;
+    LT_FUNCS(LT_FIELD)
+#undef LT_FIELD
+} lt;
+
+static pthread_once_t lt_once = PTHREAD_ONCE_INIT;
+
+static const char *const lt_paths[] = {
+    "libcublasLt.so.13", "libcublasLt.so", "/usr/local/cuda/lib64/libcublasLt.so.13",
+};
+
+static void lt_load(void)
+{
+    void *lib = NULL;
+    char first[256] = "";
+
+    for (size_t i = 0; i < sizeof(lt_paths) / sizeof(lt_paths[0]) && lib == NULL; i++) {
+        lib = dlopen(lt_paths[i], RTLD_NOW | RTLD_LOCAL);
+        if (lib == NULL && i == 0) {
+            const char *e = dlerror();
+            snprintf(first, sizeof(first), "%s", e != NULL ? e : "dlopen failed");
+        }
+    }
+    if (lib == NULL) {
+        snprintf(lt.why, sizeof(lt.why), "libcublasLt.so.13 not found: %s", first);
+        lt.rc = GPU_ENODEV;
+        return;
+    }
+#define LT_SYM(field, fn)                                                                   \
+    lt.field = reinterpret_cast<decltype(&fn)>(dlsym(lib, #fn));                            \
+    if (lt.field == NULL) {                                                                 \
+        snprintf(lt.why, sizeof(lt.why), "libcublasLt has no %s", #fn);                     \
+        goto fail;                                                                          \
+    }
+    LT_FUNCS(LT_SYM)
+#undef LT_SYM
+    lt.version = lt.get_version();
+    if (lt.version < 110000) {
+        snprintf(lt.why, sizeof(lt.why), "libcublasLt %zu is too old (11.0 or newer needed)",
+                 lt.version);
+        goto fail;
+    }
+    lt.rc = 0;
+    return;
+fail:
+    dlclose(lib);
+    lt.rc = GPU_ENODEV;
+}
+
+static void set_why(char *why, size_t whylen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void set_why(char *why, size_t whylen, const char *fmt, ...)
+{
+    if (why == NULL || whylen == 0)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, whylen, fmt, ap);
+    va_end(ap);
+}
+
+/* Log a failed cuBLASLt call and return GPU_ECUDA. */
+static int lt_fail(cublasStatus_t s, const char *what, const char *file, int line)
+{
+    fprintf(stderr, "%s:%d: cuBLASLt error %s (%d) (in %s)\n", file, line, lt.status_name(s),
+            (int)s, what);
+    return GPU_ECUDA;
+}
+
+/* For functions with a `fail:` label and an `int rc`: on error set rc and jump. */
+#define LT_TRY(call)                                                        \
+    do {                                                                    \
+        cublasStatus_t s_ = (call);                                         \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                  \
+            rc = lt_fail(s_, #call, __FILE__, __LINE__);                    \
+            goto fail;                                                      \
+        }                                                                   \
+    } while (0)
+
+/* ---- handles ----------------------------------------------------------------------------- */
+
+struct gpu_cuda_blas {
+    cublasLtHandle_t handle;
+    void *workspace;        /* GPU_CUDA_BLAS_WORKSPACE bytes on the device */
+};
+
+/* See cuda_blas.h. why may be NULL. */
+extern "C" int gpu_cuda_blas_open(gpu_cuda_blas **out, char *why, size_t whylen)
+{
+    int rc = 0;
+    gpu_cuda_blas *b = NULL;
+    cudaError_t e;
+    cublasStatus_t s;
+
+    set_why(why, whylen, "%s", "");
+    if (out == NULL)
+        return GPU_EINVAL;
+    *out = NULL;
+    if (gpu_cuda_ready() != 0) {
+        if (gpu_cuda_probe(why, whylen) == 0)
+            set_why(why, whylen, "no CUDA device");
+        return GPU_ENODEV;
+    }
+    pthread_once(&lt_once, lt_load);
+    if (lt.rc != 0) {
+        set_why(why, whylen, "%s", lt.why);
+        return lt.rc;
+    }
+    b = (gpu_cuda_blas *)calloc(1, sizeof(*b));
+    if (b == NULL) {
+        set_why(why, whylen, "out of host memory");
+        return GPU_ENOMEM;
+    }
+    /* the allocation also makes the device's primary context current on this thread, which
+     * cuBLASLt (a driver-API library) uses */
+    e = cudaMalloc(&b->workspace, GPU_CUDA_BLAS_WORKSPACE);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        set_why(why, whylen, "cannot allocate the %zu MiB cuBLASLt workspace: %s",
+                GPU_CUDA_BLAS_WORKSPACE >> 20, cudaGetErrorString(e));
+        b->workspace = NULL;
+        rc = e == cudaErrorMemoryAllocation ? GPU_ENOMEM : GPU_ECUDA;
+        goto fail;
+    }
+    s = lt.create(&b->handle);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        set_why(why, whylen, "cublasLtCreate failed: %s", lt.status_name(s));
+        b->handle = NULL;
+        rc = GPU_ECUDA;
+        goto fail;
+    }
+    *out = b;
+    return 0;
+fail:
+    gpu_cuda_blas_free(b);
+    return rc;
+}
+
+/* See cuda_blas.h: cudaFree waits for the device, so no work still uses the workspace. */
+extern "C" void gpu_cuda_blas_free(gpu_cuda_blas *b)
+{
+    if (b == NULL)
+        return;
+    if (b->handle != NULL)
+        lt.destroy(b->handle);
+    cudaFree(b->workspace);
+    free(b);
+}
+
+/* ---- arguments --------------------------------------------------------------------------- */
+
+static bool dtype_ok(gpu_dtype dt)
+{
+    return dt == GPU_FP32 || dt == GPU_FP16 || dt == GPU_BF16;
+}
+
+static size_t esize(gpu_dtype dt)
+{
+    return dt == GPU_FP32 ? 4 : 2;
+}
+
+static const char *epi_name(gpu_cuda_epilogue e)
+{
+    return e == GPU_CUDA_EPI_NONE ? "none" : e == GPU_CUDA_EPI_BIAS ? "bias" : "bias+gelu";
+}
+
+/* Elements spanned by `batch` rows x cols matrices at ld, stride apart: *out = 0 when they
+ * are empty. false when the span (or its bytes) would not fit in an int64_t. */
+static bool span_of(int64_t rows, int64_t cols, int64_t ld, int batch, int64_t stride,
+                    int64_t *out)
+{
+    int64_t a, b, c;
+    *out = 0;
+    if (rows == 0 || cols == 0 || batch == 0)
+        return true;
+    if (__builtin_mul_overflow(rows - 1, ld, &a) ||
+        __builtin_mul_overflow((int64_t)batch - 1, stride, &b) ||
+        __builtin_add_overflow(a, b, &c) || __builtin_add_overflow(c, cols, out))
+        return false;
+    return *out <= INT64_MAX / 4;
+}
+
+/* The spans of A, B and C (aux: below). */
+static bool spans(const gpu_cuda_mm *p, int64_t *sa, int64_t *sb, int64_t *sc)
+{
+    int64_t ar = p->ta ? p->K : p->M, ac = p->ta ? p->M : p->K;
+    int64_t br = p->tb ? p->N : p->K, bc = p->tb ? p->K : p->N;
+    return span_of(ar, ac, p->lda, p->batch, p->stride_a, sa) &&
+           span_of(br, bc, p->ldb, p->batch, p->stride_b, sb) &&
+           span_of(p->M, p->N, p->ldc, p->batch, p->stride_c, sc);
+}
+
+static int bad(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Print "gpu_cuda_matmul: <why>" to stderr; return GPU_EINVAL. */
+static int bad(const char *fmt, ...)
+{
+    va_list ap;
+    fputs("gpu_cuda_matmul: ", stderr);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    return GPU_EINVAL;
+}
+
+static bool misaligned(const void *ptr, size_t align)
+{
+    return ptr != NULL && (uintptr_t)ptr % align != 0;
+}
+
+/* 0 when p describes a product gpu_cuda_matmul can run, else GPU_EINVAL with a message.
+ * device: the pointers are device pointers (their alignment is checked too). */
+static int check_mm(const gpu_cuda_mm *p, bool device)
+{
+    int64_t sa, sb, sc, sx;
+
+    if (p == NULL)
+        return bad("no parameters");
+    if (p->M < 0 || p->N < 0 || p->K < 0)
+        return bad("negative size M %d N %d K %d", p->M, p->N, p->K);
+    if (!dtype_ok(p->adt) || !dtype_ok(p->bdt) || !dtype_ok(p->cdt))
+        return bad("unknown dtype (A %d, B %d, C %d)", (int)p->adt, (int)p->bdt, (int)p->cdt);
+    if (p->adt != p->bdt)
+        return bad("A is %s but B is %s: the operands must share a dtype",
+                   gpu_dtype_name(p->adt), gpu_dtype_name(p->bdt));
+    if (p->cdt != GPU_FP32 && p->cdt != p->adt)
+        return bad("%s operands cannot produce a %s C (only %s or fp32)",
+                   gpu_dtype_name(p->adt), gpu_dtype_name(p->cdt), gpu_dtype_name(p->adt));
+    if (p->batch < 1)
+        return bad("batch %d < 1", p->batch);
+    if (p->lda < 1 || p->lda < (p->ta ? p->M : p->K))
+        return bad("lda %d too small for %s A (%d columns)", p->lda, p->ta ? "K x M" : "M x K",
+                   p->ta ? p->M : p->K);
+    if (p->ldb < 1 || p->ldb < (p->tb ? p->K : p->N))
+        return bad("ldb %d too small for %s B (%d columns)", p->ldb, p->tb ? "N x K" : "K x N",
+                   p->tb ? p->K : p->N);
+    if (p->ldc < 1 || p->ldc < p->N)
+        return bad("ldc %d < N %d", p->ldc, p->N);
+    if (p->stride_a < 0 || p->stride_b < 0 || p->stride_c < 0)
+        return bad("negative batch stride");
+    if (p->batch > 1 && p->stride_c < 1)
+        return bad("batch %d with stride_c 0: the outputs would overlap", p->batch);
+    if (p->epilogue != GPU_CUDA_EPI_NONE && p->epilogue != GPU_CUDA_EPI_BIAS &&
+        p->epilogue != GPU_CUDA_EPI_BIAS_GELU)
+        return bad("unknown epilogue %d", (int)p->epilogue);
+    if (p->epilogue != GPU_CUDA_EPI_NONE && p->batch != 1)
+        return bad("the %s epilogue needs batch 1 (not %d)", epi_name(p->epilogue), p->batch);
+    if (p->epilogue != GPU_CUDA_EPI_NONE && p->K == 0 && p->M > 0 && p->N > 0)
+        return bad("the %s epilogue needs K >= 1", epi_name(p->epilogue));
+    if (p->aux != NULL && p->epilogue != GPU_CUDA_EPI_BIAS_GELU)
+        return bad("aux needs the bias+gelu epilogue (not %s)", epi_name(p->epilogue));
+    if (p->aux != NULL && (p->aux_ld < 1 || p->aux_ld < p->N || p->aux_ld % 8 != 0))
+        return bad("aux_ld %d must be a multiple of 8 and >= N %d", p->aux_ld, p->N);
+    if (!spans(p, &sa, &sb, &sc) ||
+        (p->aux != NULL && !span_of(p->M, p->N, p->aux_ld, 1, 0, &sx)))
+        return bad("matrices too large (M %d N %d K %d, batch %d)", p->M, p->N, p->K, p->batch);
+    if (p->M > 0 && p->N > 0) {
+        if (p->C == NULL)
+            return bad("C is NULL");
+        if (p->K > 0 && (p->A == NULL || p->B == NULL))
+            return bad("A or B is NULL");
+        if (p->epilogue != GPU_CUDA_EPI_NONE && p->bias == NULL)
+            return bad("the %s epilogue needs a bias", epi_name(p->epilogue));
+    }
+    if (device) {
+        if (misaligned(p->A, esize(p->adt)) || misaligned(p->B, esize(p->bdt)) ||
+            misaligned(p->C, esize(p->cdt)))
+            return bad("A, B or C is not aligned to its element size");
+        if (misaligned(p->bias, 16) || misaligned(p->aux, 16))
+            return bad("bias and aux must be 16-byte aligned");
+    }
+    return 0;
+}
+
+/* ---- K == 0: C = beta C ------------------------------------------------------------------ */
+
+#define SC_THREADS 256u
+#define SC_MAX_BLOCKS 65535u
+
+/* c = beta * c over batch M x N matrices (0 when beta is 0, whatever c held), rounded to cdt
+ * as the CPU rounds gpu_gemm's fp32 result. */
+static __global__ void gpu_k_scale_c(void *c, gpu_dtype cdt, int M, int N, int ldc,
+                                     int64_t stride, int batch, float beta)
+{
+    size_t mn = (size_t)M * (size_t)N, total = mn * (size_t)batch;
+    size_t step = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += step) {
+        size_t off = (i / mn) * (size_t)stride + (i % mn) / (size_t)N * (size_t)ldc + i % N;
+        if (cdt == GPU_FP32) {
+            float *x = (float *)c + off;
+            *x = beta == 0.0f ? 0.0f : __fmul_rn(beta, *x);
+        } else {
+            uint16_t *h = (uint16_t *)c + off;
+            if (beta == 0.0f) {
+                *h = 0;
+            } else if (cdt == GPU_FP16) {
+                float y = __fmul_rn(beta, __uint_as_float(gpu_dev_f16_to_f32(*h)));
+                *h = gpu_dev_f32_to_f16(__float_as_uint(y));
+            } else {
+                float y = __fmul_rn(beta, __uint_as_float(gpu_dev_bf16_to_f32(*h)));
+                *h = gpu_dev_f32_to_bf16(__float_as_uint(y));
+            }
+        }
+    }
+}
+
+static int scale_c(const gpu_cuda_mm *p, cudaStream_t stream)
+{
+    if (p->beta == 1.0f)
+        return 0;
+    size_t total = (size_t)p->M * (size_t)p->N * (size_t)p->batch;
+    gpu_k_scale_c<<<gpu_cuda_blocks(total, SC_THREADS, SC_MAX_BLOCKS), SC_THREADS, 0, stream>>>(
+        p->C, p->cdt, p->M, p->N, p->ldc, p->stride_c, p->batch, p->beta);
+    GPU_CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
+
+/* ---- cuBLASLt ------------------------------------------------------------------------------ */
+
+static cudaDataType_t cuda_type(gpu_dtype dt)
+{
+    return dt == GPU_FP32 ? CUDA_R_32F : dt == GPU_FP16 ? CUDA_R_16F : CUDA_R_16BF;
+}
+
+/* The largest power of two (at most 256) that divides the address. */
+static uint32_t align_of(const void *ptr)
+{
+    uintptr_t a = (uintptr_t)ptr;
+    uint32_t al = 1;
+    while (al < 256 && a % (al * 2) == 0)
+        al *= 2;
+    return al;
+}
+
+template <typename T>
+static cublasStatus_t desc_set(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, T v)
+{
+    return lt.desc_set(d, a, &v, sizeof(v));
+}
+
+template <typename T>
+static cublasStatus_t layout_set(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t a,
+                                 T v)
+{
+    return lt.layout_set(l, a, &v, sizeof(v));
+}
+
+template <typename T>
+static cublasStatus_t pref_set(cublasLtMatmulPreference_t p,
+                               cublasLtMatmulPreferenceAttributes_t a, T v)
+{
+    return lt.pref_set(p, a, &v, sizeof(v));
+}
+
+/* A column-major layout of dt, rows x cols at ld, strided batched when batch > 1. */
+static cublasStatus_t make_layout(cublasLtMatrixLayout_t *l, gpu_dtype dt, int rows, int cols,
+                                  int ld, int batch, int64_t stride)
+{
+    cublasStatus_t s = lt.layout_create(l, cuda_type(dt), (uint64_t)rows, (uint64_t)cols,
+                                        (int64_t)ld);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        *l = NULL;
+        return s;
+    }
+    if (batch > 1) {
+        s = layout_set(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, (int32_t)batch);
+        if (s == CUBLAS_STATUS_SUCCESS)
+            s = layout_set(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, stride);
+    }
+    return s;
+}
+
+/* The operation descriptor: transposes, compute and scale types, epilogue and its pointers. */
+static cublasStatus_t make_desc(cublasLtMatmulDesc_t *d, const gpu_cuda_mm *p)
+{
+    cublasStatus_t s = lt.desc_create(d, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        *d = NULL;
+        return s;
+    }
+    /* cuBLASLt's A is our B, its B our A (see the top of the file) */
+    s = desc_set(*d, CUBLASLT_MATMUL_DESC_TRANSA, (int32_t)(p->tb ? CUBLAS_OP_T : CUBLAS_OP_N));
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = desc_set(*d, CUBLASLT_MATMUL_DESC_TRANSB,
+                     (int32_t)(p->ta ? CUBLAS_OP_T : CUBLAS_OP_N));
+    if (s != CUBLAS_STATUS_SUCCESS || p->epilogue == GPU_CUDA_EPI_NONE)
+        return s;
+    uint32_t epi = p->epilogue == GPU_CUDA_EPI_BIAS ? CUBLASLT_EPILOGUE_BIAS
+                   : p->aux != NULL                 ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                                    : CUBLASLT_EPILOGUE_GELU_BIAS;
+    s = desc_set(*d, CUBLASLT_MATMUL_DESC_EPILOGUE, epi);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = desc_set(*d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, p->bias);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = desc_set(*d, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, (int32_t)cuda_type(p->cdt));
+    if (s == CUBLAS_STATUS_SUCCESS && p->aux != NULL) {
+        s = desc_set(*d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, p->aux);
+        if (s == CUBLAS_STATUS_SUCCESS)   /* the aux dtype is left at its default: C's */
+            s = desc_set(*d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, (int64_t)p->aux_ld);
+    }
+    return s;
+}
+
+/* The heuristic's constraints: workspace, real pointer alignments, fp32 accumulation. */
+static cublasStatus_t make_pref(cublasLtMatmulPreference_t *pr, const gpu_cuda_mm *p)
+{
+    uint32_t red = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    if (p->cdt == GPU_FP32)
+        red |= CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
+    uint64_t impl = ~(uint64_t)(CUBLASLT_NUMERICAL_IMPL_FLAGS_ACCUMULATOR_16F |
+                                CUBLASLT_NUMERICAL_IMPL_FLAGS_INPUT_TF32);
+    cublasStatus_t s = lt.pref_create(pr);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        *pr = NULL;
+        return s;
+    }
+    s = pref_set(*pr, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                 (uint64_t)GPU_CUDA_BLAS_WORKSPACE);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = pref_set(*pr, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_of(p->B));
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = pref_set(*pr, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_of(p->A));
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = pref_set(*pr, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_of(p->C));
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = pref_set(*pr, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_of(p->C));
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = pref_set(*pr, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, red);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = pref_set(*pr, CUBLASLT_MATMUL_PREF_IMPL_MASK, impl);
+    return s;
+}
+
+/* M, N, K >= 1: pick an algorithm and enqueue the product. */
+static int lt_matmul(gpu_cuda_blas *b, cudaStream_t stream, const gpu_cuda_mm *p)
+{
+    int rc = 0, found = 0;
+    cublasLtMatmulDesc_t op = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t res;
+    cublasStatus_t s;
+    const float alpha = 1.0f, beta = p->beta;
+
+    memset(&res, 0, sizeof(res));
+    LT_TRY(make_desc(&op, p));
+    LT_TRY(make_layout(&la, p->bdt, p->tb ? p->K : p->N, p->tb ? p->N : p->K, p->ldb, p->batch,
+                       p->stride_b));
+    LT_TRY(make_layout(&lb, p->adt, p->ta ? p->M : p->K, p->ta ? p->K : p->M, p->lda, p->batch,
+                       p->stride_a));
+    LT_TRY(make_layout(&lc, p->cdt, p->N, p->M, p->ldc, p->batch, p->stride_c));
+    LT_TRY(make_pref(&pref, p));
+    s = lt.heuristic(b->handle, op, la, lb, lc, lc, pref, 1, &res, &found);
+    if (s == CUBLAS_STATUS_NOT_SUPPORTED || (s == CUBLAS_STATUS_SUCCESS && found < 1)) {
+        rc = bad("cuBLASLt has no algorithm for %s operands to %s C, M %d N %d K %d, "
+                 "ta %d tb %d, lda %d ldb %d ldc %d, batch %d, epilogue %s%s (%s)",
+                 gpu_dtype_name(p->adt), gpu_dtype_name(p->cdt), p->M, p->N, p->K, (int)p->ta,
+                 (int)p->tb, p->lda, p->ldb, p->ldc, p->batch, epi_name(p->epilogue),
+                 p->aux != NULL ? " with aux" : "", lt.status_name(s));
+        goto fail;
+    }
+    LT_TRY(s);
+    LT_TRY(lt.matmul(b->handle, op, &alpha, p->B, la, p->A, lb, &beta, p->C, lc, p->C, lc,
+                     &res.algo, b->workspace, GPU_CUDA_BLAS_WORKSPACE, stream));
+    rc = 0;
+fail:
+    if (pref != NULL)
+        lt.pref_destroy(pref);
+    if (lc != NULL)
+        lt.layout_destroy(lc);
+    if (lb != NULL)
+        lt.layout_destroy(lb);
+    if (la != NULL)
+        lt.layout_destroy(la);
+    if (op != NULL)
+        lt.desc_destroy(op);
+    return rc;
+}
+
+/* Device pointers in p borrowed; enqueued on stream, no host synchronisation. */
+extern "C" int gpu_cuda_matmul(gpu_cuda_blas *b, cudaStream_t stream, const gpu_cuda_mm *p)
+{
+    if (b == NULL)
+        return bad("no handle");
+    int rc = check_mm(p, true);
+    if (rc != 0)
+        return rc;
+    if (p->M == 0 || p->N == 0)
+        return 0;
+    if (p->K == 0)
+        return scale_c(p, stream);
+    return lt_matmul(b, stream, p);
+}
+
+/* ---- host wrappers ------------------------------------------------------------------------- */
+
+/* Copy the n-element span of a host matrix to a new device buffer (*d stays NULL when n is
+ * 0). src holds elements of dt, or fp32 values of dt when from_f32 (converted first). */
+static int upload(void **d, const void *src, gpu_dtype dt, int64_t n, bool from_f32)
+{
+    int rc = 0;
+    void *tmp = NULL;
+    size_t bytes = (size_t)n * esize(dt);
+
+    *d = NULL;
+    if (n == 0)
+        return 0;
+    if (from_f32 && dt != GPU_FP32) {
+        tmp = malloc(bytes);
+        if (tmp == NULL)
+            return GPU_ENOMEM;
+        gpu_cvt_from_f32(tmp, dt, (const float *)src, (size_t)n);
+        src = tmp;
+    }
+    GPU_CUDA_TRY(cudaMalloc(d, bytes));
+    GPU_CUDA_TRY(cudaMemcpy(*d, src, bytes, cudaMemcpyHostToDevice));
+fail:
+    free(tmp);
+    return rc;
+}
+
+/* Copy back the M x N elements of each of batch matrices (ld, stride apart) of the device
+ * span d (n elements of dt) into the host fp32 array dst at the same positions. */
+static int download(float *dst, const void *d, gpu_dtype dt, int64_t n, int M, int N, int ld,
+                    int batch, int64_t stride)
+{
+    int rc = 0;
+    float *all = (float *)malloc((size_t)n * sizeof(float));
+    void *raw = malloc((size_t)n * esize(dt));
+
+    if (all == NULL || raw == NULL) {
+        rc = GPU_ENOMEM;
+        goto fail;
+    }
+    GPU_CUDA_TRY(cudaMemcpy(raw, d, (size_t)n * esize(dt), cudaMemcpyDeviceToHost));
+    gpu_cvt_to_f32(all, raw, dt, (size_t)n);
+    for (int b = 0; b < batch; b++)
+        for (int i = 0; i < M; i++) {
+            size_t off = (size_t)b * (size_t)stride + (size_t)i * (size_t)ld;
+            memcpy(dst + off, all + off, (size_t)N * sizeof(float));
+        }
+fail:
+    free(raw);
+    free(all);
+    return rc;
+}
+
+/* Host pointers in p borrowed (see cuda_blas.h); synchronous. */
+extern "C" int gpu_cuda_mm_host(const gpu_cuda_mm *p)
+{
+    int rc = gpu_cuda_ready();
+    int64_t sa = 0, sb = 0, sc = 0, sx = 0;
+    gpu_cuda_blas *b = NULL;
+    gpu_cuda_mm d;
+    void *d_a = NULL, *d_b = NULL, *d_c = NULL, *d_bias = NULL, *d_aux = NULL;
+    char why[320];
+
+    if (rc != 0)
+        return rc;
+    rc = check_mm(p, false);
+    if (rc != 0)
+        return rc;
+    if (p->M == 0 || p->N == 0)
+        return 0;
+    spans(p, &sa, &sb, &sc);
+    if (p->aux != NULL)
+        span_of(p->M, p->N, p->aux_ld, 1, 0, &sx);
+    rc = gpu_cuda_blas_open(&b, why, sizeof(why));
+    if (rc != 0) {
+        fprintf(stderr, "gpu_cuda_mm_host: %s\n", why);
+        return rc;
+    }
+    d = *p;
+    if ((rc = upload(&d_a, p->A, p->adt, p->K > 0 ? sa : 0, false)) != 0 ||
+        (rc = upload(&d_b, p->B, p->bdt, p->K > 0 ? sb : 0, false)) != 0 ||
+        (rc = upload(&d_c, p->C, p->cdt, sc, true)) != 0 ||
+        (rc = upload(&d_bias, p->bias, p->cdt, p->bias != NULL ? p->N : 0, true)) != 0)
+        goto fail;
+    if (sx > 0)
+        GPU_CUDA_TRY(cudaMalloc(&d_aux, (size_t)sx * esize(p->cdt)));
+    d.A = d_a;
+    d.B = d_b;
+    d.C = d_c;
+    d.bias = d_bias;
+    d.aux = d_aux;
+    rc = gpu_cuda_matmul(b, 0, &d);
+    if (rc != 0)
+        goto fail;
+    GPU_CUDA_TRY(cudaDeviceSynchronize());
+    if (d_aux != NULL) {
+        /* aux first: C's copy is the last step, so a failure leaves both untouched */
+        float *tmp = (float *)malloc((size_t)sx * sizeof(float));
+        if (tmp == NULL) {
+            rc = GPU_ENOMEM;
+            goto fail;
+        }
+        memcpy(tmp, p->aux, (size_t)sx * sizeof(float));
+        rc = download(tmp, d_aux, p->cdt, sx, p->M, p->N, p->aux_ld, 1, 0);
+        if (rc == 0)
+            rc = download((float *)p->C, d_c, p->cdt, sc, p->M, p->N, p->ldc, p->batch,
+                          p->stride_c);
+        if (rc == 0)
+            memcpy(p->aux, tmp, (size_t)sx * sizeof(float));
+        free(tmp);
+    } else {
+        rc = download((float *)p->C, d_c, p->cdt, sc, p->M, p->N, p->ldc, p->batch,
+                      p->stride_c);
+    }
+fail:
+    cudaFree(d_aux);
+    cudaFree(d_bias);
+    cudaFree(d_c);
+    cudaFree(d_b);
+    cudaFree(d_a);
+    gpu_cuda_blas_free(b);
+    return rc;
+}
+
+/* gpu_gemm()'s argument rules (gpu/blas.c), without a message. */
+static bool gemm_args_ok(bool ta, bool tb, int M, int N, int K, const void *A, gpu_dtype adt,
+                         int lda, const void *B, gpu_dtype bdt, int ldb, const float *C, int ldc)
+{
+    if (M < 0 || N < 0 || K < 0 || !dtype_ok(adt) || !dtype_ok(bdt))
+        return false;
+    int a_cols = ta ? M : K, b_cols = tb ? K : N;
+    if (lda < 1 || lda < a_cols || ldb < 1 || ldb < b_cols || ldc < 1 || ldc < N)
+        return false;
+    if (M > 0 && N > 0 && C == NULL)
+        return false;
+    return !(M > 0 && N > 0 && K > 0 && (A == NULL || B == NULL));
+}
+
+/* A 16-bit host matrix widened to a new fp32 array over its whole span (*out NULL when the
+ * span is empty). */
+static int widen(float **out, const void *src, gpu_dtype dt, int rows, int cols, int ld)
+{
+    int64_t n = 0;
+    *out = NULL;
+    if (!span_of(rows, cols, ld, 1, 0, &n))
+        return GPU_EINVAL;
+    if (n == 0)
+        return 0;
+    *out = (float *)malloc((size_t)n * sizeof(float));
+    if (*out == NULL)
+        return GPU_ENOMEM;
+    gpu_cvt_to_f32(*out, src, dt, (size_t)n);
+    return 0;
+}
+
+/* Host arrays borrowed; synchronous. */
+extern "C" int gpu_cuda_gemm_host(bool ta, bool tb, int M, int N, int K, const void *A,
+                                  gpu_dtype adt, int lda, const void *B, gpu_dtype bdt, int ldb,
+                                  float beta, float *C, int ldc)
+{
+    int rc = gpu_cuda_ready();
+    float *wa = NULL, *wb = NULL;
+    gpu_cuda_mm m;
+
+    if (rc != 0)
+        return rc;
+    if (!gemm_args_ok(ta, tb, M, N, K, A, adt, lda, B, bdt, ldb, C, ldc))
+        return GPU_EINVAL;
+    if (M == 0 || N == 0)
+        return 0;
+    memset(&m, 0, sizeof(m));
+    m.ta = ta;
+    m.tb = tb;
+    m.M = M;
+    m.N = N;
+    m.K = K;
+    m.A = A;
+    m.adt = adt;
+    m.lda = lda;
+    m.B = B;
+    m.bdt = bdt;
+    m.ldb = ldb;
+    m.C = C;
+    m.cdt = GPU_FP32;
+    m.ldc = ldc;
+    m.beta = beta;
+    m.batch = 1;
+    if (adt != bdt) {
+        /* cuBLASLt needs one operand dtype: widen the 16-bit ones (exact, as gpu_gemm does) */
+        if (K > 0 && adt != GPU_FP32 &&
+            (rc = widen(&wa, A, adt, ta ? K : M, ta ? M : K, lda)) != 0)
+            goto done;
+        if (K > 0 && bdt != GPU_FP32 &&
+            (rc = widen(&wb, B, bdt, tb ? N : K, tb ? K : N, ldb)) != 0)
+            goto done;
+        if (wa != NULL)
+            m.A = wa;
+        if (wb != NULL)
+            m.B = wb;
+        m.adt = m.bdt = GPU_FP32;
+    }
+    rc = gpu_cuda_mm_host(&m);
+done:
+    free(wa);
+    free(wb);
+    return rc;
+}

@@ -1,0 +1,105 @@
+/*
+ * cuda_blas.h - the CUDA backend's GEMMs through cuBLASLt (gpu/cuda_blas.cu): internal to
+ * the gpu/ module, not part of gpu.h.
+ *
+ * Row-major semantics exactly like gpu_gemm() in gpu.h: C[M,N] = op(A)[M,K] op(B)[K,N] +
+ * beta * C with fp32 accumulation (CUBLAS_COMPUTE_32F, never TF32), optionally strided
+ * batched and with a bias or bias + GELU epilogue. cuBLASLt is opened at run time with
+ * dlopen(), so nothing links against cuBLAS: without the library (or without a device) every
+ * entry point returns GPU_ENODEV.
+ *
+ * Threads: a gpu_cuda_blas may be used by one thread at a time, with its calls ordered on
+ * one stream at a time (its workspace is shared by the calls); different handles are
+ * independent. The host wrappers may be called from any thread.
+ */
+#ifndef AMPD_CUDA_BLAS_H
+#define AMPD_CUDA_BLAS_H
+
+#include <cuda_runtime_api.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gpu/gpu.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct gpu_cuda_blas gpu_cuda_blas; /* opaque: a cuBLASLt handle and its workspace */
+
+/* Bytes of device workspace each handle owns (cuBLASLt's split-K and stream-K kernels use
+ * it; Hopper wants 32 MiB). */
+#define GPU_CUDA_BLAS_WORKSPACE ((size_t)32 << 20)
+
+/* Open a handle on the current device: check for a device, load libcublasLt once per
+ * process, create the cuBLASLt handle and allocate the workspace. On failure returns
+ * GPU_ENODEV (no device, or no cuBLASLt: "libcublasLt.so.13 not found: ..."), GPU_ECUDA or
+ * GPU_ENOMEM, with the reason in why (whylen bytes, may be NULL); on success why is set to
+ * the empty string. *out receives the handle; the caller frees it with gpu_cuda_blas_free(). */
+int gpu_cuda_blas_open(gpu_cuda_blas **out, char *why, size_t whylen);
+/* Frees the handle and its workspace (waits for the device to finish with them).
+ * Accepts NULL. */
+void gpu_cuda_blas_free(gpu_cuda_blas *b);
+
+typedef enum {
+    GPU_CUDA_EPI_NONE = 0,  /* C = AB + beta C */
+    GPU_CUDA_EPI_BIAS,      /* C = AB + beta C + bias (bias[j] added to every row) */
+    GPU_CUDA_EPI_BIAS_GELU  /* C = gelu(AB + beta C + bias), GELU's tanh approximation */
+} gpu_cuda_epilogue;
+
+/* One (strided batched) product; all sizes and strides in elements. */
+typedef struct {
+    bool ta, tb;             /* A stored K x M (lda >= M) when ta, else M x K (lda >= K);
+                              * B stored N x K (ldb >= K) when tb, else K x N (ldb >= N) */
+    int M, N, K;             /* >= 0 */
+    const void *A;           /* adt: float for GPU_FP32, uint16_t bit patterns otherwise */
+    gpu_dtype adt;
+    int lda;
+    const void *B;           /* bdt, which must equal adt */
+    gpu_dtype bdt;
+    int ldb;
+    void *C;                 /* cdt: fp32 for fp32 operands; adt or fp32 for 16-bit ones */
+    gpu_dtype cdt;
+    int ldc;                 /* >= N */
+    float beta;              /* any value; 0 ignores C's old contents (NaN included) */
+    int batch;               /* >= 1 products; batch i uses A + i*stride_a, ... */
+    int64_t stride_a, stride_b, stride_c; /* >= 0 (used when batch > 1); C's batches must
+                                           * not overlap (stride_c >= 1 is checked) */
+    gpu_cuda_epilogue epilogue;  /* not NONE only with batch == 1 and K >= 1 */
+    const void *bias;        /* N elements of cdt, 16-byte aligned (BIAS, BIAS_GELU) */
+    void *aux;               /* BIAS_GELU, may be NULL: receives the pre-GELU values
+                              * AB + beta C + bias rounded to cdt, M rows of N at aux_ld,
+                              * 16-byte aligned */
+    int aux_ld;              /* with aux: a multiple of 8, >= N */
+} gpu_cuda_mm;
+
+/* Enqueue C = op(A) op(B) + beta C (+ epilogue) on stream; p's pointers are device pointers,
+ * borrowed (C may not overlap A, B, bias or aux). The fp32 accumulation (plus beta C and the
+ * bias, then GELU) is rounded to cdt once, to nearest even; a 16-bit C overflows to inf as
+ * gpu_f32_to_f16() does. M or N == 0 does nothing; K == 0 makes C = beta C (0 when beta is 0)
+ * with a kernel of its own. No host synchronisation. Returns 0, GPU_EINVAL for bad arguments
+ * or a combination cuBLASLt has no algorithm for (with a message on stderr; nothing is
+ * enqueued), or GPU_ECUDA for a failed launch (logged). */
+int gpu_cuda_matmul(gpu_cuda_blas *b, cudaStream_t stream, const gpu_cuda_mm *p);
+
+/* gpu_gemm()'s exact contract on the device (tests and checks): A and B host arrays of
+ * adt / bdt (any pair: mixed pairs are widened to fp32 on the host first, exactly), C a host
+ * fp32 array. Synchronous. GPU_ENODEV without a device or cuBLASLt, GPU_EINVAL for the
+ * arguments gpu_gemm() refuses (C untouched). */
+int gpu_cuda_gemm_host(bool ta, bool tb, int M, int N, int K, const void *A, gpu_dtype adt,
+                       int lda, const void *B, gpu_dtype bdt, int ldb, float beta, float *C,
+                       int ldc);
+
+/* gpu_cuda_matmul() on host buffers (tests and checks): A and B are host arrays in adt / bdt
+ * storage; C, bias and aux are host fp32 arrays holding values of cdt (C converted to cdt
+ * storage and back; only the M x N elements of each batch are written back, C's padding is
+ * left alone; aux receives its M x N elements, its padding untouched). Synchronous. Returns
+ * what gpu_cuda_matmul() returns, or GPU_ENODEV / GPU_ENOMEM / GPU_ECUDA; C and aux are
+ * untouched on failure. */
+int gpu_cuda_mm_host(const gpu_cuda_mm *p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* AMPD_CUDA_BLAS_H */

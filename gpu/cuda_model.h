@@ -1,0 +1,111 @@
+/*
+ * cuda_model.h - the MLP and the GPT on a CUDA device (internal to the engine; built only
+ * with CUDA). Plain C (gpu/cuda_mlp.c, gpu/cuda_gpt.c) that drives the kernels of
+ * cuda_blas.h, cuda_ops.h and cuda_step.h on one stream; gpu/cuda_train.c owns the memory
+ * and runs whole steps with them.
+ *
+ * Memory, the llm.c way and with the CPU's layout: the parameter-shaped blocks (fp32
+ * master, working copy in the job's dtype, fp32 gradients, m, v) use the element offsets of
+ * the CPU plan (gpu_mlp / gpu_gpt), so checkpoints and the tensor table are shared; the
+ * activation block and the workspace have a device layout of their own, planned by
+ * gpu_cuda_*_plan below (16-bit activations stored as 16 bits: that is where AMP saves
+ * memory). Every pointer in gpu_cuda_model_ctx is a device pointer.
+ *
+ * Numerics: the CPU contract (gpu_int.h): each op computes in fp32 from values of its
+ * dtype and rounds its outputs and gradients to that dtype; the GEMMs accumulate in fp32
+ * (CUBLAS_COMPUTE_32F). Results match the CPU's within the tolerances tests/check_cuda_train.c
+ * states (orders of summation differ).
+ *
+ * Threads: everything is enqueued on ctx->stream; nothing synchronises the host.
+ */
+#ifndef AMPD_CUDA_MODEL_H
+#define AMPD_CUDA_MODEL_H
+
+#include <cuda_runtime_api.h>
+
+#include "gpu/cuda_blas.h"
+#include "gpu/cuda_ops.h"
+#include "gpu/cuda_step.h"
+#include "gpu/gpu_int.h"
+
+/* What one forward/backward works on. */
+typedef struct {
+    cudaStream_t stream;
+    gpu_cuda_blas *blas;
+    const void *work;      /* weights in the job's dtype (== master for fp32) */
+    const float *master;   /* fp32 master weights, or NULL (master_weights off) */
+    gpu_dtype wdt;         /* dtype of work */
+    float *grads;          /* fp32, nparams: written (not accumulated) by backward */
+    void *acts;            /* the activation block, acts_bytes */
+    void *ws;              /* the workspace, ws_bytes */
+    const gpu_cuda_step_state *state; /* backward seeds the loss gradient with
+                                       * state->scale_used (read on the device) */
+    double *loss_sum;      /* device: the summed (not mean) cross-entropy of the batch */
+    int *correct;          /* device: argmax hits */
+    gpu_cuda_diag *diag;   /* NULL: no diagnostics this step */
+} gpu_cuda_model_ctx;
+
+/* ---- MLP (cuda_mlp.c) ---------------------------------------------------------------- */
+
+/* Bytes of the activation block and the workspace for up to max_batch rows of m. */
+int gpu_cuda_mlp_plan(const gpu_mlp *m, int max_batch, size_t *acts_bytes, size_t *ws_bytes);
+/* Forward of B rows: x (device fp32, B x width[0]), y (device int, B); writes *loss_sum and
+ * *correct (device) and saves what backward needs. */
+int gpu_cuda_mlp_forward(const gpu_mlp *m, const gpu_cuda_model_ctx *c, const float *x,
+                         const int *y, int B);
+/* Backward after forward with the same B and y: grads written, seeded with the scale. */
+int gpu_cuda_mlp_backward(const gpu_mlp *m, const gpu_cuda_model_ctx *c, const float *x,
+                          const int *y, int B);
+
+/* ---- GPT (cuda_gpt.c) ---------------------------------------------------------------- */
+
+int gpu_cuda_gpt_plan(const gpu_gpt *m, int max_batch, size_t *acts_bytes, size_t *ws_bytes);
+/* Forward of B sequences: tokens x and targets y (device int, B x seq_len each). */
+int gpu_cuda_gpt_forward(const gpu_gpt *m, const gpu_cuda_model_ctx *c, const int *x,
+                         const int *y, int B);
+int gpu_cuda_gpt_backward(const gpu_gpt *m, const gpu_cuda_model_ctx *c, const int *x,
+                          const int *y, int B);
+
+/* ---- trainer (cuda_train.c) ------------------------------------------------------------
+ *
+ * The device twin of gpu_trainer (its interface, free of CUDA types, is in gpu_int.h) owns
+ * one device allocation per block, the step state and a pinned host snapshot, and runs a
+ * step as: upload the batch, begin, forward, backward, unscale, clip, optimizer, scaler
+ * update, snapshot, then one cudaStreamSynchronize.
+ *
+ * Diagnostics layers on the device are the slots the CPU model would give them (the order in
+ * which its forward first names them): the MLP's linear l is layer l ("fc<l+1>"); the GPT's
+ * block b has its five low-precision ops at GPU_CUDA_GPT_DIAG_OPS * b + op (below) and
+ * "lm_head" comes last, at GPU_CUDA_GPT_DIAG_OPS * n_layer. */
+#include <stdio.h>
+
+enum {
+    GPU_CUDA_GPT_QKV = 0,   /* blocks.<b>.attn.qkv (lin_dt) */
+    GPU_CUDA_GPT_SCORES,    /* blocks.<b>.attn.scores, Q K^T (mm_dt) */
+    GPU_CUDA_GPT_PROJ,      /* blocks.<b>.attn.proj (lin_dt) */
+    GPU_CUDA_GPT_FC,        /* blocks.<b>.mlp.fc (lin_dt) */
+    GPU_CUDA_GPT_MPROJ,     /* blocks.<b>.mlp.proj (lin_dt) */
+    GPU_CUDA_GPT_DIAG_OPS
+};
+
+/* The diagnostics layer of op (GPU_CUDA_GPT_*) of block b, or of lm_head when b < 0. */
+static inline int gpu_cuda_gpt_diag_layer(const gpu_gpt *m, int b, int op)
+{
+    return b < 0 ? GPU_CUDA_GPT_DIAG_OPS * m->n_layer : GPU_CUDA_GPT_DIAG_OPS * b + op;
+}
+
+/* Name the layers of d (host) in the device's order, with their dtypes, for the MLP mlp or,
+ * when gpt is not NULL, the GPT; names already there keep their slots (gpu_diag_layer). */
+void gpu_cuda_diag_names(gpu_diag *d, const gpu_mlp *mlp, const gpu_gpt *gpt);
+
+/* 0 for cudaSuccess; otherwise log the error with what (the call) and return GPU_ECUDA. */
+static inline int gpu_cuda_c_check(cudaError_t e, const char *what)
+{
+    if (e == cudaSuccess)
+        return 0;
+    fprintf(stderr, "CUDA error %s: %s (in %s)\n", cudaGetErrorName(e), cudaGetErrorString(e),
+            what);
+    return GPU_ECUDA;
+}
+
+#endif /* AMPD_CUDA_MODEL_H */

@@ -1,0 +1,1624 @@
+/*
+ * cuda_ops.cu - the CUDA kernels of the models' non-GEMM ops and their host wrappers (the
+ * contract is in gpu/cuda_ops.h): embedding, layer norm, GELU (tanh and erf), ReLU, bias add,
+ * bias gradient, residual add, softmax cross-entropy and the causal attention softmax.
+ *
+ * Numerics: the kernels reproduce the CPU ops of gpu/gpt.c and gpu/mlp.c operation for
+ * operation, so that their results equal the CPU's bit for bit wherever the CPU's arithmetic
+ * is plain fp32:
+ *   - every fp32 operation is an explicit round-to-nearest intrinsic (__fadd_rn, __fmul_rn,
+ *     __fdiv_rn, __fsqrt_rn), which nvcc never contracts into an FMA (the CPU code is built
+ *     without contraction);
+ *   - exp is the CPU's own polynomial (gpt.c's vexp), not expf;
+ *   - a row reduction keeps the CPU's order: 16 partial sums, lane k of a 16-lane group
+ *     adding elements k, k+16, ... of the row's first multiple of 16 in order, then the tail
+ *     summed from 0 and the 16 partial sums added in lane order (gpt.c's sum16);
+ *   - a sum over rows (embedding gradients, bias and layer-norm weight gradients) is one
+ *     thread per column adding the rows in increasing order, as the CPU loops; for more than
+ *     COL_ROWS rows the column sums go through partial sums over chunks of rows (then they
+ *     are deterministic but no longer the CPU's order);
+ *   - conversions to and from fp16/bf16 are cuda_common.cuh's bit-exact functions.
+ * Left to the GPU's libm: erff and expf of the MLP's GELU, and the double exp and log of the
+ * cross-entropy (its losses, and the MLP's probabilities).
+ *
+ * Layout: elementwise kernels are grid-stride loops; row kernels give each row to a group of
+ * 16 lanes (a half warp) whose shuffles use the half's mask, so the two halves of a warp may
+ * leave their loops independently; column kernels give each column of a chunk of rows to a
+ * thread. Nothing uses atomics, so every result is deterministic. The embedding gradient
+ * sorts the rows by token with CUB's stable radix sort, then one block per token adds its
+ * rows in order.
+ *
+ * Threads: the *_launch functions only enqueue on the caller's stream; the host wrappers are
+ * synchronous and own their device buffers.
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include <cub/device/device_radix_sort.cuh>
+
+#include "gpu/cuda_common.cuh"
+#include "gpu/cuda_ops.h"
+
+#define OPS_THREADS 256
+#define OPS_MAX_BLOCKS 65535u
+#define GROUP 16            /* lanes per row: the CPU's 16 partial sums */
+#define COL_ROWS 256        /* rows summed by one thread before partial sums are used */
+#define COL_MAX_CHUNKS 4096
+#define LN_EPS 1e-5f
+#define GELU_K0 0.7978845608028654f /* sqrt(2 / pi) */
+#define GELU_K1 0.044715f
+
+/* ---- fp32 arithmetic as the CPU does it ----------------------------------------------------- */
+
+__device__ static __forceinline__ float add_rn(float a, float b)
+{
+    return __fadd_rn(a, b);
+}
+
+__device__ static __forceinline__ float sub_rn(float a, float b)
+{
+    return __fsub_rn(a, b);
+}
+
+__device__ static __forceinline__ float mul_rn(float a, float b)
+{
+    return __fmul_rn(a, b);
+}
+
+__device__ static __forceinline__ float div_rn(float a, float b)
+{
+    return __fdiv_rn(a, b);
+}
+
+__device__ static __forceinline__ float nan_f(void)
+{
+    return __uint_as_float(0x7FC00000u);
+}
+
+/* 2^e for e in [-126, 127] (other values give garbage, as on the CPU). */
+__device__ static __forceinline__ float pow2i(int32_t e)
+{
+    return __uint_as_float((uint32_t)(e + 127) << 23);
+}
+
+/* gpt.c's vexp, operation for operation: Cody-Waite reduction by ln 2, Cephes' degree-6
+ * polynomial, the power of two applied as two factors. */
+__device__ static __forceinline__ float cpu_exp(float x)
+{
+    float xc = x < -104.0f ? -104.0f : x;
+    xc = xc > 89.0f ? 89.0f : xc;
+    float t = add_rn(mul_rn(xc, 1.44269504088896341f), 12582912.0f);
+    float n = sub_rn(t, 12582912.0f);
+    int32_t ni = (int32_t)__float_as_uint(t) - 0x4B400000;
+    float r = sub_rn(xc, mul_rn(n, 0.693359375f));
+    r = add_rn(r, mul_rn(n, 2.12194440e-4f));
+    float p = 1.9875691500e-4f;
+    p = add_rn(mul_rn(p, r), 1.3981999507e-3f);
+    p = add_rn(mul_rn(p, r), 8.3334519073e-3f);
+    p = add_rn(mul_rn(p, r), 4.1665795894e-2f);
+    p = add_rn(mul_rn(p, r), 1.6666665459e-1f);
+    p = add_rn(mul_rn(p, r), 5.0000001201e-1f);
+    p = add_rn(add_rn(mul_rn(p, mul_rn(r, r)), r), 1.0f);
+    int32_t n1 = ni >> 1, n2 = ni - n1;
+    float y = mul_rn(mul_rn(p, pow2i(n1)), pow2i(n2));
+    return x != x ? x : y;
+}
+
+/* ---- storage -------------------------------------------------------------------------------- */
+
+/* Element i of a tensor stored in dt, as an fp32 value. */
+__device__ static __forceinline__ float ld(const void *p, size_t i, gpu_dtype dt)
+{
+    if (dt == GPU_FP32)
+        return ((const float *)p)[i];
+    uint16_t h = ((const uint16_t *)p)[i];
+    return __uint_as_float(dt == GPU_FP16 ? gpu_dev_f16_to_f32(h) : gpu_dev_bf16_to_f32(h));
+}
+
+/* v rounded to dt (gpu_round). */
+__device__ static __forceinline__ float rd(float v, gpu_dtype dt)
+{
+    uint32_t u = __float_as_uint(v);
+    if (dt == GPU_FP16)
+        return __uint_as_float(gpu_dev_f16_to_f32(gpu_dev_f32_to_f16(u)));
+    if (dt == GPU_BF16)
+        return __uint_as_float(gpu_dev_bf16_round(u));
+    return v;
+}
+
+/* Store v into element i of a tensor stored in dt (rounding it to dt). */
+__device__ static __forceinline__ void st(void *p, size_t i, gpu_dtype dt, float v)
+{
+    uint32_t u = __float_as_uint(v);
+    if (dt == GPU_FP32)
+        ((float *)p)[i] = v;
+    else
+        ((uint16_t *)p)[i] = dt == GPU_FP16 ? gpu_dev_f32_to_f16(u) : gpu_dev_f32_to_bf16(u);
+}
+
+/* ---- 16-lane row groups --------------------------------------------------------------------- */
+
+__device__ static __forceinline__ unsigned group_lane(void)
+{
+    return threadIdx.x % GROUP;
+}
+
+/* The shuffle mask of the calling thread's half warp. */
+__device__ static __forceinline__ unsigned group_mask(void)
+{
+    return 0xFFFFu << (threadIdx.x & 16u);
+}
+
+__device__ static __forceinline__ size_t group_first(void)
+{
+    return ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / GROUP;
+}
+
+__device__ static __forceinline__ size_t group_stride(void)
+{
+    return (size_t)gridDim.x * blockDim.x / GROUP;
+}
+
+/* The end of the CPU's sum16: s (the tail, summed from 0) plus the 16 lanes' partial sums in
+ * lane order. Every lane of the group returns the same value. */
+__device__ static __forceinline__ float fold16(float s, float acc, unsigned mask)
+{
+    for (int q = 0; q < GROUP; q++)
+        s = add_rn(s, __shfl_sync(mask, acc, q, GROUP));
+    return s;
+}
+
+static bool dt_ok(gpu_dtype dt)
+{
+    return (unsigned)dt <= (unsigned)GPU_BF16;
+}
+
+static unsigned row_blocks(size_t rows)
+{
+    return gpu_cuda_blocks(rows * GROUP, OPS_THREADS, OPS_MAX_BLOCKS);
+}
+
+static unsigned flat_blocks(size_t n)
+{
+    return gpu_cuda_blocks(n, OPS_THREADS, OPS_MAX_BLOCKS);
+}
+
+static size_t align256(size_t n)
+{
+    return (n + 255) & ~(size_t)255;
+}
+
+/* ---- embedding ------------------------------------------------------------------------------ */
+
+static __global__ void __launch_bounds__(OPS_THREADS)
+k_embed_fwd(const int *x, int T, int C, int V, const void *wte, const void *wpe, gpu_dtype wdt,
+            gpu_dtype dt, void *out, gpu_dtype odt, size_t n)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / (size_t)C, c = i - r * (size_t)C, t = r % (size_t)T;
+        int tok = x[r];
+        float v = nan_f();
+        if (tok >= 0 && tok < V)
+            v = add_rn(ld(wte, (size_t)tok * C + c, wdt), ld(wpe, t * C + c, wdt));
+        st(out, i, odt, rd(v, dt));
+    }
+}
+
+/* See cuda_ops.h. */
+int gpu_cuda_embed_fwd_launch(const int *x, int B, int T, int C, int V, const void *wte,
+                              const void *wpe, gpu_dtype wdt, gpu_dtype dt, void *out,
+                              gpu_dtype odt, cudaStream_t stream)
+{
+    size_t n = (size_t)B * (size_t)T * (size_t)C;
+    if (B < 0 || T < 1 || C < 1 || V < 1 || !dt_ok(wdt) || !dt_ok(dt) || !dt_ok(odt))
+        return GPU_EINVAL;
+    if (n == 0)
+        return 0;
+    if (x == NULL || wte == NULL || wpe == NULL || out == NULL)
+        return GPU_EINVAL;
+    k_embed_fwd<<<flat_blocks(n), OPS_THREADS, 0, stream>>>(x, T, C, V, wte, wpe, wdt, dt, out,
+                                                            odt, n);
+    GPU_CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
+
+static __global__ void k_iota(int *v, int n)
+{
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        v[i] = i;
+}
+
+/* One block per run of equal tokens in the sorted keys: each thread adds a column's rows in
+ * increasing row order (the sort is stable) onto what dwte holds. */
+static __global__ void __launch_bounds__(OPS_THREADS)
+k_embed_dwte(const unsigned *key, const int *row, int N, int C, int V, const void *dout,
+             gpu_dtype ddt, gpu_dtype dt, float *dwte)
+{
+    for (int pos = blockIdx.x; pos < N; pos += gridDim.x) {
+        const unsigned v = key[pos];
+        if (v >= (unsigned)V || (pos > 0 && key[pos - 1] == v))
+            continue;
+        float *w = dwte + (size_t)v * C;
+        for (int c = threadIdx.x; c < C; c += blockDim.x) {
+            float acc = w[c];
+            for (int k = pos; k < N && key[k] == v; k++)
+                acc = add_rn(acc, rd(ld(dout, (size_t)row[k] * C + c, ddt), dt));
+            w[c] = acc;
+        }
+    }
+}
+
+/* dwpe[t][c] += the rows of position t, batch by batch in order. */
+static __global__ void __launch_bounds__(OPS_THREADS)
+k_embed_dwpe(int B, int T, int C, const void *dout, gpu_dtype ddt, gpu_dtype dt, float *dwpe)
+{
+    size_t n = (size_t)T * C, stride = (size_t)T * C;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float acc = dwpe[i];
+        for (int b = 0; b < B; b++)
+            acc = add_rn(acc, rd(ld(dout, (size_t)b * stride + i, ddt), dt));
+        dwpe[i] = acc;
+    }
+}
+
+/* The embedding gradient's workspace: sorted keys, row indices before and after the sort
+ * (N ints each, 256-byte aligned), then CUB's temporaries (*temp bytes). */
+static int embed_layout(int N, size_t *temp, size_t *total)
+{
+    size_t tb = 0;
+    cudaError_t e = cub::DeviceRadixSort::SortPairs(NULL, tb, (const unsigned *)NULL,
+                                                    (unsigned *)NULL, (const int *)NULL,
+                                                    (int *)NULL, N, 0, 32, (cudaStream_t)0);
+    if (e != cudaSuccess)
+        return gpu_cuda_fail(e, "cub::DeviceRadixSort::SortPairs (size query)", __FILE__,
+                             __LINE__);
+    *temp = tb;
+    *total = 3 * align256((size_t)N * sizeof(int)) + tb;
+    return 0;
+}
+
+/* See cuda_ops.h. */
+int gpu_cuda_embed_bwd_workspace(int N, size_t *bytes)
+{
+    size_t temp;
+    int rc = gpu_cuda_ready();
+    if (rc != 0)
+        return rc;
+    if (N < 0 || bytes == NULL)
+        return GPU_EINVAL;
+    return embed_layout(N, &temp, bytes);
+}
+
+/* See cuda_ops.h. */
+int gpu_cuda_embed_bwd_launch(const int *x, int B, int T, int C, int V, const void *dout,
+                              gpu_dtype ddt, gpu_dtype dt, float *dwte, float *dwpe, void *work,
+                              size_t work_bytes, cudaStream_t stream)
+{
+    size_t N = (size_t)B * (size_t)T, temp, total;
+    if (B < 0 || T < 1 || C < 1 || V < 1 || N > (size_t)INT32_MAX || !dt_ok(ddt) || !dt_ok(dt))
+        return GPU_EINVAL;
+    if (N == 0)
+        return 0;
+    if (x == NULL || dout == NULL || dwte == NULL || dwpe == NULL || work == NULL)
+        return GPU_EINVAL;
+    int rc = embed_layout((int)N, &temp, &total);
+    if (rc != 0)
+        return rc;
+    if (work_bytes < total)
+        return GPU_EINVAL;
+    size_t a = align256(N * sizeof(int));
+    unsigned *keys = (unsigned *)work;
+    int *rows_in = (int *)((char *)work + a), *rows = (int *)((char *)work + 2 * a);
+    void *cub_temp = (char *)work + 3 * a;
+
+    k_iota<<<flat_blocks(N), OPS_THREADS, 0, stream>>>(rows_in, (int)N);
+    GPU_CUDA_CHECK(cudaGetLastError());
+    GPU_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(cub_temp, temp, (const unsigned *)x, keys,
+                                                   (const int *)rows_in, rows, (int)N, 0, 32,
+                                                   stream));
+    unsigned blocks = N < OPS_MAX_BLOCKS ? (unsigned)N : OPS_MAX_BLOCKS;
+    k_embed_dwte<<<blocks, OPS_THREADS, 0, stream>>>(keys, rows, (int)N, C, V, dout, ddt, dt,
+                                                     dwte);
+    GPU_CUDA_CHECK(cudaGetLastError());
+    k_embed_dwpe<<<flat_blocks((size_t)T * C), OPS_THREADS, 0, stream>>>(B, T, C, dout, ddt, dt,
+                                                                        dwpe);
+    GPU_CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
+
+/* ---- column sums over rows (layer-norm weights, biases) ------------------------------------- */
+
+/* Chunks of rows the column sums split rows into (1: one sequential sum, the CPU's order). */
+static int col_chunks(int rows)
+{
+    if (rows <= COL_ROWS)
+        return 1;
+    int c = (rows + COL_ROWS - 1) / COL_ROWS;
+    return c < COL_MAX_CHUNKS ? c : COL_MAX_CHUNKS;
+}
+
+/* out[j] = rd(sum over chunks of part[k][j], dt), the chunks in order. */
+static __global__ void __launch_bounds__(OPS_THREADS)
+k_col_finish(const float *part, int nchunks, int n, gpu_dtype dt, float *out)
+{
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x) {
+        float s = 0.0f;
+        for (int k = 0; k < nchunks; k++)
+            s = add_rn(s, part[(size_t)k * n + j]);
+        out[j] = rd(s, dt);
+    }
+}
+
+/* ---- layer norm ----------------------------------------------------------------------------- */
+
+static __global__ void __launch_bounds__(OPS_THREADS)
+k_ln_fwd(const void *x, gpu_dtype xdt, const void *g, const void *b, gpu_dtype wdt, int N, int C,
+         gpu_dtype dt, void *y, gpu_dtype ydt, float *mean, float *rstd)
+{
+    const unsigned lane = group_lane(), mask = group_mask();
+    const int c16 = C & ~(GROUP - 1);
+    for (size_t row = group_first(); row < (size_t)N; row += group_stride()) {
+        const size_t o = row * (size_t)C;
+        float acc = 0.0f, s = 0.0f;
+        for (int j = lane; j < c16; j += GROUP)
+            acc = add_rn(acc, rd(ld(x, o + j, xdt), dt));
+        for (int j = c16; j < C; j++)
+            s = add_rn(s, rd(ld(x, o + j, xdt), dt));
+        const float mu = div_rn(fold16(s, acc, mask), (float)C);
+
+        acc = 0.0f;
+        s = 0.0f;
+        for (int j = lane; j < c16; j += GROUP) {
+            float d = sub_rn(rd(ld(x, o + j, xdt), dt), mu);
+            acc = add_rn(acc, mul_rn(d, d));
+        }
+        for (int j = c16; j < C; j++) {
+            float d = sub_rn(rd(ld(x, o + j, xdt), dt), mu);
+            s = add_rn(s, mul_rn(d, d));
+        }
+        const float var = div_rn(fold16(s, acc, mask), (float)C);
+        const float rs = div_rn(1.0f, __fsqrt_rn(add_rn(var, LN_EPS)));
+
+        for (int j = lane; j < C; j += GROUP) {
+            float xh = mul_rn(sub_rn(rd(ld(x, o + j, xdt), dt), mu), rs);
+            st(y, o + j, ydt, rd(add_rn(mul_rn(xh, ld(g, j, wdt)), ld(b, j, wdt)), dt));
+        }
+        if (lane == 0) {
+            mean[row] = mu;
+            rstd[row] = rs;
+        }
+    }
+}
+
+/* See cuda_ops.h. */
+int gpu_cuda_layernorm_fwd_launch(const void *x, gpu_dtype xdt, const void *g, const void *b,
+                                  gpu_dtype wdt, int N, int C, gpu_dtype dt, void *y,
+                                  gpu_dtype ydt, float *mean, float *rstd, cudaStream_t stream)
+{
+    if (N < 0 || C < 1 || !dt_ok(xdt) || !dt_ok(wdt) || !dt_ok(dt) || !dt_ok(ydt))
+        return GPU_EINVAL;
+    if (N == 0)
+        return 0;
+    if (x == NULL || g == NULL || b == NULL || y == NULL || mean == NULL || rstd == NULL)
+        return GPU_EINVAL;
+    k_ln_fwd<<<row_blocks((size_t)N), OPS_THREADS, 0, stream>>>(x, xdt, g, b, wdt, N, C, dt, y,
+                                                                ydt, mean, rstd);
+    GPU_CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
+
+/* dx of one row per group: gpt.c's ln_row_bwd with its 16 partial sums. */
+static __global__ void __launch_bounds__(OPS_THREADS)
+k_ln_bwd_dx(const void *dy, gpu_dtype dydt, const void *x, gpu_dtype xdt, const float *mean,
+            const float *rstd, const void *g, gpu_dtype wdt, int N, int C, gpu_dtype dt,
+            void *dx, gpu_dtype dxdt)
+{
+    const unsigned lane = group_lane(), mask = group_mask();
+    const int c16 = C & ~(GROUP - 1);
+    for (size_t row = group_first(); row < (size_t)N; row += group_stride()) {
+        const size_t o = row * (size_t)C;
+        const float mu = mean[row], rs = rstd[row];
+        float a1 = 0.0f, a2 = 0.0f, m1 = 0.0f, m2 = 0.0f;
+        for (int j = lane; j < c16; j += GROUP) {
+            float xh = mul_rn(sub_rn(rd(ld(x, o + j, xdt), dt), mu), rs);
+            float d = mul_rn(rd(ld(dy, o + j, dydt), dt), ld(g, j, wdt));
+            a1 = add_rn(a1, d);
+            a2 = add_rn(a2, mul_rn(d, xh));
+        }
+        for (int j = c16; j < C; j++) {
+            float xh = mul_rn(sub_rn(rd(ld(x, o + j, xdt), dt), mu), rs);
+            float d = mul_rn(rd(ld(dy, o + j, dydt), dt), ld(g, j, wdt));
+            m1 = add_rn(m1, d);
+            m2 = add_rn(m2, mul_rn(d, xh));
+        }
+        m1 = div_rn(fold16(m1, a1, mask), (float)C);
+        m2 = div_rn(fold16(m2, a2, mask), (float)C);
+        for (int j = lane; j < C; j += GROUP) {
+            float d = mul_rn(rd(ld(dy, o + j, dydt), dt), ld(g, j, wdt));
+            float xh = mul_rn(sub_rn(rd(ld(x, o + j, xdt), dt), mu), rs);
+            st(dx, o + j, dxdt, rd(mul_rn(rs, sub_rn(sub_rn(d, m1), mul_rn(xh, m2))), dt));
+        }
+    }
+}
+
+/* dg and db of one chunk of rows, one thread per column; written rounded when there is one
+ * chunk, else as partial sums part[k][j] (dg) and part[nchunks + k][j] (db). */
+static __global__ void __launch_bounds__(OPS_THREADS)
+k_ln_bwd_cols(const void *dy, gpu_dtype dydt, const void *x, gpu_dtype xdt, const float *mean,
+              const float *rstd, int N, int C, gpu_dtype dt, int per, int nchunks, float *dg,
+              float *db, float *part)
+{
+    const int j = blockIdx.x * blockDim.x + threadIdx.x, k = blockIdx.y;
+    if (j >= C)
+        return;
+    const int i0 = k * per, i1 = N - i0 < per ? N : i0 + per;
+    float sg = 0.0f, sb = 0.0f;
+    for (int i = i0; i < i1; i++) {
+        size_t o = (size_t)i * C + j;
+        float d = rd(ld(dy, o, dydt), dt);
+        float xh = mul_rn(sub_rn(rd(ld(x, o, xdt), dt), mean[i]), rstd[i]);
+        sg = add_rn(sg, mul_rn(d, xh));
+        sb = add_rn(sb, d);
+    }
+    if (nchunks == 1) {
+        dg[j] = rd(sg, dt);
+        db[j] = rd(sb, dt);
+    } else {
+        part[(size_t)k * C + j] = sg;
+        part[((size_t)nchunks + k) * C + j] = sb;
+    }
+}
+
+/* See cuda_ops.h. */
+size_t gpu_cuda_layernorm_bwd_workspace(int N, int C)
+{
+    int nchunks = col_chunks(N);
+    if (nchunks == 1 || C < 1)
+        return 0;
+    return 2 * (size_t)nchunks * (size_t)C * sizeof(float);
+}
+
+/* See cuda_ops.h. */
+int gpu_cuda_layernorm_bwd_launch(const void *dy, gpu_dtype dydt, const void *x, gpu_dtype xdt,
+                                  const float *mean, const float *rstd, const void *g,
+                                  gpu_dtype wdt, int N, int C, gpu_dtype dt, void *dx,
+                                  gpu_dtype dxdt, float *dg, float *db, void *work,
+                                  cudaStream_t stream)
+{
+    if (N < 0 || C < 1 || !dt_ok(dydt) || !dt_ok(xdt) || !dt_ok(wdt) || !dt_ok(dt) ||
+        !dt_ok(dxdt))
+        return GPU_EINVAL;
+    int nchunks = col_chunks(N), per = N > 0 ? (N + nchunks - 1) / nchunks : 0;
+    if (dg == NULL || db == NULL || (nchunks > 1 && work == NULL))
+        return GPU_EINVAL;
+    if (N > 0 && (dy == NULL || x == NULL || mean == NULL || rstd == NULL || g == NULL ||
+                  dx == NULL))
+        return GPU_EINVAL;
+    if (N > 0) {
+        k_ln_bwd_dx<<<row_blocks((size_t)N), OPS_THREADS, 0, stream>>>(
+            dy, dydt, x, xdt, mean, rstd, g, wdt, N, C, dt, dx, dxdt);
+        GPU_CUDA_CHECK(cudaGetLastError());
+    }
+    /* with no rows the sums are the CPU's zeros */
+    float *part = (float *)work;
+    dim3 grid((unsigned)((C + OPS_THREADS - 1) / OPS_THREADS), (unsigned)nchunks);
+    k_ln_bwd_cols<<<grid, OPS_THREADS, 0, stream>>>(dy, dydt, x, xdt, mean, rstd, N, C, dt, per,
+                                                    nchunks, dg, db, part);
+    GPU_CUDA_CHECK(cudaGetLastError());
+    if (nchunks > 1) {
+        k_col_finish<<<flat_blocks((size_t)C), OPS_THREADS, 0, stream>>>(part, nchunks, C, dt,
+                                                                         dg);
+        GPU_CUDA_CHECK(cudaGetLastError());
+        k_col_finish<<<flat_blocks((size_t)C), OPS_THREADS, 0, stream>>>(
+            part + (size_t)nchunks * C, nchunks, C, dt, db);
+        GPU_CUDA_CHECK(cudaGetLastError());
+    }
+    return 0;
+}
+
+/* ---- GELU (tanh approximation, GPT) --------------------------------------------------------- */
+
+/* z = sqrt(2/pi) (x + 0.044715 x^3), as gpt.c groups it. */
+__device__ static __forceinline__ float gelu_z(float x)
+{
+    return mul_rn(GELU_K0, add_rn(x, mul_rn(mul_rn(mul_rn(GELU_K1, x), x), x)));
+}
+
+__device__ static __forceinline__ float gelu_tanh(float x)
+{
+    return div_rn(x, add_rn(1.0f, cpu_exp(mul_rn(-2.0f, gelu_z(x)))));
+}
+
+/* s + 2 x s (1 - s) z'(x), s = sigmoid(2z). */
+__device__ static __forceinline__ float gelu_tanh_grad(float x)
+{
+    float s = div_rn(1.0f, add_rn(1.0f, cpu_exp(mul_rn(-2.0f, gelu_z(x)))));
+    float dz = mul_rn(GELU_K0, add_rn(1.0f, mul_rn(mul_rn(mul_rn(3.0f, GELU_K1), x), x)));
+    return add_rn(s, mul_rn(mul_rn(mul_rn(mul_rn(2.0f, x), s), sub_rn(1.0f, s)), dz));
+}
+
+static __global__ void __launch_bounds__(OPS_THREADS)
+k_gelu_tanh_fwd(const void *u, gpu_dtype udt, void *out, gpu_dtype odt, size_t n, gpu_dtype dt)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        st(out, i, odt, rd(gelu_tanh(rd(ld(u, i, udt), dt)), dt));
+}
+
+static __global__ void __launch_bounds__(OPS_THREADS)
+k_gelu_tanh_bwd(const void *dy, void *dx, gpu_dtype gdt, const void *u, gpu_dtype udt,
+                size_t n, gpu_dtype dt)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float d = rd(ld(dy, i, gdt), dt);
+        st(dx, i, gdt, rd(mul_rn(d, gelu_tanh_grad(rd(ld(u, i, udt), dt))), dt));
+    }
+}
+
+/* See cuda_ops.h. */
+int gpu_cuda_gelu_tanh_fwd_launch(const void *u, gpu_dtype udt, void *out, gpu_dtype odt,
+                                  size_t n, gpu_dtype dt, cudaStream_t stream)
+{
+    if (!dt_ok(udt) || !dt_ok(odt) || !dt_ok(dt))
+        return GPU_EINVAL;
+    if (n == 0)
+        return 0;
+    if (u == NULL || out == NULL)
+        return GPU_EINVAL;
+    k_gelu_tanh_fwd<<<flat_blocks(n), OPS_THREADS, 0, stream>>>(u, udt, out, odt, n, dt);
+    GPU_CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
+
+/* See cuda_ops.h. */
+int gpu_cuda_gelu_tanh_bwd_launch(const void *dy, void *dx, gpu_dtype gdt, const void *u,
+                                  gpu_dtype udt, size_t n, gpu_dtype dt, cudaStream_t stream)
+{
+    if (!dt_ok(gdt) || !dt_ok(udt) || !dt_ok(dt))
+        return GPU_EINVAL;
+    if (n == 0)
+        return 0;
+    if (dy == NULL || dx == NULL || u == NULL)
+        return GPU_EINVAL;
+    k_gelu_tanh_bwd<<<flat_blocks(n), OPS_THREADS, 0, stream>>>(dy, dx, gdt, u, udt, n, dt);
+    GPU_CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
+
+/* ---- MLP activations (ReLU, GELU with erf) -------------------------------------------------- */
+
+/* mlp.c's gelu and gelu_grad, with the GPU's erff and expf. */
+__device__ static __forceinline__ float gelu_erf(float x)
+{
+    return mul_rn(mul_rn(0.5f, x), add_rn(1.0f, erff(mul_rn(x, 0.70710678f))));
+}
+
+__device__ static __forceinline__ float gelu_erf_grad(float x)
+{
+    float e = expf(mul_rn(mul_rn(-0.5f, x), x));
+    return add_rn(mul_rn(0.5f, add_rn(1.0f, erff(mul_rn(x, 0.70710678f)))),
+                  mul_rn(mul_rn(x, e), 0.39894228f));
+}
+
+static __global__ void __launch_bounds__(OPS_THREADS)
+k_act_fwd(int gelu, const void *z, gpu_dtype zdt, void *out, gpu_dtype odt, size_t n,
+          gpu_dtype dt)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float v = ld(z, i, zdt);
+        v = gelu ? gelu_erf(v) : (v > 0.0f ? v : 0.0f);
+        st(out, i, odt, rd(v, dt));
+    }
+}
+
+static __global__ void __launch_bounds__(OPS_THREADS)
+k_act_bwd(int gelu, const void *dy, void *dx, gpu_dtype gdt, const void *saved, gpu_dtype sdt,
+          size_t n, gpu_dtype dt)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float d = rd(ld(dy, i, gdt), dt), s = ld(saved, i, sdt);
+        d = gelu ? rd(mul_rn(d, gelu_erf_grad(s)), dt) : (s > 0.0f ? d : 0.0f);
+        st(dx, i, gdt, d);
+    }
+}
+
+/* See cuda_ops.h. */
+int gpu_cuda_act_fwd_launch(gpu_activation act, const void *z, gpu_dtype zdt, void *out,
+                            gpu_dtype odt, size_t n, gpu_dtype dt, cudaStream_t stream)
+{
+    if ((act != GPU_ACT_RELU && act != GPU_ACT_GELU) || !dt_ok(zdt) || !dt_ok(odt) ||
+        !dt_ok(dt))
+        return GPU_EINVAL;
+    if (n == 0)
+        return 0;
+    if (z == NULL || out == NULL)
+        return GPU_EINVAL;
+    k_act_fwd<<<flat_blocks(n), OPS_THREADS, 0, stream>>>(act == GPU_ACT_GELU, z, zdt, out, odt,
+                                                          n, dt);
+    GPU_CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
+
+/* See cuda_ops.h. */
+int gpu_cuda_act_bwd_launch(gpu_activation act, const void *dy, void *dx, gpu_dtype gdt,
+                            const void *saved, gpu_dtype sdt, size_t n, gpu_dtype dt,
+                            cudaStream_t stream)
+{
+    if ((act != GPU_ACT_RELU && act != GPU_ACT_GELU) || !dt_ok(gdt) || !dt_ok(sdt) ||
+        !dt_ok(dt))
+        return GPU_EINVAL;
+    if (n == 0)
+        return 0;
+    if (dy == NULL || dx == NULL || saved == NULL)
+        return GPU_EINVAL;
+    k_act_bwd<<<flat_blocks(n), OPS_THREADS, 0, stream>>>(act == GPU_ACT_GELU, dy, dx, gdt,
+                                                          saved, sdt, n, dt);
+    GPU_CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
+
+/* ---- bias add, bias gradient, residual add -------------------------------------------------- */
+
+static __global__ void __launch_bounds__(OPS_THREADS)
+k_bias_add(const void *in, gpu_dtype idt, const void *bias, gpu_dtype bdt, int n, gpu_dtype dt,
+           void *out, gpu_dtype odt, size_t total)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x)
+        st(out, i, odt, rd(add_rn(ld(in, i, idt), ld(bias, i % (size_t)n, bdt)), dt));
+}
+
+/* See cuda_ops.h. */
+int gpu_cuda_bias_add_launch(const void *in, gpu_dtype idt, const void *bias, gpu_dtype bdt,
+                             int rows, int n, gpu_dtype dt, void *out, gpu_dtype odt,
+                             cudaStream_t stream)
+{
+    size_t total = (size_t)rows * (size_t)n;
+    if (rows < 0 || n < 0 || !dt_ok(idt) || !dt_ok(bdt) || !dt_ok(dt) || !dt_ok(odt))
+        return GPU_EINVAL;
+    if (total == 0)
+        return 0;
+    if (in == NULL || bias == NULL || out == NULL)
+        return GPU_EINVAL;
+    k_bias_add<<<flat_blocks(total), OPS_THREADS, 0, stream>>>(in, idt, bias, bdt, n, dt, out,
+                                                               odt, total);
+    GPU_CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
+
+/* Column sums of dz over one chunk of rows (see k_ln_bwd_cols). */
+static __global__ void __launch_bounds__(OPS_THREADS)
+k_bias_cols(const void *dz, gpu_dtype zdt, int rows, int n, gpu_dtype dt, int per, int nchunks,
+            float *db, float *part)
+{
+    const int j = blockIdx.x * blockDim.x + threadIdx.x, k = blockIdx.y;
+    if (j >= n)
+        return;
+    const int i0 = k * per, i1 = rows - i0 < per ? rows : i0 + per;
+    float s = 0.0f;
+    for (int i = i0; i < i1; i++)
+        s = add_rn(s, rd(ld(dz, (size_t)i * n + j, zdt), dt));
+    if (nchunks == 1)
+        db[j] = rd(s, dt);
+    else
+        part[(size_t)k * n + j] = s;
+}
+
+/* See cuda_ops.h. */
+size_t gpu_cuda_bias_grad_workspace(int rows, int n)
+{
+    int nchunks = col_chunks(rows);
+    if (nchunks == 1 || n < 1)
+        return 0;
+    return (size_t)nchunks * (size_t)n * sizeof(float);
+}
+
+/* See cuda_ops.h. */
+int gpu_cuda_bias_grad_launch(const void *dz, gpu_dtype zdt, int rows, int n, gpu_dtype dt,
+                              float *db, void *work, cudaStream_t stream)
+{
+    if (rows < 0 || n < 0 || !dt_ok(zdt) || !dt_ok(dt))
+        return GPU_EINVAL;
+    if (n == 0)
+        return 0;
+    int nchunks = col_chunks(rows), per = rows > 0 ? (rows + nchunks - 1) / nchunks : 0;
+    if (db == NULL || (rows > 0 && dz == NULL) || (nchunks > 1 && work == NULL))
+        return GPU_EINVAL;
+    float *part = (float *)work;
+    dim3 grid((unsigned)((n + OPS_THREADS - 1) / OPS_THREADS), (unsigned)nchunks);
+    k_bias_cols<<<grid, OPS_THREADS, 0, stream>>>(dz, zdt, rows, n, dt, per, nchunks, db, part);
+    GPU_CUDA_CHECK(cudaGetLastError());
+    if (nchunks > 1) {
+        k_col_finish<<<flat_blocks((size_t)n), OPS_THREADS, 0, stream>>>(part, nchunks, n, dt,
+                                                                         db);
+        GPU_CUDA_CHECK(cudaGetLastError());
+    }
+    return 0;
+}
+
+static __global__ void __launch_bounds__(OPS_THREADS)
+k_resid_add(const void *a, gpu_dtype adt, const void *b, gpu_dtype bdt, size_t n, gpu_dtype dt,
+            void *out, gpu_dtype odt)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        st(out, i, odt, rd(add_rn(ld(a, i, adt), ld(b, i, bdt)), dt));
+}
+
+/* See cuda_ops.h. */
+int gpu_cuda_resid_add_launch(const void *a, gpu_dtype adt, const void *b, gpu_dtype bdt,
+                              size_t n, gpu_dtype dt, void *out, gpu_dtype odt,
+                              cudaStream_t stream)
+{
+    if (!dt_ok(adt) || !dt_ok(bdt) || !dt_ok(dt) || !dt_ok(odt))
+        return GPU_EINVAL;
+    if (n == 0)
+        return 0;
+    if (a == NULL || b == NULL || out == NULL)
+        return GPU_EINVAL;
+    k_resid_add<<<flat_blocks(n), OPS_THREADS, 0, stream>>>(a, adt, b, bdt, n, dt, out, odt);
+    GPU_CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
+
+/* ---- softmax cross-entropy ------------------------------------------------------------------ */
+
+typedef struct {
+    gpu_cuda_ce_style style;
+    gpu_dtype ldt, lin_dt, ce_dt, pdt;
+    void *probs;       /* NULL: not stored */
+    bool grad;         /* dlogits over the logits */
+    float seed;
+    const float *d_seed;
+    int count;
+} ce_args;
+
+/* The row's logit j as the cross-entropy sees it. */
+__device__ static __forceinline__ float ce_z(const ce_args *a, const void *lg, size_t i)
+{
+    float z = rd(ld(lg, i, a->ldt), a->lin_dt);
+    return a->style == GPU_CUDA_CE_GPT ? rd(z, a->ce_dt) : z;
+}
+
+/* One row per group: argmax and max (pass 1), the exp sum (pass 2), probabilities and
+ * dlogits (pass 3, after the group's last read of the row, so dlogits may overwrite it); lane
+ * 0 writes the row's loss and hit. */
+static __global__ void __launch_bounds__(OPS_THREADS)
+k_ce(ce_args a, void *logits, const int *y, int N, int V, double *row_loss, int *row_hit)
+{
+    const unsigned lane = group_lane(), mask = group_mask();
+    const int v16 = V & ~(GROUP - 1);
+    const bool gpt = a.style == GPU_CUDA_CE_GPT;
+    const float g = a.grad ? div_rn(a.d_seed ? *a.d_seed : a.seed, (float)a.count) : 0.0f;
+    for (size_t row = group_first(); row < (size_t)N; row += group_stride()) {
+        const size_t o = row * (size_t)V;
+        const int t = y[row];
+        int li = -1, nanidx = -1;
+        float lm = 0.0f;
+        for (int j = lane; j < V; j += GROUP) {
+            float z = ce_z(&a, logits, o + j);
+            if (z != z)
+                nanidx = j;
+            else if (li < 0 || z > lm) {
+                lm = z;
+                li = j;
+            }
+        }
+        /* the first maximum, or the last NaN: the same winner on every lane */
+        for (int off = GROUP / 2; off > 0; off >>= 1) {
+            int on = __shfl_xor_sync(mask, nanidx, off, GROUP);
+            int oi = __shfl_xor_sync(mask, li, off, GROUP);
+            float om = __shfl_xor_sync(mask, lm, off, GROUP);
+            nanidx = on > nanidx ? on : nanidx;
+            if (oi >= 0 && (li < 0 || om > lm || (om == lm && oi < li))) {
+                lm = om;
+                li = oi;
+            }
+        }
+        const int arg = nanidx >= 0 ? nanidx : li;
+        const float mx = nanidx >= 0 ? nan_f() : lm;
+        const float zt = t >= 0 && t < V ? ce_z(&a, logits, o + t) : nan_f();
+
+        float s = 0.0f;
+        double sd = 0.0;
+        if (gpt) {
+            float acc = 0.0f;
+            for (int j = lane; j < v16; j += GROUP)
+                acc = add_rn(acc, cpu_exp(sub_rn(ce_z(&a, logits, o + j), mx)));
+            for (int j = v16; j < V; j++)
+                s = add_rn(s, cpu_exp(sub_rn(ce_z(&a, logits, o + j), mx)));
+            s = fold16(s, acc, mask);
+        } else {
+            for (int j = lane; j < V; j += GROUP)
+                sd += exp((double)ce_z(&a, logits, o + j) - (double)mx);
+            for (int off = GROUP / 2; off > 0; off >>= 1)
+                sd += __shfl_down_sync(mask, sd, off, GROUP);
+            sd = __shfl_sync(mask, sd, 0, GROUP);
+        }
+        __syncwarp(mask);
+
+        for (int j = lane; j < V; j += GROUP) {
+            float z = ce_z(&a, logits, o + j), p;
+            if (gpt)
+                p = div_rn(cpu_exp(sub_rn(z, mx)), s);
+            else
+                p = (float)(exp((double)z - (double)mx) / sd);
+            p = rd(p, a.ce_dt);
+            if (a.probs != NULL)
+                st(a.probs, o + j, a.pdt, p);
+            if (a.grad) {
+                float d;
+                if (gpt)
+                    d = j == t ? sub_rn(mul_rn(p, g), g) : mul_rn(p, g);
+                else
+                    d = mul_rn(sub_rn(p, j == t ? 1.0f : 0.0f), g);
+                st(logits, o + j, a.ldt, rd(rd(d, a.ce_dt), a.lin_dt));
+            }
+        }
+        if (lane == 0) {
+            double lsum = gpt ? log((double)s) : log(sd);
+            row_loss[row] = -((double)zt - (double)mx - lsum);
+            row_hit[row] = arg == t;
+        }
+    }
+}
+
+/* The sums of the row losses and hits in a fixed order (one block). */
+static __global__ void __launch_bounds__(OPS_THREADS)
+k_ce_reduce(const double *row_loss, const int *row_hit, int N, double *loss_sum, int *correct)
+{
+    __shared__ double ls[OPS_THREADS];
+    __shared__ int hs[OPS_THREADS];
+    const int tid = threadIdx.x;
+    double l = 0.0;
+    int h = 0;
+    for (int i = tid; i < N; i += OPS_THREADS) {
+        l += row_loss[i];
+        h += row_hit[i];
+    }
+    ls[tid] = l;
+    hs[tid] = h;
+    __syncthreads();
+    for (int w = OPS_THREADS / 2; w > 0; w >>= 1) {
+        if (tid < w) {
+            ls[tid] += ls[tid + w];
+            hs[tid] += hs[tid + w];
+        }
+        __syncthreads();
+    }
+    if (tid == 0) {
+        *loss_sum = ls[0];
+        *correct = hs[0];
+    }
+}
+
+/* See cuda_ops.h. */
+size_t gpu_cuda_ce_workspace(int N)
+{
+    size_t n = N > 0 ? (size_t)N : 0;
+    return align256(n * sizeof(double)) + align256(n * sizeof(int));
+}
+
+static int ce_launch(const ce_args *a, void *logits, const int *y, int N, int V,
+                     double *loss_sum, int *correct, void *work, cudaStream_t stream)
+{
+    if (N < 0 || V < 1 || (a->style != GPU_CUDA_CE_GPT && a->style != GPU_CUDA_CE_MLP) ||
+        !dt_ok(a->ldt) || !dt_ok(a->lin_dt) || !dt_ok(a->ce_dt) || !dt_ok(a->pdt))
+        return GPU_EINVAL;
+    if (loss_sum == NULL || correct == NULL || (N > 0 && work == NULL))
+        return GPU_EINVAL;
+    if (N > 0 && (logits == NULL || y == NULL))
+        return GPU_EINVAL;
+    double *row_loss = (double *)work;
+    int *row_hit = (int *)((char *)work + align256((size_t)N * sizeof(double)));
+    if (N > 0) {
+        k_ce<<<row_blocks((size_t)N), OPS_THREADS, 0, stream>>>(*a, logits, y, N, V, row_loss,
+                                                                row_hit);
+        GPU_CUDA_CHECK(cudaGetLastError());
+    }
+    k_ce_reduce<<<1, OPS_THREADS, 0, stream>>>(row_loss, row_hit, N, loss_sum, correct);
+    GPU_CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
+
+/* See cuda_ops.h. */
+int gpu_cuda_ce_fwd_launch(gpu_cuda_ce_style style, const void *logits, gpu_dtype ldt,
+                           const int *y, int N, int V, gpu_dtype lin_dt, gpu_dtype ce_dt,
+                           void *probs, gpu_dtype pdt, double *loss_sum, int *correct,
+                           void *work, cudaStream_t stream)
+{
+    ce_args a = {style, ldt, lin_dt, ce_dt, pdt, probs, false, 0.0f, NULL, 1};
+    /* the kernel writes the logits only with grad set */
+    return ce_launch(&a, const_cast<void *>(logits), y, N, V, loss_sum, correct, work, stream);
+}
+
+/* See cuda_ops.h. */
+int gpu_cuda_ce_fused_launch(gpu_cuda_ce_style style, void *logits, gpu_dtype ldt,
+                             const int *y, int N, int V, gpu_dtype lin_dt, gpu_dtype ce_dt,
+                             float seed, const float *d_seed, int count, double *loss_sum,
+                             int *correct, void *work, cudaStream_t stream)
+{
+    ce_args a = {style, ldt, lin_dt, ce_dt, GPU_FP32, NULL, true, seed, d_seed, count};
+    if (count < 1)
+        return GPU_EINVAL;
+    return ce_launch(&a, logits, y, N, V, loss_sum, correct, work, stream);
+}
+
+static __global__ void __launch_bounds__(OPS_THREADS)
+k_ce_bwd(gpu_cuda_ce_style style, const void *probs, gpu_dtype pdt, const int *y, int V,
+         gpu_dtype ce_dt, gpu_dtype lin_dt, float seed, const float *d_seed, int count,
+         void *dlogits, gpu_dtype ddt, size_t n)
+{
+    const float g = div_rn(d_seed ? *d_seed : seed, (float)count);
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / (size_t)V;
+        bool hot = (size_t)y[r] == i - r * (size_t)V;
+        float p = ld(probs, i, pdt), d;
+        if (style == GPU_CUDA_CE_GPT)
+            d = hot ? sub_rn(mul_rn(p, g), g) : mul_rn(p, g);
+        else
+            d = mul_rn(sub_rn(p, hot ? 1.0f : 0.0f), g);
+        st(dlogits, i, ddt, rd(rd(d, ce_dt), lin_dt));
+    }
+}
+
+/* See cuda_ops.h. */
+int gpu_cuda_ce_bwd_launch(gpu_cuda_ce_style style, const void *probs, gpu_dtype pdt,
+                           const int *y, int N, int V, gpu_dtype ce_dt, gpu_dtype lin_dt,
+                           float seed, const float *d_seed, int count, void *dlogits,
+                           gpu_dtype ddt, cudaStream_t stream)
+{
+    size_t n = (size_t)N * (size_t)V;
+    if (N < 0 || V < 1 || count < 1 || (style != GPU_CUDA_CE_GPT && style != GPU_CUDA_CE_MLP) ||
+        !dt_ok(pdt) || !dt_ok(ce_dt) || !dt_ok(lin_dt) || !dt_ok(ddt))
+        return GPU_EINVAL;
+    if (n == 0)
+        return 0;
+    if (probs == NULL || y == NULL || dlogits == NULL)
+        return GPU_EINVAL;
+    k_ce_bwd<<<flat_blocks(n), OPS_THREADS, 0, stream>>>(style, probs, pdt, y, V, ce_dt, lin_dt,
+                                                         seed, d_seed, count, dlogits, ddt, n);
+    GPU_CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
+
+/* ---- causal attention softmax --------------------------------------------------------------- */
+
+typedef struct {
+    gpu_dtype mm_dt, sm_dt;
+    float scale;
+} attn_args;
+
+/* A score as the softmax sees it: the product rounded, scaled, rounded, cast to sm_dt. */
+__device__ static __forceinline__ float attn_s(const attn_args *a, const void *S, gpu_dtype sdt,
+                                               size_t i)
+{
+    float s = rd(ld(S, i, sdt), a->mm_dt);
+    return rd(rd(mul_rn(s, a->scale), a->mm_dt), a->sm_dt);
+}
+
+/* One row i of one (batch, head) per group: gpt.c's softmax_row over j <= i. */
+static __global__ void __launch_bounds__(OPS_THREADS)
+k_attn_fwd(attn_args a, const void *S, gpu_dtype sdt, int BH, int T, void *P, gpu_dtype pdt,
+           void *Pm, gpu_dtype pmdt)
+{
+    const unsigned lane = group_lane(), mask = group_mask();
+    const size_t rows = (size_t)BH * T;
+    for (size_t row = group_first(); row < rows; row += group_stride()) {
+        const size_t o = row * (size_t)T;
+        const int n = (int)(row % (size_t)T) + 1, n16 = n & ~(GROUP - 1);
+        float lm = -INFINITY;
+        int has_nan = 0;
+        for (int j = lane; j < n; j += GROUP) {
+            float s = attn_s(&a, S, sdt, o + j);
+            if (s != s)
+                has_nan = 1;
+            else
+                lm = s > lm ? s : lm;
+        }
+        for (int off = GROUP / 2; off > 0; off >>= 1) {
+            float om = __shfl_xor_sync(mask, lm, off, GROUP);
+            has_nan |= __shfl_xor_sync(mask, has_nan, off, GROUP);
+            lm = om > lm ? om : lm;
+        }
+        const float mx = has_nan ? nan_f() : lm;
+        float acc = 0.0f, s = 0.0f;
+        for (int j = lane; j < n16; j += GROUP)
+            acc = add_rn(acc, cpu_exp(sub_rn(attn_s(&a, S, sdt, o + j), mx)));
+        for (int j = n16; j < n; j++)
+            s = add_rn(s, cpu_exp(sub_rn(attn_s(&a, S, sdt, o + j), mx)));
+        s = fold16(s, acc, mask);
+        __syncwarp(mask);
+        for (int j = lane; j < T; j += GROUP) {
+            float p = 0.0f;
+            if (j < n)
+                p = rd(div_rn(cpu_exp(sub_rn(attn_s(&a, S, sdt, o + j), mx)), s), a.sm_dt);
+            st(P, o + j, pdt, p);
+            if (Pm != NULL)
+                st(Pm, o + j, pmdt, p);
+        }
+    }
+}
+
+/* One row per group: gpt.c's softmax_row_bwd and the casts and scaling around it. */
+static __global__ void __launch_bounds__(OPS_THREADS)
+k_attn_bwd(attn_args a, const void *P, gpu_dtype pdt, const void *dP, gpu_dtype dpdt, int BH,
+           int T, void *dS, gpu_dtype dsdt)
+{
+    const unsigned lane = group_lane(), mask = group_mask();
+    const size_t rows = (size_t)BH * T;
+    for (size_t row = group_first(); row < rows; row += group_stride()) {
+        const size_t o = row * (size_t)T;
+        const int n = (int)(row % (size_t)T) + 1, n16 = n & ~(GROUP - 1);
+        float acc = 0.0f, dot = 0.0f;
+        for (int j = lane; j < n16; j += GROUP) {
+            float d = rd(rd(ld(dP, o + j, dpdt), a.mm_dt), a.sm_dt);
+            acc = add_rn(acc, mul_rn(ld(P, o + j, pdt), d));
+        }
+        for (int j = n16; j < n; j++) {
+            float d = rd(rd(ld(dP, o + j, dpdt), a.mm_dt), a.sm_dt);
+            dot = add_rn(dot, mul_rn(ld(P, o + j, pdt), d));
+        }
+        dot = fold16(dot, acc, mask);
+        __syncwarp(mask);
+        for (int j = lane; j < T; j += GROUP) {
+            float v = 0.0f;
+            if (j < n) {
+                float d = rd(rd(ld(dP, o + j, dpdt), a.mm_dt), a.sm_dt);
+                v = rd(rd(mul_rn(ld(P, o + j, pdt), sub_rn(d, dot)), a.sm_dt), a.mm_dt);
+            }
+            st(dS, o + j, dsdt, rd(mul_rn(v, a.scale), a.mm_dt));
+        }
+    }
+}
+
+static float attn_scale(int hd)
+{
+    return (float)(1.0 / sqrt((double)hd));
+}
+
+/* See cuda_ops.h. */
+int gpu_cuda_attn_softmax_fwd_launch(const void *S, gpu_dtype sdt, int BH, int T, int hd,
+                                     gpu_dtype mm_dt, gpu_dtype sm_dt, void *P, gpu_dtype pdt,
+                                     void *Pm, gpu_dtype pmdt, cudaStream_t stream)
+{
+    size_t rows = (size_t)BH * (size_t)T;
+    if (BH < 0 || T < 1 || hd < 1 || !dt_ok(sdt) || !dt_ok(mm_dt) || !dt_ok(sm_dt) ||
+        !dt_ok(pdt) || !dt_ok(pmdt))
+        return GPU_EINVAL;
+    if (rows == 0)
+        return 0;
+    if (S == NULL || P == NULL)
+        return GPU_EINVAL;
+    attn_args a = {mm_dt, sm_dt, attn_scale(hd)};
+    k_attn_fwd<<<row_blocks(rows), OPS_THREADS, 0, stream>>>(a, S, sdt, BH, T, P, pdt, Pm, pmdt);
+    GPU_CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
+
+/* See cuda_ops.h. */
+int gpu_cuda_attn_softmax_bwd_launch(const void *P, gpu_dtype pdt, const void *dP,
+                                     gpu_dtype dpdt, int BH, int T, int hd, gpu_dtype mm_dt,
+                                     gpu_dtype sm_dt, void *dS, gpu_dtype dsdt,
+                                     cudaStream_t stream)
+{
+    size_t rows = (size_t)BH * (size_t)T;
+    if (BH < 0 || T < 1 || hd < 1 || !dt_ok(pdt) || !dt_ok(dpdt) || !dt_ok(mm_dt) ||
+        !dt_ok(sm_dt) || !dt_ok(dsdt))
+        return GPU_EINVAL;
+    if (rows == 0)
+        return 0;
+    if (P == NULL || dP == NULL || dS == NULL)
+        return GPU_EINVAL;
+    attn_args a = {mm_dt, sm_dt, attn_scale(hd)};
+    k_attn_bwd<<<row_blocks(rows), OPS_THREADS, 0, stream>>>(a, P, pdt, dP, dpdt, BH, T, dS,
+                                                             dsdt);
+    GPU_CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
+
+/* ---- host wrappers -------------------------------------------------------------------------- */
+
+/* *d = a device buffer of bytes bytes (NULL when bytes is 0). */
+static int dev_alloc(void **d, size_t bytes)
+{
+    *d = NULL;
+    if (bytes == 0)
+        return 0;
+    GPU_CUDA_CHECK(cudaMalloc(d, bytes));
+    return 0;
+}
+
+/* *d = a device copy of bytes bytes at h. */
+static int dev_raw(void **d, const void *h, size_t bytes)
+{
+    int rc = dev_alloc(d, bytes);
+    if (rc != 0 || bytes == 0)
+        return rc;
+    GPU_CUDA_CHECK(cudaMemcpy(*d, h, bytes, cudaMemcpyHostToDevice));
+    return 0;
+}
+
+/* *d = the n fp32 values at h stored in dt (exact when they are values of dt). */
+static int dev_put(void **d, const float *h, size_t n, gpu_dtype dt)
+{
+    size_t bytes = n * gpu_dtype_size(dt);
+    if (dt == GPU_FP32 || bytes == 0)
+        return dev_raw(d, h, bytes);
+    void *tmp = malloc(bytes);
+    *d = NULL;
+    if (tmp == NULL)
+        return GPU_ENOMEM;
+    gpu_cvt_from_f32(tmp, dt, h, n);
+    int rc = dev_raw(d, tmp, bytes);
+    free(tmp);
+    return rc;
+}
+
+/* The n values of a device tensor stored in dt into h as fp32. */
+static int dev_get(float *h, const void *d, size_t n, gpu_dtype dt)
+{
+    size_t bytes = n * gpu_dtype_size(dt);
+    void *tmp = NULL;
+    int rc = 0;
+    if (bytes == 0)
+        return 0;
+    if (dt == GPU_FP32) {
+        GPU_CUDA_CHECK(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost));
+        return 0;
+    }
+    tmp = malloc(bytes);
+    if (tmp == NULL)
+        return GPU_ENOMEM;
+    GPU_CUDA_TRY(cudaMemcpy(tmp, d, bytes, cudaMemcpyDeviceToHost));
+    gpu_cvt_to_f32(h, tmp, dt, n);
+fail:
+    free(tmp);
+    return rc;
+}
+
+/* The ops below: rc = the first failing step; device buffers freed on every path. */
+#define STEP(call)           \
+    do {                     \
+        rc = (call);         \
+        if (rc != 0)         \
+            goto fail;       \
+    } while (0)
+
+/* See cuda_ops.h. */
+int gpu_cuda_embed_fwd(const int *x, int B, int T, int C, int V, const void *wte,
+                       const void *wpe, gpu_dtype wdt, gpu_dtype out_dt, float *out)
+{
+    int rc = gpu_cuda_ready();
+    void *d_x = NULL, *d_wte = NULL, *d_wpe = NULL, *d_out = NULL;
+    if (rc != 0)
+        return rc;
+    if (B < 0 || T < 1 || C < 1 || V < 1 || !dt_ok(wdt) || !dt_ok(out_dt))
+        return GPU_EINVAL;
+    size_t N = (size_t)B * T, es = gpu_dtype_size(wdt);
+    if (N == 0)
+        return 0;
+    if (x == NULL || wte == NULL || wpe == NULL || out == NULL)
+        return GPU_EINVAL;
+    STEP(dev_raw(&d_x, x, N * sizeof(int)));
+    STEP(dev_raw(&d_wte, wte, (size_t)V * C * es));
+    STEP(dev_raw(&d_wpe, wpe, (size_t)T * C * es));
+    STEP(dev_alloc(&d_out, N * C * gpu_dtype_size(out_dt)));
+    STEP(gpu_cuda_embed_fwd_launch((const int *)d_x, B, T, C, V, d_wte, d_wpe, wdt, out_dt, d_out,
+                                   out_dt, 0));
+    STEP(dev_get(out, d_out, N * C, out_dt));
+fail:
+    cudaFree(d_out);
+    cudaFree(d_wpe);
+    cudaFree(d_wte);
+    cudaFree(d_x);
+    return rc;
+}
+
+/* See cuda_ops.h. */
+int gpu_cuda_embed_bwd(const int *x, int B, int T, int C, int V, const float *dout,
+                       gpu_dtype dt, float *dwte, float *dwpe)
+{
+    int rc = gpu_cuda_ready();
+    void *d_x = NULL, *d_dout = NULL, *d_dwte = NULL, *d_dwpe = NULL, *d_work = NULL;
+    size_t wbytes = 0;
+    if (rc != 0)
+        return rc;
+    if (B < 0 || T < 1 || C < 1 || V < 1 || !dt_ok(dt))
+        return GPU_EINVAL;
+    size_t N = (size_t)B * T;
+    if (N == 0)
+        return 0;
+    if (x == NULL || dout == NULL || dwte == NULL || dwpe == NULL || N > (size_t)INT32_MAX)
+        return GPU_EINVAL;
+    STEP(gpu_cuda_embed_bwd_workspace((int)N, &wbytes));
+    STEP(dev_raw(&d_x, x, N * sizeof(int)));
+    STEP(dev_put(&d_dout, dout, N * C, dt));
+    STEP(dev_put(&d_dwte, dwte, (size_t)V * C, GPU_FP32));
+    STEP(dev_put(&d_dwpe, dwpe, (size_t)T * C, GPU_FP32));
+    STEP(dev_alloc(&d_work, wbytes));
+    STEP(gpu_cuda_embed_bwd_launch((const int *)d_x, B, T, C, V, d_dout, dt, dt, (float *)d_dwte,
+                                   (float *)d_dwpe, d_work, wbytes, 0));
+    STEP(dev_get(dwte, d_dwte, (size_t)V * C, GPU_FP32));
+    STEP(dev_get(dwpe, d_dwpe, (size_t)T * C, GPU_FP32));
+fail:
+    cudaFree(d_work);
+    cudaFree(d_dwpe);
+    cudaFree(d_dwte);
+    cudaFree(d_dout);
+    cudaFree(d_x);
+    return rc;
+}
+
+/* See cuda_ops.h. */
+int gpu_cuda_layernorm_fwd(const float *x, const float *g, const float *b, int N, int C,
+                           gpu_dtype dt, float *y, float *mean, float *rstd)
+{
+    int rc = gpu_cuda_ready();
+    void *d_x = NULL, *d_g = NULL, *d_b = NULL, *d_y = NULL, *d_mean = NULL, *d_rstd = NULL;
+    if (rc != 0)
+        return rc;
+    if (N < 0 || C < 1 || !dt_ok(dt))
+        return GPU_EINVAL;
+    if (N == 0)
+        return 0;
+    if (x == NULL || g == NULL || b == NULL || y == NULL || mean == NULL || rstd == NULL)
+        return GPU_EINVAL;
+    size_t n = (size_t)N * C;
+    STEP(dev_put(&d_x, x, n, dt));
+    STEP(dev_put(&d_g, g, (size_t)C, GPU_FP32));
+    STEP(dev_put(&d_b, b, (size_t)C, GPU_FP32));
+    STEP(dev_alloc(&d_y, n * gpu_dtype_size(dt)));
+    STEP(dev_alloc(&d_mean, (size_t)N * sizeof(float)));
+    STEP(dev_alloc(&d_rstd, (size_t)N * sizeof(float)));
+    STEP(gpu_cuda_layernorm_fwd_launch(d_x, dt, d_g, d_b, GPU_FP32, N, C, dt, d_y, dt,
+                                       (float *)d_mean, (float *)d_rstd, 0));
+    STEP(dev_get(y, d_y, n, dt));
+    STEP(dev_get(mean, d_mean, (size_t)N, GPU_FP32));
+    STEP(dev_get(rstd, d_rstd, (size_t)N, GPU_FP32));
+fail:
+    cudaFree(d_rstd);
+    cudaFree(d_mean);
+    cudaFree(d_y);
+    cudaFree(d_b);
+    cudaFree(d_g);
+    cudaFree(d_x);
+    return rc;
+}
+
+/* See cuda_ops.h. */
+int gpu_cuda_layernorm_bwd(const float *dy, const float *x, const float *mean,
+                           const float *rstd, const float *g, int N, int C, gpu_dtype dt,
+                           float *dx, float *dg, float *db)
+{
+    int rc = gpu_cuda_ready();
+    void *d_dy = NULL, *d_x = NULL, *d_mean = NULL, *d_rstd = NULL, *d_g = NULL, *d_dx = NULL;
+    void *d_dg = NULL, *d_db = NULL, *d_work = NULL;
+    if (rc != 0)
+        return rc;
+    if (N < 0 || C < 1 || !dt_ok(dt) || dg == NULL || db == NULL)
+        return GPU_EINVAL;
+    if (N > 0 && (dy == NULL || x == NULL || mean == NULL || rstd == NULL || g == NULL ||
+                  dx == NULL))
+        return GPU_EINVAL;
+    size_t n = (size_t)N * C;
+    STEP(dev_put(&d_dy, dy, n, dt));
+    STEP(dev_put(&d_x, x, n, dt));
+    STEP(dev_put(&d_mean, mean, (size_t)N, GPU_FP32));
+    STEP(dev_put(&d_rstd, rstd, (size_t)N, GPU_FP32));
+    STEP(dev_put(&d_g, g, N > 0 ? (size_t)C : 0, GPU_FP32));
+    STEP(dev_alloc(&d_dx, n * gpu_dtype_size(dt)));
+    STEP(dev_alloc(&d_dg, (size_t)C * sizeof(float)));
+    STEP(dev_alloc(&d_db, (size_t)C * sizeof(float)));
+    STEP(dev_alloc(&d_work, gpu_cuda_layernorm_bwd_workspace(N, C)));
+    STEP(gpu_cuda_layernorm_bwd_launch(d_dy, dt, d_x, dt, (const float *)d_mean,
+                                       (const float *)d_rstd, d_g, GPU_FP32, N, C, dt, d_dx, dt,
+                                       (float *)d_dg, (float *)d_db, d_work, 0));
+    STEP(dev_get(dx, d_dx, n, dt));
+    STEP(dev_get(dg, d_dg, (size_t)C, GPU_FP32));
+    STEP(dev_get(db, d_db, (size_t)C, GPU_FP32));
+fail:
+    cudaFree(d_work);
+    cudaFree(d_db);
+    cudaFree(d_dg);
+    cudaFree(d_dx);
+    cudaFree(d_g);
+    cudaFree(d_rstd);
+    cudaFree(d_mean);
+    cudaFree(d_x);
+    cudaFree(d_dy);
+    return rc;
+}
+
+/* An elementwise op on host arrays: in1 (and in2 when not NULL) up, kernel, out down. The
+ * launch runs in place on the first input's device copy when inplace is set. */
+typedef enum { EW_GELU_FWD, EW_GELU_BWD, EW_ACT_FWD, EW_ACT_BWD, EW_RESID } ew_op;
+
+static int elementwise(ew_op op, gpu_activation act, float *out, const float *in1,
+                       const float *in2, size_t n, gpu_dtype dt)
+{
+    int rc = gpu_cuda_ready();
+    void *d1 = NULL, *d2 = NULL, *d_out = NULL;
+    if (rc != 0)
+        return rc;
+    if (!dt_ok(dt) || ((op == EW_ACT_FWD || op == EW_ACT_BWD) && act != GPU_ACT_RELU &&
+                       act != GPU_ACT_GELU))
+        return GPU_EINVAL;
+    if (n == 0)
+        return 0;
+    if (out == NULL || in1 == NULL || (op != EW_GELU_FWD && op != EW_ACT_FWD && in2 == NULL))
+        return GPU_EINVAL;
+    size_t bytes = n * gpu_dtype_size(dt);
+    STEP(dev_put(&d1, in1, n, dt));
+    if (in2 != NULL && op != EW_GELU_FWD && op != EW_ACT_FWD)
+        STEP(dev_put(&d2, in2, n, dt));
+    switch (op) {
+    case EW_GELU_FWD:
+        STEP(dev_alloc(&d_out, bytes));
+        STEP(gpu_cuda_gelu_tanh_fwd_launch(d1, dt, d_out, dt, n, dt, 0));
+        break;
+    case EW_GELU_BWD: /* in1 = d (in place), in2 = u */
+        STEP(gpu_cuda_gelu_tanh_bwd_launch(d1, d1, dt, d2, dt, n, dt, 0));
+        break;
+    case EW_ACT_FWD:
+        STEP(dev_alloc(&d_out, bytes));
+        STEP(gpu_cuda_act_fwd_launch(act, d1, dt, d_out, dt, n, dt, 0));
+        break;
+    case EW_ACT_BWD: /* in1 = d (in place), in2 = saved */
+        STEP(gpu_cuda_act_bwd_launch(act, d1, d1, dt, d2, dt, n, dt, 0));
+        break;
+    case EW_RESID: /* out = a + b into a's copy */
+        STEP(gpu_cuda_resid_add_launch(d1, dt, d2, dt, n, dt, d1, dt, 0));
+        break;
+    }
+    STEP(dev_get(out, d_out != NULL ? d_out : d1, n, dt));
+fail:
+    cudaFree(d_out);
+    cudaFree(d2);
+    cudaFree(d1);
+    return rc;
+}
+
+/* See cuda_ops.h. */
+int gpu_cuda_gelu_tanh_fwd(float *dst, const float *u, size_t n, gpu_dtype dt)
+{
+    return elementwise(EW_GELU_FWD, GPU_ACT_GELU, dst, u, NULL, n, dt);
+}
+
+/* See cuda_ops.h. */
+int gpu_cuda_gelu_tanh_bwd(float *d, const float *u, size_t n, gpu_dtype dt)
+{
+    return elementwise(EW_GELU_BWD, GPU_ACT_GELU, d, d, u, n, dt);
+}
+
+/* See cuda_ops.h. */
+int gpu_cuda_act_fwd(gpu_activation act, float *dst, const float *z, size_t n, gpu_dtype dt)
+{
+    return elementwise(EW_ACT_FWD, act, dst, z, NULL, n, dt);
+}
+
+/* See cuda_ops.h. */
+int gpu_cuda_act_bwd(gpu_activation act, float *d, const float *saved, size_t n, gpu_dtype dt)
+{
+    return elementwise(EW_ACT_BWD, act, d, d, saved, n, dt);
+}
+
+/* See cuda_ops.h. */
+int gpu_cuda_resid_add(float *dst, const float *a, const float *b, size_t n, gpu_dtype dt)
+{
+    return elementwise(EW_RESID, GPU_ACT_RELU, dst, a, b, n, dt);
+}
+
+/* See cuda_ops.h. */
+int gpu_cuda_bias_add(float *out, const float *in, const void *bias, gpu_dtype bdt, int rows,
+                      int n, gpu_dtype dt)
+{
+    int rc = gpu_cuda_ready();
+    void *d_in = NULL, *d_bias = NULL, *d_out = NULL;
+    if (rc != 0)
+        return rc;
+    if (rows < 0 || n < 0 || !dt_ok(bdt) || !dt_ok(dt))
+        return GPU_EINVAL;
+    size_t total = (size_t)rows * n;
+    if (total == 0)
+        return 0;
+    if (out == NULL || in == NULL || bias == NULL)
+        return GPU_EINVAL;
+    STEP(dev_put(&d_in, in, total, GPU_FP32));
+    STEP(dev_raw(&d_bias, bias, (size_t)n * gpu_dtype_size(bdt)));
+    STEP(dev_alloc(&d_out, total * gpu_dtype_size(dt)));
+    STEP(gpu_cuda_bias_add_launch(d_in, GPU_FP32, d_bias, bdt, rows, n, dt, d_out, dt, 0));
+    STEP(dev_get(out, d_out, total, dt));
+fail:
+    cudaFree(d_out);
+    cudaFree(d_bias);
+    cudaFree(d_in);
+    return rc;
+}
+
+/* See cuda_ops.h. */
+int gpu_cuda_bias_grad(float *db, const float *dz, int rows, int n, gpu_dtype dt)
+{
+    int rc = gpu_cuda_ready();
+    void *d_dz = NULL, *d_db = NULL, *d_work = NULL;
+    if (rc != 0)
+        return rc;
+    if (rows < 0 || n < 0 || !dt_ok(dt))
+        return GPU_EINVAL;
+    if (n == 0)
+        return 0;
+    if (db == NULL || (rows > 0 && dz == NULL))
+        return GPU_EINVAL;
+    STEP(dev_put(&d_dz, dz, (size_t)rows * n, dt));
+    STEP(dev_alloc(&d_db, (size_t)n * sizeof(float)));
+    STEP(dev_alloc(&d_work, gpu_cuda_bias_grad_workspace(rows, n)));
+    STEP(gpu_cuda_bias_grad_launch(d_dz, dt, rows, n, dt, (float *)d_db, d_work, 0));
+    STEP(dev_get(db, d_db, (size_t)n, GPU_FP32));
+fail:
+    cudaFree(d_work);
+    cudaFree(d_db);
+    cudaFree(d_dz);
+    return rc;
+}
+
+/* The cross-entropy wrappers' common part: logits up (in ldt), the forward or fused kernel,
+ * the sums down. probs (fwd only, may be NULL) come back as values of ce_dt. */
+static int ce_host(gpu_cuda_ce_style style, float *logits, gpu_dtype ldt, const int *y, int N,
+                   int V, gpu_dtype lin_dt, gpu_dtype ce_dt, float *probs, bool fused,
+                   float seed, int count, double *loss_sum, int *correct)
+{
+    int rc = gpu_cuda_ready();
+    void *d_lg = NULL, *d_y = NULL, *d_p = NULL, *d_loss = NULL, *d_correct = NULL;
+    void *d_seed = NULL, *d_work = NULL;
+    if (rc != 0)
+        return rc;
+    if (N < 0 || V < 1 || !dt_ok(ldt) || !dt_ok(lin_dt) || !dt_ok(ce_dt) || count < 1 ||
+        loss_sum == NULL || correct == NULL || (N > 0 && (logits == NULL || y == NULL)))
+        return GPU_EINVAL;
+    size_t n = (size_t)N * V;
+    STEP(dev_put(&d_lg, logits, n, ldt));
+    STEP(dev_raw(&d_y, y, (size_t)N * sizeof(int)));
+    if (probs != NULL)
+        STEP(dev_alloc(&d_p, n * gpu_dtype_size(ce_dt)));
+    STEP(dev_alloc(&d_loss, sizeof(double)));
+    STEP(dev_alloc(&d_correct, sizeof(int)));
+    STEP(dev_alloc(&d_work, gpu_cuda_ce_workspace(N)));
+    if (fused) { /* the seed from the device, as a device-side loss scale gives it */
+        STEP(dev_put(&d_seed, &seed, 1, GPU_FP32));
+        STEP(gpu_cuda_ce_fused_launch(style, d_lg, ldt, (const int *)d_y, N, V, lin_dt, ce_dt,
+                                      0.0f, (const float *)d_seed, count, (double *)d_loss,
+                                      (int *)d_correct, d_work, 0));
+    } else {
+        STEP(gpu_cuda_ce_fwd_launch(style, d_lg, ldt, (const int *)d_y, N, V, lin_dt, ce_dt,
+                                    d_p, ce_dt, (double *)d_loss, (int *)d_correct, d_work,
+                                    0));
+    }
+    GPU_CUDA_TRY(cudaMemcpy(loss_sum, d_loss, sizeof(double), cudaMemcpyDeviceToHost));
+    GPU_CUDA_TRY(cudaMemcpy(correct, d_correct, sizeof(int), cudaMemcpyDeviceToHost));
+    if (probs != NULL)
+        STEP(dev_get(probs, d_p, n, ce_dt));
+    if (fused)
+        STEP(dev_get(logits, d_lg, n, ldt));
+fail:
+    cudaFree(d_work);
+    cudaFree(d_seed);
+    cudaFree(d_correct);
+    cudaFree(d_loss);
+    cudaFree(d_p);
+    cudaFree(d_y);
+    cudaFree(d_lg);
+    return rc;
+}
+
+/* See cuda_ops.h. */
+int gpu_cuda_ce_fwd(gpu_cuda_ce_style style, const float *logits, gpu_dtype ldt, const int *y,
+                    int N, int V, gpu_dtype lin_dt, gpu_dtype ce_dt, float *probs,
+                    double *loss_sum, int *correct)
+{
+    /* the logits are only read when not fused */
+    return ce_host(style, const_cast<float *>(logits), ldt, y, N, V, lin_dt, ce_dt, probs, false,
+                   0.0f, 1, loss_sum, correct);
+}
+
+/* See cuda_ops.h. */
+int gpu_cuda_ce_fused(gpu_cuda_ce_style style, float *logits, gpu_dtype ldt, const int *y,
+                      int N, int V, gpu_dtype lin_dt, gpu_dtype ce_dt, float seed, int count,
+                      double *loss_sum, int *correct)
+{
+    return ce_host(style, logits, ldt, y, N, V, lin_dt, ce_dt, NULL, true, seed, count,
+                   loss_sum, correct);
+}
+
+/* See cuda_ops.h. */
+int gpu_cuda_ce_bwd(gpu_cuda_ce_style style, const float *probs, const int *y, int N, int V,
+                    gpu_dtype ce_dt, gpu_dtype lin_dt, float seed, int count, float *dlogits)
+{
+    int rc = gpu_cuda_ready();
+    void *d_p = NULL, *d_y = NULL, *d_dl = NULL;
+    if (rc != 0)
+        return rc;
+    if (N < 0 || V < 1 || count < 1 || !dt_ok(ce_dt) || !dt_ok(lin_dt))
+        return GPU_EINVAL;
+    size_t n = (size_t)N * V;
+    if (n == 0)
+        return 0;
+    if (probs == NULL || y == NULL || dlogits == NULL)
+        return GPU_EINVAL;
+    STEP(dev_put(&d_p, probs, n, ce_dt));
+    STEP(dev_raw(&d_y, y, (size_t)N * sizeof(int)));
+    STEP(dev_alloc(&d_dl, n * gpu_dtype_size(lin_dt)));
+    STEP(gpu_cuda_ce_bwd_launch(style, d_p, ce_dt, (const int *)d_y, N, V, ce_dt, lin_dt, seed,
+                                NULL, count, d_dl, lin_dt, 0));
+    STEP(dev_get(dlogits, d_dl, n, lin_dt));
+fail:
+    cudaFree(d_dl);
+    cudaFree(d_y);
+    cudaFree(d_p);
+    return rc;
+}
+
+/* See cuda_ops.h. */
+int gpu_cuda_attn_softmax_fwd(const float *S, gpu_dtype sdt, int BH, int T, int hd,
+                              gpu_dtype mm_dt, gpu_dtype sm_dt, float *P, float *Pm)
+{
+    int rc = gpu_cuda_ready();
+    void *d_S = NULL, *d_P = NULL, *d_Pm = NULL;
+    if (rc != 0)
+        return rc;
+    if (BH < 0 || T < 1 || hd < 1 || !dt_ok(sdt) || !dt_ok(mm_dt) || !dt_ok(sm_dt))
+        return GPU_EINVAL;
+    size_t n = (size_t)BH * T * T;
+    if (n == 0)
+        return 0;
+    if (S == NULL || P == NULL)
+        return GPU_EINVAL;
+    STEP(dev_put(&d_S, S, n, sdt));
+    STEP(dev_alloc(&d_P, n * gpu_dtype_size(sm_dt)));
+    if (Pm != NULL)
+        STEP(dev_alloc(&d_Pm, n * gpu_dtype_size(mm_dt)));
+    STEP(gpu_cuda_attn_softmax_fwd_launch(d_S, sdt, BH, T, hd, mm_dt, sm_dt, d_P, sm_dt, d_Pm,
+                                          mm_dt, 0));
+    STEP(dev_get(P, d_P, n, sm_dt));
+    if (Pm != NULL)
+        STEP(dev_get(Pm, d_Pm, n, mm_dt));
+fail:
+    cudaFree(d_Pm);
+    cudaFree(d_P);
+    cudaFree(d_S);
+    return rc;
+}
+
+/* See cuda_ops.h. When dP is stored in mm_dt, dS overwrites it (the in-place form). */
+int gpu_cuda_attn_softmax_bwd(const float *P, const float *dP, gpu_dtype dpdt, int BH, int T,
+                              int hd, gpu_dtype mm_dt, gpu_dtype sm_dt, float *dS)
+{
+    int rc = gpu_cuda_ready();
+    void *d_P = NULL, *d_dP = NULL, *d_dS = NULL;
+    if (rc != 0)
+        return rc;
+    if (BH < 0 || T < 1 || hd < 1 || !dt_ok(dpdt) || !dt_ok(mm_dt) || !dt_ok(sm_dt))
+        return GPU_EINVAL;
+    size_t n = (size_t)BH * T * T;
+    if (n == 0)
+        return 0;
+    if (P == NULL || dP == NULL || dS == NULL)
+        return GPU_EINVAL;
+    STEP(dev_put(&d_P, P, n, sm_dt));
+    STEP(dev_put(&d_dP, dP, n, dpdt));
+    if (dpdt != mm_dt)
+        STEP(dev_alloc(&d_dS, n * gpu_dtype_size(mm_dt)));
+    STEP(gpu_cuda_attn_softmax_bwd_launch(d_P, sm_dt, d_dP, dpdt, BH, T, hd, mm_dt, sm_dt,
+                                          d_dS != NULL ? d_dS : d_dP, mm_dt, 0));
+    STEP(dev_get(dS, d_dS != NULL ? d_dS : d_dP, n, mm_dt));
+fail:
+    cudaFree(d_dS);
+    cudaFree(d_dP);
+    cudaFree(d_P);
+    return rc;
+}

@@ -1,0 +1,1362 @@
+/*
+ * cuda_step.cu - the kernels of a training step after backward, driven by a state struct in
+ * device memory (gpu_cuda_step_state, see cuda_step.h), and their host-buffer wrappers.
+ *
+ * What runs where, all on the caller's stream:
+ *   begin      1 thread: scale_used, inv = (float)(1.0 / (double)scale), per-step resets.
+ *   unscale    gpu_k_unscale of cuda_unscale.cu with the multiplier read from the state
+ *              (the host does not know the scale without a sync): the same fused pass,
+ *              2-D grid (tensors on y), block reductions, one atomic per statistic.
+ *   clip       1 thread: grad_norm, clip coefficient (train.c's clip_coef), applied + 1 and
+ *              the bias corrections in double (b^t by double-double exponentiation: the
+ *              correctly rounded power; glibc's pow is within 0.52 ulp of it, see the header).
+ *   optim      grid-stride loops over the parameters; every thread first reads found_inf
+ *              and returns when it is set, so a skipped step writes nothing.
+ *   lowp       the same per tensor (2-D grid) on 16-bit weights, counting lost updates
+ *              with one atomic per block.
+ *   scaler     1 thread: gpu_scaler_update's logic (scaler.c), line for line.
+ *   diag       grid-stride scans over fp32 values with diag.c's bit-pattern thresholds,
+ *              block reductions, atomics into per-layer counters; the first layer to hold
+ *              inf/NaN by an atomicCAS (kernels of one stream run in call order).
+ *
+ * Invariants: every fp32 operation of the optimizers is an explicit round-to-nearest
+ * intrinsic (__fmul_rn, __fadd_rn, __fdiv_rn, __fsqrt_rn; doubles likewise) in gpu/optim.c's
+ * order, so nvcc cannot contract them into FMAs and the results equal the CPU's bit for bit
+ * (nvcc's default keeps fp32 subnormals, as the CPU does). The working copy and 16-bit
+ * weights are rounded with cuda_common.cuh's conversions, which equal gpu/format.c's.
+ *
+ * Threads: launch functions only enqueue; the *_host wrappers are synchronous and own their
+ * device buffers (tests only, never on the step path).
+ */
+#include <cfloat>
+#include <stdlib.h>
+
+#include "gpu/cuda_common.cuh"
+#include "gpu/cuda_step.h"
+
+#define ST_THREADS 256
+#define ST_WARPS (ST_THREADS / 32)
+#define ST_PER_THREAD 4          /* elements per thread before the grid widens */
+#define ST_MAX_BLOCKS 4096u
+#define ST_MAX_BLOCKS_Y 65535
+#define FULL_MASK 0xFFFFFFFFu
+
+/* ---- small helpers ------------------------------------------------------------------------- */
+
+__device__ static __forceinline__ unsigned long long warp_sum(unsigned long long x)
+{
+    for (int off = 16; off > 0; off >>= 1)
+        x += __shfl_down_sync(FULL_MASK, x, off);
+    return x;
+}
+
+__device__ static __forceinline__ unsigned warp_max(unsigned x)
+{
+    for (int off = 16; off > 0; off >>= 1)
+        x = max(x, __shfl_down_sync(FULL_MASK, x, off));
+    return x;
+}
+
+/* Sum of x over the block (all ST_THREADS threads must call it); the result is valid in
+ * thread 0. part: ST_WARPS shared slots, free again when the call returns. */
+__device__ static unsigned long long block_sum(unsigned long long x, unsigned long long *part)
+{
+    const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    x = warp_sum(x);
+    if (lane == 0)
+        part[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        x = lane < ST_WARPS ? part[lane] : 0ull;
+        x = warp_sum(x);
+    }
+    __syncthreads();
+    return x;
+}
+
+__device__ static __forceinline__ double dev_nan(void)
+{
+    return __longlong_as_double(0x7FF8000000000000LL);
+}
+
+/* hi + lo *= bh + bl in double-double arithmetic (|lo| <= ulp(hi) / 2 after each call). */
+__device__ static void dd_mul(double *hi, double *lo, double bh, double bl)
+{
+    double p = __dmul_rn(*hi, bh);
+    double e = __fma_rn(*hi, bh, -p);
+    e = __dadd_rn(e, __dadd_rn(__dmul_rn(*hi, bl), __dmul_rn(*lo, bh)));
+    double s = __dadd_rn(p, e);
+    *lo = __dsub_rn(e, __dsub_rn(s, p));
+    *hi = s;
+}
+
+/* b^t for t >= 1, 0 <= b < 1: exponentiation by squaring in double-double (relative error
+ * about 2^-100), rounded once to double. Results below 2^-54 lose that precision, but then
+ * 1 - b^t rounds to 1 whatever they are. */
+__device__ static double pow_int(double b, long long t)
+{
+    double rh = 1.0, rl = 0.0, xh = b, xl = 0.0;
+    for (; t > 0; t >>= 1) {
+        if (t & 1)
+            dd_mul(&rh, &rl, xh, xl);
+        if (t > 1)
+            dd_mul(&xh, &xl, xh, xl);
+    }
+    return rh;
+}
+
+static void state_make(gpu_cuda_step_state *h, const gpu_scaler_state *s, int64_t applied,
+                       int64_t lost_total)
+{
+    memset(h, 0, sizeof(*h));
+    h->scaler = *s;
+    h->scale_used = s->scale;
+    h->inv = (float)(1.0 / (double)s->scale);
+    h->clip = 1.0f;
+    h->bc1 = 1.0;
+    h->bc2_sqrt = 1.0f;
+    h->applied = (long long)applied;
+    h->lost_total = (unsigned long long)lost_total;
+}
+
+/* ---- begin, clip, scaler ------------------------------------------------------------------- */
+
+static __global__ void gpu_k_step_begin(gpu_cuda_step_state *st)
+{
+    float scale = st->scaler.scale;
+    st->scale_used = scale;
+    st->inv = __double2float_rn(__ddiv_rn(1.0, (double)scale));
+    st->found_inf = 0;
+    st->floor_failed = 0;
+    st->sumsq = 0.0;
+    st->grad_norm = 0.0;
+    st->clip = 1.0f;
+    st->lost_step = 0ull;
+}
+
+static __global__ void gpu_k_step_clip(gpu_cuda_step_state *st, float grad_clip, double b1,
+                                       double b2)
+{
+    bool found = st->found_inf != 0;
+    double norm = found ? dev_nan() : __dsqrt_rn(st->sumsq);
+    float clip = 1.0f;
+
+    st->grad_norm = norm;
+    if (grad_clip > 0.0f && norm > (double)grad_clip)
+        clip = __double2float_rn(__ddiv_rn((double)grad_clip, __dadd_rn(norm, 1e-6)));
+    st->clip = clip;
+    if (found)
+        return;
+    long long t = ++st->applied;
+    if (t < 1)
+        t = 1;
+    st->bc1 = __dsub_rn(1.0, pow_int(b1, t));
+    st->bc2_sqrt = __double2float_rn(__dsqrt_rn(__dsub_rn(1.0, pow_int(b2, t))));
+}
+
+/* gpu_scaler_update (scaler.c), the same statements in the same order. */
+__device__ static int scaler_update(gpu_scaler_state *s, const gpu_scaler_config &c,
+                                    bool found_inf)
+{
+    s->steps++;
+    if (found_inf) {
+        s->overflow_total++;
+        s->skipped_total++;
+    }
+    if (c.mode != GPU_SCALE_DYNAMIC) {
+        if (c.mode == GPU_SCALE_NONE)
+            s->scale = 1.0f;
+        return 0;
+    }
+    if (!found_inf) {
+        s->floor_streak = 0;
+        if (s->growth_tracker + 1 < c.growth_interval) {
+            s->growth_tracker++;
+            return 0;
+        }
+        s->growth_tracker = 0;
+        s->hysteresis_left = c.hysteresis;
+        float cand = __double2float_rn(__dmul_rn((double)s->scale, (double)c.growth_factor));
+        if (isfinite(cand) && cand <= c.max_scale) {
+            s->scale = cand;
+            s->growth_total++;
+        }
+        return 0;
+    }
+
+    s->growth_tracker = 0;
+    s->floor_streak = s->scale <= c.min_scale ? s->floor_streak + 1 : 0;
+    if (s->hysteresis_left > 0)
+        s->hysteresis_left--;
+    if (s->hysteresis_left <= 0) {
+        float next = __double2float_rn(__dmul_rn((double)s->scale, (double)c.backoff_factor));
+        if (!(next >= c.min_scale))
+            next = c.min_scale;
+        if (next < s->scale)
+            s->backoff_total++;
+        s->scale = next;
+    }
+    return s->floor_streak >= c.floor_patience;
+}
+
+static __global__ void gpu_k_scaler_update(gpu_cuda_step_state *st, gpu_scaler_config c)
+{
+    st->floor_failed = scaler_update(&st->scaler, c, st->found_inf != 0);
+}
+
+/* ---- unscale with the device's multiplier ------------------------------------------------ */
+
+typedef struct {
+    float amax, amax_scaled;
+    unsigned long long nonfinite, zeros;
+    double sumsq;
+} us_acc;
+
+__device__ static __forceinline__ void us_warp_reduce(us_acc *a)
+{
+    for (int off = 16; off > 0; off >>= 1) {
+        a->amax = fmaxf(a->amax, __shfl_down_sync(FULL_MASK, a->amax, off));
+        a->amax_scaled = fmaxf(a->amax_scaled, __shfl_down_sync(FULL_MASK, a->amax_scaled, off));
+        a->nonfinite += __shfl_down_sync(FULL_MASK, a->nonfinite, off);
+        a->zeros += __shfl_down_sync(FULL_MASK, a->zeros, off);
+        a->sumsq += __shfl_down_sync(FULL_MASK, a->sumsq, off);
+    }
+}
+
+/* cuda_unscale.cu's gpu_k_unscale with inv = st->inv: non-finite x counted and left alone,
+ * finite x -> y = x * inv (one fp32 product; skipped when inv == 1) with the stats of y. */
+static __global__ void __launch_bounds__(ST_THREADS)
+gpu_k_step_unscale(float *g, const size_t *offsets, const size_t *counts, int ntensors,
+                   gpu_cuda_step_tstat *stats, gpu_cuda_step_state *st)
+{
+    __shared__ us_acc part[ST_WARPS];
+    const float inv = st->inv;
+    const bool scale = inv != 1.0f;
+    const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+
+    /* the loop condition depends on blockIdx only, so __syncthreads below is uniform */
+    for (int t = blockIdx.y; t < ntensors; t += gridDim.y) {
+        float *p = g + offsets[t];
+        size_t n = counts[t];
+        us_acc a = {0.0f, 0.0f, 0ull, 0ull, 0.0};
+
+        for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+            float x = p[i];
+            if (!isfinite(x)) {
+                a.nonfinite++;
+                continue;
+            }
+            float y = x;
+            if (scale) {
+                y = __fmul_rn(x, inv);
+                p[i] = y;
+            }
+            a.amax_scaled = fmaxf(a.amax_scaled, fabsf(x));
+            a.amax = fmaxf(a.amax, fabsf(y));   /* fmaxf ignores a NaN y (inv not finite) */
+            a.zeros += y == 0.0f;
+            a.sumsq += (double)y * (double)y;
+        }
+
+        us_warp_reduce(&a);
+        if (lane == 0)
+            part[warp] = a;
+        __syncthreads();
+        if (warp == 0) {
+            us_acc z = {0.0f, 0.0f, 0ull, 0ull, 0.0};
+            a = lane < ST_WARPS ? part[lane] : z;
+            us_warp_reduce(&a);
+            if (lane == 0) {
+                gpu_cuda_step_tstat *s = &stats[t];
+                if (a.amax > 0.0f)
+                    atomicMax(&s->amax, __float_as_uint(a.amax));
+                if (a.amax_scaled > 0.0f)
+                    atomicMax(&s->amax_scaled, __float_as_uint(a.amax_scaled));
+                if (a.nonfinite != 0) {
+                    atomicAdd(&s->nonfinite, a.nonfinite);
+                    st->found_inf = 1;
+                }
+                if (a.zeros != 0)
+                    atomicAdd(&s->zeros, a.zeros);
+                if (a.sumsq != 0.0)
+                    atomicAdd(&st->sumsq, a.sumsq);
+            }
+        }
+        __syncthreads();  /* part[] is reused by the next tensor */
+    }
+}
+
+/* ---- optimizers ---------------------------------------------------------------------------- */
+
+/* How the working copy / weights are stored. */
+enum { WK_NONE = 0, WK_F32, WK_F16, WK_BF16 };
+
+/* The step-independent constants, formed on the host as in optim.c's consts_init. */
+typedef struct {
+    float lr, wd, b1, b2, omb1, omb2, eps, momentum;
+    int have_buf;     /* SGD: a momentum buffer was given */
+} opt_args;
+
+/* The per-step constants (consts_init), formed by every thread from the args and the state. */
+typedef struct {
+    float gmul, lr, wd, b1, b2, omb1, omb2, eps, decay, step_size, bc2_sqrt, momentum;
+    int sgd_mode;     /* 0: no buffer; 1: first step, buf = d; 2: buf = mom * buf + d */
+} opt_k;
+
+static opt_args opt_args_make(const gpu_optim_config *c, float lr, bool have_buf)
+{
+    opt_args a;
+    a.lr = lr;
+    a.wd = c->weight_decay;
+    a.b1 = c->beta1;
+    a.b2 = c->beta2;
+    a.omb1 = 1.0f - c->beta1;
+    a.omb2 = 1.0f - c->beta2;
+    a.eps = c->eps;
+    a.momentum = c->momentum;
+    a.have_buf = have_buf;
+    return a;
+}
+
+__device__ static opt_k opt_consts(const opt_args &a, const gpu_cuda_step_state *st)
+{
+    opt_k k;
+    long long t = st->applied < 1 ? 1 : st->applied;
+    k.gmul = st->clip;
+    k.lr = a.lr;
+    k.wd = a.wd;
+    k.b1 = a.b1;
+    k.b2 = a.b2;
+    k.omb1 = a.omb1;
+    k.omb2 = a.omb2;
+    k.eps = a.eps;
+    k.decay = __double2float_rn(__dsub_rn(1.0, __dmul_rn((double)a.lr, (double)a.wd)));
+    k.step_size = __double2float_rn(__ddiv_rn((double)a.lr, st->bc1));
+    k.bc2_sqrt = st->bc2_sqrt;
+    k.momentum = a.momentum;
+    k.sgd_mode = (a.momentum == 0.0f || !a.have_buf) ? 0 : (t == 1 ? 1 : 2);
+    return k;
+}
+
+/* One AdamW element (optim.c's adamw_chunk): returns the new p, updates *m and *v. */
+__device__ static __forceinline__ float adamw_one(const opt_k &k, float p, float g, float *m,
+                                                  float *v)
+{
+    float gi = __fmul_rn(g, k.gmul);
+    float mi = __fadd_rn(__fmul_rn(k.b1, *m), __fmul_rn(k.omb1, gi));
+    float vi = __fadd_rn(__fmul_rn(k.b2, *v), __fmul_rn(__fmul_rn(k.omb2, gi), gi));
+    *m = mi;
+    *v = vi;
+    float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), k.bc2_sqrt), k.eps);
+    return __fsub_rn(__fmul_rn(p, k.decay), __fmul_rn(k.step_size, __fdiv_rn(mi, denom)));
+}
+
+/* One SGD element (optim.c's sgd_chunk); buf is NULL in mode 0. */
+__device__ static __forceinline__ float sgd_one(const opt_k &k, float p, float g, float *buf)
+{
+    float d = __fadd_rn(__fmul_rn(g, k.gmul), __fmul_rn(k.wd, p));
+    if (k.sgd_mode == 1) {
+        *buf = d;
+    } else if (k.sgd_mode == 2) {
+        d = __fadd_rn(__fmul_rn(k.momentum, *buf), d);
+        *buf = d;
+    }
+    return __fsub_rn(p, __fmul_rn(k.lr, d));
+}
+
+template <int SGD>
+__device__ static __forceinline__ float opt_one(const opt_k &k, float p, const float *g,
+                                                float *m, float *v, size_t i)
+{
+    if (SGD)
+        return sgd_one(k, p, g[i], k.sgd_mode != 0 ? m + i : NULL);
+    return adamw_one(k, p, g[i], m + i, v + i);
+}
+
+template <int WK>
+__device__ static __forceinline__ void store_work(void *work, size_t i, float x)
+{
+    if constexpr (WK == WK_F32)
+        ((float *)work)[i] = x;
+    else if constexpr (WK == WK_F16)
+        ((uint16_t *)work)[i] = gpu_dev_f32_to_f16(__float_as_uint(x));
+    else if constexpr (WK == WK_BF16)
+        ((uint16_t *)work)[i] = gpu_dev_f32_to_bf16(__float_as_uint(x));
+}
+
+template <int SGD, int WK>
+static __global__ void __launch_bounds__(ST_THREADS)
+gpu_k_optim(opt_args a, const gpu_cuda_step_state *st, float *p, const float *g, float *m,
+            float *v, size_t n, void *work)
+{
+    if (st->found_inf)
+        return;
+    const opt_k k = opt_consts(a, st);
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        float pi = opt_one<SGD>(k, p[i], g, m, v, i);
+        p[i] = pi;
+        store_work<WK>(work, i, pi);
+    }
+}
+
+/* gpu_optim_update_lowp on tensor blockIdx.y (strided): the weights are widened, updated
+ * in fp32 and rounded back; an element whose fp32 value changed but whose stored value did
+ * not is a lost update. */
+template <int SGD, int WK>
+static __global__ void __launch_bounds__(ST_THREADS)
+gpu_k_optim_lowp(opt_args a, gpu_cuda_step_state *st, void *w, const float *g, float *m,
+                 float *v, const size_t *offsets, const size_t *counts, int ntensors,
+                 unsigned long long *tensor_lost)
+{
+    __shared__ unsigned long long part[ST_WARPS];
+    if (st->found_inf)      /* the same for every thread: no barrier is skipped by some */
+        return;
+    const opt_k k = opt_consts(a, st);
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+
+    for (int t = blockIdx.y; t < ntensors; t += gridDim.y) {
+        const size_t off = offsets[t], n = counts[t];
+        unsigned long long lost = 0;
+        for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+            size_t j = off + i;
+            if constexpr (WK == WK_F32) {
+                float *wf = (float *)w;
+                wf[j] = opt_one<SGD>(k, wf[j], g, m, v, j);
+            } else {
+                uint16_t *w16 = (uint16_t *)w;
+                uint16_t old16 = w16[j];
+                float old = __uint_as_float(WK == WK_F16 ? gpu_dev_f16_to_f32(old16)
+                                                         : gpu_dev_bf16_to_f32(old16));
+                float cur = opt_one<SGD>(k, old, g, m, v, j);
+                uint16_t out = WK == WK_F16 ? gpu_dev_f32_to_f16(__float_as_uint(cur))
+                                            : gpu_dev_f32_to_bf16(__float_as_uint(cur));
+                lost += (cur != old) & (out == old16);
+                w16[j] = out;
+            }
+        }
+        lost = block_sum(lost, part);
+        if (threadIdx.x == 0 && lost != 0) {
+            atomicAdd(&st->lost_step, lost);
+            atomicAdd(&st->lost_total, lost);
+            if (tensor_lost != NULL)
+                atomicAdd(&tensor_lost[t], lost);
+        }
+    }
+}
+
+static int wk_of(gpu_dtype wdt, bool have_work)
+{
+    if (!have_work)
+        return WK_NONE;
+    switch (wdt) {
+    case GPU_FP32:
+        return WK_F32;
+    case GPU_FP16:
+        return WK_F16;
+    case GPU_BF16:
+        return WK_BF16;
+    }
+    return -1;
+}
+
+template <int SGD>
+static void optim_dispatch(int wk, dim3 grid, cudaStream_t stream, const opt_args &a,
+                           const gpu_cuda_step_state *st, float *p, const float *g, float *m,
+                           float *v, size_t n, void *work)
+{
+    switch (wk) {
+    case WK_NONE:
+        gpu_k_optim<SGD, WK_NONE><<<grid, ST_THREADS, 0, stream>>>(a, st, p, g, m, v, n, work);
+        break;
+    case WK_F32:
+        gpu_k_optim<SGD, WK_F32><<<grid, ST_THREADS, 0, stream>>>(a, st, p, g, m, v, n, work);
+        break;
+    case WK_F16:
+        gpu_k_optim<SGD, WK_F16><<<grid, ST_THREADS, 0, stream>>>(a, st, p, g, m, v, n, work);
+        break;
+    default:
+        gpu_k_optim<SGD, WK_BF16><<<grid, ST_THREADS, 0, stream>>>(a, st, p, g, m, v, n, work);
+        break;
+    }
+}
+
+template <int SGD>
+static void lowp_dispatch(int wk, dim3 grid, cudaStream_t stream, const opt_args &a,
+                          gpu_cuda_step_state *st, void *w, const float *g, float *m, float *v,
+                          const size_t *off, const size_t *cnt, int nt,
+                          unsigned long long *tlost)
+{
+    switch (wk) {
+    case WK_F32:
+        gpu_k_optim_lowp<SGD, WK_F32><<<grid, ST_THREADS, 0, stream>>>(a, st, w, g, m, v, off,
+                                                                      cnt, nt, tlost);
+        break;
+    case WK_F16:
+        gpu_k_optim_lowp<SGD, WK_F16><<<grid, ST_THREADS, 0, stream>>>(a, st, w, g, m, v, off,
+                                                                      cnt, nt, tlost);
+        break;
+    default:
+        gpu_k_optim_lowp<SGD, WK_BF16><<<grid, ST_THREADS, 0, stream>>>(a, st, w, g, m, v, off,
+                                                                       cnt, nt, tlost);
+        break;
+    }
+}
+
+/* ---- diagnostics --------------------------------------------------------------------------- */
+
+/* diag.c's thresholds: |x| bit patterns from which rounding to dt overflows, and the largest
+ * that rounds to 0 (0: nothing flushes). */
+static unsigned dg_overflow_bits(gpu_dtype dt)
+{
+    return dt == GPU_FP16 ? 0x477FF000u : dt == GPU_BF16 ? 0x7F7F8000u : 0x7F800000u;
+}
+
+__host__ __device__ static unsigned dg_flush_bits(gpu_dtype dt)
+{
+    return dt == GPU_FP16 ? 0x33000000u : dt == GPU_BF16 ? 0x00008000u : 0u;
+}
+
+/* diag.c's flush_bits_scaled: the largest |g| pattern with |g| / scale <= the dtype's
+ * flush threshold, decided in double; the same IEEE operations in the same order. */
+__device__ static unsigned dg_flush_scaled(gpu_dtype dt, float scale)
+{
+    unsigned fb = dg_flush_bits(dt);
+    if (fb == 0 || !(scale > 0.0f) || !isfinite(scale))
+        return 0;
+    double h = (double)__uint_as_float(fb), s = (double)scale;
+    float t = __double2float_rn(__dmul_rn(h, s));
+    if (!isfinite(t))
+        t = FLT_MAX;
+    /* t >= 0 here: the neighbours of a non-negative float are its pattern -1 / +1 */
+    while (t > 0.0f && __ddiv_rn((double)t, s) > h)
+        t = __uint_as_float(__float_as_uint(t) - 1u);
+    while (t < FLT_MAX && __ddiv_rn((double)__uint_as_float(__float_as_uint(t) + 1u), s) <= h)
+        t = __uint_as_float(__float_as_uint(t) + 1u);
+    return __float_as_uint(t);
+}
+
+static __global__ void gpu_k_diag_begin(gpu_cuda_diag *d, const gpu_cuda_step_state *st)
+{
+    float scale = st->scaler.scale;
+    d->scale = scale;
+    d->flush_scaled[GPU_FP32] = 0u;
+    d->flush_scaled[GPU_FP16] = dg_flush_scaled(GPU_FP16, scale);
+    d->flush_scaled[GPU_BF16] = dg_flush_scaled(GPU_BF16, scale);
+    d->first = -1;
+}
+
+typedef struct {
+    unsigned amax;
+    unsigned long long nonzero, flushed, flushed_scaled, nonfinite;
+} dg_acc;
+
+__device__ static __forceinline__ void dg_add(unsigned long long *dst, unsigned long long x)
+{
+    if (x != 0)
+        atomicAdd(dst, x);
+}
+
+__device__ static __forceinline__ void dg_max(unsigned *dst, unsigned x)
+{
+    if (x != 0)
+        atomicMax(dst, x);
+}
+
+/* Account x[0..n) (fp32 bit patterns) as `kind` for layer: ovf, fl from dt (host), the
+ * flush threshold at the loss scale from the header. */
+static __global__ void __launch_bounds__(ST_THREADS)
+gpu_k_diag(gpu_cuda_diag *d, int layer, int kind, gpu_dtype dt, unsigned ovf, unsigned fl,
+           const unsigned *x, size_t n)
+{
+    __shared__ unsigned long long part[ST_WARPS];
+    __shared__ unsigned part_max[ST_WARPS];
+    const bool grad = kind == GPU_CUDA_DIAG_WEIGHT_GRAD || kind == GPU_CUDA_DIAG_INPUT_GRAD;
+    const unsigned ufl = grad ? d->flush_scaled[dt] : 0u;
+    const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    dg_acc a = {0u, 0ull, 0ull, 0ull, 0ull};
+
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        unsigned v = x[i] & 0x7FFFFFFFu, vm1 = v - 1u;
+        a.amax = max(a.amax, v < 0x7F800000u ? v : 0u);
+        a.nonzero += v != 0u;
+        a.flushed += vm1 < fl;
+        a.flushed_scaled += vm1 < ufl;
+        a.nonfinite += v >= ovf;
+    }
+    a.amax = warp_max(a.amax);
+    if (lane == 0)
+        part_max[warp] = a.amax;
+    a.nonzero = block_sum(a.nonzero, part);     /* its barriers also publish part_max */
+    a.flushed = block_sum(a.flushed, part);
+    a.flushed_scaled = block_sum(a.flushed_scaled, part);
+    a.nonfinite = block_sum(a.nonfinite, part);
+    if (threadIdx.x != 0)
+        return;
+    for (int w = 0; w < ST_WARPS; w++)
+        a.amax = max(a.amax, part_max[w]);
+
+    gpu_cuda_diag_layer *l = &d->layer[layer];
+    const unsigned long long cnt = blockIdx.x == 0 ? (unsigned long long)n : 0ull;
+    switch (kind) {
+    case GPU_CUDA_DIAG_FORWARD:
+        dg_max(&l->act_amax, a.amax);
+        dg_add(&l->act_overflow, a.nonfinite);
+        dg_add(&l->act_n, cnt);
+        break;
+    case GPU_CUDA_DIAG_WEIGHT_GRAD:
+        dg_max(&l->grad_amax, a.amax);
+        dg_add(&l->grad_nonzero, a.nonzero);
+        dg_add(&l->grad_flushed, a.flushed);
+        dg_add(&l->grad_flushed_unscaled, a.flushed_scaled);
+        dg_add(&l->grad_nonfinite, a.nonfinite);
+        dg_add(&l->grad_n, cnt);
+        break;
+    case GPU_CUDA_DIAG_INPUT_GRAD:
+        dg_add(&l->in_nonzero, a.nonzero);
+        dg_add(&l->in_flushed, a.flushed);
+        dg_add(&l->in_flushed_unscaled, a.flushed_scaled);
+        dg_add(&l->in_nonfinite, a.nonfinite);
+        dg_add(&l->in_n, cnt);
+        break;
+    default:
+        dg_add(&l->out_nonfinite, a.nonfinite);
+        break;
+    }
+    if (a.nonfinite != 0)
+        atomicCAS(&d->first, -1, 2 * layer + (kind == GPU_CUDA_DIAG_FORWARD ? 1 : 0));
+}
+
+/* ---- launch functions (device pointers borrowed; enqueued on stream, no host sync) ------ */
+
+/* See cuda_step.h. s borrowed; the source is staged before the call returns. */
+extern "C" int gpu_cuda_step_state_init(gpu_cuda_step_state *d_state,
+                                        const gpu_scaler_state *s, int64_t applied,
+                                        int64_t lost_total, cudaStream_t stream)
+{
+    gpu_cuda_step_state h;
+    if (d_state == NULL || s == NULL)
+        return GPU_EINVAL;
+    state_make(&h, s, applied, lost_total);
+    GPU_CUDA_CHECK(cudaMemcpyAsync(d_state, &h, sizeof(h), cudaMemcpyHostToDevice, stream));
+    return 0;
+}
+
+extern "C" int gpu_cuda_step_begin_launch(gpu_cuda_step_state *d_state, cudaStream_t stream)
+{
+    if (d_state == NULL)
+        return GPU_EINVAL;
+    gpu_k_step_begin<<<1, 1, 0, stream>>>(d_state);
+    GPU_CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
+
+/* Grid of a per-tensor pass: x covers the largest tensor, y the tensors. */
+static dim3 tensor_grid(size_t max_count, int ntensors)
+{
+    return dim3(gpu_cuda_blocks(max_count, ST_THREADS * ST_PER_THREAD, ST_MAX_BLOCKS),
+                ntensors < ST_MAX_BLOCKS_Y ? ntensors : ST_MAX_BLOCKS_Y);
+}
+
+extern "C" int gpu_cuda_step_unscale_launch(float *d_g, const size_t *d_offsets,
+                                            const size_t *d_counts, int ntensors,
+                                            size_t max_count, gpu_cuda_step_tstat *d_stats,
+                                            gpu_cuda_step_state *d_state, cudaStream_t stream)
+{
+    if (d_state == NULL || ntensors < 0 ||
+        (ntensors > 0 && (d_g == NULL || d_offsets == NULL || d_counts == NULL ||
+                          d_stats == NULL)))
+        return GPU_EINVAL;
+    GPU_CUDA_CHECK(cudaMemsetAsync(&d_state->found_inf, 0, sizeof(d_state->found_inf), stream));
+    GPU_CUDA_CHECK(cudaMemsetAsync(&d_state->sumsq, 0, sizeof(d_state->sumsq), stream));
+    if (ntensors == 0)
+        return 0;
+    GPU_CUDA_CHECK(cudaMemsetAsync(d_stats, 0, (size_t)ntensors * sizeof(*d_stats), stream));
+    gpu_k_step_unscale<<<tensor_grid(max_count, ntensors), ST_THREADS, 0, stream>>>(
+        d_g, d_offsets, d_counts, ntensors, d_stats, d_state);
+    GPU_CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
+
+/* c borrowed. */
+extern "C" int gpu_cuda_step_clip_launch(gpu_cuda_step_state *d_state,
+                                         const gpu_optim_config *c, cudaStream_t stream)
+{
+    if (d_state == NULL || c == NULL)
+        return GPU_EINVAL;
+    gpu_k_step_clip<<<1, 1, 0, stream>>>(d_state, c->grad_clip, (double)c->beta1,
+                                         (double)c->beta2);
+    GPU_CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
+
+/* c borrowed. */
+extern "C" int gpu_cuda_optim_launch(const gpu_optim_config *c, float lr,
+                                     const gpu_cuda_step_state *d_state, float *d_p,
+                                     const float *d_g, float *d_m, float *d_v, size_t n,
+                                     void *d_work, gpu_dtype wdt, cudaStream_t stream)
+{
+    bool sgd = c != NULL && c->type == GPU_OPT_SGD;
+    int wk = wk_of(wdt, d_work != NULL);
+
+    if (c == NULL || d_state == NULL || wk < 0)
+        return GPU_EINVAL;
+    if (n == 0)
+        return 0;
+    if (d_p == NULL || d_g == NULL || (!sgd && (d_m == NULL || d_v == NULL)))
+        return GPU_EINVAL;
+    opt_args a = opt_args_make(c, lr, d_m != NULL);
+    dim3 grid(gpu_cuda_blocks(n, ST_THREADS * ST_PER_THREAD, ST_MAX_BLOCKS));
+    if (sgd)
+        optim_dispatch<1>(wk, grid, stream, a, d_state, d_p, d_g, d_m, d_v, n, d_work);
+    else
+        optim_dispatch<0>(wk, grid, stream, a, d_state, d_p, d_g, d_m, d_v, n, d_work);
+    GPU_CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
+
+/* c borrowed. */
+extern "C" int gpu_cuda_optim_lowp_launch(const gpu_optim_config *c, float lr,
+                                          gpu_cuda_step_state *d_state, void *d_w,
+                                          gpu_dtype wdt, const float *d_g, float *d_m,
+                                          float *d_v, const size_t *d_offsets,
+                                          const size_t *d_counts, int ntensors,
+                                          size_t max_count, unsigned long long *d_tensor_lost,
+                                          cudaStream_t stream)
+{
+    bool sgd = c != NULL && c->type == GPU_OPT_SGD;
+    int wk = wk_of(wdt, true);
+
+    if (c == NULL || d_state == NULL || wk < 0 || ntensors < 0)
+        return GPU_EINVAL;
+    if (ntensors == 0)
+        return 0;
+    if (d_w == NULL || d_g == NULL || d_offsets == NULL || d_counts == NULL ||
+        (!sgd && (d_m == NULL || d_v == NULL)))
+        return GPU_EINVAL;
+    if (d_tensor_lost != NULL)
+        GPU_CUDA_CHECK(cudaMemsetAsync(d_tensor_lost, 0,
+                                       (size_t)ntensors * sizeof(*d_tensor_lost), stream));
+    opt_args a = opt_args_make(c, lr, d_m != NULL);
+    dim3 grid = tensor_grid(max_count, ntensors);
+    if (sgd)
+        lowp_dispatch<1>(wk, grid, stream, a, d_state, d_w, d_g, d_m, d_v, d_offsets, d_counts,
+                         ntensors, d_tensor_lost);
+    else
+        lowp_dispatch<0>(wk, grid, stream, a, d_state, d_w, d_g, d_m, d_v, d_offsets, d_counts,
+                         ntensors, d_tensor_lost);
+    GPU_CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
+
+/* c borrowed. */
+extern "C" int gpu_cuda_scaler_update_launch(gpu_cuda_step_state *d_state,
+                                             const gpu_scaler_config *c, cudaStream_t stream)
+{
+    if (d_state == NULL || c == NULL)
+        return GPU_EINVAL;
+    gpu_k_scaler_update<<<1, 1, 0, stream>>>(d_state, *c);
+    GPU_CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
+
+/* Host buffers borrowed; they must stay valid until the stream has passed this point. */
+extern "C" int gpu_cuda_step_snapshot(const gpu_cuda_step_state *d_state,
+                                      gpu_cuda_step_state *h_state,
+                                      const gpu_cuda_step_tstat *d_stats,
+                                      gpu_cuda_step_tstat *h_stats, int ntensors,
+                                      cudaStream_t stream)
+{
+    if (d_state == NULL || h_state == NULL || (d_stats != NULL && h_stats == NULL))
+        return GPU_EINVAL;
+    GPU_CUDA_CHECK(cudaMemcpyAsync(h_state, d_state, sizeof(*h_state), cudaMemcpyDeviceToHost,
+                                   stream));
+    if (d_stats != NULL && ntensors > 0)
+        GPU_CUDA_CHECK(cudaMemcpyAsync(h_stats, d_stats, (size_t)ntensors * sizeof(*h_stats),
+                                       cudaMemcpyDeviceToHost, stream));
+    return 0;
+}
+
+extern "C" int gpu_cuda_diag_begin_launch(gpu_cuda_diag *d_diag,
+                                          const gpu_cuda_step_state *d_state,
+                                          cudaStream_t stream)
+{
+    if (d_diag == NULL || d_state == NULL)
+        return GPU_EINVAL;
+    GPU_CUDA_CHECK(cudaMemsetAsync(d_diag, 0, sizeof(*d_diag), stream));
+    gpu_k_diag_begin<<<1, 1, 0, stream>>>(d_diag, d_state);
+    GPU_CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
+
+extern "C" int gpu_cuda_diag_launch(gpu_cuda_diag *d_diag, int layer, gpu_dtype dt,
+                                    gpu_cuda_diag_kind kind, const float *d_x, size_t n,
+                                    cudaStream_t stream)
+{
+    if (d_diag == NULL || (dt != GPU_FP32 && dt != GPU_FP16 && dt != GPU_BF16) ||
+        (kind != GPU_CUDA_DIAG_FORWARD && kind != GPU_CUDA_DIAG_WEIGHT_GRAD &&
+         kind != GPU_CUDA_DIAG_INPUT_GRAD && kind != GPU_CUDA_DIAG_BACKWARD))
+        return GPU_EINVAL;
+    if (layer < 0 || layer >= GPU_CUDA_DIAG_MAX_LAYERS || n == 0)
+        return 0;
+    if (d_x == NULL)
+        return GPU_EINVAL;
+    bool back = kind == GPU_CUDA_DIAG_BACKWARD;
+    unsigned ovf = back ? 0x7F800000u : dg_overflow_bits(dt);
+    unsigned fl = kind == GPU_CUDA_DIAG_WEIGHT_GRAD || kind == GPU_CUDA_DIAG_INPUT_GRAD
+                      ? dg_flush_bits(dt)
+                      : 0u;
+    unsigned blocks = gpu_cuda_blocks(n, ST_THREADS * ST_PER_THREAD, ST_MAX_BLOCKS);
+    gpu_k_diag<<<blocks, ST_THREADS, 0, stream>>>(d_diag, layer, (int)kind, dt, ovf, fl,
+                                                  (const unsigned *)(const void *)d_x, n);
+    GPU_CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
+
+/* Bytes of a gpu_cuda_diag holding its header and nlayers layers. */
+static size_t diag_bytes(int nlayers)
+{
+    if (nlayers < 0)
+        nlayers = 0;
+    if (nlayers > GPU_CUDA_DIAG_MAX_LAYERS)
+        nlayers = GPU_CUDA_DIAG_MAX_LAYERS;
+    return offsetof(gpu_cuda_diag, layer) + (size_t)nlayers * sizeof(gpu_cuda_diag_layer);
+}
+
+extern "C" int gpu_cuda_diag_snapshot(const gpu_cuda_diag *d_diag, gpu_cuda_diag *h_diag,
+                                      int nlayers, cudaStream_t stream)
+{
+    if (d_diag == NULL || h_diag == NULL)
+        return GPU_EINVAL;
+    GPU_CUDA_CHECK(cudaMemcpyAsync(h_diag, d_diag, diag_bytes(nlayers), cudaMemcpyDeviceToHost,
+                                   stream));
+    return 0;
+}
+
+/* ---- host helpers -------------------------------------------------------------------------- */
+
+static float bits_to_float(unsigned int u)
+{
+    float x;
+    memcpy(&x, &u, sizeof(x));
+    return x;
+}
+
+/* Pointers borrowed. */
+extern "C" void gpu_cuda_step_stats_export(const gpu_cuda_step_tstat *src, int n,
+                                           gpu_grad_stat *dst)
+{
+    for (int t = 0; t < n; t++) {
+        dst[t].amax = bits_to_float(src[t].amax);
+        dst[t].amax_scaled = bits_to_float(src[t].amax_scaled);
+        dst[t].nonfinite = (int64_t)src[t].nonfinite;
+        dst[t].zeros = (int64_t)src[t].zeros;
+    }
+}
+
+/* ---- synchronous host-buffer wrappers (tests) --------------------------------------------- */
+
+/* cudaMalloc(*d, bytes) (a few bytes for 0, so that every buffer is a valid pointer) and,
+ * when src is not NULL, copy bytes of src into it. */
+static cudaError_t dev_dup(void **d, const void *src, size_t bytes)
+{
+    cudaError_t e = cudaMalloc(d, bytes ? bytes : 16);
+    if (e == cudaSuccess && src != NULL && bytes > 0)
+        e = cudaMemcpy(*d, src, bytes, cudaMemcpyHostToDevice);
+    return e;
+}
+
+/* Copy bytes of device d into host dst (nothing when dst is NULL or bytes is 0). */
+static cudaError_t dev_get(void *dst, const void *d, size_t bytes)
+{
+    if (dst == NULL || bytes == 0)
+        return cudaSuccess;
+    return cudaMemcpy(dst, d, bytes, cudaMemcpyDeviceToHost);
+}
+
+/* A scaler state with the given scale and nothing counted. */
+static gpu_scaler_state scaler_at(float scale)
+{
+    gpu_scaler_state s;
+    memset(&s, 0, sizeof(s));
+    s.scale = scale;
+    return s;
+}
+
+/* The clip kernel without clipping (applied + 1 and the bias corrections unless found_inf),
+ * then gmul written over the coefficient. */
+static int prepare_update(gpu_cuda_step_state *d_state, const gpu_optim_config *c, float gmul)
+{
+    gpu_optim_config noclip = *c;
+    noclip.grad_clip = 0.0f;
+    int rc = gpu_cuda_step_clip_launch(d_state, &noclip, 0);
+    if (rc != 0)
+        return rc;
+    GPU_CUDA_CHECK(cudaMemcpy(&d_state->clip, &gmul, sizeof(gmul), cudaMemcpyHostToDevice));
+    return 0;
+}
+
+/* See cuda_step.h. All pointers host, borrowed. */
+extern "C" int gpu_cuda_optim_update_host(const gpu_optim_config *c, float lr, int64_t t,
+                                          float gmul, bool found_inf, float *p, const float *g,
+                                          float *m, float *v, size_t n, void *work,
+                                          gpu_dtype wdt, int64_t *applied)
+{
+    int rc = gpu_cuda_ready();
+    gpu_cuda_step_state h, *d_state = NULL;
+    gpu_scaler_state s0 = scaler_at(1.0f);
+    float *d_p = NULL, *d_g = NULL, *d_m = NULL, *d_v = NULL;
+    void *d_work = NULL;
+    size_t fb = n * sizeof(float), wb;
+
+    if (rc != 0)
+        return rc;
+    if (c == NULL || wk_of(wdt, true) < 0)
+        return GPU_EINVAL;
+    if (n > 0 && (p == NULL || g == NULL ||
+                  (c->type != GPU_OPT_SGD && (m == NULL || v == NULL))))
+        return GPU_EINVAL;
+    wb = n * gpu_dtype_size(wdt);
+    state_make(&h, &s0, t - 1, 0);
+    h.found_inf = found_inf;
+
+    GPU_CUDA_TRY(dev_dup((void **)&d_state, &h, sizeof(h)));
+    GPU_CUDA_TRY(dev_dup((void **)&d_p, p, fb));
+    GPU_CUDA_TRY(dev_dup((void **)&d_g, g, fb));
+    if (m != NULL)
+        GPU_CUDA_TRY(dev_dup((void **)&d_m, m, fb));
+    if (v != NULL)
+        GPU_CUDA_TRY(dev_dup((void **)&d_v, v, fb));
+    if (work != NULL)
+        GPU_CUDA_TRY(dev_dup(&d_work, work, wb));
+    rc = prepare_update(d_state, c, gmul);
+    if (rc == 0)
+        rc = gpu_cuda_optim_launch(c, lr, d_state, d_p, d_g, d_m, d_v, n, d_work, wdt, 0);
+    if (rc != 0)
+        goto fail;
+    GPU_CUDA_TRY(dev_get(&h, d_state, sizeof(h)));
+    GPU_CUDA_TRY(dev_get(p, d_p, fb));
+    GPU_CUDA_TRY(dev_get(m, d_m, fb));
+    GPU_CUDA_TRY(dev_get(v, d_v, fb));
+    GPU_CUDA_TRY(dev_get(work, d_work, wb));
+    if (applied != NULL)
+        *applied = h.applied;
+    rc = 0;
+fail:
+    cudaFree(d_work);
+    cudaFree(d_v);
+    cudaFree(d_m);
+    cudaFree(d_g);
+    cudaFree(d_p);
+    cudaFree(d_state);
+    return rc;
+}
+
+/* See cuda_step.h. All pointers host, borrowed. */
+extern "C" int gpu_cuda_optim_update_lowp_host(const gpu_optim_config *c, float lr, int64_t t,
+                                               float gmul, bool found_inf, void *w,
+                                               gpu_dtype wdt, const float *g, float *m,
+                                               float *v, size_t n, int64_t *lost,
+                                               int64_t *applied)
+{
+    int rc = gpu_cuda_ready();
+    gpu_cuda_step_state h, *d_state = NULL;
+    gpu_scaler_state s0 = scaler_at(1.0f);
+    float *d_g = NULL, *d_m = NULL, *d_v = NULL;
+    void *d_w = NULL;
+    size_t *d_off = NULL, *d_cnt = NULL, zero = 0;
+    size_t fb = n * sizeof(float), wb;
+
+    if (rc != 0)
+        return rc;
+    if (c == NULL || wk_of(wdt, true) < 0)
+        return GPU_EINVAL;
+    if (n > 0 && (w == NULL || g == NULL ||
+                  (c->type != GPU_OPT_SGD && (m == NULL || v == NULL))))
+        return GPU_EINVAL;
+    wb = n * gpu_dtype_size(wdt);
+    state_make(&h, &s0, t - 1, 0);
+    h.found_inf = found_inf;
+
+    GPU_CUDA_TRY(dev_dup((void **)&d_state, &h, sizeof(h)));
+    GPU_CUDA_TRY(dev_dup(&d_w, w, wb));
+    GPU_CUDA_TRY(dev_dup((void **)&d_g, g, fb));
+    if (m != NULL)
+        GPU_CUDA_TRY(dev_dup((void **)&d_m, m, fb));
+    if (v != NULL)
+        GPU_CUDA_TRY(dev_dup((void **)&d_v, v, fb));
+    GPU_CUDA_TRY(dev_dup((void **)&d_off, &zero, sizeof(zero)));
+    GPU_CUDA_TRY(dev_dup((void **)&d_cnt, &n, sizeof(n)));
+    rc = prepare_update(d_state, c, gmul);
+    if (rc == 0)
+        rc = gpu_cuda_optim_lowp_launch(c, lr, d_state, d_w, wdt, d_g, d_m, d_v, d_off, d_cnt,
+                                        1, n, NULL, 0);
+    if (rc != 0)
+        goto fail;
+    GPU_CUDA_TRY(dev_get(&h, d_state, sizeof(h)));
+    GPU_CUDA_TRY(dev_get(w, d_w, wb));
+    GPU_CUDA_TRY(dev_get(m, d_m, fb));
+    GPU_CUDA_TRY(dev_get(v, d_v, fb));
+    if (lost != NULL)
+        *lost = (int64_t)h.lost_step;
+    if (applied != NULL)
+        *applied = h.applied;
+    rc = 0;
+fail:
+    cudaFree(d_cnt);
+    cudaFree(d_off);
+    cudaFree(d_v);
+    cudaFree(d_m);
+    cudaFree(d_g);
+    cudaFree(d_w);
+    cudaFree(d_state);
+    return rc;
+}
+
+/* See cuda_step.h. Per step: found_inf copied into the state on the device, the update
+ * launched, the state copied into a device trace; one synchronising copy at the end. */
+extern "C" int gpu_cuda_scaler_update_host(gpu_scaler_state *s, const gpu_scaler_config *c,
+                                           const bool *found_inf, int nsteps,
+                                           gpu_scaler_state *trace, bool *floor)
+{
+    int rc = gpu_cuda_ready();
+    gpu_cuda_step_state h, *d_state = NULL, *d_trace = NULL, *h_trace = NULL;
+    int *h_found = NULL, *d_found = NULL;
+    size_t ns;
+
+    if (rc != 0)
+        return rc;
+    if (s == NULL || c == NULL || nsteps < 0 || (nsteps > 0 && found_inf == NULL))
+        return GPU_EINVAL;
+    if (nsteps == 0)
+        return 0;
+    ns = (size_t)nsteps;
+    h_found = (int *)malloc(ns * sizeof(*h_found));
+    h_trace = (gpu_cuda_step_state *)malloc(ns * sizeof(*h_trace));
+    if (h_found == NULL || h_trace == NULL) {
+        rc = GPU_ENOMEM;
+        goto fail;
+    }
+    for (size_t k = 0; k < ns; k++)
+        h_found[k] = found_inf[k] ? 1 : 0;
+    state_make(&h, s, 0, 0);
+
+    GPU_CUDA_TRY(dev_dup((void **)&d_state, &h, sizeof(h)));
+    GPU_CUDA_TRY(dev_dup((void **)&d_found, h_found, ns * sizeof(*d_found)));
+    GPU_CUDA_TRY(dev_dup((void **)&d_trace, NULL, ns * sizeof(*d_trace)));
+    for (size_t k = 0; k < ns; k++) {
+        GPU_CUDA_TRY(cudaMemcpyAsync(&d_state->found_inf, d_found + k, sizeof(int),
+                                     cudaMemcpyDeviceToDevice, 0));
+        rc = gpu_cuda_scaler_update_launch(d_state, c, 0);
+        if (rc != 0)
+            goto fail;
+        GPU_CUDA_TRY(cudaMemcpyAsync(d_trace + k, d_state, sizeof(*d_trace),
+                                     cudaMemcpyDeviceToDevice, 0));
+    }
+    GPU_CUDA_TRY(dev_get(h_trace, d_trace, ns * sizeof(*h_trace)));
+    for (size_t k = 0; k < ns; k++) {
+        if (trace != NULL)
+            trace[k] = h_trace[k].scaler;
+        if (floor != NULL)
+            floor[k] = h_trace[k].floor_failed != 0;
+    }
+    *s = h_trace[ns - 1].scaler;
+    rc = 0;
+fail:
+    cudaFree(d_trace);
+    cudaFree(d_found);
+    cudaFree(d_state);
+    free(h_trace);
+    free(h_found);
+    return rc;
+}
+
+/* The extent of the tensors (largest offset + count) and the largest count; GPU_EINVAL when
+ * the tables are missing. */
+static int tensor_span(const size_t *offsets, const size_t *counts, int ntensors, size_t *span,
+                       size_t *max_count)
+{
+    *span = 0;
+    *max_count = 0;
+    if (ntensors < 0 || (ntensors > 0 && (offsets == NULL || counts == NULL)))
+        return GPU_EINVAL;
+    for (int t = 0; t < ntensors; t++) {
+        if (offsets[t] + counts[t] > *span)
+            *span = offsets[t] + counts[t];
+        if (counts[t] > *max_count)
+            *max_count = counts[t];
+    }
+    return 0;
+}
+
+/* See cuda_step.h. All pointers host, borrowed. */
+extern "C" int gpu_cuda_clip_host(const gpu_optim_config *c, float scale, float *g,
+                                  const size_t *offsets, const size_t *counts, int ntensors,
+                                  gpu_grad_stat *stats, bool *found_inf, double *sumsq,
+                                  double *norm, float *clip)
+{
+    int rc = gpu_cuda_ready();
+    gpu_cuda_step_state h, *d_state = NULL;
+    gpu_scaler_state s0 = scaler_at(scale);
+    gpu_cuda_step_tstat *h_st = NULL, *d_st = NULL;
+    size_t span, max_count, nt;
+    float *d_g = NULL;
+    size_t *d_off = NULL, *d_cnt = NULL;
+
+    if (rc != 0)
+        return rc;
+    if (c == NULL || found_inf == NULL || sumsq == NULL ||
+        tensor_span(offsets, counts, ntensors, &span, &max_count) != 0 ||
+        (span > 0 && g == NULL))
+        return GPU_EINVAL;
+    nt = (size_t)ntensors;
+    h_st = (gpu_cuda_step_tstat *)malloc((nt ? nt : 1) * sizeof(*h_st));
+    if (h_st == NULL)
+        return GPU_ENOMEM;
+    state_make(&h, &s0, 0, 0);
+
+    GPU_CUDA_TRY(dev_dup((void **)&d_state, &h, sizeof(h)));
+    GPU_CUDA_TRY(dev_dup((void **)&d_g, g, span * sizeof(*g)));
+    GPU_CUDA_TRY(dev_dup((void **)&d_off, offsets, nt * sizeof(*offsets)));
+    GPU_CUDA_TRY(dev_dup((void **)&d_cnt, counts, nt * sizeof(*counts)));
+    GPU_CUDA_TRY(dev_dup((void **)&d_st, NULL, nt * sizeof(*d_st)));
+    rc = gpu_cuda_step_begin_launch(d_state, 0);
+    if (rc == 0)
+        rc = gpu_cuda_step_unscale_launch(d_g, d_off, d_cnt, ntensors, max_count, d_st,
+                                          d_state, 0);
+    if (rc == 0)
+        rc = gpu_cuda_step_clip_launch(d_state, c, 0);
+    if (rc != 0)
+        goto fail;
+    rc = gpu_cuda_step_snapshot(d_state, &h, d_st, h_st, ntensors, 0);
+    if (rc != 0)
+        goto fail;
+    GPU_CUDA_TRY(cudaStreamSynchronize(0));
+    GPU_CUDA_TRY(dev_get(g, d_g, span * sizeof(*g)));
+    if (stats != NULL)
+        gpu_cuda_step_stats_export(h_st, ntensors, stats);
+    *found_inf = h.found_inf != 0;
+    *sumsq = h.sumsq;
+    if (norm != NULL)
+        *norm = h.grad_norm;
+    if (clip != NULL)
+        *clip = h.clip;
+    rc = 0;
+fail:
+    cudaFree(d_st);
+    cudaFree(d_cnt);
+    cudaFree(d_off);
+    cudaFree(d_g);
+    cudaFree(d_state);
+    free(h_st);
+    return rc;
+}
+
+/* See cuda_step.h. All pointers host, borrowed. */
+extern "C" int gpu_cuda_diag_host(const gpu_dtype *dtypes, int nlayers, float scale,
+                                  const gpu_cuda_diag_call *calls, int ncalls,
+                                  gpu_cuda_diag *out)
+{
+    int rc = gpu_cuda_ready();
+    gpu_cuda_step_state h, *d_state = NULL;
+    gpu_scaler_state s0 = scaler_at(scale);
+    gpu_cuda_diag *d_diag = NULL;
+    float *d_x = NULL;
+    size_t total = 0, off = 0;
+
+    if (rc != 0)
+        return rc;
+    if (out == NULL || nlayers < 0 || nlayers > GPU_CUDA_DIAG_MAX_LAYERS ||
+        (nlayers > 0 && dtypes == NULL) || ncalls < 0 || (ncalls > 0 && calls == NULL))
+        return GPU_EINVAL;
+    for (int i = 0; i < ncalls; i++) {
+        if (calls[i].n > 0 && calls[i].x == NULL)
+            return GPU_EINVAL;
+        total += calls[i].n;
+    }
+    state_make(&h, &s0, 0, 0);
+
+    GPU_CUDA_TRY(dev_dup((void **)&d_state, &h, sizeof(h)));
+    GPU_CUDA_TRY(dev_dup((void **)&d_diag, NULL, sizeof(*d_diag)));
+    GPU_CUDA_TRY(dev_dup((void **)&d_x, NULL, total * sizeof(*d_x)));
+    for (int i = 0; i < ncalls; i++) {
+        if (calls[i].n > 0)
+            GPU_CUDA_TRY(cudaMemcpy(d_x + off, calls[i].x, calls[i].n * sizeof(*d_x),
+                                    cudaMemcpyHostToDevice));
+        off += calls[i].n;
+    }
+    rc = gpu_cuda_diag_begin_launch(d_diag, d_state, 0);
+    off = 0;
+    for (int i = 0; rc == 0 && i < ncalls; i++) {
+        int l = calls[i].layer;
+        /* as on the CPU, a layer the table does not hold is ignored */
+        if (l >= 0 && l < nlayers)
+            rc = gpu_cuda_diag_launch(d_diag, l, dtypes[l], calls[i].kind, d_x + off,
+                                      calls[i].n, 0);
+        off += calls[i].n;
+    }
+    if (rc == 0)
+        rc = gpu_cuda_diag_snapshot(d_diag, out, nlayers, 0);
+    if (rc != 0)
+        goto fail;
+    GPU_CUDA_TRY(cudaStreamSynchronize(0));
+    rc = 0;
+fail:
+    cudaFree(d_x);
+    cudaFree(d_diag);
+    cudaFree(d_state);
+    return rc;
+}
+
+/* The device buffers of a tail run. */
+typedef struct {
+    gpu_cuda_step_state *state, *trace;
+    float *g, *master, *m, *v;
+    void *work;
+    size_t *off, *cnt;
+    gpu_cuda_step_tstat *stats;
+    unsigned long long *tlost;
+} tail_dev;
+
+static void tail_free(tail_dev *d)
+{
+    cudaFree(d->tlost);
+    cudaFree(d->stats);
+    cudaFree(d->cnt);
+    cudaFree(d->off);
+    cudaFree(d->work);
+    cudaFree(d->v);
+    cudaFree(d->m);
+    cudaFree(d->master);
+    cudaFree(d->g);
+    cudaFree(d->trace);
+    cudaFree(d->state);
+}
+
+static int tail_args_ok(const gpu_optim_config *oc, const gpu_scaler_config *sc,
+                        const gpu_scaler_state *s, const int64_t *applied, int nsteps,
+                        const float *lr, const float *grads, const gpu_cuda_tail_bufs *b)
+{
+    if (oc == NULL || sc == NULL || s == NULL || applied == NULL || b == NULL || nsteps < 0 ||
+        (nsteps > 0 && lr == NULL) || (nsteps > 0 && b->n > 0 && grads == NULL) ||
+        wk_of(b->wdt, true) < 0 || b->ntensors < 0 ||
+        (b->ntensors > 0 && (b->offsets == NULL || b->counts == NULL)))
+        return 0;
+    for (int t = 0; t < b->ntensors; t++)
+        if (b->offsets[t] > b->n || b->counts[t] > b->n - b->offsets[t])
+            return 0;
+    if (b->n > 0 && b->master == NULL && b->work == NULL)
+        return 0;
+    return b->n == 0 || oc->type == GPU_OPT_SGD || (b->m != NULL && b->v != NULL);
+}
+
+/* Enqueue step k of a tail run on the default stream. */
+static int tail_step(const gpu_optim_config *oc, const gpu_scaler_config *sc, float lr,
+                     const gpu_cuda_tail_bufs *b, const tail_dev *d, size_t max_count, int k)
+{
+    size_t nt = (size_t)b->ntensors;
+    float *g = d->g + (size_t)k * b->n;
+    int rc = gpu_cuda_step_begin_launch(d->state, 0);
+    if (rc == 0)
+        rc = gpu_cuda_step_unscale_launch(g, d->off, d->cnt, b->ntensors, max_count,
+                                          d->stats + (size_t)k * nt, d->state, 0);
+    if (rc == 0)
+        rc = gpu_cuda_step_clip_launch(d->state, oc, 0);
+    if (rc == 0 && b->master != NULL)
+        rc = gpu_cuda_optim_launch(oc, lr, d->state, d->master, g, d->m, d->v, b->n, d->work,
+                                   b->wdt, 0);
+    else if (rc == 0)
+        rc = gpu_cuda_optim_lowp_launch(oc, lr, d->state, d->work, b->wdt, g, d->m, d->v,
+                                        d->off, d->cnt, b->ntensors, max_count,
+                                        d->tlost + (size_t)k * nt, 0);
+    if (rc == 0)
+        rc = gpu_cuda_scaler_update_launch(d->state, sc, 0);
+    if (rc == 0)
+        GPU_CUDA_CHECK(cudaMemcpyAsync(d->trace + k, d->state, sizeof(*d->trace),
+                                       cudaMemcpyDeviceToDevice, 0));
+    return rc;
+}
+
+/* See cuda_step.h. All pointers host, borrowed. */
+extern "C" int gpu_cuda_step_tail_host(const gpu_optim_config *oc, const gpu_scaler_config *sc,
+                                       gpu_scaler_state *s, int64_t *applied, int nsteps,
+                                       const float *lr, const float *grads,
+                                       gpu_cuda_tail_bufs *b, gpu_cuda_step_state *trace,
+                                       gpu_grad_stat *stats, int64_t *tensor_lost)
+{
+    int rc = gpu_cuda_ready();
+    tail_dev d;
+    gpu_cuda_step_state *h_trace = NULL;
+    gpu_cuda_step_tstat *h_st = NULL;
+    unsigned long long *h_lost = NULL;
+    size_t ns, nt, nst, span, max_count, fb, wb;
+
+    memset(&d, 0, sizeof(d));
+    if (rc != 0)
+        return rc;
+    if (!tail_args_ok(oc, sc, s, applied, nsteps, lr, grads, b) ||
+        tensor_span(b->offsets, b->counts, b->ntensors, &span, &max_count) != 0)
+        return GPU_EINVAL;
+    if (nsteps == 0)
+        return 0;
+    ns = (size_t)nsteps;
+    nt = (size_t)b->ntensors;
+    fb = b->n * sizeof(float);
+    wb = b->n * gpu_dtype_size(b->wdt);
+    h_trace = (gpu_cuda_step_state *)malloc(ns * sizeof(*h_trace));
+    nst = ns * nt > 0 ? ns * nt : 1;
+    h_st = (gpu_cuda_step_tstat *)malloc(nst * sizeof(*h_st));
+    h_lost = (unsigned long long *)calloc(nst, sizeof(*h_lost));
+    if (h_trace == NULL || h_st == NULL || h_lost == NULL) {
+        rc = GPU_ENOMEM;
+        goto fail;
+    }
+    GPU_CUDA_TRY(dev_dup((void **)&d.state, NULL, sizeof(*d.state)));
+    rc = gpu_cuda_step_state_init(d.state, s, *applied, 0, 0);
+    if (rc != 0)
+        goto fail;
+    GPU_CUDA_TRY(dev_dup((void **)&d.trace, NULL, ns * sizeof(*d.trace)));
+    GPU_CUDA_TRY(dev_dup((void **)&d.g, grads, ns * fb));
+    if (b->master != NULL)
+        GPU_CUDA_TRY(dev_dup((void **)&d.master, b->master, fb));
+    if (b->work != NULL)
+        GPU_CUDA_TRY(dev_dup(&d.work, b->work, wb));
+    if (b->m != NULL)
+        GPU_CUDA_TRY(dev_dup((void **)&d.m, b->m, fb));
+    if (b->v != NULL)
+        GPU_CUDA_TRY(dev_dup((void **)&d.v, b->v, fb));
+    GPU_CUDA_TRY(dev_dup((void **)&d.off, b->offsets, nt * sizeof(size_t)));
+    GPU_CUDA_TRY(dev_dup((void **)&d.cnt, b->counts, nt * sizeof(size_t)));
+    GPU_CUDA_TRY(dev_dup((void **)&d.stats, NULL, ns * nt * sizeof(*d.stats)));
+    GPU_CUDA_TRY(dev_dup((void **)&d.tlost, h_lost, ns * nt * sizeof(*d.tlost)));
+
+    for (int k = 0; k < nsteps; k++) {
+        rc = tail_step(oc, sc, lr[k], b, &d, max_count, k);
+        if (rc != 0)
+            goto fail;
+    }
+
+    GPU_CUDA_TRY(dev_get(h_trace, d.trace, ns * sizeof(*h_trace)));
+    GPU_CUDA_TRY(dev_get(h_st, d.stats, ns * nt * sizeof(*h_st)));
+    GPU_CUDA_TRY(dev_get(h_lost, d.tlost, ns * nt * sizeof(*h_lost)));
+    GPU_CUDA_TRY(dev_get(b->master, d.master, fb));
+    GPU_CUDA_TRY(dev_get(b->work, d.work, wb));
+    GPU_CUDA_TRY(dev_get(b->m, d.m, fb));
+    GPU_CUDA_TRY(dev_get(b->v, d.v, fb));
+    if (trace != NULL)
+        memcpy(trace, h_trace, ns * sizeof(*trace));
+    if (stats != NULL)
+        gpu_cuda_step_stats_export(h_st, (int)(ns * nt), stats);
+    for (size_t i = 0; tensor_lost != NULL && i < ns * nt; i++)
+        tensor_lost[i] = (int64_t)h_lost[i];
+    *s = h_trace[ns - 1].scaler;
+    *applied = h_trace[ns - 1].applied;
+    rc = 0;
+fail:
+    tail_free(&d);
+    free(h_lost);
+    free(h_st);
+    free(h_trace);
+    return rc;
+}

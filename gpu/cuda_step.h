@@ -1,0 +1,293 @@
+/*
+ * cuda_step.h - the device side of a training step after backward (gpu/cuda_step.cu):
+ * unscale with the device's scale, clip coefficient, fused AdamW/SGD (with fp32 master
+ * weights or without), the loss-scaler update and the per-layer diagnostics counters, all
+ * driven by a small state struct that lives in device memory, so that a whole AMP step runs
+ * without a host synchronisation.
+ *
+ * One step on one stream (every call only enqueues; d_ = device pointer):
+ *   gpu_cuda_step_begin_launch(d_state)           scale_used, inv; per-step fields reset
+ *   ... forward, backward seeded with d_state->scale_used ...
+ *   gpu_cuda_step_unscale_launch(..., d_state)    found_inf, sumsq, per-tensor stats
+ *   gpu_cuda_step_clip_launch(d_state, optim)     grad_norm, clip; applied + 1 and the bias
+ *                                                 corrections unless found_inf
+ *   gpu_cuda_optim_launch(optim, lr, d_state, ...)       or gpu_cuda_optim_lowp_launch:
+ *                                                 skipped entirely when found_inf
+ *   gpu_cuda_scaler_update_launch(d_state, scaler) gpu_scaler_update's logic
+ *   gpu_cuda_step_snapshot(d_state, h_pinned, ...) read by the host one step later
+ * lr is the host's gpu_lr_at(step - 1, steps) (it depends on the step index only); the
+ * bias-correction t is the device's applied count, which a skipped step does not advance.
+ *
+ * Numerics: the optimizer kernels perform gpu/optim.c's IEEE operations in its order with
+ * round-to-nearest intrinsics (no FMA contraction) and form the bias corrections in double
+ * from b^t computed by double-double exponentiation (the correctly rounded power). glibc's
+ * pow, which the CPU uses, is within 0.52 ulp and differs from it in the last bit of the
+ * double about once in 2500 (b, t); that reaches the fp32 constants only when one sits on a
+ * rounding boundary, so p, m, v and the working copy equal the CPU's bit for bit in practice
+ * and within 1 ulp always. The scaler update, clip formula and diagnostics thresholds are
+ * exact; sumsq is summed in another order than on the CPU (equal to rounding).
+ *
+ * Threads: the *_launch functions only enqueue on the caller's stream (no host
+ * synchronisation); the *_host wrappers are synchronous, own their device buffers and may be
+ * called from any thread. Without a device every *_host wrapper returns GPU_ENODEV and
+ * leaves its buffers alone.
+ */
+#ifndef AMPD_CUDA_STEP_H
+#define AMPD_CUDA_STEP_H
+
+#include "gpu/gpu.h"
+
+#ifdef __CUDACC__
+#include <cuda_runtime.h>
+#else
+/* the runtime's own definition (driver_types.h), so C callers need no CUDA header */
+typedef struct CUstream_st *cudaStream_t;
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- device state ------------------------------------------------------------------------ */
+
+/* One trainer's step state, in device memory. The host writes it once
+ * (gpu_cuda_step_state_init) and then only reads snapshots of it. */
+typedef struct {
+    gpu_scaler_state scaler;     /* the loss scaler, exactly as gpu_scaler_update keeps it */
+    /* set by gpu_cuda_step_begin_launch */
+    float scale_used;            /* the scale this step's backward is seeded with */
+    float inv;                   /* (float)(1.0 / (double)scale_used): the unscale multiplier */
+    /* set by the unscale pass */
+    int found_inf;               /* the step's gradients held inf/NaN (the step is skipped) */
+    int floor_failed;            /* set by the scaler update: gpu_scaler_update would have
+                                  * returned GPU_ESCALE_FLOOR */
+    double sumsq;                /* sum of squares of the unscaled gradients */
+    /* set by the clip kernel */
+    double grad_norm;            /* sqrt(sumsq); NaN when found_inf */
+    double bc1;                  /* 1 - beta1^t (double), t = max(applied, 1) */
+    float clip;                  /* the gradient multiplier gmul (1 when not clipping) */
+    float bc2_sqrt;              /* (float)sqrt(1 - beta2^t) */
+    long long applied;           /* optimizer steps applied (AdamW's t) */
+    /* set by the lowp optimizer */
+    unsigned long long lost_step;   /* updates that rounded away this step */
+    unsigned long long lost_total;  /* ... since the start */
+} gpu_cuda_step_state;
+
+/* Per-tensor statistics of the device unscale pass (gpu_grad_stat on the device). */
+typedef struct {
+    unsigned int amax, amax_scaled;  /* bit patterns of non-negative floats */
+    unsigned long long nonfinite, zeros;
+} gpu_cuda_step_tstat;
+
+/* The per-layer diagnostics counters of diag.c on the device (gpu_layer_diag's counters;
+ * the starved counts are the model's and stay on the host). */
+typedef struct {
+    unsigned int act_amax;       /* bits of the largest finite |output| before rounding */
+    unsigned int grad_amax;      /* bits of the largest finite |weight gradient| (scaled) */
+    unsigned long long act_n, act_overflow;
+    unsigned long long grad_n, grad_nonzero, grad_flushed, grad_flushed_unscaled,
+        grad_nonfinite;
+    unsigned long long in_n, in_nonzero, in_flushed, in_flushed_unscaled, in_nonfinite;
+    unsigned long long out_nonfinite;
+} gpu_cuda_diag_layer;
+
+#define GPU_CUDA_DIAG_MAX_LAYERS 256  /* GPU_DIAG_MAX_LAYERS of gpu_int.h */
+
+typedef struct {
+    float scale;                 /* the loss scale the backward is seeded with */
+    unsigned int flush_scaled[3];  /* gpu_diag_flush_bits(dt, scale) by gpu_dtype */
+    int first;                   /* -1, or 2 * layer + 1 (forward output) / 2 * layer
+                                  * (backward value): the first layer to hold inf/NaN */
+    int pad;                     /* explicit padding before the 8-byte aligned layers */
+    gpu_cuda_diag_layer layer[GPU_CUDA_DIAG_MAX_LAYERS];
+} gpu_cuda_diag;
+
+/* What a diagnostics launch accounts, as the gpu_diag_* function of the same name. */
+typedef enum {
+    GPU_CUDA_DIAG_FORWARD = 0,   /* gpu_diag_forward: outputs before rounding */
+    GPU_CUDA_DIAG_WEIGHT_GRAD,   /* gpu_diag_weight_grad */
+    GPU_CUDA_DIAG_INPUT_GRAD,    /* gpu_diag_input_grad */
+    GPU_CUDA_DIAG_BACKWARD       /* gpu_diag_backward: inf/NaN of an arriving gradient */
+} gpu_cuda_diag_kind;
+
+/* ---- launch functions: device pointers borrowed, enqueued on stream, no host sync -------- */
+
+/* Write the initial state: the scaler state s, the applied count and lost total (a fresh
+ * run: gpu_scaler_init's state, 0, 0; a resumed run: the checkpoint's scalars). The host
+ * source is staged before the call returns (may wait for the staging copy; not for the step
+ * path). s borrowed. */
+int gpu_cuda_step_state_init(gpu_cuda_step_state *d_state, const gpu_scaler_state *s,
+                             int64_t applied, int64_t lost_total, cudaStream_t stream);
+/* Start a step: scale_used = scaler.scale, inv = (float)(1.0 / (double)scale_used),
+ * found_inf = floor_failed = 0, sumsq = grad_norm = 0, clip = 1, lost_step = 0. */
+int gpu_cuda_step_begin_launch(gpu_cuda_step_state *d_state, cudaStream_t stream);
+/* gpu_unscale() on the device with inv read from d_state: zeroes found_inf, sumsq and
+ * d_stats (ntensors entries), then one fused pass over the tensors of d_g (modified in
+ * place). max_count is the largest counts[] entry (it sizes the grid). */
+int gpu_cuda_step_unscale_launch(float *d_g, const size_t *d_offsets, const size_t *d_counts,
+                                 int ntensors, size_t max_count, gpu_cuda_step_tstat *d_stats,
+                                 gpu_cuda_step_state *d_state, cudaStream_t stream);
+/* One thread: grad_norm = found_inf ? NaN : sqrt(sumsq); clip = train.c's clip_coef
+ * (c->grad_clip / (norm + 1e-6) as float when norm > grad_clip > 0, else 1); unless
+ * found_inf, applied + 1 and bc1, bc2_sqrt for t = max(applied, 1) from c->beta1/beta2.
+ * Run it every step, clipping or not: the optimizer launches read what it writes. c borrowed
+ * (read at the call). */
+int gpu_cuda_step_clip_launch(gpu_cuda_step_state *d_state, const gpu_optim_config *c,
+                              cudaStream_t stream);
+/* gpu_optim_update() over one block of n parameters with gmul = d_state->clip and the bias
+ * corrections of the clip kernel; does nothing (writes nothing) when found_inf. d_m: AdamW
+ * first moment or SGD momentum buffer (NULL allowed for SGD); d_v: AdamW second moment
+ * (NULL for SGD); d_work: working copy in wdt (NULL: none). Buffers may not overlap.
+ * GPU_EINVAL for a NULL buffer AdamW needs or a bad wdt. */
+int gpu_cuda_optim_launch(const gpu_optim_config *c, float lr,
+                          const gpu_cuda_step_state *d_state, float *d_p, const float *d_g,
+                          float *d_m, float *d_v, size_t n, void *d_work, gpu_dtype wdt,
+                          cudaStream_t stream);
+/* gpu_optim_update_lowp() on the tensors (offsets/counts into the blocks) of the weights
+ * d_w (elements of wdt), skipped when found_inf. The lost updates are added to lost_step
+ * and lost_total and, per tensor, written to d_tensor_lost (ntensors entries, zeroed first;
+ * may be NULL). max_count as for the unscale pass. */
+int gpu_cuda_optim_lowp_launch(const gpu_optim_config *c, float lr,
+                               gpu_cuda_step_state *d_state, void *d_w, gpu_dtype wdt,
+                               const float *d_g, float *d_m, float *d_v,
+                               const size_t *d_offsets, const size_t *d_counts, int ntensors,
+                               size_t max_count, unsigned long long *d_tensor_lost,
+                               cudaStream_t stream);
+/* One thread: gpu_scaler_update(&scaler, c, found_inf), its result in floor_failed.
+ * c borrowed (read at the call). */
+int gpu_cuda_scaler_update_launch(gpu_cuda_step_state *d_state, const gpu_scaler_config *c,
+                                  cudaStream_t stream);
+/* Copy the state (and, when d_stats is not NULL, ntensors per-tensor stats) to host memory
+ * h_state / h_stats, which should be pinned (cudaHostAlloc) for the copy to be
+ * asynchronous; the host reads them after a later synchronisation point (an event). */
+int gpu_cuda_step_snapshot(const gpu_cuda_step_state *d_state, gpu_cuda_step_state *h_state,
+                           const gpu_cuda_step_tstat *d_stats, gpu_cuda_step_tstat *h_stats,
+                           int ntensors, cudaStream_t stream);
+
+/* Start a diagnostics collection (gpu_diag_begin): every counter zeroed, first = -1,
+ * scale = d_state->scaler.scale and its flush thresholds (gpu_diag_flush_bits). */
+int gpu_cuda_diag_begin_launch(gpu_cuda_diag *d_diag, const gpu_cuda_step_state *d_state,
+                               cudaStream_t stream);
+/* Account d_x[0..n) (fp32 values before rounding to the layer's dtype dt) for layer
+ * (0 <= layer < GPU_CUDA_DIAG_MAX_LAYERS; other values are ignored, as on the CPU) as kind. */
+int gpu_cuda_diag_launch(gpu_cuda_diag *d_diag, int layer, gpu_dtype dt,
+                         gpu_cuda_diag_kind kind, const float *d_x, size_t n,
+                         cudaStream_t stream);
+/* Copy the header and the first nlayers layers of d_diag to h_diag (pinned, see above). */
+int gpu_cuda_diag_snapshot(const gpu_cuda_diag *d_diag, gpu_cuda_diag *h_diag, int nlayers,
+                           cudaStream_t stream);
+
+/* ---- host helpers (no device needed) ----------------------------------------------------- */
+
+/* The per-tensor stats as gpu_grad_stat (n entries). Pointers borrowed. */
+void gpu_cuda_step_stats_export(const gpu_cuda_step_tstat *src, int n, gpu_grad_stat *dst);
+
+/* ---- synchronous host-buffer wrappers for tests (GPU_ENODEV without a device) ----------- */
+
+/* gpu_optim_update() on the device, plus found_inf: the whole step is skipped when set.
+ * t is the 1-based applied count including this step (the device starts at t - 1 and
+ * advances unless found_inf); *applied (may be NULL) receives the device's count after.
+ * p, g, m, v, work as in gpu_optim_update (host, borrowed). */
+int gpu_cuda_optim_update_host(const gpu_optim_config *c, float lr, int64_t t, float gmul,
+                               bool found_inf, float *p, const float *g, float *m, float *v,
+                               size_t n, void *work, gpu_dtype wdt, int64_t *applied);
+/* gpu_optim_update_lowp() on the device, with found_inf and *applied as above; *lost (may
+ * be NULL) receives the lost-update count (0 when skipped). */
+int gpu_cuda_optim_update_lowp_host(const gpu_optim_config *c, float lr, int64_t t,
+                                    float gmul, bool found_inf, void *w, gpu_dtype wdt,
+                                    const float *g, float *m, float *v, size_t n,
+                                    int64_t *lost, int64_t *applied);
+/* nsteps device scaler updates back to back (no host sync between them) from *s (in/out,
+ * the final state) with found_inf[k] for step k; trace[k] (may be NULL) receives the state
+ * after step k and floor[k] (may be NULL) whether it failed at the floor. */
+int gpu_cuda_scaler_update_host(gpu_scaler_state *s, const gpu_scaler_config *c,
+                                const bool *found_inf, int nsteps, gpu_scaler_state *trace,
+                                bool *floor);
+/* Unscale at `scale` (inv formed on the device) and clip on the device: g (host, in place),
+ * stats, found_inf and sumsq as gpu_unscale(); *norm and *clip (may be NULL) the clip
+ * kernel's grad_norm and clip coefficient for c->grad_clip. */
+int gpu_cuda_clip_host(const gpu_optim_config *c, float scale, float *g,
+                       const size_t *offsets, const size_t *counts, int ntensors,
+                       gpu_grad_stat *stats, bool *found_inf, double *sumsq, double *norm,
+                       float *clip);
+
+/* One diagnostics call for gpu_cuda_diag_host: x[0..n) (host) accounted for layer as kind. */
+typedef struct {
+    int layer;
+    gpu_cuda_diag_kind kind;
+    const float *x;
+    size_t n;
+} gpu_cuda_diag_call;
+
+/* A collection begun at `scale` and then the calls in order, on the device (a call for a
+ * layer outside [0, nlayers) is ignored, as gpu_diag_* ignore one the table does not hold);
+ * layer l has dtype dtypes[l]. *out receives the header and the first nlayers layers. */
+int gpu_cuda_diag_host(const gpu_dtype *dtypes, int nlayers, float scale,
+                       const gpu_cuda_diag_call *calls, int ncalls, gpu_cuda_diag *out);
+
+/* The buffers of a run of step tails (host, borrowed, updated in place). */
+typedef struct {
+    size_t n;                    /* parameters */
+    int ntensors;
+    const size_t *offsets, *counts;  /* the tensors (the gradient layout; lowp updates) */
+    float *master;               /* fp32 master weights; NULL: no master (lowp weights) */
+    void *work;                  /* working copy in wdt (NULL with a master: none), or the
+                                  * lowp weights without a master */
+    gpu_dtype wdt;
+    float *m, *v;                /* optimizer state (v NULL for SGD; m may be NULL for SGD) */
+} gpu_cuda_tail_bufs;
+
+/* nsteps step tails back to back without a host sync: begin -> unscale (grads + k*n, the
+ * scaled gradients of step k, host, not modified) -> clip -> optimizer at lr[k] (lowp when
+ * b->master is NULL) -> scaler update. *s and *applied are the initial scaler state and
+ * applied count (updated to the final ones). trace[k] (nsteps entries, may be NULL): the
+ * state after step k; stats (nsteps * ntensors, may be NULL) the per-tensor unscale stats;
+ * tensor_lost (nsteps * ntensors, may be NULL) the lowp per-tensor lost counts. */
+int gpu_cuda_step_tail_host(const gpu_optim_config *oc, const gpu_scaler_config *sc,
+                            gpu_scaler_state *s, int64_t *applied, int nsteps,
+                            const float *lr, const float *grads, gpu_cuda_tail_bufs *b,
+                            gpu_cuda_step_state *trace, gpu_grad_stat *stats,
+                            int64_t *tensor_lost);
+
+#ifdef __cplusplus
+}
+#endif
+
+/* ---- C only: gpu_int.h (C11 atomics) cannot be read by nvcc ----------------------------- */
+#ifndef __cplusplus
+#include <string.h>
+
+#include "gpu/gpu_int.h"
+
+_Static_assert(GPU_CUDA_DIAG_MAX_LAYERS == GPU_DIAG_MAX_LAYERS, "diag layer tables differ");
+
+/* Fill d's counters (its first d->nlayers layers; src must hold them), scale and first
+ * inf/NaN from a device snapshot; names, dtypes and the starved counts of d are kept, so
+ * that gpu_diag_stats(d, ...) then gives the per-layer statistics. Pointers borrowed. */
+static inline void gpu_cuda_diag_export(const gpu_cuda_diag *src, gpu_diag *d)
+{
+    d->scale = src->scale;
+    d->first_nonfinite = src->first < 0 ? -1 : src->first / 2;
+    d->first_in_forward = src->first >= 0 && (src->first & 1) != 0;
+    for (int i = 0; i < d->nlayers && i < GPU_CUDA_DIAG_MAX_LAYERS; i++) {
+        const gpu_cuda_diag_layer *s = &src->layer[i];
+        gpu_layer_diag *l = &d->layer[i];
+        memcpy(&l->act_amax, &s->act_amax, sizeof(l->act_amax));
+        memcpy(&l->grad_amax, &s->grad_amax, sizeof(l->grad_amax));
+        l->act_n = (int64_t)s->act_n;
+        l->act_overflow = (int64_t)s->act_overflow;
+        l->grad_n = (int64_t)s->grad_n;
+        l->grad_nonzero = (int64_t)s->grad_nonzero;
+        l->grad_flushed = (int64_t)s->grad_flushed;
+        l->grad_flushed_unscaled = (int64_t)s->grad_flushed_unscaled;
+        l->grad_nonfinite = (int64_t)s->grad_nonfinite;
+        l->in_n = (int64_t)s->in_n;
+        l->in_nonzero = (int64_t)s->in_nonzero;
+        l->in_flushed = (int64_t)s->in_flushed;
+        l->in_flushed_unscaled = (int64_t)s->in_flushed_unscaled;
+        l->in_nonfinite = (int64_t)s->in_nonfinite;
+        l->out_nonfinite = (int64_t)s->out_nonfinite;
+    }
+}
+#endif
+#endif /* AMPD_CUDA_STEP_H */

@@ -1,0 +1,26 @@
+#!/bin/bash
+# run.sh - on the GPU machine: runs the CUDA test programs packed by tests/gpu/prepare.sh,
+# each with its log in $OUT (or /tmp/ampd-gpu when OUT is unset), and prints each suite's
+# summary. cuBLASLt comes from the machine: its CUDA toolkit (/usr/local/cuda/lib64) or the
+# nvidia-cublas Python package, whichever is found first.
+set -uo pipefail
+OUT=${OUT:-/tmp/ampd-gpu}
+mkdir -p "$OUT"
+cublas=$(ls -d /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+             /opt/torch/.venv/lib/python3*/site-packages/nvidia/cublas/lib \
+             /usr/local/lib/python3*/dist-packages/nvidia/cublas/lib 2>/dev/null |
+         while read -r d; do [ -e "$d/libcublasLt.so.13" ] && echo "$d"; done | head -n 1)
+export LD_LIBRARY_PATH=".gpu/lib${cublas:+:$cublas}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export AMPD_OPENBLAS="$PWD/.gpu/lib/libopenblas.so.0"
+echo "cuBLASLt from: ${cublas:-not found}"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+rc=0
+for t in .gpu/bin/*; do
+    name=$(basename "$t")
+    timeout 300 "$t" >"$OUT/$name.log" 2>&1
+    r=$?
+    [ $r -eq 0 ] || rc=1
+    printf '%-20s exit %d  %s\n' "$name" "$r" "$(grep -E '^[0-9]+%: Checks:|SKIP' "$OUT/$name.log" | head -n 2 | tr '\n' ' ')"
+    [ $r -eq 0 ] || tail -n 30 "$OUT/$name.log"
+done
+exit $rc
