@@ -154,3 +154,23 @@ def median(times):
 def report(fields):
     """Print the one JSON result line."""
     print(json.dumps(fields), flush=True)
+
+
+def gpt2_init(model, n_layer):
+    """GPT-2's initialisation of a GPT module, as ampd's gpu_gpt_init_params does it: biases 0,
+    layer norms' weights 1, the residual projections (names ending in proj.weight) normal(0,
+    0.02 / sqrt(2 n_layer)), every other weight normal(0, 0.02)."""
+    import math
+
+    import torch.nn as nn
+
+    for name, p in model.named_parameters():
+        if name.endswith("bias"):
+            nn.init.zeros_(p)
+        elif ".ln_" in name or name.startswith("ln_"):
+            nn.init.ones_(p)
+        elif name.endswith("proj.weight"):
+            nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * n_layer))
+        else:
+            nn.init.normal_(p, 0.0, 0.02)
+

@@ -78,6 +78,8 @@ import sys
 import time
 import warnings
 
+import torch_common as tc
+
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -194,15 +196,7 @@ def build(args, torch):
             self.ln_f = nn.LayerNorm(C, eps=1e-5)
             self.register_buffer("mask", torch.ones(T, T, dtype=torch.bool).triu(1))
             self.register_buffer("pos", torch.arange(T))
-            for name, p in self.named_parameters():
-                if name.endswith("bias"):
-                    nn.init.zeros_(p)
-                elif ".ln_" in name or name.startswith("ln_"):
-                    nn.init.ones_(p)
-                elif name.endswith("proj.weight"):  # proj and fc_proj: the residual outputs
-                    nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * L))
-                else:
-                    nn.init.normal_(p, 0.0, 0.02)
+            tc.gpt2_init(self, L)
 
         def forward(self, idx, targets):
             x = self.wte(idx) + self.wpe(self.pos)
