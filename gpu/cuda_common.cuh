@@ -160,21 +160,4 @@ __host__ __device__ static __forceinline__ uint32_t gpu_dev_bf16_to_f32(uint16_t
     return u;
 }
 
-/* ---- the fused unscale pass, device side (gpu/cuda_unscale.cu) -------------------------- */
-
-/* Per-tensor accumulators on the device; all zero before the pass. amax/amax_scaled are the
- * bit patterns of non-negative floats (ordered like unsigned integers). */
-typedef struct {
-    unsigned int amax, amax_scaled;
-    unsigned long long nonfinite, zeros;
-} gpu_cuda_tstat;
-
-/* Enqueue the pass on stream: zero *d_stats (ntensors entries), *d_found and *d_sumsq, then
- * run the kernel over the tensors of d_g (device pointers, borrowed). max_count is the
- * largest counts[] entry (it sizes the grid). No host synchronisation: the results are
- * ready when the stream reaches this point. Returns 0 or GPU_ECUDA (launch errors). */
-int gpu_cuda_unscale_launch(float *d_g, const size_t *d_offsets, const size_t *d_counts,
-                            int ntensors, size_t max_count, float inv, gpu_cuda_tstat *d_stats,
-                            int *d_found, double *d_sumsq, cudaStream_t stream);
-
 #endif /* AMPD_CUDA_COMMON_CUH */

@@ -350,6 +350,19 @@ static int diag_any(const gpt_run *r, int layer, gpu_dtype dt, gpu_cuda_diag_kin
     return 0;
 }
 
+/* The fp32 values x[0..n) accounted for layer as kind (lin_dt's counters) before their
+ * rounding, then rounded to lin_dt into out, stored in odt (out may equal x when odt is
+ * fp32). */
+static int diag_round(const gpt_run *r, int layer, gpu_cuda_diag_kind kind, float *x, size_t n,
+                      void *out, gpu_dtype odt)
+{
+    gpu_dtype lin = r->m->lin_dt;
+    int rc = diag32(r, layer, lin, kind, x, n);
+    if (rc == 0)
+        rc = convert(r, x, GPU_FP32, out, odt, n, lin);
+    return rc;
+}
+
 /* ---- GEMMs --------------------------------------------------------------------------------- */
 
 static int mm(const gpt_run *r, const gpu_cuda_mm *p)
@@ -357,11 +370,42 @@ static int mm(const gpt_run *r, const gpu_cuda_mm *p)
     return gpu_cuda_matmul(r->c->blas, r->st, p);
 }
 
-/* Widen rows [o0, o0 + k) of the K-wide weight w into the fp32 widening buffer. */
-static int widen_rows(const gpt_run *r, wref w, int o0, int k, int K)
+/* One product C[M x N] (cdt, ld ldc) = op(A) op(B) over K: beta 0, one batch, no epilogue
+ * (the caller sets the other fields). */
+static gpu_cuda_mm mm_desc(bool ta, bool tb, int M, int N, int K, const void *A, gpu_dtype adt,
+                           int lda, const void *B, gpu_dtype bdt, int ldb, void *C, gpu_dtype cdt,
+                           int ldc)
 {
-    return convert(r, cel(w.p, (size_t)o0 * K, w.dt), w.dt, wsp(r, r->L.wid), GPU_FP32,
-                   (size_t)k * K, GPU_FP32);
+    gpu_cuda_mm p = {.ta = ta,
+                     .tb = tb,
+                     .M = M,
+                     .N = N,
+                     .K = K,
+                     .A = A,
+                     .adt = adt,
+                     .lda = lda,
+                     .B = B,
+                     .bdt = bdt,
+                     .ldb = ldb,
+                     .C = C,
+                     .cdt = cdt,
+                     .ldc = ldc,
+                     .beta = 0.0f,
+                     .batch = 1};
+    return p;
+}
+
+/* The product p with rows [o0, o0 + k) of the K-wide weight w, widened into the fp32
+ * widening buffer, as its B operand. */
+static int mm_widened(const gpt_run *r, gpu_cuda_mm *p, wref w, int o0, int k, int K)
+{
+    int rc = convert(r, cel(w.p, (size_t)o0 * K, w.dt), w.dt, wsp(r, r->L.wid), GPU_FP32,
+                     (size_t)k * K, GPU_FP32);
+    if (rc != 0)
+        return rc;
+    p->B = wsp(r, r->L.wid);
+    p->bdt = GPU_FP32;
+    return mm(r, p);
 }
 
 static int widen_chunk(const gpt_run *r, int K)
@@ -377,37 +421,17 @@ static int wgemm_fwd(const gpt_run *r, const void *X, int M, int K, int O, size_
 {
     gpu_dtype lin = r->m->lin_dt;
     wref w = wsrc(r, w_off, lin);
-    gpu_cuda_mm p = {.ta = false,
-                     .tb = true,
-                     .M = M,
-                     .N = O,
-                     .K = K,
-                     .A = X,
-                     .adt = lin,
-                     .lda = K,
-                     .B = w.p,
-                     .bdt = w.dt,
-                     .ldb = K,
-                     .C = Cp,
-                     .cdt = cdt,
-                     .ldc = O,
-                     .beta = 0.0f,
-                     .batch = 1,
-                     .epilogue = bias != NULL ? GPU_CUDA_EPI_BIAS : GPU_CUDA_EPI_NONE,
-                     .bias = bias};
+    gpu_cuda_mm p = mm_desc(false, true, M, O, K, X, lin, K, w.p, w.dt, K, Cp, cdt, O);
+    p.epilogue = bias != NULL ? GPU_CUDA_EPI_BIAS : GPU_CUDA_EPI_NONE;
+    p.bias = bias;
     if (!r->widen)
         return mm(r, &p);
     int rows = widen_chunk(r, K);
     for (int o0 = 0; o0 < O; o0 += rows) {
         int k = O - o0 < rows ? O - o0 : rows;
-        int rc = widen_rows(r, w, o0, k, K);
-        if (rc != 0)
-            return rc;
         p.N = k;
-        p.B = wsp(r, r->L.wid);
-        p.bdt = GPU_FP32;
         p.C = el(Cp, (size_t)o0, cdt);
-        rc = mm(r, &p);
+        int rc = mm_widened(r, &p, w, o0, k, K);
         if (rc != 0)
             return rc;
     }
@@ -421,36 +445,16 @@ static int wgemm_dx(const gpt_run *r, const void *dY, int O, int K, size_t w_off
 {
     gpu_dtype lin = r->m->lin_dt;
     wref w = wsrc(r, w_off, lin);
-    gpu_cuda_mm p = {.ta = false,
-                     .tb = false,
-                     .M = r->N,
-                     .N = K,
-                     .K = O,
-                     .A = dY,
-                     .adt = lin,
-                     .lda = O,
-                     .B = w.p,
-                     .bdt = w.dt,
-                     .ldb = K,
-                     .C = dX,
-                     .cdt = cdt,
-                     .ldc = K,
-                     .beta = 0.0f,
-                     .batch = 1};
+    gpu_cuda_mm p = mm_desc(false, false, r->N, K, O, dY, lin, O, w.p, w.dt, K, dX, cdt, K);
     if (!r->widen)
         return mm(r, &p);
     int rows = widen_chunk(r, K);
     for (int o0 = 0; o0 < O; o0 += rows) {
         int k = O - o0 < rows ? O - o0 : rows;
-        int rc = widen_rows(r, w, o0, k, K);
-        if (rc != 0)
-            return rc;
         p.K = k;
         p.A = cel(dY, (size_t)o0, lin);
-        p.B = wsp(r, r->L.wid);
-        p.bdt = GPU_FP32;
         p.beta = o0 == 0 ? 0.0f : 1.0f;
-        rc = mm(r, &p);
+        int rc = mm_widened(r, &p, w, o0, k, K);
         if (rc != 0)
             return rc;
     }
@@ -465,25 +469,13 @@ static int agemm(const gpt_run *r, bool ta, bool tb, int M, int Nn, int K, aop a
     for (int o = 0; o < outer; o++) {
         int64_t ao = heads_outer ? a.sh : a.sb, bo = heads_outer ? b.sh : b.sb;
         int64_t co = heads_outer ? c.sh : c.sb;
-        gpu_cuda_mm p = {.ta = ta,
-                         .tb = tb,
-                         .M = M,
-                         .N = Nn,
-                         .K = K,
-                         .A = el(a.p, (size_t)(ao * o), a.dt),
-                         .adt = a.dt,
-                         .lda = a.ld,
-                         .B = el(b.p, (size_t)(bo * o), b.dt),
-                         .bdt = b.dt,
-                         .ldb = b.ld,
-                         .C = el(c.p, (size_t)(co * o), c.dt),
-                         .cdt = c.dt,
-                         .ldc = c.ld,
-                         .beta = 0.0f,
-                         .batch = batch,
-                         .stride_a = heads_outer ? a.sb : a.sh,
-                         .stride_b = heads_outer ? b.sb : b.sh,
-                         .stride_c = heads_outer ? c.sb : c.sh};
+        gpu_cuda_mm p = mm_desc(ta, tb, M, Nn, K, el(a.p, (size_t)(ao * o), a.dt), a.dt, a.ld,
+                                el(b.p, (size_t)(bo * o), b.dt), b.dt, b.ld,
+                                el(c.p, (size_t)(co * o), c.dt), c.dt, c.ld);
+        p.batch = batch;
+        p.stride_a = heads_outer ? a.sb : a.sh;
+        p.stride_b = heads_outer ? b.sb : b.sh;
+        p.stride_c = heads_outer ? c.sb : c.sh;
         int rc = mm(r, &p);
         if (rc != 0)
             return rc;
@@ -513,9 +505,7 @@ static int linear_fwd(const gpt_run *r, const void *X, int K, int O, size_t w_of
         return gpu_cuda_bias_add_launch(F, GPU_FP32, b.p, b.dt, r->N, O, lin, out, odt, r->st);
     rc = gpu_cuda_bias_add_launch(F, GPU_FP32, b.p, b.dt, r->N, O, GPU_FP32, F, GPU_FP32, r->st);
     if (rc == 0)
-        rc = diag32(r, layer, lin, GPU_CUDA_DIAG_FORWARD, F, n);
-    if (rc == 0)
-        rc = convert(r, F, GPU_FP32, out, odt, n, lin);
+        rc = diag_round(r, layer, GPU_CUDA_DIAG_FORWARD, F, n, out, odt);
     return rc;
 }
 
@@ -533,35 +523,16 @@ static int linear_bwd(const gpt_run *r, const void *dY, const void *X, int K, in
     int rc = diag_any(r, layer, lin, GPU_CUDA_DIAG_BACKWARD, dY, lin, (size_t)r->N * O);
     if (rc != 0)
         return rc;
-    gpu_cuda_mm p = {.ta = true,
-                     .tb = false,
-                     .M = O,
-                     .N = K,
-                     .K = r->N,
-                     .A = dY,
-                     .adt = lin,
-                     .lda = O,
-                     .B = X,
-                     .bdt = lin,
-                     .ldb = K,
-                     .C = gw,
-                     .cdt = GPU_FP32,
-                     .ldc = K,
-                     .beta = 0.0f,
-                     .batch = 1};
+    gpu_cuda_mm p = mm_desc(true, false, O, K, r->N, dY, lin, O, X, lin, K, gw, GPU_FP32, K);
     rc = mm(r, &p);
     if (rc == 0)
-        rc = diag32(r, layer, lin, GPU_CUDA_DIAG_WEIGHT_GRAD, gw, nw);
-    if (rc == 0)
-        rc = convert(r, gw, GPU_FP32, gw, GPU_FP32, nw, lin);
+        rc = diag_round(r, layer, GPU_CUDA_DIAG_WEIGHT_GRAD, gw, nw, gw, GPU_FP32);
     if (rc == 0 && b_off != NO_BIAS) {
         float *gb = r->c->grads + b_off;
         rc = gpu_cuda_bias_grad_launch(dY, lin, r->N, O, dg ? GPU_FP32 : lin, gb, wsp(r, r->L.colw),
                                        r->st);
         if (rc == 0 && dg)
-            rc = diag32(r, layer, lin, GPU_CUDA_DIAG_WEIGHT_GRAD, gb, (size_t)O);
-        if (rc == 0 && dg)
-            rc = convert(r, gb, GPU_FP32, gb, GPU_FP32, (size_t)O, lin);
+            rc = diag_round(r, layer, GPU_CUDA_DIAG_WEIGHT_GRAD, gb, (size_t)O, gb, GPU_FP32);
     }
     if (rc != 0)
         return rc;
@@ -569,9 +540,7 @@ static int linear_bwd(const gpt_run *r, const void *dY, const void *X, int K, in
         return wgemm_dx(r, dY, O, K, w_off, dX, lin);
     rc = wgemm_dx(r, dY, O, K, w_off, F, GPU_FP32);
     if (rc == 0)
-        rc = diag32(r, layer, lin, GPU_CUDA_DIAG_INPUT_GRAD, F, (size_t)r->N * K);
-    if (rc == 0)
-        rc = convert(r, F, GPU_FP32, dX, dxdt, (size_t)r->N * K, lin);
+        rc = diag_round(r, layer, GPU_CUDA_DIAG_INPUT_GRAD, F, (size_t)r->N * K, dX, dxdt);
     return rc;
 }
 
@@ -831,9 +800,8 @@ static int head_fwd(const gpt_run *r)
         size_t k = (size_t)r->N - r0 < rows ? (size_t)r->N - r0 : rows;
         int rc = wgemm_fwd(r, cel(x, r0 * C, lin), (int)k, C, V, m->wte, buf, GPU_FP32, NULL);
         if (rc == 0)
-            rc = diag32(r, layer, lin, GPU_CUDA_DIAG_FORWARD, buf, k * V);
-        if (rc == 0)
-            rc = convert(r, buf, GPU_FP32, el(logits, r0 * V, lin), lin, k * V, lin);
+            rc = diag_round(r, layer, GPU_CUDA_DIAG_FORWARD, buf, k * V, el(logits, r0 * V, lin),
+                            lin);
         if (rc != 0)
             return rc;
     }

@@ -4,9 +4,9 @@
  *
  * What runs where, all on the caller's stream:
  *   begin      1 thread: scale_used, inv = (float)(1.0 / (double)scale), per-step resets.
- *   unscale    gpu_k_unscale of cuda_unscale.cu with the multiplier read from the state
- *              (the host does not know the scale without a sync): the same fused pass,
- *              2-D grid (tensors on y), block reductions, one atomic per statistic.
+ *   unscale    cuda_unscale.cu's fused pass (gpu_cuda_unscale_launch) with the multiplier
+ *              read from the state (the host does not know the scale without a sync) and
+ *              found_inf and sumsq written into it.
  *   clip       1 thread: grad_norm, clip coefficient (train.c's clip_coef), applied + 1 and
  *              the bias corrections in double (b^t by double-double exponentiation: the
  *              correctly rounded power; glibc's pow is within 0.52 ulp of it, see the header).
@@ -202,88 +202,6 @@ __device__ static int scaler_update(gpu_scaler_state *s, const gpu_scaler_config
 static __global__ void gpu_k_scaler_update(gpu_cuda_step_state *st, gpu_scaler_config c)
 {
     st->floor_failed = scaler_update(&st->scaler, c, st->found_inf != 0);
-}
-
-/* ---- unscale with the device's multiplier ------------------------------------------------ */
-
-typedef struct {
-    float amax, amax_scaled;
-    unsigned long long nonfinite, zeros;
-    double sumsq;
-} us_acc;
-
-__device__ static __forceinline__ void us_warp_reduce(us_acc *a)
-{
-    for (int off = 16; off > 0; off >>= 1) {
-        a->amax = fmaxf(a->amax, __shfl_down_sync(FULL_MASK, a->amax, off));
-        a->amax_scaled = fmaxf(a->amax_scaled, __shfl_down_sync(FULL_MASK, a->amax_scaled, off));
-        a->nonfinite += __shfl_down_sync(FULL_MASK, a->nonfinite, off);
-        a->zeros += __shfl_down_sync(FULL_MASK, a->zeros, off);
-        a->sumsq += __shfl_down_sync(FULL_MASK, a->sumsq, off);
-    }
-}
-
-/* cuda_unscale.cu's gpu_k_unscale with inv = st->inv: non-finite x counted and left alone,
- * finite x -> y = x * inv (one fp32 product; skipped when inv == 1) with the stats of y. */
-static __global__ void __launch_bounds__(ST_THREADS)
-gpu_k_step_unscale(float *g, const size_t *offsets, const size_t *counts, int ntensors,
-                   gpu_cuda_step_tstat *stats, gpu_cuda_step_state *st)
-{
-    __shared__ us_acc part[ST_WARPS];
-    const float inv = st->inv;
-    const bool scale = inv != 1.0f;
-    const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
-    const size_t stride = (size_t)gridDim.x * blockDim.x;
-
-    /* the loop condition depends on blockIdx only, so __syncthreads below is uniform */
-    for (int t = blockIdx.y; t < ntensors; t += gridDim.y) {
-        float *p = g + offsets[t];
-        size_t n = counts[t];
-        us_acc a = {0.0f, 0.0f, 0ull, 0ull, 0.0};
-
-        for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-            float x = p[i];
-            if (!isfinite(x)) {
-                a.nonfinite++;
-                continue;
-            }
-            float y = x;
-            if (scale) {
-                y = __fmul_rn(x, inv);
-                p[i] = y;
-            }
-            a.amax_scaled = fmaxf(a.amax_scaled, fabsf(x));
-            a.amax = fmaxf(a.amax, fabsf(y));   /* fmaxf ignores a NaN y (inv not finite) */
-            a.zeros += y == 0.0f;
-            a.sumsq += (double)y * (double)y;
-        }
-
-        us_warp_reduce(&a);
-        if (lane == 0)
-            part[warp] = a;
-        __syncthreads();
-        if (warp == 0) {
-            us_acc z = {0.0f, 0.0f, 0ull, 0ull, 0.0};
-            a = lane < ST_WARPS ? part[lane] : z;
-            us_warp_reduce(&a);
-            if (lane == 0) {
-                gpu_cuda_step_tstat *s = &stats[t];
-                if (a.amax > 0.0f)
-                    atomicMax(&s->amax, __float_as_uint(a.amax));
-                if (a.amax_scaled > 0.0f)
-                    atomicMax(&s->amax_scaled, __float_as_uint(a.amax_scaled));
-                if (a.nonfinite != 0) {
-                    atomicAdd(&s->nonfinite, a.nonfinite);
-                    st->found_inf = 1;
-                }
-                if (a.zeros != 0)
-                    atomicAdd(&s->zeros, a.zeros);
-                if (a.sumsq != 0.0)
-                    atomicAdd(&st->sumsq, a.sumsq);
-            }
-        }
-        __syncthreads();  /* part[] is reused by the next tensor */
-    }
 }
 
 /* ---- optimizers ---------------------------------------------------------------------------- */
@@ -668,15 +586,8 @@ extern "C" int gpu_cuda_step_unscale_launch(float *d_g, const size_t *d_offsets,
         (ntensors > 0 && (d_g == NULL || d_offsets == NULL || d_counts == NULL ||
                           d_stats == NULL)))
         return GPU_EINVAL;
-    GPU_CUDA_CHECK(cudaMemsetAsync(&d_state->found_inf, 0, sizeof(d_state->found_inf), stream));
-    GPU_CUDA_CHECK(cudaMemsetAsync(&d_state->sumsq, 0, sizeof(d_state->sumsq), stream));
-    if (ntensors == 0)
-        return 0;
-    GPU_CUDA_CHECK(cudaMemsetAsync(d_stats, 0, (size_t)ntensors * sizeof(*d_stats), stream));
-    gpu_k_step_unscale<<<tensor_grid(max_count, ntensors), ST_THREADS, 0, stream>>>(
-        d_g, d_offsets, d_counts, ntensors, d_stats, d_state);
-    GPU_CUDA_CHECK(cudaGetLastError());
-    return 0;
+    return gpu_cuda_unscale_launch(d_g, d_offsets, d_counts, ntensors, max_count, &d_state->inv,
+                                   d_stats, &d_state->found_inf, &d_state->sumsq, stream);
 }
 
 /* c borrowed. */
@@ -897,6 +808,64 @@ static int prepare_update(gpu_cuda_step_state *d_state, const gpu_optim_config *
     return 0;
 }
 
+/* The device buffers of one optimizer wrapper call. */
+typedef struct {
+    gpu_cuda_step_state *state;  /* t - 1 steps applied, found_inf as given */
+    void *x;                     /* the parameters: p, or the lowp weights */
+    float *g, *m, *v;            /* m and v only where the caller has them */
+} upd_dev;
+
+/* The arguments both optimizer wrappers check; x is p or the lowp weights. */
+static bool upd_args_ok(const gpu_optim_config *c, gpu_dtype wdt, const void *x, const float *g,
+                        const float *m, const float *v, size_t n)
+{
+    if (c == NULL || wk_of(wdt, true) < 0)
+        return false;
+    return n == 0 ||
+           (x != NULL && g != NULL && (c->type == GPU_OPT_SGD || (m != NULL && v != NULL)));
+}
+
+/* Allocate d's buffers and copy in, in this order: the state of step t (t - 1 applied,
+ * found_inf), x (xbytes), g, m and v (n floats each; m, v only when not NULL). */
+static int upd_upload(upd_dev *d, int64_t t, bool found_inf, const void *x, size_t xbytes,
+                      const float *g, const float *m, const float *v, size_t n)
+{
+    gpu_cuda_step_state h;
+    gpu_scaler_state s0 = scaler_at(1.0f);
+    size_t fb = n * sizeof(float);
+
+    state_make(&h, &s0, t - 1, 0);
+    h.found_inf = found_inf;
+    GPU_CUDA_CHECK(dev_dup((void **)&d->state, &h, sizeof(h)));
+    GPU_CUDA_CHECK(dev_dup(&d->x, x, xbytes));
+    GPU_CUDA_CHECK(dev_dup((void **)&d->g, g, fb));
+    if (m != NULL)
+        GPU_CUDA_CHECK(dev_dup((void **)&d->m, m, fb));
+    if (v != NULL)
+        GPU_CUDA_CHECK(dev_dup((void **)&d->v, v, fb));
+    return 0;
+}
+
+/* Copy back, in this order: the state into *h, x (xbytes), m and v (when not NULL). */
+static int upd_download(const upd_dev *d, gpu_cuda_step_state *h, void *x, size_t xbytes,
+                        float *m, float *v, size_t n)
+{
+    GPU_CUDA_CHECK(dev_get(h, d->state, sizeof(*h)));
+    GPU_CUDA_CHECK(dev_get(x, d->x, xbytes));
+    GPU_CUDA_CHECK(dev_get(m, d->m, n * sizeof(float)));
+    GPU_CUDA_CHECK(dev_get(v, d->v, n * sizeof(float)));
+    return 0;
+}
+
+static void upd_free(upd_dev *d)
+{
+    cudaFree(d->v);
+    cudaFree(d->m);
+    cudaFree(d->g);
+    cudaFree(d->x);
+    cudaFree(d->state);
+}
+
 /* See cuda_step.h. All pointers host, borrowed. */
 extern "C" int gpu_cuda_optim_update_host(const gpu_optim_config *c, float lr, int64_t t,
                                           float gmul, bool found_inf, float *p, const float *g,
@@ -904,52 +873,36 @@ extern "C" int gpu_cuda_optim_update_host(const gpu_optim_config *c, float lr, i
                                           gpu_dtype wdt, int64_t *applied)
 {
     int rc = gpu_cuda_ready();
-    gpu_cuda_step_state h, *d_state = NULL;
-    gpu_scaler_state s0 = scaler_at(1.0f);
-    float *d_p = NULL, *d_g = NULL, *d_m = NULL, *d_v = NULL;
+    upd_dev d = {NULL, NULL, NULL, NULL, NULL};
+    gpu_cuda_step_state h;
     void *d_work = NULL;
     size_t fb = n * sizeof(float), wb;
 
     if (rc != 0)
         return rc;
-    if (c == NULL || wk_of(wdt, true) < 0)
-        return GPU_EINVAL;
-    if (n > 0 && (p == NULL || g == NULL ||
-                  (c->type != GPU_OPT_SGD && (m == NULL || v == NULL))))
+    if (!upd_args_ok(c, wdt, p, g, m, v, n))
         return GPU_EINVAL;
     wb = n * gpu_dtype_size(wdt);
-    state_make(&h, &s0, t - 1, 0);
-    h.found_inf = found_inf;
 
-    GPU_CUDA_TRY(dev_dup((void **)&d_state, &h, sizeof(h)));
-    GPU_CUDA_TRY(dev_dup((void **)&d_p, p, fb));
-    GPU_CUDA_TRY(dev_dup((void **)&d_g, g, fb));
-    if (m != NULL)
-        GPU_CUDA_TRY(dev_dup((void **)&d_m, m, fb));
-    if (v != NULL)
-        GPU_CUDA_TRY(dev_dup((void **)&d_v, v, fb));
-    if (work != NULL)
-        GPU_CUDA_TRY(dev_dup(&d_work, work, wb));
-    rc = prepare_update(d_state, c, gmul);
-    if (rc == 0)
-        rc = gpu_cuda_optim_launch(c, lr, d_state, d_p, d_g, d_m, d_v, n, d_work, wdt, 0);
+    rc = upd_upload(&d, t, found_inf, p, fb, g, m, v, n);
     if (rc != 0)
         goto fail;
-    GPU_CUDA_TRY(dev_get(&h, d_state, sizeof(h)));
-    GPU_CUDA_TRY(dev_get(p, d_p, fb));
-    GPU_CUDA_TRY(dev_get(m, d_m, fb));
-    GPU_CUDA_TRY(dev_get(v, d_v, fb));
+    if (work != NULL)
+        GPU_CUDA_TRY(dev_dup(&d_work, work, wb));
+    rc = prepare_update(d.state, c, gmul);
+    if (rc == 0)
+        rc = gpu_cuda_optim_launch(c, lr, d.state, (float *)d.x, d.g, d.m, d.v, n, d_work, wdt, 0);
+    if (rc == 0)
+        rc = upd_download(&d, &h, p, fb, m, v, n);
+    if (rc != 0)
+        goto fail;
     GPU_CUDA_TRY(dev_get(work, d_work, wb));
     if (applied != NULL)
         *applied = h.applied;
     rc = 0;
 fail:
     cudaFree(d_work);
-    cudaFree(d_v);
-    cudaFree(d_m);
-    cudaFree(d_g);
-    cudaFree(d_p);
-    cudaFree(d_state);
+    upd_free(&d);
     return rc;
 }
 
@@ -961,43 +914,30 @@ extern "C" int gpu_cuda_optim_update_lowp_host(const gpu_optim_config *c, float 
                                                int64_t *applied)
 {
     int rc = gpu_cuda_ready();
-    gpu_cuda_step_state h, *d_state = NULL;
-    gpu_scaler_state s0 = scaler_at(1.0f);
-    float *d_g = NULL, *d_m = NULL, *d_v = NULL;
-    void *d_w = NULL;
+    upd_dev d = {NULL, NULL, NULL, NULL, NULL};
+    gpu_cuda_step_state h;
     size_t *d_off = NULL, *d_cnt = NULL, zero = 0;
-    size_t fb = n * sizeof(float), wb;
+    size_t wb;
 
     if (rc != 0)
         return rc;
-    if (c == NULL || wk_of(wdt, true) < 0)
-        return GPU_EINVAL;
-    if (n > 0 && (w == NULL || g == NULL ||
-                  (c->type != GPU_OPT_SGD && (m == NULL || v == NULL))))
+    if (!upd_args_ok(c, wdt, w, g, m, v, n))
         return GPU_EINVAL;
     wb = n * gpu_dtype_size(wdt);
-    state_make(&h, &s0, t - 1, 0);
-    h.found_inf = found_inf;
 
-    GPU_CUDA_TRY(dev_dup((void **)&d_state, &h, sizeof(h)));
-    GPU_CUDA_TRY(dev_dup(&d_w, w, wb));
-    GPU_CUDA_TRY(dev_dup((void **)&d_g, g, fb));
-    if (m != NULL)
-        GPU_CUDA_TRY(dev_dup((void **)&d_m, m, fb));
-    if (v != NULL)
-        GPU_CUDA_TRY(dev_dup((void **)&d_v, v, fb));
-    GPU_CUDA_TRY(dev_dup((void **)&d_off, &zero, sizeof(zero)));
-    GPU_CUDA_TRY(dev_dup((void **)&d_cnt, &n, sizeof(n)));
-    rc = prepare_update(d_state, c, gmul);
-    if (rc == 0)
-        rc = gpu_cuda_optim_lowp_launch(c, lr, d_state, d_w, wdt, d_g, d_m, d_v, d_off, d_cnt,
-                                        1, n, NULL, 0);
+    rc = upd_upload(&d, t, found_inf, w, wb, g, m, v, n);
     if (rc != 0)
         goto fail;
-    GPU_CUDA_TRY(dev_get(&h, d_state, sizeof(h)));
-    GPU_CUDA_TRY(dev_get(w, d_w, wb));
-    GPU_CUDA_TRY(dev_get(m, d_m, fb));
-    GPU_CUDA_TRY(dev_get(v, d_v, fb));
+    GPU_CUDA_TRY(dev_dup((void **)&d_off, &zero, sizeof(zero)));
+    GPU_CUDA_TRY(dev_dup((void **)&d_cnt, &n, sizeof(n)));
+    rc = prepare_update(d.state, c, gmul);
+    if (rc == 0)
+        rc = gpu_cuda_optim_lowp_launch(c, lr, d.state, d.x, wdt, d.g, d.m, d.v, d_off, d_cnt, 1, n,
+                                        NULL, 0);
+    if (rc == 0)
+        rc = upd_download(&d, &h, w, wb, m, v, n);
+    if (rc != 0)
+        goto fail;
     if (lost != NULL)
         *lost = (int64_t)h.lost_step;
     if (applied != NULL)
@@ -1006,11 +946,7 @@ extern "C" int gpu_cuda_optim_update_lowp_host(const gpu_optim_config *c, float 
 fail:
     cudaFree(d_cnt);
     cudaFree(d_off);
-    cudaFree(d_v);
-    cudaFree(d_m);
-    cudaFree(d_g);
-    cudaFree(d_w);
-    cudaFree(d_state);
+    upd_free(&d);
     return rc;
 }
 

@@ -73,9 +73,11 @@ typedef struct {
     unsigned long long lost_total;  /* ... since the start */
 } gpu_cuda_step_state;
 
-/* Per-tensor statistics of the device unscale pass (gpu_grad_stat on the device). */
+/* Per-tensor statistics of the device unscale pass (gpu_grad_stat on the device), zeroed
+ * by its launch before the kernel accumulates into them. */
 typedef struct {
-    unsigned int amax, amax_scaled;  /* bit patterns of non-negative floats */
+    unsigned int amax, amax_scaled;  /* bit patterns of non-negative floats (ordered like
+                                      * unsigned integers: atomicMax on the bits) */
     unsigned long long nonfinite, zeros;
 } gpu_cuda_step_tstat;
 
@@ -121,9 +123,17 @@ int gpu_cuda_step_state_init(gpu_cuda_step_state *d_state, const gpu_scaler_stat
 /* Start a step: scale_used = scaler.scale, inv = (float)(1.0 / (double)scale_used),
  * found_inf = floor_failed = 0, sumsq = grad_norm = 0, clip = 1, lost_step = 0. */
 int gpu_cuda_step_begin_launch(gpu_cuda_step_state *d_state, cudaStream_t stream);
-/* gpu_unscale() on the device with inv read from d_state: zeroes found_inf, sumsq and
- * d_stats (ntensors entries), then one fused pass over the tensors of d_g (modified in
- * place). max_count is the largest counts[] entry (it sizes the grid). */
+/* gpu_unscale() on the device (the fused pass of gpu/cuda_unscale.cu): zeroes *d_found,
+ * *d_sumsq and d_stats (ntensors entries), then one pass over the tensors of d_g (modified in
+ * place) with the multiplier *d_inv, read when the kernel starts; *d_found is set to 1 when
+ * a tensor holds inf/NaN. max_count is the largest counts[] entry (it sizes the grid). The
+ * arguments are not checked (the callers do). Returns 0 or GPU_ECUDA (launch errors). */
+int gpu_cuda_unscale_launch(float *d_g, const size_t *d_offsets, const size_t *d_counts,
+                            int ntensors, size_t max_count, const float *d_inv,
+                            gpu_cuda_step_tstat *d_stats, int *d_found, double *d_sumsq,
+                            cudaStream_t stream);
+/* gpu_cuda_unscale_launch with the step state's fields: inv read from d_state, found_inf,
+ * sumsq and d_stats (ntensors entries) zeroed and written. */
 int gpu_cuda_step_unscale_launch(float *d_g, const size_t *d_offsets, const size_t *d_counts,
                                  int ntensors, size_t max_count, gpu_cuda_step_tstat *d_stats,
                                  gpu_cuda_step_state *d_state, cudaStream_t stream);

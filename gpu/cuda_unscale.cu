@@ -1,13 +1,17 @@
 /*
- * cuda_unscale.cu - the fused unscale + overflow check + per-tensor statistics kernel, and
- * gpu_cuda_unscale(), its host-buffer wrapper with gpu_unscale()'s contract (gpu.h).
+ * cuda_unscale.cu - the fused unscale + overflow check + per-tensor statistics kernel, its
+ * launch function (declared in cuda_step.h: the training step runs it with the multiplier,
+ * flag and sum of its device state) and gpu_cuda_unscale(), its host-buffer wrapper with
+ * gpu_unscale()'s contract (gpu.h).
  *
  * For every element x (the scaled gradient), as gpu_unscale() in gpu/scaler.c does: a
  * non-finite x (the check is on the scaled value, as in PyTorch) is counted and left
  * untouched; a finite x becomes y = x * inv unless inv == 1.0f (one IEEE round-to-nearest
  * fp32 product, so y equals the CPU's bit for bit, subnormals included) and updates the
  * tensor's stats: amax = max |y|, amax_scaled = max |x|, the count of exact zeros y, and the
- * sum of (double)y^2 (in a different order than on the CPU, so equal only to rounding).
+ * sum of (double)y^2 (in a different order than on the CPU, so equal only to rounding). inv
+ * is read from device memory when the kernel starts, so the step can use a scale the host
+ * has not seen; the wrapper uploads its host float.
  *
  * Layout: a 2-D grid; blockIdx.y walks the tensors (strided when there are more than
  * 65535), blockIdx.x/threadIdx.x make a grid-stride loop inside one tensor. Each block
@@ -23,6 +27,7 @@
 #include <stdlib.h>
 
 #include "gpu/cuda_common.cuh"
+#include "gpu/cuda_step.h"
 
 #define US_THREADS 256
 #define US_WARPS (US_THREADS / 32)
@@ -48,10 +53,11 @@ __device__ static __forceinline__ void us_warp_reduce(us_acc *a)
 }
 
 static __global__ void __launch_bounds__(US_THREADS)
-gpu_k_unscale(float *g, const size_t *offsets, const size_t *counts, int ntensors, float inv,
-              gpu_cuda_tstat *stats, int *found, double *sumsq)
+gpu_k_unscale(float *g, const size_t *offsets, const size_t *counts, int ntensors,
+              const float *d_inv, gpu_cuda_step_tstat *stats, int *found, double *sumsq)
 {
     __shared__ us_acc part[US_WARPS];
+    const float inv = *d_inv;
     const bool scale = inv != 1.0f;
     const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
     const size_t stride = (size_t)gridDim.x * blockDim.x;
@@ -88,7 +94,7 @@ gpu_k_unscale(float *g, const size_t *offsets, const size_t *counts, int ntensor
             a = lane < US_WARPS ? part[lane] : z;
             us_warp_reduce(&a);
             if (lane == 0) {
-                gpu_cuda_tstat *s = &stats[t];
+                gpu_cuda_step_tstat *s = &stats[t];
                 if (a.amax > 0.0f)
                     atomicMax(&s->amax, __float_as_uint(a.amax));
                 if (a.amax_scaled > 0.0f)
@@ -107,10 +113,11 @@ gpu_k_unscale(float *g, const size_t *offsets, const size_t *counts, int ntensor
     }
 }
 
-/* Device pointers borrowed; see cuda_common.cuh. */
-int gpu_cuda_unscale_launch(float *d_g, const size_t *d_offsets, const size_t *d_counts,
-                            int ntensors, size_t max_count, float inv, gpu_cuda_tstat *d_stats,
-                            int *d_found, double *d_sumsq, cudaStream_t stream)
+/* Device pointers borrowed; see cuda_step.h. */
+extern "C" int gpu_cuda_unscale_launch(float *d_g, const size_t *d_offsets,
+                                       const size_t *d_counts, int ntensors, size_t max_count,
+                                       const float *d_inv, gpu_cuda_step_tstat *d_stats,
+                                       int *d_found, double *d_sumsq, cudaStream_t stream)
 {
     GPU_CUDA_CHECK(cudaMemsetAsync(d_found, 0, sizeof(*d_found), stream));
     GPU_CUDA_CHECK(cudaMemsetAsync(d_sumsq, 0, sizeof(*d_sumsq), stream));
@@ -119,17 +126,10 @@ int gpu_cuda_unscale_launch(float *d_g, const size_t *d_offsets, const size_t *d
     GPU_CUDA_CHECK(cudaMemsetAsync(d_stats, 0, (size_t)ntensors * sizeof(*d_stats), stream));
     dim3 grid(gpu_cuda_blocks(max_count, US_THREADS * US_PER_THREAD, US_MAX_BLOCKS_X),
               ntensors < US_MAX_BLOCKS_Y ? ntensors : US_MAX_BLOCKS_Y);
-    gpu_k_unscale<<<grid, US_THREADS, 0, stream>>>(d_g, d_offsets, d_counts, ntensors, inv,
+    gpu_k_unscale<<<grid, US_THREADS, 0, stream>>>(d_g, d_offsets, d_counts, ntensors, d_inv,
                                                    d_stats, d_found, d_sumsq);
     GPU_CUDA_CHECK(cudaGetLastError());
     return 0;
-}
-
-static float bits_to_float(unsigned int u)
-{
-    float x;
-    memcpy(&x, &u, sizeof(x));
-    return x;
 }
 
 /* gpu_unscale() on the device. g (host, borrowed) is modified in place over the span its
@@ -142,9 +142,9 @@ extern "C" int gpu_cuda_unscale(float *g, const size_t *offsets, const size_t *c
 {
     int rc = gpu_cuda_ready();
     size_t span = 0, max_count = 0;
-    float *d_g = NULL;
+    float *d_g = NULL, *d_inv = NULL;
     size_t *d_off = NULL, *d_cnt = NULL;
-    gpu_cuda_tstat *d_st = NULL, *h_st = NULL;
+    gpu_cuda_step_tstat *d_st = NULL, *h_st = NULL;
     int *d_found = NULL;
     double *d_sumsq = NULL;
     int h_found = 0;
@@ -168,7 +168,7 @@ extern "C" int gpu_cuda_unscale(float *g, const size_t *offsets, const size_t *c
     }
     if (span > 0 && g == NULL)
         return GPU_EINVAL;
-    h_st = (gpu_cuda_tstat *)malloc((size_t)ntensors * sizeof(*h_st));
+    h_st = (gpu_cuda_step_tstat *)malloc((size_t)ntensors * sizeof(*h_st));
     if (h_st == NULL)
         return GPU_ENOMEM;
 
@@ -176,6 +176,7 @@ extern "C" int gpu_cuda_unscale(float *g, const size_t *offsets, const size_t *c
         GPU_CUDA_TRY(cudaMalloc((void **)&d_g, span * sizeof(*d_g)));
     GPU_CUDA_TRY(cudaMalloc((void **)&d_off, (size_t)ntensors * sizeof(*d_off)));
     GPU_CUDA_TRY(cudaMalloc((void **)&d_cnt, (size_t)ntensors * sizeof(*d_cnt)));
+    GPU_CUDA_TRY(cudaMalloc((void **)&d_inv, sizeof(*d_inv)));
     GPU_CUDA_TRY(cudaMalloc((void **)&d_st, (size_t)ntensors * sizeof(*d_st)));
     GPU_CUDA_TRY(cudaMalloc((void **)&d_found, sizeof(*d_found)));
     GPU_CUDA_TRY(cudaMalloc((void **)&d_sumsq, sizeof(*d_sumsq)));
@@ -185,7 +186,8 @@ extern "C" int gpu_cuda_unscale(float *g, const size_t *offsets, const size_t *c
                             cudaMemcpyHostToDevice));
     GPU_CUDA_TRY(cudaMemcpy(d_cnt, counts, (size_t)ntensors * sizeof(*counts),
                             cudaMemcpyHostToDevice));
-    rc = gpu_cuda_unscale_launch(d_g, d_off, d_cnt, ntensors, max_count, inv, d_st, d_found,
+    GPU_CUDA_TRY(cudaMemcpy(d_inv, &inv, sizeof(inv), cudaMemcpyHostToDevice));
+    rc = gpu_cuda_unscale_launch(d_g, d_off, d_cnt, ntensors, max_count, d_inv, d_st, d_found,
                                  d_sumsq, 0);
     if (rc != 0)
         goto fail;
@@ -196,12 +198,8 @@ extern "C" int gpu_cuda_unscale(float *g, const size_t *offsets, const size_t *c
     if (span > 0)
         GPU_CUDA_TRY(cudaMemcpy(g, d_g, span * sizeof(*g), cudaMemcpyDeviceToHost));
 
-    for (int t = 0; stats != NULL && t < ntensors; t++) {
-        stats[t].amax = bits_to_float(h_st[t].amax);
-        stats[t].amax_scaled = bits_to_float(h_st[t].amax_scaled);
-        stats[t].nonfinite = (int64_t)h_st[t].nonfinite;
-        stats[t].zeros = (int64_t)h_st[t].zeros;
-    }
+    if (stats != NULL)
+        gpu_cuda_step_stats_export(h_st, ntensors, stats);
     *found_inf = h_found != 0;
     *sumsq = h_sumsq;
     rc = 0;
@@ -209,6 +207,7 @@ fail:
     cudaFree(d_sumsq);
     cudaFree(d_found);
     cudaFree(d_st);
+    cudaFree(d_inv);
     cudaFree(d_cnt);
     cudaFree(d_off);
     cudaFree(d_g);

@@ -22,33 +22,7 @@
 #include <string.h>
 
 #include "gpu/gpu_int.h"
-
-static uint32_t f2u(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, sizeof(u));
-    return u;
-}
-
-static float u2f(uint32_t u)
-{
-    float x;
-    memcpy(&x, &u, sizeof(x));
-    return x;
-}
-
-static bool have_device(void)
-{
-    char why[256];
-    return gpu_cuda_probe(why, sizeof(why)) == 0;
-}
-
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    ck_assert_ptr_nonnull(p);
-    return p;
-}
+#include "tests/cudatest.h"
 
 /* ---- without a device -------------------------------------------------------------------- */
 
@@ -287,16 +261,5 @@ static Suite *cuda_suite(void)
 
 int main(void)
 {
-    char why[256];
-    if (gpu_cuda_probe(why, sizeof(why)) != 0)
-        printf("check_cuda: SKIP: %s\n", why);
-    else
-        printf("check_cuda: device: %s\n", why);
-    fflush(stdout);
-    SRunner *sr = srunner_create(cuda_suite());
-    srunner_set_fork_status(sr, CK_NOFORK);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return cudatest_main("check_cuda", cuda_suite());
 }

@@ -49,36 +49,10 @@
 
 #include "gpu/cuda_blas.h"
 #include "gpu/gpu_int.h"
+#include "tests/cudatest.h"
 
 #define TINY 1e-30
 #define MAX_REPORTS 12
-
-static int have = -1; /* 1: device and cuBLASLt usable, 0: not, -1: not probed */
-static char why_not[320];
-
-static bool have_device(void)
-{
-    if (have < 0) {
-        gpu_cuda_blas *b = NULL;
-        have = gpu_cuda_blas_open(&b, why_not, sizeof(why_not)) == 0;
-        gpu_cuda_blas_free(b);
-    }
-    return have == 1;
-}
-
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    ck_assert_ptr_nonnull(p);
-    return p;
-}
-
-static uint32_t f2u(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, sizeof(u));
-    return u;
-}
 
 /* ---- failure accounting -------------------------------------------------------------------- */
 
@@ -375,7 +349,7 @@ done:
 
 START_TEST(t_no_device)
 {
-    if (have_device())
+    if (have_blas())
         return;
     gpu_cuda_blas *b = (gpu_cuda_blas *)&b;
     char why[256] = "";
@@ -423,7 +397,7 @@ static void sweep(gpu_dtype adt, gpu_dtype cdt, bool via_gemm, uint64_t seed)
 
 START_TEST(t_fp32)
 {
-    if (!have_device())
+    if (!have_blas())
         return;
     errs_begin();
     sweep(GPU_FP32, GPU_FP32, true, 100);
@@ -433,7 +407,7 @@ END_TEST
 
 START_TEST(t_lowp_operands)
 {
-    if (!have_device())
+    if (!have_blas())
         return;
     errs_begin();
     sweep(GPU_FP16, GPU_FP32, true, 200);
@@ -444,7 +418,7 @@ END_TEST
 
 START_TEST(t_lowp_output)
 {
-    if (!have_device())
+    if (!have_blas())
         return;
     errs_begin();
     sweep(GPU_FP16, GPU_FP16, false, 400);
@@ -456,7 +430,7 @@ END_TEST
 /* Operands of different dtypes: gpu_cuda_gemm_host widens them as gpu_gemm does. */
 START_TEST(t_mixed)
 {
-    if (!have_device())
+    if (!have_blas())
         return;
     static const gpu_dtype pairs[][2] = {
         {GPU_FP16, GPU_BF16}, {GPU_FP32, GPU_FP16}, {GPU_BF16, GPU_FP32}, {GPU_FP16, GPU_FP32},
@@ -498,7 +472,7 @@ static void attention_cases(int T, int H, int hd, gpu_dtype dt, gpu_dtype cdt, u
 
 START_TEST(t_batched)
 {
-    if (!have_device())
+    if (!have_blas())
         return;
     errs_begin();
     for (int d = 0; d < 3; d++) {
@@ -534,7 +508,7 @@ END_TEST
 
 START_TEST(t_epilogue)
 {
-    if (!have_device())
+    if (!have_blas())
         return;
     static const gpu_dtype combos[][2] = {
         {GPU_FP32, GPU_FP32}, {GPU_FP16, GPU_FP32}, {GPU_BF16, GPU_FP32},
@@ -568,7 +542,7 @@ END_TEST
 
 START_TEST(t_zero)
 {
-    if (!have_device())
+    if (!have_blas())
         return;
     static const float betas[3] = {0.0f, 1.0f, 0.5f};
     errs_begin();
@@ -633,7 +607,7 @@ static void expect_einval_mm(const gpu_cuda_mm *m, const char *what)
 
 START_TEST(t_bad_args)
 {
-    if (!have_device())
+    if (!have_blas())
         return;
     float c[64];
     for (int i = 0; i < 64; i++)
@@ -726,7 +700,7 @@ END_TEST
  * rounds down to 65504, 65520 (the tie) and beyond become inf; inf operands give inf. */
 START_TEST(t_overflow)
 {
-    if (!have_device())
+    if (!have_blas())
         return;
     /* C[0][j] = 256 * b0j + 1 * b1j with the b pairs below; row 1 has an inf operand */
     static const float b0[6] = {255.875f, 255.875f, 255.875f, 255.875f, -255.875f, -255.875f};
@@ -784,7 +758,7 @@ static void *dev_copy(void **base, const void *src, size_t n, size_t es, size_t 
 
 START_TEST(t_device_api)
 {
-    if (!have_device())
+    if (!have_blas())
         return;
     gpu_cuda_blas *h = NULL;
     char why[320];
@@ -928,18 +902,7 @@ static Suite *cuda_gemm_suite(void)
 
 int main(void)
 {
-    char dev[256];
-    if (!have_device()) {
-        printf("check_cuda_gemm: SKIP: %s\n", why_not);
-    } else {
-        gpu_cuda_probe(dev, sizeof(dev));
-        printf("check_cuda_gemm: device: %s\n", dev);
-    }
-    fflush(stdout);
-    SRunner *sr = srunner_create(cuda_gemm_suite());
-    srunner_set_fork_status(sr, CK_NOFORK);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    const char *why;
+    bool have = blas_check(&why);
+    return cudatest_run("check_cuda_gemm", have, why, cuda_gemm_suite());
 }

@@ -61,29 +61,11 @@
 #include <string.h>
 
 #include "gpu/cuda_model.h"
+#include "tests/cudatest.h"
 
 #define MAX_REPORTS 20
 
-static int have = -1;     /* 1: device and cuBLASLt usable, 0: not, -1: not probed */
-static char why_not[320]; /* why there is no device, or the device's description */
-static int nerr;          /* failures of the running test (the first MAX_REPORTS printed) */
-
-static bool have_device(void)
-{
-    if (have < 0) {
-        char why[256] = "";
-        gpu_cuda_blas *b = NULL;
-        have = 0;
-        int rc = gpu_cuda_probe(why, sizeof(why));
-        snprintf(why_not, sizeof(why_not), "%s", why);
-        if (rc == 0 && gpu_cuda_blas_open(&b, why, sizeof(why)) != 0)
-            snprintf(why_not, sizeof(why_not), "%s", why);
-        else if (rc == 0)
-            have = 1;
-        gpu_cuda_blas_free(b);
-    }
-    return have == 1;
-}
+static int nerr; /* failures of the running test (the first MAX_REPORTS printed) */
 
 static void err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
@@ -98,13 +80,6 @@ static void err(const char *fmt, ...)
     va_end(ap);
     fputc('\n', stdout);
     fflush(stdout);
-}
-
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    ck_assert_ptr_nonnull(p);
-    return p;
 }
 
 static void *xcalloc(size_t n)
@@ -555,7 +530,7 @@ static void compare_diag(const host_model *h, const dev_result *o, bool overflow
  * diagnostics. */
 static void run_dtype(gpu_dtype dt)
 {
-    if (!have_device())
+    if (!have_blas())
         return;
     nerr = 0;
     for (size_t i = 0; i < NCASES; i++) {
@@ -598,7 +573,7 @@ END_TEST
 /* The loss gradient overflows fp16 at every target: inf/NaN gradients at the CPU's places. */
 START_TEST(t_overflow)
 {
-    if (!have_device())
+    if (!have_blas())
         return;
     const gcase *k = &OVERFLOW_CASE;
     host_model h;
@@ -640,7 +615,7 @@ END_TEST
 /* The same step twice: bit-identical; a forward without a state: the same loss and hits. */
 START_TEST(t_repeat)
 {
-    if (!have_device())
+    if (!have_blas())
         return;
     host_model h;
     dev_result a, b, f;
@@ -731,15 +706,7 @@ static Suite *cuda_gpt_suite(void)
 
 int main(void)
 {
-    if (!have_device())
-        printf("check_cuda_gpt: SKIP: %s\n", why_not);
-    else
-        printf("check_cuda_gpt: device: %s\n", why_not);
-    fflush(stdout);
-    SRunner *sr = srunner_create(cuda_gpt_suite());
-    srunner_set_fork_status(sr, CK_NOFORK);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    const char *why;
+    bool have = blas_check(&why);
+    return cudatest_run("check_cuda_gpt", have, why, cuda_gpt_suite());
 }

@@ -38,35 +38,9 @@
 
 #include "gpu/gpu_int.h"
 #include "gpu/cuda_step.h"
+#include "tests/cudatest.h"
 
 #define BIG ((size_t)(1u << 20) + 3)
-
-static uint32_t f2u(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, sizeof(u));
-    return u;
-}
-
-static float u2f(uint32_t u)
-{
-    float x;
-    memcpy(&x, &u, sizeof(x));
-    return x;
-}
-
-static bool have_device(void)
-{
-    char why[256];
-    return gpu_cuda_probe(why, sizeof(why)) == 0;
-}
-
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    ck_assert_ptr_nonnull(p);
-    return p;
-}
 
 static void *xdup(const void *src, size_t n)
 {
@@ -1095,16 +1069,5 @@ static Suite *cuda_step_suite(void)
 
 int main(void)
 {
-    char why[256];
-    if (gpu_cuda_probe(why, sizeof(why)) != 0)
-        printf("check_cuda_step: SKIP: %s\n", why);
-    else
-        printf("check_cuda_step: device: %s\n", why);
-    fflush(stdout);
-    SRunner *sr = srunner_create(cuda_step_suite());
-    srunner_set_fork_status(sr, CK_NOFORK);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return cudatest_main("check_cuda_step", cuda_step_suite());
 }

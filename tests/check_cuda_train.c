@@ -54,24 +54,12 @@
 #include <unistd.h>
 
 #include "gpu/gpu_int.h"
+#include "tests/cudatest.h"
 
 #define TOL32 1e-4
 #define TOL16 2e-2
 #define LTOL32 1e-5
 #define LTOL16 1e-3
-
-static bool have_device(void)
-{
-    char why[256];
-    return gpu_cuda_probe(why, sizeof(why)) == 0;
-}
-
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    ck_assert_ptr_nonnull(p);
-    return p;
-}
 
 static double rel_diff(double a, double b)
 {
@@ -771,17 +759,7 @@ static Suite *cuda_train_suite(void)
 
 int main(void)
 {
-    char why[256];
-    if (gpu_cuda_probe(why, sizeof(why)) != 0)
-        printf("check_cuda_train: SKIP: %s\n", why);
-    else
-        printf("check_cuda_train: device: %s\n", why);
-    fflush(stdout);
-    SRunner *sr = srunner_create(cuda_train_suite());
-    srunner_set_fork_status(sr, CK_NOFORK);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
+    int status = cudatest_main("check_cuda_train", cuda_train_suite());
     if (text_path[0]) {
         char dir[256];
         snprintf(dir, sizeof(dir), "%s", text_path);
@@ -789,5 +767,5 @@ int main(void)
         unlink(text_path);
         rmdir(dir);
     }
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return status;
 }
