@@ -4,7 +4,7 @@
 # AdamW), in bf16, fp16 (dynamic loss scaling) and fp32, in one invocation.
 #
 # Where: on the GPU machine, from the repo root, after tests/gpu/prepare.sh here (it packs
-# ampd and its shared libraries into .gpu; the device tool carries [".gpu"]):
+# ampd and its shared libraries into .gpu.tar.xz; the device tool carries [".gpu.tar.xz"]):
 #     bench/gpu.sh [-b|--batch B] [--steps N] [--warmup W] [--fp32-steps N]
 #                  [--budget S] [--no-naive] [--device cuda|cpu] [--tiny] [--torch-attn A]
 #   -b, --batch B   sequences of 1024 tokens per step (default 8: 8192 tokens)
@@ -121,6 +121,10 @@ else
 fi
 
 PY=${PYTHON:-python3}
+# tests/gpu/prepare.sh's pack, carried compressed
+if [ ! -d .gpu ] && [ -f .gpu.tar.xz ]; then
+    tar -xJf .gpu.tar.xz
+fi
 if [ -z "${AMPD:-}" ]; then
     for c in .gpu/tools/ampd .gpu/bin/ampd ./ampd; do
         [ -x "$c" ] && { AMPD=$c; break; }

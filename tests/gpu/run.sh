@@ -1,9 +1,11 @@
 #!/bin/bash
-# run.sh - on the GPU machine: runs the CUDA test programs packed by tests/gpu/prepare.sh,
+# run.sh - on the GPU machine: runs the CUDA test programs packed by tests/gpu/prepare.sh
+# (unpacking .gpu.tar.xz first when .gpu is missing),
 # each with its log in $OUT (or /tmp/ampd-gpu when OUT is unset), and prints each suite's
 # summary. cuBLASLt comes from the machine: its CUDA toolkit (/usr/local/cuda/lib64) or the
 # nvidia-cublas Python package, whichever is found first.
 set -uo pipefail
+[ -d .gpu ] || tar -xJf .gpu.tar.xz || { echo "run.sh: no .gpu (run tests/gpu/prepare.sh)"; exit 1; }
 OUT=${OUT:-/tmp/ampd-gpu}
 mkdir -p "$OUT"
 cublas=$(ls -d /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
@@ -12,6 +14,7 @@ cublas=$(ls -d /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
          while read -r d; do [ -e "$d/libcublasLt.so.13" ] && echo "$d"; done | head -n 1)
 export LD_LIBRARY_PATH=".gpu/lib${cublas:+:$cublas}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export AMPD_OPENBLAS="$PWD/.gpu/lib/libopenblas.so.0"
+export AMPD_TEST_DATA="$PWD/.gpu/data/fashion-mnist"
 echo "cuBLASLt from: ${cublas:-not found}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 rc=0
