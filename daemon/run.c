@@ -234,8 +234,12 @@ static void log_device(const gpu_job_config *c, const gpu_trainer *t)
     char why[256];
     if (strcmp(c->device, "auto") != 0)
         return;
-    if (strcmp(gpu_trainer_device(t), "cpu") != 0) {
+    if (strncmp(gpu_trainer_device(t), "cpu", 3) != 0) {
         log_info("device auto: using the CUDA backend, %s", gpu_trainer_device(t));
+        return;
+    }
+    if (strcmp(gpu_trainer_device(t), "cpu") != 0) { /* "cpu (CUDA unusable: ...)" */
+        log_warn("device auto: using the CPU backend, %s", gpu_trainer_device(t) + 4);
         return;
     }
     (void)gpu_cuda_probe(why, sizeof(why));

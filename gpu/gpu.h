@@ -397,8 +397,9 @@ int gpu_trainer_step(gpu_trainer *t, gpu_step_metrics *m, char *err, size_t errl
 /* Evaluate on the eval set (or the training set when there is none). */
 int gpu_trainer_eval(gpu_trainer *t, gpu_eval_result *r);
 int64_t gpu_trainer_params(const gpu_trainer *t);
-/* Where the trainer runs: "cpu", or "cuda:N (device name, compute capability, memory; what
- * the job holds)". Valid while the trainer lives. */
+/* Where the trainer runs: "cpu", "cpu (CUDA unusable: why)" when "auto" found a device it
+ * could not use, or "cuda:N (device name, compute capability, memory; what the job holds)".
+ * Valid while the trainer lives. */
 const char *gpu_trainer_device(const gpu_trainer *t);
 const gpu_scaler_state *gpu_trainer_scaler(const gpu_trainer *t);
 /* The named tensors of the parameter blocks ("fc1.weight", ...) and the per-tensor

@@ -20,7 +20,8 @@
  * master weights are off, and then recommendations (once per job each, see diag.c).
  *
  * Devices: cfg.device "cpu" runs here; "cuda" / "cuda:N" on that CUDA device or the job fails
- * with the reason; "auto" on CUDA device 0 when gpu_cuda_probe() finds one usable, else here.
+ * with the reason; "auto" on CUDA device 0 when gpu_cuda_probe() finds one usable and the
+ * device twin can be made there (cuBLASLt loads), else here.
  * On CUDA the host blocks stay (initialisation, checkpoints, the tensor table) and a device
  * twin (cuda_train.c) holds their copies and runs each step on the device, synchronising once
  * at its end; the host builds the batches and keeps the scalars from the step's snapshot.
@@ -73,6 +74,7 @@ struct gpu_trainer {
     int cuda_index;
     gpu_cuda_twin *cuda;    /* the device twin, once created */
     bool diag_next;         /* the last step overflowed undiagnosed: collect on this one */
+    char device_text[256];  /* "auto" fell back to the CPU: "cpu (CUDA unusable: why)" */
 };
 
 /* Defaults for every job field; see gpu.h and docs/job-spec.md. */
@@ -306,6 +308,14 @@ int gpu_job_memory(const gpu_job_config *c, gpu_mem *out, char *err, size_t errl
     return rc;
 }
 
+/* The blocks the CPU model runs in (acts, scratch); checked by the caller. */
+static void alloc_host_model(gpu_trainer *t)
+{
+    model_sizes z = sizes_of(&t->cfg, &t->mlp, t->gpt);
+    t->acts = calloc(1, z.act_bytes);
+    t->scratch = calloc(z.scratch_floats, sizeof(float));
+}
+
 static int allocate(gpu_trainer *t, char *err, size_t errlen)
 {
     const gpu_job_config *c = &t->cfg;
@@ -320,10 +330,8 @@ static int allocate(gpu_trainer *t, char *err, size_t errlen)
     t->m = calloc(P, sizeof(float));
     if (c->optim.type == GPU_OPT_ADAMW)
         t->v = calloc(P, sizeof(float));
-    if (!t->use_cuda) { /* the host model's blocks (the device has its own) */
-        t->acts = calloc(1, z.act_bytes);
-        t->scratch = calloc(z.scratch_floats, sizeof(float));
-    }
+    if (!t->use_cuda) /* the host model's blocks (the device has its own) */
+        alloc_host_model(t);
     if (t->gpt) {
         size_t T = (size_t)t->gpt->seq_len;
         t->xtok = malloc(sizeof(int) * B * T);
@@ -507,8 +515,19 @@ int gpu_trainer_create(const gpu_job_config *cfg, gpu_trainer **out, char *err, 
     gpu_scaler_init(&t->scaler, &cfg->scaler);
     gpu_rng_seed(&t->rng, cfg->seed ^ 0xDA7A5EEDull);
     shuffle(t);
-    if (t->use_cuda && (rc = start_cuda(t, err, errlen)))
-        goto fail;
+    if (t->use_cuda && (rc = start_cuda(t, err, errlen))) {
+        if (rc != GPU_ENODEV || strcmp(cfg->device, "auto") != 0)
+            goto fail;
+        /* "auto" and the device cannot be used after all (no cuBLASLt, say): the CPU */
+        snprintf(t->device_text, sizeof(t->device_text), "cpu (CUDA unusable: %.200s)", err);
+        err[0] = '\0';
+        t->use_cuda = false;
+        alloc_host_model(t);
+        rc = GPU_ENOMEM;
+        if (!t->acts || !t->scratch)
+            goto fail;
+        plan_memory(&t->cfg, sizes_of(&t->cfg, &t->mlp, t->gpt), &t->mem);
+    }
     *out = t;
     return 0;
 fail:
@@ -974,7 +993,9 @@ int gpu_trainer_set_scalars(gpu_trainer *t, const gpu_state_scalars *in)
 /* Where the trainer runs; see gpu.h. */
 const char *gpu_trainer_device(const gpu_trainer *t)
 {
-    return t->cuda ? gpu_cuda_twin_describe(t->cuda) : "cpu";
+    if (t->cuda)
+        return gpu_cuda_twin_describe(t->cuda);
+    return t->device_text[0] ? t->device_text : "cpu";
 }
 
 /* The last step's gradients; see gpu_int.h. */
