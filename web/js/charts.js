@@ -323,6 +323,9 @@ export class Heatmap {
                     this.help,
                     h('div', {class: 'heat-body'}, this.labels,
                       h('div', {class: 'heat-wrap'}, this.canvas, this.tip)),
+                    this.emptyEl = h('p', {class: 'muted'},
+                                     'No diagnosed step yet: layers are diagnosed every diagnostics_every ' +
+                                     'steps and on every step whose gradients overflowed.'),
                     h('p', {class: 'muted small heat-axis'}),
                     this.legendEl = h('div', {class: 'heat-legend'}));
         parent.append(this.el);
@@ -382,6 +385,15 @@ export class Heatmap {
         const ds = this.el.dataset;
         ds.layers = d ? String(d.layers.length) : '0';
         ds.steps = d ? String(d.steps.length) : '0';
+        const empty = !d || !d.steps.length;
+        const axis = this.el.querySelector('.heat-axis');
+        this.emptyEl.hidden = !empty;
+        c.parentElement.parentElement.hidden = empty; // before measuring the width below
+        this.legendEl.hidden = empty;
+        if (empty) {
+            axis.textContent = '';
+            return;
+        }
         const wrap = c.parentElement;
         const width = Math.max(100, wrap.clientWidth);
         const rows = d ? d.layers.length : 0;
@@ -396,14 +408,6 @@ export class Heatmap {
         ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
         ctx.clearRect(0, 0, width, height);
         clear(this.labels);
-        const axis = this.el.querySelector('.heat-axis');
-        if (!d || !d.steps.length) {
-            ctx.fillStyle = '#6b7280';
-            ctx.font = '13px system-ui, sans-serif';
-            ctx.fillText('no diagnosed step yet (diagnostics_every, or a step that overflowed)', 8, 24);
-            axis.textContent = '';
-            return;
-        }
         const f = HEAT_FIELDS[this.field];
         const vals = d.values[this.field] || [];
         const n = d.steps.length;
