@@ -138,10 +138,3 @@ export function debounce(f, ms) {
         t = setTimeout(() => f(...a), ms);
     };
 }
-
-export function median(xs) {
-    const a = xs.filter(Number.isFinite).sort((p, q) => p - q);
-    if (!a.length) return NaN;
-    const m = a.length >> 1;
-    return a.length % 2 ? a[m] : (a[m - 1] + a[m]) / 2;
-}
