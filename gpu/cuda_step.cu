@@ -335,6 +335,8 @@ gpu_k_optim_lowp(opt_args a, gpu_cuda_step_state *st, void *w, const float *g, f
 
     for (int t = blockIdx.y; t < ntensors; t += gridDim.y) {
         const size_t off = offsets[t], n = counts[t];
+        if ((size_t)blockIdx.x * blockDim.x >= n)
+            continue;   /* none of t's elements is this block's: skipped by all its threads */
         unsigned long long lost = 0;
         for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
             size_t j = off + i;
@@ -353,6 +355,8 @@ gpu_k_optim_lowp(opt_args a, gpu_cuda_step_state *st, void *w, const float *g, f
                 w16[j] = out;
             }
         }
+        if constexpr (WK == WK_F32)
+            continue;   /* fp32 weights lose no update: nothing to count */
         lost = block_sum(lost, part);
         if (threadIdx.x == 0 && lost != 0) {
             atomicAdd(&st->lost_step, lost);

@@ -31,7 +31,7 @@
 
 #define US_THREADS 256
 #define US_WARPS (US_THREADS / 32)
-#define US_PER_THREAD 8       /* elements per thread before the grid widens */
+#define US_PER_THREAD 32      /* elements per thread before the grid widens */
 #define US_MAX_BLOCKS_X 1024u
 #define US_MAX_BLOCKS_Y 65535
 
@@ -64,8 +64,10 @@ gpu_k_unscale(float *g, const size_t *offsets, const size_t *counts, int ntensor
 
     /* the loop condition depends on blockIdx only, so __syncthreads below is uniform */
     for (int t = blockIdx.y; t < ntensors; t += gridDim.y) {
-        float *p = g + offsets[t];
         size_t n = counts[t];
+        if ((size_t)blockIdx.x * blockDim.x >= n)
+            continue;   /* none of t's elements is this block's: skipped by all its threads */
+        float *p = g + offsets[t];
         us_acc a = {0.0f, 0.0f, 0ull, 0ull, 0.0};
 
         for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
