@@ -555,8 +555,9 @@ static void handle_line(daemon_sched *s, worker *w, char *line, size_t len)
         on_worker_event(s, w, o);
     } else if (strcmp(type, "start") == 0) {
         const char *blas = json_string_value(json_object_get(o, "blas"));
-        snprintf(msg, sizeof(msg), "worker %d started: %.0f parameters, blas %s", (int)w->pid,
-                 field(o, "params"), blas ? blas : "?");
+        const char *dev = json_string_value(json_object_get(o, "device"));
+        snprintf(msg, sizeof(msg), "worker %d started on %.300s: %.0f parameters, blas %.200s",
+                 (int)w->pid, dev ? dev : "?", field(o, "params"), blas ? blas : "?");
         add_event(s, w->job, w->base_step, "lifecycle", msg, NULL);
     } else if (strcmp(type, "resume") == 0) {
         snprintf(msg, sizeof(msg), "resumed from the checkpoint at step %lld",

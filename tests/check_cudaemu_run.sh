@@ -1,0 +1,99 @@
+#!/bin/bash
+# check_cudaemu_run.sh - the CUDA backend end to end, on the CUDA emulator: tests/ampd_emu is
+# ampd linked with tests/cudaemu, so its "auto" device is an emulated GPU.
+#   - `ampd run` passes all of check_run.sh with the emulated GPU as the "auto" device (its
+#     "device cuda trains on the GPU" branch included);
+#   - a model that cannot fit in the device's memory fails with the block and the bytes named;
+#   - without a device, "auto" trains on the CPU and the log says why, "cuda" fails saying so;
+#   - `ampd serve` lists the GPU and its memory in GET /v1/system, and a job submitted with
+#     "device": "cuda" trains on it: its start event names the device, it succeeds with one
+#     metric row per step, its memory metric counts the device's blocks.
+set -u
+AMPD=${AMPD:-tests/ampd_emu}
+TMP=$(mktemp -d)
+DPID=""
+cleanup() {
+    [ -n "$DPID" ] && kill -9 "$DPID" 2>/dev/null
+    wait 2>/dev/null
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+pass=0
+fail=0
+
+ok() { pass=$((pass + 1)); echo "PASS: $1"; }
+bad() { fail=$((fail + 1)); echo "FAIL: $1"; }
+check() { # name, command...
+    local name=$1
+    shift
+    if "$@"; then ok "$name"; else bad "$name"; fi
+}
+
+check "the emulated device is available" sh -c "'$AMPD' version | grep -q '^cuda: device available'"
+
+AMPD=$AMPD "$(dirname "$0")/check_run.sh" >"$TMP/run.log" 2>&1
+rc=$?
+grep -E '^(FAIL|  )' "$TMP/run.log"
+check "check_run.sh passes on the emulated GPU ($(tail -1 "$TMP/run.log"))" test "$rc" -eq 0
+
+big='{"name":"big","model":{"layers":[784,4096,4096,10]},"data":{"type":"synthetic"},
+      "steps":3,"device":"cuda","threads":1}'
+echo "$big" | AMPD_CUDAEMU_MEMORY=50000000 "$AMPD" run - >"$TMP/out" 2>"$TMP/err"
+rc=$?
+check "a model larger than the device fails" test "$rc" -eq 1
+check "the failure names the block and the bytes" \
+    grep -Eq '"status":"failed",.*"error":"device \\"cuda\\": cannot allocate the fp32 master weights \([0-9]+ bytes; [0-9]+ of 50000000 bytes free\): out of memory"' "$TMP/out"
+
+tiny='{"model":{"layers":[20,4]},"data":{"type":"synthetic"},"steps":3,"threads":1}'
+echo "$tiny" | AMPD_CUDAEMU_DEVICES=0 "$AMPD" run - >"$TMP/out" 2>"$TMP/err"
+rc=$?
+check "no device: auto trains on the CPU" test "$rc" -eq 0
+check "... and its start line says cpu" grep -q '"type":"start",.*"device":"cpu"' "$TMP/out"
+check "... and the log says why" grep -q 'using the CPU backend (no CUDA device' "$TMP/err"
+echo "${tiny%\}},\"device\":\"cuda\"}" | AMPD_CUDAEMU_DEVICES=0 "$AMPD" run - >"$TMP/out" 2>/dev/null
+rc=$?
+check "no device: cuda fails" test "$rc" -eq 1
+check "... naming the missing device" \
+    grep -q '"status":"failed",.*"error":"device \\"cuda\\": no CUDA device' "$TMP/out"
+
+# the daemon
+AMPD_CUDAEMU_MEMORY=8589934592 "$AMPD" serve --listen 127.0.0.1:0 --port-file "$TMP/port" \
+    --data-dir "$TMP/data" --db "$TMP/ampd.db" --no-dashboard >"$TMP/daemon.log" 2>&1 &
+DPID=$!
+for _ in $(seq 1 200); do
+    [ -s "$TMP/port" ] && break
+    sleep 0.05
+done
+URL="http://127.0.0.1:$(cat "$TMP/port" 2>/dev/null)"
+sys=$(curl -sS -m 20 "$URL/v1/system")
+check "/v1/system: the emulated GPU with its memory" \
+    grep -q '"gpus":\[{"index":0,"name":"ampd CUDA emulator (CPU)","memory_bytes":8589934592,"compute_capability":"9.0"' <<<"$sys"
+check "/v1/system: auto jobs get the CUDA backend" grep -q '"backend":"cuda"' <<<"$sys"
+
+job='{"name":"emu-fp16","model":{"layers":[20,64,4]},"data":{"type":"synthetic","train_size":512},
+      "precision":{"dtype":"fp16"},"batch_size":32,"steps":50,"device":"cuda","threads":1}'
+id=$(curl -sS -m 20 -X POST -H 'Content-Type: application/json' --data-binary "$job" \
+    "$URL/v1/jobs" | grep -o '"id":[0-9]*' | head -1 | cut -d: -f2)
+status=""
+for _ in $(seq 1 600); do
+    status=$(curl -sS -m 20 "$URL/v1/jobs/${id:-0}" | grep -o '"status":"[a-z]*"' | head -1)
+    case "$status" in *succeeded* | *failed* | *cancelled*) break ;; esac
+    sleep 0.1
+done
+check "a cuda job submitted to the daemon succeeds ($status)" test "$status" = '"status":"succeeded"'
+check "its start event names the emulated device" sh -c \
+    "curl -sS -m 20 '$URL/v1/jobs/${id:-0}/events' | grep -q 'cuda:0 (ampd CUDA emulator (CPU)'"
+rows=$(curl -sS -m 20 "$URL/v1/jobs/${id:-0}/metrics?fields=loss&format=csv" | tail -n +2 | wc -l)
+check "one metric row per step ($rows)" test "$rows" -eq 50
+mem=$(curl -sS -m 20 "$URL/v1/jobs/${id:-0}/metrics?fields=mem_bytes&format=csv" | tail -1 | cut -d, -f2)
+check "its memory is the device's, cuBLASLt's 32 MiB workspace included ($mem)" \
+    test "${mem%.*}" -gt 33554432
+
+kill -TERM "$DPID"
+wait "$DPID"
+rc=$?
+DPID=""
+check "the daemon exits 0 on SIGTERM" test "$rc" -eq 0
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
