@@ -656,27 +656,63 @@ static int parse_top(ctx *c, json_t *spec, gpu_job_config *jc)
     return 0;
 }
 
-static double gib(int64_t b)
+/* b bytes as "12.3 GiB", or "45.6 MiB" below a GiB, in buf (24 bytes). */
+static const char *size_str(char *buf, double b)
 {
-    return (double)b / (1024.0 * 1024.0 * 1024.0);
+    if (b >= 1024.0 * 1024.0 * 1024.0)
+        snprintf(buf, 24, "%.1f GiB", b / (1024.0 * 1024.0 * 1024.0));
+    else
+        snprintf(buf, 24, "%.1f MiB", b / (1024.0 * 1024.0));
+    return buf;
 }
 
-/* Refuse a job whose blocks cannot fit in this machine's memory, saying what it needs. */
+/* Refuse the job: it needs m but `where` has `have` bytes. The field is the batch size when
+ * activations and workspace are most of it, else the model. */
+static int too_big(ctx *c, const gpu_mem *m, const char *where, double have)
+{
+    char s[8][24];
+    bool batch = m->activations + m->workspace > m->total / 2;
+    return fail(c, batch ? "batch_size" : "model.layers",
+                "the job needs %s (weights %s, master %s, gradients %s, optimizer %s, "
+                "activations %s, workspace %s) but %s has %s",
+                size_str(s[0], (double)m->total), size_str(s[1], (double)m->weights),
+                size_str(s[2], (double)m->master), size_str(s[3], (double)m->grads),
+                size_str(s[4], (double)m->optimizer), size_str(s[5], (double)m->activations),
+                size_str(s[6], (double)m->workspace), where, size_str(s[7], have));
+}
+
+/* The index of the CUDA device the job will train on, or -1: "cpu", no GPU, or an index
+ * beyond the count (the job fails when it starts, saying so). */
+static int cuda_index(const char *dev, int count)
+{
+    if (strcmp(dev, "auto") == 0 || strcmp(dev, "cuda") == 0)
+        return count > 0 ? 0 : -1;
+    if (strncmp(dev, "cuda:", 5) == 0 && atoi(dev + 5) < count)
+        return atoi(dev + 5);
+    return -1;
+}
+
+/* Refuse a job whose blocks cannot fit in this machine's memory, or in the memory of the
+ * GPU it will train on, saying what it needs. */
 static int check_memory(ctx *c, const gpu_job_config *jc)
 {
     gpu_mem m;
-    char err[256];
+    char err[256], where[320];
     double phys = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    gpu_cuda_device gpus[64];
+    int n = 0, k;
+
     if (gpu_job_memory(jc, &m, err, sizeof(err)) != 0)
         return fail(c, "model.layers", "%s", err);
-    if ((double)m.total <= 0.8 * phys)
+    if ((double)m.total > 0.8 * phys)
+        return too_big(c, &m, "this machine", phys);
+    if (gpu_cuda_devices(gpus, 64, &n) != 0 || (k = cuda_index(jc->device, n)) < 0 ||
+        gpu_cuda_job_memory(jc, &m, err, sizeof(err)) != 0 ||
+        (uint64_t)m.total <= gpus[k].memory_bytes)
         return 0;
-    bool batch = m.activations + m.workspace > m.total / 2;
-    return fail(c, batch ? "batch_size" : "model.layers",
-                "the job needs %.1f GiB (weights %.1f, master %.1f, gradients %.1f, optimizer "
-                "%.1f, activations %.1f, workspace %.1f) but this machine has %.1f GiB",
-                gib(m.total), gib(m.weights), gib(m.master), gib(m.grads), gib(m.optimizer),
-                gib(m.activations), gib(m.workspace), phys / (1024.0 * 1024.0 * 1024.0));
+    snprintf(where, sizeof(where), "cuda:%d (%.200s, the device \"%s\" trains on)", k,
+             gpus[k].name, jc->device);
+    return too_big(c, &m, where, (double)gpus[k].memory_bytes);
 }
 
 /* Parse a job spec object; see api.h. */

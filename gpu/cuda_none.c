@@ -58,6 +58,14 @@ int gpu_cuda_unscale(float *g, const size_t *offsets, const size_t *counts, int 
     return GPU_ENODEV;
 }
 
+int gpu_cuda_job_memory(const gpu_job_config *c, gpu_mem *out, char *err, size_t errlen)
+{
+    (void)c, (void)out;
+    if (err != NULL && errlen > 0)
+        snprintf(err, errlen, "built without CUDA");
+    return GPU_ENODEV;
+}
+
 /* The trainer's device twin (gpu_int.h): it cannot be created, so the others never run. */
 int gpu_cuda_twin_create(const gpu_cuda_host *h, int device, const gpu_scaler_state *s,
                          int64_t applied, int64_t lost_total, gpu_cuda_twin **out,

@@ -164,6 +164,12 @@ void gpu_cuda_diag_names(gpu_diag *d, const gpu_mlp *mlp, const gpu_gpt *gpt)
     gpu_diag_layer(d, "lm_head", gpt->lin_dt);
 }
 
+/* The batch block: B inputs of xsize bytes, then B * rows int labels. */
+static size_t batch_bytes(int B, size_t xsize, int rows)
+{
+    return align256((size_t)B * xsize) + (size_t)B * (size_t)rows * sizeof(int);
+}
+
 /* Select the device, open cuBLASLt, create the stream and the timing events. *free0
  * receives the device's free bytes before the job allocated anything. */
 static int open_device(gpu_cuda_twin *d, size_t *free0, char *err, size_t errlen)
@@ -234,7 +240,7 @@ static int alloc_blocks(gpu_cuda_twin *d, char *err, size_t errlen)
                  d->cfg.device, gpu_strerror(rc));
         return rc;
     }
-    d->batch_bytes = align256(xbytes) + (size_t)d->B * (size_t)d->rows * sizeof(int);
+    d->batch_bytes = batch_bytes(d->B, d->xsize, d->rows);
     small_plan(&d->sl, h->ntensors);
     if (h->master)
         TRY(dev_alloc(d, (void **)&d->master, P * sizeof(float), "fp32 master weights", err,
@@ -267,20 +273,54 @@ static int alloc_blocks(gpu_cuda_twin *d, char *err, size_t errlen)
     return 0;
 }
 
-/* The device bytes by category, as train.c's plan_memory counts the CPU's. */
-static void account(gpu_cuda_twin *d)
+/* The device bytes by category, as train.c's plan_memory counts the CPU's: P parameters in
+ * dt, fp32 master weights when master, AdamW's second moment when adam, the activation block
+ * and the rest (workspace, batch, step state, cuBLASLt's workspace). */
+static void account(gpu_mem *m, size_t P, gpu_dtype dt, bool master, bool adam, size_t acts,
+                    size_t rest)
 {
-    int64_t P = (int64_t)d->P;
-    gpu_mem *m = &d->mem;
     memset(m, 0, sizeof(*m));
-    m->weights = P * (int64_t)gpu_dtype_size(d->cfg.dtype);
-    m->master = (d->cfg.dtype != GPU_FP32 && d->master) ? P * 4 : 0;
-    m->grads = P * 4;
-    m->optimizer = P * 4 * (d->v ? 2 : 1);
-    m->activations = (int64_t)d->acts_bytes;
-    m->workspace = (int64_t)(d->ws_bytes + d->batch_bytes + d->sl.bytes) +
-                   (int64_t)GPU_CUDA_BLAS_WORKSPACE;
+    m->weights = (int64_t)P * (int64_t)gpu_dtype_size(dt);
+    m->master = (dt != GPU_FP32 && master) ? (int64_t)P * 4 : 0;
+    m->grads = (int64_t)P * 4;
+    m->optimizer = (int64_t)P * 4 * (adam ? 2 : 1);
+    m->activations = (int64_t)acts;
+    m->workspace = (int64_t)rest + (int64_t)GPU_CUDA_BLAS_WORKSPACE;
     m->total = m->weights + m->master + m->grads + m->optimizer + m->activations + m->workspace;
+}
+
+/* See gpu.h. */
+int gpu_cuda_job_memory(const gpu_job_config *c, gpu_mem *out, char *err, size_t errlen)
+{
+    gpu_mlp m;
+    gpu_gpt *g = NULL;
+    small_layout sl;
+    size_t acts = 0, ws = 0, P, xsize;
+    int rows, ntensors;
+    int rc = gpu_job_plan(c, &m, &g, err, errlen);
+    if (rc)
+        return rc;
+    if (g) {
+        rc = gpu_cuda_gpt_plan(g, c->batch_size, &acts, &ws);
+        P = g->nparams;
+        rows = g->seq_len;
+        xsize = (size_t)g->seq_len * sizeof(int);
+        ntensors = g->ntensors;
+    } else {
+        rc = gpu_cuda_mlp_plan(&m, c->batch_size, &acts, &ws);
+        P = m.nparams;
+        rows = 1;
+        xsize = (size_t)m.width[0] * sizeof(float);
+        ntensors = 2 * m.nlin;
+    }
+    free(g);
+    if (rc)
+        return rc;
+    small_plan(&sl, ntensors);
+    account(out, P, c->dtype, c->dtype == GPU_FP32 || c->master_weights,
+            c->optim.type == GPU_OPT_ADAMW, acts,
+            ws + batch_bytes(c->batch_size, xsize, rows) + sl.bytes);
+    return 0;
 }
 
 /* Enqueue the copies of the host blocks (weights, working copy, m, v) to the device. */
@@ -364,7 +404,8 @@ int gpu_cuda_twin_create(const gpu_cuda_host *h, int device, const gpu_scaler_st
                  (double)(free0 - free1) / (double)(1u << 20));
     }
     (void)cudaGetLastError();
-    account(d);
+    account(&d->mem, d->P, d->cfg.dtype, d->master != NULL, d->v != NULL, d->acts_bytes,
+            d->ws_bytes + d->batch_bytes + d->sl.bytes);
     *mem = d->mem;
     *out = d;
     return 0;

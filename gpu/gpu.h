@@ -500,6 +500,10 @@ typedef struct {
 /* The first max devices into out (caller's array), their number in *n; GPU_ENODEV (with *n
  * 0) when there is none, no driver, or no CUDA in this build. */
 int gpu_cuda_devices(gpu_cuda_device *out, int max, int *n);
+/* The bytes job c's blocks take on a CUDA device, by category, as the CUDA trainer allocates
+ * them (cuBLASLt's workspace and the batch and step-state blocks in workspace); computed
+ * without a device. GPU_ENODEV in a build without CUDA; plan errors as gpu_job_memory. */
+int gpu_cuda_job_memory(const gpu_job_config *c, gpu_mem *out, char *err, size_t errlen);
 /* Host-to-host wrappers that run the CUDA conversion kernels (for tests and checks):
  * copy in, convert on the device, copy out. */
 int gpu_cuda_cvt_f32_f16(uint16_t *dst, const float *src, size_t n);

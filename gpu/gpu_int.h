@@ -408,6 +408,10 @@ typedef struct {
     int64_t applied, lost_total;
 } gpu_cuda_step_out;
 
+/* Plan job c's model: into *m for an MLP, or into *g (allocated here; the caller frees it,
+ * NULL for an MLP) for a GPT. err (may be NULL) says why a plan is refused. */
+int gpu_job_plan(const gpu_job_config *c, gpu_mlp *m, gpu_gpt **g, char *err, size_t errlen);
+
 /* Allocate the device blocks on CUDA device `device` (cfg->device names it in messages),
  * upload the host blocks and write the step state (scaler state s, applied, lost_total).
  * *mem receives the device bytes by category (gpu_mem, as the CPU counts them). Returns

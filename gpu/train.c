@@ -284,24 +284,33 @@ static void plan_memory(const gpu_job_config *c, model_sizes z, gpu_mem *mem)
                  mem->workspace;
 }
 
+/* See gpu_int.h. */
+int gpu_job_plan(const gpu_job_config *c, gpu_mlp *m, gpu_gpt **g, char *err, size_t errlen)
+{
+    char dummy[8];
+    if (!err) {
+        err = dummy;
+        errlen = sizeof(dummy);
+    }
+    *g = NULL;
+    if (c->model.type != GPU_MODEL_GPT)
+        return gpu_mlp_plan(m, &c->model, &c->autocast, c->dtype, c->batch_size, err, errlen);
+    if (!(*g = malloc(sizeof(**g))))
+        return GPU_ENOMEM;
+    int rc = gpu_gpt_plan(*g, &c->model, &c->autocast, c->dtype, c->batch_size, err, errlen);
+    if (rc) {
+        free(*g);
+        *g = NULL;
+    }
+    return rc;
+}
+
 /* The bytes a job's blocks will take; see gpu.h. */
 int gpu_job_memory(const gpu_job_config *c, gpu_mem *out, char *err, size_t errlen)
 {
     gpu_mlp m;
     gpu_gpt *g = NULL;
-    char dummy[8];
-    int rc;
-    if (!err) {
-        err = dummy;
-        errlen = sizeof(dummy);
-    }
-    if (c->model.type == GPU_MODEL_GPT) {
-        if (!(g = malloc(sizeof(*g))))
-            return GPU_ENOMEM;
-        rc = gpu_gpt_plan(g, &c->model, &c->autocast, c->dtype, c->batch_size, err, errlen);
-    } else {
-        rc = gpu_mlp_plan(&m, &c->model, &c->autocast, c->dtype, c->batch_size, err, errlen);
-    }
+    int rc = gpu_job_plan(c, &m, &g, err, errlen);
     if (!rc)
         plan_memory(c, sizes_of(c, &m, g), out);
     free(g);

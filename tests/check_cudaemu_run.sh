@@ -3,7 +3,8 @@
 # ampd linked with tests/cudaemu, so its "auto" device is an emulated GPU.
 #   - `ampd run` passes all of check_run.sh with the emulated GPU as the "auto" device (its
 #     "device cuda trains on the GPU" branch included);
-#   - a model that cannot fit in the device's memory fails with the block and the bytes named;
+#   - a model that cannot fit in the device's memory is refused (exit 2, 400 from the daemon)
+#     with what it needs by category and what the device has;
 #   - without a device, "auto" trains on the CPU and the log says why, "cuda" fails saying so;
 #   - `ampd serve` lists the GPU and its memory in GET /v1/system, and a job submitted with
 #     "device": "cuda" trains on it: its start event names the device, it succeeds with one
@@ -40,9 +41,11 @@ big='{"name":"big","model":{"layers":[784,4096,4096,10]},"data":{"type":"synthet
       "steps":3,"device":"cuda","threads":1}'
 echo "$big" | AMPD_CUDAEMU_MEMORY=50000000 "$AMPD" run - >"$TMP/out" 2>"$TMP/err"
 rc=$?
-check "a model larger than the device fails" test "$rc" -eq 1
-check "the failure names the block and the bytes" \
-    grep -Eq '"status":"failed",.*"error":"device \\"cuda\\": cannot allocate the fp32 master weights \([0-9]+ bytes; [0-9]+ of 50000000 bytes free\): out of memory"' "$TMP/out"
+check "a model larger than the device is refused" test "$rc" -eq 2
+check "... saying what it needs and what the device has" \
+    grep -q '"field":"model.layers","message":"the job needs 423.3 MiB (weights 76.4 MiB, master 0.0 MiB, gradients 76.4 MiB, optimizer 152.9 MiB, activations 8.8 MiB, workspace 108.8 MiB) but cuda:0 (ampd CUDA emulator (CPU), the device \\"cuda\\" trains on) has 47.7 MiB"' "$TMP/err"
+echo "$big" | sed 's/"cuda"/"cpu"/' | AMPD_CUDAEMU_MEMORY=50000000 "$AMPD" run - >"$TMP/out" 2>/dev/null
+check "... while on the CPU it trains" grep -q '"status":"succeeded"' "$TMP/out"
 
 tiny='{"model":{"layers":[20,4]},"data":{"type":"synthetic"},"steps":3,"threads":1}'
 echo "$tiny" | AMPD_CUDAEMU_DEVICES=0 "$AMPD" run - >"$TMP/out" 2>"$TMP/err"
@@ -57,7 +60,7 @@ check "... naming the missing device" \
     grep -q '"status":"failed",.*"error":"device \\"cuda\\": no CUDA device' "$TMP/out"
 
 # the daemon
-AMPD_CUDAEMU_MEMORY=8589934592 "$AMPD" serve --listen 127.0.0.1:0 --port-file "$TMP/port" \
+AMPD_CUDAEMU_MEMORY=50000000 "$AMPD" serve --listen 127.0.0.1:0 --port-file "$TMP/port" \
     --data-dir "$TMP/data" --db "$TMP/ampd.db" --no-dashboard >"$TMP/daemon.log" 2>&1 &
 DPID=$!
 for _ in $(seq 1 200); do
@@ -67,8 +70,13 @@ done
 URL="http://127.0.0.1:$(cat "$TMP/port" 2>/dev/null)"
 sys=$(curl -sS -m 20 "$URL/v1/system")
 check "/v1/system: the emulated GPU with its memory" \
-    grep -q '"gpus":\[{"index":0,"name":"ampd CUDA emulator (CPU)","memory_bytes":8589934592,"compute_capability":"9.0"' <<<"$sys"
+    grep -q '"gpus":\[{"index":0,"name":"ampd CUDA emulator (CPU)","memory_bytes":50000000,"compute_capability":"9.0"' <<<"$sys"
 check "/v1/system: auto jobs get the CUDA backend" grep -q '"backend":"cuda"' <<<"$sys"
+
+code=$(curl -sS -m 20 -o "$TMP/body" -w '%{http_code}' -X POST -H 'Content-Type: application/json' \
+    --data-binary "$big" "$URL/v1/jobs")
+check "a job larger than the GPU gets a 400 ($code)" test "$code" = 400
+check "... that names the GPU" grep -q 'but cuda:0 (ampd CUDA emulator (CPU)' "$TMP/body"
 
 job='{"name":"emu-fp16","model":{"layers":[20,64,4]},"data":{"type":"synthetic","train_size":512},
       "precision":{"dtype":"fp16"},"batch_size":32,"steps":50,"device":"cuda","threads":1}'
