@@ -42,7 +42,7 @@ int gpu_cuda_blas_open(gpu_cuda_blas **out, char *why, size_t whylen);
  * Accepts NULL. */
 void gpu_cuda_blas_free(gpu_cuda_blas *b);
 
-typedef enum {
+typedef GPU_ENUM {
     GPU_CUDA_EPI_NONE = 0,  /* C = AB + beta C */
     GPU_CUDA_EPI_BIAS,      /* C = AB + beta C + bias (bias[j] added to every row) */
     GPU_CUDA_EPI_BIAS_GELU  /* C = gelu(AB + beta C + bias), GELU's tanh approximation */

@@ -141,7 +141,7 @@ int gpu_cuda_resid_add_launch(const void *a, gpu_dtype adt, const void *b, gpu_d
  * loss -(z[y] - max - log(sum)) in double, p rounded to ce_dt, dlogits rounded to ce_dt then
  * lin_dt, g = seed / (float)count. GPT probs and dlogits are bit-exact; the losses differ from
  * the CPU's by the last bits of the double log (and, MLP, exp). */
-typedef enum { GPU_CUDA_CE_GPT = 0, GPU_CUDA_CE_MLP } gpu_cuda_ce_style;
+typedef GPU_ENUM { GPU_CUDA_CE_GPT = 0, GPU_CUDA_CE_MLP } gpu_cuda_ce_style;
 
 /* Bytes of workspace for N rows (per-row losses and hits). */
 size_t gpu_cuda_ce_workspace(int N);

@@ -562,6 +562,9 @@ extern "C" int gpu_cuda_step_state_init(gpu_cuda_step_state *d_state,
         return GPU_EINVAL;
     state_make(&h, s, applied, lost_total);
     GPU_CUDA_CHECK(cudaMemcpyAsync(d_state, &h, sizeof(h), cudaMemcpyHostToDevice, stream));
+    /* h is on this stack: the copy must have read it before the function returns (an async
+     * copy from pageable memory is not promised to stage it first) */
+    GPU_CUDA_CHECK(cudaStreamSynchronize(stream));
     return 0;
 }
 
@@ -584,14 +587,16 @@ static dim3 tensor_grid(size_t max_count, int ntensors)
 extern "C" int gpu_cuda_step_unscale_launch(float *d_g, const size_t *d_offsets,
                                             const size_t *d_counts, int ntensors,
                                             size_t max_count, gpu_cuda_step_tstat *d_stats,
-                                            gpu_cuda_step_state *d_state, cudaStream_t stream)
+                                            gpu_cuda_step_state *d_state, double *d_parts,
+                                            cudaStream_t stream)
 {
     if (d_state == NULL || ntensors < 0 ||
         (ntensors > 0 && (d_g == NULL || d_offsets == NULL || d_counts == NULL ||
-                          d_stats == NULL)))
+                          d_stats == NULL || d_parts == NULL)))
         return GPU_EINVAL;
     return gpu_cuda_unscale_launch(d_g, d_offsets, d_counts, ntensors, max_count, &d_state->inv,
-                                   d_stats, &d_state->found_inf, &d_state->sumsq, stream);
+                                   d_stats, &d_state->found_inf, &d_state->sumsq, d_parts,
+                                   stream);
 }
 
 /* c borrowed. */
@@ -1043,6 +1048,7 @@ extern "C" int gpu_cuda_clip_host(const gpu_optim_config *c, float scale, float 
     size_t span, max_count, nt;
     float *d_g = NULL;
     size_t *d_off = NULL, *d_cnt = NULL;
+    double *d_parts = NULL;
 
     if (rc != 0)
         return rc;
@@ -1061,10 +1067,11 @@ extern "C" int gpu_cuda_clip_host(const gpu_optim_config *c, float scale, float 
     GPU_CUDA_TRY(dev_dup((void **)&d_off, offsets, nt * sizeof(*offsets)));
     GPU_CUDA_TRY(dev_dup((void **)&d_cnt, counts, nt * sizeof(*counts)));
     GPU_CUDA_TRY(dev_dup((void **)&d_st, NULL, nt * sizeof(*d_st)));
+    GPU_CUDA_TRY(dev_dup((void **)&d_parts, NULL, GPU_CUDA_UNSCALE_PARTS * sizeof(double)));
     rc = gpu_cuda_step_begin_launch(d_state, 0);
     if (rc == 0)
         rc = gpu_cuda_step_unscale_launch(d_g, d_off, d_cnt, ntensors, max_count, d_st,
-                                          d_state, 0);
+                                          d_state, d_parts, 0);
     if (rc == 0)
         rc = gpu_cuda_step_clip_launch(d_state, c, 0);
     if (rc != 0)
@@ -1084,6 +1091,7 @@ extern "C" int gpu_cuda_clip_host(const gpu_optim_config *c, float scale, float 
         *clip = h.clip;
     rc = 0;
 fail:
+    cudaFree(d_parts);
     cudaFree(d_st);
     cudaFree(d_cnt);
     cudaFree(d_off);
@@ -1157,10 +1165,12 @@ typedef struct {
     size_t *off, *cnt;
     gpu_cuda_step_tstat *stats;
     unsigned long long *tlost;
+    double *parts;
 } tail_dev;
 
 static void tail_free(tail_dev *d)
 {
+    cudaFree(d->parts);
     cudaFree(d->tlost);
     cudaFree(d->stats);
     cudaFree(d->cnt);
@@ -1200,7 +1210,7 @@ static int tail_step(const gpu_optim_config *oc, const gpu_scaler_config *sc, fl
     int rc = gpu_cuda_step_begin_launch(d->state, 0);
     if (rc == 0)
         rc = gpu_cuda_step_unscale_launch(g, d->off, d->cnt, b->ntensors, max_count,
-                                          d->stats + (size_t)k * nt, d->state, 0);
+                                          d->stats + (size_t)k * nt, d->state, d->parts, 0);
     if (rc == 0)
         rc = gpu_cuda_step_clip_launch(d->state, oc, 0);
     if (rc == 0 && b->master != NULL)
@@ -1270,6 +1280,7 @@ extern "C" int gpu_cuda_step_tail_host(const gpu_optim_config *oc, const gpu_sca
     GPU_CUDA_TRY(dev_dup((void **)&d.cnt, b->counts, nt * sizeof(size_t)));
     GPU_CUDA_TRY(dev_dup((void **)&d.stats, NULL, ns * nt * sizeof(*d.stats)));
     GPU_CUDA_TRY(dev_dup((void **)&d.tlost, h_lost, ns * nt * sizeof(*d.tlost)));
+    GPU_CUDA_TRY(dev_dup((void **)&d.parts, NULL, GPU_CUDA_UNSCALE_PARTS * sizeof(double)));
 
     for (int k = 0; k < nsteps; k++) {
         rc = tail_step(oc, sc, lr[k], b, &d, max_count, k);

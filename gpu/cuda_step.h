@@ -105,7 +105,7 @@ typedef struct {
 } gpu_cuda_diag;
 
 /* What a diagnostics launch accounts, as the gpu_diag_* function of the same name. */
-typedef enum {
+typedef GPU_ENUM {
     GPU_CUDA_DIAG_FORWARD = 0,   /* gpu_diag_forward: outputs before rounding */
     GPU_CUDA_DIAG_WEIGHT_GRAD,   /* gpu_diag_weight_grad */
     GPU_CUDA_DIAG_INPUT_GRAD,    /* gpu_diag_input_grad */
@@ -115,28 +115,33 @@ typedef enum {
 /* ---- launch functions: device pointers borrowed, enqueued on stream, no host sync -------- */
 
 /* Write the initial state: the scaler state s, the applied count and lost total (a fresh
- * run: gpu_scaler_init's state, 0, 0; a resumed run: the checkpoint's scalars). The host
- * source is staged before the call returns (may wait for the staging copy; not for the step
- * path). s borrowed. */
+ * run: gpu_scaler_init's state, 0, 0; a resumed run: the checkpoint's scalars). Waits for
+ * the stream, so that the copy has read its host source (not for the step path). s
+ * borrowed. */
 int gpu_cuda_step_state_init(gpu_cuda_step_state *d_state, const gpu_scaler_state *s,
                              int64_t applied, int64_t lost_total, cudaStream_t stream);
 /* Start a step: scale_used = scaler.scale, inv = (float)(1.0 / (double)scale_used),
  * found_inf = floor_failed = 0, sumsq = grad_norm = 0, clip = 1, lost_step = 0. */
 int gpu_cuda_step_begin_launch(gpu_cuda_step_state *d_state, cudaStream_t stream);
+/* The doubles of the scratch the unscale pass writes its per-block partial sums to. */
+#define GPU_CUDA_UNSCALE_PARTS (1024 * 64)
 /* gpu_unscale() on the device (the fused pass of gpu/cuda_unscale.cu): zeroes *d_found,
  * *d_sumsq and d_stats (ntensors entries), then one pass over the tensors of d_g (modified in
  * place) with the multiplier *d_inv, read when the kernel starts; *d_found is set to 1 when
- * a tensor holds inf/NaN. max_count is the largest counts[] entry (it sizes the grid). The
- * arguments are not checked (the callers do). Returns 0 or GPU_ECUDA (launch errors). */
+ * a tensor holds inf/NaN. *d_sumsq is added up from per-block partials in d_parts
+ * (GPU_CUDA_UNSCALE_PARTS doubles of scratch) in a fixed order, so it is the same in every
+ * run. max_count is the largest counts[] entry (it sizes the grid). The arguments are not
+ * checked (the callers do). Returns 0 or GPU_ECUDA (launch errors). */
 int gpu_cuda_unscale_launch(float *d_g, const size_t *d_offsets, const size_t *d_counts,
                             int ntensors, size_t max_count, const float *d_inv,
                             gpu_cuda_step_tstat *d_stats, int *d_found, double *d_sumsq,
-                            cudaStream_t stream);
+                            double *d_parts, cudaStream_t stream);
 /* gpu_cuda_unscale_launch with the step state's fields: inv read from d_state, found_inf,
- * sumsq and d_stats (ntensors entries) zeroed and written. */
+ * sumsq and d_stats (ntensors entries) zeroed and written; d_parts its scratch. */
 int gpu_cuda_step_unscale_launch(float *d_g, const size_t *d_offsets, const size_t *d_counts,
                                  int ntensors, size_t max_count, gpu_cuda_step_tstat *d_stats,
-                                 gpu_cuda_step_state *d_state, cudaStream_t stream);
+                                 gpu_cuda_step_state *d_state, double *d_parts,
+                                 cudaStream_t stream);
 /* One thread: grad_norm = found_inf ? NaN : sqrt(sumsq); clip = train.c's clip_coef
  * (c->grad_clip / (norm + 1e-6) as float when norm > grad_clip > 0, else 1); unless
  * found_inf, applied + 1 and bc1, bc2_sqrt for t = max(applied, 1) from c->beta1/beta2.

@@ -53,7 +53,9 @@ static size_t take(size_t *off, size_t bytes)
 
 /* Byte offsets of the small block (and of its pinned mirror). */
 typedef struct {
-    size_t state, offsets, counts, tstats, tlost, diag, loss, correct, bytes;
+    size_t state, offsets, counts, tstats, tlost, diag, loss, correct;
+    size_t parts;                /* the unscale's partial sums: last, not mirrored on the host */
+    size_t bytes;
 } small_layout;
 
 struct gpu_cuda_twin {
@@ -98,6 +100,7 @@ static void small_plan(small_layout *s, int ntensors)
     s->diag = take(&off, sizeof(gpu_cuda_diag));
     s->loss = take(&off, sizeof(double));
     s->correct = take(&off, sizeof(int));
+    s->parts = take(&off, GPU_CUDA_UNSCALE_PARTS * sizeof(double));
     s->bytes = off;
 }
 
@@ -260,7 +263,7 @@ static int alloc_blocks(gpu_cuda_twin *d, char *err, size_t errlen)
     TRY(dev_alloc(d, &d->small, d->sl.bytes, "step state", err, errlen));
     d->x = d->batch;
     d->y = AT(d->batch, align256(xbytes), int);
-    pinned_bytes = d->sl.bytes + d->batch_bytes;
+    pinned_bytes = d->sl.parts + d->batch_bytes;     /* the small block up to the partials */
     if (cudaHostAlloc((void **)&d->pinned, pinned_bytes, cudaHostAllocDefault) != cudaSuccess) {
         (void)cudaGetLastError();
         d->pinned = NULL;
@@ -268,7 +271,7 @@ static int alloc_blocks(gpu_cuda_twin *d, char *err, size_t errlen)
                  d->cfg.device, pinned_bytes);
         return GPU_ENOMEM;
     }
-    d->h_x = d->pinned + d->sl.bytes;
+    d->h_x = d->pinned + d->sl.parts;
     d->h_y = AT(d->h_x, align256(xbytes), int);
     return 0;
 }
@@ -466,6 +469,9 @@ static gpu_cuda_model_ctx ctx_of(const gpu_cuda_twin *d, bool train, bool diag)
 static int upload_batch(const gpu_cuda_twin *d, const void *x, const int *y, int B)
 {
     size_t xb = (size_t)B * d->xsize, yb = (size_t)B * (size_t)d->rows * sizeof(int);
+    /* a step that failed half-way may have left the last copies from h_x/h_y in flight
+     * (after a good step the stream is idle, and this costs nothing) */
+    TRY(sync_stream(d));
     memcpy(d->h_x, x, xb);
     memcpy(d->h_y, y, yb);
     TRY(copy(d, d->x, d->h_x, xb, cudaMemcpyHostToDevice));
@@ -497,7 +503,8 @@ static int tail(const gpu_cuda_twin *d, float lr)
     cudaStream_t s = d->stream;
 
     TRY(gpu_cuda_step_unscale_launch(d->grads, offsets, counts, h->ntensors, d->max_count,
-                                     AT(d->small, d->sl.tstats, gpu_cuda_step_tstat), st, s));
+                                     AT(d->small, d->sl.tstats, gpu_cuda_step_tstat), st,
+                                     AT(d->small, d->sl.parts, double), s));
     TRY(gpu_cuda_step_clip_launch(st, &d->cfg.optim, s));
     if (d->master)
         TRY(gpu_cuda_optim_launch(&d->cfg.optim, lr, st, d->master, d->grads, d->m, d->v, d->P,

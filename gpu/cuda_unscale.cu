@@ -13,13 +13,17 @@
  * is read from device memory when the kernel starts, so the step can use a scale the host
  * has not seen; the wrapper uploads its host float.
  *
- * Layout: a 2-D grid; blockIdx.y walks the tensors (strided when there are more than
- * 65535), blockIdx.x/threadIdx.x make a grid-stride loop inside one tensor. Each block
- * reduces with warp shuffles and shared memory, then issues one atomic per statistic:
- * atomicMax on the bit patterns of non-negative floats (ordered like unsigned integers),
- * atomicAdd on 64-bit counters and on the double sum (native on sm_60 and newer). The
- * overflow flag is a plain store of 1 by any block that saw a non-finite value, so the step
- * can skip on the device without a host synchronisation.
+ * Layout: a 2-D grid; blockIdx.y walks the tensors (strided: at most US_MAX_BLOCKS_Y rows),
+ * blockIdx.x/threadIdx.x make a grid-stride loop inside one tensor; a block with none of a
+ * tensor's elements skips it. Each block reduces with warp shuffles and shared memory, then
+ * issues one atomic per statistic: atomicMax on the bit patterns of non-negative floats
+ * (ordered like unsigned integers) and atomicAdd on 64-bit counters, whose results do not
+ * depend on the order the blocks run in. The double sum of squares would (floating-point
+ * addition does not associate), so each block writes its own partial to a slot, and a
+ * second one-block kernel adds the slots in a fixed order: the gradient norm, and with
+ * clipping the update, are the same bits in every run. The overflow flag is a plain store
+ * of 1 by any block that saw a non-finite value, so the step can skip on the device without
+ * a host synchronisation.
  *
  * Threads: gpu_cuda_unscale_launch only enqueues work on the caller's stream; the wrapper is
  * synchronous and owns its device buffers.
@@ -33,7 +37,8 @@
 #define US_WARPS (US_THREADS / 32)
 #define US_PER_THREAD 32      /* elements per thread before the grid widens */
 #define US_MAX_BLOCKS_X 1024u
-#define US_MAX_BLOCKS_Y 65535
+#define US_MAX_BLOCKS_Y 64     /* US_MAX_BLOCKS_X * this = GPU_CUDA_UNSCALE_PARTS */
+#define US_SUM_THREADS 256
 
 typedef struct {
     float amax, amax_scaled;
@@ -54,9 +59,10 @@ __device__ static __forceinline__ void us_warp_reduce(us_acc *a)
 
 static __global__ void __launch_bounds__(US_THREADS)
 gpu_k_unscale(float *g, const size_t *offsets, const size_t *counts, int ntensors,
-              const float *d_inv, gpu_cuda_step_tstat *stats, int *found, double *sumsq)
+              const float *d_inv, gpu_cuda_step_tstat *stats, int *found, double *parts)
 {
     __shared__ us_acc part[US_WARPS];
+    double block_sumsq = 0.0;       /* thread 0's: this block's tensors, in order */
     const float inv = *d_inv;
     const bool scale = inv != 1.0f;
     const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
@@ -107,19 +113,41 @@ gpu_k_unscale(float *g, const size_t *offsets, const size_t *counts, int ntensor
                 }
                 if (a.zeros != 0)
                     atomicAdd(&s->zeros, a.zeros);
-                if (a.sumsq != 0.0)
-                    atomicAdd(sumsq, a.sumsq);
+                block_sumsq += a.sumsq;
             }
         }
         __syncthreads();  /* part[] is reused by the next tensor */
     }
+    if (threadIdx.x == 0)
+        parts[(size_t)blockIdx.y * gridDim.x + blockIdx.x] = block_sumsq;
+}
+
+/* *sumsq = the n partials added in a fixed order: thread i sums slots i, i + 256, ... in
+ * turn, then a fixed tree over the threads. One block. */
+static __global__ void __launch_bounds__(US_SUM_THREADS)
+gpu_k_sumsq(const double *parts, size_t n, double *sumsq)
+{
+    __shared__ double s[US_SUM_THREADS];
+    double x = 0.0;
+    for (size_t i = threadIdx.x; i < n; i += US_SUM_THREADS)
+        x += parts[i];
+    s[threadIdx.x] = x;
+    __syncthreads();
+    for (int half = US_SUM_THREADS / 2; half > 0; half >>= 1) {
+        if ((int)threadIdx.x < half)
+            s[threadIdx.x] += s[threadIdx.x + half];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0)
+        *sumsq = s[0];
 }
 
 /* Device pointers borrowed; see cuda_step.h. */
 extern "C" int gpu_cuda_unscale_launch(float *d_g, const size_t *d_offsets,
                                        const size_t *d_counts, int ntensors, size_t max_count,
                                        const float *d_inv, gpu_cuda_step_tstat *d_stats,
-                                       int *d_found, double *d_sumsq, cudaStream_t stream)
+                                       int *d_found, double *d_sumsq, double *d_parts,
+                                       cudaStream_t stream)
 {
     GPU_CUDA_CHECK(cudaMemsetAsync(d_found, 0, sizeof(*d_found), stream));
     GPU_CUDA_CHECK(cudaMemsetAsync(d_sumsq, 0, sizeof(*d_sumsq), stream));
@@ -129,7 +157,9 @@ extern "C" int gpu_cuda_unscale_launch(float *d_g, const size_t *d_offsets,
     dim3 grid(gpu_cuda_blocks(max_count, US_THREADS * US_PER_THREAD, US_MAX_BLOCKS_X),
               ntensors < US_MAX_BLOCKS_Y ? ntensors : US_MAX_BLOCKS_Y);
     gpu_k_unscale<<<grid, US_THREADS, 0, stream>>>(d_g, d_offsets, d_counts, ntensors, d_inv,
-                                                   d_stats, d_found, d_sumsq);
+                                                   d_stats, d_found, d_parts);
+    GPU_CUDA_CHECK(cudaGetLastError());
+    gpu_k_sumsq<<<1, US_SUM_THREADS, 0, stream>>>(d_parts, (size_t)grid.x * grid.y, d_sumsq);
     GPU_CUDA_CHECK(cudaGetLastError());
     return 0;
 }
@@ -148,7 +178,7 @@ extern "C" int gpu_cuda_unscale(float *g, const size_t *offsets, const size_t *c
     size_t *d_off = NULL, *d_cnt = NULL;
     gpu_cuda_step_tstat *d_st = NULL, *h_st = NULL;
     int *d_found = NULL;
-    double *d_sumsq = NULL;
+    double *d_sumsq = NULL, *d_parts = NULL;
     int h_found = 0;
     double h_sumsq = 0.0;
 
@@ -182,6 +212,7 @@ extern "C" int gpu_cuda_unscale(float *g, const size_t *offsets, const size_t *c
     GPU_CUDA_TRY(cudaMalloc((void **)&d_st, (size_t)ntensors * sizeof(*d_st)));
     GPU_CUDA_TRY(cudaMalloc((void **)&d_found, sizeof(*d_found)));
     GPU_CUDA_TRY(cudaMalloc((void **)&d_sumsq, sizeof(*d_sumsq)));
+    GPU_CUDA_TRY(cudaMalloc((void **)&d_parts, GPU_CUDA_UNSCALE_PARTS * sizeof(*d_parts)));
     if (span > 0)
         GPU_CUDA_TRY(cudaMemcpy(d_g, g, span * sizeof(*g), cudaMemcpyHostToDevice));
     GPU_CUDA_TRY(cudaMemcpy(d_off, offsets, (size_t)ntensors * sizeof(*offsets),
@@ -190,7 +221,7 @@ extern "C" int gpu_cuda_unscale(float *g, const size_t *offsets, const size_t *c
                             cudaMemcpyHostToDevice));
     GPU_CUDA_TRY(cudaMemcpy(d_inv, &inv, sizeof(inv), cudaMemcpyHostToDevice));
     rc = gpu_cuda_unscale_launch(d_g, d_off, d_cnt, ntensors, max_count, d_inv, d_st, d_found,
-                                 d_sumsq, 0);
+                                 d_sumsq, d_parts, 0);
     if (rc != 0)
         goto fail;
     GPU_CUDA_TRY(cudaMemcpy(h_st, d_st, (size_t)ntensors * sizeof(*h_st),
@@ -206,6 +237,7 @@ extern "C" int gpu_cuda_unscale(float *g, const size_t *offsets, const size_t *c
     *sumsq = h_sumsq;
     rc = 0;
 fail:
+    cudaFree(d_parts);
     cudaFree(d_sumsq);
     cudaFree(d_found);
     cudaFree(d_st);

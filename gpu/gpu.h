@@ -23,6 +23,15 @@
 extern "C" {
 #endif
 
+/* Enumerations: int-sized in C; the CUDA sources (C++) give them int as a fixed underlying
+ * type too, so that any int a caller passes (a bad value included) is a valid value for the
+ * checks that refuse it, not undefined behaviour. */
+#ifdef __cplusplus
+#define GPU_ENUM enum : int
+#else
+#define GPU_ENUM enum
+#endif
+
 /* ---- errors ---------------------------------------------------------------------------- */
 
 #define GPU_ERRORS(X)                                                              \
@@ -49,7 +58,7 @@ const char *gpu_strerror(int code);
 
 /* ---- number formats (format.c) --------------------------------------------------------- */
 
-typedef enum { GPU_FP32 = 0, GPU_FP16 = 1, GPU_BF16 = 2 } gpu_dtype;
+typedef GPU_ENUM { GPU_FP32 = 0, GPU_FP16 = 1, GPU_BF16 = 2 } gpu_dtype;
 
 #define GPU_FP16_MAX 65504.0f
 #define GPU_BF16_MAX 3.3895313892515355e38f
@@ -117,7 +126,7 @@ void gpu_gemm_ref(bool ta, bool tb, int M, int N, int K, const float *A, int lda
 
 /* ---- loss scaling (scaler.c) ------------------------------------------------------------ */
 
-typedef enum { GPU_SCALE_NONE = 0, GPU_SCALE_STATIC, GPU_SCALE_DYNAMIC } gpu_scale_mode;
+typedef GPU_ENUM { GPU_SCALE_NONE = 0, GPU_SCALE_STATIC, GPU_SCALE_DYNAMIC } gpu_scale_mode;
 
 typedef struct {
     gpu_scale_mode mode;
@@ -179,8 +188,8 @@ int gpu_unscale_force(const char *impl);
 
 /* ---- optimizers (optim.c) --------------------------------------------------------------- */
 
-typedef enum { GPU_OPT_ADAMW = 0, GPU_OPT_SGD } gpu_opt_type;
-typedef enum { GPU_SCHED_CONSTANT = 0, GPU_SCHED_COSINE, GPU_SCHED_LINEAR } gpu_sched;
+typedef GPU_ENUM { GPU_OPT_ADAMW = 0, GPU_OPT_SGD } gpu_opt_type;
+typedef GPU_ENUM { GPU_SCHED_CONSTANT = 0, GPU_SCHED_COSINE, GPU_SCHED_LINEAR } gpu_sched;
 
 typedef struct {
     gpu_opt_type type;
@@ -220,13 +229,13 @@ int gpu_optim_force(const char *impl);
 
 /* ---- autocast policy (autocast.c) ------------------------------------------------------- */
 
-typedef enum {
+typedef GPU_ENUM {
     GPU_CAST_LOWP = 0,  /* run in the job's low dtype, fp32 accumulation */
     GPU_CAST_FP32,      /* run in fp32 */
     GPU_CAST_INPUT      /* run in the dtype of the input */
 } gpu_cast_policy;
 
-typedef enum {
+typedef GPU_ENUM {
     GPU_OP_LINEAR = 0, GPU_OP_MATMUL, GPU_OP_RELU, GPU_OP_GELU, GPU_OP_ADD,
     GPU_OP_SOFTMAX, GPU_OP_LOG_SOFTMAX, GPU_OP_CROSS_ENTROPY, GPU_OP_LAYER_NORM,
     GPU_OP_EXP, GPU_OP_LOG, GPU_OP_SUM, GPU_OP_NORM, GPU_OP_EMBEDDING,
@@ -249,7 +258,7 @@ gpu_dtype gpu_autocast_dtype(const gpu_autocast *a, gpu_op op, gpu_dtype dt, gpu
 
 /* ---- data (data.c) ---------------------------------------------------------------------- */
 
-typedef enum { GPU_DATA_IDX = 0, GPU_DATA_SYNTHETIC, GPU_DATA_TEXT, GPU_DATA_TOKENS } gpu_data_type;
+typedef GPU_ENUM { GPU_DATA_IDX = 0, GPU_DATA_SYNTHETIC, GPU_DATA_TEXT, GPU_DATA_TOKENS } gpu_data_type;
 
 typedef struct {
     gpu_data_type type;
@@ -307,8 +316,8 @@ void gpu_dataset_window(const gpu_dataset *d, int64_t i, int T, int *x, int *y);
 #define GPU_MAX_LAYERS 16
 #define GPU_MAX_CUDA_DEVICES 64 /* "cuda:N" names a device N below this */
 
-typedef enum { GPU_ACT_RELU = 0, GPU_ACT_GELU } gpu_activation;
-typedef enum { GPU_MODEL_MLP = 0, GPU_MODEL_GPT } gpu_model_type;
+typedef GPU_ENUM { GPU_ACT_RELU = 0, GPU_ACT_GELU } gpu_activation;
+typedef GPU_ENUM { GPU_MODEL_MLP = 0, GPU_MODEL_GPT } gpu_model_type;
 
 typedef struct {
     gpu_model_type type;

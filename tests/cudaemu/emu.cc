@@ -26,6 +26,11 @@
  *    $AMPD_CUDAEMU_DEVICES (default 1; 0 makes cudaGetDeviceCount fail with
  *    cudaErrorNoDevice, as without a driver). $AMPD_CUDAEMU_STATS=1 prints, at exit, each
  *    kernel's launches, threads, suspensions and seconds.
+ *  - Order: blocks run in index order and threads start in index order, unless
+ *    $AMPD_CUDAEMU_SHUFFLE is a seed: then every launch runs its blocks, and starts the
+ *    threads of each block, in an order drawn from it, as a GPU gives no order. A kernel
+ *    whose results depend on that order (float atomics, "first block wins" logic) then
+ *    gives different bits under different seeds.
  *  - Streams and events: work runs when it is enqueued, so every stream is always idle;
  *    events record the host's monotonic clock.
  *
@@ -83,6 +88,7 @@ static volatile int open_depth;               /* emu_device_begin nesting: > 0 i
 static bool protect = true;
 static cudaError_t last_error;
 static size_t page;
+static unsigned long long shuffle;     /* $AMPD_CUDAEMU_SHUFFLE; 0: index order */
 static struct sigaction old_segv;
 
 struct kstat {
@@ -181,6 +187,8 @@ static void init(void)
         stats = new std::map<std::string, kstat>();
         atexit(print_stats);
     }
+    e = getenv("AMPD_CUDAEMU_SHUFFLE");
+    shuffle = e != NULL ? strtoull(e, NULL, 10) : 0;
     e = getenv("AMPD_CUDAEMU_PROTECT");
     protect = e == NULL || strcmp(e, "0") != 0;
     struct sigaction sa;
@@ -933,9 +941,46 @@ static void deadlock(void)
     abort();
 }
 
+/* An order of 0..n-1 drawn from the shuffle seed: i -> (a i + b) mod n with a coprime to n
+ * (a fresh draw per call), or the identity without a seed. */
+struct order {
+    unsigned long long a, b, n;
+    unsigned long long at(unsigned long long i) const
+    {
+        return (unsigned long long)(((unsigned __int128)a * i + b) % n);
+    }
+};
+
+static unsigned long long gcd(unsigned long long x, unsigned long long y)
+{
+    while (y != 0) {
+        unsigned long long t = x % y;
+        x = y;
+        y = t;
+    }
+    return x;
+}
+
+static order draw_order(unsigned long long n)
+{
+    static unsigned long long draws;
+    order o = {1, 0, n};
+    if (shuffle == 0 || n < 2)
+        return o;
+    unsigned long long x = shuffle * 0x9E3779B97F4A7C15ull + ++draws * 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 31;
+    x *= 0x94D049BB133111EBull;
+    x ^= x >> 29;
+    o.b = x % n;
+    for (o.a = (x >> 17) % n | 1; gcd(o.a, n) != 1; o.a = (o.a + 2) % n)
+        ;
+    return o;
+}
+
 /* Run one block: its threads as fibers, each until its next barrier, in queue order. */
 static void run_block(void)
 {
+    order o = draw_order((unsigned long long)nfib);
     qhead = qlen = nblock = ndone = 0;
     for (int w = 0; w < (nfib + 31) / 32; w++) {
         wwait[w] = 0;
@@ -944,10 +989,10 @@ static void run_block(void)
     nfree = 0;
     for (int i = EMU_MAX_THREADS - 1; i >= 0; i--)
         free_stacks[nfree++] = i;
-    for (int i = 0; i < nfib; i++) {
+    for (int i = 0; i < nfib; i++)
         fibers[i].stack = -1;
-        make_ready(i);
-    }
+    for (int i = 0; i < nfib; i++)
+        make_ready((int)o.at((unsigned long long)i));
     while (qlen > 0) {
         int i = queue[qhead];
         qhead = (qhead + 1) % EMU_MAX_THREADS;
@@ -1015,14 +1060,15 @@ void emu_run(const emu_config &c, const char *name, void (*body)(void *), void *
     kernel_name = name;
     nsuspend = 0;
     double t0 = stats != NULL ? now() : 0.0;
-    for (unsigned z = 0; z < c.grid.z; z++)
-        for (unsigned y = 0; y < c.grid.y; y++)
-            for (unsigned x = 0; x < c.grid.x; x++) {
-                blockIdx.x = x;
-                blockIdx.y = y;
-                blockIdx.z = z;
-                run_block();
-            }
+    unsigned long long gx = c.grid.x, gxy = gx * c.grid.y;
+    order o = draw_order(gxy * c.grid.z);
+    for (unsigned long long i = 0; i < o.n; i++) {
+        unsigned long long b = o.at(i);
+        blockIdx.x = (unsigned)(b % gx);
+        blockIdx.y = (unsigned)(b / gx % c.grid.y);
+        blockIdx.z = (unsigned)(b / gxy);
+        run_block();
+    }
     if (stats != NULL) {
         kstat &k = (*stats)[name];
         k.launches++;
