@@ -24,16 +24,8 @@ cleanup() {
     rm -rf "$TMP"
 }
 trap cleanup EXIT
-pass=0
-fail=0
-
-ok() { pass=$((pass + 1)); echo "PASS: $1"; }
-bad() { fail=$((fail + 1)); echo "FAIL: $1"; }
-check() { # name, command...
-    local name=$1
-    shift
-    if "$@"; then ok "$name"; else bad "$name"; fi
-}
+# shellcheck source=tests/testlib.sh
+. "$(dirname "$0")/testlib.sh"
 
 TOKEN=e2e-secret-token-0123456789
 printf '%s\n' "$TOKEN" >"$TMP/token"

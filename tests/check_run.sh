@@ -11,16 +11,8 @@ set -u
 AMPD=${AMPD:-./ampd}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-pass=0
-fail=0
-
-ok() { pass=$((pass + 1)); echo "PASS: $1"; }
-bad() { fail=$((fail + 1)); echo "FAIL: $1"; }
-check() { # name, command...
-    local name=$1
-    shift
-    if "$@"; then ok "$name"; else bad "$name"; fi
-}
+# shellcheck source=tests/testlib.sh
+. "$(dirname "$0")/testlib.sh"
 
 job='{"name": "tiny", "model": {"layers": [20, 32, 4]},
       "data": {"type": "synthetic", "train_size": 512, "eval_size": 128},

@@ -25,6 +25,8 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include "tests/cudatest.h"
+
 #define RED_THREADS 96      /* three warps; 1000 elements leave the last block partly idle */
 
 /* out[blockIdx.x] = sum of x over the block's slice (blockDim.x elements each). */
@@ -244,10 +246,5 @@ int main(void)
     tcase_add_test(tc, t_faults);
     tcase_add_test(tc, t_lt_attribute_size);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_NOFORK);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return cudatest_main("check_cudaemu_self", s);
 }
