@@ -330,6 +330,11 @@ gpu_k_optim_lowp(opt_args a, gpu_cuda_step_state *st, void *w, const float *g, f
     __shared__ unsigned long long part[ST_WARPS];
     if (st->found_inf)      /* the same for every thread: no barrier is skipped by some */
         return;
+    bool mine = false;      /* whether any of this block's tensors reaches its elements */
+    for (int t = blockIdx.y; t < ntensors && !mine; t += gridDim.y)
+        mine = (size_t)blockIdx.x * blockDim.x < counts[t];
+    if (!mine)              /* block-uniform too */
+        return;
     const opt_k k = opt_consts(a, st);
     const size_t stride = (size_t)gridDim.x * blockDim.x;
 
