@@ -706,7 +706,8 @@ static int check_memory(ctx *c, const gpu_job_config *jc)
         return fail(c, "model.layers", "%s", err);
     if ((double)m.total > 0.8 * phys)
         return too_big(c, &m, "this machine", phys);
-    if (gpu_cuda_devices(gpus, 64, &n) != 0 || (k = cuda_index(jc->device, n)) < 0 ||
+    if (strcmp(jc->device, "cpu") == 0 ||      /* no CUDA call for a CPU job */
+        gpu_cuda_devices(gpus, 64, &n) != 0 || (k = cuda_index(jc->device, n)) < 0 ||
         gpu_cuda_job_memory(jc, &m, err, sizeof(err)) != 0 ||
         (uint64_t)m.total <= gpus[k].memory_bytes)
         return 0;

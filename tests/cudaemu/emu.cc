@@ -35,7 +35,8 @@
  *    events record the host's monotonic clock.
  *
  * Invariants: all state is behind one recursive lock (API calls and kernels are serialised);
- * device pages are accessible exactly while the lock's owner is inside emu_device_begin/end.
+ * outside every emu_device_begin/end pair all device pages are PROT_NONE (an allocation
+ * opened inside is closed again by the outermost emu_device_end).
  *
  * Threads: any thread may call the API; one runs at a time.
  */

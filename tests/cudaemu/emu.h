@@ -3,8 +3,9 @@
  * device allocations and the access window around host code that touches them.
  *
  * Device memory is kept PROT_NONE while host code runs, so that host code reading a device
- * pointer faults as it would on a GPU; emu_device_begin() opens it (and takes the
- * emulator's lock), emu_device_end() closes it again. Calls nest.
+ * pointer faults as it would on a GPU. Between emu_device_begin() (which takes the
+ * emulator's lock) and emu_device_end() the code is the device's: an allocation it touches
+ * is opened, and the outermost emu_device_end() closes what was opened. Calls nest.
  */
 #ifndef AMPD_CUDAEMU_EMU_H
 #define AMPD_CUDAEMU_EMU_H
