@@ -39,6 +39,8 @@
 #define US_MAX_BLOCKS_X 1024u
 #define US_MAX_BLOCKS_Y 64     /* US_MAX_BLOCKS_X * this = GPU_CUDA_UNSCALE_PARTS */
 #define US_SUM_THREADS 256
+static_assert(US_MAX_BLOCKS_X * US_MAX_BLOCKS_Y <= GPU_CUDA_UNSCALE_PARTS,
+              "one partial-sum slot per block of the largest grid");
 
 typedef struct {
     float amax, amax_scaled;
