@@ -152,9 +152,10 @@ extern "C" int gpu_cuda_unscale_launch(float *d_g, const size_t *d_offsets,
                                        cudaStream_t stream)
 {
     GPU_CUDA_CHECK(cudaMemsetAsync(d_found, 0, sizeof(*d_found), stream));
-    GPU_CUDA_CHECK(cudaMemsetAsync(d_sumsq, 0, sizeof(*d_sumsq), stream));
-    if (ntensors <= 0)
+    if (ntensors <= 0) {    /* otherwise gpu_k_sumsq writes it */
+        GPU_CUDA_CHECK(cudaMemsetAsync(d_sumsq, 0, sizeof(*d_sumsq), stream));
         return 0;
+    }
     GPU_CUDA_CHECK(cudaMemsetAsync(d_stats, 0, (size_t)ntensors * sizeof(*d_stats), stream));
     dim3 grid(gpu_cuda_blocks(max_count, US_THREADS * US_PER_THREAD, US_MAX_BLOCKS_X),
               ntensors < US_MAX_BLOCKS_Y ? ntensors : US_MAX_BLOCKS_Y);
