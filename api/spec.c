@@ -155,10 +155,12 @@ static int get_choice(ctx *c, json_t *obj, const char *key, const char *field,
 
 static int parse_gpt(ctx *c, json_t *m, gpu_model_config *mc)
 {
-    static const char *const keys[] = {"type",    "n_layer", "n_head",     "d_model",
-                                       "seq_len", "vocab",   "init_scale", NULL};
-    int rc;
+    static const char *const keys[] = {"type",  "n_layer",    "n_head",    "d_model", "seq_len",
+                                       "vocab", "init_scale", "attention", NULL};
+    static const char *const attns[] = {"materialized", "flash", NULL};
+    int attn = (int)mc->attention, rc;
     if ((rc = only_keys(c, m, "model", keys)) ||
+        (rc = get_choice(c, m, "attention", "model.attention", attns, &attn)) ||
         (rc = get_int32(c, m, "n_layer", "model.n_layer", 1, 96, &mc->n_layer)) ||
         (rc = get_int32(c, m, "n_head", "model.n_head", 1, 128, &mc->n_head)) ||
         (rc = get_int32(c, m, "d_model", "model.d_model", 1, 16384, &mc->d_model)) ||
@@ -168,6 +170,12 @@ static int parse_gpt(ctx *c, json_t *m, gpu_model_config *mc)
         return rc;
     if (mc->d_model % mc->n_head != 0)
         return fail(c, "model.n_head", "must divide d_model (%d)", mc->d_model);
+    mc->attention = (gpu_attention)attn;
+    int hd = mc->d_model / mc->n_head;
+    if (mc->attention == GPU_ATTN_FLASH && (hd % 16 != 0 || hd > GPU_FLASH_MAX_HEAD_DIM))
+        return fail(c, "model.attention",
+                    "\"flash\" needs a head_dim (d_model / n_head) of 16, 32, 48 or 64, not %d",
+                    hd);
     return 0;
 }
 
@@ -802,10 +810,11 @@ static json_t *data_to_json(const gpu_data_config *d)
 static json_t *model_to_json(const gpu_model_config *m)
 {
     if (m->type == GPU_MODEL_GPT)
-        return json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:f}", "type", "gpt", "n_layer",
+        return json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:f, s:s}", "type", "gpt", "n_layer",
                          m->n_layer, "n_head", m->n_head, "d_model", m->d_model, "seq_len",
                          m->seq_len, "vocab", m->vocab, "init_scale",
-                         api_float_value(m->init_scale));
+                         api_float_value(m->init_scale), "attention",
+                         m->attention == GPU_ATTN_FLASH ? "flash" : "materialized");
     json_t *layers = json_array();
     for (int i = 0; i < m->nlayers; i++)
         json_array_append_new(layers, json_integer(m->layers[i]));

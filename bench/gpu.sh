@@ -15,7 +15,7 @@
 #   --budget S      seconds for all the runs together (default 330): every run has its
 #                   own timeout, cut to what is left; a run that would get less than 25 s
 #                   is skipped and reported so. The whole script stays under ~6 minutes.
-#   --no-naive      skip the extra PyTorch bf16 run with the softmax materialised
+#   --no-naive      skip the extra bf16 runs with the softmax materialised (PyTorch, ampd)
 #   --device cpu --tiny   a smoke test without a GPU (1 layer, d 64, T 16, vocab 320,
 #                   batch 2, ampd's CPU backend and torch on the CPU; MFU is then
 #                   meaningless). Set PYTHON to a python3 with torch (Debian's /usr/bin/python3).
@@ -37,11 +37,14 @@
 # gradient clipping, constant lr, seed 1.
 #
 # Runs, in this order (interleaved so that a budget cut or a hang costs both sides alike):
-#   ampd bf16, pytorch bf16, ampd fp16, pytorch fp16, pytorch fp32, ampd fp32, and
-#   pytorch bf16 with --attn naive. "pytorch" is torch_gpu.py's default attention,
-#   F.scaled_dot_product_attention: a FUSED (flash) attention that never materialises the
-#   (B, H, T, T) softmax; ampd materialises it, as does "pytorch-naive" — the like-for-like
-#   peer. A failing run prints its last log lines, and the script goes on with the others.
+#   ampd bf16, pytorch bf16, ampd fp16, pytorch fp16, pytorch fp32, ampd fp32, then
+#   pytorch bf16 with --attn naive and ampd bf16 materialised. Attention, like for like:
+#   "pytorch" is torch_gpu.py's default, F.scaled_dot_product_attention, a FUSED (flash)
+#   attention that never stores the (B, H, T, T) softmax, and ampd's 16-bit runs use its
+#   flash attention ("attention": "flash", gpu/cuda_attn.cu); "pytorch-naive" and
+#   "ampd-materialized" both store the softmax. fp32 runs materialise it on both sides (no
+#   tensor-core flash kernel in fp32 without TF32). A failing run prints its last log lines,
+#   and the script goes on with the others.
 #
 # Measures: ampd — the median step_ms of its step lines after the warm-up (its summary's
 # median_step_ms counts the warm-up steps too; it is kept in the JSON), and its summary's
@@ -187,16 +190,17 @@ if ! "$PY" bench/gpu_tokens.py "$WORK/data/train.bin" --tokens "$NTOK" --vocab "
     exit 1
 fi
 
-job() { # dtype steps -> the job file's path
+job() { # name dtype steps attention -> the job file's path
     local ls=""
-    [ "$1" = fp16 ] && ls=', "loss_scale": {"mode": "dynamic", "init": 65536, "growth_interval": 2000}'
+    [ "$2" = fp16 ] && ls=', "loss_scale": {"mode": "dynamic", "init": 65536, "growth_interval": 2000}'
     cat >"$WORK/job-$1.json" <<EOF
 {"name": "gpu-bench-gpt2-$1",
- "model": {"type": "gpt", "n_layer": $L, "n_head": $H, "d_model": $C, "seq_len": $T, "vocab": $V},
+ "model": {"type": "gpt", "n_layer": $L, "n_head": $H, "d_model": $C, "seq_len": $T, "vocab": $V,
+           "attention": "$4"},
  "data": {"type": "tokens", "train": "train.bin", "eval": "eval.bin"},
- "precision": {"dtype": "$1"$ls},
+ "precision": {"dtype": "$2"$ls},
  "optimizer": {"type": "adamw", "lr": 0.0006, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1},
- "batch_size": $B, "steps": $2, "seed": 1, "device": "$DEVICE"}
+ "batch_size": $B, "steps": $3, "seed": 1, "device": "$DEVICE"}
 EOF
     cp "$WORK/job-$1.json" "$LOGS/"
     echo "$WORK/job-$1.json"
@@ -261,20 +265,20 @@ run_one() {
     fi
 }
 
-run_ampd() { # dtype steps limit
-    local limit=$3 f
+run_ampd() { # name dtype steps limit attention
+    local name=$1 limit=$4 f
     # A run that timed out before its first step means a hang: don't feed it the budget.
     [ "$AMPD_HUNG" = 1 ] && [ "$limit" -gt 45 ] && limit=45
-    f=$(job "$1" "$2")
+    f=$(job "${name#ampd-}" "$2" "$3" "$5")
     # ampd's stdout goes through STAMPER, which notes when each line arrived (NAME.times): the
     # wall-clock cross-check of its step_ms. timeout signals the whole process group: ampd
     # then finishes its step and prints its summary, which STAMPER and this bash wait for
     # (`trap :` defers the signal until the pipeline ends; -k 10 kills a hung one).
     # shellcheck disable=SC2016 # expanded by that bash
-    run_one "ampd-$1" "$limit" bash -c 'trap : TERM; set -o pipefail; "${@:4}" | "$1" -u -c "$2" "$3"' \
-        _ "$PY" "$STAMPER" "$LOGS/ampd-$1.times" \
+    run_one "$name" "$limit" bash -c 'trap : TERM; set -o pipefail; "${@:4}" | "$1" -u -c "$2" "$3"' \
+        _ "$PY" "$STAMPER" "$LOGS/$name.times" \
         "${AMPD_ENV[@]}" "$AMPD" run --every 1 --data-root "$WORK/data" "$f"
-    if grep -qE '"rc": (124|137),' "$LOGS/ampd-$1.meta" && ! grep -q '"type":"step"' "$LOGS/ampd-$1.out"; then
+    if grep -qE '"rc": (124|137),' "$LOGS/$name.meta" && ! grep -q '"type":"step"' "$LOGS/$name.out"; then
         AMPD_HUNG=1
     fi
 }
@@ -290,14 +294,15 @@ run_torch() { # name mode steps warmup [extra args]
 }
 
 echo "== runs (budget ${BUDGET}s; logs in $LOGS)"
-run_ampd bf16 "$STEPS" "$T_AMPD"
+run_ampd ampd-bf16 bf16 "$STEPS" "$T_AMPD" flash
 run_torch torch-bf16 bf16 "$STEPS" "$WARMUP"
-run_ampd fp16 "$STEPS" "$T_AMPD"
+run_ampd ampd-fp16 fp16 "$STEPS" "$T_AMPD" flash
 run_torch torch-fp16 fp16 "$STEPS" "$WARMUP"
 run_torch torch-fp32 fp32 "$FP32_STEPS" "$FP32_WARMUP"
-run_ampd fp32 "$FP32_STEPS" "$T_AMPD_FP32"
+run_ampd ampd-fp32 fp32 "$FP32_STEPS" "$T_AMPD_FP32" materialized
 if [ "$NAIVE" = 1 ]; then
     run_torch torch-bf16-naive bf16 "$STEPS" "$WARMUP" --attn naive
+    run_ampd ampd-bf16-materialized bf16 "$STEPS" "$T_AMPD" materialized
 fi
 echo "== runs done in $((SECONDS - T0))s"
 
@@ -389,8 +394,8 @@ def dev_bytes(m):
     return max(0, m["dev_peak_mib"] - (m.get("dev_base_mib") or 0)) * 1024 * 1024
 
 
-def ampd_run(dt):
-    name = f"ampd-{dt}"
+def ampd_run(dt, name=None):
+    name = name or f"ampd-{dt}"
     m = meta(name)
     lines = jlines(read(name, "out"))
     steps = [o for o in lines if o.get("type") == "step"]
@@ -444,6 +449,7 @@ def torch_run(name, dt):
 runs = {
     "ampd-bf16": ampd_run("bf16"), "torch-bf16": torch_run("torch-bf16", "bf16"),
     "torch-bf16-naive": torch_run("torch-bf16-naive", "bf16"),
+    "ampd-bf16-materialized": ampd_run("bf16", "ampd-bf16-materialized"),
     "ampd-fp16": ampd_run("fp16"), "torch-fp16": torch_run("torch-fp16", "fp16"),
     "ampd-fp32": ampd_run("fp32"), "torch-fp32": torch_run("torch-fp32", "fp32"),
 }
@@ -480,14 +486,16 @@ hdr = (f"{'mode':5} {'impl':17} {'status':14} {'step ms':>9} {'wall ms':>8} {'to
 print(hdr)
 print("-" * len(hdr))
 order = [("bf16", "ampd-bf16", "torch-bf16"), ("bf16", "torch-bf16", None),
+         ("bf16", "ampd-bf16-materialized", "torch-bf16-naive"),
          ("bf16", "torch-bf16-naive", None), ("fp16", "ampd-fp16", "torch-fp16"),
          ("fp16", "torch-fp16", None), ("fp32", "ampd-fp32", "torch-fp32"),
          ("fp32", "torch-fp32", None)]
 ratios = {}
 for mode, name, peer in order:
     r = runs[name]
-    impl = {"torch-bf16-naive": "pytorch-naive"}.get(name, "ampd" if name.startswith("ampd")
-                                                     else f"pytorch ({E['BENCH_TORCH_ATTN']})")
+    impl = {"torch-bf16-naive": "pytorch-naive", "ampd-bf16-materialized": "ampd-materialized",
+            "ampd-fp32": "ampd"}.get(name, "ampd (flash)" if name.startswith("ampd")
+                                     else f"pytorch ({E['BENCH_TORCH_ATTN']})")
     rt = rm = rd = None
     if peer:
         p = runs[peer]
@@ -503,12 +511,12 @@ for mode, name, peer in order:
           f"{f(r.get('tokens_per_s'), ',.0f', 10)} {f(mfu, '.1f', 6, '%')} "
           f"{f(mem / GIB if mem else None, '.2f', 8)} {f(dev / GIB if dev else None, '.2f', 8)} "
           f"{f(rt, '.2f', 8, 'x')} {f(rm, '.2f', 8, 'x')} {f(rd, '.2f', 8, 'x')}")
-a, n = runs["ampd-bf16"], runs["torch-bf16-naive"]
+a, n = runs["ampd-bf16-materialized"], runs["torch-bf16-naive"]
 rt, rm = ratio(a.get("median_step_ms"), n.get("median_step_ms")), ratio(a.get("mem_total"),
                                                                          n.get("mem_total"))
-ratios["ampd-bf16/torch-bf16-naive"] = {"step_ms": rt, "mem": rm,
+ratios["ampd-bf16-materialized/torch-bf16-naive"] = {"step_ms": rt, "mem": rm,
                                         "dev_mem": ratio(a.get("dev_peak"), n.get("dev_peak"))}
-print(f"bf16 ampd / pytorch-naive (softmax materialised in both): step time "
+print(f"bf16 ampd-materialized / pytorch-naive (softmax materialised in both): step time "
       f"{f(rt, '.2f', 0, 'x')}, memory {f(rm, '.2f', 0, 'x')}")
 for dt in ("bf16", "fp16", "fp32"):
     r = runs[f"ampd-{dt}"]

@@ -37,6 +37,9 @@
  *     16-bit job without master weights reads the 16-bit values, as gpt.c does).
  *   Attention products are strided-batched GEMMs on the qkv layout: one launch per head
  *   batched over the sequences, or per sequence batched over the heads when H > B.
+ *   Flash attention (m->flash): the kernels of cuda_attn.cu instead; probs holds the row
+ *   log-sum-exp (fp32, B x H x T), the scores region D = dY . O (fp32, B x H x T), there is no
+ *   P cast, and the forward writes y straight into atty.
  *
  * The loss gradient: the forward's cross-entropy is fused with its backward when ctx->state
  * is set: dlogits = rd(rd(p g - [y] g, ce_dt), lin_dt) with g = state->scale_used / N read on
@@ -173,6 +176,7 @@ static int layout(const gpu_gpt *m, int B, gpt_lay *L)
 {
     size_t T = (size_t)m->seq_len, C = (size_t)m->d_model, V = (size_t)m->vocab;
     size_t N = (size_t)B * T, H = (size_t)m->n_head, bhtt = (size_t)B * H * T * T;
+    size_t bht = (size_t)B * H * T;
     size_t el_ = es(m->lin_dt), em = es(m->mm_dt), esm = es(m->sm_dt), er = es(m->resid_dt);
     size_t f = sizeof(float), at = 0;
     blk_off *b = &L->b;
@@ -183,7 +187,7 @@ static int layout(const gpu_gpt *m, int B, gpt_lay *L)
     b->ln1_mean = take(&at, N * f);
     b->ln1_rstd = take(&at, N * f);
     b->qkv = take(&at, N * 3 * C * em);
-    b->probs = take(&at, bhtt * esm);
+    b->probs = take(&at, m->flash ? bht * f : bhtt * esm); /* flash: the log-sum-exp */
     b->atty = take(&at, N * C * el_);
     b->hmid = take(&at, N * C * er);
     b->ln2 = take(&at, N * C * el_);
@@ -203,8 +207,8 @@ static int layout(const gpu_gpt *m, int B, gpt_lay *L)
     at = 0;
     L->zero = take(&at, f);
     L->f32 = take(&at, N * 4 * C * f);
-    L->scores = take(&at, bhtt * f);
-    L->pm = take(&at, m->sm_dt != m->mm_dt ? bhtt * em : 0);
+    L->scores = take(&at, m->flash ? bht * f : bhtt * f); /* flash: D = dY . O */
+    L->pm = take(&at, m->sm_dt != m->mm_dt && !m->flash ? bhtt * em : 0);
     L->dres = take(&at, N * C * er);
     L->ga = take(&at, N * C * el_);
     L->gb = take(&at, N * 4 * C * el_);
@@ -232,7 +236,9 @@ static bool model_ok(const gpu_gpt *m)
            m->d_model >= 1 && m->d_model % m->n_head == 0 && m->seq_len >= 1 && m->vocab >= 1 &&
            m->max_batch >= 1 && dt_ok(m->lin_dt) && dt_ok(m->mm_dt) && dt_ok(m->sm_dt) &&
            dt_ok(m->ln_dt) && dt_ok(m->gelu_dt) && dt_ok(m->ce_dt) && dt_ok(m->emb_dt) &&
-           dt_ok(m->resid_dt);
+           dt_ok(m->resid_dt) &&
+           (!m->flash || (m->mm_dt != GPU_FP32 && gpu_cuda_flash_supported(m->head_dim) &&
+                          (m->lin_dt == m->mm_dt || m->lin_dt == GPU_FP32)));
 }
 
 /* Sizes for up to max_batch sequences (1 <= max_batch <= m->max_batch); see cuda_model.h.
@@ -670,6 +676,8 @@ static int attn_fwd(const gpt_run *r, int l)
     gpu_dtype sdt = dg ? GPU_FP32 : mmd;
     int T = r->T, hd = r->hd, BH = r->B * r->H;
 
+    if (m->flash) /* y straight into atty: lin_dt is mm_dt, or fp32 holding its values */
+        return gpu_cuda_flash_fwd_launch(qkv, mmd, r->B, T, r->H, hd, P, atty, lin, r->st);
     int rc =
         agemm(r, false, true, T, T, hd, qkv_op(r, qkv, 0), qkv_op(r, qkv, 1), tt_op(r, S, sdt));
     if (rc == 0 && dg)
@@ -690,9 +698,8 @@ static int attn_fwd(const gpt_run *r, int l)
     return rc;
 }
 
-/* gpu_gpt_attention_bwd for layer l: from dY in gd (mm_dt) to dQKV rounded to mm_dt, then
- * cast to lin_dt into gb (N x 3C). */
-static int attn_bwd(const gpt_run *r, int l)
+/* The materialised backward of layer l (gpu_gpt_attention_bwd): dQKV in fp32 into dq. */
+static int attn_bwd_dense(const gpt_run *r, int l, float *dq)
 {
     const gpu_gpt *m = r->m;
     gpu_dtype mmd = m->mm_dt, smd = m->sm_dt;
@@ -700,7 +707,6 @@ static int attn_bwd(const gpt_run *r, int l)
     size_t bhtt = (size_t)BH * T * T;
     void *qkv = act(r, l, r->L.b.qkv), *P = act(r, l, r->L.b.probs);
     void *dY = wsp(r, r->L.gd), *dS = wsp(r, r->L.scores);
-    float *dq = wsp(r, r->L.f32);
     void *Pm = P;
     int rc = 0;
 
@@ -726,10 +732,34 @@ static int attn_bwd(const gpt_run *r, int l)
     if (rc == 0)
         rc = agemm(r, true, false, T, hd, T, tt_op(r, dS, mmd), qkv_op(r, qkv, 0),
                    rows_op(r, dq + r->C, GPU_FP32, 3 * r->C));
-    if (rc == 0 && r->c->diag != NULL)
-        rc = diag_dqk(r, layer, dq);
+    return rc;
+}
+
+/* The flash backward of layer l (gpu_gpt_flash_bwd): dY accounted as the gradient arriving,
+ * dQKV in fp32 into dq; the scores region holds D. */
+static int attn_bwd_flash(const gpt_run *r, int l, float *dq)
+{
+    const gpu_gpt *m = r->m;
+    void *dY = wsp(r, r->L.gd);
+    int rc = diag_any(r, dl(r, l, GPU_CUDA_GPT_SCORES), m->mm_dt, GPU_CUDA_DIAG_BACKWARD, dY,
+                      m->mm_dt, r->nC);
     if (rc == 0)
-        rc = convert(r, dq, GPU_FP32, wsp(r, r->L.gb), m->lin_dt, 3 * r->nC, mmd);
+        rc = gpu_cuda_flash_bwd_launch(act(r, l, r->L.b.qkv), dY, m->mm_dt, act(r, l, r->L.b.atty),
+                                       m->lin_dt, act(r, l, r->L.b.probs), r->B, r->T, r->H, r->hd,
+                                       wsp(r, r->L.scores), dq, r->st);
+    return rc;
+}
+
+/* The attention's backward for layer l: from dY in gd (mm_dt) to dQKV rounded to mm_dt, then
+ * cast to lin_dt into gb (N x 3C). */
+static int attn_bwd(const gpt_run *r, int l)
+{
+    float *dq = wsp(r, r->L.f32);
+    int rc = r->m->flash ? attn_bwd_flash(r, l, dq) : attn_bwd_dense(r, l, dq);
+    if (rc == 0 && r->c->diag != NULL)
+        rc = diag_dqk(r, dl(r, l, GPU_CUDA_GPT_SCORES), dq);
+    if (rc == 0)
+        rc = convert(r, dq, GPU_FP32, wsp(r, r->L.gb), r->m->lin_dt, 3 * r->nC, r->m->mm_dt);
     return rc;
 }
 

@@ -1594,6 +1594,62 @@ fail:
     return rc;
 }
 
+/* See cuda_ops.h. */
+int gpu_cuda_flash_fwd(const float *qkv, int B, int T, int C, int H, gpu_dtype dt, float *lse,
+                       float *y)
+{
+    int rc = gpu_cuda_ready();
+    void *d_qkv = NULL, *d_lse = NULL, *d_y = NULL;
+    if (rc != 0)
+        return rc;
+    if (B < 0 || T < 0 || H < 1 || C % H != 0 || qkv == NULL || lse == NULL || y == NULL)
+        return GPU_EINVAL;
+    size_t n = (size_t)B * T * C;
+    STEP(dev_put(&d_qkv, qkv, 3 * n, dt));
+    STEP(dev_alloc(&d_lse, (size_t)B * H * T * sizeof(float)));
+    STEP(dev_alloc(&d_y, n * gpu_dtype_size(dt)));
+    STEP(gpu_cuda_flash_fwd_launch(d_qkv, dt, B, T, H, C / H, (float *)d_lse, d_y, dt, 0));
+    STEP(dev_get(y, d_y, n, dt));
+    STEP(dev_get(lse, d_lse, (size_t)B * H * T, GPU_FP32));
+fail:
+    cudaFree(d_y);
+    cudaFree(d_lse);
+    cudaFree(d_qkv);
+    return rc;
+}
+
+/* See cuda_ops.h. */
+int gpu_cuda_flash_bwd(const float *dy, const float *qkv, const float *o, const float *lse,
+                       int B, int T, int C, int H, gpu_dtype dt, float *dqkv)
+{
+    int rc = gpu_cuda_ready();
+    void *d_dy = NULL, *d_qkv = NULL, *d_o = NULL, *d_lse = NULL, *d_dsum = NULL, *d_dq = NULL;
+    if (rc != 0)
+        return rc;
+    if (B < 0 || T < 0 || H < 1 || C % H != 0 || dy == NULL || qkv == NULL || o == NULL ||
+        lse == NULL || dqkv == NULL)
+        return GPU_EINVAL;
+    size_t n = (size_t)B * T * C, rows = (size_t)B * H * T;
+    STEP(dev_put(&d_dy, dy, n, dt));
+    STEP(dev_put(&d_qkv, qkv, 3 * n, dt));
+    STEP(dev_put(&d_o, o, n, dt));
+    STEP(dev_put(&d_lse, lse, rows, GPU_FP32));
+    STEP(dev_alloc(&d_dsum, rows * sizeof(float)));
+    STEP(dev_alloc(&d_dq, 3 * n * sizeof(float)));
+    STEP(gpu_cuda_flash_bwd_launch(d_qkv, d_dy, dt, d_o, dt, (const float *)d_lse, B, T, H, C / H,
+                                   (float *)d_dsum, (float *)d_dq, 0));
+    STEP(dev_get(dqkv, d_dq, 3 * n, GPU_FP32));
+    gpu_round_n(dqkv, dqkv, 3 * n, dt);
+fail:
+    cudaFree(d_dq);
+    cudaFree(d_dsum);
+    cudaFree(d_lse);
+    cudaFree(d_o);
+    cudaFree(d_qkv);
+    cudaFree(d_dy);
+    return rc;
+}
+
 /* See cuda_ops.h. When dP is stored in mm_dt, dS overwrites it (the in-place form). */
 int gpu_cuda_attn_softmax_bwd(const float *P, const float *dP, gpu_dtype dpdt, int BH, int T,
                               int hd, gpu_dtype mm_dt, gpu_dtype sm_dt, float *dS)

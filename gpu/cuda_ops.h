@@ -186,6 +186,24 @@ int gpu_cuda_attn_softmax_bwd_launch(const void *P, gpu_dtype pdt, const void *d
                                      gpu_dtype sm_dt, void *dS, gpu_dtype dsdt,
                                      cudaStream_t stream);
 
+/* ---- flash attention (gpu/cuda_attn.cu): gpu_gpt_flash_fwd / _bwd of gpu/gpt.c ---------- *
+ *
+ * Tensor cores, fp16 or bf16 (dt) only, head_dim hd 16, 32, 48 or 64, B x H <= 65535; qkv
+ * [B T x 3C] and dy [B T x C] stored in dt, 16-byte aligned. Not bit-exact: the products'
+ * summation order, the forward's online softmax (it rounds exp(S - running max) where the CPU
+ * rounds the normalised P) and expf / logf for the CPU's exp and log; deterministic (no
+ * atomics). */
+bool gpu_cuda_flash_supported(int hd);
+/* y [B T x C] = the attention, stored in ydt (dt, or fp32 holding values of dt); lse
+ * [B H x T] fp32, the backward's input. */
+int gpu_cuda_flash_fwd_launch(const void *qkv, gpu_dtype dt, int B, int T, int H, int hd,
+                              float *lse, void *y, gpu_dtype ydt, cudaStream_t stream);
+/* dqkv [B T x 3C] fp32 = dQ, dK, dV before their rounding to dt (every element written); o:
+ * the forward's output as saved, in odt (dt or fp32); dsum: B H x T floats of workspace. */
+int gpu_cuda_flash_bwd_launch(const void *qkv, const void *dy, gpu_dtype dt, const void *o,
+                              gpu_dtype odt, const float *lse, int B, int T, int H, int hd,
+                              float *dsum, float *dqkv, cudaStream_t stream);
+
 /* ---- host wrappers (tests): fp32 host arrays, each tensor stored in the dtype named -------- */
 
 /* wte/wpe: host arrays in wdt (float or uint16_t), like the CPU op; out values of out_dt. */
@@ -227,6 +245,12 @@ int gpu_cuda_ce_bwd(gpu_cuda_ce_style style, const float *probs, const int *y, i
 /* S values of sdt; P values of sm_dt; Pm (may be NULL) values of mm_dt. */
 int gpu_cuda_attn_softmax_fwd(const float *S, gpu_dtype sdt, int BH, int T, int hd,
                               gpu_dtype mm_dt, gpu_dtype sm_dt, float *P, float *Pm);
+/* The CPU's calling convention (gpu_gpt_flash_fwd / _bwd): qkv, y, dy, o values of dt, o
+ * stored in dt; dqkv rounded to dt like the CPU's. */
+int gpu_cuda_flash_fwd(const float *qkv, int B, int T, int C, int H, gpu_dtype dt, float *lse,
+                       float *y);
+int gpu_cuda_flash_bwd(const float *dy, const float *qkv, const float *o, const float *lse,
+                       int B, int T, int C, int H, gpu_dtype dt, float *dqkv);
 /* P values of sm_dt; dP values of dpdt; dS values of mm_dt. */
 int gpu_cuda_attn_softmax_bwd(const float *P, const float *dP, gpu_dtype dpdt, int BH, int T,
                               int hd, gpu_dtype mm_dt, gpu_dtype sm_dt, float *dS);

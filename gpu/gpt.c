@@ -20,7 +20,10 @@
  *     product is rounded before the scaling, as nanoGPT computes it); the softmax runs in
  *     sm_dt (fp32) over the causal positions only: masked positions get probability 0 and
  *     are never part of any arithmetic, so masking cannot make a NaN (an overflowed score
- *     still does, as on a GPU); P is cast to mm_dt for P V;
+ *     still does, as on a GPU); P is cast to mm_dt for P V. With model.attention "flash" and
+ *     a 16-bit mm_dt, FlashAttention-2's numerics instead (gpu_gpt_flash_fwd in gpu_int.h): S
+ *     stays fp32, only P and dS are rounded to mm_dt, the row log-sum-exp is saved and P is
+ *     recomputed in the backward;
  *   - GELU (tanh approximation) runs in its input's dtype: computed in fp32 and rounded;
  *   - cross-entropy runs in ce_dt (fp32) on the rounded logits.
  * Backward mirrors it: every gradient leaves its op rounded to the op's dtype, and each
@@ -450,6 +453,14 @@ int gpu_gpt_attention_fwd(const float *qkv, int B, int T, int C, int H, gpu_dtyp
     return 0;
 }
 
+/* dQ and dK (the first 2C of each row of dqkv [rows x 3C]), the score matmul's input
+ * gradients before rounding, accounted for layer. diag may be NULL. */
+static void diag_dqk(gpu_diag *diag, int layer, const float *dqkv, size_t rows, int C)
+{
+    for (size_t r = 0; diag != NULL && r < rows; r++)
+        gpu_diag_input_grad(diag, layer, dqkv + r * 3 * (size_t)C, 2 * (size_t)C);
+}
+
 /* See gpu_int.h. */
 int gpu_gpt_attention_bwd(const float *dy, const float *qkv, const float *probs, int B, int T,
                           int C, int H, gpu_dtype mm_dt, gpu_dtype sm_dt, float *dqkv,
@@ -502,9 +513,129 @@ int gpu_gpt_attention_bwd(const float *dy, const float *qkv, const float *probs,
             if (rc)
                 return rc;
         }
-    if (diag) /* dQ and dK, the score matmul's input gradients, before rounding */
-        for (size_t r = 0; r < (size_t)B * T; r++)
-            gpu_diag_input_grad(diag, layer, dqkv + r * ld, 2 * (size_t)C);
+    diag_dqk(diag, layer, dqkv, (size_t)B * T, C);
+    rnd(dqkv, (size_t)B * T * ld, mm_dt);
+    return 0;
+}
+
+/* ---- flash attention ---------------------------------------------------------------------- */
+
+/* S = rd(Q K^T * scale) for one sequence and head: the fp32 product, scaled in fp32 (never
+ * rounded to mm_dt). Only the causal entries are read. */
+static int flash_scores(const float *q, const float *k, int T, int hd, int ld, float *S)
+{
+    int rc = gpu_gemm(false, true, T, T, hd, q, GPU_FP32, ld, k, GPU_FP32, ld, 0.0f, S, T, NULL);
+    if (rc == 0)
+        scale_n(S, attn_scale(hd), (size_t)T * T);
+    return rc;
+}
+
+/* p[j] = exp(p[j] - c) for j < n, in place. */
+HOT static void exp_minus(float *restrict p, float c, int n)
+{
+    for (int j = 0; j < n; j++)
+        p[j] = vexp(p[j] - c);
+}
+
+/* d[j] = (p[j] (d[j] - D)) scale for j < n, in place: dS from dP, fp32, in that order. */
+HOT static void flash_ds_row(const float *restrict p, float *restrict d, float D, float scale,
+                             int n)
+{
+    for (int j = 0; j < n; j++)
+        d[j] = (p[j] * (d[j] - D)) * scale;
+}
+
+/* See gpu_int.h. */
+int gpu_gpt_flash_fwd(const float *qkv, int B, int T, int C, int H, gpu_dtype mm_dt, float *lse,
+                      float *y, float *scratch)
+{
+    int hd = C / H, ld = 3 * C;
+    size_t TT = (size_t)T * T;
+    float *S = scratch, *P = scratch + align16f(TT);
+
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++) {
+            const float *q = qkv + (size_t)b * T * ld + (size_t)h * hd;
+            float *L = lse + ((size_t)b * H + h) * T;
+            int rc = flash_scores(q, q + C, T, hd, ld, S);
+            if (rc)
+                return rc;
+            for (int i = 0; i < T; i++) {
+                const float *s = S + (size_t)i * T;
+                float *p = P + (size_t)i * T, mx = s[0];
+                for (int j = 1; j <= i; j++)
+                    mx = s[j] > mx || s[j] != s[j] ? s[j] : mx;
+                float l = exp_shifted(p, s, mx, i + 1);
+                div_n(p, l, i + 1);
+                memset(p + i + 1, 0, sizeof(float) * (size_t)(T - i - 1));
+                L[i] = mx + logf(l);
+            }
+            rnd(P, TT, mm_dt);
+            rc = gpu_gemm(false, false, T, hd, T, P, GPU_FP32, T, q + 2 * C, GPU_FP32, ld, 0.0f,
+                          y + (size_t)b * T * C + (size_t)h * hd, C, NULL);
+            if (rc)
+                return rc;
+        }
+    rnd(y, (size_t)B * T * C, mm_dt);
+    return 0;
+}
+
+/* One sequence and head of gpu_gpt_flash_bwd: P recomputed from the saved log-sum-exp. */
+static int flash_bwd_head(const float *dyh, const float *q, const float *oh, const float *L,
+                          int T, int C, int hd, gpu_dtype mm_dt, float *dq, float *scratch)
+{
+    int ld = 3 * C;
+    size_t TT = (size_t)T * T;
+    float *P = scratch, *W = scratch + align16f(TT);
+    int rc = flash_scores(q, q + C, T, hd, ld, P);
+    if (rc)
+        return rc;
+    for (int i = 0; i < T; i++) {
+        exp_minus(P + (size_t)i * T, L[i], i + 1);
+        memset(P + (size_t)i * T + i + 1, 0, sizeof(float) * (size_t)(T - i - 1));
+    }
+    gpu_round_n(W, P, TT, mm_dt); /* dV = rd(P) ^T dY */
+    rc = gpu_gemm(true, false, T, hd, T, W, GPU_FP32, T, dyh, GPU_FP32, C, 0.0f, dq + 2 * C, ld,
+                  NULL);
+    if (!rc) /* dP = dY V^T, kept in fp32 */
+        rc = gpu_gemm(false, true, T, T, hd, dyh, GPU_FP32, C, q + 2 * C, GPU_FP32, ld, 0.0f, W,
+                      T, NULL);
+    if (rc)
+        return rc;
+    float scale = attn_scale(hd);
+    for (int i = 0; i < T; i++) {
+        float D = 0.0f; /* D_i = dY_i . O_i, fp32 */
+        for (int c = 0; c < hd; c++)
+            D = fmaf(dyh[(size_t)i * C + c], oh[(size_t)i * C + c], D);
+        flash_ds_row(P + (size_t)i * T, W + (size_t)i * T, D, scale, i + 1);
+        memset(W + (size_t)i * T + i + 1, 0, sizeof(float) * (size_t)(T - i - 1));
+    }
+    rnd(W, TT, mm_dt); /* dQ = rd(dS) K, dK = rd(dS)^T Q */
+    rc = gpu_gemm(false, false, T, hd, T, W, GPU_FP32, T, q + C, GPU_FP32, ld, 0.0f, dq, ld, NULL);
+    if (!rc)
+        rc = gpu_gemm(true, false, T, hd, T, W, GPU_FP32, T, q, GPU_FP32, ld, 0.0f, dq + C, ld,
+                      NULL);
+    return rc;
+}
+
+/* See gpu_int.h. */
+int gpu_gpt_flash_bwd(const float *dy, const float *qkv, const float *o, const float *lse, int B,
+                      int T, int C, int H, gpu_dtype mm_dt, float *dqkv, float *scratch,
+                      gpu_diag *diag, int layer)
+{
+    int hd = C / H, ld = 3 * C;
+    if (diag) /* the gradient arriving at the attention: inf/NaN */
+        gpu_diag_backward(diag, layer, dy, (size_t)B * T * C);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++) {
+            size_t off = (size_t)b * T * ld + (size_t)h * hd;
+            size_t yoff = (size_t)b * T * C + (size_t)h * hd;
+            int rc = flash_bwd_head(dy + yoff, qkv + off, o + yoff, lse + ((size_t)b * H + h) * T,
+                                    T, C, hd, mm_dt, dqkv + off, scratch);
+            if (rc)
+                return rc;
+        }
+    diag_dqk(diag, layer, dqkv, (size_t)B * T, C);
     rnd(dqkv, (size_t)B * T * ld, mm_dt);
     return 0;
 }
@@ -710,7 +841,7 @@ static void layout_acts(gpu_gpt *m)
 {
     size_t N = (size_t)m->max_batch * m->seq_len, C = (size_t)m->d_model;
     size_t es = gpu_dtype_size(m->lin_dt), f = sizeof(float), bytes = 0;
-    size_t TT = (size_t)m->seq_len * m->seq_len;
+    size_t T = (size_t)m->seq_len, TT = T * T;
     for (int l = 0; l < m->n_layer; l++) {
         gpu_gpt_block_acts *a = &m->act[l];
         a->resid = take(&bytes, N * C * f);
@@ -718,7 +849,7 @@ static void layout_acts(gpu_gpt *m)
         a->ln1_mean = take(&bytes, N * f);
         a->ln1_rstd = take(&bytes, N * f);
         a->qkv = take(&bytes, N * 3 * C * es);
-        a->probs = take(&bytes, (size_t)m->max_batch * m->n_head * TT * f);
+        a->probs = take(&bytes, (size_t)m->max_batch * m->n_head * (m->flash ? T : TT) * f);
         a->atty = take(&bytes, N * C * es);
         a->resid_mid = take(&bytes, N * C * f);
         a->ln2 = take(&bytes, N * C * es);
@@ -777,6 +908,14 @@ int gpu_gpt_plan(gpu_gpt *m, const gpu_model_config *mc, const gpu_autocast *a, 
                  "below 2^31");
         return GPU_EINVAL;
     }
+    int hd = mc->d_model / mc->n_head;
+    if (mc->attention == GPU_ATTN_FLASH && (hd % 16 != 0 || hd > GPU_FLASH_MAX_HEAD_DIM)) {
+        snprintf(err, errlen,
+                 "model.attention: \"flash\" needs a head_dim (d_model / n_head) of 16, 32, "
+                 "48 or 64, not %d",
+                 hd);
+        return GPU_EINVAL;
+    }
     if (estimate_bytes(mc, max_batch) > 0x1p48) {
         snprintf(err, errlen, "model: the activations would take more than 256 TiB");
         return GPU_EINVAL;
@@ -797,6 +936,7 @@ int gpu_gpt_plan(gpu_gpt *m, const gpu_model_config *mc, const gpu_autocast *a, 
     m->ln_dt = gpu_autocast_dtype(a, GPU_OP_LAYER_NORM, dt, m->resid_dt);
     m->gelu_dt = gpu_autocast_dtype(a, GPU_OP_GELU, dt, m->lin_dt);
     m->ce_dt = gpu_autocast_dtype(a, GPU_OP_CROSS_ENTROPY, dt, m->lin_dt);
+    m->flash = mc->attention == GPU_ATTN_FLASH && m->mm_dt != GPU_FP32;
     layout_params(m);
     layout_acts(m);
     m->scratch_floats = carve(m, NULL, &(gpt_scratch){0}) + plan_gemm_scratch(m, dt) + 16;
@@ -1099,8 +1239,12 @@ static int block_fwd(const gpu_gpt *m, const gpu_gpt_weights *w, int l, int B, u
         q = sc->qkvm;
     }
     float *y = out_for(m, acts, A->atty, sc->aty);
-    rc = gpu_gpt_attention_fwd(q, B, T, C, m->n_head, m->mm_dt, m->sm_dt, actf(acts, A->probs), y,
-                               sc->att, diag, dlayer(diag, l, "attn.scores", m->mm_dt));
+    int dsc = dlayer(diag, l, "attn.scores", m->mm_dt); /* flash: its slot, no counts */
+    if (m->flash)
+        rc = gpu_gpt_flash_fwd(q, B, T, C, m->n_head, m->mm_dt, actf(acts, A->probs), y, sc->att);
+    else
+        rc = gpu_gpt_attention_fwd(q, B, T, C, m->n_head, m->mm_dt, m->sm_dt,
+                                   actf(acts, A->probs), y, sc->att, diag, dsc);
     if (rc)
         return rc;
     cast(y, nC, m->mm_dt, lin);
@@ -1192,9 +1336,14 @@ static int block_bwd(const gpu_gpt *m, const gpu_gpt_weights *w, int l, int B, c
         return rc;
     cast(sc->aty, nC, lin, m->mm_dt);
     const float *qkv = saved_as(m, acts + A->qkv, 3 * nC, m->mm_dt, sc->qkvm);
-    rc = gpu_gpt_attention_bwd(sc->aty, qkv, cactf(acts, A->probs), B, T, C, m->n_head, m->mm_dt,
-                               m->sm_dt, sc->dqkv, sc->att, diag,
-                               dlayer(diag, l, "attn.scores", m->mm_dt));
+    int dsc = dlayer(diag, l, "attn.scores", m->mm_dt);
+    if (m->flash)
+        rc = gpu_gpt_flash_bwd(sc->aty, qkv, saved_as(m, acts + A->atty, nC, lin, sc->in32),
+                               cactf(acts, A->probs), B, T, C, m->n_head, m->mm_dt, sc->dqkv,
+                               sc->att, diag, dsc);
+    else
+        rc = gpu_gpt_attention_bwd(sc->aty, qkv, cactf(acts, A->probs), B, T, C, m->n_head,
+                                   m->mm_dt, m->sm_dt, sc->dqkv, sc->att, diag, dsc);
     if (rc)
         return rc;
     cast(sc->dqkv, 3 * nC, m->mm_dt, lin);

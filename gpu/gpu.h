@@ -318,6 +318,11 @@ void gpu_dataset_window(const gpu_dataset *d, int64_t i, int T, int *x, int *y);
 
 typedef GPU_ENUM { GPU_ACT_RELU = 0, GPU_ACT_GELU } gpu_activation;
 typedef GPU_ENUM { GPU_MODEL_MLP = 0, GPU_MODEL_GPT } gpu_model_type;
+/* gpt: how attention is computed (docs/job-spec.md, model.attention) */
+typedef GPU_ENUM {
+    GPU_ATTN_MATERIALIZED = 0, /* the B x H x T x T softmax stored (nanoGPT's non-flash path) */
+    GPU_ATTN_FLASH             /* fused, the softmax recomputed (FlashAttention-2's numerics) */
+} gpu_attention;
 
 typedef struct {
     gpu_model_type type;
@@ -327,7 +332,12 @@ typedef struct {
     float init_scale;            /* multiplies the default initialisation; 1.0 */
     /* gpt: a GPT-2-style pre-LN decoder with tied embeddings */
     int n_layer, n_head, d_model, seq_len, vocab;
+    gpu_attention attention;
 } gpu_model_config;
+
+/* Head dimensions the flash attention supports: multiples of 16 up to 64 (its tensor-core
+ * tiles and their shared memory). */
+#define GPU_FLASH_MAX_HEAD_DIM 64
 
 typedef struct {
     char name[128];

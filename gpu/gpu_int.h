@@ -257,7 +257,8 @@ typedef struct {
     size_t ln1;                /* lin_dt N x C: ln1 output cast to the linear's dtype */
     size_t ln1_mean, ln1_rstd; /* fp32 N */
     size_t qkv;                /* lin_dt N x 3C */
-    size_t probs;              /* fp32 B x H x T x T softmax output, 0 above the diagonal */
+    size_t probs;              /* fp32 B x H x T x T softmax output, 0 above the diagonal;
+                                * flash: fp32 B x H x T log-sum-exp of each score row */
     size_t atty;               /* lin_dt N x C: attention output, attn.proj's input */
     size_t resid_mid;          /* fp32 N x C: after the attention residual add */
     size_t ln2, ln2_mean, ln2_rstd;
@@ -268,6 +269,8 @@ typedef struct {
 typedef struct {
     int n_layer, n_head, d_model, seq_len, vocab, head_dim;
     int max_batch;
+    bool flash;                /* flash attention: asked for and mm_dt 16-bit (else the
+                                * attention is materialised) */
     /* op dtypes: linear layers and lm_head; attention matmuls (QK^T, AV); their softmax;
      * layer norms; GELU; cross-entropy; the embedding; the residual stream's values */
     gpu_dtype lin_dt, mm_dt, sm_dt, ln_dt, gelu_dt, ce_dt, emb_dt, resid_dt;
@@ -360,6 +363,19 @@ int gpu_gpt_attention_fwd(const float *qkv, int B, int T, int C, int H, gpu_dtyp
 int gpu_gpt_attention_bwd(const float *dy, const float *qkv, const float *probs, int B, int T,
                           int C, int H, gpu_dtype mm_dt, gpu_dtype sm_dt, float *dqkv,
                           float *scratch, gpu_diag *diag, int layer);
+/* Flash attention (model.attention "flash", FlashAttention-2's numerics), same shapes and
+ * scratch: per sequence and head, S = rd(Q K^T, fp32) * hd^-1/2 in fp32 (never rounded to
+ * mm_dt); P = softmax(S) in fp32 over j <= i; lse[b, h, i] = max_j S + log(sum_j exp(S - max))
+ * saved (fp32, B x H x T) instead of P; y = rd(rd(P, mm_dt) V, mm_dt). */
+int gpu_gpt_flash_fwd(const float *qkv, int B, int T, int C, int H, gpu_dtype mm_dt, float *lse,
+                      float *y, float *scratch);
+/* Its backward, P = exp(S - lse) recomputed: dV = rd(P) ^T dY; dP = dY V^T in fp32;
+ * D_i = dY_i . O_i in fp32 (o: the forward's output as saved, N x C); dS = P (dP - D_i) *
+ * hd^-1/2 in fp32, then dQ = rd(dS) K, dK = rd(dS)^T Q; dqkv rounded to mm_dt. diag: dY
+ * accounted as the gradient arriving (inf/NaN), dQ and dK as input gradients. */
+int gpu_gpt_flash_bwd(const float *dy, const float *qkv, const float *o, const float *lse, int B,
+                      int T, int C, int H, gpu_dtype mm_dt, float *dqkv, float *scratch,
+                      gpu_diag *diag, int layer);
 /* Tied head and cross-entropy: logits = rd(x wte^T, lin_dt) (x: N x C values of lin_dt,
  * wte: V x C in wdt), then cross-entropy in ce_dt: probs (N x V, fp32) saved, *loss_sum the
  * summed loss (double), *correct the argmax hits. logits: N x V fp32 scratch. gscratch

@@ -18,11 +18,16 @@
  * fp16 without master weights; linear=fp32 without master weights (fp16, bf16: 16-bit
  * weights widened for fp32 GEMMs, qkv stored in mm_dt != lin_dt); a mixed table (matmul
  * fp32; softmax, add, cross_entropy, embedding lowp; layer_norm input; gelu fp32: a 16-bit
- * residual stream, 16-bit probabilities and an fp32 attention), fp16 and bf16.
+ * residual stream, 16-bit probabilities and an fp32 attention), fp16 and bf16; flash
+ * attention (2, 2, 64, 70, 256, 3: head_dim 32, two 64-row tiles, the second partial) in all
+ * three dtypes (fp32 materialises), flash-lin32 (1, 1, 16, 9, 64, bf16, linear=fp32: head_dim
+ * 16, y written as fp32 values), flash-wide (1, 2, 128, 65, 64, fp16 without master weights,
+ * head_dim 64, batch 1 of a plan for 2).
  *
  * Checks and tolerances. The device repeats the CPU's rounding points; the kernels are
- * bit-exact (tests/check_cuda_ops.c) and only the GEMMs' (and the loss sum's) summation
- * order differs, which moves fp32 results by a few ulp and flips a 16-bit rounding only
+ * bit-exact (tests/check_cuda_ops.c) except flash attention (within the 16-bit rounding of
+ * P, see cuda_ops.h; the same tolerances cover it), and only the GEMMs' (and the loss sum's)
+ * summation order differs, which moves fp32 results by a few ulp and flips a 16-bit rounding only
  * where an fp32 value lies within that of a rounding boundary (about 1e-4 of the values in
  * fp16, less in bf16), by one unit:
  *   - loss (summed on the device, divided by N here) within 1e-5 relative of the CPU's mean
@@ -104,6 +109,7 @@ typedef struct {
     gpu_dtype dt;
     bool master;
     const char *cast; /* autocast overrides "op=policy,..." or NULL */
+    bool flash;       /* model.attention "flash" */
 } gcase;
 
 #define MIXED                                                                                      \
@@ -111,27 +117,32 @@ typedef struct {
     "cross_entropy=lowp,embedding=lowp"
 
 static const gcase CASES[] = {
-    {"base", 2, 2, 64, 32, 256, 3, 3, GPU_FP32, true, NULL},
-    {"base", 2, 2, 64, 32, 256, 3, 3, GPU_FP16, true, NULL},
-    {"base", 2, 2, 64, 32, 256, 3, 3, GPU_BF16, true, NULL},
-    {"t1", 2, 2, 64, 1, 256, 3, 3, GPU_FP32, true, NULL},
-    {"t1", 2, 2, 64, 1, 256, 3, 3, GPU_FP16, true, NULL},
-    {"t1", 2, 2, 64, 1, 256, 3, 3, GPU_BF16, true, NULL},
-    {"vocab", 1, 2, 32, 8, 50257, 3, 3, GPU_FP32, true, NULL},
-    {"vocab", 1, 2, 32, 8, 50257, 3, 3, GPU_FP16, true, NULL},
-    {"vocab", 1, 2, 32, 8, 50257, 3, 3, GPU_BF16, true, NULL},
-    {"odd", 1, 3, 21, 5, 37, 3, 2, GPU_FP32, false, NULL},
-    {"odd", 1, 3, 21, 5, 37, 3, 2, GPU_FP16, true, NULL},
-    {"odd", 1, 3, 21, 5, 37, 3, 2, GPU_BF16, true, NULL},
-    {"nomaster", 2, 2, 32, 16, 256, 2, 2, GPU_FP16, false, NULL},
-    {"linear32", 2, 2, 32, 16, 256, 2, 2, GPU_FP16, false, "linear=fp32"},
-    {"linear32", 2, 2, 32, 16, 256, 2, 2, GPU_BF16, false, "linear=fp32"},
-    {"mixed", 2, 2, 32, 16, 256, 2, 2, GPU_FP16, true, MIXED},
-    {"mixed", 2, 2, 32, 16, 256, 2, 2, GPU_BF16, true, MIXED},
+    {"base", 2, 2, 64, 32, 256, 3, 3, GPU_FP32, true, NULL, false},
+    {"base", 2, 2, 64, 32, 256, 3, 3, GPU_FP16, true, NULL, false},
+    {"base", 2, 2, 64, 32, 256, 3, 3, GPU_BF16, true, NULL, false},
+    {"t1", 2, 2, 64, 1, 256, 3, 3, GPU_FP32, true, NULL, false},
+    {"t1", 2, 2, 64, 1, 256, 3, 3, GPU_FP16, true, NULL, false},
+    {"t1", 2, 2, 64, 1, 256, 3, 3, GPU_BF16, true, NULL, false},
+    {"vocab", 1, 2, 32, 8, 50257, 3, 3, GPU_FP32, true, NULL, false},
+    {"vocab", 1, 2, 32, 8, 50257, 3, 3, GPU_FP16, true, NULL, false},
+    {"vocab", 1, 2, 32, 8, 50257, 3, 3, GPU_BF16, true, NULL, false},
+    {"odd", 1, 3, 21, 5, 37, 3, 2, GPU_FP32, false, NULL, false},
+    {"odd", 1, 3, 21, 5, 37, 3, 2, GPU_FP16, true, NULL, false},
+    {"odd", 1, 3, 21, 5, 37, 3, 2, GPU_BF16, true, NULL, false},
+    {"nomaster", 2, 2, 32, 16, 256, 2, 2, GPU_FP16, false, NULL, false},
+    {"linear32", 2, 2, 32, 16, 256, 2, 2, GPU_FP16, false, "linear=fp32", false},
+    {"linear32", 2, 2, 32, 16, 256, 2, 2, GPU_BF16, false, "linear=fp32", false},
+    {"mixed", 2, 2, 32, 16, 256, 2, 2, GPU_FP16, true, MIXED, false},
+    {"mixed", 2, 2, 32, 16, 256, 2, 2, GPU_BF16, true, MIXED, false},
+    {"flash", 2, 2, 64, 70, 256, 3, 3, GPU_FP32, true, NULL, true},
+    {"flash", 2, 2, 64, 70, 256, 3, 3, GPU_FP16, true, NULL, true},
+    {"flash", 2, 2, 64, 70, 256, 3, 3, GPU_BF16, true, NULL, true},
+    {"flash-lin32", 1, 1, 16, 9, 64, 2, 2, GPU_BF16, false, "linear=fp32", true},
+    {"flash-wide", 1, 2, 128, 65, 64, 2, 1, GPU_FP16, false, NULL, true},
 };
 #define NCASES (sizeof(CASES) / sizeof(CASES[0]))
 
-static const gcase OVERFLOW_CASE = {"overflow", 1, 2, 32, 8, 64, 2, 2, GPU_FP16, true, NULL};
+static const gcase OVERFLOW_CASE = {"overflow", 1, 2, 32, 8, 64, 2, 2, GPU_FP16, true, NULL, false};
 
 static float seed_for(gpu_dtype dt)
 {
@@ -180,7 +191,8 @@ static void host_setup(host_model *h, const gcase *k, float seed)
                            .d_model = k->C,
                            .seq_len = k->T,
                            .vocab = k->V,
-                           .init_scale = 1.0f};
+                           .init_scale = 1.0f,
+                           .attention = k->flash ? GPU_ATTN_FLASH : GPU_ATTN_MATERIALIZED};
     gpu_autocast a;
     gpu_rng r;
     char msg[160];

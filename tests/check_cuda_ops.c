@@ -1,6 +1,8 @@
 /*
  * check_cuda_ops.c - Check suite "cuda_ops": the CUDA kernels of the models' non-GEMM ops
- * (gpu/cuda_ops.cu) against the CPU ops, in fp32, fp16 and bf16.
+ * (gpu/cuda_ops.cu) against the CPU ops, in fp32, fp16 and bf16, and the flash attention
+ * (gpu/cuda_attn.cu) against gpt.c's, in fp16 and bf16 (t_flash: within the dtype's rounding,
+ * its tolerances at check_flash; the backward repeated bit for bit).
  *
  * References: the ops the CPU exports (gpu_gpt_embed_*, gpu_gpt_layernorm_*, gpu_gpt_gelu_*)
  * are called directly. The ops the CPU has only inside a larger function have a plain
@@ -585,6 +587,10 @@ START_TEST(t_nodev)
     ck_assert_int_eq(gpu_cuda_attn_softmax_bwd(in, in, GPU_FP32, 1, 4, 4, GPU_FP16, GPU_FP32,
                                                out),
                      GPU_ENODEV);
+    UNTOUCHED();
+    ck_assert_int_eq(gpu_cuda_flash_fwd(in, 1, 1, 16, 1, GPU_FP16, out, out), GPU_ENODEV);
+    UNTOUCHED();
+    ck_assert_int_eq(gpu_cuda_flash_bwd(in, in, in, in, 1, 1, 16, 1, GPU_FP16, out), GPU_ENODEV);
     UNTOUCHED();
 #undef UNTOUCHED
 }
@@ -1447,6 +1453,111 @@ START_TEST(t_attn)
 }
 END_TEST
 
+/* ---- flash attention ------------------------------------------------------------------------ */
+
+/* ||a - b|| / ||b|| over n values, and whether a holds a NaN or inf where b has none. */
+static double norm_err(const float *a, const float *b, size_t n, bool *bad)
+{
+    double num = 0, den = 0;
+    *bad = false;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(a[i]) && isfinite(b[i]))
+            *bad = true;
+        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        den += (double)b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* The flash kernels against gpu_gpt_flash_fwd / _bwd on random values of dt (scale: q and k
+ * are N(0, scale^2)). The online softmax rounds other (unnormalised) values of P than the CPU
+ * does, so outputs agree within the dtype's rounding: ||gpu - cpu|| / ||cpu|| <= 2 u for y
+ * and for each of dQ, dK, dV (u = 2^-11 fp16, 2^-8 bf16), lse within 1e-5; the backward is
+ * repeated and must give the same bits. */
+static void check_flash(int B, int T, int H, int hd, gpu_dtype dt, float scale, uint64_t seed)
+{
+    bool one_hot = scale > 10.0f; /* dS ~ 0: only finiteness and the forward are compared */
+    int C = H * hd;
+    size_t n = (size_t)B * T * C, nl = (size_t)B * H * T;
+    float *qkv = xmalloc(3 * n * 4), *y = xmalloc(n * 4), *gy = xmalloc(n * 4);
+    float *dy = xmalloc(n * 4), *dq = xmalloc(3 * n * 4), *gdq = xmalloc(3 * n * 4);
+    float *gdq2 = xmalloc(3 * n * 4), *lse = xmalloc(nl * 4), *glse = xmalloc(nl * 4);
+    float *scratch = xmalloc(gpu_gpt_attention_scratch_floats(T) * 4);
+    double u = dt == GPU_FP16 ? 0x1p-11 : 0x1p-8;
+    char what[128];
+    bool bad;
+    gpu_rng r;
+    gpu_rng_seed(&r, seed);
+    for (size_t i = 0; i < 3 * n; i++)
+        qkv[i] = gpu_round(gpu_rng_normal(&r) * (i % (3 * C) < 2 * (size_t)C ? scale : 1.0f), dt);
+    for (size_t i = 0; i < n; i++)
+        dy[i] = gpu_round(gpu_rng_normal(&r), dt);
+    snprintf(what, sizeof(what), "flash B %d T %d H %d hd %d %s", B, T, H, hd, dn(dt));
+    ck_assert_int_eq(gpu_gpt_flash_fwd(qkv, B, T, C, H, dt, lse, y, scratch), 0);
+    ck_assert_int_eq(gpu_cuda_flash_fwd(qkv, B, T, C, H, dt, glse, gy), 0);
+    double e = norm_err(gy, y, n, &bad);
+    if (getenv("FLASH_VERBOSE"))
+        printf("%s: y %.3g u\n", what, e / u);
+    ck_assert_msg(!bad && e <= 2 * u, "%s: y off by %.3g (relative norm)", what, e);
+    for (size_t i = 0; i < n; i++)
+        ck_assert_msg(gy[i] == gpu_round(gy[i], dt), "%s: y[%zu] not %s", what, i, dn(dt));
+    for (size_t i = 0; i < nl; i++)
+        ck_assert_msg(fabsf(glse[i] - lse[i]) <= 1e-5f * (1 + fabsf(lse[i])), "%s: lse[%zu] %g vs %g",
+                      what, i, glse[i], lse[i]);
+    ck_assert_int_eq(gpu_gpt_flash_bwd(dy, qkv, y, lse, B, T, C, H, dt, dq, scratch, NULL, -1), 0);
+    ck_assert_int_eq(gpu_cuda_flash_bwd(dy, qkv, y, lse, B, T, C, H, dt, gdq), 0);
+    ck_assert_int_eq(gpu_cuda_flash_bwd(dy, qkv, y, lse, B, T, C, H, dt, gdq2), 0);
+    ck_assert_msg(memcmp(gdq, gdq2, 3 * n * 4) == 0, "%s: the backward is not deterministic", what);
+    for (int part = 0; part < 3; part++) { /* dQ, dK, dV: columns [part C, part C + C) */
+        float *a = xmalloc(n * 4), *b = xmalloc(n * 4);
+        for (size_t row = 0; row < (size_t)B * T; row++)
+            for (int c = 0; c < C; c++) {
+                a[row * C + c] = gdq[row * 3 * C + part * C + c];
+                b[row * C + c] = dq[row * 3 * C + part * C + c];
+            }
+        e = norm_err(a, b, n, &bad);
+        if (getenv("FLASH_VERBOSE"))
+            printf("%s: d%c %.3g u\n", what, "qkv"[part], e / u);
+        ck_assert_msg(!bad && (one_hot || e <= 2 * u), "%s: d%c off by %.3g (relative norm)", what,
+                      "qkv"[part], e);
+        free(a);
+        free(b);
+    }
+    for (size_t i = 0; i < 3 * n; i++)
+        ck_assert_msg(gdq[i] == gpu_round(gdq[i], dt), "%s: dqkv[%zu] not %s", what, i, dn(dt));
+    free(qkv);
+    free(y);
+    free(gy);
+    free(dy);
+    free(dq);
+    free(gdq);
+    free(gdq2);
+    free(lse);
+    free(glse);
+    free(scratch);
+}
+
+START_TEST(t_flash)
+{
+    if (!have_device())
+        return;
+    /* every head_dim and dtype; one and several 64-row tiles, partial tiles, H > B */
+    check_flash(1, 1, 1, 16, GPU_FP16, 1.0f, 71);
+    check_flash(2, 70, 2, 32, GPU_BF16, 1.0f, 72);
+    check_flash(1, 130, 1, 48, GPU_FP16, 1.5f, 73);
+    check_flash(1, 129, 2, 64, GPU_BF16, 1.0f, 74);
+    check_flash(2, 64, 3, 64, GPU_FP16, 0.5f, 75);
+    /* scores far beyond fp16's range (q.k ~ 4e5): fp32 inside, so finite; the softmax is
+     * one-hot, so the gradients are rounding noise around 0 and only checked finite */
+    check_flash(1, 40, 1, 16, GPU_FP16, 160.0f, 76);
+    ck_assert(gpu_cuda_flash_supported(64) && !gpu_cuda_flash_supported(8) &&
+              !gpu_cuda_flash_supported(80) && !gpu_cuda_flash_supported(24));
+    float v[3 * 16] = {0}, lse[1], y[16];
+    ck_assert_int_eq(gpu_cuda_flash_fwd(v, 1, 1, 16, 1, GPU_FP32, lse, y), GPU_EINVAL);
+    ck_assert_int_eq(gpu_cuda_flash_fwd(v, 1, 1, 8, 1, GPU_FP16, lse, y), GPU_EINVAL);
+}
+END_TEST
+
 /* ---- launch forms with mixed storage dtypes ------------------------------------------------- */
 
 /* A device copy of n fp32 values stored in dt. */
@@ -1886,6 +1997,7 @@ static Suite *cuda_ops_suite(void)
     tcase_add_test(tc, t_resid);
     tcase_add_test(tc, t_ce);
     tcase_add_test(tc, t_attn);
+    tcase_add_test(tc, t_flash);
     tcase_add_test(tc, t_mixed);
     tcase_add_test(tc, t_repeat);
     tcase_add_test(tc, t_edges);

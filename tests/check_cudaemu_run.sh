@@ -8,6 +8,7 @@
 #   - without a device, "auto" trains on the CPU and the log says why, "cuda" fails saying so;
 #   - the same job run with the blocks and threads of every launch in two different orders
 #     gives the same bits (AMPD_CUDAEMU_SHUFFLE);
+#   - a GPT with flash attention (tensor-core kernels) ends its steps at the CPU's loss;
 #   - `ampd serve` lists the GPU and its memory in GET /v1/system, and a job submitted with
 #     "device": "cuda" trains on it: its start event names the device, it succeeds with one
 #     metric row per step, its memory metric counts the device's blocks.
@@ -64,6 +65,21 @@ for s in 11 12; do
 done
 check "30 steps under each of two block orders" test "$(wc -l <"$TMP/order11")" -eq 30
 check "... the same bits in both (loss, scale, gradient norm)" cmp -s "$TMP/order11" "$TMP/order12"
+
+# a GPT with flash attention on the device: its tensor-core kernels train as the CPU does
+mkdir -p "$TMP/text"
+for i in $(seq 1 200); do echo "the quick brown fox jumps over the lazy dog $((i % 7))"; done \
+    >"$TMP/text/fox.txt"
+flash='{"model":{"type":"gpt","n_layer":1,"n_head":2,"d_model":32,"seq_len":32,"vocab":256,
+        "attention":"flash"},"data":{"type":"text","train":"fox.txt"},"precision":{"dtype":"bf16"},
+        "batch_size":4,"steps":3,"eval_every":0,"threads":1,"device":"cuda"}'
+for d in cuda cpu; do
+    echo "${flash/\"cuda\"/\"$d\"}" | "$AMPD" run --data-root "$TMP/text" - 2>/dev/null \
+        | grep '"type":"step","step":3,' | sed 's/.*"loss":\([0-9.]*\).*/\1/' >"$TMP/flash-$d"
+done
+check "a flash-attention gpt trains on the device as on the CPU ($(cat "$TMP/flash-cuda") vs $(cat "$TMP/flash-cpu"))" \
+    awk -v a="$(cat "$TMP/flash-cpu")" -v b="$(cat "$TMP/flash-cuda")" \
+    'BEGIN {d = a - b; exit !(a > 0 && d * d < 1e-6 * a * a)}'
 
 # the daemon
 AMPD_CUDAEMU_MEMORY=50000000 "$AMPD" serve --listen 127.0.0.1:0 --port-file "$TMP/port" \

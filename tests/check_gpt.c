@@ -503,16 +503,21 @@ static void tiny_sync(tiny *t)
 
 /* A 2-layer GPT (d 16, 2 heads, T 5, vocab 11). perturb: random layer norms and biases too,
  * so that every gradient is exercised. */
+/* The attention of the tiny models a test builds; flash ones are 32 wide (head_dim 16). */
+static gpu_attention tiny_attention = GPU_ATTN_MATERIALIZED;
+
 static void tiny_init_cfg(tiny *t, gpu_dtype dt, const gpu_autocast *a, float init_scale,
                           bool perturb, uint64_t seed, int T)
 {
+    bool flash = tiny_attention == GPU_ATTN_FLASH;
     gpu_model_config mc = {.type = GPU_MODEL_GPT,
                            .n_layer = 2,
                            .n_head = 2,
-                           .d_model = 16,
+                           .d_model = flash ? 32 : 16,
                            .seq_len = T,
                            .vocab = 11,
-                           .init_scale = init_scale};
+                           .init_scale = init_scale,
+                           .attention = tiny_attention};
     char err[128];
     gpu_rng r;
     memset(t, 0, sizeof *t);
@@ -711,6 +716,149 @@ END_TEST
 START_TEST(test_bf16_tracks_fp32)
 {
     check_lowp(GPU_BF16, 0.03, 1e-2);
+}
+END_TEST
+
+/* Flash attention's fp32 arithmetic (mm_dt fp32 makes every rounding to it a no-op): y and
+ * the saved log-sum-exp against fp64, the backward against finite differences. */
+START_TEST(test_op_flash)
+{
+    gpu_rng r;
+    float qkv[AN * 3 * AC], y[AN * AC], rr[AN * AC], dqkv[AN * 3 * AC], lse[AB * AH * AT];
+    double v[AN * 3 * AC], y64[AN * AC], r64[AN * AC];
+    float *scratch = calloc(gpu_gpt_attention_scratch_floats(AT), sizeof(float));
+    ck_assert_ptr_nonnull(scratch);
+    gpu_rng_seed(&r, 14);
+    randn(&r, qkv, AN * 3 * AC, 1.5f);
+    randn(&r, rr, AN * AC, 1.0f);
+    ck_assert_int_eq(gpu_gpt_flash_fwd(qkv, AB, AT, AC, AH, GPU_FP32, lse, y, scratch), 0);
+    widen(v, qkv, AN * 3 * AC);
+    ref_attn(v, AB, AT, AC, AH, y64);
+    for (int i = 0; i < AN * AC; i++)
+        ck_assert_msg(fabs(y[i] - y64[i]) <= 1e-5 * (1 + fabs(y64[i])), "y[%d]", i);
+    int hd = AC / AH;
+    for (int b = 0; b < AB; b++)
+        for (int h = 0; h < AH; h++)
+            for (int i = 0; i < AT; i++) {
+                double sum = 0;
+                for (int j = 0; j <= i; j++) {
+                    double d = 0;
+                    for (int e = 0; e < hd; e++)
+                        d += v[(b * AT + i) * 3 * AC + h * hd + e] *
+                             v[(b * AT + j) * 3 * AC + AC + h * hd + e];
+                    sum += exp(d / sqrt((double)hd));
+                }
+                float got = lse[(b * AH + h) * AT + i];
+                ck_assert_msg(fabs(got - log(sum)) <= 1e-5 * (1 + fabs(log(sum))), "lse %g vs %g",
+                              got, log(sum));
+            }
+    ck_assert_int_eq(gpu_gpt_flash_bwd(rr, qkv, y, lse, AB, AT, AC, AH, GPU_FP32, dqkv, scratch,
+                                       NULL, -1),
+                     0);
+    widen(r64, rr, AN * AC);
+    attn_ctx c = {r64};
+    check_fd("flash attention", attn_obj, &c, v, AN * 3 * AC, dqkv, 1e-3, 1e-5);
+    free(scratch);
+}
+END_TEST
+
+/* In fp16, flash attention's outputs and gradients are fp16 values within fp16's rounding of
+ * the fp32 ones; scores whose product overflows fp16 (|q.k| = 80000) make the materialised
+ * attention NaN but leave the flash one finite (the scores never leave fp32). */
+START_TEST(test_flash_fp16)
+{
+    enum { B1 = 1, T1 = 6, C1 = 8, H1 = 1, N1 = B1 * T1 };
+    float qkv[N1 * 3 * C1], y[N1 * C1], y32[N1 * C1], dy[N1 * C1], lse[B1 * H1 * T1];
+    float dqkv[N1 * 3 * C1], d32[N1 * 3 * C1], probs[B1 * H1 * T1 * T1];
+    float *scratch = calloc(gpu_gpt_attention_scratch_floats(T1), sizeof(float));
+    gpu_rng r;
+    ck_assert_ptr_nonnull(scratch);
+    gpu_rng_seed(&r, 32);
+    for (int i = 0; i < N1 * 3 * C1; i++)
+        qkv[i] = gpu_round(gpu_rng_normal(&r), GPU_FP16);
+    for (int i = 0; i < N1 * C1; i++)
+        dy[i] = gpu_round(gpu_rng_normal(&r), GPU_FP16);
+    ck_assert_int_eq(gpu_gpt_flash_fwd(qkv, B1, T1, C1, H1, GPU_FP16, lse, y, scratch), 0);
+    ck_assert_int_eq(gpu_gpt_flash_fwd(qkv, B1, T1, C1, H1, GPU_FP32, lse, y32, scratch), 0);
+    for (int i = 0; i < N1 * C1; i++) {
+        ck_assert_float_eq(y[i], gpu_round(y[i], GPU_FP16));
+        ck_assert_msg(fabsf(y[i] - y32[i]) <= 2e-3f * (1 + fabsf(y32[i])), "y[%d] %g vs %g", i,
+                      y[i], y32[i]);
+    }
+    ck_assert_int_eq(gpu_gpt_flash_bwd(dy, qkv, y32, lse, B1, T1, C1, H1, GPU_FP32, d32, scratch,
+                                       NULL, -1),
+                     0);
+    ck_assert_int_eq(gpu_gpt_flash_fwd(qkv, B1, T1, C1, H1, GPU_FP16, lse, y, scratch), 0);
+    ck_assert_int_eq(gpu_gpt_flash_bwd(dy, qkv, y, lse, B1, T1, C1, H1, GPU_FP16, dqkv, scratch,
+                                       NULL, -1),
+                     0);
+    for (int i = 0; i < N1 * 3 * C1; i++)
+        ck_assert_float_eq(dqkv[i], gpu_round(dqkv[i], GPU_FP16));
+    ck_assert_double_le(rel_err(dqkv, 1.0f, d32, N1 * 3 * C1), 5e-3);
+    /* q = k = 100 on every channel: q.k = 80000 > 65504 */
+    for (int i = 0; i < T1; i++)
+        for (int c = 0; c < 2 * C1; c++)
+            qkv[i * 3 * C1 + c] = 100.0f;
+    ck_assert_int_eq(gpu_gpt_attention_fwd(qkv, B1, T1, C1, H1, GPU_FP16, GPU_FP32, probs, y,
+                                           scratch, NULL, -1),
+                     0);
+    ck_assert(isnan(y[0]));
+    ck_assert_int_eq(gpu_gpt_flash_fwd(qkv, B1, T1, C1, H1, GPU_FP16, lse, y, scratch), 0);
+    for (int i = 0; i < N1 * C1; i++)
+        ck_assert(isfinite(y[i]));
+    ck_assert_int_eq(gpu_gpt_flash_bwd(dy, qkv, y, lse, B1, T1, C1, H1, GPU_FP16, dqkv, scratch,
+                                       NULL, -1),
+                     0);
+    for (int i = 0; i < N1 * 3 * C1; i++)
+        ck_assert(isfinite(dqkv[i]));
+    free(scratch);
+}
+END_TEST
+
+/* A GPT with flash attention: fp16 and bf16 track fp32 (whose attention is materialised:
+ * flash needs a 16-bit matmul dtype) as closely as the materialised ones do. */
+START_TEST(test_flash_tracks_fp32)
+{
+    tiny_attention = GPU_ATTN_FLASH;
+    check_lowp(GPU_FP16, 0.005, 1e-3);
+    check_lowp(GPU_BF16, 0.03, 1e-2);
+    tiny t;
+    tiny_init(&t, GPU_BF16, 1.0f, false, 3);
+    ck_assert(t.m.flash);
+    ck_assert_int_eq(t.m.act[1].probs - t.m.act[0].probs, t.m.act[1].resid - t.m.act[0].resid);
+    tiny_free(&t);
+    tiny_init(&t, GPU_FP32, 1.0f, false, 3);
+    ck_assert(!t.m.flash);
+    tiny_free(&t);
+    tiny_attention = GPU_ATTN_MATERIALIZED;
+}
+END_TEST
+
+/* The init scale that overflows fp16's materialised scores (test_overflow_fp16_not_bf16)
+ * does not overflow them with flash attention: nothing is counted for the scores' forward,
+ * and the first overflow is the next rounding point's, attn.proj's output. */
+START_TEST(test_flash_scores_stay_finite)
+{
+    tiny t;
+    gpu_diag *d = calloc(1, sizeof *d);
+    ck_assert_ptr_nonnull(d);
+    tiny_attention = GPU_ATTN_FLASH;
+    tiny_init(&t, GPU_FP16, 4000.0f, false, 24);
+    gpu_diag_begin(d, 1.0f);
+    double l = tiny_fwd(&t, d, NULL);
+    if (getenv("GPT_VERBOSE"))
+        printf("flash fp16 loss %g first %d\n", l, d->first_nonfinite);
+    ck_assert_int_ge(d->first_nonfinite, 0); /* the overflow moves on to the projection */
+    ck_assert_str_eq(d->layer[d->first_nonfinite].name, "blocks.0.attn.proj");
+    int sc = -1;
+    for (int i = 0; i < d->nlayers; i++)
+        if (strcmp(d->layer[i].name, "blocks.0.attn.scores") == 0)
+            sc = i;
+    ck_assert_int_ge(sc, 0);
+    ck_assert_int_eq(d->layer[sc].act_n, 0); /* nothing rounded, nothing counted */
+    tiny_attention = GPU_ATTN_MATERIALIZED;
+    free(d);
+    tiny_free(&t);
 }
 END_TEST
 
@@ -1090,6 +1238,10 @@ static Suite *gpt_suite(void)
     tcase_add_test(ops, test_op_embedding);
     tcase_add_test(ops, test_op_layernorm);
     tcase_add_test(ops, test_op_attention);
+    tcase_add_test(ops, test_op_flash);
+    tcase_add_test(ops, test_flash_fp16);
+    tcase_add_test(ops, test_flash_tracks_fp32);
+    tcase_add_test(ops, test_flash_scores_stay_finite);
     tcase_add_test(ops, test_op_gelu);
     tcase_add_test(ops, test_op_head);
     tcase_add_test(ops, test_fp16_mask_finite);

@@ -361,6 +361,29 @@ START_TEST(test_seq_data)
                            &c, &e),
                      0);
     ck_assert_str_eq(c.data.seq_eval, "");
+    /* the attention: materialised by default, flash on request (canonical form both ways) */
+    ck_assert_int_eq(c.model.attention, GPU_ATTN_MATERIALIZED);
+    canon = api_spec_to_json(&c);
+    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(canon, "model"), "attention")),
+                     "materialized");
+    json_decref(canon);
+    ck_assert_int_eq(parse("{\"model\": {\"type\": \"gpt\", \"d_model\": 128, \"n_head\": 4, \"attention\": \"flash\"},"
+                           " \"data\": {\"type\": \"text\", \"train\": \"fortunes\"}}",
+                           &c, &e),
+                     0);
+    ck_assert_int_eq(c.model.attention, GPU_ATTN_FLASH);
+    canon = api_spec_to_json(&c);
+    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(canon, "model"), "attention")),
+                     "flash");
+    json_decref(canon);
+    expect_field("{\"model\": {\"type\": \"gpt\", \"attention\": \"sdpa\"}, \"data\": {\"type\": \"text\", "
+                 "\"train\": \"fortunes\"}}",
+                 "model.attention");
+    /* flash needs a head_dim of 16, 32, 48 or 64: 256 / 4 = 64 passes, 100 / 2 = 50 does not */
+    expect_field("{\"model\": {\"type\": \"gpt\", \"d_model\": 100, \"n_head\": 2, \"attention\": \"flash\"},"
+                 " \"data\": {\"type\": \"text\", \"train\": \"fortunes\"}}",
+                 "model.attention");
+    expect_field("{\"model\": {\"type\": \"mlp\", \"attention\": \"flash\"}}", "model.attention");
 
     /* errors name the field */
     expect_field("{\"data\": {\"type\": \"csv\"}}", "data.type");

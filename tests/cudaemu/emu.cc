@@ -13,6 +13,9 @@
  *    a barrier that can never open (threads of one block waiting at different barriers) is
  *    reported as a deadlock and aborts. Launch shapes are checked as the runtime checks them
  *    (1..1024 threads, grid limits) and a bad one is a sticky cudaGetLastError error.
+ *    Each opening of a full-warp barrier gets a number, unique in the process, that the lanes
+ *    it releases can ask for (emu_warp_shared), with a scratch area per warp: the warp matrix
+ *    calls (mma.h) use them to do a collective call's work once per warp.
  *  - Memory: each cudaMalloc is its own mapping with an inaccessible page right after the
  *    allocation (256-byte granularity) and one before it, and every device page is
  *    PROT_NONE while host code runs: a kernel that writes past its buffer and host code that
@@ -681,10 +684,14 @@ struct fiber {
     void *fake;         /* ASan's fake stack while switched out */
     int parity;         /* which slots buffer its next exchange uses */
     int stack;          /* its stack while it runs or waits, else -1 */
+    unsigned long long gen;     /* the full-warp barrier that last released it, else 0 */
 };
 
 static fiber fibers[EMU_MAX_THREADS];
 static uint64_t slots[2][EMU_MAX_THREADS];    /* warp exchanges, double-buffered */
+static unsigned long long warp_gen;           /* full-warp barriers opened so far */
+/* per warp: what its lanes share in a collective call (emu_warp_shared) */
+alignas(64) static unsigned char warp_shared[EMU_MAX_THREADS / 32][EMU_WARP_SHARED];
 static char *stacks;                /* EMU_MAX_THREADS stacks, a guard page below each */
 static int nfib, cur;
 static void *sched_sp;
@@ -830,6 +837,12 @@ int emu_lane(void)
     return cur & 31;
 }
 
+void *emu_warp_shared(unsigned long long *gen)
+{
+    *gen = fibers[cur].gen;
+    return warp_shared[cur >> 5];
+}
+
 /* One barrier per exchange: slots are double-buffered by each thread's exchange count, so a
  * lane that runs ahead writes the other buffer, and it cannot get two exchanges ahead
  * before the slow lanes have read (they must reach the next barrier first). */
@@ -847,36 +860,33 @@ uint64_t emu_exchange(unsigned mask, uint64_t v, int src)
 /* The ready queue of the block that runs: each index is in it at most once. */
 static int queue[EMU_MAX_THREADS];
 static int qhead, qlen, nblock, ndone;     /* nblock: threads at __syncthreads */
-static int wwait[EMU_MAX_THREADS / 32];    /* per warp: lanes at a warp barrier */
-static int wlive[EMU_MAX_THREADS / 32];    /* per warp: lanes not finished */
+static unsigned wwait[EMU_MAX_THREADS / 32];  /* per warp, a bit a lane: at a warp barrier */
+static unsigned wgone[EMU_MAX_THREADS / 32];  /* finished, or past the block's last thread */
 
 static void make_ready(int i)
 {
     fibers[i].state = F_READY;
+    fibers[i].gen = 0;
     queue[(qhead + qlen++) % EMU_MAX_THREADS] = i;
 }
 
-/* Open the warp barrier lane i waits at when every live lane of its mask has arrived: at
- * once when the mask is the whole warp (then every live lane must be waiting), else by
- * looking at each lane of the mask. */
+/* Open the warp barrier lane i waits at when every live lane of its mask has arrived (with
+ * the whole warp as the mask: every live lane waits), releasing the mask's waiting lanes in
+ * lane order. The lanes a full-warp barrier releases get its number (emu_warp_shared). */
 static void try_warp(int i)
 {
     int base = i & ~31, w = i >> 5;
     unsigned m = fibers[i].mask;
-    if (m == 0xFFFFFFFFu) {
-        if (wwait[w] != wlive[w])
-            return;
-    } else {
-        for (int l = 0; l < 32; l++)
-            if ((m >> l & 1u) && base + l < nfib && fibers[base + l].state != F_WARP &&
-                fibers[base + l].state != F_DONE)
-                return;
+    if ((m & ~(wwait[w] | wgone[w])) != 0)
+        return;
+    unsigned long long gen = m == 0xFFFFFFFFu ? ++warp_gen : 0;
+    unsigned r = m & wwait[w];
+    wwait[w] &= ~r;
+    for (; r != 0; r &= r - 1) {
+        int l = __builtin_ctz(r);
+        make_ready(base + l);
+        fibers[base + l].gen = gen;
     }
-    for (int l = 0; l < 32; l++)
-        if ((m >> l & 1u) && base + l < nfib && fibers[base + l].state == F_WARP) {
-            make_ready(base + l);
-            wwait[w]--;
-        }
 }
 
 /* Open __syncthreads when every live thread of the block has arrived. */
@@ -894,7 +904,7 @@ static void try_block(void)
 static void after_suspend(int i)
 {
     if (fibers[i].state == F_WARP) {
-        wwait[i >> 5]++;
+        wwait[i >> 5] |= 1u << (i & 31);
         try_warp(i);
     } else if (fibers[i].state == F_BLOCK) {
         nblock++;
@@ -910,10 +920,10 @@ static bool next_thread(void)
     int i = cur, w = i >> 5, base = i & ~31;
     fibers[i].state = F_DONE;
     ndone++;
-    wlive[w]--;
-    for (int l = 0; l < 32 && base + l < nfib && wwait[w] > 0; l++)
-        if (fibers[base + l].state == F_WARP)     /* it may have completed that barrier */
-            try_warp(base + l);
+    wgone[w] |= 1u << (i & 31);
+    for (unsigned r = wwait[w]; r != 0; r &= r - 1)
+        if (wwait[w] >> __builtin_ctz(r) & 1u)    /* it may have completed that barrier */
+            try_warp(base + __builtin_ctz(r));
     try_block();
     if (qlen > 0 && fibers[queue[qhead]].stack < 0) {
         int j = queue[qhead];
@@ -984,8 +994,9 @@ static void run_block(void)
     order o = draw_order((unsigned long long)nfib);
     qhead = qlen = nblock = ndone = 0;
     for (int w = 0; w < (nfib + 31) / 32; w++) {
+        int n = nfib - 32 * w;
         wwait[w] = 0;
-        wlive[w] = nfib - 32 * w < 32 ? nfib - 32 * w : 32;
+        wgone[w] = n < 32 ? ~0u << n : 0u;
     }
     nfree = 0;
     for (int i = EMU_MAX_THREADS - 1; i >= 0; i--)

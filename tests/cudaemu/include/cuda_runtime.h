@@ -31,6 +31,7 @@
 #define __forceinline__ inline
 #define __shared__ static
 #define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
 static const int warpSize = 32;
 
 struct uint3 {
@@ -70,6 +71,14 @@ void emu_syncwarp(unsigned mask);
 uint64_t emu_exchange(unsigned mask, uint64_t v, int src);
 /* The caller's lane (0..31) in its warp. */
 int emu_lane(void);
+/* For warp-collective calls (mma.h): the caller's warp's EMU_WARP_SHARED bytes of scratch
+ * (64-byte aligned, kept across launches, initially zero), and in *gen the number of the
+ * full-warp barrier (__syncwarp() or a shuffle with the whole mask) that last let the caller
+ * run, or 0 when that was something else (its start, __syncthreads, a barrier of a partial
+ * mask). The numbers are unique in the process: the lanes that one barrier released, and
+ * only they, see the same one. */
+#define EMU_WARP_SHARED 4096
+void *emu_warp_shared(unsigned long long *gen);
 
 template <typename... P, typename... A>
 static inline void emu_launch(const emu_config &c, const char *name, void (*k)(P...),
@@ -181,6 +190,15 @@ static inline double __ddiv_rn(double a, double b) { return a / b; }
 static inline double __dsqrt_rn(double a) { return sqrt(a); }
 static inline float __double2float_rn(double a) { return (float)a; }
 static inline float rsqrtf(float a) { return 1.0f / sqrtf(a); }
+static inline float __frcp_rn(float a) { return 1.0f / a; }
+/* The fast intrinsics compute the exact functions here (a GPU's are a few ulp off). glibc's
+ * math.h declares __expf and __logf, which libm does not export: those names are the
+ * emulator's functions. */
+static inline float __fdividef(float a, float b) { return a / b; }
+static inline float emu_expf(float a) { return expf(a); }
+static inline float emu_logf(float a) { return logf(a); }
+#define __expf emu_expf
+#define __logf emu_logf
 template <typename T>
 static inline T __ldg(const T *p) { return *p; }
 
