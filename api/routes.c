@@ -130,8 +130,9 @@ static bool spec_int(const json_t *o, const char *key, json_int_t dflt, json_int
 }
 
 /* The model of a stored spec, in words, with the defaults of docs/job-spec.md: "mlp
- * 784-1024-1024-10" or "gpt 4L d256 4h T128". 0 with type and text filled, -1 when the spec
- * is not a JSON object with a well-formed model (the caller writes null). */
+ * 784-1024-1024-10" or "gpt 4L d256 4h T128" ("... flash" with flash attention). 0 with
+ * type and text filled, -1 when the spec is not a JSON object with a well-formed model (the
+ * caller writes null). */
 static int model_text(const char *spec, const char **type, char *text, size_t len)
 {
     static const json_int_t dflt_layers[] = {784, 1024, 1024, 10};
@@ -154,9 +155,11 @@ static int model_text(const char *spec, const char **type, char *text, size_t le
         if (!spec_int(m, "n_layer", 4, &nl) || !spec_int(m, "n_head", 4, &nh) ||
             !spec_int(m, "d_model", 256, &d) || !spec_int(m, "seq_len", 128, &T))
             goto fail;
+        const char *attn = json_string_value(json_object_get(m, "attention"));
         *type = "gpt";
-        off = (size_t)snprintf(text, len, "gpt %lldL d%lld %lldh T%lld", (long long)nl,
-                               (long long)d, (long long)nh, (long long)T);
+        off = (size_t)snprintf(text, len, "gpt %lldL d%lld %lldh T%lld%s", (long long)nl,
+                               (long long)d, (long long)nh, (long long)T,
+                               attn && strcmp(attn, "flash") == 0 ? " flash" : "");
     } else if (strcmp(t, "mlp") == 0) {
         size_t n;
         v = json_object_get(m, "layers");

@@ -15,8 +15,8 @@
  *     summed from 0 and the 16 partial sums added in lane order (gpt.c's sum16);
  *   - a sum over rows (embedding gradients, bias and layer-norm weight gradients) is one
  *     thread per column adding the rows in increasing order, as the CPU loops; for more than
- *     COL_ROWS rows the column sums go through partial sums over chunks of rows (then they
- *     are deterministic but no longer the CPU's order);
+ *     COL_ROWS rows the column sums go through partial sums over chunks of COL_CHUNK_ROWS
+ *     rows (then they are deterministic but no longer the CPU's order);
  *   - conversions to and from fp16/bf16 are cuda_common.cuh's bit-exact functions.
  * Left to the GPU's libm: erff and expf of the MLP's GELU, and the double exp and log of the
  * cross-entropy (its losses, and the MLP's probabilities).
@@ -43,6 +43,7 @@
 #define OPS_MAX_BLOCKS 65535u
 #define GROUP 16            /* lanes per row: the CPU's 16 partial sums */
 #define COL_ROWS 256        /* rows summed by one thread before partial sums are used */
+#define COL_CHUNK_ROWS 64   /* then rows per partial sum: enough blocks to fill the GPU */
 #define COL_MAX_CHUNKS 4096
 #define LN_EPS 1e-5f
 #define GELU_K0 0.7978845608028654f /* sqrt(2 / pi) */
@@ -335,7 +336,7 @@ static int col_chunks(int rows)
 {
     if (rows <= COL_ROWS)
         return 1;
-    int c = (rows + COL_ROWS - 1) / COL_ROWS;
+    int c = (rows + COL_CHUNK_ROWS - 1) / COL_CHUNK_ROWS;
     return c < COL_MAX_CHUNKS ? c : COL_MAX_CHUNKS;
 }
 

@@ -1039,6 +1039,8 @@ START_TEST(test_job_model)
          "gpt", "gpt 6L d512 8h T64"},
         {"{\"model\":{\"type\":\"gpt\"},\"data\":{\"type\":\"text\",\"train\":\"fortunes\"}}",
          "gpt", "gpt 4L d256 4h T128"},
+        {"{\"model\":{\"type\":\"gpt\",\"attention\":\"flash\"}}", "gpt", "gpt 4L d256 4h T128 flash"},
+        {"{\"model\":{\"type\":\"gpt\",\"attention\":\"materialized\"}}", "gpt", "gpt 4L d256 4h T128"},
         {"{\"model\":{\"type\":\"gpt\",\"d_model\":\"big\"}}", NULL, NULL},
         {"{\"model\":{\"layers\":[32,\"x\"]}}", NULL, NULL},
         {"{\"model\":{\"type\":\"rnn\"}}", NULL, NULL},
