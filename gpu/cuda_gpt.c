@@ -22,15 +22,17 @@
  *   activations, per layer: resid [resid_dt] (the block's input); ln1 [lin]; ln1 mean, rstd
  *     [fp32]; qkv [mm_dt] (N x 3C: its only readers are the attention products, which read it
  *     as mm_dt values); probs [sm_dt] (B x H x T x T, saved as the CPU saves them, with exact
- *     zeros above the diagonal; not recomputed); atty [lin] (attention output); resid_mid
+ *     zeros above the diagonal; not recomputed); pm [mm_dt] (the same probabilities cast to
+ *     mm_dt for P V and dV, when sm_dt differs: saved, as PyTorch's autograd saves the cast,
+ *     rather than cast again in the backward); atty [lin] (attention output); resid_mid
  *     [resid_dt]; ln2, mean, rstd; fc [lin] (GELU's input); gelu [lin]; then resid_final
  *     [resid_dt], ln_f [lin], mean, rstd, and the logits [lin] (N x V): the forward's fused
  *     cross-entropy (llm.c's classifier) overwrites them with the loss gradient, which the
  *     backward reads, so they live in the activation block.
  *   workspace (temporaries of one call): a zero float; an fp32 scratch N x 4C (GEMM outputs
- *     before their bias or rounding, the attention output before its cast, dQKV); the scores B x H
- * x T x T (fp32 room: S, then dP / dS in mm_dt); P cast to mm_dt when sm_dt differs; the residual
- *     gradient [resid_dt]; gradient buffers ga [lin, N x C], gb [lin, N x 4C], gc
+ *     before their bias or rounding, the attention output before its cast, dQKV); the
+ *     scores B x H x T x T (fp32 room: S, then dP / dS in mm_dt); the residual gradient
+ *     [resid_dt]; gradient buffers ga [lin, N x C], gb [lin, N x 4C], gc
  *     [resid_dt, N x C], gd [mm_dt, N x C]; the column-sum, cross-entropy and embedding
  *     workspaces of cuda_ops.h; an fp32 diagnostics buffer; with lin_dt fp32, a buffer that
  *     widens 16-bit weights chunk by chunk when there is no fp32 master (an fp32 linear of a
@@ -77,8 +79,8 @@
 
 /* Byte offsets of one layer's activations, inside its part of the block. */
 typedef struct {
-    size_t resid, ln1, ln1_mean, ln1_rstd, qkv, probs, atty, hmid, ln2, ln2_mean, ln2_rstd, fc,
-        gelu;
+    size_t resid, ln1, ln1_mean, ln1_rstd, qkv, probs, pm, atty, hmid, ln2, ln2_mean, ln2_rstd,
+        fc, gelu;
 } blk_off;
 
 /* The device layout for B sequences (byte offsets). */
@@ -86,7 +88,7 @@ typedef struct {
     blk_off b;
     size_t blk_bytes;
     size_t resf, lnf, lnf_mean, lnf_rstd, logits, acts_bytes;
-    size_t zero, f32, scores, pm, dres, ga, gb, gc, gd, colw, cew, dg, wid, embw;
+    size_t zero, f32, scores, dres, ga, gb, gc, gd, colw, cew, dg, wid, embw;
     size_t dg_floats, wid_floats, embw_bytes, ws_bytes;
 } gpt_lay;
 
@@ -188,6 +190,7 @@ static int layout(const gpu_gpt *m, int B, gpt_lay *L)
     b->ln1_rstd = take(&at, N * f);
     b->qkv = take(&at, N * 3 * C * em);
     b->probs = take(&at, m->flash ? bht * f : bhtt * esm); /* flash: the log-sum-exp */
+    b->pm = take(&at, m->sm_dt != m->mm_dt && !m->flash ? bhtt * em : 0);
     b->atty = take(&at, N * C * el_);
     b->hmid = take(&at, N * C * er);
     b->ln2 = take(&at, N * C * el_);
@@ -208,7 +211,6 @@ static int layout(const gpu_gpt *m, int B, gpt_lay *L)
     L->zero = take(&at, f);
     L->f32 = take(&at, N * 4 * C * f);
     L->scores = take(&at, m->flash ? bht * f : bhtt * f); /* flash: D = dY . O */
-    L->pm = take(&at, m->sm_dt != m->mm_dt && !m->flash ? bhtt * em : 0);
     L->dres = take(&at, N * C * er);
     L->ga = take(&at, N * C * el_);
     L->gb = take(&at, N * 4 * C * el_);
@@ -672,7 +674,7 @@ static int attn_fwd(const gpt_run *r, int l)
     bool dg = r->c->diag != NULL;
     void *qkv = act(r, l, r->L.b.qkv), *P = act(r, l, r->L.b.probs);
     void *atty = act(r, l, r->L.b.atty), *S = wsp(r, r->L.scores);
-    void *Pm = m->sm_dt != mmd ? wsp(r, r->L.pm) : P;
+    void *Pm = m->sm_dt != mmd ? act(r, l, r->L.b.pm) : P;
     gpu_dtype sdt = dg ? GPU_FP32 : mmd;
     int T = r->T, hd = r->hd, BH = r->B * r->H;
 
@@ -707,16 +709,10 @@ static int attn_bwd_dense(const gpt_run *r, int l, float *dq)
     size_t bhtt = (size_t)BH * T * T;
     void *qkv = act(r, l, r->L.b.qkv), *P = act(r, l, r->L.b.probs);
     void *dY = wsp(r, r->L.gd), *dS = wsp(r, r->L.scores);
-    void *Pm = P;
-    int rc = 0;
+    void *Pm = smd != mmd ? act(r, l, r->L.b.pm) : P; /* P's cast, saved by the forward */
 
-    if (smd != mmd) { /* P's cast to mm_dt, as the forward made it */
-        Pm = wsp(r, r->L.pm);
-        rc = convert(r, P, smd, Pm, mmd, bhtt, mmd);
-    }
     /* dV = Pm^T dY; dP = dY V^T (rounded to mm_dt) */
-    if (rc == 0)
-        rc = agemm(r, true, false, T, hd, T, tt_op(r, Pm, mmd), rows_op(r, dY, mmd, r->C),
+    int rc = agemm(r, true, false, T, hd, T, tt_op(r, Pm, mmd), rows_op(r, dY, mmd, r->C),
                    rows_op(r, dq + 2 * r->C, GPU_FP32, 3 * r->C));
     if (rc == 0)
         rc = agemm(r, false, true, T, T, hd, rows_op(r, dY, mmd, r->C), qkv_op(r, qkv, 2),
