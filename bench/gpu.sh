@@ -480,7 +480,8 @@ print(f"step ms: median after {WARM16} warm-up steps ({WARM['fp32']} for fp32; a
       "pytorch: CUDA events); wall ms: wall clock per step over the same steps (ampd: the step "
       "lines' arrival)")
 print("mem: ampd summary peak_mem.total / torch max_memory_allocated; dev: nvidia-smi peak less "
-      f"the use before the run; a/pt: ampd / pytorch ({E['BENCH_TORCH_ATTN']}) of the same precision")
+      f"the use before the run; a/pt: ampd / its PyTorch peer of the same precision (flash: "
+      f"pytorch ({E['BENCH_TORCH_ATTN']}); materialized: pytorch-naive)")
 hdr = (f"{'mode':5} {'impl':17} {'status':14} {'step ms':>9} {'wall ms':>8} {'tokens/s':>10} {'MFU':>6} "
        f"{'mem GiB':>8} {'dev GiB':>8} {'ms a/pt':>8} {'mem a/pt':>8} {'dev a/pt':>8}")
 print(hdr)

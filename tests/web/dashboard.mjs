@@ -121,7 +121,7 @@ async function main() {
             expect400 = false;
             return;
         }
-        errors.push(m.text());
+        errors.push(`${m.text()} (${m.location().url})`);
     });
     page.on('pageerror', (e) => errors.push(String(e)));
     page.setDefaultTimeout(15000 * SLOW);
@@ -378,7 +378,7 @@ async function main() {
     // ---- a phone: no horizontal scrolling on the runs table, a run page, the compare view
     const phone = await browser.newContext({viewport: {width: 390, height: 844}, deviceScaleFactor: 2, isMobile: true, hasTouch: true});
     const pp = await phone.newPage();
-    pp.on('console', (m) => { if (m.type() === 'error') errors.push('phone: ' + m.text()); });
+    pp.on('console', (m) => { if (m.type() === 'error') errors.push(`phone: ${m.text()} (${m.location().url})`); });
     pp.on('pageerror', (e) => errors.push('phone: ' + String(e)));
     for (const [hash, ready] of [['#/runs', 'runs'], [`#/runs/${fpId}`, 'run'],
                                  [`#/compare?ids=${expIds.join(',')}`, 'compare'], ['#/submit', 'submit']]) {

@@ -42,6 +42,7 @@ export class RunPage {
         this.job = null;
         this.liveMem = null;
         this.disposed = false;
+        this.pending = new Set();
         window.ampd.run = this;
     }
 
@@ -62,6 +63,14 @@ export class RunPage {
         this.startStream();
         this.pollTimer = setInterval(() => this.poll(), POLL_MS);
         this.drawTimer = setInterval(() => this.redraw(), DRAW_MS);
+    }
+
+    // p, a request of the view, counted in flight so that a delete can wait for it.
+    track(p) {
+        this.pending.add(p);
+        const done = () => this.pending.delete(p);
+        p.then(done, done);
+        return p;
     }
 
     dispose() {
@@ -218,7 +227,8 @@ export class RunPage {
     // ---- data ----------------------------------------------------------------------
 
     async loadSeries() {
-        const r = await api.getMetrics(this.id, {fields: FIELDS.join(','), points: targetPoints()});
+        if (this.disposed) return;
+        const r = await this.track(api.getMetrics(this.id, {fields: FIELDS.join(','), points: targetPoints()}));
         this.series.load(r);
         this.dirty = true;
         this.redraw();
@@ -232,7 +242,7 @@ export class RunPage {
             return;
         }
         try {
-            const r = await api.getMetrics(this.id, {fields: FIELDS.join(','), points: targetPoints(), from, to});
+            const r = await this.track(api.getMetrics(this.id, {fields: FIELDS.join(','), points: targetPoints(), from, to}));
             const s = new Series().load(r);
             this.zoomed = [from, to];
             this.drawSeries(s, [from, to]);
@@ -271,8 +281,9 @@ export class RunPage {
     }
 
     async loadEvents() {
+        if (this.disposed) return;
         try {
-            this.events = await api.allEvents(this.id);
+            this.events = await this.track(api.allEvents(this.id));
         } catch (e) {
             this.events = [];
         }
@@ -280,8 +291,9 @@ export class RunPage {
     }
 
     async loadLayers() {
+        if (this.disposed) return;
         try {
-            const r = await api.getLayers(this.id, {from: 1, steps: 400});
+            const r = await this.track(api.getLayers(this.id, {from: 1, steps: 400}));
             this.heat.setData(heatFromApi(r));
         } catch (e) {
             this.heat.setData(null);
@@ -289,9 +301,10 @@ export class RunPage {
     }
 
     async loadCheckpoints() {
+        if (this.disposed) return;
         let list = [];
         try {
-            list = (await api.getCheckpoints(this.id)).checkpoints || [];
+            list = (await this.track(api.getCheckpoints(this.id))).checkpoints || [];
         } catch (e) {
             list = [];
         }
@@ -375,7 +388,7 @@ export class RunPage {
         const saved = this.stream && this.stream.h.step;
         if (this.stream) this.stream.h.step = (m) => held.push(m);
         try {
-            const r = await api.getMetrics(this.id, {fields: FIELDS.join(','), points: targetPoints()});
+            const r = await this.track(api.getMetrics(this.id, {fields: FIELDS.join(','), points: targetPoints()}));
             this.series.load(r);
             for (const m of held) this.series.pushStep(m);
         } catch (e) {
@@ -398,14 +411,15 @@ export class RunPage {
         if (this.disposed) return;
         let j;
         try {
-            j = await api.getJob(this.id);
+            j = await this.track(api.getJob(this.id));
         } catch (e) {
-            if (e.status === 404) {
+            if (e.status === 404 && !this.disposed) {
                 toast(`run ${this.id} no longer exists`, 'error');
                 navigate('#/runs');
             }
             return;
         }
+        if (this.disposed) return;
         const before = this.job.status;
         this.job = j;
         this.renderHead();
@@ -422,9 +436,15 @@ export class RunPage {
         try {
             if (what === 'delete') {
                 if (!(await confirmDialog(`Delete run #${id} (${this.job.name}) with its metrics and checkpoints?`))) return;
-                await api.deleteJob(id);
-                toast(`run #${id} deleted`);
-                navigate('#/runs');
+                // no request of this view may reach the run once it is gone (a 404 there)
+                this.dispose();
+                while (this.pending.size) await Promise.allSettled([...this.pending]);
+                try {
+                    await api.deleteJob(id);
+                    toast(`run #${id} deleted`);
+                } finally {
+                    navigate('#/runs');
+                }
                 return;
             }
             if (what === 'cancel') await api.cancelJob(id);
