@@ -172,7 +172,7 @@ static int parse_gpt(ctx *c, json_t *m, gpu_model_config *mc)
         return fail(c, "model.n_head", "must divide d_model (%d)", mc->d_model);
     mc->attention = (gpu_attention)attn;
     int hd = mc->d_model / mc->n_head;
-    if (mc->attention == GPU_ATTN_FLASH && (hd % 16 != 0 || hd > GPU_FLASH_MAX_HEAD_DIM))
+    if (mc->attention == GPU_ATTN_FLASH && !gpu_flash_head_dim_ok(hd))
         return fail(c, "model.attention",
                     "\"flash\" needs a head_dim (d_model / n_head) of 16, 32, 48 or 64, not %d",
                     hd);

@@ -434,7 +434,7 @@ static const fa_kernel fa_dq[2][4] = FA_TABLE(gpu_k_flash_dq);
 /* See cuda_ops.h. */
 extern "C" bool gpu_cuda_flash_supported(int hd)
 {
-    return hd >= 16 && hd <= GPU_FLASH_MAX_HEAD_DIM && hd % 16 == 0;
+    return gpu_flash_head_dim_ok(hd);
 }
 
 /* Shapes and dtypes every flash launch needs; the table row in *row. */

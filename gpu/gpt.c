@@ -369,14 +369,17 @@ HOT static void div_n(float *restrict p, float d, int n)
         p[j] = p[j] / d;
 }
 
-/* P[0..n) = softmax(s[0..n)) in fp32 (division by the sum, as PyTorch's kernels). A NaN
- * or a +inf in s makes the row NaN, as it does there. */
-static void softmax_row(const float *s, int n, float *p)
+/* P[0..n) = softmax(s[0..n)) in fp32 (division by the sum, as PyTorch's kernels); returns
+ * the row's log-sum-exp, max + log(sum). A NaN or a +inf in s makes the row NaN, as it does
+ * there. */
+static float softmax_row(const float *s, int n, float *p)
 {
     float mx = s[0];
     for (int j = 1; j < n; j++)
         mx = s[j] > mx || s[j] != s[j] ? s[j] : mx;
-    div_n(p, exp_shifted(p, s, mx, n), n);
+    float l = exp_shifted(p, s, mx, n);
+    div_n(p, l, n);
+    return mx + logf(l);
 }
 
 /* d[j] = p[j] (d[j] - sum_k p[k] d[k]) over the n causal positions, in place. */
@@ -561,14 +564,9 @@ int gpu_gpt_flash_fwd(const float *qkv, int B, int T, int C, int H, gpu_dtype mm
             if (rc)
                 return rc;
             for (int i = 0; i < T; i++) {
-                const float *s = S + (size_t)i * T;
-                float *p = P + (size_t)i * T, mx = s[0];
-                for (int j = 1; j <= i; j++)
-                    mx = s[j] > mx || s[j] != s[j] ? s[j] : mx;
-                float l = exp_shifted(p, s, mx, i + 1);
-                div_n(p, l, i + 1);
+                float *p = P + (size_t)i * T;
+                L[i] = softmax_row(S + (size_t)i * T, i + 1, p);
                 memset(p + i + 1, 0, sizeof(float) * (size_t)(T - i - 1));
-                L[i] = mx + logf(l);
             }
             rnd(P, TT, mm_dt);
             rc = gpu_gemm(false, false, T, hd, T, P, GPU_FP32, T, q + 2 * C, GPU_FP32, ld, 0.0f,
@@ -909,7 +907,7 @@ int gpu_gpt_plan(gpu_gpt *m, const gpu_model_config *mc, const gpu_autocast *a, 
         return GPU_EINVAL;
     }
     int hd = mc->d_model / mc->n_head;
-    if (mc->attention == GPU_ATTN_FLASH && (hd % 16 != 0 || hd > GPU_FLASH_MAX_HEAD_DIM)) {
+    if (mc->attention == GPU_ATTN_FLASH && !gpu_flash_head_dim_ok(hd)) {
         snprintf(err, errlen,
                  "model.attention: \"flash\" needs a head_dim (d_model / n_head) of 16, 32, "
                  "48 or 64, not %d",

@@ -335,9 +335,12 @@ typedef struct {
     gpu_attention attention;
 } gpu_model_config;
 
-/* Head dimensions the flash attention supports: multiples of 16 up to 64 (its tensor-core
- * tiles and their shared memory). */
-#define GPU_FLASH_MAX_HEAD_DIM 64
+/* Whether flash attention supports head_dim hd: 16, 32, 48 or 64 (its tensor-core tiles and
+ * their shared memory). */
+static inline bool gpu_flash_head_dim_ok(int hd)
+{
+    return hd >= 16 && hd <= 64 && hd % 16 == 0;
+}
 
 typedef struct {
     char name[128];
