@@ -4,7 +4,7 @@
  * probability matrices in memory, forward and backward. Declared in gpu/cuda_ops.h.
  *
  * Numerics (gpu_gpt_flash_fwd/bwd in gpu/gpt.c are the reference): Q, K, V, dY are 16-bit
- * (fp16 or bf16) values; the products run on tensor cores (WMMA 16x16x16, fp32
+ * (fp16 or bf16) values; the products run on tensor cores (mma.sync m16n8k16, fp32
  * accumulation); the scores S = (Q K^T) * scale, the softmax, its statistics and dS stay in
  * fp32, and only P (for P V and dV) and dS (for dQ and dK) are rounded to 16 bits, as the
  * CPU rounds them. Forward: the online softmax, one pass over the key tiles with a running
@@ -16,33 +16,44 @@
  * block per query tile, looping over key tiles): no atomics, so every run gives the same
  * bits. dQ, dK and dV are written in fp32 (not rounded) into dqkv [N x 3C].
  *
- * Tiles: 64 query rows per block (4 warps x 16), 64 keys per tile; a lane owns half a row
- * (32 columns) of its warp's 16 x 64 score tile and, forward, half of its output row. The
- * 16 x 64 products go through a per-warp fp32 tile in shared memory. head_dim (HD) is a
- * template parameter: 16, 32, 48 or 64; shared memory stays within the static 48 KiB.
+ * Tiles: 64 query rows (or keys) per block, 4 warps of 16 rows, 64 columns per tile, in
+ * FlashAttention-2's arrangement: the products' fp32 accumulators stay in registers in the
+ * instruction's layout (ptx_mma.h in tests/cudaemu spells it out: lane 4 g + t holds rows g
+ * and g + 8, columns 2t and 2t + 1 of each 8-column slice), the row max and sum are reduced
+ * across the 4 lanes of a row with shuffles, and an accumulator pair of 8-column slices,
+ * rounded to 16 bits, is already the A operand of the next product (P V, dS K, ...). Shared
+ * memory holds only the 16-bit K, V, Q or dY tiles, row-major with rows padded to HD + 8
+ * values, and transposed ([HD][72]) where a product needs them as its k dimension, so that
+ * every operand is a conflict-free 32-bit load. The backward kernels take 16 columns at a
+ * time (two slices), which keeps their registers low. head_dim (HD) is a template
+ * parameter: 16, 32, 48 or 64; shared memory stays within the static 48 KiB.
  * Rows at or beyond T are read as zeros and never written.
  *
  * Alignment: the 16-byte loads need qkv and dy 16-byte aligned with C a multiple of 8 (it
- * is: HD is a multiple of 16); WMMA's shared-memory operands are 32-byte aligned.
+ * is: HD is a multiple of 16).
  *
- * Threads: launches only enqueue on the stream given; kernels synchronise their warps with
- * __syncwarp between a lane's writes to a warp's tile and other lanes' reads of it.
+ * Threads: launches only enqueue on the stream given; a block's threads share the tiles
+ * between __syncthreads; nothing else is shared.
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <mma.h>
 
 #include "gpu/cuda_common.cuh"
 #include "gpu/cuda_ops.h"
 
-using namespace nvcuda;
+#ifndef __CUDACC__
+#include <ptx_mma.h> /* the emulator (tests/cudaemu): the PTX instruction as a function */
+#endif
 
-#define FA_TILE 64                   /* query rows per block; keys per tile */
-#define FA_WARPS 4                   /* each warp: 16 query (or key) rows */
+#define FA_TILE 64                   /* query rows (keys) per block; columns per tile */
+#define FA_WARPS 4                   /* each warp: 16 rows */
 #define FA_THREADS (32 * FA_WARPS)
+#define FA_SLICES (FA_TILE / 8)      /* 8-column slices of a tile row */
+#define FA_LD(hd) ((hd) + 8)         /* row stride (values) of a row-major [64][HD] tile */
+#define FA_LDT (FA_TILE + 8)         /* row stride of a transposed [HD][64] tile */
 #define FA_FULL 0xFFFFFFFFu
 #ifdef __CUDACC__
-#define FA_UNROLL _Pragma("unroll") /* the lanes' 32-entry rows stay in registers */
+#define FA_UNROLL _Pragma("unroll") /* the fragments and accumulators stay in registers */
 #else
 #define FA_UNROLL
 #endif
@@ -61,14 +72,6 @@ typedef struct {
     int B, T, H;
     float scale;
 } fa_args;
-
-template <typename E>
-using frag_a = wmma::fragment<wmma::matrix_a, 16, 16, 16, E, wmma::row_major>;
-template <typename E>
-using frag_bt = wmma::fragment<wmma::matrix_b, 16, 16, 16, E, wmma::col_major>;
-template <typename E>
-using frag_b = wmma::fragment<wmma::matrix_b, 16, 16, 16, E, wmma::row_major>;
-typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> frag_c;
 
 /* fp32 to the 16-bit dtype's bits (round to nearest even), and back. */
 template <typename E>
@@ -96,24 +99,51 @@ __device__ __forceinline__ float fa_value<__nv_bfloat16>(uint16_t h)
     return gpu_dev_u2f(gpu_dev_bf16_to_f32(h));
 }
 
+/* two values rounded to E, lo in the low half: one 32-bit operand register */
+template <typename E>
+__device__ static __forceinline__ uint32_t fa_pair(float lo, float hi)
+{
+    return (uint32_t)fa_bits<E>(lo) | (uint32_t)fa_bits<E>(hi) << 16;
+}
+
+/* d[4] += A B for one 16 x 8 x 16 tile: a[4], b[2] and d in the instruction's layout. */
+template <typename E>
+__device__ static __forceinline__ void fa_mma(float *d, const uint32_t *a, const uint32_t *b);
+template <>
+__device__ __forceinline__ void fa_mma<__half>(float *d, const uint32_t *a, const uint32_t *b)
+{
+#ifndef __CUDACC__
+    emu_mma_m16n8k16<__half>(d, a, b);
+#elif defined(__CUDA_ARCH__)
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+template <>
+__device__ __forceinline__ void fa_mma<__nv_bfloat16>(float *d, const uint32_t *a,
+                                                      const uint32_t *b)
+{
+#ifndef __CUDACC__
+    emu_mma_m16n8k16<__nv_bfloat16>(d, a, b);
+#elif defined(__CUDA_ARCH__)
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
 struct alignas(16) fa_chunk {
     unsigned w[4];
 };
 
-/* A block's shared memory: two 64 x HD tiles (K and V, Q and dY), and each warp's fp32
- * 16 x 64 product and 16-bit 16 x 64 operand (P or dS). 40 KiB at HD 64. */
-template <int HD>
-struct fa_smem {
-    alignas(32) uint16_t t0[FA_TILE * HD];
-    alignas(32) uint16_t t1[FA_TILE * HD];
-    alignas(32) float s[FA_WARPS][16 * FA_TILE];
-    alignas(32) uint16_t p[FA_WARPS][16 * FA_TILE];
-};
-
-/* Where a thread works: its warp, the row r of the warp's 16-row tiles it owns and the half
- * h of that row; its (sequence, head) and the sequence's qkv and dy rows. */
+/* Where a thread works: its warp, its lane's g = lane / 4 and t = lane % 4 (its rows
+ * g and g + 8 of the warp's 16, its columns 2t, 2t + 1 of each 8-column slice); its
+ * (sequence, head) and the sequence's qkv and dy rows. */
 typedef struct {
-    int warp, r, h, bh, C, hoff;
+    int warp, g, t, bh, C, hoff;
     size_t ld;
     const uint16_t *qkv, *dy;
 } fa_pos;
@@ -123,8 +153,8 @@ __device__ static fa_pos fa_where(const fa_args &a, int HD)
     fa_pos p;
     int lane = threadIdx.x % 32, b = blockIdx.y / a.H;
     p.warp = threadIdx.x / 32;
-    p.r = lane / 2;
-    p.h = lane % 2;
+    p.g = lane / 4;
+    p.t = lane % 4;
     p.bh = blockIdx.y;
     p.C = a.H * HD;
     p.hoff = blockIdx.y % a.H * HD;
@@ -134,155 +164,227 @@ __device__ static fa_pos fa_where(const fa_args &a, int HD)
     return p;
 }
 
-/* s[64 x HD] = rows [r0, r0 + 64) of a 16-bit matrix g (row stride ld), columns
- * [col, col + HD); rows at or beyond `rows` are zeros. All threads of the block. */
+/* Rows [r0, r0 + 64), columns [col, col + HD) of a 16-bit matrix g (row stride ld) into s
+ * ([64][FA_LD(HD)], when not NULL) and its transpose into st ([HD][FA_LDT], when not
+ * NULL); rows at or beyond `rows` are zeros. All threads of the block. A thread takes two
+ * consecutive rows of an 8-column chunk, so that the transposed tile gets whole 32-bit
+ * pairs, and the 32 lanes of a warp take 32 row pairs (no bank conflicts there). */
 template <int HD>
-__device__ static void fa_load(uint16_t *s, const uint16_t *g, int r0, int rows, size_t ld,
-                               int col)
+__device__ static void fa_load(uint16_t *s, uint16_t *st, const uint16_t *g, int r0, int rows,
+                               size_t ld, int col)
 {
-    const int per_row = HD / 8;
-    for (int i = threadIdx.x; i < FA_TILE * per_row; i += FA_THREADS) {
-        int r = i / per_row, c = i % per_row * 8;
-        fa_chunk v = {{0u, 0u, 0u, 0u}};
-        if (r0 + r < rows)
-            v = *(const fa_chunk *)(g + (size_t)(r0 + r) * ld + col + c);
-        *(fa_chunk *)(s + r * HD + c) = v;
-    }
-}
-
-/* out[16 x 64] (fp32, row stride FA_TILE) = A B^T: A the warp's 16 x HD fragments, B the
- * 64 x HD tile sb (row-major). The warp together. */
-template <typename E, int HD>
-__device__ static void fa_abt(float *out, const frag_a<E> *a, const uint16_t *sb)
-{
-    for (int j = 0; j < FA_TILE / 16; j++) {
-        frag_c acc;
-        wmma::fill_fragment(acc, 0.0f);
-        for (int k = 0; k < HD / 16; k++) {
-            frag_bt<E> b;
-            wmma::load_matrix_sync(b, (const E *)sb + j * 16 * HD + k * 16, HD);
-            wmma::mma_sync(acc, a[k], b, acc);
+    for (int i = threadIdx.x; i < (FA_TILE / 2) * (HD / 8); i += FA_THREADS) {
+        int r = 2 * (i % (FA_TILE / 2)), c = i / (FA_TILE / 2) * 8;
+        fa_chunk v[2];
+        for (int h = 0; h < 2; h++) {
+            v[h] = fa_chunk{{0u, 0u, 0u, 0u}};
+            if (r0 + r + h < rows)
+                v[h] = *(const fa_chunk *)(g + (size_t)(r0 + r + h) * ld + col + c);
+            if (s != NULL)
+                *(fa_chunk *)(s + (r + h) * FA_LD(HD) + c) = v[h];
         }
-        wmma::store_matrix_sync(out + j * 16, acc, FA_TILE, wmma::mem_row_major);
+        if (st != NULL)
+            for (int e = 0; e < 8; e++) {
+                uint32_t lo = v[0].w[e / 2] >> (e % 2 * 16) & 0xFFFFu;
+                uint32_t hi = v[1].w[e / 2] >> (e % 2 * 16) & 0xFFFFu;
+                *(uint32_t *)(st + (c + e) * FA_LDT + r) = lo | hi << 16;
+            }
     }
 }
 
-/* acc[HD / 16] += P B: P the warp's 16 x 64 tile p (16-bit, row stride FA_TILE), B the
- * 64 x HD tile sb (row-major). The warp together. */
-template <typename E, int HD>
-__device__ static void fa_pb(frag_c *acc, const uint16_t *p, const uint16_t *sb)
-{
-    for (int k = 0; k < FA_TILE / 16; k++) {
-        frag_a<E> a;
-        wmma::load_matrix_sync(a, (const E *)p + k * 16, FA_TILE);
-        for (int d = 0; d < HD / 16; d++) {
-            frag_b<E> b;
-            wmma::load_matrix_sync(b, (const E *)sb + k * 16 * HD + d * 16, HD);
-            wmma::mma_sync(acc[d], a, b, acc[d]);
-        }
-    }
-}
-
-/* Write the warp's 16 x HD accumulators as fp32 rows [row0, row0 + 16) of dqkv at column col,
- * through its tile t; rows at or beyond T skipped. */
+/* a[k] (k < HD / 16): the A fragments of the warp's 16 rows (from row0) of the row-major
+ * tile s, over its HD columns. */
 template <int HD>
-__device__ static void fa_store_rows(const frag_c *acc, float *t, const fa_args &a,
-                                     const fa_pos &p, int row0, int col)
+__device__ static void fa_frag_a(uint32_t (*a)[4], const uint16_t *s, int row0, const fa_pos &p)
 {
-    __syncwarp();
-    for (int d = 0; d < HD / 16; d++)
-        wmma::store_matrix_sync(t + d * 16, acc[d], FA_TILE, wmma::mem_row_major);
-    __syncwarp();
-    if (row0 + p.r < a.T) {
-        float *dst = a.dqkv + ((size_t)(p.bh / a.H) * a.T + row0 + p.r) * p.ld + col;
+    FA_UNROLL
+    for (int k = 0; k < HD / 16; k++) {
+        const uint16_t *x = s + (row0 + p.g) * FA_LD(HD) + k * 16 + 2 * p.t;
+        a[k][0] = *(const uint32_t *)x;
+        a[k][1] = *(const uint32_t *)(x + 8 * FA_LD(HD));
+        a[k][2] = *(const uint32_t *)(x + 8);
+        a[k][3] = *(const uint32_t *)(x + 8 * FA_LD(HD) + 8);
+    }
+}
+
+/* b: the B fragment whose B(k, n) is s[(n0 + n) * ld + k0 + k] (k < 16, n < 8): a tile whose
+ * rows are B's columns. */
+__device__ static __forceinline__ void fa_frag_b(uint32_t *b, const uint16_t *s, int ld, int n0,
+                                                 int k0, const fa_pos &p)
+{
+    const uint16_t *x = s + (n0 + p.g) * ld + k0 + 2 * p.t;
+    b[0] = *(const uint32_t *)x;
+    b[1] = *(const uint32_t *)(x + 8);
+}
+
+/* x[j] = A B^T over the 8-column slices j0 .. j0 + n - 1: A the warp's fragments a (16 x HD),
+ * B the row-major [64][HD] tile sb (slice j: its rows 8j .. 8j + 7). */
+template <typename E, int HD>
+__device__ static __forceinline__ void fa_abt(float (*x)[4], int j0, int n,
+                                              const uint32_t (*a)[4], const uint16_t *sb,
+                                              const fa_pos &p)
+{
+    FA_UNROLL
+    for (int j = 0; j < n; j++) {
+        x[j][0] = x[j][1] = x[j][2] = x[j][3] = 0.0f;
         FA_UNROLL
-        for (int c = 0; c < HD / 2; c++)
-            dst[p.h * (HD / 2) + c] = t[p.r * FA_TILE + p.h * (HD / 2) + c];
+        for (int k = 0; k < HD / 16; k++) {
+            uint32_t b[2];
+            fa_frag_b(b, sb, FA_LD(HD), (j0 + j) * 8, k * 16, p);
+            fa_mma<E>(x[j], a[k], b);
+        }
     }
 }
 
-/* Stage a 64-row tile of the sequence (rows r0.., columns col..) in t and load the warp's 16
- * rows of it as A fragments; the block together. */
+/* acc[d] (d < HD / 8) += P B: P the 16 x 16 block of columns kk * 16 .. whose A fragment is
+ * pa, B those 16 rows of a [64][HD] matrix, read from its transpose st ([HD][FA_LDT]). */
 template <typename E, int HD>
-__device__ static void fa_stage(frag_a<E> *f, uint16_t *t, const uint16_t *g, int r0, int rows,
-                                size_t ld, int col, int warp)
+__device__ static __forceinline__ void fa_pb(float (*acc)[4], const uint32_t *pa,
+                                             const uint16_t *st, int kk, const fa_pos &p)
 {
-    fa_load<HD>(t, g, r0, rows, ld, col);
-    __syncthreads();
-    for (int k = 0; k < HD / 16; k++)
-        wmma::load_matrix_sync(f[k], (const E *)t + warp * 16 * HD + k * 16, HD);
+    FA_UNROLL
+    for (int d = 0; d < HD / 8; d++) {
+        uint32_t b[2];
+        fa_frag_b(b, st, FA_LDT, d * 8, kk * 16, p);
+        fa_mma<E>(acc[d], pa, b);
+    }
+}
+
+/* The A fragment of the 16 x 16 block made of two accumulator slices (x0: its columns 0..7,
+ * x1: 8..15), rounded to E. */
+template <typename E>
+__device__ static __forceinline__ void fa_pack(uint32_t *pa, const float *x0, const float *x1)
+{
+    pa[0] = fa_pair<E>(x0[0], x0[1]);
+    pa[1] = fa_pair<E>(x0[2], x0[3]);
+    pa[2] = fa_pair<E>(x1[0], x1[1]);
+    pa[3] = fa_pair<E>(x1[2], x1[3]);
+}
+
+/* The max (sum) of a row over the 4 lanes that hold it. */
+__device__ static __forceinline__ float fa_row_max(float v)
+{
+    v = fmaxf(v, __shfl_xor_sync(FA_FULL, v, 1));
+    return fmaxf(v, __shfl_xor_sync(FA_FULL, v, 2));
+}
+
+__device__ static __forceinline__ float fa_row_sum(float v)
+{
+    v = __fadd_rn(v, __shfl_xor_sync(FA_FULL, v, 1));
+    return __fadd_rn(v, __shfl_xor_sync(FA_FULL, v, 2));
+}
+
+/* Write the warp's fp32 accumulators acc[HD / 8] (rows row0 + g and row0 + g + 8) into dqkv
+ * at column col; rows at or beyond T skipped. */
+template <int HD>
+__device__ static void fa_store_rows(const float (*acc)[4], const fa_args &a, const fa_pos &p,
+                                     int row0, int col)
+{
+    for (int h = 0; h < 2; h++) {
+        int row = row0 + p.g + 8 * h;
+        if (row >= a.T)
+            continue;
+        float *dst = a.dqkv + ((size_t)(p.bh / a.H) * a.T + row) * p.ld + col + 2 * p.t;
+        FA_UNROLL
+        for (int d = 0; d < HD / 8; d++)
+            *(float2 *)(dst + d * 8) = make_float2(acc[d][2 * h], acc[d][2 * h + 1]);
+    }
 }
 
 /* ---- forward ------------------------------------------------------------------------------ */
+
+/* The online softmax of one tile for the thread's rows i0 and i0 + 8: s holds the products
+ * Q K^T of the tile's columns (first column j0 + 2t); on return, P~ = exp(S - m) with the
+ * new running max m (0 where masked), l updated, alpha[h] = exp(m_old - m) for row h. */
+__device__ static void fa_online(float (*s)[4], int j0, int i0, float scale, float *m, float *l,
+                                 float *alpha)
+{
+    float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
+    FA_UNROLL
+    for (int j = 0; j < FA_SLICES; j++)
+        FA_UNROLL
+        for (int e = 0; e < 4; e++) {
+            int h = e / 2;
+            bool valid = j0 + j * 8 + e % 2 <= i0 + 8 * h;
+            s[j][e] = valid ? __fmul_rn(s[j][e], scale) : -INFINITY;
+            mx[h] = fmaxf(mx[h], s[j][e]);
+        }
+    FA_UNROLL
+    for (int h = 0; h < 2; h++) {
+        mx[h] = fmaxf(m[h], fa_row_max(mx[h]));
+        alpha[h] = expf(__fsub_rn(m[h], mx[h]));
+    }
+    FA_UNROLL
+    for (int j = 0; j < FA_SLICES; j++)
+        FA_UNROLL
+        for (int e = 0; e < 4; e++) {
+            int h = e / 2;
+            float v = s[j][e] == -INFINITY ? 0.0f : expf(__fsub_rn(s[j][e], mx[h]));
+            s[j][e] = v;
+            sum[h] = __fadd_rn(sum[h], v);
+        }
+    FA_UNROLL
+    for (int h = 0; h < 2; h++) {
+        l[h] = __fadd_rn(__fmul_rn(l[h], alpha[h]), fa_row_sum(sum[h]));
+        m[h] = mx[h];
+    }
+}
 
 /* One block: 64 query rows of one (sequence, head); blocks of the longest rows first. */
 template <typename E, int HD>
 __global__ static void __launch_bounds__(FA_THREADS) gpu_k_flash_fwd(fa_args a)
 {
-    __shared__ fa_smem<HD> sm;
+    __shared__ __align__(16) uint16_t sk[FA_TILE * FA_LD(HD)];
+    __shared__ __align__(16) uint16_t svt[HD * FA_LDT];
     const fa_pos p = fa_where(a, HD);
-    const int qt = gridDim.x - 1 - blockIdx.x, i = qt * FA_TILE + p.warp * 16 + p.r;
-    float *ss = sm.s[p.warp];
-    frag_a<E> qf[HD / 16];
-    frag_c pv[HD / 16];
-    float o[HD / 2], m = -INFINITY, l = 0.0f;
+    const int qt = gridDim.x - 1 - blockIdx.x, i0 = qt * FA_TILE + p.warp * 16 + p.g;
+    uint32_t qa[HD / 16][4];
+    float o[HD / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
-    fa_stage<E, HD>(qf, sm.t0, p.qkv, qt * FA_TILE, a.T, p.ld, p.hoff, p.warp);
+    fa_load<HD>(sk, NULL, p.qkv, qt * FA_TILE, a.T, p.ld, p.hoff);
+    __syncthreads();
+    fa_frag_a<HD>(qa, sk, p.warp * 16, p);
     FA_UNROLL
-    for (int c = 0; c < HD / 2; c++)
-        o[c] = 0.0f;
+    for (int d = 0; d < HD / 8; d++)
+        o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
     for (int kt = 0; kt <= qt; kt++) {
+        float s[FA_SLICES][4], alpha[2];
         __syncthreads();
-        fa_load<HD>(sm.t0, p.qkv, kt * FA_TILE, a.T, p.ld, p.C + p.hoff);
-        fa_load<HD>(sm.t1, p.qkv, kt * FA_TILE, a.T, p.ld, 2 * p.C + p.hoff);
+        fa_load<HD>(sk, NULL, p.qkv, kt * FA_TILE, a.T, p.ld, p.C + p.hoff);
+        fa_load<HD>(NULL, svt, p.qkv, kt * FA_TILE, a.T, p.ld, 2 * p.C + p.hoff);
         __syncthreads();
-        fa_abt<E, HD>(ss, qf, sm.t0);
-        __syncwarp();
-        /* the online softmax over this tile's half row: running max, rescale, P~ */
-        const float *s = ss + p.r * FA_TILE + p.h * 32;
-        uint16_t *pt = sm.p[p.warp] + p.r * FA_TILE + p.h * 32;
-        int j0 = kt * FA_TILE + p.h * 32;
-        float mx = -INFINITY, sum = 0.0f;
+        fa_abt<E, HD>(s, 0, FA_SLICES, qa, sk, p);
+        fa_online(s, kt * FA_TILE + 2 * p.t, i0, a.scale, m, l, alpha);
         FA_UNROLL
-        for (int c = 0; c < 32; c++)
-            if (j0 + c <= i)
-                mx = fmaxf(mx, __fmul_rn(s[c], a.scale));
-        mx = fmaxf(m, fmaxf(mx, __shfl_xor_sync(FA_FULL, mx, 1)));
-        float alpha = expf(__fsub_rn(m, mx));
+        for (int d = 0; d < HD / 8; d++)
+            FA_UNROLL
+            for (int e = 0; e < 4; e++)
+                o[d][e] = __fmul_rn(o[d][e], alpha[e / 2]);
         FA_UNROLL
-        for (int c = 0; c < 32; c++) {
-            float e = j0 + c <= i ? expf(__fsub_rn(__fmul_rn(s[c], a.scale), mx)) : 0.0f;
-            sum = __fadd_rn(sum, e);
-            pt[c] = fa_bits<E>(e);
+        for (int kk = 0; kk < FA_TILE / 16; kk++) {
+            uint32_t pa[4];
+            fa_pack<E>(pa, s[2 * kk], s[2 * kk + 1]);
+            fa_pb<E, HD>(o, pa, svt, kk, p);
         }
-        sum = __fadd_rn(sum, __shfl_xor_sync(FA_FULL, sum, 1));
-        l = __fadd_rn(__fmul_rn(l, alpha), sum);
-        m = mx;
-        __syncwarp();
-        for (int d = 0; d < HD / 16; d++)
-            wmma::fill_fragment(pv[d], 0.0f);
-        fa_pb<E, HD>(pv, sm.p[p.warp], sm.t1);
-        for (int d = 0; d < HD / 16; d++)
-            wmma::store_matrix_sync(ss + d * 16, pv[d], FA_TILE, wmma::mem_row_major);
-        __syncwarp();
-        const float *add = ss + p.r * FA_TILE + p.h * (HD / 2);
+    }
+    for (int h = 0; h < 2; h++) {
+        int i = i0 + 8 * h;
+        if (i >= a.T)
+            continue;
+        size_t at = ((size_t)(p.bh / a.H) * a.T + i) * p.C + p.hoff + 2 * p.t;
         FA_UNROLL
-        for (int c = 0; c < HD / 2; c++)
-            o[c] = __fadd_rn(__fmul_rn(o[c], alpha), add[c]);
+        for (int d = 0; d < HD / 8; d++) {
+            uint16_t v0 = fa_bits<E>(__fdiv_rn(o[d][2 * h], l[h]));
+            uint16_t v1 = fa_bits<E>(__fdiv_rn(o[d][2 * h + 1], l[h]));
+            if (a.y32)
+                *(float2 *)((float *)a.y + at + d * 8) =
+                    make_float2(fa_value<E>(v0), fa_value<E>(v1));
+            else
+                *(uint32_t *)((uint16_t *)a.y + at + d * 8) = (uint32_t)v0 | (uint32_t)v1 << 16;
+        }
+        if (p.t == 0)
+            a.lse[(size_t)p.bh * a.T + i] = __fadd_rn(m[h], logf(l[h]));
     }
-    if (i >= a.T)
-        return;
-    size_t at = ((size_t)(p.bh / a.H) * a.T + i) * p.C + p.hoff + p.h * (HD / 2);
-    FA_UNROLL
-    for (int c = 0; c < HD / 2; c++) {
-        uint16_t v = fa_bits<E>(__fdiv_rn(o[c], l));
-        if (a.y32)
-            ((float *)a.y)[at + c] = fa_value<E>(v);
-        else
-            ((uint16_t *)a.y)[at + c] = v;
-    }
-    if (p.h == 0)
-        a.lse[(size_t)p.bh * a.T + i] = __fadd_rn(m, logf(l));
 }
 
 /* ---- backward ----------------------------------------------------------------------------- */
@@ -316,101 +418,116 @@ __device__ static __forceinline__ float fa_ds(float p, float dp, float D, float 
     return valid ? __fmul_rn(__fmul_rn(p, __fsub_rn(dp, D)), scale) : 0.0f;
 }
 
-/* dK and dV of 64 keys of one (sequence, head): a warp owns 16 keys, its tiles are
- * transposed (rows = keys, columns = queries), and it loops over the query tiles from the
- * diagonal on. */
+/* dK and dV of 64 keys of one (sequence, head): a warp owns 16 keys and works on the
+ * transposed products (rows = keys, columns = queries), looping over the query tiles from
+ * the diagonal on, 16 queries at a time. */
 template <typename E, int HD>
 __global__ static void __launch_bounds__(FA_THREADS) gpu_k_flash_dkv(fa_args a)
 {
-    __shared__ fa_smem<HD> sm;
+    __shared__ __align__(16) uint16_t sq[FA_TILE * FA_LD(HD)], sd[FA_TILE * FA_LD(HD)];
+    __shared__ __align__(16) uint16_t sqt[HD * FA_LDT], sdt[HD * FA_LDT];
+    __shared__ float slse[FA_TILE], sdsum[FA_TILE];
     const fa_pos p = fa_where(a, HD);
-    const int kt = blockIdx.x, key = kt * FA_TILE + p.warp * 16 + p.r;
-    const float *lse = a.lse + (size_t)p.bh * a.T, *dsum = a.dsum + (size_t)p.bh * a.T;
-    float *ss = sm.s[p.warp];
-    uint16_t *sp = sm.p[p.warp] + p.r * FA_TILE + p.h * 32;
-    frag_a<E> kf[HD / 16], vf[HD / 16];
-    frag_c dk[HD / 16], dv[HD / 16];
-    float pr[32];
+    const int kt = blockIdx.x, key0 = kt * FA_TILE + p.warp * 16 + p.g;
+    uint32_t ka[HD / 16][4], va[HD / 16][4];
+    float dk[HD / 8][4], dv[HD / 8][4];
 
-    fa_stage<E, HD>(kf, sm.t0, p.qkv, kt * FA_TILE, a.T, p.ld, p.C + p.hoff, p.warp);
-    fa_stage<E, HD>(vf, sm.t1, p.qkv, kt * FA_TILE, a.T, p.ld, 2 * p.C + p.hoff, p.warp);
-    for (int k = 0; k < HD / 16; k++) {
-        wmma::fill_fragment(dk[k], 0.0f);
-        wmma::fill_fragment(dv[k], 0.0f);
-    }
+    fa_load<HD>(sq, NULL, p.qkv, kt * FA_TILE, a.T, p.ld, p.C + p.hoff);
+    fa_load<HD>(sd, NULL, p.qkv, kt * FA_TILE, a.T, p.ld, 2 * p.C + p.hoff);
+    __syncthreads();
+    fa_frag_a<HD>(ka, sq, p.warp * 16, p);
+    fa_frag_a<HD>(va, sd, p.warp * 16, p);
+    FA_UNROLL
+    for (int d = 0; d < HD / 8; d++)
+        FA_UNROLL
+        for (int e = 0; e < 4; e++)
+            dk[d][e] = dv[d][e] = 0.0f;
     for (int qt = kt; qt < (int)gridDim.x; qt++) {
-        int j0 = qt * FA_TILE + p.h * 32;
-        const float *s = ss + p.r * FA_TILE + p.h * 32;
         __syncthreads();
-        fa_load<HD>(sm.t0, p.qkv, qt * FA_TILE, a.T, p.ld, p.hoff);
-        fa_load<HD>(sm.t1, p.dy, qt * FA_TILE, a.T, p.C, p.hoff);
+        fa_load<HD>(sq, sqt, p.qkv, qt * FA_TILE, a.T, p.ld, p.hoff);
+        fa_load<HD>(sd, sdt, p.dy, qt * FA_TILE, a.T, p.C, p.hoff);
+        if (threadIdx.x < FA_TILE) {
+            int q = qt * FA_TILE + threadIdx.x;
+            slse[threadIdx.x] = q < a.T ? a.lse[(size_t)p.bh * a.T + q] : 0.0f;
+            sdsum[threadIdx.x] = q < a.T ? a.dsum[(size_t)p.bh * a.T + q] : 0.0f;
+        }
         __syncthreads();
-        fa_abt<E, HD>(ss, kf, sm.t0); /* S^T = K Q^T */
-        __syncwarp();
         FA_UNROLL
-        for (int c = 0; c < 32; c++) {
-            bool valid = j0 + c >= key && j0 + c < a.T;
-            pr[c] = fa_prob(s[c], a.scale, valid ? lse[j0 + c] : 0.0f, valid);
-            sp[c] = fa_bits<E>(pr[c]);
+        for (int kk = 0; kk < FA_TILE / 16; kk++) {
+            float pt[2][4], dpt[2][4];
+            uint32_t pa[4];
+            fa_abt<E, HD>(pt, 2 * kk, 2, ka, sq, p); /* S^T = K Q^T */
+            fa_abt<E, HD>(dpt, 2 * kk, 2, va, sd, p); /* dP^T = V dY^T */
+            FA_UNROLL
+            for (int j = 0; j < 2; j++)
+                FA_UNROLL
+                for (int e = 0; e < 4; e++) {
+                    int c = kk * 16 + j * 8 + 2 * p.t + e % 2, q = qt * FA_TILE + c;
+                    bool valid = q >= key0 + 8 * (e / 2) && q < a.T;
+                    pt[j][e] = fa_prob(pt[j][e], a.scale, slse[c], valid);
+                    dpt[j][e] = fa_ds(pt[j][e], dpt[j][e], sdsum[c], a.scale, valid);
+                }
+            fa_pack<E>(pa, pt[0], pt[1]);
+            fa_pb<E, HD>(dv, pa, sdt, kk, p); /* dV += rd(P)^T dY */
+            fa_pack<E>(pa, dpt[0], dpt[1]);
+            fa_pb<E, HD>(dk, pa, sqt, kk, p); /* dK += rd(dS)^T Q */
         }
-        __syncwarp();
-        fa_pb<E, HD>(dv, sm.p[p.warp], sm.t1); /* dV += rd(P)^T dY */
-        fa_abt<E, HD>(ss, vf, sm.t1);          /* dP^T = V dY^T */
-        __syncwarp();
-        FA_UNROLL
-        for (int c = 0; c < 32; c++) {
-            bool valid = j0 + c >= key && j0 + c < a.T;
-            sp[c] = fa_bits<E>(fa_ds(pr[c], s[c], valid ? dsum[j0 + c] : 0.0f, a.scale, valid));
-        }
-        __syncwarp();
-        fa_pb<E, HD>(dk, sm.p[p.warp], sm.t0); /* dK += rd(dS)^T Q */
     }
-    fa_store_rows<HD>(dk, ss, a, p, kt * FA_TILE + p.warp * 16, p.C + p.hoff);
-    fa_store_rows<HD>(dv, ss, a, p, kt * FA_TILE + p.warp * 16, 2 * p.C + p.hoff);
+    fa_store_rows<HD>(dk, a, p, kt * FA_TILE + p.warp * 16, p.C + p.hoff);
+    fa_store_rows<HD>(dv, a, p, kt * FA_TILE + p.warp * 16, 2 * p.C + p.hoff);
 }
 
 /* dQ of 64 query rows of one (sequence, head), looping over the key tiles up to the
- * diagonal; longest rows first. */
+ * diagonal, 16 keys at a time; longest rows first. */
 template <typename E, int HD>
 __global__ static void __launch_bounds__(FA_THREADS) gpu_k_flash_dq(fa_args a)
 {
-    __shared__ fa_smem<HD> sm;
+    __shared__ __align__(16) uint16_t sk[FA_TILE * FA_LD(HD)], sv[FA_TILE * FA_LD(HD)];
+    __shared__ __align__(16) uint16_t skt[HD * FA_LDT];
     const fa_pos p = fa_where(a, HD);
-    const int qt = gridDim.x - 1 - blockIdx.x, i = qt * FA_TILE + p.warp * 16 + p.r;
-    const float lse = i < a.T ? a.lse[(size_t)p.bh * a.T + i] : 0.0f;
-    const float D = i < a.T ? a.dsum[(size_t)p.bh * a.T + i] : 0.0f;
-    float *ss = sm.s[p.warp];
-    uint16_t *sp = sm.p[p.warp] + p.r * FA_TILE + p.h * 32;
-    frag_a<E> qf[HD / 16], df[HD / 16];
-    frag_c dq[HD / 16];
-    float pr[32];
+    const int qt = gridDim.x - 1 - blockIdx.x, i0 = qt * FA_TILE + p.warp * 16 + p.g;
+    float lse[2], D[2], dq[HD / 8][4];
+    uint32_t qa[HD / 16][4], da[HD / 16][4];
 
-    fa_stage<E, HD>(qf, sm.t0, p.qkv, qt * FA_TILE, a.T, p.ld, p.hoff, p.warp);
-    fa_stage<E, HD>(df, sm.t1, p.dy, qt * FA_TILE, a.T, p.C, p.hoff, p.warp);
-    for (int k = 0; k < HD / 16; k++)
-        wmma::fill_fragment(dq[k], 0.0f);
-    for (int kt = 0; kt <= qt; kt++) {
-        int j0 = kt * FA_TILE + p.h * 32;
-        const float *s = ss + p.r * FA_TILE + p.h * 32;
-        __syncthreads();
-        fa_load<HD>(sm.t0, p.qkv, kt * FA_TILE, a.T, p.ld, p.C + p.hoff);
-        fa_load<HD>(sm.t1, p.qkv, kt * FA_TILE, a.T, p.ld, 2 * p.C + p.hoff);
-        __syncthreads();
-        fa_abt<E, HD>(ss, qf, sm.t0); /* S = Q K^T */
-        __syncwarp();
-        FA_UNROLL
-        for (int c = 0; c < 32; c++)
-            pr[c] = fa_prob(s[c], a.scale, lse, j0 + c <= i && i < a.T);
-        __syncwarp();
-        fa_abt<E, HD>(ss, df, sm.t1); /* dP = dY V^T */
-        __syncwarp();
-        FA_UNROLL
-        for (int c = 0; c < 32; c++)
-            sp[c] = fa_bits<E>(fa_ds(pr[c], s[c], D, a.scale, j0 + c <= i && i < a.T));
-        __syncwarp();
-        fa_pb<E, HD>(dq, sm.p[p.warp], sm.t0); /* dQ += rd(dS) K */
+    for (int h = 0; h < 2; h++) {
+        int i = i0 + 8 * h;
+        lse[h] = i < a.T ? a.lse[(size_t)p.bh * a.T + i] : 0.0f;
+        D[h] = i < a.T ? a.dsum[(size_t)p.bh * a.T + i] : 0.0f;
     }
-    fa_store_rows<HD>(dq, ss, a, p, qt * FA_TILE + p.warp * 16, p.hoff);
+    fa_load<HD>(sk, NULL, p.qkv, qt * FA_TILE, a.T, p.ld, p.hoff);
+    fa_load<HD>(sv, NULL, p.dy, qt * FA_TILE, a.T, p.C, p.hoff);
+    __syncthreads();
+    fa_frag_a<HD>(qa, sk, p.warp * 16, p);
+    fa_frag_a<HD>(da, sv, p.warp * 16, p);
+    FA_UNROLL
+    for (int d = 0; d < HD / 8; d++)
+        dq[d][0] = dq[d][1] = dq[d][2] = dq[d][3] = 0.0f;
+    for (int kt = 0; kt <= qt; kt++) {
+        __syncthreads();
+        fa_load<HD>(sk, skt, p.qkv, kt * FA_TILE, a.T, p.ld, p.C + p.hoff);
+        fa_load<HD>(sv, NULL, p.qkv, kt * FA_TILE, a.T, p.ld, 2 * p.C + p.hoff);
+        __syncthreads();
+        FA_UNROLL
+        for (int kk = 0; kk < FA_TILE / 16; kk++) {
+            float s[2][4], dp[2][4];
+            uint32_t pa[4];
+            fa_abt<E, HD>(s, 2 * kk, 2, qa, sk, p);  /* S = Q K^T */
+            fa_abt<E, HD>(dp, 2 * kk, 2, da, sv, p); /* dP = dY V^T */
+            FA_UNROLL
+            for (int j = 0; j < 2; j++)
+                FA_UNROLL
+                for (int e = 0; e < 4; e++) {
+                    int h = e / 2, i = i0 + 8 * h;
+                    int key = kt * FA_TILE + kk * 16 + j * 8 + 2 * p.t + e % 2;
+                    bool valid = key <= i && i < a.T;
+                    float pr = fa_prob(s[j][e], a.scale, lse[h], valid);
+                    dp[j][e] = fa_ds(pr, dp[j][e], D[h], a.scale, valid);
+                }
+            fa_pack<E>(pa, dp[0], dp[1]);
+            fa_pb<E, HD>(dq, pa, skt, kk, p); /* dQ += rd(dS) K */
+        }
+    }
+    fa_store_rows<HD>(dq, a, p, qt * FA_TILE + p.warp * 16, p.hoff);
 }
 
 /* ---- launches ----------------------------------------------------------------------------- */

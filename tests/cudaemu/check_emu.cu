@@ -12,17 +12,11 @@
  *     each reported by name and kill the process (the emulator's message is checked);
  *   - the emulated cuBLASLt rejects an attribute of the wrong size, as the library does;
  *   - the half and bfloat16 conversions, and the math intrinsics kernels use (they link);
- *   - the warp matrix API (mma.h): fp16 and bf16 products with both B layouts, ldm larger
- *     than the tile, accumulators loaded and stored in both layouts, exact against a double
- *     reference (the values are small integers and halves, so every sum is exact); two warps
- *     of one block each with its own product; a lane reading an element another lane stored
- *     reads stale memory without __syncwarp (deliberately: see mma.h) and the right value
- *     with it, and a read before the store sees the old memory in every lane; a misaligned
- *     pointer, a bad ldm and a partial warp are reported and abort, and so are (each call's
- *     work is shared by the warp's lanes, which must be in step) a lane that passes another
- *     ldm or pointer to a load or a store, another C to mma_sync, or a B fragment of the
- *     other layout, lanes of one warp in different calls, and a write to a tile while the
- *     warp loads it.
+ *   - the tensor-core instruction (ptx_mma.h, mma.sync m16n8k16): fp16 and bf16 products on
+ *     two warps of a block, each lane's fragments built from PTX's element formulas, exact
+ *     against a double reference (the values are small integers and halves, so every sum is
+ *     exact); a partial warp and a warp whose lanes do not all execute it are reported and
+ *     abort.
  *
  * This file is CUDA: the build runs it through cu2cc.sh like the backend's kernels.
  */
@@ -40,7 +34,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
-#include <mma.h>
+#include <ptx_mma.h>
 
 #include "tests/cudatest.h"
 
@@ -107,112 +101,47 @@ static __global__ void k_math(float *out)
     o[7] = __shfl_xor_sync(0xFFFFFFFFu, (float)lane + 0.5f, 1);
 }
 
-using namespace nvcuda;
-
-#define WM_LDA 24   /* A: 16 rows of 24 elements (ldm: a multiple of 8 for 16-bit types) */
-#define WM_LDB 32   /* B: 16 rows or columns of 32 */
-#define WM_LDC 20   /* C and D: 16 rows (C) or columns (D) of 20 floats (a multiple of 4) */
-
-/* d = scale * (A B + C) on one warp: A row-major, B in layout LB, both of the 16-bit type T
- * (their bits in a and b), C loaded row-major, D stored column-major. */
-template <typename T, typename LB>
-static __global__ void k_wmma(const uint16_t *a, const uint16_t *b, const float *c, float *d,
-                              float scale)
+/* The 16-bit value v into a fragment's element i: register i / 2, the low half for even i. */
+static __device__ void mma_put(uint32_t *r, int i, uint16_t v)
 {
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
-    wmma::fragment<wmma::matrix_b, 16, 16, 16, T, LB> fb;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-    wmma::load_matrix_sync(fa, reinterpret_cast<const T *>(a), WM_LDA);
-    wmma::load_matrix_sync(fb, reinterpret_cast<const T *>(b), WM_LDB);
-    wmma::load_matrix_sync(acc, c, WM_LDC, wmma::mem_row_major);
-    wmma::mma_sync(acc, fa, fb, acc);
-    for (int i = 0; i < acc.num_elements; i++)
-        acc.x[i] *= scale;
-    wmma::store_matrix_sync(d, acc, WM_LDC, wmma::mem_col_major);
+    r[i / 2] |= (uint32_t)v << (16 * (i % 2));
 }
 
-/* Two warps, each with its own product in its own shared tile: warp w stores A_w B + w (A_w
- * the w-th 16x16 row-major tile of a, B row-major), and after __syncwarp its lanes copy the
- * tile out, each reading 8 elements that other lanes stored. */
-static __global__ void k_wmma_two_warps(const uint16_t *a, const uint16_t *b, float *out)
+/* d_w = A_w B + C through the tensor-core instruction (ptx_mma.h) on warp w of the block:
+ * A_w the w-th 16 x 16 row-major tile of a, B 16 x 8 row-major (B(k, n) = b[8 k + n]), C and
+ * D_w 16 x 8 row-major (D_w at d + 128 w). Each lane assembles its fragments from PTX's
+ * element-by-element formulas (groupID g = lane >> 2, threadID_in_group t = lane % 4), which
+ * the emulator implements as lane-and-register lookups: the two must agree. */
+template <typename T>
+static __global__ void k_mma(const uint16_t *a, const uint16_t *b, const float *c, float *d)
 {
-    __shared__ __align__(32) float tile[2][256];
-    int w = threadIdx.x / 32, lane = threadIdx.x % 32;
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
-    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> fb;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-    wmma::fill_fragment(acc, (float)w);
-    wmma::load_matrix_sync(fa, reinterpret_cast<const __half *>(a) + w * 256, 16);
-    wmma::load_matrix_sync(fb, reinterpret_cast<const __half *>(b), 16);
-    wmma::mma_sync(acc, fa, fb, acc);
-    wmma::store_matrix_sync(tile[w], acc, 16, wmma::mem_row_major);
-    __syncwarp();
-    for (int e = 8 * lane; e < 8 * lane + 8; e++)
-        out[w * 256 + e] = tile[w][e];
+    int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane % 4;
+    uint32_t fa[4] = {0, 0, 0, 0}, fb[2] = {0, 0};
+    float acc[4];
+    for (int i = 0; i < 8; i++) {
+        int row = i < 2 || (i >= 4 && i < 6) ? g : g + 8;
+        int col = 2 * t + (i & 1) + (i >= 4 ? 8 : 0);
+        mma_put(fa, i, a[w * 256 + row * 16 + col]);
+    }
+    for (int i = 0; i < 4; i++)
+        mma_put(fb, i, b[(2 * t + (i & 1) + (i >= 2 ? 8 : 0)) * 8 + g]);
+    for (int i = 0; i < 4; i++)
+        acc[i] = c[(i < 2 ? g : g + 8) * 8 + 2 * t + (i & 1)];
+    emu_mma_m16n8k16<T>(acc, fa, fb);
+    for (int i = 0; i < 4; i++)
+        d[w * 128 + (i < 2 ? g : g + 8) * 8 + 2 * t + (i & 1)] = acc[i];
 }
 
-/* One warp stores the accumulator c (row-major) to a shared tile that held -1, and each lane
- * reads element (lane + 1) % 32, which another lane stores: mode 0, right after the store (a
- * race on a GPU); mode 1, after the store and a __syncwarp; mode 2, before the store. */
-static __global__ void k_wmma_readback(const float *c, float *out, int mode)
+/* One warp: the lanes below `lanes` execute the instruction, the others a __syncwarp (which
+ * the emulator's first barrier of the call lets through with them). */
+static __global__ void k_mma_some_lanes(int lanes)
 {
-    __shared__ __align__(32) float tile[256];
-    int lane = threadIdx.x;
-    for (int e = lane; e < 256; e += 32)
-        tile[e] = -1.0f;
-    __syncwarp();
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-    wmma::load_matrix_sync(acc, c, 16, wmma::mem_row_major);
-    float before = tile[(lane + 1) % 32];
-    wmma::store_matrix_sync(tile, acc, 16, wmma::mem_row_major);
-    if (mode == 1)
+    uint32_t fa[4] = {0, 0, 0, 0}, fb[2] = {0, 0};
+    float acc[4] = {0, 0, 0, 0};
+    if ((int)threadIdx.x < lanes)
+        emu_mma_m16n8k16<__half>(acc, fa, fb);
+    else
         __syncwarp();
-    out[lane] = mode == 2 ? before : tile[(lane + 1) % 32];
-}
-
-/* An accumulator load from c + off with ldm ldc, then an A load with ldm lda. */
-static __global__ void k_wmma_operands(const float *c, int off, unsigned ldc, const uint16_t *a,
-                                       unsigned lda)
-{
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
-    wmma::load_matrix_sync(acc, c + off, ldc, wmma::mem_row_major);
-    wmma::load_matrix_sync(fa, reinterpret_cast<const __half *>(a), lda);
-}
-
-/* One warp's warp matrix calls, one lane (lane 5) out of step in mode: 1, another ldm for
- * its A load; 2, another pointer; 3, a C fragment that differs at mma_sync; 4, the upper half
- * of the warp loads B again while the lower half calls mma_sync; 5, another ldm for its store;
- * 6, B loaded as col_major; 7, every lane writes the tile A came from right after the load,
- * without __syncwarp (a race with the other lanes' load). Mode 0: all in step. */
-static __global__ void k_wmma_diverge(const uint16_t *a, float *c, int mode)
-{
-    __shared__ __align__(32) uint16_t tile[512];
-    int lane = threadIdx.x % 32;
-    bool odd = lane == 5;
-    const __half *t = reinterpret_cast<const __half *>(tile);
-    for (int e = lane; e < 512; e += 32)
-        tile[e] = a[e];
-    __syncwarp();
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
-    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> fb;
-    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fbc;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-    wmma::fill_fragment(acc, 0.0f);
-    wmma::load_matrix_sync(fa, t + (mode == 2 && odd ? 16 : 0), mode == 1 && odd ? 32 : 16);
-    if (mode == 7)
-        tile[lane] = 0x3C00;    /* 1.0 over 0.0 */
-    if (mode == 6 && odd)
-        wmma::load_matrix_sync(fbc, t + 256, 16);
-    else
-        wmma::load_matrix_sync(fb, t + 256, 16);
-    if (mode == 3 && odd)
-        acc.x[7] = 1.0f;
-    if (mode == 4 && lane >= 16)
-        wmma::load_matrix_sync(fb, t + 256, 16);
-    else
-        wmma::mma_sync(acc, fa, fb, acc);
-    wmma::store_matrix_sync(c, acc, mode == 5 && odd ? 20 : 16, wmma::mem_row_major);
 }
 
 START_TEST(t_block_sum)
@@ -378,28 +307,22 @@ static float wm_a(int i, int k) { return (float)((3 * i + 5 * k) % 7 - 3); }
 static float wm_b(int k, int j) { return 0.5f * (float)((2 * k + 3 * j) % 5 - 2); }
 static float wm_c(int i, int j) { return (float)(i - 2 * j); }
 
-/* Run k_wmma<T, LB>, B row-major when b_row, and compare D with the double reference bit for
- * bit; the padding of D (its rows 16..19) keeps its old value. */
-template <typename T, typename LB>
-static void check_wmma(bool bf16, bool b_row)
+/* Run k_mma<T> on two warps and compare D with the double reference bit for bit. */
+template <typename T>
+static void check_mma(bool bf16)
 {
-    const float scale = 0.5f, pad = -7.0f;
-    uint16_t ha[16 * WM_LDA], hb[16 * WM_LDB];
-    float hc[16 * WM_LDC], hd[16 * WM_LDC];
-    for (int i = 0; i < 16 * WM_LDA; i++)
-        ha[i] = bits16(64.0f, bf16);      /* padding: wrong if read */
-    for (int i = 0; i < 16 * WM_LDB; i++)
-        hb[i] = bits16(64.0f, bf16);
-    for (int i = 0; i < 16 * WM_LDC; i++) {
-        hc[i] = 4096.0f;
-        hd[i] = pad;
-    }
-    for (int r = 0; r < 16; r++)
-        for (int k = 0; k < 16; k++) {
-            ha[r * WM_LDA + k] = bits16(wm_a(r, k), bf16);
-            hb[b_row ? r * WM_LDB + k : k * WM_LDB + r] = bits16(wm_b(r, k), bf16);
-            hc[r * WM_LDC + k] = wm_c(r, k);
-        }
+    uint16_t ha[2 * 256], hb[128];
+    float hc[128], hd[2 * 128];
+    for (int w = 0; w < 2; w++)
+        for (int i = 0; i < 16; i++)
+            for (int k = 0; k < 16; k++)
+                ha[w * 256 + i * 16 + k] = bits16(wm_a(i + 3 * w, k), bf16);
+    for (int k = 0; k < 16; k++)
+        for (int n = 0; n < 8; n++)
+            hb[k * 8 + n] = bits16(wm_b(k, n), bf16);
+    for (int i = 0; i < 16; i++)
+        for (int n = 0; n < 8; n++)
+            hc[i * 8 + n] = wm_c(i, n);
     uint16_t *da = NULL, *db = NULL;
     float *dc = NULL, *dd = NULL;
     ck_assert_int_eq(cudaMalloc(&da, sizeof(ha)), cudaSuccess);
@@ -409,114 +332,32 @@ static void check_wmma(bool bf16, bool b_row)
     ck_assert_int_eq(cudaMemcpy(da, ha, sizeof(ha), cudaMemcpyHostToDevice), cudaSuccess);
     ck_assert_int_eq(cudaMemcpy(db, hb, sizeof(hb), cudaMemcpyHostToDevice), cudaSuccess);
     ck_assert_int_eq(cudaMemcpy(dc, hc, sizeof(hc), cudaMemcpyHostToDevice), cudaSuccess);
-    ck_assert_int_eq(cudaMemcpy(dd, hd, sizeof(hd), cudaMemcpyHostToDevice), cudaSuccess);
-    k_wmma<T, LB><<<1, 32>>>(da, db, dc, dd, scale);
+    k_mma<T><<<1, 64>>>(da, db, dc, dd);
     ck_assert_int_eq(cudaGetLastError(), cudaSuccess);
     ck_assert_int_eq(cudaMemcpy(hd, dd, sizeof(hd), cudaMemcpyDeviceToHost), cudaSuccess);
-    for (int j = 0; j < 16; j++)
-        for (int i = 0; i < WM_LDC; i++) {
-            double want = pad;
-            if (i < 16) {
-                want = wm_c(i, j);
+    for (int w = 0; w < 2; w++)
+        for (int i = 0; i < 16; i++)
+            for (int n = 0; n < 8; n++) {
+                double want = wm_c(i, n);
                 for (int k = 0; k < 16; k++)
-                    want += (double)wm_a(i, k) * wm_b(k, j);
-                want *= scale;
+                    want += (double)wm_a(i + 3 * w, k) * wm_b(k, n);
+                ck_assert_msg(hd[w * 128 + i * 8 + n] == (float)want,
+                              "%s, warp %d: d(%d,%d) = %g, want %g", bf16 ? "bf16" : "fp16", w, i,
+                              n, (double)hd[w * 128 + i * 8 + n], want);
             }
-            ck_assert_msg(hd[j * WM_LDC + i] == (float)want, "%s, B %s: d(%d,%d) = %g, want %g",
-                          bf16 ? "bf16" : "fp16", b_row ? "row-major" : "col-major", i, j,
-                          (double)hd[j * WM_LDC + i], want);
-        }
     cudaFree(da);
     cudaFree(db);
     cudaFree(dc);
     cudaFree(dd);
 }
 
-START_TEST(t_wmma_f16)
+START_TEST(t_mma)
 {
-    check_wmma<__half, wmma::col_major>(false, false);
-    check_wmma<__half, wmma::row_major>(false, true);
+    check_mma<__half>(false);
+    check_mma<__nv_bfloat16>(true);
 }
 END_TEST
 
-START_TEST(t_wmma_bf16)
-{
-    check_wmma<__nv_bfloat16, wmma::row_major>(true, true);
-    check_wmma<__nv_bfloat16, wmma::col_major>(true, false);
-}
-END_TEST
-
-START_TEST(t_wmma_two_warps)
-{
-    uint16_t ha[2 * 256], hb[256];
-    float out[2 * 256];
-    for (int w = 0; w < 2; w++)
-        for (int i = 0; i < 16; i++)
-            for (int k = 0; k < 16; k++)
-                ha[w * 256 + i * 16 + k] = bits16(wm_a(i + 3 * w, k), false);
-    for (int k = 0; k < 16; k++)
-        for (int j = 0; j < 16; j++)
-            hb[k * 16 + j] = bits16(wm_b(k, j), false);
-    uint16_t *da = NULL, *db = NULL;
-    float *dout = NULL;
-    ck_assert_int_eq(cudaMalloc(&da, sizeof(ha)), cudaSuccess);
-    ck_assert_int_eq(cudaMalloc(&db, sizeof(hb)), cudaSuccess);
-    ck_assert_int_eq(cudaMalloc(&dout, sizeof(out)), cudaSuccess);
-    ck_assert_int_eq(cudaMemcpy(da, ha, sizeof(ha), cudaMemcpyHostToDevice), cudaSuccess);
-    ck_assert_int_eq(cudaMemcpy(db, hb, sizeof(hb), cudaMemcpyHostToDevice), cudaSuccess);
-    k_wmma_two_warps<<<1, 64>>>(da, db, dout);
-    ck_assert_int_eq(cudaGetLastError(), cudaSuccess);
-    ck_assert_int_eq(cudaMemcpy(out, dout, sizeof(out), cudaMemcpyDeviceToHost), cudaSuccess);
-    for (int w = 0; w < 2; w++)
-        for (int i = 0; i < 16; i++)
-            for (int j = 0; j < 16; j++) {
-                double want = w;
-                for (int k = 0; k < 16; k++)
-                    want += (double)wm_a(i + 3 * w, k) * wm_b(k, j);
-                ck_assert_msg(out[w * 256 + i * 16 + j] == (float)want,
-                              "warp %d: (%d,%d) = %g, want %g", w, i, j,
-                              (double)out[w * 256 + i * 16 + j], want);
-            }
-    cudaFree(da);
-    cudaFree(db);
-    cudaFree(dout);
-}
-END_TEST
-
-/* A store_matrix_sync is spread over the warp's lanes (each writes the elements of its own
- * index mod 32) and lanes run one after another, so a lane that reads what another stored
- * without __syncwarp reads the old memory: the emulator makes that race (undefined on a GPU)
- * a wrong result on purpose. With __syncwarp every lane reads the stored value. And the store
- * begins when the whole warp has arrived (as CUDA documents it), so a read before it, in any
- * lane, sees the memory as it was. */
-START_TEST(t_wmma_store_order)
-{
-    float hc[256], out[32], *dc = NULL, *dout = NULL;
-    for (int e = 0; e < 256; e++)
-        hc[e] = (float)(e + 1);
-    ck_assert_int_eq(cudaMalloc(&dc, sizeof(hc)), cudaSuccess);
-    ck_assert_int_eq(cudaMalloc(&dout, sizeof(out)), cudaSuccess);
-    ck_assert_int_eq(cudaMemcpy(dc, hc, sizeof(hc), cudaMemcpyHostToDevice), cudaSuccess);
-    for (int mode = 0; mode < 3; mode++) {
-        k_wmma_readback<<<1, 32>>>(dc, dout, mode);
-        ck_assert_int_eq(cudaGetLastError(), cudaSuccess);
-        ck_assert_int_eq(cudaMemcpy(out, dout, sizeof(out), cudaMemcpyDeviceToHost),
-                         cudaSuccess);
-        int stale = 0;
-        for (int lane = 0; lane < 32; lane++) {
-            float stored = hc[(lane + 1) % 32];
-            ck_assert_msg(out[lane] == (mode == 0 ? out[lane] : mode == 1 ? stored : -1.0f),
-                          "mode %d, lane %d: %g", mode, lane, (double)out[lane]);
-            ck_assert(out[lane] == -1.0f || out[lane] == stored);
-            stale += out[lane] == -1.0f;
-        }
-        if (mode == 0)
-            ck_assert_msg(stale > 0, "every lane read the stored tile without __syncwarp");
-    }
-    cudaFree(dc);
-    cudaFree(dout);
-}
-END_TEST
 
 /* Run fn in a child with stderr captured: true when the child died (a signal or a non-zero
  * exit, as the sanitizers report it) and its stderr holds every string of want (up to a
@@ -581,80 +422,37 @@ static void deadlock(void)
     k_deadlock<<<1, 32>>>();
 }
 
-/* k_wmma_operands on 512 floats and 512 halves at off, ldc, lda, with threads threads */
-static void wmma_operands(int off, unsigned ldc, unsigned lda, int threads)
+static void mma_partial_warp(void)    /* warp 1 of 48 threads: 16 lanes */
 {
-    float *c = NULL;
     uint16_t *a = NULL;
-    if (cudaMalloc(&c, 512 * sizeof(float)) != cudaSuccess ||
-        cudaMalloc(&a, 512 * sizeof(uint16_t)) != cudaSuccess ||
-        cudaMemset(c, 0, 512 * sizeof(float)) != cudaSuccess ||
-        cudaMemset(a, 0, 512 * sizeof(uint16_t)) != cudaSuccess)
+    float *d = NULL;
+    if (cudaMalloc(&a, 512 * sizeof(uint16_t)) != cudaSuccess ||
+        cudaMalloc(&d, 256 * sizeof(float)) != cudaSuccess ||
+        cudaMemset(a, 0, 512 * sizeof(uint16_t)) != cudaSuccess ||
+        cudaMemset(d, 0, 256 * sizeof(float)) != cudaSuccess)
         return;
-    k_wmma_operands<<<1, threads>>>(c, off, ldc, a, lda);
+    k_mma<__half><<<1, 48>>>(a, a, d, d);
     cudaDeviceSynchronize();
 }
 
-static void wmma_misaligned(void) { wmma_operands(4, 16, 16, 32); }   /* 16 bytes in */
-static void wmma_bad_ldm(void) { wmma_operands(0, 16, 12, 32); }       /* 12 halves */
-static void wmma_partial_warp(void) { wmma_operands(0, 16, 16, 48); }  /* warp 1: 16 lanes */
-
-/* k_wmma_diverge in mode on one warp (or two, the second in step), zeros in A and B */
-static void wmma_diverge(int mode, int threads)
+static void mma_half_warp(void)
 {
-    float *c = NULL;
-    uint16_t *a = NULL;
-    if (cudaMalloc(&c, 512 * sizeof(float)) != cudaSuccess ||
-        cudaMalloc(&a, 512 * sizeof(uint16_t)) != cudaSuccess ||
-        cudaMemset(a, 0, 512 * sizeof(uint16_t)) != cudaSuccess)
-        return;
-    k_wmma_diverge<<<1, threads>>>(a, c, mode);
+    k_mma_some_lanes<<<1, 32>>>(16);
     cudaDeviceSynchronize();
-    cudaFree(a);
-    cudaFree(c);
 }
 
-static void wmma_diverge_ldm(void) { wmma_diverge(1, 32); }
-static void wmma_diverge_pointer(void) { wmma_diverge(2, 32); }
-static void wmma_diverge_fragment(void) { wmma_diverge(3, 32); }
-static void wmma_diverge_call(void) { wmma_diverge(4, 32); }
-static void wmma_diverge_store(void) { wmma_diverge(5, 64); }
-static void wmma_diverge_layout(void) { wmma_diverge(6, 32); }
-static void wmma_load_race(void) { wmma_diverge(7, 32); }
-
-START_TEST(t_wmma_faults)
+/* The instruction is warp-collective: the emulator reports a warp it cannot run. */
+START_TEST(t_mma_faults)
 {
-    wmma_operands(8, 20, 24, 64);   /* 32 bytes in, ldm multiples of 4 and 8: fine */
-    ck_assert_int_eq(cudaGetLastError(), cudaSuccess);
-    ck_assert(child_dies_saying(wmma_misaligned, "is not 32-byte (256-bit) aligned"));
-    ck_assert(child_dies_saying(wmma_bad_ldm, "ldm 12 is not a multiple of 8 elements"));
-    ck_assert(child_dies_saying(wmma_partial_warp, "has 16 threads: the warp matrix calls"));
+    static const char *const half[] = {"mma.sync.m16n8k16 in block (0,0,0), thread (",
+                                       "only lanes 0x0000ffff of its warp execute it", NULL};
+    k_mma_some_lanes<<<1, 32>>>(32);
+    ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
+    ck_assert(child_dies_saying(mma_partial_warp, "fewer than 32 threads"));
+    ck_assert(child_dies_saying_all(mma_half_warp, half));
 }
 END_TEST
 
-/* A warp's lanes must make the same warp matrix calls with the same operands (the emulator
- * does each call's work once per warp and checks the other lanes against it). */
-START_TEST(t_wmma_diverge)
-{
-    static const char *const ldm[] = {"wmma::load_matrix_sync in block (0,0,0), thread (",
-                                      "ldm 32", "differ from those of lane", NULL};
-    static const char *const pointer[] = {"wmma::load_matrix_sync in block (0,0,0), thread (",
-                                          "differ from those of lane", NULL};
-    static const char *const fragment[] = {"wmma::mma_sync in block (0,0,0), thread (",
-                                           "its C fragment differs from that of lane", NULL};
-    static const char *const store[] = {"wmma::store_matrix_sync in block (0,0,0), thread (",
-                                        "ldm 20", "differ from those of lane", NULL};
-    wmma_diverge(0, 64);
-    ck_assert_int_eq(cudaGetLastError(), cudaSuccess);
-    ck_assert(child_dies_saying_all(wmma_diverge_ldm, ldm));
-    ck_assert(child_dies_saying_all(wmma_diverge_pointer, pointer));
-    ck_assert(child_dies_saying_all(wmma_diverge_fragment, fragment));
-    ck_assert(child_dies_saying(wmma_diverge_call, "of its warp is in wmma::"));
-    ck_assert(child_dies_saying_all(wmma_diverge_store, store));
-    ck_assert(child_dies_saying(wmma_diverge_layout, "fragment types or layouts differ"));
-    ck_assert(child_dies_saying(wmma_load_race, "changed after lane"));
-}
-END_TEST
 
 START_TEST(t_faults)
 {
@@ -693,12 +491,8 @@ int main(void)
     tcase_add_test(tc, t_lt_attribute_size);
     tcase_add_test(tc, t_half_convert);
     tcase_add_test(tc, t_math);
-    tcase_add_test(tc, t_wmma_f16);
-    tcase_add_test(tc, t_wmma_bf16);
-    tcase_add_test(tc, t_wmma_two_warps);
-    tcase_add_test(tc, t_wmma_store_order);
-    tcase_add_test(tc, t_wmma_faults);
-    tcase_add_test(tc, t_wmma_diverge);
+    tcase_add_test(tc, t_mma);
+    tcase_add_test(tc, t_mma_faults);
     suite_add_tcase(s, tc);
     return cudatest_main("check_cudaemu_self", s);
 }

@@ -14,8 +14,8 @@
  *    reported as a deadlock and aborts. Launch shapes are checked as the runtime checks them
  *    (1..1024 threads, grid limits) and a bad one is a sticky cudaGetLastError error.
  *    Each opening of a full-warp barrier gets a number, unique in the process, that the lanes
- *    it releases can ask for (emu_warp_shared), with a scratch area per warp: the warp matrix
- *    calls (mma.h) use them to do a collective call's work once per warp.
+ *    it releases can ask for (emu_warp_shared), with a scratch area per warp: the tensor-core
+ *    instruction (ptx_mma.h) passes the lanes' fragments through it.
  *  - Memory: each cudaMalloc is its own mapping with an inaccessible page right after the
  *    allocation (256-byte granularity) and one before it, and every device page is
  *    PROT_NONE while host code runs: a kernel that writes past its buffer and host code that

@@ -38,6 +38,15 @@ struct uint3 {
     unsigned x, y, z;
 };
 
+struct alignas(8) float2 {   /* CUDA's vector type: 8-byte aligned, so one 64-bit access */
+    float x, y;
+};
+
+static inline float2 make_float2(float x, float y)
+{
+    return float2{x, y};
+}
+
 struct dim3 {
     unsigned x, y, z;
     dim3(unsigned vx = 1, unsigned vy = 1, unsigned vz = 1) : x(vx), y(vy), z(vz) {}
@@ -71,7 +80,7 @@ void emu_syncwarp(unsigned mask);
 uint64_t emu_exchange(unsigned mask, uint64_t v, int src);
 /* The caller's lane (0..31) in its warp. */
 int emu_lane(void);
-/* For warp-collective calls (mma.h): the caller's warp's EMU_WARP_SHARED bytes of scratch
+/* For warp-collective calls (ptx_mma.h): the caller's warp's EMU_WARP_SHARED bytes of scratch
  * (64-byte aligned, kept across launches, initially zero), and in *gen the number of the
  * full-warp barrier (__syncwarp() or a shuffle with the whole mask) that last let the caller
  * run, or 0 when that was something else (its start, __syncthreads, a barrier of a partial
