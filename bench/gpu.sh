@@ -64,7 +64,10 @@
 # fp32 runs (no TF32) are rated against the same bf16 peak; their own is ~67 TFLOP/s.
 #
 # Output: progress lines, then one table (a row per run; on each ampd row its ratio to the
-# PyTorch run of the same precision), then the path of the raw results: one JSON file,
+# PyTorch run of the same precision), ampd's step by phase (each ampd run profiles its last
+# warm-up step: `ampd run --profile`, CUDA events between op groups) and PyTorch's kernel
+# time by kind (torch_gpu.py --profile: torch.profiler on its last warm-up step), then the
+# path of the raw results: one JSON file,
 # $OUT/gpu-bench.json when OUT is set (with every run's logs in $OUT/gpu-bench-logs/), else
 # /tmp/ampd-gpu-bench-<time>.json (logs beside it).
 set -uo pipefail
@@ -266,7 +269,10 @@ run_one() {
 }
 
 run_ampd() { # name dtype steps limit attention
-    local name=$1 limit=$4 f
+    local name=$1 limit=$4 f warm=$WARMUP prof=()
+    [ "$2" = fp32 ] && warm=$FP32_WARMUP
+    # the last warm-up step (not timed) is profiled phase by phase
+    [ "$warm" -ge 1 ] && prof=(--profile "$warm")
     # A run that timed out before its first step means a hang: don't feed it the budget.
     [ "$AMPD_HUNG" = 1 ] && [ "$limit" -gt 45 ] && limit=45
     f=$(job "${name#ampd-}" "$2" "$3" "$5")
@@ -277,7 +283,7 @@ run_ampd() { # name dtype steps limit attention
     # shellcheck disable=SC2016 # expanded by that bash
     run_one "$name" "$limit" bash -c 'trap : TERM; set -o pipefail; "${@:4}" | "$1" -u -c "$2" "$3"' \
         _ "$PY" "$STAMPER" "$LOGS/$name.times" \
-        "${AMPD_ENV[@]}" "$AMPD" run --every 1 --data-root "$WORK/data" "$f"
+        "${AMPD_ENV[@]}" "$AMPD" run --every 1 "${prof[@]}" --data-root "$WORK/data" "$f"
     if grep -qE '"rc": (124|137),' "$LOGS/$name.meta" && ! grep -q '"type":"step"' "$LOGS/$name.out"; then
         AMPD_HUNG=1
     fi
@@ -290,7 +296,7 @@ run_torch() { # name mode steps warmup [extra args]
         --steps $((steps - warm)) --warmup "$warm" --batch "$B" --seq-len "$T" \
         --n-layer "$L" --d-model "$C" --n-head "$H" --vocab "$V" --data "$WORK/data/train.bin" \
         --seed 1 --lr 6e-4 --beta1 0.9 --beta2 0.95 --eps 1e-8 --weight-decay 0.1 \
-        --attn "$TORCH_ATTN" "$@"
+        --attn "$TORCH_ATTN" --profile "$@"
 }
 
 echo "== runs (budget ${BUDGET}s; logs in $LOGS)"
@@ -401,6 +407,7 @@ def ampd_run(dt, name=None):
     steps = [o for o in lines if o.get("type") == "step"]
     summ = next((o for o in reversed(lines) if o.get("type") == "summary"), None)
     start = next((o for o in lines if o.get("type") == "start"), None)
+    prof = next((o for o in lines if o.get("type") == "profile"), None)
     warm = WARM.get(dt, WARM16)
     timed = [o["step_ms"] for o in steps
              if o.get("step", 0) > warm and isinstance(o.get("step_ms"), (int, float))]
@@ -420,7 +427,7 @@ def ampd_run(dt, name=None):
          "ampd_tokens_per_s_median": statistics.median(
              [o["tokens_per_s"] for o in steps if isinstance(o.get("tokens_per_s"), (int, float))]
              or [float("nan")]),
-         "start": start}
+         "start": start, "profile": prof}
     if summ and summ.get("error"):
         r["error"] = summ["error"]
     return r
@@ -539,6 +546,31 @@ for name in ("torch-bf16", "torch-bf16-naive", "torch-fp16", "torch-fp32"):
         print(f"{name} mem GiB: weights {m['weights'] / GIB:.2f}, grads {m['grads'] / GIB:.2f}, "
               f"optimizer {m['optimizer'] / GIB:.2f} (fp32); peak allocated "
               f"{m['peak_allocated'] / GIB:.2f}, reserved {m['peak_reserved'] / GIB:.2f}")
+profs = [(n, runs[n]["profile"]) for n in ("ampd-bf16", "ampd-fp16", "ampd-bf16-materialized",
+                                          "ampd-fp32") if runs[n].get("profile")]
+if profs:
+    print(f"ampd's step by phase (--profile: CUDA events between op groups on its last warm-up "
+          f"step; ms summed over the layers, x calls):")
+    ms = [{p["name"]: (p["ms"], p["calls"]) for p in pr["phases"]} for _, pr in profs]
+    names = sorted({k for m in ms for k in m}, key=lambda k: -max(m.get(k, (0, 0))[0] for m in ms))
+    print(f"  {'phase':15}" + "".join(f"{n[5:]:>24}" for n, _ in profs))
+    for k in names:
+        cells = []
+        for (_, pr), m in zip(profs, ms):
+            v, c = m.get(k, (None, 0))
+            share = 100 * v / pr["step_ms"] if v is not None and pr.get("step_ms") else None
+            cells.append(f"{f(v, '.3f', 9)} {f(share, '.1f', 6, '%')} {f(c, 'd', 6, 'x') if c else '':>6}")
+        print(f"  {k:15}" + "".join(f"{c:>24}" for c in cells))
+    print(f"  {'(sum) / step':15}" + "".join(
+        f"{f(pr.get('phases_ms'), '.3f', 9)} / {f(pr.get('step_ms'), '.3f', 9)}".rjust(24)
+        for _, pr in profs))
+for name in ("torch-bf16", "torch-fp16", "torch-bf16-naive", "torch-fp32"):
+    pr = (runs[name].get("result") or {}).get("profile") or {}
+    if pr.get("phases"):
+        print(f"{name} kernels by kind (torch.profiler, its last warm-up step): " + ", ".join(
+            f"{p['name']} {p['ms']:.3f} ms x{p['calls']}" for p in pr["phases"]))
+    elif pr.get("error"):
+        print(f"{name}: torch.profiler failed: {pr['error'][:200]}")
 tf = runs["torch-fp16"].get("result") or {}
 if tf:
     print(f"pytorch fp16: final GradScaler scale {tf.get('loss_scale_final')}")

@@ -14,12 +14,12 @@ embedding, and the softmax runs over all 50304 logits, in ampd as here) —
     --attn sdpa (the default): torch.nn.functional.scaled_dot_product_attention(
         is_causal=True). On a GPU in bf16/fp16 PyTorch picks a FUSED kernel (FlashAttention,
         or its cuDNN / memory-efficient attention), which never writes the (B, H, T, T)
-        score and probability matrices to memory. ampd does NOT do this: it materialises
-        the softmax (nanoGPT's non-flash path), so this is the fast baseline, not the same
-        algorithm.
-    --attn naive: the attention written out as ampd computes it: scores = (q @ k^T) *
-        1/sqrt(head_dim), masked_fill(future, -inf), softmax in fp32 (the (B, H, T, T)
-        probabilities are kept for backward), @ v; the like-for-like peer.
+        score and probability matrices to memory: the peer of ampd's "attention": "flash"
+        (gpu/cuda_attn.cu, FlashAttention-2), which bench/gpu.sh's 16-bit ampd runs use.
+    --attn naive: the attention written out as ampd's "materialized" attention computes it:
+        scores = (q @ k^T) * 1/sqrt(head_dim), masked_fill(future, -inf), softmax in fp32
+        (the (B, H, T, T) probabilities are kept for backward), @ v; the peer of
+        bench/gpu.sh's ampd-materialized run.
   final LayerNorm; LM head = the token embedding's weight (tied, no bias); cross-entropy
   in fp32 on the logits.
 
@@ -60,6 +60,12 @@ Prints one JSON line:
    "fused_adamw", "loss_first", "loss_last", "loss_scale_final", "mem": {...},
    "step_ms_all": [...], "torch": ..., "status": "ok" | "nonfinite" | "interrupted"}
 ("interrupted": stopped by SIGTERM; "steps" then counts the timed steps done.)
+With --profile (CUDA only), the last warm-up step runs under torch.profiler and "profile"
+holds its kernels' device time by kind: {"phases": [{"name", "ms", "calls"}...],
+"top": the 12 longest kernels}, kinds by kernel name: attention (flash / fmha / efficient
+attention / softmax kernels; a naive attention's two batched products count as gemm), gemm,
+layernorm, gelu, loss (cross-entropy, log-softmax, nll), unscale and scaler (GradScaler),
+optimizer (AdamW), other (elementwise, casts, copies, reductions).
 flops_per_token = 6 * params + 12 * n_layer * seq_len * d_model (PaLM's / nanoGPT's; params
 counts the tied embedding once and includes the position embedding).
 
@@ -107,6 +113,8 @@ def parse_args():
                    help="fused AdamW: auto = on for CUDA when this torch has it")
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
     p.add_argument("--verbose", action="store_true", help="progress on stderr")
+    p.add_argument("--profile", action="store_true",
+                   help="CUDA: the last warm-up step's kernel time by kind, under torch.profiler")
     a = p.parse_args()
     if a.steps < 1 or a.warmup < 0:
         p.error("--steps must be >= 1 and --warmup >= 0")
@@ -233,6 +241,44 @@ def load_batches(args, torch, nbatches):
     return [(s[:, :T].contiguous(), s[:, 1:].contiguous()) for s in seq]
 
 
+# kernel kinds of --profile: the first whose words appear in a kernel's name (lowercase)
+KINDS = (("unscale", ("non_finite_check_and_unscale",)), ("scaler", ("amp_update_scale",)),
+         ("optimizer", ("adam", "multi_tensor_apply")),
+         ("attention", ("flash", "fmha", "attention", "softmax")),
+         ("loss", ("cross_entropy", "nll_loss", "log_softmax")),
+         ("layernorm", ("layer_norm", "layernorm")), ("gelu", ("gelu",)),
+         ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "sm90_", "sm80_", "wgmma")))
+
+
+def kernel_kind(name):
+    low = name.lower()
+    return next((k for k, words in KINDS if any(w in low for w in words)), "other")
+
+
+def profile_step(torch, step, x, y):
+    """One step under torch.profiler (CUDA activity): its kernels' device time by kind."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step(x, y)
+        torch.cuda.synchronize()
+    kinds, kernels = {}, []
+    for e in prof.key_averages():
+        us = getattr(e, "self_device_time_total", None)
+        if us is None:
+            us = getattr(e, "self_cuda_time_total", 0)
+        if not us:
+            continue
+        kind = kernel_kind(e.key)
+        ms, calls = kinds.get(kind, (0.0, 0))
+        kinds[kind] = (ms + us / 1e3, calls + e.count)
+        kernels.append((us / 1e3, e.count, e.key[:160], kind))
+    kernels.sort(reverse=True)
+    return {"phases": [{"name": k, "ms": round(v[0], 4), "calls": v[1]}
+                       for k, v in sorted(kinds.items(), key=lambda kv: -kv[1][0])],
+            "top": [{"ms": round(ms, 4), "calls": c, "kernel": n, "kind": k}
+                    for ms, c, n, k in kernels[:12]]}
+
+
 def make_scaler(torch, device):
     """PyTorch's GradScaler with its (and ampd's) defaults written out."""
     kw = dict(init_scale=65536.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000)
@@ -314,6 +360,7 @@ def main():
               for _ in range(total)]
     wall0 = None
     done = 0
+    profiled = None
     for i in range(total):
         if stop:
             break
@@ -323,7 +370,14 @@ def main():
             wall0 = time.perf_counter()
         if cuda:
             ev[i][0].record()
-            losses.append(step(*batches[i]))
+            if args.profile and i == args.warmup - 1:  # an untimed step
+                try:
+                    profiled = profile_step(torch, lambda x, y: losses.append(step(x, y)),
+                                            *batches[i])
+                except Exception as e:  # optional: the timing goes on without it
+                    profiled = {"error": f"{type(e).__name__}: {e}"}
+            else:
+                losses.append(step(*batches[i]))
             ev[i][1].record()
         else:
             t0 = time.perf_counter()
@@ -376,6 +430,7 @@ def main():
         "step_ms_all": [round(t, 4) for t in times],
         "data": args.data or "random",
         "torch": torch.__version__,
+        "profile": profiled,
     }), flush=True)
 
 

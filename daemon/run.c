@@ -39,6 +39,7 @@ typedef struct {
     const char *ckpt_dir; /* --checkpoint-dir: NULL for none */
     const char *resume;   /* --resume: a checkpoint file or NULL */
     int every;
+    int64_t profile;      /* --profile: the step to profile, 0 for none */
     api_spec_opts opts;
 } run_args;
 
@@ -130,9 +131,11 @@ static double median(double *v, int64_t n)
 static void usage(FILE *f)
 {
     fprintf(f, "usage: ampd run [--every N] [--data-root DIR]... [--checkpoint-dir DIR]\n"
-               "                [--resume CKPT] JOB.json|-\n"
+               "                [--resume CKPT] [--profile STEP] JOB.json|-\n"
                "  Train the job in the foreground; one JSON line per step on stdout.\n"
                "  --every N             print every Nth step line (default 1)\n"
+               "  --profile STEP        time step STEP phase by phase (attention, linears,\n"
+               "                        optimizer...) and print a \"profile\" line after it\n"
                "  --data-root DIR       where named datasets are found (repeatable;\n"
                "                        default /usr/share/datasets, /usr/share/games)\n"
                "  --checkpoint-dir DIR  write ckpt-<step>.safetensors every checkpoint_every\n"
@@ -146,6 +149,7 @@ static int parse_args(int argc, char **argv, run_args *a)
                                              {"data-root", required_argument, NULL, 'd'},
                                              {"checkpoint-dir", required_argument, NULL, 'c'},
                                              {"resume", required_argument, NULL, 'r'},
+                                             {"profile", required_argument, NULL, 'p'},
                                              {"help", no_argument, NULL, 'h'},
                                              {NULL, 0, NULL, 0}};
     int ch, roots = 0;
@@ -153,7 +157,7 @@ static int parse_args(int argc, char **argv, run_args *a)
     a->every = 1;
     api_spec_opts_default(&a->opts);
     optind = 1;
-    while ((ch = getopt_long(argc, argv, "e:d:c:r:h", longopts, NULL)) != -1) {
+    while ((ch = getopt_long(argc, argv, "e:d:c:r:p:h", longopts, NULL)) != -1) {
         switch (ch) {
         case 'e':
             a->every = atoi(optarg);
@@ -176,6 +180,18 @@ static int parse_args(int argc, char **argv, run_args *a)
         case 'r':
             a->resume = optarg;
             break;
+        case 'p': {
+            char *end;
+            errno = 0;
+            long long v = strtoll(optarg, &end, 10);
+            if (errno || end == optarg || *end || v < 1) {
+                fprintf(stderr, "ampd run: --profile needs a step number >= 1, not '%s'\n",
+                        optarg);
+                return 2;
+            }
+            a->profile = v;
+            break;
+        }
         case 'h':
             usage(stdout);
             return 1;
@@ -329,6 +345,25 @@ static int checkpoint(gpu_trainer *t, const char *dir, char *err, size_t errlen)
     return 0;
 }
 
+/* The profile line of step `step` (gpu_trainer_profile), when it has one. */
+static void emit_profile(gpu_trainer *t, int64_t step, double step_ms)
+{
+    const gpu_profile *p = gpu_trainer_profile(t);
+    if (p == NULL)
+        return;
+    json_t *phases = json_array();
+    double sum = 0.0;
+    for (int i = 0; i < p->n; i++) {
+        json_array_append_new(phases, json_pack("{s:s, s:o, s:i}", "name", p->phase[i].name,
+                                                "ms", api_json_num(p->phase[i].ms), "calls",
+                                                p->phase[i].calls));
+        sum += p->phase[i].ms;
+    }
+    emit(json_pack("{s:s, s:I, s:s, s:o, s:o, s:o}", "type", "profile", "step", (json_int_t)step,
+                   "device", gpu_trainer_device(t), "step_ms", api_json_num(step_ms),
+                   "phases_ms", api_json_num(sum), "phases", phases));
+}
+
 /* The step loop from the trainer's current step to the end or a stop signal. Returns 0,
  * 1 (failed, err filled) or 130 (interrupted). */
 static int loop(const gpu_job_config *c, const run_args *a, gpu_trainer *t, run_state *s,
@@ -337,10 +372,14 @@ static int loop(const gpu_job_config *c, const run_args *a, gpu_trainer *t, run_
     gpu_state_scalars sc;
     gpu_trainer_get_scalars(t, &sc);
     for (int64_t step = sc.step; step < c->steps && !stop_requested; step++) {
+        if (step + 1 == a->profile)
+            gpu_trainer_profile_next(t);
         int rc = gpu_trainer_step(t, &s->last, err, errlen);
         record_time(s, s->last.step_ms);
         if (s->last.step % a->every == 0 || rc || s->last.step == c->steps || s->last.overflow)
             emit_step(&s->last);
+        if (s->last.step == a->profile)
+            emit_profile(t, s->last.step, s->last.step_ms);
         emit_diagnostics(t, &s->last);
         if (rc) {
             if (!err[0])

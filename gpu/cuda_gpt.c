@@ -766,6 +766,14 @@ static void *block_out(const gpt_run *r, int l)
     return l + 1 < r->m->n_layer ? act(r, l + 1, r->L.b.resid) : r->acts + r->L.resf;
 }
 
+/* rc, after closing the step profile's phase (when the step is profiled and rc is 0). */
+static int mark(const gpt_run *r, int rc, const char *phase)
+{
+    if (rc == 0)
+        gpu_cuda_prof_mark(r->c->prof, r->st, phase);
+    return rc;
+}
+
 /* gpt.c's block_fwd for layer l. */
 static int block_fwd(const gpt_run *r, int l)
 {
@@ -778,30 +786,39 @@ static int block_fwd(const gpt_run *r, int l)
     void *ln1 = act(r, l, b->ln1), *ln2 = act(r, l, b->ln2);
     void *fc = act(r, l, b->fc), *gelu = act(r, l, b->gelu);
 
-    int rc =
-        ln_fwd(r, hin, P->ln1_w, P->ln1_b, ln1, act(r, l, b->ln1_mean), act(r, l, b->ln1_rstd));
+    int rc = mark(r, ln_fwd(r, hin, P->ln1_w, P->ln1_b, ln1, act(r, l, b->ln1_mean),
+                            act(r, l, b->ln1_rstd)),
+                  "layernorm.fwd");
     if (rc == 0)
-        rc = linear_fwd(r, ln1, C, 3 * C, P->qkv_w, P->qkv_b, act(r, l, b->qkv), m->mm_dt,
-                        dl(r, l, GPU_CUDA_GPT_QKV));
+        rc = mark(r, linear_fwd(r, ln1, C, 3 * C, P->qkv_w, P->qkv_b, act(r, l, b->qkv),
+                                m->mm_dt, dl(r, l, GPU_CUDA_GPT_QKV)),
+                  "linear.fwd");
     if (rc == 0)
-        rc = attn_fwd(r, l);
+        rc = mark(r, attn_fwd(r, l), "attention.fwd");
     if (rc == 0)
-        rc = linear_fwd(r, act(r, l, b->atty), C, C, P->proj_w, P->proj_b, ga, lin,
-                        dl(r, l, GPU_CUDA_GPT_PROJ));
+        rc = mark(r, linear_fwd(r, act(r, l, b->atty), C, C, P->proj_w, P->proj_b, ga, lin,
+                                dl(r, l, GPU_CUDA_GPT_PROJ)),
+                  "linear.fwd");
     if (rc == 0)
-        rc = resid_add(r, hin, ga, lin, hmid);
+        rc = mark(r, resid_add(r, hin, ga, lin, hmid), "residual.fwd");
     if (rc == 0)
-        rc = ln_fwd(r, hmid, P->ln2_w, P->ln2_b, ln2, act(r, l, b->ln2_mean),
-                    act(r, l, b->ln2_rstd));
+        rc = mark(r, ln_fwd(r, hmid, P->ln2_w, P->ln2_b, ln2, act(r, l, b->ln2_mean),
+                            act(r, l, b->ln2_rstd)),
+                  "layernorm.fwd");
     if (rc == 0)
-        rc = linear_fwd(r, ln2, C, 4 * C, P->fc_w, P->fc_b, fc, lin, dl(r, l, GPU_CUDA_GPT_FC));
+        rc = mark(r, linear_fwd(r, ln2, C, 4 * C, P->fc_w, P->fc_b, fc, lin,
+                                dl(r, l, GPU_CUDA_GPT_FC)),
+                  "linear.fwd");
     if (rc == 0)
-        rc = gpu_cuda_gelu_tanh_fwd_launch(fc, lin, gelu, lin, 4 * r->nC, m->gelu_dt, r->st);
+        rc = mark(r, gpu_cuda_gelu_tanh_fwd_launch(fc, lin, gelu, lin, 4 * r->nC, m->gelu_dt,
+                                                   r->st),
+                  "gelu.fwd");
     if (rc == 0)
-        rc = linear_fwd(r, gelu, 4 * C, C, P->mproj_w, P->mproj_b, ga, lin,
-                        dl(r, l, GPU_CUDA_GPT_MPROJ));
+        rc = mark(r, linear_fwd(r, gelu, 4 * C, C, P->mproj_w, P->mproj_b, ga, lin,
+                                dl(r, l, GPU_CUDA_GPT_MPROJ)),
+                  "linear.fwd");
     if (rc == 0)
-        rc = resid_add(r, hmid, ga, lin, block_out(r, l));
+        rc = mark(r, resid_add(r, hmid, ga, lin, block_out(r, l)), "residual.fwd");
     return rc;
 }
 
@@ -845,24 +862,29 @@ int gpu_cuda_gpt_forward(const gpu_gpt *m, const gpu_cuda_model_ctx *c, const in
     if (rc != 0)
         return rc;
     wref wte = wsrc(&r, m->wte, m->emb_dt), wpe = wsrc(&r, m->wpe, m->emb_dt);
-    rc = gpu_cuda_embed_fwd_launch(x, B, r.T, r.C, r.V, wte.p, wpe.p, wte.dt, m->resid_dt,
-                                   act(&r, 0, r.L.b.resid), m->resid_dt, r.st);
+    rc = mark(&r, gpu_cuda_embed_fwd_launch(x, B, r.T, r.C, r.V, wte.p, wpe.p, wte.dt,
+                                            m->resid_dt, act(&r, 0, r.L.b.resid), m->resid_dt,
+                                            r.st),
+              "embed.fwd");
     for (int l = 0; l < m->n_layer && rc == 0; l++)
         rc = block_fwd(&r, l);
     if (rc == 0)
-        rc = ln_fwd(&r, r.acts + r.L.resf, m->lnf_w, m->lnf_b, r.acts + r.L.lnf,
-                    (float *)(r.acts + r.L.lnf_mean), (float *)(r.acts + r.L.lnf_rstd));
+        rc = mark(&r, ln_fwd(&r, r.acts + r.L.resf, m->lnf_w, m->lnf_b, r.acts + r.L.lnf,
+                             (float *)(r.acts + r.L.lnf_mean), (float *)(r.acts + r.L.lnf_rstd)),
+                  "layernorm.fwd");
     if (rc == 0)
         rc = head_fwd(&r);
     if (rc != 0)
         return rc;
     void *logits = r.acts + r.L.logits, *cew = wsp(&r, r.L.cew);
     if (c->state != NULL)
-        return gpu_cuda_ce_fused_launch(GPU_CUDA_CE_GPT, logits, m->lin_dt, y, r.N, r.V, m->lin_dt,
-                                        m->ce_dt, 1.0f, &c->state->scale_used, r.N, c->loss_sum,
-                                        c->correct, cew, r.st);
-    return gpu_cuda_ce_fwd_launch(GPU_CUDA_CE_GPT, logits, m->lin_dt, y, r.N, r.V, m->lin_dt,
-                                  m->ce_dt, NULL, GPU_FP32, c->loss_sum, c->correct, cew, r.st);
+        rc = gpu_cuda_ce_fused_launch(GPU_CUDA_CE_GPT, logits, m->lin_dt, y, r.N, r.V, m->lin_dt,
+                                      m->ce_dt, 1.0f, &c->state->scale_used, r.N, c->loss_sum,
+                                      c->correct, cew, r.st);
+    else
+        rc = gpu_cuda_ce_fwd_launch(GPU_CUDA_CE_GPT, logits, m->lin_dt, y, r.N, r.V, m->lin_dt,
+                                    m->ce_dt, NULL, GPU_FP32, c->loss_sum, c->correct, cew, r.st);
+    return mark(&r, rc, "head.fwd");
 }
 
 /* gpt.c's block_bwd for layer l: dres holds the gradient of the block's output on entry and
@@ -878,38 +900,45 @@ static int block_bwd(const gpt_run *r, int l)
     void *gc = wsp(r, r->L.gc);
     const void *dy;
 
-    /* MLP */
+    /* MLP (the residual gradient's cast to lin_dt counts as the linear's) */
     int rc = to_lin(r, &dy);
     if (rc == 0)
-        rc = linear_bwd(r, dy, act(r, l, b->gelu), 4 * C, C, P->mproj_w, P->mproj_b, gb, lin,
-                        dl(r, l, GPU_CUDA_GPT_MPROJ));
+        rc = mark(r, linear_bwd(r, dy, act(r, l, b->gelu), 4 * C, C, P->mproj_w, P->mproj_b, gb,
+                                lin, dl(r, l, GPU_CUDA_GPT_MPROJ)),
+                  "linear.bwd");
     if (rc == 0)
-        rc = gpu_cuda_gelu_tanh_bwd_launch(gb, gb, lin, act(r, l, b->fc), lin, 4 * r->nC,
-                                           m->gelu_dt, r->st);
+        rc = mark(r, gpu_cuda_gelu_tanh_bwd_launch(gb, gb, lin, act(r, l, b->fc), lin,
+                                                   4 * r->nC, m->gelu_dt, r->st),
+                  "gelu.bwd");
     if (rc == 0)
-        rc = linear_bwd(r, gb, act(r, l, b->ln2), C, 4 * C, P->fc_w, P->fc_b, ga, lin,
-                        dl(r, l, GPU_CUDA_GPT_FC));
+        rc = mark(r, linear_bwd(r, gb, act(r, l, b->ln2), C, 4 * C, P->fc_w, P->fc_b, ga, lin,
+                                dl(r, l, GPU_CUDA_GPT_FC)),
+                  "linear.bwd");
     if (rc == 0)
-        rc = ln_bwd(r, ga, act(r, l, b->hmid), act(r, l, b->ln2_mean), act(r, l, b->ln2_rstd),
-                    P->ln2_w, P->ln2_b, gc);
+        rc = mark(r, ln_bwd(r, ga, act(r, l, b->hmid), act(r, l, b->ln2_mean),
+                            act(r, l, b->ln2_rstd), P->ln2_w, P->ln2_b, gc),
+                  "layernorm.bwd");
     if (rc == 0)
-        rc = resid_add(r, dres, gc, m->resid_dt, dres);
+        rc = mark(r, resid_add(r, dres, gc, m->resid_dt, dres), "residual.bwd");
     /* attention */
     if (rc == 0)
         rc = to_lin(r, &dy);
     if (rc == 0)
-        rc = linear_bwd(r, dy, act(r, l, b->atty), C, C, P->proj_w, P->proj_b, wsp(r, r->L.gd),
-                        m->mm_dt, dl(r, l, GPU_CUDA_GPT_PROJ));
+        rc = mark(r, linear_bwd(r, dy, act(r, l, b->atty), C, C, P->proj_w, P->proj_b,
+                                wsp(r, r->L.gd), m->mm_dt, dl(r, l, GPU_CUDA_GPT_PROJ)),
+                  "linear.bwd");
     if (rc == 0)
-        rc = attn_bwd(r, l);
+        rc = mark(r, attn_bwd(r, l), "attention.bwd");
     if (rc == 0)
-        rc = linear_bwd(r, gb, act(r, l, b->ln1), C, 3 * C, P->qkv_w, P->qkv_b, ga, lin,
-                        dl(r, l, GPU_CUDA_GPT_QKV));
+        rc = mark(r, linear_bwd(r, gb, act(r, l, b->ln1), C, 3 * C, P->qkv_w, P->qkv_b, ga, lin,
+                                dl(r, l, GPU_CUDA_GPT_QKV)),
+                  "linear.bwd");
     if (rc == 0)
-        rc = ln_bwd(r, ga, act(r, l, b->resid), act(r, l, b->ln1_mean), act(r, l, b->ln1_rstd),
-                    P->ln1_w, P->ln1_b, gc);
+        rc = mark(r, ln_bwd(r, ga, act(r, l, b->resid), act(r, l, b->ln1_mean),
+                            act(r, l, b->ln1_rstd), P->ln1_w, P->ln1_b, gc),
+                  "layernorm.bwd");
     if (rc == 0)
-        rc = resid_add(r, dres, gc, m->resid_dt, dres);
+        rc = mark(r, resid_add(r, dres, gc, m->resid_dt, dres), "residual.bwd");
     return rc;
 }
 
@@ -924,11 +953,13 @@ int gpu_cuda_gpt_backward(const gpu_gpt *m, const gpu_cuda_model_ctx *c, const i
         return rc;
     void *ga = wsp(&r, r.L.ga), *dres = wsp(&r, r.L.dres);
     /* the head: dlogits were left in the logits by the forward's fused cross-entropy */
-    rc = linear_bwd(&r, r.acts + r.L.logits, r.acts + r.L.lnf, r.C, r.V, m->wte, NO_BIAS, ga,
-                    m->lin_dt, dl(&r, -1, 0));
+    rc = mark(&r, linear_bwd(&r, r.acts + r.L.logits, r.acts + r.L.lnf, r.C, r.V, m->wte,
+                             NO_BIAS, ga, m->lin_dt, dl(&r, -1, 0)),
+              "head.bwd");
     if (rc == 0)
-        rc = ln_bwd(&r, ga, r.acts + r.L.resf, (const float *)(r.acts + r.L.lnf_mean),
-                    (const float *)(r.acts + r.L.lnf_rstd), m->lnf_w, m->lnf_b, dres);
+        rc = mark(&r, ln_bwd(&r, ga, r.acts + r.L.resf, (const float *)(r.acts + r.L.lnf_mean),
+                             (const float *)(r.acts + r.L.lnf_rstd), m->lnf_w, m->lnf_b, dres),
+                  "layernorm.bwd");
     for (int l = m->n_layer - 1; l >= 0 && rc == 0; l--)
         rc = block_bwd(&r, l);
     /* the embedding: wpe written, wte's rows added onto the head's gradient in row order */
@@ -940,5 +971,5 @@ int gpu_cuda_gpt_backward(const gpu_gpt *m, const gpu_cuda_model_ctx *c, const i
         rc = gpu_cuda_embed_bwd_launch(x, B, r.T, r.C, r.V, dres, m->resid_dt, m->emb_dt,
                                        c->grads + m->wte, c->grads + m->wpe, wsp(&r, r.L.embw),
                                        r.L.embw_bytes, r.st);
-    return rc;
+    return mark(&r, rc, "embed.bwd");
 }

@@ -288,12 +288,16 @@ int gpu_cuda_mlp_forward(const gpu_mlp *m, const gpu_cuda_model_ctx *c, const fl
     TRY(pass_init(&p, m, c, B));
     /* the input is cast to the first linear's dtype (autocast's input cast) */
     TRY(cast(&p, x, GPU_FP32, B, m->width[0], m->lin_dt, p.acts + p.a.x[0], m->lin_dt));
-    for (int l = 0; l < m->nlin; l++)
+    for (int l = 0; l < m->nlin; l++) {
         TRY(linear_fwd(&p, l));
+        gpu_cuda_prof_mark(c->prof, c->stream, "linear.fwd"); /* with its activation */
+    }
     int last = m->nlin - 1;
-    return gpu_cuda_ce_fwd_launch(GPU_CUDA_CE_MLP, p.acts + p.a.z[last], m->lin_dt, y, B,
-                                  m->width[m->nlin], m->lin_dt, m->ce_dt, p.acts + p.a.probs,
-                                  m->ce_dt, c->loss_sum, c->correct, p.ws + p.w.ce, c->stream);
+    TRY(gpu_cuda_ce_fwd_launch(GPU_CUDA_CE_MLP, p.acts + p.a.z[last], m->lin_dt, y, B,
+                               m->width[m->nlin], m->lin_dt, m->ce_dt, p.acts + p.a.probs,
+                               m->ce_dt, c->loss_sum, c->correct, p.ws + p.w.ce, c->stream));
+    gpu_cuda_prof_mark(c->prof, c->stream, "head.fwd");
+    return 0;
 }
 
 /* The weight and bias gradients of linear l from dz (B x out, lin_dt), with their
@@ -364,11 +368,14 @@ int gpu_cuda_mlp_backward(const gpu_mlp *m, const gpu_cuda_model_ctx *c, const f
     TRY(gpu_cuda_ce_bwd_launch(GPU_CUDA_CE_MLP, p.acts + p.a.probs, m->ce_dt, y, B,
                                m->width[m->nlin], m->ce_dt, m->lin_dt, 0.0f,
                                &c->state->scale_used, B, dz, m->lin_dt, c->stream));
+    gpu_cuda_prof_mark(c->prof, c->stream, "head.bwd");
     for (int l = m->nlin - 1; l >= 0; l--) {
         TRY(param_grads(&p, l, dz));
+        if (l > 0)
+            TRY(input_grad(&p, l, dz, dx));
+        gpu_cuda_prof_mark(c->prof, c->stream, "linear.bwd");
         if (l == 0)
             break;
-        TRY(input_grad(&p, l, dz, dx));
         void *t = dz;
         dz = dx;
         dx = t;

@@ -28,6 +28,22 @@
 #include "gpu/cuda_step.h"
 #include "gpu/gpu_int.h"
 
+/* ---- step profile (cuda_prof.c) ------------------------------------------------------
+ *
+ * Marks on a stream: a mark records a CUDA event and charges the device time since the
+ * previous mark (or the start) to its phase, a static string (gpu_profile's names). Events
+ * are created as marks need them and kept for the next profiled step. */
+typedef struct gpu_cuda_prof gpu_cuda_prof; /* opaque */
+
+int gpu_cuda_prof_create(gpu_cuda_prof **out);
+void gpu_cuda_prof_free(gpu_cuda_prof *p);
+/* Forget the last step's marks and record the start on stream s. */
+int gpu_cuda_prof_start(gpu_cuda_prof *p, cudaStream_t s);
+/* Nothing when p is NULL; a failure is kept and reported by gpu_cuda_prof_read. */
+void gpu_cuda_prof_mark(gpu_cuda_prof *p, cudaStream_t s, const char *phase);
+/* After the stream has synchronised: the phases into *out (cleared first). */
+int gpu_cuda_prof_read(gpu_cuda_prof *p, gpu_profile *out);
+
 /* What one forward/backward works on. */
 typedef struct {
     cudaStream_t stream;
@@ -43,6 +59,7 @@ typedef struct {
     double *loss_sum;      /* device: the summed (not mean) cross-entropy of the batch */
     int *correct;          /* device: argmax hits */
     gpu_cuda_diag *diag;   /* NULL: no diagnostics this step */
+    gpu_cuda_prof *prof;   /* NULL: the step is not profiled */
 } gpu_cuda_model_ctx;
 
 /* ---- MLP (cuda_mlp.c) ---------------------------------------------------------------- */

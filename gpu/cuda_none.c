@@ -93,10 +93,10 @@ const char *gpu_cuda_twin_describe(const gpu_cuda_twin *d)
 
 int gpu_cuda_twin_step(gpu_cuda_twin *d, const void *x, const int *y, int B, float lr,
                        gpu_diag *diag, gpu_grad_stat *stats, int64_t *tensor_lost,
-                       gpu_cuda_step_out *out)
+                       gpu_cuda_step_out *out, gpu_profile *prof)
 {
     (void)d, (void)x, (void)y, (void)B, (void)lr, (void)diag, (void)stats, (void)tensor_lost;
-    (void)out;
+    (void)out, (void)prof;
     return GPU_ENODEV;
 }
 

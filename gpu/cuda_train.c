@@ -72,6 +72,7 @@ struct gpu_cuda_twin {
     bool have_stream;
     cudaEvent_t ev[2];
     int nevents;
+    gpu_cuda_prof *prof;         /* created by the first profiled step */
     gpu_cuda_blas *blas;
     /* device blocks */
     float *master;               /* NULL without master weights (16-bit jobs only) */
@@ -432,6 +433,7 @@ void gpu_cuda_twin_free(gpu_cuda_twin *d)
         (void)cudaFreeHost(d->pinned);
     for (int i = 0; i < d->nevents; i++)
         (void)cudaEventDestroy(d->ev[i]);
+    gpu_cuda_prof_free(d->prof);
     if (d->have_stream)
         (void)cudaStreamDestroy(d->stream);
     gpu_cuda_blas_free(d->blas);
@@ -493,8 +495,8 @@ static int backward(const gpu_cuda_twin *d, const gpu_cuda_model_ctx *c, int B)
 }
 
 /* The step after backward: unscale, clip, the optimizer (skipped on the device when the
- * gradients overflowed), the scaler update. */
-static int tail(const gpu_cuda_twin *d, float lr)
+ * gradients overflowed), the scaler update; prof (NULL: off) marks each. */
+static int tail(const gpu_cuda_twin *d, float lr, gpu_cuda_prof *prof)
 {
     const gpu_cuda_host *h = &d->h;
     gpu_cuda_step_state *st = d_state(d);
@@ -505,7 +507,9 @@ static int tail(const gpu_cuda_twin *d, float lr)
     TRY(gpu_cuda_step_unscale_launch(d->grads, offsets, counts, h->ntensors, d->max_count,
                                      AT(d->small, d->sl.tstats, gpu_cuda_step_tstat), st,
                                      AT(d->small, d->sl.parts, double), s));
+    gpu_cuda_prof_mark(prof, s, "unscale");
     TRY(gpu_cuda_step_clip_launch(st, &d->cfg.optim, s));
+    gpu_cuda_prof_mark(prof, s, "clip");
     if (d->master)
         TRY(gpu_cuda_optim_launch(&d->cfg.optim, lr, st, d->master, d->grads, d->m, d->v, d->P,
                                   d->work != d->master ? d->work : NULL, d->cfg.dtype, s));
@@ -513,6 +517,7 @@ static int tail(const gpu_cuda_twin *d, float lr)
         TRY(gpu_cuda_optim_lowp_launch(&d->cfg.optim, lr, st, d->work, d->cfg.dtype, d->grads,
                                        d->m, d->v, offsets, counts, h->ntensors, d->max_count,
                                        AT(d->small, d->sl.tlost, unsigned long long), s));
+    gpu_cuda_prof_mark(prof, s, "optimizer");
     return gpu_cuda_scaler_update_launch(st, &d->cfg.scaler, s);
 }
 
@@ -563,10 +568,22 @@ static void read_snapshot(const gpu_cuda_twin *d, int B, gpu_diag *diag, gpu_gra
     }
 }
 
+/* The profiler of a profiled step (created by the first), or NULL when prof is NULL. */
+static int profiler(gpu_cuda_twin *d, const gpu_profile *prof, gpu_cuda_prof **out)
+{
+    *out = NULL;
+    if (prof == NULL)
+        return 0;
+    if (d->prof == NULL)
+        TRY(gpu_cuda_prof_create(&d->prof));
+    *out = d->prof;
+    return 0;
+}
+
 /* One step; see gpu_int.h. The cudaStreamSynchronize below is the step's only host wait. */
 int gpu_cuda_twin_step(gpu_cuda_twin *d, const void *x, const int *y, int B, float lr,
                        gpu_diag *diag, gpu_grad_stat *stats, int64_t *tensor_lost,
-                       gpu_cuda_step_out *out)
+                       gpu_cuda_step_out *out, gpu_profile *prof)
 {
     int nlayers = 0;
     float ms = 0.0f;
@@ -580,19 +597,26 @@ int gpu_cuda_twin_step(gpu_cuda_twin *d, const void *x, const int *y, int B, flo
         nlayers = diag->nlayers;
     }
     gpu_cuda_model_ctx c = ctx_of(d, true, diag != NULL);
+    TRY(profiler(d, prof, &c.prof));
     TRY(gpu_cuda_c_check(cudaEventRecord(d->ev[0], d->stream), "cudaEventRecord"));
+    if (c.prof != NULL)
+        TRY(gpu_cuda_prof_start(c.prof, d->stream));
     TRY(upload_batch(d, x, y, B));
     TRY(gpu_cuda_step_begin_launch(d_state(d), d->stream));
     if (diag != NULL)
         TRY(gpu_cuda_diag_begin_launch(c.diag, d_state(d), d->stream));
+    gpu_cuda_prof_mark(c.prof, d->stream, "upload");
     TRY(forward(d, &c, B));
     TRY(backward(d, &c, B));
-    TRY(tail(d, lr));
+    TRY(tail(d, lr, c.prof));
     TRY(snapshot(d, nlayers));
+    gpu_cuda_prof_mark(c.prof, d->stream, "scaler"); /* the scaler update and the snapshot */
     TRY(gpu_cuda_c_check(cudaEventRecord(d->ev[1], d->stream), "cudaEventRecord"));
     TRY(sync_stream(d));
     TRY(gpu_cuda_c_check(cudaEventElapsedTime(&ms, d->ev[0], d->ev[1]),
                          "cudaEventElapsedTime"));
+    if (c.prof != NULL)
+        TRY(gpu_cuda_prof_read(c.prof, prof));
     read_snapshot(d, B, diag, stats, tensor_lost, out);
     out->step_ms = (double)ms;
     return 0;

@@ -430,6 +430,35 @@ int gpu_trainer_tensors(const gpu_trainer *t);
 const char *gpu_trainer_tensor_name(const gpu_trainer *t, int i);
 const gpu_grad_stat *gpu_trainer_grad_stats(const gpu_trainer *t);
 
+/* ---- step profile (train.c; on CUDA cuda_prof.c) ---------------------------------------
+ *
+ * Where one step's time goes, phase by phase, for finding what to make faster. On CUDA each
+ * group of ops is closed by a CUDA event on the step's stream and a phase is the device time
+ * between events ("embed.fwd", "layernorm.fwd", "linear.fwd", "attention.fwd", "gelu.fwd",
+ * "residual.fwd", "head.fwd" (lm_head and the fused cross-entropy; an MLP's loss), the same
+ * with ".bwd", "upload", "unscale", "clip", "optimizer", "scaler"); the events cost the step
+ * a few microseconds each. On the CPU, whose ops run one after another, the clock times
+ * "forward", "backward", "unscale" and "optimizer". A collecting (diagnostics) step counts
+ * its collection in the phases it happens in. */
+#define GPU_PROFILE_MAX_PHASES 32
+typedef struct {
+    char name[24];
+    double ms;     /* summed over the step */
+    int calls;     /* op groups it sums */
+} gpu_phase_time;
+
+typedef struct {
+    int n;                                     /* phases, in the order they first ran */
+    gpu_phase_time phase[GPU_PROFILE_MAX_PHASES];
+} gpu_profile;
+
+/* Add ms to phase name (a new phase when p has room; else the time is dropped). */
+void gpu_profile_add(gpu_profile *p, const char *name, double ms);
+/* Profile the next step; afterwards gpu_trainer_profile() returns its phases. */
+void gpu_trainer_profile_next(gpu_trainer *t);
+/* The phases of the last profiled step (NULL before any), valid until the next one. */
+const gpu_profile *gpu_trainer_profile(const gpu_trainer *t);
+
 /* ---- per-layer diagnostics (diag.c, train.c) -------------------------------------------
  *
  * A trainer collects them every diagnostics_every steps and on every step whose gradients

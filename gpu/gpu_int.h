@@ -443,10 +443,11 @@ const char *gpu_cuda_twin_describe(const gpu_cuda_twin *d);
  * labels or targets y, at learning rate lr, synchronising once at its end. diag (NULL: off)
  * receives the per-layer counters (its layer table is filled in the device's order);
  * stats and tensor_lost (ntensors entries each) the per-tensor gradient statistics and,
- * without master weights, the lost updates. All pointers borrowed. */
+ * without master weights, the lost updates; prof (NULL: off) the step's phases, timed with
+ * CUDA events (gpu_profile). All pointers borrowed. */
 int gpu_cuda_twin_step(gpu_cuda_twin *d, const void *x, const int *y, int B, float lr,
                        gpu_diag *diag, gpu_grad_stat *stats, int64_t *tensor_lost,
-                       gpu_cuda_step_out *out);
+                       gpu_cuda_step_out *out, gpu_profile *prof);
 /* Forward only over one batch of B rows (an eval batch): *loss_sum the summed loss, *correct
  * the argmax hits. Synchronous. */
 int gpu_cuda_twin_eval(gpu_cuda_twin *d, const void *x, const int *y, int B, double *loss_sum,

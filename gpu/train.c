@@ -75,6 +75,11 @@ struct gpu_trainer {
     gpu_cuda_twin *cuda;    /* the device twin, once created */
     bool diag_next;         /* the last step overflowed undiagnosed: collect on this one */
     char device_text[256];  /* "auto" fell back to the CPU: "cpu (CUDA unusable: why)" */
+    /* step profile */
+    bool profile_next;      /* profile the next step */
+    bool profiling;         /* this step is profiled (step_cpu's clock reads) */
+    bool profiled;          /* prof holds a step's phases */
+    gpu_profile prof;
 };
 
 /* Defaults for every job field; see gpu.h and docs/job-spec.md. */
@@ -595,24 +600,53 @@ static gpu_mlp_weights weights_view(const gpu_trainer *t)
     return w;
 }
 
+/* See gpu.h. */
+void gpu_profile_add(gpu_profile *p, const char *name, double ms)
+{
+    int i = 0;
+    while (i < p->n && strcmp(p->phase[i].name, name) != 0)
+        i++;
+    if (i == p->n) {
+        if (p->n == GPU_PROFILE_MAX_PHASES)
+            return;
+        snprintf(p->phase[i].name, sizeof(p->phase[i].name), "%s", name);
+        p->n++;
+    }
+    p->phase[i].ms += ms;
+    p->phase[i].calls++;
+}
+
+/* A profiled CPU step's phase: the time since *t0, which becomes now. */
+static void cpu_phase(gpu_trainer *t, const char *name, double *t0)
+{
+    double now = gpu_now();
+    if (t->profiling)
+        gpu_profile_add(&t->prof, name, (now - *t0) * 1e3);
+    *t0 = now;
+}
+
 /* The model's forward and backward on the current batch, collecting into diag (NULL: off). */
 static int forward_backward(gpu_trainer *t, double *loss, gpu_diag *diag)
 {
     gpu_mlp_weights w = weights_view(t);
     int B = t->cfg.batch_size, correct, rc;
-    if (t->gpt) {
+    double t0 = gpu_now();
+    if (t->gpt)
         rc = gpu_gpt_forward(t->gpt, &w, t->xtok, t->ybatch, B, t->acts, t->scratch, diag, loss,
                              &correct);
-        if (!rc)
-            rc = gpu_gpt_backward(t->gpt, &w, t->xtok, t->ybatch, B, t->scaler.scale, t->acts,
-                                  t->scratch, diag, t->grads);
-        return rc;
-    }
-    rc = gpu_mlp_forward(&t->mlp, &w, t->xbatch, t->ybatch, B, t->acts, t->scratch, loss,
+    else
+        rc = gpu_mlp_forward(&t->mlp, &w, t->xbatch, t->ybatch, B, t->acts, t->scratch, loss,
                              &correct, diag);
-    if (!rc)
+    cpu_phase(t, "forward", &t0);
+    if (rc)
+        return rc;
+    if (t->gpt)
+        rc = gpu_gpt_backward(t->gpt, &w, t->xtok, t->ybatch, B, t->scaler.scale, t->acts,
+                              t->scratch, diag, t->grads);
+    else
         rc = gpu_mlp_backward(&t->mlp, &w, t->ybatch, B, t->scaler.scale, t->acts, t->scratch,
                               t->grads, diag);
+    cpu_phase(t, "backward", &t0);
     return rc;
 }
 
@@ -734,8 +768,10 @@ static int step_cpu(gpu_trainer *t, gpu_step_metrics *m, bool *found_inf)
     rc = forward_backward(t, &loss, t->diagnosed ? t->diag : NULL);
     if (rc)
         return rc;
+    double t0 = gpu_now();
     gpu_unscale(t->grads, t->offsets, t->counts, t->ntensors, gpu_scaler_inv(&t->scaler), t->stats,
                 found_inf, &sumsq);
+    cpu_phase(t, "unscale", &t0);
     if (*found_inf && !t->diagnosed) {
         /* diagnose the overflow: the same batch and weights again, collecting */
         double again;
@@ -747,8 +783,10 @@ static int step_cpu(gpu_trainer *t, gpu_step_metrics *m, bool *found_inf)
     }
     m->loss = loss;
     m->grad_norm = *found_inf ? NAN : sqrt(sumsq);
+    t0 = gpu_now();
     if (!*found_inf)
         apply_update(t, m->lr, clip_coef(&c->optim, m->grad_norm), m);
+    cpu_phase(t, "optimizer", &t0);
     if (t->diagnosed)
         layer_stats(t, !*found_inf);
     return gpu_scaler_update(&t->scaler, &c->scaler, *found_inf);
@@ -761,7 +799,8 @@ static int step_cuda(gpu_trainer *t, gpu_step_metrics *m, bool *found_inf, doubl
     gpu_cuda_step_out o;
     const void *x = t->gpt ? (const void *)t->xtok : (const void *)t->xbatch;
     int rc = gpu_cuda_twin_step(t->cuda, x, t->ybatch, t->cfg.batch_size, m->lr,
-                                t->diagnosed ? t->diag : NULL, t->stats, t->tensor_lost, &o);
+                                t->diagnosed ? t->diag : NULL, t->stats, t->tensor_lost, &o,
+                                t->profiling ? &t->prof : NULL);
     if (rc)
         return rc;
     *found_inf = o.found_inf;
@@ -794,8 +833,15 @@ int gpu_trainer_step(gpu_trainer *t, gpu_step_metrics *m, char *err, size_t errl
     t->diagnosed = (c->diagnostics_every > 0 && t->step % c->diagnostics_every == 0) ||
                    t->diag_next;
     t->diag_next = false;
+    t->profiling = t->profile_next;
+    t->profile_next = false;
+    if (t->profiling)
+        memset(&t->prof, 0, sizeof(t->prof));
     next_batch(t, B);
     rc = t->cuda ? step_cuda(t, m, &found_inf, &device_ms) : step_cpu(t, m, &found_inf);
+    if (t->profiling)
+        t->profiled = rc == 0 || rc == GPU_ESCALE_FLOOR;
+    t->profiling = false;
     if (rc && rc != GPU_ESCALE_FLOOR)
         return rc;
     advise(t, m->loss_scale);
@@ -814,6 +860,17 @@ int gpu_trainer_step(gpu_trainer *t, gpu_step_metrics *m, char *err, size_t errl
     if (rc == GPU_ESCALE_FLOOR && err)
         floor_message(t, m->loss_scale, err, errlen);
     return rc;
+}
+
+/* See gpu.h. */
+void gpu_trainer_profile_next(gpu_trainer *t)
+{
+    t->profile_next = true;
+}
+
+const gpu_profile *gpu_trainer_profile(const gpu_trainer *t)
+{
+    return t->profiled ? &t->prof : NULL;
 }
 
 /* The last step's per-layer results; see gpu.h. */

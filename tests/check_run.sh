@@ -7,6 +7,8 @@
 # job with diagnostics prints "layers" lines and recommendation events. The jobs whose
 # checks are the CPU trainer's own (diagnosis of every overflowing step, bit-exact resume)
 # ask for "device": "cpu", so that they test the same thing on a machine with a GPU.
+# `--profile 2` prints step 2's phases, which add up to its time: forward, backward, unscale
+# and optimizer on the CPU; on a GPU each layer's ops (attention, linears...) and the tail.
 set -u
 AMPD=${AMPD:-./ampd}
 TMP=$(mktemp -d)
@@ -186,6 +188,38 @@ check "its loss ends within 1% of the materialised run's ($lastf vs $last)" \
 acts() { grep '"type":"summary"' "$1" | sed 's/.*"activations":\([0-9]*\).*/\1/'; }
 check "its activations take less memory ($(acts "$TMP/gfl") vs $(acts "$TMP/gfull") bytes)" \
     test "$(acts "$TMP/gfl")" -lt "$(acts "$TMP/gfull")"
+
+# --profile: one step's time phase by phase, on whichever device "auto" picks
+pj='{"name": "prof", "model": {"type": "gpt", "n_layer": 2, "n_head": 2, "d_model": 32,
+     "seq_len": 32, "vocab": 256, "attention": "flash"}, "data": {"type": "text", "train": "fox.txt"},
+     "precision": {"dtype": "bf16"}, "batch_size": 4, "steps": 3, "eval_every": 0, "threads": 1}'
+echo "$pj" | "$AMPD" run --profile 2 --data-root "$TMP/text" - >"$TMP/prof" 2>/dev/null
+check "--profile 2 prints one profile line, after step 2" \
+    test "$(grep -A1 '"type":"step","step":2,' "$TMP/prof" | grep -c '"type":"profile","step":2,')" -eq 1
+line=$(grep '"type":"profile"' "$TMP/prof")
+sms=$(sed 's/.*"step_ms":\([0-9.e+-]*\).*/\1/' <<<"$line")
+pms=$(sed 's/.*"phases_ms":\([0-9.e+-]*\).*/\1/' <<<"$line")
+check "its phases account for the step ($pms of $sms ms)" \
+    awk -v s="$sms" -v p="$pms" 'BEGIN {exit !(p > 0 && p >= 0.5 * s && p <= 1.001 * s + 0.01)}'
+phases() { # name calls [name calls]...: the profile line has each phase with that many calls
+    while [ $# -gt 1 ]; do
+        grep -Eq "\\{\"name\":\"$1\",\"ms\":[0-9.e+-]+,\"calls\":$2\\}" <<<"$line" || return 1
+        shift 2
+    done
+}
+if grep -q '"device":"cuda' <<<"$line"; then
+    check "... on the GPU: each layer's attention, forward and backward" \
+        phases attention.fwd 2 attention.bwd 2
+    check "... the linears (4 per layer), the head and the optimizer" \
+        phases linear.fwd 8 linear.bwd 8 head.fwd 1 optimizer 1
+else
+    check "... on the CPU: forward, backward, unscale, optimizer, in order" \
+        grep -Eq '"phases":\[\{"name":"forward",.*"calls":1\},\{"name":"backward",.*\{"name":"unscale",.*\{"name":"optimizer",' <<<"$line"
+fi
+echo "$pj" | "$AMPD" run --profile 0 - >/dev/null 2>"$TMP/err"
+rc=$?
+check "--profile 0 is refused (exit $rc)" test "$rc" -eq 2
+check "... saying what it needs" grep -q -- "--profile needs a step number >= 1, not '0'" "$TMP/err"
 
 echo "$pass passed, $fail failed"
 test "$fail" -eq 0
