@@ -8,7 +8,8 @@
 #   - without a device, "auto" trains on the CPU and the log says why, "cuda" fails saying so;
 #   - the same job run with the blocks and threads of every launch in two different orders
 #     gives the same bits (AMPD_CUDAEMU_SHUFFLE);
-#   - a GPT with flash attention (tensor-core kernels) ends its steps at the CPU's loss;
+#   - a GPT with flash attention (tensor-core kernels) ends its steps at the CPU's loss, and
+#     gives the same bits under two block and thread orders;
 #   - `ampd serve` lists the GPU and its memory in GET /v1/system, and a job submitted with
 #     "device": "cuda" trains on it: its start event names the device, it succeeds with one
 #     metric row per step, its memory metric counts the device's blocks.
@@ -80,6 +81,15 @@ done
 check "a flash-attention gpt trains on the device as on the CPU ($(cat "$TMP/flash-cuda") vs $(cat "$TMP/flash-cpu"))" \
     awk -v a="$(cat "$TMP/flash-cpu")" -v b="$(cat "$TMP/flash-cuda")" \
     'BEGIN {d = a - b; exit !(a > 0 && d * d < 1e-6 * a * a)}'
+# ... and its kernels give the same bits under two orders of blocks and threads (two key tiles,
+# the second partial: the shared tiles are written and read only across __syncthreads)
+flash2=${flash/\"seq_len\":32/\"seq_len\":80}
+for s in 11 12; do
+    echo "${flash2/\"bf16\"/\"fp16\"}" | AMPD_CUDAEMU_SHUFFLE=$s "$AMPD" run --data-root "$TMP/text" - \
+        2>/dev/null | grep '"type":"step"' | sed 's/"step_ms".*//' >"$TMP/forder$s"
+done
+check "flash attention: 3 steps under each of two block orders" test "$(wc -l <"$TMP/forder11")" -eq 3
+check "... the same bits in both" cmp -s "$TMP/forder11" "$TMP/forder12"
 
 # the daemon
 AMPD_CUDAEMU_MEMORY=50000000 "$AMPD" serve --listen 127.0.0.1:0 --port-file "$TMP/port" \
