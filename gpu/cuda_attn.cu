@@ -38,6 +38,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "gpu/cuda_common.cuh"
 #include "gpu/cuda_ops.h"
 
@@ -106,32 +108,24 @@ __device__ static __forceinline__ uint32_t fa_pair(float lo, float hi)
     return (uint32_t)fa_bits<E>(lo) | (uint32_t)fa_bits<E>(hi) << 16;
 }
 
-/* d[4] += A B for one 16 x 8 x 16 tile: a[4], b[2] and d in the instruction's layout. */
+/* d[4] += A B for one 16 x 8 x 16 tile: a[4], b[2] and d in the instruction's layout; t is
+ * the operands' PTX type ("f16" or "bf16"). */
+#define FA_MMA_ASM(t)                                                                         \
+    asm("mma.sync.aligned.m16n8k16.row.col.f32." t "." t ".f32 {%0, %1, %2, %3}, "         \
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"                                       \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                      \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]))
+
 template <typename E>
-__device__ static __forceinline__ void fa_mma(float *d, const uint32_t *a, const uint32_t *b);
-template <>
-__device__ __forceinline__ void fa_mma<__half>(float *d, const uint32_t *a, const uint32_t *b)
+__device__ static __forceinline__ void fa_mma(float *d, const uint32_t *a, const uint32_t *b)
 {
 #ifndef __CUDACC__
-    emu_mma_m16n8k16<__half>(d, a, b);
+    emu_mma_m16n8k16<E>(d, a, b);
 #elif defined(__CUDA_ARCH__)
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#endif
-}
-template <>
-__device__ __forceinline__ void fa_mma<__nv_bfloat16>(float *d, const uint32_t *a,
-                                                      const uint32_t *b)
-{
-#ifndef __CUDACC__
-    emu_mma_m16n8k16<__nv_bfloat16>(d, a, b);
-#elif defined(__CUDA_ARCH__)
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    if constexpr (std::is_same<E, __half>::value)
+        FA_MMA_ASM("f16");
+    else
+        FA_MMA_ASM("bf16");
 #endif
 }
 
