@@ -14,7 +14,8 @@
  * dV = rd(P)^T dY, dP = dY V^T (fp32), dS = (P (dP - D)) * scale, dK = rd(dS)^T Q in one
  * kernel (a block per key tile, looping over query tiles) and dQ = rd(dS) K in another (a
  * block per query tile, looping over key tiles): no atomics, so every run gives the same
- * bits. dQ, dK and dV are written in fp32 (not rounded) into dqkv [N x 3C].
+ * bits. dQ, dK and dV are written into dqkv [N x 3C], rounded to 16 bits or in fp32 (not
+ * rounded) for the caller to inspect first (diagnostics).
  *
  * Tiles: 64 query rows (or keys) per block, 4 warps of 16 rows, 64 columns per tile, in
  * FlashAttention-2's arrangement: the products' fp32 accumulators stay in registers in the
@@ -68,7 +69,8 @@ typedef struct {
     gpu_dtype odt;
     float *lse;            /* [B H x T] */
     float *dsum;           /* [B H x T]: D (backward) */
-    float *dqkv;           /* [B T x 3C] fp32 (backward) */
+    void *dqkv;            /* [B T x 3C] (backward): fp32, or rounded to 16 bits (d16) */
+    bool d16;
     void *y;               /* [B T x C]: 16-bit, or fp32 values of the 16-bit dtype (y32) */
     bool y32;
     int B, T, H;
@@ -269,8 +271,8 @@ __device__ static __forceinline__ float fa_row_sum(float v)
 }
 
 /* Write the warp's fp32 accumulators acc[HD / 8] (rows row0 + g and row0 + g + 8) into dqkv
- * at column col; rows at or beyond T skipped. */
-template <int HD>
+ * at column col, rounded to E when a.d16; rows at or beyond T skipped. */
+template <typename E, int HD>
 __device__ static void fa_store_rows(const float (*acc)[4], const fa_args &a, const fa_pos &p,
                                      int row0, int col)
 {
@@ -278,10 +280,16 @@ __device__ static void fa_store_rows(const float (*acc)[4], const fa_args &a, co
         int row = row0 + p.g + 8 * h;
         if (row >= a.T)
             continue;
-        float *dst = a.dqkv + ((size_t)(p.bh / a.H) * a.T + row) * p.ld + col + 2 * p.t;
+        size_t at = ((size_t)(p.bh / a.H) * a.T + row) * p.ld + col + 2 * p.t;
         FA_UNROLL
-        for (int d = 0; d < HD / 8; d++)
-            *(float2 *)(dst + d * 8) = make_float2(acc[d][2 * h], acc[d][2 * h + 1]);
+        for (int d = 0; d < HD / 8; d++) {
+            if (a.d16)
+                *(uint32_t *)((uint16_t *)a.dqkv + at + d * 8) =
+                    fa_pair<E>(acc[d][2 * h], acc[d][2 * h + 1]);
+            else
+                *(float2 *)((float *)a.dqkv + at + d * 8) =
+                    make_float2(acc[d][2 * h], acc[d][2 * h + 1]);
+        }
     }
 }
 
@@ -467,8 +475,8 @@ __global__ static void __launch_bounds__(FA_THREADS) gpu_k_flash_dkv(fa_args a)
             fa_pb<E, HD>(dk, pa, sqt, kk, p); /* dK += rd(dS)^T Q */
         }
     }
-    fa_store_rows<HD>(dk, a, p, kt * FA_TILE + p.warp * 16, p.C + p.hoff);
-    fa_store_rows<HD>(dv, a, p, kt * FA_TILE + p.warp * 16, 2 * p.C + p.hoff);
+    fa_store_rows<E, HD>(dk, a, p, kt * FA_TILE + p.warp * 16, p.C + p.hoff);
+    fa_store_rows<E, HD>(dv, a, p, kt * FA_TILE + p.warp * 16, 2 * p.C + p.hoff);
 }
 
 /* dQ of 64 query rows of one (sequence, head), looping over the key tiles up to the
@@ -521,7 +529,7 @@ __global__ static void __launch_bounds__(FA_THREADS) gpu_k_flash_dq(fa_args a)
             fa_pb<E, HD>(dq, pa, skt, kk, p); /* dQ += rd(dS) K */
         }
     }
-    fa_store_rows<HD>(dq, a, p, qt * FA_TILE + p.warp * 16, p.hoff);
+    fa_store_rows<E, HD>(dq, a, p, qt * FA_TILE + p.warp * 16, p.hoff);
 }
 
 /* ---- launches ----------------------------------------------------------------------------- */
@@ -575,8 +583,8 @@ extern "C" int gpu_cuda_flash_fwd_launch(const void *qkv, gpu_dtype dt, int B, i
         return GPU_EINVAL;
     if (B == 0 || T == 0)
         return 0;
-    fa_args a = {(const uint16_t *)qkv, NULL, NULL, dt, lse, NULL, NULL, y, ydt == GPU_FP32,
-                 B, T, H, fa_scale(hd)};
+    fa_args a = {(const uint16_t *)qkv, NULL, NULL, dt, lse, NULL, NULL, false, y,
+                 ydt == GPU_FP32, B, T, H, fa_scale(hd)};
     dim3 grid((unsigned)((T + FA_TILE - 1) / FA_TILE), (unsigned)(B * H));
     fa_kernel flash_fwd = fa_fwd[row][hd / 16 - 1];
     flash_fwd<<<grid, FA_THREADS, 0, stream>>>(a);
@@ -587,18 +595,18 @@ extern "C" int gpu_cuda_flash_fwd_launch(const void *qkv, gpu_dtype dt, int B, i
 /* See cuda_ops.h. */
 extern "C" int gpu_cuda_flash_bwd_launch(const void *qkv, const void *dy, gpu_dtype dt,
                                          const void *o, gpu_dtype odt, const float *lse, int B,
-                                         int T, int H, int hd, float *dsum, float *dqkv,
-                                         cudaStream_t stream)
+                                         int T, int H, int hd, float *dsum, void *dqkv,
+                                         gpu_dtype ddt, cudaStream_t stream)
 {
     int row;
     if (fa_check(dt, B, T, H, hd, qkv, &row) != 0 || dy == NULL || (uintptr_t)dy % 16 != 0 ||
         o == NULL || (odt != dt && odt != GPU_FP32) || lse == NULL || dsum == NULL ||
-        dqkv == NULL)
+        dqkv == NULL || (ddt != dt && ddt != GPU_FP32))
         return GPU_EINVAL;
     if (B == 0 || T == 0)
         return 0;
     fa_args a = {(const uint16_t *)qkv, (const uint16_t *)dy, o, odt, (float *)lse, dsum, dqkv,
-                 NULL, false, B, T, H, fa_scale(hd)};
+                 ddt != GPU_FP32, NULL, false, B, T, H, fa_scale(hd)};
     size_t rows = (size_t)B * T * H;
     dim3 grid((unsigned)((T + FA_TILE - 1) / FA_TILE), (unsigned)(B * H));
     int k = hd / 16 - 1;

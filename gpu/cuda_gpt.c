@@ -41,7 +41,8 @@
  *   batched over the sequences, or per sequence batched over the heads when H > B.
  *   Flash attention (m->flash): the kernels of cuda_attn.cu instead; probs holds the row
  *   log-sum-exp (fp32, B x H x T), the scores region D = dY . O (fp32, B x H x T), there is no
- *   P cast, and the forward writes y straight into atty.
+ *   P cast, the forward writes y straight into atty and, when lin_dt is mm_dt and nothing is
+ *   collected, the backward writes dQKV rounded straight into gb.
  *
  * The loss gradient: the forward's cross-entropy is fused with its backward when ctx->state
  * is set: dlogits = rd(rd(p g - [y] g, ce_dt), lin_dt) with g = state->scale_used / N read on
@@ -732,8 +733,9 @@ static int attn_bwd_dense(const gpt_run *r, int l, float *dq)
 }
 
 /* The flash backward of layer l (gpu_gpt_flash_bwd): dY accounted as the gradient arriving,
- * dQKV in fp32 into dq; the scores region holds D. */
-static int attn_bwd_flash(const gpt_run *r, int l, float *dq)
+ * dQKV into out in odt (fp32 before its rounding, or rounded to mm_dt); the scores region
+ * holds D. */
+static int attn_bwd_flash(const gpt_run *r, int l, void *out, gpu_dtype odt)
 {
     const gpu_gpt *m = r->m;
     void *dY = wsp(r, r->L.gd);
@@ -742,20 +744,24 @@ static int attn_bwd_flash(const gpt_run *r, int l, float *dq)
     if (rc == 0)
         rc = gpu_cuda_flash_bwd_launch(act(r, l, r->L.b.qkv), dY, m->mm_dt, act(r, l, r->L.b.atty),
                                        m->lin_dt, act(r, l, r->L.b.probs), r->B, r->T, r->H, r->hd,
-                                       wsp(r, r->L.scores), dq, r->st);
+                                       wsp(r, r->L.scores), out, odt, r->st);
     return rc;
 }
 
 /* The attention's backward for layer l: from dY in gd (mm_dt) to dQKV rounded to mm_dt, then
- * cast to lin_dt into gb (N x 3C). */
+ * cast to lin_dt into gb (N x 3C). The flash kernels round into gb themselves when that is
+ * all there is to do (lin_dt is mm_dt, no diagnostics to take before the rounding). */
 static int attn_bwd(const gpt_run *r, int l)
 {
+    const gpu_gpt *m = r->m;
     float *dq = wsp(r, r->L.f32);
-    int rc = r->m->flash ? attn_bwd_flash(r, l, dq) : attn_bwd_dense(r, l, dq);
+    if (m->flash && m->lin_dt == m->mm_dt && r->c->diag == NULL)
+        return attn_bwd_flash(r, l, wsp(r, r->L.gb), m->mm_dt);
+    int rc = m->flash ? attn_bwd_flash(r, l, dq, GPU_FP32) : attn_bwd_dense(r, l, dq);
     if (rc == 0 && r->c->diag != NULL)
         rc = diag_dqk(r, dl(r, l, GPU_CUDA_GPT_SCORES), dq);
     if (rc == 0)
-        rc = convert(r, dq, GPU_FP32, wsp(r, r->L.gb), r->m->lin_dt, 3 * r->nC, r->m->mm_dt);
+        rc = convert(r, dq, GPU_FP32, wsp(r, r->L.gb), m->lin_dt, 3 * r->nC, m->mm_dt);
     return rc;
 }
 

@@ -1636,11 +1636,10 @@ int gpu_cuda_flash_bwd(const float *dy, const float *qkv, const float *o, const 
     STEP(dev_put(&d_o, o, n, dt));
     STEP(dev_put(&d_lse, lse, rows, GPU_FP32));
     STEP(dev_alloc(&d_dsum, rows * sizeof(float)));
-    STEP(dev_alloc(&d_dq, 3 * n * sizeof(float)));
+    STEP(dev_alloc(&d_dq, 3 * n * gpu_dtype_size(dt)));
     STEP(gpu_cuda_flash_bwd_launch(d_qkv, d_dy, dt, d_o, dt, (const float *)d_lse, B, T, H, C / H,
-                                   (float *)d_dsum, (float *)d_dq, 0));
-    STEP(dev_get(dqkv, d_dq, 3 * n, GPU_FP32));
-    gpu_round_n(dqkv, dqkv, 3 * n, dt);
+                                   (float *)d_dsum, d_dq, dt, 0));
+    STEP(dev_get(dqkv, d_dq, 3 * n, dt));
 fail:
     cudaFree(d_dq);
     cudaFree(d_dsum);
