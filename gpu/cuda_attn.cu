@@ -172,6 +172,7 @@ __device__ static void fa_load(uint16_t *s, uint16_t *st, const uint16_t *g, int
     for (int i = threadIdx.x; i < (FA_TILE / 2) * (HD / 8); i += FA_THREADS) {
         int r = 2 * (i % (FA_TILE / 2)), c = i / (FA_TILE / 2) * 8;
         fa_chunk v[2];
+        FA_UNROLL
         for (int h = 0; h < 2; h++) {
             v[h] = fa_chunk{{0u, 0u, 0u, 0u}};
             if (r0 + r + h < rows)
@@ -276,6 +277,7 @@ template <typename E, int HD>
 __device__ static void fa_store_rows(const float (*acc)[4], const fa_args &a, const fa_pos &p,
                                      int row0, int col)
 {
+    FA_UNROLL
     for (int h = 0; h < 2; h++) {
         int row = row0 + p.g + 8 * h;
         if (row >= a.T)
@@ -369,6 +371,7 @@ __global__ static void __launch_bounds__(FA_THREADS) gpu_k_flash_fwd(fa_args a)
             fa_pb<E, HD>(o, pa, svt, kk, p);
         }
     }
+    FA_UNROLL
     for (int h = 0; h < 2; h++) {
         int i = i0 + 8 * h;
         if (i >= a.T)
@@ -491,6 +494,7 @@ __global__ static void __launch_bounds__(FA_THREADS) gpu_k_flash_dq(fa_args a)
     float lse[2], D[2], dq[HD / 8][4];
     uint32_t qa[HD / 16][4], da[HD / 16][4];
 
+    FA_UNROLL
     for (int h = 0; h < 2; h++) {
         int i = i0 + 8 * h;
         lse[h] = i < a.T ? a.lse[(size_t)p.bh * a.T + i] : 0.0f;
