@@ -79,28 +79,21 @@ typedef struct {
 
 /* fp32 to the 16-bit dtype's bits (round to nearest even), and back. */
 template <typename E>
-__device__ static __forceinline__ uint16_t fa_bits(float x);
-template <>
-__device__ __forceinline__ uint16_t fa_bits<__half>(float x)
+__device__ static __forceinline__ uint16_t fa_bits(float x)
 {
-    return gpu_dev_f32_to_f16(gpu_dev_f2u(x));
+    if constexpr (std::is_same<E, __half>::value)
+        return gpu_dev_f32_to_f16(gpu_dev_f2u(x));
+    else
+        return gpu_dev_f32_to_bf16(gpu_dev_f2u(x));
 }
-template <>
-__device__ __forceinline__ uint16_t fa_bits<__nv_bfloat16>(float x)
-{
-    return gpu_dev_f32_to_bf16(gpu_dev_f2u(x));
-}
+
 template <typename E>
-__device__ static __forceinline__ float fa_value(uint16_t h);
-template <>
-__device__ __forceinline__ float fa_value<__half>(uint16_t h)
+__device__ static __forceinline__ float fa_value(uint16_t h)
 {
-    return gpu_dev_u2f(gpu_dev_f16_to_f32(h));
-}
-template <>
-__device__ __forceinline__ float fa_value<__nv_bfloat16>(uint16_t h)
-{
-    return gpu_dev_u2f(gpu_dev_bf16_to_f32(h));
+    if constexpr (std::is_same<E, __half>::value)
+        return gpu_dev_u2f(gpu_dev_f16_to_f32(h));
+    else
+        return gpu_dev_u2f(gpu_dev_bf16_to_f32(h));
 }
 
 /* two values rounded to E, lo in the low half: one 32-bit operand register */
