@@ -32,8 +32,8 @@
  *   workspace (temporaries of one call): a zero float; an fp32 scratch N x 4C (GEMM outputs
  *     before their bias or rounding, the attention output before its cast, dQKV); the
  *     scores B x H x T x T (fp32 room: S, then dP / dS in mm_dt); the residual gradient
- *     [resid_dt]; gradient buffers ga [lin, N x C], gb [lin, N x 4C], gc
- *     [resid_dt, N x C], gd [mm_dt, N x C]; the column-sum, cross-entropy and embedding
+ *     [resid_dt]; gradient buffers ga [lin, N x C], gb [lin, N x 4C], gd [mm_dt, N x C];
+ *     the column-sum, cross-entropy and embedding
  *     workspaces of cuda_ops.h; an fp32 diagnostics buffer; with lin_dt fp32, a buffer that
  *     widens 16-bit weights chunk by chunk when there is no fp32 master (an fp32 linear of a
  *     16-bit job without master weights reads the 16-bit values, as gpt.c does).
@@ -49,6 +49,12 @@
  * the device when that kernel runs (so gpu_cuda_step_begin_launch must come before the
  * forward). A forward without a state (an eval batch) computes the loss only; a backward
  * must follow a forward with a state (without one it returns GPU_EINVAL).
+ *
+ * Fusions on the residual stream: a block's residual adds are done by the layer norm that
+ * follows them (ln2, then the next block's ln1 or ln_f: gpu_cuda_add_layernorm_fwd_launch),
+ * and backward each layer norm adds its dx onto the stream's gradient and leaves that
+ * gradient's lin_dt copy for the linear below (gpu_cuda_layernorm_bwd_resid_launch), with
+ * gpt.c's rounding at each of the steps it fuses.
  *
  * Diagnostics (ctx->diag not NULL): the calls gpt.c makes, in its order, with its values:
  * per linear the fp32 outputs before rounding (accumulator + bias), the arriving gradient
@@ -89,7 +95,7 @@ typedef struct {
     blk_off b;
     size_t blk_bytes;
     size_t resf, lnf, lnf_mean, lnf_rstd, logits, acts_bytes;
-    size_t zero, f32, scores, dres, ga, gb, gc, gd, colw, cew, dg, wid, embw;
+    size_t zero, f32, scores, dres, ga, gb, gd, colw, cew, dg, wid, embw;
     size_t dg_floats, wid_floats, embw_bytes, ws_bytes;
 } gpt_lay;
 
@@ -215,7 +221,6 @@ static int layout(const gpu_gpt *m, int B, gpt_lay *L)
     L->dres = take(&at, N * C * er);
     L->ga = take(&at, N * C * el_);
     L->gb = take(&at, N * 4 * C * el_);
-    L->gc = take(&at, N * C * er);
     L->gd = take(&at, N * C * em);
     L->colw = take(&at, max_sz(gpu_cuda_bias_grad_workspace((int)N, (int)(4 * C)),
                                gpu_cuda_layernorm_bwd_workspace((int)N, (int)C)));
@@ -555,47 +560,68 @@ static int linear_bwd(const gpt_run *r, const void *dY, const void *X, int K, in
 
 /* ---- layer norms and the residual stream --------------------------------------------------- */
 
-/* gpt.c's ln_fwd: the stream x (resid_dt) normalised in ln_dt, y stored in lin_dt. */
-static int ln_fwd(const gpt_run *r, const void *x, size_t g_off, size_t b_off, void *y, float *mean,
-                  float *rstd)
+/* One of the model's layer norms: its weights (offsets), its input on the residual stream
+ * (resid_dt), its output (lin_dt) and its saved statistics. */
+typedef struct {
+    size_t g, b;
+    void *x, *y;
+    float *mean, *rstd;
+} ln_site;
+
+/* Layer l's ln1 (which 1) or ln2 (which 2); ln_f for l == n_layer. */
+static ln_site ln_at(const gpt_run *r, int l, int which)
 {
     const gpu_gpt *m = r->m;
-    wref g = wsrc(r, g_off, m->ln_dt), b = wsrc(r, b_off, m->ln_dt);
-    return gpu_cuda_layernorm_fwd_launch(x, m->resid_dt, g.p, b.p, g.dt, r->N, r->C, m->ln_dt, y,
-                                         m->lin_dt, mean, rstd, r->st);
+    const blk_off *b = &r->L.b;
+    if (l == m->n_layer)
+        return (ln_site){m->lnf_w, m->lnf_b, r->acts + r->L.resf, r->acts + r->L.lnf,
+                         (float *)(r->acts + r->L.lnf_mean), (float *)(r->acts + r->L.lnf_rstd)};
+    const gpu_gpt_block *P = &m->blk[l];
+    if (which == 1)
+        return (ln_site){P->ln1_w, P->ln1_b, act(r, l, b->resid), act(r, l, b->ln1),
+                         act(r, l, b->ln1_mean), act(r, l, b->ln1_rstd)};
+    return (ln_site){P->ln2_w, P->ln2_b, act(r, l, b->hmid), act(r, l, b->ln2),
+                     act(r, l, b->ln2_mean), act(r, l, b->ln2_rstd)};
 }
 
-/* gpt.c's ln_bwd: dy (lin_dt) -> dx (resid_dt, values cast back from ln_dt); the weight
- * gradients written into ctx->grads rounded to ln_dt. */
-static int ln_bwd(const gpt_run *r, const void *dy, const void *x, const float *mean,
-                  const float *rstd, size_t g_off, size_t b_off, void *dx)
+/* gpt.c's ln_fwd on the stream s.x, normalised in ln_dt, s.y stored in lin_dt. With add (a
+ * linear's output, lin_dt) the residual add before it too (gpt.c's resid_add): s.x =
+ * rd(a + add, resid_dt), written by the same kernel. */
+static int ln_fwd(const gpt_run *r, ln_site s, const void *a, const void *add)
 {
     const gpu_gpt *m = r->m;
-    wref g = wsrc(r, g_off, m->ln_dt);
-    return gpu_cuda_layernorm_bwd_launch(dy, m->lin_dt, x, m->resid_dt, mean, rstd, g.p, g.dt, r->N,
-                                         r->C, m->ln_dt, dx, m->resid_dt, r->c->grads + g_off,
-                                         r->c->grads + b_off, wsp(r, r->L.colw), r->st);
+    wref g = wsrc(r, s.g, m->ln_dt), b = wsrc(r, s.b, m->ln_dt);
+    if (add == NULL)
+        return gpu_cuda_layernorm_fwd_launch(s.x, m->resid_dt, g.p, b.p, g.dt, r->N, r->C,
+                                             m->ln_dt, s.y, m->lin_dt, s.mean, s.rstd, r->st);
+    return gpu_cuda_add_layernorm_fwd_launch(a, add, m->lin_dt, s.x, m->resid_dt, g.p, b.p, g.dt,
+                                             r->N, r->C, m->ln_dt, s.y, m->lin_dt, s.mean, s.rstd,
+                                             r->st);
 }
 
-/* out = rd(a + b, resid_dt): a in resid_dt, b in bdt, out in resid_dt. */
-static int resid_add(const gpt_run *r, const void *a, const void *b, gpu_dtype bdt, void *out)
-{
-    gpu_dtype rd = r->m->resid_dt;
-    return gpu_cuda_resid_add_launch(a, rd, b, bdt, r->nC, rd, out, rd, r->st);
-}
-
-/* The residual gradient handed to a linear's output: the gradient itself when lin_dt and
- * resid_dt share a storage, else rounded to lin_dt into ga (gpt.c's to_lin). */
-static int to_lin(const gpt_run *r, const void **out)
+/* gpt.c's ln_bwd from dy (lin_dt values, stored in lin_dt) into the residual gradient dres
+ * (resid_dt): added (gpt.c's resid_acc) when acc, else written; the weight gradients written
+ * into ctx->grads rounded to ln_dt. With below (a linear reads the stream's gradient next),
+ * dres rounded to lin_dt is also left in ga (gpt.c's to_lin; ga may be dy) when the two
+ * dtypes' storages differ. One kernel for the three CPU steps. */
+static int ln_bwd(const gpt_run *r, ln_site s, const void *dy, bool acc, bool below)
 {
     const gpu_gpt *m = r->m;
-    void *dres = wsp(r, r->L.dres), *ga = wsp(r, r->L.ga);
-    if (m->lin_dt == m->resid_dt) {
-        *out = dres;
-        return 0;
-    }
-    *out = ga;
-    return convert(r, dres, m->resid_dt, ga, m->lin_dt, r->nC, m->lin_dt);
+    wref g = wsrc(r, s.g, m->ln_dt);
+    bool cast = below && m->lin_dt != m->resid_dt;
+    gpu_cuda_dres out = {wsp(r, r->L.dres), m->resid_dt, acc, cast ? wsp(r, r->L.ga) : NULL,
+                         m->lin_dt};
+    return gpu_cuda_layernorm_bwd_resid_launch(dy, m->lin_dt, s.x, m->resid_dt, s.mean, s.rstd,
+                                               g.p, g.dt, r->N, r->C, m->ln_dt, &out,
+                                               r->c->grads + s.g, r->c->grads + s.b,
+                                               wsp(r, r->L.colw), r->st);
+}
+
+/* The residual gradient handed to a linear's output: dres itself when lin_dt and resid_dt
+ * share a storage, else its lin_dt copy that ln_bwd left in ga. */
+static const void *dres_lin(const gpt_run *r)
+{
+    return r->m->lin_dt == r->m->resid_dt ? wsp(r, r->L.dres) : wsp(r, r->L.ga);
 }
 
 /* ---- attention ----------------------------------------------------------------------------- */
@@ -767,11 +793,6 @@ static int attn_bwd(const gpt_run *r, int l)
 
 /* ---- the model ----------------------------------------------------------------------------- */
 
-static void *block_out(const gpt_run *r, int l)
-{
-    return l + 1 < r->m->n_layer ? act(r, l + 1, r->L.b.resid) : r->acts + r->L.resf;
-}
-
 /* rc, after closing the step profile's phase (when the step is profiled and rc is 0). */
 static int mark(const gpt_run *r, int rc, const char *phase)
 {
@@ -780,7 +801,8 @@ static int mark(const gpt_run *r, int rc, const char *phase)
     return rc;
 }
 
-/* gpt.c's block_fwd for layer l. */
+/* gpt.c's block_fwd for layer l, after its ln1 (the forward or the block before ran it); the
+ * block's last residual add is fused into the layer norm that follows it. */
 static int block_fwd(const gpt_run *r, int l)
 {
     const gpu_gpt *m = r->m;
@@ -788,16 +810,11 @@ static int block_fwd(const gpt_run *r, int l)
     const blk_off *b = &r->L.b;
     gpu_dtype lin = m->lin_dt;
     int C = r->C;
-    void *hin = act(r, l, b->resid), *hmid = act(r, l, b->hmid), *ga = wsp(r, r->L.ga);
-    void *ln1 = act(r, l, b->ln1), *ln2 = act(r, l, b->ln2);
-    void *fc = act(r, l, b->fc), *gelu = act(r, l, b->gelu);
+    void *ga = wsp(r, r->L.ga), *fc = act(r, l, b->fc), *gelu = act(r, l, b->gelu);
+    ln_site ln2 = ln_at(r, l, 2);
 
-    int rc = mark(r, ln_fwd(r, hin, P->ln1_w, P->ln1_b, ln1, act(r, l, b->ln1_mean),
-                            act(r, l, b->ln1_rstd)),
-                  "layernorm.fwd");
-    if (rc == 0)
-        rc = mark(r, linear_fwd(r, ln1, C, 3 * C, P->qkv_w, P->qkv_b, act(r, l, b->qkv),
-                                m->mm_dt, dl(r, l, GPU_CUDA_GPT_QKV)),
+    int rc = mark(r, linear_fwd(r, act(r, l, b->ln1), C, 3 * C, P->qkv_w, P->qkv_b,
+                                act(r, l, b->qkv), m->mm_dt, dl(r, l, GPU_CUDA_GPT_QKV)),
                   "linear.fwd");
     if (rc == 0)
         rc = mark(r, attn_fwd(r, l), "attention.fwd");
@@ -806,13 +823,9 @@ static int block_fwd(const gpt_run *r, int l)
                                 dl(r, l, GPU_CUDA_GPT_PROJ)),
                   "linear.fwd");
     if (rc == 0)
-        rc = mark(r, resid_add(r, hin, ga, lin, hmid), "residual.fwd");
+        rc = mark(r, ln_fwd(r, ln2, act(r, l, b->resid), ga), "layernorm.fwd");
     if (rc == 0)
-        rc = mark(r, ln_fwd(r, hmid, P->ln2_w, P->ln2_b, ln2, act(r, l, b->ln2_mean),
-                            act(r, l, b->ln2_rstd)),
-                  "layernorm.fwd");
-    if (rc == 0)
-        rc = mark(r, linear_fwd(r, ln2, C, 4 * C, P->fc_w, P->fc_b, fc, lin,
+        rc = mark(r, linear_fwd(r, ln2.y, C, 4 * C, P->fc_w, P->fc_b, fc, lin,
                                 dl(r, l, GPU_CUDA_GPT_FC)),
                   "linear.fwd");
     if (rc == 0)
@@ -823,8 +836,8 @@ static int block_fwd(const gpt_run *r, int l)
         rc = mark(r, linear_fwd(r, gelu, 4 * C, C, P->mproj_w, P->mproj_b, ga, lin,
                                 dl(r, l, GPU_CUDA_GPT_MPROJ)),
                   "linear.fwd");
-    if (rc == 0)
-        rc = mark(r, resid_add(r, hmid, ga, lin, block_out(r, l)), "residual.fwd");
+    if (rc == 0) /* the next block's ln1, or ln_f */
+        rc = mark(r, ln_fwd(r, ln_at(r, l + 1, 1), ln2.x, ga), "layernorm.fwd");
     return rc;
 }
 
@@ -872,12 +885,10 @@ int gpu_cuda_gpt_forward(const gpu_gpt *m, const gpu_cuda_model_ctx *c, const in
                                             m->resid_dt, act(&r, 0, r.L.b.resid), m->resid_dt,
                                             r.st),
               "embed.fwd");
+    if (rc == 0)
+        rc = mark(&r, ln_fwd(&r, ln_at(&r, 0, 1), NULL, NULL), "layernorm.fwd");
     for (int l = 0; l < m->n_layer && rc == 0; l++)
         rc = block_fwd(&r, l);
-    if (rc == 0)
-        rc = mark(&r, ln_fwd(&r, r.acts + r.L.resf, m->lnf_w, m->lnf_b, r.acts + r.L.lnf,
-                             (float *)(r.acts + r.L.lnf_mean), (float *)(r.acts + r.L.lnf_rstd)),
-                  "layernorm.fwd");
     if (rc == 0)
         rc = head_fwd(&r);
     if (rc != 0)
@@ -893,8 +904,8 @@ int gpu_cuda_gpt_forward(const gpu_gpt *m, const gpu_cuda_model_ctx *c, const in
     return mark(&r, rc, "head.fwd");
 }
 
-/* gpt.c's block_bwd for layer l: dres holds the gradient of the block's output on entry and
- * of its input on return. */
+/* gpt.c's block_bwd for layer l: dres holds the gradient of the block's output on entry (and
+ * its lin_dt copy is in ga when their storages differ), of its input on return. */
 static int block_bwd(const gpt_run *r, int l)
 {
     const gpu_gpt *m = r->m;
@@ -902,15 +913,11 @@ static int block_bwd(const gpt_run *r, int l)
     const blk_off *b = &r->L.b;
     gpu_dtype lin = m->lin_dt;
     int C = r->C;
-    void *dres = wsp(r, r->L.dres), *ga = wsp(r, r->L.ga), *gb = wsp(r, r->L.gb);
-    void *gc = wsp(r, r->L.gc);
-    const void *dy;
+    void *ga = wsp(r, r->L.ga), *gb = wsp(r, r->L.gb);
 
-    /* MLP (the residual gradient's cast to lin_dt counts as the linear's) */
-    int rc = to_lin(r, &dy);
-    if (rc == 0)
-        rc = mark(r, linear_bwd(r, dy, act(r, l, b->gelu), 4 * C, C, P->mproj_w, P->mproj_b, gb,
-                                lin, dl(r, l, GPU_CUDA_GPT_MPROJ)),
+    /* MLP */
+    int rc = mark(r, linear_bwd(r, dres_lin(r), act(r, l, b->gelu), 4 * C, C, P->mproj_w,
+                                P->mproj_b, gb, lin, dl(r, l, GPU_CUDA_GPT_MPROJ)),
                   "linear.bwd");
     if (rc == 0)
         rc = mark(r, gpu_cuda_gelu_tanh_bwd_launch(gb, gb, lin, act(r, l, b->fc), lin,
@@ -921,16 +928,10 @@ static int block_bwd(const gpt_run *r, int l)
                                 dl(r, l, GPU_CUDA_GPT_FC)),
                   "linear.bwd");
     if (rc == 0)
-        rc = mark(r, ln_bwd(r, ga, act(r, l, b->hmid), act(r, l, b->ln2_mean),
-                            act(r, l, b->ln2_rstd), P->ln2_w, P->ln2_b, gc),
-                  "layernorm.bwd");
-    if (rc == 0)
-        rc = mark(r, resid_add(r, dres, gc, m->resid_dt, dres), "residual.bwd");
+        rc = mark(r, ln_bwd(r, ln_at(r, l, 2), ga, true, true), "layernorm.bwd");
     /* attention */
     if (rc == 0)
-        rc = to_lin(r, &dy);
-    if (rc == 0)
-        rc = mark(r, linear_bwd(r, dy, act(r, l, b->atty), C, C, P->proj_w, P->proj_b,
+        rc = mark(r, linear_bwd(r, dres_lin(r), act(r, l, b->atty), C, C, P->proj_w, P->proj_b,
                                 wsp(r, r->L.gd), m->mm_dt, dl(r, l, GPU_CUDA_GPT_PROJ)),
                   "linear.bwd");
     if (rc == 0)
@@ -940,11 +941,7 @@ static int block_bwd(const gpt_run *r, int l)
                                 dl(r, l, GPU_CUDA_GPT_QKV)),
                   "linear.bwd");
     if (rc == 0)
-        rc = mark(r, ln_bwd(r, ga, act(r, l, b->resid), act(r, l, b->ln1_mean),
-                            act(r, l, b->ln1_rstd), P->ln1_w, P->ln1_b, gc),
-                  "layernorm.bwd");
-    if (rc == 0)
-        rc = mark(r, resid_add(r, dres, gc, m->resid_dt, dres), "residual.bwd");
+        rc = mark(r, ln_bwd(r, ln_at(r, l, 1), ga, true, l > 0), "layernorm.bwd");
     return rc;
 }
 
@@ -963,9 +960,7 @@ int gpu_cuda_gpt_backward(const gpu_gpt *m, const gpu_cuda_model_ctx *c, const i
                              NO_BIAS, ga, m->lin_dt, dl(&r, -1, 0)),
               "head.bwd");
     if (rc == 0)
-        rc = mark(&r, ln_bwd(&r, ga, r.acts + r.L.resf, (const float *)(r.acts + r.L.lnf_mean),
-                             (const float *)(r.acts + r.L.lnf_rstd), m->lnf_w, m->lnf_b, dres),
-                  "layernorm.bwd");
+        rc = mark(&r, ln_bwd(&r, ln_at(&r, m->n_layer, 1), ga, false, true), "layernorm.bwd");
     for (int l = m->n_layer - 1; l >= 0 && rc == 0; l--)
         rc = block_bwd(&r, l);
     /* the embedding: wpe written, wte's rows added onto the head's gradient in row order */

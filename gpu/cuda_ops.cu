@@ -354,36 +354,55 @@ k_col_finish(const float *part, int nchunks, int n, gpu_dtype dt, float *out)
 
 /* ---- layer norm ----------------------------------------------------------------------------- */
 
+/* Element i of the layer norm's input: x, or the residual add rd(x + r, xdt) when r is given. */
+__device__ static __forceinline__ float ln_in(const void *x, gpu_dtype xdt, const void *r,
+                                              gpu_dtype rdt, size_t i)
+{
+    float v = ld(x, i, xdt);
+    return r == NULL ? v : rd(add_rn(v, ld(r, i, rdt)), xdt);
+}
+
+/* One row per group; with r, the first pass writes the row's input x + r to xo (the tail,
+ * which every lane sums, by lane 0) and the other passes compute it again. */
 static __global__ void __launch_bounds__(OPS_THREADS)
-k_ln_fwd(const void *x, gpu_dtype xdt, const void *g, const void *b, gpu_dtype wdt, int N, int C,
-         gpu_dtype dt, void *y, gpu_dtype ydt, float *mean, float *rstd)
+k_ln_fwd(const void *x, gpu_dtype xdt, const void *r, gpu_dtype rdt, void *xo, const void *g,
+         const void *b, gpu_dtype wdt, int N, int C, gpu_dtype dt, void *y, gpu_dtype ydt,
+         float *mean, float *rstd)
 {
     const unsigned lane = group_lane(), mask = group_mask();
     const int c16 = C & ~(GROUP - 1);
     for (size_t row = group_first(); row < (size_t)N; row += group_stride()) {
         const size_t o = row * (size_t)C;
         float acc = 0.0f, s = 0.0f;
-        for (int j = lane; j < c16; j += GROUP)
-            acc = add_rn(acc, rd(ld(x, o + j, xdt), dt));
-        for (int j = c16; j < C; j++)
-            s = add_rn(s, rd(ld(x, o + j, xdt), dt));
+        for (int j = lane; j < c16; j += GROUP) {
+            float v = ln_in(x, xdt, r, rdt, o + j);
+            if (r != NULL)
+                st(xo, o + j, xdt, v);
+            acc = add_rn(acc, rd(v, dt));
+        }
+        for (int j = c16; j < C; j++) {
+            float v = ln_in(x, xdt, r, rdt, o + j);
+            if (r != NULL && lane == 0)
+                st(xo, o + j, xdt, v);
+            s = add_rn(s, rd(v, dt));
+        }
         const float mu = div_rn(fold16(s, acc, mask), (float)C);
 
         acc = 0.0f;
         s = 0.0f;
         for (int j = lane; j < c16; j += GROUP) {
-            float d = sub_rn(rd(ld(x, o + j, xdt), dt), mu);
+            float d = sub_rn(rd(ln_in(x, xdt, r, rdt, o + j), dt), mu);
             acc = add_rn(acc, mul_rn(d, d));
         }
         for (int j = c16; j < C; j++) {
-            float d = sub_rn(rd(ld(x, o + j, xdt), dt), mu);
+            float d = sub_rn(rd(ln_in(x, xdt, r, rdt, o + j), dt), mu);
             s = add_rn(s, mul_rn(d, d));
         }
         const float var = div_rn(fold16(s, acc, mask), (float)C);
         const float rs = div_rn(1.0f, __fsqrt_rn(add_rn(var, LN_EPS)));
 
         for (int j = lane; j < C; j += GROUP) {
-            float xh = mul_rn(sub_rn(rd(ld(x, o + j, xdt), dt), mu), rs);
+            float xh = mul_rn(sub_rn(rd(ln_in(x, xdt, r, rdt, o + j), dt), mu), rs);
             st(y, o + j, ydt, rd(add_rn(mul_rn(xh, ld(g, j, wdt)), ld(b, j, wdt)), dt));
         }
         if (lane == 0) {
@@ -393,28 +412,51 @@ k_ln_fwd(const void *x, gpu_dtype xdt, const void *g, const void *b, gpu_dtype w
     }
 }
 
+/* Both layer-norm forwards: r NULL (plain) or the residual add first. */
+static int ln_fwd_launch(const void *x, gpu_dtype xdt, const void *r, gpu_dtype rdt, void *xo,
+                         const void *g, const void *b, gpu_dtype wdt, int N, int C, gpu_dtype dt,
+                         void *y, gpu_dtype ydt, float *mean, float *rstd, cudaStream_t stream)
+{
+    if (N < 0 || C < 1 || !dt_ok(xdt) || !dt_ok(rdt) || !dt_ok(wdt) || !dt_ok(dt) ||
+        !dt_ok(ydt))
+        return GPU_EINVAL;
+    if (N == 0)
+        return 0;
+    if (x == NULL || g == NULL || b == NULL || y == NULL || mean == NULL || rstd == NULL ||
+        (r != NULL && xo == NULL))
+        return GPU_EINVAL;
+    k_ln_fwd<<<row_blocks((size_t)N), OPS_THREADS, 0, stream>>>(x, xdt, r, rdt, xo, g, b, wdt, N,
+                                                                C, dt, y, ydt, mean, rstd);
+    GPU_CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
+
 /* See cuda_ops.h. */
 int gpu_cuda_layernorm_fwd_launch(const void *x, gpu_dtype xdt, const void *g, const void *b,
                                   gpu_dtype wdt, int N, int C, gpu_dtype dt, void *y,
                                   gpu_dtype ydt, float *mean, float *rstd, cudaStream_t stream)
 {
-    if (N < 0 || C < 1 || !dt_ok(xdt) || !dt_ok(wdt) || !dt_ok(dt) || !dt_ok(ydt))
-        return GPU_EINVAL;
-    if (N == 0)
-        return 0;
-    if (x == NULL || g == NULL || b == NULL || y == NULL || mean == NULL || rstd == NULL)
-        return GPU_EINVAL;
-    k_ln_fwd<<<row_blocks((size_t)N), OPS_THREADS, 0, stream>>>(x, xdt, g, b, wdt, N, C, dt, y,
-                                                                ydt, mean, rstd);
-    GPU_CUDA_CHECK(cudaGetLastError());
-    return 0;
+    return ln_fwd_launch(x, xdt, NULL, GPU_FP32, NULL, g, b, wdt, N, C, dt, y, ydt, mean, rstd,
+                         stream);
 }
 
-/* dx of one row per group: gpt.c's ln_row_bwd with its 16 partial sums. */
+/* See cuda_ops.h. */
+int gpu_cuda_add_layernorm_fwd_launch(const void *a, const void *r, gpu_dtype rdt, void *xo,
+                                      gpu_dtype xdt, const void *g, const void *b,
+                                      gpu_dtype wdt, int N, int C, gpu_dtype dt, void *y,
+                                      gpu_dtype ydt, float *mean, float *rstd,
+                                      cudaStream_t stream)
+{
+    if (r == NULL)
+        return GPU_EINVAL;
+    return ln_fwd_launch(a, xdt, r, rdt, xo, g, b, wdt, N, C, dt, y, ydt, mean, rstd, stream);
+}
+
+/* dx of one row per group (gpt.c's ln_row_bwd with its 16 partial sums), put where out says. */
 static __global__ void __launch_bounds__(OPS_THREADS)
 k_ln_bwd_dx(const void *dy, gpu_dtype dydt, const void *x, gpu_dtype xdt, const float *mean,
             const float *rstd, const void *g, gpu_dtype wdt, int N, int C, gpu_dtype dt,
-            void *dx, gpu_dtype dxdt)
+            gpu_cuda_dres out)
 {
     const unsigned lane = group_lane(), mask = group_mask();
     const int c16 = C & ~(GROUP - 1);
@@ -439,7 +481,12 @@ k_ln_bwd_dx(const void *dy, gpu_dtype dydt, const void *x, gpu_dtype xdt, const 
         for (int j = lane; j < C; j += GROUP) {
             float d = mul_rn(rd(ld(dy, o + j, dydt), dt), ld(g, j, wdt));
             float xh = mul_rn(sub_rn(rd(ld(x, o + j, xdt), dt), mu), rs);
-            st(dx, o + j, dxdt, rd(mul_rn(rs, sub_rn(sub_rn(d, m1), mul_rn(xh, m2))), dt));
+            float v = rd(rd(mul_rn(rs, sub_rn(sub_rn(d, m1), mul_rn(xh, m2))), dt), out.rdt);
+            if (out.acc)
+                v = rd(add_rn(ld(out.dres, o + j, out.rdt), v), out.rdt);
+            st(out.dres, o + j, out.rdt, v);
+            if (out.lin != NULL)
+                st(out.lin, o + j, out.lindt, rd(v, out.lindt));
         }
     }
 }
@@ -482,27 +529,25 @@ size_t gpu_cuda_layernorm_bwd_workspace(int N, int C)
 }
 
 /* See cuda_ops.h. */
-int gpu_cuda_layernorm_bwd_launch(const void *dy, gpu_dtype dydt, const void *x, gpu_dtype xdt,
-                                  const float *mean, const float *rstd, const void *g,
-                                  gpu_dtype wdt, int N, int C, gpu_dtype dt, void *dx,
-                                  gpu_dtype dxdt, float *dg, float *db, void *work,
-                                  cudaStream_t stream)
+int gpu_cuda_layernorm_bwd_resid_launch(const void *dy, gpu_dtype dydt, const void *x,
+                                        gpu_dtype xdt, const float *mean, const float *rstd,
+                                        const void *g, gpu_dtype wdt, int N, int C, gpu_dtype dt,
+                                        const gpu_cuda_dres *out, float *dg, float *db,
+                                        void *work, cudaStream_t stream)
 {
-    if (N < 0 || C < 1 || !dt_ok(dydt) || !dt_ok(xdt) || !dt_ok(wdt) || !dt_ok(dt) ||
-        !dt_ok(dxdt))
+    if (N < 0 || C < 1 || out == NULL || !dt_ok(dydt) || !dt_ok(xdt) || !dt_ok(wdt) ||
+        !dt_ok(dt) || !dt_ok(out->rdt) || !dt_ok(out->lindt))
         return GPU_EINVAL;
     int nchunks = col_chunks(N), per = N > 0 ? (N + nchunks - 1) / nchunks : 0;
     if (dg == NULL || db == NULL || (nchunks > 1 && work == NULL))
         return GPU_EINVAL;
     if (N > 0 && (dy == NULL || x == NULL || mean == NULL || rstd == NULL || g == NULL ||
-                  dx == NULL))
+                  out->dres == NULL))
         return GPU_EINVAL;
-    if (N > 0) {
-        k_ln_bwd_dx<<<row_blocks((size_t)N), OPS_THREADS, 0, stream>>>(
-            dy, dydt, x, xdt, mean, rstd, g, wdt, N, C, dt, dx, dxdt);
-        GPU_CUDA_CHECK(cudaGetLastError());
-    }
-    /* with no rows the sums are the CPU's zeros */
+    if (out->lin == dy && dy != NULL && out->lindt != dydt)
+        return GPU_EINVAL;
+    /* the column sums first: the dx kernel may overwrite dy with lin; with no rows the sums
+     * are the CPU's zeros */
     float *part = (float *)work;
     dim3 grid((unsigned)((C + OPS_THREADS - 1) / OPS_THREADS), (unsigned)nchunks);
     k_ln_bwd_cols<<<grid, OPS_THREADS, 0, stream>>>(dy, dydt, x, xdt, mean, rstd, N, C, dt, per,
@@ -516,7 +561,24 @@ int gpu_cuda_layernorm_bwd_launch(const void *dy, gpu_dtype dydt, const void *x,
             part + (size_t)nchunks * C, nchunks, C, dt, db);
         GPU_CUDA_CHECK(cudaGetLastError());
     }
+    if (N > 0) {
+        k_ln_bwd_dx<<<row_blocks((size_t)N), OPS_THREADS, 0, stream>>>(
+            dy, dydt, x, xdt, mean, rstd, g, wdt, N, C, dt, *out);
+        GPU_CUDA_CHECK(cudaGetLastError());
+    }
     return 0;
+}
+
+/* See cuda_ops.h. */
+int gpu_cuda_layernorm_bwd_launch(const void *dy, gpu_dtype dydt, const void *x, gpu_dtype xdt,
+                                  const float *mean, const float *rstd, const void *g,
+                                  gpu_dtype wdt, int N, int C, gpu_dtype dt, void *dx,
+                                  gpu_dtype dxdt, float *dg, float *db, void *work,
+                                  cudaStream_t stream)
+{
+    gpu_cuda_dres out = {dx, dxdt, false, NULL, GPU_FP32};
+    return gpu_cuda_layernorm_bwd_resid_launch(dy, dydt, x, xdt, mean, rstd, g, wdt, N, C, dt,
+                                               &out, dg, db, work, stream);
 }
 
 /* ---- GELU (tanh approximation, GPT) --------------------------------------------------------- */

@@ -68,6 +68,14 @@ int gpu_cuda_embed_bwd_launch(const int *x, int B, int T, int C, int V, const vo
 int gpu_cuda_layernorm_fwd_launch(const void *x, gpu_dtype xdt, const void *g, const void *b,
                                   gpu_dtype wdt, int N, int C, gpu_dtype dt, void *y,
                                   gpu_dtype ydt, float *mean, float *rstd, cudaStream_t stream);
+/* gpt.c's resid_add followed by its ln_fwd (the residual add that ends a block, then the next
+ * layer norm): x = rd(a + r, xdt) written to xo (a and xo stored in xdt, r in rdt; xo may not
+ * alias a or r), then gpu_cuda_layernorm_fwd_launch on x. Bit-exact. */
+int gpu_cuda_add_layernorm_fwd_launch(const void *a, const void *r, gpu_dtype rdt, void *xo,
+                                      gpu_dtype xdt, const void *g, const void *b,
+                                      gpu_dtype wdt, int N, int C, gpu_dtype dt, void *y,
+                                      gpu_dtype ydt, float *mean, float *rstd,
+                                      cudaStream_t stream);
 /* Bytes of workspace for the column sums of gpu_cuda_layernorm_bwd_launch (0 when N <= 256). */
 size_t gpu_cuda_layernorm_bwd_workspace(int N, int C);
 /* From dy (stored in dydt, rounded to dt) and the forward's x (xdt, rounded to dt), mean,
@@ -81,6 +89,26 @@ int gpu_cuda_layernorm_bwd_launch(const void *dy, gpu_dtype dydt, const void *x,
                                   gpu_dtype wdt, int N, int C, gpu_dtype dt, void *dx,
                                   gpu_dtype dxdt, float *dg, float *db, void *work,
                                   cudaStream_t stream);
+/* Where gpu_cuda_layernorm_bwd_resid_launch puts dx: into the residual stream's gradient dres
+ * (stored in rdt), added (acc: gpt.c's resid_acc) or written, and then, when lin is not NULL,
+ * that gradient rounded to lindt and stored in lindt (gpt.c's to_lin: the dY of the linear
+ * below). */
+typedef struct {
+    void *dres;
+    gpu_dtype rdt;
+    bool acc;
+    void *lin;
+    gpu_dtype lindt;
+} gpu_cuda_dres;
+/* gpu_cuda_layernorm_bwd_launch with dx going into out: dres = rd(dres + rd(dx, rdt), rdt)
+ * (acc) or rd(dx, rdt), then lin = rd(dres, lindt). dres may not alias dy or x; lin may equal
+ * dy when lindt is dydt (the column sums are taken first, and each element of dy is read
+ * before it is overwritten by the same thread). Bit-exact as the three CPU steps. */
+int gpu_cuda_layernorm_bwd_resid_launch(const void *dy, gpu_dtype dydt, const void *x,
+                                        gpu_dtype xdt, const float *mean, const float *rstd,
+                                        const void *g, gpu_dtype wdt, int N, int C, gpu_dtype dt,
+                                        const gpu_cuda_dres *out, float *dg, float *db,
+                                        void *work, cudaStream_t stream);
 
 /* ---- GELU, tanh approximation (gpu_gpt_gelu_fwd / gpu_gpt_gelu_bwd) ----------------------- */
 

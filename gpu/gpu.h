@@ -434,9 +434,10 @@ const gpu_grad_stat *gpu_trainer_grad_stats(const gpu_trainer *t);
  *
  * Where one step's time goes, phase by phase, for finding what to make faster. On CUDA each
  * group of ops is closed by a CUDA event on the step's stream and a phase is the device time
- * between events ("embed.fwd", "layernorm.fwd", "linear.fwd", "attention.fwd", "gelu.fwd",
- * "residual.fwd", "head.fwd" (lm_head and the fused cross-entropy; an MLP's loss), the same
- * with ".bwd", "upload", "unscale", "clip", "optimizer", "scaler"); the events cost the step
+ * between events ("embed.fwd", "layernorm.fwd" (with the residual adds fused into it),
+ * "linear.fwd", "attention.fwd", "gelu.fwd", "head.fwd" (lm_head and the fused
+ * cross-entropy; an MLP's loss), the same with ".bwd", "upload", "unscale", "clip",
+ * "optimizer", "scaler"); the events cost the step
  * a few microseconds each. On the CPU, whose ops run one after another, the clock times
  * "forward", "backward", "unscale" and "optimizer". A collecting (diagnostics) step counts
  * its collection in the phases it happens in. */

@@ -1873,6 +1873,119 @@ START_TEST(t_mixed)
 }
 END_TEST
 
+/* The residual stream's fusions (cuda_gpt.c): the add that ends a block fused into the next
+ * layer norm, and the layer norm's backward adding into the stream's gradient and leaving its
+ * lin_dt copy over dy. Each against gpt.c's separate steps: bit-exact. Two plans per 16-bit
+ * dtype: autocast's (an fp32 stream and layer norm, linears in low) and a pure low one; C
+ * 100 has a 4-column tail after its 16-lane part. */
+START_TEST(t_resid_ln)
+{
+    if (!have_device())
+        return;
+    enum { N = 37, C = 100 };
+    size_t n = (size_t)N * C;
+    float *a = xmalloc(n * 4), *lo = xmalloc(n * 4), *x = xmalloc(n * 4), *y = xmalloc(n * 4);
+    float *got = xmalloc(n * 4), *dy = xmalloc(n * 4), *dx = xmalloc(n * 4);
+    float *dres = xmalloc(n * 4), *g = xmalloc(C * 4), *b = xmalloc(C * 4), *dg = xmalloc(C * 4);
+    float *db = xmalloc(C * 4), *mean = xmalloc(N * 4), *rstd = xmalloc(N * 4);
+    char what[96];
+    gpu_rng r;
+    gpu_rng_seed(&r, 1100);
+    fill(&r, g, C, 1.0f, GPU_FP32);
+    fill(&r, b, C, 1.0f, GPU_FP32);
+    void *d_g = dput(g, C, GPU_FP32), *d_b = dput(b, C, GPU_FP32), *d_mean, *d_rstd, *d_dg, *d_db;
+    ck_assert_int_eq(cudaMalloc(&d_mean, N * 4), cudaSuccess);
+    ck_assert_int_eq(cudaMalloc(&d_rstd, N * 4), cudaSuccess);
+    ck_assert_int_eq(cudaMalloc(&d_dg, C * 4), cudaSuccess);
+    ck_assert_int_eq(cudaMalloc(&d_db, C * 4), cudaSuccess);
+
+    for (int k = 0; k < 4; k++) {
+        gpu_dtype low = DTS[1 + k % 2], sdt = k < 2 ? GPU_FP32 : low; /* stream and its LN */
+        bool acc = k != 1;
+        fill(&r, a, n, 3.0f, sdt);
+        fill(&r, lo, n, 1.0f, low);
+        ref_resid_add(x, a, lo, n, sdt);
+        gpu_gpt_layernorm_fwd(x, g, b, N, C, sdt, y, mean, rstd);
+        rnd(y, n, low);
+        void *d_a = dput(a, n, sdt), *d_lo = dput(lo, n, low), *d_x = dput(a, n, sdt);
+        void *d_y = dput(y, n, low);
+        ck_assert_int_eq(gpu_cuda_add_layernorm_fwd_launch(d_a, d_lo, low, d_x, sdt, d_g, d_b,
+                                                           GPU_FP32, N, C, sdt, d_y, low,
+                                                           (float *)d_mean, (float *)d_rstd, 0),
+                         0);
+        snprintf(what, sizeof(what), "add + layernorm fwd, stream %s, linears %s", dn(sdt),
+                 dn(low));
+        dget(got, d_x, n, sdt);
+        expect_exact(what, got, x, n, sdt);
+        dget(got, d_y, n, low);
+        expect_exact(what, got, y, n, low);
+        dget(got, d_rstd, N, GPU_FP32);
+        expect_exact(what, got, rstd, N, GPU_FP32);
+
+        /* backward: dx into dres (added, or written when !acc), then dres's low copy over dy
+         * when the stream is wider */
+        fill(&r, dy, n, 0.1f, low);
+        fill(&r, dres, n, 0.1f, sdt);
+        void *d_dy = dput(dy, n, low), *d_dres = dput(dres, n, sdt);
+        gpu_gpt_layernorm_bwd(dy, x, mean, rstd, g, N, C, sdt, dx, dg, db);
+        if (acc)
+            ref_resid_add(dres, dres, dx, n, sdt);
+        else
+            memcpy(dres, dx, n * 4);
+        gpu_cuda_dres out = {d_dres, sdt, acc, sdt != low ? d_dy : NULL, low};
+        ck_assert_int_eq(gpu_cuda_layernorm_bwd_resid_launch(d_dy, low, d_x, sdt, d_mean, d_rstd,
+                                                             d_g, GPU_FP32, N, C, sdt, &out,
+                                                             d_dg, d_db, NULL, 0),
+                         0);
+        snprintf(what, sizeof(what), "layernorm bwd %s into the %s stream", acc ? "added" : "written",
+                 dn(sdt));
+        dget(got, d_dres, n, sdt);
+        expect_exact(what, got, dres, n, sdt);
+        dget(got, d_dg, C, GPU_FP32); /* taken from dy before it was overwritten */
+        expect_exact(what, got, dg, C, sdt);
+        dget(got, d_db, C, GPU_FP32);
+        expect_exact(what, got, db, C, sdt);
+        if (sdt != low) {
+            rnd(dres, n, low);
+            dget(got, d_dy, n, low);
+            expect_exact(what, got, dres, n, low);
+        }
+        cudaFree(d_a);
+        cudaFree(d_lo);
+        cudaFree(d_x);
+        cudaFree(d_y);
+        cudaFree(d_dy);
+        cudaFree(d_dres);
+    }
+    /* a lin copy over dy of another storage size is refused */
+    gpu_cuda_dres bad = {d_mean, GPU_FP32, true, d_dg, GPU_BF16};
+    ck_assert_int_eq(gpu_cuda_layernorm_bwd_resid_launch(d_dg, GPU_FP32, d_db, GPU_FP32, d_mean,
+                                                         d_rstd, d_g, GPU_FP32, 1, C, GPU_FP32,
+                                                         &bad, d_dg, d_db, NULL, 0),
+                     GPU_EINVAL);
+    cudaFree(d_g);
+    cudaFree(d_b);
+    cudaFree(d_mean);
+    cudaFree(d_rstd);
+    cudaFree(d_dg);
+    cudaFree(d_db);
+    free(a);
+    free(lo);
+    free(x);
+    free(y);
+    free(got);
+    free(dy);
+    free(dx);
+    free(dres);
+    free(g);
+    free(b);
+    free(dg);
+    free(db);
+    free(mean);
+    free(rstd);
+}
+END_TEST
+
 /* ---- determinism, empty sizes, bad arguments ------------------------------------------------ */
 
 /* The chunked column sums and the loss sum repeat bit for bit. */
@@ -1999,6 +2112,7 @@ static Suite *cuda_ops_suite(void)
     tcase_add_test(tc, t_attn);
     tcase_add_test(tc, t_flash);
     tcase_add_test(tc, t_mixed);
+    tcase_add_test(tc, t_resid_ln);
     tcase_add_test(tc, t_repeat);
     tcase_add_test(tc, t_edges);
     suite_add_tcase(s, tc);
