@@ -523,10 +523,11 @@ static int linear_fwd(const gpt_run *r, const void *X, int K, int O, size_t w_of
     return rc;
 }
 
-/* gpt.c's linear_bwd (and the head's backward with b_off == NO_BIAS): from dY [N x O]
- * (lin_dt values, stored in lin_dt) and the saved input X [N x K] (lin_dt): the weight and
- * bias gradients written into ctx->grads rounded to lin_dt, dX = rd(dY W, lin_dt) stored in
- * dxdt. Diagnostics: dY arriving, then each gradient before rounding. */
+/* gpt.c's linear_bwd: from dY [N x O] (lin_dt values, stored in lin_dt) and the saved
+ * input X [N x K] (lin_dt): the weight and bias gradients written into ctx->grads rounded to
+ * lin_dt (b_off NO_BIAS: no bias gradient, for the head or one already taken), dX =
+ * rd(dY W, lin_dt) stored in dxdt. Diagnostics: dY arriving, then each gradient before
+ * rounding. */
 static int linear_bwd(const gpt_run *r, const void *dY, const void *X, int K, int O, size_t w_off,
                       size_t b_off, void *dX, gpu_dtype dxdt, int layer)
 {
@@ -904,6 +905,21 @@ int gpu_cuda_gpt_forward(const gpu_gpt *m, const gpu_cuda_model_ctx *c, const in
     return mark(&r, rc, "head.fwd");
 }
 
+/* gpt.c's gelu_bwd of layer l, in place on gb (lin_dt); without diagnostics fused with
+ * mlp.fc's bias gradient (written into ctx->grads rounded to lin_dt), whose linear_bwd then
+ * skips it. */
+static int gelu_bwd(const gpt_run *r, int l)
+{
+    const gpu_gpt *m = r->m;
+    gpu_dtype lin = m->lin_dt;
+    void *gb = wsp(r, r->L.gb), *fc = act(r, l, r->L.b.fc);
+    if (r->c->diag != NULL)
+        return gpu_cuda_gelu_tanh_bwd_launch(gb, gb, lin, fc, lin, 4 * r->nC, m->gelu_dt, r->st);
+    return gpu_cuda_gelu_tanh_bwd_bias_launch(gb, gb, lin, fc, lin, r->N, 4 * r->C, m->gelu_dt,
+                                              lin, r->c->grads + m->blk[l].fc_b,
+                                              wsp(r, r->L.colw), r->st);
+}
+
 /* gpt.c's block_bwd for layer l: dres holds the gradient of the block's output on entry (and
  * its lin_dt copy is in ga when their storages differ), of its input on return. */
 static int block_bwd(const gpt_run *r, int l)
@@ -920,11 +936,10 @@ static int block_bwd(const gpt_run *r, int l)
                                 P->mproj_b, gb, lin, dl(r, l, GPU_CUDA_GPT_MPROJ)),
                   "linear.bwd");
     if (rc == 0)
-        rc = mark(r, gpu_cuda_gelu_tanh_bwd_launch(gb, gb, lin, act(r, l, b->fc), lin,
-                                                   4 * r->nC, m->gelu_dt, r->st),
-                  "gelu.bwd");
-    if (rc == 0)
-        rc = mark(r, linear_bwd(r, gb, act(r, l, b->ln2), C, 4 * C, P->fc_w, P->fc_b, ga, lin,
+        rc = mark(r, gelu_bwd(r, l), "gelu.bwd");
+    if (rc == 0) /* mlp.fc's bias gradient: taken by gelu_bwd unless collecting */
+        rc = mark(r, linear_bwd(r, gb, act(r, l, b->ln2), C, 4 * C, P->fc_w,
+                                r->c->diag == NULL ? NO_BIAS : P->fc_b, ga, lin,
                                 dl(r, l, GPU_CUDA_GPT_FC)),
                   "linear.bwd");
     if (rc == 0)

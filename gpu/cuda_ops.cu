@@ -610,15 +610,45 @@ k_gelu_tanh_fwd(const void *u, gpu_dtype udt, void *out, gpu_dtype odt, size_t n
         st(out, i, odt, rd(gelu_tanh(rd(ld(u, i, udt), dt)), dt));
 }
 
+/* dx = rd(rd(dy, dt) gelu'(rd(u, dt)), dt) of element i. */
+__device__ static __forceinline__ float gelu_bwd_at(const void *dy, gpu_dtype gdt, const void *u,
+                                                    gpu_dtype udt, size_t i, gpu_dtype dt)
+{
+    float d = rd(ld(dy, i, gdt), dt);
+    return rd(mul_rn(d, gelu_tanh_grad(rd(ld(u, i, udt), dt))), dt);
+}
+
 static __global__ void __launch_bounds__(OPS_THREADS)
 k_gelu_tanh_bwd(const void *dy, void *dx, gpu_dtype gdt, const void *u, gpu_dtype udt,
                 size_t n, gpu_dtype dt)
 {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        float d = rd(ld(dy, i, gdt), dt);
-        st(dx, i, gdt, rd(mul_rn(d, gelu_tanh_grad(rd(ld(u, i, udt), dt))), dt));
+         i += (size_t)gridDim.x * blockDim.x)
+        st(dx, i, gdt, gelu_bwd_at(dy, gdt, u, udt, i, dt));
+}
+
+/* The same over one chunk of rows of a [rows x n] matrix, one thread per column, with the
+ * column sums of dx as it is stored, rounded to bdt (k_bias_cols's sums of it). */
+static __global__ void __launch_bounds__(OPS_THREADS)
+k_gelu_tanh_bwd_cols(const void *dy, void *dx, gpu_dtype gdt, const void *u, gpu_dtype udt,
+                     int rows, int n, gpu_dtype dt, gpu_dtype bdt, int per, int nchunks,
+                     float *db, float *part)
+{
+    const int j = blockIdx.x * blockDim.x + threadIdx.x, k = blockIdx.y;
+    if (j >= n)
+        return;
+    const int i0 = k * per, i1 = rows - i0 < per ? rows : i0 + per;
+    float s = 0.0f;
+    for (int i = i0; i < i1; i++) {
+        size_t o = (size_t)i * n + j;
+        float v = rd(gelu_bwd_at(dy, gdt, u, udt, o, dt), gdt); /* as stored */
+        st(dx, o, gdt, v);
+        s = add_rn(s, rd(v, bdt));
     }
+    if (nchunks == 1)
+        db[j] = rd(s, bdt);
+    else
+        part[(size_t)k * n + j] = s;
 }
 
 /* See cuda_ops.h. */
@@ -648,6 +678,32 @@ int gpu_cuda_gelu_tanh_bwd_launch(const void *dy, void *dx, gpu_dtype gdt, const
         return GPU_EINVAL;
     k_gelu_tanh_bwd<<<flat_blocks(n), OPS_THREADS, 0, stream>>>(dy, dx, gdt, u, udt, n, dt);
     GPU_CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
+
+/* See cuda_ops.h. */
+int gpu_cuda_gelu_tanh_bwd_bias_launch(const void *dy, void *dx, gpu_dtype gdt, const void *u,
+                                       gpu_dtype udt, int rows, int n, gpu_dtype dt,
+                                       gpu_dtype bdt, float *db, void *work, cudaStream_t stream)
+{
+    if (rows < 0 || n < 0 || !dt_ok(gdt) || !dt_ok(udt) || !dt_ok(dt) || !dt_ok(bdt))
+        return GPU_EINVAL;
+    if (n == 0)
+        return 0;
+    int nchunks = col_chunks(rows), per = rows > 0 ? (rows + nchunks - 1) / nchunks : 0;
+    if (db == NULL || (rows > 0 && (dy == NULL || dx == NULL || u == NULL)) ||
+        (nchunks > 1 && work == NULL))
+        return GPU_EINVAL;
+    float *part = (float *)work;
+    dim3 grid((unsigned)((n + OPS_THREADS - 1) / OPS_THREADS), (unsigned)nchunks);
+    k_gelu_tanh_bwd_cols<<<grid, OPS_THREADS, 0, stream>>>(dy, dx, gdt, u, udt, rows, n, dt, bdt,
+                                                           per, nchunks, db, part);
+    GPU_CUDA_CHECK(cudaGetLastError());
+    if (nchunks > 1) {
+        k_col_finish<<<flat_blocks((size_t)n), OPS_THREADS, 0, stream>>>(part, nchunks, n, bdt,
+                                                                         db);
+        GPU_CUDA_CHECK(cudaGetLastError());
+    }
     return 0;
 }
 

@@ -120,6 +120,15 @@ int gpu_cuda_gelu_tanh_fwd_launch(const void *u, gpu_dtype udt, void *out, gpu_d
  * Bit-exact. */
 int gpu_cuda_gelu_tanh_bwd_launch(const void *dy, void *dx, gpu_dtype gdt, const void *u,
                                   gpu_dtype udt, size_t n, gpu_dtype dt, cudaStream_t stream);
+/* The same on a [rows x n] matrix, fused with the bias gradient of the linear whose output
+ * gradient dx is: db (n, fp32 holding values of bdt) as gpu_cuda_bias_grad_launch(dx, gdt,
+ * rows, n, bdt, db, work) computes it from dx as stored (bit-exact up to 256 rows,
+ * deterministic beyond; work: gpu_cuda_bias_grad_workspace(rows, n) bytes). Saves the bias
+ * gradient's read of dx. */
+int gpu_cuda_gelu_tanh_bwd_bias_launch(const void *dy, void *dx, gpu_dtype gdt, const void *u,
+                                       gpu_dtype udt, int rows, int n, gpu_dtype dt,
+                                       gpu_dtype bdt, float *db, void *work,
+                                       cudaStream_t stream);
 
 /* ---- MLP activations (mlp.c's epilogue_row and act_backward) ------------------------------ */
 

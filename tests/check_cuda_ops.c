@@ -1986,6 +1986,67 @@ START_TEST(t_resid_ln)
 }
 END_TEST
 
+/* The GELU backward fused with mlp.fc's bias gradient (cuda_gpt.c's gelu_bwd): dx as the
+ * plain kernel gives it, db as the bias-gradient kernel gives it from that dx: equal to the
+ * CPU's sums up to 256 rows, to the chunked kernel's bits beyond. In place, as the GPT runs
+ * it; 72 columns leave part of a block idle. */
+START_TEST(t_gelu_bias)
+{
+    if (!have_device())
+        return;
+    static const int row_counts[] = {37, 300};
+    enum { NC = 72 };
+    char what[96];
+    gpu_rng r;
+    gpu_rng_seed(&r, 1200);
+    for (int k = 0; k < 6; k++) {
+        gpu_dtype low = DTS[k % 3], dt = k % 2 ? GPU_FP32 : low; /* storage, GELU's dtype */
+        int rows = row_counts[k / 3];
+        size_t n = (size_t)rows * NC;
+        float *u = xmalloc(n * 4), *dx = xmalloc(n * 4), *got = xmalloc(n * 4);
+        float *db = xmalloc(NC * 4), *gdb = xmalloc(NC * 4), *sl = xmalloc(NC * 4);
+        fill(&r, u, n, 3.0f, low);
+        fill(&r, dx, n, 1.0f, low);
+        void *d_u = dput(u, n, low), *d_d = dput(dx, n, low), *d_db, *d_db2, *d_work = NULL;
+        size_t wb = gpu_cuda_bias_grad_workspace(rows, NC);
+        ck_assert_int_eq(cudaMalloc(&d_db, NC * 4), cudaSuccess);
+        ck_assert_int_eq(cudaMalloc(&d_db2, NC * 4), cudaSuccess);
+        if (wb > 0)
+            ck_assert_int_eq(cudaMalloc(&d_work, wb), cudaSuccess);
+        gpu_gpt_gelu_bwd(dx, u, n, dt);
+        rnd(dx, n, low);
+        ck_assert_int_eq(gpu_cuda_gelu_tanh_bwd_bias_launch(d_d, d_d, low, d_u, low, rows, NC, dt,
+                                                            low, d_db, d_work, 0),
+                         0);
+        snprintf(what, sizeof(what), "gelu bwd + bias grad, %d rows, %s in %s", rows, dn(low),
+                 dn(dt));
+        dget(got, d_d, n, low);
+        expect_exact(what, got, dx, n, low);
+        ref_bias_grad(db, dx, rows, NC, low, sl);
+        dget(gdb, d_db, NC, GPU_FP32);
+        if (rows <= 256)
+            expect_exact(what, gdb, db, NC, low);
+        else
+            expect_sums(what, gdb, db, NC, low, sl);
+        /* the bias-gradient kernel on the dx just written: the same bits */
+        ck_assert_int_eq(gpu_cuda_bias_grad_launch(d_d, low, rows, NC, low, d_db2, d_work, 0), 0);
+        dget(db, d_db2, NC, GPU_FP32);
+        expect_exact(what, gdb, db, NC, GPU_FP32);
+        cudaFree(d_u);
+        cudaFree(d_d);
+        cudaFree(d_db);
+        cudaFree(d_db2);
+        cudaFree(d_work);
+        free(u);
+        free(dx);
+        free(got);
+        free(db);
+        free(gdb);
+        free(sl);
+    }
+}
+END_TEST
+
 /* ---- determinism, empty sizes, bad arguments ------------------------------------------------ */
 
 /* The chunked column sums and the loss sum repeat bit for bit. */
@@ -2113,6 +2174,7 @@ static Suite *cuda_ops_suite(void)
     tcase_add_test(tc, t_flash);
     tcase_add_test(tc, t_mixed);
     tcase_add_test(tc, t_resid_ln);
+    tcase_add_test(tc, t_gelu_bias);
     tcase_add_test(tc, t_repeat);
     tcase_add_test(tc, t_edges);
     suite_add_tcase(s, tc);
