@@ -627,30 +627,6 @@ k_gelu_tanh_bwd(const void *dy, void *dx, gpu_dtype gdt, const void *u, gpu_dtyp
         st(dx, i, gdt, gelu_bwd_at(dy, gdt, u, udt, i, dt));
 }
 
-/* The same over one chunk of rows of a [rows x n] matrix, one thread per column, with the
- * column sums of dx as it is stored, rounded to bdt (k_bias_cols's sums of it). */
-static __global__ void __launch_bounds__(OPS_THREADS)
-k_gelu_tanh_bwd_cols(const void *dy, void *dx, gpu_dtype gdt, const void *u, gpu_dtype udt,
-                     int rows, int n, gpu_dtype dt, gpu_dtype bdt, int per, int nchunks,
-                     float *db, float *part)
-{
-    const int j = blockIdx.x * blockDim.x + threadIdx.x, k = blockIdx.y;
-    if (j >= n)
-        return;
-    const int i0 = k * per, i1 = rows - i0 < per ? rows : i0 + per;
-    float s = 0.0f;
-    for (int i = i0; i < i1; i++) {
-        size_t o = (size_t)i * n + j;
-        float v = rd(gelu_bwd_at(dy, gdt, u, udt, o, dt), gdt); /* as stored */
-        st(dx, o, gdt, v);
-        s = add_rn(s, rd(v, bdt));
-    }
-    if (nchunks == 1)
-        db[j] = rd(s, bdt);
-    else
-        part[(size_t)k * n + j] = s;
-}
-
 /* See cuda_ops.h. */
 int gpu_cuda_gelu_tanh_fwd_launch(const void *u, gpu_dtype udt, void *out, gpu_dtype odt,
                                   size_t n, gpu_dtype dt, cudaStream_t stream)
@@ -678,32 +654,6 @@ int gpu_cuda_gelu_tanh_bwd_launch(const void *dy, void *dx, gpu_dtype gdt, const
         return GPU_EINVAL;
     k_gelu_tanh_bwd<<<flat_blocks(n), OPS_THREADS, 0, stream>>>(dy, dx, gdt, u, udt, n, dt);
     GPU_CUDA_CHECK(cudaGetLastError());
-    return 0;
-}
-
-/* See cuda_ops.h. */
-int gpu_cuda_gelu_tanh_bwd_bias_launch(const void *dy, void *dx, gpu_dtype gdt, const void *u,
-                                       gpu_dtype udt, int rows, int n, gpu_dtype dt,
-                                       gpu_dtype bdt, float *db, void *work, cudaStream_t stream)
-{
-    if (rows < 0 || n < 0 || !dt_ok(gdt) || !dt_ok(udt) || !dt_ok(dt) || !dt_ok(bdt))
-        return GPU_EINVAL;
-    if (n == 0)
-        return 0;
-    int nchunks = col_chunks(rows), per = rows > 0 ? (rows + nchunks - 1) / nchunks : 0;
-    if (db == NULL || (rows > 0 && (dy == NULL || dx == NULL || u == NULL)) ||
-        (nchunks > 1 && work == NULL))
-        return GPU_EINVAL;
-    float *part = (float *)work;
-    dim3 grid((unsigned)((n + OPS_THREADS - 1) / OPS_THREADS), (unsigned)nchunks);
-    k_gelu_tanh_bwd_cols<<<grid, OPS_THREADS, 0, stream>>>(dy, dx, gdt, u, udt, rows, n, dt, bdt,
-                                                           per, nchunks, db, part);
-    GPU_CUDA_CHECK(cudaGetLastError());
-    if (nchunks > 1) {
-        k_col_finish<<<flat_blocks((size_t)n), OPS_THREADS, 0, stream>>>(part, nchunks, n, bdt,
-                                                                         db);
-        GPU_CUDA_CHECK(cudaGetLastError());
-    }
     return 0;
 }
 
@@ -810,18 +760,27 @@ int gpu_cuda_bias_add_launch(const void *in, gpu_dtype idt, const void *bias, gp
     return 0;
 }
 
-/* Column sums of dz over one chunk of rows (see k_ln_bwd_cols). */
+/* Column sums of dz over one chunk of rows (see k_ln_bwd_cols). With u, dz is first replaced
+ * by its GELU backward in gdt (stored into dx, in zdt: k_gelu_tanh_bwd's values), and those
+ * are summed as stored. */
 static __global__ void __launch_bounds__(OPS_THREADS)
-k_bias_cols(const void *dz, gpu_dtype zdt, int rows, int n, gpu_dtype dt, int per, int nchunks,
-            float *db, float *part)
+k_bias_cols(const void *dz, void *dx, gpu_dtype zdt, const void *u, gpu_dtype udt, gpu_dtype gdt,
+            int rows, int n, gpu_dtype dt, int per, int nchunks, float *db, float *part)
 {
     const int j = blockIdx.x * blockDim.x + threadIdx.x, k = blockIdx.y;
     if (j >= n)
         return;
     const int i0 = k * per, i1 = rows - i0 < per ? rows : i0 + per;
     float s = 0.0f;
-    for (int i = i0; i < i1; i++)
-        s = add_rn(s, rd(ld(dz, (size_t)i * n + j, zdt), dt));
+    for (int i = i0; i < i1; i++) {
+        size_t o = (size_t)i * n + j;
+        float v = ld(dz, o, zdt);
+        if (u != NULL) {
+            v = rd(gelu_bwd_at(dz, zdt, u, udt, o, gdt), zdt);
+            st(dx, o, zdt, v);
+        }
+        s = add_rn(s, rd(v, dt));
+    }
     if (nchunks == 1)
         db[j] = rd(s, dt);
     else
@@ -837,20 +796,23 @@ size_t gpu_cuda_bias_grad_workspace(int rows, int n)
     return (size_t)nchunks * (size_t)n * sizeof(float);
 }
 
-/* See cuda_ops.h. */
-int gpu_cuda_bias_grad_launch(const void *dz, gpu_dtype zdt, int rows, int n, gpu_dtype dt,
-                              float *db, void *work, cudaStream_t stream)
+/* Both bias gradients: of dz, or (u not NULL) of dz's GELU backward, written into dx. */
+static int bias_cols_launch(const void *dz, void *dx, gpu_dtype zdt, const void *u,
+                            gpu_dtype udt, gpu_dtype gdt, int rows, int n, gpu_dtype dt,
+                            float *db, void *work, cudaStream_t stream)
 {
-    if (rows < 0 || n < 0 || !dt_ok(zdt) || !dt_ok(dt))
+    if (rows < 0 || n < 0 || !dt_ok(zdt) || !dt_ok(udt) || !dt_ok(gdt) || !dt_ok(dt))
         return GPU_EINVAL;
     if (n == 0)
         return 0;
     int nchunks = col_chunks(rows), per = rows > 0 ? (rows + nchunks - 1) / nchunks : 0;
-    if (db == NULL || (rows > 0 && dz == NULL) || (nchunks > 1 && work == NULL))
+    if (db == NULL || (rows > 0 && (dz == NULL || (u != NULL && dx == NULL))) ||
+        (nchunks > 1 && work == NULL))
         return GPU_EINVAL;
     float *part = (float *)work;
     dim3 grid((unsigned)((n + OPS_THREADS - 1) / OPS_THREADS), (unsigned)nchunks);
-    k_bias_cols<<<grid, OPS_THREADS, 0, stream>>>(dz, zdt, rows, n, dt, per, nchunks, db, part);
+    k_bias_cols<<<grid, OPS_THREADS, 0, stream>>>(dz, dx, zdt, u, udt, gdt, rows, n, dt, per,
+                                                  nchunks, db, part);
     GPU_CUDA_CHECK(cudaGetLastError());
     if (nchunks > 1) {
         k_col_finish<<<flat_blocks((size_t)n), OPS_THREADS, 0, stream>>>(part, nchunks, n, dt,
@@ -858,6 +820,24 @@ int gpu_cuda_bias_grad_launch(const void *dz, gpu_dtype zdt, int rows, int n, gp
         GPU_CUDA_CHECK(cudaGetLastError());
     }
     return 0;
+}
+
+/* See cuda_ops.h. */
+int gpu_cuda_bias_grad_launch(const void *dz, gpu_dtype zdt, int rows, int n, gpu_dtype dt,
+                              float *db, void *work, cudaStream_t stream)
+{
+    return bias_cols_launch(dz, NULL, zdt, NULL, GPU_FP32, GPU_FP32, rows, n, dt, db, work,
+                            stream);
+}
+
+/* See cuda_ops.h. */
+int gpu_cuda_gelu_tanh_bwd_bias_launch(const void *dy, void *dx, gpu_dtype gdt, const void *u,
+                                       gpu_dtype udt, int rows, int n, gpu_dtype dt,
+                                       gpu_dtype bdt, float *db, void *work, cudaStream_t stream)
+{
+    if (rows > 0 && n > 0 && u == NULL)
+        return GPU_EINVAL;
+    return bias_cols_launch(dy, dx, gdt, u, udt, dt, rows, n, bdt, db, work, stream);
 }
 
 static __global__ void __launch_bounds__(OPS_THREADS)

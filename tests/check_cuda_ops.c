@@ -229,6 +229,17 @@ static void expect_sums(const char *what, const float *got, const float *want, s
     expect_vals(what, got, want, n, dt, dt == GPU_FP32 ? 0 : 1, n / 100 + 1, slack);
 }
 
+/* Column sums over rows (bias and layer-norm weight gradients): the CPU's order up to 256
+ * rows, partial sums beyond. */
+static void expect_cols(const char *what, const float *got, const float *want, size_t n,
+                        gpu_dtype dt, int rows, const float *slack)
+{
+    if (rows <= 256)
+        expect_exact(what, got, want, n, dt);
+    else
+        expect_sums(what, got, want, n, dt, slack);
+}
+
 /* Summed losses (see the file comment); scale is the sum of the rows' magnitudes. */
 static void expect_loss(const char *what, double got, double want, double scale)
 {
@@ -1006,15 +1017,9 @@ static void check_layernorm(int N, int C, gpu_dtype dt, uint64_t seed)
         sb[j] = (float)(1e-5 * s2) + 1e-30f;
     }
     snprintf(what, sizeof(what), "layernorm bwd dg N %d C %d %s", N, C, dn(dt));
-    if (N <= 256)
-        expect_exact(what, gdg, dg, (size_t)C, dt);
-    else
-        expect_sums(what, gdg, dg, (size_t)C, dt, sg);
+    expect_cols(what, gdg, dg, (size_t)C, dt, N, sg);
     snprintf(what, sizeof(what), "layernorm bwd db N %d C %d %s", N, C, dn(dt));
-    if (N <= 256)
-        expect_exact(what, gdb, db, (size_t)C, dt);
-    else
-        expect_sums(what, gdb, db, (size_t)C, dt, sb);
+    expect_cols(what, gdb, db, (size_t)C, dt, N, sb);
 
     free(x);
     free(g);
@@ -1216,10 +1221,7 @@ START_TEST(t_bias)
                 got[j] = 12345.0f;
             ck_assert_int_eq(gpu_cuda_bias_grad(got, dz, rows, n, dt), 0);
             snprintf(what, sizeof(what), "bias grad %d x %d %s", rows, n, dn(dt));
-            if (rows <= 256)
-                expect_exact(what, got, want, (size_t)n, dt);
-            else
-                expect_sums(what, got, want, (size_t)n, dt, slack);
+            expect_cols(what, got, want, (size_t)n, dt, rows, slack);
             free(dz);
             free(want);
             free(got);
@@ -2024,10 +2026,7 @@ START_TEST(t_gelu_bias)
         expect_exact(what, got, dx, n, low);
         ref_bias_grad(db, dx, rows, NC, low, sl);
         dget(gdb, d_db, NC, GPU_FP32);
-        if (rows <= 256)
-            expect_exact(what, gdb, db, NC, low);
-        else
-            expect_sums(what, gdb, db, NC, low, sl);
+        expect_cols(what, gdb, db, NC, low, rows, sl);
         /* the bias-gradient kernel on the dx just written: the same bits */
         ck_assert_int_eq(gpu_cuda_bias_grad_launch(d_d, low, rows, NC, low, d_db2, d_work, 0), 0);
         dget(db, d_db2, NC, GPU_FP32);
