@@ -33,10 +33,10 @@
  *     before their bias or rounding, the attention output before its cast, dQKV); the
  *     scores B x H x T x T (fp32 room: S, then dP / dS in mm_dt); the residual gradient
  *     [resid_dt]; gradient buffers ga [lin, N x C], gb [lin, N x 4C], gd [mm_dt, N x C];
- *     the column-sum, cross-entropy and embedding
- *     workspaces of cuda_ops.h; an fp32 diagnostics buffer; with lin_dt fp32, a buffer that
- *     widens 16-bit weights chunk by chunk when there is no fp32 master (an fp32 linear of a
- *     16-bit job without master weights reads the 16-bit values, as gpt.c does).
+ *     the column-sum, cross-entropy and embedding workspaces of cuda_ops.h; an fp32
+ *     diagnostics buffer; with lin_dt fp32, a buffer that widens 16-bit weights chunk by
+ *     chunk when there is no fp32 master (an fp32 linear of a 16-bit job without master
+ *     weights reads the 16-bit values, as gpt.c does).
  *   Attention products are strided-batched GEMMs on the qkv layout: one launch per head
  *   batched over the sequences, or per sequence batched over the heads when H > B.
  *   Flash attention (m->flash): the kernels of cuda_attn.cu instead; probs holds the row
