@@ -1,7 +1,9 @@
 /*
  * cuda_ops.cu - the CUDA kernels of the models' non-GEMM ops and their host wrappers (the
- * contract is in gpu/cuda_ops.h): embedding, layer norm, GELU (tanh and erf), ReLU, bias add,
- * bias gradient, residual add, softmax cross-entropy and the causal attention softmax.
+ * contract is in gpu/cuda_ops.h): embedding, layer norm (with the residual add before it, and
+ * backward the residual gradient's sum and cast), GELU (tanh and erf; the GPT's backward also
+ * with the bias gradient), ReLU, bias add, bias gradient, softmax cross-entropy and the causal
+ * attention softmax.
  *
  * Numerics: the kernels reproduce the CPU ops of gpu/gpt.c and gpu/mlp.c operation for
  * operation, so that their results equal the CPU's bit for bit wherever the CPU's arithmetic
@@ -731,7 +733,7 @@ int gpu_cuda_act_bwd_launch(gpu_activation act, const void *dy, void *dx, gpu_dt
     return 0;
 }
 
-/* ---- bias add, bias gradient, residual add -------------------------------------------------- */
+/* ---- bias add, bias gradient --------------------------------------------------------------- */
 
 static __global__ void __launch_bounds__(OPS_THREADS)
 k_bias_add(const void *in, gpu_dtype idt, const void *bias, gpu_dtype bdt, int n, gpu_dtype dt,
@@ -838,31 +840,6 @@ int gpu_cuda_gelu_tanh_bwd_bias_launch(const void *dy, void *dx, gpu_dtype gdt, 
     if (rows > 0 && n > 0 && u == NULL)
         return GPU_EINVAL;
     return bias_cols_launch(dy, dx, gdt, u, udt, dt, rows, n, bdt, db, work, stream);
-}
-
-static __global__ void __launch_bounds__(OPS_THREADS)
-k_resid_add(const void *a, gpu_dtype adt, const void *b, gpu_dtype bdt, size_t n, gpu_dtype dt,
-            void *out, gpu_dtype odt)
-{
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        st(out, i, odt, rd(add_rn(ld(a, i, adt), ld(b, i, bdt)), dt));
-}
-
-/* See cuda_ops.h. */
-int gpu_cuda_resid_add_launch(const void *a, gpu_dtype adt, const void *b, gpu_dtype bdt,
-                              size_t n, gpu_dtype dt, void *out, gpu_dtype odt,
-                              cudaStream_t stream)
-{
-    if (!dt_ok(adt) || !dt_ok(bdt) || !dt_ok(dt) || !dt_ok(odt))
-        return GPU_EINVAL;
-    if (n == 0)
-        return 0;
-    if (a == NULL || b == NULL || out == NULL)
-        return GPU_EINVAL;
-    k_resid_add<<<flat_blocks(n), OPS_THREADS, 0, stream>>>(a, adt, b, bdt, n, dt, out, odt);
-    GPU_CUDA_CHECK(cudaGetLastError());
-    return 0;
 }
 
 /* ---- softmax cross-entropy ------------------------------------------------------------------ */
@@ -1437,7 +1414,7 @@ fail:
 
 /* An elementwise op on host arrays: in1 (and in2 when not NULL) up, kernel, out down. The
  * launch runs in place on the first input's device copy when inplace is set. */
-typedef enum { EW_GELU_FWD, EW_GELU_BWD, EW_ACT_FWD, EW_ACT_BWD, EW_RESID } ew_op;
+typedef enum { EW_GELU_FWD, EW_GELU_BWD, EW_ACT_FWD, EW_ACT_BWD } ew_op;
 
 static int elementwise(ew_op op, gpu_activation act, float *out, const float *in1,
                        const float *in2, size_t n, gpu_dtype dt)
@@ -1472,9 +1449,6 @@ static int elementwise(ew_op op, gpu_activation act, float *out, const float *in
     case EW_ACT_BWD: /* in1 = d (in place), in2 = saved */
         STEP(gpu_cuda_act_bwd_launch(act, d1, d1, dt, d2, dt, n, dt, 0));
         break;
-    case EW_RESID: /* out = a + b into a's copy */
-        STEP(gpu_cuda_resid_add_launch(d1, dt, d2, dt, n, dt, d1, dt, 0));
-        break;
     }
     STEP(dev_get(out, d_out != NULL ? d_out : d1, n, dt));
 fail:
@@ -1506,12 +1480,6 @@ int gpu_cuda_act_fwd(gpu_activation act, float *dst, const float *z, size_t n, g
 int gpu_cuda_act_bwd(gpu_activation act, float *d, const float *saved, size_t n, gpu_dtype dt)
 {
     return elementwise(EW_ACT_BWD, act, d, d, saved, n, dt);
-}
-
-/* See cuda_ops.h. */
-int gpu_cuda_resid_add(float *dst, const float *a, const float *b, size_t n, gpu_dtype dt)
-{
-    return elementwise(EW_RESID, GPU_ACT_RELU, dst, a, b, n, dt);
 }
 
 /* See cuda_ops.h. */

@@ -1,8 +1,9 @@
 /*
  * cuda_ops.h - the CUDA kernels of the models' non-GEMM ops (gpu/cuda_ops.cu): embedding,
- * layer norm, GELU (tanh, GPT), ReLU and GELU (erf, MLP), bias add and bias gradient, the
- * residual add, softmax cross-entropy (with or without its gradient fused in) and the causal
- * attention softmax. Internal to the gpu/ module (not part of gpu.h).
+ * layer norm (with the residual add before it, and backward the residual gradient's sum and
+ * cast), GELU (tanh, GPT; its backward also with the bias gradient), ReLU and GELU (erf, MLP),
+ * bias add and bias gradient, softmax cross-entropy (with or without its gradient fused in)
+ * and the causal attention softmax. Internal to the gpu/ module (not part of gpu.h).
  *
  * Numerics: each op mirrors its CPU counterpart in gpu/gpt.c or gpu/mlp.c (named at each
  * function). Its compute dtype dt rounds its outputs (and, backward, its gradients) with
@@ -145,7 +146,7 @@ int gpu_cuda_act_bwd_launch(gpu_activation act, const void *dy, void *dx, gpu_dt
                             const void *saved, gpu_dtype sdt, size_t n, gpu_dtype dt,
                             cudaStream_t stream);
 
-/* ---- bias add, bias gradient, residual add ---------------------------------------------- */
+/* ---- bias add, bias gradient ------------------------------------------------------------- */
 
 /* out[i][j] = rd(in[i][j] + bias[j], dt) over rows x n: in (the GEMM's output) stored in idt,
  * bias in bdt, out in odt (out may equal in when odt == idt). The linear epilogue of gpt.c
@@ -160,11 +161,6 @@ size_t gpu_cuda_bias_grad_workspace(int rows, int n);
  * bit-exact up to 256 rows, deterministic beyond. work may be NULL when its size is 0. */
 int gpu_cuda_bias_grad_launch(const void *dz, gpu_dtype zdt, int rows, int n, gpu_dtype dt,
                               float *db, void *work, cudaStream_t stream);
-/* out = rd(a + b, dt) (gpt.c's resid_add and resid_acc), a in adt, b in bdt, out in odt (out
- * may equal a or b when their storage dtypes match). Bit-exact. */
-int gpu_cuda_resid_add_launch(const void *a, gpu_dtype adt, const void *b, gpu_dtype bdt,
-                              size_t n, gpu_dtype dt, void *out, gpu_dtype odt,
-                              cudaStream_t stream);
 
 /* ---- softmax cross-entropy --------------------------------------------------------------- */
 
@@ -266,8 +262,6 @@ int gpu_cuda_act_bwd(gpu_activation act, float *d, const float *saved, size_t n,
 int gpu_cuda_bias_add(float *out, const float *in, const void *bias, gpu_dtype bdt, int rows,
                       int n, gpu_dtype dt);
 int gpu_cuda_bias_grad(float *db, const float *dz, int rows, int n, gpu_dtype dt);
-/* a, b, dst values of dt (dst may equal a or b). */
-int gpu_cuda_resid_add(float *dst, const float *a, const float *b, size_t n, gpu_dtype dt);
 /* logits: values of ldt (raw fp32 GEMM outputs when ldt is fp32); probs (may be NULL) values
  * of ce_dt; y host. */
 int gpu_cuda_ce_fwd(gpu_cuda_ce_style style, const float *logits, gpu_dtype ldt, const int *y,
