@@ -387,7 +387,15 @@ __global__ static void __launch_bounds__(FA_THREADS) gpu_k_flash_fwd(fa_args a)
 
 /* ---- backward ----------------------------------------------------------------------------- */
 
-/* D = dY . O per row and head, in fp32, channel by channel (gpt.c's order). */
+/* Value e (< 8) of a chunk of eight 16-bit values. */
+template <typename E>
+__device__ static __forceinline__ float fa_chunk_value(const fa_chunk &c, int e)
+{
+    return fa_value<E>((uint16_t)(c.w[e / 2] >> (e % 2 * 16)));
+}
+
+/* D = dY . O per row and head, in fp32, channel by channel (gpt.c's order); the 8 channels of
+ * a step come from 16-byte loads (32-byte ones for an fp32 O), so a warp reads whole rows. */
 template <typename E, int HD>
 __global__ static void __launch_bounds__(FA_THREADS) gpu_k_flash_dsum(fa_args a)
 {
@@ -396,10 +404,26 @@ __global__ static void __launch_bounds__(FA_THREADS) gpu_k_flash_dsum(fa_args a)
         return;
     size_t row = n / a.H, hh = n % a.H, off = row * C + hh * HD;
     float d = 0.0f;
-    for (int c = 0; c < HD; c++) {
-        float o = a.odt == GPU_FP32 ? ((const float *)a.o)[off + c]
-                                    : fa_value<E>(((const uint16_t *)a.o)[off + c]);
-        d = __fmaf_rn(fa_value<E>(a.dy[off + c]), o, d);
+    FA_UNROLL
+    for (int c = 0; c < HD; c += 8) {
+        fa_chunk dy = *(const fa_chunk *)(a.dy + off + c), o16;
+        float4 o32[2];
+        if (a.odt == GPU_FP32) {
+            o32[0] = *(const float4 *)((const float *)a.o + off + c);
+            o32[1] = *(const float4 *)((const float *)a.o + off + c + 4);
+        } else {
+            o16 = *(const fa_chunk *)((const uint16_t *)a.o + off + c);
+        }
+        FA_UNROLL
+        for (int e = 0; e < 8; e++) {
+            const float4 &q = o32[e / 4];
+            float o = a.odt != GPU_FP32 ? fa_chunk_value<E>(o16, e)
+                      : e % 4 == 0      ? q.x
+                      : e % 4 == 1      ? q.y
+                      : e % 4 == 2      ? q.z
+                                        : q.w;
+            d = __fmaf_rn(fa_chunk_value<E>(dy, e), o, d);
+        }
     }
     size_t b = row / a.T, t = row % a.T;
     a.dsum[(b * a.H + hh) * a.T + t] = d;
@@ -597,7 +621,8 @@ extern "C" int gpu_cuda_flash_bwd_launch(const void *qkv, const void *dy, gpu_dt
 {
     int row;
     if (fa_check(dt, B, T, H, hd, qkv, &row) != 0 || dy == NULL || (uintptr_t)dy % 16 != 0 ||
-        o == NULL || (odt != dt && odt != GPU_FP32) || lse == NULL || dsum == NULL ||
+        o == NULL || (uintptr_t)o % 16 != 0 || (odt != dt && odt != GPU_FP32) || lse == NULL ||
+        dsum == NULL ||
         dqkv == NULL || (ddt != dt && ddt != GPU_FP32))
         return GPU_EINVAL;
     if (B == 0 || T == 0)

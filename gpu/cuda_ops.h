@@ -233,7 +233,7 @@ int gpu_cuda_flash_fwd_launch(const void *qkv, gpu_dtype dt, int B, int T, int H
                               float *lse, void *y, gpu_dtype ydt, cudaStream_t stream);
 /* dqkv [B T x 3C] = dQ, dK, dV (every element written): in fp32 before their rounding to dt
  * when ddt is fp32, else (ddt dt) rounded to dt; o: the forward's output as saved, in odt
- * (dt or fp32); dsum: B H x T floats of workspace. */
+ * (dt or fp32), 16-byte aligned; dsum: B H x T floats of workspace. */
 int gpu_cuda_flash_bwd_launch(const void *qkv, const void *dy, gpu_dtype dt, const void *o,
                               gpu_dtype odt, const float *lse, int B, int T, int H, int hd,
                               float *dsum, void *dqkv, gpu_dtype ddt, cudaStream_t stream);

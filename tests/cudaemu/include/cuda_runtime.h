@@ -47,6 +47,10 @@ static inline float2 make_float2(float x, float y)
     return float2{x, y};
 }
 
+struct alignas(16) float4 {  /* 16-byte aligned: one 128-bit access */
+    float x, y, z, w;
+};
+
 struct dim3 {
     unsigned x, y, z;
     dim3(unsigned vx = 1, unsigned vy = 1, unsigned vz = 1) : x(vx), y(vy), z(vz) {}
