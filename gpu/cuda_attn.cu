@@ -25,9 +25,11 @@
  * rounded to 16 bits, is already the A operand of the next product (P V, dS K, ...). Shared
  * memory holds only the 16-bit K, V, Q or dY tiles, row-major with rows padded to HD + 8
  * values, and transposed ([HD][72]) where a product needs them as its k dimension, so that
- * every operand is a conflict-free 32-bit load. The backward kernels take 16 columns at a
- * time (two slices), which keeps their registers low. head_dim (HD) is a template
- * parameter: 16, 32, 48 or 64; shared memory stays within the static 48 KiB.
+ * every operand is a conflict-free 32-bit load. A tile comes in from global memory a whole
+ * row per group of lanes (coalesced 16-byte loads), and its transpose is made from the
+ * row-major copy in shared memory. The backward kernels take 16 columns at a time (two
+ * slices), which keeps their registers low. head_dim (HD) is a template parameter: 16, 32,
+ * 48 or 64; shared memory stays within the static 48 KiB.
  * Rows at or beyond T are read as zeros and never written.
  *
  * Alignment: the 16-byte loads need qkv and dy 16-byte aligned with C a multiple of 8 (it
@@ -153,32 +155,41 @@ __device__ static fa_pos fa_where(const fa_args &a, int HD)
     return p;
 }
 
-/* Rows [r0, r0 + 64), columns [col, col + HD) of a 16-bit matrix g (row stride ld) into s
- * ([64][FA_LD(HD)], when not NULL) and its transpose into st ([HD][FA_LDT], when not
- * NULL); rows at or beyond `rows` are zeros. All threads of the block. A thread takes two
- * consecutive rows of an 8-column chunk, so that the transposed tile gets whole 32-bit
- * pairs, and the 32 lanes of a warp take 32 row pairs (no bank conflicts there). */
+/* Rows [r0, r0 + 64), columns [col, col + HD) of a 16-bit matrix g (row stride ld) into the
+ * row-major tile s ([64][FA_LD(HD)]); rows at or beyond `rows` are zeros. All threads of the
+ * block. Consecutive threads take consecutive 16-byte chunks of a row, so that a warp's
+ * loads cover whole rows (4 rows of 128 bytes for HD 64: 4 cache lines, not 32) and a
+ * quarter warp's stores one row of s (no bank conflicts). */
 template <int HD>
-__device__ static void fa_load(uint16_t *s, uint16_t *st, const uint16_t *g, int r0, int rows,
-                               size_t ld, int col)
+__device__ static void fa_load(uint16_t *s, const uint16_t *g, int r0, int rows, size_t ld,
+                               int col)
+{
+    for (int i = threadIdx.x; i < FA_TILE * (HD / 8); i += FA_THREADS) {
+        int r = i / (HD / 8), c = i % (HD / 8) * 8;
+        fa_chunk v = fa_chunk{{0u, 0u, 0u, 0u}};
+        if (r0 + r < rows)
+            v = *(const fa_chunk *)(g + (size_t)(r0 + r) * ld + col + c);
+        *(fa_chunk *)(s + r * FA_LD(HD) + c) = v;
+    }
+}
+
+/* The transpose of the row-major tile s into st ([HD][FA_LDT]), both in shared memory (s
+ * complete: after a __syncthreads). A thread takes two consecutive rows of an 8-column
+ * chunk, so that it writes whole 32-bit pairs of st, and the 32 lanes of a warp take 32 row
+ * pairs (no bank conflicts on st). */
+template <int HD>
+__device__ static void fa_transpose(uint16_t *st, const uint16_t *s)
 {
     for (int i = threadIdx.x; i < (FA_TILE / 2) * (HD / 8); i += FA_THREADS) {
         int r = 2 * (i % (FA_TILE / 2)), c = i / (FA_TILE / 2) * 8;
-        fa_chunk v[2];
+        fa_chunk v0 = *(const fa_chunk *)(s + r * FA_LD(HD) + c);
+        fa_chunk v1 = *(const fa_chunk *)(s + (r + 1) * FA_LD(HD) + c);
         FA_UNROLL
-        for (int h = 0; h < 2; h++) {
-            v[h] = fa_chunk{{0u, 0u, 0u, 0u}};
-            if (r0 + r + h < rows)
-                v[h] = *(const fa_chunk *)(g + (size_t)(r0 + r + h) * ld + col + c);
-            if (s != NULL)
-                *(fa_chunk *)(s + (r + h) * FA_LD(HD) + c) = v[h];
+        for (int e = 0; e < 8; e++) {
+            uint32_t lo = v0.w[e / 2] >> (e % 2 * 16) & 0xFFFFu;
+            uint32_t hi = v1.w[e / 2] >> (e % 2 * 16) & 0xFFFFu;
+            *(uint32_t *)(st + (c + e) * FA_LDT + r) = lo | hi << 16;
         }
-        if (st != NULL)
-            for (int e = 0; e < 8; e++) {
-                uint32_t lo = v[0].w[e / 2] >> (e % 2 * 16) & 0xFFFFu;
-                uint32_t hi = v[1].w[e / 2] >> (e % 2 * 16) & 0xFFFFu;
-                *(uint32_t *)(st + (c + e) * FA_LDT + r) = lo | hi << 16;
-            }
     }
 }
 
@@ -331,14 +342,14 @@ __device__ static void fa_online(float (*s)[4], int j0, int i0, float scale, flo
 template <typename E, int HD>
 __global__ static void __launch_bounds__(FA_THREADS) gpu_k_flash_fwd(fa_args a)
 {
-    __shared__ __align__(16) uint16_t sk[FA_TILE * FA_LD(HD)];
+    __shared__ __align__(16) uint16_t sk[FA_TILE * FA_LD(HD)], sv[FA_TILE * FA_LD(HD)];
     __shared__ __align__(16) uint16_t svt[HD * FA_LDT];
     const fa_pos p = fa_where(a, HD);
     const int qt = gridDim.x - 1 - blockIdx.x, i0 = qt * FA_TILE + p.warp * 16 + p.g;
     uint32_t qa[HD / 16][4];
     float o[HD / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
-    fa_load<HD>(sk, NULL, p.qkv, qt * FA_TILE, a.T, p.ld, p.hoff);
+    fa_load<HD>(sk, p.qkv, qt * FA_TILE, a.T, p.ld, p.hoff);
     __syncthreads();
     fa_frag_a<HD>(qa, sk, p.warp * 16, p);
     FA_UNROLL
@@ -347,8 +358,10 @@ __global__ static void __launch_bounds__(FA_THREADS) gpu_k_flash_fwd(fa_args a)
     for (int kt = 0; kt <= qt; kt++) {
         float s[FA_SLICES][4], alpha[2];
         __syncthreads();
-        fa_load<HD>(sk, NULL, p.qkv, kt * FA_TILE, a.T, p.ld, p.C + p.hoff);
-        fa_load<HD>(NULL, svt, p.qkv, kt * FA_TILE, a.T, p.ld, 2 * p.C + p.hoff);
+        fa_load<HD>(sk, p.qkv, kt * FA_TILE, a.T, p.ld, p.C + p.hoff);
+        fa_load<HD>(sv, p.qkv, kt * FA_TILE, a.T, p.ld, 2 * p.C + p.hoff);
+        __syncthreads();
+        fa_transpose<HD>(svt, sv);
         __syncthreads();
         fa_abt<E, HD>(s, 0, FA_SLICES, qa, sk, p);
         fa_online(s, kt * FA_TILE + 2 * p.t, i0, a.scale, m, l, alpha);
@@ -454,8 +467,8 @@ __global__ static void __launch_bounds__(FA_THREADS) gpu_k_flash_dkv(fa_args a)
     uint32_t ka[HD / 16][4], va[HD / 16][4];
     float dk[HD / 8][4], dv[HD / 8][4];
 
-    fa_load<HD>(sq, NULL, p.qkv, kt * FA_TILE, a.T, p.ld, p.C + p.hoff);
-    fa_load<HD>(sd, NULL, p.qkv, kt * FA_TILE, a.T, p.ld, 2 * p.C + p.hoff);
+    fa_load<HD>(sq, p.qkv, kt * FA_TILE, a.T, p.ld, p.C + p.hoff);
+    fa_load<HD>(sd, p.qkv, kt * FA_TILE, a.T, p.ld, 2 * p.C + p.hoff);
     __syncthreads();
     fa_frag_a<HD>(ka, sq, p.warp * 16, p);
     fa_frag_a<HD>(va, sd, p.warp * 16, p);
@@ -466,13 +479,16 @@ __global__ static void __launch_bounds__(FA_THREADS) gpu_k_flash_dkv(fa_args a)
             dk[d][e] = dv[d][e] = 0.0f;
     for (int qt = kt; qt < (int)gridDim.x; qt++) {
         __syncthreads();
-        fa_load<HD>(sq, sqt, p.qkv, qt * FA_TILE, a.T, p.ld, p.hoff);
-        fa_load<HD>(sd, sdt, p.dy, qt * FA_TILE, a.T, p.C, p.hoff);
+        fa_load<HD>(sq, p.qkv, qt * FA_TILE, a.T, p.ld, p.hoff);
+        fa_load<HD>(sd, p.dy, qt * FA_TILE, a.T, p.C, p.hoff);
         if (threadIdx.x < FA_TILE) {
             int q = qt * FA_TILE + threadIdx.x;
             slse[threadIdx.x] = q < a.T ? a.lse[(size_t)p.bh * a.T + q] : 0.0f;
             sdsum[threadIdx.x] = q < a.T ? a.dsum[(size_t)p.bh * a.T + q] : 0.0f;
         }
+        __syncthreads();
+        fa_transpose<HD>(sqt, sq);
+        fa_transpose<HD>(sdt, sd);
         __syncthreads();
         FA_UNROLL
         for (int kk = 0; kk < FA_TILE / 16; kk++) {
@@ -517,8 +533,8 @@ __global__ static void __launch_bounds__(FA_THREADS) gpu_k_flash_dq(fa_args a)
         lse[h] = i < a.T ? a.lse[(size_t)p.bh * a.T + i] : 0.0f;
         D[h] = i < a.T ? a.dsum[(size_t)p.bh * a.T + i] : 0.0f;
     }
-    fa_load<HD>(sk, NULL, p.qkv, qt * FA_TILE, a.T, p.ld, p.hoff);
-    fa_load<HD>(sv, NULL, p.dy, qt * FA_TILE, a.T, p.C, p.hoff);
+    fa_load<HD>(sk, p.qkv, qt * FA_TILE, a.T, p.ld, p.hoff);
+    fa_load<HD>(sv, p.dy, qt * FA_TILE, a.T, p.C, p.hoff);
     __syncthreads();
     fa_frag_a<HD>(qa, sk, p.warp * 16, p);
     fa_frag_a<HD>(da, sv, p.warp * 16, p);
@@ -527,8 +543,10 @@ __global__ static void __launch_bounds__(FA_THREADS) gpu_k_flash_dq(fa_args a)
         dq[d][0] = dq[d][1] = dq[d][2] = dq[d][3] = 0.0f;
     for (int kt = 0; kt <= qt; kt++) {
         __syncthreads();
-        fa_load<HD>(sk, skt, p.qkv, kt * FA_TILE, a.T, p.ld, p.C + p.hoff);
-        fa_load<HD>(sv, NULL, p.qkv, kt * FA_TILE, a.T, p.ld, 2 * p.C + p.hoff);
+        fa_load<HD>(sk, p.qkv, kt * FA_TILE, a.T, p.ld, p.C + p.hoff);
+        fa_load<HD>(sv, p.qkv, kt * FA_TILE, a.T, p.ld, 2 * p.C + p.hoff);
+        __syncthreads();
+        fa_transpose<HD>(skt, sk);
         __syncthreads();
         FA_UNROLL
         for (int kk = 0; kk < FA_TILE / 16; kk++) {
