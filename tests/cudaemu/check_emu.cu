@@ -5,6 +5,8 @@
  *   - barriers and shuffles compute what CUDA defines: a block reduction through warp
  *     shuffles and shared memory over partial warps and many blocks; __shfl_xor_sync and
  *     __shfl_down_sync with sub-warp widths, lane by lane, against the definitions;
+ *   - under a shuffle seed a warp runs ahead of the others from a warp barrier, so a read of
+ *     another warp's shared memory without __syncthreads sees stale values;
  *   - launches with a bad shape fail with cudaErrorInvalidConfiguration and run nothing;
  *   - copies that leave their allocation, or that name host memory as device memory, fail;
  *   - in a child process: host code that dereferences a device pointer, a kernel that writes
@@ -144,6 +146,19 @@ static __global__ void k_mma_some_lanes(int lanes)
         __syncwarp();
 }
 
+/* Each thread publishes a value in shared memory, passes a warp barrier only, and reads the
+ * same lane's slot of the other warp (a race: only __syncthreads orders the two warps); then
+ * again after __syncthreads. */
+__global__ void k_ahead(int *out, int tag)
+{
+    __shared__ int s[64];
+    s[threadIdx.x] = tag + (int)threadIdx.x;
+    __syncwarp();
+    out[threadIdx.x] = s[threadIdx.x ^ 32];
+    __syncthreads();
+    out[64 + threadIdx.x] = s[threadIdx.x ^ 32];
+}
+
 START_TEST(t_block_sum)
 {
     const int n = 1000, blocks[2] = {RED_THREADS, 160};
@@ -186,6 +201,30 @@ START_TEST(t_shuffles)
         ck_assert_int_eq(out[3 * lane + 1], 100 + down);
         ck_assert_int_eq(out[3 * lane + 2], 100 + (lane & ~3) + 2);
     }
+    cudaFree(d);
+}
+END_TEST
+
+/* Under a shuffle seed the first warp through a warp barrier runs on ahead of the other, so
+ * reading the other warp's shared memory without __syncthreads gives stale values; in index
+ * order every thread writes before any reads. After __syncthreads all values are there. */
+START_TEST(t_warp_ahead)
+{
+    const char *seed = getenv("AMPD_CUDAEMU_SHUFFLE");
+    bool ahead = seed != NULL && strtoull(seed, NULL, 10) != 0;
+    int *d = NULL, out[128], stale = 0;
+    ck_assert_int_eq(cudaMalloc(&d, sizeof(out)), cudaSuccess);
+    k_ahead<<<1, 64>>>(d, 7000);
+    ck_assert_int_eq(cudaGetLastError(), cudaSuccess);
+    ck_assert_int_eq(cudaMemcpy(out, d, sizeof(out), cudaMemcpyDeviceToHost), cudaSuccess);
+    for (int i = 0; i < 64; i++) {
+        ck_assert_int_eq(out[64 + i], 7000 + (i ^ 32));
+        stale += out[i] != 7000 + (i ^ 32);
+    }
+    if (ahead)
+        ck_assert_msg(stale > 0, "a warp ran ahead, yet read no stale value");
+    else
+        ck_assert_int_eq(stale, 0);
     cudaFree(d);
 }
 END_TEST
@@ -485,6 +524,7 @@ int main(void)
     TCase *tc = tcase_create("cudaemu");
     tcase_add_test(tc, t_block_sum);
     tcase_add_test(tc, t_shuffles);
+    tcase_add_test(tc, t_warp_ahead);
     tcase_add_test(tc, t_bad_launch);
     tcase_add_test(tc, t_copy_bounds);
     tcase_add_test(tc, t_faults);

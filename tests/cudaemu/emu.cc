@@ -33,7 +33,10 @@
  *    $AMPD_CUDAEMU_SHUFFLE is a seed: then every launch runs its blocks, and starts the
  *    threads of each block, in an order drawn from it, as a GPU gives no order. A kernel
  *    whose results depend on that order (float atomics, "first block wins" logic) then
- *    gives different bits under different seeds.
+ *    gives different bits under different seeds. Under a seed, too, the lanes a warp
+ *    barrier (a shuffle, __syncwarp, a tensor-core instruction) releases run next, ahead of
+ *    the block's other warps, so that a missing __syncthreads between one warp's writes to
+ *    shared memory and another's reads shows as stale data.
  *  - Streams and events: work runs when it is enqueued, so every stream is always idle;
  *    events record the host's monotonic clock.
  *
@@ -870,9 +873,22 @@ static void make_ready(int i)
     queue[(qhead + qlen++) % EMU_MAX_THREADS] = i;
 }
 
+/* The same at the front of the queue: i runs next. */
+static void make_next(int i)
+{
+    fibers[i].state = F_READY;
+    fibers[i].gen = 0;
+    qhead = (qhead + EMU_MAX_THREADS - 1) % EMU_MAX_THREADS;
+    queue[qhead] = i;
+    qlen++;
+}
+
 /* Open the warp barrier lane i waits at when every live lane of its mask has arrived (with
  * the whole warp as the mask: every live lane waits), releasing the mask's waiting lanes in
- * lane order. The lanes a full-warp barrier releases get its number (emu_warp_shared). */
+ * lane order: at the back of the queue, or under a shuffle seed at its front, so that the
+ * warp runs ahead of the block's other warps as far as the next barrier (a missing
+ * __syncthreads then shows as a warp reading shared memory that the others have not
+ * written yet). The lanes a full-warp barrier releases get its number (emu_warp_shared). */
 static void try_warp(int i)
 {
     int base = i & ~31, w = i >> 5;
@@ -882,9 +898,14 @@ static void try_warp(int i)
     unsigned long long gen = m == 0xFFFFFFFFu ? ++warp_gen : 0;
     unsigned r = m & wwait[w];
     wwait[w] &= ~r;
-    for (; r != 0; r &= r - 1) {
-        int l = __builtin_ctz(r);
-        make_ready(base + l);
+    for (int k = 0; k < 32; k++) {
+        int l = shuffle != 0 ? 31 - k : k; /* to the front in reverse: lane order kept */
+        if (!(r >> l & 1u))
+            continue;
+        if (shuffle != 0)
+            make_next(base + l);
+        else
+            make_ready(base + l);
         fibers[base + l].gen = gen;
     }
 }
