@@ -437,10 +437,10 @@ const gpu_grad_stat *gpu_trainer_grad_stats(const gpu_trainer *t);
  * between events ("embed.fwd", "layernorm.fwd" (with the residual adds fused into it),
  * "linear.fwd", "attention.fwd", "gelu.fwd", "head.fwd" (lm_head and the fused
  * cross-entropy; an MLP's loss), the same with ".bwd", "upload", "unscale", "clip",
- * "optimizer", "scaler"); the events cost the step
- * a few microseconds each. On the CPU, whose ops run one after another, the clock times
- * "forward", "backward", "unscale" and "optimizer". A collecting (diagnostics) step counts
- * its collection in the phases it happens in. */
+ * "optimizer", "scaler"); the events cost the step a few microseconds each. On the CPU,
+ * whose ops run one after another, the clock times "forward", "backward", "unscale" and
+ * "optimizer". A collecting (diagnostics) step counts its collection in the phases it
+ * happens in. */
 #define GPU_PROFILE_MAX_PHASES 32
 typedef struct {
     char name[24];
