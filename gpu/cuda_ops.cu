@@ -110,12 +110,17 @@ __device__ static __forceinline__ float cpu_exp(float x)
 /* ---- storage -------------------------------------------------------------------------------- */
 
 /* Element i of a tensor stored in dt, as an fp32 value. */
+/* The value of the 16-bit pattern h of dt (fp16 or bf16). */
+__device__ static __forceinline__ float ld16(uint16_t h, gpu_dtype dt)
+{
+    return __uint_as_float(dt == GPU_FP16 ? gpu_dev_f16_to_f32(h) : gpu_dev_bf16_to_f32(h));
+}
+
 __device__ static __forceinline__ float ld(const void *p, size_t i, gpu_dtype dt)
 {
     if (dt == GPU_FP32)
         return ((const float *)p)[i];
-    uint16_t h = ((const uint16_t *)p)[i];
-    return __uint_as_float(dt == GPU_FP16 ? gpu_dev_f16_to_f32(h) : gpu_dev_bf16_to_f32(h));
+    return ld16(((const uint16_t *)p)[i], dt);
 }
 
 /* v rounded to dt (gpu_round). */
@@ -852,18 +857,42 @@ typedef struct {
     float seed;
     const float *d_seed;
     int count;
+    bool vec;          /* 16-bit logits, rows of whole 16-byte chunks: the max pass loads those */
 } ce_args;
+
+struct alignas(16) ce_chunk {
+    uint32_t w[4];
+};
+
+/* A logit v (a value of ldt) as the cross-entropy sees it. */
+__device__ static __forceinline__ float ce_zv(const ce_args *a, float v)
+{
+    float z = rd(v, a->lin_dt);
+    return a->style == GPU_CUDA_CE_GPT ? rd(z, a->ce_dt) : z;
+}
 
 /* The row's logit j as the cross-entropy sees it. */
 __device__ static __forceinline__ float ce_z(const ce_args *a, const void *lg, size_t i)
 {
-    float z = rd(ld(lg, i, a->ldt), a->lin_dt);
-    return a->style == GPU_CUDA_CE_GPT ? rd(z, a->ce_dt) : z;
+    return ce_zv(a, ld(lg, i, a->ldt));
 }
 
-/* One row per group: argmax and max (pass 1), the exp sum (pass 2), probabilities and
- * dlogits (pass 3, after the group's last read of the row, so dlogits may overwrite it); lane
- * 0 writes the row's loss and hit. */
+/* Logit j (value z) into a lane's running argmax: the last NaN's index, else the first
+ * maximum (in increasing j, as each lane visits its logits). */
+__device__ static __forceinline__ void ce_arg(float z, int j, int *nanidx, int *li, float *lm)
+{
+    if (z != z)
+        *nanidx = j;
+    else if (*li < 0 || z > *lm) {
+        *lm = z;
+        *li = j;
+    }
+}
+
+/* One row per group: argmax and max (pass 1: its result does not depend on the order, so
+ * 16-bit rows of whole 16-byte chunks are read 8 logits per load), the exp sum (pass 2, in
+ * the CPU's 16-lane order), probabilities and dlogits (pass 3, after the group's last read
+ * of the row, so dlogits may overwrite it); lane 0 writes the row's loss and hit. */
 static __global__ void __launch_bounds__(OPS_THREADS)
 k_ce(ce_args a, void *logits, const int *y, int N, int V, double *row_loss, int *row_hit)
 {
@@ -876,15 +905,16 @@ k_ce(ce_args a, void *logits, const int *y, int N, int V, double *row_loss, int 
         const int t = y[row];
         int li = -1, nanidx = -1;
         float lm = 0.0f;
-        for (int j = lane; j < V; j += GROUP) {
-            float z = ce_z(&a, logits, o + j);
-            if (z != z)
-                nanidx = j;
-            else if (li < 0 || z > lm) {
-                lm = z;
-                li = j;
+        if (a.vec) /* the order within a row does not matter here: 8 logits per load */
+            for (int c = lane; c < V / 8; c += GROUP) {
+                ce_chunk q = ((const ce_chunk *)((const uint16_t *)logits + o))[c];
+                for (int e = 0; e < 8; e++)
+                    ce_arg(ce_zv(&a, ld16((uint16_t)(q.w[e / 2] >> (e % 2 * 16)), a.ldt)),
+                           8 * c + e, &nanidx, &li, &lm);
             }
-        }
+        else
+            for (int j = lane; j < V; j += GROUP)
+                ce_arg(ce_z(&a, logits, o + j), j, &nanidx, &li, &lm);
         /* the first maximum, or the last NaN: the same winner on every lane */
         for (int off = GROUP / 2; off > 0; off >>= 1) {
             int on = __shfl_xor_sync(mask, nanidx, off, GROUP);
@@ -993,7 +1023,9 @@ static int ce_launch(const ce_args *a, void *logits, const int *y, int N, int V,
     double *row_loss = (double *)work;
     int *row_hit = (int *)((char *)work + align256((size_t)N * sizeof(double)));
     if (N > 0) {
-        k_ce<<<row_blocks((size_t)N), OPS_THREADS, 0, stream>>>(*a, logits, y, N, V, row_loss,
+        ce_args k = *a;
+        k.vec = a->ldt != GPU_FP32 && V % 8 == 0 && (uintptr_t)logits % 16 == 0;
+        k_ce<<<row_blocks((size_t)N), OPS_THREADS, 0, stream>>>(k, logits, y, N, V, row_loss,
                                                                 row_hit);
         GPU_CUDA_CHECK(cudaGetLastError());
     }
@@ -1008,7 +1040,7 @@ int gpu_cuda_ce_fwd_launch(gpu_cuda_ce_style style, const void *logits, gpu_dtyp
                            void *probs, gpu_dtype pdt, double *loss_sum, int *correct,
                            void *work, cudaStream_t stream)
 {
-    ce_args a = {style, ldt, lin_dt, ce_dt, pdt, probs, false, 0.0f, NULL, 1};
+    ce_args a = {style, ldt, lin_dt, ce_dt, pdt, probs, false, 0.0f, NULL, 1, false};
     /* the kernel writes the logits only with grad set */
     return ce_launch(&a, const_cast<void *>(logits), y, N, V, loss_sum, correct, work, stream);
 }
@@ -1019,7 +1051,7 @@ int gpu_cuda_ce_fused_launch(gpu_cuda_ce_style style, void *logits, gpu_dtype ld
                              float seed, const float *d_seed, int count, double *loss_sum,
                              int *correct, void *work, cudaStream_t stream)
 {
-    ce_args a = {style, ldt, lin_dt, ce_dt, GPU_FP32, NULL, true, seed, d_seed, count};
+    ce_args a = {style, ldt, lin_dt, ce_dt, GPU_FP32, NULL, true, seed, d_seed, count, false};
     if (count < 1)
         return GPU_EINVAL;
     return ce_launch(&a, logits, y, N, V, loss_sum, correct, work, stream);
