@@ -407,8 +407,26 @@ __device__ static __forceinline__ float fa_chunk_value(const fa_chunk &c, int e)
     return fa_value<E>((uint16_t)(c.w[e / 2] >> (e % 2 * 16)));
 }
 
+/* o[0..8) = the saved output O from element off: one 16-byte load of 16-bit values, or two
+ * of fp32 ones. */
+template <typename E>
+__device__ static __forceinline__ void fa_o8(const fa_args &a, size_t off, float *o)
+{
+    if (a.odt == GPU_FP32) {
+        float4 q0 = *(const float4 *)((const float *)a.o + off);
+        float4 q1 = *(const float4 *)((const float *)a.o + off + 4);
+        o[0] = q0.x, o[1] = q0.y, o[2] = q0.z, o[3] = q0.w;
+        o[4] = q1.x, o[5] = q1.y, o[6] = q1.z, o[7] = q1.w;
+        return;
+    }
+    fa_chunk c = *(const fa_chunk *)((const uint16_t *)a.o + off);
+    FA_UNROLL
+    for (int e = 0; e < 8; e++)
+        o[e] = fa_chunk_value<E>(c, e);
+}
+
 /* D = dY . O per row and head, in fp32, channel by channel (gpt.c's order); the 8 channels of
- * a step come from 16-byte loads (32-byte ones for an fp32 O), so a warp reads whole rows. */
+ * a step come from 16-byte loads, so a warp reads whole rows. */
 template <typename E, int HD>
 __global__ static void __launch_bounds__(FA_THREADS) gpu_k_flash_dsum(fa_args a)
 {
@@ -419,24 +437,12 @@ __global__ static void __launch_bounds__(FA_THREADS) gpu_k_flash_dsum(fa_args a)
     float d = 0.0f;
     FA_UNROLL
     for (int c = 0; c < HD; c += 8) {
-        fa_chunk dy = *(const fa_chunk *)(a.dy + off + c), o16;
-        float4 o32[2];
-        if (a.odt == GPU_FP32) {
-            o32[0] = *(const float4 *)((const float *)a.o + off + c);
-            o32[1] = *(const float4 *)((const float *)a.o + off + c + 4);
-        } else {
-            o16 = *(const fa_chunk *)((const uint16_t *)a.o + off + c);
-        }
+        fa_chunk dy = *(const fa_chunk *)(a.dy + off + c);
+        float o[8];
+        fa_o8<E>(a, off + c, o);
         FA_UNROLL
-        for (int e = 0; e < 8; e++) {
-            const float4 &q = o32[e / 4];
-            float o = a.odt != GPU_FP32 ? fa_chunk_value<E>(o16, e)
-                      : e % 4 == 0      ? q.x
-                      : e % 4 == 1      ? q.y
-                      : e % 4 == 2      ? q.z
-                                        : q.w;
-            d = __fmaf_rn(fa_chunk_value<E>(dy, e), o, d);
-        }
+        for (int e = 0; e < 8; e++)
+            d = __fmaf_rn(fa_chunk_value<E>(dy, e), o[e], d);
     }
     size_t b = row / a.T, t = row % a.T;
     a.dsum[(b * a.H + hh) * a.T + t] = d;

@@ -600,19 +600,19 @@ static int ln_fwd(const gpt_run *r, ln_site s, const void *a, const void *add)
                                              r->st);
 }
 
-/* gpt.c's ln_bwd from dy (lin_dt values, stored in lin_dt) into the residual gradient dres
- * (resid_dt): added (gpt.c's resid_acc) when acc, else written; the weight gradients written
- * into ctx->grads rounded to ln_dt. With below (a linear reads the stream's gradient next),
- * dres rounded to lin_dt is also left in ga (gpt.c's to_lin; ga may be dy) when the two
- * dtypes' storages differ. One kernel for the three CPU steps. */
-static int ln_bwd(const gpt_run *r, ln_site s, const void *dy, bool acc, bool below)
+/* gpt.c's ln_bwd from dy in ga (lin_dt values, stored in lin_dt) into the residual gradient
+ * dres (resid_dt): added (gpt.c's resid_acc) when acc, else written; the weight gradients
+ * written into ctx->grads rounded to ln_dt. With below (a linear reads the stream's gradient
+ * next), dres rounded to lin_dt then replaces dy in ga (gpt.c's to_lin) when the two dtypes'
+ * storages differ. One kernel for the three CPU steps. */
+static int ln_bwd(const gpt_run *r, ln_site s, bool acc, bool below)
 {
     const gpu_gpt *m = r->m;
     wref g = wsrc(r, s.g, m->ln_dt);
+    void *ga = wsp(r, r->L.ga);
     bool cast = below && m->lin_dt != m->resid_dt;
-    gpu_cuda_dres out = {wsp(r, r->L.dres), m->resid_dt, acc, cast ? wsp(r, r->L.ga) : NULL,
-                         m->lin_dt};
-    return gpu_cuda_layernorm_bwd_resid_launch(dy, m->lin_dt, s.x, m->resid_dt, s.mean, s.rstd,
+    gpu_cuda_dres out = {wsp(r, r->L.dres), m->resid_dt, acc, cast ? ga : NULL, m->lin_dt};
+    return gpu_cuda_layernorm_bwd_resid_launch(ga, m->lin_dt, s.x, m->resid_dt, s.mean, s.rstd,
                                                g.p, g.dt, r->N, r->C, m->ln_dt, &out,
                                                r->c->grads + s.g, r->c->grads + s.b,
                                                wsp(r, r->L.colw), r->st);
@@ -943,7 +943,7 @@ static int block_bwd(const gpt_run *r, int l)
                                 dl(r, l, GPU_CUDA_GPT_FC)),
                   "linear.bwd");
     if (rc == 0)
-        rc = mark(r, ln_bwd(r, ln_at(r, l, 2), ga, true, true), "layernorm.bwd");
+        rc = mark(r, ln_bwd(r, ln_at(r, l, 2), true, true), "layernorm.bwd");
     /* attention */
     if (rc == 0)
         rc = mark(r, linear_bwd(r, dres_lin(r), act(r, l, b->atty), C, C, P->proj_w, P->proj_b,
@@ -956,7 +956,7 @@ static int block_bwd(const gpt_run *r, int l)
                                 dl(r, l, GPU_CUDA_GPT_QKV)),
                   "linear.bwd");
     if (rc == 0)
-        rc = mark(r, ln_bwd(r, ln_at(r, l, 1), ga, true, l > 0), "layernorm.bwd");
+        rc = mark(r, ln_bwd(r, ln_at(r, l, 1), true, l > 0), "layernorm.bwd");
     return rc;
 }
 
@@ -975,7 +975,7 @@ int gpu_cuda_gpt_backward(const gpu_gpt *m, const gpu_cuda_model_ctx *c, const i
                              NO_BIAS, ga, m->lin_dt, dl(&r, -1, 0)),
               "head.bwd");
     if (rc == 0)
-        rc = mark(&r, ln_bwd(&r, ln_at(&r, m->n_layer, 1), ga, false, true), "layernorm.bwd");
+        rc = mark(&r, ln_bwd(&r, ln_at(&r, m->n_layer, 1), false, true), "layernorm.bwd");
     for (int l = m->n_layer - 1; l >= 0 && rc == 0; l--)
         rc = block_bwd(&r, l);
     /* the embedding: wpe written, wte's rows added onto the head's gradient in row order */

@@ -781,11 +781,9 @@ k_bias_cols(const void *dz, void *dx, gpu_dtype zdt, const void *u, gpu_dtype ud
     float s = 0.0f;
     for (int i = i0; i < i1; i++) {
         size_t o = (size_t)i * n + j;
-        float v = ld(dz, o, zdt);
-        if (u != NULL) {
-            v = rd(gelu_bwd_at(dz, zdt, u, udt, o, gdt), zdt);
+        float v = u != NULL ? rd(gelu_bwd_at(dz, zdt, u, udt, o, gdt), zdt) : ld(dz, o, zdt);
+        if (u != NULL)
             st(dx, o, zdt, v);
-        }
         s = add_rn(s, rd(v, dt));
     }
     if (nchunks == 1)
