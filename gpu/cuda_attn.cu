@@ -126,10 +126,6 @@ __device__ static __forceinline__ void fa_mma(float *d, const uint32_t *a, const
 #endif
 }
 
-struct alignas(16) fa_chunk {
-    unsigned w[4];
-};
-
 /* Where a thread works: its warp, its lane's g = lane / 4 and t = lane % 4 (its rows
  * g and g + 8 of the warp's 16, its columns 2t, 2t + 1 of each 8-column slice); its
  * (sequence, head) and the sequence's qkv and dy rows. */
@@ -166,10 +162,10 @@ __device__ static void fa_load(uint16_t *s, const uint16_t *g, int r0, int rows,
 {
     for (int i = threadIdx.x; i < FA_TILE * (HD / 8); i += FA_THREADS) {
         int r = i / (HD / 8), c = i % (HD / 8) * 8;
-        fa_chunk v = fa_chunk{{0u, 0u, 0u, 0u}};
+        gpu_dev_chunk v = gpu_dev_chunk{{0u, 0u, 0u, 0u}};
         if (r0 + r < rows)
-            v = *(const fa_chunk *)(g + (size_t)(r0 + r) * ld + col + c);
-        *(fa_chunk *)(s + r * FA_LD(HD) + c) = v;
+            v = *(const gpu_dev_chunk *)(g + (size_t)(r0 + r) * ld + col + c);
+        *(gpu_dev_chunk *)(s + r * FA_LD(HD) + c) = v;
     }
 }
 
@@ -182,12 +178,11 @@ __device__ static void fa_transpose(uint16_t *st, const uint16_t *s)
 {
     for (int i = threadIdx.x; i < (FA_TILE / 2) * (HD / 8); i += FA_THREADS) {
         int r = 2 * (i % (FA_TILE / 2)), c = i / (FA_TILE / 2) * 8;
-        fa_chunk v0 = *(const fa_chunk *)(s + r * FA_LD(HD) + c);
-        fa_chunk v1 = *(const fa_chunk *)(s + (r + 1) * FA_LD(HD) + c);
+        gpu_dev_chunk v0 = *(const gpu_dev_chunk *)(s + r * FA_LD(HD) + c);
+        gpu_dev_chunk v1 = *(const gpu_dev_chunk *)(s + (r + 1) * FA_LD(HD) + c);
         FA_UNROLL
         for (int e = 0; e < 8; e++) {
-            uint32_t lo = v0.w[e / 2] >> (e % 2 * 16) & 0xFFFFu;
-            uint32_t hi = v1.w[e / 2] >> (e % 2 * 16) & 0xFFFFu;
+            uint32_t lo = gpu_dev_chunk_bits(v0, e), hi = gpu_dev_chunk_bits(v1, e);
             *(uint32_t *)(st + (c + e) * FA_LDT + r) = lo | hi << 16;
         }
     }
@@ -402,9 +397,9 @@ __global__ static void __launch_bounds__(FA_THREADS) gpu_k_flash_fwd(fa_args a)
 
 /* Value e (< 8) of a chunk of eight 16-bit values. */
 template <typename E>
-__device__ static __forceinline__ float fa_chunk_value(const fa_chunk &c, int e)
+__device__ static __forceinline__ float fa_chunk_value(const gpu_dev_chunk &c, int e)
 {
-    return fa_value<E>((uint16_t)(c.w[e / 2] >> (e % 2 * 16)));
+    return fa_value<E>(gpu_dev_chunk_bits(c, e));
 }
 
 /* o[0..8) = the saved output O from element off: one 16-byte load of 16-bit values, or two
@@ -419,7 +414,7 @@ __device__ static __forceinline__ void fa_o8(const fa_args &a, size_t off, float
         o[4] = q1.x, o[5] = q1.y, o[6] = q1.z, o[7] = q1.w;
         return;
     }
-    fa_chunk c = *(const fa_chunk *)((const uint16_t *)a.o + off);
+    gpu_dev_chunk c = *(const gpu_dev_chunk *)((const uint16_t *)a.o + off);
     FA_UNROLL
     for (int e = 0; e < 8; e++)
         o[e] = fa_chunk_value<E>(c, e);
@@ -437,7 +432,7 @@ __global__ static void __launch_bounds__(FA_THREADS) gpu_k_flash_dsum(fa_args a)
     float d = 0.0f;
     FA_UNROLL
     for (int c = 0; c < HD; c += 8) {
-        fa_chunk dy = *(const fa_chunk *)(a.dy + off + c);
+        gpu_dev_chunk dy = *(const gpu_dev_chunk *)(a.dy + off + c);
         float o[8];
         fa_o8<E>(a, off + c, o);
         FA_UNROLL
@@ -646,8 +641,7 @@ extern "C" int gpu_cuda_flash_bwd_launch(const void *qkv, const void *dy, gpu_dt
     int row;
     if (fa_check(dt, B, T, H, hd, qkv, &row) != 0 || dy == NULL || (uintptr_t)dy % 16 != 0 ||
         o == NULL || (uintptr_t)o % 16 != 0 || (odt != dt && odt != GPU_FP32) || lse == NULL ||
-        dsum == NULL ||
-        dqkv == NULL || (ddt != dt && ddt != GPU_FP32))
+        dsum == NULL || dqkv == NULL || (ddt != dt && ddt != GPU_FP32))
         return GPU_EINVAL;
     if (B == 0 || T == 0)
         return 0;

@@ -8,6 +8,7 @@
  * even, subnormals kept, every NaN -> 0x7E00 / 0x7FC0, NaN widening keeps sign and payload
  * and sets the quiet bit. They use integer bit operations only (not __float2half, whose NaN
  * and rounding behaviour differ), so they match the CPU bit for bit whatever the FTZ mode.
+ * Also the 16-byte chunk of eight 16-bit values that vectorised loads move.
  *
  * Threads: the helpers are pure; the macros touch only the calling thread's CUDA error state.
  */
@@ -158,6 +159,20 @@ __host__ __device__ static __forceinline__ uint32_t gpu_dev_bf16_to_f32(uint16_t
     if ((u & 0x7FFFFFFFu) > 0x7F800000u)
         u |= 0x00400000u;
     return u;
+}
+
+/* ---- 16-byte chunks of 16-bit values --------------------------------------------------- */
+
+/* Eight 16-bit values: one 16-byte load or store. */
+struct alignas(16) gpu_dev_chunk {
+    uint32_t w[4];
+};
+
+/* The bit pattern of value e (< 8) of a chunk. */
+__host__ __device__ static __forceinline__ uint16_t gpu_dev_chunk_bits(const gpu_dev_chunk &c,
+                                                                       int e)
+{
+    return (uint16_t)(c.w[e / 2] >> (e % 2 * 16));
 }
 
 #endif /* AMPD_CUDA_COMMON_CUH */

@@ -109,13 +109,13 @@ __device__ static __forceinline__ float cpu_exp(float x)
 
 /* ---- storage -------------------------------------------------------------------------------- */
 
-/* Element i of a tensor stored in dt, as an fp32 value. */
 /* The value of the 16-bit pattern h of dt (fp16 or bf16). */
 __device__ static __forceinline__ float ld16(uint16_t h, gpu_dtype dt)
 {
     return __uint_as_float(dt == GPU_FP16 ? gpu_dev_f16_to_f32(h) : gpu_dev_bf16_to_f32(h));
 }
 
+/* Element i of a tensor stored in dt, as an fp32 value. */
 __device__ static __forceinline__ float ld(const void *p, size_t i, gpu_dtype dt)
 {
     if (dt == GPU_FP32)
@@ -858,10 +858,6 @@ typedef struct {
     bool vec;          /* 16-bit logits, rows of whole 16-byte chunks: the max pass loads those */
 } ce_args;
 
-struct alignas(16) ce_chunk {
-    uint32_t w[4];
-};
-
 /* A logit v (a value of ldt) as the cross-entropy sees it. */
 __device__ static __forceinline__ float ce_zv(const ce_args *a, float v)
 {
@@ -905,10 +901,10 @@ k_ce(ce_args a, void *logits, const int *y, int N, int V, double *row_loss, int 
         float lm = 0.0f;
         if (a.vec) /* the order within a row does not matter here: 8 logits per load */
             for (int c = lane; c < V / 8; c += GROUP) {
-                ce_chunk q = ((const ce_chunk *)((const uint16_t *)logits + o))[c];
+                gpu_dev_chunk q = ((const gpu_dev_chunk *)((const uint16_t *)logits + o))[c];
                 for (int e = 0; e < 8; e++)
-                    ce_arg(ce_zv(&a, ld16((uint16_t)(q.w[e / 2] >> (e % 2 * 16)), a.ldt)),
-                           8 * c + e, &nanidx, &li, &lm);
+                    ce_arg(ce_zv(&a, ld16(gpu_dev_chunk_bits(q, e), a.ldt)), 8 * c + e, &nanidx,
+                           &li, &lm);
             }
         else
             for (int j = lane; j < V; j += GROUP)

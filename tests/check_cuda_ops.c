@@ -1165,7 +1165,7 @@ START_TEST(t_act)
 }
 END_TEST
 
-/* ---- bias add, bias gradient, residual add -------------------------------------------------- */
+/* ---- bias add, bias gradient ---------------------------------------------------------------- */
 
 START_TEST(t_bias)
 {
