@@ -1,13 +1,24 @@
 /*
- * api.h - the public header of the api/ module: job-spec validation (and, later, the
- * HTTP server).
+ * api.h - the public header of the api/ module: job-spec validation, the JSON encoding of
+ * metric values, and the HTTP server (REST API, SSE streams, Prometheus, the dashboard's
+ * static files).
  *
- * A job spec is the JSON document of DESIGN.md §4. Parsing is strict: unknown fields are
- * rejected, every value is range-checked, and every error names the field it is about
+ * A job spec is the JSON document of docs/job-spec.md. Parsing is strict: unknown fields
+ * are rejected, every value is range-checked, and every error names the field it is about
  * (dotted path, e.g. "optimizer.lr" or "model.layers[2]"). Named datasets resolve inside
  * the configured data roots; a path outside them is refused.
  *
- * Threads: the functions are reentrant; they keep no global state.
+ * The server reads the run history from the store and reaches the job queue only through
+ * the api_jobs callbacks its host installs (the daemon's scheduler): the api/ module never
+ * includes daemon/.
+ *
+ * Errors: the spec and server functions return 0 or a gpu/ code (GPU_EINVAL, GPU_ENOMEM,
+ * GPU_EIO; gpu_strerror) with a message; the api_jobs callbacks return the store's codes
+ * (STORE_ENOTFOUND, STORE_ECONFLICT, ...; store_strerror), which the handlers map to HTTP
+ * statuses.
+ *
+ * Threads: the spec functions are reentrant and keep no global state; the server runs
+ * its own threads (see api_start).
  */
 #ifndef AMPD_API_H
 #define AMPD_API_H
@@ -51,8 +62,42 @@ json_t *api_autocast_to_json(const gpu_autocast *a);
 /* ---- the HTTP server (server.c) -------------------------------------------------------- */
 
 struct store;
-struct daemon_sched;
 typedef struct api_server api_server; /* opaque */
+
+/* A JSON line a worker printed ("step", "eval", "checkpoint", "event", "layers",
+ * "summary") with the step it belongs to, as the live feed hands it over. */
+typedef struct {
+    int64_t step;
+    char *json; /* heap (malloc) */
+} api_line;
+/* Free n lines and the array (NULL accepted). */
+void api_lines_free(api_line *lines, int n);
+
+typedef struct {
+    int running, queued, max_running;
+    int64_t workers_started, workers_failed;
+} api_queue_info;
+
+/* The job queue as the server sees it, installed by the host (the daemon's scheduler).
+ * Every callback gets ctx and must be thread-safe (HTTP threads call them); each returns
+ * 0 or a STORE_E* code. */
+typedef struct {
+    void *ctx;
+    /* Queue a validated job (spec_json: the submitted spec); idem_key may be NULL. */
+    int (*submit)(void *ctx, const char *name, const char *dtype, int64_t steps,
+                  const char *spec_json, const char *idem_key, int64_t *id, bool *existed);
+    int (*cancel)(void *ctx, int64_t id);
+    int (*resume)(void *ctx, int64_t id);
+    int (*remove)(void *ctx, int64_t id);
+    /* Wait up to timeout_ms for live lines of job with step > after (step lines) or for its
+     * end: *lines (free with api_lines_free) holds what the feed still has, *oldest the
+     * smallest step it still holds (a reader whose `after` is below oldest - 1 reads the gap
+     * from the store), *finished is set once the job has ended. STORE_ENOTFOUND when the
+     * feed has never seen the job. */
+    int (*lines)(void *ctx, int64_t job, int64_t after, int timeout_ms, api_line **lines,
+                 int *n, int64_t *oldest, bool *finished);
+    void (*info)(void *ctx, api_queue_info *out);
+} api_jobs;
 
 typedef struct {
     char listen[128];      /* "127.0.0.1:8080", "[::1]:8080", "0.0.0.0:8080" */
@@ -62,15 +107,22 @@ typedef struct {
     char web_root[512];    /* static dashboard files; empty: none */
 } api_config;
 
-/* Start serving. st and sc are borrowed and must outlive the server. Refuses (GPU_EINVAL
- * with a message in err) to listen beyond loopback without a token. Caller stops with
- * api_stop(). */
-int api_start(const api_config *c, struct store *st, struct daemon_sched *sc,
-              api_server **out, char *err, size_t errlen);
+/* Start serving (libmicrohttpd's threads). st is borrowed and must outlive the server;
+ * jobs is copied (NULL: degraded mode, mutations answer 503), its ctx must outlive the
+ * server. Refuses (GPU_EINVAL with a message in err) to listen beyond loopback without a
+ * token. Caller stops with api_stop(). */
+int api_start(const api_config *c, struct store *st, const api_jobs *jobs, api_server **out,
+              char *err, size_t errlen);
 /* The port actually bound (useful with port 0). */
 unsigned api_port(const api_server *a);
 /* Close every connection (ending SSE streams) and free. NULL is accepted. */
 void api_stop(api_server *a);
+
+/* Where the server's messages go (as the store's: store_set_log): fn(arg, level, func,
+ * message) with the store's levels (STORE_LOG_DEBUG..STORE_LOG_ERROR), from the server's
+ * threads; NULL (the default) drops them. Process-wide; install it before api_start. */
+typedef void (*api_log_fn)(void *arg, int level, const char *func, const char *msg);
+void api_set_log(api_log_fn fn, void *arg);
 
 /* JSON encoding of metric values (api/json.c). A non-finite double becomes the string
  * "NaN", "Infinity" or "-Infinity" (never dropped); a float is written as its shortest

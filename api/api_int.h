@@ -23,7 +23,6 @@
 #include <sys/types.h>
 
 #include "api/api.h"
-#include "daemon/daemon.h"
 #include "store/store.h"
 
 /* ---- growable buffer (encode.c) --------------------------------------------------------- */
@@ -79,7 +78,7 @@ int api_json_depth(const char *text, size_t len);
 /* Constant-time comparison of a presented token with the configured one. */
 bool api_token_equal(const char *given, size_t given_len, const char *want);
 
-/* ---- routes (encode.c) ------------------------------------------------------------------ */
+/* ---- routes (route.c) -------------------------------------------------------------------- */
 
 enum {
     API_M_GET = 1u,
@@ -88,24 +87,34 @@ enum {
     API_M_DELETE = 8u,
 };
 
-typedef enum {
-    API_R_NONE = 0,
-    API_R_HEALTHZ,
-    API_R_PROM,
-    API_R_SYSTEM,
-    API_R_COMPARE,
-    API_R_JOBS,
-    API_R_JOB,
-    API_R_JOB_CANCEL,
-    API_R_JOB_RESUME,
-    API_R_JOB_METRICS,
-    API_R_JOB_LAYERS,
-    API_R_JOB_EVENTS,
-    API_R_JOB_STREAM,
-    API_R_JOB_CKPTS,
-    API_R_JOB_CKPT,
-    API_R_STATIC
-} api_route_id;
+struct api_req;
+struct api_resp;
+
+/* The API's routes, one row per path: X(ID, pattern, get, post, delete), where a pattern's
+ * "{id}" segment is a job id and "{step}" a checkpoint step, and get/post/delete name the
+ * handler of each method (NULL: not allowed; a GET handler also answers HEAD). The route
+ * matcher, the Allow headers and the dispatch are generated from it. */
+#define API_ROUTES(X)                                                                              \
+    X(HEALTHZ, "/healthz", api_h_healthz, NULL, NULL)                                              \
+    X(PROM, "/metrics", api_h_prom, NULL, NULL)                                                    \
+    X(SYSTEM, "/v1/system", api_h_system, NULL, NULL)                                              \
+    X(COMPARE, "/v1/compare", api_h_compare, NULL, NULL)                                           \
+    X(JOBS, "/v1/jobs", api_h_jobs_list, api_h_jobs_submit, NULL)                                  \
+    X(JOB, "/v1/jobs/{id}", api_h_job_get, NULL, api_h_job_action)                                 \
+    X(JOB_CANCEL, "/v1/jobs/{id}/cancel", NULL, api_h_job_action, NULL)                            \
+    X(JOB_RESUME, "/v1/jobs/{id}/resume", NULL, api_h_job_action, NULL)                            \
+    X(JOB_METRICS, "/v1/jobs/{id}/metrics", api_h_job_metrics, NULL, NULL)                         \
+    X(JOB_LAYERS, "/v1/jobs/{id}/layers", api_h_job_layers, NULL, NULL)                            \
+    X(JOB_EVENTS, "/v1/jobs/{id}/events", api_h_job_events, NULL, NULL)                            \
+    X(JOB_STREAM, "/v1/jobs/{id}/stream", api_h_stream, NULL, NULL)                                \
+    X(JOB_CKPTS, "/v1/jobs/{id}/checkpoints", api_h_job_ckpts, NULL, NULL)                         \
+    X(JOB_CKPT, "/v1/jobs/{id}/checkpoints/{step}", api_h_job_ckpt, NULL, NULL)
+
+#define API_R_ENUM_(id, pattern, get, post, del) API_R_##id,
+/* API_R_STATIC: a file of the dashboard (any other GET path outside /v1/ when files are
+ * served). */
+typedef enum { API_R_NONE = 0, API_ROUTES(API_R_ENUM_) API_R_STATIC } api_route_id;
+#undef API_R_ENUM_
 
 typedef struct {
     api_route_id id;
@@ -114,9 +123,13 @@ typedef struct {
     int64_t step;   /* the {step} segment; -1 when it is not a valid step */
 } api_route;
 
-/* Match a request path (no query). static_files: unknown GET paths go to API_R_STATIC.
- * Returns 0 (out filled) or -1 (no such route). */
+/* Match a request path (no query; one trailing slash tolerated). static_files: unknown GET
+ * paths outside /v1/ go to API_R_STATIC. Returns 0 (out filled) or -1 (no such route). */
 int api_route_match(const char *path, bool static_files, api_route *out);
+/* The handler of route id for method (an API_M_* bit); NULL when it has none (and for
+ * API_R_STATIC and API_R_NONE, which the server answers itself). */
+typedef void (*api_handler)(struct api_req *q, struct api_resp *r);
+api_handler api_route_handler(api_route_id id, unsigned method);
 /* "GET, HEAD, POST" for an API_M_* mask; into buf. */
 void api_allow_string(unsigned allow, char *buf, size_t len);
 /* API_M_* for a method name; 0 for any other method. */
@@ -142,6 +155,15 @@ void api_series_begin(api_series_enc *e, api_buf *b, int64_t job);
 void api_series_points(api_series_enc *e, api_buf *b, const store_series *se, int from, int n);
 void api_series_end(api_series_enc *e, api_buf *b, int64_t total_steps);
 
+/* ---- messages (server.c) --------------------------------------------------------------- */
+
+/* Format a message for the installed log hook (nothing when none is installed). */
+void api_log(int level, const char *func, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+#define log_info(...) api_log(STORE_LOG_INFO, __func__, __VA_ARGS__)
+#define log_warn(...) api_log(STORE_LOG_WARN, __func__, __VA_ARGS__)
+#define log_error(...) api_log(STORE_LOG_ERROR, __func__, __VA_ARGS__)
+
 /* ---- the server ------------------------------------------------------------------------- */
 
 struct MHD_Connection;
@@ -153,7 +175,8 @@ struct api_server {
     struct MHD_Daemon *mhd;
     api_config cfg;
     struct store *st;
-    struct daemon_sched *sc; /* NULL: degraded mode, mutations answer 503 */
+    const api_jobs *jobs; /* &jobs_copy, or NULL: degraded mode, mutations answer 503 */
+    api_jobs jobs_copy;
     unsigned port;
     atomic_bool stopping;
     pthread_mutex_t mu; /* with cv: SSE readers wait here so api_stop wakes them */
@@ -169,7 +192,7 @@ struct api_server {
 /* What a handler answers. The server turns it into an MHD response. */
 typedef ssize_t (*api_reader_fn)(void *cls, uint64_t pos, char *buf, size_t max);
 
-typedef struct {
+typedef struct api_resp {
     unsigned status;
     const char *ctype; /* static string; NULL: application/json */
     api_buf body;
@@ -185,7 +208,7 @@ typedef struct {
 } api_resp;
 
 /* A request as the handlers see it. */
-typedef struct {
+typedef struct api_req {
     api_server *srv;
     struct MHD_Connection *conn;
     unsigned method; /* API_M_* */

@@ -1,7 +1,7 @@
 /*
  * encode.c - the HTTP server's pure pieces: a growable output buffer and the encoders that
- * write JSON, CSV and Prometheus text into it, strict parsing of query parameters, the
- * route table, and the metric-series encoders (JSON and CSV, raw or bucketed).
+ * write JSON, CSV and Prometheus text into it, strict parsing of query parameters, and the
+ * metric-series encoders (JSON and CSV, raw or bucketed).
  *
  * Invariants: everything written as JSON is valid JSON whatever the input bytes (invalid
  * UTF-8 becomes U+FFFD, non-finite numbers become strings); large responses grow the
@@ -473,136 +473,6 @@ bool api_token_equal(const char *given, size_t given_len, const char *want)
     for (size_t i = 0; i < wl; i++)
         d |= (unsigned char)want[i] ^ (unsigned char)(i < given_len ? given[i] : 0);
     return wl > 0 && d == 0;
-}
-
-/* ---- routes ---------------------------------------------------------------------------- */
-
-#define GET_ONLY (API_M_GET | API_M_HEAD)
-
-/* A decimal id segment of length n, or -1. */
-static int64_t segment_id(const char *s, size_t n, int64_t lo)
-{
-    char tmp[24];
-    int64_t v;
-    if (n == 0 || n >= sizeof(tmp))
-        return -1;
-    memcpy(tmp, s, n);
-    tmp[n] = '\0';
-    if (tmp[0] == '-' || (tmp[0] == '0' && n > 1))
-        return -1;
-    return api_parse_i64(tmp, lo, INT64_MAX, &v) == 0 ? v : -1;
-}
-
-static bool seg_is(const char *s, size_t n, const char *word)
-{
-    return strlen(word) == n && memcmp(s, word, n) == 0;
-}
-
-int api_route_match(const char *path, bool static_files, api_route *out)
-{
-    static const struct {
-        const char *path;
-        api_route_id id;
-        unsigned allow;
-    } fixed[] = {{"/healthz", API_R_HEALTHZ, GET_ONLY},
-                 {"/metrics", API_R_PROM, GET_ONLY},
-                 {"/v1/system", API_R_SYSTEM, GET_ONLY},
-                 {"/v1/compare", API_R_COMPARE, GET_ONLY},
-                 {"/v1/jobs", API_R_JOBS, GET_ONLY | API_M_POST}};
-    static const struct {
-        const char *name;
-        api_route_id id;
-        unsigned allow;
-    } subs[] = {{"cancel", API_R_JOB_CANCEL, API_M_POST},  {"resume", API_R_JOB_RESUME, API_M_POST},
-                {"metrics", API_R_JOB_METRICS, GET_ONLY},  {"layers", API_R_JOB_LAYERS, GET_ONLY},
-                {"events", API_R_JOB_EVENTS, GET_ONLY},    {"stream", API_R_JOB_STREAM, GET_ONLY},
-                {"checkpoints", API_R_JOB_CKPTS, GET_ONLY}};
-    size_t n = path ? strlen(path) : 0;
-
-    memset(out, 0, sizeof(*out));
-    out->job = out->step = -1;
-    if (n == 0 || path[0] != '/')
-        return -1;
-    if (n > 1 && path[n - 1] == '/')
-        n--; /* one trailing slash is tolerated */
-    for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++) {
-        if (strlen(fixed[i].path) == n && memcmp(path, fixed[i].path, n) == 0) {
-            out->id = fixed[i].id;
-            out->allow = fixed[i].allow;
-            return 0;
-        }
-    }
-    if (n > 9 && memcmp(path, "/v1/jobs/", 9) == 0) {
-        const char *s = path + 9, *end = path + n;
-        const char *slash = memchr(s, '/', (size_t)(end - s));
-        const char *seg_end = slash ? slash : end;
-        out->job = segment_id(s, (size_t)(seg_end - s), 1);
-        if (!slash) {
-            out->id = API_R_JOB;
-            out->allow = GET_ONLY | API_M_DELETE;
-            return 0;
-        }
-        s = slash + 1;
-        slash = memchr(s, '/', (size_t)(end - s));
-        seg_end = slash ? slash : end;
-        for (size_t i = 0; i < sizeof(subs) / sizeof(subs[0]); i++) {
-            if (!seg_is(s, (size_t)(seg_end - s), subs[i].name))
-                continue;
-            if (!slash) {
-                out->id = subs[i].id;
-                out->allow = subs[i].allow;
-                return 0;
-            }
-            if (subs[i].id != API_R_JOB_CKPTS)
-                break;
-            s = slash + 1;
-            if (memchr(s, '/', (size_t)(end - s)))
-                break;
-            out->id = API_R_JOB_CKPT;
-            out->allow = GET_ONLY;
-            out->step = segment_id(s, (size_t)(end - s), 0);
-            return 0;
-        }
-        return -1;
-    }
-    if (static_files && strncmp(path, "/v1/", 4) != 0 && strcmp(path, "/v1") != 0) {
-        out->id = API_R_STATIC;
-        out->allow = GET_ONLY;
-        return 0;
-    }
-    return -1;
-}
-
-void api_allow_string(unsigned allow, char *buf, size_t len)
-{
-    static const struct {
-        unsigned bit;
-        const char *name;
-    } m[] = {
-        {API_M_GET, "GET"}, {API_M_HEAD, "HEAD"}, {API_M_POST, "POST"}, {API_M_DELETE, "DELETE"}};
-    size_t off = 0;
-    buf[0] = '\0';
-    for (size_t i = 0; i < sizeof(m) / sizeof(m[0]); i++) {
-        if (!(allow & m[i].bit))
-            continue;
-        int w = snprintf(buf + off, len - off, "%s%s", off ? ", " : "", m[i].name);
-        if (w < 0 || (size_t)w >= len - off)
-            break;
-        off += (size_t)w;
-    }
-}
-
-unsigned api_method_bit(const char *method)
-{
-    if (strcmp(method, "GET") == 0)
-        return API_M_GET;
-    if (strcmp(method, "HEAD") == 0)
-        return API_M_HEAD;
-    if (strcmp(method, "POST") == 0)
-        return API_M_POST;
-    if (strcmp(method, "DELETE") == 0)
-        return API_M_DELETE;
-    return 0;
 }
 
 /* ---- series ---------------------------------------------------------------------------- */

@@ -81,7 +81,7 @@ void api_h_prom(api_req *q, api_resp *r)
     api_server *s = q->srv;
     api_buf *b = &r->body;
     store_stats stats;
-    daemon_sched_info info;
+    api_queue_info info;
     store_job_filter f = {.status = STORE_RUNNING, .limit = PROM_MAX_JOBS};
     store_job *jobs = NULL;
     job_row *rows = NULL;
@@ -90,8 +90,8 @@ void api_h_prom(api_req *q, api_resp *r)
 
     store_get_stats(s->st, &stats);
     memset(&info, 0, sizeof(info));
-    if (s->sc)
-        daemon_sched_get_info(s->sc, &info);
+    if (s->jobs)
+        s->jobs->info(s->jobs->ctx, &info);
     if (store_job_list(s->st, &f, &jobs, &njobs) != 0) {
         jobs = NULL;
         njobs = 0;

@@ -1,15 +1,15 @@
 /*
- * routes.c - the JSON endpoints of DESIGN.md §5: jobs (submit, list, get, cancel, resume,
+ * routes.c - the JSON endpoints of docs/api.md: jobs (submit, list, get, cancel, resume,
  * delete), metrics (JSON and CSV, raw or downsampled), layers, events, checkpoints
  * (list and download), compare, system and healthz.
  *
  * Every answer is built in an api_buf (no per-field allocations, no quadratic
  * concatenation); store reads go through store.h's prepared statements. Query parameters
- * are parsed strictly: a bad value is a 400 that names the parameter. The scheduler may be
- * NULL (a degraded, read-only server): mutations then answer 503.
+ * are parsed strictly: a bad value is a 400 that names the parameter. The job queue (the
+ * host's api_jobs) may be absent (a degraded, read-only server): mutations then answer 503.
  *
  * Threads: handlers run on their connection's thread; they share only the api_server
- * (read-only here) and the thread-safe store and scheduler.
+ * (read-only here) and the thread-safe store and job queue.
  */
 #include <fcntl.h>
 #include <jansson.h>
@@ -280,7 +280,7 @@ void api_h_system(api_req *q, api_resp *r)
 {
     api_server *s = q->srv;
     api_buf *b = &r->body;
-    daemon_sched_info info;
+    api_queue_info info;
     store_stats stats;
     gpu_autocast ac;
     json_t *acj;
@@ -293,8 +293,8 @@ void api_h_system(api_req *q, api_resp *r)
     json_decref(acj);
     store_get_stats(s->st, &stats);
     memset(&info, 0, sizeof(info));
-    if (s->sc)
-        daemon_sched_get_info(s->sc, &info);
+    if (s->jobs)
+        s->jobs->info(s->jobs->ctx, &info);
 
     ok_json(r, 200);
     api_buf_puts(b, "{\"devices\":{\"cpu\":{\"model\":");
@@ -318,7 +318,7 @@ void api_h_system(api_req *q, api_resp *r)
     api_buf_puts(b, "},\"autocast\":");
     api_buf_puts(b, acs ? acs : "null");
     free(acs);
-    if (s->sc)
+    if (s->jobs)
         api_buf_printf(b,
                        ",\"queue\":{\"running\":%d,\"queued\":%d,\"max_running\":%d,"
                        "\"workers_started\":%lld,\"workers_failed\":%lld}",
@@ -444,7 +444,7 @@ void api_h_jobs_submit(api_req *q, api_resp *r)
                        "%s", e.message);
         return;
     }
-    if (!s->sc) {
+    if (!s->jobs) {
         api_error_resp(r, 503, "unavailable", NULL, "the scheduler is not running");
         return;
     }
@@ -455,7 +455,7 @@ void api_h_jobs_submit(api_req *q, api_resp *r)
         api_error_resp(r, 503, "unavailable", NULL, "out of memory");
         return;
     }
-    rc = daemon_sched_submit(s->sc, cfg.name, gpu_dtype_name(cfg.dtype), cfg.steps, spec.data, key,
+    rc = s->jobs->submit(s->jobs->ctx, cfg.name, gpu_dtype_name(cfg.dtype), cfg.steps, spec.data, key,
                              &id, &existed);
     api_buf_free(&spec);
     if (rc) {
@@ -500,16 +500,16 @@ void api_h_job_action(api_req *q, api_resp *r)
     if (!load_job(q, r, &j))
         return;
     store_job_clear(&j);
-    if (!s->sc) {
+    if (!s->jobs) {
         api_error_resp(r, 503, "unavailable", NULL, "the scheduler is not running");
         return;
     }
     if (what == API_R_JOB_CANCEL)
-        rc = daemon_sched_cancel(s->sc, q->route.job);
+        rc = s->jobs->cancel(s->jobs->ctx, q->route.job);
     else if (what == API_R_JOB_RESUME)
-        rc = daemon_sched_resume(s->sc, q->route.job);
+        rc = s->jobs->resume(s->jobs->ctx, q->route.job);
     else
-        rc = daemon_sched_delete(s->sc, q->route.job);
+        rc = s->jobs->remove(s->jobs->ctx, q->route.job);
     if (rc == STORE_ECONFLICT) {
         char now[32] = "in another state";
         if (store_job_get(s->st, q->route.job, &j) == 0) {

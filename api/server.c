@@ -1,15 +1,16 @@
 /*
- * server.c - the HTTP server of DESIGN.md §5 on libmicrohttpd 0.9.75: start and stop,
- * request admission (routing, method, bearer token, size and media-type limits), request
- * bodies, turning a handler's answer into an MHD response, and static files.
+ * server.c - the HTTP server (the REST contract of docs/api.md) on libmicrohttpd 0.9.75:
+ * start and stop, request admission (routing, method, bearer token, size and media-type
+ * limits), request bodies, turning a handler's answer into an MHD response, static files,
+ * and the module's log hook.
  *
  * Request flow: MHD calls on_request() first with the headers only. Everything that can be
  * decided from the headers is decided there (404 unknown route, 405 wrong method with
  * Allow, 401 missing or wrong token, 415 wrong media type, 413 declared body too large,
  * 414 URL too long) and answered at once, so MHD never reads such a body. Otherwise the
  * body is accumulated in the per-request context (at most max_body bytes; beyond that it
- * is dropped and the request answered 413), and on the last call the route's handler
- * (routes.c, sse.c, prom.c) fills an api_resp that respond() sends.
+ * is dropped and the request answered 413), and on the last call the handler that the
+ * route table (route.c) names for the method fills an api_resp that respond() sends.
  *
  * Threads: MHD runs one thread per connection (MHD_USE_THREAD_PER_CONNECTION with an
  * internal polling thread that accepts), so a handler may block: the SSE content reader
@@ -25,6 +26,7 @@
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +54,35 @@ typedef struct {
     uint64_t discarded;
     api_buf body;
 } req_ctx;
+
+static _Atomic(api_log_fn) log_fn;
+static _Atomic(void *) log_arg;
+
+void api_set_log(api_log_fn fn, void *arg)
+{
+    atomic_store(&log_arg, arg);
+    atomic_store(&log_fn, fn);
+}
+
+void api_log(int level, const char *func, const char *fmt, ...)
+{
+    api_log_fn fn = atomic_load(&log_fn);
+    char msg[2048];
+    va_list ap;
+    if (!fn)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    fn(atomic_load(&log_arg), level, func, msg);
+}
+
+void api_lines_free(api_line *lines, int n)
+{
+    for (int i = 0; lines && i < n; i++)
+        free(lines[i].json);
+    free(lines);
+}
 
 int64_t api_now_ms(void)
 {
@@ -326,60 +357,13 @@ static bool admit(api_server *s, struct MHD_Connection *c, const char *url, cons
 
 static void dispatch(api_req *q, api_resp *r)
 {
-    switch (q->route.id) {
-    case API_R_HEALTHZ:
-        api_h_healthz(q, r);
-        break;
-    case API_R_PROM:
-        api_h_prom(q, r);
-        break;
-    case API_R_SYSTEM:
-        api_h_system(q, r);
-        break;
-    case API_R_COMPARE:
-        api_h_compare(q, r);
-        break;
-    case API_R_JOBS:
-        if (q->method == API_M_POST)
-            api_h_jobs_submit(q, r);
-        else
-            api_h_jobs_list(q, r);
-        break;
-    case API_R_JOB:
-        if (q->method == API_M_DELETE)
-            api_h_job_action(q, r);
-        else
-            api_h_job_get(q, r);
-        break;
-    case API_R_JOB_CANCEL:
-    case API_R_JOB_RESUME:
-        api_h_job_action(q, r);
-        break;
-    case API_R_JOB_METRICS:
-        api_h_job_metrics(q, r);
-        break;
-    case API_R_JOB_LAYERS:
-        api_h_job_layers(q, r);
-        break;
-    case API_R_JOB_EVENTS:
-        api_h_job_events(q, r);
-        break;
-    case API_R_JOB_STREAM:
-        api_h_stream(q, r);
-        break;
-    case API_R_JOB_CKPTS:
-        api_h_job_ckpts(q, r);
-        break;
-    case API_R_JOB_CKPT:
-        api_h_job_ckpt(q, r);
-        break;
-    case API_R_STATIC:
+    api_handler h = api_route_handler(q->route.id, q->method);
+    if (h)
+        h(q, r);
+    else if (q->route.id == API_R_STATIC)
         static_file(q, r);
-        break;
-    case API_R_NONE:
+    else
         api_error_resp(r, 404, "not_found", NULL, "no route");
-        break;
-    }
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
@@ -544,9 +528,9 @@ static void read_cpu_model(api_server *s)
         fclose(f);
 }
 
-/* See api.h. c, st and sc are borrowed; st must not be NULL; sc may be NULL (mutations and
+/* See api.h. c and st are borrowed; st must not be NULL; jobs may be NULL (mutations and
  * live streams then answer 503 / read the store only). */
-int api_start(const api_config *c, struct store *st, struct daemon_sched *sc, api_server **out,
+int api_start(const api_config *c, struct store *st, const api_jobs *jobs, api_server **out,
               char *err, size_t errlen)
 {
     struct sockaddr_storage ss;
@@ -580,7 +564,10 @@ int api_start(const api_config *c, struct store *st, struct daemon_sched *sc, ap
     if (s->cfg.max_body == 0)
         s->cfg.max_body = DEFAULT_MAX_BODY;
     s->st = st;
-    s->sc = sc;
+    if (jobs) {
+        s->jobs_copy = *jobs;
+        s->jobs = &s->jobs_copy;
+    }
     atomic_init(&s->stopping, false);
     for (int i = 0; i < API_NCODES; i++)
         atomic_init(&s->codes[i], 0);

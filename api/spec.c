@@ -1,5 +1,5 @@
 /*
- * spec.c - strict job-spec validation: JSON (DESIGN.md §4) to gpu_job_config.
+ * spec.c - strict job-spec validation: JSON (docs/job-spec.md) to gpu_job_config.
  *
  * Every object is checked against its list of known keys first, so an unknown or misspelt
  * field is an error rather than silently ignored. Every error names the field by its

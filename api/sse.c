@@ -10,7 +10,7 @@
  *   BACKLOG  the job's rows already in the store (after Last-Event-ID / ?last_event_id),
  *            read in chunks of CHUNK_STEPS steps, with its events and checkpoints merged in
  *            by step; up to the last step the store had when the stream opened.
- *   LIVE     lines from the scheduler's hub (daemon_sched_lines), which blocks up to a
+ *   LIVE     lines from the scheduler's hub (the api_jobs lines callback), which blocks up to a
  *            slice. If the hub no longer holds the steps right after the last one sent
  *            (oldest > last + 1), the gap is read from the store (after store_flush)
  *            first, so no step is ever skipped.
@@ -19,7 +19,7 @@
  *   FINAL    a finished job: the rest of its rows, events and checkpoints from the store,
  *            then `end`.
  *
- * The hub returns every line after the step line `after` (daemon.h), so the non-step lines
+ * The hub returns every line after the step line `after` (api.h, api_jobs.lines), so the non-step lines
  * after the last step sent come back on each call: `skip` counts those already sent. When
  * a call brings nothing new the reader waits NOTHING_NEW_MS before asking again rather
  * than spinning.
@@ -101,37 +101,54 @@ static void put_count(api_buf *b, double v)
         api_buf_json_num(b, v);
 }
 
+/* A stored value in its field's JSON form (the metric table's type). */
+static void put_field(api_buf *b, int f, double v)
+{
+    switch (store_metric_field(f)->type) {
+    case STORE_TYPE_BOOL:
+        api_buf_puts(b, v != 0 && !isnan(v) ? "true" : "false");
+        break;
+    case STORE_TYPE_INT:
+        put_count(b, v);
+        break;
+    default:
+        api_buf_json_num(b, v);
+        break;
+    }
+}
+
+/* The fields of one line kind of a store row, as ,"name":value pairs. */
+static void put_fields(api_buf *b, const store_point *p, store_line line)
+{
+    for (int f = 0; f < STORE_M_NFIELDS; f++) {
+        if (store_metric_field(f)->line != line)
+            continue;
+        api_buf_printf(b, ",\"%s\":", store_metric_name(f));
+        put_field(b, f, p->last[f]);
+    }
+}
+
 /* A store row as a step message (the fields of the worker's step line, by store name). */
 static void row_message(api_buf *b, const store_point *p)
 {
     api_buf_printf(b, "id: %lld\nevent: step\ndata: {\"type\":\"step\",\"step\":%lld",
                    (long long)p->step_first, (long long)p->step_first);
-    for (int f = 0; f < STORE_M_EVAL_LOSS; f++) {
-        double v = p->last[f];
-        api_buf_printf(b, ",\"%s\":", store_metric_name(f));
-        if (f == STORE_M_OVERFLOW || f == STORE_M_SKIPPED)
-            api_buf_puts(b, v != 0 && !isnan(v) ? "true" : "false");
-        else if (f == STORE_M_OVERFLOW_TOTAL || f == STORE_M_SKIPPED_TOTAL ||
-                 f == STORE_M_MEM_BYTES || f == STORE_M_PEAK_MEM_BYTES || f == STORE_M_COMM_BYTES)
-            put_count(b, v);
-        else
-            api_buf_json_num(b, v);
-    }
+    put_fields(b, p, STORE_LINE_STEP);
     api_buf_puts(b, "}\n\n");
 }
 
 /* The row's eval result, if it has one, as an eval message. */
 static void eval_message(api_buf *b, const store_point *p)
 {
-    double l = p->last[STORE_M_EVAL_LOSS], a = p->last[STORE_M_EVAL_ACC];
-    if (isnan(l) && isnan(a))
+    bool any = false;
+    for (int f = 0; f < STORE_M_NFIELDS; f++)
+        if (store_metric_field(f)->line == STORE_LINE_EVAL && !isnan(p->last[f]))
+            any = true;
+    if (!any)
         return;
-    api_buf_printf(b,
-                   "id: %lld\nevent: eval\ndata: {\"type\":\"eval\",\"step\":%lld,\"eval_loss\":",
+    api_buf_printf(b, "id: %lld\nevent: eval\ndata: {\"type\":\"eval\",\"step\":%lld",
                    (long long)p->step_first, (long long)p->step_first);
-    api_buf_json_num(b, l);
-    api_buf_puts(b, ",\"eval_acc\":");
-    api_buf_json_num(b, a);
+    put_fields(b, p, STORE_LINE_EVAL);
     api_buf_puts(b, "}\n\n");
 }
 
@@ -397,14 +414,14 @@ static void poll_step(sse_stream *st)
         go_final(st, job_step);
         return;
     }
-    if (st->srv->sc) {
-        daemon_line *lines = NULL;
+    if (st->srv->jobs) {
+        api_line *lines = NULL;
         int n = 0;
         int64_t oldest;
         bool finished;
-        if (daemon_sched_lines(st->srv->sc, st->job, st->last, 0, &lines, &n, &oldest, &finished) ==
+        if (st->srv->jobs->lines(st->srv->jobs->ctx, st->job, st->last, 0, &lines, &n, &oldest, &finished) ==
             0) {
-            daemon_lines_free(lines, n);
+            api_lines_free(lines, n);
             api_buf_reset(&st->tail);
             st->ph = PH_LIVE;
             return;
@@ -420,13 +437,13 @@ static void poll_step(sse_stream *st)
 
 static void live_step(sse_stream *st)
 {
-    daemon_line *lines = NULL;
+    api_line *lines = NULL;
     int n = 0, skip = st->skip;
     int64_t oldest = 1;
     bool finished = false, fresh = false;
     char type[32];
 
-    int rc = daemon_sched_lines(st->srv->sc, st->job, st->last, slice_ms(st), &lines, &n, &oldest,
+    int rc = st->srv->jobs->lines(st->srv->jobs->ctx, st->job, st->last, slice_ms(st), &lines, &n, &oldest,
                                 &finished);
     if (rc == STORE_ENOTFOUND) {
         st->ph = PH_POLL;
@@ -451,7 +468,7 @@ static void live_step(sse_stream *st)
             if (got < 0)
                 st->ended = true;
             if (got < 0 || st->cursor < oldest - 1) {
-                daemon_lines_free(lines, n);
+                api_lines_free(lines, n);
                 return;
             }
         }
@@ -487,7 +504,7 @@ static void live_step(sse_stream *st)
             message(&st->out, type, lines[i].step, lines[i].json);
         }
     }
-    daemon_lines_free(lines, n);
+    api_lines_free(lines, n);
     if (finished) {
         if (st->summary) {
             message(&st->out, "end", st->last, st->summary);
@@ -519,7 +536,7 @@ static void fill(sse_stream *st)
         /* Caught up: what is held back for the last row comes from the hub instead. */
         api_buf_reset(&st->tail);
         extras_free(st);
-        st->ph = st->srv->sc ? PH_LIVE : PH_POLL;
+        st->ph = st->srv->jobs ? PH_LIVE : PH_POLL;
         return;
     case PH_LIVE:
         live_step(st);

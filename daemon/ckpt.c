@@ -23,8 +23,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "daemon/daemon.h"
-#include "gpu/gpu.h"
+#include "daemon/ckpt.h"
 
 #define CKPT_FORMAT "ampd-checkpoint-1"
 #define CKPT_MAX_HEADER (16 << 20)
@@ -119,7 +118,7 @@ static int fsync_dir(const char *dir)
     return rc;
 }
 
-/* Write the trainer's state to dir/ckpt-<step>.safetensors atomically; see daemon.h. */
+/* Write the trainer's state to dir/ckpt-<step>.safetensors atomically; see ckpt.h. */
 int daemon_ckpt_save(gpu_trainer *t, const char *dir, char *path, size_t pathlen,
                      int64_t *bytes, char *err, size_t errlen)
 {
@@ -252,7 +251,7 @@ static int read_at(FILE *f, uint64_t off, void *buf, size_t n)
     return fseeko(f, (off_t)off, SEEK_SET) == 0 && fread(buf, 1, n, f) == n ? 0 : -1;
 }
 
-/* Load a checkpoint into a trainer built from the same spec; see daemon.h. */
+/* Load a checkpoint into a trainer built from the same spec; see ckpt.h. */
 int daemon_ckpt_load(gpu_trainer *t, const char *path, char *err, size_t errlen)
 {
     FILE *f = fopen(path, "rb");

@@ -291,7 +291,7 @@ static int copy_lines_locked(daemon_hub *h, hub_job *j, int from, daemon_line **
     return 0;
 }
 
-/* Lines of job after step `after`; see daemon_sched_lines() in daemon.h. *lines is heap
+/* Lines of job after step `after`; see api_jobs.lines in api.h. *lines is heap
  * (daemon_lines_free). */
 int daemon_hub_lines(daemon_hub *h, int64_t job, int64_t after, int timeout_ms, daemon_line **lines,
                      int *n, int64_t *oldest, bool *finished)
@@ -332,12 +332,8 @@ int daemon_hub_lines(daemon_hub *h, int64_t job, int64_t after, int timeout_ms, 
     return rc;
 }
 
-/* See daemon.h. NULL is accepted. */
+/* See sched.h. NULL is accepted. */
 void daemon_lines_free(daemon_line *lines, int n)
 {
-    if (!lines)
-        return;
-    for (int i = 0; i < n; i++)
-        free(lines[i].json);
-    free(lines);
+    api_lines_free(lines, n);
 }

@@ -17,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "daemon/daemon.h"
+#include "daemon/sched.h"
 
 typedef struct daemon_hub daemon_hub; /* opaque */
 
@@ -37,7 +37,8 @@ int daemon_hub_push(daemon_hub *h, int64_t job, int64_t step, bool is_step, cons
 void daemon_hub_finish(daemon_hub *h, int64_t job);
 /* Forget job (it was deleted); its readers are woken and see it finished. */
 void daemon_hub_remove(daemon_hub *h, int64_t job);
-/* daemon_sched_lines() for one hub; see daemon.h. */
+/* daemon_sched_lines() for one hub (the api_jobs lines callback; see api.h). Returns 0,
+ * STORE_ENOTFOUND for a job the hub has never seen, or GPU_ENOMEM. */
 int daemon_hub_lines(daemon_hub *h, int64_t job, int64_t after, int timeout_ms, daemon_line **lines,
                      int *n, int64_t *oldest, bool *finished);
 

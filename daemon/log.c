@@ -1,6 +1,7 @@
 /*
  * log.c - the one logger: leveled lines on stderr with an ISO-8601 UTC timestamp, the
- * level and the calling function.
+ * level and the calling function; daemon_log_install makes it the log hook of store/ and
+ * api/ (their levels are daemon_log_level's numbers).
  *
  * Threads: the level is an atomic int; each line is written with a single fprintf, which
  * stdio locks, so lines from different threads never interleave.
@@ -11,7 +12,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "daemon/daemon.h"
+#include "api/api.h"
+#include "daemon/log.h"
+#include "store/store.h"
 
 static atomic_int log_level = -1;
 
@@ -56,4 +59,24 @@ void daemon_log_write(daemon_log_level level, const char *func, const char *fmt,
     va_end(ap);
     fprintf(stderr, "%s.%03ldZ %-5s %s: %s\n", stamp, ts.tv_nsec / 1000000L, names[level], func,
             msg);
+}
+
+/* The store's and the API's log hook: their message as one of our lines. */
+static void hook(void *arg, int level, const char *func, const char *msg)
+{
+    (void)arg;
+    if (level < DAEMON_LOG_DEBUG || level > DAEMON_LOG_ERROR)
+        level = DAEMON_LOG_ERROR;
+    if (daemon_log_enabled((daemon_log_level)level))
+        daemon_log_write((daemon_log_level)level, func, "%s", msg);
+}
+
+_Static_assert((int)STORE_LOG_DEBUG == (int)DAEMON_LOG_DEBUG &&
+                   (int)STORE_LOG_ERROR == (int)DAEMON_LOG_ERROR,
+               "the hooks' levels are the logger's");
+
+void daemon_log_install(void)
+{
+    store_set_log(hook, NULL);
+    api_set_log(hook, NULL);
 }

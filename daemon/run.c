@@ -22,7 +22,10 @@
 #include <string.h>
 
 #include "api/api.h"
+#include "daemon/ckpt.h"
 #include "daemon/daemon.h"
+#include "daemon/line.h"
+#include "daemon/log.h"
 
 #define SPEC_MAX_BYTES (1 << 20)
 
@@ -43,14 +46,6 @@ typedef struct {
     api_spec_opts opts;
 } run_args;
 
-static json_t *mem_json(const gpu_mem *m)
-{
-    return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "weights", (json_int_t)m->weights,
-                     "master", (json_int_t)m->master, "grads", (json_int_t)m->grads, "optimizer",
-                     (json_int_t)m->optimizer, "activations", (json_int_t)m->activations,
-                     "workspace", (json_int_t)m->workspace, "total", (json_int_t)m->total);
-}
-
 /* Print obj as one line and release it. */
 static void emit(json_t *obj)
 {
@@ -62,21 +57,6 @@ static void emit(json_t *obj)
         free(s);
     }
     json_decref(obj);
-}
-
-static void emit_step(const gpu_step_metrics *m)
-{
-    json_t *o = json_pack("{s:s, s:I, s:o, s:o, s:o, s:b, s:b, s:I, s:I, s:o, s:o, s:o, s:I, s:o}", "type",
-                   "step", "step", (json_int_t)m->step, "loss", api_json_num(m->loss), "lr",
-                   api_json_float(m->lr), "loss_scale", api_json_float(m->loss_scale), "overflow",
-                   m->overflow, "skipped", m->skipped, "overflow_total",
-                   (json_int_t)m->overflow_total, "skipped_total", (json_int_t)m->skipped_total,
-                   "grad_norm", api_json_num(m->grad_norm), "step_ms", api_json_num(m->step_ms),
-                   "samples_per_s", api_json_num(m->samples_per_s), "lost_updates",
-                   (json_int_t)m->lost_updates, "mem", mem_json(&m->mem));
-    if (m->tokens_per_s > 0)
-        json_object_set_new(o, "tokens_per_s", api_json_num(m->tokens_per_s));
-    emit(o);
 }
 
 /* The "layers" line of a diagnosed step and an "event" line per new recommendation. */
@@ -275,9 +255,7 @@ static void emit_eval(gpu_trainer *t, run_state *s, int64_t step)
     if (gpu_trainer_eval(t, &s->eval) != 0)
         return;
     s->have_eval = 1;
-    emit(json_pack("{s:s, s:I, s:o, s:o, s:I}", "type", "eval", "step", (json_int_t)step,
-                   "eval_loss", api_json_num(s->eval.loss), "eval_acc",
-                   api_json_num(s->eval.accuracy), "count", (json_int_t)s->eval.count));
+    emit(daemon_line_eval(step, &s->eval));
 }
 
 static void emit_summary(const gpu_job_config *c, gpu_trainer *t, run_state *s, const char *status,
@@ -299,7 +277,7 @@ static void emit_summary(const gpu_job_config *c, gpu_trainer *t, run_state *s, 
         json_object_set_new(o, "params", json_integer(gpu_trainer_params(t)));
         json_object_set_new(o, "median_step_ms", api_json_num(med));
         json_object_set_new(o, "samples_per_s", api_json_num(c->batch_size / (med * 1e-3)));
-        json_object_set_new(o, "peak_mem", mem_json(&s->last.peak));
+        json_object_set_new(o, "peak_mem", daemon_line_mem(&s->last.peak));
     }
     if (s->have_eval) {
         json_object_set_new(o, "eval_loss", api_json_num(s->eval.loss));
@@ -377,7 +355,7 @@ static int loop(const gpu_job_config *c, const run_args *a, gpu_trainer *t, run_
         int rc = gpu_trainer_step(t, &s->last, err, errlen);
         record_time(s, s->last.step_ms);
         if (s->last.step % a->every == 0 || rc || s->last.step == c->steps || s->last.overflow)
-            emit_step(&s->last);
+            emit(daemon_line_step(&s->last));
         if (s->last.step == a->profile)
             emit_profile(t, s->last.step, s->last.step_ms);
         emit_diagnostics(t, &s->last);

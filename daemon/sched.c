@@ -1,5 +1,5 @@
 /*
- * sched.c - the scheduler and worker supervision (contract in daemon.h).
+ * sched.c - the scheduler and worker supervision (contract in sched.h).
  *
  * A worker is an `ampd run` child process: fork + execv of cfg.exe with
  *   run --every 1 --checkpoint-dir <data_dir>/jobs/<id> [--resume CKPT] [--data-root R]...
@@ -63,8 +63,10 @@
 #include <unistd.h>
 
 #include "api/api.h"
-#include "daemon/daemon.h"
 #include "daemon/hub.h"
+#include "daemon/line.h"
+#include "daemon/log.h"
+#include "daemon/sched.h"
 #include "gpu/gpu.h"
 #include "store/store.h"
 
@@ -95,7 +97,7 @@ typedef struct {
     bool discarding; /* inside an over-long line */
     /* parsing state */
     int64_t base_step, last_step;
-    double prev_scale, peak_mem, final_scale;
+    double prev_scale, final_scale;
     bool have_prev;
     bool pending; /* an overflow event waits for the next step's scale */
     int64_t pending_step;
@@ -149,7 +151,7 @@ static void append(char *out, size_t outlen, const char *text)
     out[used + n] = '\0';
 }
 
-/* Create path and its missing parents with mode; see daemon.h. */
+/* Create path and its missing parents with mode; see sched.h. */
 int daemon_mkdirs(const char *path, unsigned mode)
 {
     char tmp[1024];
@@ -298,25 +300,9 @@ static void flush_pending(daemon_sched *s, worker *w, double new_scale)
 
 /* ---- line parsing ------------------------------------------------------------------------- */
 
-/* A metric value: numbers, booleans, and the strings "NaN", "Infinity", "-Infinity". */
-static double num(json_t *v)
-{
-    const char *str;
-    if (json_is_number(v))
-        return json_number_value(v);
-    if (json_is_boolean(v))
-        return json_is_true(v) ? 1.0 : 0.0;
-    str = json_string_value(v);
-    if (str && strcmp(str, "Infinity") == 0)
-        return INFINITY;
-    if (str && strcmp(str, "-Infinity") == 0)
-        return -INFINITY;
-    return NAN;
-}
-
 static double field(json_t *o, const char *key)
 {
-    return num(json_object_get(o, key));
+    return daemon_line_num(json_object_get(o, key));
 }
 
 /* The "step" of a line, or -1 when absent or not a non-negative integer. */
@@ -330,7 +316,6 @@ static void on_step(daemon_sched *s, worker *w, json_t *o, const char *line, siz
 {
     store_metric m;
     int64_t step = line_step(o);
-    json_t *peak = json_object_get(o, "peak_mem");
     double scale;
 
     if (step < 1)
@@ -340,24 +325,8 @@ static void on_step(daemon_sched *s, worker *w, json_t *o, const char *line, siz
     m.step = step;
     for (int i = 0; i < STORE_M_NFIELDS; i++)
         m.v[i] = NAN;
-    m.v[STORE_M_LOSS] = field(o, "loss");
-    m.v[STORE_M_LR] = field(o, "lr");
-    m.v[STORE_M_LOSS_SCALE] = scale = field(o, "loss_scale");
-    m.v[STORE_M_OVERFLOW] = field(o, "overflow");
-    m.v[STORE_M_SKIPPED] = field(o, "skipped");
-    m.v[STORE_M_OVERFLOW_TOTAL] = field(o, "overflow_total");
-    m.v[STORE_M_SKIPPED_TOTAL] = field(o, "skipped_total");
-    m.v[STORE_M_GRAD_NORM] = field(o, "grad_norm");
-    m.v[STORE_M_STEP_MS] = field(o, "step_ms");
-    m.v[STORE_M_SAMPLES_PER_S] = field(o, "samples_per_s");
-    m.v[STORE_M_MEM_BYTES] = field(json_object_get(o, "mem"), "total");
-    if (m.v[STORE_M_MEM_BYTES] > w->peak_mem)
-        w->peak_mem = m.v[STORE_M_MEM_BYTES];
-    if (json_is_object(peak))
-        w->peak_mem = fmax(w->peak_mem, field(peak, "total"));
-    m.v[STORE_M_PEAK_MEM_BYTES] = w->peak_mem > 0 ? w->peak_mem : 0;
-    m.v[STORE_M_COMM_BYTES] = 0; /* one rank: nothing is communicated */
-    m.v[STORE_M_COMM_MS] = 0;
+    daemon_line_fields(o, STORE_LINE_STEP, m.v);
+    scale = m.v[STORE_M_LOSS_SCALE];
     store_metric_append(s->st, &m);
 
     /* The scale of step N is the one its backward used; a change shows at step N+1. */
@@ -475,7 +444,7 @@ static void on_layers(daemon_sched *s, worker *w, json_t *o, const char *line, s
         snprintf(r->dtype, sizeof(r->dtype), "%s", dtype ? dtype : "");
         for (int f = 0; f < STORE_L_NFIELDS; f++) {
             json_t *v = json_object_get(l, store_layer_field_name(f));
-            r->v[f] = num(v);
+            r->v[f] = daemon_line_num(v);
             if (!v || json_is_null(v))
                 r->missing |= 1u << f;
         }
@@ -542,7 +511,9 @@ static void handle_line(daemon_sched *s, worker *w, char *line, size_t len)
     } else if (strcmp(type, "eval") == 0) {
         int64_t step = line_step(o);
         if (step >= 0) {
-            store_metric_eval(s->st, w->job, 0, step, field(o, "eval_loss"), field(o, "eval_acc"));
+            double v[STORE_M_NFIELDS];
+            daemon_line_fields(o, STORE_LINE_EVAL, v);
+            store_metric_eval(s->st, w->job, 0, step, v);
             daemon_hub_push(s->hub, w->job, step, false, line, len);
         }
     } else if (strcmp(type, "checkpoint") == 0) {
@@ -1134,7 +1105,7 @@ static int recover(daemon_sched *s)
 
 /* ---- the public calls --------------------------------------------------------------------- */
 
-/* See daemon.h. st is borrowed; c is copied. */
+/* See sched.h. st is borrowed; c is copied. */
 int daemon_sched_start(store *st, const daemon_sched_config *c, daemon_sched **out)
 {
     daemon_sched *s;
@@ -1203,7 +1174,7 @@ fail:
     return rc;
 }
 
-/* See daemon.h. Waits for the workers (at most 30 s, then SIGKILL); their jobs are
+/* See sched.h. Waits for the workers (at most 30 s, then SIGKILL); their jobs are
  * interrupted. */
 void daemon_sched_stop(daemon_sched *s)
 {
@@ -1224,7 +1195,7 @@ void daemon_sched_stop(daemon_sched *s)
     free(s);
 }
 
-/* See daemon.h. Borrowed strings; *id and *existed are outputs. */
+/* See sched.h. Borrowed strings; *id and *existed are outputs. */
 int daemon_sched_submit(daemon_sched *s, const char *name, const char *dtype, int64_t steps,
                         const char *spec_json, const char *idem_key, int64_t *id, bool *existed)
 {
@@ -1249,7 +1220,7 @@ static worker *find_worker_locked(daemon_sched *s, int64_t id)
     return NULL;
 }
 
-/* See daemon.h: a queued job is cancelled at once; a running one gets SIGTERM and becomes
+/* See sched.h: a queued job is cancelled at once; a running one gets SIGTERM and becomes
  * cancelled when its worker has checkpointed and exited. */
 int daemon_sched_cancel(daemon_sched *s, int64_t id)
 {
@@ -1291,7 +1262,7 @@ out:
     return rc;
 }
 
-/* See daemon.h: metric rows after the last checkpoint are deleted and the job is queued;
+/* See sched.h: metric rows after the last checkpoint are deleted and the job is queued;
  * its worker starts with --resume (from scratch when no checkpoint is left). */
 int daemon_sched_resume(daemon_sched *s, int64_t id)
 {
@@ -1329,7 +1300,7 @@ int daemon_sched_resume(daemon_sched *s, int64_t id)
     return rc;
 }
 
-/* See daemon.h: the job's rows, its directory and its hub entry go. */
+/* See sched.h: the job's rows, its directory and its hub entry go. */
 int daemon_sched_delete(daemon_sched *s, int64_t id)
 {
     store_job j;
@@ -1354,14 +1325,14 @@ int daemon_sched_delete(daemon_sched *s, int64_t id)
     return rc;
 }
 
-/* See daemon.h. *lines is heap (daemon_lines_free). */
+/* See sched.h. *lines is heap (daemon_lines_free). */
 int daemon_sched_lines(daemon_sched *s, int64_t job, int64_t after, int timeout_ms,
                        daemon_line **lines, int *n, int64_t *oldest, bool *finished)
 {
     return daemon_hub_lines(s->hub, job, after, timeout_ms, lines, n, oldest, finished);
 }
 
-/* See daemon.h; *out is filled. */
+/* See sched.h; *out is filled. */
 void daemon_sched_get_info(daemon_sched *s, daemon_sched_info *out)
 {
     int64_t *ids = NULL;
@@ -1376,4 +1347,50 @@ void daemon_sched_get_info(daemon_sched *s, daemon_sched_info *out)
     if (store_job_ids(s->st, STORE_QUEUED, &ids, &n) == 0)
         out->queued = n;
     free(ids);
+}
+
+/* ---- the HTTP server's job queue ------------------------------------------------------------ */
+
+static int api_submit(void *ctx, const char *name, const char *dtype, int64_t steps,
+                      const char *spec_json, const char *idem_key, int64_t *id, bool *existed)
+{
+    return daemon_sched_submit(ctx, name, dtype, steps, spec_json, idem_key, id, existed);
+}
+
+static int api_cancel(void *ctx, int64_t id)
+{
+    return daemon_sched_cancel(ctx, id);
+}
+
+static int api_resume(void *ctx, int64_t id)
+{
+    return daemon_sched_resume(ctx, id);
+}
+
+static int api_remove(void *ctx, int64_t id)
+{
+    return daemon_sched_delete(ctx, id);
+}
+
+static int api_lines(void *ctx, int64_t job, int64_t after, int timeout_ms, api_line **lines,
+                     int *n, int64_t *oldest, bool *finished)
+{
+    return daemon_sched_lines(ctx, job, after, timeout_ms, lines, n, oldest, finished);
+}
+
+static void api_info(void *ctx, api_queue_info *out)
+{
+    daemon_sched_get_info(ctx, out);
+}
+
+/* See sched.h. */
+void daemon_sched_api(daemon_sched *s, api_jobs *out)
+{
+    *out = (api_jobs){.ctx = s,
+                      .submit = api_submit,
+                      .cancel = api_cancel,
+                      .resume = api_resume,
+                      .remove = api_remove,
+                      .lines = api_lines,
+                      .info = api_info};
 }

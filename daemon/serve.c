@@ -31,6 +31,8 @@
 #include "api/api.h"
 #include "config.h"
 #include "daemon/daemon.h"
+#include "daemon/log.h"
+#include "daemon/sched.h"
 #include "store/store.h"
 
 #define TOKEN_FILE_MAX 4096
@@ -458,6 +460,7 @@ int daemon_serve_main(int argc, char **argv)
     serve_args a;
     daemon_sched_config sc;
     api_config ac;
+    api_jobs jobs;
     store *st = NULL;
     daemon_sched *sched = NULL;
     api_server *api = NULL;
@@ -465,6 +468,7 @@ int daemon_serve_main(int argc, char **argv)
     sigset_t set;
     int rc, sig = 0;
 
+    daemon_log_install();
     rc = parse_args(argc, argv, &a);
     if (rc)
         return rc == 1 ? 0 : rc;
@@ -511,7 +515,8 @@ int daemon_serve_main(int argc, char **argv)
         snprintf(err, sizeof(err), "cannot start the scheduler (see the log above)");
         goto startup_error;
     }
-    if (api_start(&ac, st, sched, &api, err, sizeof(err)) != 0) {
+    daemon_sched_api(sched, &jobs);
+    if (api_start(&ac, st, &jobs, &api, err, sizeof(err)) != 0) {
         if (!err[0])
             snprintf(err, sizeof(err), "cannot listen on %s", a.listen);
         goto startup_error;

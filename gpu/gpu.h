@@ -390,6 +390,8 @@ typedef struct {
     double tokens_per_s;   /* sequence models: tokens trained per second (0 otherwise) */
     int64_t lost_updates;  /* master_weights off: updates that rounded away this step */
     int64_t lost_total;    /* ... of params_total elements in total */
+    int64_t comm_bytes;    /* gradient bytes this rank sent in the step's all-reduce (0: one rank) */
+    double comm_ms;        /* time the step spent waiting for it */
     gpu_mem mem;
     gpu_mem peak;
     bool diagnosed;        /* per-layer diagnostics were collected (gpu_trainer_diagnostics) */

@@ -7,9 +7,11 @@
  * i + 1 and runs in one transaction together with the schema_version row that records it.
  * A database whose version is above the newest step comes from a newer ampd and is
  * refused. A step's SQL never changes once released: a new column or index is a new step.
+ * The steps after the hand-written ones come from the metric-field table: version v adds
+ * the columns of the fields whose `since` is v (a new metric needs no SQL of its own).
  *
  * Statements: every statement's text is a constant in this file (the column lists are
- * spelled by the STORE_FIELDS macros at compile time); values only ever reach SQL as
+ * spelled from store.h's STORE_METRICS table at compile time); values only ever reach SQL as
  * bound parameters. Each connection prepares a statement on first use with
  * SQLITE_PREPARE_PERSISTENT and keeps it until the connection closes.
  *
@@ -20,7 +22,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/daemon.h"
 #include "store/store_int.h"
 
 /* ---- migrations --------------------------------------------------------------------------- */
@@ -98,64 +99,80 @@ static const char *const migration_2[] = {
     "PRIMARY KEY (job_id, step)) WITHOUT ROWID",
     NULL};
 
+/* The hand-written steps, version i + 1 at index i. Versions above these add only the
+ * columns of the fields whose `since` names them (store.h's STORE_METRICS). */
 static const char *const *const migrations[] = {migration_1, migration_2};
 #define NMIGRATIONS ((int)(sizeof(migrations) / sizeof(migrations[0])))
 
 int store_schema_version(void)
 {
-    return NMIGRATIONS;
+    int v = NMIGRATIONS;
+    for (int i = 0; i < STORE_M_NFIELDS; i++)
+        if (store_metric_field(i)->since > v)
+            v = store_metric_field(i)->since;
+    return v;
 }
 
 /* ---- statements --------------------------------------------------------------------------- */
 
-#define COL_(f) #f ","
-#define Q_(f) "?,"
-#define SET_(f) #f "=excluded." #f ","
-#define RCOL_(f) #f "_min," #f "_max," #f "_last,"
-#define RQ_(f) "?,?,?,"
-#define RSET_(f)                                                                                   \
-#f "_min=excluded." #f "_min," #f "_max=excluded." #f "_max," #f "_last=excluded." #f "_last,"
+/* Column lists spelled from the field table (store.h's STORE_METRICS), one macro per list;
+ * each takes a table row (id, name, line, type, src, since). */
+#define COL_(id, f, ...) #f ","
+#define Q_(...) "?,"
+#define RCOL_(id, f, ...) #f "_min," #f "_max," #f "_last,"
+#define RQ_(...) "?,?,?,"
+#define RSET_(id, f, ...)                                                                          \
+    #f "_min=excluded." #f "_min," #f "_max=excluded." #f "_max," #f "_last=excluded." #f "_last,"
+#define PCOL_(id, f, ...) "," #f
+#define PRCOL_(id, f, ...) "," #f "_min," #f "_max," #f "_last"
+/* A step line's upsert overwrites its STEP fields and keeps the EVAL values the row already
+ * has unless it brings its own; an eval result's update sets only the EVAL fields. */
+#define SET_(id, f, line, ...) SET_##line(f)
+#define SET_STEP(f) #f "=excluded." #f ","
+#define SET_EVAL(f) #f "=CASE WHEN :has_eval THEN excluded." #f " ELSE " #f " END,"
+#define EVSET_(id, f, line, ...) EVSET_##line(f)
+#define EVSET_STEP(f)
+#define EVSET_EVAL(f) #f "=?,"
 
 #define LCOL_(f) "," #f
 #define LQ_(f) ",?"
 #define LSET_(f) "," #f "=excluded." #f
 _Static_assert(STORE_L_NFIELDS == 8, "the layer column lists below have 8 fields");
 
-/* STORE_EVAL_BITS as SQL text (checked below). */
-#define EVB "49152"
-_Static_assert(STORE_EVAL_BITS == 49152u, "EVB must spell STORE_EVAL_BITS");
-_Static_assert(STORE_M_NFIELDS == 16, "the column lists below have 16 fields");
-
-#define PCOL_(f) "," #f
-#define PRCOL_(f) "," #f "_min," #f "_max," #f "_last"
-#define RAW_COLS "step,special,nf_mask,nan_mask,rank" STORE_FIELDS(PCOL_)
-#define ROLLUP_COLS "bucket,step_first,step_last,count,flags,nf_mask" STORE_FIELDS(PRCOL_)
+#define RAW_COLS "step,special,nf_mask,nan_mask,rank" STORE_METRICS(PCOL_)
+#define ROLLUP_COLS "bucket,step_first,step_last,count,flags,nf_mask" STORE_METRICS(PRCOL_)
 #define JOB_COLS                                                                                   \
     "id,name,dtype,status,created_at,started_at,finished_at,steps,step,checkpoint_step,"           \
     "retries,cancel_requested,spec,summary,error"
 
 /* clang-format off */
-/* Fields ?1..?16, job ?17, rank ?18, step ?19, nan_mask ?20, nf_mask ?21, special ?22,
- * has_eval ?23. Without an eval the row keeps the eval values (and their mask bits) it
- * already had. */
+/* The fields ?1..?N, then the STORE_MU_ parameters (store_int.h) in the order they first
+ * appear. Without an eval the row keeps the eval values (and their mask bits) it already
+ * had. */
 #define METRIC_UPSERT_SQL                                                                          \
-    "INSERT INTO metrics(" STORE_FIELDS(COL_) "job_id,rank,step,nan_mask,nf_mask,special) "        \
-    "VALUES(" STORE_FIELDS(Q_) "?,?,?,?,?,?) ON CONFLICT(job_id,rank,step) DO UPDATE SET "         \
-    STORE_FIELDS_MAIN(SET_)                                                                        \
-    "eval_loss=CASE WHEN ?23 THEN excluded.eval_loss ELSE eval_loss END,"                          \
-    "eval_acc=CASE WHEN ?23 THEN excluded.eval_acc ELSE eval_acc END,"                             \
-    "nan_mask=CASE WHEN ?23 THEN excluded.nan_mask ELSE excluded.nan_mask|(nan_mask&" EVB ") END," \
-    "nf_mask=CASE WHEN ?23 THEN excluded.nf_mask ELSE excluded.nf_mask|(nf_mask&" EVB ") END,"     \
-    "special=(excluded.special&3)|CASE WHEN (CASE WHEN ?23 THEN excluded.nf_mask "                 \
-    "ELSE excluded.nf_mask|(nf_mask&" EVB ") END)!=0 THEN 4 ELSE 0 END"
+    "INSERT INTO metrics(" STORE_METRICS(COL_) "job_id,rank,step,nan_mask,nf_mask,special) "       \
+    "VALUES(" STORE_METRICS(Q_) ":job,:rank,:step,:nan,:nf,:special) "                             \
+    "ON CONFLICT(job_id,rank,step) DO UPDATE SET " STORE_METRICS(SET_)                             \
+    "nan_mask=CASE WHEN :has_eval THEN excluded.nan_mask "                                         \
+    "ELSE excluded.nan_mask|(nan_mask&:eval_bits) END,"                                            \
+    "nf_mask=CASE WHEN :has_eval THEN excluded.nf_mask "                                           \
+    "ELSE excluded.nf_mask|(nf_mask&:eval_bits) END,"                                              \
+    "special=(excluded.special&3)|CASE WHEN (CASE WHEN :has_eval THEN excluded.nf_mask "           \
+    "ELSE excluded.nf_mask|(nf_mask&:eval_bits) END)!=0 THEN 4 ELSE 0 END"
 
-/* Field i's min, max, last ?3i+1..?3i+3; job ?49, rank ?50, level ?51, bucket ?52,
- * step_first ?53, step_last ?54, count ?55, flags ?56, nf_mask ?57. */
+/* The EVAL fields ?1..?k in field order, then the named parameters (bound by name). */
+#define METRIC_EVAL_SQL                                                                            \
+    "UPDATE metrics SET " STORE_METRICS(EVSET_)                                                    \
+    "nan_mask=(nan_mask&~:eval_bits)|:nan, nf_mask=(nf_mask&~:eval_bits)|:nf, "                    \
+    "special=(special&3)|CASE WHEN ((nf_mask&~:eval_bits)|:nf)!=0 THEN 4 ELSE 0 END "              \
+    "WHERE job_id=:job AND rank=:rank AND step=:step"
+
+/* Field i's min, max, last ?3i+1..?3i+3, then the STORE_RU_ parameters (store_int.h). */
 #define ROLLUP_UPSERT_SQL                                                                          \
-    "INSERT INTO metrics_rollup(" STORE_FIELDS(RCOL_)                                              \
+    "INSERT INTO metrics_rollup(" STORE_METRICS(RCOL_)                                             \
     "job_id,rank,level,bucket,step_first,step_last,count,flags,nf_mask) "                          \
-    "VALUES(" STORE_FIELDS(RQ_) "?,?,?,?,?,?,?,?,?) "                                              \
-    "ON CONFLICT(job_id,rank,level,bucket) DO UPDATE SET " STORE_FIELDS(RSET_)                     \
+    "VALUES(" STORE_METRICS(RQ_) ":job,:rank,:level,:bucket,:first,:last,:count,:flags,:nf) "      \
+    "ON CONFLICT(job_id,rank,level,bucket) DO UPDATE SET " STORE_METRICS(RSET_)                    \
     "step_first=excluded.step_first,step_last=excluded.step_last,count=excluded.count,"            \
     "flags=excluded.flags,nf_mask=excluded.nf_mask"
 
@@ -199,11 +216,7 @@ static const char *const stmt_sql[ST_COUNT] = {
     [ST_JOB_STEP_MIN] = "UPDATE jobs SET step = MIN(step, ?2) WHERE id = ?1",
     [ST_JOB_COUNTS] = "SELECT status, COUNT(*) FROM jobs GROUP BY status",
     [ST_METRIC_UPSERT] = METRIC_UPSERT_SQL,
-    /* eval_loss ?1, eval_acc ?2, their nan bits ?3, nf bits ?4, job ?5, rank ?6, step ?7. */
-    [ST_METRIC_EVAL] = "UPDATE metrics SET eval_loss=?1, eval_acc=?2, "
-                       "nan_mask=(nan_mask&~" EVB ")|?3, nf_mask=(nf_mask&~" EVB ")|?4, "
-                       "special=(special&3)|CASE WHEN ((nf_mask&~" EVB ")|?4)!=0 THEN 4 ELSE 0 "
-                       "END WHERE job_id=?5 AND rank=?6 AND step=?7",
+    [ST_METRIC_EVAL] = METRIC_EVAL_SQL,
     [ST_METRIC_LATEST] = "SELECT " RAW_COLS " FROM metrics WHERE job_id=?1 AND rank=0 "
                          "ORDER BY step DESC LIMIT 1",
     [ST_METRIC_MAX_STEP] = "SELECT MAX(step) FROM metrics WHERE job_id=?1 AND rank=?2",
@@ -249,9 +262,6 @@ static const char *const stmt_sql[ST_COUNT] = {
                      "ORDER BY step",
 };
 
-#define NAME_(f) #f,
-static const char *const field_names[STORE_M_NFIELDS] = {STORE_FIELDS(NAME_)};
-
 /* The text of a STORE_Q_ statement; false when it does not fit. */
 static bool fields_sql(int kind, uint32_t mask, char *buf, size_t size)
 {
@@ -271,10 +281,10 @@ static bool fields_sql(int kind, uint32_t mask, char *buf, size_t size)
         if (!((mask >> i) & 1u))
             continue;
         if (kind == STORE_Q_ROLLUP)
-            n += (size_t)snprintf(buf + n, size - n, ",%s_min,%s_max,%s_last", field_names[i],
-                                  field_names[i], field_names[i]);
+            n += (size_t)snprintf(buf + n, size - n, ",%s_min,%s_max,%s_last",
+                                  store_metric_name(i), store_metric_name(i), store_metric_name(i));
         else
-            n += (size_t)snprintf(buf + n, size - n, ",%s", field_names[i]);
+            n += (size_t)snprintf(buf + n, size - n, ",%s", store_metric_name(i));
     }
     if (n < size)
         n += (size_t)snprintf(buf + n, size - n, "%s", tail[kind]);
@@ -326,6 +336,19 @@ int store_sql_error(sqlite3 *db, sqlite3_stmt *st, int rc, const char *func)
     return STORE_EIO;
 }
 
+/* Whether the numbered parameters the writer binds are where store_int.h says. */
+static bool params_ok(int id, sqlite3_stmt *st)
+{
+    if (id == ST_METRIC_UPSERT)
+        return sqlite3_bind_parameter_index(st, ":job") == STORE_MU_JOB &&
+               sqlite3_bind_parameter_index(st, ":eval_bits") == STORE_MU_EVAL_BITS &&
+               sqlite3_bind_parameter_count(st) == STORE_MU_EVAL_BITS;
+    if (id == ST_ROLLUP_UPSERT)
+        return sqlite3_bind_parameter_index(st, ":job") == STORE_RUP_JOB &&
+               sqlite3_bind_parameter_count(st) == STORE_RUP_NF;
+    return true;
+}
+
 sqlite3_stmt *store_stmt(store_conn *c, int id)
 {
     if (id < 0 || id >= ST_COUNT || !stmt_sql[id])
@@ -335,6 +358,12 @@ sqlite3_stmt *store_stmt(store_conn *c, int id)
                                     NULL);
         if (rc != SQLITE_OK) {
             log_error("prepare failed: %s in: %s", sqlite3_errmsg(c->db), stmt_sql[id]);
+            c->st[id] = NULL;
+            return NULL;
+        }
+        if (!params_ok(id, c->st[id])) {
+            log_error("parameters out of place in: %s", stmt_sql[id]);
+            sqlite3_finalize(c->st[id]);
             c->st[id] = NULL;
             return NULL;
         }
@@ -465,9 +494,45 @@ static int version_add(store_conn *c, int version)
     return rc;
 }
 
+/* The columns of the fields added by version v (their `since`): one in metrics, min, max
+ * and last in metrics_rollup. */
+static int add_field_columns(store_conn *c, int v)
+{
+    static const char *const table[] = {"metrics", "metrics_rollup", "metrics_rollup",
+                                        "metrics_rollup"};
+    static const char *const suffix[] = {"", "_min", "_max", "_last"};
+    char sql[160];
+    int rc;
+
+    for (int i = 0; i < STORE_M_NFIELDS; i++) {
+        if (v == 1 || store_metric_field(i)->since != v)
+            continue; /* version 1's columns are in migration_1 */
+        for (int k = 0; k < 4; k++) {
+            snprintf(sql, sizeof(sql), "ALTER TABLE %s ADD COLUMN %s%s REAL", table[k],
+                     store_metric_name(i), suffix[k]);
+            if ((rc = exec_const(c->db, sql)) != 0)
+                return rc;
+        }
+    }
+    return 0;
+}
+
+/* Bring the schema from version v - 1 to v (inside the caller's transaction). */
+static int migrate_step(store_conn *c, int v)
+{
+    int rc;
+    if (v <= NMIGRATIONS)
+        for (const char *const *sql = migrations[v - 1]; *sql; sql++)
+            if ((rc = exec_const(c->db, *sql)) != 0)
+                return rc;
+    if ((rc = add_field_columns(c, v)) != 0)
+        return rc;
+    return version_add(c, v);
+}
+
 int store_migrate(store_conn *c, const char *path)
 {
-    int rc, version = 0;
+    int rc, version = 0, newest = store_schema_version();
 
     rc = exec_const(c->db, "CREATE TABLE IF NOT EXISTS schema_version "
                            "(version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)");
@@ -478,19 +543,16 @@ int store_migrate(store_conn *c, const char *path)
             return rc;
         if ((rc = version_get(c, &version)) != 0)
             goto fail;
-        if (version > NMIGRATIONS) {
+        if (version > newest) {
             log_error("%s has schema version %d, newer than this ampd's %d: refusing to open it "
                       "(use the ampd that wrote it, or another --db)",
-                      path, version, NMIGRATIONS);
+                      path, version, newest);
             rc = STORE_ECONFLICT;
             goto fail;
         }
-        if (version == NMIGRATIONS)
+        if (version == newest)
             return store_exec_stmt(c, ST_COMMIT);
-        for (const char *const *sql = migrations[version]; *sql; sql++)
-            if ((rc = exec_const(c->db, *sql)) != 0)
-                goto fail;
-        if ((rc = version_add(c, version + 1)) != 0)
+        if ((rc = migrate_step(c, version + 1)) != 0)
             goto fail;
         if ((rc = store_exec_stmt(c, ST_COMMIT)) != 0)
             goto fail;

@@ -23,7 +23,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/daemon.h"
 #include "store/store_int.h"
 
 const int64_t store_levels[STORE_NLEVELS] = {10, 100, 1000, 10000};

@@ -1,6 +1,6 @@
 /*
- * store.c - the store's front: open and close, status, metric and layer-field names, the
- * job rows (written synchronously on the write connection), and the reads of jobs, events,
+ * store.c - the store's front: open and close, the log hook and error strings, status,
+ * metric and layer-field names (the metric table's rows), the job rows (written synchronously on the write connection), and the reads of jobs, events,
  * checkpoints, the latest metric row, the per-layer diagnostics and the counters.
  *
  * Invariants: the write connection is only used under wlock, so a job write waits at most
@@ -14,12 +14,13 @@
  */
 #include <limits.h>
 #include <math.h>
+#include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "daemon/daemon.h"
 #include "store/store_int.h"
 
 struct store_rconn {
@@ -31,8 +32,44 @@ struct store_rconn {
 static const char *const status_names[STORE_NSTATUS] = {"queued", "running",   "succeeded",
                                                         "failed", "cancelled", "interrupted"};
 
-#define NAME_(f) #f,
-static const char *const metric_names[STORE_M_NFIELDS] = {STORE_FIELDS(NAME_)};
+#define FIELD_(id, name, line, type, src, since)                                                    \
+    [STORE_M_##id] = {#name, STORE_LINE_##line, STORE_TYPE_##type, since},
+static const store_metric_info metric_fields[STORE_M_NFIELDS] = {STORE_METRICS(FIELD_)};
+#undef FIELD_
+
+static _Atomic(store_log_fn) log_fn;
+static _Atomic(void *) log_arg;
+
+void store_set_log(store_log_fn fn, void *arg)
+{
+    atomic_store(&log_arg, arg);
+    atomic_store(&log_fn, fn);
+}
+
+void store_log(int level, const char *func, const char *fmt, ...)
+{
+    store_log_fn fn = atomic_load(&log_fn);
+    char msg[2048];
+    va_list ap;
+    if (!fn)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    fn(atomic_load(&log_arg), level, func, msg);
+}
+
+const char *store_strerror(int code)
+{
+    switch (code) {
+#define STORE_ERR_CASE_(name, val, msg)                                                            \
+    case (val):                                                                                    \
+        return (msg);
+        STORE_ERRORS(STORE_ERR_CASE_)
+#undef STORE_ERR_CASE_
+    }
+    return "unknown error";
+}
 
 double store_now(void)
 {
@@ -69,14 +106,22 @@ bool store_status_finished(store_status s)
     return s == STORE_SUCCEEDED || s == STORE_FAILED || s == STORE_CANCELLED;
 }
 
+const store_metric_info *store_metric_field(int field)
+{
+    return field >= 0 && field < STORE_M_NFIELDS ? &metric_fields[field] : NULL;
+}
+
 const char *store_metric_name(int field)
 {
-    return field >= 0 && field < STORE_M_NFIELDS ? metric_names[field] : NULL;
+    return field >= 0 && field < STORE_M_NFIELDS ? metric_fields[field].name : NULL;
 }
 
 int store_metric_parse(const char *name)
 {
-    return name_index(metric_names, STORE_M_NFIELDS, name);
+    for (int i = 0; name && i < STORE_M_NFIELDS; i++)
+        if (strcmp(metric_fields[i].name, name) == 0)
+            return i;
+    return -1;
 }
 
 /* ---- connections ---------------------------------------------------------------------------- */
@@ -698,10 +743,11 @@ int store_metric_latest(store *s, int64_t job, store_metric *out)
         out->job_id = job;
         out->rank = sqlite3_column_int(st, STORE_RAW_RANK);
         out->step = store_row_read(st, STORE_ALL_FIELDS, out->v, &flags, &nf);
-        out->has_eval =
-            sqlite3_column_type(st, STORE_RAW_FIELDS + STORE_M_EVAL_LOSS) != SQLITE_NULL ||
-            sqlite3_column_type(st, STORE_RAW_FIELDS + STORE_M_EVAL_ACC) != SQLITE_NULL ||
-            (sqlite3_column_int64(st, STORE_RAW_NAN) & STORE_EVAL_BITS) != 0;
+        out->has_eval = (sqlite3_column_int64(st, STORE_RAW_NAN) & STORE_EVAL_BITS) != 0;
+        for (int i = 0; i < STORE_M_NFIELDS; i++)
+            if (((STORE_EVAL_BITS >> i) & 1u) &&
+                sqlite3_column_type(st, STORE_RAW_FIELDS + i) != SQLITE_NULL)
+                out->has_eval = true;
         rc = 0;
     } else if (rc == SQLITE_DONE) {
         rc = STORE_ENOTFOUND;
@@ -747,6 +793,7 @@ void store_get_stats(store *s, store_stats *out)
  * are NULL in SQLite). Every read runs in one read transaction, so a step's record and its
  * rows come from the same commit. */
 
+#define NAME_(f) #f,
 static const char *const layer_field_names[STORE_L_NFIELDS] = {STORE_LAYER_FIELDS(NAME_)};
 
 const char *store_layer_field_name(int field)

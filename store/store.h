@@ -18,7 +18,8 @@
  * Threads: every function is thread-safe. Reads use one SQLite connection per calling
  * thread (opened on first use); the writer thread owns the write connection.
  *
- * Errors: functions return 0 or a negative STORE_E* code; messages go to the log.
+ * Errors: functions return 0 or a negative STORE_E* code (store_strerror); messages go to
+ * the host's log hook (store_set_log).
  * NaN metric values round-trip (SQLite turns NaN into NULL, so a per-row mask records
  * which fields were NaN); +-Inf are stored as they are.
  */
@@ -29,10 +30,27 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define STORE_ENOTFOUND -101
-#define STORE_ECONFLICT -102 /* wrong state for the operation, or a duplicate */
-#define STORE_EIO -103       /* SQLite error (logged with the statement) */
-#define STORE_EINVAL -104
+/* The error codes every function returns (0 on success), with their strerror text. */
+#define STORE_ERRORS(X)                                                                            \
+    X(STORE_ENOTFOUND, -101, "not found")                                                          \
+    X(STORE_ECONFLICT, -102, "conflict (wrong state for the operation, or a duplicate)")          \
+    X(STORE_EIO, -103, "database error")                                                           \
+    X(STORE_EINVAL, -104, "invalid argument")
+#define STORE_ERR_ENUM_(name, val, msg) name = (val),
+enum { STORE_ERRORS(STORE_ERR_ENUM_) };
+#undef STORE_ERR_ENUM_
+
+/* "not found", ...; "unknown error" for any other value. */
+const char *store_strerror(int code);
+
+/* Where the store's messages go (SQLite's way, as SQLITE_CONFIG_LOG): the store never
+ * writes to stderr itself; what it has to say beyond its return codes (the SQLite error
+ * behind a STORE_EIO, a migration, an eval result dropped, a batch lost) reaches fn(arg,
+ * level, func, message), from any of the store's threads. NULL (the default) drops them.
+ * Process-wide; install it before store_open. */
+typedef enum { STORE_LOG_DEBUG = 0, STORE_LOG_INFO, STORE_LOG_WARN, STORE_LOG_ERROR } store_log_level;
+typedef void (*store_log_fn)(void *arg, int level, const char *func, const char *msg);
+void store_set_log(store_log_fn fn, void *arg);
 
 typedef struct store store; /* opaque */
 
@@ -58,6 +76,8 @@ int store_open(const char *path, store **out);
 void store_close(store *s);
 /* Wait until everything queued so far is committed. */
 int store_flush(store *s);
+/* The schema version this ampd writes (a database of a higher one is refused). */
+int store_schema_version(void);
 
 /* ---- jobs ------------------------------------------------------------------------------- */
 
@@ -114,13 +134,58 @@ int store_job_ids(store *s, store_status st, int64_t **ids, int *n);
 
 /* ---- metrics and events (queued to the writer) ------------------------------------------ */
 
-/* Field numbers of the fixed metric columns, in this order. */
-enum {
-    STORE_M_LOSS = 0, STORE_M_LR, STORE_M_LOSS_SCALE, STORE_M_OVERFLOW, STORE_M_SKIPPED,
-    STORE_M_OVERFLOW_TOTAL, STORE_M_SKIPPED_TOTAL, STORE_M_GRAD_NORM, STORE_M_STEP_MS,
-    STORE_M_SAMPLES_PER_S, STORE_M_MEM_BYTES, STORE_M_PEAK_MEM_BYTES, STORE_M_COMM_BYTES,
-    STORE_M_COMM_MS, STORE_M_EVAL_LOSS, STORE_M_EVAL_ACC, STORE_M_NFIELDS
-};
+/* The step-metric fields: the one list that every layer is generated from (the worker's
+ * JSON lines and the daemon's reading of them in daemon/, the store's columns, statements
+ * and migrations, the API's field names, the CSV header and the SSE replay). One row per
+ * field: X(ID, name, line, type, src, since)
+ *   ID     STORE_M_<ID>, the field's number (its position)
+ *   name   the column, the JSON key in the worker's line and the API's name
+ *   line   the worker line that carries it: STEP (a "step" line) or EVAL (an "eval" line)
+ *   type   its JSON form: NUM (a double; non-finite values as "NaN", "Infinity",
+ *          "-Infinity"), FLOAT (a float as its shortest decimal), INT (an integer), BOOL
+ *   src    the engine's value: a member of gpu_step_metrics (STEP) or gpu_eval_result
+ *          (EVAL); only the worker (daemon/) expands it
+ *   since  the schema version whose migration adds its columns (1: the first schema)
+ * Append-only: a field's number is its bit in the masks of rows already stored, so a new
+ * field goes at the end, with `since` one above the newest schema version (the migration
+ * that adds its columns is generated from this row). */
+#define STORE_METRICS(X)                                                                           \
+    X(LOSS, loss, STEP, NUM, loss, 1)                                                              \
+    X(LR, lr, STEP, FLOAT, lr, 1)                                                                  \
+    X(LOSS_SCALE, loss_scale, STEP, FLOAT, loss_scale, 1)                                          \
+    X(OVERFLOW, overflow, STEP, BOOL, overflow, 1)                                                 \
+    X(SKIPPED, skipped, STEP, BOOL, skipped, 1)                                                    \
+    X(OVERFLOW_TOTAL, overflow_total, STEP, INT, overflow_total, 1)                                \
+    X(SKIPPED_TOTAL, skipped_total, STEP, INT, skipped_total, 1)                                   \
+    X(GRAD_NORM, grad_norm, STEP, NUM, grad_norm, 1)                                               \
+    X(STEP_MS, step_ms, STEP, NUM, step_ms, 1)                                                     \
+    X(SAMPLES_PER_S, samples_per_s, STEP, NUM, samples_per_s, 1)                                   \
+    X(MEM_BYTES, mem_bytes, STEP, INT, mem.total, 1)                                               \
+    X(PEAK_MEM_BYTES, peak_mem_bytes, STEP, INT, peak.total, 1)                                    \
+    X(COMM_BYTES, comm_bytes, STEP, INT, comm_bytes, 1)                                            \
+    X(COMM_MS, comm_ms, STEP, NUM, comm_ms, 1)                                                     \
+    X(EVAL_LOSS, eval_loss, EVAL, NUM, loss, 1)                                                    \
+    X(EVAL_ACC, eval_acc, EVAL, NUM, accuracy, 1)                                                  \
+    X(TOKENS_PER_S, tokens_per_s, STEP, NUM, tokens_per_s, 3)                                      \
+    X(LOST_UPDATES, lost_updates, STEP, INT, lost_updates, 3)
+
+#define STORE_M_ENUM_(id, name, line, type, src, since) STORE_M_##id,
+enum { STORE_METRICS(STORE_M_ENUM_) STORE_M_NFIELDS };
+#undef STORE_M_ENUM_
+
+typedef enum { STORE_LINE_STEP = 0, STORE_LINE_EVAL } store_line;
+typedef enum { STORE_TYPE_NUM = 0, STORE_TYPE_FLOAT, STORE_TYPE_INT, STORE_TYPE_BOOL } store_type;
+
+/* A field's row of the table. */
+typedef struct {
+    const char *name;
+    store_line line;
+    store_type type;
+    int since;
+} store_metric_info;
+
+/* The row of field (NULL outside [0, STORE_M_NFIELDS)). */
+const store_metric_info *store_metric_field(int field);
 /* "loss", "lr", ... (the column and API names); -1 from parse for an unknown name. */
 const char *store_metric_name(int field);
 int store_metric_parse(const char *name);
@@ -129,14 +194,15 @@ typedef struct {
     int64_t job_id;
     int rank;
     int64_t step;
-    double v[STORE_M_NFIELDS]; /* NaN allowed; eval fields NaN when not evaluated */
-    bool has_eval;             /* eval fields are meaningful */
+    double v[STORE_M_NFIELDS]; /* NaN allowed; EVAL fields NaN when not evaluated */
+    bool has_eval;             /* the EVAL fields are meaningful */
 } store_metric;
 
 /* Queue one row (upsert on (job, rank, step): a resumed job rewrites its steps). */
 int store_metric_append(store *s, const store_metric *m);
-/* Queue an eval result for an existing (or later) step row. */
-int store_metric_eval(store *s, int64_t job, int rank, int64_t step, double loss, double acc);
+/* Queue an eval result for an existing (or later) step row: the EVAL fields of v
+ * (STORE_M_NFIELDS values; the others are not read). */
+int store_metric_eval(store *s, int64_t job, int rank, int64_t step, const double *v);
 /* Queue an event. kind: "overflow", "skip", "scale", "lifecycle", "recommendation", ...
  * data_json may be NULL. */
 int store_event_append(store *s, int64_t job, int64_t step, const char *kind,

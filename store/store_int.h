@@ -21,27 +21,6 @@
 
 #include "store/store.h"
 
-/* The fixed metric columns in field order (store.h's enum). */
-#define STORE_FIELDS_MAIN(X)                                                                       \
-    X(loss)                                                                                        \
-    X(lr)                                                                                          \
-    X(loss_scale)                                                                                  \
-    X(overflow)                                                                                    \
-    X(skipped)                                                                                     \
-    X(overflow_total)                                                                              \
-    X(skipped_total)                                                                               \
-    X(grad_norm)                                                                                   \
-    X(step_ms)                                                                                     \
-    X(samples_per_s)                                                                               \
-    X(mem_bytes)                                                                                   \
-    X(peak_mem_bytes)                                                                              \
-    X(comm_bytes)                                                                                  \
-    X(comm_ms)
-#define STORE_FIELDS_EVAL(X)                                                                       \
-    X(eval_loss)                                                                                   \
-    X(eval_acc)
-#define STORE_FIELDS(X) STORE_FIELDS_MAIN(X) STORE_FIELDS_EVAL(X)
-
 /* The layer_stats columns in field order (store.h's STORE_L_ enum). */
 #define STORE_LAYER_FIELDS(X)                                                                      \
     X(act_amax)                                                                                    \
@@ -54,7 +33,11 @@
     X(lost_updates)
 
 #define STORE_ALL_FIELDS ((1u << STORE_M_NFIELDS) - 1u)
-#define STORE_EVAL_BITS ((1u << STORE_M_EVAL_LOSS) | (1u << STORE_M_EVAL_ACC))
+/* The fields an "eval" line carries (STORE_LINE_EVAL), as a mask of field bits. */
+#define STORE_EVAL_BIT_(id, name, line, type, src, since)                                          \
+    | (STORE_LINE_##line == STORE_LINE_EVAL ? 1u << STORE_M_##id : 0u)
+#define STORE_EVAL_BITS (0u STORE_METRICS(STORE_EVAL_BIT_))
+_Static_assert(STORE_M_NFIELDS <= 32, "field masks are 32-bit");
 
 /* metrics.special: bit 0 overflow, bit 1 skipped (the STORE_F_ values), bit 2 some field
  * is NaN or +-Inf (nf_mask != 0). The partial index covers rows with special != 0. */
@@ -116,6 +99,20 @@ enum {
     ST_CKPT_LIST,
     ST_COUNT
 };
+
+/* Parameters of ST_METRIC_UPSERT: the fields ?1..?N in field order, then these (checked
+ * when the statement is prepared). */
+enum {
+    STORE_MU_JOB = STORE_M_NFIELDS + 1, STORE_MU_RANK, STORE_MU_STEP, STORE_MU_NAN, STORE_MU_NF,
+    STORE_MU_SPECIAL, STORE_MU_HAS_EVAL, STORE_MU_EVAL_BITS
+};
+/* Parameters of ST_ROLLUP_UPSERT: field i's min, max, last at 3i+1..3i+3, then these. */
+enum {
+    STORE_RUP_JOB = 3 * STORE_M_NFIELDS + 1, STORE_RUP_RANK, STORE_RUP_LEVEL, STORE_RUP_BUCKET,
+    STORE_RUP_FIRST, STORE_RUP_LAST, STORE_RUP_COUNT, STORE_RUP_FLAGS, STORE_RUP_NF
+};
+/* ST_METRIC_EVAL takes the EVAL fields ?1..?k in field order, then named parameters
+ * (:eval_bits, :nan, :nf, :job, :rank, :step), bound by name. */
 
 /* Columns of metric-row SELECTs (ST_RAW_RANGE, ST_METRIC_LATEST, STORE_Q_RAW,
  * STORE_Q_SPECIAL): these, then the statement's fields in field order (all 16 for the
@@ -179,8 +176,6 @@ int store_exec_stmt(store_conn *c, int id);
 /* Bring the schema of the write connection c up to date (each migration in its own
  * transaction). STORE_ECONFLICT when the database comes from a newer ampd. */
 int store_migrate(store_conn *c, const char *path);
-/* The schema version this code writes. */
-int store_schema_version(void);
 
 /* ---- aggregates (series.c) -------------------------------------------------------------- */
 
@@ -204,6 +199,16 @@ int64_t store_row_read(sqlite3_stmt *st, uint32_t mask, double *v, unsigned *fla
 /* Read the current row of a rollup SELECT whose fields are mask into a (fields outside
  * mask NaN). Returns the bucket. */
 int64_t store_agg_read(sqlite3_stmt *st, uint32_t mask, store_agg *a);
+
+/* ---- messages (store.c) ---------------------------------------------------------------------- */
+
+/* Format a message for the installed log hook (nothing when none is installed). */
+void store_log(int level, const char *func, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+#define log_debug(...) store_log(STORE_LOG_DEBUG, __func__, __VA_ARGS__)
+#define log_info(...) store_log(STORE_LOG_INFO, __func__, __VA_ARGS__)
+#define log_warn(...) store_log(STORE_LOG_WARN, __func__, __VA_ARGS__)
+#define log_error(...) store_log(STORE_LOG_ERROR, __func__, __VA_ARGS__)
 
 /* ---- the store ---------------------------------------------------------------------------- */
 

@@ -38,7 +38,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "daemon/daemon.h"
 #include "store/store_int.h"
 
 #define W_CAP (1 << 18)           /* queued items before appenders block */
@@ -67,12 +66,9 @@ typedef struct {
     int64_t job, step;
     union {
         struct {
-            double v[STORE_M_NFIELDS];
+            double v[STORE_M_NFIELDS]; /* W_EVAL: only the EVAL fields are read */
             bool has_eval;
         } m;
-        struct {
-            double loss, acc;
-        } e;
         struct {
             double ts;
             char kind[32];
@@ -108,7 +104,7 @@ typedef struct {
     int64_t job;
     int rank;
     int64_t step;
-    double loss, acc;
+    double v[STORE_M_NFIELDS]; /* the EVAL fields */
     bool taken; /* merged into a row of the batch in progress */
 } wpending;
 
@@ -290,15 +286,15 @@ static int rollup_write(store *s, int64_t job, int rank, int li, int64_t bucket,
             bind_real(st, 3 * i + 2, a->max[i]);
             bind_real(st, 3 * i + 3, a->last[i]);
         }
-        sqlite3_bind_int64(st, 49, job);
-        sqlite3_bind_int(st, 50, rank);
-        sqlite3_bind_int64(st, 51, store_levels[li]);
-        sqlite3_bind_int64(st, 52, bucket);
-        sqlite3_bind_int64(st, 53, a->step_first);
-        sqlite3_bind_int64(st, 54, a->step_last);
-        sqlite3_bind_int64(st, 55, a->count);
-        sqlite3_bind_int(st, 56, (int)(a->flags | (a->nf_mask ? STORE_SPECIAL_NF : 0)));
-        sqlite3_bind_int64(st, 57, a->nf_mask);
+        sqlite3_bind_int64(st, STORE_RUP_JOB, job);
+        sqlite3_bind_int(st, STORE_RUP_RANK, rank);
+        sqlite3_bind_int64(st, STORE_RUP_LEVEL, store_levels[li]);
+        sqlite3_bind_int64(st, STORE_RUP_BUCKET, bucket);
+        sqlite3_bind_int64(st, STORE_RUP_FIRST, a->step_first);
+        sqlite3_bind_int64(st, STORE_RUP_LAST, a->step_last);
+        sqlite3_bind_int64(st, STORE_RUP_COUNT, a->count);
+        sqlite3_bind_int(st, STORE_RUP_FLAGS, (int)(a->flags | (a->nf_mask ? STORE_SPECIAL_NF : 0)));
+        sqlite3_bind_int64(st, STORE_RUP_NF, a->nf_mask);
     } else {
         sqlite3_bind_int64(st, 1, job);
         sqlite3_bind_int(st, 2, rank);
@@ -563,8 +559,7 @@ static void pending_remove(store_writer *w, int i)
     w->npending--;
 }
 
-static void pending_add(store_writer *w, int64_t job, int rank, int64_t step, double loss,
-                        double acc)
+static void pending_add(store_writer *w, int64_t job, int rank, int64_t step, const double *v)
 {
     wpending *p = pending_find(w, job, rank, step);
     if (!p) {
@@ -575,7 +570,11 @@ static void pending_add(store_writer *w, int64_t job, int rank, int64_t step, do
         }
         p = &w->pending[w->npending++];
     }
-    *p = (wpending){job, rank, step, loss, acc, false};
+    p->job = job;
+    p->rank = rank;
+    p->step = step;
+    memcpy(p->v, v, sizeof(p->v));
+    p->taken = false;
 }
 
 /* After a commit: the merged ones are done. */
@@ -678,17 +677,18 @@ static int apply_metric(store_writer *w, const witem *it, int64_t *rows)
     memcpy(v, it->u.m.v, sizeof(v));
     if (w->npending && (p = pending_find(w, it->job, it->rank, it->step))) {
         if (!has_eval) { /* the eval result that came before its row */
-            v[STORE_M_EVAL_LOSS] = p->loss;
-            v[STORE_M_EVAL_ACC] = p->acc;
+            for (int i = 0; i < STORE_M_NFIELDS; i++)
+                if ((STORE_EVAL_BITS >> i) & 1u)
+                    v[i] = p->v[i];
             has_eval = true;
         }
         p->taken = true; /* a row with its own eval supersedes it */
     }
-    if (!has_eval)
-        v[STORE_M_EVAL_LOSS] = v[STORE_M_EVAL_ACC] = NAN; /* absent: NULL without a mask bit */
     for (int i = 0; i < STORE_M_NFIELDS; i++) {
-        if (!has_eval && ((STORE_EVAL_BITS >> i) & 1u))
+        if (!has_eval && ((STORE_EVAL_BITS >> i) & 1u)) {
+            v[i] = NAN; /* absent: NULL without a mask bit */
             continue;
+        }
         if (isnan(v[i]))
             nan_mask |= 1u << i;
         if (!isfinite(v[i]))
@@ -700,13 +700,14 @@ static int apply_metric(store_writer *w, const witem *it, int64_t *rows)
         flags |= STORE_F_SKIPPED;
     for (int i = 0; i < STORE_M_NFIELDS; i++)
         bind_real(st, i + 1, v[i]);
-    sqlite3_bind_int64(st, 17, it->job);
-    sqlite3_bind_int(st, 18, it->rank);
-    sqlite3_bind_int64(st, 19, it->step);
-    sqlite3_bind_int64(st, 20, nan_mask);
-    sqlite3_bind_int64(st, 21, nf);
-    sqlite3_bind_int(st, 22, (int)(flags | (nf ? STORE_SPECIAL_NF : 0)));
-    sqlite3_bind_int(st, 23, has_eval);
+    sqlite3_bind_int64(st, STORE_MU_JOB, it->job);
+    sqlite3_bind_int(st, STORE_MU_RANK, it->rank);
+    sqlite3_bind_int64(st, STORE_MU_STEP, it->step);
+    sqlite3_bind_int64(st, STORE_MU_NAN, nan_mask);
+    sqlite3_bind_int64(st, STORE_MU_NF, nf);
+    sqlite3_bind_int(st, STORE_MU_SPECIAL, (int)(flags | (nf ? STORE_SPECIAL_NF : 0)));
+    sqlite3_bind_int(st, STORE_MU_HAS_EVAL, has_eval);
+    sqlite3_bind_int64(st, STORE_MU_EVAL_BITS, STORE_EVAL_BITS);
     if ((rc = batch_step(w, st, it->job, &ok)) != 0 || !ok)
         return rc;
     (*rows)++;
@@ -715,31 +716,38 @@ static int apply_metric(store_writer *w, const witem *it, int64_t *rows)
     return it->rank == 0 ? jobstep_note(w, it->job, it->step) : 0;
 }
 
+static void bind_named(sqlite3_stmt *st, const char *name, int64_t v)
+{
+    sqlite3_bind_int64(st, sqlite3_bind_parameter_index(st, name), v);
+}
+
 static int apply_eval(store_writer *w, const witem *it)
 {
     sqlite3_stmt *st = store_stmt(w->s->w, ST_METRIC_EVAL);
-    double loss = it->u.e.loss, acc = it->u.e.acc;
+    const double *v = it->u.m.v;
     uint32_t nan_mask = 0, nf = 0;
+    int k = 0, rc;
     bool ok;
-    int rc;
 
     if (!st)
         return STORE_EIO;
-    nan_mask |= isnan(loss) ? 1u << STORE_M_EVAL_LOSS : 0;
-    nan_mask |= isnan(acc) ? 1u << STORE_M_EVAL_ACC : 0;
-    nf |= !isfinite(loss) ? 1u << STORE_M_EVAL_LOSS : 0;
-    nf |= !isfinite(acc) ? 1u << STORE_M_EVAL_ACC : 0;
-    bind_real(st, 1, loss);
-    bind_real(st, 2, acc);
-    sqlite3_bind_int64(st, 3, nan_mask);
-    sqlite3_bind_int64(st, 4, nf);
-    sqlite3_bind_int64(st, 5, it->job);
-    sqlite3_bind_int(st, 6, it->rank);
-    sqlite3_bind_int64(st, 7, it->step);
+    for (int i = 0; i < STORE_M_NFIELDS; i++) {
+        if (!((STORE_EVAL_BITS >> i) & 1u))
+            continue;
+        nan_mask |= isnan(v[i]) ? 1u << i : 0;
+        nf |= !isfinite(v[i]) ? 1u << i : 0;
+        bind_real(st, ++k, v[i]);
+    }
+    bind_named(st, ":eval_bits", STORE_EVAL_BITS);
+    bind_named(st, ":nan", nan_mask);
+    bind_named(st, ":nf", nf);
+    bind_named(st, ":job", it->job);
+    bind_named(st, ":rank", it->rank);
+    bind_named(st, ":step", it->step);
     if ((rc = batch_step(w, st, it->job, &ok)) != 0 || !ok)
         return rc;
     if (sqlite3_changes(w->s->w->db) == 0) {
-        pending_add(w, it->job, it->rank, it->step, loss, acc);
+        pending_add(w, it->job, it->rank, it->step, v);
         return 0;
     }
     for (int li = 0; li < STORE_NLEVELS; li++)
@@ -1083,18 +1091,17 @@ int store_metric_append(store *s, const store_metric *m)
     return q_push(s->wr, &it);
 }
 
-int store_metric_eval(store *s, int64_t job, int rank, int64_t step, double loss, double acc)
+int store_metric_eval(store *s, int64_t job, int rank, int64_t step, const double *v)
 {
     witem it;
-    if (!s || rank < 0 || step < 0)
+    if (!s || !v || rank < 0 || step < 0)
         return STORE_EINVAL;
     memset(&it, 0, sizeof(it));
     it.kind = W_EVAL;
     it.job = job;
     it.rank = rank;
     it.step = step;
-    it.u.e.loss = loss;
-    it.u.e.acc = acc;
+    memcpy(it.u.m.v, v, sizeof(it.u.m.v));
     return q_push(s->wr, &it);
 }
 

@@ -49,6 +49,8 @@
 #include "gpu/gpu_int.h"
 #include "tests/testutil.h"
 #include "api/api_int.h"
+#include "daemon/line.h"
+#include "daemon/sched.h"
 
 #define TOKEN "s3cret-token"
 
@@ -655,13 +657,16 @@ static daemon_sched *sc;
 static void start_server(daemon_sched *with)
 {
     api_config c;
+    api_jobs jobs;
     char err[256];
     memset(&c, 0, sizeof(c));
     snprintf(c.listen, sizeof(c.listen), "127.0.0.1:0");
     snprintf(c.token, sizeof(c.token), "%s", TOKEN);
     c.max_body = 4096;
     api_spec_opts_default(&c.spec);
-    ck_assert_msg(api_start(&c, st, with, &srv, err, sizeof(err)) == 0, "%s", err);
+    if (with)
+        daemon_sched_api(with, &jobs);
+    ck_assert_msg(api_start(&c, st, with ? &jobs : NULL, &srv, err, sizeof(err)) == 0, "%s", err);
     port = api_port(srv);
     ck_assert_uint_gt(port, 0);
 }
@@ -1648,6 +1653,130 @@ static int sse_steps(const char *body, int64_t *steps, int max)
     return n;
 }
 
+/* ---- the metric-field table reaches every layer ---------------------------------------- */
+
+/* A value for field f that no other field has, exact in its JSON form (a float for FLOAT,
+ * an integer for INT, 1 for BOOL). */
+static double field_value(int f)
+{
+    switch (store_metric_field(f)->type) {
+    case STORE_TYPE_BOOL:
+        return 1.0;
+    case STORE_TYPE_INT:
+        return 1000.0 + f;
+    case STORE_TYPE_FLOAT:
+        return 0.25 + f;
+    default:
+        return 1.5 + f * 0.125;
+    }
+}
+
+/* gpu_step_metrics and gpu_eval_result filled through the table's src members, each
+ * field with its field_value. */
+#define FILL_(id, name, line, type, src, since) FILL_##line(STORE_M_##id, src)
+#define FILL_STEP(f, src) m->src = field_value(f);
+#define FILL_EVAL(f, src) e->src = field_value(f);
+static void fill_from_table(gpu_step_metrics *m, gpu_eval_result *e)
+{
+    memset(m, 0, sizeof(*m));
+    memset(e, 0, sizeof(*e));
+    m->step = 7;
+    STORE_METRICS(FILL_)
+}
+#undef FILL_
+#undef FILL_STEP
+#undef FILL_EVAL
+
+/* The worker's line as text (what goes through the pipe), read back by the daemon. */
+static void through_pipe(json_t *line, store_line kind, double *v)
+{
+    char *text = json_dumps(line, JSON_COMPACT | JSON_REAL_PRECISION(9));
+    json_t *o;
+    ck_assert_ptr_nonnull(text);
+    o = json_loads(text, 0, NULL);
+    ck_assert_ptr_nonnull(o);
+    daemon_line_fields(o, kind, v);
+    json_decref(o);
+    free(text);
+    json_decref(line);
+}
+
+/* Every field of STORE_METRICS: printed by the worker, read by the daemon, stored, and
+ * served by the metrics API (its field list, JSON points and CSV header) and the SSE
+ * replay, with its value intact. A field added to the table is checked here unchanged. */
+START_TEST(test_metric_table_layers)
+{
+    gpu_step_metrics m;
+    gpu_eval_result e;
+    store_metric row;
+    int64_t id = add_job("table", "fp16", 7);
+    char path[160];
+    json_t *j, *names, *pt;
+    hresp r;
+
+    fill_from_table(&m, &e);
+    memset(&row, 0, sizeof(row));
+    for (int f = 0; f < STORE_M_NFIELDS; f++)
+        row.v[f] = NAN;
+    through_pipe(daemon_line_step(&m), STORE_LINE_STEP, row.v);
+    through_pipe(daemon_line_eval(7, &e), STORE_LINE_EVAL, row.v);
+    for (int f = 0; f < STORE_M_NFIELDS; f++)
+        ck_assert_msg(row.v[f] == field_value(f), "%s: the daemon read %g, the worker had %g",
+                      store_metric_name(f), row.v[f], field_value(f));
+    row.job_id = id;
+    row.step = 7;
+    row.has_eval = true;
+    ck_assert_int_eq(store_metric_append(st, &row), 0);
+    ck_assert_int_eq(store_flush(st), 0);
+
+    snprintf(path, sizeof(path), "/v1/jobs/%lld/metrics", (long long)id);
+    j = get_json(port, path, 200);
+    names = json_object_get(j, "fields");
+    pt = json_array_get(json_object_get(j, "points"), 0);
+    ck_assert_int_eq(json_array_size(names), STORE_M_NFIELDS);
+    for (int f = 0; f < STORE_M_NFIELDS; f++) {
+        const char *name = store_metric_name(f);
+        json_t *v = json_object_get(pt, name);
+        ck_assert_str_eq(json_string_value(json_array_get(names, (size_t)f)), name);
+        /* overflow and skipped are the point's flags of the same names */
+        ck_assert_msg(v && (json_is_true(v) || json_number_value(v) == field_value(f)),
+                      "%s missing or wrong in the API's point", name);
+    }
+    json_decref(j);
+
+    snprintf(path, sizeof(path), "/v1/jobs/%lld/metrics?format=csv", (long long)id);
+    http(port, "GET", path, NULL, NULL, 0, &r);
+    ck_assert_int_eq(r.status, 200);
+    {
+        char *nl = strchr(r.body, '\n'), *tok, *save = NULL;
+        int col = 0;
+        ck_assert_ptr_nonnull(nl);
+        *nl = '\0';
+        for (tok = strtok_r(r.body, ",", &save); tok; tok = strtok_r(NULL, ",", &save), col++)
+            ck_assert_str_eq(tok, col == 0 ? "step" : store_metric_name(col - 1));
+        ck_assert_int_eq(col, 1 + STORE_M_NFIELDS);
+        col = 0;
+        for (tok = strtok_r(nl + 1, ",\n", &save); tok; tok = strtok_r(NULL, ",\n", &save), col++)
+            ck_assert_msg(strtod(tok, NULL) == (col == 0 ? 7.0 : field_value(col - 1)),
+                          "CSV column %d: %s", col, tok);
+        ck_assert_int_eq(col, 1 + STORE_M_NFIELDS);
+    }
+    hresp_free(&r);
+
+    ck_assert_int_eq(store_job_set_status(st, id, STORE_RUNNING, NULL), 0);
+    ck_assert_int_eq(store_job_set_status(st, id, STORE_SUCCEEDED, NULL), 0);
+    snprintf(path, sizeof(path), "/v1/jobs/%lld/stream", (long long)id);
+    http(port, "GET", path, NULL, NULL, 0, &r);
+    ck_assert_int_eq(r.status, 200);
+    for (int f = 0; f < STORE_M_NFIELDS; f++) {
+        char key[64];
+        snprintf(key, sizeof(key), "\"%s\":", store_metric_name(f));
+        ck_assert_msg(strstr(r.body, key), "%s missing from the SSE replay", key);
+    }
+    hresp_free(&r);
+}
+END_TEST
+
 START_TEST(test_sse_finished)
 {
     int64_t id = add_job("s", "fp16", 300);
@@ -2203,6 +2332,7 @@ static Suite *api_suite(void)
     tcase_add_test(t, test_jobs);
     tcase_add_test(t, test_job_model);
     tcase_add_test(t, test_metrics);
+    tcase_add_test(t, test_metric_table_layers);
     tcase_add_test(t, test_events_checkpoints);
     tcase_add_test(t, test_system);
     tcase_add_test(t, test_prometheus);

@@ -34,8 +34,8 @@
 
 #include "gpu/gpu_int.h"
 #include "tests/testutil.h"
-#include "daemon/daemon.h"
 #include "daemon/hub.h"
+#include "daemon/sched.h"
 #include "store/store.h"
 
 typedef struct {

@@ -32,7 +32,7 @@
 
 #define NF STORE_M_NFIELDS
 #define NLF STORE_L_NFIELDS
-#define SCHEMA_VERSION 2
+#define SCHEMA_VERSION 3
 #define EVAL_BITS ((1u << STORE_M_EVAL_LOSS) | (1u << STORE_M_EVAL_ACC))
 
 static char tmp_dir[64];
@@ -85,8 +85,12 @@ static void remove_db(void)
     unlink(p);
 }
 
+static int all_fields[NF]; /* 0 .. NF - 1 (setup fills it) */
+
 static void setup(void)
 {
+    for (int i = 0; i < NF; i++)
+        all_fields[i] = i;
     make_path();
     ck_assert_int_eq(store_open(db_path, &st), 0);
     ck_assert_ptr_nonnull(st);
@@ -172,6 +176,16 @@ static model model_new(int64_t n)
     return m;
 }
 
+/* A random field of the step lines (not an eval field). */
+static int step_field(void)
+{
+    for (;;) {
+        int f = (int)(rnd() % NF);
+        if (store_metric_field(f)->line == STORE_LINE_STEP)
+            return f;
+    }
+}
+
 /* Random values with NaN, +-Inf, overflow and skipped steps sprinkled in. */
 static void gen_metric(store_metric *m, int64_t job, int64_t step, bool eval)
 {
@@ -183,11 +197,11 @@ static void gen_metric(store_metric *m, int64_t job, int64_t step, bool eval)
     m->v[STORE_M_OVERFLOW] = rnd() % 200 == 0 ? 1.0 : 0.0;
     m->v[STORE_M_SKIPPED] = (m->v[STORE_M_OVERFLOW] != 0 || rnd() % 300 == 0) ? 1.0 : 0.0;
     if (rnd() % 100 == 0)
-        m->v[rnd() % 14] = NAN;
+        m->v[step_field()] = NAN;
     if (rnd() % 150 == 0)
-        m->v[rnd() % 14] = INFINITY;
+        m->v[step_field()] = INFINITY;
     if (rnd() % 150 == 0)
-        m->v[rnd() % 14] = -INFINITY;
+        m->v[step_field()] = -INFINITY;
     m->has_eval = eval;
     if (eval) {
         m->v[STORE_M_EVAL_LOSS] = rnd() % 10 == 0 ? NAN : urand();
@@ -367,7 +381,6 @@ static void check_series(const model *md, int64_t job, const int *fields, int nf
     free(want);
 }
 
-static const int all_fields[NF] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
 /* Every rollup row equals the brute-force aggregate of the raw rows under it, and every
  * non-empty bucket has one. */
@@ -861,6 +874,17 @@ START_TEST(test_metrics_roundtrip)
 }
 END_TEST
 
+/* store_metric_eval of an eval line's two fields. */
+static int eval_at(int64_t job, int64_t step, double loss, double acc)
+{
+    double v[NF];
+    for (int i = 0; i < NF; i++)
+        v[i] = NAN;
+    v[STORE_M_EVAL_LOSS] = loss;
+    v[STORE_M_EVAL_ACC] = acc;
+    return store_metric_eval(st, job, 0, step, v);
+}
+
 START_TEST(test_upsert_and_eval)
 {
     int64_t job = new_job("u", "fp16");
@@ -874,7 +898,7 @@ START_TEST(test_upsert_and_eval)
         put(&md, &m);
         if (s % 200 == 199) { /* eval after its step row, as `ampd run` prints them */
             double loss = s == 1999 ? NAN : urand(), acc = urand();
-            ck_assert_int_eq(store_metric_eval(st, job, 0, s, loss, acc), 0);
+            ck_assert_int_eq(eval_at(job, s, loss, acc), 0);
             md.rows[s].v[STORE_M_EVAL_LOSS] = loss;
             md.rows[s].v[STORE_M_EVAL_ACC] = acc;
             md.rows[s].has_eval = true;
@@ -889,7 +913,7 @@ START_TEST(test_upsert_and_eval)
         put(&md, &m);
     }
     /* an eval before its row, then the row */
-    ck_assert_int_eq(store_metric_eval(st, job, 0, 26000, 0.25, 0.75), 0);
+    ck_assert_int_eq(eval_at(job, 26000, 0.25, 0.75), 0);
     ck_assert_int_eq(store_flush(st), 0);
     gen_metric(&m, job, 26000, false);
     put(&md, &m);
@@ -1259,6 +1283,26 @@ static void check_lrow(const store_layer_stat *got, const store_layer_stat *want
                       store_layer_field_name(f), got->v[f], want->v[f]);
 }
 
+/* Make the database look as schema version v left it: drop the columns of the fields added
+ * after v and the schema_version rows above v (tables other than metrics are the caller's). */
+static void downgrade_fields(sqlite3 *db, int v)
+{
+    char sql[512];
+    for (int f = 0; f < NF; f++) {
+        const char *name = store_metric_name(f);
+        if (store_metric_field(f)->since <= v)
+            continue;
+        snprintf(sql, sizeof(sql),
+                 "ALTER TABLE metrics DROP COLUMN %s; ALTER TABLE metrics_rollup DROP COLUMN "
+                 "%s_min; ALTER TABLE metrics_rollup DROP COLUMN %s_max; ALTER TABLE "
+                 "metrics_rollup DROP COLUMN %s_last",
+                 name, name, name, name);
+        ck_assert_int_eq(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
+    }
+    snprintf(sql, sizeof(sql), "DELETE FROM schema_version WHERE version > %d", v);
+    ck_assert_int_eq(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
+}
+
 /* A database made by the version-1 schema is migrated: its placeholder layer_stats is
  * replaced, everything else is kept. */
 START_TEST(test_migrate_from_v1)
@@ -1274,6 +1318,7 @@ START_TEST(test_migrate_from_v1)
     store_close(st);
     st = NULL;
     db = raw_open();
+    downgrade_fields(db, 1);
     ck_assert_int_eq(
         sqlite3_exec(db,
                      "DROP TABLE layer_steps; DROP TABLE layer_stats; "
@@ -1314,6 +1359,81 @@ START_TEST(test_migrate_from_v1)
     ck_assert_int_eq(at, 5);
     check_lrow(&rows[0], &r);
     free(rows);
+}
+END_TEST
+
+/* Columns of table named col. */
+static int64_t column_count(sqlite3 *db, const char *table, const char *col)
+{
+    char sql[256];
+    snprintf(sql, sizeof(sql), "SELECT COUNT(*) FROM pragma_table_info('%s') WHERE name='%s'",
+             table, col);
+    return raw_int(db, sql, 0);
+}
+
+/* Every field of the metric table has its column in metrics and its min/max/last in
+ * metrics_rollup, and its name parses back to it. */
+START_TEST(test_field_columns)
+{
+    sqlite3 *db = raw_open();
+    static const char *const suffix[] = {"_min", "_max", "_last"};
+    for (int f = 0; f < NF; f++) {
+        const char *name = store_metric_name(f);
+        char col[80];
+        ck_assert_int_eq(store_metric_parse(name), f);
+        ck_assert_int_ge(store_metric_field(f)->since, 1);
+        ck_assert_int_le(store_metric_field(f)->since, store_schema_version());
+        ck_assert_msg(column_count(db, "metrics", name) == 1, "metrics.%s missing", name);
+        for (int k = 0; k < 3; k++) {
+            snprintf(col, sizeof(col), "%s%s", name, suffix[k]);
+            ck_assert_msg(column_count(db, "metrics_rollup", col) == 1,
+                          "metrics_rollup.%s missing", col);
+        }
+    }
+    ck_assert_int_eq(store_metric_parse("nope"), -1);
+    ck_assert_ptr_null(store_metric_field(NF));
+    sqlite3_close(db);
+}
+END_TEST
+
+/* A database of schema version 2 (before tokens_per_s and lost_updates) gets the columns of
+ * the fields added since, keeps its rows (the new fields read as absent, NaN), and stores
+ * the new fields of new rows. */
+START_TEST(test_migrate_from_v2)
+{
+    int64_t id = new_job("old", "fp16");
+    store_metric m, got;
+    sqlite3 *db;
+
+    gen_metric(&m, id, 3, false);
+    m.v[STORE_M_LOSS] = 2.5;
+    ck_assert_int_eq(store_metric_append(st, &m), 0);
+    store_close(st);
+    st = NULL;
+    db = raw_open();
+    downgrade_fields(db, 2);
+    ck_assert_int_eq(column_count(db, "metrics", "tokens_per_s"), 0);
+    sqlite3_close(db);
+
+    ck_assert_int_eq(store_open(db_path, &st), 0);
+    db = raw_open();
+    ck_assert_int_eq(raw_int(db, "SELECT MAX(version) FROM schema_version", 0), SCHEMA_VERSION);
+    ck_assert_int_eq(column_count(db, "metrics", "tokens_per_s"), 1);
+    ck_assert_int_eq(column_count(db, "metrics", "lost_updates"), 1);
+    ck_assert_int_eq(column_count(db, "metrics_rollup", "lost_updates_last"), 1);
+    sqlite3_close(db);
+    ck_assert_int_eq(store_metric_latest(st, id, &got), 0);
+    ck_assert(got.v[STORE_M_LOSS] == 2.5);
+    ck_assert(isnan(got.v[STORE_M_TOKENS_PER_S]) && isnan(got.v[STORE_M_LOST_UPDATES]));
+
+    gen_metric(&m, id, 4, false);
+    m.v[STORE_M_TOKENS_PER_S] = 12345.5;
+    m.v[STORE_M_LOST_UPDATES] = 17;
+    ck_assert_int_eq(store_metric_append(st, &m), 0);
+    ck_assert_int_eq(store_flush(st), 0);
+    ck_assert_int_eq(store_metric_latest(st, id, &got), 0);
+    ck_assert_int_eq(got.step, 4);
+    ck_assert(got.v[STORE_M_TOKENS_PER_S] == 12345.5 && got.v[STORE_M_LOST_UPDATES] == 17);
 }
 END_TEST
 
@@ -1721,6 +1841,8 @@ static Suite *store_suite(void)
     tcase_add_test(tc, test_checkpoints);
     tcase_add_test(tc, test_concurrent_readers);
     tcase_add_test(tc, test_migrate_from_v1);
+    tcase_add_test(tc, test_migrate_from_v2);
+    tcase_add_test(tc, test_field_columns);
     tcase_add_test(tc, test_layer_roundtrip);
     tcase_add_test(tc, test_layer_truncate);
     tcase_add_test(tc, test_layer_range);

@@ -111,8 +111,10 @@ while [ "$step" -lt "$steps" ]; do
     printf '{"type":"step","step":%d,"loss":%d.5,"lr":0.001,' "$step" "$step"
     printf '"loss_scale":%d,' "$scale"
     printf '"overflow":%s,"skipped":%s,"overflow_total":0,"skipped_total":0,' "$ovf" "$ovf"
-    printf '"grad_norm":"NaN","step_ms":1.5,"samples_per_s":"Infinity","lost_updates":0,'
-    printf '"mem":{"total":%d}%s}\n' $((1000 + step)) "$pad"
+    printf '"grad_norm":"NaN","step_ms":1.5,"samples_per_s":"Infinity",'
+    printf '"mem_bytes":%d,"peak_mem_bytes":%d,"comm_bytes":0,"comm_ms":0,' $((1000 + step)) \
+        $((1000 + step))
+    printf '"tokens_per_s":0,"lost_updates":0,"mem":{"total":%d}%s}\n' $((1000 + step)) "$pad"
     if [ "$diag" -gt 0 ] && { [ $((step % diag)) -eq 0 ] || [ "$ovf" = true ]; }; then
         layers "$step" "$scale" "$ovf"
     fi

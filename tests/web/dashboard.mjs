@@ -31,6 +31,9 @@ const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'ampd-web-'));
 const TOKEN = 'web-test-token-0123456789abcdef';
 fs.writeFileSync(path.join(tmp, 'token'), TOKEN + '\n', {mode: 0o600});
+fs.mkdirSync(path.join(tmp, 'text'));
+fs.writeFileSync(path.join(tmp, 'text', 'fox.txt'),
+                 Array.from({length: 400}, (_, i) => `the quick brown fox jumps over the lazy dog ${i % 7}\n`).join(''));
 let daemon = null, browser = null, expect400 = false;
 const errors = []; // console errors and uncaught exceptions of every page
 
@@ -45,6 +48,7 @@ async function startDaemon() {
     daemon = spawn(AMPD, ['serve', '--listen', '127.0.0.1:0', '--port-file', path.join(tmp, 'port'),
                           '--data-dir', path.join(tmp, 'data'), '--db', path.join(tmp, 'ampd.db'),
                           '--token-file', path.join(tmp, 'token'), '--max-running', '2',
+                          '--data-root', '/usr/share/datasets', '--data-root', path.join(tmp, 'text'),
                           '--web-root', path.resolve(srcdir, 'web')],
                    {stdio: ['ignore', log, log]});
     for (let i = 0; i < 200; i++) {
@@ -374,6 +378,35 @@ async function main() {
     await page.click('#confirm-yes');
     await page.waitForSelector('#app[data-ready=runs]');
     check('Delete (confirmed) removes the run', (await fetch(`${BASE}/v1/jobs/${cId}`)).status === 404);
+
+    // ---- a GPT fp16 job without master weights: the throughput chart draws its stored tokens/s
+    // and the lost-updates chart its per-step lost updates, the values the API serves
+    const gptSpec = {name: 'web-gpt-fp16', model: {type: 'gpt', n_layer: 2, n_head: 2, d_model: 32, seq_len: 32, vocab: 256},
+                     data: {type: 'text', train: 'fox.txt'}, precision: {dtype: 'fp16', master_weights: false},
+                     optimizer: {type: 'sgd', lr: 0.0005}, batch_size: 8, steps: 60, threads: 1, device: 'cpu'};
+    const gr = await fetch(`${BASE}/v1/jobs`, {method: 'POST', body: JSON.stringify(gptSpec),
+                                                headers: {'Content-Type': 'application/json', Authorization: `Bearer ${TOKEN}`}});
+    const gptId = (await gr.json()).id;
+    check('a GPT fp16 job is accepted', gr.status === 201 && gptId > 0, String(gr.status));
+    await until(async () => (await apiGet(`/v1/jobs/${gptId}`)).status === 'succeeded', 60000, 250);
+    const gm = await apiGet(`/v1/jobs/${gptId}/metrics?fields=tokens_per_s,lost_updates`);
+    const tok = gm.points.map((p) => p.tokens_per_s), lost = gm.points.map((p) => p.lost_updates);
+    check('the API serves tokens_per_s and lost_updates of every GPT step',
+          gm.points.length === 60 && tok.every((v) => v > 0) && lost.every((v) => Number.isInteger(v)) &&
+          lost.some((v) => v > 0), `${gm.points.length} points, lost ${lost.slice(0, 5)}`);
+    await page.goto(`${BASE}/#/runs/${gptId}`);
+    await page.waitForSelector('#app[data-ready=run]');
+    await page.waitForSelector('[data-chart=lost_updates]');
+    const lastX = Number(await page.getAttribute('[data-chart=step_time]', 'data-last-x'));
+    const tokY = await page.evaluate(() => {
+        const c = window.ampd.run.timeChart;
+        return c.last.d.ys[1][c.last.d.ys[1].length - 1];
+    });
+    check('the throughput chart draws the stored tokens/s', lastX === 60 && tokY === tok[tok.length - 1],
+          `last x ${lastX}, y ${tokY} vs ${tok[tok.length - 1]}`);
+    const lostY = Number(await page.getAttribute('[data-chart=lost_updates]', 'data-last-y'));
+    check('the lost-updates chart draws the stored lost updates', lostY === lost[lost.length - 1],
+          `${lostY} vs ${lost[lost.length - 1]}`);
 
     // ---- a phone: no horizontal scrolling on the runs table, a run page, the compare view
     const phone = await browser.newContext({viewport: {width: 390, height: 844}, deviceScaleFactor: 2, isMobile: true, hasTouch: true});

@@ -263,10 +263,7 @@ export class RunPage {
         this.lossChart.setData({x: s.x, ys: [s.col('loss'), s.col('eval_loss')],
                                 lo: [s.lo.loss, null], hi: [s.hi.loss, null], marks: s.marks}, opt);
         this.scaleChart.setData({x: s.x, ys: [s.col('loss_scale')], marks: s.marks}, opt);
-        const seq = ((this.spec().model || {}).seq_len) || 128;
-        const tput = this.isGpt() ? s.col('samples_per_s').map((v) => (v === null ? null : v * seq))
-                                  : s.col('samples_per_s');
-        this.timeChart.setData({x: s.x, ys: [s.col('step_ms'), tput], lo: [s.lo.step_ms, null],
+        this.timeChart.setData({x: s.x, ys: [s.col('step_ms'), this.throughput(s)], lo: [s.lo.step_ms, null],
                                 hi: [s.hi.step_ms, null]}, opt);
         this.gradChart.setData({x: s.x, ys: [s.col('grad_norm'), s.col('lr')], lo: [s.lo.grad_norm, null],
                                 hi: [s.hi.grad_norm, null], marks: {overflow: s.marks.overflow, nonfinite: s.marks.nonfinite}}, opt);
@@ -278,6 +275,24 @@ export class RunPage {
             this.charts.push(this.commChart);
         }
         if (this.commChart) this.commChart.setData({x: s.x, ys: [s.col('comm_bytes'), s.col('comm_ms')]}, opt);
+        if (s.hasAny('lost_updates') && !this.lostChart) {
+            this.lostChart = new LineChart(this.grid, {
+                id: 'lost_updates', title: 'Lost updates', yLabel: 'updates / step', fmt: fmtInt,
+                note: 'weight updates that rounded away in the working dtype (no fp32 master copy)',
+                series: [{label: 'lost updates', color: '#b45309'}],
+                onZoom: (a, b) => this.zoom(a, b), onReset: () => this.zoom(null)});
+            this.charts.push(this.lostChart);
+        }
+        if (this.lostChart) this.lostChart.setData({x: s.x, ys: [s.col('lost_updates')]}, opt);
+    }
+
+    // The throughput line: the stored tokens/s of a sequence model (samples/s times the
+    // sequence length for runs recorded before tokens_per_s was), else samples/s.
+    throughput(s) {
+        if (!this.isGpt()) return s.col('samples_per_s');
+        if (s.hasAny('tokens_per_s')) return s.col('tokens_per_s');
+        const seq = ((this.spec().model || {}).seq_len) || 128;
+        return s.col('samples_per_s').map((v) => (v === null ? null : v * seq));
     }
 
     async loadEvents() {

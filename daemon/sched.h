@@ -1,0 +1,80 @@
+/*
+ * sched.h - internal header of daemon/: the scheduler and worker supervision (sched.c).
+ *
+ * One scheduler thread owns the queue: it starts up to max_running workers (each one
+ * `ampd run` child process: the job's spec on disk, JSON lines on a pipe, stderr in
+ * <data_dir>/jobs/<id>/worker.log), reads their lines into the store and the live hub,
+ * supervises them (crash: the job fails with the signal and the log's last lines; no
+ * output for worker_timeout_s: killed and failed as hung) and finishes them. Cancel sends
+ * SIGTERM: the worker checkpoints and exits, the job becomes cancelled. Stop sends SIGTERM
+ * to every worker: they checkpoint and their jobs become interrupted. At start, jobs left
+ * running by a dead daemon become interrupted; interrupted jobs are queued again and
+ * resume from their last checkpoint (metrics after it are deleted first) until
+ * max_retries restarts have been used, then they fail.
+ *
+ * Errors: the daemon_sched_* calls return 0 or the store's codes (STORE_ENOTFOUND,
+ * STORE_ECONFLICT, STORE_EIO; store_strerror); daemon_mkdirs returns -1 with errno.
+ *
+ * Threads: the daemon_sched_* calls are thread-safe (the HTTP threads call them).
+ */
+#ifndef AMPD_DAEMON_SCHED_H
+#define AMPD_DAEMON_SCHED_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "api/api.h"
+
+struct store;
+typedef struct daemon_sched daemon_sched; /* opaque */
+
+#define DAEMON_MAX_ROOTS 8
+
+typedef struct {
+    char exe[512];          /* the ampd binary workers run (usually /proc/self/exe resolved) */
+    char data_dir[512];     /* jobs/<id>/{spec.json,worker.log,ckpt-<step>.safetensors} */
+    int nroots;
+    char roots[DAEMON_MAX_ROOTS][512]; /* data roots passed to workers (--data-root) */
+    int max_running;        /* concurrent workers (1) */
+    int max_retries;        /* automatic resumes of an interrupted job (3) */
+    int worker_timeout_s;   /* a worker silent this long is hung (600) */
+} daemon_sched_config;
+
+/* Recover jobs left by a previous daemon (see above) and start the scheduler thread.
+ * st is borrowed and must outlive the scheduler. Caller stops with daemon_sched_stop(). */
+int daemon_sched_start(struct store *st, const daemon_sched_config *c, daemon_sched **out);
+/* Interrupt every running job (SIGTERM, wait for the checkpoint, at most 30 s before
+ * SIGKILL), stop the thread, free. NULL is accepted. */
+void daemon_sched_stop(daemon_sched *s);
+
+/* Queue a validated job. spec_json is the submitted spec (the worker validates it again
+ * with the same data roots). */
+int daemon_sched_submit(daemon_sched *s, const char *name, const char *dtype, int64_t steps,
+                        const char *spec_json, const char *idem_key, int64_t *id,
+                        bool *existed);
+/* STORE_ENOTFOUND, or STORE_ECONFLICT when the job is not queued or running. */
+int daemon_sched_cancel(daemon_sched *s, int64_t id);
+/* STORE_ECONFLICT unless the job is cancelled, failed or interrupted. */
+int daemon_sched_resume(daemon_sched *s, int64_t id);
+/* STORE_ECONFLICT while the job is queued or running; removes its files too. */
+int daemon_sched_delete(daemon_sched *s, int64_t id);
+
+/* A JSON line a worker printed, with the step it belongs to (the API's type: the hub hands
+ * lines to the SSE readers as they are). */
+typedef api_line daemon_line;
+
+/* The live lines of job (the hub's; see api.h, api_jobs.lines). */
+int daemon_sched_lines(daemon_sched *s, int64_t job, int64_t after, int timeout_ms,
+                       daemon_line **lines, int *n, int64_t *oldest, bool *finished);
+void daemon_lines_free(daemon_line *lines, int n);
+
+typedef api_queue_info daemon_sched_info;
+void daemon_sched_get_info(daemon_sched *s, daemon_sched_info *out);
+
+/* The scheduler as the HTTP server's job queue (api_start's api_jobs), ctx = s. */
+void daemon_sched_api(daemon_sched *s, api_jobs *out);
+
+/* Create path and its missing parents (mode for the ones created); 0 or -1 with errno. */
+int daemon_mkdirs(const char *path, unsigned mode);
+
+#endif /* AMPD_DAEMON_SCHED_H */
