@@ -51,7 +51,8 @@ static void store_error(api_resp *r, int rc, const char *what, int64_t id)
     else if (rc == STORE_EINVAL)
         api_error_resp(r, 400, "invalid_request", NULL, "the store refused the request");
     else
-        api_error_resp(r, 503, "unavailable", NULL, "the run history could not be read (%d)", rc);
+        api_error_resp(r, 503, "unavailable", NULL, "the run history could not be read (%s)",
+                       store_strerror(rc));
 }
 
 /* Load the route's job into j; false with r filled when it cannot be. */

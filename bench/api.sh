@@ -1,5 +1,5 @@
 #!/bin/bash
-# bench/api.sh - the store and the API under load (DESIGN.md §8), in one run:
+# bench/api.sh - the store and the API under load (targets in docs/benchmarks.md), in one run:
 #   1. store ingest: metric rows/s through the store's writer (bench/store_ingest), which
 #      also leaves a job with a 1,000,000-step series in a database;
 #   2. a daemon serves that database while a training job runs (1 BLAS thread);

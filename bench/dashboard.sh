@@ -1,5 +1,5 @@
 #!/bin/bash
-# dashboard.sh - benchmark of the dashboard on a long run (DESIGN.md §8, issue: "series of
+# dashboard.sh - benchmark of the dashboard on a long run (docs/benchmarks.md; "series of
 # 100k+ points stay smooth"): a 1,000,000-step job written through the store
 # (bench/store_ingest), served by `ampd serve`, opened in headless Chromium on the run
 # page, side by side in the same run with the peer: the same run's raw series fetched and

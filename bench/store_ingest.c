@@ -1,5 +1,5 @@
 /*
- * store_ingest.c - benchmark of the store (DESIGN.md §8): the metric ingest rate through
+ * store_ingest.c - benchmark of the store (targets in docs/benchmarks.md): the metric ingest rate through
  * the public API (store_metric_append for every row, then store_flush: the time until all
  * rows are committed), and the time to downsample the resulting 1M-step series to 1000
  * points with store_series_query.
@@ -61,6 +61,14 @@ static double time_query(store *st, int64_t job, int64_t from, int64_t to, int p
     return med;
 }
 
+/* The store's warnings and errors on stderr. */
+static void print_log(void *arg, int level, const char *func, const char *msg)
+{
+    (void)arg;
+    if (level >= STORE_LOG_WARN)
+        fprintf(stderr, "store: %s: %s\n", func, msg);
+}
+
 int main(int argc, char **argv)
 {
     int64_t rows = argc > 1 ? atoll(argv[1]) : 1000000, job;
@@ -88,6 +96,7 @@ int main(int argc, char **argv)
     } else {
         snprintf(path, sizeof(path), "%s", argv[2]);
     }
+    store_set_log(print_log, NULL);
     if (store_open(path, &st) != 0 ||
         store_job_insert(st, "bench", "fp16", rows, "{}", NULL, &job, NULL) != 0) {
         fprintf(stderr, "cannot open the store at %s\n", path);

@@ -512,6 +512,8 @@ static void handle_line(daemon_sched *s, worker *w, char *line, size_t len)
         int64_t step = line_step(o);
         if (step >= 0) {
             double v[STORE_M_NFIELDS];
+            for (int i = 0; i < STORE_M_NFIELDS; i++)
+                v[i] = NAN;
             daemon_line_fields(o, STORE_LINE_EVAL, v);
             store_metric_eval(s->st, w->job, 0, step, v);
             daemon_hub_push(s->hub, w->job, step, false, line, len);

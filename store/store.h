@@ -1,7 +1,7 @@
 /*
  * store.h - the public header of the store/ module: ampd's run history in SQLite.
  *
- * Tables (DESIGN.md §6): jobs, metrics (one row per job, rank and step), metrics_rollup
+ * Tables (docs/architecture.md, "The store"): jobs, metrics (one row per job, rank and step), metrics_rollup
  * (min/max/last per bucket of 10, 100, 1000 and 10000 steps, maintained by the writer so a
  * long series downsamples without scanning it), layer_stats (one row per job, diagnosed
  * step and layer) with layer_steps (one per diagnosed step), events, checkpoints,

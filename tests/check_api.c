@@ -1777,6 +1777,33 @@ START_TEST(test_metric_table_layers)
 }
 END_TEST
 
+/* docs/api.md documents every field of the table (as `name` in its field list). */
+START_TEST(test_metric_fields_documented)
+{
+    const char *srcdir = getenv("srcdir");
+    char path[512], *text;
+    FILE *fp;
+    long n;
+
+    snprintf(path, sizeof(path), "%s/docs/api.md", srcdir ? srcdir : ".");
+    fp = fopen(path, "rb");
+    ck_assert_msg(fp != NULL, "cannot open %s", path);
+    fseek(fp, 0, SEEK_END);
+    n = ftell(fp);
+    rewind(fp);
+    text = calloc(1, (size_t)n + 1);
+    ck_assert_ptr_nonnull(text);
+    ck_assert_int_eq(fread(text, 1, (size_t)n, fp), (size_t)n);
+    fclose(fp);
+    for (int f = 0; f < STORE_M_NFIELDS; f++) {
+        char key[64];
+        snprintf(key, sizeof(key), "`%s`", store_metric_name(f));
+        ck_assert_msg(strstr(text, key), "%s does not document the metric %s", path, key);
+    }
+    free(text);
+}
+END_TEST
+
 START_TEST(test_sse_finished)
 {
     int64_t id = add_job("s", "fp16", 300);
@@ -2322,6 +2349,7 @@ static Suite *api_suite(void)
     tcase_add_test(u, test_prom_label);
     tcase_add_test(u, test_misc);
     tcase_add_test(u, test_series_json);
+    tcase_add_test(u, test_metric_fields_documented);
     suite_add_tcase(s, u);
 
     TCase *t = tcase_create("store");

@@ -244,7 +244,7 @@ typedef struct {
     uint16_t out;
 } edge;
 
-/* fp32 -> fp16, from reference/amp-anchors.md §7.2 */
+/* fp32 -> fp16: the largest finite value, the rounding boundary to inf, subnormals, ties */
 static const edge f16_edges[] = {
     {0x477FE000, 0x7BFF},              /* 65504 */
     {0x477FEFFF, 0x7BFF},              /* 65519.99 */
@@ -283,7 +283,7 @@ static const edge f16_edges[] = {
     {0x7FBFE000, 0x7E00},              /* sNaN whose top payload bits are set */
 };
 
-/* fp32 -> bf16, §7.3 and §7.4 */
+/* fp32 -> bf16: overflow to inf, ties to even, subnormals */
 static const edge bf16_edges[] = {
     {0x7F7FFFFF, 0x7F80},              /* FLT_MAX -> inf */
     {0x7F7F8000, 0x7F80},              /* tie above the largest bf16 -> inf */

@@ -1,7 +1,7 @@
 /*
  * check_scaler.c - the loss scaler: configuration checks, the per-step update against an
- * independent reference model of PyTorch's _amp_update_scale_ (amp-anchors.md §1.6) plus
- * DeepSpeed/Megatron hysteresis (§5) and the floor/ceiling extensions, and the fused unscale
+ * independent reference model of PyTorch's _amp_update_scale_ plus
+ * DeepSpeed/Megatron hysteresis and the floor/ceiling extensions, and the fused unscale
  * pass against a long-double reference on every kernel path the CPU has.
  *
  * Threads: Check forks one child per test; nothing is shared.

@@ -1,6 +1,7 @@
 /*
- * check_spec.c - job-spec validation: the DESIGN.md example parses with its values, every
- * omitted field gets its default, and bad input is refused with the offending field named.
+ * check_spec.c - job-spec validation: the complete example of docs/job-spec.md parses with
+ * its values, every omitted field gets its default, and bad input is refused with the
+ * offending field named.
  *
  * Data roots point at a temporary directory with a fake IDX dataset, text files and token
  * files so the tests do not depend on installed packages.
@@ -76,7 +77,7 @@ static void expect_field(const char *json, const char *field)
     ck_assert_msg(strlen(e.message) > 5, "no message for %s", json);
 }
 
-START_TEST(test_design_example)
+START_TEST(test_full_example)
 {
     const char *spec =
         "{\"name\": \"fmnist-fp16\","
@@ -436,7 +437,7 @@ static Suite *spec_suite(void)
     Suite *s = suite_create("spec");
     TCase *tc = tcase_create("core");
     tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_add_test(tc, test_design_example);
+    tcase_add_test(tc, test_full_example);
     tcase_add_test(tc, test_defaults);
     tcase_add_test(tc, test_devices);
     tcase_add_test(tc, test_malformed_json);

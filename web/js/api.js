@@ -1,4 +1,4 @@
-// api.js - the REST client of the dashboard (DESIGN §5).
+// api.js - the REST client of the dashboard (docs/api.md).
 //
 // Every call goes to the same origin. Mutating calls carry the bearer token kept in
 // localStorage ("ampd.token"). When the daemon says it requires one (GET /v1/system) and

@@ -4,7 +4,7 @@
 // listeners, "class" and "style" set those, "dataset" copies data-* values, anything else
 // becomes an attribute (true/false toggle a boolean attribute). Children may be strings,
 // numbers, nodes, arrays or null (skipped). Numbers in the API are JSON numbers or the
-// strings "NaN", "Infinity", "-Infinity" (DESIGN §5); num() turns them into JS numbers.
+// strings "NaN", "Infinity", "-Infinity" (docs/api.md); num() turns them into JS numbers.
 
 export function h(tag, attrs, ...children) {
     const el = document.createElement(tag);
