@@ -47,7 +47,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpu/cuda_blas.h"
+#include "gpu/cuda/cuda_blas.h"
 #include "gpu/gpu_int.h"
 #include "tests/cudatest.h"
 

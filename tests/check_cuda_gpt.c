@@ -65,7 +65,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpu/cuda_model.h"
+#include "gpu/cuda/cuda_model.h"
 #include "tests/cudatest.h"
 
 #define MAX_REPORTS 20

@@ -56,7 +56,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpu/cuda_ops.h"
+#include "gpu/cuda/cuda_ops.h"
 #include "gpu/gpu_int.h"
 
 static const gpu_dtype DTS[3] = {GPU_FP32, GPU_FP16, GPU_BF16};

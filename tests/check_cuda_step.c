@@ -37,7 +37,7 @@
 #include <string.h>
 
 #include "gpu/gpu_int.h"
-#include "gpu/cuda_step.h"
+#include "gpu/cuda/cuda_step.h"
 #include "tests/cudatest.h"
 
 #define BIG ((size_t)(1u << 20) + 3)

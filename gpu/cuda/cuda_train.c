@@ -36,7 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpu/cuda_model.h"
+#include "gpu/cuda/cuda_model.h"
 
 static size_t align256(size_t n)
 {

@@ -32,8 +32,8 @@
 #include <stdarg.h>
 #include <stdlib.h>
 
-#include "gpu/cuda_blas.h"
-#include "gpu/cuda_common.cuh"
+#include "gpu/cuda/cuda_blas.h"
+#include "gpu/cuda/cuda_common.cuh"
 
 /* ---- the library ------------------------------------------------------------------------- */
 

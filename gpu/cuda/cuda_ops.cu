@@ -38,8 +38,8 @@
 
 #include <cub/device/device_radix_sort.cuh>
 
-#include "gpu/cuda_common.cuh"
-#include "gpu/cuda_ops.h"
+#include "gpu/cuda/cuda_common.cuh"
+#include "gpu/cuda/cuda_ops.h"
 
 #define OPS_THREADS 256
 #define OPS_MAX_BLOCKS 65535u

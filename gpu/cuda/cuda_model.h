@@ -23,9 +23,9 @@
 
 #include <cuda_runtime_api.h>
 
-#include "gpu/cuda_blas.h"
-#include "gpu/cuda_ops.h"
-#include "gpu/cuda_step.h"
+#include "gpu/cuda/cuda_blas.h"
+#include "gpu/cuda/cuda_ops.h"
+#include "gpu/cuda/cuda_step.h"
 #include "gpu/gpu_int.h"
 
 /* ---- step profile (cuda_prof.c) ------------------------------------------------------

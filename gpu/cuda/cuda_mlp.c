@@ -38,7 +38,7 @@
  */
 #include <string.h>
 
-#include "gpu/cuda_model.h"
+#include "gpu/cuda/cuda_model.h"
 
 /* Return the first failure of a launch. */
 #define TRY(call)          \

@@ -76,7 +76,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "gpu/cuda_model.h"
+#include "gpu/cuda/cuda_model.h"
 
 #define REGION_ALIGN 256
 #define DIAG_MIN_FLOATS ((size_t)1 << 20)  /* diagnostics buffer: at least 4 MiB */

@@ -31,8 +31,8 @@
 #include <cfloat>
 #include <stdlib.h>
 
-#include "gpu/cuda_common.cuh"
-#include "gpu/cuda_step.h"
+#include "gpu/cuda/cuda_common.cuh"
+#include "gpu/cuda/cuda_step.h"
 
 #define ST_THREADS 256
 #define ST_WARPS (ST_THREADS / 32)

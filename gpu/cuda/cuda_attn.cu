@@ -43,8 +43,8 @@
 
 #include <type_traits>
 
-#include "gpu/cuda_common.cuh"
-#include "gpu/cuda_ops.h"
+#include "gpu/cuda/cuda_common.cuh"
+#include "gpu/cuda/cuda_ops.h"
 
 #ifndef __CUDACC__
 #include <ptx_mma.h> /* the emulator (tests/cudaemu): the PTX instruction as a function */
