@@ -48,6 +48,7 @@
 #include <string.h>
 
 #include "gpu/cuda/cuda_blas.h"
+#include "gpu/gpt.h"
 #include "gpu/gpu_int.h"
 #include "tests/cudatest.h"
 

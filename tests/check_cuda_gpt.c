@@ -66,6 +66,9 @@
 #include <string.h>
 
 #include "gpu/cuda/cuda_model.h"
+#include "gpu/diag.h"
+#include "gpu/gpt.h"
+#include "gpu/gpu_int.h"
 #include "tests/cudatest.h"
 
 #define MAX_REPORTS 20

@@ -57,7 +57,9 @@
 #include <string.h>
 
 #include "gpu/cuda/cuda_ops.h"
+#include "gpu/gpt.h"
 #include "gpu/gpu_int.h"
+#include "gpu/mlp.h"
 
 static const gpu_dtype DTS[3] = {GPU_FP32, GPU_FP16, GPU_BF16};
 

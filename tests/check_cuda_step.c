@@ -36,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpu/diag.h"
 #include "gpu/gpu_int.h"
 #include "gpu/cuda/cuda_step.h"
 #include "tests/cudatest.h"

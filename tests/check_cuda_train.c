@@ -53,7 +53,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "gpu/gpu_int.h"
+#include "gpu/gpt.h"
+#include "gpu/twin.h"
 #include "tests/cudatest.h"
 
 #define TOL32 1e-4

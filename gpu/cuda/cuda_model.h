@@ -11,10 +11,10 @@
  * gpu_cuda_*_plan below (16-bit activations stored as 16 bits: that is where AMP saves
  * memory). Every pointer in gpu_cuda_model_ctx is a device pointer.
  *
- * Numerics: the CPU contract (gpu_int.h): each op computes in fp32 from values of its
- * dtype and rounds its outputs and gradients to that dtype; the GEMMs accumulate in fp32
- * (CUBLAS_COMPUTE_32F). Results match the CPU's within the tolerances tests/check_cuda_train.c
- * states (orders of summation differ).
+ * Numerics: the CPU contract (gpu/mlp.h, gpu/gpt.h): each op computes in fp32 from values
+ * of its dtype and rounds its outputs and gradients to that dtype; the GEMMs accumulate in
+ * fp32 (CUBLAS_COMPUTE_32F). Results match the CPU's within the tolerances
+ * tests/check_cuda_train.c states (orders of summation differ).
  *
  * Threads: everything is enqueued on ctx->stream; nothing synchronises the host.
  */
@@ -26,7 +26,9 @@
 #include "gpu/cuda/cuda_blas.h"
 #include "gpu/cuda/cuda_ops.h"
 #include "gpu/cuda/cuda_step.h"
-#include "gpu/gpu_int.h"
+#include "gpu/diag.h"
+#include "gpu/gpt.h"
+#include "gpu/mlp.h"
 
 /* ---- step profile (cuda_prof.c) ------------------------------------------------------
  *
@@ -85,7 +87,7 @@ int gpu_cuda_gpt_backward(const gpu_gpt *m, const gpu_cuda_model_ctx *c, const i
 
 /* ---- trainer (cuda_train.c) ------------------------------------------------------------
  *
- * The device twin of gpu_trainer (its interface, free of CUDA types, is in gpu_int.h) owns
+ * The device twin of gpu_trainer (its interface, free of CUDA types, is in gpu/twin.h) owns
  * one device allocation per block, the step state and a pinned host snapshot, and runs a
  * step as: upload the batch, begin, forward, backward, unscale, clip, optimizer, scaler
  * update, snapshot, then one cudaStreamSynchronize.

@@ -93,7 +93,7 @@ typedef struct {
     unsigned long long out_nonfinite;
 } gpu_cuda_diag_layer;
 
-#define GPU_CUDA_DIAG_MAX_LAYERS 256  /* GPU_DIAG_MAX_LAYERS of gpu_int.h */
+#define GPU_CUDA_DIAG_MAX_LAYERS 256  /* GPU_DIAG_MAX_LAYERS of gpu/diag.h */
 
 typedef struct {
     float scale;                 /* the loss scale the backward is seeded with */
@@ -268,11 +268,11 @@ int gpu_cuda_step_tail_host(const gpu_optim_config *oc, const gpu_scaler_config 
 }
 #endif
 
-/* ---- C only: gpu_int.h (C11 atomics) cannot be read by nvcc ----------------------------- */
+/* ---- C only: gpu/diag.h (C11 atomics, through gpu_int.h) is not for nvcc ------------- */
 #ifndef __cplusplus
 #include <string.h>
 
-#include "gpu/gpu_int.h"
+#include "gpu/diag.h"
 
 _Static_assert(GPU_CUDA_DIAG_MAX_LAYERS == GPU_DIAG_MAX_LAYERS, "diag layer tables differ");
 

@@ -1,5 +1,5 @@
 /*
- * cuda_train.c - the trainer's device twin (interface in gpu/gpu_int.h, device conventions
+ * cuda_train.c - the trainer's device twin (interface in gpu/twin.h, device conventions
  * in gpu/cuda_model.h): the blocks of a gpu_trainer on a CUDA device and whole training
  * steps run there.
  *
@@ -37,6 +37,7 @@
 #include <string.h>
 
 #include "gpu/cuda/cuda_model.h"
+#include "gpu/twin.h"
 
 static size_t align256(size_t n)
 {
@@ -342,7 +343,7 @@ static int put_blocks(const gpu_cuda_twin *d)
     return 0;
 }
 
-/* Create the twin; see gpu_int.h. */
+/* Create the twin; see gpu/twin.h. */
 int gpu_cuda_twin_create(const gpu_cuda_host *h, int device, const gpu_scaler_state *s,
                          int64_t applied, int64_t lost_total, gpu_cuda_twin **out,
                          gpu_mem *mem, char *err, size_t errlen)
@@ -580,7 +581,7 @@ static int profiler(gpu_cuda_twin *d, const gpu_profile *prof, gpu_cuda_prof **o
     return 0;
 }
 
-/* One step; see gpu_int.h. The cudaStreamSynchronize below is the step's only host wait. */
+/* One step; see gpu/twin.h. The cudaStreamSynchronize below is the step's only host wait. */
 int gpu_cuda_twin_step(gpu_cuda_twin *d, const void *x, const int *y, int B, float lr,
                        gpu_diag *diag, gpu_grad_stat *stats, int64_t *tensor_lost,
                        gpu_cuda_step_out *out, gpu_profile *prof)
@@ -622,7 +623,7 @@ int gpu_cuda_twin_step(gpu_cuda_twin *d, const void *x, const int *y, int B, flo
     return 0;
 }
 
-/* One eval batch; see gpu_int.h. */
+/* One eval batch; see gpu/twin.h. */
 int gpu_cuda_twin_eval(gpu_cuda_twin *d, const void *x, const int *y, int B, double *loss_sum,
                        int *correct)
 {
@@ -643,7 +644,7 @@ int gpu_cuda_twin_eval(gpu_cuda_twin *d, const void *x, const int *y, int B, dou
     return 0;
 }
 
-/* Device blocks to the host blocks (and the gradients to grads); see gpu_int.h. */
+/* Device blocks to the host blocks (and the gradients to grads); see gpu/twin.h. */
 int gpu_cuda_twin_download(gpu_cuda_twin *d, float *grads)
 {
     const gpu_cuda_host *h = &d->h;
@@ -661,7 +662,7 @@ int gpu_cuda_twin_download(gpu_cuda_twin *d, float *grads)
     return sync_stream(d);
 }
 
-/* Host blocks to the device and a fresh step state; see gpu_int.h. */
+/* Host blocks to the device and a fresh step state; see gpu/twin.h. */
 int gpu_cuda_twin_upload(gpu_cuda_twin *d, const gpu_scaler_state *s, int64_t applied,
                          int64_t lost_total)
 {
