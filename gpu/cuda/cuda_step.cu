@@ -14,7 +14,8 @@
  *              and returns when it is set, so a skipped step writes nothing.
  *   lowp       the same per tensor (2-D grid) on 16-bit weights, counting lost updates
  *              with one atomic per block.
- *   scaler     1 thread: gpu_scaler_update's logic (scaler.c), line for line.
+ *   scaler     1 thread: gpu_scaler_rule (gpu/scaler_rule.h), the function that
+ *              gpu_scaler_update (scaler.c) is on the host.
  *   diag       grid-stride scans over fp32 values with diag.c's bit-pattern thresholds,
  *              block reductions, atomics into per-layer counters; the first layer to hold
  *              inf/NaN by an atomicCAS (kernels of one stream run in call order).
@@ -33,6 +34,7 @@
 
 #include "gpu/cuda/cuda_common.cuh"
 #include "gpu/cuda/cuda_step.h"
+#include "gpu/scaler_rule.h"
 
 #define ST_THREADS 256
 #define ST_WARPS (ST_THREADS / 32)
@@ -154,54 +156,10 @@ static __global__ void gpu_k_step_clip(gpu_cuda_step_state *st, float grad_clip,
     st->bc2_sqrt = __double2float_rn(__dsqrt_rn(__dsub_rn(1.0, pow_int(b2, t))));
 }
 
-/* gpu_scaler_update (scaler.c), the same statements in the same order. */
-__device__ static int scaler_update(gpu_scaler_state *s, const gpu_scaler_config &c,
-                                    bool found_inf)
-{
-    s->steps++;
-    if (found_inf) {
-        s->overflow_total++;
-        s->skipped_total++;
-    }
-    if (c.mode != GPU_SCALE_DYNAMIC) {
-        if (c.mode == GPU_SCALE_NONE)
-            s->scale = 1.0f;
-        return 0;
-    }
-    if (!found_inf) {
-        s->floor_streak = 0;
-        if (s->growth_tracker + 1 < c.growth_interval) {
-            s->growth_tracker++;
-            return 0;
-        }
-        s->growth_tracker = 0;
-        s->hysteresis_left = c.hysteresis;
-        float cand = __double2float_rn(__dmul_rn((double)s->scale, (double)c.growth_factor));
-        if (isfinite(cand) && cand <= c.max_scale) {
-            s->scale = cand;
-            s->growth_total++;
-        }
-        return 0;
-    }
-
-    s->growth_tracker = 0;
-    s->floor_streak = s->scale <= c.min_scale ? s->floor_streak + 1 : 0;
-    if (s->hysteresis_left > 0)
-        s->hysteresis_left--;
-    if (s->hysteresis_left <= 0) {
-        float next = __double2float_rn(__dmul_rn((double)s->scale, (double)c.backoff_factor));
-        if (!(next >= c.min_scale))
-            next = c.min_scale;
-        if (next < s->scale)
-            s->backoff_total++;
-        s->scale = next;
-    }
-    return s->floor_streak >= c.floor_patience;
-}
-
+/* gpu_scaler_update on the device: the same function (gpu/scaler_rule.h). */
 static __global__ void gpu_k_scaler_update(gpu_cuda_step_state *st, gpu_scaler_config c)
 {
-    st->floor_failed = scaler_update(&st->scaler, c, st->found_inf != 0);
+    st->floor_failed = gpu_scaler_rule(&st->scaler, &c, st->found_inf != 0) != 0;
 }
 
 /* ---- optimizers ---------------------------------------------------------------------------- */

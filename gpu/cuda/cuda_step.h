@@ -13,7 +13,7 @@
  *                                                 corrections unless found_inf
  *   gpu_cuda_optim_launch(optim, lr, d_state, ...)       or gpu_cuda_optim_lowp_launch:
  *                                                 skipped entirely when found_inf
- *   gpu_cuda_scaler_update_launch(d_state, scaler) gpu_scaler_update's logic
+ *   gpu_cuda_scaler_update_launch(d_state, scaler) gpu_scaler_update's own rule
  *   gpu_cuda_step_snapshot(d_state, h_pinned, ...) read by the host one step later
  * lr is the host's gpu_lr_at(step - 1, steps) (it depends on the step index only); the
  * bias-correction t is the device's applied count, which a skipped step does not advance.
@@ -168,8 +168,8 @@ int gpu_cuda_optim_lowp_launch(const gpu_optim_config *c, float lr,
                                const size_t *d_offsets, const size_t *d_counts, int ntensors,
                                size_t max_count, unsigned long long *d_tensor_lost,
                                cudaStream_t stream);
-/* One thread: gpu_scaler_update(&scaler, c, found_inf), its result in floor_failed.
- * c borrowed (read at the call). */
+/* One thread: gpu_scaler_update(&scaler, c, found_inf), its result in floor_failed: the
+ * function itself, gpu_scaler_rule of gpu/scaler_rule.h. c borrowed (read at the call). */
 int gpu_cuda_scaler_update_launch(gpu_cuda_step_state *d_state, const gpu_scaler_config *c,
                                   cudaStream_t stream);
 /* Copy the state (and, when d_stats is not NULL, ntensors per-tensor stats) to host memory
