@@ -40,6 +40,7 @@
 
 #include "gpu/cuda/cuda_common.cuh"
 #include "gpu/cuda/cuda_ops.h"
+#include "gpu/cuda/cuda_util.h"
 
 #define OPS_THREADS 256
 #define OPS_MAX_BLOCKS 65535u
@@ -191,11 +192,6 @@ static unsigned flat_blocks(size_t n)
     return gpu_cuda_blocks(n, OPS_THREADS, OPS_MAX_BLOCKS);
 }
 
-static size_t align256(size_t n)
-{
-    return (n + 255) & ~(size_t)255;
-}
-
 /* ---- embedding ------------------------------------------------------------------------------ */
 
 static __global__ void __launch_bounds__(OPS_THREADS)
@@ -283,7 +279,7 @@ static int embed_layout(int N, size_t *temp, size_t *total)
         return gpu_cuda_fail(e, "cub::DeviceRadixSort::SortPairs (size query)", __FILE__,
                              __LINE__);
     *temp = tb;
-    *total = 3 * align256((size_t)N * sizeof(int)) + tb;
+    *total = 3 * gpu_align256((size_t)N * sizeof(int)) + tb;
     return 0;
 }
 
@@ -316,7 +312,7 @@ int gpu_cuda_embed_bwd_launch(const int *x, int B, int T, int C, int V, const vo
         return rc;
     if (work_bytes < total)
         return GPU_EINVAL;
-    size_t a = align256(N * sizeof(int));
+    size_t a = gpu_align256(N * sizeof(int));
     unsigned *keys = (unsigned *)work;
     int *rows_in = (int *)((char *)work + a), *rows = (int *)((char *)work + 2 * a);
     void *cub_temp = (char *)work + 3 * a;
@@ -1001,7 +997,7 @@ k_ce_reduce(const double *row_loss, const int *row_hit, int N, double *loss_sum,
 size_t gpu_cuda_ce_workspace(int N)
 {
     size_t n = N > 0 ? (size_t)N : 0;
-    return align256(n * sizeof(double)) + align256(n * sizeof(int));
+    return gpu_align256(n * sizeof(double)) + gpu_align256(n * sizeof(int));
 }
 
 static int ce_launch(const ce_args *a, void *logits, const int *y, int N, int V,
@@ -1015,7 +1011,7 @@ static int ce_launch(const ce_args *a, void *logits, const int *y, int N, int V,
     if (N > 0 && (logits == NULL || y == NULL))
         return GPU_EINVAL;
     double *row_loss = (double *)work;
-    int *row_hit = (int *)((char *)work + align256((size_t)N * sizeof(double)));
+    int *row_hit = (int *)((char *)work + gpu_align256((size_t)N * sizeof(double)));
     if (N > 0) {
         ce_args k = *a;
         k.vec = a->ldt != GPU_FP32 && V % 8 == 0 && (uintptr_t)logits % 16 == 0;
