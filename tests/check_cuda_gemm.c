@@ -50,6 +50,7 @@
 #include "gpu/cuda/cuda_blas.h"
 #include "gpu/gpt.h"
 #include "gpu/gpu_int.h"
+#include "tests/cudahost/cudahost.h"
 #include "tests/cudatest.h"
 
 #define TINY 1e-30

@@ -60,6 +60,7 @@
 #include "gpu/gpt.h"
 #include "gpu/gpu_int.h"
 #include "gpu/mlp.h"
+#include "tests/cudahost/cudahost.h"
 
 static const gpu_dtype DTS[3] = {GPU_FP32, GPU_FP16, GPU_BF16};
 

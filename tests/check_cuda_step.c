@@ -39,6 +39,7 @@
 #include "gpu/diag.h"
 #include "gpu/gpu_int.h"
 #include "gpu/cuda/cuda_step.h"
+#include "tests/cudahost/cudahost.h"
 #include "tests/cudatest.h"
 
 #define BIG ((size_t)(1u << 20) + 3)

@@ -28,9 +28,9 @@
  * exact; sumsq is summed in another order than on the CPU (equal to rounding).
  *
  * Threads: the *_launch functions only enqueue on the caller's stream (no host
- * synchronisation); the *_host wrappers are synchronous, own their device buffers and may be
- * called from any thread. Without a device every *_host wrapper returns GPU_ENODEV and
- * leaves its buffers alone.
+ * synchronisation; gpu_cuda_step_state_init, not on the step path, also waits for its copy);
+ * the host helpers are pure. The tests' synchronous host-buffer wrappers of these launches
+ * (gpu_cuda_*_host) are in tests/cudahost/cudahost.h.
  */
 #ifndef AMPD_CUDA_STEP_H
 #define AMPD_CUDA_STEP_H
@@ -196,73 +196,11 @@ int gpu_cuda_diag_snapshot(const gpu_cuda_diag *d_diag, gpu_cuda_diag *h_diag, i
 
 /* The per-tensor stats as gpu_grad_stat (n entries). Pointers borrowed. */
 void gpu_cuda_step_stats_export(const gpu_cuda_step_tstat *src, int n, gpu_grad_stat *dst);
-
-/* ---- synchronous host-buffer wrappers for tests (GPU_ENODEV without a device) ----------- */
-
-/* gpu_optim_update() on the device, plus found_inf: the whole step is skipped when set.
- * t is the 1-based applied count including this step (the device starts at t - 1 and
- * advances unless found_inf); *applied (may be NULL) receives the device's count after.
- * p, g, m, v, work as in gpu_optim_update (host, borrowed). */
-int gpu_cuda_optim_update_host(const gpu_optim_config *c, float lr, int64_t t, float gmul,
-                               bool found_inf, float *p, const float *g, float *m, float *v,
-                               size_t n, void *work, gpu_dtype wdt, int64_t *applied);
-/* gpu_optim_update_lowp() on the device, with found_inf and *applied as above; *lost (may
- * be NULL) receives the lost-update count (0 when skipped). */
-int gpu_cuda_optim_update_lowp_host(const gpu_optim_config *c, float lr, int64_t t,
-                                    float gmul, bool found_inf, void *w, gpu_dtype wdt,
-                                    const float *g, float *m, float *v, size_t n,
-                                    int64_t *lost, int64_t *applied);
-/* nsteps device scaler updates back to back (no host sync between them) from *s (in/out,
- * the final state) with found_inf[k] for step k; trace[k] (may be NULL) receives the state
- * after step k and floor[k] (may be NULL) whether it failed at the floor. */
-int gpu_cuda_scaler_update_host(gpu_scaler_state *s, const gpu_scaler_config *c,
-                                const bool *found_inf, int nsteps, gpu_scaler_state *trace,
-                                bool *floor);
-/* Unscale at `scale` (inv formed on the device) and clip on the device: g (host, in place),
- * stats, found_inf and sumsq as gpu_unscale(); *norm and *clip (may be NULL) the clip
- * kernel's grad_norm and clip coefficient for c->grad_clip. */
-int gpu_cuda_clip_host(const gpu_optim_config *c, float scale, float *g,
-                       const size_t *offsets, const size_t *counts, int ntensors,
-                       gpu_grad_stat *stats, bool *found_inf, double *sumsq, double *norm,
-                       float *clip);
-
-/* One diagnostics call for gpu_cuda_diag_host: x[0..n) (host) accounted for layer as kind. */
-typedef struct {
-    int layer;
-    gpu_cuda_diag_kind kind;
-    const float *x;
-    size_t n;
-} gpu_cuda_diag_call;
-
-/* A collection begun at `scale` and then the calls in order, on the device (a call for a
- * layer outside [0, nlayers) is ignored, as gpu_diag_* ignore one the table does not hold);
- * layer l has dtype dtypes[l]. *out receives the header and the first nlayers layers. */
-int gpu_cuda_diag_host(const gpu_dtype *dtypes, int nlayers, float scale,
-                       const gpu_cuda_diag_call *calls, int ncalls, gpu_cuda_diag *out);
-
-/* The buffers of a run of step tails (host, borrowed, updated in place). */
-typedef struct {
-    size_t n;                    /* parameters */
-    int ntensors;
-    const size_t *offsets, *counts;  /* the tensors (the gradient layout; lowp updates) */
-    float *master;               /* fp32 master weights; NULL: no master (lowp weights) */
-    void *work;                  /* working copy in wdt (NULL with a master: none), or the
-                                  * lowp weights without a master */
-    gpu_dtype wdt;
-    float *m, *v;                /* optimizer state (v NULL for SGD; m may be NULL for SGD) */
-} gpu_cuda_tail_bufs;
-
-/* nsteps step tails back to back without a host sync: begin -> unscale (grads + k*n, the
- * scaled gradients of step k, host, not modified) -> clip -> optimizer at lr[k] (lowp when
- * b->master is NULL) -> scaler update. *s and *applied are the initial scaler state and
- * applied count (updated to the final ones). trace[k] (nsteps entries, may be NULL): the
- * state after step k; stats (nsteps * ntensors, may be NULL) the per-tensor unscale stats;
- * tensor_lost (nsteps * ntensors, may be NULL) the lowp per-tensor lost counts. */
-int gpu_cuda_step_tail_host(const gpu_optim_config *oc, const gpu_scaler_config *sc,
-                            gpu_scaler_state *s, int64_t *applied, int nsteps,
-                            const float *lr, const float *grads, gpu_cuda_tail_bufs *b,
-                            gpu_cuda_step_state *trace, gpu_grad_stat *stats,
-                            int64_t *tensor_lost);
+/* The state gpu_cuda_step_state_init writes, built in host memory *h: scaler state s (and
+ * scale_used = its scale, inv its multiplier), applied and lost_total as given, clip 1, bias
+ * corrections 1, every other field 0. s borrowed. */
+void gpu_cuda_step_state_make(gpu_cuda_step_state *h, const gpu_scaler_state *s,
+                              int64_t applied, int64_t lost_total);
 
 #ifdef __cplusplus
 }
