@@ -5,12 +5,15 @@
  * the same seed is reproducible bit for bit), CPU feature detection and the AVX-512 /
  * portable kernel-path switch (format.c), the monotonic clock (error.c), and the gpu_diag
  * forward declaration that the models' passes take. The subjects have headers of their own:
- * gpu/mlp.h (the MLP), gpu/gpt.h (the GPT), gpu/diag.h (per-layer diagnostics) and
- * gpu/twin.h (the trainer's device twin); the CUDA backend is under gpu/cuda/.
+ * gpu/mlp.h (the MLP), gpu/gpt.h (the GPT), gpu/diag.h (per-layer diagnostics), gpu/twin.h
+ * (the trainer's device twin) and gpu/scaler_rule.h (the loss-scale update, host and
+ * device); the CUDA backend is under gpu/cuda/. The module's parts in prose:
+ * docs/architecture.md, "Modules".
  *
  * Invariants: a gpu_rng stream depends only on its seed. Threads: gpu_cpu, gpu_impl_* and
  * gpu_now are thread-safe; a gpu_rng belongs to one thread. Uses C11 atomics, so nvcc does
- * not read this header (the .cu files include gpu.h and gpu/cuda/ headers only).
+ * not read this header (the .cu files include gpu.h, gpu/scaler_rule.h and gpu/cuda/
+ * headers only).
  */
 #ifndef AMPD_GPU_INT_H
 #define AMPD_GPU_INT_H

@@ -1,6 +1,6 @@
 /*
- * cuda_blas.h - the CUDA backend's GEMMs through cuBLASLt (gpu/cuda/cuda_blas.cu): internal to
- * the gpu/ module, not part of gpu.h.
+ * cuda_blas.h - the CUDA backend's GEMMs through cuBLASLt (gpu/cuda/cuda_blas.cu): internal
+ * to the gpu/ module, not part of gpu.h.
  *
  * Row-major semantics exactly like gpu_gemm() in gpu.h: C[M,N] = op(A)[M,K] op(B)[K,N] +
  * beta * C with fp32 accumulation (CUBLAS_COMPUTE_32F, never TF32), optionally strided

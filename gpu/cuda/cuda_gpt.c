@@ -1,7 +1,7 @@
 /*
  * cuda_gpt.c - the GPT of gpu/gpt.c (GPT-2 pre-LN decoder, tied embeddings) on a CUDA device:
  * plain C that enqueues the kernels of cuda_ops.h, the GEMMs of cuda_blas.h and the
- * diagnostics counters of cuda_step.h on one stream. The contract is gpu/cuda_model.h.
+ * diagnostics counters of cuda_step.h on one stream. The contract is gpu/cuda/cuda_model.h.
  *
  * Graph and rounding points: gpt.c's, op for op. Every op has the dtype of the CPU plan
  * (lin_dt, mm_dt, sm_dt, ln_dt, gelu_dt, ce_dt, emb_dt, resid_dt); its inputs are values of

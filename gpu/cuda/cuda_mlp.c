@@ -1,7 +1,7 @@
 /*
  * cuda_mlp.c - the MLP of gpu/mlp.c on a CUDA device: the same graph with the same rounding
  * points, built from the kernels of cuda_blas.h, cuda_ops.h and cuda_step.h (contract in
- * gpu/cuda_model.h).
+ * gpu/cuda/cuda_model.h).
  *
  * Forward, per linear l (in = width[l], out = width[l + 1]):
  *   o = x_l W^T            cuBLASLt, operands in lin_dt, fp32 accumulation, fp32 output

@@ -1,8 +1,9 @@
 /*
  * cuda_model.h - the MLP and the GPT on a CUDA device (internal to the engine; built only
- * with CUDA). Plain C (gpu/cuda_mlp.c, gpu/cuda_gpt.c) that drives the kernels of
- * cuda_blas.h, cuda_ops.h and cuda_step.h on one stream; gpu/cuda_train.c owns the memory
- * and runs whole steps with them.
+ * with CUDA), and the step profile. Plain C (gpu/cuda/cuda_mlp.c, gpu/cuda/cuda_gpt.c) that
+ * drives the kernels of cuda_blas.h, cuda_ops.h and cuda_step.h on one stream;
+ * gpu/cuda/cuda_train.c owns the memory and runs whole steps with them (the twin of
+ * gpu/twin.h), gpu/cuda/cuda_prof.c times them.
  *
  * Memory, the llm.c way and with the CPU's layout: the parameter-shaped blocks (fp32
  * master, working copy in the job's dtype, fp32 gradients, m, v) use the element offsets of

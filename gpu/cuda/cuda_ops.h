@@ -1,9 +1,10 @@
 /*
- * cuda_ops.h - the CUDA kernels of the models' non-GEMM ops (gpu/cuda_ops.cu): embedding,
- * layer norm (with the residual add before it, and backward the residual gradient's sum and
- * cast), GELU (tanh, GPT; its backward also with the bias gradient), ReLU and GELU (erf, MLP),
- * bias add and bias gradient, softmax cross-entropy (with or without its gradient fused in)
- * and the causal attention softmax. Internal to the gpu/ module (not part of gpu.h).
+ * cuda_ops.h - the CUDA kernels of the models' non-GEMM ops (gpu/cuda/cuda_ops.cu):
+ * embedding, layer norm (with the residual add before it, and backward the residual
+ * gradient's sum and cast), GELU (tanh, GPT; its backward also with the bias gradient), ReLU
+ * and GELU (erf, MLP), bias add and bias gradient, softmax cross-entropy (with or without
+ * its gradient fused in) and the causal attention softmax; the flash attention of
+ * gpu/cuda/cuda_attn.cu. Internal to the gpu/ module (not part of gpu.h).
  *
  * Numerics: each op mirrors its CPU counterpart in gpu/gpt.c or gpu/mlp.c (named at each
  * function). Its compute dtype dt rounds its outputs (and, backward, its gradients) with
@@ -216,7 +217,7 @@ int gpu_cuda_attn_softmax_bwd_launch(const void *P, gpu_dtype pdt, const void *d
                                      gpu_dtype sm_dt, void *dS, gpu_dtype dsdt,
                                      cudaStream_t stream);
 
-/* ---- flash attention (gpu/cuda_attn.cu): gpu_gpt_flash_fwd / _bwd of gpu/gpt.c ---------- *
+/* ---- flash attention (gpu/cuda/cuda_attn.cu): gpu_gpt_flash_fwd / _bwd of gpu/gpt.c ---- *
  *
  * Tensor cores, fp16 or bf16 (dt) only, head_dim hd 16, 32, 48 or 64, B x H <= 65535; qkv
  * [B T x 3C] and dy [B T x C] stored in dt, 16-byte aligned. Not bit-exact: the products'

@@ -1,5 +1,5 @@
 /*
- * cuda_step.h - the device side of a training step after backward (gpu/cuda_step.cu):
+ * cuda_step.h - the device side of a training step after backward (gpu/cuda/cuda_step.cu):
  * unscale with the device's scale, clip coefficient, fused AdamW/SGD (with fp32 master
  * weights or without), the loss-scaler update and the per-layer diagnostics counters, all
  * driven by a small state struct that lives in device memory, so that a whole AMP step runs
@@ -17,6 +17,10 @@
  *   gpu_cuda_step_snapshot(d_state, h_pinned, ...) read by the host one step later
  * lr is the host's gpu_lr_at(step - 1, steps) (it depends on the step index only); the
  * bias-correction t is the device's applied count, which a skipped step does not advance.
+ * A step with inf/NaN gradients is skipped on the device: the unscale pass sets found_inf,
+ * and the optimizer kernels (gpu_k_optim, gpu_k_optim_lowp in cuda_step.cu) return before
+ * they write anything when it is set. The whole step in prose: docs/architecture.md, "The
+ * AMP step".
  *
  * Numerics: the optimizer kernels perform gpu/optim.c's IEEE operations in its order with
  * round-to-nearest intrinsics (no FMA contraction) and form the bias corrections in double
@@ -125,7 +129,7 @@ int gpu_cuda_step_state_init(gpu_cuda_step_state *d_state, const gpu_scaler_stat
 int gpu_cuda_step_begin_launch(gpu_cuda_step_state *d_state, cudaStream_t stream);
 /* The doubles of the scratch the unscale pass writes its per-block partial sums to. */
 #define GPU_CUDA_UNSCALE_PARTS (1024 * 64)
-/* gpu_unscale() on the device (the fused pass of gpu/cuda_unscale.cu): zeroes *d_found,
+/* gpu_unscale() on the device (the fused pass of gpu/cuda/cuda_unscale.cu): zeroes *d_found,
  * *d_sumsq and d_stats (ntensors entries), then one pass over the tensors of d_g (modified in
  * place) with the multiplier *d_inv, read when the kernel starts; *d_found is set to 1 when
  * a tensor holds inf/NaN. *d_sumsq is added up from per-block partials in d_parts

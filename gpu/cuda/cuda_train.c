@@ -1,6 +1,6 @@
 /*
  * cuda_train.c - the trainer's device twin (interface in gpu/twin.h, device conventions
- * in gpu/cuda_model.h): the blocks of a gpu_trainer on a CUDA device and whole training
+ * in gpu/cuda/cuda_model.h): the blocks of a gpu_trainer on a CUDA device and whole training
  * steps run there.
  *
  * Memory: one cudaMalloc per block, with the CPU plan's element offsets for the
