@@ -41,7 +41,7 @@
 #   pytorch bf16 with --attn naive and ampd bf16 materialised. Attention, like for like:
 #   "pytorch" is torch_gpu.py's default, F.scaled_dot_product_attention, a FUSED (flash)
 #   attention that never stores the (B, H, T, T) softmax, and ampd's 16-bit runs use its
-#   flash attention ("attention": "flash", gpu/cuda_attn.cu); "pytorch-naive" and
+#   flash attention ("attention": "flash", gpu/cuda/cuda_attn.cu); "pytorch-naive" and
 #   "ampd-materialized" both store the softmax. fp32 runs materialise it on both sides (no
 #   tensor-core flash kernel in fp32 without TF32). A failing run prints its last log lines,
 #   and the script goes on with the others.

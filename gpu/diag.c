@@ -25,7 +25,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "gpu/gpu_int.h"
+#include "gpu/diag.h"
 
 #define HOT __attribute__((target_clones("avx512f", "avx2", "default"), optimize("O3")))
 
@@ -149,7 +149,7 @@ static void scan(const float *g, size_t n, gpu_dtype dt, float scale, scan_acc *
 
 /* ---- collection ------------------------------------------------------------------------ */
 
-/* Start a step's collection; see gpu_int.h. */
+/* Start a step's collection; see gpu/diag.h. */
 void gpu_diag_begin(gpu_diag *d, float scale)
 {
     for (int i = 0; i < d->nlayers; i++) {
@@ -166,7 +166,7 @@ void gpu_diag_begin(gpu_diag *d, float scale)
     d->first_in_forward = false;
 }
 
-/* The layer slot for name; see gpu_int.h. A known name keeps its slot (and takes dt). */
+/* The layer slot for name; see gpu/diag.h. A known name keeps its slot (and takes dt). */
 int gpu_diag_layer(gpu_diag *d, const char *name, gpu_dtype dt)
 {
     for (int i = 0; i < d->nlayers; i++)
@@ -191,7 +191,7 @@ static void note_first(gpu_diag *d, int layer, bool forward)
     }
 }
 
-/* Forward outputs before rounding; see gpu_int.h. */
+/* Forward outputs before rounding; see gpu/diag.h. */
 void gpu_diag_forward(gpu_diag *d, int layer, const float *y, size_t n)
 {
     if (layer < 0 || layer >= d->nlayers)
@@ -209,7 +209,7 @@ void gpu_diag_forward(gpu_diag *d, int layer, const float *y, size_t n)
         note_first(d, layer, true);
 }
 
-/* A weight gradient before rounding; see gpu_int.h. */
+/* A weight gradient before rounding; see gpu/diag.h. */
 void gpu_diag_weight_grad(gpu_diag *d, int layer, const float *g, size_t n)
 {
     if (layer < 0 || layer >= d->nlayers)
@@ -228,7 +228,7 @@ void gpu_diag_weight_grad(gpu_diag *d, int layer, const float *g, size_t n)
         note_first(d, layer, false);
 }
 
-/* The input gradient a layer's backward produces, before rounding; see gpu_int.h. */
+/* The input gradient a layer's backward produces, before rounding; see gpu/diag.h. */
 void gpu_diag_input_grad(gpu_diag *d, int layer, const float *g, size_t n)
 {
     if (layer < 0 || layer >= d->nlayers)
@@ -245,7 +245,7 @@ void gpu_diag_input_grad(gpu_diag *d, int layer, const float *g, size_t n)
         note_first(d, layer, false);
 }
 
-/* The gradient arriving at a layer's output, already rounded; see gpu_int.h. */
+/* The gradient arriving at a layer's output, already rounded; see gpu/diag.h. */
 void gpu_diag_backward(gpu_diag *d, int layer, const float *g, size_t n)
 {
     if (layer < 0 || layer >= d->nlayers)
@@ -260,7 +260,7 @@ void gpu_diag_backward(gpu_diag *d, int layer, const float *g, size_t n)
         note_first(d, layer, false);
 }
 
-/* Account and round, chunk by chunk; see gpu_int.h. */
+/* Account and round, chunk by chunk; see gpu/diag.h. */
 void gpu_diag_round_grad(gpu_diag *d, int layer, bool weight, float *g, size_t n, gpu_dtype dt)
 {
     if (!d) {
@@ -277,7 +277,7 @@ void gpu_diag_round_grad(gpu_diag *d, int layer, bool weight, float *g, size_t n
     }
 }
 
-/* Values starved by an upstream flush; see gpu_int.h. */
+/* Values starved by an upstream flush; see gpu/diag.h. */
 void gpu_diag_starved(gpu_diag *d, int layer, int64_t zero, int64_t unscaled)
 {
     if (layer >= 0 && layer < d->nlayers) {
@@ -286,7 +286,7 @@ void gpu_diag_starved(gpu_diag *d, int layer, int64_t zero, int64_t unscaled)
     }
 }
 
-/* Flush threshold at a scale; see gpu_int.h. */
+/* Flush threshold at a scale; see gpu/diag.h. */
 uint32_t gpu_diag_flush_bits(gpu_dtype dt, float scale)
 {
     return flush_bits_scaled(dt, scale);
@@ -294,7 +294,7 @@ uint32_t gpu_diag_flush_bits(gpu_dtype dt, float scale)
 
 /* ---- statistics ------------------------------------------------------------------------ */
 
-/* Reduce the counters; see gpu_int.h. */
+/* Reduce the counters; see gpu/diag.h. */
 void gpu_diag_stats(const gpu_diag *d, gpu_layer_stat *out)
 {
     for (int i = 0; i < d->nlayers; i++) {
@@ -370,7 +370,7 @@ static double overflow_value(gpu_dtype dt)
     return (double)u2f(overflow_bits(dt));
 }
 
-/* Why the scale cannot help; see gpu_int.h. */
+/* Why the scale cannot help; see gpu/diag.h. */
 void gpu_diag_explain(const gpu_diag *d, const gpu_layer_stat *st, const gpu_diag_context *c,
                       char *buf, size_t len)
 {
@@ -397,7 +397,7 @@ void gpu_diag_explain(const gpu_diag *d, const gpu_layer_stat *st, const gpu_dia
                  (double)d->scale, fix);
 }
 
-/* This step's recommendations; see gpu_int.h. */
+/* This step's recommendations; see gpu/diag.h. */
 void gpu_diag_advise(gpu_diag_advisor *a, const gpu_diag *d, const gpu_layer_stat *st,
                      const gpu_diag_context *c)
 {

@@ -21,7 +21,7 @@
  *     sm_dt (fp32) over the causal positions only: masked positions get probability 0 and
  *     are never part of any arithmetic, so masking cannot make a NaN (an overflowed score
  *     still does, as on a GPU); P is cast to mm_dt for P V. With model.attention "flash" and
- *     a 16-bit mm_dt, FlashAttention-2's numerics instead (gpu_gpt_flash_fwd in gpu_int.h): S
+ *     a 16-bit mm_dt, FlashAttention-2's numerics instead (gpu_gpt_flash_fwd in gpu/gpt.h): S
  *     stays fp32, only P and dS are rounded to mm_dt, the row log-sum-exp is saved and P is
  *     recomputed in the backward;
  *   - GELU (tanh approximation) runs in its input's dtype: computed in fp32 and rounded;
@@ -44,6 +44,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "gpu/diag.h"
+#include "gpu/gpt.h"
 #include "gpu/gpu_int.h"
 
 /* Elementwise kernels, cloned for AVX-512 and AVX2 and picked at load time (ifunc).
@@ -139,7 +141,7 @@ HOT static void exp_kernel(float *restrict dst, const float *restrict x, size_t 
         dst[i] = vexp(x[i]);
 }
 
-/* exp in fp32; see gpu_int.h. */
+/* exp in fp32; see gpu/gpt.h. */
 void gpu_gpt_exp(float *dst, const float *x, size_t n)
 {
     exp_kernel(dst, x, n);
@@ -199,7 +201,7 @@ static const float *row_f32(const void *base, gpu_dtype dt, size_t row, int C, f
     return tmp;
 }
 
-/* See gpu_int.h. */
+/* See gpu/gpt.h. */
 void gpu_gpt_embed_fwd(const int *x, int B, int T, int C, const void *wte, const void *wpe,
                        gpu_dtype wdt, gpu_dtype out_dt, float *out, float *tmp)
 {
@@ -213,7 +215,7 @@ void gpu_gpt_embed_fwd(const int *x, int B, int T, int C, const void *wte, const
         }
 }
 
-/* See gpu_int.h. */
+/* See gpu/gpt.h. */
 void gpu_gpt_embed_bwd(const int *x, int B, int T, int C, const float *dout, float *dwte,
                        float *dwpe)
 {
@@ -243,7 +245,7 @@ HOT static void ln_row_fwd(const float *restrict x, const float *restrict g,
     *rstd_out = rstd;
 }
 
-/* See gpu_int.h. */
+/* See gpu/gpt.h. */
 void gpu_gpt_layernorm_fwd(const float *x, const float *g, const float *b, int N, int C,
                            gpu_dtype dt, float *y, float *mean, float *rstd)
 {
@@ -287,7 +289,7 @@ HOT static void ln_row_bwd(const float *restrict dy, const float *restrict x, fl
         dx[j] = rstd * (dy[j] * g[j] - m1 - (x[j] - mean) * rstd * m2);
 }
 
-/* See gpu_int.h. dx may not alias dy or x. */
+/* See gpu/gpt.h. dx may not alias dy or x. */
 void gpu_gpt_layernorm_bwd(const float *dy, const float *x, const float *mean, const float *rstd,
                            const float *g, int N, int C, gpu_dtype dt, float *dx, float *dg,
                            float *db)
@@ -329,7 +331,7 @@ HOT static void gelu_grad_kernel(float *restrict d, const float *restrict u, siz
     }
 }
 
-/* See gpu_int.h. */
+/* See gpu/gpt.h. */
 void gpu_gpt_gelu_fwd(float *dst, const float *u, size_t n, gpu_dtype dt)
 {
     if (dst == u) {
@@ -346,7 +348,7 @@ void gpu_gpt_gelu_fwd(float *dst, const float *u, size_t n, gpu_dtype dt)
     rnd(dst, n, dt);
 }
 
-/* See gpu_int.h. */
+/* See gpu/gpt.h. */
 void gpu_gpt_gelu_bwd(float *d, const float *u, size_t n, gpu_dtype dt)
 {
     gelu_grad_kernel(d, u, n);
@@ -398,7 +400,7 @@ HOT static void softmax_row_bwd(const float *restrict p, float *restrict d, int 
         d[j] = p[j] * (d[j] - dot);
 }
 
-/* See gpu_int.h. */
+/* See gpu/gpt.h. */
 size_t gpu_gpt_attention_scratch_floats(int T)
 {
     return 2 * align16f((size_t)T * (size_t)T);
@@ -409,7 +411,7 @@ static float attn_scale(int hd)
     return (float)(1.0 / sqrt((double)hd));
 }
 
-/* See gpu_int.h. */
+/* See gpu/gpt.h. */
 int gpu_gpt_attention_fwd(const float *qkv, int B, int T, int C, int H, gpu_dtype mm_dt,
                           gpu_dtype sm_dt, float *probs, float *y, float *scratch, gpu_diag *diag,
                           int layer)
@@ -464,7 +466,7 @@ static void diag_dqk(gpu_diag *diag, int layer, const float *dqkv, size_t rows, 
         gpu_diag_input_grad(diag, layer, dqkv + r * 3 * (size_t)C, 2 * (size_t)C);
 }
 
-/* See gpu_int.h. */
+/* See gpu/gpt.h. */
 int gpu_gpt_attention_bwd(const float *dy, const float *qkv, const float *probs, int B, int T,
                           int C, int H, gpu_dtype mm_dt, gpu_dtype sm_dt, float *dqkv,
                           float *scratch, gpu_diag *diag, int layer)
@@ -548,7 +550,7 @@ HOT static void flash_ds_row(const float *restrict p, float *restrict d, float D
         d[j] = (p[j] * (d[j] - D)) * scale;
 }
 
-/* See gpu_int.h. */
+/* See gpu/gpt.h. */
 int gpu_gpt_flash_fwd(const float *qkv, int B, int T, int C, int H, gpu_dtype mm_dt, float *lse,
                       float *y, float *scratch)
 {
@@ -616,7 +618,7 @@ static int flash_bwd_head(const float *dyh, const float *q, const float *oh, con
     return rc;
 }
 
-/* See gpu_int.h. */
+/* See gpu/gpt.h. */
 int gpu_gpt_flash_bwd(const float *dy, const float *qkv, const float *o, const float *lse, int B,
                       int T, int C, int H, gpu_dtype mm_dt, float *dqkv, float *scratch,
                       gpu_diag *diag, int layer)
@@ -657,7 +659,7 @@ static double ce_row(const float *z, int V, int target, float *p, int *arg)
     return -((double)z[target] - (double)mx - log((double)sum));
 }
 
-/* See gpu_int.h. */
+/* See gpu/gpt.h. */
 int gpu_gpt_head_fwd(const float *x, const void *wte, gpu_dtype wdt, const int *y, int N, int C,
                      int V, gpu_dtype lin_dt, gpu_dtype ce_dt, float *logits, float *probs,
                      float *gscratch, gpu_diag *diag, int layer, double *loss_sum, int *correct)
@@ -683,7 +685,7 @@ int gpu_gpt_head_fwd(const float *x, const void *wte, gpu_dtype wdt, const int *
     return 0;
 }
 
-/* See gpu_int.h. */
+/* See gpu/gpt.h. */
 int gpu_gpt_head_bwd(const float *probs, const int *y, const void *xs, const void *wte,
                      gpu_dtype wdt, int N, int C, int V, gpu_dtype lin_dt, gpu_dtype ce_dt, float g,
                      float *dlogits, float *dx, float *dwte, float *gscratch, gpu_diag *diag,
@@ -875,7 +877,7 @@ static double estimate_bytes(const gpu_model_config *mc, int max_batch)
     return mc->n_layer * per_layer + N * (V + wide) * 4 + N * C * 64 + V * C * 4 * 4;
 }
 
-/* Plan the GPT's layout; see gpu_int.h. */
+/* Plan the GPT's layout; see gpu/gpt.h. */
 int gpu_gpt_plan(gpu_gpt *m, const gpu_model_config *mc, const gpu_autocast *a, gpu_dtype dt,
                  int max_batch, char *err, size_t errlen)
 {
@@ -941,7 +943,7 @@ int gpu_gpt_plan(gpu_gpt *m, const gpu_model_config *mc, const gpu_autocast *a, 
     return 0;
 }
 
-/* GPT-2's init; see gpu_int.h. */
+/* GPT-2's init; see gpu/gpt.h. */
 void gpu_gpt_init_params(const gpu_gpt *m, float *params, float init_scale, gpu_rng *rng)
 {
     float std = 0.02f * init_scale;
@@ -1270,7 +1272,7 @@ static int block_fwd(const gpu_gpt *m, const gpu_gpt_weights *w, int l, int B, u
     return 0;
 }
 
-/* Forward pass; see gpu_int.h. */
+/* Forward pass; see gpu/gpt.h. */
 int gpu_gpt_forward(const gpu_gpt *m, const gpu_gpt_weights *w, const int *x, const int *y, int B,
                     uint8_t *acts, float *scratch, gpu_diag *diag, double *loss, int *correct)
 {
@@ -1355,7 +1357,7 @@ static int block_bwd(const gpu_gpt *m, const gpu_gpt_weights *w, int l, int B, c
     return 0;
 }
 
-/* Backward pass; see gpu_int.h. */
+/* Backward pass; see gpu/gpt.h. */
 int gpu_gpt_backward(const gpu_gpt *m, const gpu_gpt_weights *w, const int *x, const int *y, int B,
                      float seed, const uint8_t *acts, float *scratch, gpu_diag *diag, float *grads)
 {

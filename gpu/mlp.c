@@ -24,7 +24,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "gpu/diag.h"
 #include "gpu/gpu_int.h"
+#include "gpu/mlp.h"
 
 static size_t align64(size_t n)
 {
@@ -55,7 +57,7 @@ static size_t plan_scratch(const gpu_mlp *m, int maxw, gpu_dtype wdt)
     return 3 * B * (size_t)maxw + (size_t)maxw + widen + 64;
 }
 
-/* Plan the MLP's layout; see gpu_int.h. */
+/* Plan the MLP's layout; see gpu/mlp.h. */
 int gpu_mlp_plan(gpu_mlp *m, const gpu_model_config *mc, const gpu_autocast *a, gpu_dtype dt,
                  int max_batch, char *err, size_t errlen)
 {
@@ -106,7 +108,7 @@ int gpu_mlp_plan(gpu_mlp *m, const gpu_model_config *mc, const gpu_autocast *a, 
     return 0;
 }
 
-/* PyTorch's nn.Linear init; see gpu_int.h. */
+/* PyTorch's nn.Linear init; see gpu/mlp.h. */
 void gpu_mlp_init_params(const gpu_mlp *m, float *params, float init_scale, gpu_rng *rng)
 {
     for (int l = 0; l < m->nlin; l++) {
@@ -259,7 +261,7 @@ static double cross_entropy(const gpu_mlp *m, const float *logits, const int *y,
     return total;
 }
 
-/* Forward pass; see gpu_int.h. */
+/* Forward pass; see gpu/mlp.h. */
 int gpu_mlp_forward(const gpu_mlp *m, const gpu_mlp_weights *w, const float *x, const int *y, int B,
                     uint8_t *acts, float *scratch, double *loss, int *correct, gpu_diag *diag)
 {
@@ -444,7 +446,7 @@ static void bias_grad(const float *dz, int B, int out, gpu_dtype dt, float *db, 
     gpu_diag_round_grad(diag, slot, true, db, (size_t)out, dt);
 }
 
-/* Backward pass; see gpu_int.h. */
+/* Backward pass; see gpu/mlp.h. */
 int gpu_mlp_backward(const gpu_mlp *m, const gpu_mlp_weights *w, const int *y, int B, float seed,
                      const uint8_t *acts, float *scratch, float *grads, gpu_diag *diag)
 {

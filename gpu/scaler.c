@@ -14,6 +14,8 @@
  * going to lane i % 16, the lanes carried across tensors and added 0..15 at the end), so
  * the two paths give bit-identical results, sumsq included.
  *
+ * The update itself is gpu/scaler_rule.h's gpu_scaler_rule, shared with the CUDA step.
+ *
  * Invariants: a state initialised by gpu_scaler_init and driven by gpu_scaler_update keeps
  * min_scale <= scale <= max(init_scale, max_scale) in dynamic mode.
  * Threads: state objects are per trainer (one thread); the unscale path choice is a
@@ -32,6 +34,7 @@
 #endif
 
 #include "gpu/gpu_int.h"
+#include "gpu/scaler_rule.h"
 
 /* ---- configuration ------------------------------------------------------------------- */
 
@@ -99,62 +102,11 @@ float gpu_scaler_inv(const gpu_scaler_state *s)
 
 /* ---- the per-step update ------------------------------------------------------------- */
 
-/*
- * Dynamic mode, one step (found_inf = the step's gradients held inf/NaN):
- *   overflow: tracker = 0; floor_streak + 1 if the scale was already <= min_scale, else 0;
- *             hysteresis_left - 1 (not below 0); when it is then <= 0 the scale backs off:
- *             scale = max((float)(scale * backoff), min_scale), products in double.
- *             Returns GPU_ESCALE_FLOOR once floor_streak reaches floor_patience.
- *   clean:    floor_streak = 0; tracker + 1; when it reaches growth_interval the tracker
- *             resets to 0, the hysteresis is refilled, and cand = (float)(scale * growth) is
- *             taken only when finite and <= max_scale.
- * backoff_total counts the overflows that lowered the scale, growth_total the growths.
- * In every mode an overflowing step is counted in overflow_total and skipped_total: even
- * with mode none (scale 1) an inf/NaN gradient skips the optimizer step rather than
- * poisoning the weights. Static and none never change the scale.
- * s is updated in place; s and c are borrowed.
- */
+/* The rule of gpu/scaler_rule.h, which the CUDA step's scaler kernel runs too (so the two
+ * cannot drift apart). s is updated in place; s and c are borrowed. */
 int gpu_scaler_update(gpu_scaler_state *s, const gpu_scaler_config *c, bool found_inf)
 {
-    s->steps++;
-    if (found_inf) {
-        s->overflow_total++;
-        s->skipped_total++;
-    }
-    if (c->mode != GPU_SCALE_DYNAMIC) {
-        if (c->mode == GPU_SCALE_NONE)
-            s->scale = 1.0f;
-        return 0;
-    }
-    if (!found_inf) {
-        s->floor_streak = 0;
-        if (s->growth_tracker + 1 < c->growth_interval) {
-            s->growth_tracker++;
-            return 0;
-        }
-        s->growth_tracker = 0;
-        s->hysteresis_left = c->hysteresis;
-        float cand = (float)((double)s->scale * (double)c->growth_factor);
-        if (isfinite(cand) && cand <= c->max_scale) {
-            s->scale = cand;
-            s->growth_total++;
-        }
-        return 0;
-    }
-
-    s->growth_tracker = 0;
-    s->floor_streak = s->scale <= c->min_scale ? s->floor_streak + 1 : 0;
-    if (s->hysteresis_left > 0)
-        s->hysteresis_left--;
-    if (s->hysteresis_left <= 0) {
-        float next = (float)((double)s->scale * (double)c->backoff_factor);
-        if (!(next >= c->min_scale))
-            next = c->min_scale;
-        if (next < s->scale)
-            s->backoff_total++;
-        s->scale = next;
-    }
-    return s->floor_streak >= c->floor_patience ? GPU_ESCALE_FLOOR : 0;
+    return gpu_scaler_rule(s, c, found_inf);
 }
 
 /* ---- the fused unscale pass ---------------------------------------------------------- */

@@ -37,7 +37,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpu/diag.h"
+#include "gpu/gpt.h"
 #include "gpu/gpu_int.h"
+#include "gpu/mlp.h"
+#include "gpu/twin.h"
 
 #define TRAINER_MAX_TENSORS GPU_GPT_MAX_TENSORS
 
@@ -289,7 +293,7 @@ static void plan_memory(const gpu_job_config *c, model_sizes z, gpu_mem *mem)
                  mem->workspace;
 }
 
-/* See gpu_int.h. */
+/* See gpu/twin.h. */
 int gpu_job_plan(const gpu_job_config *c, gpu_mlp *m, gpu_gpt **g, char *err, size_t errlen)
 {
     char dummy[8];
@@ -1064,7 +1068,7 @@ const char *gpu_trainer_device(const gpu_trainer *t)
     return t->device_text[0] ? t->device_text : "cpu";
 }
 
-/* The last step's gradients; see gpu_int.h. */
+/* The last step's gradients; see gpu/twin.h. */
 int gpu_trainer_grads(gpu_trainer *t, const float **grads)
 {
     if (t->cuda) {

@@ -1,6 +1,7 @@
 /*
- * check_cuda_gemm.c - Check suite "cuda_gemm": the cuBLASLt GEMMs of gpu/cuda_blas.cu against
- * gpu_gemm_ref (double accumulation) and the CPU's GELU.
+ * check_cuda_gemm.c - Check suite "cuda_gemm": the cuBLASLt GEMMs of gpu/cuda/cuda_blas.cu
+ * (through tests/cudahost/blas_host.cu) against gpu_gemm_ref (double accumulation) and the
+ * CPU's GELU.
  *
  * With a device (and libcublasLt): every product of the shapes 1x1x1, 7x13x5, 33x65x129,
  * 128x256x768 and 17x40x3000 (M x N x K) in the four transpose combinations, with tight and
@@ -47,8 +48,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpu/cuda_blas.h"
+#include "gpu/cuda/cuda_blas.h"
+#include "gpu/gpt.h"
 #include "gpu/gpu_int.h"
+#include "tests/cudahost/cudahost.h"
 #include "tests/cudatest.h"
 
 #define TINY 1e-30

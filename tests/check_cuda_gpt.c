@@ -1,6 +1,6 @@
 /*
- * check_cuda_gpt.c - Check suite "cuda_gpt": the GPT on the device (gpu/cuda_gpt.c) against
- * the CPU model (gpu/gpt.c), forward and backward, with and without diagnostics.
+ * check_cuda_gpt.c - Check suite "cuda_gpt": the GPT on the device (gpu/cuda/cuda_gpt.c)
+ * against the CPU model (gpu/gpt.c), forward and backward, with and without diagnostics.
  *
  * Each case plans the CPU model (gpu_gpt_plan with the default autocast table or the
  * overrides named), initialises it with gpu_gpt_init_params and then moves every 1-D
@@ -65,7 +65,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpu/cuda_model.h"
+#include "gpu/cuda/cuda_model.h"
+#include "gpu/diag.h"
+#include "gpu/gpt.h"
+#include "gpu/gpu_int.h"
 #include "tests/cudatest.h"
 
 #define MAX_REPORTS 20

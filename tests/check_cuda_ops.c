@@ -1,8 +1,9 @@
 /*
  * check_cuda_ops.c - Check suite "cuda_ops": the CUDA kernels of the models' non-GEMM ops
- * (gpu/cuda_ops.cu) against the CPU ops, in fp32, fp16 and bf16, and the flash attention
- * (gpu/cuda_attn.cu) against gpt.c's, in fp16 and bf16 (t_flash: within the dtype's rounding,
- * its tolerances at check_flash; the backward repeated bit for bit).
+ * (gpu/cuda/cuda_ops.cu, through tests/cudahost/ops_host.cu) against the CPU ops, in fp32,
+ * fp16 and bf16, and the flash attention (gpu/cuda/cuda_attn.cu) against gpt.c's, in fp16
+ * and bf16 (t_flash: within the dtype's rounding, its tolerances at check_flash; the
+ * backward repeated bit for bit).
  *
  * References: the ops the CPU exports (gpu_gpt_embed_*, gpu_gpt_layernorm_*, gpu_gpt_gelu_*)
  * are called directly. The ops the CPU has only inside a larger function have a plain
@@ -56,8 +57,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpu/cuda_ops.h"
+#include "gpu/cuda/cuda_ops.h"
+#include "gpu/gpt.h"
 #include "gpu/gpu_int.h"
+#include "gpu/mlp.h"
+#include "tests/cudahost/cudahost.h"
 
 static const gpu_dtype DTS[3] = {GPU_FP32, GPU_FP16, GPU_BF16};
 

@@ -1,6 +1,7 @@
 /*
  * check_cuda_step.c - Check suite "cuda_step": the device kernels of a training step after
- * backward (gpu/cuda_step.cu) against the CPU engine.
+ * backward (gpu/cuda/cuda_step.cu, through tests/cudahost/step_host.cu) against the CPU
+ * engine.
  *
  * With a device:
  *   - AdamW and SGD (weight decay on/off, momentum on/off with and without a buffer, gmul 1
@@ -36,8 +37,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpu/diag.h"
 #include "gpu/gpu_int.h"
-#include "gpu/cuda_step.h"
+#include "gpu/cuda/cuda_step.h"
+#include "tests/cudahost/cudahost.h"
 #include "tests/cudatest.h"
 
 #define BIG ((size_t)(1u << 20) + 3)

@@ -1,6 +1,7 @@
 /*
  * check_cuda_train.c - Check suite "cuda_train": whole training steps and jobs on a CUDA
- * device (gpu/cuda_train.c, gpu/cuda_mlp.c, gpu/cuda_gpt.c) against the CPU trainer.
+ * device (gpu/cuda/cuda_train.c, gpu/cuda/cuda_mlp.c, gpu/cuda/cuda_gpt.c) against the CPU
+ * trainer.
  *
  * Every comparison builds two trainers from one job, device "cpu" and device "cuda": the
  * same initial weights and the same batches (both are drawn on the host from the seed).
@@ -53,7 +54,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "gpu/gpu_int.h"
+#include "gpu/gpt.h"
+#include "gpu/twin.h"
 #include "tests/cudatest.h"
 
 #define TOL32 1e-4

@@ -20,7 +20,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpu/diag.h"
 #include "gpu/gpu_int.h"
+#include "gpu/mlp.h"
 #include "tests/testutil.h"
 
 static float bits_f(uint32_t u)

@@ -23,6 +23,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpu/diag.h"
+#include "gpu/gpt.h"
 #include "gpu/gpu_int.h"
 
 #define RN 64 /* max rows in the reference */

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "gpu/gpu_int.h"
+#include "gpu/mlp.h"
 
 #define B 5
 

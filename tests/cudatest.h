@@ -7,8 +7,9 @@
  * (CK_NOFORK), so that the CUDA state the first probe creates is the one the tests use.
  *
  * Header-only (static inline functions), included by the test programs alone. have_blas()
- * and blas_check() are there only when gpu/cuda_blas.h was included first: they need the
- * CUDA headers, which check_cuda (built without CUDA too) does not have.
+ * and blas_check() are there only when gpu/cuda/cuda_blas.h was included first (directly or
+ * through tests/cudahost/cudahost.h): they need the CUDA headers, which check_cuda (built
+ * without CUDA too) does not have.
  */
 #ifndef AMPD_CUDATEST_H
 #define AMPD_CUDATEST_H

@@ -1,9 +1,10 @@
 /*
  * emu.cc - a CUDA device emulated on the CPU, so that the CUDA backend's kernels and the
- * host code that drives them (gpu/cuda_*.cu, gpu/cuda_*.c) run and are checked on machines
- * without a GPU. It is a test tool: it tells whether the code computes what the tests expect
- * (indexing, reductions, launch shapes, the host/device protocol), not how fast it runs or
- * whether it has data races that only a real GPU's scheduling would expose.
+ * host code that drives them (gpu/cuda/cuda_*.cu, gpu/cuda/cuda_*.c, and the tests'
+ * wrappers in tests/cudahost) run and are checked on machines without a GPU. It is a test
+ * tool: it tells whether the code computes what the tests expect (indexing, reductions, launch
+ * shapes, the host/device protocol), not how fast it runs or whether it has data races that
+ * only a real GPU's scheduling would expose.
  *
  * What it models:
  *  - Kernels: a launch runs every block of the grid, one after another; the threads of a

@@ -1,6 +1,6 @@
 /*
  * lt.cc - cuBLASLt emulated on the CPU for the CUDA emulator (tests/cudaemu), the subset
- * gpu/cuda_blas.cu uses, with the library's documented semantics:
+ * gpu/cuda/cuda_blas.cu uses, with the library's documented semantics:
  *
  *   D = epilogue(alpha * op(A) op(B) + beta * C (+ bias)), column-major, per batch,
  *
@@ -471,7 +471,7 @@ extern "C" cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_
     return rc == 0 ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
 }
 
-/* ---- dlopen/dlsym for gpu/cuda_blas.cu ----------------------------------------------------- */
+/* ---- dlopen/dlsym for gpu/cuda/cuda_blas.cu ------------------------------------------------- */
 
 static int lt_library;      /* its address is the library's handle */
 

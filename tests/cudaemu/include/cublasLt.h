@@ -1,5 +1,5 @@
 /*
- * cublasLt.h (emulator) - the cuBLASLt API subset gpu/cuda_blas.cu uses, same names and
+ * cublasLt.h (emulator) - the cuBLASLt API subset gpu/cuda/cuda_blas.cu uses, same names and
  * signatures as the toolkit's header, implemented on the CPU by tests/cudaemu/lt.cc (which
  * follows cuBLASLt's documented column-major semantics, checks every attribute's size as
  * the library does, and checks that every operand lies inside one device allocation).

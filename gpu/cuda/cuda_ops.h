@@ -1,9 +1,10 @@
 /*
- * cuda_ops.h - the CUDA kernels of the models' non-GEMM ops (gpu/cuda_ops.cu): embedding,
- * layer norm (with the residual add before it, and backward the residual gradient's sum and
- * cast), GELU (tanh, GPT; its backward also with the bias gradient), ReLU and GELU (erf, MLP),
- * bias add and bias gradient, softmax cross-entropy (with or without its gradient fused in)
- * and the causal attention softmax. Internal to the gpu/ module (not part of gpu.h).
+ * cuda_ops.h - the CUDA kernels of the models' non-GEMM ops (gpu/cuda/cuda_ops.cu):
+ * embedding, layer norm (with the residual add before it, and backward the residual
+ * gradient's sum and cast), GELU (tanh, GPT; its backward also with the bias gradient), ReLU
+ * and GELU (erf, MLP), bias add and bias gradient, softmax cross-entropy (with or without
+ * its gradient fused in) and the causal attention softmax; the flash attention of
+ * gpu/cuda/cuda_attn.cu. Internal to the gpu/ module (not part of gpu.h).
  *
  * Numerics: each op mirrors its CPU counterpart in gpu/gpt.c or gpu/mlp.c (named at each
  * function). Its compute dtype dt rounds its outputs (and, backward, its gradients) with
@@ -15,16 +16,13 @@
  * CPU's exp polynomial, the CPU's 16 partial sums in row reductions), so most results equal
  * the CPU's bit for bit; the exceptions are named at each function.
  *
- * Two forms per op:
- *   - *_launch: device pointers (borrowed), enqueued on `stream`, no host synchronisation,
- *     no allocation. Returns 0, GPU_EINVAL for bad arguments (nothing enqueued) or GPU_ECUDA
- *     for a launch error (logged). Every size may be 0: nothing is enqueued, except that sums
- *     over no rows (layer-norm dg/db, bias gradient, cross-entropy totals) are written as 0.
- *     Workspaces must be 256-byte aligned (as cudaMalloc returns them).
- *   - the host wrapper (same name without _launch), for tests: the CPU op's calling
- *     convention, fp32 host arrays holding values of the dtype named, each tensor stored on
- *     the device in that dtype; synchronous, owns its device buffers. Returns GPU_ENODEV
- *     without a device (buffers untouched), GPU_EINVAL, GPU_ENOMEM or GPU_ECUDA.
+ * Each op is a *_launch function: device pointers (borrowed), enqueued on `stream`, no host
+ * synchronisation, no allocation. Returns 0, GPU_EINVAL for bad arguments (nothing enqueued)
+ * or GPU_ECUDA for a launch error (logged). Every size may be 0: nothing is enqueued, except
+ * that sums over no rows (layer-norm dg/db, bias gradient, cross-entropy totals) are written
+ * as 0. Workspaces must be 256-byte aligned (as cudaMalloc returns them). The tests call the
+ * ops through synchronous host wrappers with the CPU op's calling convention (same names
+ * without _launch, tests/cudahost/cudahost.h).
  *
  * Threads: the launch functions may be called from any thread for any stream; kernels on
  * one stream run in order. Workspaces must not be shared by launches that may overlap.
@@ -219,7 +217,7 @@ int gpu_cuda_attn_softmax_bwd_launch(const void *P, gpu_dtype pdt, const void *d
                                      gpu_dtype sm_dt, void *dS, gpu_dtype dsdt,
                                      cudaStream_t stream);
 
-/* ---- flash attention (gpu/cuda_attn.cu): gpu_gpt_flash_fwd / _bwd of gpu/gpt.c ---------- *
+/* ---- flash attention (gpu/cuda/cuda_attn.cu): gpu_gpt_flash_fwd / _bwd of gpu/gpt.c ---- *
  *
  * Tensor cores, fp16 or bf16 (dt) only, head_dim hd 16, 32, 48 or 64, B x H <= 65535; qkv
  * [B T x 3C] and dy [B T x C] stored in dt, 16-byte aligned. Not bit-exact: the products'
@@ -237,55 +235,6 @@ int gpu_cuda_flash_fwd_launch(const void *qkv, gpu_dtype dt, int B, int T, int H
 int gpu_cuda_flash_bwd_launch(const void *qkv, const void *dy, gpu_dtype dt, const void *o,
                               gpu_dtype odt, const float *lse, int B, int T, int H, int hd,
                               float *dsum, void *dqkv, gpu_dtype ddt, cudaStream_t stream);
-
-/* ---- host wrappers (tests): fp32 host arrays, each tensor stored in the dtype named -------- */
-
-/* wte/wpe: host arrays in wdt (float or uint16_t), like the CPU op; out values of out_dt. */
-int gpu_cuda_embed_fwd(const int *x, int B, int T, int C, int V, const void *wte,
-                       const void *wpe, gpu_dtype wdt, gpu_dtype out_dt, float *out);
-/* dout values of dt; dwte (V x C) and dwpe (T x C) accumulated. */
-int gpu_cuda_embed_bwd(const int *x, int B, int T, int C, int V, const float *dout,
-                       gpu_dtype dt, float *dwte, float *dwpe);
-/* x, y, dy, dx values of dt; g, b, mean, rstd, dg, db fp32. */
-int gpu_cuda_layernorm_fwd(const float *x, const float *g, const float *b, int N, int C,
-                           gpu_dtype dt, float *y, float *mean, float *rstd);
-int gpu_cuda_layernorm_bwd(const float *dy, const float *x, const float *mean,
-                           const float *rstd, const float *g, int N, int C, gpu_dtype dt,
-                           float *dx, float *dg, float *db);
-/* GPT GELU: dst may equal u; d in place. */
-int gpu_cuda_gelu_tanh_fwd(float *dst, const float *u, size_t n, gpu_dtype dt);
-int gpu_cuda_gelu_tanh_bwd(float *d, const float *u, size_t n, gpu_dtype dt);
-/* MLP activation: dst = rd(act(z), dt); d in place, saved as for the launch form. */
-int gpu_cuda_act_fwd(gpu_activation act, float *dst, const float *z, size_t n, gpu_dtype dt);
-int gpu_cuda_act_bwd(gpu_activation act, float *d, const float *saved, size_t n, gpu_dtype dt);
-/* in: fp32 (a GEMM output); bias: host array in bdt; out values of dt. */
-int gpu_cuda_bias_add(float *out, const float *in, const void *bias, gpu_dtype bdt, int rows,
-                      int n, gpu_dtype dt);
-int gpu_cuda_bias_grad(float *db, const float *dz, int rows, int n, gpu_dtype dt);
-/* logits: values of ldt (raw fp32 GEMM outputs when ldt is fp32); probs (may be NULL) values
- * of ce_dt; y host. */
-int gpu_cuda_ce_fwd(gpu_cuda_ce_style style, const float *logits, gpu_dtype ldt, const int *y,
-                    int N, int V, gpu_dtype lin_dt, gpu_dtype ce_dt, float *probs,
-                    double *loss_sum, int *correct);
-/* logits in: values of ldt; out: the dlogits, values of lin_dt stored in ldt. */
-int gpu_cuda_ce_fused(gpu_cuda_ce_style style, float *logits, gpu_dtype ldt, const int *y,
-                      int N, int V, gpu_dtype lin_dt, gpu_dtype ce_dt, float seed, int count,
-                      double *loss_sum, int *correct);
-/* probs values of ce_dt; dlogits values of lin_dt. */
-int gpu_cuda_ce_bwd(gpu_cuda_ce_style style, const float *probs, const int *y, int N, int V,
-                    gpu_dtype ce_dt, gpu_dtype lin_dt, float seed, int count, float *dlogits);
-/* S values of sdt; P values of sm_dt; Pm (may be NULL) values of mm_dt. */
-int gpu_cuda_attn_softmax_fwd(const float *S, gpu_dtype sdt, int BH, int T, int hd,
-                              gpu_dtype mm_dt, gpu_dtype sm_dt, float *P, float *Pm);
-/* The CPU's calling convention (gpu_gpt_flash_fwd / _bwd): qkv, y, dy, o values of dt, o
- * stored in dt; dqkv rounded to dt like the CPU's. */
-int gpu_cuda_flash_fwd(const float *qkv, int B, int T, int C, int H, gpu_dtype dt, float *lse,
-                       float *y);
-int gpu_cuda_flash_bwd(const float *dy, const float *qkv, const float *o, const float *lse,
-                       int B, int T, int C, int H, gpu_dtype dt, float *dqkv);
-/* P values of sm_dt; dP values of dpdt; dS values of mm_dt. */
-int gpu_cuda_attn_softmax_bwd(const float *P, const float *dP, gpu_dtype dpdt, int BH, int T,
-                              int hd, gpu_dtype mm_dt, gpu_dtype sm_dt, float *dS);
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,5 @@
 /*
- * cuda_step.h - the device side of a training step after backward (gpu/cuda_step.cu):
+ * cuda_step.h - the device side of a training step after backward (gpu/cuda/cuda_step.cu):
  * unscale with the device's scale, clip coefficient, fused AdamW/SGD (with fp32 master
  * weights or without), the loss-scaler update and the per-layer diagnostics counters, all
  * driven by a small state struct that lives in device memory, so that a whole AMP step runs
@@ -13,10 +13,14 @@
  *                                                 corrections unless found_inf
  *   gpu_cuda_optim_launch(optim, lr, d_state, ...)       or gpu_cuda_optim_lowp_launch:
  *                                                 skipped entirely when found_inf
- *   gpu_cuda_scaler_update_launch(d_state, scaler) gpu_scaler_update's logic
+ *   gpu_cuda_scaler_update_launch(d_state, scaler) gpu_scaler_update's own rule
  *   gpu_cuda_step_snapshot(d_state, h_pinned, ...) read by the host one step later
  * lr is the host's gpu_lr_at(step - 1, steps) (it depends on the step index only); the
  * bias-correction t is the device's applied count, which a skipped step does not advance.
+ * A step with inf/NaN gradients is skipped on the device: the unscale pass sets found_inf,
+ * and the optimizer kernels (gpu_k_optim, gpu_k_optim_lowp in cuda_step.cu) return before
+ * they write anything when it is set. The whole step in prose: docs/architecture.md, "The
+ * AMP step".
  *
  * Numerics: the optimizer kernels perform gpu/optim.c's IEEE operations in its order with
  * round-to-nearest intrinsics (no FMA contraction) and form the bias corrections in double
@@ -28,9 +32,9 @@
  * exact; sumsq is summed in another order than on the CPU (equal to rounding).
  *
  * Threads: the *_launch functions only enqueue on the caller's stream (no host
- * synchronisation); the *_host wrappers are synchronous, own their device buffers and may be
- * called from any thread. Without a device every *_host wrapper returns GPU_ENODEV and
- * leaves its buffers alone.
+ * synchronisation; gpu_cuda_step_state_init, not on the step path, also waits for its copy);
+ * the host helpers are pure. The tests' synchronous host-buffer wrappers of these launches
+ * (gpu_cuda_*_host) are in tests/cudahost/cudahost.h.
  */
 #ifndef AMPD_CUDA_STEP_H
 #define AMPD_CUDA_STEP_H
@@ -93,7 +97,7 @@ typedef struct {
     unsigned long long out_nonfinite;
 } gpu_cuda_diag_layer;
 
-#define GPU_CUDA_DIAG_MAX_LAYERS 256  /* GPU_DIAG_MAX_LAYERS of gpu_int.h */
+#define GPU_CUDA_DIAG_MAX_LAYERS 256  /* GPU_DIAG_MAX_LAYERS of gpu/diag.h */
 
 typedef struct {
     float scale;                 /* the loss scale the backward is seeded with */
@@ -125,7 +129,7 @@ int gpu_cuda_step_state_init(gpu_cuda_step_state *d_state, const gpu_scaler_stat
 int gpu_cuda_step_begin_launch(gpu_cuda_step_state *d_state, cudaStream_t stream);
 /* The doubles of the scratch the unscale pass writes its per-block partial sums to. */
 #define GPU_CUDA_UNSCALE_PARTS (1024 * 64)
-/* gpu_unscale() on the device (the fused pass of gpu/cuda_unscale.cu): zeroes *d_found,
+/* gpu_unscale() on the device (the fused pass of gpu/cuda/cuda_unscale.cu): zeroes *d_found,
  * *d_sumsq and d_stats (ntensors entries), then one pass over the tensors of d_g (modified in
  * place) with the multiplier *d_inv, read when the kernel starts; *d_found is set to 1 when
  * a tensor holds inf/NaN. *d_sumsq is added up from per-block partials in d_parts
@@ -168,8 +172,8 @@ int gpu_cuda_optim_lowp_launch(const gpu_optim_config *c, float lr,
                                const size_t *d_offsets, const size_t *d_counts, int ntensors,
                                size_t max_count, unsigned long long *d_tensor_lost,
                                cudaStream_t stream);
-/* One thread: gpu_scaler_update(&scaler, c, found_inf), its result in floor_failed.
- * c borrowed (read at the call). */
+/* One thread: gpu_scaler_update(&scaler, c, found_inf), its result in floor_failed: the
+ * function itself, gpu_scaler_rule of gpu/scaler_rule.h. c borrowed (read at the call). */
 int gpu_cuda_scaler_update_launch(gpu_cuda_step_state *d_state, const gpu_scaler_config *c,
                                   cudaStream_t stream);
 /* Copy the state (and, when d_stats is not NULL, ntensors per-tensor stats) to host memory
@@ -196,83 +200,21 @@ int gpu_cuda_diag_snapshot(const gpu_cuda_diag *d_diag, gpu_cuda_diag *h_diag, i
 
 /* The per-tensor stats as gpu_grad_stat (n entries). Pointers borrowed. */
 void gpu_cuda_step_stats_export(const gpu_cuda_step_tstat *src, int n, gpu_grad_stat *dst);
-
-/* ---- synchronous host-buffer wrappers for tests (GPU_ENODEV without a device) ----------- */
-
-/* gpu_optim_update() on the device, plus found_inf: the whole step is skipped when set.
- * t is the 1-based applied count including this step (the device starts at t - 1 and
- * advances unless found_inf); *applied (may be NULL) receives the device's count after.
- * p, g, m, v, work as in gpu_optim_update (host, borrowed). */
-int gpu_cuda_optim_update_host(const gpu_optim_config *c, float lr, int64_t t, float gmul,
-                               bool found_inf, float *p, const float *g, float *m, float *v,
-                               size_t n, void *work, gpu_dtype wdt, int64_t *applied);
-/* gpu_optim_update_lowp() on the device, with found_inf and *applied as above; *lost (may
- * be NULL) receives the lost-update count (0 when skipped). */
-int gpu_cuda_optim_update_lowp_host(const gpu_optim_config *c, float lr, int64_t t,
-                                    float gmul, bool found_inf, void *w, gpu_dtype wdt,
-                                    const float *g, float *m, float *v, size_t n,
-                                    int64_t *lost, int64_t *applied);
-/* nsteps device scaler updates back to back (no host sync between them) from *s (in/out,
- * the final state) with found_inf[k] for step k; trace[k] (may be NULL) receives the state
- * after step k and floor[k] (may be NULL) whether it failed at the floor. */
-int gpu_cuda_scaler_update_host(gpu_scaler_state *s, const gpu_scaler_config *c,
-                                const bool *found_inf, int nsteps, gpu_scaler_state *trace,
-                                bool *floor);
-/* Unscale at `scale` (inv formed on the device) and clip on the device: g (host, in place),
- * stats, found_inf and sumsq as gpu_unscale(); *norm and *clip (may be NULL) the clip
- * kernel's grad_norm and clip coefficient for c->grad_clip. */
-int gpu_cuda_clip_host(const gpu_optim_config *c, float scale, float *g,
-                       const size_t *offsets, const size_t *counts, int ntensors,
-                       gpu_grad_stat *stats, bool *found_inf, double *sumsq, double *norm,
-                       float *clip);
-
-/* One diagnostics call for gpu_cuda_diag_host: x[0..n) (host) accounted for layer as kind. */
-typedef struct {
-    int layer;
-    gpu_cuda_diag_kind kind;
-    const float *x;
-    size_t n;
-} gpu_cuda_diag_call;
-
-/* A collection begun at `scale` and then the calls in order, on the device (a call for a
- * layer outside [0, nlayers) is ignored, as gpu_diag_* ignore one the table does not hold);
- * layer l has dtype dtypes[l]. *out receives the header and the first nlayers layers. */
-int gpu_cuda_diag_host(const gpu_dtype *dtypes, int nlayers, float scale,
-                       const gpu_cuda_diag_call *calls, int ncalls, gpu_cuda_diag *out);
-
-/* The buffers of a run of step tails (host, borrowed, updated in place). */
-typedef struct {
-    size_t n;                    /* parameters */
-    int ntensors;
-    const size_t *offsets, *counts;  /* the tensors (the gradient layout; lowp updates) */
-    float *master;               /* fp32 master weights; NULL: no master (lowp weights) */
-    void *work;                  /* working copy in wdt (NULL with a master: none), or the
-                                  * lowp weights without a master */
-    gpu_dtype wdt;
-    float *m, *v;                /* optimizer state (v NULL for SGD; m may be NULL for SGD) */
-} gpu_cuda_tail_bufs;
-
-/* nsteps step tails back to back without a host sync: begin -> unscale (grads + k*n, the
- * scaled gradients of step k, host, not modified) -> clip -> optimizer at lr[k] (lowp when
- * b->master is NULL) -> scaler update. *s and *applied are the initial scaler state and
- * applied count (updated to the final ones). trace[k] (nsteps entries, may be NULL): the
- * state after step k; stats (nsteps * ntensors, may be NULL) the per-tensor unscale stats;
- * tensor_lost (nsteps * ntensors, may be NULL) the lowp per-tensor lost counts. */
-int gpu_cuda_step_tail_host(const gpu_optim_config *oc, const gpu_scaler_config *sc,
-                            gpu_scaler_state *s, int64_t *applied, int nsteps,
-                            const float *lr, const float *grads, gpu_cuda_tail_bufs *b,
-                            gpu_cuda_step_state *trace, gpu_grad_stat *stats,
-                            int64_t *tensor_lost);
+/* The state gpu_cuda_step_state_init writes, built in host memory *h: scaler state s (and
+ * scale_used = its scale, inv its multiplier), applied and lost_total as given, clip 1, bias
+ * corrections 1, every other field 0. s borrowed. */
+void gpu_cuda_step_state_make(gpu_cuda_step_state *h, const gpu_scaler_state *s,
+                              int64_t applied, int64_t lost_total);
 
 #ifdef __cplusplus
 }
 #endif
 
-/* ---- C only: gpu_int.h (C11 atomics) cannot be read by nvcc ----------------------------- */
+/* ---- C only: gpu/diag.h (C11 atomics, through gpu_int.h) is not for nvcc ------------- */
 #ifndef __cplusplus
 #include <string.h>
 
-#include "gpu/gpu_int.h"
+#include "gpu/diag.h"
 
 _Static_assert(GPU_CUDA_DIAG_MAX_LAYERS == GPU_DIAG_MAX_LAYERS, "diag layer tables differ");
 

@@ -1,6 +1,7 @@
 /*
- * cuda_blas.cu - the CUDA backend's GEMMs through cuBLASLt, and host-buffer wrappers for the
- * tests (declarations and the full contract in gpu/cuda_blas.h).
+ * cuda_blas.cu - the CUDA backend's GEMMs through cuBLASLt (declarations and the full
+ * contract in gpu/cuda/cuda_blas.h). The tests' host-buffer wrappers of gpu_cuda_matmul are
+ * in tests/cudahost/blas_host.cu.
  *
  * Loading: libcublasLt is opened once per process with dlopen() ("libcublasLt.so.13", then
  * "libcublasLt.so", then /usr/local/cuda/lib64/libcublasLt.so.13) and every entry point used
@@ -24,7 +25,7 @@
  *
  * Threads: loading is guarded by pthread_once; a handle serves one thread and one stream at a
  * time (shared workspace); gpu_cuda_matmul only enqueues work and never synchronises; the
- * host wrappers are synchronous and own their handle and buffers.
+ * argument helpers are pure.
  */
 #include <cublasLt.h>
 #include <dlfcn.h>
@@ -32,8 +33,8 @@
 #include <stdarg.h>
 #include <stdlib.h>
 
-#include "gpu/cuda_blas.h"
-#include "gpu/cuda_common.cuh"
+#include "gpu/cuda/cuda_blas.h"
+#include "gpu/cuda/cuda_common.cuh"
 
 /* ---- the library ------------------------------------------------------------------------- */
 
@@ -225,10 +226,9 @@ static const char *epi_name(gpu_cuda_epilogue e)
     return e == GPU_CUDA_EPI_NONE ? "none" : e == GPU_CUDA_EPI_BIAS ? "bias" : "bias+gelu";
 }
 
-/* Elements spanned by `batch` rows x cols matrices at ld, stride apart: *out = 0 when they
- * are empty. false when the span (or its bytes) would not fit in an int64_t. */
-static bool span_of(int64_t rows, int64_t cols, int64_t ld, int batch, int64_t stride,
-                    int64_t *out)
+/* See cuda_blas.h. */
+extern "C" bool gpu_cuda_span(int64_t rows, int64_t cols, int64_t ld, int batch, int64_t stride,
+                              int64_t *out)
 {
     int64_t a, b, c;
     *out = 0;
@@ -241,14 +241,17 @@ static bool span_of(int64_t rows, int64_t cols, int64_t ld, int batch, int64_t s
     return *out <= INT64_MAX / 4;
 }
 
-/* The spans of A, B and C (aux: below). */
-static bool spans(const gpu_cuda_mm *p, int64_t *sa, int64_t *sb, int64_t *sc)
+/* See cuda_blas.h. */
+extern "C" bool gpu_cuda_mm_spans(const gpu_cuda_mm *p, int64_t *sa, int64_t *sb, int64_t *sc,
+                                  int64_t *sx)
 {
     int64_t ar = p->ta ? p->K : p->M, ac = p->ta ? p->M : p->K;
     int64_t br = p->tb ? p->N : p->K, bc = p->tb ? p->K : p->N;
-    return span_of(ar, ac, p->lda, p->batch, p->stride_a, sa) &&
-           span_of(br, bc, p->ldb, p->batch, p->stride_b, sb) &&
-           span_of(p->M, p->N, p->ldc, p->batch, p->stride_c, sc);
+    *sx = 0;
+    return gpu_cuda_span(ar, ac, p->lda, p->batch, p->stride_a, sa) &&
+           gpu_cuda_span(br, bc, p->ldb, p->batch, p->stride_b, sb) &&
+           gpu_cuda_span(p->M, p->N, p->ldc, p->batch, p->stride_c, sc) &&
+           (p->aux == NULL || gpu_cuda_span(p->M, p->N, p->aux_ld, 1, 0, sx));
 }
 
 static int bad(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -270,9 +273,8 @@ static bool misaligned(const void *ptr, size_t align)
     return ptr != NULL && (uintptr_t)ptr % align != 0;
 }
 
-/* 0 when p describes a product gpu_cuda_matmul can run, else GPU_EINVAL with a message.
- * device: the pointers are device pointers (their alignment is checked too). */
-static int check_mm(const gpu_cuda_mm *p, bool device)
+/* See cuda_blas.h. */
+extern "C" int gpu_cuda_mm_check(const gpu_cuda_mm *p, bool device)
 {
     int64_t sa, sb, sc, sx;
 
@@ -313,8 +315,7 @@ static int check_mm(const gpu_cuda_mm *p, bool device)
         return bad("aux needs the bias+gelu epilogue (not %s)", epi_name(p->epilogue));
     if (p->aux != NULL && (p->aux_ld < 1 || p->aux_ld < p->N || p->aux_ld % 8 != 0))
         return bad("aux_ld %d must be a multiple of 8 and >= N %d", p->aux_ld, p->N);
-    if (!spans(p, &sa, &sb, &sc) ||
-        (p->aux != NULL && !span_of(p->M, p->N, p->aux_ld, 1, 0, &sx)))
+    if (!gpu_cuda_mm_spans(p, &sa, &sb, &sc, &sx))
         return bad("matrices too large (M %d N %d K %d, batch %d)", p->M, p->N, p->K, p->batch);
     if (p->M > 0 && p->N > 0) {
         if (p->C == NULL)
@@ -544,7 +545,7 @@ extern "C" int gpu_cuda_matmul(gpu_cuda_blas *b, cudaStream_t stream, const gpu_
 {
     if (b == NULL)
         return bad("no handle");
-    int rc = check_mm(p, true);
+    int rc = gpu_cuda_mm_check(p, true);
     if (rc != 0)
         return rc;
     if (p->M == 0 || p->N == 0)
@@ -552,212 +553,4 @@ extern "C" int gpu_cuda_matmul(gpu_cuda_blas *b, cudaStream_t stream, const gpu_
     if (p->K == 0)
         return scale_c(p, stream);
     return lt_matmul(b, stream, p);
-}
-
-/* ---- host wrappers ------------------------------------------------------------------------- */
-
-/* Copy the n-element span of a host matrix to a new device buffer (*d stays NULL when n is
- * 0). src holds elements of dt, or fp32 values of dt when from_f32 (converted first). */
-static int upload(void **d, const void *src, gpu_dtype dt, int64_t n, bool from_f32)
-{
-    int rc = 0;
-    void *tmp = NULL;
-    size_t bytes = (size_t)n * esize(dt);
-
-    *d = NULL;
-    if (n == 0)
-        return 0;
-    if (from_f32 && dt != GPU_FP32) {
-        tmp = malloc(bytes);
-        if (tmp == NULL)
-            return GPU_ENOMEM;
-        gpu_cvt_from_f32(tmp, dt, (const float *)src, (size_t)n);
-        src = tmp;
-    }
-    GPU_CUDA_TRY(cudaMalloc(d, bytes));
-    GPU_CUDA_TRY(cudaMemcpy(*d, src, bytes, cudaMemcpyHostToDevice));
-fail:
-    free(tmp);
-    return rc;
-}
-
-/* Copy back the M x N elements of each of batch matrices (ld, stride apart) of the device
- * span d (n elements of dt) into the host fp32 array dst at the same positions. */
-static int download(float *dst, const void *d, gpu_dtype dt, int64_t n, int M, int N, int ld,
-                    int batch, int64_t stride)
-{
-    int rc = 0;
-    float *all = (float *)malloc((size_t)n * sizeof(float));
-    void *raw = malloc((size_t)n * esize(dt));
-
-    if (all == NULL || raw == NULL) {
-        rc = GPU_ENOMEM;
-        goto fail;
-    }
-    GPU_CUDA_TRY(cudaMemcpy(raw, d, (size_t)n * esize(dt), cudaMemcpyDeviceToHost));
-    gpu_cvt_to_f32(all, raw, dt, (size_t)n);
-    for (int b = 0; b < batch; b++)
-        for (int i = 0; i < M; i++) {
-            size_t off = (size_t)b * (size_t)stride + (size_t)i * (size_t)ld;
-            memcpy(dst + off, all + off, (size_t)N * sizeof(float));
-        }
-fail:
-    free(raw);
-    free(all);
-    return rc;
-}
-
-/* Host pointers in p borrowed (see cuda_blas.h); synchronous. */
-extern "C" int gpu_cuda_mm_host(const gpu_cuda_mm *p)
-{
-    int rc = gpu_cuda_ready();
-    int64_t sa = 0, sb = 0, sc = 0, sx = 0;
-    gpu_cuda_blas *b = NULL;
-    gpu_cuda_mm d;
-    void *d_a = NULL, *d_b = NULL, *d_c = NULL, *d_bias = NULL, *d_aux = NULL;
-    char why[320];
-
-    if (rc != 0)
-        return rc;
-    rc = check_mm(p, false);
-    if (rc != 0)
-        return rc;
-    if (p->M == 0 || p->N == 0)
-        return 0;
-    spans(p, &sa, &sb, &sc);
-    if (p->aux != NULL)
-        span_of(p->M, p->N, p->aux_ld, 1, 0, &sx);
-    rc = gpu_cuda_blas_open(&b, why, sizeof(why));
-    if (rc != 0) {
-        fprintf(stderr, "gpu_cuda_mm_host: %s\n", why);
-        return rc;
-    }
-    d = *p;
-    if ((rc = upload(&d_a, p->A, p->adt, p->K > 0 ? sa : 0, false)) != 0 ||
-        (rc = upload(&d_b, p->B, p->bdt, p->K > 0 ? sb : 0, false)) != 0 ||
-        (rc = upload(&d_c, p->C, p->cdt, sc, true)) != 0 ||
-        (rc = upload(&d_bias, p->bias, p->cdt, p->bias != NULL ? p->N : 0, true)) != 0)
-        goto fail;
-    if (sx > 0)
-        GPU_CUDA_TRY(cudaMalloc(&d_aux, (size_t)sx * esize(p->cdt)));
-    d.A = d_a;
-    d.B = d_b;
-    d.C = d_c;
-    d.bias = d_bias;
-    d.aux = d_aux;
-    rc = gpu_cuda_matmul(b, 0, &d);
-    if (rc != 0)
-        goto fail;
-    GPU_CUDA_TRY(cudaDeviceSynchronize());
-    if (d_aux != NULL) {
-        /* aux first: C's copy is the last step, so a failure leaves both untouched */
-        float *tmp = (float *)malloc((size_t)sx * sizeof(float));
-        if (tmp == NULL) {
-            rc = GPU_ENOMEM;
-            goto fail;
-        }
-        memcpy(tmp, p->aux, (size_t)sx * sizeof(float));
-        rc = download(tmp, d_aux, p->cdt, sx, p->M, p->N, p->aux_ld, 1, 0);
-        if (rc == 0)
-            rc = download((float *)p->C, d_c, p->cdt, sc, p->M, p->N, p->ldc, p->batch,
-                          p->stride_c);
-        if (rc == 0)
-            memcpy(p->aux, tmp, (size_t)sx * sizeof(float));
-        free(tmp);
-    } else {
-        rc = download((float *)p->C, d_c, p->cdt, sc, p->M, p->N, p->ldc, p->batch,
-                      p->stride_c);
-    }
-fail:
-    cudaFree(d_aux);
-    cudaFree(d_bias);
-    cudaFree(d_c);
-    cudaFree(d_b);
-    cudaFree(d_a);
-    gpu_cuda_blas_free(b);
-    return rc;
-}
-
-/* gpu_gemm()'s argument rules (gpu/blas.c), without a message. */
-static bool gemm_args_ok(bool ta, bool tb, int M, int N, int K, const void *A, gpu_dtype adt,
-                         int lda, const void *B, gpu_dtype bdt, int ldb, const float *C, int ldc)
-{
-    if (M < 0 || N < 0 || K < 0 || !dtype_ok(adt) || !dtype_ok(bdt))
-        return false;
-    int a_cols = ta ? M : K, b_cols = tb ? K : N;
-    if (lda < 1 || lda < a_cols || ldb < 1 || ldb < b_cols || ldc < 1 || ldc < N)
-        return false;
-    if (M > 0 && N > 0 && C == NULL)
-        return false;
-    return !(M > 0 && N > 0 && K > 0 && (A == NULL || B == NULL));
-}
-
-/* A 16-bit host matrix widened to a new fp32 array over its whole span (*out NULL when the
- * span is empty). */
-static int widen(float **out, const void *src, gpu_dtype dt, int rows, int cols, int ld)
-{
-    int64_t n = 0;
-    *out = NULL;
-    if (!span_of(rows, cols, ld, 1, 0, &n))
-        return GPU_EINVAL;
-    if (n == 0)
-        return 0;
-    *out = (float *)malloc((size_t)n * sizeof(float));
-    if (*out == NULL)
-        return GPU_ENOMEM;
-    gpu_cvt_to_f32(*out, src, dt, (size_t)n);
-    return 0;
-}
-
-/* Host arrays borrowed; synchronous. */
-extern "C" int gpu_cuda_gemm_host(bool ta, bool tb, int M, int N, int K, const void *A,
-                                  gpu_dtype adt, int lda, const void *B, gpu_dtype bdt, int ldb,
-                                  float beta, float *C, int ldc)
-{
-    int rc = gpu_cuda_ready();
-    float *wa = NULL, *wb = NULL;
-    gpu_cuda_mm m;
-
-    if (rc != 0)
-        return rc;
-    if (!gemm_args_ok(ta, tb, M, N, K, A, adt, lda, B, bdt, ldb, C, ldc))
-        return GPU_EINVAL;
-    if (M == 0 || N == 0)
-        return 0;
-    memset(&m, 0, sizeof(m));
-    m.ta = ta;
-    m.tb = tb;
-    m.M = M;
-    m.N = N;
-    m.K = K;
-    m.A = A;
-    m.adt = adt;
-    m.lda = lda;
-    m.B = B;
-    m.bdt = bdt;
-    m.ldb = ldb;
-    m.C = C;
-    m.cdt = GPU_FP32;
-    m.ldc = ldc;
-    m.beta = beta;
-    m.batch = 1;
-    if (adt != bdt) {
-        /* cuBLASLt needs one operand dtype: widen the 16-bit ones (exact, as gpu_gemm does) */
-        if (K > 0 && adt != GPU_FP32 &&
-            (rc = widen(&wa, A, adt, ta ? K : M, ta ? M : K, lda)) != 0)
-            goto done;
-        if (K > 0 && bdt != GPU_FP32 &&
-            (rc = widen(&wb, B, bdt, tb ? N : K, tb ? K : N, ldb)) != 0)
-            goto done;
-        if (wa != NULL)
-            m.A = wa;
-        if (wb != NULL)
-            m.B = wb;
-        m.adt = m.bdt = GPU_FP32;
-    }
-    rc = gpu_cuda_mm_host(&m);
-done:
-    free(wa);
-    free(wb);
-    return rc;
 }

@@ -1,8 +1,9 @@
 /*
  * cuda_model.h - the MLP and the GPT on a CUDA device (internal to the engine; built only
- * with CUDA). Plain C (gpu/cuda_mlp.c, gpu/cuda_gpt.c) that drives the kernels of
- * cuda_blas.h, cuda_ops.h and cuda_step.h on one stream; gpu/cuda_train.c owns the memory
- * and runs whole steps with them.
+ * with CUDA), and the step profile. Plain C (gpu/cuda/cuda_mlp.c, gpu/cuda/cuda_gpt.c) that
+ * drives the kernels of cuda_blas.h, cuda_ops.h and cuda_step.h on one stream;
+ * gpu/cuda/cuda_train.c owns the memory and runs whole steps with them (the twin of
+ * gpu/twin.h), gpu/cuda/cuda_prof.c times them.
  *
  * Memory, the llm.c way and with the CPU's layout: the parameter-shaped blocks (fp32
  * master, working copy in the job's dtype, fp32 gradients, m, v) use the element offsets of
@@ -11,10 +12,10 @@
  * gpu_cuda_*_plan below (16-bit activations stored as 16 bits: that is where AMP saves
  * memory). Every pointer in gpu_cuda_model_ctx is a device pointer.
  *
- * Numerics: the CPU contract (gpu_int.h): each op computes in fp32 from values of its
- * dtype and rounds its outputs and gradients to that dtype; the GEMMs accumulate in fp32
- * (CUBLAS_COMPUTE_32F). Results match the CPU's within the tolerances tests/check_cuda_train.c
- * states (orders of summation differ).
+ * Numerics: the CPU contract (gpu/mlp.h, gpu/gpt.h): each op computes in fp32 from values
+ * of its dtype and rounds its outputs and gradients to that dtype; the GEMMs accumulate in
+ * fp32 (CUBLAS_COMPUTE_32F). Results match the CPU's within the tolerances
+ * tests/check_cuda_train.c states (orders of summation differ).
  *
  * Threads: everything is enqueued on ctx->stream; nothing synchronises the host.
  */
@@ -23,10 +24,12 @@
 
 #include <cuda_runtime_api.h>
 
-#include "gpu/cuda_blas.h"
-#include "gpu/cuda_ops.h"
-#include "gpu/cuda_step.h"
-#include "gpu/gpu_int.h"
+#include "gpu/cuda/cuda_blas.h"
+#include "gpu/cuda/cuda_ops.h"
+#include "gpu/cuda/cuda_step.h"
+#include "gpu/diag.h"
+#include "gpu/gpt.h"
+#include "gpu/mlp.h"
 
 /* ---- step profile (cuda_prof.c) ------------------------------------------------------
  *
@@ -85,7 +88,7 @@ int gpu_cuda_gpt_backward(const gpu_gpt *m, const gpu_cuda_model_ctx *c, const i
 
 /* ---- trainer (cuda_train.c) ------------------------------------------------------------
  *
- * The device twin of gpu_trainer (its interface, free of CUDA types, is in gpu_int.h) owns
+ * The device twin of gpu_trainer (its interface, free of CUDA types, is in gpu/twin.h) owns
  * one device allocation per block, the step state and a pinned host snapshot, and runs a
  * step as: upload the batch, begin, forward, backward, unscale, clip, optimizer, scaler
  * update, snapshot, then one cudaStreamSynchronize.

@@ -1,7 +1,7 @@
 /*
  * cuda_mlp.c - the MLP of gpu/mlp.c on a CUDA device: the same graph with the same rounding
  * points, built from the kernels of cuda_blas.h, cuda_ops.h and cuda_step.h (contract in
- * gpu/cuda_model.h).
+ * gpu/cuda/cuda_model.h).
  *
  * Forward, per linear l (in = width[l], out = width[l + 1]):
  *   o = x_l W^T            cuBLASLt, operands in lin_dt, fp32 accumulation, fp32 output
@@ -38,20 +38,8 @@
  */
 #include <string.h>
 
-#include "gpu/cuda_model.h"
-
-/* Return the first failure of a launch. */
-#define TRY(call)          \
-    do {                   \
-        int rc_ = (call);  \
-        if (rc_ != 0)      \
-            return rc_;    \
-    } while (0)
-
-static size_t align256(size_t n)
-{
-    return (n + 255) & ~(size_t)255;
-}
+#include "gpu/cuda/cuda_model.h"
+#include "gpu/cuda/cuda_util.h"
 
 static bool act_needs_z(const gpu_mlp *m, int l)
 {
@@ -90,13 +78,13 @@ static void acts_layout(const gpu_mlp *m, int B, mlp_acts *a)
     size_t es = gpu_dtype_size(m->lin_dt), off = 0, rows = (size_t)B;
     for (int l = 0; l < m->nlin; l++) {
         a->x[l] = off;
-        off = align256(off + rows * (size_t)m->width[l] * es);
+        off = gpu_align256(off + rows * (size_t)m->width[l] * es);
         a->z[l] = off;
         if (act_needs_z(m, l))
-            off = align256(off + rows * (size_t)m->width[l + 1] * es);
+            off = gpu_align256(off + rows * (size_t)m->width[l + 1] * es);
     }
     a->probs = off;
-    off = align256(off + rows * (size_t)m->width[m->nlin] * gpu_dtype_size(m->ce_dt));
+    off = gpu_align256(off + rows * (size_t)m->width[m->nlin] * gpu_dtype_size(m->ce_dt));
     a->bytes = off;
 }
 
@@ -111,20 +99,20 @@ static void ws_layout(const gpu_mlp *m, int B, mlp_ws *w)
         col = c > col ? c : col;
     }
     w->zero = off;
-    off = align256(off + maxw * sizeof(float));
+    off = gpu_align256(off + maxw * sizeof(float));
     w->f32 = off;
-    off = align256(off + rows * maxw * sizeof(float));
+    off = gpu_align256(off + rows * maxw * sizeof(float));
     for (int i = 0; i < 2; i++) {
         w->dz[i] = off;
-        off = align256(off + rows * maxw * es);
+        off = gpu_align256(off + rows * maxw * es);
     }
     w->wide = off;
     if (m->lin_dt == GPU_FP32) /* the plan cannot tell whether the weights are 16-bit */
-        off = align256(off + wmax * sizeof(float));
+        off = gpu_align256(off + wmax * sizeof(float));
     w->ce = off;
-    off = align256(off + gpu_cuda_ce_workspace(B));
+    off = gpu_align256(off + gpu_cuda_ce_workspace(B));
     w->col = off;
-    off = align256(off + col);
+    off = gpu_align256(off + col);
     w->bytes = off;
 }
 
@@ -256,12 +244,12 @@ static int linear_fwd(const mlp_pass *p, int l)
     const void *W, *bias;
     gpu_dtype bdt;
 
-    TRY(weight(p, l, &W));
-    TRY(gemm(p, false, true, B, out, in, p->acts + p->a.x[l], in, W, in, m->lin_dt, o, out));
+    GPU_TRY(weight(p, l, &W));
+    GPU_TRY(gemm(p, false, true, B, out, in, p->acts + p->a.x[l], in, W, in, m->lin_dt, o, out));
     bias = param(p, m->b_off[l], &bdt);
     if (p->c->diag != NULL) { /* the fp32 outputs before rounding, as mlp.c accounts them */
-        TRY(gpu_cuda_bias_add_launch(o, GPU_FP32, bias, bdt, B, out, GPU_FP32, o, GPU_FP32, s));
-        TRY(diag(p, l, GPU_CUDA_DIAG_FORWARD, o, n));
+        GPU_TRY(gpu_cuda_bias_add_launch(o, GPU_FP32, bias, bdt, B, out, GPU_FP32, o, GPU_FP32, s));
+        GPU_TRY(diag(p, l, GPU_CUDA_DIAG_FORWARD, o, n));
         bias = p->zero;
         bdt = GPU_FP32;
     }
@@ -271,7 +259,7 @@ static int linear_fwd(const mlp_pass *p, int l)
         z = p->acts + p->a.z[l];
         zdt = m->lin_dt;
     }
-    TRY(gpu_cuda_bias_add_launch(o, GPU_FP32, bias, bdt, B, out, m->lin_dt, z, zdt, s));
+    GPU_TRY(gpu_cuda_bias_add_launch(o, GPU_FP32, bias, bdt, B, out, m->lin_dt, z, zdt, s));
     if (l == m->nlin - 1)
         return 0;
     return gpu_cuda_act_fwd_launch(m->act, z, zdt, p->acts + p->a.x[l + 1], m->lin_dt, n,
@@ -285,17 +273,17 @@ int gpu_cuda_mlp_forward(const gpu_mlp *m, const gpu_cuda_model_ctx *c, const fl
     mlp_pass p;
     if (x == NULL || y == NULL || c == NULL || c->loss_sum == NULL || c->correct == NULL)
         return GPU_EINVAL;
-    TRY(pass_init(&p, m, c, B));
+    GPU_TRY(pass_init(&p, m, c, B));
     /* the input is cast to the first linear's dtype (autocast's input cast) */
-    TRY(cast(&p, x, GPU_FP32, B, m->width[0], m->lin_dt, p.acts + p.a.x[0], m->lin_dt));
+    GPU_TRY(cast(&p, x, GPU_FP32, B, m->width[0], m->lin_dt, p.acts + p.a.x[0], m->lin_dt));
     for (int l = 0; l < m->nlin; l++) {
-        TRY(linear_fwd(&p, l));
+        GPU_TRY(linear_fwd(&p, l));
         gpu_cuda_prof_mark(c->prof, c->stream, "linear.fwd"); /* with its activation */
     }
     int last = m->nlin - 1;
-    TRY(gpu_cuda_ce_fwd_launch(GPU_CUDA_CE_MLP, p.acts + p.a.z[last], m->lin_dt, y, B,
-                               m->width[m->nlin], m->lin_dt, m->ce_dt, p.acts + p.a.probs,
-                               m->ce_dt, c->loss_sum, c->correct, p.ws + p.w.ce, c->stream));
+    GPU_TRY(gpu_cuda_ce_fwd_launch(GPU_CUDA_CE_MLP, p.acts + p.a.z[last], m->lin_dt, y, B,
+                                   m->width[m->nlin], m->lin_dt, m->ce_dt, p.acts + p.a.probs,
+                                   m->ce_dt, c->loss_sum, c->correct, p.ws + p.w.ce, c->stream));
     gpu_cuda_prof_mark(c->prof, c->stream, "head.fwd");
     return 0;
 }
@@ -310,25 +298,25 @@ static int param_grads(const mlp_pass *p, int l, const void *dz)
     float *gw = c->grads + m->w_off[l], *gb = c->grads + m->b_off[l];
     bool lowp = m->lin_dt != GPU_FP32, on = c->diag != NULL;
 
-    TRY(gemm(p, true, false, out, in, B, dz, out, p->acts + p->a.x[l], in, m->lin_dt, gw, in));
+    GPU_TRY(gemm(p, true, false, out, in, B, dz, out, p->acts + p->a.x[l], in, m->lin_dt, gw, in));
     if (on) {
         const float *dz32 = dz;
         if (lowp) {
             float *f = (float *)(void *)(p->ws + p->w.f32);
-            TRY(cast(p, dz, m->lin_dt, B, out, GPU_FP32, f, GPU_FP32));
+            GPU_TRY(cast(p, dz, m->lin_dt, B, out, GPU_FP32, f, GPU_FP32));
             dz32 = f;
         }
-        TRY(diag(p, l, GPU_CUDA_DIAG_BACKWARD, dz32, (size_t)B * (size_t)out));
-        TRY(diag(p, l, GPU_CUDA_DIAG_WEIGHT_GRAD, gw, (size_t)out * (size_t)in));
+        GPU_TRY(diag(p, l, GPU_CUDA_DIAG_BACKWARD, dz32, (size_t)B * (size_t)out));
+        GPU_TRY(diag(p, l, GPU_CUDA_DIAG_WEIGHT_GRAD, gw, (size_t)out * (size_t)in));
     }
     if (lowp)
-        TRY(cast(p, gw, GPU_FP32, out, in, m->lin_dt, gw, GPU_FP32));
-    TRY(gpu_cuda_bias_grad_launch(dz, m->lin_dt, B, out, on ? GPU_FP32 : m->lin_dt, gb,
-                                  p->ws + p->w.col, c->stream));
+        GPU_TRY(cast(p, gw, GPU_FP32, out, in, m->lin_dt, gw, GPU_FP32));
+    GPU_TRY(gpu_cuda_bias_grad_launch(dz, m->lin_dt, B, out, on ? GPU_FP32 : m->lin_dt, gb,
+                                      p->ws + p->w.col, c->stream));
     if (on) {
-        TRY(diag(p, l, GPU_CUDA_DIAG_WEIGHT_GRAD, gb, (size_t)out));
+        GPU_TRY(diag(p, l, GPU_CUDA_DIAG_WEIGHT_GRAD, gb, (size_t)out));
         if (lowp)
-            TRY(cast(p, gb, GPU_FP32, 1, out, m->lin_dt, gb, GPU_FP32));
+            GPU_TRY(cast(p, gb, GPU_FP32, 1, out, m->lin_dt, gb, GPU_FP32));
     }
     return 0;
 }
@@ -344,11 +332,11 @@ static int input_grad(const mlp_pass *p, int l, const void *dz, void *dx)
     float *d32 = lowp ? (float *)(void *)(p->ws + p->w.f32) : dx;
     const void *W, *saved;
 
-    TRY(weight(p, l, &W));
-    TRY(gemm(p, false, false, B, in, out, dz, out, W, in, m->lin_dt, d32, in));
-    TRY(diag(p, l, GPU_CUDA_DIAG_INPUT_GRAD, d32, n));
+    GPU_TRY(weight(p, l, &W));
+    GPU_TRY(gemm(p, false, false, B, in, out, dz, out, W, in, m->lin_dt, d32, in));
+    GPU_TRY(diag(p, l, GPU_CUDA_DIAG_INPUT_GRAD, d32, n));
     if (lowp)
-        TRY(cast(p, d32, GPU_FP32, B, in, m->lin_dt, dx, m->lin_dt));
+        GPU_TRY(cast(p, d32, GPU_FP32, B, in, m->lin_dt, dx, m->lin_dt));
     /* ReLU masks with its output x_l; GELU differentiates at its input z_{l-1} */
     saved = m->act == GPU_ACT_RELU ? p->acts + p->a.x[l] : p->acts + p->a.z[l - 1];
     return gpu_cuda_act_bwd_launch(m->act, dx, dx, m->lin_dt, saved, m->lin_dt, n, m->act_dt,
@@ -363,16 +351,16 @@ int gpu_cuda_mlp_backward(const gpu_mlp *m, const gpu_cuda_model_ctx *c, const f
     (void)x;
     if (y == NULL || c == NULL || c->grads == NULL || c->state == NULL)
         return GPU_EINVAL;
-    TRY(pass_init(&p, m, c, B));
+    GPU_TRY(pass_init(&p, m, c, B));
     void *dz = p.ws + p.w.dz[0], *dx = p.ws + p.w.dz[1];
-    TRY(gpu_cuda_ce_bwd_launch(GPU_CUDA_CE_MLP, p.acts + p.a.probs, m->ce_dt, y, B,
-                               m->width[m->nlin], m->ce_dt, m->lin_dt, 0.0f,
-                               &c->state->scale_used, B, dz, m->lin_dt, c->stream));
+    GPU_TRY(gpu_cuda_ce_bwd_launch(GPU_CUDA_CE_MLP, p.acts + p.a.probs, m->ce_dt, y, B,
+                                   m->width[m->nlin], m->ce_dt, m->lin_dt, 0.0f,
+                                   &c->state->scale_used, B, dz, m->lin_dt, c->stream));
     gpu_cuda_prof_mark(c->prof, c->stream, "head.bwd");
     for (int l = m->nlin - 1; l >= 0; l--) {
-        TRY(param_grads(&p, l, dz));
+        GPU_TRY(param_grads(&p, l, dz));
         if (l > 0)
-            TRY(input_grad(&p, l, dz, dx));
+            GPU_TRY(input_grad(&p, l, dz, dx));
         gpu_cuda_prof_mark(c->prof, c->stream, "linear.bwd");
         if (l == 0)
             break;

@@ -1,7 +1,7 @@
 /*
  * cuda_attn.cu - the GPT's flash attention on tensor cores (FlashAttention-2): the causal
  * softmax(Q K^T / sqrt(hd)) V of every (sequence, head) without the B x H x T x T score or
- * probability matrices in memory, forward and backward. Declared in gpu/cuda_ops.h.
+ * probability matrices in memory, forward and backward. Declared in gpu/cuda/cuda_ops.h.
  *
  * Numerics (gpu_gpt_flash_fwd/bwd in gpu/gpt.c are the reference): Q, K, V, dY are 16-bit
  * (fp16 or bf16) values; the products run on tensor cores (mma.sync m16n8k16, fp32
@@ -43,8 +43,8 @@
 
 #include <type_traits>
 
-#include "gpu/cuda_common.cuh"
-#include "gpu/cuda_ops.h"
+#include "gpu/cuda/cuda_common.cuh"
+#include "gpu/cuda/cuda_ops.h"
 
 #ifndef __CUDACC__
 #include <ptx_mma.h> /* the emulator (tests/cudaemu): the PTX instruction as a function */

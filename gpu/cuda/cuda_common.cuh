@@ -1,5 +1,6 @@
 /*
- * cuda_common.cuh - shared pieces of the CUDA backend (included by gpu/cuda_*.cu only).
+ * cuda_common.cuh - shared pieces of the CUDA backend, for CUDA sources only: the kernel
+ * files gpu/cuda/cuda_*.cu and the tests' wrappers in tests/cudahost.
  *
  * Holds the error-checking macros (they log the CUDA error with file:line to stderr and
  * turn it into GPU_ECUDA; a daemon never exits on a CUDA error), the "is there a device"

@@ -30,8 +30,8 @@
  */
 #include <stdlib.h>
 
-#include "gpu/cuda_common.cuh"
-#include "gpu/cuda_step.h"
+#include "gpu/cuda/cuda_common.cuh"
+#include "gpu/cuda/cuda_step.h"
 
 #define US_THREADS 256
 #define US_WARPS (US_THREADS / 32)

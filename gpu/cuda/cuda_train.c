@@ -1,6 +1,6 @@
 /*
- * cuda_train.c - the trainer's device twin (interface in gpu/gpu_int.h, device conventions
- * in gpu/cuda_model.h): the blocks of a gpu_trainer on a CUDA device and whole training
+ * cuda_train.c - the trainer's device twin (interface in gpu/twin.h, device conventions
+ * in gpu/cuda/cuda_model.h): the blocks of a gpu_trainer on a CUDA device and whole training
  * steps run there.
  *
  * Memory: one cudaMalloc per block, with the CPU plan's element offsets for the
@@ -36,18 +36,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpu/cuda_model.h"
-
-static size_t align256(size_t n)
-{
-    return (n + 255) & ~(size_t)255;
-}
+#include "gpu/cuda/cuda_model.h"
+#include "gpu/cuda/cuda_util.h"
+#include "gpu/twin.h"
 
 /* The next region of `bytes` at *off (256-byte aligned); returns its offset. */
 static size_t take(size_t *off, size_t bytes)
 {
     size_t at = *off;
-    *off = align256(at + bytes);
+    *off = gpu_align256(at + bytes);
     return at;
 }
 
@@ -118,14 +115,6 @@ static gpu_cuda_step_state *h_state(const gpu_cuda_twin *d)
     return AT(d->pinned, d->sl.state, gpu_cuda_step_state);
 }
 
-/* Return the first failure of a call. */
-#define TRY(call)          \
-    do {                   \
-        int rc_ = (call);  \
-        if (rc_ != 0)      \
-            return rc_;    \
-    } while (0)
-
 /* Make the twin's device current on the calling thread. */
 static int use_device(const gpu_cuda_twin *d)
 {
@@ -171,7 +160,7 @@ void gpu_cuda_diag_names(gpu_diag *d, const gpu_mlp *mlp, const gpu_gpt *gpt)
 /* The batch block: B inputs of xsize bytes, then B * rows int labels. */
 static size_t batch_bytes(int B, size_t xsize, int rows)
 {
-    return align256((size_t)B * xsize) + (size_t)B * (size_t)rows * sizeof(int);
+    return gpu_align256((size_t)B * xsize) + (size_t)B * (size_t)rows * sizeof(int);
 }
 
 /* Select the device, open cuBLASLt, create the stream and the timing events. *free0
@@ -247,23 +236,23 @@ static int alloc_blocks(gpu_cuda_twin *d, char *err, size_t errlen)
     d->batch_bytes = batch_bytes(d->B, d->xsize, d->rows);
     small_plan(&d->sl, h->ntensors);
     if (h->master)
-        TRY(dev_alloc(d, (void **)&d->master, P * sizeof(float), "fp32 master weights", err,
-                      errlen));
+        GPU_TRY(dev_alloc(d, (void **)&d->master, P * sizeof(float), "fp32 master weights", err,
+                          errlen));
     if (fp32)
         d->work = d->master;
     else
-        TRY(dev_alloc(d, &d->work, P * gpu_dtype_size(d->cfg.dtype), "working weights", err,
-                      errlen));
-    TRY(dev_alloc(d, (void **)&d->grads, P * sizeof(float), "gradients", err, errlen));
-    TRY(dev_alloc(d, (void **)&d->m, P * sizeof(float), "optimizer state", err, errlen));
+        GPU_TRY(dev_alloc(d, &d->work, P * gpu_dtype_size(d->cfg.dtype), "working weights", err,
+                          errlen));
+    GPU_TRY(dev_alloc(d, (void **)&d->grads, P * sizeof(float), "gradients", err, errlen));
+    GPU_TRY(dev_alloc(d, (void **)&d->m, P * sizeof(float), "optimizer state", err, errlen));
     if (h->v)
-        TRY(dev_alloc(d, (void **)&d->v, P * sizeof(float), "optimizer state", err, errlen));
-    TRY(dev_alloc(d, &d->acts, d->acts_bytes, "activations", err, errlen));
-    TRY(dev_alloc(d, &d->ws, d->ws_bytes, "workspace", err, errlen));
-    TRY(dev_alloc(d, &d->batch, d->batch_bytes, "batch", err, errlen));
-    TRY(dev_alloc(d, &d->small, d->sl.bytes, "step state", err, errlen));
+        GPU_TRY(dev_alloc(d, (void **)&d->v, P * sizeof(float), "optimizer state", err, errlen));
+    GPU_TRY(dev_alloc(d, &d->acts, d->acts_bytes, "activations", err, errlen));
+    GPU_TRY(dev_alloc(d, &d->ws, d->ws_bytes, "workspace", err, errlen));
+    GPU_TRY(dev_alloc(d, &d->batch, d->batch_bytes, "batch", err, errlen));
+    GPU_TRY(dev_alloc(d, &d->small, d->sl.bytes, "step state", err, errlen));
     d->x = d->batch;
-    d->y = AT(d->batch, align256(xbytes), int);
+    d->y = AT(d->batch, gpu_align256(xbytes), int);
     pinned_bytes = d->sl.parts + d->batch_bytes;     /* the small block up to the partials */
     if (cudaHostAlloc((void **)&d->pinned, pinned_bytes, cudaHostAllocDefault) != cudaSuccess) {
         (void)cudaGetLastError();
@@ -273,7 +262,7 @@ static int alloc_blocks(gpu_cuda_twin *d, char *err, size_t errlen)
         return GPU_ENOMEM;
     }
     d->h_x = d->pinned + d->sl.parts;
-    d->h_y = AT(d->h_x, align256(xbytes), int);
+    d->h_y = AT(d->h_x, gpu_align256(xbytes), int);
     return 0;
 }
 
@@ -333,16 +322,17 @@ static int put_blocks(const gpu_cuda_twin *d)
     const gpu_cuda_host *h = &d->h;
     size_t P = d->P;
     if (d->master)
-        TRY(copy(d, d->master, h->master, P * sizeof(float), cudaMemcpyHostToDevice));
+        GPU_TRY(copy(d, d->master, h->master, P * sizeof(float), cudaMemcpyHostToDevice));
     if (d->work != d->master)
-        TRY(copy(d, d->work, h->work, P * gpu_dtype_size(d->cfg.dtype), cudaMemcpyHostToDevice));
-    TRY(copy(d, d->m, h->m, P * sizeof(float), cudaMemcpyHostToDevice));
+        GPU_TRY(copy(d, d->work, h->work, P * gpu_dtype_size(d->cfg.dtype),
+                     cudaMemcpyHostToDevice));
+    GPU_TRY(copy(d, d->m, h->m, P * sizeof(float), cudaMemcpyHostToDevice));
     if (d->v)
-        TRY(copy(d, d->v, h->v, P * sizeof(float), cudaMemcpyHostToDevice));
+        GPU_TRY(copy(d, d->v, h->v, P * sizeof(float), cudaMemcpyHostToDevice));
     return 0;
 }
 
-/* Create the twin; see gpu_int.h. */
+/* Create the twin; see gpu/twin.h. */
 int gpu_cuda_twin_create(const gpu_cuda_host *h, int device, const gpu_scaler_state *s,
                          int64_t applied, int64_t lost_total, gpu_cuda_twin **out,
                          gpu_mem *mem, char *err, size_t errlen)
@@ -473,10 +463,10 @@ static int upload_batch(const gpu_cuda_twin *d, const void *x, const int *y, int
     size_t xb = (size_t)B * d->xsize, yb = (size_t)B * (size_t)d->rows * sizeof(int);
     /* a step that failed half-way may have left the last copies from h_x/h_y in flight
      * (after a good step the stream is idle, and this costs nothing) */
-    TRY(sync_stream(d));
+    GPU_TRY(sync_stream(d));
     memcpy(d->h_x, x, xb);
     memcpy(d->h_y, y, yb);
-    TRY(copy(d, d->x, d->h_x, xb, cudaMemcpyHostToDevice));
+    GPU_TRY(copy(d, d->x, d->h_x, xb, cudaMemcpyHostToDevice));
     return copy(d, d->y, d->h_y, yb, cudaMemcpyHostToDevice);
 }
 
@@ -504,19 +494,19 @@ static int tail(const gpu_cuda_twin *d, float lr, gpu_cuda_prof *prof)
     size_t *counts = AT(d->small, d->sl.counts, size_t);
     cudaStream_t s = d->stream;
 
-    TRY(gpu_cuda_step_unscale_launch(d->grads, offsets, counts, h->ntensors, d->max_count,
-                                     AT(d->small, d->sl.tstats, gpu_cuda_step_tstat), st,
-                                     AT(d->small, d->sl.parts, double), s));
+    GPU_TRY(gpu_cuda_step_unscale_launch(d->grads, offsets, counts, h->ntensors, d->max_count,
+                                         AT(d->small, d->sl.tstats, gpu_cuda_step_tstat), st,
+                                         AT(d->small, d->sl.parts, double), s));
     gpu_cuda_prof_mark(prof, s, "unscale");
-    TRY(gpu_cuda_step_clip_launch(st, &d->cfg.optim, s));
+    GPU_TRY(gpu_cuda_step_clip_launch(st, &d->cfg.optim, s));
     gpu_cuda_prof_mark(prof, s, "clip");
     if (d->master)
-        TRY(gpu_cuda_optim_launch(&d->cfg.optim, lr, st, d->master, d->grads, d->m, d->v, d->P,
-                                  d->work != d->master ? d->work : NULL, d->cfg.dtype, s));
+        GPU_TRY(gpu_cuda_optim_launch(&d->cfg.optim, lr, st, d->master, d->grads, d->m, d->v, d->P,
+                                      d->work != d->master ? d->work : NULL, d->cfg.dtype, s));
     else
-        TRY(gpu_cuda_optim_lowp_launch(&d->cfg.optim, lr, st, d->work, d->cfg.dtype, d->grads,
-                                       d->m, d->v, offsets, counts, h->ntensors, d->max_count,
-                                       AT(d->small, d->sl.tlost, unsigned long long), s));
+        GPU_TRY(gpu_cuda_optim_lowp_launch(&d->cfg.optim, lr, st, d->work, d->cfg.dtype, d->grads,
+                                           d->m, d->v, offsets, counts, h->ntensors, d->max_count,
+                                           AT(d->small, d->sl.tlost, unsigned long long), s));
     gpu_cuda_prof_mark(prof, s, "optimizer");
     return gpu_cuda_scaler_update_launch(st, &d->cfg.scaler, s);
 }
@@ -525,19 +515,20 @@ static int tail(const gpu_cuda_twin *d, float lr, gpu_cuda_prof *prof)
 static int snapshot(const gpu_cuda_twin *d, int nlayers)
 {
     int nt = d->h.ntensors;
-    TRY(gpu_cuda_step_snapshot(d_state(d), h_state(d),
-                               AT(d->small, d->sl.tstats, gpu_cuda_step_tstat),
-                               AT(d->pinned, d->sl.tstats, gpu_cuda_step_tstat), nt, d->stream));
-    TRY(copy(d, AT(d->pinned, d->sl.loss, double), AT(d->small, d->sl.loss, double),
-             sizeof(double), cudaMemcpyDeviceToHost));
-    if (!d->master)
-        TRY(copy(d, AT(d->pinned, d->sl.tlost, unsigned long long),
-                 AT(d->small, d->sl.tlost, unsigned long long),
-                 (size_t)nt * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
-    if (nlayers > 0)
-        TRY(gpu_cuda_diag_snapshot(AT(d->small, d->sl.diag, gpu_cuda_diag),
-                                   AT(d->pinned, d->sl.diag, gpu_cuda_diag), nlayers,
+    GPU_TRY(gpu_cuda_step_snapshot(d_state(d), h_state(d),
+                                   AT(d->small, d->sl.tstats, gpu_cuda_step_tstat),
+                                   AT(d->pinned, d->sl.tstats, gpu_cuda_step_tstat), nt,
                                    d->stream));
+    GPU_TRY(copy(d, AT(d->pinned, d->sl.loss, double), AT(d->small, d->sl.loss, double),
+                 sizeof(double), cudaMemcpyDeviceToHost));
+    if (!d->master)
+        GPU_TRY(copy(d, AT(d->pinned, d->sl.tlost, unsigned long long),
+                     AT(d->small, d->sl.tlost, unsigned long long),
+                     (size_t)nt * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+    if (nlayers > 0)
+        GPU_TRY(gpu_cuda_diag_snapshot(AT(d->small, d->sl.diag, gpu_cuda_diag),
+                                       AT(d->pinned, d->sl.diag, gpu_cuda_diag), nlayers,
+                                       d->stream));
     return 0;
 }
 
@@ -575,12 +566,12 @@ static int profiler(gpu_cuda_twin *d, const gpu_profile *prof, gpu_cuda_prof **o
     if (prof == NULL)
         return 0;
     if (d->prof == NULL)
-        TRY(gpu_cuda_prof_create(&d->prof));
+        GPU_TRY(gpu_cuda_prof_create(&d->prof));
     *out = d->prof;
     return 0;
 }
 
-/* One step; see gpu_int.h. The cudaStreamSynchronize below is the step's only host wait. */
+/* One step; see gpu/twin.h. The cudaStreamSynchronize below is the step's only host wait. */
 int gpu_cuda_twin_step(gpu_cuda_twin *d, const void *x, const int *y, int B, float lr,
                        gpu_diag *diag, gpu_grad_stat *stats, int64_t *tensor_lost,
                        gpu_cuda_step_out *out, gpu_profile *prof)
@@ -591,82 +582,83 @@ int gpu_cuda_twin_step(gpu_cuda_twin *d, const void *x, const int *y, int B, flo
         out == NULL || B < 1 || B > d->B)
         return GPU_EINVAL;
     memset(out, 0, sizeof(*out));
-    TRY(use_device(d));
+    GPU_TRY(use_device(d));
     if (diag != NULL) {
         gpu_cuda_diag_names(diag, d->h.mlp, d->h.gpt);
         nlayers = diag->nlayers;
     }
     gpu_cuda_model_ctx c = ctx_of(d, true, diag != NULL);
-    TRY(profiler(d, prof, &c.prof));
-    TRY(gpu_cuda_c_check(cudaEventRecord(d->ev[0], d->stream), "cudaEventRecord"));
+    GPU_TRY(profiler(d, prof, &c.prof));
+    GPU_TRY(gpu_cuda_c_check(cudaEventRecord(d->ev[0], d->stream), "cudaEventRecord"));
     if (c.prof != NULL)
-        TRY(gpu_cuda_prof_start(c.prof, d->stream));
-    TRY(upload_batch(d, x, y, B));
-    TRY(gpu_cuda_step_begin_launch(d_state(d), d->stream));
+        GPU_TRY(gpu_cuda_prof_start(c.prof, d->stream));
+    GPU_TRY(upload_batch(d, x, y, B));
+    GPU_TRY(gpu_cuda_step_begin_launch(d_state(d), d->stream));
     if (diag != NULL)
-        TRY(gpu_cuda_diag_begin_launch(c.diag, d_state(d), d->stream));
+        GPU_TRY(gpu_cuda_diag_begin_launch(c.diag, d_state(d), d->stream));
     gpu_cuda_prof_mark(c.prof, d->stream, "upload");
-    TRY(forward(d, &c, B));
-    TRY(backward(d, &c, B));
-    TRY(tail(d, lr, c.prof));
-    TRY(snapshot(d, nlayers));
+    GPU_TRY(forward(d, &c, B));
+    GPU_TRY(backward(d, &c, B));
+    GPU_TRY(tail(d, lr, c.prof));
+    GPU_TRY(snapshot(d, nlayers));
     gpu_cuda_prof_mark(c.prof, d->stream, "scaler"); /* the scaler update and the snapshot */
-    TRY(gpu_cuda_c_check(cudaEventRecord(d->ev[1], d->stream), "cudaEventRecord"));
-    TRY(sync_stream(d));
-    TRY(gpu_cuda_c_check(cudaEventElapsedTime(&ms, d->ev[0], d->ev[1]),
-                         "cudaEventElapsedTime"));
+    GPU_TRY(gpu_cuda_c_check(cudaEventRecord(d->ev[1], d->stream), "cudaEventRecord"));
+    GPU_TRY(sync_stream(d));
+    GPU_TRY(gpu_cuda_c_check(cudaEventElapsedTime(&ms, d->ev[0], d->ev[1]),
+                             "cudaEventElapsedTime"));
     if (c.prof != NULL)
-        TRY(gpu_cuda_prof_read(c.prof, prof));
+        GPU_TRY(gpu_cuda_prof_read(c.prof, prof));
     read_snapshot(d, B, diag, stats, tensor_lost, out);
     out->step_ms = (double)ms;
     return 0;
 }
 
-/* One eval batch; see gpu_int.h. */
+/* One eval batch; see gpu/twin.h. */
 int gpu_cuda_twin_eval(gpu_cuda_twin *d, const void *x, const int *y, int B, double *loss_sum,
                        int *correct)
 {
     if (d == NULL || x == NULL || y == NULL || loss_sum == NULL || correct == NULL || B < 1 ||
         B > d->B)
         return GPU_EINVAL;
-    TRY(use_device(d));
+    GPU_TRY(use_device(d));
     gpu_cuda_model_ctx c = ctx_of(d, false, false);
-    TRY(upload_batch(d, x, y, B));
-    TRY(forward(d, &c, B));
-    TRY(copy(d, AT(d->pinned, d->sl.loss, double), c.loss_sum, sizeof(double),
-             cudaMemcpyDeviceToHost));
-    TRY(copy(d, AT(d->pinned, d->sl.correct, int), c.correct, sizeof(int),
-             cudaMemcpyDeviceToHost));
-    TRY(sync_stream(d));
+    GPU_TRY(upload_batch(d, x, y, B));
+    GPU_TRY(forward(d, &c, B));
+    GPU_TRY(copy(d, AT(d->pinned, d->sl.loss, double), c.loss_sum, sizeof(double),
+                 cudaMemcpyDeviceToHost));
+    GPU_TRY(copy(d, AT(d->pinned, d->sl.correct, int), c.correct, sizeof(int),
+                 cudaMemcpyDeviceToHost));
+    GPU_TRY(sync_stream(d));
     *loss_sum = *AT(d->pinned, d->sl.loss, double);
     *correct = *AT(d->pinned, d->sl.correct, int);
     return 0;
 }
 
-/* Device blocks to the host blocks (and the gradients to grads); see gpu_int.h. */
+/* Device blocks to the host blocks (and the gradients to grads); see gpu/twin.h. */
 int gpu_cuda_twin_download(gpu_cuda_twin *d, float *grads)
 {
     const gpu_cuda_host *h = &d->h;
     size_t P = d->P;
-    TRY(use_device(d));
+    GPU_TRY(use_device(d));
     if (d->master)
-        TRY(copy(d, h->master, d->master, P * sizeof(float), cudaMemcpyDeviceToHost));
+        GPU_TRY(copy(d, h->master, d->master, P * sizeof(float), cudaMemcpyDeviceToHost));
     if (d->work != d->master)
-        TRY(copy(d, h->work, d->work, P * gpu_dtype_size(d->cfg.dtype), cudaMemcpyDeviceToHost));
-    TRY(copy(d, h->m, d->m, P * sizeof(float), cudaMemcpyDeviceToHost));
+        GPU_TRY(copy(d, h->work, d->work, P * gpu_dtype_size(d->cfg.dtype),
+                     cudaMemcpyDeviceToHost));
+    GPU_TRY(copy(d, h->m, d->m, P * sizeof(float), cudaMemcpyDeviceToHost));
     if (d->v)
-        TRY(copy(d, h->v, d->v, P * sizeof(float), cudaMemcpyDeviceToHost));
+        GPU_TRY(copy(d, h->v, d->v, P * sizeof(float), cudaMemcpyDeviceToHost));
     if (grads != NULL)
-        TRY(copy(d, grads, d->grads, P * sizeof(float), cudaMemcpyDeviceToHost));
+        GPU_TRY(copy(d, grads, d->grads, P * sizeof(float), cudaMemcpyDeviceToHost));
     return sync_stream(d);
 }
 
-/* Host blocks to the device and a fresh step state; see gpu_int.h. */
+/* Host blocks to the device and a fresh step state; see gpu/twin.h. */
 int gpu_cuda_twin_upload(gpu_cuda_twin *d, const gpu_scaler_state *s, int64_t applied,
                          int64_t lost_total)
 {
-    TRY(use_device(d));
-    TRY(put_blocks(d));
-    TRY(gpu_cuda_step_state_init(d_state(d), s, applied, lost_total, d->stream));
+    GPU_TRY(use_device(d));
+    GPU_TRY(put_blocks(d));
+    GPU_TRY(gpu_cuda_step_state_init(d_state(d), s, applied, lost_total, d->stream));
     return sync_stream(d);
 }

@@ -1,16 +1,17 @@
 /*
- * cuda_blas.h - the CUDA backend's GEMMs through cuBLASLt (gpu/cuda_blas.cu): internal to
- * the gpu/ module, not part of gpu.h.
+ * cuda_blas.h - the CUDA backend's GEMMs through cuBLASLt (gpu/cuda/cuda_blas.cu): internal
+ * to the gpu/ module, not part of gpu.h.
  *
  * Row-major semantics exactly like gpu_gemm() in gpu.h: C[M,N] = op(A)[M,K] op(B)[K,N] +
  * beta * C with fp32 accumulation (CUBLAS_COMPUTE_32F, never TF32), optionally strided
  * batched and with a bias or bias + GELU epilogue. cuBLASLt is opened at run time with
- * dlopen(), so nothing links against cuBLAS: without the library (or without a device) every
- * entry point returns GPU_ENODEV.
+ * dlopen(), so nothing links against cuBLAS: without the library (or without a device)
+ * opening a handle returns GPU_ENODEV.
  *
  * Threads: a gpu_cuda_blas may be used by one thread at a time, with its calls ordered on
  * one stream at a time (its workspace is shared by the calls); different handles are
- * independent. The host wrappers may be called from any thread.
+ * independent. The argument helpers are pure. The tests' synchronous host-buffer wrappers
+ * (gpu_cuda_gemm_host, gpu_cuda_mm_host) are in tests/cudahost/cudahost.h.
  */
 #ifndef AMPD_CUDA_BLAS_H
 #define AMPD_CUDA_BLAS_H
@@ -83,21 +84,20 @@ typedef struct {
  * enqueued), or GPU_ECUDA for a failed launch (logged). */
 int gpu_cuda_matmul(gpu_cuda_blas *b, cudaStream_t stream, const gpu_cuda_mm *p);
 
-/* gpu_gemm()'s exact contract on the device (tests and checks): A and B host arrays of
- * adt / bdt (any pair: mixed pairs are widened to fp32 on the host first, exactly), C a host
- * fp32 array. Synchronous. GPU_ENODEV without a device or cuBLASLt, GPU_EINVAL for the
- * arguments gpu_gemm() refuses (C untouched). */
-int gpu_cuda_gemm_host(bool ta, bool tb, int M, int N, int K, const void *A, gpu_dtype adt,
-                       int lda, const void *B, gpu_dtype bdt, int ldb, float beta, float *C,
-                       int ldc);
+/* ---- argument helpers (no device needed; the host wrappers of the tests use them) ------- */
 
-/* gpu_cuda_matmul() on host buffers (tests and checks): A and B are host arrays in adt / bdt
- * storage; C, bias and aux are host fp32 arrays holding values of cdt (C converted to cdt
- * storage and back; only the M x N elements of each batch are written back, C's padding is
- * left alone; aux receives its M x N elements, its padding untouched). Synchronous. Returns
- * what gpu_cuda_matmul() returns, or GPU_ENODEV / GPU_ENOMEM / GPU_ECUDA; C and aux are
- * untouched on failure. */
-int gpu_cuda_mm_host(const gpu_cuda_mm *p);
+/* 0 when p describes a product gpu_cuda_matmul can run, else GPU_EINVAL with a message
+ * ("gpu_cuda_matmul: <why>" on stderr). device: the pointers are device pointers (their
+ * alignment is checked too). p borrowed. */
+int gpu_cuda_mm_check(const gpu_cuda_mm *p, bool device);
+/* Elements spanned by `batch` rows x cols matrices at ld, stride apart: *out = 0 when they
+ * are empty. false when the span (or its bytes) would not fit in an int64_t. */
+bool gpu_cuda_span(int64_t rows, int64_t cols, int64_t ld, int batch, int64_t stride,
+                   int64_t *out);
+/* The spans (gpu_cuda_span) of p's A, B, C and aux (*sx = 0 without aux); false when one
+ * does not fit. p borrowed. */
+bool gpu_cuda_mm_spans(const gpu_cuda_mm *p, int64_t *sa, int64_t *sb, int64_t *sc,
+                       int64_t *sx);
 
 #ifdef __cplusplus
 }

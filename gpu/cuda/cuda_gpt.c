@@ -1,7 +1,7 @@
 /*
  * cuda_gpt.c - the GPT of gpu/gpt.c (GPT-2 pre-LN decoder, tied embeddings) on a CUDA device:
  * plain C that enqueues the kernels of cuda_ops.h, the GEMMs of cuda_blas.h and the
- * diagnostics counters of cuda_step.h on one stream. The contract is gpu/cuda_model.h.
+ * diagnostics counters of cuda_step.h on one stream. The contract is gpu/cuda/cuda_model.h.
  *
  * Graph and rounding points: gpt.c's, op for op. Every op has the dtype of the CPU plan
  * (lin_dt, mm_dt, sm_dt, ln_dt, gelu_dt, ce_dt, emb_dt, resid_dt); its inputs are values of
@@ -76,9 +76,9 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "gpu/cuda_model.h"
+#include "gpu/cuda/cuda_model.h"
+#include "gpu/cuda/cuda_util.h"
 
-#define REGION_ALIGN 256
 #define DIAG_MIN_FLOATS ((size_t)1 << 20)  /* diagnostics buffer: at least 4 MiB */
 #define WIDEN_MAX_FLOATS ((size_t)1 << 22) /* widening buffer: at most 16 MiB */
 #define CONVERT_STEP ((size_t)1 << 30)     /* elements per conversion launch (an int count) */
@@ -140,7 +140,7 @@ static size_t max_sz(size_t a, size_t b)
 static size_t take(size_t *at, size_t bytes)
 {
     size_t off = *at;
-    *at = (off + bytes + REGION_ALIGN - 1) & ~(size_t)(REGION_ALIGN - 1);
+    *at = gpu_align256(off + bytes);
     return off;
 }
 
@@ -275,7 +275,7 @@ static int run_init(gpt_run *r, const gpu_gpt *m, const gpu_cuda_model_ctx *c, c
     if (c->blas == NULL || c->work == NULL || c->acts == NULL || c->ws == NULL || !dt_ok(c->wdt) ||
         (m->lin_dt != GPU_FP32 && m->lin_dt != c->wdt))
         return GPU_EINVAL;
-    if ((uintptr_t)c->acts % REGION_ALIGN != 0 || (uintptr_t)c->ws % REGION_ALIGN != 0)
+    if ((uintptr_t)c->acts % GPU_CUDA_ALIGN != 0 || (uintptr_t)c->ws % GPU_CUDA_ALIGN != 0)
         return GPU_EINVAL; /* the regions' alignment (cuda_ops.h's workspaces need 256) */
     if (backward ? (c->grads == NULL || c->state == NULL)
                  : (c->loss_sum == NULL || c->correct == NULL))

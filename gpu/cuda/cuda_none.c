@@ -8,7 +8,7 @@
  */
 #include <stdio.h>
 
-#include "gpu/gpu_int.h"
+#include "gpu/twin.h"
 
 /* why (whylen bytes, may be NULL) receives the reason. */
 int gpu_cuda_probe(char *why, size_t whylen)
@@ -66,7 +66,7 @@ int gpu_cuda_job_memory(const gpu_job_config *c, gpu_mem *out, char *err, size_t
     return GPU_ENODEV;
 }
 
-/* The trainer's device twin (gpu_int.h): it cannot be created, so the others never run. */
+/* The trainer's device twin (gpu/twin.h): it cannot be created, so the others never run. */
 int gpu_cuda_twin_create(const gpu_cuda_host *h, int device, const gpu_scaler_state *s,
                          int64_t applied, int64_t lost_total, gpu_cuda_twin **out,
                          gpu_mem *mem, char *err, size_t errlen)

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpu/cuda_model.h"
+#include "gpu/cuda/cuda_model.h"
 
 struct gpu_cuda_prof {
     cudaEvent_t *ev;

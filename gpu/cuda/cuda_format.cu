@@ -11,7 +11,7 @@
  */
 #include <stdio.h>
 
-#include "gpu/cuda_common.cuh"
+#include "gpu/cuda/cuda_common.cuh"
 
 #define CVT_THREADS 256u
 #define CVT_MAX_BLOCKS 65535u
