@@ -682,7 +682,7 @@ void gpu_dataset_sample_seq(const gpu_dataset *d, uint64_t seed, int64_t step, i
     const uint64_t golden = 0x9E3779B97F4A7C15ull;
     if (!d || d->ntokens <= 0 || B <= 0 || T <= 0 || d->ntokens < (int64_t)T + 1)
         return;
-    /* every start in [0, ntokens - T] leaves room for T+1 tokens */
+    /* the ntokens - T starts in [0, ntokens - T) leave room for T+1 tokens */
     uint64_t starts = (uint64_t)(d->ntokens - T);
     uint64_t h = mix64(mix64(seed + golden) + (uint64_t)step * golden);
     for (int b = 0; b < B; b++) {

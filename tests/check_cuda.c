@@ -9,7 +9,7 @@
  * contract: non-finite elements counted and left untouched): identical gradients bit for bit,
  * identical flags and counts, equal amax, sumsq within 1e-9 relative.
  * Without one (no driver, no device, or a build without CUDA) main prints
- * "check_cuda: SKIP: <why>" once, the device tests pass without running, and one test checks
+ * "check_cuda: SKIP: <why>" once, the device tests return at once (the suite exits 77, SKIP), and one test checks
  * that every entry point then reports GPU_ENODEV and leaves its buffers alone.
  *
  * Threads: the suite runs without fork (CK_NOFORK) so that the CUDA state main's probe may

@@ -34,7 +34,7 @@
  *     would not). The largest deviation in ulps is printed, to document the epilogue's real
  *     accuracy. The aux output (pre-GELU values) must pass the rule for C above.
  * Without a device (no driver, no device, no cuBLASLt) main prints
- * "check_cuda_gemm: SKIP: <why>" once, the device tests pass without running, and one test
+ * "check_cuda_gemm: SKIP: <why>" once, the device tests return at once (the suite exits 77, SKIP), and one test
  * checks that the entry points report GPU_ENODEV and leave their buffers alone.
  *
  * Threads: the suite runs without fork (CK_NOFORK) so the CUDA state main's probe creates is

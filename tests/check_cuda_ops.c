@@ -43,8 +43,8 @@
  * |log sum| over the rows (the double log, and exp, differ by an ulp between libms). Hit
  * counts are exact. A NaN where the CPU has none, or the other way round, always fails.
  *
- * Without a device main prints "check_cuda_ops: SKIP: <why>" once, the device tests pass
- * without running, and t_nodev checks that every host wrapper reports GPU_ENODEV and leaves
+ * Without a device main prints "check_cuda_ops: SKIP: <why>" once, the device tests return
+ * at once (the suite exits 77, SKIP), and t_nodev checks that every host wrapper reports GPU_ENODEV and leaves
  * its outputs alone.
  *
  * Threads: CK_NOFORK, as tests/check_cuda.c, so the CUDA state main's probe creates is the
@@ -62,6 +62,7 @@
 #include "gpu/gpu_int.h"
 #include "gpu/mlp.h"
 #include "tests/cudahost/cudahost.h"
+#include "tests/cudatest.h"
 
 static const gpu_dtype DTS[3] = {GPU_FP32, GPU_FP16, GPU_BF16};
 
@@ -77,26 +78,6 @@ static const float SPECIAL[] = {0.0f,    -0.0f,    1.0f,      -1.0f,    INFINITY
                                 50.0f,   -50.0f,   100.0f,    -100.0f,  88.7f,    -88.7f,
                                 1e4f,    -1e4f,    70000.0f,  -70000.0f};
 #define NSPECIAL (sizeof(SPECIAL) / sizeof(SPECIAL[0]))
-
-static uint32_t f2u(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, sizeof(u));
-    return u;
-}
-
-static bool have_device(void)
-{
-    char why[256];
-    return gpu_cuda_probe(why, sizeof(why)) == 0;
-}
-
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    ck_assert_ptr_nonnull(p);
-    return p;
-}
 
 static float *fdup(const float *v, size_t n)
 {
@@ -2145,16 +2126,5 @@ static Suite *cuda_ops_suite(void)
 
 int main(void)
 {
-    char why[256];
-    if (gpu_cuda_probe(why, sizeof(why)) != 0)
-        printf("check_cuda_ops: SKIP: %s\n", why);
-    else
-        printf("check_cuda_ops: device: %s\n", why);
-    fflush(stdout);
-    SRunner *sr = srunner_create(cuda_ops_suite());
-    srunner_set_fork_status(sr, CK_NOFORK);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return cudatest_main("check_cuda_ops", cuda_ops_suite());
 }

@@ -42,8 +42,8 @@
  * (GPU_EINVAL); without a device "cuda" and "cuda:0" fail with GPU_ENODEV and the reason
  * and "auto" runs on the CPU; with one, "auto" runs on cuda:0 and "cuda:63" names the
  * missing device.
- * Without a device main prints "check_cuda_train: SKIP: <why>" once and the device tests
- * pass without running.
+ * Without a device main prints "check_cuda_train: SKIP: <why>" once, the device tests
+ * return at once and the suite exits 77 (SKIP).
  *
  * Threads: CK_NOFORK so that the CUDA state of main's probe is the one the tests use.
  */

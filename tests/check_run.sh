@@ -88,7 +88,7 @@ check "missing file exits 2" test "$rc" -eq 2
 # CUDA devices pass the spec and fail at start when unusable: no device 63 anywhere (no
 # driver, no device or a build without CUDA says so first); "cuda" itself fails the same
 # way on a machine without a usable GPU and trains on one that has it
-nocuda='no CUDA|without CUDA|CUDA unavailable'
+nocuda='no CUDA|built without CUDA|CUDA unavailable'
 echo '{"model": {"layers": [20, 4]}, "data": {"type": "synthetic"}, "device": "cuda:63"}' |
     "$AMPD" run - >"$TMP/out" 2>"$TMP/err"
 rc=$?

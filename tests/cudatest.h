@@ -1,10 +1,12 @@
 /*
  * cudatest.h - helpers shared by the CUDA test suites (check_cuda, check_cuda_gemm,
- * check_cuda_step, check_cuda_gpt, check_cuda_train): float bit patterns, an allocation that
- * fails the test, the device checks every device test starts with (it passes without running
- * when they fail), and the suites' main(): one line "<suite>: SKIP: <why>" without a usable
- * device or "<suite>: device: <description>" with one, then the suite without fork
- * (CK_NOFORK), so that the CUDA state the first probe creates is the one the tests use.
+ * check_cuda_ops, check_cuda_step, check_cuda_gpt, check_cuda_train): float bit patterns, an
+ * allocation that fails the test, the device checks every device test starts with (it
+ * returns at once when they fail), and the suites' main(): one line "<suite>: SKIP: <why>"
+ * without a usable device or "<suite>: device: <description>" with one, then the suite
+ * without fork (CK_NOFORK), so that the CUDA state the first probe creates is the one the
+ * tests use; without a device the exit status is 77 (SKIP) once the tests that need none
+ * have passed.
  *
  * Header-only (static inline functions), included by the test programs alone. have_blas()
  * and blas_check() are there only when gpu/cuda/cuda_blas.h was included first (directly or
@@ -80,7 +82,9 @@ static inline bool have_blas(void)
 #endif
 
 /* A suite's main(): prints "<name>: SKIP: <why>" when have is false, else
- * "<name>: device: <why>", then runs s without fork. Returns main's exit status. */
+ * "<name>: device: <why>", then runs s without fork. Returns main's exit status: failure
+ * when a test failed; without a device, when the tests that need none passed, 77
+ * (automake's SKIP), since the device tests did not run. */
 static inline int cudatest_run(const char *name, bool have, const char *why, Suite *s)
 {
     if (!have)
@@ -93,7 +97,9 @@ static inline int cudatest_run(const char *name, bool have, const char *why, Sui
     srunner_run_all(sr, CK_ENV);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    if (failed)
+        return EXIT_FAILURE;
+    return have ? EXIT_SUCCESS : 77;
 }
 
 /* cudatest_run() for a suite whose tests need the device only: the probe's reason or the
