@@ -456,8 +456,8 @@ void api_h_jobs_submit(api_req *q, api_resp *r)
         api_error_resp(r, 503, "unavailable", NULL, "out of memory");
         return;
     }
-    rc = s->jobs->submit(s->jobs->ctx, cfg.name, gpu_dtype_name(cfg.dtype), cfg.steps, spec.data, key,
-                             &id, &existed);
+    rc = s->jobs->submit(s->jobs->ctx, cfg.name, gpu_dtype_name(cfg.dtype), cfg.steps, spec.data,
+                         key, &id, &existed);
     api_buf_free(&spec);
     if (rc) {
         store_error(r, rc, "job", id);

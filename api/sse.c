@@ -19,10 +19,9 @@
  *   FINAL    a finished job: the rest of its rows, events and checkpoints from the store,
  *            then `end`.
  *
- * The hub returns every line after the step line `after` (api.h, api_jobs.lines), so the non-step lines
- * after the last step sent come back on each call: `skip` counts those already sent. When
- * a call brings nothing new the reader waits NOTHING_NEW_MS before asking again rather
- * than spinning.
+ * The hub returns every line after the step line `after` (api.h, api_jobs.lines), so the non-step
+ * lines after the last step sent come back on each call: `skip` counts those already sent. When a
+ * call brings nothing new the reader waits NOTHING_NEW_MS before asking again rather than spinning.
  *
  * Invariants: step ids sent are strictly increasing; a backlog row's eval and same-step
  * events are held back (`tail`) until the next row, so that when the stream switches to
@@ -415,12 +414,12 @@ static void poll_step(sse_stream *st)
         return;
     }
     if (st->srv->jobs) {
+        const api_jobs *q = st->srv->jobs;
         api_line *lines = NULL;
         int n = 0;
         int64_t oldest;
         bool finished;
-        if (st->srv->jobs->lines(st->srv->jobs->ctx, st->job, st->last, 0, &lines, &n, &oldest, &finished) ==
-            0) {
+        if (q->lines(q->ctx, st->job, st->last, 0, &lines, &n, &oldest, &finished) == 0) {
             api_lines_free(lines, n);
             api_buf_reset(&st->tail);
             st->ph = PH_LIVE;
@@ -443,8 +442,8 @@ static void live_step(sse_stream *st)
     bool finished = false, fresh = false;
     char type[32];
 
-    int rc = st->srv->jobs->lines(st->srv->jobs->ctx, st->job, st->last, slice_ms(st), &lines, &n, &oldest,
-                                &finished);
+    const api_jobs *q = st->srv->jobs;
+    int rc = q->lines(q->ctx, st->job, st->last, slice_ms(st), &lines, &n, &oldest, &finished);
     if (rc == STORE_ENOTFOUND) {
         st->ph = PH_POLL;
         return;

@@ -1,8 +1,8 @@
 /*
- * store_ingest.c - benchmark of the store (targets in docs/benchmarks.md): the metric ingest rate through
- * the public API (store_metric_append for every row, then store_flush: the time until all
- * rows are committed), and the time to downsample the resulting 1M-step series to 1000
- * points with store_series_query.
+ * store_ingest.c - benchmark of the store (targets in docs/benchmarks.md): the metric ingest rate
+ * through the public API (store_metric_append for every row, then store_flush: the time until all
+ * rows are committed), and the time to downsample the resulting 1M-step series to 1000 points with
+ * store_series_query.
  *
  * Usage: store_ingest [ROWS] [DB]  (default 1000000 rows, a temporary file in /tmp that is
  * removed afterwards). Prints one "name value" line per result:

@@ -15,7 +15,7 @@ embedding, and the softmax runs over all 50304 logits, in ampd as here) —
         is_causal=True). On a GPU in bf16/fp16 PyTorch picks a FUSED kernel (FlashAttention,
         or its cuDNN / memory-efficient attention), which never writes the (B, H, T, T)
         score and probability matrices to memory: the peer of ampd's "attention": "flash"
-        (gpu/cuda_attn.cu, FlashAttention-2), which bench/gpu.sh's 16-bit ampd runs use.
+        (gpu/cuda/cuda_attn.cu, FlashAttention-2), which bench/gpu.sh's 16-bit ampd runs use.
     --attn naive: the attention written out as ampd's "materialized" attention computes it:
         scores = (q @ k^T) * 1/sqrt(head_dim), masked_fill(future, -inf), softmax in fp32
         (the (B, H, T, T) probabilities are kept for backward), @ v; the peer of

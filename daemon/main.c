@@ -3,13 +3,15 @@
  * `ampd help`.
  *
  * provides: main. uses: daemon_serve_main (daemon/serve.c), daemon_run_main (daemon/run.c),
- * gpu_blas_info, gpu_cuda_probe. Threads: the main thread only.
+ * daemon_log_install (daemon/log.c), gpu_blas_info, gpu_cuda_probe. Threads: the main thread
+ * only.
  */
 #include <stdio.h>
 #include <string.h>
 
 #include "config.h"
 #include "daemon/daemon.h"
+#include "daemon/log.h"
 #include "gpu/gpu.h"
 
 static void usage(FILE *f)
@@ -39,6 +41,7 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    daemon_log_install(); /* the store's and the API's messages in the same log */
     if (strcmp(argv[1], "run") == 0)
         return daemon_run_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "serve") == 0)

@@ -468,7 +468,6 @@ int daemon_serve_main(int argc, char **argv)
     sigset_t set;
     int rc, sig = 0;
 
-    daemon_log_install();
     rc = parse_args(argc, argv, &a);
     if (rc)
         return rc == 1 ? 0 : rc;

@@ -390,7 +390,7 @@ typedef struct {
     double tokens_per_s;   /* sequence models: tokens trained per second (0 otherwise) */
     int64_t lost_updates;  /* master_weights off: updates that rounded away this step */
     int64_t lost_total;    /* ... of params_total elements in total */
-    int64_t comm_bytes;    /* gradient bytes this rank sent in the step's all-reduce (0: one rank) */
+    int64_t comm_bytes;    /* gradient bytes this rank all-reduced in the step (0: one rank) */
     double comm_ms;        /* time the step spent waiting for it */
     gpu_mem mem;
     gpu_mem peak;
@@ -539,7 +539,7 @@ void gpu_trainer_get_scalars(const gpu_trainer *t, gpu_state_scalars *out);
  * the master weights. GPU_EINVAL when a value cannot belong to this job. */
 int gpu_trainer_set_scalars(gpu_trainer *t, const gpu_state_scalars *in);
 
-/* ---- CUDA (cuda_*.cu; cuda_none.c when built without CUDA) ------------------------------ */
+/* ---- CUDA (gpu/cuda/; cuda_none.c when built without CUDA) ------------------------------ */
 
 /* 0 when a CUDA device can be used; otherwise GPU_ENODEV and a reason in why (e.g.
  * "built without CUDA", "no CUDA driver", "no CUDA device"). */

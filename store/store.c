@@ -1,7 +1,8 @@
 /*
- * store.c - the store's front: open and close, the log hook and error strings, status,
- * metric and layer-field names (the metric table's rows), the job rows (written synchronously on the write connection), and the reads of jobs, events,
- * checkpoints, the latest metric row, the per-layer diagnostics and the counters.
+ * store.c - the store's front: open and close, the log hook and error strings, status, metric and
+ * layer-field names (the metric table's rows), the job rows (written synchronously on the write
+ * connection), and the reads of jobs, events, checkpoints, the latest metric row, the per-layer
+ * diagnostics and the counters.
  *
  * Invariants: the write connection is only used under wlock, so a job write waits at most
  * for the writer's current batch and never meets SQLITE_BUSY from this process. Reads
@@ -32,7 +33,7 @@ struct store_rconn {
 static const char *const status_names[STORE_NSTATUS] = {"queued", "running",   "succeeded",
                                                         "failed", "cancelled", "interrupted"};
 
-#define FIELD_(id, name, line, type, src, since)                                                    \
+#define FIELD_(id, name, line, type, src, since)                                                   \
     [STORE_M_##id] = {#name, STORE_LINE_##line, STORE_TYPE_##type, since},
 static const store_metric_info metric_fields[STORE_M_NFIELDS] = {STORE_METRICS(FIELD_)};
 #undef FIELD_

@@ -1,13 +1,12 @@
 /*
  * store.h - the public header of the store/ module: ampd's run history in SQLite.
  *
- * Tables (docs/architecture.md, "The store"): jobs, metrics (one row per job, rank and step), metrics_rollup
- * (min/max/last per bucket of 10, 100, 1000 and 10000 steps, maintained by the writer so a
- * long series downsamples without scanning it), layer_stats (one row per job, diagnosed
- * step and layer) with layer_steps (one per diagnosed step), events, checkpoints,
- * schema_version. WAL mode, synchronous=NORMAL, busy_timeout, versioned migrations run
- * at open, prepared statements only: nothing a client sends reaches SQL except as a
- * bound parameter.
+ * Tables (docs/architecture.md, "The store"): jobs, metrics (one row per job, rank and step),
+ * metrics_rollup (min/max/last per bucket of 10, 100, 1000 and 10000 steps, maintained by the
+ * writer so a long series downsamples without scanning it), layer_stats (one row per job, diagnosed
+ * step and layer) with layer_steps (one per diagnosed step), events, checkpoints, schema_version.
+ * WAL mode, synchronous=NORMAL, busy_timeout, versioned migrations run at open, prepared statements
+ * only: nothing a client sends reaches SQL except as a bound parameter.
  *
  * Writes of metrics, layer stats and events are asynchronous: they are queued to the one
  * writer thread, which commits them in batched transactions and checkpoints the WAL
@@ -48,7 +47,12 @@ const char *store_strerror(int code);
  * behind a STORE_EIO, a migration, an eval result dropped, a batch lost) reaches fn(arg,
  * level, func, message), from any of the store's threads. NULL (the default) drops them.
  * Process-wide; install it before store_open. */
-typedef enum { STORE_LOG_DEBUG = 0, STORE_LOG_INFO, STORE_LOG_WARN, STORE_LOG_ERROR } store_log_level;
+typedef enum {
+    STORE_LOG_DEBUG = 0,
+    STORE_LOG_INFO,
+    STORE_LOG_WARN,
+    STORE_LOG_ERROR
+} store_log_level;
 typedef void (*store_log_fn)(void *arg, int level, const char *func, const char *msg);
 void store_set_log(store_log_fn fn, void *arg);
 

@@ -293,7 +293,8 @@ static int rollup_write(store *s, int64_t job, int rank, int li, int64_t bucket,
         sqlite3_bind_int64(st, STORE_RUP_FIRST, a->step_first);
         sqlite3_bind_int64(st, STORE_RUP_LAST, a->step_last);
         sqlite3_bind_int64(st, STORE_RUP_COUNT, a->count);
-        sqlite3_bind_int(st, STORE_RUP_FLAGS, (int)(a->flags | (a->nf_mask ? STORE_SPECIAL_NF : 0)));
+        sqlite3_bind_int(st, STORE_RUP_FLAGS,
+                         (int)(a->flags | (a->nf_mask ? STORE_SPECIAL_NF : 0)));
         sqlite3_bind_int64(st, STORE_RUP_NF, a->nf_mask);
     } else {
         sqlite3_bind_int64(st, 1, job);

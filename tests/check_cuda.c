@@ -2,15 +2,15 @@
  * check_cuda.c - Check suite "cuda": the CUDA conversion and unscale kernels against the
  * CPU.
  *
- * With a device: the four conversions on millions of random bit patterns (and every 16-bit
- * pattern) equal gpu/format.c's scalar functions bit for bit; gpu_cuda_unscale on tensors of
- * 0, 1, 1000 and 2^20+3 elements (values from subnormals to 60000, some tensors holding
- * inf/NaN, inv == 1 and inv != 1) equals a plain CPU reference written here (gpu_unscale's
- * contract: non-finite elements counted and left untouched): identical gradients bit for bit,
- * identical flags and counts, equal amax, sumsq within 1e-9 relative.
- * Without one (no driver, no device, or a build without CUDA) main prints
- * "check_cuda: SKIP: <why>" once, the device tests return at once (the suite exits 77, SKIP), and one test checks
- * that every entry point then reports GPU_ENODEV and leaves its buffers alone.
+ * With a device: the four conversions on millions of random bit patterns (and every 16-bit pattern)
+ * equal gpu/format.c's scalar functions bit for bit; gpu_cuda_unscale on tensors of 0, 1, 1000 and
+ * 2^20+3 elements (values from subnormals to 60000, some tensors holding inf/NaN, inv == 1 and inv
+ * != 1) equals a plain CPU reference written here (gpu_unscale's contract: non-finite elements
+ * counted and left untouched): identical gradients bit for bit, identical flags and counts, equal
+ * amax, sumsq within 1e-9 relative. Without one (no driver, no device, or a build without CUDA)
+ * main prints "check_cuda: SKIP: <why>" once, the device tests return at once (the suite exits 77,
+ * SKIP), and one test checks that every entry point then reports GPU_ENODEV and leaves its buffers
+ * alone.
  *
  * Threads: the suite runs without fork (CK_NOFORK) so that the CUDA state main's probe may
  * create is the one the tests use; every test calls the probe itself.

@@ -34,8 +34,9 @@
  *     would not). The largest deviation in ulps is printed, to document the epilogue's real
  *     accuracy. The aux output (pre-GELU values) must pass the rule for C above.
  * Without a device (no driver, no device, no cuBLASLt) main prints
- * "check_cuda_gemm: SKIP: <why>" once, the device tests return at once (the suite exits 77, SKIP), and one test
- * checks that the entry points report GPU_ENODEV and leave their buffers alone.
+ * "check_cuda_gemm: SKIP: <why>" once, the device tests return at once (the suite exits 77,
+ * SKIP), and one test checks that the entry points report GPU_ENODEV and leave their buffers
+ * alone.
  *
  * Threads: the suite runs without fork (CK_NOFORK) so the CUDA state main's probe creates is
  * the one the tests use; every test checks for the device itself. Failures inside a test

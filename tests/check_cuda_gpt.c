@@ -51,8 +51,8 @@
  * Repeat: the same step twice gives bit-identical results, and a forward without a step
  * state (loss only) the same loss and hits bit for bit.
  *
- * Without a device (or cuBLASLt) main prints "check_cuda_gpt: SKIP: <why>" once, the device
- * tests return at once (the suite exits 77, SKIP), and t_args checks the argument errors and GPU_ENODEV.
+ * Without a device (or cuBLASLt) main prints "check_cuda_gpt: SKIP: <why>" once, the device tests
+ * return at once (the suite exits 77, SKIP), and t_args checks the argument errors and GPU_ENODEV.
  *
  * Threads: CK_NOFORK, as tests/check_cuda.c, so the CUDA state of main's probe is the one the
  * tests use; every device test probes first.

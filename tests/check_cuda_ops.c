@@ -44,8 +44,8 @@
  * counts are exact. A NaN where the CPU has none, or the other way round, always fails.
  *
  * Without a device main prints "check_cuda_ops: SKIP: <why>" once, the device tests return
- * at once (the suite exits 77, SKIP), and t_nodev checks that every host wrapper reports GPU_ENODEV and leaves
- * its outputs alone.
+ * at once (the suite exits 77, SKIP), and t_nodev checks that every host wrapper reports
+ * GPU_ENODEV and leaves its outputs alone.
  *
  * Threads: CK_NOFORK, as tests/check_cuda.c, so the CUDA state main's probe creates is the
  * one the tests use; every device test probes first.

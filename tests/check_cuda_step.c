@@ -25,8 +25,8 @@
  *     equal the CPU sequence of train.c (gradients chosen so that every sum of squares is
  *     exact in any order, so the comparison can be exact).
  * Without a device (no driver, no device) main prints "check_cuda_step: SKIP: <why>" once,
- * the device tests return at once (the suite exits 77, SKIP), and one test checks that every host wrapper then
- * returns GPU_ENODEV and leaves its buffers alone.
+ * the device tests return at once (the suite exits 77, SKIP), and one test checks that every
+ * host wrapper then returns GPU_ENODEV and leaves its buffers alone.
  *
  * Threads: CK_NOFORK so that the CUDA state of main's probe is the one the tests use.
  */
