@@ -12,6 +12,9 @@
  * the api_jobs callbacks its host installs (the daemon's scheduler): the api/ module never
  * includes daemon/.
  *
+ * Messages (a refused web root, a store failure in mid-response, ...) go to the store's log
+ * hook (store_set_log), which the host installs for both modules.
+ *
  * Errors: the spec and server functions return 0 or a gpu/ code (GPU_EINVAL, GPU_ENOMEM,
  * GPU_EIO; gpu_strerror) with a message; the api_jobs callbacks return the store's codes
  * (STORE_ENOTFOUND, STORE_ECONFLICT, ...; store_strerror), which the handlers map to HTTP
@@ -117,12 +120,6 @@ int api_start(const api_config *c, struct store *st, const api_jobs *jobs, api_s
 unsigned api_port(const api_server *a);
 /* Close every connection (ending SSE streams) and free. NULL is accepted. */
 void api_stop(api_server *a);
-
-/* Where the server's messages go (as the store's: store_set_log): fn(arg, level, func,
- * message) with the store's levels (STORE_LOG_DEBUG..STORE_LOG_ERROR), from the server's
- * threads; NULL (the default) drops them. Process-wide; install it before api_start. */
-typedef void (*api_log_fn)(void *arg, int level, const char *func, const char *msg);
-void api_set_log(api_log_fn fn, void *arg);
 
 /* JSON encoding of metric values (api/json.c). A non-finite double becomes the string
  * "NaN", "Infinity" or "-Infinity" (never dropped); a float is written as its shortest

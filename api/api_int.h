@@ -155,14 +155,12 @@ void api_series_begin(api_series_enc *e, api_buf *b, int64_t job);
 void api_series_points(api_series_enc *e, api_buf *b, const store_series *se, int from, int n);
 void api_series_end(api_series_enc *e, api_buf *b, int64_t total_steps);
 
-/* ---- messages (server.c) --------------------------------------------------------------- */
+/* ---- messages ---------------------------------------------------------------------------- */
 
-/* Format a message for the installed log hook (nothing when none is installed). */
-void api_log(int level, const char *func, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-#define log_info(...) api_log(STORE_LOG_INFO, __func__, __VA_ARGS__)
-#define log_warn(...) api_log(STORE_LOG_WARN, __func__, __VA_ARGS__)
-#define log_error(...) api_log(STORE_LOG_ERROR, __func__, __VA_ARGS__)
+/* The server's messages go to the store's log hook (store_set_log): one hook for both. */
+#define log_info(...) store_log(STORE_LOG_INFO, __func__, __VA_ARGS__)
+#define log_warn(...) store_log(STORE_LOG_WARN, __func__, __VA_ARGS__)
+#define log_error(...) store_log(STORE_LOG_ERROR, __func__, __VA_ARGS__)
 
 /* ---- the server ------------------------------------------------------------------------- */
 

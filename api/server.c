@@ -1,8 +1,8 @@
 /*
  * server.c - the HTTP server (the REST contract of docs/api.md) on libmicrohttpd 0.9.75:
  * start and stop, request admission (routing, method, bearer token, size and media-type
- * limits), request bodies, turning a handler's answer into an MHD response, static files,
- * and the module's log hook.
+ * limits), request bodies, turning a handler's answer into an MHD response, and static
+ * files.
  *
  * Request flow: MHD calls on_request() first with the headers only. Everything that can be
  * decided from the headers is decided there (404 unknown route, 405 wrong method with
@@ -26,7 +26,6 @@
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <stdarg.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,28 +53,6 @@ typedef struct {
     uint64_t discarded;
     api_buf body;
 } req_ctx;
-
-static _Atomic(api_log_fn) log_fn;
-static _Atomic(void *) log_arg;
-
-void api_set_log(api_log_fn fn, void *arg)
-{
-    atomic_store(&log_arg, arg);
-    atomic_store(&log_fn, fn);
-}
-
-void api_log(int level, const char *func, const char *fmt, ...)
-{
-    api_log_fn fn = atomic_load(&log_fn);
-    char msg[2048];
-    va_list ap;
-    if (!fn)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
-    fn(atomic_load(&log_arg), level, func, msg);
-}
 
 void api_lines_free(api_line *lines, int n)
 {

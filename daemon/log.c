@@ -1,7 +1,7 @@
 /*
  * log.c - the one logger: leveled lines on stderr with an ISO-8601 UTC timestamp, the
- * level and the calling function; daemon_log_install makes it the log hook of store/ and
- * api/ (their levels are daemon_log_level's numbers).
+ * level and the calling function; daemon_log_install makes it the store's log hook, which
+ * api/ reports through as well (its levels are daemon_log_level's numbers).
  *
  * Threads: the level is an atomic int; each line is written with a single fprintf, which
  * stdio locks, so lines from different threads never interleave.
@@ -61,7 +61,8 @@ void daemon_log_write(daemon_log_level level, const char *func, const char *fmt,
             msg);
 }
 
-/* The store's and the API's log hook: their message as one of our lines. */
+/* The store's log hook (the API's messages come through it too): a message as one of our
+ * lines. */
 static void hook(void *arg, int level, const char *func, const char *msg)
 {
     (void)arg;
@@ -77,6 +78,5 @@ _Static_assert((int)STORE_LOG_DEBUG == (int)DAEMON_LOG_DEBUG &&
 
 void daemon_log_install(void)
 {
-    store_set_log(hook, NULL);
-    api_set_log(hook, NULL);
+    store_set_log(hook, NULL); /* api/ reports through the store's hook too */
 }

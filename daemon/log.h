@@ -1,8 +1,8 @@
 /*
  * log.h - internal header of daemon/: the one logger of the ampd process. Leveled lines on
- * stderr (ISO-8601 UTC time, level, function, message); the daemon installs it as the log
- * hook of the libraries below it (store_set_log, api_set_log), so their messages come out
- * the same way.
+ * stderr (ISO-8601 UTC time, level, function, message); main() installs it as the log
+ * hook of the libraries below it (store_set_log, which api/ reports through too), so their
+ * messages come out the same way.
  *
  * Threads: every function is thread-safe (one fprintf per line, which stdio locks).
  */
@@ -22,8 +22,8 @@ int daemon_log_enabled(daemon_log_level level);
 /* Write one line to stderr: ISO-8601 UTC time, level, function, message. */
 void daemon_log_write(daemon_log_level level, const char *func, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-/* Install the logger as the store's and the API's log hook (their levels are the same
- * numbers as daemon_log_level). */
+/* Install the logger as the store's log hook, which the API uses too (its levels are the
+ * same numbers as daemon_log_level). */
 void daemon_log_install(void);
 
 #define daemon_log(level, ...)                                                                     \

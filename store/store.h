@@ -55,6 +55,10 @@ typedef enum {
 } store_log_level;
 typedef void (*store_log_fn)(void *arg, int level, const char *func, const char *msg);
 void store_set_log(store_log_fn fn, void *arg);
+/* Format a message for the installed hook (nothing happens without one). The modules built
+ * on the store (api/) report through it too, so a host installs one hook for both. */
+void store_log(int level, const char *func, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 typedef struct store store; /* opaque */
 

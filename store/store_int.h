@@ -202,9 +202,7 @@ int64_t store_agg_read(sqlite3_stmt *st, uint32_t mask, store_agg *a);
 
 /* ---- messages (store.c) ---------------------------------------------------------------------- */
 
-/* Format a message for the installed log hook (nothing when none is installed). */
-void store_log(int level, const char *func, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+/* The store's messages, through store_log (store.h). */
 #define log_debug(...) store_log(STORE_LOG_DEBUG, __func__, __VA_ARGS__)
 #define log_info(...) store_log(STORE_LOG_INFO, __func__, __VA_ARGS__)
 #define log_warn(...) store_log(STORE_LOG_WARN, __func__, __VA_ARGS__)
