@@ -270,7 +270,7 @@ static void deadline_after(struct timespec *ts, int ms)
     }
 }
 
-/* Copy lines [from, count) of j into a new array; caller frees with daemon_lines_free. */
+/* Copy lines [from, count) of j into a new array; caller frees with api_lines_free. */
 static int copy_lines_locked(daemon_hub *h, hub_job *j, int from, daemon_line **lines, int *n)
 {
     int k = j->count - from;
@@ -282,7 +282,7 @@ static int copy_lines_locked(daemon_hub *h, hub_job *j, int from, daemon_line **
         out[i].step = e->step;
         out[i].json = strdup(e->json);
         if (!out[i].json) {
-            daemon_lines_free(out, i);
+            api_lines_free(out, i);
             return GPU_ENOMEM;
         }
     }
@@ -292,7 +292,7 @@ static int copy_lines_locked(daemon_hub *h, hub_job *j, int from, daemon_line **
 }
 
 /* Lines of job after step `after`; see api_jobs.lines in api.h. *lines is heap
- * (daemon_lines_free). */
+ * (api_lines_free). */
 int daemon_hub_lines(daemon_hub *h, int64_t job, int64_t after, int timeout_ms, daemon_line **lines,
                      int *n, int64_t *oldest, bool *finished)
 {
@@ -330,10 +330,4 @@ int daemon_hub_lines(daemon_hub *h, int64_t job, int64_t after, int timeout_ms, 
         job_free(h, j);
     pthread_mutex_unlock(&h->mu);
     return rc;
-}
-
-/* See sched.h. NULL is accepted. */
-void daemon_lines_free(daemon_line *lines, int n)
-{
-    api_lines_free(lines, n);
 }

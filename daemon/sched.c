@@ -1327,7 +1327,7 @@ int daemon_sched_delete(daemon_sched *s, int64_t id)
     return rc;
 }
 
-/* See sched.h. *lines is heap (daemon_lines_free). */
+/* See sched.h. *lines is heap (api_lines_free). */
 int daemon_sched_lines(daemon_sched *s, int64_t job, int64_t after, int timeout_ms,
                        daemon_line **lines, int *n, int64_t *oldest, bool *finished)
 {

@@ -63,10 +63,10 @@ int daemon_sched_delete(daemon_sched *s, int64_t id);
  * lines to the SSE readers as they are). */
 typedef api_line daemon_line;
 
-/* The live lines of job (the hub's; see api.h, api_jobs.lines). */
+/* The live lines of job (the hub's; see api.h, api_jobs.lines); free them with
+ * api_lines_free. */
 int daemon_sched_lines(daemon_sched *s, int64_t job, int64_t after, int timeout_ms,
                        daemon_line **lines, int *n, int64_t *oldest, bool *finished);
-void daemon_lines_free(daemon_line *lines, int n);
 
 typedef api_queue_info daemon_sched_info;
 void daemon_sched_get_info(daemon_sched *s, daemon_sched_info *out);

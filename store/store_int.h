@@ -115,8 +115,8 @@ enum {
  * (:eval_bits, :nan, :nf, :job, :rank, :step), bound by name. */
 
 /* Columns of metric-row SELECTs (ST_RAW_RANGE, ST_METRIC_LATEST, STORE_Q_RAW,
- * STORE_Q_SPECIAL): these, then the statement's fields in field order (all 16 for the
- * fixed statements, the field mask's for the STORE_Q_ ones). */
+ * STORE_Q_SPECIAL): these, then the statement's fields in field order (all STORE_M_NFIELDS
+ * for the fixed statements, the field mask's for the STORE_Q_ ones). */
 #define STORE_RAW_STEP 0
 #define STORE_RAW_SPECIAL 1
 #define STORE_RAW_NF 2

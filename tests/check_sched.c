@@ -232,7 +232,7 @@ START_TEST(test_job_succeeds)
     }
     ck_assert_int_eq(summaries, 1);
     ck_assert_int_eq(steps, 10);
-    daemon_lines_free(lines, n);
+    api_lines_free(lines, n);
     lines = NULL;
     ck_assert_int_eq(daemon_sched_lines(f.sc, 999, 0, 10, &lines, &n, &oldest, &finished),
                      STORE_ENOTFOUND);
@@ -760,7 +760,7 @@ START_TEST(test_layers_and_recommendations)
     }
     ck_assert_int_eq(nlayers, 5);
     ck_assert_int_eq(nrec, 2);
-    daemon_lines_free(lines, n);
+    api_lines_free(lines, n);
     teardown(&f);
 }
 END_TEST
@@ -849,13 +849,13 @@ START_TEST(test_hub_ring)
     ck_assert_int_eq(oldest, 6);
     ck_assert_int_eq(l[0].step, 6);
     ck_assert(!fin);
-    daemon_lines_free(l, n);
+    api_lines_free(l, n);
     /* After step 12: its eval, then 13..20. */
     ck_assert_int_eq(daemon_hub_lines(h, 1, 12, 0, &l, &n, &oldest, &fin), 0);
     ck_assert_int_eq(n, 9);
     ck_assert_str_eq(l[0].json, "{\"type\":\"eval\"}");
     ck_assert_int_eq(l[1].step, 13);
-    daemon_lines_free(l, n);
+    api_lines_free(l, n);
     /* Nothing after 20: a timeout returns no lines. */
     double t0 = gpu_now();
     ck_assert_int_eq(daemon_hub_lines(h, 1, 20, 100, &l, &n, &oldest, &fin), 0);
@@ -866,17 +866,17 @@ START_TEST(test_hub_ring)
     ck_assert_int_eq(daemon_hub_open(h, 1, 15), 0);
     ck_assert_int_eq(daemon_hub_lines(h, 1, 0, 0, &l, &n, &oldest, &fin), 0);
     ck_assert_int_eq(l[n - 1].step, 15);
-    daemon_lines_free(l, n);
+    api_lines_free(l, n);
     for (int s = 16; s <= 19; s++)
         push_step(h, 1, s);
     ck_assert_int_eq(daemon_hub_lines(h, 1, 18, 0, &l, &n, &oldest, &fin), 0);
     ck_assert_int_eq(n, 1);
     ck_assert_int_eq(l[0].step, 19);
-    daemon_lines_free(l, n);
+    api_lines_free(l, n);
     ck_assert_int_eq(daemon_hub_lines(h, 1, 15, 0, &l, &n, &oldest, &fin), 0);
     ck_assert_int_eq(n, 4);
     ck_assert_int_eq(l[0].step, 16);
-    daemon_lines_free(l, n);
+    api_lines_free(l, n);
     /* A job opened at a resume step holds nothing below it. */
     ck_assert_int_eq(daemon_hub_open(h, 2, 40), 0);
     ck_assert_int_eq(daemon_hub_lines(h, 2, 0, 0, &l, &n, &oldest, &fin), 0);
@@ -914,7 +914,7 @@ static void *reader(void *p)
     a->n = -1;
     if (daemon_hub_lines(a->h, 7, a->after, 5000, &l, &a->n, &oldest, &a->fin) == 0 && a->n > 0)
         a->first = l[0].step;
-    daemon_lines_free(l, a->n);
+    api_lines_free(l, a->n);
     return NULL;
 }
 
