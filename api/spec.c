@@ -560,19 +560,50 @@ static int parse_optimizer(ctx *c, json_t *o, gpu_optim_config *oc)
     return 0;
 }
 
-static int parse_distributed(ctx *c, json_t *d)
+/* distributed.hosts: mpirun's host list, "name" or "name:slots" each. */
+static int parse_hosts(ctx *c, json_t *v, gpu_dist_config *d)
 {
-    static const char *const keys[] = {"world_size", "comm_hook", NULL};
+    char field[64];
+    size_t i;
+    json_t *h;
+    if (!json_is_array(v) || json_array_size(v) < 1 || json_array_size(v) > GPU_MAX_HOSTS)
+        return fail(c, "distributed.hosts", "must be an array of 1 to %d host names",
+                    GPU_MAX_HOSTS);
+    json_array_foreach(v, i, h)
+    {
+        const char *s = json_string_value(h);
+        snprintf(field, sizeof(field), "distributed.hosts[%zu]", i);
+        if (!s || !*s || strlen(s) >= sizeof(d->hosts[0]) ||
+            strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_:") !=
+                strlen(s) ||
+            s[0] == '-')
+            return fail(c, field, "must be a host name, or \"name:slots\" (letters, digits, "
+                                  "'.', '-', '_')");
+        snprintf(d->hosts[i], sizeof(d->hosts[i]), "%s", s);
+    }
+    d->nhosts = (int)json_array_size(v);
+    return 0;
+}
+
+static int parse_distributed(ctx *c, json_t *v, gpu_dist_config *d)
+{
+    static const char *const keys[] = {"world_size", "comm_hook", "bucket_mb", "hosts", NULL};
     static const char *const hooks[] = {"none", "fp16", "bf16", NULL};
-    int64_t ws = 1;
-    int hook = 0, rc;
-    if ((rc = want_object(c, d, "distributed")) || (rc = only_keys(c, d, "distributed", keys)) ||
-        (rc = get_int(c, d, "world_size", "distributed.world_size", 1, 4096, &ws)) ||
-        (rc = get_choice(c, d, "comm_hook", "distributed.comm_hook", hooks, &hook)))
+    int hook = (int)d->hook, rc;
+    float mb = (float)d->bucket_mb;
+    json_t *h;
+    if ((rc = want_object(c, v, "distributed")) || (rc = only_keys(c, v, "distributed", keys)) ||
+        (rc = get_int32(c, v, "world_size", "distributed.world_size", 1, 1024, &d->world_size)) ||
+        (rc = get_choice(c, v, "comm_hook", "distributed.comm_hook", hooks, &hook)) ||
+        (rc = get_real(c, v, "bucket_mb", "distributed.bucket_mb", ABOVE(0, 1024), &mb)) ||
+        ((h = json_object_get(v, "hosts")) && (rc = parse_hosts(c, h, d))))
         return rc;
-    if (ws != 1)
+    d->hook = (gpu_comm_hook)hook;
+    d->bucket_mb = mb;
+    if (d->world_size > 1 && !gpu_comm_available())
         return fail(c, "distributed.world_size",
-                    "multi-rank jobs are not available in this version; use 1");
+                    "this ampd was built without MPI, so a job has one rank (install Debian's "
+                    "openmpi-bin and libopenmpi-dev and build again)");
     return 0;
 }
 
@@ -605,6 +636,7 @@ static int parse_top(ctx *c, json_t *spec, gpu_job_config *jc)
                                        "precision",
                                        "optimizer",
                                        "batch_size",
+                                       "grad_accum_steps",
                                        "steps",
                                        "seed",
                                        "eval_every",
@@ -630,10 +662,12 @@ static int parse_top(ctx *c, json_t *spec, gpu_job_config *jc)
     if (((v = json_object_get(spec, "model")) && (rc = parse_model(c, v, &jc->model))) ||
         ((v = json_object_get(spec, "precision")) && (rc = parse_precision(c, v, jc))) ||
         ((v = json_object_get(spec, "optimizer")) && (rc = parse_optimizer(c, v, &jc->optim))) ||
-        ((v = json_object_get(spec, "distributed")) && (rc = parse_distributed(c, v))) ||
+        ((v = json_object_get(spec, "distributed")) && (rc = parse_distributed(c, v, &jc->dist))) ||
         ((v = json_object_get(spec, "device")) && (rc = parse_device(c, v, jc))))
         return rc;
     if ((rc = get_int32(c, spec, "batch_size", "batch_size", 1, 65536, &jc->batch_size)) ||
+        (rc = get_int32(c, spec, "grad_accum_steps", "grad_accum_steps", 1, 4096,
+                        &jc->grad_accum_steps)) ||
         (rc = get_int(c, spec, "steps", "steps", 1, 1000000000LL, &jc->steps)) ||
         (rc = get_int(c, spec, "seed", "seed", 0, INT64_MAX, &seed)) ||
         (rc = get_int(c, spec, "eval_every", "eval_every", 0, 1000000000LL, &jc->eval_every)) ||
@@ -644,6 +678,11 @@ static int parse_top(ctx *c, json_t *spec, gpu_job_config *jc)
         (rc = get_int32(c, spec, "threads", "threads", 0, 1024, &jc->threads)))
         return rc;
     jc->seed = (uint64_t)seed;
+    if (jc->batch_size % jc->dist.world_size != 0)
+        return fail(c, "batch_size",
+                    "%d does not split evenly over distributed.world_size = %d ranks "
+                    "(the global batch is divided between them)",
+                    jc->batch_size, jc->dist.world_size);
     /* data last: synthetic defaults follow the model's shape */
     jc->data.synth_features = jc->model.layers[0];
     jc->data.synth_classes = jc->model.layers[jc->model.nlayers - 1];
@@ -823,13 +862,27 @@ static json_t *model_to_json(const gpu_model_config *m)
                      api_float_value(m->init_scale));
 }
 
+static json_t *dist_to_json(const gpu_dist_config *d)
+{
+    static const char *const hooks[] = {"none", "fp16", "bf16"};
+    json_t *o = json_pack("{s:i, s:s, s:f}", "world_size", d->world_size, "comm_hook",
+                          hooks[d->hook], "bucket_mb", d->bucket_mb);
+    if (o && d->nhosts > 0) {
+        json_t *h = json_array();
+        for (int i = 0; i < d->nhosts; i++)
+            json_array_append_new(h, json_string(d->hosts[i]));
+        json_object_set_new(o, "hosts", h);
+    }
+    return o;
+}
+
 /* The canonical, fully defaulted spec; caller owns the reference. */
 json_t *api_spec_to_json(const gpu_job_config *c)
 {
     static const char *const opts[] = {"adamw", "sgd"};
     static const char *const scheds[] = {"constant", "cosine", "linear"};
     const gpu_optim_config *o = &c->optim;
-    return json_pack(
+    json_t *j = json_pack(
         "{s:s, s:o, s:o, s:{s:s, s:b, s:o, s:{s:o}},"
         " s:{s:s, s:f, s:[f,f], s:f, s:f, s:f, s:f, s:i, s:s, s:f},"
         " s:i, s:I, s:I, s:I, s:I, s:I, s:s, s:i}",
@@ -846,4 +899,9 @@ json_t *api_spec_to_json(const gpu_job_config *c)
         (json_int_t)c->eval_every, "checkpoint_every", (json_int_t)c->checkpoint_every,
         "diagnostics_every", (json_int_t)c->diagnostics_every, "device", c->device, "threads",
         c->threads);
+    if (j) {
+        json_object_set_new(j, "grad_accum_steps", json_integer(c->grad_accum_steps));
+        json_object_set_new(j, "distributed", dist_to_json(&c->dist));
+    }
+    return j;
 }

@@ -57,6 +57,7 @@ static json_t *scalars_meta(const gpu_state_scalars *sc)
     snprintf(buf, sizeof(buf), "%016" PRIx64 "%016" PRIx64 "%016" PRIx64 "%016" PRIx64,
              sc->rng[0], sc->rng[1], sc->rng[2], sc->rng[3]);
     json_object_set_new(m, "rng", json_string(buf));
+    meta_i64(m, "world_size", sc->world_size);
     return m;
 }
 
@@ -187,7 +188,7 @@ static int meta_get(json_t *meta, const char *key, int64_t *out)
 
 static int parse_scalars(json_t *meta, gpu_state_scalars *sc)
 {
-    int64_t gt, hl, fs;
+    int64_t gt, hl, fs, ws;
     const char *scale = json_string_value(json_object_get(meta, "scaler.scale"));
     const char *rng = json_string_value(json_object_get(meta, "rng"));
     const char *fmt = json_string_value(json_object_get(meta, "format"));
@@ -205,6 +206,9 @@ static int parse_scalars(json_t *meta, gpu_state_scalars *sc)
         meta_get(meta, "scaler.growth_total", &sc->scaler.growth_total) ||
         meta_get(meta, "scaler.backoff_total", &sc->scaler.backoff_total))
         return -1;
+    if (meta_get(meta, "world_size", &ws) != 0)
+        ws = 1; /* written before data parallelism */
+    sc->world_size = (int)ws;
     sc->scaler.scale = strtof(scale, NULL);
     sc->scaler.growth_tracker = (int)gt;
     sc->scaler.hysteresis_left = (int)hl;
@@ -256,7 +260,7 @@ int daemon_ckpt_load(gpu_trainer *t, const char *path, char *err, size_t errlen)
 {
     FILE *f = fopen(path, "rb");
     gpu_state_tensor *v = NULL;
-    gpu_state_scalars sc;
+    gpu_state_scalars sc, now;
     json_t *h = NULL;
     char *text = NULL;
     uint8_t len8[8];
@@ -291,6 +295,15 @@ int daemon_ckpt_load(gpu_trainer *t, const char *path, char *err, size_t errlen)
     for (int i = 0; i < n; i++)
         if (read_at(f, 8 + hlen + offs[i], v[i].data, v[i].bytes))
             goto bad;
+    gpu_trainer_get_scalars(t, &now);
+    if (sc.world_size != now.world_size) {
+        snprintf(err, errlen,
+                 "%s was written by a job of %d rank(s) and this one has %d "
+                 "(distributed.world_size): resume it with the world size it was trained with",
+                 path, sc.world_size, now.world_size);
+        rc = GPU_EINVAL;
+        goto out;
+    }
     rc = gpu_trainer_set_scalars(t, &sc);
     if (rc)
         snprintf(err, errlen, "%s: the checkpoint's state does not fit this job", path);

@@ -17,6 +17,12 @@
 #include "store/store.h"
 
 static atomic_int log_level = -1;
+static char log_tag[32]; /* "rank 1 " in a data-parallel job's ranks; set before threads */
+
+void daemon_log_set_tag(const char *tag)
+{
+    snprintf(log_tag, sizeof(log_tag), "%s%s", tag ? tag : "", tag && *tag ? " " : "");
+}
 
 void daemon_log_set_level(daemon_log_level level)
 {
@@ -57,8 +63,8 @@ void daemon_log_write(daemon_log_level level, const char *func, const char *fmt,
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
-    fprintf(stderr, "%s.%03ldZ %-5s %s: %s\n", stamp, ts.tv_nsec / 1000000L, names[level], func,
-            msg);
+    fprintf(stderr, "%s.%03ldZ %-5s %s%s: %s\n", stamp, ts.tv_nsec / 1000000L, names[level],
+            log_tag, func, msg);
 }
 
 /* The store's log hook (the API's messages come through it too): a message as one of our

@@ -22,6 +22,9 @@ int daemon_log_enabled(daemon_log_level level);
 /* Write one line to stderr: ISO-8601 UTC time, level, function, message. */
 void daemon_log_write(daemon_log_level level, const char *func, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* A tag written before each line's function ("rank 1"; NULL or "": none). Call it before
+ * other threads log. */
+void daemon_log_set_tag(const char *tag);
 /* Install the logger as the store's log hook, which the API uses too (its levels are the
  * same numbers as daemon_log_level). */
 void daemon_log_install(void);

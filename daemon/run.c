@@ -11,10 +11,17 @@
  * dropped. SIGINT/SIGTERM stop the loop after the current step; the summary then says
  * "interrupted".
  *
+ * Data parallelism: a job with distributed.world_size N > 1 started by hand or by the daemon
+ * starts its N ranks under mpirun (ranks.c) and supervises them; each rank is this same
+ * command under mpirun. Rank 0 prints the lines and writes the checkpoints; the other ranks'
+ * stdout goes to /dev/null and their log lines carry "rank N". A stop (SIGINT, SIGTERM, or
+ * SIGUSR1 from mpirun) is voted on after every step, so every rank stops after the same one.
+ *
  * Threads: the calling thread only (BLAS has its own).
  */
 #include <errno.h>
 #include <getopt.h>
+#include <unistd.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -26,6 +33,7 @@
 #include "daemon/daemon.h"
 #include "daemon/line.h"
 #include "daemon/log.h"
+#include "daemon/ranks.h"
 
 #define SPEC_MAX_BYTES (1 << 20)
 
@@ -82,6 +90,14 @@ static void emit_diagnostics(gpu_trainer *t, const gpu_step_metrics *m)
                           api_json_num(l->lost_updates)));
         }
         json_t *fn = first ? json_pack("{s:s, s:s}", "layer", first, "where", where) : json_null();
+        const char *hit[64];
+        int nhit = gpu_trainer_comm_overflow(t, hit, 64);
+        if (fn && nhit > 0) { /* where: "comm", with the tensors the all-reduce made inf/NaN */
+            json_t *names = json_array();
+            for (int i = 0; i < nhit; i++)
+                json_array_append_new(names, json_string(hit[i]));
+            json_object_set_new(fn, "tensors", names);
+        }
         emit(json_pack("{s:s, s:I, s:o, s:o, s:o}", "type", "layers", "step", (json_int_t)m->step,
                        "scale", api_json_float(m->loss_scale), "first_nonfinite", fn, "layers",
                        arr));
@@ -235,7 +251,7 @@ static void log_device(const gpu_job_config *c, const gpu_trainer *t)
         return;
     }
     if (strcmp(gpu_trainer_device(t), "cpu") != 0) { /* "cpu (CUDA unusable: ...)" */
-        log_warn("device auto: using the CPU backend, %s", gpu_trainer_device(t) + 4);
+        log_warn("device auto: using the CPU backend %s", gpu_trainer_device(t) + 4);
         return;
     }
     (void)gpu_cuda_probe(why, sizeof(why));
@@ -344,12 +360,13 @@ static void emit_profile(gpu_trainer *t, int64_t step, double step_ms)
 
 /* The step loop from the trainer's current step to the end or a stop signal. Returns 0,
  * 1 (failed, err filled) or 130 (interrupted). */
-static int loop(const gpu_job_config *c, const run_args *a, gpu_trainer *t, run_state *s,
-                char *err, size_t errlen)
+static int loop(const gpu_job_config *c, const run_args *a, gpu_trainer *t, gpu_comm *comm,
+                run_state *s, char *err, size_t errlen)
 {
     gpu_state_scalars sc;
+    bool stop = stop_requested, lead = gpu_comm_rank(comm) == 0;
     gpu_trainer_get_scalars(t, &sc);
-    for (int64_t step = sc.step; step < c->steps && !stop_requested; step++) {
+    for (int64_t step = sc.step; step < c->steps && !stop; step++) {
         if (step + 1 == a->profile)
             gpu_trainer_profile_next(t);
         int rc = gpu_trainer_step(t, &s->last, err, errlen);
@@ -365,25 +382,63 @@ static int loop(const gpu_job_config *c, const run_args *a, gpu_trainer *t, run_
             log_error("step %lld: %s", (long long)s->last.step, err);
             return 1;
         }
-        if (c->eval_every > 0 && s->last.step % c->eval_every == 0 && s->last.step < c->steps)
+        if (lead && c->eval_every > 0 && s->last.step % c->eval_every == 0 &&
+            s->last.step < c->steps)
             emit_eval(t, s, s->last.step);
-        if (a->ckpt_dir && c->checkpoint_every > 0 && s->last.step % c->checkpoint_every == 0 &&
-            s->last.step < c->steps && checkpoint(t, a->ckpt_dir, err, errlen))
+        if (lead && a->ckpt_dir && c->checkpoint_every > 0 &&
+            s->last.step % c->checkpoint_every == 0 && s->last.step < c->steps &&
+            checkpoint(t, a->ckpt_dir, err, errlen))
             return 1;
+        stop = stop_requested;
+        if (comm && gpu_comm_any(comm, stop, &stop) != 0) {
+            snprintf(err, errlen, "%s", gpu_comm_error(comm));
+            return 1;
+        }
     }
-    return stop_requested ? 130 : 0;
+    return stop ? 130 : 0;
 }
 
-/* Train c to the end; returns the exit status. */
-static int train(const gpu_job_config *c, const run_args *a)
+/* FNV-1a over the trainer's state (weights, optimizer state, data order): equal on every
+ * rank of a data-parallel job, which each rank's last log line shows. */
+static uint64_t state_hash(gpu_trainer *t)
+{
+    gpu_state_tensor *v = NULL;
+    uint64_t h = 0xcbf29ce484222325ull;
+    int n = 0;
+    if (gpu_trainer_state(t, &v, &n) != 0)
+        return 0;
+    for (int i = 0; i < n; i++)
+        for (size_t k = 0; k < v[i].bytes; k++)
+            h = (h ^ ((const uint8_t *)v[i].data)[k]) * 0x100000001b3ull;
+    free(v);
+    return h;
+}
+
+/* A rank's last word: where it stopped and a hash of its state. */
+static void log_rank_end(gpu_trainer *t, gpu_comm *comm)
+{
+    const gpu_scaler_state *sc = gpu_trainer_scaler(t);
+    gpu_state_scalars s;
+    gpu_trainer_get_scalars(t, &s);
+    log_info("rank %d of %d stopped at step %lld: loss scale %g, skipped %lld, state %016llx",
+             gpu_comm_rank(comm), gpu_comm_size(comm), (long long)s.step, (double)sc->scale,
+             (long long)sc->skipped_total, (unsigned long long)state_hash(t));
+}
+
+/* Train c to the end (one rank of comm's job when comm is not NULL); returns the exit
+ * status. */
+static int train(const gpu_job_config *c, const run_args *a, gpu_comm *comm)
 {
     char err[512] = "";
     gpu_trainer *t = NULL;
     run_state s;
     int rc, status;
+    bool lead = gpu_comm_rank(comm) == 0;
 
     memset(&s, 0, sizeof(s));
     rc = gpu_trainer_create(c, &t, err, sizeof(err));
+    if (!rc && comm)
+        rc = gpu_trainer_set_comm(t, comm, err, sizeof(err));
     if (!rc)
         log_device(c, t);
     if (!rc && a->resume)
@@ -401,18 +456,50 @@ static int train(const gpu_job_config *c, const run_args *a)
         emit(json_pack("{s:s, s:I, s:s}", "type", "resume", "step", (json_int_t)sc.step,
                        "path", a->resume));
     }
-    status = loop(c, a, t, &s, err, sizeof(err));
-    if (status != 1 && a->ckpt_dir && checkpoint(t, a->ckpt_dir, err, sizeof(err)))
+    status = loop(c, a, t, comm, &s, err, sizeof(err));
+    if (comm && status != 1)
+        log_rank_end(t, comm);
+    if (lead && status != 1 && a->ckpt_dir && checkpoint(t, a->ckpt_dir, err, sizeof(err)))
         status = 1;
-    if (status != 1)
+    if (lead && status != 1)
         emit_eval(t, &s, s.last.step);
     emit_summary(c, t, &s,
                  status == 0     ? "succeeded"
                  : status == 130 ? "interrupted"
                                  : "failed",
                  status == 1 ? err : NULL);
+    if (comm && status != 1) {
+        /* the other ranks wait for rank 0's checkpoint: mpirun ends the job when a rank
+         * leaves with a non-zero status */
+        bool failed = false;
+        gpu_comm_any(comm, false, &failed);
+    }
     free(s.times);
     gpu_trainer_free(t);
+    return status;
+}
+
+/* One rank of a data-parallel job (under mpirun): join, train, leave. */
+static int train_rank(gpu_job_config *c, const run_args *a)
+{
+    char err[512] = "", tag[32];
+    gpu_comm *comm = NULL;
+    int rc = gpu_comm_init(&comm, err, sizeof(err)), status;
+    if (rc) {
+        log_error("cannot join the job's ranks: %s", err);
+        return 1;
+    }
+    snprintf(tag, sizeof(tag), "rank %d", gpu_comm_rank(comm));
+    daemon_log_set_tag(tag);
+    if (gpu_comm_rank(comm) != 0 && !freopen("/dev/null", "w", stdout))
+        log_warn("cannot silence stdout: %s", strerror(errno));
+    if (c->threads == 0) { /* share the machine's cores between its ranks */
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        int per = (int)(cores > 0 ? cores : 1) / gpu_comm_local_size(comm);
+        c->threads = per > 0 ? per : 1;
+    }
+    status = train(c, a, comm);
+    gpu_comm_free(comm);
     return status;
 }
 
@@ -432,6 +519,11 @@ int daemon_run_main(int argc, char **argv)
     if (read_spec(a.path, &text, &len) != 0)
         return 2;
     rc = api_spec_parse(text, len, &a.opts, &c, &e);
+    if (rc == 0 && c.dist.world_size > 1 && !gpu_comm_launched()) {
+        rc = daemon_ranks_launch(&c, argc, argv, text, len);
+        free(text);
+        return rc;
+    }
     free(text);
     if (rc) {
         print_spec_error(&e);
@@ -441,5 +533,8 @@ int daemon_run_main(int argc, char **argv)
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
-    return train(&c, &a);
+    sigaction(SIGUSR1, &sa, NULL); /* mpirun passes the supervisor's stop on as SIGUSR1 */
+    if (c.dist.world_size == 1)
+        return train(&c, &a, NULL);
+    return train_rank(&c, &a);
 }

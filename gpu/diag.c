@@ -448,6 +448,13 @@ void gpu_diag_advise(gpu_diag_advisor *a, const gpu_diag *d, const gpu_layer_sta
               "loss scale stuck at its floor %g for %d steps: %s", (double)c->min_scale,
               c->floor_streak, why);
     }
+    if (c->comm_tensor)
+        offer(a, "comm_overflow", c->comm_tensor, (double)c->scale,
+              "the %s gradient all-reduce overflowed: %s's gradients were finite on every rank "
+              "before it and hold inf/NaN after it (loss scale %g): use comm_hook \"%s\" or a "
+              "lower loss scale",
+              c->hook == GPU_HOOK_FP16 ? "fp16" : c->hook == GPU_HOOK_BF16 ? "bf16" : "fp32",
+              c->comm_tensor, (double)c->scale, c->hook == GPU_HOOK_FP16 ? "bf16" : "none");
     if (c->mode == GPU_SCALE_DYNAMIC && c->next_scale < 1.0f)
         offer(a, "scale_below_one", NULL, 1.0,
               "the loss scale fell below 1 (%g): gradients overflow even unscaled; %s",

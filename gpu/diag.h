@@ -94,6 +94,10 @@ typedef struct {
     float min_scale, max_scale;
     int floor_streak;      /* consecutive overflowing steps at the floor */
     int floor_patience;
+    /* the step's inf/NaN came from the compressed all-reduce (finite on every rank before
+     * it): the first tensor it hit, and the hook; NULL: it did not */
+    const char *comm_tensor;
+    gpu_comm_hook hook;
 } gpu_diag_context;
 
 #define GPU_DIAG_MAX_RECS 32    /* new recommendations one step can give */

@@ -1357,9 +1357,22 @@ static int block_bwd(const gpu_gpt *m, const gpu_gpt_weights *w, int l, int B, c
     return 0;
 }
 
+/* Report block l's parameter gradients to ready (NULL: nobody). */
+static void block_done(const gpu_gpt *m, int l, const gpu_grad_ready *ready)
+{
+    const gpu_gpt_block *k = &m->blk[l];
+    size_t C = (size_t)m->d_model;
+    const size_t off[12] = {k->ln1_w,  k->ln1_b, k->qkv_w, k->qkv_b,   k->proj_w,  k->proj_b,
+                            k->ln2_w,  k->ln2_b, k->fc_w,  k->fc_b,    k->mproj_w, k->mproj_b};
+    const size_t n[12] = {C, C, 3 * C * C, 3 * C, C * C, C, C, C, 4 * C * C, 4 * C, 4 * C * C, C};
+    for (int i = 0; ready && i < 12; i++)
+        gpu_grad_done(ready, off[i], n[i]);
+}
+
 /* Backward pass; see gpu/gpt.h. */
 int gpu_gpt_backward(const gpu_gpt *m, const gpu_gpt_weights *w, const int *x, const int *y, int B,
-                     float seed, const uint8_t *acts, float *scratch, gpu_diag *diag, float *grads)
+                     float seed, const uint8_t *acts, float *scratch, gpu_diag *diag, float *grads,
+                     const gpu_grad_ready *ready)
 {
     gpt_scratch sc;
     gpu_dtype wdt;
@@ -1378,14 +1391,19 @@ int gpu_gpt_backward(const gpu_gpt *m, const gpu_gpt_weights *w, const int *x, c
         return rc;
     ln_bwd(m, w, sc.in32, cactf(acts, m->resid_final), acts, m->lnf_mean, m->lnf_rstd, m->lnf_w,
            m->lnf_b, N, grads, sc.dres, &sc);
+    gpu_grad_done(ready, m->lnf_w, (size_t)C);
+    gpu_grad_done(ready, m->lnf_b, (size_t)C);
     for (int l = m->n_layer - 1; l >= 0; l--) {
         rc = block_bwd(m, w, l, B, acts, &sc, diag, grads);
         if (rc)
             return rc;
+        block_done(m, l, ready);
     }
     /* the embedding: its output was held in resid_dt; it ran in emb_dt */
     cast(sc.dres, nC, m->resid_dt, m->emb_dt);
     memset(grads + m->wpe, 0, sizeof(float) * (size_t)T * C);
     gpu_gpt_embed_bwd(x, B, T, C, sc.dres, grads + m->wte, grads + m->wpe);
+    gpu_grad_done(ready, m->wpe, (size_t)T * C);
+    gpu_grad_done(ready, m->wte, (size_t)m->vocab * C);
     return 0;
 }

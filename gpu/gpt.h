@@ -112,10 +112,11 @@ int gpu_gpt_forward(const gpu_gpt *m, const gpu_gpt_weights *w, const int *x, co
  * is then written (not accumulated) into grads (fp32, nparams; the tied wte gets the sum of
  * the head's and the embedding's gradients in fp32). diag (NULL: off; begun with scale ==
  * seed) receives, per low-precision op, the gradient arriving at its output, then its
- * weight and bias gradients and its input gradient before they are rounded. */
+ * weight and bias gradients and its input gradient before they are rounded. ready (NULL:
+ * none) hears of ln_f's gradients, then each block's from the last, then wpe and wte. */
 int gpu_gpt_backward(const gpu_gpt *m, const gpu_gpt_weights *w, const int *x, const int *y,
                      int B, float seed, const uint8_t *acts, float *scratch, gpu_diag *diag,
-                     float *grads);
+                     float *grads, const gpu_grad_ready *ready);
 
 /* The GPT's ops, exported for the tests (the model is built from them). Arrays are fp32
  * holding values of the dtype named; "dt" is the op's compute dtype: its inputs are values

@@ -45,7 +45,8 @@ extern "C" {
     X(GPU_ESCALE_FLOOR, -7, "loss scale stuck at its floor")                       \
     X(GPU_ENONFINITE, -8, "non-finite loss")                                       \
     X(GPU_ECUDA, -9, "CUDA error")                                                 \
-    X(GPU_EINTR, -10, "interrupted")
+    X(GPU_EINTR, -10, "interrupted")                                               \
+    X(GPU_ECOMM, -11, "collective communication failed")
 
 enum gpu_error {
 #define GPU_ERR_ENUM(name, val, msg) name = (val),
@@ -342,6 +343,23 @@ static inline bool gpu_flash_head_dim_ok(int hd)
     return hd >= 16 && hd <= 64 && hd % 16 == 0;
 }
 
+/* What the data-parallel all-reduce does to the gradients (PyTorch's DDP comm hooks):
+ * NONE all-reduces them in fp32; FP16 and BF16 cast each bucket to the 16-bit type, divide
+ * by the world size there, sum in that type and copy the result back. */
+typedef enum { GPU_HOOK_NONE = 0, GPU_HOOK_FP16, GPU_HOOK_BF16 } gpu_comm_hook;
+
+#define GPU_MAX_HOSTS 16
+
+/* Data parallelism: world_size ranks of one job, each training on its share of the global
+ * batch, the gradients all-reduced in buckets while backward runs. */
+typedef struct {
+    int world_size;        /* ranks (1: one process, no communication) */
+    gpu_comm_hook hook;    /* NONE */
+    double bucket_mb;      /* a bucket's size in MiB of fp32 gradients (25, as DDP) */
+    int nhosts;            /* 0: every rank on this machine */
+    char hosts[GPU_MAX_HOSTS][128]; /* mpirun's host list: "name" or "name:slots" */
+} gpu_dist_config;
+
 typedef struct {
     char name[128];
     gpu_model_config model;
@@ -351,7 +369,9 @@ typedef struct {
     gpu_scaler_config scaler;
     gpu_autocast autocast;
     gpu_optim_config optim;
-    int batch_size;
+    int batch_size;              /* the global batch of one micro-step, split over the ranks */
+    int grad_accum_steps;        /* micro-steps per optimizer step (1) */
+    gpu_dist_config dist;
     int64_t steps;
     uint64_t seed;
     int64_t eval_every;          /* 0: only at the end */
@@ -390,8 +410,12 @@ typedef struct {
     double tokens_per_s;   /* sequence models: tokens trained per second (0 otherwise) */
     int64_t lost_updates;  /* master_weights off: updates that rounded away this step */
     int64_t lost_total;    /* ... of params_total elements in total */
-    int64_t comm_bytes;    /* gradient bytes this rank all-reduced in the step (0: one rank) */
-    double comm_ms;        /* time the step spent waiting for it */
+    int64_t comm_bytes;    /* gradient bytes this rank handed to the all-reduce (0: one rank) */
+    double comm_ms;        /* time the step's all-reduces were in flight (first start to last
+                            * completion) */
+    double comm_exposed_ms; /* the part of comm_ms after backward ended (not overlapped) */
+    double step_ms_max;    /* the slowest rank's step time (step_ms with one rank) */
+    int slowest_rank;      /* that rank */
     gpu_mem mem;
     gpu_mem peak;
     bool diagnosed;        /* per-layer diagnostics were collected (gpu_trainer_diagnostics) */
@@ -431,6 +455,45 @@ const gpu_scaler_state *gpu_trainer_scaler(const gpu_trainer *t);
 int gpu_trainer_tensors(const gpu_trainer *t);
 const char *gpu_trainer_tensor_name(const gpu_trainer *t, int i);
 const gpu_grad_stat *gpu_trainer_grad_stats(const gpu_trainer *t);
+
+/* ---- data parallelism (comm.c) ----------------------------------------------------------
+ *
+ * A job with dist.world_size N > 1 runs as N processes started by Open MPI's mpirun, each
+ * one rank: the same trainer on its 1/N of every global batch (rank r takes samples
+ * [r B/N, (r+1) B/N) of the batch world 1 would draw), the gradients all-reduced through
+ * MPI in buckets of dist.bucket_mb while backward still runs, with the job's comm hook.
+ * Every rank then holds the same gradients, finds the same inf/NaN, skips the same steps
+ * and keeps the same scaler state (compared every step: a difference is GPU_ECOMM).
+ * Every rank must call the collective functions (gpu_trainer_step, gpu_comm_any) the same
+ * number of times, in the same order.
+ *
+ * Errors: GPU_ECOMM (with a message) when MPI fails or the build has no MPI. */
+typedef struct gpu_comm gpu_comm; /* opaque */
+
+/* Whether this build has MPI (else every job has one rank). */
+bool gpu_comm_available(void);
+/* Whether this process is a rank of an mpirun job (mpirun's environment says so). */
+bool gpu_comm_launched(void);
+/* Join the ranks of this process's mpirun job (once per process; MPI_Init_thread). */
+int gpu_comm_init(gpu_comm **out, char *err, size_t errlen);
+/* Leave (MPI_Finalize). NULL is accepted. */
+void gpu_comm_free(gpu_comm *c);
+int gpu_comm_rank(const gpu_comm *c);
+int gpu_comm_size(const gpu_comm *c);
+/* The ranks on this machine (mpirun's local size; 1 when unknown). */
+int gpu_comm_local_size(const gpu_comm *c);
+/* What the last GPU_ECOMM was about ("rank 1: MPI_Allreduce ...: ..."; "" when none). */
+const char *gpu_comm_error(const gpu_comm *c);
+/* *any = whether mine is true on some rank (a MAX all-reduce, so every rank agrees). */
+int gpu_comm_any(gpu_comm *c, bool mine, bool *any);
+/* When the last step's inf/NaN came from the compressed all-reduce (every rank's gradients
+ * were finite before it): the tensors whose reduced gradients hold inf/NaN, in backward
+ * order (at most max, names valid while t lives); 0 otherwise. The step's diagnostics then
+ * say where = "comm". */
+int gpu_trainer_comm_overflow(const gpu_trainer *t, const char **names, int max);
+/* Make t one rank of c's job (before its first step): c's size must be the job's
+ * dist.world_size and divide its batch_size. c is borrowed and must outlive t. */
+int gpu_trainer_set_comm(gpu_trainer *t, gpu_comm *c, char *err, size_t errlen);
 
 /* ---- step profile (train.c; on CUDA cuda_prof.c) ---------------------------------------
  *
@@ -497,7 +560,8 @@ typedef struct {
 
 /* The per-layer results of the last step when it collected them (metrics.diagnosed):
  * *layers (n entries, borrowed, valid until the next step), the first layer whose output
- * or gradient held inf/NaN (NULL when none) and where ("forward" or "backward"; NULL when
+ * or gradient held inf/NaN (NULL when none) and where ("forward", "backward", or "comm" when
+ * every rank's gradients were finite and the compressed all-reduce made them inf/NaN; NULL when
  * none). GPU_EINVAL (and *n = 0) when the last step did not collect. Out-pointers other
  * than layers and n may be NULL. */
 int gpu_trainer_diagnostics(const gpu_trainer *t, const gpu_layer_stat **layers, int *n,
@@ -528,6 +592,8 @@ typedef struct {
     int64_t perm_pos;    /* position in the shuffled data order */
     gpu_scaler_state scaler;
     uint64_t rng[4];     /* the shuffling generator */
+    int world_size;      /* the ranks that trained it (0: not recorded; set_scalars refuses
+                          * another number) */
 } gpu_state_scalars;
 
 /* The trainer's state tensors: a heap array of *n entries (caller frees it with free();

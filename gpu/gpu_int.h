@@ -59,4 +59,18 @@ double gpu_now(void);
 /* Per-layer diagnostics (gpu/diag.h); the models' forward and backward take a pointer. */
 typedef struct gpu_diag gpu_diag;
 
+/* Backward's report that gradients [off, off + count) of the parameter block are final for
+ * this backward (the trainer sums micro-steps and starts the all-reduce on them). Every
+ * parameter is reported exactly once per backward, in the order backward finishes them. */
+typedef struct {
+    void (*fn)(void *ctx, size_t off, size_t count);
+    void *ctx;
+} gpu_grad_ready;
+
+static inline void gpu_grad_done(const gpu_grad_ready *r, size_t off, size_t count)
+{
+    if (r)
+        r->fn(r->ctx, off, count);
+}
+
 #endif /* AMPD_GPU_INT_H */

@@ -448,7 +448,8 @@ static void bias_grad(const float *dz, int B, int out, gpu_dtype dt, float *db, 
 
 /* Backward pass; see gpu/mlp.h. */
 int gpu_mlp_backward(const gpu_mlp *m, const gpu_mlp_weights *w, const int *y, int B, float seed,
-                     const uint8_t *acts, float *scratch, float *grads, gpu_diag *diag)
+                     const uint8_t *acts, float *scratch, float *grads, gpu_diag *diag,
+                     const gpu_grad_ready *ready)
 {
     int maxw = 0;
     for (int i = 0; i <= m->nlin; i++)
@@ -480,6 +481,8 @@ int gpu_mlp_backward(const gpu_mlp *m, const gpu_mlp_weights *w, const int *y, i
         }
         gpu_diag_round_grad(diag, ds, true, gw, (size_t)out * in, m->lin_dt);
         bias_grad(dz, B, out, m->lin_dt, grads + m->b_off[l], diag, ds, st.on ? &st : NULL);
+        gpu_grad_done(ready, m->w_off[l], (size_t)out * in);
+        gpu_grad_done(ready, m->b_off[l], (size_t)out);
         if (l == 0)
             break;
         rc = gpu_gemm(false, false, B, in, out, dz, GPU_FP32, out, W, wdt, in, 0.0f, dx, in,

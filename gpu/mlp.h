@@ -60,9 +60,10 @@ int gpu_mlp_forward(const gpu_mlp *m, const gpu_mlp_weights *w, const float *x, 
  * with `seed` (the loss scale) and every gradient comes out of its op rounded to the op's
  * dtype before it is written to grads (fp32, nparams). diag (NULL: off; begun with
  * scale == seed) collects each layer's weight, bias and input gradients before they are
- * rounded, and the underflow that starves units of the layers below (see mlp.c). */
+ * rounded, and the underflow that starves units of the layers below (see mlp.c). ready
+ * (NULL: none) hears of each layer's weight and bias gradients once they are written. */
 int gpu_mlp_backward(const gpu_mlp *m, const gpu_mlp_weights *w, const int *y, int B,
                      float seed, const uint8_t *acts, float *scratch, float *grads,
-                     gpu_diag *diag);
+                     gpu_diag *diag, const gpu_grad_ready *ready);
 
 #endif /* AMPD_GPU_MLP_H */

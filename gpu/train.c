@@ -37,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpu/comm.h"
 #include "gpu/diag.h"
 #include "gpu/gpt.h"
 #include "gpu/gpu_int.h"
@@ -53,6 +54,7 @@ struct gpu_trainer {
     float *master; /* fp32 master weights, or the fp32 params of an fp32 job */
     void *work;    /* working copy in cfg.dtype; == master for fp32 */
     float *grads, *m, *v;
+    float *accum;  /* grad_accum_steps > 1: a later micro-step's gradients, added to grads */
     uint8_t *acts;
     float *scratch, *xbatch;
     int *ybatch, *perm, *xtok; /* xtok: a GPT's input tokens */
@@ -79,6 +81,12 @@ struct gpu_trainer {
     gpu_cuda_twin *cuda;    /* the device twin, once created */
     bool diag_next;         /* the last step overflowed undiagnosed: collect on this one */
     char device_text[256];  /* "auto" fell back to the CPU: "cpu (CUDA unusable: why)" */
+    /* data parallelism */
+    gpu_comm *comm;         /* NULL: one rank */
+    int rank, world;        /* this rank and the number of ranks (0 and 1 without comm) */
+    int micro;              /* the micro-step backward is in (grad_accum_steps) */
+    bool comm_overflow;     /* the last step's inf/NaN came from the compressed all-reduce */
+    int comm_first;         /* then: the first tensor (in backward order) it hit */
     /* step profile */
     bool profile_next;      /* profile the next step */
     bool profiling;         /* this step is profiled (step_cpu's clock reads) */
@@ -122,6 +130,10 @@ void gpu_job_defaults(gpu_job_config *c)
     c->checkpoint_every = 0;
     c->diagnostics_every = 0;
     c->threads = 0;
+    c->grad_accum_steps = 1;
+    c->dist.world_size = 1;
+    c->dist.hook = GPU_HOOK_NONE;
+    c->dist.bucket_mb = 25.0;
     snprintf(c->device, sizeof(c->device), "auto");
 }
 
@@ -136,6 +148,7 @@ void gpu_trainer_free(gpu_trainer *t)
         free(t->work);
     free(t->master);
     free(t->grads);
+    free(t->accum);
     free(t->m);
     free(t->v);
     free(t->acts);
@@ -285,7 +298,7 @@ static void plan_memory(const gpu_job_config *c, model_sizes z, gpu_mem *mem)
     memset(mem, 0, sizeof(*mem));
     mem->weights = P * (int64_t)gpu_dtype_size(c->dtype);
     mem->master = (c->dtype != GPU_FP32 && c->master_weights) ? P * 4 : 0;
-    mem->grads = P * 4;
+    mem->grads = P * 4 * (c->grad_accum_steps > 1 ? 2 : 1); /* + the micro-step's */
     mem->optimizer = P * 4 * (c->optim.type == GPU_OPT_ADAMW ? 2 : 1);
     mem->activations = (int64_t)z.act_bytes;
     mem->workspace = (int64_t)z.scratch_floats * 4 + (int64_t)z.input_bytes;
@@ -345,6 +358,8 @@ static int allocate(gpu_trainer *t, char *err, size_t errlen)
         t->master = malloc(P * sizeof(float));
     t->work = fp32 ? (void *)t->master : malloc(P * gpu_dtype_size(c->dtype));
     t->grads = calloc(P, sizeof(float));
+    if (c->grad_accum_steps > 1)
+        t->accum = calloc(P, sizeof(float));
     t->m = calloc(P, sizeof(float));
     if (c->optim.type == GPU_OPT_ADAMW)
         t->v = calloc(P, sizeof(float));
@@ -363,7 +378,7 @@ static int allocate(gpu_trainer *t, char *err, size_t errlen)
     t->lstats = calloc(GPU_DIAG_MAX_LAYERS, sizeof(*t->lstats));
     t->advisor = calloc(1, sizeof(*t->advisor));
     if (!t->diag || !t->lstats || !t->advisor || (!t->master && (fp32 || c->master_weights)) ||
-        !t->work || !t->grads || !t->m || (!t->v && c->optim.type == GPU_OPT_ADAMW) ||
+        !t->work || !t->grads || (!t->accum && c->grad_accum_steps > 1) || !t->m || (!t->v && c->optim.type == GPU_OPT_ADAMW) ||
         (!t->use_cuda && (!t->acts || !t->scratch)) || !(t->xbatch || t->xtok) || !t->ybatch ||
         !(t->perm || t->gpt)) {
         snprintf(err, errlen, "the job needs %lld bytes of memory, which could not be allocated",
@@ -422,6 +437,20 @@ static int pick_device(gpu_trainer *t, char *err, size_t errlen)
 
     if (strcmp(s, "cpu") == 0)
         return 0;
+    if (t->cfg.dist.world_size > 1 || t->cfg.grad_accum_steps > 1) {
+        /* the device twin runs whole single-rank steps */
+        if (strcmp(s, "auto") == 0) {
+            if (gpu_cuda_probe(NULL, 0) == 0)
+                snprintf(t->device_text, sizeof(t->device_text),
+                         "cpu (several ranks or accumulation: the CUDA backend runs one rank "
+                         "without accumulation)");
+            return 0;
+        }
+        snprintf(err, errlen,
+                 "device \"%s\": jobs with distributed.world_size > 1 or grad_accum_steps > 1 "
+                 "run on the CPU (\"cpu\" or \"auto\")", s);
+        return GPU_EINVAL;
+    }
     if (strcmp(s, "auto") == 0) {
         t->use_cuda = gpu_cuda_probe(NULL, 0) == 0;
         return 0;
@@ -493,12 +522,15 @@ int gpu_trainer_create(const gpu_job_config *cfg, gpu_trainer **out, char *err, 
         snprintf(err, errlen, "cannot load the BLAS library (%s)", gpu_strerror(rc));
         goto fail;
     }
-    if (cfg->batch_size < 1 || cfg->steps < 0) {
+    if (cfg->batch_size < 1 || cfg->steps < 0 || cfg->grad_accum_steps < 1) {
         snprintf(err, errlen,
-                 cfg->batch_size < 1 ? "batch_size: must be >= 1" : "steps: must be >= 0");
+                 cfg->batch_size < 1  ? "batch_size: must be >= 1"
+                 : cfg->steps < 0     ? "steps: must be >= 0"
+                                      : "grad_accum_steps: must be >= 1");
         rc = GPU_EINVAL;
         goto fail;
     }
+    t->world = 1;
     rc = pick_device(t, err, errlen);
     if (rc)
         goto fail;
@@ -578,13 +610,54 @@ const gpu_grad_stat *gpu_trainer_grad_stats(const gpu_trainer *t)
     return t->stats;
 }
 
-static void next_batch(gpu_trainer *t, int B)
+/* The next global batch of B samples, of which this rank keeps its share: rows
+ * [rank B/world, (rank + 1) B/world) at the front of the batch buffers. draw counts the
+ * batches drawn in the step (micro-steps), so that GPT batches stay a function of (seed,
+ * step, draw) alone. */
+/* See gpu.h. */
+int gpu_trainer_set_comm(gpu_trainer *t, gpu_comm *c, char *err, size_t errlen)
 {
-    int n = gpu_dataset_count(t->train);
+    const gpu_dist_config *d = &t->cfg.dist;
+    int n = gpu_comm_size(c), rc;
+    if (n != d->world_size) {
+        snprintf(err, errlen,
+                 "distributed.world_size: the job asks for %d ranks but was started with %d",
+                 d->world_size, n);
+        return GPU_EINVAL;
+    }
+    if (t->cfg.batch_size % n != 0) {
+        snprintf(err, errlen, "batch_size: %d does not divide into %d ranks", t->cfg.batch_size,
+                 n);
+        return GPU_EINVAL;
+    }
+    if (t->cuda) {
+        snprintf(err, errlen, "the CUDA backend trains one rank");
+        return GPU_EINVAL;
+    }
+    rc = gpu_comm_plan(c, t->grads, t->offsets, t->counts, t->ntensors, d->hook, d->bucket_mb,
+                       err, errlen);
+    if (rc)
+        return rc;
+    t->comm = c;
+    t->rank = gpu_comm_rank(c);
+    t->world = n;
+    /* every rank draws the batch world 1 would, from the same shuffle, and keeps its share */
+    return 0;
+}
+
+static void next_batch(gpu_trainer *t, int B, int draw)
+{
+    int n = gpu_dataset_count(t->train), b = B / t->world, first = t->rank * b;
     if (t->gpt) {
         /* batches depend on (seed, step) alone, so a resumed job draws the same ones */
-        gpu_dataset_sample_seq(t->train, t->cfg.seed, t->step, B, t->gpt->seq_len, t->xtok,
-                               t->ybatch);
+        size_t T = (size_t)t->gpt->seq_len;
+        int64_t k = t->cfg.grad_accum_steps > 1 ? (t->step - 1) * t->cfg.grad_accum_steps + draw + 1
+                                                : t->step;
+        gpu_dataset_sample_seq(t->train, t->cfg.seed, k, B, (int)T, t->xtok, t->ybatch);
+        if (first > 0) {
+            memmove(t->xtok, t->xtok + first * T, sizeof(int) * b * T);
+            memmove(t->ybatch, t->ybatch + first * T, sizeof(int) * b * T);
+        }
         return;
     }
     int idx[B];
@@ -593,7 +666,7 @@ static void next_batch(gpu_trainer *t, int B)
             shuffle(t);
         idx[i] = t->perm[t->perm_pos++];
     }
-    gpu_dataset_gather(t->train, idx, B, t->xbatch, t->ybatch);
+    gpu_dataset_gather(t->train, idx + first, b, t->xbatch, t->ybatch);
 }
 
 static gpu_mlp_weights weights_view(const gpu_trainer *t)
@@ -629,11 +702,27 @@ static void cpu_phase(gpu_trainer *t, const char *name, double *t0)
     *t0 = now;
 }
 
-/* The model's forward and backward on the current batch, collecting into diag (NULL: off). */
-static int forward_backward(gpu_trainer *t, double *loss, gpu_diag *diag)
+/* The trainer's gpu_grad_ready hook: a later micro-step's gradients are added to the ones
+ * gathered so far, and the last micro-step's go to the all-reduce. */
+static void grads_ready(void *ctx, size_t off, size_t count)
+{
+    gpu_trainer *t = ctx;
+    if (t->micro > 0)
+        for (size_t i = off; i < off + count; i++)
+            t->grads[i] += t->accum[i];
+    if (t->comm && t->micro == t->cfg.grad_accum_steps - 1)
+        gpu_comm_ready(t->comm, off, count);
+}
+
+/* The model's forward and backward on the current batch of B rows, collecting into diag
+ * (NULL: off), backward seeded with seed. With ready (NULL: none) the gradients of micro-step
+ * t->micro > 0 go to accum and the hook adds them up. */
+static int forward_backward(gpu_trainer *t, int B, float seed, const gpu_grad_ready *ready,
+                            double *loss, gpu_diag *diag)
 {
     gpu_mlp_weights w = weights_view(t);
-    int B = t->cfg.batch_size, correct, rc;
+    float *dst = ready && t->micro > 0 ? t->accum : t->grads;
+    int correct, rc;
     double t0 = gpu_now();
     if (t->gpt)
         rc = gpu_gpt_forward(t->gpt, &w, t->xtok, t->ybatch, B, t->acts, t->scratch, diag, loss,
@@ -645,11 +734,11 @@ static int forward_backward(gpu_trainer *t, double *loss, gpu_diag *diag)
     if (rc)
         return rc;
     if (t->gpt)
-        rc = gpu_gpt_backward(t->gpt, &w, t->xtok, t->ybatch, B, t->scaler.scale, t->acts,
-                              t->scratch, diag, t->grads);
+        rc = gpu_gpt_backward(t->gpt, &w, t->xtok, t->ybatch, B, seed, t->acts, t->scratch, diag,
+                              dst, ready);
     else
-        rc = gpu_mlp_backward(&t->mlp, &w, t->ybatch, B, t->scaler.scale, t->acts, t->scratch,
-                              t->grads, diag);
+        rc = gpu_mlp_backward(&t->mlp, &w, t->ybatch, B, seed, t->acts, t->scratch, dst, diag,
+                              ready);
     cpu_phase(t, "backward", &t0);
     return rc;
 }
@@ -733,6 +822,8 @@ static void advise(gpu_trainer *t, float scale_used)
         .max_scale = c->scaler.max_scale,
         .floor_streak = t->scaler.floor_streak,
         .floor_patience = c->scaler.floor_patience,
+        .comm_tensor = t->comm_overflow && t->comm_first >= 0 ? t->names[t->comm_first] : NULL,
+        .hook = c->dist.hook,
     };
     gpu_diag_advise(t->advisor, t->diagnosed ? t->diag : NULL, t->lstats, &ctx);
 }
@@ -759,29 +850,110 @@ static void floor_message(const gpu_trainer *t, float scale_used, char *err, siz
         snprintf(err + n, errlen - (size_t)n, " none (the loss itself is not finite)");
 }
 
-/* The step on the CPU after the batch: forward, backward, unscale, update, scaler. Returns
- * 0, GPU_ESCALE_FLOOR (the step is complete) or an error. */
-static int step_cpu(gpu_trainer *t, gpu_step_metrics *m, bool *found_inf)
+/* The micro-steps of one optimizer step: forward and backward on each of
+ * grad_accum_steps batches (the first one already drawn), the gradients summed, each
+ * backward seeded with S / grad_accum_steps (PyTorch's loss / accumulation steps); with
+ * several ranks the last backward's gradients are all-reduced as they become ready. *loss:
+ * the mean of the micro-steps' losses. */
+static int micro_steps(gpu_trainer *t, int b, double *loss, gpu_step_metrics *m)
+{
+    const int K = t->cfg.grad_accum_steps;
+    const gpu_grad_ready hook = {grads_ready, t};
+    const gpu_grad_ready *ready = K > 1 || t->comm ? &hook : NULL;
+    float seed = K > 1 ? t->scaler.scale / (float)K : t->scaler.scale;
+    double sum = 0.0, one;
+    int rc = 0;
+
+    if (t->comm)
+        gpu_comm_begin(t->comm);
+    for (t->micro = 0; t->micro < K; t->micro++) {
+        if (t->micro > 0)
+            next_batch(t, t->cfg.batch_size, t->micro);
+        bool last = t->micro == K - 1;
+        rc = forward_backward(t, b, seed, ready, &one, last && t->diagnosed ? t->diag : NULL);
+        if (rc)
+            break;
+        sum += one;
+    }
+    t->micro = 0;
+    *loss = sum / K;
+    if (rc || !t->comm)
+        return rc;
+    gpu_comm_stats cs;
+    double t0 = gpu_now();
+    rc = gpu_comm_finish(t->comm, &cs);
+    cpu_phase(t, "comm.wait", &t0);
+    m->comm_bytes = cs.bytes;
+    m->comm_ms = cs.ms;
+    m->comm_exposed_ms = cs.exposed_ms;
+    t->comm_overflow = cs.pre_nonfinite; /* this rank's, until the agreement */
+    return rc;
+}
+
+/* With several ranks: agree on the step (found-inf, norm, loss) and check that every
+ * rank's scaler is the same. */
+static int agree(gpu_trainer *t, double *loss, bool *found_inf, double *sumsq, char *err,
+                 size_t errlen)
+{
+    gpu_comm_ctl v = {.loss = *loss,
+                      .found_inf = *found_inf,
+                      .pre_nonfinite = t->comm_overflow,
+                      .sumsq = *sumsq,
+                      .scale = t->scaler.scale,
+                      .tracker = t->scaler.growth_tracker};
+    int rc = gpu_comm_control(t->comm, &v);
+    if (rc) {
+        snprintf(err, errlen, "%s", gpu_comm_error(t->comm));
+        return rc;
+    }
+    if (!v.scalers_equal) {
+        snprintf(err, errlen, "rank %d: the ranks' loss scalers differ at step %lld", t->rank,
+                 (long long)t->step);
+        return GPU_ECOMM;
+    }
+    *loss = v.loss;
+    *found_inf = v.found_inf;
+    *sumsq = v.sumsq;
+    /* inf/NaN after the all-reduce that no rank had before it: the compressed sum */
+    t->comm_overflow = v.found_inf && !v.pre_nonfinite;
+    t->comm_first = -1;
+    for (int i = t->ntensors - 1; t->comm_overflow && i >= 0 && t->comm_first < 0; i--)
+        if (t->stats[i].nonfinite > 0)
+            t->comm_first = i;
+    return 0;
+}
+
+/* The step on the CPU after the batch: forward, backward (micro-steps, all-reduce), unscale,
+ * update, scaler. Returns 0, GPU_ESCALE_FLOOR (the step is complete) or an error. */
+static int step_cpu(gpu_trainer *t, gpu_step_metrics *m, bool *found_inf, char *err,
+                    size_t errlen)
 {
     const gpu_job_config *c = &t->cfg;
+    int b = c->batch_size / t->world;
     double loss, sumsq;
     int rc;
 
     if (t->diagnosed)
         gpu_diag_begin(t->diag, t->scaler.scale);
-    rc = forward_backward(t, &loss, t->diagnosed ? t->diag : NULL);
-    if (rc)
+    rc = micro_steps(t, b, &loss, m);
+    if (rc) {
+        if (rc == GPU_ECOMM)
+            snprintf(err, errlen, "%s", gpu_comm_error(t->comm));
         return rc;
+    }
     double t0 = gpu_now();
     gpu_unscale(t->grads, t->offsets, t->counts, t->ntensors, gpu_scaler_inv(&t->scaler), t->stats,
                 found_inf, &sumsq);
     cpu_phase(t, "unscale", &t0);
+    if (t->comm && (rc = agree(t, &loss, found_inf, &sumsq, err, errlen)))
+        return rc;
     if (*found_inf && !t->diagnosed) {
-        /* diagnose the overflow: the same batch and weights again, collecting */
+        /* diagnose the overflow: the same batch and weights again, collecting (this rank's
+         * share; no communication) */
         double again;
         t->diagnosed = true;
         gpu_diag_begin(t->diag, t->scaler.scale);
-        rc = forward_backward(t, &again, t->diag);
+        rc = forward_backward(t, b, t->scaler.scale, NULL, &again, t->diag);
         if (rc)
             return rc;
     }
@@ -829,6 +1001,7 @@ int gpu_trainer_step(gpu_trainer *t, gpu_step_metrics *m, char *err, size_t errl
     int B = c->batch_size, rc;
     double t0 = gpu_now(), device_ms = 0.0;
     bool found_inf = false;
+    char dummy[8];
 
     memset(m, 0, sizeof(*m));
     m->step = ++t->step;
@@ -841,8 +1014,9 @@ int gpu_trainer_step(gpu_trainer *t, gpu_step_metrics *m, char *err, size_t errl
     t->profile_next = false;
     if (t->profiling)
         memset(&t->prof, 0, sizeof(t->prof));
-    next_batch(t, B);
-    rc = t->cuda ? step_cuda(t, m, &found_inf, &device_ms) : step_cpu(t, m, &found_inf);
+    next_batch(t, B, 0);
+    rc = t->cuda ? step_cuda(t, m, &found_inf, &device_ms)
+                 : step_cpu(t, m, &found_inf, err ? err : dummy, err ? errlen : sizeof(dummy));
     if (t->profiling)
         t->profiled = rc == 0 || rc == GPU_ESCALE_FLOOR;
     t->profiling = false;
@@ -856,7 +1030,13 @@ int gpu_trainer_step(gpu_trainer *t, gpu_step_metrics *m, char *err, size_t errl
     m->skipped_total = t->scaler.skipped_total;
     m->lost_total = t->lost_total;
     m->step_ms = t->cuda ? device_ms : (gpu_now() - t0) * 1e3;
-    m->samples_per_s = B / (m->step_ms * 1e-3);
+    m->step_ms_max = m->step_ms;
+    if (t->comm && gpu_comm_step_time(t->comm, m->step_ms, &m->step_ms_max, &m->slowest_rank)) {
+        if (err)
+            snprintf(err, errlen, "%s", gpu_comm_error(t->comm));
+        return GPU_ECOMM;
+    }
+    m->samples_per_s = (double)B * c->grad_accum_steps / (m->step_ms_max * 1e-3);
     if (t->gpt)
         m->tokens_per_s = m->samples_per_s * t->gpt->seq_len;
     m->mem = t->mem;
@@ -887,9 +1067,27 @@ int gpu_trainer_diagnostics(const gpu_trainer *t, const gpu_layer_stat **layers,
         *first_nonfinite_layer = any ? d->layer[d->first_nonfinite].name : NULL;
     if (where)
         *where = any ? (d->first_in_forward ? "forward" : "backward") : NULL;
+    if (t->diagnosed && t->comm_overflow && t->comm_first >= 0) {
+        /* the ranks' own passes were finite: the all-reduce made the first inf/NaN */
+        int l = tensor_layer(t, t->comm_first);
+        if (first_nonfinite_layer)
+            *first_nonfinite_layer = l >= 0 ? d->layer[l].name : t->names[t->comm_first];
+        if (where)
+            *where = "comm";
+    }
     *layers = t->lstats;
     *n = t->diagnosed ? d->nlayers : 0;
     return t->diagnosed ? 0 : GPU_EINVAL;
+}
+
+/* See gpu.h. */
+int gpu_trainer_comm_overflow(const gpu_trainer *t, const char **names, int max)
+{
+    int n = 0;
+    for (int i = t->ntensors - 1; t->comm_overflow && i >= 0; i--)
+        if (t->stats[i].nonfinite > 0 && n < max)
+            names[n++] = t->names[i];
+    return n;
 }
 
 /* The last step's new recommendations; see gpu.h. */
@@ -1033,6 +1231,7 @@ void gpu_trainer_get_scalars(const gpu_trainer *t, gpu_state_scalars *out)
     out->perm_pos = t->perm_pos;
     out->scaler = t->scaler;
     memcpy(out->rng, t->rng.s, sizeof(out->rng));
+    out->world_size = t->world;
 }
 
 /* Restore scalars and the working copy (and, on CUDA, the device blocks); see gpu.h. */
@@ -1041,7 +1240,7 @@ int gpu_trainer_set_scalars(gpu_trainer *t, const gpu_state_scalars *in)
     int n = t->perm ? gpu_dataset_count(t->train) : 0;
     if (in->step < 0 || in->step > t->cfg.steps || in->applied < 0 || in->applied > in->step ||
         in->perm_pos < 0 || in->perm_pos > n || !(in->scaler.scale > 0.0f) ||
-        !isfinite(in->scaler.scale))
+        !isfinite(in->scaler.scale) || (in->world_size != 0 && in->world_size != t->world))
         return GPU_EINVAL;
     for (int i = 0; i < n; i++)
         if (t->perm[i] < 0 || t->perm[i] >= n)

@@ -175,7 +175,10 @@ int store_job_ids(store *s, store_status st, int64_t **ids, int *n);
     X(EVAL_LOSS, eval_loss, EVAL, NUM, loss, 1)                                                    \
     X(EVAL_ACC, eval_acc, EVAL, NUM, accuracy, 1)                                                  \
     X(TOKENS_PER_S, tokens_per_s, STEP, NUM, tokens_per_s, 3)                                      \
-    X(LOST_UPDATES, lost_updates, STEP, INT, lost_updates, 3)
+    X(LOST_UPDATES, lost_updates, STEP, INT, lost_updates, 3)                                      \
+    X(COMM_EXPOSED_MS, comm_exposed_ms, STEP, NUM, comm_exposed_ms, 4)                             \
+    X(STEP_MS_MAX, step_ms_max, STEP, NUM, step_ms_max, 4)                                         \
+    X(SLOWEST_RANK, slowest_rank, STEP, INT, slowest_rank, 4)
 
 #define STORE_M_ENUM_(id, name, line, type, src, since) STORE_M_##id,
 enum { STORE_METRICS(STORE_M_ENUM_) STORE_M_NFIELDS };

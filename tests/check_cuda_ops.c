@@ -777,7 +777,7 @@ static void refs_ce_mlp(gpu_dtype dt, int B, int V)
     ck_assert_msg(loss == loss_ref / B, "%s: loss %.17g, cpu %.17g", what, loss_ref / B, loss);
     ck_assert_int_eq(hits, hits_ref);
     if (B == 1) {
-        ck_assert_int_eq(gpu_mlp_backward(&m, &w, y, B, 4096.0f, acts, scratch, grads, NULL), 0);
+        ck_assert_int_eq(gpu_mlp_backward(&m, &w, y, B, 4096.0f, acts, scratch, grads, NULL, NULL), 0);
         ref_ce_bwd(GPU_CUDA_CE_MLP, p, y, B, V, m.ce_dt, m.lin_dt, 4096.0f, B, dz);
         expect_exact(what, dz, grads + m.w_off[0], (size_t)V, GPU_FP32);
     }

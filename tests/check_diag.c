@@ -459,7 +459,7 @@ START_TEST(test_mlp_unchanged_by_diag)
                 gpu_diag_begin(dd, 4096.0f);
             ck_assert_int_eq(
                 gpu_mlp_forward(&m, &w, x, y, B, acts[run], sc, &loss[run], &correct[run], dd), 0);
-            ck_assert_int_eq(gpu_mlp_backward(&m, &w, y, B, 4096.0f, acts[run], sc, g[run], dd), 0);
+            ck_assert_int_eq(gpu_mlp_backward(&m, &w, y, B, 4096.0f, acts[run], sc, g[run], dd, NULL), 0);
         }
         ck_assert(memcmp(&loss[0], &loss[1], sizeof(double)) == 0);
         ck_assert(memcmp(g[0], g[1], m.nparams * 4) == 0);

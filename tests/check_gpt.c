@@ -586,7 +586,7 @@ static void tiny_bwd(tiny *t, float seed, gpu_diag *d)
 {
     gpu_gpt_weights w = tiny_weights(t);
     ck_assert_int_eq(
-        gpu_gpt_backward(&t->m, &w, t->x, t->y, TB, seed, t->acts, t->scratch, d, t->grads), 0);
+        gpu_gpt_backward(&t->m, &w, t->x, t->y, TB, seed, t->acts, t->scratch, d, t->grads, NULL), 0);
 }
 
 typedef struct {
@@ -1046,7 +1046,7 @@ START_TEST(test_no_master)
     int c;
     ck_assert_int_eq(gpu_gpt_forward(&t.m, &w, t.x, t.y, TB, t.acts, t.scratch, NULL, &l1, &c), 0);
     ck_assert_int_eq(
-        gpu_gpt_backward(&t.m, &w, t.x, t.y, TB, 1.0f, t.acts, t.scratch, NULL, t.grads), 0);
+        gpu_gpt_backward(&t.m, &w, t.x, t.y, TB, 1.0f, t.acts, t.scratch, NULL, t.grads, NULL), 0);
     ck_assert(l0 == l1);
     ck_assert(memcmp(g0, t.grads, sizeof(float) * t.m.nparams) == 0);
     free(g0);

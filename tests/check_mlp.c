@@ -96,7 +96,7 @@ static void run_fwd_bwd(net *n, gpu_dtype pdt, const void *p, float seed, double
     ck_assert_int_eq(
         gpu_mlp_forward(&n->m, &w, n->x, n->y, B, n->acts, n->scratch, loss, &correct, NULL), 0);
     ck_assert_int_eq(
-        gpu_mlp_backward(&n->m, &w, n->y, B, seed, n->acts, n->scratch, n->grads, NULL), 0);
+        gpu_mlp_backward(&n->m, &w, n->y, B, seed, n->acts, n->scratch, n->grads, NULL, NULL), 0);
 }
 
 static void check_fd(gpu_activation act)

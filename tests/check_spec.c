@@ -172,6 +172,42 @@ START_TEST(test_devices)
 }
 END_TEST
 
+/* The data-parallel fields, their defaults, and the canonical spec's echo of them. */
+START_TEST(test_distributed)
+{
+    gpu_job_config c;
+    api_error e;
+    ck_assert_int_eq(parse("{}", &c, &e), 0);
+    ck_assert_int_eq(c.dist.world_size, 1);
+    ck_assert_int_eq(c.dist.hook, GPU_HOOK_NONE);
+    ck_assert(c.dist.bucket_mb == 25.0);
+    ck_assert_int_eq(c.dist.nhosts, 0);
+    ck_assert_int_eq(c.grad_accum_steps, 1);
+    if (!gpu_comm_available())
+        return; /* world_size > 1 is refused without MPI (test_bad_values) */
+    ck_assert_int_eq(parse("{\"batch_size\": 64, \"grad_accum_steps\": 4, \"distributed\": "
+                           "{\"world_size\": 4, \"comm_hook\": \"bf16\", \"bucket_mb\": 2.5, "
+                           "\"hosts\": [\"node-a:2\", \"node_b.lan\"]}}",
+                           &c, &e),
+                     0);
+    ck_assert_int_eq(c.dist.world_size, 4);
+    ck_assert_int_eq(c.dist.hook, GPU_HOOK_BF16);
+    ck_assert(c.dist.bucket_mb == 2.5);
+    ck_assert_int_eq(c.dist.nhosts, 2);
+    ck_assert_str_eq(c.dist.hosts[0], "node-a:2");
+    ck_assert_str_eq(c.dist.hosts[1], "node_b.lan");
+    ck_assert_int_eq(c.grad_accum_steps, 4);
+    json_t *canon = api_spec_to_json(&c), *d = json_object_get(canon, "distributed");
+    ck_assert_int_eq(json_integer_value(json_object_get(d, "world_size")), 4);
+    ck_assert_str_eq(json_string_value(json_object_get(d, "comm_hook")), "bf16");
+    ck_assert(json_real_value(json_object_get(d, "bucket_mb")) == 2.5);
+    ck_assert_str_eq(json_string_value(json_array_get(json_object_get(d, "hosts"), 1)),
+                     "node_b.lan");
+    ck_assert_int_eq(json_integer_value(json_object_get(canon, "grad_accum_steps")), 4);
+    json_decref(canon);
+}
+END_TEST
+
 START_TEST(test_malformed_json)
 {
     gpu_job_config c;
@@ -253,7 +289,16 @@ START_TEST(test_bad_values)
     expect_field("{\"device\": \"cuda:1 \"}", "device");
     expect_field("{\"device\": \"cuda:0000000000001\"}", "device");
     expect_field("{\"device\": 0}", "device");
-    expect_field("{\"distributed\": {\"world_size\": 2}}", "distributed.world_size");
+    expect_field("{\"distributed\": {\"world_size\": 0}}", "distributed.world_size");
+    expect_field("{\"distributed\": {\"world_size\": 1025}}", "distributed.world_size");
+    expect_field("{\"distributed\": {\"world_size\": 3}}", "batch_size"); /* 256 / 3 */
+    expect_field("{\"batch_size\": 6, \"distributed\": {\"world_size\": 4}}", "batch_size");
+    expect_field("{\"distributed\": {\"bucket_mb\": 0}}", "distributed.bucket_mb");
+    expect_field("{\"distributed\": {\"hosts\": []}}", "distributed.hosts");
+    expect_field("{\"distributed\": {\"hosts\": \"a,b\"}}", "distributed.hosts");
+    expect_field("{\"distributed\": {\"hosts\": [\"a\", \"b c\"]}}", "distributed.hosts[1]");
+    expect_field("{\"distributed\": {\"hosts\": [\"-np\"]}}", "distributed.hosts[0]");
+    expect_field("{\"grad_accum_steps\": 0}", "grad_accum_steps");
     expect_field("{\"distributed\": {\"comm_hook\": \"fp8\"}}", "distributed.comm_hook");
     /* a gpt needs sequence data, its heads must divide d_model, its fields are its own */
     expect_field("{\"model\": {\"type\": \"gpt\"}}", "data.type");
@@ -440,6 +485,7 @@ static Suite *spec_suite(void)
     tcase_add_test(tc, test_full_example);
     tcase_add_test(tc, test_defaults);
     tcase_add_test(tc, test_devices);
+    tcase_add_test(tc, test_distributed);
     tcase_add_test(tc, test_malformed_json);
     tcase_add_test(tc, test_unknown_fields);
     tcase_add_test(tc, test_bad_values);

@@ -32,7 +32,7 @@
 
 #define NF STORE_M_NFIELDS
 #define NLF STORE_L_NFIELDS
-#define SCHEMA_VERSION 3
+#define SCHEMA_VERSION 4 /* the metric fields of data parallelism (comm_exposed_ms, ...) */
 #define EVAL_BITS ((1u << STORE_M_EVAL_LOSS) | (1u << STORE_M_EVAL_ACC))
 
 static char tmp_dir[64];

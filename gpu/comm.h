@@ -1,0 +1,65 @@
+/*
+ * comm.h - internal header of gpu/: the gradient all-reduce of a data-parallel step, as the
+ * trainer drives it (comm.c; the public side is in gpu.h).
+ *
+ * A step: gpu_comm_begin, then backward reports each finished gradient range with
+ * gpu_comm_ready (through a gpu_grad_ready hook); a bucket whose gradients are all ready
+ * gets its hook applied and its all-reduce started, in bucket order, while backward goes on;
+ * gpu_comm_finish starts what is left, waits for every bucket and reports the bytes and
+ * times; gpu_comm_control agrees on the step (found-inf, the norm, the loss, the scaler).
+ *
+ * Buckets follow the tensor table backwards (the order backward produces gradients), whole
+ * tensors each, up to bucket_mb MiB of fp32 gradients; the first one is capped at 1 MiB
+ * (DDP's first bucket) so that communication starts early. A tensor larger than a bucket
+ * gets one of its own.
+ *
+ * Threads: the trainer's thread calls these; one communication thread per gpu_comm runs
+ * the all-reduces and unpacks their results. MPI is called by one thread at a time.
+ */
+#ifndef AMPD_GPU_COMM_H
+#define AMPD_GPU_COMM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gpu/gpu.h"
+
+/* Build the buckets over the n tensors (element offsets and counts into grads, in table
+ * order). grads is borrowed for the trainer's life. */
+int gpu_comm_plan(gpu_comm *c, float *grads, const size_t *off, const size_t *count, int n,
+                  gpu_comm_hook hook, double bucket_mb, char *err, size_t errlen);
+int gpu_comm_nbuckets(const gpu_comm *c);
+
+/* A new step: no bucket ready. */
+void gpu_comm_begin(gpu_comm *c);
+/* Gradients [off, off + count) of the block are final for this step. */
+void gpu_comm_ready(gpu_comm *c, size_t off, size_t count);
+
+typedef struct {
+    int64_t bytes;      /* handed to the all-reduces (count x the hook's element size) */
+    double ms;          /* first start to last completion */
+    double exposed_ms;  /* spent waiting in gpu_comm_finish */
+    bool pre_nonfinite; /* this rank's gradients held inf/NaN before the hook */
+} gpu_comm_stats;
+
+/* Start the buckets not started yet, wait for all of them; the gradients then hold the
+ * reduced values on every rank. */
+int gpu_comm_finish(gpu_comm *c, gpu_comm_stats *out);
+
+/* One step's agreement, in and out (a single all-reduce): */
+typedef struct {
+    double loss;        /* in: this rank's loss; out: the mean over the ranks */
+    bool found_inf;     /* out: true when any rank found inf/NaN */
+    bool pre_nonfinite; /* out: true when any rank's gradients held inf/NaN before the hook */
+    double sumsq;       /* out: the largest of the ranks' (they hold the same gradients) */
+    float scale;        /* in: the scale this step used */
+    int64_t tracker;    /* in: the scaler's growth tracker */
+    bool scalers_equal; /* out: every rank has the same scale and tracker */
+} gpu_comm_ctl;
+int gpu_comm_control(gpu_comm *c, gpu_comm_ctl *v);
+
+/* The slowest rank's step time and that rank (MAXLOC). */
+int gpu_comm_step_time(gpu_comm *c, double ms, double *max_ms, int *rank);
+
+#endif /* AMPD_GPU_COMM_H */

@@ -1,0 +1,259 @@
+#!/bin/bash
+# check_dist.sh - data-parallel `ampd run` end to end, on Open MPI with CPU ranks:
+#   - world 2 and world 4 (oversubscribed) train on the same global batches as world 1: the
+#     loss of every one of 50 steps within 1e-5 (relative) of world 1's, and every rank ends
+#     with the same state (the hash each rank logs);
+#   - the fp16 and bf16 comm hooks hand exactly half of the none hook's bytes to the
+#     all-reduce, and train a Fashion-MNIST MLP for 1000 steps to within 0.5 points of its
+#     accuracy;
+#   - an all-reduce that the fp16 hook overflows (a bf16 job at loss scale 2^24): the step is
+#     skipped on every rank, the scalers stay equal, and the diagnostics say where = "comm"
+#     with the tensors, and recommend a hook;
+#   - kill -9 of rank 1: the job ends within 10 s with exit status 1 and the log names rank 1
+#     and the signal;
+#   - SIGINT stops every rank after the same step with a checkpoint; the resumed run's steps
+#     equal an uninterrupted run's; a resume with another world size is refused;
+#   - grad_accum_steps 4 with batch 64 equals batch 256 (world 1 and world 2);
+#   - the spec refuses a batch that does not split over the ranks, and a bad host name.
+# The equality checks train with SGD: Adam's first updates are the sign of each gradient,
+# so a gradient that is 0 up to rounding makes summation order (one GEMM over the batch, or
+# two halves and a sum) visible in the loss after a few steps; SGD keeps such differences
+# as small as they are. Exit 77 (SKIP) without MPI in the build or without Fashion-MNIST.
+set -u
+AMPD=${AMPD:-./ampd}
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+# shellcheck source=tests/testlib.sh
+. "$(dirname "$0")/testlib.sh"
+
+FM=/usr/share/datasets/fashion-mnist
+if [ ! -d "$FM" ]; then
+    echo "check_dist: SKIP: Fashion-MNIST is not installed (Debian dataset-fashion-mnist)"
+    exit 77
+fi
+if ! command -v node >/dev/null; then
+    echo "check_dist: SKIP: node is needed to read the JSON lines"
+    exit 77
+fi
+
+# spec WORLD HOOK STEPS [extra top-level JSON members]
+spec() {
+    echo "{\"name\": \"dp\", \"model\": {\"type\": \"mlp\", \"layers\": [784, 256, 10]},
+      \"data\": {\"type\": \"idx\", \"train\": \"fashion-mnist\", \"eval\": \"fashion-mnist:test\"},
+      \"precision\": {\"dtype\": \"fp32\"}, \"batch_size\": 256, \"steps\": $3, \"seed\": 1,
+      \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.02, \"momentum\": 0.9},
+      \"distributed\": {\"world_size\": $1, \"comm_hook\": \"$2\"}${4:+, $4}}"
+}
+
+if spec 2 none 1 | "$AMPD" run - 2>&1 >/dev/null | grep -q 'built without MPI'; then
+    echo "check_dist: SKIP: this ampd was built without MPI"
+    exit 77
+fi
+
+# js FILE EXPR: EXPR evaluated with `steps` (the step lines by step number), `lines` (all of
+# them) and the helpers below; prints its value
+js() {
+    node -e '
+const fs = require("fs");
+const lines = fs.readFileSync(process.argv[1], "utf8").split("\n").filter(Boolean).map(JSON.parse);
+const steps = {};
+for (const l of lines) if (l.type === "step") steps[l.step] = l;
+const rel = (a, b) => Math.abs(a - b) / Math.abs(b);
+const maxrel = (o, k) => Math.max(...Object.keys(o).map(s => rel(steps[s][k], o[s][k])));
+const load = f => { const o = {}; for (const l of fs.readFileSync(f, "utf8").split("\n").filter(Boolean).map(JSON.parse)) if (l.type === "step") o[l.step] = l; return o; };
+const v = eval(process.argv[2]);
+if (process.argv[3] === "test") process.exit(v ? 0 : 1);
+console.log(v);' "$1" "$2" "${3:-print}"
+}
+# jsok FILE EXPR: whether EXPR is true (silent)
+jsok() { js "$1" "$2" test; }
+
+# ---- the same losses as world 1 ----------------------------------------------------------
+for w in 1 2 4; do
+    spec $w none 50 | "$AMPD" run - >"$TMP/w$w.out" 2>"$TMP/w$w.err"
+    check "world $w: exit 0" test $? -eq 0
+done
+for w in 2 4; do
+    check "world $w: 50 step lines" test "$(grep -c '"type":"step"' "$TMP/w$w.out")" -eq 50
+    m=$(js "$TMP/w$w.out" "maxrel(load('$TMP/w1.out'), 'loss')")
+    echo "world $w: largest relative loss difference from world 1 over 50 steps: $m"
+    check "world $w: every step's loss within 1e-5 of world 1's" jsok "$TMP/w$w.out" "$m <= 1e-5"
+    check "world $w: every rank logs the same final state" \
+        test "$(grep -o 'stopped at step 50: .*' "$TMP/w$w.err" | sort -u | wc -l)" -eq 1
+    check "world $w: all $w ranks logged it" \
+        test "$(grep -c 'stopped at step 50' "$TMP/w$w.err")" -eq $w
+    check "world $w: log lines carry the rank" grep -q "rank $((w - 1)) " "$TMP/w$w.err"
+done
+check "world 1: no communication" test "$(js "$TMP/w1.out" 'steps[10].comm_bytes')" -eq 0
+check "world 2: fp32 bytes: 4 per parameter" \
+    test "$(js "$TMP/w2.out" 'steps[10].comm_bytes')" -eq $((4 * (784 * 256 + 256 + 256 * 10 + 10)))
+check "world 2: comm time, exposed part, slowest rank" \
+    jsok "$TMP/w2.out" 'steps[10].comm_ms > 0 && steps[10].comm_exposed_ms >= 0 &&
+        steps[10].comm_exposed_ms <= steps[10].comm_ms && steps[10].step_ms_max >= steps[10].step_ms &&
+        [0, 1].includes(steps[10].slowest_rank)'
+
+# ---- hooks: bytes and accuracy -----------------------------------------------------------
+adam='"optimizer": {"type": "adamw", "lr": 0.001}'
+for h in none fp16 bf16; do
+    spec 2 $h 1000 | sed "s/\"optimizer\": {[^}]*}/$adam/" | "$AMPD" run --every 100 - \
+        >"$TMP/h$h.out" 2>/dev/null
+    check "hook $h: exit 0" test $? -eq 0
+done
+nb=$(js "$TMP/hnone.out" 'steps[100].comm_bytes')
+for h in fp16 bf16; do
+    check "hook $h: comm_bytes exactly half of none's ($nb)" \
+        jsok "$TMP/h$h.out" "Object.values(steps).every(s => 2 * s.comm_bytes === $nb)"
+    acc=$(js "$TMP/h$h.out" 'lines.find(l => l.type === "summary").eval_acc')
+    ref=$(js "$TMP/hnone.out" 'lines.find(l => l.type === "summary").eval_acc')
+    echo "hook $h: accuracy after 1000 steps $acc (none: $ref)"
+    check "hook $h: accuracy within 0.5 points of none's" \
+        jsok "$TMP/h$h.out" "Math.abs($acc - $ref) <= 0.005"
+done
+
+# ---- an overflow of the compressed all-reduce --------------------------------------------
+spec 2 fp16 4 '"diagnostics_every": 0' |
+    sed 's/"precision": {[^}]*}/"precision": {"dtype": "bf16", "loss_scale": {"mode": "dynamic", "init": 16777216}}/' |
+    "$AMPD" run - >"$TMP/ov.out" 2>"$TMP/ov.err"
+check "comm overflow: exit 0" test $? -eq 0
+check "comm overflow: step 1 skipped" jsok "$TMP/ov.out" 'steps[1].skipped'
+check "comm overflow: where is comm, with the tensors" \
+    jsok "$TMP/ov.out" 'lines.some(l => l.type === "layers" && l.step === 1 &&
+        l.first_nonfinite.where === "comm" && l.first_nonfinite.tensors.includes("fc2.bias"))'
+check "comm overflow: a recommendation names the hook" \
+    grep -q '"kind":"recommendation".*all-reduce overflowed.*use comm_hook' "$TMP/ov.out"
+check "comm overflow: both ranks skipped the same steps with the same scale and state" \
+    test "$(grep -o 'stopped at step 4: .*' "$TMP/ov.err" | sort -u | wc -l)" -eq 1
+check "comm overflow: ... and they did skip" grep -q 'stopped at step 4: .* skipped [1-9]' "$TMP/ov.err"
+
+# ---- kill -9 of rank 1 ---------------------------------------------------------------------
+spec 2 none 100000 >"$TMP/long.json"
+"$AMPD" run "$TMP/long.json" >"$TMP/k.out" 2>"$TMP/k.err" &
+sup=$!
+rank1=
+for _ in $(seq 100); do
+    for p in $(pgrep -f "run $TMP/long.json"); do
+        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1' && rank1=$p
+    done
+    [ -n "$rank1" ] && grep -q '"type":"step","step":3,' "$TMP/k.out" && break
+    sleep 0.1
+done
+check "kill -9: found rank 1" test -n "$rank1"
+kill -9 "$rank1" 2>/dev/null
+t0=$(date +%s%N)
+wait $sup
+rc=$?
+t1=$(date +%s%N)
+echo "kill -9 of rank 1: the job ended after $(((t1 - t0) / 1000000)) ms"
+check "kill -9: exit status 1" test $rc -eq 1
+check "kill -9: ended within 10 s" test $(((t1 - t0) / 1000000)) -lt 10000
+check "kill -9: the log names rank 1 and the signal" grep -q 'rank 1 .*signal 9' "$TMP/k.err"
+check "kill -9: no rank is left" test -z "$(pgrep -f "run $TMP/long.json")"
+
+# ---- stop, checkpoint, resume --------------------------------------------------------------
+spec 2 none 120 >"$TMP/r.json"
+"$AMPD" run "$TMP/r.json" >"$TMP/full.out" 2>/dev/null
+mkdir "$TMP/ck"
+"$AMPD" run --checkpoint-dir "$TMP/ck" "$TMP/r.json" >"$TMP/part.out" 2>"$TMP/part.err" &
+sup=$!
+for _ in $(seq 200); do
+    grep -q '"type":"step","step":20,' "$TMP/part.out" && break
+    sleep 0.05
+done
+kill -INT $sup
+wait $sup
+check "SIGINT: exit status 130" test $? -eq 130
+check "SIGINT: interrupted" grep -q '"status":"interrupted"' "$TMP/part.out"
+ck=$(ls "$TMP"/ck/ckpt-*.safetensors 2>/dev/null | head -1)
+check "SIGINT: rank 0 wrote a checkpoint" test -n "$ck"
+check "SIGINT: both ranks stopped after the same step" \
+    test "$(grep -o 'stopped at step [0-9]*' "$TMP/part.err" | sort -u | wc -l)" -eq 1
+"$AMPD" run --resume "$ck" "$TMP/r.json" >"$TMP/res.out" 2>/dev/null
+check "resume: exit 0" test $? -eq 0
+check "resume: every step after the checkpoint equals the uninterrupted run's" \
+    jsok "$TMP/res.out" "Object.keys(steps).length > 0 && Object.keys(steps).every(s =>
+        steps[s].loss === load('$TMP/full.out')[s].loss &&
+        steps[s].grad_norm === load('$TMP/full.out')[s].grad_norm)"
+sed 's/"world_size": 2/"world_size": 4/' "$TMP/r.json" >"$TMP/r4.json"
+"$AMPD" run --resume "$ck" "$TMP/r4.json" >/dev/null 2>"$TMP/r4.err"
+check "resume with 4 ranks: refused" test $? -eq 1
+check "resume with 4 ranks: the message names the world size" \
+    grep -q 'written by a job of 2 rank(s) and this one has 4 (distributed.world_size)' "$TMP/r4.err"
+
+# ---- gradient accumulation -------------------------------------------------------------------
+spec 1 none 30 >"$TMP/b256.json"
+"$AMPD" run "$TMP/b256.json" >"$TMP/b256.out" 2>/dev/null
+for w in 1 2; do
+    spec $w none 30 '"grad_accum_steps": 4' | sed 's/"batch_size": 256/"batch_size": 64/' |
+        "$AMPD" run - >"$TMP/acc$w.out" 2>/dev/null
+    check "accumulation, world $w: exit 0" test $? -eq 0
+    m=$(js "$TMP/acc$w.out" "maxrel(load('$TMP/b256.out'), 'loss')")
+    echo "grad_accum_steps 4 x batch 64, world $w: largest relative loss difference from batch 256: $m"
+    check "accumulation, world $w: 4 x 64 equals 256 within 1e-5" jsok "$TMP/acc$w.out" "$m <= 1e-5"
+done
+
+# ---- under the daemon: a job of 2 ranks, kill -9 of rank 1 ---------------------------------
+"$AMPD" serve --listen 127.0.0.1:0 --port-file "$TMP/port" --data-dir "$TMP/data" \
+    --db "$TMP/ampd.db" >"$TMP/daemon.log" 2>&1 &
+dpid=$!
+for _ in $(seq 200); do
+    [ -s "$TMP/port" ] && break
+    sleep 0.05
+done
+URL="http://127.0.0.1:$(cat "$TMP/port")"
+post() { curl -sS -m 20 -X POST -H 'Content-Type: application/json' -d "$1" "$URL/v1/jobs"; }
+field() { node -e 'const j = JSON.parse(require("fs").readFileSync(0, "utf8")); console.log(eval("j." + process.argv[1]))' "$1"; }
+id1=$(spec 2 fp16 100000 | tr -d '\n' | { read -r b; post "$b"; } | field id)
+id2=$(post '{"name": "next", "model": {"type": "mlp", "layers": [784, 32, 10]},
+    "data": {"type": "idx", "train": "fashion-mnist"}, "steps": 20}' | field id)
+check "daemon: both jobs queued" test -n "$id1" -a -n "$id2"
+rank1=
+for _ in $(seq 200); do
+    for p in $(pgrep -f "ampd run"); do
+        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1' &&
+            grep -q "jobs/$id1" "/proc/$p/cmdline" 2>/dev/null && rank1=$p
+    done
+    [ -n "$rank1" ] && [ "$(curl -sS -m 5 "$URL/v1/jobs/$id1" | field progress.step)" -ge 3 ] && break
+    sleep 0.1
+done
+check "daemon: rank 1 of the job found" test -n "$rank1"
+kill -9 "$rank1" 2>/dev/null
+t0=$(date +%s%N)
+healthy=0
+sick=0
+st=
+while [ $(($(date +%s%N) - t0)) -lt 20000000000 ]; do
+    if [ "$(curl -sS -m 2 -o /dev/null -w '%{http_code}' "$URL/healthz")" = 200 ]; then
+        healthy=$((healthy + 1))
+    else
+        sick=$((sick + 1))
+    fi
+    st=$(curl -sS -m 5 "$URL/v1/jobs/$id1" | field status)
+    [ "$st" = failed ] && break
+    sleep 0.2
+done
+t1=$(date +%s%N)
+echo "daemon: the job failed $(((t1 - t0) / 1000000)) ms after kill -9 of rank 1 ($healthy healthz answers)"
+check "daemon: the job failed" test "$st" = failed
+check "daemon: within 10 s" test $(((t1 - t0) / 1000000)) -lt 10000
+check "daemon: /healthz answered throughout" test "$sick" -eq 0 -a "$healthy" -gt 0
+check "daemon: the job's error names rank 1 and the signal" \
+    sh -c "curl -sS -m 5 '$URL/v1/jobs/$id1' | grep -q 'rank 1 .*signal 9'"
+for _ in $(seq 200); do
+    [ "$(curl -sS -m 5 "$URL/v1/jobs/$id2" | field status)" = succeeded ] && break
+    sleep 0.1
+done
+check "daemon: the next job ran" test "$(curl -sS -m 5 "$URL/v1/jobs/$id2" | field status)" = succeeded
+kill "$dpid"
+wait "$dpid"
+
+# ---- spec errors -------------------------------------------------------------------------------
+spec 3 none 5 | "$AMPD" run - >"$TMP/e.out" 2>&1
+check "batch 256 over 3 ranks: refused (2)" test $? -eq 2
+check "... naming batch_size" grep -q '"field":"batch_size"' "$TMP/e.out"
+spec 2 none 5 | sed 's/"comm_hook": "none"/"comm_hook": "none", "hosts": ["-bad"]/' |
+    "$AMPD" run - >"$TMP/e.out" 2>&1
+check "a bad host: refused, naming distributed.hosts[0]" \
+    grep -q '"field":"distributed.hosts\[0\]"' "$TMP/e.out"
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
