@@ -144,6 +144,20 @@ void api_h_prom(api_req *q, api_resp *r)
     job_family(b, "ampd_device_memory_bytes", "gauge",
                "Memory the running job's training state holds on its device.", rows, nrows,
                STORE_M_MEM_BYTES, 1.0);
+    job_family(b, "ampd_comm_bytes", "gauge",
+               "Gradient bytes rank 0 handed to the all-reduce in the latest step.", rows, nrows,
+               STORE_M_COMM_BYTES, 1.0);
+    job_family(b, "ampd_comm_seconds", "gauge",
+               "Time the latest step's gradient all-reduces were in flight.", rows, nrows,
+               STORE_M_COMM_MS, 1e-3);
+    job_family(b, "ampd_comm_exposed_seconds", "gauge",
+               "Part of the latest step's all-reduce time not hidden behind backward.", rows,
+               nrows, STORE_M_COMM_EXPOSED_MS, 1e-3);
+    job_family(b, "ampd_slowest_rank_step_seconds", "gauge",
+               "Duration of the latest step on the job's slowest rank.", rows, nrows,
+               STORE_M_STEP_MS_MAX, 1e-3);
+    job_family(b, "ampd_slowest_rank", "gauge", "The rank that was slowest in the latest step.",
+               rows, nrows, STORE_M_SLOWEST_RANK, 1.0);
 
     layer_family(b, "ampd_layer_act_headroom",
                  "Dtype max over the largest forward output of the layer, at the running job's "

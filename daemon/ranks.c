@@ -147,7 +147,8 @@ int daemon_ranks_launch(const gpu_job_config *c, int argc, char **argv, const ch
                         size_t len)
 {
 #ifndef AMPD_MPIRUN
-    (void)argc, (void)argv, (void)spec, (void)len, (void)run_mpirun, (void)spec_file;
+    (void)argc, (void)argv, (void)spec, (void)len, (void)run_mpirun, (void)spec_file,
+        (void)build_argv;
     log_error("distributed.world_size %d: this ampd was built without MPI", c->dist.world_size);
     return 2;
 #else

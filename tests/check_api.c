@@ -724,6 +724,11 @@ static void add_rows(int64_t job, int64_t first, int64_t n)
         m.v[STORE_M_STEP_MS] = 25;
         m.v[STORE_M_SAMPLES_PER_S] = 10000;
         m.v[STORE_M_MEM_BYTES] = 1 << 20;
+        m.v[STORE_M_COMM_BYTES] = 4096;
+        m.v[STORE_M_COMM_MS] = 2;
+        m.v[STORE_M_COMM_EXPOSED_MS] = 0.5;
+        m.v[STORE_M_STEP_MS_MAX] = 30;
+        m.v[STORE_M_SLOWEST_RANK] = 1;
         m.v[STORE_M_EVAL_LOSS] = m.v[STORE_M_EVAL_ACC] = NAN;
         if (s % 100 == 0) {
             m.has_eval = true;
@@ -1406,6 +1411,16 @@ START_TEST(test_prometheus)
     ck_assert(prom_check(r.body, want) == 0);
     snprintf(want, sizeof(want), "ampd_device_memory_bytes{job=\"%lld\",", (long long)id);
     ck_assert(prom_check(r.body, want) == 1 << 20);
+    snprintf(want, sizeof(want), "ampd_comm_bytes{job=\"%lld\",", (long long)id);
+    ck_assert(prom_check(r.body, want) == 4096);
+    snprintf(want, sizeof(want), "ampd_comm_seconds{job=\"%lld\",", (long long)id);
+    ck_assert(fabs(prom_check(r.body, want) - 0.002) < 1e-12);
+    snprintf(want, sizeof(want), "ampd_comm_exposed_seconds{job=\"%lld\",", (long long)id);
+    ck_assert(fabs(prom_check(r.body, want) - 0.0005) < 1e-12);
+    snprintf(want, sizeof(want), "ampd_slowest_rank_step_seconds{job=\"%lld\",", (long long)id);
+    ck_assert(fabs(prom_check(r.body, want) - 0.030) < 1e-12);
+    snprintf(want, sizeof(want), "ampd_slowest_rank{job=\"%lld\",", (long long)id);
+    ck_assert(prom_check(r.body, want) == 1);
     hresp_free(&r);
 }
 END_TEST

@@ -408,6 +408,28 @@ async function main() {
     check('the lost-updates chart draws the stored lost updates', lostY === lost[lost.length - 1],
           `${lostY} vs ${lost[lost.length - 1]}`);
 
+    // ---- a job of 2 ranks with the fp16 comm hook: the communication chart draws the bytes,
+    // the time in flight and its exposed part that the API serves
+    const dpSpec = Object.assign({}, gptSpec, {name: 'web-gpt-dp', precision: {dtype: 'fp16'}, steps: 30,
+                                               distributed: {world_size: 2, comm_hook: 'fp16'}});
+    const dr = await fetch(`${BASE}/v1/jobs`, {method: 'POST', body: JSON.stringify(dpSpec),
+                                                headers: {'Content-Type': 'application/json', Authorization: `Bearer ${TOKEN}`}});
+    const dpId = (await dr.json()).id;
+    check('a job of 2 ranks is accepted', dr.status === 201 && dpId > 0, String(dr.status));
+    const dpDone = await until(async () => (await apiGet(`/v1/jobs/${dpId}`)).status === 'succeeded', 60000, 250);
+    check('the job of 2 ranks succeeds', dpDone, (await apiGet(`/v1/jobs/${dpId}`)).error || '');
+    const dm = await apiGet(`/v1/jobs/${dpId}/metrics?fields=comm_bytes,comm_ms,comm_exposed_ms`);
+    const last = dm.points[dm.points.length - 1] || {};
+    check('the API serves the communication of every step', dm.points.length === 30 &&
+          dm.points.every((p) => p.comm_bytes > 0 && p.comm_exposed_ms <= p.comm_ms), JSON.stringify(last));
+    await page.goto(`${BASE}/#/runs/${dpId}`);
+    await page.waitForSelector('#app[data-ready=run]');
+    await page.waitForSelector('[data-chart=comm]');
+    const commY = await page.evaluate(() => window.ampd.run.commChart.last.d.ys.map((y) => y[y.length - 1]));
+    check('the communication chart draws the stored bytes, comm ms and exposed ms',
+          commY[0] === last.comm_bytes && commY[1] === last.comm_ms && commY[2] === last.comm_exposed_ms,
+          `${commY} vs ${JSON.stringify(last)}`);
+
     // ---- a phone: no horizontal scrolling on the runs table, a run page, the compare view
     const phone = await browser.newContext({viewport: {width: 390, height: 844}, deviceScaleFactor: 2, isMobile: true, hasTouch: true});
     const pp = await phone.newPage();

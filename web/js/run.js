@@ -270,11 +270,14 @@ export class RunPage {
         if (s.hasAny('comm_bytes') && !this.commChart) {
             this.commChart = new LineChart(this.grid, {
                 id: 'comm', title: 'Gradient communication', yLabel: 'bytes / step', fmt: fmtBytes,
-                y2Label: 'ms', series: [{label: 'bytes', color: '#0f766e'}, {label: 'comm ms', color: '#9333ea', scale: 'y2'}],
+                y2Label: 'ms', series: [{label: 'bytes', color: '#0f766e'}, {label: 'comm ms', color: '#9333ea', scale: 'y2'},
+                                        {label: 'exposed ms', color: '#dc2626', scale: 'y2'}],
                 onZoom: (a, b) => this.zoom(a, b), onReset: () => this.zoom(null)});
             this.charts.push(this.commChart);
         }
-        if (this.commChart) this.commChart.setData({x: s.x, ys: [s.col('comm_bytes'), s.col('comm_ms')]}, opt);
+        if (this.commChart) {
+            this.commChart.setData({x: s.x, ys: [s.col('comm_bytes'), s.col('comm_ms'), s.col('comm_exposed_ms')]}, opt);
+        }
         if (s.hasAny('lost_updates') && !this.lostChart) {
             this.lostChart = new LineChart(this.grid, {
                 id: 'lost_updates', title: 'Lost updates', yLabel: 'updates / step', fmt: fmtInt,

@@ -13,7 +13,7 @@ import {num, plotValue} from './util.js';
 // The fields the run page draws (each costs min/max/last per bucket on the wire).
 export const FIELDS = ['loss', 'loss_scale', 'eval_loss', 'eval_acc', 'step_ms',
                        'samples_per_s', 'tokens_per_s', 'grad_norm', 'lr', 'comm_bytes', 'comm_ms',
-                       'lost_updates'];
+                       'comm_exposed_ms', 'lost_updates'];
 
 export class Series {
     constructor() {
