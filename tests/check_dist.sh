@@ -14,6 +14,9 @@
 #   - SIGINT stops every rank after the same step with a checkpoint; the resumed run's steps
 #     equal an uninterrupted run's; a resume with another world size is refused;
 #   - grad_accum_steps 4 with batch 64 equals batch 256 (world 1 and world 2);
+#   - under `ampd serve`: kill -9 of rank 1 fails the job within 10 s naming the rank, the
+#     next queued job runs, /healthz answers throughout; a job of 2 ranks cancelled and
+#     resumed stores the steps of an uninterrupted run;
 #   - the spec refuses a batch that does not split over the ranks, and a bad host name.
 # The equality checks train with SGD: Adam's first updates are the sign of each gradient,
 # so a gradient that is 0 up to rounding makes summation order (one GEMM over the batch, or
@@ -246,6 +249,36 @@ for _ in $(seq 200); do
     sleep 0.1
 done
 check "daemon: the next job ran" test "$(curl -sS -m 5 "$URL/v1/jobs/$id2" | field status)" = succeeded
+
+# cancel and resume of a job of 2 ranks under the daemon: the steps after the checkpoint are
+# those of an uninterrupted run
+spec 2 none 300 >"$TMP/c.json"
+"$AMPD" run "$TMP/c.json" >"$TMP/c.out" 2>/dev/null
+id3=$(tr -d '\n' <"$TMP/c.json" | { read -r b; post "$b"; } | field id)
+for _ in $(seq 300); do
+    [ "$(curl -sS -m 5 "$URL/v1/jobs/$id3" | field progress.step)" -ge 20 ] && break
+    sleep 0.05
+done
+curl -sS -m 20 -X POST "$URL/v1/jobs/$id3/cancel" >/dev/null
+for _ in $(seq 300); do
+    [ "$(curl -sS -m 5 "$URL/v1/jobs/$id3" | field status)" = cancelled ] && break
+    sleep 0.1
+done
+ck3=$(curl -sS -m 5 "$URL/v1/jobs/$id3" | field checkpoint_step)
+check "daemon cancel: cancelled with a checkpoint" test "$(curl -sS -m 5 "$URL/v1/jobs/$id3" | field status)" = cancelled -a "${ck3:-0}" -gt 0
+curl -sS -m 20 -X POST "$URL/v1/jobs/$id3/resume" >/dev/null
+for _ in $(seq 600); do
+    [ "$(curl -sS -m 5 "$URL/v1/jobs/$id3" | field status)" = succeeded ] && break
+    sleep 0.1
+done
+check "daemon resume: succeeded" test "$(curl -sS -m 5 "$URL/v1/jobs/$id3" | field status)" = succeeded
+curl -sS -m 20 "$URL/v1/jobs/$id3/metrics?fields=loss&format=csv" | tail -n +2 >"$TMP/c.csv"
+check "daemon resume: all 300 steps stored" test "$(wc -l <"$TMP/c.csv")" -eq 300
+check "daemon resume: the steps after the checkpoint equal the uninterrupted run's" \
+    jsok "$TMP/c.out" "((rows) => rows.length === 300 - $ck3 && rows.every(([s, v]) =>
+        Math.abs(v - steps[s].loss) <= 1e-9 * Math.abs(steps[s].loss)))(
+        require('fs').readFileSync('$TMP/c.csv', 'utf8').trim().split('\\n')
+        .map((l) => l.split(',').map(Number)).filter(([s]) => s > $ck3))"
 kill "$dpid"
 wait "$dpid"
 

@@ -218,8 +218,10 @@ async function main() {
     check('the run page shows the API\'s final loss', close(Number(lossCard), fpJob.summary.final_loss));
     check('the heatmap shows the diagnosed layers', Number(await page.getAttribute('[data-chart=heatmap]', 'data-layers')) === 2 &&
           Number(await page.getAttribute('[data-chart=heatmap]', 'data-steps')) >= 24);
-    const evCount = await page.locator('.timeline li[data-kind=lifecycle]').count();
-    check('the events timeline lists the lifecycle events', evCount >= 2);
+    // the last lifecycle event (succeeded) may reach the page just after the status
+    const lifecycle = () => page.locator('.timeline li[data-kind=lifecycle]').count();
+    check('the events timeline lists the lifecycle events',
+          await until(async () => (await lifecycle()) >= 2, 10000), `${await lifecycle()} listed`);
     await page.evaluate(() => window.scrollTo(0, 0));
     await shot(page, 'run.png', true);
 
