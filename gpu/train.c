@@ -378,7 +378,8 @@ static int allocate(gpu_trainer *t, char *err, size_t errlen)
     t->lstats = calloc(GPU_DIAG_MAX_LAYERS, sizeof(*t->lstats));
     t->advisor = calloc(1, sizeof(*t->advisor));
     if (!t->diag || !t->lstats || !t->advisor || (!t->master && (fp32 || c->master_weights)) ||
-        !t->work || !t->grads || (!t->accum && c->grad_accum_steps > 1) || !t->m || (!t->v && c->optim.type == GPU_OPT_ADAMW) ||
+        !t->work || !t->grads || (!t->accum && c->grad_accum_steps > 1) || !t->m ||
+        (!t->v && c->optim.type == GPU_OPT_ADAMW) ||
         (!t->use_cuda && (!t->acts || !t->scratch)) || !(t->xbatch || t->xtok) || !t->ybatch ||
         !(t->perm || t->gpt)) {
         snprintf(err, errlen, "the job needs %lld bytes of memory, which could not be allocated",
@@ -610,7 +611,8 @@ const gpu_grad_stat *gpu_trainer_grad_stats(const gpu_trainer *t)
     return t->stats;
 }
 
-/* The next global batch of B samples, of which this rank keeps its share: rows
+/* The next global batch of B samples (every rank draws the batch world 1 would, from the
+ * same shuffle), of which this rank keeps its share: rows
  * [rank B/world, (rank + 1) B/world) at the front of the batch buffers. draw counts the
  * batches drawn in the step (micro-steps), so that GPT batches stay a function of (seed,
  * step, draw) alone. */
@@ -641,7 +643,6 @@ int gpu_trainer_set_comm(gpu_trainer *t, gpu_comm *c, char *err, size_t errlen)
     t->comm = c;
     t->rank = gpu_comm_rank(c);
     t->world = n;
-    /* every rank draws the batch world 1 would, from the same shuffle, and keeps its share */
     return 0;
 }
 
@@ -651,8 +652,8 @@ static void next_batch(gpu_trainer *t, int B, int draw)
     if (t->gpt) {
         /* batches depend on (seed, step) alone, so a resumed job draws the same ones */
         size_t T = (size_t)t->gpt->seq_len;
-        int64_t k = t->cfg.grad_accum_steps > 1 ? (t->step - 1) * t->cfg.grad_accum_steps + draw + 1
-                                                : t->step;
+        int K = t->cfg.grad_accum_steps;
+        int64_t k = K > 1 ? (t->step - 1) * K + draw + 1 : t->step;
         gpu_dataset_sample_seq(t->train, t->cfg.seed, k, B, (int)T, t->xtok, t->ybatch);
         if (first > 0) {
             memmove(t->xtok, t->xtok + first * T, sizeof(int) * b * T);
