@@ -864,9 +864,8 @@ static json_t *model_to_json(const gpu_model_config *m)
 
 static json_t *dist_to_json(const gpu_dist_config *d)
 {
-    static const char *const hooks[] = {"none", "fp16", "bf16"};
     json_t *o = json_pack("{s:i, s:s, s:f}", "world_size", d->world_size, "comm_hook",
-                          hooks[d->hook], "bucket_mb", d->bucket_mb);
+                          gpu_comm_hook_name(d->hook), "bucket_mb", d->bucket_mb);
     if (o && d->nhosts > 0) {
         json_t *h = json_array();
         for (int i = 0; i < d->nhosts; i++)

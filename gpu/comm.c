@@ -51,6 +51,12 @@ bool gpu_comm_available(void)
 #endif
 }
 
+const char *gpu_comm_hook_name(gpu_comm_hook h)
+{
+    static const char *const names[] = {"none", "fp16", "bf16"};
+    return h >= GPU_HOOK_NONE && h <= GPU_HOOK_BF16 ? names[h] : "?";
+}
+
 bool gpu_comm_launched(void)
 {
     return getenv("OMPI_COMM_WORLD_SIZE") != NULL || getenv("PMIX_RANK") != NULL;
@@ -268,6 +274,12 @@ int gpu_comm_any(gpu_comm *c, bool mine, bool *any)
     return 0;
 }
 
+/* The 16-bit type of a FP16 or BF16 hook. */
+static gpu_dtype hook_dtype(gpu_comm_hook h)
+{
+    return h == GPU_HOOK_FP16 ? GPU_FP16 : GPU_BF16;
+}
+
 /* ---- the communication thread ------------------------------------------------------------- */
 
 static int issue(gpu_comm *c, bucket *k)
@@ -297,8 +309,7 @@ static int poll_once(gpu_comm *c, int from, int to)
         if (!flag)
             continue;
         if (c->hook != GPU_HOOK_NONE)
-            gpu_cvt_to_f32(c->grads + k->lo, k->half,
-                           c->hook == GPU_HOOK_FP16 ? GPU_FP16 : GPU_BF16, k->hi - k->lo);
+            gpu_cvt_to_f32(c->grads + k->lo, k->half, hook_dtype(c->hook), k->hi - k->lo);
         pthread_mutex_lock(&c->mu);
         k->done = true;
         c->ndone++;
@@ -428,7 +439,7 @@ static void start(gpu_comm *c, bucket *k)
             g[i] /= N;
         c->bytes += (int64_t)(n * sizeof(float));
     } else {
-        gpu_dtype dt = c->hook == GPU_HOOK_FP16 ? GPU_FP16 : GPU_BF16;
+        gpu_dtype dt = hook_dtype(c->hook);
         gpu_round_n(g, g, n, dt);
         for (size_t i = 0; i < n; i++)
             g[i] /= N;

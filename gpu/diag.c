@@ -453,7 +453,7 @@ void gpu_diag_advise(gpu_diag_advisor *a, const gpu_diag *d, const gpu_layer_sta
               "the %s gradient all-reduce overflowed: %s's gradients were finite on every rank "
               "before it and hold inf/NaN after it (loss scale %g): use comm_hook \"%s\" or a "
               "lower loss scale",
-              c->hook == GPU_HOOK_FP16 ? "fp16" : c->hook == GPU_HOOK_BF16 ? "bf16" : "fp32",
+              c->hook == GPU_HOOK_NONE ? "fp32" : gpu_comm_hook_name(c->hook),
               c->comm_tensor, (double)c->scale, c->hook == GPU_HOOK_FP16 ? "bf16" : "none");
     if (c->mode == GPU_SCALE_DYNAMIC && c->next_scale < 1.0f)
         offer(a, "scale_below_one", NULL, 1.0,

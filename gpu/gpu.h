@@ -470,6 +470,8 @@ const gpu_grad_stat *gpu_trainer_grad_stats(const gpu_trainer *t);
  * Errors: GPU_ECOMM (with a message) when MPI fails or the build has no MPI. */
 typedef struct gpu_comm gpu_comm; /* opaque */
 
+/* "none", "fp16", "bf16" (the job spec's comm_hook names). */
+const char *gpu_comm_hook_name(gpu_comm_hook h);
 /* Whether this build has MPI (else every job has one rank). */
 bool gpu_comm_available(void);
 /* Whether this process is a rank of an mpirun job (mpirun's environment says so). */

@@ -855,8 +855,10 @@ static void floor_message(const gpu_trainer *t, float scale_used, char *err, siz
  * grad_accum_steps batches (the first one already drawn), the gradients summed, each
  * backward seeded with S / grad_accum_steps (PyTorch's loss / accumulation steps); with
  * several ranks the last backward's gradients are all-reduced as they become ready. *loss:
- * the mean of the micro-steps' losses. */
-static int micro_steps(gpu_trainer *t, int b, double *loss, gpu_step_metrics *m)
+ * the mean of the micro-steps' losses; *pre_nonfinite: this rank's gradients held inf/NaN
+ * before the all-reduce. */
+static int micro_steps(gpu_trainer *t, int b, double *loss, bool *pre_nonfinite,
+                       gpu_step_metrics *m)
 {
     const int K = t->cfg.grad_accum_steps;
     const gpu_grad_ready hook = {grads_ready, t};
@@ -887,18 +889,18 @@ static int micro_steps(gpu_trainer *t, int b, double *loss, gpu_step_metrics *m)
     m->comm_bytes = cs.bytes;
     m->comm_ms = cs.ms;
     m->comm_exposed_ms = cs.exposed_ms;
-    t->comm_overflow = cs.pre_nonfinite; /* this rank's, until the agreement */
+    *pre_nonfinite = cs.pre_nonfinite;
     return rc;
 }
 
 /* With several ranks: agree on the step (found-inf, norm, loss) and check that every
  * rank's scaler is the same. */
-static int agree(gpu_trainer *t, double *loss, bool *found_inf, double *sumsq, char *err,
-                 size_t errlen)
+static int agree(gpu_trainer *t, bool pre_nonfinite, double *loss, bool *found_inf,
+                 double *sumsq, char *err, size_t errlen)
 {
     gpu_comm_ctl v = {.loss = *loss,
                       .found_inf = *found_inf,
-                      .pre_nonfinite = t->comm_overflow,
+                      .pre_nonfinite = pre_nonfinite,
                       .sumsq = *sumsq,
                       .scale = t->scaler.scale,
                       .tracker = t->scaler.growth_tracker};
@@ -932,11 +934,12 @@ static int step_cpu(gpu_trainer *t, gpu_step_metrics *m, bool *found_inf, char *
     const gpu_job_config *c = &t->cfg;
     int b = c->batch_size / t->world;
     double loss, sumsq;
+    bool pre_nonfinite = false;
     int rc;
 
     if (t->diagnosed)
         gpu_diag_begin(t->diag, t->scaler.scale);
-    rc = micro_steps(t, b, &loss, m);
+    rc = micro_steps(t, b, &loss, &pre_nonfinite, m);
     if (rc) {
         if (rc == GPU_ECOMM)
             snprintf(err, errlen, "%s", gpu_comm_error(t->comm));
@@ -946,7 +949,7 @@ static int step_cpu(gpu_trainer *t, gpu_step_metrics *m, bool *found_inf, char *
     gpu_unscale(t->grads, t->offsets, t->counts, t->ntensors, gpu_scaler_inv(&t->scaler), t->stats,
                 found_inf, &sumsq);
     cpu_phase(t, "unscale", &t0);
-    if (t->comm && (rc = agree(t, &loss, found_inf, &sumsq, err, errlen)))
+    if (t->comm && (rc = agree(t, pre_nonfinite, &loss, found_inf, &sumsq, err, errlen)))
         return rc;
     if (*found_inf && !t->diagnosed) {
         /* diagnose the overflow: the same batch and weights again, collecting (this rank's
