@@ -499,7 +499,10 @@ static int train_rank(gpu_job_config *c, const run_args *a)
         c->threads = per > 0 ? per : 1;
     }
     status = train(c, a, comm);
-    gpu_comm_free(comm);
+    if (status == 1) /* the others may wait for this rank: leave without MPI_Finalize */
+        gpu_comm_abandon(comm);
+    else
+        gpu_comm_free(comm);
     return status;
 }
 

@@ -62,6 +62,43 @@ bool gpu_comm_launched(void)
     return getenv("OMPI_COMM_WORLD_SIZE") != NULL || getenv("PMIX_RANK") != NULL;
 }
 
+static int env_int(const char *name, int dflt)
+{
+    const char *v = getenv(name);
+    return v && atoi(v) > 0 ? atoi(v) : dflt;
+}
+
+void gpu_comm_local(int *rank, int *size)
+{
+    *rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0);
+    *size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", 1);
+}
+
+int gpu_comm_buckets(const size_t *off, const size_t *count, int n, double bucket_mb,
+                     size_t *lo, size_t *hi)
+{
+    size_t cap = (size_t)(bucket_mb * 1024.0 * 1024.0), limit = FIRST_BUCKET_BYTES;
+    int nb = 0;
+    if (cap < 4)
+        cap = 4;
+    if (limit > cap)
+        limit = cap;
+    for (int i = n - 1; i >= 0; i--) {
+        size_t a = off[i], b = off[i] + count[i];
+        /* a tensor joins the open bucket when it adjoins it and the bucket has room */
+        if (nb && b == lo[nb - 1] && (hi[nb - 1] - lo[nb - 1] + count[i]) * 4 <= limit) {
+            lo[nb - 1] = a;
+            continue;
+        }
+        if (nb)
+            limit = cap; /* the first bucket is closed */
+        lo[nb] = a;
+        hi[nb] = b;
+        nb++;
+    }
+    return nb;
+}
+
 #ifdef HAVE_MPI
 
 typedef struct {
@@ -163,15 +200,9 @@ static int fail(gpu_comm *c, int mpi_rc, const char *what)
     return GPU_ECOMM;
 }
 
-static int env_int(const char *name, int dflt)
-{
-    const char *v = getenv(name);
-    return v && atoi(v) > 0 ? atoi(v) : dflt;
-}
-
 int gpu_comm_init(gpu_comm **out, char *err, size_t errlen)
 {
-    int provided = 0, rc;
+    int provided = 0, rc, local;
     gpu_comm *c;
     *out = NULL;
     rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided);
@@ -194,7 +225,7 @@ int gpu_comm_init(gpu_comm **out, char *err, size_t errlen)
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_rank(MPI_COMM_WORLD, &c->rank);
     MPI_Comm_size(MPI_COMM_WORLD, &c->size);
-    c->local_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", 1);
+    gpu_comm_local(&local, &c->local_size);
     MPI_Type_contiguous(2, MPI_BYTE, &c->t16);
     MPI_Type_commit(&c->t16);
     MPI_Type_contiguous(CTL_N, MPI_DOUBLE, &c->tctl);
@@ -227,7 +258,7 @@ static void free_buckets(gpu_comm *c)
     c->nb = 0;
 }
 
-void gpu_comm_free(gpu_comm *c)
+static void release(gpu_comm *c, bool finalize)
 {
     if (!c)
         return;
@@ -238,10 +269,21 @@ void gpu_comm_free(gpu_comm *c)
     MPI_Op_free(&c->op_ctl);
     MPI_Type_free(&c->t16);
     MPI_Type_free(&c->tctl);
-    MPI_Finalize();
+    if (finalize)
+        MPI_Finalize();
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
     free(c);
+}
+
+void gpu_comm_free(gpu_comm *c)
+{
+    release(c, true);
+}
+
+void gpu_comm_abandon(gpu_comm *c)
+{
+    release(c, false);
 }
 
 int gpu_comm_rank(const gpu_comm *c)
@@ -272,6 +314,12 @@ int gpu_comm_any(gpu_comm *c, bool mine, bool *any)
         return fail(c, rc, "MPI_Allreduce (vote)");
     *any = r != 0;
     return 0;
+}
+
+int gpu_comm_bcast(gpu_comm *c, void *buf, size_t bytes)
+{
+    int rc = MPI_Bcast(buf, (int)bytes, MPI_BYTE, 0, MPI_COMM_WORLD);
+    return rc == MPI_SUCCESS ? 0 : fail(c, rc, "MPI_Bcast");
 }
 
 /* The 16-bit type of a FP16 or BF16 hook. */
@@ -363,29 +411,16 @@ int gpu_comm_nbuckets(const gpu_comm *c)
 int gpu_comm_plan(gpu_comm *c, float *grads, const size_t *off, const size_t *count, int n,
                   gpu_comm_hook hook, double bucket_mb, char *err, size_t errlen)
 {
-    size_t cap = (size_t)(bucket_mb * 1024.0 * 1024.0), limit = FIRST_BUCKET_BYTES;
-    if (cap < 4)
-        cap = 4;
-    if (limit > cap)
-        limit = cap;
+    size_t lo[n > 0 ? n : 1], hi[n > 0 ? n : 1];
     stop_thread(c);
     free_buckets(c);
     if (!(c->b = calloc((size_t)n, sizeof(*c->b))))
         return GPU_ENOMEM;
     c->grads = grads;
     c->hook = hook;
-    for (int i = n - 1; i >= 0; i--) {
-        bucket *k = c->nb ? &c->b[c->nb - 1] : NULL;
-        size_t lo = off[i], hi = off[i] + count[i];
-        /* a tensor joins the open bucket when it adjoins it and the bucket has room */
-        if (k && hi == k->lo && (k->hi - k->lo + count[i]) * 4 <= limit) {
-            k->lo = lo;
-            continue;
-        }
-        if (k)
-            limit = cap; /* the first bucket is closed */
-        c->b[c->nb++] = (bucket){.lo = lo, .hi = hi, .req = MPI_REQUEST_NULL};
-    }
+    c->nb = gpu_comm_buckets(off, count, n, bucket_mb, lo, hi);
+    for (int i = 0; i < c->nb; i++)
+        c->b[i] = (bucket){.lo = lo[i], .hi = hi[i], .req = MPI_REQUEST_NULL};
     for (int i = 0; hook != GPU_HOOK_NONE && i < c->nb; i++)
         if (!(c->b[i].half = malloc((c->b[i].hi - c->b[i].lo) * sizeof(uint16_t)))) {
             snprintf(err, errlen, "out of memory for the 16-bit gradient buckets");
@@ -551,6 +586,11 @@ void gpu_comm_free(gpu_comm *c)
     (void)c;
 }
 
+void gpu_comm_abandon(gpu_comm *c)
+{
+    (void)c;
+}
+
 int gpu_comm_rank(const gpu_comm *c)
 {
     (void)c;
@@ -580,6 +620,12 @@ int gpu_comm_any(gpu_comm *c, bool mine, bool *any)
     (void)c;
     *any = mine;
     return 0;
+}
+
+int gpu_comm_bcast(gpu_comm *c, void *buf, size_t bytes)
+{
+    (void)c, (void)buf, (void)bytes;
+    return GPU_ECOMM;
 }
 
 int gpu_comm_plan(gpu_comm *c, float *grads, const size_t *off, const size_t *count, int n,

@@ -25,6 +25,19 @@
 
 #include "gpu/gpu.h"
 
+/* The buckets over the n tensors (element offsets and counts in table order), as
+ * gpu_comm_plan makes them: bucket i covers elements [lo[i], hi[i]) (lo and hi hold n
+ * entries); returns how many. Pure: the CUDA ranks' plan too. */
+int gpu_comm_buckets(const size_t *off, const size_t *count, int n, double bucket_mb,
+                     size_t *lo, size_t *hi);
+/* This process's rank on its host and the number of ranks there, as mpirun numbers them
+ * (0 and 1 when not launched by mpirun): which CUDA device a rank takes, known before it
+ * joins. */
+void gpu_comm_local(int *rank, int *size);
+/* bytes at buf from rank 0 to every rank (the NCCL bootstrap); 0 or GPU_ECOMM. Called while
+ * the communication thread is idle. */
+int gpu_comm_bcast(gpu_comm *c, void *buf, size_t bytes);
+
 /* Build the buckets over the n tensors (element offsets and counts into grads, in table
  * order). grads is borrowed for the trainer's life. */
 int gpu_comm_plan(gpu_comm *c, float *grads, const size_t *off, const size_t *count, int n,

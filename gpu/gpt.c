@@ -1357,8 +1357,8 @@ static int block_bwd(const gpu_gpt *m, const gpu_gpt_weights *w, int l, int B, c
     return 0;
 }
 
-/* Report block l's parameter gradients to ready (NULL: nobody). */
-static void block_done(const gpu_gpt *m, int l, const gpu_grad_ready *ready)
+/* See gpu/gpt.h. */
+void gpu_gpt_block_done(const gpu_gpt *m, int l, const gpu_grad_ready *ready)
 {
     const gpu_gpt_block *k = &m->blk[l];
     size_t C = (size_t)m->d_model;
@@ -1397,7 +1397,7 @@ int gpu_gpt_backward(const gpu_gpt *m, const gpu_gpt_weights *w, const int *x, c
         rc = block_bwd(m, w, l, B, acts, &sc, diag, grads);
         if (rc)
             return rc;
-        block_done(m, l, ready);
+        gpu_gpt_block_done(m, l, ready);
     }
     /* the embedding: its output was held in resid_dt; it ran in emb_dt */
     cast(sc.dres, nC, m->resid_dt, m->emb_dt);

@@ -117,6 +117,9 @@ int gpu_gpt_forward(const gpu_gpt *m, const gpu_gpt_weights *w, const int *x, co
 int gpu_gpt_backward(const gpu_gpt *m, const gpu_gpt_weights *w, const int *x, const int *y,
                      int B, float seed, const uint8_t *acts, float *scratch, gpu_diag *diag,
                      float *grads, const gpu_grad_ready *ready);
+/* Report block l's twelve parameter gradients to ready (NULL: nobody), in table order: what
+ * a backward (this one or the CUDA model's) calls once block l's gradients are written. */
+void gpu_gpt_block_done(const gpu_gpt *m, int l, const gpu_grad_ready *ready);
 
 /* The GPT's ops, exported for the tests (the model is built from them). Arrays are fp32
  * holding values of the dtype named; "dt" is the op's compute dtype: its inputs are values

@@ -480,6 +480,10 @@ bool gpu_comm_launched(void);
 int gpu_comm_init(gpu_comm **out, char *err, size_t errlen);
 /* Leave (MPI_Finalize). NULL is accepted. */
 void gpu_comm_free(gpu_comm *c);
+/* Free c without MPI_Finalize: for a rank that fails alone (its trainer could not start, say)
+ * while the others wait in a collective. MPI_Finalize would wait for them; a rank that
+ * exits without it makes mpirun end the whole job. NULL is accepted. */
+void gpu_comm_abandon(gpu_comm *c);
 int gpu_comm_rank(const gpu_comm *c);
 int gpu_comm_size(const gpu_comm *c);
 /* The ranks on this machine (mpirun's local size; 1 when unknown). */

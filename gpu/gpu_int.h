@@ -73,4 +73,12 @@ static inline void gpu_grad_done(const gpu_grad_ready *r, size_t off, size_t cou
         r->fn(r->ctx, off, count);
 }
 
+/* The rows one rank's forward and backward take at a time: its share of the global batch
+ * (batch_size / world_size, which the spec and the trainer check divide evenly). Activation,
+ * workspace and batch blocks are planned for it, so memory is per rank. */
+static inline int gpu_rank_batch(const gpu_job_config *c)
+{
+    return c->batch_size / (c->dist.world_size > 1 ? c->dist.world_size : 1);
+}
+
 #endif /* AMPD_GPU_INT_H */

@@ -281,13 +281,12 @@ typedef struct {
 static model_sizes sizes_of(const gpu_job_config *c, const gpu_mlp *m, const gpu_gpt *g)
 {
     model_sizes z;
-    size_t B = (size_t)c->batch_size;
-    if (g) {
+    if (g) { /* the whole batch's tokens are drawn (a rank keeps its share) */
         z = (model_sizes){g->nparams, g->act_bytes, g->scratch_floats,
-                          2 * B * (size_t)g->seq_len * sizeof(int)};
+                          2 * (size_t)c->batch_size * (size_t)g->seq_len * sizeof(int)};
     } else {
         z = (model_sizes){m->nparams, m->act_bytes, m->scratch_floats,
-                          B * ((size_t)m->width[0] * 4 + 4)};
+                          (size_t)gpu_rank_batch(c) * ((size_t)m->width[0] * 4 + 4)};
     }
     return z;
 }
@@ -316,10 +315,11 @@ int gpu_job_plan(const gpu_job_config *c, gpu_mlp *m, gpu_gpt **g, char *err, si
     }
     *g = NULL;
     if (c->model.type != GPU_MODEL_GPT)
-        return gpu_mlp_plan(m, &c->model, &c->autocast, c->dtype, c->batch_size, err, errlen);
+        return gpu_mlp_plan(m, &c->model, &c->autocast, c->dtype, gpu_rank_batch(c), err,
+                            errlen);
     if (!(*g = malloc(sizeof(**g))))
         return GPU_ENOMEM;
-    int rc = gpu_gpt_plan(*g, &c->model, &c->autocast, c->dtype, c->batch_size, err, errlen);
+    int rc = gpu_gpt_plan(*g, &c->model, &c->autocast, c->dtype, gpu_rank_batch(c), err, errlen);
     if (rc) {
         free(*g);
         *g = NULL;
@@ -351,7 +351,7 @@ static int allocate(gpu_trainer *t, char *err, size_t errlen)
 {
     const gpu_job_config *c = &t->cfg;
     model_sizes z = sizes_of(c, &t->mlp, t->gpt);
-    size_t P = z.nparams, B = (size_t)c->batch_size;
+    size_t P = z.nparams, B = (size_t)c->batch_size, b = (size_t)gpu_rank_batch(c);
     bool fp32 = c->dtype == GPU_FP32;
 
     if (fp32 || c->master_weights)
@@ -370,8 +370,8 @@ static int allocate(gpu_trainer *t, char *err, size_t errlen)
         t->xtok = malloc(sizeof(int) * B * T);
         t->ybatch = malloc(sizeof(int) * B * T);
     } else {
-        t->xbatch = malloc(sizeof(float) * B * t->mlp.width[0]);
-        t->ybatch = malloc(sizeof(int) * B);
+        t->xbatch = malloc(sizeof(float) * b * t->mlp.width[0]); /* this rank's rows */
+        t->ybatch = malloc(sizeof(int) * b);
         t->perm = malloc(sizeof(int) * (size_t)gpu_dataset_count(t->train));
     }
     t->diag = calloc(1, sizeof(*t->diag));
@@ -434,26 +434,38 @@ static int pick_device(gpu_trainer *t, char *err, size_t errlen)
     const char *s = t->cfg.device;
     char why[256], *end = NULL;
     gpu_cuda_device devs[GPU_MAX_CUDA_DEVICES];
-    int n = 0;
+    int n = 0, local = 1;
 
     if (strcmp(s, "cpu") == 0)
         return 0;
-    if (t->cfg.dist.world_size > 1 || t->cfg.grad_accum_steps > 1) {
-        /* the device twin runs whole single-rank steps */
+    if (t->cfg.grad_accum_steps > 1) {
+        /* the device twin runs whole steps of one micro-batch */
         if (strcmp(s, "auto") == 0) {
             if (gpu_cuda_probe(NULL, 0) == 0)
                 snprintf(t->device_text, sizeof(t->device_text),
-                         "cpu (several ranks or accumulation: the CUDA backend runs one rank "
-                         "without accumulation)");
+                         "cpu (gradient accumulation: the CUDA backend runs one micro-batch "
+                         "per step)");
             return 0;
         }
         snprintf(err, errlen,
-                 "device \"%s\": jobs with distributed.world_size > 1 or grad_accum_steps > 1 "
-                 "run on the CPU (\"cpu\" or \"auto\")", s);
+                 "device \"%s\": jobs with grad_accum_steps > 1 run on the CPU (\"cpu\" or "
+                 "\"auto\")", s);
         return GPU_EINVAL;
     }
+    if (t->cfg.dist.world_size > 1) {
+        /* one device per rank, as NCCL wants: the rank's number on its host */
+        if (strncmp(s, "cuda:", 5) == 0) {
+            snprintf(err, errlen,
+                     "device \"%s\": a job of several ranks uses \"cuda\" (each rank takes the "
+                     "device of its number on its host) or \"auto\"", s);
+            return GPU_EINVAL;
+        }
+        gpu_comm_local(&t->cuda_index, &local);
+    }
     if (strcmp(s, "auto") == 0) {
-        t->use_cuda = gpu_cuda_probe(NULL, 0) == 0;
+        /* every rank of the host the same way: CUDA when each gets a device of its own */
+        t->use_cuda = gpu_cuda_probe(NULL, 0) == 0 &&
+                      gpu_cuda_devices(devs, GPU_MAX_CUDA_DEVICES, &n) == 0 && local <= n;
         return 0;
     }
     if (strcmp(s, "cuda") != 0) {
@@ -475,8 +487,13 @@ static int pick_device(gpu_trainer *t, char *err, size_t errlen)
     }
     (void)gpu_cuda_devices(devs, GPU_MAX_CUDA_DEVICES, &n);
     if (t->cuda_index >= n) {
-        snprintf(err, errlen, "device \"%s\": no CUDA device %d (this machine has %d)", s,
-                 t->cuda_index, n);
+        if (t->cfg.dist.world_size > 1)
+            snprintf(err, errlen,
+                     "device \"%s\": rank %d of this host needs CUDA device %d, but the host has "
+                     "%d (NCCL runs one rank per device)", s, t->cuda_index, t->cuda_index, n);
+        else
+            snprintf(err, errlen, "device \"%s\": no CUDA device %d (this machine has %d)", s,
+                     t->cuda_index, n);
         return GPU_ENODEV;
     }
     t->use_cuda = true;
@@ -531,20 +548,17 @@ int gpu_trainer_create(const gpu_job_config *cfg, gpu_trainer **out, char *err, 
         rc = GPU_EINVAL;
         goto fail;
     }
+    if (cfg->dist.world_size > 1 && cfg->batch_size % cfg->dist.world_size != 0) {
+        snprintf(err, errlen, "batch_size: %d does not divide into %d ranks", cfg->batch_size,
+                 cfg->dist.world_size);
+        rc = GPU_EINVAL;
+        goto fail;
+    }
     t->world = 1;
     rc = pick_device(t, err, errlen);
     if (rc)
         goto fail;
-    if (cfg->model.type == GPU_MODEL_GPT) {
-        rc = GPU_ENOMEM;
-        if (!(t->gpt = malloc(sizeof(*t->gpt))))
-            goto fail;
-        rc = gpu_gpt_plan(t->gpt, &cfg->model, &cfg->autocast, cfg->dtype, cfg->batch_size, err,
-                          errlen);
-    } else {
-        rc = gpu_mlp_plan(&t->mlp, &cfg->model, &cfg->autocast, cfg->dtype, cfg->batch_size,
-                          err, errlen);
-    }
+    rc = gpu_job_plan(cfg, &t->mlp, &t->gpt, err, errlen);
     if (rc)
         goto fail;
     rc = load_data(t, err, errlen);
@@ -616,6 +630,53 @@ const gpu_grad_stat *gpu_trainer_grad_stats(const gpu_trainer *t)
  * [rank B/world, (rank + 1) B/world) at the front of the batch buffers. draw counts the
  * batches drawn in the step (micro-steps), so that GPT batches stay a function of (seed,
  * step, draw) alone. */
+/* Every rank on CUDA or every rank on the CPU (their collectives differ). */
+static int same_backend(gpu_trainer *t, gpu_comm *c, char *err, size_t errlen)
+{
+    bool any_cuda = false, any_cpu = false;
+    if (gpu_comm_any(c, t->cuda != NULL, &any_cuda) || gpu_comm_any(c, !t->cuda, &any_cpu)) {
+        snprintf(err, errlen, "%s", gpu_comm_error(c));
+        return GPU_ECOMM;
+    }
+    if (any_cuda && any_cpu) {
+        snprintf(err, errlen,
+                 "device \"%s\": some ranks train on CUDA and others on the CPU (rank %d on %s); "
+                 "give every rank a device or say \"cpu\"",
+                 t->cfg.device, gpu_comm_rank(c), t->cuda ? "CUDA" : "the CPU");
+        return GPU_EINVAL;
+    }
+    return 0;
+}
+
+static int bcast_id(void *ctx, void *buf, size_t bytes)
+{
+    return gpu_comm_bcast(ctx, buf, bytes);
+}
+
+/* CUDA ranks: NCCL through the twin, over the CPU's buckets (c NULL: one rank, no MPI). */
+static int join_nccl(gpu_trainer *t, gpu_comm *c, char *err, size_t errlen)
+{
+    size_t lo[t->ntensors], hi[t->ntensors];
+    const gpu_dist_config *d = &t->cfg.dist;
+    gpu_cuda_comm_plan p = {
+        .world = gpu_comm_size(c),
+        .rank = gpu_comm_rank(c),
+        .hook = d->hook,
+        .nbuckets = gpu_comm_buckets(t->offsets, t->counts, t->ntensors, d->bucket_mb, lo, hi),
+        .lo = lo,
+        .hi = hi,
+        .bcast = c ? bcast_id : NULL,
+        .bcast_ctx = c,
+    };
+    return gpu_cuda_twin_comm(t->cuda, &p, &t->mem, err, errlen);
+}
+
+/* See gpu/twin.h. */
+int gpu_trainer_nccl_alone(gpu_trainer *t, char *err, size_t errlen)
+{
+    return t->cuda ? join_nccl(t, NULL, err, errlen) : GPU_EINVAL;
+}
+
 /* See gpu.h. */
 int gpu_trainer_set_comm(gpu_trainer *t, gpu_comm *c, char *err, size_t errlen)
 {
@@ -632,12 +693,11 @@ int gpu_trainer_set_comm(gpu_trainer *t, gpu_comm *c, char *err, size_t errlen)
                  n);
         return GPU_EINVAL;
     }
-    if (t->cuda) {
-        snprintf(err, errlen, "the CUDA backend trains one rank");
-        return GPU_EINVAL;
-    }
-    rc = gpu_comm_plan(c, t->grads, t->offsets, t->counts, t->ntensors, d->hook, d->bucket_mb,
-                       err, errlen);
+    if ((rc = same_backend(t, c, err, errlen)))
+        return rc;
+    rc = t->cuda ? join_nccl(t, c, err, errlen)
+                 : gpu_comm_plan(c, t->grads, t->offsets, t->counts, t->ntensors, d->hook,
+                                 d->bucket_mb, err, errlen);
     if (rc)
         return rc;
     t->comm = c;
@@ -974,15 +1034,29 @@ static int step_cpu(gpu_trainer *t, gpu_step_metrics *m, bool *found_inf, char *
 
 /* The step on the CUDA device after the batch: the whole step there, then the host takes the
  * scalars of its snapshot. *ms: the step's device time (CUDA events). Returns as step_cpu. */
-static int step_cuda(gpu_trainer *t, gpu_step_metrics *m, bool *found_inf, double *ms)
+static int step_cuda(gpu_trainer *t, gpu_step_metrics *m, bool *found_inf, double *ms,
+                     char *err, size_t errlen)
 {
     gpu_cuda_step_out o;
     const void *x = t->gpt ? (const void *)t->xtok : (const void *)t->xbatch;
-    int rc = gpu_cuda_twin_step(t->cuda, x, t->ybatch, t->cfg.batch_size, m->lr,
+    int rc = gpu_cuda_twin_step(t->cuda, x, t->ybatch, t->cfg.batch_size / t->world, m->lr,
                                 t->diagnosed ? t->diag : NULL, t->stats, t->tensor_lost, &o,
                                 t->profiling ? &t->prof : NULL);
+    if (rc == GPU_ECOMM)
+        snprintf(err, errlen, "rank %d: the NCCL all-reduce failed (the rank's log says why)",
+                 t->rank);
     if (rc)
         return rc;
+    m->comm_bytes = o.comm_bytes;
+    m->comm_ms = o.comm_ms;
+    m->comm_exposed_ms = o.comm_exposed_ms;
+    if (t->comm) {
+        double sumsq = o.found_inf ? 0.0 : o.grad_norm * o.grad_norm;
+        /* the ranks reduced the same gradients: this checks it, and averages the loss */
+        t->scaler = o.scaler;
+        if ((rc = agree(t, o.pre_nonfinite, &o.loss, &o.found_inf, &sumsq, err, errlen)))
+            return rc;
+    }
     *found_inf = o.found_inf;
     *ms = o.step_ms;
     m->loss = o.loss;
@@ -1019,7 +1093,8 @@ int gpu_trainer_step(gpu_trainer *t, gpu_step_metrics *m, char *err, size_t errl
     if (t->profiling)
         memset(&t->prof, 0, sizeof(t->prof));
     next_batch(t, B, 0);
-    rc = t->cuda ? step_cuda(t, m, &found_inf, &device_ms)
+    rc = t->cuda ? step_cuda(t, m, &found_inf, &device_ms, err ? err : dummy,
+                             err ? errlen : sizeof(dummy))
                  : step_cpu(t, m, &found_inf, err ? err : dummy, err ? errlen : sizeof(dummy));
     if (t->profiling)
         t->profiled = rc == 0 || rc == GPU_ESCALE_FLOOR;
@@ -1104,13 +1179,14 @@ int gpu_trainer_recommendations(const gpu_trainer *t, const gpu_recommendation *
 
 /* Evaluate on the eval set (or the training set); see gpu.h. */
 /* Validation of a GPT: mean next-token loss and accuracy over evenly spaced
- * non-overlapping windows of the eval split (at most 32 batches). */
+ * non-overlapping windows of the eval split (at most 32 global batches' worth), run in
+ * batches of one rank's rows. */
 static int eval_gpt(gpu_trainer *t, gpu_eval_result *r)
 {
     const gpu_dataset *d = t->eval ? t->eval : t->train;
     gpu_mlp_weights w = weights_view(t);
-    int B = t->cfg.batch_size, T = t->gpt->seq_len;
-    int64_t nwin = gpu_dataset_nwindows(d, T), use = nwin < 32 * (int64_t)B ? nwin : 32 * B;
+    int B = gpu_rank_batch(&t->cfg), T = t->gpt->seq_len, G = t->cfg.batch_size;
+    int64_t nwin = gpu_dataset_nwindows(d, T), use = nwin < 32 * (int64_t)G ? nwin : 32 * G;
     double total = 0.0;
     int64_t right = 0, done = 0;
 
@@ -1147,7 +1223,7 @@ int gpu_trainer_eval(gpu_trainer *t, gpu_eval_result *r)
         return eval_gpt(t, r);
     const gpu_dataset *d = t->eval ? t->eval : t->train;
     gpu_mlp_weights w = weights_view(t);
-    int n = gpu_dataset_count(d), B = t->cfg.batch_size;
+    int n = gpu_dataset_count(d), B = gpu_rank_batch(&t->cfg); /* rows the blocks hold */
     double total = 0.0;
     int64_t right = 0;
     int idx[B];

@@ -17,6 +17,7 @@
 #ifndef AMPD_GPU_TWIN_H
 #define AMPD_GPU_TWIN_H
 
+#include "gpu/cuda/cuda_comm.h"
 #include "gpu/gpt.h"
 #include "gpu/gpu_int.h"
 #include "gpu/mlp.h"
@@ -45,6 +46,10 @@ typedef struct {
     double step_ms;              /* CUDA events: from the batch upload to the snapshot */
     gpu_scaler_state scaler;     /* after this step's update */
     int64_t applied, lost_total;
+    /* with several ranks (gpu_cuda_twin_comm), the gradient all-reduce: */
+    int64_t comm_bytes;          /* handed to NCCL */
+    double comm_ms, comm_exposed_ms;
+    bool pre_nonfinite;          /* this rank's gradients held inf/NaN before the hook */
 } gpu_cuda_step_out;
 
 /* Plan job c's model: into *m for an MLP, or into *g (allocated here; the caller frees it,
@@ -62,6 +67,14 @@ int gpu_cuda_twin_create(const gpu_cuda_host *h, int device, const gpu_scaler_st
 void gpu_cuda_twin_free(gpu_cuda_twin *d);
 /* "cuda:N (name, sm_XY, memory)": where the twin runs; valid while it lives. */
 const char *gpu_cuda_twin_describe(const gpu_cuda_twin *d);
+/* Join the job's ranks (p: their number, this one's, the hook, the buckets; borrowed during
+ * the call): from then on every step all-reduces the gradients through NCCL between
+ * backward and the unscale, bucket by bucket while backward goes on, so that every rank's
+ * unscale, clip, optimizer and scaler see the same gradients. *mem gets the twin's bytes
+ * with the 16-bit buckets in the workspace. GPU_ENODEV without NCCL, GPU_ECOMM when the
+ * communicator cannot be made, with the reason in err. */
+int gpu_cuda_twin_comm(gpu_cuda_twin *d, const gpu_cuda_comm_plan *p, gpu_mem *mem, char *err,
+                       size_t errlen);
 /* One training step on the batch x (MLP: B x features floats; GPT: B x seq_len tokens) with
  * labels or targets y, at learning rate lr, synchronising once at its end. diag (NULL: off)
  * receives the per-layer counters (its layer table is filled in the device's order);
@@ -82,6 +95,10 @@ int gpu_cuda_twin_download(gpu_cuda_twin *d, float *grads);
  * Synchronous. */
 int gpu_cuda_twin_upload(gpu_cuda_twin *d, const gpu_scaler_state *s, int64_t applied,
                          int64_t lost_total);
+
+/* Join a communicator of one rank through NCCL, without MPI: a CUDA job's all-reduce path
+ * (the hook's kernels, ncclAllReduce, the bytes and times) on one device, for the tests. */
+int gpu_trainer_nccl_alone(gpu_trainer *t, char *err, size_t errlen);
 
 /* The trainer's fp32 gradient block of the last step (nparams floats, borrowed until the
  * next step), copied from the device first when the job runs on CUDA: for the tests. */

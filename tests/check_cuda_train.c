@@ -35,6 +35,9 @@
  *     0.02 (flushing near a threshold; the device skips mlp.c's starved-unit analysis);
  *   - a checkpoint taken from a device trainer and restored into a new one continues with
  *     the same losses (1e-9 relative) and weights (1e-6 of max |w|) as the original;
+ *   - one rank through NCCL (the all-reduce path of a data-parallel job on one device): hook
+ *     none leaves every gradient and loss bit for bit as without it, fp16 and bf16 round each
+ *     gradient to their type and change nothing else, 4 / 2 bytes per parameter;
  *   - a complete job, Fashion-MNIST (under $AMPD_TEST_DATA, /usr/share/datasets/fashion-mnist
  *     by default; skipped when missing), 784-256-10, fp16 with dynamic scaling, batch 128,
  *     1000 steps, on the device and on the CPU: test accuracies within 1 percentage point.
@@ -691,6 +694,53 @@ START_TEST(t_checkpoint)
 }
 END_TEST
 
+/* One rank through NCCL (gpu_trainer_nccl_alone), fp32 at scale 1, against the same job
+ * without it: hook none changes nothing (x / 1, then a sum over one rank), bit for bit,
+ * step after step; fp16 and bf16 round every gradient to 16 bits and do nothing else; the
+ * bytes are 4 or 2 per parameter and the times are in order. */
+START_TEST(t_nccl_alone)
+{
+    const gpu_comm_hook hooks[] = {GPU_HOOK_NONE, GPU_HOOK_FP16, GPU_HOOK_BF16};
+    const gpu_dtype wire[] = {GPU_FP32, GPU_FP16, GPU_BF16};
+    gpu_job_config c;
+    gpu_step_metrics mr[2], m;
+    const float *g;
+    char err[512] = "";
+    if (!have_device())
+        return;
+    mlp_job(&c, GPU_FP32, true, GPU_ACT_RELU);
+    gpu_trainer *ref = make(&c, "cuda");
+    size_t P = (size_t)gpu_trainer_params(ref);
+    float *want = xmalloc(P * sizeof(float)), *round = xmalloc(P * sizeof(float));
+    ck_assert_int_eq(gpu_trainer_step(ref, &mr[0], NULL, 0), 0);
+    ck_assert_int_eq(gpu_trainer_grads(ref, &g), 0);
+    memcpy(want, g, P * sizeof(float));
+    ck_assert_int_eq(gpu_trainer_step(ref, &mr[1], NULL, 0), 0);
+    for (int h = 0; h < 3; h++) {
+        c.dist.hook = hooks[h];
+        gpu_trainer *t = make(&c, "cuda");
+        int rc = gpu_trainer_nccl_alone(t, err, sizeof(err));
+        ck_assert_msg(rc == 0, "hook %d: %s (%s)", h, err, gpu_strerror(rc));
+        ck_assert_int_eq(gpu_trainer_step(t, &m, NULL, 0), 0);
+        ck_assert(m.loss == mr[0].loss);
+        ck_assert_int_eq(gpu_trainer_grads(t, &g), 0);
+        gpu_round_n(round, want, P, wire[h]);
+        for (size_t i = 0; i < P; i++)
+            ck_assert_msg(f2u(g[i]) == f2u(round[i]), "hook %d: gradient %zu is %a, not %a", h, i,
+                          (double)g[i], (double)round[i]);
+        ck_assert_int_eq(m.comm_bytes, (int64_t)(P * (h == 0 ? 4 : 2)));
+        ck_assert(m.comm_ms >= 0.0 && m.comm_exposed_ms >= 0.0 && m.comm_exposed_ms <= m.comm_ms);
+        ck_assert_int_eq(gpu_trainer_step(t, &m, NULL, 0), 0);
+        if (h == 0)
+            ck_assert_msg(m.loss == mr[1].loss, "step 2: %.17g, not %.17g", m.loss, mr[1].loss);
+        gpu_trainer_free(t);
+    }
+    free(want);
+    free(round);
+    gpu_trainer_free(ref);
+}
+END_TEST
+
 START_TEST(t_fashion_mnist)
 {
     const char *dir = getenv("AMPD_TEST_DATA");
@@ -754,6 +804,7 @@ static Suite *cuda_train_suite(void)
     tcase_add_test(tc, t_overflow);
     tcase_add_test(tc, t_diag);
     tcase_add_test(tc, t_checkpoint);
+    tcase_add_test(tc, t_nccl_alone);
     tcase_add_test(tc, t_fashion_mnist);
     suite_add_tcase(s, tc);
     return s;

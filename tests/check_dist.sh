@@ -1,8 +1,10 @@
 #!/bin/bash
-# check_dist.sh - data-parallel `ampd run` end to end, on Open MPI with CPU ranks:
+# check_dist.sh - data-parallel `ampd run` end to end, on Open MPI with CPU ranks (and CUDA
+# ranks on the emulator):
 #   - world 2 and world 4 (oversubscribed) train on the same global batches as world 1: the
 #     loss of every one of 50 steps within 1e-5 (relative) of world 1's, and every rank ends
-#     with the same state (the hash each rank logs);
+#     with the same state (the hash each rank logs); a rank's activations are planned for its
+#     share of the batch (world 1's / N);
 #   - the fp16 and bf16 comm hooks hand exactly half of the none hook's bytes to the
 #     all-reduce, and train a Fashion-MNIST MLP for 1000 steps to within 0.5 points of its
 #     accuracy;
@@ -14,6 +16,11 @@
 #   - SIGINT stops every rank after the same step with a checkpoint; the resumed run's steps
 #     equal an uninterrupted run's; a resume with another world size is refused;
 #   - grad_accum_steps 4 with batch 64 equals batch 256 (world 1 and world 2);
+#   - CUDA ranks on the emulator (tests/ampd_emu, NCCL's stand-in over MPI), world 2: an
+#     fp16 job with the fp16 hook follows the CPU ranks (loss within 1e-3, the same bytes,
+#     scales and skips), fp32 with hook none follows world 1 on the CPU within 1e-5, the
+#     compressed overflow is skipped alike and diagnosed as "comm"; two ranks and one
+#     device fail naming the rank, and "auto" then puts both on the CPU;
 #   - under `ampd serve`: kill -9 of rank 1 fails the job within 10 s naming the rank, the
 #     next queued job runs, /healthz answers throughout; a job of 2 ranks cancelled and
 #     resumed stores the steps of an uninterrupted run;
@@ -24,6 +31,7 @@
 # as small as they are. Exit 77 (SKIP) without MPI in the build or without Fashion-MNIST.
 set -u
 AMPD=${AMPD:-./ampd}
+AMPD_EMU=${AMPD_EMU:-tests/ampd_emu} # ampd on the CUDA emulator
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 # shellcheck source=tests/testlib.sh
@@ -89,6 +97,9 @@ for w in 2 4; do
     check "world $w: all $w ranks logged it" \
         test "$(grep -c 'stopped at step 50' "$TMP/w$w.err")" -eq $w
     check "world $w: log lines carry the rank" grep -q "rank $((w - 1)) " "$TMP/w$w.err"
+    a1=$(js "$TMP/w1.out" 'steps[1].mem.activations')
+    check "world $w: each rank plans activations for its share of the batch ($a1 / $w bytes)" \
+        jsok "$TMP/w$w.out" "$w * steps[1].mem.activations === $a1"
 done
 check "world 1: no communication" test "$(js "$TMP/w1.out" 'steps[10].comm_bytes')" -eq 0
 check "world 2: fp32 bytes: 4 per parameter" \
@@ -196,6 +207,53 @@ for w in 1 2; do
     echo "grad_accum_steps 4 x batch 64, world $w: largest relative loss difference from batch 256: $m"
     check "accumulation, world $w: 4 x 64 equals 256 within 1e-5" jsok "$TMP/acc$w.out" "$m <= 1e-5"
 done
+
+# ---- CUDA ranks on the emulator: NCCL's stand-in over MPI ------------------------------------
+# tests/ampd_emu's devices are emulated, two of them so that each rank has its own, and its
+# NCCL is tests/cudaemu/nccl.cc: the bootstrap, the hooks' kernels, the buckets' order and
+# the device step between backward and the unscale all run as on GPUs.
+f16='s/"precision": {[^}]*}/"precision": {"dtype": "fp16"}/'
+spec 2 fp16 20 '"device": "cpu"' | sed "$f16" | "$AMPD" run - >"$TMP/c16.out" 2>/dev/null
+spec 2 fp16 20 '"device": "cuda"' | sed "$f16" |
+    AMPD_CUDAEMU_DEVICES=2 "$AMPD_EMU" run - >"$TMP/g16.out" 2>"$TMP/g16.err"
+check "CUDA ranks, fp16 hook: exit 0" test $? -eq 0
+check "CUDA ranks: rank 0 trains on the emulated device" \
+    grep -q '"type":"start",.*"device":"cuda:0 (ampd CUDA emulator' "$TMP/g16.out"
+m=$(js "$TMP/g16.out" "maxrel(load('$TMP/c16.out'), 'loss')")
+echo "CUDA ranks (emulated), world 2, fp16 job, fp16 hook: largest relative loss difference from the CPU ranks over 20 steps: $m"
+check "CUDA ranks, fp16 hook: 20 steps, each loss within 1e-3 of the CPU ranks'" \
+    jsok "$TMP/g16.out" "Object.keys(steps).length === 20 && $m <= 1e-3"
+check "CUDA ranks, fp16 hook: the CPU's bytes, 2 per parameter, every step" \
+    jsok "$TMP/g16.out" "Object.keys(steps).every(s => steps[s].comm_bytes ===
+        load('$TMP/c16.out')[s].comm_bytes && steps[s].comm_bytes === $((2 * 203530)))"
+check "CUDA ranks, fp16 hook: the CPU's scales and skips" \
+    jsok "$TMP/g16.out" "Object.keys(steps).every(s => steps[s].loss_scale ===
+        load('$TMP/c16.out')[s].loss_scale && steps[s].skipped === load('$TMP/c16.out')[s].skipped)"
+check "CUDA ranks: both ranks end in the same state" \
+    test "$(grep -o 'stopped at step 20: .*' "$TMP/g16.err" | sort -u | wc -l)" -eq 1
+spec 2 none 20 '"device": "cuda"' | AMPD_CUDAEMU_DEVICES=2 "$AMPD_EMU" run - >"$TMP/g2.out" 2>/dev/null
+m=$(js "$TMP/g2.out" "Math.max(...Object.keys(steps).map(s => rel(steps[s].loss, load('$TMP/w1.out')[s].loss)))")
+echo "CUDA ranks (emulated), world 2, fp32, hook none: largest relative loss difference from world 1 on the CPU: $m"
+check "CUDA ranks, hook none: each loss within 1e-5 of world 1 on the CPU" \
+    jsok "$TMP/g2.out" "Object.keys(steps).length === 20 && $m <= 1e-5"
+spec 2 fp16 3 '"diagnostics_every": 1, "device": "cuda"' |
+    sed 's/"precision": {[^}]*}/"precision": {"dtype": "bf16", "loss_scale": {"mode": "dynamic", "init": 16777216}}/' |
+    AMPD_CUDAEMU_DEVICES=2 "$AMPD_EMU" run - >"$TMP/gov.out" 2>"$TMP/gov.err"
+check "CUDA ranks, comm overflow: step 1 skipped, where is comm" \
+    jsok "$TMP/gov.out" 'steps[1].skipped && lines.some(l => l.type === "layers" &&
+        l.step === 1 && l.first_nonfinite.where === "comm")'
+check "CUDA ranks, comm overflow: the ranks skipped alike" \
+    grep -q 'stopped at step 3: .* skipped 3' "$TMP/gov.err"
+check "CUDA ranks, comm overflow: ... with equal states" \
+    test "$(grep -o 'stopped at step 3: .*' "$TMP/gov.err" | sort -u | wc -l)" -eq 1
+spec 2 none 2 '"device": "cuda"' | AMPD_CUDAEMU_DEVICES=1 timeout 60 "$AMPD_EMU" run - \
+    >/dev/null 2>"$TMP/g1dev.err"
+check "two CUDA ranks, one device: the job fails" test $? -eq 1
+check "... naming the rank and the device it lacks" \
+    grep -q 'rank 1 of this host needs CUDA device 1, but the host has 1' "$TMP/g1dev.err"
+spec 2 none 2 '"device": "auto"' | AMPD_CUDAEMU_DEVICES=1 "$AMPD_EMU" run - >"$TMP/gauto.out" 2>/dev/null
+check "two ranks, one device, auto: both on the CPU" \
+    grep -q '"type":"start",.*"device":"cpu"' "$TMP/gauto.out"
 
 # ---- under the daemon: a job of 2 ranks, kill -9 of rank 1 ---------------------------------
 "$AMPD" serve --listen 127.0.0.1:0 --port-file "$TMP/port" --data-dir "$TMP/data" \

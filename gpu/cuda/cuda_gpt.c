@@ -976,8 +976,13 @@ int gpu_cuda_gpt_backward(const gpu_gpt *m, const gpu_cuda_model_ctx *c, const i
               "head.bwd");
     if (rc == 0)
         rc = mark(&r, ln_bwd(&r, ln_at(&r, m->n_layer, 1), false, true), "layernorm.bwd");
+    if (rc == 0) {
+        gpu_grad_done(c->ready, m->lnf_w, (size_t)r.C);
+        gpu_grad_done(c->ready, m->lnf_b, (size_t)r.C);
+    }
     for (int l = m->n_layer - 1; l >= 0 && rc == 0; l--)
-        rc = block_bwd(&r, l);
+        if ((rc = block_bwd(&r, l)) == 0)
+            gpu_gpt_block_done(m, l, c->ready);
     /* the embedding: wpe written, wte's rows added onto the head's gradient in row order */
     if (rc == 0)
         rc = gpu_cuda_c_check(
@@ -987,5 +992,9 @@ int gpu_cuda_gpt_backward(const gpu_gpt *m, const gpu_cuda_model_ctx *c, const i
         rc = gpu_cuda_embed_bwd_launch(x, B, r.T, r.C, r.V, dres, m->resid_dt, m->emb_dt,
                                        c->grads + m->wte, c->grads + m->wpe, wsp(&r, r.L.embw),
                                        r.L.embw_bytes, r.st);
+    if (rc == 0) {
+        gpu_grad_done(c->ready, m->wpe, (size_t)r.T * (size_t)r.C);
+        gpu_grad_done(c->ready, m->wte, (size_t)r.V * (size_t)r.C);
+    }
     return mark(&r, rc, "embed.bwd");
 }

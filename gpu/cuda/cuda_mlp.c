@@ -359,6 +359,8 @@ int gpu_cuda_mlp_backward(const gpu_mlp *m, const gpu_cuda_model_ctx *c, const f
     gpu_cuda_prof_mark(c->prof, c->stream, "head.bwd");
     for (int l = m->nlin - 1; l >= 0; l--) {
         GPU_TRY(param_grads(&p, l, dz));
+        gpu_grad_done(c->ready, m->w_off[l], (size_t)m->width[l] * (size_t)m->width[l + 1]);
+        gpu_grad_done(c->ready, m->b_off[l], (size_t)m->width[l + 1]);
         if (l > 0)
             GPU_TRY(input_grad(&p, l, dz, dx));
         gpu_cuda_prof_mark(c->prof, c->stream, "linear.bwd");

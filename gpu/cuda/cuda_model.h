@@ -63,6 +63,8 @@ typedef struct {
     int *correct;          /* device: argmax hits */
     gpu_cuda_diag *diag;   /* NULL: no diagnostics this step */
     gpu_cuda_prof *prof;   /* NULL: the step is not profiled */
+    const gpu_grad_ready *ready; /* NULL: nobody; else told of each parameter gradient once
+                                  * the kernels that write it are enqueued (as on the CPU) */
 } gpu_cuda_model_ctx;
 
 /* ---- MLP (cuda_mlp.c) ---------------------------------------------------------------- */

@@ -119,3 +119,10 @@ int gpu_cuda_twin_upload(gpu_cuda_twin *d, const gpu_scaler_state *s, int64_t ap
     (void)d, (void)s, (void)applied, (void)lost_total;
     return GPU_ENODEV;
 }
+
+int gpu_cuda_twin_comm(gpu_cuda_twin *d, const gpu_cuda_comm_plan *p, gpu_mem *mem, char *err,
+                       size_t errlen)
+{
+    (void)d, (void)p, (void)mem, (void)err, (void)errlen;
+    return GPU_ENODEV;
+}

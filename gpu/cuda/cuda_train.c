@@ -36,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpu/cuda/cuda_comm.h"
 #include "gpu/cuda/cuda_model.h"
 #include "gpu/cuda/cuda_util.h"
 #include "gpu/twin.h"
@@ -85,6 +86,9 @@ struct gpu_cuda_twin {
     void *h_x;
     int *h_y;
     gpu_mem mem;
+    /* several ranks: the gradient all-reduce, and backward's hook into it */
+    gpu_cuda_comm *comm;
+    gpu_grad_ready ready;
 };
 
 static void small_plan(small_layout *s, int ntensors)
@@ -282,6 +286,15 @@ static void account(gpu_mem *m, size_t P, gpu_dtype dt, bool master, bool adam, 
     m->total = m->weights + m->master + m->grads + m->optimizer + m->activations + m->workspace;
 }
 
+/* A bound on the device bytes of the 16-bit gradient buckets of a job of several ranks (the
+ * flag, each bucket 256-byte aligned; at most one bucket per tensor). */
+static size_t comm_bytes(const gpu_job_config *c, size_t P, int ntensors)
+{
+    if (c->dist.world_size < 2)
+        return 0;
+    return 256 + (c->dist.hook != GPU_HOOK_NONE ? 2 * P + 256 * (size_t)ntensors : 0);
+}
+
 /* See gpu.h. */
 int gpu_cuda_job_memory(const gpu_job_config *c, gpu_mem *out, char *err, size_t errlen)
 {
@@ -294,13 +307,13 @@ int gpu_cuda_job_memory(const gpu_job_config *c, gpu_mem *out, char *err, size_t
     if (rc)
         return rc;
     if (g) {
-        rc = gpu_cuda_gpt_plan(g, c->batch_size, &acts, &ws);
+        rc = gpu_cuda_gpt_plan(g, gpu_rank_batch(c), &acts, &ws);
         P = g->nparams;
         rows = g->seq_len;
         xsize = (size_t)g->seq_len * sizeof(int);
         ntensors = g->ntensors;
     } else {
-        rc = gpu_cuda_mlp_plan(&m, c->batch_size, &acts, &ws);
+        rc = gpu_cuda_mlp_plan(&m, gpu_rank_batch(c), &acts, &ws);
         P = m.nparams;
         rows = 1;
         xsize = (size_t)m.width[0] * sizeof(float);
@@ -312,7 +325,8 @@ int gpu_cuda_job_memory(const gpu_job_config *c, gpu_mem *out, char *err, size_t
     small_plan(&sl, ntensors);
     account(out, P, c->dtype, c->dtype == GPU_FP32 || c->master_weights,
             c->optim.type == GPU_OPT_ADAMW, acts,
-            ws + batch_bytes(c->batch_size, xsize, rows) + sl.bytes);
+            ws + batch_bytes(gpu_rank_batch(c), xsize, rows) + sl.bytes +
+                comm_bytes(c, P, ntensors));
     return 0;
 }
 
@@ -360,7 +374,7 @@ int gpu_cuda_twin_create(const gpu_cuda_host *h, int device, const gpu_scaler_st
     d->h.cfg = &d->cfg;
     d->device = device;
     d->P = h->gpt ? h->gpt->nparams : h->mlp->nparams;
-    d->B = d->cfg.batch_size;
+    d->B = gpu_rank_batch(&d->cfg); /* this rank's share of the batch */
     d->rows = h->gpt ? h->gpt->seq_len : 1;
     d->xsize = h->gpt ? (size_t)h->gpt->seq_len * sizeof(int)
                       : (size_t)h->mlp->width[0] * sizeof(float);
@@ -424,6 +438,7 @@ void gpu_cuda_twin_free(gpu_cuda_twin *d)
     for (int i = 0; i < d->nevents; i++)
         (void)cudaEventDestroy(d->ev[i]);
     gpu_cuda_prof_free(d->prof);
+    gpu_cuda_comm_free(d->comm);
     if (d->have_stream)
         (void)cudaStreamDestroy(d->stream);
     gpu_cuda_blas_free(d->blas);
@@ -434,6 +449,27 @@ void gpu_cuda_twin_free(gpu_cuda_twin *d)
 const char *gpu_cuda_twin_describe(const gpu_cuda_twin *d)
 {
     return d->desc;
+}
+
+static void comm_ready(void *ctx, size_t off, size_t count)
+{
+    gpu_cuda_comm_ready(ctx, off, count);
+}
+
+/* Join the job's ranks; see gpu/twin.h. */
+int gpu_cuda_twin_comm(gpu_cuda_twin *d, const gpu_cuda_comm_plan *p, gpu_mem *mem, char *err,
+                       size_t errlen)
+{
+    size_t bytes = 0;
+    if (d == NULL || p == NULL || mem == NULL || d->comm != NULL)
+        return GPU_EINVAL;
+    GPU_TRY(use_device(d));
+    GPU_TRY(gpu_cuda_comm_create(p, d->grads, d->stream, &d->comm, &bytes, err, errlen));
+    d->ready = (gpu_grad_ready){comm_ready, d->comm};
+    d->mem.workspace += (int64_t)bytes;
+    d->mem.total += (int64_t)bytes;
+    *mem = d->mem;
+    return 0;
 }
 
 /* The model's view of the blocks for one pass: a training step (train: the backward is
@@ -454,6 +490,7 @@ static gpu_cuda_model_ctx ctx_of(const gpu_cuda_twin *d, bool train, bool diag)
     c.loss_sum = AT(d->small, d->sl.loss, double);
     c.correct = AT(d->small, d->sl.correct, int);
     c.diag = diag ? AT(d->small, d->sl.diag, gpu_cuda_diag) : NULL;
+    c.ready = train && d->comm != NULL ? &d->ready : NULL;
     return c;
 }
 
@@ -571,6 +608,23 @@ static int profiler(gpu_cuda_twin *d, const gpu_profile *prof, gpu_cuda_prof **o
     return 0;
 }
 
+/* The all-reduce's bytes, times and pre-hook flag of the synchronised step. */
+static int comm_result(gpu_cuda_twin *d, gpu_cuda_step_out *out)
+{
+    gpu_cuda_comm_stats cs;
+    char why[256] = "";
+    int rc = gpu_cuda_comm_result(d->comm, &cs, why, sizeof(why));
+    if (rc) {
+        fprintf(stderr, "%s\n", why);
+        return rc;
+    }
+    out->comm_bytes = cs.bytes;
+    out->comm_ms = cs.ms;
+    out->comm_exposed_ms = cs.exposed_ms;
+    out->pre_nonfinite = cs.pre_nonfinite;
+    return 0;
+}
+
 /* One step; see gpu/twin.h. The cudaStreamSynchronize below is the step's only host wait. */
 int gpu_cuda_twin_step(gpu_cuda_twin *d, const void *x, const int *y, int B, float lr,
                        gpu_diag *diag, gpu_grad_stat *stats, int64_t *tensor_lost,
@@ -598,7 +652,11 @@ int gpu_cuda_twin_step(gpu_cuda_twin *d, const void *x, const int *y, int B, flo
         GPU_TRY(gpu_cuda_diag_begin_launch(c.diag, d_state(d), d->stream));
     gpu_cuda_prof_mark(c.prof, d->stream, "upload");
     GPU_TRY(forward(d, &c, B));
+    if (d->comm != NULL)
+        GPU_TRY(gpu_cuda_comm_begin(d->comm));
     GPU_TRY(backward(d, &c, B));
+    if (d->comm != NULL) /* the unscale waits for the last bucket */
+        GPU_TRY(gpu_cuda_comm_finish(d->comm));
     GPU_TRY(tail(d, lr, c.prof));
     GPU_TRY(snapshot(d, nlayers));
     gpu_cuda_prof_mark(c.prof, d->stream, "scaler"); /* the scaler update and the snapshot */
@@ -610,7 +668,7 @@ int gpu_cuda_twin_step(gpu_cuda_twin *d, const void *x, const int *y, int B, flo
         GPU_TRY(gpu_cuda_prof_read(c.prof, prof));
     read_snapshot(d, B, diag, stats, tensor_lost, out);
     out->step_ms = (double)ms;
-    return 0;
+    return d->comm != NULL ? comm_result(d, out) : 0;
 }
 
 /* One eval batch; see gpu/twin.h. */

@@ -39,7 +39,9 @@
  *    the block's other warps, so that a missing __syncthreads between one warp's writes to
  *    shared memory and another's reads shows as stale data.
  *  - Streams and events: work runs when it is enqueued, so every stream is always idle;
- *    events record the host's monotonic clock.
+ *    events record the host's monotonic clock. A stream may wait only for a recorded
+ *    event, and only events made with timing are timed (what a GPU would get wrong).
+ *  - NCCL: nccl.cc, a stand-in over MPI that the emulated dlopen hands out (see there).
  *
  * Invariants: all state is behind one recursive lock (API calls and kernels are serialised);
  * outside every emu_device_begin/end pair all device pages are PROT_NONE (an allocation
@@ -582,6 +584,7 @@ extern "C" cudaError_t cudaMemsetAsync(void *p, int value, size_t n, cudaStream_
 
 struct emu_event {
     bool recorded;
+    bool untimed;       /* cudaEventDisableTiming */
     struct timespec t;
 };
 
@@ -618,14 +621,20 @@ extern "C" cudaError_t cudaStreamSynchronize(cudaStream_t s)
     return stream_ok(s) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
 }
 
-extern "C" cudaError_t cudaEventCreate(cudaEvent_t *ev)
+extern "C" cudaError_t cudaEventCreateWithFlags(cudaEvent_t *ev, unsigned int flags)
 {
     enter();
     emu_event *e = (emu_event *)calloc(1, sizeof(*e));
+    e->untimed = (flags & cudaEventDisableTiming) != 0;
     events->insert(e);
     *ev = (cudaEvent_t)e;
     leave();
     return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaEventCreate(cudaEvent_t *ev)
+{
+    return cudaEventCreateWithFlags(ev, cudaEventDefault);
 }
 
 static emu_event *event_of(cudaEvent_t ev)
@@ -658,6 +667,20 @@ extern "C" cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t stream)
     return cudaSuccess;
 }
 
+/* Work runs when it is enqueued, so the event has happened; it must have been recorded. */
+extern "C" cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t ev, unsigned int flags)
+{
+    emu_event *e = event_of(ev);
+    (void)flags;
+    if (e == NULL || !stream_ok(stream))
+        return fail(cudaErrorInvalidResourceHandle);
+    if (!e->recorded) { /* CUDA treats it as done; a wait on nothing is a bug here */
+        emu_report("cudaStreamWaitEvent: event %p was never recorded", (void *)ev);
+        return fail(cudaErrorInvalidResourceHandle);
+    }
+    return cudaSuccess;
+}
+
 extern "C" cudaError_t cudaEventSynchronize(cudaEvent_t ev)
 {
     return event_of(ev) != NULL ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
@@ -668,6 +691,10 @@ extern "C" cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEv
     emu_event *a = event_of(start), *b = event_of(end);
     if (a == NULL || b == NULL || !a->recorded || !b->recorded)
         return fail(cudaErrorInvalidResourceHandle);
+    if (a->untimed || b->untimed) {
+        emu_report("cudaEventElapsedTime: an event was created with cudaEventDisableTiming");
+        return fail(cudaErrorInvalidResourceHandle);
+    }
     *ms = (float)((double)(b->t.tv_sec - a->t.tv_sec) * 1e3 +
                   (double)(b->t.tv_nsec - a->t.tv_nsec) / 1e6);
     return cudaSuccess;

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "cublasLt.h"
+#include "nccl.h"
 #include "gpu/gpu.h"
 #include "tests/cudaemu/emu.h"
 
@@ -471,18 +472,23 @@ extern "C" cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_
     return rc == 0 ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
 }
 
-/* ---- dlopen/dlsym for gpu/cuda/cuda_blas.cu ------------------------------------------------- */
+/* ---- dlopen/dlsym for gpu/cuda/cuda_blas.cu and cuda_comm.cu (NCCL: nccl.cc) ---------- */
 
-static int lt_library;      /* its address is the library's handle */
+static int lt_library, nccl_library; /* their addresses are the libraries' handles */
 
 extern "C" void *emu_dlopen(const char *file, int mode)
 {
-    (void)mode;
-    return file != NULL && strstr(file, "libcublasLt") != NULL ? &lt_library : dlopen(file, mode);
+    if (file != NULL && strstr(file, "libcublasLt") != NULL)
+        return &lt_library;
+    if (file != NULL && strstr(file, "libnccl") != NULL)
+        return &nccl_library;
+    return dlopen(file, mode);
 }
 
 extern "C" void *emu_dlsym(void *handle, const char *name)
 {
+    if (handle == &nccl_library)
+        return emu_nccl_sym(name);
     if (handle != &lt_library)
         return dlsym(handle, name);
 #define EMU_SYM(fn)                  \
@@ -509,7 +515,7 @@ extern "C" void *emu_dlsym(void *handle, const char *name)
 
 extern "C" int emu_dlclose(void *handle)
 {
-    return handle == &lt_library ? 0 : dlclose(handle);
+    return handle == &lt_library || handle == &nccl_library ? 0 : dlclose(handle);
 }
 
 extern "C" char *emu_dlerror(void)

@@ -2,8 +2,8 @@
 # run.sh - on the GPU machine: runs the CUDA test programs packed by tests/gpu/prepare.sh
 # (unpacking .gpu.tar.xz first when .gpu is missing),
 # each with its log in $OUT (or /tmp/ampd-gpu when OUT is unset), and prints each suite's
-# summary. cuBLASLt comes from the machine: its CUDA toolkit (/usr/local/cuda/lib64) or the
-# nvidia-cublas Python package, whichever is found first.
+# summary. cuBLASLt and NCCL come from the machine: its CUDA toolkit (/usr/local/cuda/lib64)
+# or the nvidia-cublas / nvidia-nccl Python packages, whichever is found first.
 set -uo pipefail
 [ -d .gpu ] || tar -xJf .gpu.tar.xz || { echo "run.sh: no .gpu (run tests/gpu/prepare.sh)"; exit 1; }
 OUT=${OUT:-/tmp/ampd-gpu}
@@ -12,10 +12,15 @@ cublas=$(ls -d /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
              /opt/torch/.venv/lib/python3*/site-packages/nvidia/cublas/lib \
              /usr/local/lib/python3*/dist-packages/nvidia/cublas/lib 2>/dev/null |
          while read -r d; do [ -e "$d/libcublasLt.so.13" ] && echo "$d"; done | head -n 1)
-export LD_LIBRARY_PATH=".gpu/lib${cublas:+:$cublas}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# NCCL (check_cuda_train's one-rank all-reduce) the same way: the toolkit's or nvidia-nccl's
+nccl=$(ls -d /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib \
+           /opt/torch/.venv/lib/python3*/site-packages/nvidia/nccl/lib \
+           /usr/local/lib/python3*/dist-packages/nvidia/nccl/lib 2>/dev/null |
+       while read -r d; do [ -e "$d/libnccl.so.2" ] && echo "$d"; done | head -n 1)
+export LD_LIBRARY_PATH=".gpu/lib${cublas:+:$cublas}${nccl:+:$nccl}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export AMPD_OPENBLAS="$PWD/.gpu/lib/libopenblas.so.0"
 export AMPD_TEST_DATA="$PWD/.gpu/data/fashion-mnist"
-echo "cuBLASLt from: ${cublas:-not found}"
+echo "cuBLASLt from: ${cublas:-not found}; NCCL from: ${nccl:-not found}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 rc=0
 for t in .gpu/bin/*; do

@@ -131,13 +131,6 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
                               cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t *algo,
                               void *workspace, size_t workspaceSizeInBytes, cudaStream_t stream);
 
-/* dlopen, dlsym, dlclose and dlerror for code rewritten by cu2cc.sh: the cuBLASLt library
- * names and symbols are the emulator's, anything else goes to the real ones */
-void *emu_dlopen(const char *file, int mode);
-void *emu_dlsym(void *handle, const char *name);
-int emu_dlclose(void *handle);
-char *emu_dlerror(void);
-
 #ifdef __cplusplus
 }
 #endif

@@ -57,6 +57,8 @@ typedef struct cudaDeviceProp cudaDeviceProp;
 #define cudaStreamDefault 0x00
 #define cudaStreamNonBlocking 0x01
 #define cudaHostAllocDefault 0x00
+#define cudaEventDefault 0x00
+#define cudaEventDisableTiming 0x02
 
 cudaError_t cudaGetDeviceCount(int *count);
 cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device);
@@ -89,12 +91,21 @@ cudaError_t cudaStreamCreate(cudaStream_t *pStream);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags);
 cudaError_t cudaStreamDestroy(cudaStream_t stream);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags);
 
 cudaError_t cudaEventCreate(cudaEvent_t *event);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags);
 cudaError_t cudaEventDestroy(cudaEvent_t event);
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream);
 cudaError_t cudaEventSynchronize(cudaEvent_t event);
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
+
+/* dlopen, dlsym, dlclose and dlerror for code rewritten by cu2cc.sh (lt.cc): cuBLASLt's and
+ * NCCL's library names and symbols are the emulator's, anything else goes to the real ones */
+void *emu_dlopen(const char *file, int mode);
+void *emu_dlsym(void *handle, const char *name);
+int emu_dlclose(void *handle);
+char *emu_dlerror(void);
 
 #ifdef __cplusplus
 }
