@@ -36,8 +36,8 @@ typedef struct CUstream_st *cudaStream_t;
 extern "C" {
 #endif
 
-/* The ranks of a job and its buckets, as train.c plans them (gpu/twin.h holds the same
- * description for the twin's callers). */
+/* The ranks of a job and its buckets, as train.c plans them (gpu_comm_buckets) and hands
+ * them to the twin (gpu_cuda_twin_comm in gpu/twin.h). Plain C, free of CUDA types. */
 typedef struct {
     int world, rank;
     gpu_comm_hook hook;

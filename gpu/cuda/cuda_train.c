@@ -6,7 +6,8 @@
  * Memory: one cudaMalloc per block, with the CPU plan's element offsets for the
  * parameter-shaped ones: the fp32 master (the params of an fp32 job), the working copy in the
  * job's dtype (the weights themselves without master weights), the fp32 gradients, m and v;
- * the activation block and the workspace the device model plans (gpu_cuda_*_plan); the batch
+ * the activation block and the workspace the device model plans (gpu_cuda_*_plan) for this
+ * rank's share of the batch (gpu_rank_batch); the batch
  * (inputs, then labels or targets); a small block with the step state, the tensor table
  * (offsets, counts), the per-tensor statistics and lost updates, the diagnostics counters
  * and the loss and hit count. A pinned host block mirrors the small block (the snapshot the
@@ -15,9 +16,11 @@
  * device workspace, the batch, the small block and cuBLASLt's workspace); the description
  * adds what cudaMemGetInfo says the job took.
  *
- * A step, all on one stream: the host batch is copied into the pinned staging area and
+ * A step, on one stream (and NCCL's): the host batch is copied into the pinned staging area and
  * uploaded (cudaMemcpyAsync); begin (scale_used, inv); [diagnostics begin]; forward; backward
- * seeded on the device with the scale; unscale; clip; the optimizer (with master weights) or
+ * seeded on the device with the scale [with several ranks, the buckets' all-reduce on NCCL's
+ * stream as backward reports them (cuda_comm.h), the compute stream waiting for the last
+ * one]; unscale; clip; the optimizer (with master weights) or
  * the lowp optimizer (without); the scaler update; the snapshot of the state, statistics,
  * loss, lost updates [and diagnostics] into pinned memory; then ONE cudaStreamSynchronize at
  * the end: the only point where a step waits for the device. Its duration is measured with
