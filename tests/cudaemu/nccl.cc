@@ -77,6 +77,9 @@ extern "C" ncclResult_t ncclGetUniqueId(ncclUniqueId *id)
     return ncclSuccess;
 }
 
+#ifdef HAVE_MPI
+#define CHUNK 512
+
 static uint64_t fnv1a(const void *p, size_t n)
 {
     const unsigned char *b = (const unsigned char *)p;
@@ -85,9 +88,6 @@ static uint64_t fnv1a(const void *p, size_t n)
         h = (h ^ b[i]) * 1099511628211ull;
     return h;
 }
-
-#ifdef HAVE_MPI
-#define CHUNK 512
 
 static void sum16(const void *in, void *inout, int len, gpu_dtype dt)
 {
