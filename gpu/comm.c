@@ -74,6 +74,28 @@ void gpu_comm_local(int *rank, int *size)
     *size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", 1);
 }
 
+#define CHUNK 512
+
+/* See comm.h: chunk by chunk through fp32. */
+void gpu_comm_sum16(const uint16_t *in, uint16_t *inout, int len, gpu_dtype dt)
+{
+    float a[CHUNK], b[CHUNK];
+    for (int i = 0; i < len; i += CHUNK) {
+        int n = len - i < CHUNK ? len - i : CHUNK;
+        gpu_cvt_to_f32(a, in + i, dt, (size_t)n);
+        gpu_cvt_to_f32(b, inout + i, dt, (size_t)n);
+        for (int k = 0; k < n; k++)
+            a[k] += b[k];
+        gpu_cvt_from_f32(inout + i, dt, a, (size_t)n);
+    }
+}
+
+size_t gpu_comm_overlap(size_t lo, size_t hi, size_t off, size_t count)
+{
+    size_t a = off > lo ? off : lo, b = off + count < hi ? off + count : hi;
+    return a < b ? b - a : 0;
+}
+
 int gpu_comm_buckets(const size_t *off, const size_t *count, int n, double bucket_mb,
                      size_t *lo, size_t *hi)
 {
@@ -137,34 +159,18 @@ struct gpu_comm {
     char msg[256];
 };
 
-/* ---- the 16-bit sums (user-defined MPI_Ops) ------------------------------------------------ */
-
-#define CHUNK 512
-
-/* inout[i] = round16(widen(in[i]) + widen(inout[i])), chunk by chunk through fp32. */
-static void sum16(const uint16_t *in, uint16_t *inout, int len, gpu_dtype dt)
-{
-    float a[CHUNK], b[CHUNK];
-    for (int i = 0; i < len; i += CHUNK) {
-        int n = len - i < CHUNK ? len - i : CHUNK;
-        gpu_cvt_to_f32(a, in + i, dt, (size_t)n);
-        gpu_cvt_to_f32(b, inout + i, dt, (size_t)n);
-        for (int k = 0; k < n; k++)
-            a[k] += b[k];
-        gpu_cvt_from_f32(inout + i, dt, a, (size_t)n);
-    }
-}
+/* ---- the 16-bit sums (user-defined MPI_Ops over gpu_comm_sum16) ---------------------------- */
 
 static void op_f16(void *in, void *inout, int *len, MPI_Datatype *dt)
 {
     (void)dt;
-    sum16(in, inout, *len, GPU_FP16);
+    gpu_comm_sum16(in, inout, *len, GPU_FP16);
 }
 
 static void op_bf16(void *in, void *inout, int *len, MPI_Datatype *dt)
 {
     (void)dt;
-    sum16(in, inout, *len, GPU_BF16);
+    gpu_comm_sum16(in, inout, *len, GPU_BF16);
 }
 
 /* The step's agreement as 7 doubles: the loss is summed, the rest take the maximum (the
@@ -499,13 +505,8 @@ static void start_ready(gpu_comm *c)
 
 void gpu_comm_ready(gpu_comm *c, size_t off, size_t count)
 {
-    size_t hi = off + count;
-    for (int i = 0; i < c->nb; i++) {
-        bucket *k = &c->b[i];
-        size_t lo = off > k->lo ? off : k->lo, top = hi < k->hi ? hi : k->hi;
-        if (lo < top)
-            k->ready += top - lo;
-    }
+    for (int i = 0; i < c->nb; i++)
+        c->b[i].ready += gpu_comm_overlap(c->b[i].lo, c->b[i].hi, off, count);
     start_ready(c);
 }
 

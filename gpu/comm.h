@@ -25,11 +25,21 @@
 
 #include "gpu/gpu.h"
 
+#ifdef __cplusplus
+extern "C" { /* gpu/cuda/cuda_comm.cu shares the bucket layout */
+#endif
+
 /* The buckets over the n tensors (element offsets and counts in table order), as
  * gpu_comm_plan makes them: bucket i covers elements [lo[i], hi[i]) (lo and hi hold n
  * entries); returns how many. Pure: the CUDA ranks' plan too. */
 int gpu_comm_buckets(const size_t *off, const size_t *count, int n, double bucket_mb,
                      size_t *lo, size_t *hi);
+/* How many elements of [off, off + count) fall in [lo, hi): what a ready report adds to a
+ * bucket. */
+size_t gpu_comm_overlap(size_t lo, size_t hi, size_t off, size_t count);
+/* One hop of a 16-bit SUM (dt GPU_FP16 or GPU_BF16): inout[i] = round16(widen(in[i]) +
+ * widen(inout[i])), the sum in fp32 rounded to nearest even; as NCCL's ring adds. */
+void gpu_comm_sum16(const uint16_t *in, uint16_t *inout, int len, gpu_dtype dt);
 /* This process's rank on its host and the number of ranks there, as mpirun numbers them
  * (0 and 1 when not launched by mpirun): which CUDA device a rank takes, known before it
  * joins. */
@@ -74,5 +84,9 @@ int gpu_comm_control(gpu_comm *c, gpu_comm_ctl *v);
 
 /* The slowest rank's step time and that rank (MAXLOC). */
 int gpu_comm_step_time(gpu_comm *c, double ms, double *max_ms, int *rank);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* AMPD_GPU_COMM_H */

@@ -625,11 +625,6 @@ const gpu_grad_stat *gpu_trainer_grad_stats(const gpu_trainer *t)
     return t->stats;
 }
 
-/* The next global batch of B samples (every rank draws the batch world 1 would, from the
- * same shuffle), of which this rank keeps its share: rows
- * [rank B/world, (rank + 1) B/world) at the front of the batch buffers. draw counts the
- * batches drawn in the step (micro-steps), so that GPT batches stay a function of (seed,
- * step, draw) alone. */
 /* Every rank on CUDA or every rank on the CPU (their collectives differ). */
 static int same_backend(gpu_trainer *t, gpu_comm *c, char *err, size_t errlen)
 {
@@ -706,6 +701,11 @@ int gpu_trainer_set_comm(gpu_trainer *t, gpu_comm *c, char *err, size_t errlen)
     return 0;
 }
 
+/* The next global batch of B samples (every rank draws the batch world 1 would, from the
+ * same shuffle), of which this rank keeps its share: rows
+ * [rank B/world, (rank + 1) B/world) at the front of the batch buffers. draw counts the
+ * batches drawn in the step (micro-steps), so that GPT batches stay a function of (seed,
+ * step, draw) alone. */
 static void next_batch(gpu_trainer *t, int B, int draw)
 {
     int n = gpu_dataset_count(t->train), b = B / t->world, first = t->rank * b;
@@ -1039,7 +1039,7 @@ static int step_cuda(gpu_trainer *t, gpu_step_metrics *m, bool *found_inf, doubl
 {
     gpu_cuda_step_out o;
     const void *x = t->gpt ? (const void *)t->xtok : (const void *)t->xbatch;
-    int rc = gpu_cuda_twin_step(t->cuda, x, t->ybatch, t->cfg.batch_size / t->world, m->lr,
+    int rc = gpu_cuda_twin_step(t->cuda, x, t->ybatch, gpu_rank_batch(&t->cfg), m->lr,
                                 t->diagnosed ? t->diag : NULL, t->stats, t->tensor_lost, &o,
                                 t->profiling ? &t->prof : NULL);
     if (rc == GPU_ECOMM)
@@ -1047,13 +1047,16 @@ static int step_cuda(gpu_trainer *t, gpu_step_metrics *m, bool *found_inf, doubl
                  t->rank);
     if (rc)
         return rc;
+    t->scaler = o.scaler;
+    t->applied = o.applied;
+    t->lost_total = o.lost_total;
     m->comm_bytes = o.comm_bytes;
     m->comm_ms = o.comm_ms;
     m->comm_exposed_ms = o.comm_exposed_ms;
     if (t->comm) {
+        /* the ranks reduced the same gradients: this checks it (the scalers after the
+         * update), and averages the loss */
         double sumsq = o.found_inf ? 0.0 : o.grad_norm * o.grad_norm;
-        /* the ranks reduced the same gradients: this checks it, and averages the loss */
-        t->scaler = o.scaler;
         if ((rc = agree(t, o.pre_nonfinite, &o.loss, &o.found_inf, &sumsq, err, errlen)))
             return rc;
     }
@@ -1062,9 +1065,6 @@ static int step_cuda(gpu_trainer *t, gpu_step_metrics *m, bool *found_inf, doubl
     m->loss = o.loss;
     m->grad_norm = o.grad_norm;
     m->lost_updates = o.lost_updates;
-    t->scaler = o.scaler;
-    t->applied = o.applied;
-    t->lost_total = o.lost_total;
     /* the device cannot run an overflowing step again: the next step collects instead */
     t->diag_next = o.found_inf && !t->diagnosed;
     if (t->diagnosed)

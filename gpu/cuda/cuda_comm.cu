@@ -32,6 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "gpu/comm.h"
 #include "gpu/cuda/cuda_comm.h"
 #include "gpu/cuda/cuda_common.cuh"
 #include "gpu/cuda/cuda_util.h"
@@ -351,13 +352,8 @@ static void start_ready(gpu_cuda_comm *c)
 
 extern "C" void gpu_cuda_comm_ready(gpu_cuda_comm *c, size_t off, size_t count)
 {
-    size_t hi = off + count;
-    for (int i = 0; i < c->nb; i++) {
-        bucket *k = &c->b[i];
-        size_t lo = off > k->lo ? off : k->lo, top = hi < k->hi ? hi : k->hi;
-        if (lo < top)
-            k->ready += top - lo;
-    }
+    for (int i = 0; i < c->nb; i++)
+        c->b[i].ready += gpu_comm_overlap(c->b[i].lo, c->b[i].hi, off, count);
     start_ready(c);
 }
 

@@ -12,8 +12,8 @@
  *
  * Numerics: ncclAllReduce copies the device buffer to the host, reduces with MPI_Allreduce
  * and copies the result back: fp32 with MPI_SUM; fp16 and bf16 with a user-defined MPI_Op
- * that adds two 16-bit values in fp32 and rounds the sum to the 16-bit type (round to
- * nearest even), as each hop of NCCL's ring does. With two ranks that is one addition per
+ * over gpu_comm_sum16 (the CPU ranks' op: two 16-bit values added in fp32, the sum rounded
+ * to the 16-bit type, nearest even), as each hop of NCCL's ring does. With two ranks that is one addition per
  * element, the same on every rank.
  *
  * Without MPI (a build without it, or a process not under mpirun) a communicator of one
@@ -33,7 +33,7 @@
 
 #include <vector>
 
-#include "gpu/gpu.h"
+#include "gpu/comm.h"
 #include "nccl.h"
 #include "tests/cudaemu/emu.h"
 
@@ -78,8 +78,6 @@ extern "C" ncclResult_t ncclGetUniqueId(ncclUniqueId *id)
 }
 
 #ifdef HAVE_MPI
-#define CHUNK 512
-
 static uint64_t fnv1a(const void *p, size_t n)
 {
     const unsigned char *b = (const unsigned char *)p;
@@ -89,27 +87,14 @@ static uint64_t fnv1a(const void *p, size_t n)
     return h;
 }
 
-static void sum16(const void *in, void *inout, int len, gpu_dtype dt)
-{
-    float a[CHUNK], b[CHUNK];
-    for (int i = 0; i < len; i += CHUNK) {
-        int n = len - i < CHUNK ? len - i : CHUNK;
-        gpu_cvt_to_f32(a, (const uint16_t *)in + i, dt, (size_t)n);
-        gpu_cvt_to_f32(b, (uint16_t *)inout + i, dt, (size_t)n);
-        for (int k = 0; k < n; k++)
-            a[k] += b[k];
-        gpu_cvt_from_f32((uint16_t *)inout + i, dt, a, (size_t)n);
-    }
-}
-
 static void op_f16(void *in, void *inout, int *len, MPI_Datatype *)
 {
-    sum16(in, inout, *len, GPU_FP16);
+    gpu_comm_sum16((const uint16_t *)in, (uint16_t *)inout, *len, GPU_FP16);
 }
 
 static void op_bf16(void *in, void *inout, int *len, MPI_Datatype *)
 {
-    sum16(in, inout, *len, GPU_BF16);
+    gpu_comm_sum16((const uint16_t *)in, (uint16_t *)inout, *len, GPU_BF16);
 }
 
 /* Join MPI_COMM_WORLD as (nranks, rank) with id; ncclInvalidUsage when MPI disagrees. */
