@@ -25,7 +25,7 @@ typedef struct {
 } job_row;
 
 typedef struct {
-    int64_t job;
+    const store_job *job;
     store_layer_stat *rows; /* heap */
     int n;
 } job_layers;
@@ -35,13 +35,21 @@ static void family(api_buf *b, const char *name, const char *type, const char *h
     api_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
-static void job_labels(api_buf *b, const store_job *j)
+/* The labels that name a job on every per-job and per-layer series, without the closing
+ * brace: job_id (not "job", which Prometheus keeps for its scrape target), name, dtype. */
+static void job_labels_open(api_buf *b, const store_job *j)
 {
-    api_buf_printf(b, "{job=\"%lld\",name=\"", (long long)j->id);
+    api_buf_printf(b, "{job_id=\"%lld\",name=\"", (long long)j->id);
     api_buf_prom_label(b, j->name);
     api_buf_puts(b, "\",dtype=\"");
     api_buf_prom_label(b, j->dtype);
-    api_buf_puts(b, "\"}");
+    api_buf_putc(b, '"');
+}
+
+static void job_labels(api_buf *b, const store_job *j)
+{
+    job_labels_open(b, j);
+    api_buf_putc(b, '}');
 }
 
 /* One per-layer family: field is a STORE_L_* field of the latest diagnosed step. */
@@ -54,7 +62,9 @@ static void layer_family(api_buf *b, const char *name, const char *help, const j
             const store_layer_stat *r = &jl[i].rows[k];
             if ((r->missing >> field) & 1u)
                 continue;
-            api_buf_printf(b, "%s{job=\"%lld\",layer=\"", name, (long long)jl[i].job);
+            api_buf_puts(b, name);
+            job_labels_open(b, jl[i].job);
+            api_buf_puts(b, ",layer=\"");
             api_buf_prom_label(b, r->name);
             api_buf_puts(b, "\"} ");
             api_buf_prom_num(b, r->v[field]);
@@ -106,7 +116,7 @@ void api_h_prom(api_req *q, api_resp *r)
         int64_t at;
         if (store_layer_stats_get(s->st, jobs[i].id, -1, &layers[nlayers].rows, &layers[nlayers].n,
                                   &at, NULL) == 0)
-            layers[nlayers++].job = jobs[i].id;
+            layers[nlayers++].job = &jobs[i];
     }
 
     r->status = 200;

@@ -307,6 +307,25 @@ static int job_from_row(sqlite3_stmt *st, store_job *j)
     return 0;
 }
 
+/* The job that holds idem_key: 0 with *id, 1 when none does, or an error. Under wlock. */
+static int job_by_idem(store *s, const char *idem_key, int64_t *id)
+{
+    sqlite3_stmt *st = store_stmt(s->w, ST_JOB_BY_IDEM);
+    int rc;
+    if (!st)
+        return STORE_EIO;
+    bind_text(st, 1, idem_key);
+    rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW) {
+        *id = sqlite3_column_int64(st, 0);
+        rc = 0;
+    } else {
+        rc = rc == SQLITE_DONE ? 1 : store_sql_error(s->w->db, st, rc, __func__);
+    }
+    store_stmt_done(st);
+    return rc;
+}
+
 int store_job_insert(store *s, const char *name, const char *dtype, int64_t steps,
                      const char *spec_json, const char *idem_key, int64_t *id, bool *existed)
 {
@@ -320,6 +339,13 @@ int store_job_insert(store *s, const char *name, const char *dtype, int64_t step
     if (existed)
         *existed = false;
     pthread_mutex_lock(&s->wlock);
+    /* a retry finds its job before any insert, so that it consumes no id (AUTOINCREMENT
+     * counts an insert that the key's conflict turns into nothing) */
+    if (idem_key && (rc = job_by_idem(s, idem_key, id)) <= 0) {
+        if (rc == 0 && existed)
+            *existed = true;
+        goto out;
+    }
     st = store_stmt(s->w, ST_JOB_INSERT);
     if (!st) {
         rc = STORE_EIO;
@@ -341,25 +367,11 @@ int store_job_insert(store *s, const char *name, const char *dtype, int64_t step
     if (sqlite3_changes(s->w->db) == 1) {
         *id = sqlite3_last_insert_rowid(s->w->db);
         rc = 0;
-        goto out;
-    }
-    /* The idempotency key is taken: answer with the job that has it. */
-    st = store_stmt(s->w, ST_JOB_BY_IDEM);
-    if (!st) {
-        rc = STORE_EIO;
-        goto out;
-    }
-    bind_text(st, 1, idem_key);
-    rc = sqlite3_step(st);
-    if (rc == SQLITE_ROW) {
-        *id = sqlite3_column_int64(st, 0);
-        if (existed)
+    } else if ((rc = job_by_idem(s, idem_key, id)) >= 0) { /* another process took the key */
+        rc = rc == 0 ? 0 : STORE_EIO;
+        if (rc == 0 && existed)
             *existed = true;
-        rc = 0;
-    } else {
-        rc = rc == SQLITE_DONE ? STORE_EIO : store_sql_error(s->w->db, st, rc, __func__);
     }
-    store_stmt_done(st);
 out:
     pthread_mutex_unlock(&s->wlock);
     return rc;

@@ -1398,28 +1398,29 @@ START_TEST(test_prometheus)
     ck_assert(prom_check(r.body, "ampd_http_requests_total{code=\"200\"}") >= 1);
     char want[160];
     snprintf(want, sizeof(want),
-             "ampd_loss_scale{job=\"%lld\",name=\"we\\\"ird\\\\name\",dtype=\"fp16\"}",
+             "ampd_loss_scale{job_id=\"%lld\",name=\"we\\\"ird\\\\name\",dtype=\"fp16\"}",
              (long long)id);
     ck_assert(prom_check(r.body, want) == 65536);
-    snprintf(want, sizeof(want), "ampd_loss{job=\"%lld\",", (long long)id);
+    snprintf(want, sizeof(want), "ampd_loss{job_id=\"%lld\",", (long long)id);
     double loss = prom_check(r.body, want);
     ck_assert(isinf(loss) && loss > 0);
     ck_assert_ptr_nonnull(strstr(r.body, "} +Inf\n"));
-    snprintf(want, sizeof(want), "ampd_step_seconds{job=\"%lld\",", (long long)id);
+    snprintf(want, sizeof(want), "ampd_step_seconds{job_id=\"%lld\",", (long long)id);
     ck_assert(fabs(prom_check(r.body, want) - 0.025) < 1e-12);
-    snprintf(want, sizeof(want), "ampd_overflow_steps_total{job=\"%lld\",", (long long)id);
+    snprintf(want, sizeof(want), "ampd_overflow_steps_total{job_id=\"%lld\",", (long long)id);
     ck_assert(prom_check(r.body, want) == 0);
-    snprintf(want, sizeof(want), "ampd_device_memory_bytes{job=\"%lld\",", (long long)id);
+    snprintf(want, sizeof(want), "ampd_device_memory_bytes{job_id=\"%lld\",", (long long)id);
     ck_assert(prom_check(r.body, want) == 1 << 20);
-    snprintf(want, sizeof(want), "ampd_comm_bytes{job=\"%lld\",", (long long)id);
+    snprintf(want, sizeof(want), "ampd_comm_bytes{job_id=\"%lld\",", (long long)id);
     ck_assert(prom_check(r.body, want) == 4096);
-    snprintf(want, sizeof(want), "ampd_comm_seconds{job=\"%lld\",", (long long)id);
+    snprintf(want, sizeof(want), "ampd_comm_seconds{job_id=\"%lld\",", (long long)id);
     ck_assert(fabs(prom_check(r.body, want) - 0.002) < 1e-12);
-    snprintf(want, sizeof(want), "ampd_comm_exposed_seconds{job=\"%lld\",", (long long)id);
+    snprintf(want, sizeof(want), "ampd_comm_exposed_seconds{job_id=\"%lld\",", (long long)id);
     ck_assert(fabs(prom_check(r.body, want) - 0.0005) < 1e-12);
-    snprintf(want, sizeof(want), "ampd_slowest_rank_step_seconds{job=\"%lld\",", (long long)id);
+    snprintf(want, sizeof(want), "ampd_slowest_rank_step_seconds{job_id=\"%lld\",",
+             (long long)id);
     ck_assert(fabs(prom_check(r.body, want) - 0.030) < 1e-12);
-    snprintf(want, sizeof(want), "ampd_slowest_rank{job=\"%lld\",", (long long)id);
+    snprintf(want, sizeof(want), "ampd_slowest_rank{job_id=\"%lld\",", (long long)id);
     ck_assert(prom_check(r.body, want) == 1);
     hresp_free(&r);
 }
@@ -1614,14 +1615,20 @@ START_TEST(test_layers)
     char want_s[160];
     http(port, "GET", "/metrics", NULL, NULL, 0, &r);
     ck_assert_int_eq(r.status, 200);
-    snprintf(want_s, sizeof(want_s), "ampd_layer_act_headroom{job=\"%lld\",layer=\"fc1\"}",
+    snprintf(want_s, sizeof(want_s),
+             "ampd_layer_act_headroom{job_id=\"%lld\",name=\"layers\",dtype=\"fp16\","
+             "layer=\"fc1\"}",
              (long long)id);
     ck_assert(prom_check(r.body, want_s) == 655.04);
-    snprintf(want_s, sizeof(want_s), "ampd_layer_act_headroom{job=\"%lld\",layer=\"fc2\"}",
+    snprintf(want_s, sizeof(want_s),
+             "ampd_layer_act_headroom{job_id=\"%lld\",name=\"layers\",dtype=\"fp16\","
+             "layer=\"fc2\"}",
              (long long)id);
     double v = prom_check(r.body, want_s);
     ck_assert(isinf(v) && v > 0);
-    snprintf(want_s, sizeof(want_s), "ampd_layer_grad_underflow_ratio{job=\"%lld\",layer=\"head\"}",
+    snprintf(want_s, sizeof(want_s),
+             "ampd_layer_grad_underflow_ratio{job_id=\"%lld\",name=\"layers\",dtype=\"fp16\","
+             "layer=\"head\"}",
              (long long)id);
     ck_assert(prom_check(r.body, want_s) == 0.25);
     hresp_free(&r);

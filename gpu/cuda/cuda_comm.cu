@@ -330,7 +330,8 @@ static int start(gpu_cuda_comm *c, bucket *k)
     GPU_CUDA_CHECK(cudaStreamWaitEvent(c->side, k->ev, 0));
     if (k == c->b)
         GPU_CUDA_CHECK(cudaEventRecord(c->ev_start, c->side));
-    hook_kernel<<<blocks, HOOK_THREADS, 0, c->side>>>(g, k->half, n, (float)c->world, fp16, c->flag);
+    hook_kernel<<<blocks, HOOK_THREADS, 0, c->side>>>(g, k->half, n, (float)c->world, fp16,
+                                                      c->flag);
     GPU_CUDA_CHECK(cudaGetLastError());
     if ((r = nc.all_reduce(wire, wire, n, wire_type(c->hook), ncclSum, c->nccl, c->side)) !=
         ncclSuccess)

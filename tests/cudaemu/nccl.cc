@@ -13,8 +13,8 @@
  * Numerics: ncclAllReduce copies the device buffer to the host, reduces with MPI_Allreduce
  * and copies the result back: fp32 with MPI_SUM; fp16 and bf16 with a user-defined MPI_Op
  * over gpu_comm_sum16 (the CPU ranks' op: two 16-bit values added in fp32, the sum rounded
- * to the 16-bit type, nearest even), as each hop of NCCL's ring does. With two ranks that is one addition per
- * element, the same on every rank.
+ * to the 16-bit type, nearest even), as each hop of NCCL's ring does. With two ranks that is
+ * one addition per element, the same on every rank.
  *
  * Without MPI (a build without it, or a process not under mpirun) a communicator of one
  * rank works: its all-reduce is a copy.
