@@ -10,7 +10,9 @@
  * computed in fp32 from the two 16-bit operands and rounded to the 16-bit type, nearest
  * even (as each hop of NCCL's ring sums in 16 bits), so a sum beyond 65504 becomes inf in
  * fp16. The result is widened exactly into the fp32 gradients. MPI has no standard 16-bit
- * float type, hence the user op; Open MPI then reduces with its generic algorithms.
+ * float type, hence the user op; Open MPI then reduces with its generic algorithms. The
+ * bucket layout, the ready count and that 16-bit hop sum are pure functions, built without
+ * MPI too: the CUDA ranks (gpu/cuda/cuda_comm.cu) and the CUDA emulator's NCCL use them.
  *
  * Invariants: buckets are started in index order on every rank, whatever order their
  * gradients became ready in, so every rank issues the same collectives in the same order;
