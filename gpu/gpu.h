@@ -460,8 +460,9 @@ const gpu_grad_stat *gpu_trainer_grad_stats(const gpu_trainer *t);
  *
  * A job with dist.world_size N > 1 runs as N processes started by Open MPI's mpirun, each
  * one rank: the same trainer on its 1/N of every global batch (rank r takes samples
- * [r B/N, (r+1) B/N) of the batch world 1 would draw), the gradients all-reduced through
- * MPI in buckets of dist.bucket_mb while backward still runs, with the job's comm hook.
+ * [r B/N, (r+1) B/N) of the batch world 1 would draw), the gradients all-reduced (MPI on
+ * CPU ranks, NCCL on CUDA ranks) in buckets of dist.bucket_mb while backward still runs,
+ * with the job's comm hook.
  * Every rank then holds the same gradients, finds the same inf/NaN, skips the same steps
  * and keeps the same scaler state (compared every step: a difference is GPU_ECOMM).
  * Every rank must call the collective functions (gpu_trainer_step, gpu_comm_any) the same
@@ -498,7 +499,8 @@ int gpu_comm_any(gpu_comm *c, bool mine, bool *any);
  * say where = "comm". */
 int gpu_trainer_comm_overflow(const gpu_trainer *t, const char **names, int max);
 /* Make t one rank of c's job (before its first step): c's size must be the job's
- * dist.world_size and divide its batch_size. c is borrowed and must outlive t. */
+ * dist.world_size (whose division of batch_size gpu_trainer_create checked), and every rank
+ * on the same backend. c is borrowed and must outlive t. */
 int gpu_trainer_set_comm(gpu_trainer *t, gpu_comm *c, char *err, size_t errlen);
 
 /* ---- step profile (train.c; on CUDA cuda_prof.c) ---------------------------------------

@@ -683,11 +683,6 @@ int gpu_trainer_set_comm(gpu_trainer *t, gpu_comm *c, char *err, size_t errlen)
                  d->world_size, n);
         return GPU_EINVAL;
     }
-    if (t->cfg.batch_size % n != 0) {
-        snprintf(err, errlen, "batch_size: %d does not divide into %d ranks", t->cfg.batch_size,
-                 n);
-        return GPU_EINVAL;
-    }
     if ((rc = same_backend(t, c, err, errlen)))
         return rc;
     rc = t->cuda ? join_nccl(t, c, err, errlen)
@@ -992,7 +987,7 @@ static int step_cpu(gpu_trainer *t, gpu_step_metrics *m, bool *found_inf, char *
                     size_t errlen)
 {
     const gpu_job_config *c = &t->cfg;
-    int b = c->batch_size / t->world;
+    int b = gpu_rank_batch(c);
     double loss, sumsq;
     bool pre_nonfinite = false;
     int rc;
