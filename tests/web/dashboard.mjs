@@ -99,6 +99,42 @@ async function fillForm(page, name, dtype, over = {}) {
     }
 }
 
+// Drag across 30%..50% of a chart's plot; count the range fetches (metrics with from=) of
+// the jobs whose ids are given while the charts settle. Returns {req, count}: the first
+// fetch and how many there were.
+async function dragZoom(page, chart, ids) {
+    const isZoom = (r) => r.url().includes('from=') && ids.some((id) => r.url().includes(`/v1/jobs/${id}/metrics`));
+    let count = 0;
+    const counter = (r) => { if (isZoom(r)) count++; };
+    page.on('request', counter);
+    const first = page.waitForRequest(isZoom, {timeout: 5000});
+    const plot = page.locator(`[data-chart=${chart}] .u-over`);
+    await plot.scrollIntoViewIfNeeded();
+    const over = await plot.boundingBox();
+    await page.mouse.move(over.x + over.width * 0.3, over.y + over.height / 2);
+    await page.mouse.down();
+    await page.mouse.move(over.x + over.width * 0.5, over.y + over.height / 2, {steps: 5});
+    await page.mouse.up();
+    const req = await first.catch(() => null);
+    await until(async () => page.getAttribute(`[data-chart=${chart}]`, 'data-zoom'), 5000);
+    await page.waitForTimeout(300);
+    page.off('request', counter);
+    return {req, count};
+}
+
+// Double click a chart; true when it and the others stay unzoomed (a zoom still in flight
+// must not draw over the reset).
+async function dblclickReset(page, charts) {
+    await page.dblclick(`[data-chart=${charts[0]}] .u-over`);
+    const flat = async () => {
+        for (const c of charts) if ((await page.getAttribute(`[data-chart=${c}]`, 'data-zoom')) !== '') return false;
+        return true;
+    };
+    const reset = await until(flat, 5000);
+    await page.waitForTimeout(500);
+    return reset && await flat();
+}
+
 async function shot(page, name, fullPage = false) {
     fs.mkdirSync(SHOTS, {recursive: true});
     await page.screenshot({path: path.join(SHOTS, name), fullPage});
@@ -226,13 +262,7 @@ async function main() {
     await shot(page, 'run.png', true);
 
     // ---- zoom fetches finer buckets for the range; double click resets
-    const over = await page.locator('[data-chart=loss] .u-over').boundingBox();
-    const zoomReq = page.waitForRequest((r) => r.url().includes(`/v1/jobs/${fpId}/metrics`) && r.url().includes('from='));
-    await page.mouse.move(over.x + over.width * 0.3, over.y + over.height / 2);
-    await page.mouse.down();
-    await page.mouse.move(over.x + over.width * 0.5, over.y + over.height / 2, {steps: 5});
-    await page.mouse.up();
-    const zr = await zoomReq.catch(() => null);
+    const {req: zr, count: zoomFetches} = await dragZoom(page, 'loss', [fpId]);
     const zoom = await until(async () => page.getAttribute('[data-chart=loss]', 'data-zoom'), 5000);
     const zp = Number(await page.getAttribute('[data-chart=loss]', 'data-points'));
     check('dragging across a chart fetches that range from the API and zooms in',
@@ -246,9 +276,9 @@ async function main() {
               xs[0] >= a && xs[1] <= b && zp >= want && zp <= want + 100,
               `range ${a}-${b}, asked ${asked} points, drew ${zp} from ${xs[0]} to ${xs[1]}`);
     }
-    await page.dblclick('[data-chart=loss] .u-over');
-    check('a double click resets the zoom',
-          await until(async () => (await page.getAttribute('[data-chart=loss]', 'data-zoom')) === '', 5000));
+    // the charts' cursors are synced, so every chart reports the drag: one fetch serves them
+    check('one drag fetches its range once for all the synced charts', zoomFetches === 1, `${zoomFetches} fetches`);
+    check('a double click resets the zoom', await dblclickReset(page, ['loss', 'loss_scale']));
 
     // ---- the experiment button: the same spec in fp32, fp16 and bf16, then the compare view
     await page.click('nav a[data-nav=submit]');
@@ -309,6 +339,13 @@ async function main() {
         if (Math.abs(acc / (1 - 0.9 ** n) - sm.shown[i]) > 1e-9 * Math.max(1, Math.abs(sm.shown[i]))) emaOk = false;
     }
     check('smoothing draws the debiased EMA of the series', emaOk);
+    await page.fill('#smoothing', '0');
+    const cz = await dragZoom(page, 'cmp-loss', expIds);
+    const czoom = await page.getAttribute('[data-chart=cmp-scale]', 'data-zoom');
+    check('zooming one compare chart fetches the range once per run and zooms them all',
+          cz.req && cz.count === expIds.length && /^\d+-\d+$/.test(czoom || ''),
+          `${cz.count} fetches, cmp-scale zoom ${czoom}`);
+    check('a double click resets the compare charts', await dblclickReset(page, ['cmp-loss', 'cmp-scale', 'cmp-time']));
     await page.evaluate(() => window.scrollTo(0, 0));
     await shot(page, 'compare.png', true);
 

@@ -67,7 +67,9 @@ export class ComparePage {
         const jobs = await Promise.all(this.ids.map((id) => api.getJob(id).catch(() => null)));
         this.details = new Map(jobs.filter(Boolean).map((j) => [j.id, j]));
         this.colors = this.runColors();
-        await this.loadSeries();
+        const seq = this.zoomSeq;
+        const series = await this.fetchSeries(this.zoom);
+        if (seq === this.zoomSeq) this.series = series;
         this.renderTable();
         this.renderMemory();
         this.renderCharts();
@@ -85,12 +87,14 @@ export class ComparePage {
         return new Map(this.jobs.map((j, i) => [j.id, distinct && DTYPE_COLORS[j.dtype] ? DTYPE_COLORS[j.dtype] : runColor(i)]));
     }
 
-    async loadSeries() {
+    // Every run's chart series, over the zoomed range [from, to] or all steps (null).
+    async fetchSeries(range) {
         const pts = Math.min(1500, Math.max(300, window.innerWidth));
+        const q = range ? {from: range[0], to: range[1]} : {};
         const out = await Promise.all(this.jobs.map((j) =>
-            api.getMetrics(j.id, {fields: CHART_FIELDS.join(','), points: pts})
+            api.getMetrics(j.id, Object.assign({fields: CHART_FIELDS.join(','), points: pts}, q))
                 .then((r) => new Series().load(r)).catch(() => new Series())));
-        this.series = new Map(this.jobs.map((j, i) => [j.id, out[i]]));
+        return new Map(this.jobs.map((j, i) => [j.id, out[i]]));
     }
 
     baseline() {
@@ -197,17 +201,18 @@ export class ComparePage {
         return {x: t[0], ys: t.slice(1), marks: field === 'loss_scale' ? marks : {}};
     }
 
+    // As on the run page, the synced charts each report one drag: the range in flight is
+    // fetched once, and only the newest zoom (or reset) may draw.
     async zoomAll(from, to) {
+        const key = from === null ? null : `${from}-${to}`;
+        if (key !== null && key === this.zoomPending) return;
+        const seq = this.zoomSeq = (this.zoomSeq || 0) + 1;
+        this.zoomPending = key;
         this.zoom = from === null ? null : [from, to];
-        if (from === null) {
-            await this.loadSeries();
-        } else {
-            const pts = Math.min(1500, Math.max(300, window.innerWidth));
-            const out = await Promise.all(this.jobs.map((j) =>
-                api.getMetrics(j.id, {fields: CHART_FIELDS.join(','), points: pts, from, to})
-                    .then((r) => new Series().load(r)).catch(() => new Series())));
-            this.series = new Map(this.jobs.map((j, i) => [j.id, out[i]]));
-        }
+        const series = await this.fetchSeries(this.zoom);
+        if (seq !== this.zoomSeq) return;
+        this.zoomPending = null;
+        this.series = series;
         this.renderCharts();
     }
 }

@@ -234,7 +234,14 @@ export class RunPage {
         this.redraw();
     }
 
+    // Every chart of the page zooms together (their cursors are synced), so one drag asks
+    // each chart's onZoom for the same range: the range in flight is fetched once, only the
+    // newest request may draw, and a reset cancels whatever is still in flight.
     async zoom(from, to) {
+        const key = from === null ? null : `${from}-${to}`;
+        if (key !== null && key === this.zoomPending) return;
+        const seq = this.zoomSeq = (this.zoomSeq || 0) + 1;
+        this.zoomPending = key;
         if (from === null) {
             this.zoomed = null;
             this.dirty = true;
@@ -243,10 +250,13 @@ export class RunPage {
         }
         try {
             const r = await this.track(api.getMetrics(this.id, {fields: FIELDS.join(','), points: targetPoints(), from, to}));
+            if (seq !== this.zoomSeq || this.disposed) return;
+            this.zoomPending = null;
             const s = new Series().load(r);
             this.zoomed = [from, to];
             this.drawSeries(s, [from, to]);
         } catch (e) {
+            if (seq === this.zoomSeq) this.zoomPending = null;
             toast(e.message, 'error');
         }
     }
