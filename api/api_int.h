@@ -47,10 +47,12 @@ char *api_buf_steal(api_buf *b, size_t *len);
 /* A JSON string literal (quotes included); invalid UTF-8 becomes U+FFFD, control
  * characters are escaped. NULL writes null. */
 void api_buf_json_str(api_buf *b, const char *s);
-/* A JSON number; NaN and +-Inf become the strings "NaN", "Infinity", "-Infinity".
- * Written as the shortest of %.9g / %.17g that reads back exactly. */
+/* A JSON number; NaN and +-Inf become the strings "NaN", "Infinity", "-Infinity", a
+ * missing value (store_missing()) null. Written as the shortest of %.9g / %.17g that
+ * reads back exactly. */
 void api_buf_json_num(api_buf *b, double v);
-/* A number for CSV: NaN, inf, -inf for the non-finite values. */
+/* A number for CSV: NaN, Inf, -Inf for the non-finite values, nothing (an empty cell)
+ * for a missing one. */
 void api_buf_csv_num(api_buf *b, double v);
 /* A sample value in the Prometheus text format: NaN, +Inf, -Inf. */
 void api_buf_prom_num(api_buf *b, double v);

@@ -228,7 +228,9 @@ static void put_double(api_buf *b, double v, bool integral_dot)
 
 void api_buf_json_num(api_buf *b, double v)
 {
-    if (isnan(v))
+    if (store_is_missing(v))
+        api_buf_put(b, "null", 4);
+    else if (isnan(v))
         api_buf_put(b, "\"NaN\"", 5);
     else if (isinf(v))
         api_buf_puts(b, v > 0 ? "\"Infinity\"" : "\"-Infinity\"");
@@ -238,10 +240,12 @@ void api_buf_json_num(api_buf *b, double v)
 
 void api_buf_csv_num(api_buf *b, double v)
 {
+    if (store_is_missing(v))
+        return;
     if (isnan(v))
         api_buf_put(b, "NaN", 3);
     else if (isinf(v))
-        api_buf_puts(b, v > 0 ? "inf" : "-inf");
+        api_buf_puts(b, v > 0 ? "Inf" : "-Inf");
     else
         put_double(b, v, false);
 }

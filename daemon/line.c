@@ -75,7 +75,8 @@ void daemon_line_fields(json_t *o, store_line line, double *v)
 {
     for (int i = 0; i < STORE_M_NFIELDS; i++) {
         const store_metric_info *f = store_metric_field(i);
+        json_t *x = json_object_get(o, f->name);
         if (f->line == line)
-            v[i] = daemon_line_num(json_object_get(o, f->name));
+            v[i] = x && !json_is_null(x) ? daemon_line_num(x) : store_missing();
     }
 }

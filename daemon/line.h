@@ -29,7 +29,8 @@ json_t *daemon_line_mem(const gpu_mem *m);
  * "-Infinity"; NaN for anything else ("NaN", absent, malformed). */
 double daemon_line_num(json_t *v);
 /* The fields that a line of kind `line` carries, read from o into v (STORE_M_NFIELDS
- * values; the other fields are left as they are). */
+ * values; the other fields are left as they are). A field the line does not have, or has
+ * as null, is store_missing(). */
 void daemon_line_fields(json_t *o, store_line line, double *v);
 
 #endif /* AMPD_DAEMON_LINE_H */

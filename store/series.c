@@ -38,7 +38,7 @@ void store_agg_init(store_agg *a)
     a->flags = 0;
     a->nf_mask = 0;
     for (int i = 0; i < STORE_M_NFIELDS; i++)
-        a->min[i] = a->max[i] = a->last[i] = NAN;
+        a->min[i] = a->max[i] = a->last[i] = store_missing();
 }
 
 void store_agg_add(store_agg *a, int64_t step, const double *v, unsigned flags, uint32_t nf)
@@ -92,31 +92,38 @@ void store_agg_merge(store_agg *a, const store_agg *b)
     a->nf_mask |= b->nf_mask;
 }
 
-static double col_double(sqlite3_stmt *st, int i)
+/* Column i; NULL is a NaN when nan is set (the row's nf_mask has the field), else missing. */
+static double col_double(sqlite3_stmt *st, int i, bool nan)
 {
-    return sqlite3_column_type(st, i) == SQLITE_NULL ? NAN : sqlite3_column_double(st, i);
+    if (sqlite3_column_type(st, i) != SQLITE_NULL)
+        return sqlite3_column_double(st, i);
+    return nan ? NAN : store_missing();
 }
 
 int64_t store_row_read(sqlite3_stmt *st, uint32_t mask, double *v, unsigned *flags, uint32_t *nf)
 {
     int col = STORE_RAW_FIELDS;
+    *nf = (uint32_t)sqlite3_column_int64(st, STORE_RAW_NF);
     for (int i = 0; i < STORE_M_NFIELDS; i++)
-        v[i] = (mask >> i) & 1u ? col_double(st, col++) : NAN;
+        v[i] = (mask >> i) & 1u ? col_double(st, col++, (*nf >> i) & 1u) : store_missing();
     *flags =
         (unsigned)sqlite3_column_int(st, STORE_RAW_SPECIAL) & (STORE_F_OVERFLOW | STORE_F_SKIPPED);
-    *nf = (uint32_t)sqlite3_column_int64(st, STORE_RAW_NF);
     return sqlite3_column_int64(st, STORE_RAW_STEP);
 }
 
+/* A bucket's min and max are NULL only when no step in it has a number for the field: they
+ * read as missing. Its last is NULL when its last step had none: missing, or a NaN when
+ * the bucket holds a NaN or Inf of the field (the NaN step is also a point of its own). */
 int64_t store_agg_read(sqlite3_stmt *st, uint32_t mask, store_agg *a)
 {
     int col = STORE_RU_FIELDS;
+    uint32_t nf = (uint32_t)sqlite3_column_int64(st, STORE_RU_NF);
     store_agg_init(a);
     for (int i = 0; i < STORE_M_NFIELDS; i++)
         if ((mask >> i) & 1u) {
-            a->min[i] = col_double(st, col++);
-            a->max[i] = col_double(st, col++);
-            a->last[i] = col_double(st, col++);
+            a->min[i] = col_double(st, col++, false);
+            a->max[i] = col_double(st, col++, false);
+            a->last[i] = col_double(st, col++, (nf >> i) & 1u);
         }
     a->step_first = sqlite3_column_int64(st, STORE_RU_FIRST);
     a->step_last = sqlite3_column_int64(st, STORE_RU_LAST);

@@ -112,6 +112,23 @@ const store_metric_info *store_metric_field(int field)
     return field >= 0 && field < STORE_M_NFIELDS ? &metric_fields[field] : NULL;
 }
 
+#define MISSING_BITS 0x7ff8000000a4d15eull /* a quiet NaN; the payload spells "missing" */
+
+double store_missing(void)
+{
+    uint64_t u = MISSING_BITS;
+    double v;
+    memcpy(&v, &u, sizeof(v));
+    return v;
+}
+
+bool store_is_missing(double v)
+{
+    uint64_t u;
+    memcpy(&u, &v, sizeof(u));
+    return u == MISSING_BITS;
+}
+
 const char *store_metric_name(int field)
 {
     return field >= 0 && field < STORE_M_NFIELDS ? metric_fields[field].name : NULL;

@@ -201,12 +201,20 @@ const store_metric_info *store_metric_field(int field);
 const char *store_metric_name(int field);
 int store_metric_parse(const char *name);
 
+/* A value that is missing (not reported, or an eval field of a step without an eval), as
+ * opposed to a NaN the run produced: a quiet NaN with its own payload, so it travels
+ * through the double arrays of rows and points. store_is_missing() tells it apart from
+ * any other NaN; arithmetic on it gives an ordinary NaN. The store keeps both as NULL and
+ * tells them apart by the row's nf_mask. */
+double store_missing(void);
+bool store_is_missing(double v);
+
 typedef struct {
     int64_t job_id;
     int rank;
     int64_t step;
-    double v[STORE_M_NFIELDS]; /* NaN allowed; EVAL fields NaN when not evaluated */
-    bool has_eval;             /* the EVAL fields are meaningful */
+    double v[STORE_M_NFIELDS]; /* NaN allowed; store_missing() for a value not reported */
+    bool has_eval;             /* the EVAL fields are meaningful (else they are missing) */
 } store_metric;
 
 /* Queue one row (upsert on (job, rank, step): a resumed job rewrites its steps). */

@@ -686,8 +686,8 @@ static int apply_metric(store_writer *w, const witem *it, int64_t *rows)
         p->taken = true; /* a row with its own eval supersedes it */
     }
     for (int i = 0; i < STORE_M_NFIELDS; i++) {
-        if (!has_eval && ((STORE_EVAL_BITS >> i) & 1u)) {
-            v[i] = NAN; /* absent: NULL without a mask bit */
+        if ((!has_eval && ((STORE_EVAL_BITS >> i) & 1u)) || store_is_missing(v[i])) {
+            v[i] = store_missing(); /* absent: NULL without a mask bit */
             continue;
         }
         if (isnan(v[i]))
@@ -735,8 +735,9 @@ static int apply_eval(store_writer *w, const witem *it)
     for (int i = 0; i < STORE_M_NFIELDS; i++) {
         if (!((STORE_EVAL_BITS >> i) & 1u))
             continue;
-        nan_mask |= isnan(v[i]) ? 1u << i : 0;
-        nf |= !isfinite(v[i]) ? 1u << i : 0;
+        bool missing = store_is_missing(v[i]);
+        nan_mask |= isnan(v[i]) && !missing ? 1u << i : 0;
+        nf |= !isfinite(v[i]) && !missing ? 1u << i : 0;
         bind_real(st, ++k, v[i]);
     }
     bind_named(st, ":eval_bits", STORE_EVAL_BITS);

@@ -480,8 +480,11 @@ START_TEST(test_numbers)
     ck_assert_str_eq(num_text(api_buf_json_num, 0.001, &b), "0.001");
     ck_assert_str_eq(num_text(api_buf_json_num, 0.1, &b), "0.1");
     ck_assert_str_eq(num_text(api_buf_csv_num, NAN, &b), "NaN");
-    ck_assert_str_eq(num_text(api_buf_csv_num, INFINITY, &b), "inf");
-    ck_assert_str_eq(num_text(api_buf_csv_num, -INFINITY, &b), "-inf");
+    ck_assert_str_eq(num_text(api_buf_csv_num, INFINITY, &b), "Inf");
+    ck_assert_str_eq(num_text(api_buf_csv_num, -INFINITY, &b), "-Inf");
+    ck_assert_str_eq(num_text(api_buf_csv_num, store_missing(), &b), "");
+    ck_assert_str_eq(num_text(api_buf_json_num, store_missing(), &b), "null");
+    ck_assert(!store_is_missing(NAN) && isnan(store_missing()));
     ck_assert_str_eq(num_text(api_buf_csv_num, 3.0, &b), "3");
     ck_assert_str_eq(num_text(api_buf_prom_num, NAN, &b), "NaN");
     ck_assert_str_eq(num_text(api_buf_prom_num, INFINITY, &b), "+Inf");
@@ -1162,8 +1165,38 @@ START_TEST(test_metrics)
     ck_assert_int_eq(strncmp(header(&r, "Content-Type"), "text/csv", 8), 0);
     ck_assert_int_eq(strncmp(header(&r, "Content-Disposition"), "attachment", 10), 0);
     ck_assert_int_eq(strncmp(r.body, "step,loss,lr\n1,1,0.001\n2,0.5,0.001\n", 35), 0);
-    ck_assert_ptr_nonnull(strstr(r.body, "\n50,NaN,0.001\n51,inf,0.001\n"));
+    ck_assert_ptr_nonnull(strstr(r.body, "\n50,NaN,0.001\n51,Inf,0.001\n"));
     hresp_free(&r);
+
+    /* a step without an eval has an empty eval cell (and null in JSON); a NaN eval is NaN */
+    int64_t ev = add_job("e", "fp16", 3);
+    for (int64_t s = 1; s <= 3; s++) {
+        store_metric m;
+        memset(&m, 0, sizeof(m));
+        m.job_id = ev;
+        m.step = s;
+        for (int f = 0; f < STORE_M_NFIELDS; f++)
+            m.v[f] = store_missing();
+        m.v[STORE_M_LOSS] = 0.5;
+        m.v[STORE_M_LR] = s == 3 ? store_missing() : 0.001; /* a field the line lacked */
+        m.has_eval = s >= 2;
+        m.v[STORE_M_EVAL_LOSS] = s == 2 ? 0.25 : NAN;
+        ck_assert_int_eq(store_metric_append(st, &m), 0);
+    }
+    ck_assert_int_eq(store_flush(st), 0);
+    snprintf(path, sizeof(path), "/v1/jobs/%lld/metrics?fields=loss,lr,eval_loss&format=csv",
+             (long long)ev);
+    http(port, "GET", path, NULL, NULL, 0, &r);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_str_eq(r.body, "step,loss,lr,eval_loss\n1,0.5,0.001,\n2,0.5,0.001,0.25\n3,0.5,,NaN\n");
+    hresp_free(&r);
+    snprintf(path, sizeof(path), "/v1/jobs/%lld/metrics?fields=lr,eval_loss", (long long)ev);
+    j = get_json(port, path, 200);
+    pts = json_object_get(j, "points");
+    ck_assert(json_is_null(json_object_get(json_array_get(pts, 0), "eval_loss")));
+    ck_assert(json_is_null(json_object_get(json_array_get(pts, 2), "lr")));
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(pts, 2), "eval_loss")), "NaN");
+    json_decref(j);
     snprintf(path, sizeof(path), "/v1/jobs/%lld/metrics?fields=loss&format=csv&points=10",
              (long long)id);
     http(port, "GET", path, NULL, NULL, 0, &r);
