@@ -108,6 +108,7 @@ typedef struct {
     size_t max_body;       /* request body limit in bytes (1 MiB) */
     api_spec_opts spec;    /* data roots for spec validation */
     char web_root[512];    /* static dashboard files; empty: none */
+    int metrics_keep_s;    /* /metrics keeps a finished job's series this long; 0: drops them */
 } api_config;
 
 /* Start serving (libmicrohttpd's threads). st is borrowed and must outlive the server;

@@ -187,7 +187,13 @@ struct api_server {
     char cpu_model[160];
     int cores;
     char web_root_real[4096]; /* realpath of cfg.web_root; empty when not serving files */
+    pthread_mutex_t prom_mu;  /* guards prom_hist */
+    struct api_prom_hist *prom_hist; /* per-job step-time histograms (prom.c) */
+    int prom_nhist;
 };
+
+/* Free the server's step-time histograms (prom.c). */
+void api_prom_free(api_server *s);
 
 /* What a handler answers. The server turns it into an MHD response. */
 typedef ssize_t (*api_reader_fn)(void *cls, uint64_t pos, char *buf, size_t max);

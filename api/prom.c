@@ -3,21 +3,47 @@
  *
  * Every family has its # HELP and # TYPE lines and all of its samples together; counters
  * end in _total, units are in the name (_seconds, _bytes); label values are escaped
- * (\\, \", \n) and non-finite samples are written NaN, +Inf, -Inf. Per running job the
- * values come from its latest metric row (store_metric_latest), labelled with the job's
- * id, name and dtype; the per-layer gauges come from its latest diagnosed step
- * (store_layer_stats_get), labelled with the job's id and the layer's name.
+ * (\\, \", \n) and non-finite samples are written NaN, +Inf, -Inf; a missing value
+ * (an eval field before the first eval) is left out. The per-job series cover the running
+ * jobs and those that finished less than cfg.metrics_keep_s ago (so a job's final values
+ * reach a Prometheus that scrapes after it ended; ampd_job_running says which is which).
+ * Their values come from the job's latest metric row (store_metric_latest), labelled with
+ * the job's id, name and dtype; the per-layer gauges come from its latest diagnosed step
+ * (store_layer_stats_get) with the layer's name added.
+ *
+ * ampd_step_duration_seconds is a histogram of the step times of every step row a job has
+ * stored: the server keeps per job the counts up to the last step it has read and reads
+ * only the rows after it on each scrape, so a scrape costs the steps since the previous
+ * one. A job that went back to a checkpoint (its latest step fell below the last one
+ * counted) counts its rerun steps again when they are stored: they ran twice.
  *
  * Threads: runs on the requesting connection's thread; reads the store, the scheduler's
- * counters and the server's atomic status counters.
+ * counters and the server's atomic status counters; the histograms are guarded by
+ * srv->prom_mu.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "api/api_int.h"
 
 #define PROM_MAX_JOBS 1000
+#define HIST_CHUNK 65536 /* step rows read per query when a histogram catches up */
+
+/* Upper bounds (seconds) of the step-time histogram's buckets; +Inf follows. */
+static const double hist_le[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                                 0.1,    0.25,  0.5,    1,     2.5,  5,     10};
+#define HIST_NB ((int)(sizeof(hist_le) / sizeof(hist_le[0])))
+
+struct api_prom_hist {
+    int64_t job, through; /* counted the job's step rows up to step `through` */
+    uint64_t counts[HIST_NB + 1]; /* per bucket (not cumulative); the last is +Inf */
+    uint64_t count;
+    double sum;
+    bool seen; /* in the current scrape's job list */
+};
 
 typedef struct {
     const store_job *job;
@@ -78,6 +104,8 @@ static void job_family(api_buf *b, const char *name, const char *type, const cha
 {
     family(b, name, type, help);
     for (int i = 0; i < n; i++) {
+        if (store_is_missing(rows[i].m.v[field]))
+            continue;
         api_buf_puts(b, name);
         job_labels(b, rows[i].job);
         api_buf_putc(b, ' ');
@@ -86,13 +114,156 @@ static void job_family(api_buf *b, const char *name, const char *type, const cha
     }
 }
 
+/* ---- the step-time histograms ---------------------------------------------------------- */
+
+void api_prom_free(api_server *s)
+{
+    free(s->prom_hist);
+    s->prom_hist = NULL;
+    s->prom_nhist = 0;
+}
+
+/* The histogram of job, created empty when absent; NULL when out of memory. */
+static struct api_prom_hist *hist_of(api_server *s, int64_t job)
+{
+    for (int i = 0; i < s->prom_nhist; i++)
+        if (s->prom_hist[i].job == job)
+            return &s->prom_hist[i];
+    struct api_prom_hist *h = realloc(s->prom_hist, sizeof(*h) * (size_t)(s->prom_nhist + 1));
+    if (!h)
+        return NULL;
+    s->prom_hist = h;
+    h = &s->prom_hist[s->prom_nhist++];
+    memset(h, 0, sizeof(*h));
+    h->job = job;
+    return h;
+}
+
+/* Count the step rows of h's job stored after h->through (latest: its latest step). */
+static void hist_catch_up(api_server *s, struct api_prom_hist *h, int64_t latest)
+{
+    const int field = STORE_M_STEP_MS;
+    store_series se;
+    if (latest < h->through)
+        h->through = latest; /* resumed from a checkpoint: the steps after it run again */
+    while (h->through < latest) {
+        int64_t to = latest - h->through > HIST_CHUNK ? h->through + HIST_CHUNK : latest;
+        if (store_series_query(s->st, h->job, &field, 1, h->through + 1, to, 0, &se) != 0)
+            return; /* counted so far stays; the next scrape tries again */
+        for (int i = 0; i < se.npoints; i++) {
+            double sec = se.points[i].last[0] * 1e-3;
+            int k = 0;
+            if (!isfinite(sec))
+                continue;
+            while (k < HIST_NB && sec > hist_le[k])
+                k++;
+            h->counts[k]++;
+            h->count++;
+            h->sum += sec;
+        }
+        store_series_free(&se);
+        h->through = to;
+    }
+}
+
+static void hist_write(api_buf *b, const store_job *j, const struct api_prom_hist *h)
+{
+    static const char name[] = "ampd_step_duration_seconds";
+    uint64_t cum = 0;
+    for (int k = 0; k <= HIST_NB; k++) {
+        cum += h->counts[k];
+        api_buf_printf(b, "%s_bucket", name);
+        job_labels_open(b, j);
+        if (k < HIST_NB) {
+            api_buf_puts(b, ",le=\"");
+            api_buf_prom_num(b, hist_le[k]);
+            api_buf_printf(b, "\"} %llu\n", (unsigned long long)cum);
+        } else {
+            api_buf_printf(b, ",le=\"+Inf\"} %llu\n", (unsigned long long)cum);
+        }
+    }
+    api_buf_printf(b, "%s_sum", name);
+    job_labels(b, j);
+    api_buf_putc(b, ' ');
+    api_buf_prom_num(b, h->sum);
+    api_buf_printf(b, "\n%s_count", name);
+    job_labels(b, j);
+    api_buf_printf(b, " %llu\n", (unsigned long long)h->count);
+}
+
+/* The histogram family for the jobs of rows; forgets the jobs no longer listed. */
+static void hist_family(api_server *s, api_buf *b, const job_row *rows, int n)
+{
+    family(b, "ampd_step_duration_seconds", "histogram",
+           "Durations of the job's stored training steps.");
+    pthread_mutex_lock(&s->prom_mu);
+    for (int i = 0; i < s->prom_nhist; i++)
+        s->prom_hist[i].seen = false;
+    for (int i = 0; i < n; i++) {
+        struct api_prom_hist *h = hist_of(s, rows[i].job->id);
+        if (!h)
+            continue;
+        h->seen = true;
+        hist_catch_up(s, h, rows[i].m.step);
+        hist_write(b, rows[i].job, h);
+    }
+    for (int i = 0; i < s->prom_nhist;)
+        if (!s->prom_hist[i].seen)
+            s->prom_hist[i] = s->prom_hist[--s->prom_nhist];
+        else
+            i++;
+    pthread_mutex_unlock(&s->prom_mu);
+}
+
+/* ---- the handler --------------------------------------------------------------------------- */
+
+/* The jobs whose series are exported: the running ones and those finished within keep_s.
+ * *out is freed with store_jobs_free. */
+static int exported_jobs(api_server *s, store_job **out, int *n)
+{
+    store_job_filter f = {.status = STORE_RUNNING, .limit = PROM_MAX_JOBS};
+    store_job *run = NULL, *recent = NULL, *all;
+    int nrun = 0, nrecent = 0, k;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts); /* finished_at is unix time */
+    double now = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+
+    *out = NULL;
+    *n = 0;
+    if (store_job_list(s->st, &f, &run, &nrun) != 0)
+        return -1;
+    f.status = -1;
+    if (s->cfg.metrics_keep_s > 0 && store_job_list(s->st, &f, &recent, &nrecent) != 0)
+        nrecent = 0;
+    all = calloc((size_t)(nrun + nrecent) + 1, sizeof(*all));
+    if (!all) {
+        store_jobs_free(run, nrun);
+        store_jobs_free(recent, nrecent);
+        return -1;
+    }
+    memcpy(all, run, sizeof(*all) * (size_t)nrun);
+    k = nrun;
+    for (int i = 0; i < nrecent; i++) {
+        const store_job *j = &recent[i];
+        if (store_status_finished(j->status) && j->finished_at > 0 &&
+            now - j->finished_at <= s->cfg.metrics_keep_s)
+            all[k++] = *j;
+        else
+            store_job_clear(&recent[i]);
+    }
+    free(run); /* the jobs' strings moved to all */
+    free(recent);
+    *out = all;
+    *n = k;
+    return 0;
+}
+
 void api_h_prom(api_req *q, api_resp *r)
 {
     api_server *s = q->srv;
     api_buf *b = &r->body;
     store_stats stats;
     api_queue_info info;
-    store_job_filter f = {.status = STORE_RUNNING, .limit = PROM_MAX_JOBS};
     store_job *jobs = NULL;
     job_row *rows = NULL;
     job_layers *layers = NULL;
@@ -102,7 +273,7 @@ void api_h_prom(api_req *q, api_resp *r)
     memset(&info, 0, sizeof(info));
     if (s->jobs)
         s->jobs->info(s->jobs->ctx, &info);
-    if (store_job_list(s->st, &f, &jobs, &njobs) != 0) {
+    if (exported_jobs(s, &jobs, &njobs) != 0) {
         jobs = NULL;
         njobs = 0;
     }
@@ -142,17 +313,25 @@ void api_h_prom(api_req *q, api_resp *r)
     job_family(b, "ampd_loss", "gauge", "Training loss of the latest step.", rows, nrows,
                STORE_M_LOSS, 1.0);
     job_family(b, "ampd_overflow_steps_total", "counter",
-               "Steps whose gradients overflowed (inf/NaN) in the running job.", rows, nrows,
+               "Steps whose gradients overflowed (inf/NaN) in the job.", rows, nrows,
                STORE_M_OVERFLOW_TOTAL, 1.0);
     job_family(b, "ampd_skipped_steps_total", "counter",
-               "Optimizer steps skipped in the running job.", rows, nrows, STORE_M_SKIPPED_TOTAL,
+               "Optimizer steps skipped in the job.", rows, nrows, STORE_M_SKIPPED_TOTAL,
                1.0);
+    family(b, "ampd_job_running", "gauge",
+           "1 while the job runs, 0 once it has finished (its series are kept for a while).");
+    for (int i = 0; i < nrows; i++) {
+        api_buf_puts(b, "ampd_job_running");
+        job_labels(b, rows[i].job);
+        api_buf_printf(b, " %d\n", rows[i].job->status == STORE_RUNNING);
+    }
     job_family(b, "ampd_step_seconds", "gauge", "Duration of the latest training step.", rows,
                nrows, STORE_M_STEP_MS, 1e-3);
+    hist_family(s, b, rows, nrows);
     job_family(b, "ampd_samples_per_second", "gauge", "Training throughput of the latest step.",
                rows, nrows, STORE_M_SAMPLES_PER_S, 1.0);
     job_family(b, "ampd_device_memory_bytes", "gauge",
-               "Memory the running job's training state holds on its device.", rows, nrows,
+               "Memory the job's training state holds on its device.", rows, nrows,
                STORE_M_MEM_BYTES, 1.0);
     job_family(b, "ampd_comm_bytes", "gauge",
                "Gradient bytes rank 0 handed to the all-reduce in the latest step.", rows, nrows,
@@ -170,12 +349,12 @@ void api_h_prom(api_req *q, api_resp *r)
                rows, nrows, STORE_M_SLOWEST_RANK, 1.0);
 
     layer_family(b, "ampd_layer_act_headroom",
-                 "Dtype max over the largest forward output of the layer, at the running job's "
+                 "Dtype max over the largest forward output of the layer, at the job's "
                  "latest diagnosed step (+Inf: all zero).",
                  layers, nlayers, STORE_L_ACT_HEADROOM);
     layer_family(b, "ampd_layer_grad_underflow_ratio",
                  "Fraction of the layer's weight-gradient elements flushed to zero at the loss "
-                 "scale, at the running job's latest diagnosed step.",
+                 "scale, at the job's latest diagnosed step.",
                  layers, nlayers, STORE_L_GRAD_UNDERFLOW);
 
     family(b, "ampd_http_requests_total", "counter", "HTTP responses sent, by status code.");

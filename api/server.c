@@ -549,6 +549,7 @@ int api_start(const api_config *c, struct store *st, const api_jobs *jobs, api_s
     for (int i = 0; i < API_NCODES; i++)
         atomic_init(&s->codes[i], 0);
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->prom_mu, NULL);
     {
         pthread_condattr_t ca;
         pthread_condattr_init(&ca);
@@ -596,6 +597,7 @@ int api_start(const api_config *c, struct store *st, const api_jobs *jobs, api_s
 fail:
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->prom_mu);
     free(s);
     return rc;
 }
@@ -619,5 +621,7 @@ void api_stop(api_server *a)
         MHD_stop_daemon(a->mhd);
     pthread_cond_destroy(&a->cv);
     pthread_mutex_destroy(&a->mu);
+    api_prom_free(a);
+    pthread_mutex_destroy(&a->prom_mu);
     free(a);
 }

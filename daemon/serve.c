@@ -52,7 +52,7 @@ typedef struct {
     char token[256];
     int nroots;
     char roots[DAEMON_MAX_ROOTS][512];
-    int max_running, max_retries, worker_timeout_s;
+    int max_running, max_retries, worker_timeout_s, metrics_keep_s;
     bool demo, no_dashboard;
 } serve_args;
 

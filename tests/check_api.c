@@ -666,6 +666,7 @@ static void start_server(daemon_sched *with)
     snprintf(c.listen, sizeof(c.listen), "127.0.0.1:0");
     snprintf(c.token, sizeof(c.token), "%s", TOKEN);
     c.max_body = 4096;
+    c.metrics_keep_s = 3600;
     api_spec_opts_default(&c.spec);
     if (with)
         daemon_sched_api(with, &jobs);
@@ -1350,6 +1351,7 @@ static double prom_check(const char *text, const char *want)
     char fam[64][64];
     int nfam = 0;
     char cur[64] = "";
+    bool hist = false;
     double found = NAN;
     const char *line = text;
     while (*line) {
@@ -1363,7 +1365,10 @@ static double prom_check(const char *text, const char *want)
         if (strncmp(l, "# TYPE ", 7) == 0) {
             char name[64], type[32];
             ck_assert_int_eq(sscanf(l + 7, "%63s %31s", name, type), 2);
-            ck_assert_msg(strcmp(type, "gauge") == 0 || strcmp(type, "counter") == 0, "%s", l);
+            ck_assert_msg(strcmp(type, "gauge") == 0 || strcmp(type, "counter") == 0 ||
+                              strcmp(type, "histogram") == 0,
+                          "%s", l);
+            hist = strcmp(type, "histogram") == 0;
             if (strcmp(type, "counter") == 0)
                 ck_assert_msg(strlen(name) > 6 && strcmp(name + strlen(name) - 6, "_total") == 0,
                               "counter %s must end in _total", name);
@@ -1376,8 +1381,13 @@ static double prom_check(const char *text, const char *want)
         }
         ck_assert_msg(l[0] != '#' && l[0] != '\0', "unexpected line: %s", l);
         size_t nl = strspn(l, "abcdefghijklmnopqrstuvwxyz_:ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789");
-        ck_assert_msg(nl == strlen(cur) && strncmp(l, cur, nl) == 0,
-                      "sample %s outside its family %s", l, cur);
+        size_t cl = strlen(cur);
+        bool in_family = nl == cl && strncmp(l, cur, nl) == 0;
+        if (hist && nl > cl && strncmp(l, cur, cl) == 0) /* a histogram's _bucket, _sum, _count */
+            in_family = (nl - cl == 7 && strncmp(l + cl, "_bucket", 7) == 0) ||
+                        (nl - cl == 4 && strncmp(l + cl, "_sum", 4) == 0) ||
+                        (nl - cl == 6 && strncmp(l + cl, "_count", 6) == 0);
+        ck_assert_msg(in_family && (!hist || nl > cl), "sample %s outside its family %s", l, cur);
         const char *p = l + nl;
         if (*p == '{') {
             p++;
@@ -1455,6 +1465,35 @@ START_TEST(test_prometheus)
     ck_assert(fabs(prom_check(r.body, want) - 0.030) < 1e-12);
     snprintf(want, sizeof(want), "ampd_slowest_rank{job_id=\"%lld\",", (long long)id);
     ck_assert(prom_check(r.body, want) == 1);
+    snprintf(want, sizeof(want), "ampd_job_running{job_id=\"%lld\",", (long long)id);
+    ck_assert(prom_check(r.body, want) == 1);
+    hresp_free(&r);
+
+    /* the step-time histogram: every stored step (25 ms each), caught up scrape by scrape */
+    const char *le[][2] = {{"0.01", "0"}, {"0.025", "N"}, {"0.05", "N"}, {"+Inf", "N"}};
+    for (int round = 0; round < 2; round++) {
+        int n = round == 0 ? 51 : 61;
+        if (round == 1)
+            add_rows(id, 52, 10);
+        http(port, "GET", "/metrics", NULL, NULL, 0, &r);
+        for (size_t k = 0; k < sizeof(le) / sizeof(le[0]); k++) {
+            snprintf(want, sizeof(want), "ampd_step_duration_seconds_bucket{job_id=\"%lld\",name=\"we\\\"ird\\\\name\",dtype=\"fp16\",le=\"%s\"}", (long long)id, le[k][0]);
+            ck_assert_msg(prom_check(r.body, want) == (le[k][1][0] == 'N' ? n : 0), "%s", want);
+        }
+        snprintf(want, sizeof(want), "ampd_step_duration_seconds_count{job_id=\"%lld\",", (long long)id);
+        ck_assert(prom_check(r.body, want) == n);
+        snprintf(want, sizeof(want), "ampd_step_duration_seconds_sum{job_id=\"%lld\",", (long long)id);
+        ck_assert(fabs(prom_check(r.body, want) - 0.025 * n) < 1e-9);
+        hresp_free(&r);
+    }
+
+    /* a finished job's series stay (metrics_keep_s), marked as not running */
+    ck_assert_int_eq(store_job_set_status(st, id, STORE_SUCCEEDED, NULL), 0);
+    http(port, "GET", "/metrics", NULL, NULL, 0, &r);
+    snprintf(want, sizeof(want), "ampd_job_running{job_id=\"%lld\",", (long long)id);
+    ck_assert(prom_check(r.body, want) == 0);
+    snprintf(want, sizeof(want), "ampd_loss_scale{job_id=\"%lld\",", (long long)id);
+    ck_assert(prom_check(r.body, want) == 65536);
     hresp_free(&r);
 }
 END_TEST
