@@ -73,6 +73,8 @@ static void usage(FILE *f)
                "  --max-running N      jobs that run at once (default 1)\n"
                "  --max-retries N      automatic resumes of an interrupted job (default 3)\n"
                "  --worker-timeout S   a worker silent this long is killed as hung (default 600)\n"
+               "  --metrics-keep S     /metrics keeps a finished job's series S seconds, so that\n"
+               "                       Prometheus scrapes its final values (default 3600; 0: no)\n"
                "  --port-file FILE     write the bound port to FILE once listening (for tests)\n"
                "  --web-root DIR       the dashboard's files (default: web/ beside the ampd\n"
                "                       binary when it holds index.html, else %s)\n"
@@ -167,6 +169,7 @@ static int parse_args(int argc, char **argv, serve_args *a)
         O_MAXRUN,
         O_RETRIES,
         O_TIMEOUT,
+        O_KEEP,
         O_PORTFILE,
         O_WEBROOT,
         O_NODASH,
@@ -182,6 +185,7 @@ static int parse_args(int argc, char **argv, serve_args *a)
                                              {"max-running", required_argument, NULL, O_MAXRUN},
                                              {"max-retries", required_argument, NULL, O_RETRIES},
                                              {"worker-timeout", required_argument, NULL, O_TIMEOUT},
+                                             {"metrics-keep", required_argument, NULL, O_KEEP},
                                              {"port-file", required_argument, NULL, O_PORTFILE},
                                              {"web-root", required_argument, NULL, O_WEBROOT},
                                              {"no-dashboard", no_argument, NULL, O_NODASH},
@@ -196,6 +200,7 @@ static int parse_args(int argc, char **argv, serve_args *a)
     a->max_running = 1;
     a->max_retries = 3;
     a->worker_timeout_s = 600;
+    a->metrics_keep_s = 3600;
     optind = 1;
     while (!bad && (ch = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         switch (ch) {
@@ -228,6 +233,9 @@ static int parse_args(int argc, char **argv, serve_args *a)
             break;
         case O_TIMEOUT:
             bad = int_arg("--worker-timeout", optarg, 1, 7 * 24 * 3600, &a->worker_timeout_s);
+            break;
+        case O_KEEP:
+            bad = int_arg("--metrics-keep", optarg, 0, 30 * 24 * 3600, &a->metrics_keep_s);
             break;
         case O_PORTFILE:
             bad = str_arg("--port-file", optarg, a->port_file, sizeof(a->port_file));
@@ -435,6 +443,7 @@ static int api_config_fill(const serve_args *a, api_config *ac, char *err, size_
     snprintf(ac->listen, sizeof(ac->listen), "%s", a->listen);
     snprintf(ac->token, sizeof(ac->token), "%s", a->token);
     ac->max_body = 1 << 20;
+    ac->metrics_keep_s = a->metrics_keep_s;
     ac->spec.nroots = a->nroots;
     for (int i = 0; i < a->nroots; i++)
         snprintf(ac->spec.roots[i], sizeof(ac->spec.roots[i]), "%s", a->roots[i]);
