@@ -99,14 +99,36 @@ static const char *const migration_2[] = {
     "PRIMARY KEY (job_id, step)) WITHOUT ROWID",
     NULL};
 
-/* The hand-written steps, version i + 1 at index i. Versions above these add only the
- * columns of the fields whose `since` names them (store.h's STORE_METRICS). */
-static const char *const *const migrations[] = {migration_1, migration_2};
+/* Version 5: the stream, one row per message of a job's SSE stream in the order the store
+ * took them in (seq); kind is a store_stream_kind, ref the event's id for an event. The
+ * jobs recorded before it get their rows in (step, kind) order. */
+static const char *const migration_5[] = {
+    "CREATE TABLE stream (seq INTEGER PRIMARY KEY, job_id INTEGER NOT NULL REFERENCES "
+    "jobs(id) ON DELETE CASCADE, step INTEGER NOT NULL, kind INTEGER NOT NULL, ref INTEGER)",
+    "CREATE INDEX stream_job ON stream(job_id, seq)",
+    "INSERT INTO stream(job_id, step, kind, ref) SELECT job_id, step, kind, ref FROM ("
+    "SELECT job_id, step, 0 AS kind, NULL AS ref FROM metrics WHERE rank=0 "
+    "UNION ALL SELECT job_id, step, 1, NULL FROM metrics WHERE rank=0 AND "
+    "(eval_loss IS NOT NULL OR eval_acc IS NOT NULL) "
+    "UNION ALL SELECT job_id, step, 2, NULL FROM layer_steps "
+    "UNION ALL SELECT job_id, step, 3, NULL FROM checkpoints "
+    "UNION ALL SELECT job_id, step, 4, id FROM events "
+    "UNION ALL SELECT id, step, 5, NULL FROM jobs WHERE status IN "
+    "('succeeded', 'failed', 'cancelled')) ORDER BY job_id, step, kind, ref",
+    NULL};
+
+/* The hand-written steps. The versions without one add only the columns of the fields
+ * whose `since` names them (store.h's STORE_METRICS); a new field takes a version above
+ * every version here. */
+static const struct {
+    int version;
+    const char *const *sql;
+} migrations[] = {{1, migration_1}, {2, migration_2}, {5, migration_5}};
 #define NMIGRATIONS ((int)(sizeof(migrations) / sizeof(migrations[0])))
 
 int store_schema_version(void)
 {
-    int v = NMIGRATIONS;
+    int v = migrations[NMIGRATIONS - 1].version;
     for (int i = 0; i < STORE_M_NFIELDS; i++)
         if (store_metric_field(i)->since > v)
             v = store_metric_field(i)->since;
@@ -260,6 +282,12 @@ static const char *const stmt_sql[ST_COUNT] = {
                     "path=excluded.path, bytes=excluded.bytes, created_at=excluded.created_at",
     [ST_CKPT_LIST] = "SELECT step, bytes, created_at, path FROM checkpoints WHERE job_id=?1 "
                      "ORDER BY step",
+    [ST_STREAM_ADD] = "INSERT INTO stream(job_id, step, kind, ref) VALUES(?1, ?2, ?3, ?4)",
+    [ST_STREAM_END] = "INSERT INTO stream(job_id, step, kind) SELECT id, step, 5 FROM jobs "
+                      "WHERE id=?1",
+    [ST_STREAM_READ] = "SELECT seq, step, kind, ref FROM stream WHERE job_id=?1 AND seq>?2 "
+                       "ORDER BY seq LIMIT ?3",
+    [ST_STREAM_TRUNCATE] = "DELETE FROM stream WHERE job_id=?1 AND step>?2 AND kind<=2",
 };
 
 /* The text of a STORE_Q_ statement; false when it does not fit. */
@@ -521,8 +549,8 @@ static int add_field_columns(store_conn *c, int v)
 static int migrate_step(store_conn *c, int v)
 {
     int rc;
-    if (v <= NMIGRATIONS)
-        for (const char *const *sql = migrations[v - 1]; *sql; sql++)
+    for (int i = 0; i < NMIGRATIONS; i++)
+        for (const char *const *sql = migrations[i].sql; migrations[i].version == v && *sql; sql++)
             if ((rc = exec_const(c->db, *sql)) != 0)
                 return rc;
     if ((rc = add_field_columns(c, v)) != 0)

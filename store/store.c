@@ -212,11 +212,21 @@ int store_open(const char *path, store **out)
         return STORE_EIO;
     pthread_mutex_init(&s->wlock, NULL);
     pthread_mutex_init(&s->rlock, NULL);
+    pthread_mutex_init(&s->cmu, NULL);
+    {
+        pthread_condattr_t ca;
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&s->ccv, &ca);
+        pthread_condattr_destroy(&ca);
+    }
     s->path = strdup(path);
     if (!s->path || pthread_key_create(&s->rkey, rconn_destroy) != 0) {
         free(s->path);
         pthread_mutex_destroy(&s->wlock);
         pthread_mutex_destroy(&s->rlock);
+        pthread_mutex_destroy(&s->cmu);
+        pthread_cond_destroy(&s->ccv);
         free(s);
         return STORE_EIO;
     }
@@ -251,8 +261,97 @@ void store_close(store *s)
     store_conn_close(s->w);
     pthread_mutex_destroy(&s->wlock);
     pthread_mutex_destroy(&s->rlock);
+    pthread_mutex_destroy(&s->cmu);
+    pthread_cond_destroy(&s->ccv);
     free(s->path);
     free(s);
+}
+
+/* ---- the stream ------------------------------------------------------------------------------ */
+
+void store_committed(store *s)
+{
+    pthread_mutex_lock(&s->cmu);
+    s->commits++;
+    pthread_cond_broadcast(&s->ccv);
+    pthread_mutex_unlock(&s->cmu);
+}
+
+bool store_wait_commit(store *s, uint64_t *seen, int timeout_ms)
+{
+    struct timespec ts;
+    bool changed;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += timeout_ms / 1000;
+    ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&s->cmu);
+    while (s->commits == *seen && timeout_ms > 0)
+        if (pthread_cond_timedwait(&s->ccv, &s->cmu, &ts) != 0)
+            break;
+    changed = s->commits != *seen;
+    *seen = s->commits;
+    pthread_mutex_unlock(&s->cmu);
+    return changed;
+}
+
+int store_stream_add(store *s, int64_t job, int64_t step, store_stream_kind kind, int64_t ref)
+{
+    sqlite3_stmt *st = store_stmt(s->w, ST_STREAM_ADD);
+    int rc;
+    if (!st)
+        return STORE_EIO;
+    sqlite3_bind_int64(st, 1, job);
+    sqlite3_bind_int64(st, 2, step);
+    sqlite3_bind_int(st, 3, (int)kind);
+    if (ref > 0)
+        sqlite3_bind_int64(st, 4, ref);
+    rc = sqlite3_step(st);
+    rc = rc == SQLITE_DONE ? 0 : store_sql_error(s->w->db, st, rc, __func__);
+    store_stmt_done(st);
+    return rc;
+}
+
+int store_stream_read(store *s, int64_t job, int64_t after, int limit, store_stream_row **out,
+                      int *n)
+{
+    store_conn *c;
+    sqlite3_stmt *st;
+    store_stream_row *rows;
+    int rc, k = 0;
+
+    if (!s || !out || !n || limit < 1 || limit > 100000)
+        return STORE_EINVAL;
+    *out = NULL;
+    *n = 0;
+    if (!(rows = malloc(sizeof(*rows) * (size_t)limit)))
+        return STORE_EIO;
+    if (!(c = store_reader(s)) || !(st = store_stmt(c, ST_STREAM_READ))) {
+        free(rows);
+        return STORE_EIO;
+    }
+    sqlite3_bind_int64(st, 1, job);
+    sqlite3_bind_int64(st, 2, after);
+    sqlite3_bind_int(st, 3, limit);
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW && k < limit) {
+        rows[k].seq = sqlite3_column_int64(st, 0);
+        rows[k].step = sqlite3_column_int64(st, 1);
+        rows[k].kind = (store_stream_kind)sqlite3_column_int(st, 2);
+        rows[k].ref = sqlite3_column_int64(st, 3);
+        k++;
+    }
+    rc = rc == SQLITE_DONE || rc == SQLITE_ROW ? 0 : store_sql_error(c->db, st, rc, __func__);
+    store_stmt_done(st);
+    if (rc || k == 0) {
+        free(rows);
+        return rc;
+    }
+    *out = rows;
+    *n = k;
+    return 0;
 }
 
 /* ---- jobs ----------------------------------------------------------------------------------- */
@@ -482,6 +581,9 @@ int store_job_set_status(store *s, int64_t id, store_status stat, const char *er
 
     if (!s || (int)stat < 0 || stat >= STORE_NSTATUS)
         return STORE_EINVAL;
+    /* The end of the stream comes after every row the job queued. */
+    if (store_status_finished(stat) && (rc = store_flush(s)) != 0)
+        return rc;
     pthread_mutex_lock(&s->wlock);
     if (!(st = store_stmt(s->w, ST_JOB_STATUS))) {
         rc = STORE_EIO;
@@ -495,7 +597,16 @@ int store_job_set_status(store *s, int64_t id, store_status stat, const char *er
         sqlite3_bind_int(st, 7, stat == STORE_RUNNING || stat == STORE_QUEUED);
         rc = step_change(s, st, __func__);
     }
+    if (rc == 0 && store_status_finished(stat)) {
+        if (!(st = store_stmt(s->w, ST_STREAM_END))) {
+            rc = STORE_EIO;
+        } else {
+            sqlite3_bind_int64(st, 1, id);
+            rc = step_change(s, st, __func__);
+        }
+    }
     pthread_mutex_unlock(&s->wlock);
+    store_committed(s);
     return rc;
 }
 
@@ -573,11 +684,12 @@ int store_job_delete(store *s, int64_t id)
     } else {
         sqlite3_bind_int64(st, 1, id);
         /* One statement: the job and, by ON DELETE CASCADE, its metrics, rollups, layer
-         * stats, events and checkpoints go in one implicit transaction. */
+         * stats, events, checkpoints and stream go in one implicit transaction. */
         rc = step_change(s, st, __func__);
         store_writer_forget(s, id, INT64_MIN);
     }
     pthread_mutex_unlock(&s->wlock);
+    store_committed(s);
     return rc;
 }
 
@@ -707,7 +819,10 @@ int store_checkpoint_add(store *s, int64_t job, int64_t step, const char *path, 
         sqlite3_bind_double(st, 5, store_now());
         rc = step_change(s, st, __func__); /* an unknown job fails the foreign key */
     }
+    if (rc == 0)
+        rc = store_stream_add(s, job, step, STORE_SM_CHECKPOINT, 0);
     pthread_mutex_unlock(&s->wlock);
+    store_committed(s);
     return rc;
 }
 

@@ -280,6 +280,35 @@ typedef struct {
 } store_checkpoint;
 int store_checkpoint_list(store *s, int64_t job, store_checkpoint **out, int *n); /* free() */
 
+/* The stream: one row per message of a job's SSE stream, numbered (seq, increasing over
+ * the whole store) in the order the store took the data in. The writer adds a row with
+ * each rank-0 metric row (step) and eval result (eval), diagnosed step (layers) and event;
+ * store_checkpoint_add adds a checkpoint row and store_job_set_status an end row when the
+ * job finishes (after the queue is flushed, so it is the last). A truncate (a resume)
+ * removes the step, eval and layers rows past its step; the rerun steps come again with
+ * new numbers. The rows hold no data: a reader builds each message from the row it names
+ * (the metric row of `step`, the event `ref`, ...), so a message read live and one read
+ * long after are the same. */
+typedef enum {
+    STORE_SM_STEP = 0,
+    STORE_SM_EVAL,
+    STORE_SM_LAYERS,
+    STORE_SM_CHECKPOINT,
+    STORE_SM_EVENT,
+    STORE_SM_END
+} store_stream_kind;
+typedef struct {
+    int64_t seq, step, ref; /* ref: the event's id (STORE_SM_EVENT), else 0 */
+    store_stream_kind kind;
+} store_stream_row;
+/* Up to limit (1..100000) rows of job with seq > after, in seq order; *out is heap (free()),
+ * NULL when *n is 0. */
+int store_stream_read(store *s, int64_t job, int64_t after, int limit, store_stream_row **out,
+                      int *n);
+/* Wait until the store has committed a change since *seen (0: any), at most timeout_ms;
+ * *seen becomes the current change count. Returns true when something changed. */
+bool store_wait_commit(store *s, uint64_t *seen, int timeout_ms);
+
 /* Latest metric row of a job (rank 0); STORE_ENOTFOUND when none. */
 int store_metric_latest(store *s, int64_t job, store_metric *out);
 

@@ -97,6 +97,10 @@ enum {
     ST_EVENT_LIST,
     ST_CKPT_ADD,
     ST_CKPT_LIST,
+    ST_STREAM_ADD,
+    ST_STREAM_END,
+    ST_STREAM_READ,
+    ST_STREAM_TRUNCATE,
     ST_COUNT
 };
 
@@ -222,7 +226,15 @@ struct store {
     pthread_mutex_t rlock;
     store_rconn *rconns; /* every open read connection */
     atomic_llong metric_rows, batches;
+    pthread_mutex_t cmu; /* with ccv: store_wait_commit's waiters */
+    pthread_cond_t ccv;
+    uint64_t commits; /* committed changes (under cmu) */
 };
+
+/* Tell store_wait_commit's waiters that a change was committed. */
+void store_committed(store *s);
+/* Append a stream row (job, step, kind, ref; ref <= 0: none) with wlock held. */
+int store_stream_add(store *s, int64_t job, int64_t step, store_stream_kind kind, int64_t ref);
 
 /* This thread's read connection, opened on first use; NULL on error (logged). */
 store_conn *store_reader(store *s);

@@ -663,6 +663,17 @@ static int batch_step(store_writer *w, sqlite3_stmt *st, int64_t job, bool *ok)
     return rc;
 }
 
+/* The stream row of a message (rank 0 only: the stream is the job's, not a rank's). */
+static int stream_add(store_writer *w, const witem *it, store_stream_kind kind, int64_t ref)
+{
+    if (it->rank != 0)
+        return 0;
+    int rc = store_stream_add(w->s, it->job, it->step, kind, ref);
+    if (rc == STORE_ENOTFOUND || rc == STORE_ECONFLICT)
+        rc = 0; /* the job is gone (its foreign key); its rows are dropped the same way */
+    return rc;
+}
+
 static int apply_metric(store_writer *w, const witem *it, int64_t *rows)
 {
     sqlite3_stmt *st = store_stmt(w->s->w, ST_METRIC_UPSERT);
@@ -712,6 +723,9 @@ static int apply_metric(store_writer *w, const witem *it, int64_t *rows)
     if ((rc = batch_step(w, st, it->job, &ok)) != 0 || !ok)
         return rc;
     (*rows)++;
+    if ((rc = stream_add(w, it, STORE_SM_STEP, 0)) != 0 ||
+        (has_eval && (rc = stream_add(w, it, STORE_SM_EVAL, 0)) != 0))
+        return rc;
     if ((rc = rollup_add(w, it->job, it->rank, it->step, v, flags, nf)) != 0)
         return rc;
     return it->rank == 0 ? jobstep_note(w, it->job, it->step) : 0;
@@ -752,6 +766,8 @@ static int apply_eval(store_writer *w, const witem *it)
         pending_add(w, it->job, it->rank, it->step, v);
         return 0;
     }
+    if ((rc = stream_add(w, it, STORE_SM_EVAL, 0)) != 0)
+        return rc;
     for (int li = 0; li < STORE_NLEVELS; li++)
         if ((rc = dirty_add(w, it->job, it->rank, li, it->step / store_levels[li])) != 0)
             return rc;
@@ -771,7 +787,10 @@ static int apply_event(store_writer *w, const witem *it)
     sqlite3_bind_text(st, 5, it->u.ev.message, -1, SQLITE_STATIC);
     if (it->u.ev.data)
         sqlite3_bind_text(st, 6, it->u.ev.data, -1, SQLITE_STATIC);
-    return batch_step(w, st, it->job, &ok);
+    int rc = batch_step(w, st, it->job, &ok);
+    if (rc || !ok)
+        return rc;
+    return stream_add(w, it, STORE_SM_EVENT, sqlite3_last_insert_rowid(w->s->w->db));
 }
 
 /* A diagnosed step: its layer_steps row, its rows, and no rows past its layer count. */
@@ -795,6 +814,8 @@ static int apply_layers(store_writer *w, const witem *it)
     }
     if ((rc = batch_step(w, st, it->job, &ok)) != 0 || !ok)
         return rc; /* the job is gone: its rows would fail the same way */
+    if ((rc = stream_add(w, it, STORE_SM_LAYERS, 0)) != 0)
+        return rc;
     if (!(st = store_stmt(w->s->w, ST_LAYER_TRIM)))
         return STORE_EIO;
     sqlite3_bind_int64(st, 1, it->job);
@@ -862,6 +883,7 @@ static int apply_batch(store_writer *w, const witem *items, int n, int64_t *rows
         goto fail;
     if ((rc = store_exec_stmt(s->w, ST_COMMIT)) != 0)
         goto fail;
+    store_committed(s);
     pending_commit(w);
     if (w->dropped)
         log_warn("%lld queued rows dropped: their job no longer exists (job %lld, ...)",
@@ -1209,7 +1231,7 @@ static int step_done(store *s, sqlite3_stmt *st)
 int store_metrics_truncate(store *s, int64_t job, int64_t after_step)
 {
     static const int deletes[] = {ST_METRIC_TRUNCATE, ST_ROLLUP_TRUNCATE, ST_LAYER_TRUNCATE,
-                                  ST_LAYER_STEP_TRUNCATE, ST_JOB_STEP_MIN};
+                                  ST_LAYER_STEP_TRUNCATE, ST_STREAM_TRUNCATE, ST_JOB_STEP_MIN};
     struct straddle {
         int rank, li;
         int64_t bucket;
@@ -1277,6 +1299,7 @@ fail:
 out:
     store_writer_forget(s, job, after_step);
     pthread_mutex_unlock(&s->wlock);
+    store_committed(s);
     free(sv);
     return rc;
 }

@@ -32,7 +32,7 @@
 
 #define NF STORE_M_NFIELDS
 #define NLF STORE_L_NFIELDS
-#define SCHEMA_VERSION 4 /* the metric fields of data parallelism (comm_exposed_ms, ...) */
+#define SCHEMA_VERSION 5 /* the stream table of the SSE message log */
 #define EVAL_BITS ((1u << STORE_M_EVAL_LOSS) | (1u << STORE_M_EVAL_ACC))
 
 static char tmp_dir[64];
@@ -1284,10 +1284,13 @@ static void check_lrow(const store_layer_stat *got, const store_layer_stat *want
 }
 
 /* Make the database look as schema version v left it: drop the columns of the fields added
- * after v and the schema_version rows above v (tables other than metrics are the caller's). */
+ * after v, the stream table (version 5) and the schema_version rows above v (tables other
+ * than metrics and stream are the caller's). */
 static void downgrade_fields(sqlite3 *db, int v)
 {
     char sql[512];
+    if (v < 5)
+        ck_assert_int_eq(sqlite3_exec(db, "DROP TABLE stream", NULL, NULL, NULL), SQLITE_OK);
     for (int f = 0; f < NF; f++) {
         const char *name = store_metric_name(f);
         if (store_metric_field(f)->since <= v)
