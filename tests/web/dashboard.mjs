@@ -3,8 +3,9 @@
 // field; the token dialog), an fp16 and a bf16 job submitted through the form, the run
 // page's live loss-scale chart growing while the fp16 job runs, an SSE drop and reconnect
 // that leaves no gap and no duplicate, zoom that fetches finer buckets, the compare view
-// whose values must equal the API's, a phone-sized viewport without horizontal scrolling,
-// and no console error anywhere. Screenshots go to $SHOTS (default tests/web-shots).
+// whose values must equal the API's, the runs table sorted from the keyboard, pages left
+// before they have loaded (no EventSource left open, no request or drawing afterwards), a
+// phone-sized viewport without horizontal scrolling, and no console error anywhere. Screenshots go to $SHOTS (default tests/web-shots).
 //
 // Exit 0 when every check passed, 1 when one failed, 77 (automake's SKIP) only when
 // Chromium cannot start. Every wait is bounded; the daemon is killed on exit.
@@ -135,6 +136,72 @@ async function dblclickReset(page, charts) {
     return reset && await flat();
 }
 
+// Runs in every document of the main context before the dashboard: it counts the
+// EventSources the page creates (open: readyState not CLOSED) and logs every fetch and
+// stream with the time it started, so a test can tell what a page did after it was left.
+function probe() {
+    const sources = [], started = [];
+    const now = () => performance.now();
+    window.__probe = {
+        open: () => sources.filter((e) => e.readyState !== 2).map((e) => e.url),
+        since: (t) => started.filter((r) => r.t > t).map((r) => r.url),
+        now,
+    };
+    const ES = window.EventSource;
+    window.EventSource = class extends ES {
+        constructor(...a) {
+            super(...a);
+            sources.push(this);
+            started.push({url: this.url, t: now()});
+        }
+    };
+    const f = window.fetch;
+    window.fetch = function (input, init) {
+        started.push({url: new URL(input instanceof Request ? input.url : input, location.href).href, t: now()});
+        return f.call(this, input, init);
+    };
+}
+
+// Open `hash` with the requests `slow` matches (a predicate on the URL) held HOLD ms, and
+// leave for `away` while one is held: before the page has loaded, or with `loaded` once it
+// has, while a refresh is in flight. Then wait past the hold and a poll period and report
+// what the left page did after it was left: the requests to URLs `own` matches, the
+// EventSources still open, and whether the shell shows the page it went to (`awayReady`,
+// whose element `awayMark` is there) and nothing of the one left (`leftMark`).
+const HOLD = 1200;
+async function leaveWhileLoading(page, {hash, ready, slow, own, away, awayReady, awayMark, leftMark, loaded = false}) {
+    await page.reload();
+    await page.evaluate((x) => { location.hash = x; }, away);
+    await page.waitForSelector(`#app[data-ready=${awayReady}]`);
+    let holding = !loaded, held;
+    const heldP = new Promise((r) => { held = r; });
+    const handler = async (route) => {
+        if (!holding) return route.continue();
+        held();
+        await sleep(HOLD);
+        await route.continue().catch(() => {});
+    };
+    await page.route(slow, handler);
+    await page.evaluate((x) => { location.hash = x; }, hash);
+    if (loaded) {
+        await page.waitForSelector(`#app[data-ready=${ready}]`);
+        holding = true;
+    }
+    const wasHeld = await Promise.race([heldP.then(() => true), sleep(10000 * SLOW).then(() => false)]);
+    const left = await page.evaluate((x) => { const t = window.__probe.now(); location.hash = x; return t; }, away);
+    await page.waitForTimeout(HOLD + 2500);
+    await page.unroute(slow, handler);
+    const out = await page.evaluate(([t, sel]) => ({
+        after: window.__probe.since(t), open: window.__probe.open(), ready: document.getElementById('app').dataset.ready,
+        page: document.body.dataset.page, away: !!document.querySelector(sel[0]), left: !!document.querySelector(sel[1])}),
+                                    [left, [awayMark, leftMark]]);
+    out.after = out.after.filter((u) => own(new URL(u)));
+    out.wasHeld = wasHeld;
+    out.ok = wasHeld && !out.after.length && !out.open.length && out.ready === awayReady &&
+             out.page === awayReady && out.away && !out.left;
+    return out;
+}
+
 async function shot(page, name, fullPage = false) {
     fs.mkdirSync(SHOTS, {recursive: true});
     await page.screenshot({path: path.join(SHOTS, name), fullPage});
@@ -152,6 +219,7 @@ async function main() {
         return 77;
     }
     const ctx = await browser.newContext({viewport: {width: 1440, height: 900}});
+    await ctx.addInitScript(probe);
     const page = await ctx.newPage();
     // The one refused submit below is answered 400, which Chromium logs as a console error
     // for the resource: that one (and only that one) is expected.
@@ -369,6 +437,46 @@ async function main() {
     await page.click('#runs-table th[data-key=id]');
     const firstId = await page.getAttribute('#runs-table tbody tr[data-id]', 'data-id');
     check('sorting by id ascending puts the first run first', Number(firstId) === fpId);
+
+    // ---- sorting from the keyboard: the headers are buttons in the tab order after the
+    // toolbar; Enter and Space sort as a click does, and the focus stays on the header
+    // across the sort and the table's refresh
+    const names = () => page.$$eval('#runs-table tbody tr[data-id] td.name', (tds) => tds.map((t) => t.textContent));
+    const focused = () => page.evaluate(() => {
+        const a = document.activeElement;
+        const th = a && a.closest('th');
+        return {tag: a ? a.tagName : null, key: th ? th.dataset.key : null, tab: a ? a.tabIndex : -1,
+                sort: th ? th.getAttribute('aria-sort') : null};
+    });
+    await page.focus('.toolbar a[href="#/submit"]');
+    await page.keyboard.press('Tab');
+    const f1 = await focused();
+    check('Tab from the toolbar reaches the first sortable header, a button',
+          f1.tag === 'BUTTON' && f1.key === 'id' && f1.tab >= 0, JSON.stringify(f1));
+    await page.keyboard.press('Tab');
+    const f2 = await focused();
+    if (f2.tag !== 'BUTTON' || f2.key !== 'name') {
+        bad('Tab reaches the name header, a button', JSON.stringify(f2)); // Enter here would follow a link
+    } else {
+        await page.keyboard.press('Enter');
+        const byEnter = await names(), f3 = await focused();
+        const asc = [...byEnter].sort();
+        check('Enter on the name header sorts by name ascending and keeps the focus there',
+              f2.key === 'name' && f2.tag === 'BUTTON' && f3.key === 'name' && f3.sort === 'ascending' &&
+              byEnter.length === 4 && byEnter.join() === asc.join(), `${JSON.stringify([f2, f3])} ${byEnter}`);
+        await page.keyboard.press('Space');
+        const bySpace = await names(), f4 = await focused();
+        check('Space on it reverses the order', f4.key === 'name' && f4.sort === 'descending' &&
+              bySpace.join() === [...asc].reverse().join(), `${JSON.stringify(f4)} ${bySpace}`);
+        await page.waitForTimeout(2500); // a refresh of the table
+        const f5 = await focused();
+        await page.click('#runs-table th[data-key=name]');
+        const byClick = await names();
+        check('the focus survives a refresh, and a click sorts as Enter did',
+              f5.key === 'name' && f5.tag === 'BUTTON' && byClick.join() === byEnter.join(), `${JSON.stringify(f5)} ${byClick}`);
+    }
+    await page.click('#runs-table th[data-key=id]');
+    await page.click('#runs-table th[data-key=id]');
     await page.check(`#runs-table tr[data-id="${bfId}"] input[type=checkbox]`);
     await page.check(`#runs-table tr[data-id="${fpId}"] input[type=checkbox]`);
     await shot(page, 'runs.png');
@@ -410,6 +518,41 @@ async function main() {
     check('Cancel stops the running job', await until(async () => (await status()) === 'cancelled', 30000));
     await page.click('.actions button:has-text("Resume")', {timeout: 10000 * SLOW});
     check('Resume runs it again', await until(async () => (await status()) === 'running', 20000));
+
+    // ---- a page left before it has loaded opens no stream and no timer afterwards
+    const jobUrl = (id, sub = '') => (u) => new RegExp(`^/v1/jobs/${id}${sub}(?:[/?]|$)`).test(u.pathname + u.search);
+    const exact = (id) => (u) => u.pathname === `/v1/jobs/${id}`;
+    const live = await until(async () => (await page.evaluate(() => window.__probe.open())).length === 1 &&
+                                          (await page.getAttribute('.live', 'data-live')) === 'live', 10000);
+    check('the run page of a running job holds one open EventSource', live,
+          JSON.stringify(await page.evaluate(() => window.__probe.open())));
+    const runLeft = {hash: `#/runs/${cId}`, ready: 'run', own: jobUrl(cId), away: '#/runs', awayReady: 'runs',
+                     awayMark: '#runs-table', leftMark: '.run-head'};
+    for (const [what, slow] of [['the job', exact(cId)], ['its metrics', jobUrl(cId, '/metrics')],
+                                ['its events', jobUrl(cId, '/events')]]) {
+        const r = await leaveWhileLoading(page, Object.assign({slow}, runLeft));
+        check(`a run page left while loading ${what} leaves no EventSource open and requests nothing more`,
+              r.ok, JSON.stringify(r));
+    }
+    const cmpLeft = {hash: `#/compare?ids=${fpId},${cId}`, ready: 'compare', away: '#/runs', awayReady: 'runs',
+                     own: (u) => u.pathname === '/v1/compare' || jobUrl(cId)(u) || jobUrl(fpId)(u),
+                     awayMark: '#runs-table', leftMark: '#compare-summary'};
+    for (const [what, slow, loaded] of [['loading the comparison', (u) => u.pathname === '/v1/compare', false],
+                                        ['loading the series', jobUrl(cId, '/metrics'), false],
+                                        ['refreshing', (u) => u.pathname === '/v1/compare', true]]) {
+        const r = await leaveWhileLoading(page, Object.assign({slow, loaded}, cmpLeft));
+        check(`the compare view of a live run left while ${what} polls no more`, r.ok, JSON.stringify(r));
+    }
+    const rl = await leaveWhileLoading(page, {hash: '#/runs', ready: 'runs', slow: (u) => u.pathname === '/v1/jobs',
+                                              own: (u) => u.pathname === '/v1/jobs', away: '#/submit', awayReady: 'submit',
+                                              awayMark: '#spec-json', leftMark: '#runs-table'});
+    check('the runs table left while loading polls no more', rl.ok, JSON.stringify(rl));
+    const sl = await leaveWhileLoading(page, {hash: `#/submit?from=${cId}`, ready: 'submit', slow: exact(cId),
+                                              own: jobUrl(cId), away: '#/runs', awayReady: 'runs',
+                                              awayMark: '#runs-table', leftMark: '#spec-json'});
+    check('a clone form left while loading its run draws nothing over the next page', sl.ok, JSON.stringify(sl));
+    await page.evaluate((x) => { location.hash = x; }, `#/runs/${cId}`);
+    await page.waitForSelector('#app[data-ready=run]');
     await page.click('.actions button:has-text("Cancel")', {timeout: 10000 * SLOW});
     await until(async () => (await status()) === 'cancelled', 30000);
     await page.click('.actions button:has-text("Delete")', {timeout: 10000 * SLOW});

@@ -2,6 +2,13 @@
 // and the confirm dialog; one page object is mounted at a time and disposed (timers,
 // streams, charts) when the route changes.
 //
+// Page lifecycle: route() disposes the mounted page before it builds the next one, and
+// all pages draw into the same #app element, so a page whose mount (or refresh) is still
+// awaiting a response when it is disposed must do nothing more when the answer comes: every
+// page checks its `disposed` flag after each await and before it draws, opens a stream or
+// arms a timer. #app[data-ready] names the page once its mount has finished, and only while
+// that page is still the mounted one.
+//
 // Routes: #/runs (default), #/runs/<id>, #/submit[?template=...|?from=<id>],
 // #/compare?ids=a,b. window.ampd exposes the mounted pages for scripts and the browser
 // test (read-only use).
@@ -75,6 +82,7 @@ async function route() {
     if (page && page.dispose) page.dispose();
     page = null;
     const root = clear(document.getElementById('app'));
+    delete root.dataset.ready;
     let name = parts[0] || 'runs';
     if (name === 'runs' && parts[1]) {
         page = new RunPage(root, parseInt(parts[1], 10));
@@ -90,10 +98,12 @@ async function route() {
     document.body.dataset.page = name;
     for (const a of document.querySelectorAll('nav a[data-nav]'))
         a.classList.toggle('active', a.dataset.nav === name || (name === 'run' && a.dataset.nav === 'runs'));
+    const mounted = page;
     try {
-        await page.mount();
-        root.dataset.ready = name;
+        await mounted.mount();
+        if (page === mounted) root.dataset.ready = name;
     } catch (e) {
+        if (page !== mounted) return;
         root.append(h('div', {class: 'card error-box'}, h('p', {}, e.message)));
         console.warn(e);
     }

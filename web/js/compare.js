@@ -7,6 +7,10 @@
 // aligned on the step axis with uPlot.join. While any run is queued or running both are
 // re-read every POLL_MS. Table cells carry data-job, data-field and data-value (the raw
 // API number) so a script can check what is shown against the API.
+//
+// Lifecycle: dispose() stops the poll; refresh and zoomAll check `disposed` after each
+// await, so a view left while it loads (or while a refresh is in flight) draws nothing
+// and arms no new timer.
 import * as api from './api.js';
 import {LineChart, memoryBar, memoryLegend, MEM_CATS, smoothingControl} from './charts.js';
 import {Series} from './series.js';
@@ -23,6 +27,7 @@ export class ComparePage {
         this.ids = (query.get('ids') || '').split(',').map((s) => parseInt(s, 10)).filter((n) => n > 0);
         this.ids = [...new Set(this.ids)];
         this.charts = [];
+        this.disposed = false;
         window.ampd.compare = this;
     }
 
@@ -50,6 +55,7 @@ export class ComparePage {
     }
 
     dispose() {
+        this.disposed = true;
         clearTimeout(this.timer);
         for (const c of this.charts) c.destroy();
         if (window.ampd.compare === this) window.ampd.compare = null;
@@ -60,15 +66,19 @@ export class ComparePage {
         try {
             cmp = await api.getCompare(this.ids);
         } catch (e) {
+            if (this.disposed) return;
             clear(this.tableCard).append(h('p', {class: 'error'}, 'cannot compare: ', e.message));
             return;
         }
+        if (this.disposed) return;
         this.jobs = cmp.jobs;
         const jobs = await Promise.all(this.ids.map((id) => api.getJob(id).catch(() => null)));
+        if (this.disposed) return;
         this.details = new Map(jobs.filter(Boolean).map((j) => [j.id, j]));
         this.colors = this.runColors();
         const seq = this.zoomSeq;
         const series = await this.fetchSeries(this.zoom);
+        if (this.disposed) return;
         if (seq === this.zoomSeq) this.series = series;
         this.renderTable();
         this.renderMemory();
@@ -210,7 +220,7 @@ export class ComparePage {
         this.zoomPending = key;
         this.zoom = from === null ? null : [from, to];
         const series = await this.fetchSeries(this.zoom);
-        if (seq !== this.zoomSeq) return;
+        if (seq !== this.zoomSeq || this.disposed) return;
         this.zoomPending = null;
         this.series = series;
         this.renderCharts();

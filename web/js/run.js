@@ -11,6 +11,10 @@
 // shows again on reset. The job itself (status, progress, summary) is polled every
 // POLL_MS, which also catches changes the stream does not carry (cancel requested, queued
 // -> running).
+//
+// Lifecycle: dispose() closes the stream and stops the timers. Every async path checks
+// `disposed` after each await, and startStream() and the timers are only started while the
+// page is mounted, so a page left before it has loaded opens nothing afterwards.
 import * as api from './api.js';
 import {LineChart, Heatmap, heatFromApi, memoryBar, memoryLegend, smoothingControl} from './charts.js';
 import {Series, FIELDS} from './series.js';
@@ -50,16 +54,19 @@ export class RunPage {
         clear(this.root);
         this.root.append(h('p', {class: 'muted'}, 'Loading run ', this.id, '…'));
         try {
-            this.job = await api.getJob(this.id);
+            this.job = await this.track(api.getJob(this.id));
         } catch (e) {
+            if (this.disposed) return;
             clear(this.root);
             this.root.append(h('div', {class: 'card error-box'}, h('h2', {}, 'Run ', this.id),
                                h('p', {}, e.message), h('a', {href: '#/runs'}, '← all runs')));
             return;
         }
+        if (this.disposed) return;
         this.build();
         await this.loadSeries();
         await Promise.all([this.loadEvents(), this.loadLayers(), this.loadCheckpoints()]);
+        if (this.disposed) return;
         this.startStream();
         this.pollTimer = setInterval(() => this.poll(), POLL_MS);
         this.drawTimer = setInterval(() => this.redraw(), DRAW_MS);
@@ -229,6 +236,7 @@ export class RunPage {
     async loadSeries() {
         if (this.disposed) return;
         const r = await this.track(api.getMetrics(this.id, {fields: FIELDS.join(','), points: targetPoints()}));
+        if (this.disposed) return;
         this.series.load(r);
         this.dirty = true;
         this.redraw();
@@ -257,7 +265,7 @@ export class RunPage {
             this.drawSeries(s, [from, to]);
         } catch (e) {
             if (seq === this.zoomSeq) this.zoomPending = null;
-            toast(e.message, 'error');
+            if (!this.disposed) toast(e.message, 'error');
         }
     }
 
@@ -315,17 +323,20 @@ export class RunPage {
         } catch (e) {
             this.events = [];
         }
+        if (this.disposed) return;
         this.renderEvents();
     }
 
     async loadLayers() {
         if (this.disposed) return;
+        let r = null;
         try {
-            const r = await this.track(api.getLayers(this.id, {from: 1, steps: 400}));
-            this.heat.setData(heatFromApi(r));
+            r = await this.track(api.getLayers(this.id, {from: 1, steps: 400}));
         } catch (e) {
-            this.heat.setData(null);
+            r = null;
         }
+        if (this.disposed) return;
+        this.heat.setData(r ? heatFromApi(r) : null);
     }
 
     async loadCheckpoints() {
@@ -336,6 +347,7 @@ export class RunPage {
         } catch (e) {
             list = [];
         }
+        if (this.disposed) return;
         clear(this.ckptCard).append(h('header', {class: 'card-head'}, h('h3', {}, 'Checkpoints (safetensors)')));
         if (!list.length) {
             this.ckptCard.append(h('p', {class: 'muted'}, 'none yet'));
@@ -375,6 +387,7 @@ export class RunPage {
 
     startStream() {
         if (this.stream) this.stream.close();
+        if (this.disposed) return;
         if (FINISHED.includes(this.job.status) && this.series.lastStep >= this.job.progress.step) {
             this.setLive('finished');
             return;
@@ -415,15 +428,17 @@ export class RunPage {
         const held = [];
         const saved = this.stream && this.stream.h.step;
         if (this.stream) this.stream.h.step = (m) => held.push(m);
+        let r = null;
         try {
-            const r = await this.track(api.getMetrics(this.id, {fields: FIELDS.join(','), points: targetPoints()}));
-            this.series.load(r);
-            for (const m of held) this.series.pushStep(m);
+            r = await this.track(api.getMetrics(this.id, {fields: FIELDS.join(','), points: targetPoints()}));
         } catch (e) {
-            for (const m of held) this.series.pushStep(m);
+            r = null;
         }
         if (this.stream) this.stream.h.step = saved;
         this.rebasing = false;
+        if (this.disposed) return;
+        if (r) this.series.load(r);
+        for (const m of held) this.series.pushStep(m);
         this.dirty = true;
     }
 

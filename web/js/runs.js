@@ -5,6 +5,12 @@
 // The list is polled every POLL_MS while the page is open (the daemon's list is cheap: one
 // indexed query) and keyset-paginated with "load more". Selection and sort survive the
 // refresh; they are kept in the view object, the filters in the URL's query.
+//
+// The sortable headers are buttons inside the <th> (aria-sort on the th), so Tab reaches
+// them and Enter or Space sorts. Every render rebuilds the table, so the control that had
+// the focus (a header, a row's checkbox or link, named by data-focus) gets it back.
+// Lifecycle: dispose() stops the poll; refresh and loadMore check `disposed` after each
+// await, so a table left while its first page loads arms no timer and draws nothing.
 import * as api from './api.js';
 import {h, clear, fmtNum, fmtInt, fmtBytes, fmtMs, fmtPct, fmtTime, statusBadge, dtypeBadge,
         num, debounce} from './util.js';
@@ -42,6 +48,7 @@ export class RunsPage {
         this.sort = {key: 'id', dir: -1};
         this.filter = {text: query.get('q') || '', status: query.get('status') || '',
                        dtype: query.get('dtype') || ''};
+        this.disposed = false;
         window.ampd.runs = this;
     }
 
@@ -75,10 +82,12 @@ export class RunsPage {
               h('a', {class: 'btn', href: '#/submit'}, 'New run')),
             this.tableWrap, this.moreBtn);
         await this.refresh();
+        if (this.disposed) return;
         this.timer = setInterval(() => this.refresh(), POLL_MS);
     }
 
     dispose() {
+        this.disposed = true;
         clearInterval(this.timer);
         if (window.ampd.runs === this) window.ampd.runs = null;
     }
@@ -91,6 +100,7 @@ export class RunsPage {
             let after, next = null;
             while (out.length < want) {
                 const r = await api.listJobs({limit: Math.min(1000, want - out.length), after});
+                if (this.disposed) return;
                 out.push(...r.jobs);
                 next = r.next;
                 if (!next) break;
@@ -100,6 +110,7 @@ export class RunsPage {
             this.next = next;
             this.error = null;
         } catch (e) {
+            if (this.disposed) return;
             this.error = e.message;
         }
         this.render();
@@ -108,6 +119,7 @@ export class RunsPage {
     async loadMore() {
         if (!this.next) return;
         const r = await api.listJobs({limit: PAGE, after: this.next});
+        if (this.disposed) return;
         this.jobs.push(...r.jobs);
         this.next = r.next;
         this.render();
@@ -132,17 +144,22 @@ export class RunsPage {
     }
 
     render() {
+        if (this.disposed) return;
+        const had = document.activeElement && this.tableWrap.contains(document.activeElement)
+            ? document.activeElement.dataset.focus : null;
         const rows = this.visible();
         this.countEl.textContent = `${rows.length} of ${this.jobs.length}${this.next ? '+' : ''}`;
         this.moreBtn.hidden = !this.next;
         for (const id of [...this.selected]) if (!this.jobs.some((j) => j.id === id)) this.selected.delete(id);
         this.compareBtn.disabled = this.selected.size < 2;
         this.compareBtn.textContent = `Compare selected (${this.selected.size})`;
-        const head = h('tr', {}, h('th', {class: 'sel'}, ''),
-                       COLUMNS.map((c) => h('th', {class: (c.cls || '') + ' sortable', dataset: {key: c.key},
-                                                   'aria-sort': this.sort.key === c.key ? (this.sort.dir > 0 ? 'ascending' : 'descending') : null,
-                                                   onclick: () => this.setSort(c.key)},
-                                            c.label, this.sort.key === c.key ? (this.sort.dir > 0 ? ' ▲' : ' ▼') : '')));
+        const head = h('tr', {}, h('th', {class: 'sel'}, ''), COLUMNS.map((c) => {
+            const on = this.sort.key === c.key;
+            return h('th', {class: (c.cls || '') + ' sortable', dataset: {key: c.key},
+                            'aria-sort': on ? (this.sort.dir > 0 ? 'ascending' : 'descending') : null},
+                     h('button', {type: 'button', dataset: {focus: 'sort-' + c.key}, onclick: () => this.setSort(c.key)},
+                       c.label, h('span', {class: 'sort-mark', 'aria-hidden': 'true'}, on ? (this.sort.dir > 0 ? ' ▲' : ' ▼') : '')));
+        }));
         const body = h('tbody', {});
         for (const j of rows) body.append(this.row(j));
         if (!rows.length)
@@ -150,22 +167,26 @@ export class RunsPage {
                                       this.error ? `cannot list runs: ${this.error}` :
                                       this.jobs.length ? 'no run matches the filters' : 'no runs yet — submit one')));
         clear(this.tableWrap).append(h('table', {class: 'runs', id: 'runs-table'}, h('thead', {}, head), body));
+        if (had) {
+            const el = this.tableWrap.querySelector(`[data-focus="${had}"]`);
+            if (el) el.focus({preventScroll: true});
+        }
     }
 
     row(j) {
         const s = j.summary || {};
         const sel = this.selected.has(j.id);
-        const cb = h('input', {type: 'checkbox', checked: sel, 'aria-label': `select run ${j.id}`,
+        const cb = h('input', {type: 'checkbox', checked: sel, 'aria-label': `select run ${j.id}`, dataset: {focus: `sel-${j.id}`},
                                onchange: (e) => { if (e.target.checked) this.selected.add(j.id); else this.selected.delete(j.id); this.render(); }});
-        const link = (text) => h('a', {href: `#/runs/${j.id}`}, text);
+        const link = (text, n) => h('a', {href: `#/runs/${j.id}`, dataset: {focus: `link-${j.id}-${n}`}}, text);
         const evalText = s.eval_acc !== undefined && s.eval_acc !== null && Number.isFinite(num(s.eval_acc))
             ? `${fmtNum(s.eval_loss)} / ${fmtPct(s.eval_acc)}` : fmtNum(s.eval_loss);
         const ov = j.summary ? `${fmtInt(s.overflow_total)} / ${fmtInt(s.skipped_total)}` : '—';
         const frac = j.progress.fraction;
         return h('tr', {class: sel ? 'selected' : '', dataset: {id: j.id, status: j.status}},
                  h('td', {class: 'sel'}, cb),
-                 h('td', {class: 'num'}, link(j.id)),
-                 h('td', {class: 'name'}, link(j.name)),
+                 h('td', {class: 'num'}, link(j.id, 0)),
+                 h('td', {class: 'name'}, link(j.name, 1)),
                  h('td', {}, statusBadge(j.status)),
                  h('td', {class: 'opt small'}, j.model ? j.model.text : ''),
                  h('td', {}, dtypeBadge(j.dtype)),

@@ -6,6 +6,8 @@
 // ?last_event_id=<that id>, so the daemon resumes right after it. A step at or below the
 // last step handled is dropped (never drawn twice) and counted in `dupes`; a step more than
 // one past the last is counted in `gaps` (the tests assert both stay 0 across a drop).
+// close() is final: it clears a pending reconnect and start() refuses afterwards, so a
+// closed stream (its page disposed) never opens another EventSource.
 //
 // Threads: the browser's event loop only.
 
@@ -28,6 +30,7 @@ export class JobStream {
 
     start() {
         if (this.closed) return;
+        if (this.es) this.es.close();
         const url = `/v1/jobs/${this.job}/stream?last_event_id=${this.lastId}`;
         const es = new EventSource(url);
         this.es = es;

@@ -8,6 +8,10 @@
 // (data-path); editing it sets or (when emptied) deletes that path, and the JSON text is
 // re-rendered. Editing the JSON re-parses it and refreshes the controls. Empty fields
 // mean "the documented default" and are left out of the spec.
+//
+// Lifecycle: a form left while it loads the run to clone (or while a submit is in
+// flight) draws nothing afterwards and does not navigate: `disposed` is checked after
+// each await.
 import * as api from './api.js';
 import {h, clear} from './util.js';
 import {navigate, toast} from './app.js';
@@ -121,6 +125,7 @@ export class SubmitPage {
         this.query = query;
         this.spec = structuredClone(TEMPLATES['mlp-fmnist'].spec);
         this.controls = [];
+        this.disposed = false;
         window.ampd.submit = this;
     }
 
@@ -130,9 +135,11 @@ export class SubmitPage {
         if (from) {
             try {
                 const j = await api.getJob(from);
+                if (this.disposed) return;
                 this.spec = structuredClone(j.spec || {});
                 this.spec.name = (j.spec.name || j.name) + '-again';
             } catch (e) {
+                if (this.disposed) return;
                 toast(`cannot clone run ${from}: ${e.message}`, 'error');
             }
         } else if (tpl && TEMPLATES[tpl]) {
@@ -142,6 +149,7 @@ export class SubmitPage {
     }
 
     dispose() {
+        this.disposed = true;
         if (window.ampd.submit === this) window.ampd.submit = null;
     }
 
@@ -344,7 +352,7 @@ export class SubmitPage {
             if (!experiment) {
                 const job = await api.submitJob(this.spec, idemKey());
                 toast(`run #${job.id} queued`);
-                navigate(`#/runs/${job.id}`);
+                if (!this.disposed) navigate(`#/runs/${job.id}`);
                 return;
             }
             const ids = [];
@@ -364,7 +372,7 @@ export class SubmitPage {
                 }
             }
             toast(`runs ${ids.map((i) => '#' + i).join(', ')} queued`);
-            navigate('#/compare?ids=' + ids.join(','));
+            if (!this.disposed) navigate('#/compare?ids=' + ids.join(','));
         } catch (e) {
             this.showApiError(e, e.dtype ? `the ${e.dtype} run` : '');
             if (e.queued && e.queued.length)
