@@ -192,6 +192,14 @@ struct api_server {
     int prom_nhist;
 };
 
+/* The members (no braces) of the JSON objects that GET /v1/jobs/{id}/layers?step=,
+ * /events and /checkpoints answer with and the SSE stream sends (routes.c): one encoder
+ * each, so the two always agree. */
+void api_put_layers_fields(api_buf *b, int64_t job, int64_t step, const store_layer_info *info,
+                           const store_layer_stat *rows, int n);
+void api_put_event_fields(api_buf *b, const store_event *e);
+void api_put_ckpt_fields(api_buf *b, int64_t job, const store_checkpoint *ck);
+
 /* Free the server's step-time histograms (prom.c). */
 void api_prom_free(api_server *s);
 

@@ -831,13 +831,23 @@ static void layers_step(api_req *q, api_resp *r, int64_t job, int64_t step)
         return;
     }
     ok_json(r, 200);
-    api_buf_printf(b, "{\"job\":%lld,\"step\":%lld,\"scale\":", (long long)job, (long long)at);
-    api_buf_json_num(b, info.scale);
+    api_buf_putc(b, '{');
+    api_put_layers_fields(b, job, at, &info, rows, n);
+    api_buf_putc(b, '}');
+    free(rows);
+}
+
+/* See api_int.h. */
+void api_put_layers_fields(api_buf *b, int64_t job, int64_t step, const store_layer_info *info,
+                           const store_layer_stat *rows, int n)
+{
+    api_buf_printf(b, "\"job\":%lld,\"step\":%lld,\"scale\":", (long long)job, (long long)step);
+    api_buf_json_num(b, info->scale);
     api_buf_puts(b, ",\"first_nonfinite\":");
-    put_first_nonfinite(b, &info);
+    put_first_nonfinite(b, info);
     api_buf_printf(b, ",\"nonfinite\":%s,\"overflow\":%s,\"layers\":[",
-                   info.flags & STORE_LS_NONFINITE ? "true" : "false",
-                   info.flags & STORE_LS_OVERFLOW ? "true" : "false");
+                   info->flags & STORE_LS_NONFINITE ? "true" : "false",
+                   info->flags & STORE_LS_OVERFLOW ? "true" : "false");
     for (int i = 0; i < n; i++) {
         api_buf_puts(b, i ? ",{\"name\":" : "{\"name\":");
         api_buf_json_str(b, rows[i].name);
@@ -849,8 +859,7 @@ static void layers_step(api_req *q, api_resp *r, int64_t job, int64_t step)
         }
         api_buf_putc(b, '}');
     }
-    api_buf_puts(b, "]}");
-    free(rows);
+    api_buf_putc(b, ']');
 }
 
 static void layers_range(api_req *q, api_resp *r, int64_t job, int64_t from, int64_t to,
@@ -992,17 +1001,8 @@ void api_h_job_events(api_req *q, api_resp *r)
     api_buf *b = &r->body;
     api_buf_printf(b, "{\"job\":%lld,\"events\":[", (long long)q->route.job);
     for (int i = 0; i < n; i++) {
-        api_buf_printf(b, "%s{\"id\":%lld,\"step\":%lld,\"time\":", i ? "," : "",
-                       (long long)ev[i].id, (long long)ev[i].step);
-        api_buf_json_time(b, ev[i].ts);
-        api_buf_puts(b, ",\"ts\":");
-        put_unix(b, ev[i].ts);
-        api_buf_puts(b, ",\"kind\":");
-        api_buf_json_str(b, ev[i].kind);
-        api_buf_puts(b, ",\"message\":");
-        api_buf_json_str(b, ev[i].message);
-        api_buf_puts(b, ",\"data\":");
-        put_stored_json(b, ev[i].data);
+        api_buf_puts(b, i ? ",{" : "{");
+        api_put_event_fields(b, &ev[i]);
         api_buf_putc(b, '}');
     }
     if (n == limit && n > 0)
@@ -1010,6 +1010,33 @@ void api_h_job_events(api_req *q, api_resp *r)
     else
         api_buf_puts(b, "],\"next\":null}");
     store_events_free(ev, n);
+}
+
+/* See api_int.h. */
+void api_put_event_fields(api_buf *b, const store_event *e)
+{
+    api_buf_printf(b, "\"id\":%lld,\"step\":%lld,\"time\":", (long long)e->id, (long long)e->step);
+    api_buf_json_time(b, e->ts);
+    api_buf_puts(b, ",\"ts\":");
+    put_unix(b, e->ts);
+    api_buf_puts(b, ",\"kind\":");
+    api_buf_json_str(b, e->kind);
+    api_buf_puts(b, ",\"message\":");
+    api_buf_json_str(b, e->message);
+    api_buf_puts(b, ",\"data\":");
+    put_stored_json(b, e->data);
+}
+
+/* See api_int.h. */
+void api_put_ckpt_fields(api_buf *b, int64_t job, const store_checkpoint *ck)
+{
+    api_buf_printf(b, "\"step\":%lld,\"bytes\":%lld,\"created_at\":", (long long)ck->step,
+                   (long long)ck->bytes);
+    api_buf_json_time(b, ck->created_at);
+    api_buf_puts(b, ",\"created_at_unix\":");
+    put_unix(b, ck->created_at);
+    api_buf_printf(b, ",\"url\":\"/v1/jobs/%lld/checkpoints/%lld\"", (long long)job,
+                   (long long)ck->step);
 }
 
 void api_h_job_ckpts(api_req *q, api_resp *r)
@@ -1030,13 +1057,9 @@ void api_h_job_ckpts(api_req *q, api_resp *r)
     api_buf *b = &r->body;
     api_buf_printf(b, "{\"job\":%lld,\"checkpoints\":[", (long long)q->route.job);
     for (int i = 0; i < n; i++) {
-        api_buf_printf(b, "%s{\"step\":%lld,\"bytes\":%lld,\"created_at\":", i ? "," : "",
-                       (long long)ck[i].step, (long long)ck[i].bytes);
-        api_buf_json_time(b, ck[i].created_at);
-        api_buf_puts(b, ",\"created_at_unix\":");
-        put_unix(b, ck[i].created_at);
-        api_buf_printf(b, ",\"url\":\"/v1/jobs/%lld/checkpoints/%lld\"}", (long long)q->route.job,
-                       (long long)ck[i].step);
+        api_buf_puts(b, i ? ",{" : "{");
+        api_put_ckpt_fields(b, q->route.job, &ck[i]);
+        api_buf_putc(b, '}');
     }
     api_buf_puts(b, "]}");
     free(ck);

@@ -312,6 +312,24 @@ static int64_t line_step(json_t *o)
     return json_is_integer(v) && json_integer_value(v) >= 0 ? (int64_t)json_integer_value(v) : -1;
 }
 
+/* The memory event of a run's first step: its bytes by category (the line's "mem"), which
+ * the step rows keep only as totals. */
+static void memory_event(daemon_sched *s, worker *w, int64_t step, json_t *mem)
+{
+    static const char *const cats[] = {"weights", "master", "grads", "optimizer", "activations",
+                                       "workspace"};
+    char msg[320];
+    int n;
+    if (!json_is_object(mem))
+        return;
+    n = snprintf(msg, sizeof(msg), "step %lld holds %.1f MiB:", (long long)step,
+                 field(mem, "total") / 1048576.0);
+    for (size_t i = 0; i < sizeof(cats) / sizeof(cats[0]) && n > 0 && (size_t)n < sizeof(msg); i++)
+        n += snprintf(msg + n, sizeof(msg) - (size_t)n, "%s %s %.1f MiB", i ? "," : "", cats[i],
+                      field(mem, cats[i]) / 1048576.0);
+    add_event(s, w->job, step, "memory", msg, json_incref(mem));
+}
+
 static void on_step(daemon_sched *s, worker *w, json_t *o, const char *line, size_t len)
 {
     store_metric m;
@@ -328,6 +346,8 @@ static void on_step(daemon_sched *s, worker *w, json_t *o, const char *line, siz
     daemon_line_fields(o, STORE_LINE_STEP, m.v);
     scale = m.v[STORE_M_LOSS_SCALE];
     store_metric_append(s->st, &m);
+    if (!w->have_prev)
+        memory_event(s, w, step, json_object_get(o, "mem"));
 
     /* The scale of step N is the one its backward used; a change shows at step N+1. */
     flush_pending(s, w, scale);
@@ -459,7 +479,7 @@ static void on_layers(daemon_sched *s, worker *w, json_t *o, const char *line, s
 /* An "event" line: {"step", "kind", "message", "layer"?}. */
 static void on_worker_event(daemon_sched *s, worker *w, json_t *o)
 {
-    static const char *const reserved[] = {"lifecycle", "overflow", "scale"};
+    static const char *const reserved[] = {"lifecycle", "overflow", "scale", "memory"};
     const char *kind = json_string_value(json_object_get(o, "kind"));
     const char *message = json_string_value(json_object_get(o, "message"));
     const char *layer = json_string_value(json_object_get(o, "layer"));
@@ -825,9 +845,9 @@ static void start_queued_locked(daemon_sched *s)
         }
         if (spawn_locked(s, &j, &w, err, sizeof(err)) != 0) {
             log_error("job %lld: %s", (long long)j.id, err);
-            store_job_set_status(s->st, j.id, STORE_FAILED, err);
             snprintf(msg, sizeof(msg), "failed to start: %s", err);
             add_event(s, j.id, 0, "lifecycle", msg, NULL);
+            store_job_set_status(s->st, j.id, STORE_FAILED, err);
             daemon_hub_finish(s->hub, j.id);
             s->failed++;
             store_job_clear(&j);
@@ -899,13 +919,14 @@ static void finish_worker(daemon_sched *s, worker *w)
 
     pthread_mutex_lock(&s->mu);
     st = final_status(s, w, err, sizeof(err));
-    if (store_job_set_status(s->st, w->job, st, st == STORE_FAILED ? err : NULL) != 0)
-        log_error("job %lld: cannot record its end", (long long)w->job);
     if (st == STORE_FAILED)
         snprintf(msg, sizeof(msg), "failed: %s", err);
     else
         snprintf(msg, sizeof(msg), "%s", store_status_name(st));
+    /* the event first: a finished job's stream ends with its end message */
     add_event(s, w->job, w->last_step, "lifecycle", msg, NULL);
+    if (store_job_set_status(s->st, w->job, st, st == STORE_FAILED ? err : NULL) != 0)
+        log_error("job %lld: cannot record its end", (long long)w->job);
     daemon_hub_finish(s->hub, w->job);
     for (int i = 0; i < s->nworkers; i++)
         if (s->workers[i] == w) {
@@ -1077,8 +1098,8 @@ static int recover(daemon_sched *s)
             snprintf(msg, sizeof(msg), "interrupted too often: %d restarts (max_retries %d)",
                      retries - 1, s->cfg.max_retries);
             log_warn("job %lld: %s", (long long)j.id, msg);
-            rc = store_job_set_status(s->st, j.id, STORE_FAILED, msg);
             store_event_append(s->st, j.id, j.step, "lifecycle", msg, NULL);
+            rc = store_job_set_status(s->st, j.id, STORE_FAILED, msg);
         } else if (rc == 0) {
             snprintf(msg, sizeof(msg), "queued again after an interruption (restart %d of %d)",
                      retries, s->cfg.max_retries);
@@ -1236,9 +1257,9 @@ int daemon_sched_cancel(daemon_sched *s, int64_t id)
     if (rc != 0)
         goto out;
     if (j.status == STORE_QUEUED) {
+        add_event(s, id, j.step, "lifecycle", "cancelled while queued", NULL);
         rc = store_job_set_status(s->st, id, STORE_CANCELLED, NULL);
         if (rc == 0) {
-            add_event(s, id, j.step, "lifecycle", "cancelled while queued", NULL);
             daemon_hub_finish(s->hub, id);
             log_info("job %lld: cancelled while queued", (long long)id);
         }

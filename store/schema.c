@@ -106,6 +106,7 @@ static const char *const migration_5[] = {
     "CREATE TABLE stream (seq INTEGER PRIMARY KEY, job_id INTEGER NOT NULL REFERENCES "
     "jobs(id) ON DELETE CASCADE, step INTEGER NOT NULL, kind INTEGER NOT NULL, ref INTEGER)",
     "CREATE INDEX stream_job ON stream(job_id, seq)",
+    "CREATE INDEX stream_step ON stream(job_id, kind, step)",
     "INSERT INTO stream(job_id, step, kind, ref) SELECT job_id, step, kind, ref FROM ("
     "SELECT job_id, step, 0 AS kind, NULL AS ref FROM metrics WHERE rank=0 "
     "UNION ALL SELECT job_id, step, 1, NULL FROM metrics WHERE rank=0 AND "
@@ -288,6 +289,9 @@ static const char *const stmt_sql[ST_COUNT] = {
     [ST_STREAM_READ] = "SELECT seq, step, kind, ref FROM stream WHERE job_id=?1 AND seq>?2 "
                        "ORDER BY seq LIMIT ?3",
     [ST_STREAM_TRUNCATE] = "DELETE FROM stream WHERE job_id=?1 AND step>?2 AND kind<=2",
+    [ST_STREAM_AT_STEP] = "SELECT MAX(COALESCE((SELECT seq FROM stream WHERE job_id=?1 AND "
+                          "kind=0 AND step<=?2 ORDER BY step DESC, seq DESC LIMIT 1), 0), "
+                          "COALESCE((SELECT MAX(seq) FROM stream WHERE job_id=?1 AND kind=5), 0))",
 };
 
 /* The text of a STORE_Q_ statement; false when it does not fit. */

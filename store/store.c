@@ -315,6 +315,27 @@ int store_stream_add(store *s, int64_t job, int64_t step, store_stream_kind kind
     return rc;
 }
 
+int store_stream_at_step(store *s, int64_t job, int64_t step, int64_t *seq)
+{
+    store_conn *c;
+    sqlite3_stmt *st;
+    int rc;
+
+    if (!s || !seq)
+        return STORE_EINVAL;
+    *seq = 0;
+    if (!(c = store_reader(s)) || !(st = store_stmt(c, ST_STREAM_AT_STEP)))
+        return STORE_EIO;
+    sqlite3_bind_int64(st, 1, job);
+    sqlite3_bind_int64(st, 2, step);
+    rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW)
+        *seq = sqlite3_column_int64(st, 0);
+    rc = rc == SQLITE_ROW || rc == SQLITE_DONE ? 0 : store_sql_error(c->db, st, rc, __func__);
+    store_stmt_done(st);
+    return rc;
+}
+
 int store_stream_read(store *s, int64_t job, int64_t after, int limit, store_stream_row **out,
                       int *n)
 {
@@ -585,6 +606,11 @@ int store_job_set_status(store *s, int64_t id, store_status stat, const char *er
     if (store_status_finished(stat) && (rc = store_flush(s)) != 0)
         return rc;
     pthread_mutex_lock(&s->wlock);
+    /* one transaction: a reader that sees the job finished sees its end row */
+    if ((rc = store_exec_stmt(s->w, ST_BEGIN_IMMEDIATE)) != 0) {
+        pthread_mutex_unlock(&s->wlock);
+        return rc;
+    }
     if (!(st = store_stmt(s->w, ST_JOB_STATUS))) {
         rc = STORE_EIO;
     } else {
@@ -605,6 +631,10 @@ int store_job_set_status(store *s, int64_t id, store_status stat, const char *er
             rc = step_change(s, st, __func__);
         }
     }
+    if (rc == 0)
+        rc = store_exec_stmt(s->w, ST_COMMIT);
+    if (rc)
+        store_exec_stmt(s->w, ST_ROLLBACK);
     pthread_mutex_unlock(&s->wlock);
     store_committed(s);
     return rc;

@@ -305,6 +305,10 @@ typedef struct {
  * NULL when *n is 0. */
 int store_stream_read(store *s, int64_t job, int64_t after, int limit, store_stream_row **out,
                       int *n);
+/* Where a reader that already has the steps up to `step` (and the job's state) starts: the
+ * seq of job's newest step row with a step <= step, or of its latest end row when that
+ * is later (the end of a run the job was resumed from); 0 when there is neither. */
+int store_stream_at_step(store *s, int64_t job, int64_t step, int64_t *seq);
 /* Wait until the store has committed a change since *seen (0: any), at most timeout_ms;
  * *seen becomes the current change count. Returns true when something changed. */
 bool store_wait_commit(store *s, uint64_t *seen, int timeout_ms);

@@ -101,6 +101,7 @@ enum {
     ST_STREAM_END,
     ST_STREAM_READ,
     ST_STREAM_TRUNCATE,
+    ST_STREAM_AT_STEP,
     ST_COUNT
 };
 

@@ -1707,14 +1707,18 @@ START_TEST(test_layers)
 }
 END_TEST
 
-/* The step ids of the `event: step` messages in an SSE body, in order; checks that every
- * message is well formed. Returns the count; steps[] gets them. (The body is split by
- * hand: libc string searches over a multi-megabyte remainder, as sanitizers check them,
- * would make this quadratic.) */
+/* The id of the last message sse_steps() read (0: none). */
+static int64_t sse_last_id;
+
+/* The steps of the `event: step` messages in an SSE body, in order; checks that every
+ * message is well formed, of its type, and that the ids increase. Returns the count;
+ * steps[] gets them. (The body is split by hand: libc string searches over a
+ * multi-megabyte remainder, as sanitizers check them, would make this quadratic.) */
 static int sse_steps(const char *body, int64_t *steps, int max)
 {
     int n = 0;
     const char *p = body;
+    sse_last_id = 0;
     while (*p) {
         const char *e = p;
         while (e[0] && !(e[0] == '\n' && e[1] == '\n'))
@@ -1739,9 +1743,11 @@ static int sse_steps(const char *body, int64_t *steps, int max)
         ck_assert_msg(j != NULL, "bad data: %.200s", data);
         if (strcmp(ev, "end") != 0)
             ck_assert_str_eq(json_string_value(json_object_get(j, "type")), ev);
-        json_decref(j);
+        ck_assert_msg(id > sse_last_id, "id %lld after %lld", id, (long long)sse_last_id);
+        sse_last_id = id;
         if (strcmp(ev, "step") == 0 && n < max)
-            steps[n++] = id;
+            steps[n++] = json_integer_value(json_object_get(j, "step"));
+        json_decref(j);
         free(m);
     }
     return n;
@@ -1898,11 +1904,22 @@ START_TEST(test_metric_fields_documented)
 }
 END_TEST
 
+/* The message of an SSE body whose data holds `what` (its "id: " line), or NULL. */
+static const char *sse_find(const char *body, const char *what)
+{
+    const char *d = strstr(body, what);
+    if (!d)
+        return NULL;
+    while (d > body && !(d[-1] == '\n' && d - 1 > body && d[-2] == '\n'))
+        d--;
+    return strncmp(d, "id: ", 4) == 0 ? d : NULL;
+}
+
 START_TEST(test_sse_finished)
 {
     int64_t id = add_job("s", "fp16", 300);
     int64_t steps[400];
-    char path[160];
+    char path[160], hdr[64];
     add_rows(id, 1, 300);
     ck_assert_int_eq(store_event_append(st, id, 0, "lifecycle", "started", NULL), 0);
     ck_assert_int_eq(store_event_append(st, id, 97, "overflow", "overflow at 97", NULL), 0);
@@ -1914,48 +1931,92 @@ START_TEST(test_sse_finished)
                      0);
     ck_assert_int_eq(store_job_set_status(st, id, STORE_SUCCEEDED, NULL), 0);
 
-    hresp r;
+    hresp r, full;
     snprintf(path, sizeof(path), "/v1/jobs/%lld/stream", (long long)id);
-    http(port, "GET", path, NULL, NULL, 0, &r);
-    ck_assert_int_eq(r.status, 200);
-    ck_assert_str_eq(header(&r, "Content-Type"), "text/event-stream");
-    ck_assert_str_eq(header(&r, "Cache-Control"), "no-cache");
-    int n = sse_steps(r.body, steps, 400);
+    http(port, "GET", path, NULL, NULL, 0, &full);
+    ck_assert_int_eq(full.status, 200);
+    ck_assert_str_eq(header(&full, "Content-Type"), "text/event-stream");
+    ck_assert_str_eq(header(&full, "Cache-Control"), "no-cache");
+    int n = sse_steps(full.body, steps, 400);
     ck_assert_int_eq(n, 300);
     for (int i = 0; i < n; i++)
         ck_assert_int_eq(steps[i], i + 1);
-    /* eval, events in step order, the summary last */
-    ck_assert_ptr_nonnull(strstr(r.body, "id: 100\nevent: eval\ndata: {\"type\":\"eval\""));
-    const char *s97 = strstr(r.body, "id: 97\nevent: step\n");
-    const char *e97 = strstr(r.body, "id: 97\nevent: event\n");
-    const char *s98 = strstr(r.body, "id: 98\nevent: step\n");
-    ck_assert(s97 && e97 && s98 && s97 < e97 && e97 < s98);
-    ck_assert(strstr(r.body, "id: 0\nevent: event\n") < strstr(r.body, "id: 1\nevent: step\n"));
-    const char *end = strstr(r.body, "event: end\ndata: ");
-    ck_assert_ptr_nonnull(end);
+    /* the store's order: each step, its eval; the events as they were appended; the end */
+    const char *s100 = sse_find(full.body, "{\"type\":\"step\",\"step\":100,");
+    const char *e100 = sse_find(full.body, "{\"type\":\"eval\",\"step\":100,");
+    const char *s101 = sse_find(full.body, "{\"type\":\"step\",\"step\":101,");
+    ck_assert(s100 && e100 && s101 && s100 < e100 && e100 < s101);
+    const char *ev0 = strstr(full.body, "\"kind\":\"lifecycle\"");
+    const char *ev97 = strstr(full.body, "\"kind\":\"overflow\"");
+    const char *end = strstr(full.body, "event: end\ndata: ");
+    ck_assert(ev0 && ev97 && end && sse_find(full.body, "\"step\":300,") < ev0 && ev0 < ev97 &&
+              ev97 < end);
     ck_assert_ptr_nonnull(strstr(end, "\"final_loss\":0.003"));
     ck_assert_ptr_null(strstr(end + 1, "event:"));
-    ck_assert_ptr_nonnull(strstr(r.body, "\"loss\":\"NaN\""));
-    ck_assert_ptr_nonnull(strstr(r.body, "\"loss\":\"Infinity\""));
-    hresp_free(&r);
+    ck_assert_ptr_nonnull(strstr(full.body, "\"loss\":\"NaN\""));
+    ck_assert_ptr_nonnull(strstr(full.body, "\"loss\":\"Infinity\""));
+    ck_assert_ptr_null(strstr(full.body, "\"eval_loss\":null")); /* no eval field in a step */
 
-    /* resume by Last-Event-ID and by the query parameter */
-    http(port, "GET", path, "Last-Event-ID: 250\r\n", NULL, 0, &r);
-    n = sse_steps(r.body, steps, 400);
-    ck_assert_int_eq(n, 50);
-    ck_assert_int_eq(steps[0], 251);
-    ck_assert_ptr_null(strstr(r.body, "id: 97\n"));
-    ck_assert_ptr_nonnull(strstr(r.body, "event: end\n"));
-    hresp_free(&r);
-    snprintf(path, sizeof(path), "/v1/jobs/%lld/stream?last_event_id=299", (long long)id);
+    /* a resume at every id delivers exactly what followed it in the uninterrupted read */
+    int resumes = 0;
+    for (const char *m = full.body; (m = strstr(m, "\nid: ")); m++) {
+        long long mid;
+        ck_assert_int_eq(sscanf(m + 5, "%lld", &mid), 1);
+        const char *next = strstr(m + 1, "\n\n");
+        ck_assert_ptr_nonnull(next);
+        next += 2;
+        snprintf(hdr, sizeof(hdr), "Last-Event-ID: %lld\r\n", mid);
+        http(port, "GET", path, hdr, NULL, 0, &r);
+        if (*next == '\0') { /* after the end: 204, so that clients stop reconnecting */
+            ck_assert_int_eq(r.status, 204);
+            ck_assert_uint_eq(r.len, 0);
+        } else {
+            ck_assert_int_eq(r.status, 200);
+            ck_assert_msg(strncmp(r.body, "retry: 2000\n\n", 13) == 0 &&
+                              strcmp(r.body + 13, next) == 0,
+                          "the resume at %lld differs from the uninterrupted read", mid);
+        }
+        hresp_free(&r);
+        resumes++;
+    }
+    ck_assert_int_ge(resumes, 300 + 3 + 3); /* steps, evals, events, the end */
+
+    /* ?last_event_id and ?from_step (after the message of that step) */
+    const char *s299 = sse_find(full.body, "{\"type\":\"step\",\"step\":299,");
+    long long id299;
+    ck_assert(s299 && sscanf(s299, "id: %lld", &id299) == 1);
+    snprintf(path, sizeof(path), "/v1/jobs/%lld/stream?last_event_id=%lld", (long long)id, id299);
     http(port, "GET", path, NULL, NULL, 0, &r);
     n = sse_steps(r.body, steps, 400);
     ck_assert_int_eq(n, 1);
     ck_assert_int_eq(steps[0], 300);
     hresp_free(&r);
+    /* a client with the steps and the state of a finished job (from the REST API) has it all */
+    snprintf(path, sizeof(path), "/v1/jobs/%lld/stream?from_step=299", (long long)id);
+    http(port, "GET", path, NULL, NULL, 0, &r);
+    ck_assert_int_eq(r.status, 204);
+    hresp_free(&r);
+    /* resumed: from_step skips the end of the run it was resumed from */
+    ck_assert_int_eq(store_job_set_status(st, id, STORE_RUNNING, NULL), 0);
+    add_rows(id, 301, 2);
+    hconn f;
+    char head[256];
+    hc_open(&f, port);
+    n = snprintf(head, sizeof(head), "GET /v1/jobs/%lld/stream?from_step=0 HTTP/1.1\r\nHost: x\r\n\r\n",
+                 (long long)id);
+    hc_send(&f, head, (size_t)n);
+    ck_assert(hc_wait(&f, "{\"type\":\"step\",\"step\":302,", 3000));
+    ck_assert(hc_wait(&f, "\n: ping\n\n", 2000));
+    ck_assert_int_eq(sse_steps(f.body.data, steps, 400), 2);
+    ck_assert_int_eq(steps[0], 301);
+    ck_assert_ptr_null(strstr(f.body.data, "event: end\n"));
+    hc_close(&f);
     snprintf(path, sizeof(path), "/v1/jobs/%lld/stream", (long long)id);
     req_error(port, "GET", path, "Last-Event-ID: abc\r\n", NULL, 400, "invalid_parameter",
               "Last-Event-ID");
+    snprintf(path, sizeof(path), "/v1/jobs/%lld/stream?from_step=x", (long long)id);
+    req_error(port, "GET", path, NULL, NULL, 400, "invalid_parameter", "from_step");
+    hresp_free(&full);
 }
 END_TEST
 
@@ -1970,16 +2031,26 @@ START_TEST(test_sse_running_and_stop)
     hc_open(&c, port);
     int n = snprintf(head, sizeof(head), "GET %s HTTP/1.1\r\nHost: x\r\n\r\n", path);
     hc_send(&c, head, (size_t)n);
-    ck_assert(hc_wait(&c, "id: 10\nevent: step\n", 3000));
+    ck_assert(hc_wait(&c, "{\"type\":\"step\",\"step\":10,", 3000));
     /* no data: a heartbeat (100 ms in this test) */
     ck_assert(hc_wait(&c, "\n: ping\n\n", 2000));
     /* rows that reach the store are followed */
     add_rows(id, 11, 10);
-    ck_assert(hc_wait(&c, "id: 20\nevent: step\n", 3000));
+    ck_assert(hc_wait(&c, "{\"type\":\"step\",\"step\":20,", 3000));
     int64_t steps[64];
     ck_assert_int_eq(sse_steps(c.body.data, steps, 64), 20);
     for (int i = 0; i < 20; i++)
         ck_assert_int_eq(steps[i], i + 1);
+    /* ?from_step: what follows the step a client loaded from /metrics */
+    hconn f;
+    hc_open(&f, port);
+    n = snprintf(head, sizeof(head), "GET %s?from_step=12 HTTP/1.1\r\nHost: x\r\n\r\n", path);
+    hc_send(&f, head, (size_t)n);
+    ck_assert(hc_wait(&f, "{\"type\":\"step\",\"step\":20,", 3000));
+    ck_assert(hc_wait(&f, "\n: ping\n\n", 2000)); /* the step's message is complete */
+    ck_assert_int_eq(sse_steps(f.body.data, steps, 64), 8);
+    ck_assert_int_eq(steps[0], 13);
+    hc_close(&f);
 
     /* api_stop ends the open stream promptly */
     double t0 = gpu_now();
@@ -2007,7 +2078,7 @@ START_TEST(test_sse_many_clients)
         hc_send(&c[i], head, (size_t)n);
     }
     for (int i = 0; i < N; i++)
-        ck_assert_msg(hc_wait(&c[i], "id: 5\nevent: step\n", 5000), "client %d", i);
+        ck_assert_msg(hc_wait(&c[i], "{\"type\":\"step\",\"step\":5,", 5000), "client %d", i);
     /* all of them are connected at once; the job goes on and ends */
     add_rows(id, 6, 20);
     ck_assert_int_eq(store_job_set_summary(st, id,
@@ -2293,15 +2364,20 @@ START_TEST(test_live_stream_resume)
     /* one client reads to step 15, drops the connection and resumes */
     hc_open(&c, port);
     hc_send(&c, head, (size_t)n);
-    ck_assert(hc_wait(&c, "id: 15\nevent: step\n", 15000));
+    ck_assert(hc_wait(&c, "{\"type\":\"step\",\"step\":15,", 15000));
+    /* the last complete message: the body may end inside one */
+    char *cut = c.body.data + c.body.len;
+    while (cut > c.body.data && !(cut[-1] == '\n' && cut[-2] == '\n'))
+        cut--;
+    *cut = '\0';
     int got = sse_steps(c.body.data, steps, STEPS + 10);
-    int64_t last = steps[got - 1];
+    int64_t last = steps[got - 1], last_id = sse_last_id;
     hc_close(&c);
     test_sleep_ms(300); /* steps go on meanwhile */
     hc_open(&c, port);
     n = snprintf(head, sizeof(head),
                  "GET /v1/jobs/%lld/stream HTTP/1.1\r\nHost: x\r\nLast-Event-ID: %lld\r\n\r\n",
-                 (long long)id, (long long)last);
+                 (long long)id, (long long)last_id);
     hc_send(&c, head, (size_t)n);
     hc_read_all(&c, 20000);
     got = sse_steps(c.body.data, steps, STEPS + 10);
@@ -2331,8 +2407,8 @@ START_TEST(test_live_stream_resume)
 }
 END_TEST
 
-/* A client that stops reading falls behind the hub's ring (HUB_LINES in sched.c): when it
- * reads again, the steps the hub dropped come from the store, with no gap or repeat. */
+/* A client that stops reading while 30000 steps are stored gets every one of them when it
+ * reads again, with no gap or repeat. */
 START_TEST(test_live_stream_gap)
 {
     enum { STEPS = 30000 };
@@ -2392,13 +2468,15 @@ START_TEST(test_live_layers)
     for (int s = 10; s <= 30; s += 10) {
         char want[96];
         snprintf(want, sizeof(want),
-                 "id: %d\nevent: layers\ndata: {\"type\":\"layers\",\"step\":%d,", s, s);
+                 "event: layers\ndata: {\"type\":\"layers\",\"job\":%lld,\"step\":%d,",
+                 (long long)id, s);
         ck_assert_msg(strstr(c.body.data, want) != NULL, "no layers message for step %d", s);
     }
-    const char *rec =
-        strstr(c.body.data, "id: 10\nevent: event\ndata: {\"type\":\"event\",\"step\":10,"
-                            "\"kind\":\"recommendation\"");
+    const char *rec = strstr(c.body.data, "\"kind\":\"recommendation\"");
     ck_assert_ptr_nonnull(rec);
+    rec = sse_find(c.body.data, "\"kind\":\"recommendation\"");
+    ck_assert(rec && strstr(rec, "\nevent: event\ndata: {\"type\":\"event\",\"id\":") &&
+              strstr(rec, "\"step\":10,") < strstr(rec, "\"kind\":\"recommendation\""));
     hc_close(&c);
 
     snprintf(path, sizeof(path), "/v1/jobs/%lld/layers", (long long)id);

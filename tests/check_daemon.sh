@@ -266,7 +266,10 @@ submit "$(spec sse 8000 '' "$BIG")"
 id3=$SID
 wait_step "$id3" 5 30
 curl -sSN -m 1 "$URL/v1/jobs/$id3/stream" >"$TMP/sse1" 2>/dev/null
-last=$(grep '^id:' "$TMP/sse1" | tail -1 | tr -dc '0-9')
+# the messages that arrived whole (a blank line ends each; the cut one is not dispatched)
+complete() { awk '/^$/ { if (m != "") print m; m = ""; next } { m = m (m == "" ? "" : "\n") $0 }' "$1"; }
+complete "$TMP/sse1" >"$TMP/sse1c"
+last=$(grep '^id:' "$TMP/sse1c" | tail -1 | tr -dc '0-9')
 status_mid=$(job_status "$id3")
 check "SSE client saw live step events" grep -q '^data: {"type":"step"' "$TMP/sse1"
 check "the job was still running when the first client left" test "$status_mid" = running
@@ -275,10 +278,15 @@ check "SSE job succeeded" wait_status "$id3" succeeded 30
 sse_steps() { # the step numbers of a stream's step events
     grep '^data: {"type":"step"' "$1" | sed 's/^data: {"type":"step","step":\([0-9]*\),.*/\1/'
 }
-sse_steps "$TMP/sse1" >"$TMP/s1"
+sse_steps "$TMP/sse1c" >"$TMP/s1"
 sse_steps "$TMP/sse2" >"$TMP/s2"
-check "the reconnect starts right after Last-Event-ID ${last:-?}" \
-    test "$(head -1 "$TMP/s2")" = "$((${last:-0} + 1))"
+check "the reconnect (Last-Event-ID ${last:-?}) starts at the step after the last one seen" \
+    test "$(head -1 "$TMP/s2")" = "$(($(tail -1 "$TMP/s1") + 1))"
+check "every message id of the two streams is new and increasing" \
+    awk '/^id: / { if ($2 + 0 <= prev) exit 1; prev = $2 + 0 }' <(cat "$TMP/sse1c" "$TMP/sse2")
+code=$(curl -sS -m 10 -o /dev/null -w '%{http_code}' \
+    -H "Last-Event-ID: $(grep '^id:' "$TMP/sse2" | tail -1 | tr -dc '0-9')" "$URL/v1/jobs/$id3/stream")
+check "a reconnect after the end is answered 204 (EventSource stops)" test "$code" = 204
 seq 1 8000 >"$TMP/seq8000"
 check "both streams together: every step once, no gap, no duplicate" \
     cmp -s <(cat "$TMP/s1" "$TMP/s2") "$TMP/seq8000"

@@ -324,7 +324,17 @@ export class RunPage {
             this.events = [];
         }
         if (this.disposed) return;
+        this.memoryFromEvents();
         this.renderEvents();
+    }
+
+    // The bytes by category of the run's latest `memory` event (the daemon records one at
+    // each worker run's first step; step messages carry only the totals).
+    memoryFromEvents() {
+        const m = this.events.filter((e) => e.kind === 'memory' && e.data).pop();
+        if (!m || m.data === this.liveMem) return;
+        this.liveMem = m.data;
+        this.renderMemory();
     }
 
     async loadLayers() {
@@ -399,7 +409,11 @@ export class RunPage {
                 this.dirty = true;
             },
             event: (m) => {
-                this.events.push({id: 0, step: m.step, kind: m.kind, message: m.message, data: m.data || null});
+                // the stream starts after the loaded steps' messages, but an event of the
+                // last loaded step may be in both: events have ids
+                if (this.events.some((e) => e.id === m.id)) return;
+                this.events.push(m);
+                this.memoryFromEvents();
                 this.renderEvents();
             },
             checkpoint: () => this.loadCheckpoints(),
@@ -413,11 +427,6 @@ export class RunPage {
     onStep(m) {
         if (!this.series.pushStep(m)) return;
         this.lastMsg = m;
-        if (m.mem && !this.liveMem) {
-            this.liveMem = m.mem;
-            this.renderMemory();
-        }
-        this.liveMem = m.mem || this.liveMem;
         this.dirty = true;
         if (this.series.x.length > LIVE_MAX && !this.rebasing) this.rebase();
     }

@@ -1,13 +1,13 @@
 // stream.js - a job's live Server-Sent Events with gapless reconnection.
 //
-// The daemon sends each step with the step as the event id, eval/event/checkpoint/layers
-// messages with their step as id, and the job's summary as `end`, then closes. This client
-// remembers the highest id seen; when the connection drops it reconnects with
-// ?last_event_id=<that id>, so the daemon resumes right after it. A step at or below the
-// last step handled is dropped (never drawn twice) and counted in `dupes`; a step more than
-// one past the last is counted in `gaps` (the tests assert both stay 0 across a drop).
-// close() is final: it clears a pending reconnect and start() refuses afterwards, so a
-// closed stream (its page disposed) never opens another EventSource.
+// Every message has an id, increasing in the order the daemon stored the messages' data,
+// and a message read live is the same as one replayed. The first connection asks for what
+// follows the step the caller already has (?from_step=S); later ones resume after the last
+// id received (?last_event_id=N), so nothing is missed or repeated. The job's summary comes
+// as `end`, then the daemon closes; a finished job with nothing left to send answers 204,
+// which ends the stream here too. A step at or below the last step handled is dropped
+// (never drawn twice) and counted in `dupes`; a step more than one past the last is
+// counted in `gaps` (the tests assert both stay 0 across a drop).
 //
 // Threads: the browser's event loop only.
 
@@ -16,7 +16,7 @@ export class JobStream {
     //            state(text)}; lastStep: the last step the caller already has (0: none).
     constructor(jobId, lastStep, handlers) {
         this.job = jobId;
-        this.lastId = lastStep;
+        this.lastId = 0; // no message yet: start after lastStep
         this.lastStep = lastStep;
         this.h = handlers;
         this.es = null;
@@ -31,7 +31,8 @@ export class JobStream {
     start() {
         if (this.closed) return;
         if (this.es) this.es.close();
-        const url = `/v1/jobs/${this.job}/stream?last_event_id=${this.lastId}`;
+        const url = this.lastId > 0 ? `/v1/jobs/${this.job}/stream?last_event_id=${this.lastId}`
+                                    : `/v1/jobs/${this.job}/stream?from_step=${this.lastStep}`;
         const es = new EventSource(url);
         this.es = es;
         es.onopen = () => {
@@ -40,8 +41,9 @@ export class JobStream {
         };
         es.onerror = () => {
             // A closed EventSource does not retry: reconnect ourselves from lastId (the
-            // browser's own retry would resend its Last-Event-ID, which is the same id).
-            if (es.readyState === EventSource.CLOSED || this.closed) this.retry();
+            // browser's own retry would resend its Last-Event-ID, which is the same id),
+            // unless the daemon said there is nothing more (204: the job has ended).
+            if (es.readyState === EventSource.CLOSED || this.closed) this.retryUnlessEnded(url);
             else this.state('reconnecting');
         };
         const on = (type, f) => es.addEventListener(type, (e) => {
@@ -73,6 +75,26 @@ export class JobStream {
         if (this.lastStep > 0 && m.step > this.lastStep + 1) this.gaps++;
         this.lastStep = m.step;
         if (this.h.step) this.h.step(m);
+    }
+
+    // A closed EventSource does not say why; a 204 from the same URL means the job ended.
+    async retryUnlessEnded(url) {
+        if (this.closed) return;
+        const ac = new AbortController();
+        let status = 0;
+        try {
+            status = (await fetch(url, {signal: ac.signal})).status;
+        } catch (e) {
+            status = 0;
+        }
+        ac.abort();
+        if (status === 204 && !this.closed) {
+            this.close();
+            this.state('ended');
+            if (this.h.end) this.h.end(null);
+            return;
+        }
+        this.retry();
     }
 
     retry() {
