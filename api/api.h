@@ -67,15 +67,6 @@ json_t *api_autocast_to_json(const gpu_autocast *a);
 struct store;
 typedef struct api_server api_server; /* opaque */
 
-/* A JSON line a worker printed ("step", "eval", "checkpoint", "event", "layers",
- * "summary") with the step it belongs to, as the live feed hands it over. */
-typedef struct {
-    int64_t step;
-    char *json; /* heap (malloc) */
-} api_line;
-/* Free n lines and the array (NULL accepted). */
-void api_lines_free(api_line *lines, int n);
-
 typedef struct {
     int running, queued, max_running;
     int64_t workers_started, workers_failed;
@@ -92,13 +83,6 @@ typedef struct {
     int (*cancel)(void *ctx, int64_t id);
     int (*resume)(void *ctx, int64_t id);
     int (*remove)(void *ctx, int64_t id);
-    /* Wait up to timeout_ms for live lines of job with step > after (step lines) or for its
-     * end: *lines (free with api_lines_free) holds what the feed still has, *oldest the
-     * smallest step it still holds (a reader whose `after` is below oldest - 1 reads the gap
-     * from the store), *finished is set once the job has ended. STORE_ENOTFOUND when the
-     * feed has never seen the job. */
-    int (*lines)(void *ctx, int64_t job, int64_t after, int timeout_ms, api_line **lines,
-                 int *n, int64_t *oldest, bool *finished);
     void (*info)(void *ctx, api_queue_info *out);
 } api_jobs;
 

@@ -54,13 +54,6 @@ typedef struct {
     api_buf body;
 } req_ctx;
 
-void api_lines_free(api_line *lines, int n)
-{
-    for (int i = 0; lines && i < n; i++)
-        free(lines[i].json);
-    free(lines);
-}
-
 int64_t api_now_ms(void)
 {
     struct timespec ts;

@@ -2,7 +2,7 @@
  * daemon.h - the public header of the daemon/ module: the two commands main() dispatches
  * to. The module's pieces have internal headers of their own: log.h (the logger and the
  * hooks it installs in store/ and api/), sched.h (the scheduler, its workers and the job
- * queue it gives the HTTP server), hub.h (the live lines for SSE), line.h (the worker's
+ * queue it gives the HTTP server), line.h (the worker's
  * JSON lines, written and read from the metric-field table) and ckpt.h (checkpoints).
  *
  * Threads: each command runs on the calling (main) thread and starts what it needs.

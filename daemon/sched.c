@@ -13,24 +13,24 @@
  *
  * The scheduler thread polls the worker pipes and a self-pipe (submit, cancel, resume and
  * stop write a byte) with a 200 ms timeout, parses each JSON line (no fixed line length),
- * and writes it to the store and the live hub:
- *   step       -> store_metric_append; "overflow" and "scale" events; hub
- *   eval       -> store_metric_eval; hub
+ * and writes it to the store (whose stream orders the SSE messages; store.h):
+ *   step       -> store_metric_append; "overflow" and "scale" events; at a run's first
+ *                 step a "memory" event with the bytes by category
+ *   eval       -> store_metric_eval
  *   checkpoint -> store_flush (every metric up to the checkpoint is durable before the
  *                 checkpoint is recorded, so a restart never resumes past a lost row),
- *                 store_checkpoint_add, store_job_set_checkpoint; hub
- *   summary    -> store_job_set_summary (the line as is); hub
+ *                 store_checkpoint_add, store_job_set_checkpoint
+ *   summary    -> store_job_set_summary (the line as is)
  *   layers     -> store_layer_stats_append (one row per layer, the scale and the first
- *                 layer to produce inf/NaN); hub (the line as is)
+ *                 layer to produce inf/NaN)
  *   event      -> store_event_append with the line's kind ("recommendation", ...) and
- *                 message, data {"layer": ...} when the line names one; hub (as the
- *                 event line the daemon writes). Kinds the daemon writes itself
- *                 (lifecycle, overflow, scale) are refused.
- *   start, resume -> "lifecycle" events; hub
+ *                 message, data {"layer": ...} when the line names one. Kinds the daemon
+ *                 writes itself (lifecycle, overflow, scale, memory) are refused.
+ *   start, resume -> "lifecycle" events
  * Children are reaped with waitpid(WNOHANG) each turn (no SIGCHLD handler). A worker's job
- * ends after it has exited and its pipe is drained: the store is flushed, then the status
- * is written (succeeded / failed with the reason and the log's last lines / cancelled /
- * interrupted), then the hub entry is marked finished.
+ * ends after it has exited and its pipe is drained: the store is flushed, the lifecycle
+ * event written, then the status (succeeded / failed with the reason and the log's last
+ * lines / cancelled / interrupted), which ends the job's stream.
  *
  * Invariants: a job id is in the worker table iff its store status is running and this
  * daemon started it; the table changes only on the scheduler thread and only under mu;
@@ -63,7 +63,6 @@
 #include <unistd.h>
 
 #include "api/api.h"
-#include "daemon/hub.h"
 #include "daemon/line.h"
 #include "daemon/log.h"
 #include "daemon/sched.h"
@@ -75,8 +74,6 @@
 #define GRACE_S 30.0         /* SIGTERM to SIGKILL, on cancel and on stop */
 #define LINE_MAX_BYTES (64u << 20)
 #define READ_CHUNK 65536
-#define HUB_LINES 10000
-#define HUB_KEEP_FINISHED 64
 #define LOG_TAIL_LINES 10
 #define LOG_TAIL_BYTES 8192
 #define MAX_EVENTS_PER_RUN 2000 /* overflow and scale events of one worker run */
@@ -112,7 +109,6 @@ typedef struct {
 struct daemon_sched {
     store *st;
     daemon_sched_config cfg;
-    daemon_hub *hub;
     pthread_t thread;
     int wake[2];
     pthread_mutex_t mu;
@@ -246,26 +242,15 @@ static void log_tail(const char *dir, off_t start, char *out, size_t outlen)
     append(out, outlen, p);
 }
 
-/* ---- events and the hub ------------------------------------------------------------------- */
+/* ---- events ------------------------------------------------------------------------------- */
 
-/* Record an event in the store and the hub. Strings are borrowed; data (may be NULL) is
- * consumed. */
+/* Record an event in the store. Strings are borrowed; data (may be NULL) is consumed. */
 static void add_event(daemon_sched *s, int64_t job, int64_t step, const char *kind,
                       const char *message, json_t *data)
 {
     char *d = data ? json_dumps(data, JSON_COMPACT) : NULL;
-    json_t *o = json_pack("{s:s, s:I, s:s, s:s}", "type", "event", "step", (json_int_t)step, "kind",
-                          kind, "message", message);
-    char *line;
-    if (o && data)
-        json_object_set(o, "data", data);
-    line = o ? json_dumps(o, JSON_COMPACT) : NULL;
     store_event_append(s->st, job, step, kind, message, d);
-    if (line)
-        daemon_hub_push(s->hub, job, step, false, line, strlen(line));
-    free(line);
     free(d);
-    json_decref(o);
     json_decref(data);
 }
 
@@ -330,7 +315,7 @@ static void memory_event(daemon_sched *s, worker *w, int64_t step, json_t *mem)
     add_event(s, w->job, step, "memory", msg, json_incref(mem));
 }
 
-static void on_step(daemon_sched *s, worker *w, json_t *o, const char *line, size_t len)
+static void on_step(daemon_sched *s, worker *w, json_t *o)
 {
     store_metric m;
     int64_t step = line_step(o);
@@ -362,7 +347,6 @@ static void on_step(daemon_sched *s, worker *w, json_t *o, const char *line, siz
                   json_pack("{s:o, s:o}", "from", api_json_num(w->prev_scale), "to",
                             api_json_num(scale)));
     }
-    daemon_hub_push(s->hub, w->job, step, true, line, len);
     if (json_is_true(json_object_get(o, "overflow"))) {
         w->pending = true;
         w->pending_step = step;
@@ -374,7 +358,7 @@ static void on_step(daemon_sched *s, worker *w, json_t *o, const char *line, siz
     w->last_step = step;
 }
 
-static void on_checkpoint(daemon_sched *s, worker *w, json_t *o, const char *line, size_t len)
+static void on_checkpoint(daemon_sched *s, worker *w, json_t *o)
 {
     int64_t step = line_step(o);
     const char *path = json_string_value(json_object_get(o, "path"));
@@ -393,14 +377,11 @@ static void on_checkpoint(daemon_sched *s, worker *w, json_t *o, const char *lin
         store_job_set_checkpoint(s->st, w->job, step))
         log_error("job %lld: cannot record the checkpoint at step %lld", (long long)w->job,
                   (long long)step);
-    daemon_hub_push(s->hub, w->job, step, false, line, len);
 }
 
-static void on_summary(daemon_sched *s, worker *w, json_t *o, const char *line, size_t len)
+static void on_summary(daemon_sched *s, worker *w, json_t *o, const char *line)
 {
     const char *err = json_string_value(json_object_get(o, "error"));
-    json_t *steps = json_object_get(o, "steps");
-    int64_t step = json_is_integer(steps) ? (int64_t)json_integer_value(steps) : w->last_step;
     w->final_scale = field(o, "final_loss_scale");
     flush_pending(s, w, w->final_scale);
     if (err) {
@@ -409,13 +390,12 @@ static void on_summary(daemon_sched *s, worker *w, json_t *o, const char *line, 
     }
     if (store_job_set_summary(s->st, w->job, line))
         log_error("job %lld: cannot store the summary", (long long)w->job);
-    daemon_hub_push(s->hub, w->job, step, false, line, len);
 }
 
 /* A "layers" line: {"step", "scale", "first_nonfinite": {"layer", "where"} | null,
  * "layers": [{"name", "dtype", <STORE_L_ fields>}, ...]}. A field a layer does not report
  * is stored as missing; a layer without a name ends the list there. */
-static void on_layers(daemon_sched *s, worker *w, json_t *o, const char *line, size_t len)
+static void on_layers(daemon_sched *s, worker *w, json_t *o)
 {
     int64_t step = line_step(o);
     json_t *arr = json_object_get(o, "layers"), *first = json_object_get(o, "first_nonfinite");
@@ -473,7 +453,6 @@ static void on_layers(daemon_sched *s, worker *w, json_t *o, const char *line, s
     if (store_layer_stats_append(s->st, w->job, step, &info, w->layers, k) != 0)
         log_warn("job %lld: the layer stats of step %lld were not stored", (long long)w->job,
                  (long long)step);
-    daemon_hub_push(s->hub, w->job, step, false, line, len);
 }
 
 /* An "event" line: {"step", "kind", "message", "layer"?}. */
@@ -527,7 +506,7 @@ static void handle_line(daemon_sched *s, worker *w, char *line, size_t len)
         log_debug("job %lld: ignoring a line that is not a JSON object with a type",
                   (long long)w->job);
     } else if (strcmp(type, "step") == 0) {
-        on_step(s, w, o, line, len);
+        on_step(s, w, o);
     } else if (strcmp(type, "eval") == 0) {
         int64_t step = line_step(o);
         if (step >= 0) {
@@ -536,14 +515,13 @@ static void handle_line(daemon_sched *s, worker *w, char *line, size_t len)
                 v[i] = NAN;
             daemon_line_fields(o, STORE_LINE_EVAL, v);
             store_metric_eval(s->st, w->job, 0, step, v);
-            daemon_hub_push(s->hub, w->job, step, false, line, len);
         }
     } else if (strcmp(type, "checkpoint") == 0) {
-        on_checkpoint(s, w, o, line, len);
+        on_checkpoint(s, w, o);
     } else if (strcmp(type, "summary") == 0) {
-        on_summary(s, w, o, line, len);
+        on_summary(s, w, o, line);
     } else if (strcmp(type, "layers") == 0) {
-        on_layers(s, w, o, line, len);
+        on_layers(s, w, o);
     } else if (strcmp(type, "event") == 0) {
         on_worker_event(s, w, o);
     } else if (strcmp(type, "start") == 0) {
@@ -669,7 +647,6 @@ static void checkpoint_path(daemon_sched *s, int64_t job, int64_t step, char *ou
 static int prepare_resume(daemon_sched *s, const store_job *j, char *ckpt, size_t len,
                           int64_t *from)
 {
-    int rc;
     checkpoint_path(s, j->id, j->checkpoint_step, ckpt, len);
     *from = ckpt[0] ? j->checkpoint_step : 0;
     if (j->checkpoint_step > 0 && !ckpt[0]) {
@@ -677,10 +654,7 @@ static int prepare_resume(daemon_sched *s, const store_job *j, char *ckpt, size_
                  (long long)j->id, (long long)j->checkpoint_step);
         store_job_set_checkpoint(s->st, j->id, 0);
     }
-    rc = store_metrics_truncate(s->st, j->id, *from);
-    if (rc == 0)
-        rc = daemon_hub_open(s->hub, j->id, *from);
-    return rc;
+    return store_metrics_truncate(s->st, j->id, *from);
 }
 
 typedef struct {
@@ -848,7 +822,6 @@ static void start_queued_locked(daemon_sched *s)
             snprintf(msg, sizeof(msg), "failed to start: %s", err);
             add_event(s, j.id, 0, "lifecycle", msg, NULL);
             store_job_set_status(s->st, j.id, STORE_FAILED, err);
-            daemon_hub_finish(s->hub, j.id);
             s->failed++;
             store_job_clear(&j);
             continue;
@@ -927,7 +900,6 @@ static void finish_worker(daemon_sched *s, worker *w)
     add_event(s, w->job, w->last_step, "lifecycle", msg, NULL);
     if (store_job_set_status(s->st, w->job, st, st == STORE_FAILED ? err : NULL) != 0)
         log_error("job %lld: cannot record its end", (long long)w->job);
-    daemon_hub_finish(s->hub, w->job);
     for (int i = 0; i < s->nworkers; i++)
         if (s->workers[i] == w) {
             s->workers[i] = s->workers[--s->nworkers];
@@ -1111,18 +1083,6 @@ static int recover(daemon_sched *s)
         store_job_clear(&j);
     }
     free(ids);
-    ids = NULL;
-    /* Queued jobs get a hub entry now, so that SSE readers can wait for them. */
-    if (rc == 0)
-        rc = store_job_ids(s->st, STORE_QUEUED, &ids, &n);
-    for (int i = 0; rc == 0 && i < n; i++) {
-        store_job j;
-        memset(&j, 0, sizeof(j));
-        if (store_job_get(s->st, ids[i], &j) == 0)
-            daemon_hub_open(s->hub, j.id, j.checkpoint_step);
-        store_job_clear(&j);
-    }
-    free(ids);
     return rc;
 }
 
@@ -1172,8 +1132,6 @@ int daemon_sched_start(store *st, const daemon_sched_config *c, daemon_sched **o
     }
     if (pipe2(s->wake, O_CLOEXEC | O_NONBLOCK) != 0)
         goto fail;
-    if ((rc = daemon_hub_create(HUB_LINES, HUB_KEEP_FINISHED, &s->hub)) != 0)
-        goto fail;
     if ((rc = recover(s)) != 0) {
         log_error("cannot recover the jobs of the previous run");
         goto fail;
@@ -1190,7 +1148,6 @@ fail:
         close(s->wake[0]);
         close(s->wake[1]);
     }
-    daemon_hub_free(s->hub);
     free(s->workers);
     pthread_mutex_destroy(&s->mu);
     free(s);
@@ -1212,7 +1169,6 @@ void daemon_sched_stop(daemon_sched *s)
         worker_free(s->workers[i]);
     close(s->wake[0]);
     close(s->wake[1]);
-    daemon_hub_free(s->hub);
     free(s->workers);
     pthread_mutex_destroy(&s->mu);
     free(s);
@@ -1226,7 +1182,6 @@ int daemon_sched_submit(daemon_sched *s, const char *name, const char *dtype, in
     if (rc != 0)
         return rc;
     if (!*existed) {
-        daemon_hub_open(s->hub, *id, 0);
         pthread_mutex_lock(&s->mu);
         s->need_schedule = true;
         pthread_mutex_unlock(&s->mu);
@@ -1260,7 +1215,6 @@ int daemon_sched_cancel(daemon_sched *s, int64_t id)
         add_event(s, id, j.step, "lifecycle", "cancelled while queued", NULL);
         rc = store_job_set_status(s->st, id, STORE_CANCELLED, NULL);
         if (rc == 0) {
-            daemon_hub_finish(s->hub, id);
             log_info("job %lld: cancelled while queued", (long long)id);
         }
     } else if (j.status == STORE_RUNNING && (w = find_worker_locked(s, id)) != NULL && !w->exited) {
@@ -1323,7 +1277,7 @@ int daemon_sched_resume(daemon_sched *s, int64_t id)
     return rc;
 }
 
-/* See sched.h: the job's rows, its directory and its hub entry go. */
+/* See sched.h: the job's rows and its directory go. */
 int daemon_sched_delete(daemon_sched *s, int64_t id)
 {
     store_job j;
@@ -1340,19 +1294,11 @@ int daemon_sched_delete(daemon_sched *s, int64_t id)
     if (rc == 0) {
         job_dir(s, id, dir, sizeof(dir));
         remove_dir(dir);
-        daemon_hub_remove(s->hub, id);
         log_info("job %lld deleted", (long long)id);
     }
     pthread_mutex_unlock(&s->mu);
     store_job_clear(&j);
     return rc;
-}
-
-/* See sched.h. *lines is heap (api_lines_free). */
-int daemon_sched_lines(daemon_sched *s, int64_t job, int64_t after, int timeout_ms,
-                       daemon_line **lines, int *n, int64_t *oldest, bool *finished)
-{
-    return daemon_hub_lines(s->hub, job, after, timeout_ms, lines, n, oldest, finished);
 }
 
 /* See sched.h; *out is filled. */
@@ -1395,12 +1341,6 @@ static int api_remove(void *ctx, int64_t id)
     return daemon_sched_delete(ctx, id);
 }
 
-static int api_lines(void *ctx, int64_t job, int64_t after, int timeout_ms, api_line **lines,
-                     int *n, int64_t *oldest, bool *finished)
-{
-    return daemon_sched_lines(ctx, job, after, timeout_ms, lines, n, oldest, finished);
-}
-
 static void api_info(void *ctx, api_queue_info *out)
 {
     daemon_sched_get_info(ctx, out);
@@ -1414,6 +1354,5 @@ void daemon_sched_api(daemon_sched *s, api_jobs *out)
                       .cancel = api_cancel,
                       .resume = api_resume,
                       .remove = api_remove,
-                      .lines = api_lines,
                       .info = api_info};
 }

@@ -3,7 +3,7 @@
  *
  * One scheduler thread owns the queue: it starts up to max_running workers (each one
  * `ampd run` child process: the job's spec on disk, JSON lines on a pipe, stderr in
- * <data_dir>/jobs/<id>/worker.log), reads their lines into the store and the live hub,
+ * <data_dir>/jobs/<id>/worker.log), reads their lines into the store,
  * supervises them (crash: the job fails with the signal and the log's last lines; no
  * output for worker_timeout_s: killed and failed as hung) and finishes them. Cancel sends
  * SIGTERM: the worker checkpoints and exits, the job becomes cancelled. Stop sends SIGTERM
@@ -58,15 +58,6 @@ int daemon_sched_cancel(daemon_sched *s, int64_t id);
 int daemon_sched_resume(daemon_sched *s, int64_t id);
 /* STORE_ECONFLICT while the job is queued or running; removes its files too. */
 int daemon_sched_delete(daemon_sched *s, int64_t id);
-
-/* A JSON line a worker printed, with the step it belongs to (the API's type: the hub hands
- * lines to the SSE readers as they are). */
-typedef api_line daemon_line;
-
-/* The live lines of job (the hub's; see api.h, api_jobs.lines); free them with
- * api_lines_free. */
-int daemon_sched_lines(daemon_sched *s, int64_t job, int64_t after, int timeout_ms,
-                       daemon_line **lines, int *n, int64_t *oldest, bool *finished);
 
 typedef api_queue_info daemon_sched_info;
 void daemon_sched_get_info(daemon_sched *s, daemon_sched_info *out);

@@ -1,22 +1,22 @@
 /*
- * check_sched.c - the scheduler and worker supervision (daemon/sched.c) and the live hub
- * (daemon/hub.c), against a real store in a temporary directory. The worker binary is
+ * check_sched.c - the scheduler and worker supervision (daemon/sched.c), against a real
+ * store in a temporary directory. The worker binary is
  * tests/sched_worker.sh, a test double that prints the lines `ampd run` prints and crashes,
  * hangs, fails, overflows or stops on SIGTERM as its spec asks, so that every path of the
  * supervision runs in well under a second.
  *
  * Checks: a job runs to succeeded with exactly one metric row per step, NaN/Infinity
- * decoded, checkpoints and the summary recorded, the hub's lines; a crashed worker fails
+ * decoded, checkpoints and the summary recorded, the job's stream in order with its end
+ * last; a crashed worker fails
  * its job with the signal and its log's last lines and the next queued job runs; a hung
  * worker is killed; a failing worker's summary error is kept; cancel (queued and running)
  * and resume from the checkpoint; restart recovery (running -> interrupted -> resumed,
  * retries exhausted -> failed); a stop interrupts running jobs, which resume on the next
  * start; two slots run two jobs at once; overflow and scale events; over-long and garbage lines;
  * layers lines stored as layer stats (NaN/Infinity, scale, first non-finite layer) and
- * recommendation events (with their layer) stored and passed to the hub;
+ * recommendation events (with their layer) stored, each after its step in the stream;
  * delete; the worker's descriptors, signal state and process group; a cancel that reaches a worker
- * before its exec (no handler of the daemon runs in it); an unrunnable worker binary; hub
- * semantics.
+ * before its exec (no handler of the daemon runs in it); an unrunnable worker binary.
  */
 #include <check.h>
 #include <dirent.h>
@@ -34,7 +34,6 @@
 
 #include "gpu/gpu_int.h"
 #include "tests/testutil.h"
-#include "daemon/hub.h"
 #include "daemon/sched.h"
 #include "store/store.h"
 
@@ -176,10 +175,7 @@ START_TEST(test_job_succeeds)
     fixture f;
     store_series se;
     store_checkpoint *ck = NULL;
-    daemon_line *lines = NULL;
     int nck = 0, n = 0;
-    int64_t oldest;
-    bool finished;
     int fields[2] = {STORE_M_GRAD_NORM, STORE_M_SAMPLES_PER_S};
 
     setup(&f);
@@ -216,26 +212,23 @@ START_TEST(test_job_succeeds)
     ck_assert_int_eq(count_events(&f, id, "lifecycle", "started"), 1);
     ck_assert_int_eq(count_events(&f, id, "lifecycle", "succeeded"), 1);
 
-    /* The hub: everything after step 10, the summary among it, finished. */
-    ck_assert_int_eq(daemon_sched_lines(f.sc, id, 10, 1000, &lines, &n, &oldest, &finished), 0);
-    ck_assert(finished);
-    ck_assert_int_eq(oldest, 1);
-    ck_assert_int_ge(n, 10);
-    /* The checkpoint at 10 was printed after step 10's line: it is owed too. */
-    ck_assert_int_eq(lines[0].step, 10);
-    ck_assert_ptr_nonnull(strstr(lines[0].json, "\"type\":\"checkpoint\",\"step\":10,"));
-    ck_assert_ptr_nonnull(strstr(lines[1].json, "\"type\":\"step\",\"step\":11,"));
-    int summaries = 0, steps = 0;
+    /* The stream: every step in order, each checkpoint after its step, the end last. */
+    store_stream_row *rows = NULL;
+    ck_assert_int_eq(store_stream_read(f.st, id, 0, 1000, &rows, &n), 0);
+    int steps = 0, cks = 0;
     for (int i = 0; i < n; i++) {
-        summaries += strstr(lines[i].json, "\"type\":\"summary\"") != NULL;
-        steps += strstr(lines[i].json, "\"type\":\"step\"") != NULL;
+        if (rows[i].kind == STORE_SM_STEP)
+            ck_assert_int_eq(rows[i].step, ++steps);
+        if (rows[i].kind == STORE_SM_CHECKPOINT) {
+            ck_assert_int_eq(rows[i].step, steps);
+            cks++;
+        }
+        ck_assert(i == 0 || rows[i].seq > rows[i - 1].seq);
     }
-    ck_assert_int_eq(summaries, 1);
-    ck_assert_int_eq(steps, 10);
-    api_lines_free(lines, n);
-    lines = NULL;
-    ck_assert_int_eq(daemon_sched_lines(f.sc, 999, 0, 10, &lines, &n, &oldest, &finished),
-                     STORE_ENOTFOUND);
+    ck_assert_int_eq(steps, 20);
+    ck_assert_int_eq(cks, 4);
+    ck_assert(n > 0 && rows[n - 1].kind == STORE_SM_END);
+    free(rows);
 
     daemon_sched_info info;
     daemon_sched_get_info(f.sc, &info);
@@ -663,10 +656,8 @@ START_TEST(test_layers_and_recommendations)
     store_layer_info info;
     store_layer_range lr;
     store_event *ev = NULL;
-    daemon_line *lines = NULL;
-    int64_t at, oldest;
+    int64_t at;
     int n, nev = 0, fields[2] = {STORE_L_ACT_OVERFLOW, STORE_L_ACT_HEADROOM};
-    bool finished;
 
     setup(&f);
     start_sched(&f);
@@ -744,23 +735,23 @@ START_TEST(test_layers_and_recommendations)
     ck_assert_int_eq(without, 1);
     store_events_free(ev, nev);
 
-    /* the hub has the layers lines as printed and the recommendations as event lines */
-    ck_assert_int_eq(daemon_sched_lines(f.sc, id, 0, 1000, &lines, &n, &oldest, &finished), 0);
-    int nlayers = 0, nrec = 0;
+    /* the stream has the diagnosed steps and the recommendations, after their step */
+    store_stream_row *srows = NULL;
+    ck_assert_int_eq(store_stream_read(f.st, id, 0, 1000, &srows, &n), 0);
+    int nlayers = 0, nevents = 0;
+    int64_t last_step = 0;
     for (int i = 0; i < n; i++) {
-        if (strncmp(lines[i].json, "{\"type\":\"layers\",", 17) == 0) {
+        if (srows[i].kind == STORE_SM_STEP)
+            last_step = srows[i].step;
+        if (srows[i].kind == STORE_SM_LAYERS) {
+            ck_assert_int_eq(srows[i].step, last_step);
             nlayers++;
-            ck_assert_ptr_nonnull(strstr(lines[i].json, "\"act_headroom\":\"Infinity\""));
         }
-        if (strstr(lines[i].json, "\"type\":\"event\"") &&
-            strstr(lines[i].json, "\"kind\":\"recommendation\"")) {
-            ck_assert_int_eq(lines[i].step, 1);
-            nrec++;
-        }
+        nevents += srows[i].kind == STORE_SM_EVENT;
     }
     ck_assert_int_eq(nlayers, 5);
-    ck_assert_int_eq(nrec, 2);
-    api_lines_free(lines, n);
+    ck_assert_int_ge(nevents, 2);
+    free(srows);
     teardown(&f);
 }
 END_TEST
@@ -820,141 +811,6 @@ START_TEST(test_idempotent_submit)
 }
 END_TEST
 
-/* ---- the hub ------------------------------------------------------------------------------ */
-
-static void push_step(daemon_hub *h, int64_t job, int64_t step)
-{
-    char line[64];
-    snprintf(line, sizeof(line), "{\"type\":\"step\",\"step\":%lld}", (long long)step);
-    ck_assert_int_eq(daemon_hub_push(h, job, step, true, line, strlen(line)), 0);
-}
-
-START_TEST(test_hub_ring)
-{
-    daemon_hub *h;
-    daemon_line *l = NULL;
-    int n;
-    int64_t oldest;
-    bool fin;
-    ck_assert_int_eq(daemon_hub_create(16, 2, &h), 0);
-    ck_assert_int_eq(daemon_hub_open(h, 1, 0), 0);
-    for (int s = 1; s <= 20; s++) {
-        push_step(h, 1, s);
-        if (s == 12)
-            ck_assert_int_eq(daemon_hub_push(h, 1, 12, false, "{\"type\":\"eval\"}", 15), 0);
-    }
-    /* 21 lines in a ring of 16: steps 6..20 and the eval remain. */
-    ck_assert_int_eq(daemon_hub_lines(h, 1, 0, 0, &l, &n, &oldest, &fin), 0);
-    ck_assert_int_eq(n, 16);
-    ck_assert_int_eq(oldest, 6);
-    ck_assert_int_eq(l[0].step, 6);
-    ck_assert(!fin);
-    api_lines_free(l, n);
-    /* After step 12: its eval, then 13..20. */
-    ck_assert_int_eq(daemon_hub_lines(h, 1, 12, 0, &l, &n, &oldest, &fin), 0);
-    ck_assert_int_eq(n, 9);
-    ck_assert_str_eq(l[0].json, "{\"type\":\"eval\"}");
-    ck_assert_int_eq(l[1].step, 13);
-    api_lines_free(l, n);
-    /* Nothing after 20: a timeout returns no lines. */
-    double t0 = gpu_now();
-    ck_assert_int_eq(daemon_hub_lines(h, 1, 20, 100, &l, &n, &oldest, &fin), 0);
-    ck_assert_int_eq(n, 0);
-    ck_assert(gpu_now() - t0 >= 0.09);
-    /* A resume from step 15 drops 16..20; a reader that saw 18 of the first run gets the
-     * new run's lines after 18 (no duplicate ids), one that saw 15 gets 16 on. */
-    ck_assert_int_eq(daemon_hub_open(h, 1, 15), 0);
-    ck_assert_int_eq(daemon_hub_lines(h, 1, 0, 0, &l, &n, &oldest, &fin), 0);
-    ck_assert_int_eq(l[n - 1].step, 15);
-    api_lines_free(l, n);
-    for (int s = 16; s <= 19; s++)
-        push_step(h, 1, s);
-    ck_assert_int_eq(daemon_hub_lines(h, 1, 18, 0, &l, &n, &oldest, &fin), 0);
-    ck_assert_int_eq(n, 1);
-    ck_assert_int_eq(l[0].step, 19);
-    api_lines_free(l, n);
-    ck_assert_int_eq(daemon_hub_lines(h, 1, 15, 0, &l, &n, &oldest, &fin), 0);
-    ck_assert_int_eq(n, 4);
-    ck_assert_int_eq(l[0].step, 16);
-    api_lines_free(l, n);
-    /* A job opened at a resume step holds nothing below it. */
-    ck_assert_int_eq(daemon_hub_open(h, 2, 40), 0);
-    ck_assert_int_eq(daemon_hub_lines(h, 2, 0, 0, &l, &n, &oldest, &fin), 0);
-    ck_assert_int_eq(n, 0);
-    ck_assert_int_eq(oldest, 41);
-    /* Finished jobs: the oldest beyond keep_finished (2) are dropped. */
-    daemon_hub_finish(h, 1);
-    ck_assert_int_eq(daemon_hub_lines(h, 1, 19, 1000, &l, &n, &oldest, &fin), 0);
-    ck_assert(fin);
-    ck_assert_int_eq(n, 0);
-    daemon_hub_finish(h, 2);
-    daemon_hub_open(h, 3, 0);
-    daemon_hub_finish(h, 3);
-    ck_assert_int_eq(daemon_hub_lines(h, 1, 0, 0, &l, &n, &oldest, &fin), STORE_ENOTFOUND);
-    ck_assert_int_eq(daemon_hub_lines(h, 3, 0, 0, &l, &n, &oldest, &fin), 0);
-    daemon_hub_remove(h, 3);
-    ck_assert_int_eq(daemon_hub_lines(h, 3, 0, 0, &l, &n, &oldest, &fin), STORE_ENOTFOUND);
-    daemon_hub_free(h);
-}
-END_TEST
-
-typedef struct {
-    daemon_hub *h;
-    int64_t after;
-    int n;
-    int64_t first;
-    bool fin;
-} reader_arg;
-
-static void *reader(void *p)
-{
-    reader_arg *a = p;
-    daemon_line *l = NULL;
-    int64_t oldest;
-    a->n = -1;
-    if (daemon_hub_lines(a->h, 7, a->after, 5000, &l, &a->n, &oldest, &a->fin) == 0 && a->n > 0)
-        a->first = l[0].step;
-    api_lines_free(l, a->n);
-    return NULL;
-}
-
-START_TEST(test_hub_wakes_readers)
-{
-    daemon_hub *h;
-    pthread_t t[4];
-    reader_arg a[4];
-    ck_assert_int_eq(daemon_hub_create(100, 4, &h), 0);
-    daemon_hub_open(h, 7, 0);
-    for (int s = 1; s <= 3; s++)
-        push_step(h, 7, s);
-    double t0 = gpu_now();
-    for (int i = 0; i < 4; i++) {
-        a[i] = (reader_arg){h, 3, 0, 0, false};
-        ck_assert_int_eq(pthread_create(&t[i], NULL, reader, &a[i]), 0);
-    }
-    test_sleep_ms(50);
-    push_step(h, 7, 4);
-    for (int i = 0; i < 4; i++) {
-        pthread_join(t[i], NULL);
-        ck_assert_int_eq(a[i].n, 1);
-        ck_assert_int_eq(a[i].first, 4);
-    }
-    ck_assert(gpu_now() - t0 < 2.0);
-    ck_assert(!a[0].fin);
-    /* A reader of a job that finishes wakes with finished set and no lines. */
-    a[0] = (reader_arg){h, 4, 0, 0, false};
-    ck_assert_int_eq(pthread_create(&t[0], NULL, reader, &a[0]), 0);
-    test_sleep_ms(50);
-    t0 = gpu_now();
-    daemon_hub_finish(h, 7);
-    pthread_join(t[0], NULL);
-    ck_assert(gpu_now() - t0 < 2.0);
-    ck_assert_int_eq(a[0].n, 0);
-    ck_assert(a[0].fin);
-    daemon_hub_free(h);
-}
-END_TEST
-
 static Suite *sched_suite(void)
 {
     Suite *s = suite_create("sched");
@@ -978,10 +834,6 @@ static Suite *sched_suite(void)
     tcase_add_test(tc, test_bad_worker_binary);
     tcase_add_test(tc, test_idempotent_submit);
     suite_add_tcase(s, tc);
-    TCase *th = tcase_create("hub");
-    tcase_add_test(th, test_hub_ring);
-    tcase_add_test(th, test_hub_wakes_readers);
-    suite_add_tcase(s, th);
     return s;
 }
 
