@@ -838,6 +838,8 @@ int store_checkpoint_add(store *s, int64_t job, int64_t step, const char *path, 
     if (!s || !path || step < 0 || bytes < 0 ||
         strlen(path) >= sizeof(((store_checkpoint *)0)->path))
         return STORE_EINVAL;
+    if ((rc = store_flush(s)) != 0) /* its stream row comes after everything queued */
+        return rc;
     pthread_mutex_lock(&s->wlock);
     if (!(st = store_stmt(s->w, ST_CKPT_ADD))) {
         rc = STORE_EIO;

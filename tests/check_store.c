@@ -1821,6 +1821,85 @@ START_TEST(test_layer_range)
 }
 END_TEST
 
+/* The kinds of job's stream rows after seq `after`, as letters (S step, E eval, L layers,
+ * C checkpoint, V event, X end) with their steps: "S1 S2 E2 ...". */
+static void stream_text(int64_t job, char *out, size_t len)
+{
+    static const char letter[] = "SELCVX";
+    store_stream_row *rows = NULL;
+    int n = 0;
+    size_t k = 0;
+    out[0] = '\0';
+    ck_assert_int_eq(store_stream_read(st, job, 0, 1000, &rows, &n), 0);
+    for (int i = 0; i < n && k + 24 < len; i++) {
+        ck_assert(i == 0 || rows[i].seq > rows[i - 1].seq);
+        ck_assert(rows[i].kind == STORE_SM_EVENT ? rows[i].ref > 0 : rows[i].ref == 0);
+        k += (size_t)snprintf(out + k, len - k, "%s%c%lld", i ? " " : "", letter[rows[i].kind],
+                              (long long)rows[i].step);
+    }
+    free(rows);
+}
+
+/* The stream: the order the store took the data in, rank 0 only, a checkpoint and the end
+ * after everything queued before them; a truncate drops the rewritten steps' rows; older
+ * databases get their rows in (step, kind) order. */
+START_TEST(test_stream)
+{
+    int64_t job = new_job("stream", "fp16");
+    store_layer_stat l;
+    store_metric m;
+    char text[512];
+
+    memset(&l, 0, sizeof(l));
+    snprintf(l.name, sizeof(l.name), "fc1");
+    snprintf(l.dtype, sizeof(l.dtype), "fp16");
+    for (int64_t s = 1; s <= 3; s++) {
+        gen_metric(&m, job, s, false);
+        ck_assert_int_eq(store_metric_append(st, &m), 0);
+        m.rank = 1; /* another rank's row is not a message of the job's stream */
+        ck_assert_int_eq(store_metric_append(st, &m), 0);
+    }
+    gen_metric(&m, job, 2, true);
+    ck_assert_int_eq(store_metric_eval(st, job, 0, 2, m.v), 0);
+    ck_assert_int_eq(store_event_append(st, job, 2, "overflow", "step 2", NULL), 0);
+    ck_assert_int_eq(store_layer_stats_append(st, job, 3, NULL, &l, 1), 0);
+    ck_assert_int_eq(store_checkpoint_add(st, job, 3, "/tmp/ckpt-3.safetensors", 10), 0);
+    stream_text(job, text, sizeof(text));
+    ck_assert_str_eq(text, "S1 S2 S3 E2 V2 L3 C3");
+
+    /* a resume from step 2 rewrites steps 3..: their step and layers rows go, the rest stays */
+    ck_assert_int_eq(store_metrics_truncate(st, job, 2), 0);
+    gen_metric(&m, job, 3, false);
+    ck_assert_int_eq(store_metric_append(st, &m), 0);
+    ck_assert_int_eq(store_job_set_status(st, job, STORE_RUNNING, NULL), 0);
+    ck_assert_int_eq(store_job_set_status(st, job, STORE_SUCCEEDED, NULL), 0);
+    stream_text(job, text, sizeof(text));
+    ck_assert_str_eq(text, "S1 S2 E2 V2 C3 S3 X3");
+    int64_t at;
+    ck_assert_int_eq(store_stream_at_step(st, job, 2, &at), 0);
+    store_stream_row *rows = NULL;
+    int n = 0;
+    ck_assert_int_eq(store_stream_read(st, job, 0, 100, &rows, &n), 0);
+    ck_assert_int_eq(at, rows[n - 1].seq); /* after the end, later than step 2's row */
+    free(rows);
+
+    /* the migration to version 5 fills the stream of older runs in (step, kind) order */
+    store_close(st);
+    st = NULL;
+    sqlite3 *db = raw_open();
+    downgrade_fields(db, 4);
+    sqlite3_close(db);
+    ck_assert_int_eq(store_open(db_path, &st), 0);
+    stream_text(job, text, sizeof(text));
+    ck_assert_str_eq(text, "S1 S2 E2 V2 S3 C3 X3");
+
+    /* a deleted job's stream goes with it */
+    ck_assert_int_eq(store_job_delete(st, job), 0);
+    ck_assert_int_eq(store_stream_read(st, job, 0, 10, &rows, &n), 0);
+    ck_assert_int_eq(n, 0);
+}
+END_TEST
+
 static Suite *store_suite(void)
 {
     Suite *s = suite_create("store");
@@ -1849,6 +1928,7 @@ static Suite *store_suite(void)
     tcase_add_test(tc, test_layer_roundtrip);
     tcase_add_test(tc, test_layer_truncate);
     tcase_add_test(tc, test_layer_range);
+    tcase_add_test(tc, test_stream);
     suite_add_tcase(s, tc);
     return s;
 }
