@@ -151,6 +151,22 @@ static void end_message(sse_stream *st, int64_t id)
     st->ended = true;
 }
 
+/* A message built from a REST encoder's members: typed_open() starts its data with the
+ * type, typed_send() closes and sends it. */
+static void typed_open(api_buf *d, const char *type)
+{
+    api_buf_init(d);
+    api_buf_printf(d, "{\"type\":\"%s\",", type);
+}
+
+static void typed_send(sse_stream *st, const char *type, int64_t id, api_buf *d)
+{
+    api_buf_putc(d, '}');
+    if (d->data)
+        message(&st->out, type, id, d->data);
+    api_buf_free(d);
+}
+
 static void layers_message(sse_stream *st, const store_stream_row *row)
 {
     store_layer_stat *rows = NULL;
@@ -160,13 +176,9 @@ static void layers_message(sse_stream *st, const store_stream_row *row)
     api_buf d;
     if (store_layer_stats_get(st->srv->st, st->job, row->step, &rows, &n, &at, &info) != 0)
         return;
-    api_buf_init(&d);
-    api_buf_puts(&d, "{\"type\":\"layers\",");
+    typed_open(&d, "layers");
     api_put_layers_fields(&d, st->job, at, &info, rows, n);
-    api_buf_putc(&d, '}');
-    if (d.data)
-        message(&st->out, "layers", row->seq, d.data);
-    api_buf_free(&d);
+    typed_send(st, "layers", row->seq, &d);
     free(rows);
 }
 
@@ -177,18 +189,14 @@ static void checkpoint_message(sse_stream *st, const store_stream_row *row)
     api_buf d;
     if (store_checkpoint_list(st->srv->st, st->job, &ck, &n) != 0)
         return;
-    api_buf_init(&d);
     for (int i = 0; i < n; i++) {
         if (ck[i].step != row->step)
             continue;
-        api_buf_puts(&d, "{\"type\":\"checkpoint\",");
+        typed_open(&d, "checkpoint");
         api_put_ckpt_fields(&d, st->job, &ck[i]);
-        api_buf_putc(&d, '}');
-        if (d.data)
-            message(&st->out, "checkpoint", row->seq, d.data);
+        typed_send(st, "checkpoint", row->seq, &d);
         break;
     }
-    api_buf_free(&d);
     free(ck);
 }
 
@@ -200,13 +208,9 @@ static void event_message(sse_stream *st, const store_stream_row *row)
     if (row->ref < 1 || store_event_list(st->srv->st, st->job, row->ref - 1, 1, &ev, &n) != 0)
         return;
     if (n == 1 && ev[0].id == row->ref) {
-        api_buf_init(&d);
-        api_buf_puts(&d, "{\"type\":\"event\",");
+        typed_open(&d, "event");
         api_put_event_fields(&d, &ev[0]);
-        api_buf_putc(&d, '}');
-        if (d.data)
-            message(&st->out, "event", row->seq, d.data);
-        api_buf_free(&d);
+        typed_send(st, "event", row->seq, &d);
     }
     store_events_free(ev, n);
 }
