@@ -82,8 +82,10 @@ typedef struct {
 #define BETWEEN(a, b) ((range){(a), (b), true, true}) /* (a, b) */
 #define UPTO(a, b) ((range){(a), (b), false, true})   /* [a, b) */
 
-/* Optional real in r; *out unchanged when absent. */
-static int get_real(ctx *c, json_t *obj, const char *key, const char *field, range r, float *out)
+/* Optional real in r, kept as the double the document holds (hyperparameters that PyTorch
+ * keeps as Python floats); *out unchanged when absent. */
+static int get_double(ctx *c, json_t *obj, const char *key, const char *field, range r,
+                      double *out)
 {
     json_t *v = json_object_get(obj, key);
     if (!v)
@@ -94,8 +96,17 @@ static int get_real(ctx *c, json_t *obj, const char *key, const char *field, ran
     if (!isfinite(d) || (r.lo_open ? d <= r.lo : d < r.lo) || (r.hi_open ? d >= r.hi : d > r.hi))
         return fail(c, field, "must be a finite number in %c%g, %g%c", r.lo_open ? '(' : '[', r.lo,
                     r.hi, r.hi_open ? ')' : ']');
-    *out = (float)d;
+    *out = d;
     return 0;
+}
+
+/* get_double for a value kept as a float; *out unchanged when absent. */
+static int get_real(ctx *c, json_t *obj, const char *key, const char *field, range r, float *out)
+{
+    double d = *out;
+    int rc = get_double(c, obj, key, field, r, &d);
+    *out = (float)d;
+    return rc;
 }
 
 static int get_int(ctx *c, json_t *obj, const char *key, const char *field, long long lo,
@@ -445,9 +456,9 @@ static int parse_scaler(ctx *c, json_t *ls, gpu_scaler_config *s)
         (rc = get_choice(c, ls, "mode", "precision.loss_scale.mode", modes, &mode)) ||
         (rc =
              get_real(c, ls, "init", "precision.loss_scale.init", ABOVE(0, big), &s->init_scale)) ||
-        (rc = get_real(c, ls, "growth_factor", "precision.loss_scale.growth_factor", ABOVE(1, big),
+        (rc = get_double(c, ls, "growth_factor", "precision.loss_scale.growth_factor", ABOVE(1, big),
                        &s->growth_factor)) ||
-        (rc = get_real(c, ls, "backoff_factor", "precision.loss_scale.backoff_factor",
+        (rc = get_double(c, ls, "backoff_factor", "precision.loss_scale.backoff_factor",
                        BETWEEN(0, 1), &s->backoff_factor)) ||
         (rc = get_int32(c, ls, "growth_interval", "precision.loss_scale.growth_interval", 1,
                         INT_MAX, &s->growth_interval)) ||
@@ -532,10 +543,10 @@ static int parse_optimizer(ctx *c, json_t *o, gpu_optim_config *oc)
     if ((rc = want_object(c, o, "optimizer")) || (rc = only_keys(c, o, "optimizer", keys)) ||
         (rc = get_choice(c, o, "type", "optimizer.type", types, &type)) ||
         (rc = get_choice(c, o, "schedule", "optimizer.schedule", scheds, &sched)) ||
-        (rc = get_real(c, o, "lr", "optimizer.lr", ABOVE(0, 1e6), &oc->lr)) ||
-        (rc = get_real(c, o, "eps", "optimizer.eps", ABOVE(0, 1), &oc->eps)) ||
-        (rc = get_real(c, o, "momentum", "optimizer.momentum", UPTO(0, 1), &oc->momentum)) ||
-        (rc = get_real(c, o, "weight_decay", "optimizer.weight_decay", CLOSED(0, 1e6),
+        (rc = get_double(c, o, "lr", "optimizer.lr", ABOVE(0, 1e6), &oc->lr)) ||
+        (rc = get_double(c, o, "eps", "optimizer.eps", ABOVE(0, 1), &oc->eps)) ||
+        (rc = get_double(c, o, "momentum", "optimizer.momentum", UPTO(0, 1), &oc->momentum)) ||
+        (rc = get_double(c, o, "weight_decay", "optimizer.weight_decay", CLOSED(0, 1e6),
                        &oc->weight_decay)) ||
         (rc =
              get_real(c, o, "grad_clip", "optimizer.grad_clip", CLOSED(0, 3e38), &oc->grad_clip)) ||
@@ -551,8 +562,8 @@ static int parse_optimizer(ctx *c, json_t *o, gpu_optim_config *oc)
         if (!json_is_array(betas) || json_array_size(betas) != 2 ||
             !json_is_number(json_array_get(betas, 0)) || !json_is_number(json_array_get(betas, 1)))
             return fail(c, "optimizer.betas", "must be an array of two numbers in [0, 1)");
-        oc->beta1 = (float)json_number_value(json_array_get(betas, 0));
-        oc->beta2 = (float)json_number_value(json_array_get(betas, 1));
+        oc->beta1 = json_number_value(json_array_get(betas, 0));
+        oc->beta2 = json_number_value(json_array_get(betas, 1));
     }
     if (gpu_optim_validate(oc, &field) != 0)
         return fail(c, field ? field : "optimizer",
@@ -820,8 +831,8 @@ static json_t *scaler_to_json(const gpu_scaler_config *s)
     static const char *const modes[] = {"none", "static", "dynamic"};
     return json_pack(
         "{s:s, s:f, s:f, s:f, s:i, s:i, s:f, s:f, s:i}", "mode", modes[s->mode], "init",
-        api_float_value(s->init_scale), "growth_factor", api_float_value(s->growth_factor),
-        "backoff_factor", api_float_value(s->backoff_factor), "growth_interval", s->growth_interval,
+        api_float_value(s->init_scale), "growth_factor", s->growth_factor,
+        "backoff_factor", s->backoff_factor, "growth_interval", s->growth_interval,
         "hysteresis", s->hysteresis, "min_scale", api_float_value(s->min_scale), "max_scale",
         api_float_value(s->max_scale), "floor_patience", s->floor_patience);
 }
@@ -889,9 +900,8 @@ json_t *api_spec_to_json(const gpu_job_config *c)
         "precision", "dtype",
         gpu_dtype_name(c->dtype), "master_weights", c->master_weights, "loss_scale",
         scaler_to_json(&c->scaler), "autocast", "table", api_autocast_to_json(&c->autocast),
-        "optimizer", "type", opts[o->type], "lr", api_float_value(o->lr), "betas",
-        api_float_value(o->beta1), api_float_value(o->beta2), "eps", api_float_value(o->eps),
-        "momentum", api_float_value(o->momentum), "weight_decay", api_float_value(o->weight_decay),
+        "optimizer", "type", opts[o->type], "lr", o->lr, "betas", o->beta1,
+        o->beta2, "eps", o->eps, "momentum", o->momentum, "weight_decay", o->weight_decay,
         "grad_clip", api_float_value(o->grad_clip), "warmup_steps", o->warmup_steps, "schedule",
         scheds[o->schedule], "min_lr_ratio", api_float_value(o->min_lr_ratio), "batch_size",
         c->batch_size, "steps", (json_int_t)c->steps, "seed", (json_int_t)c->seed, "eval_every",

@@ -132,8 +132,8 @@ typedef GPU_ENUM { GPU_SCALE_NONE = 0, GPU_SCALE_STATIC, GPU_SCALE_DYNAMIC } gpu
 typedef struct {
     gpu_scale_mode mode;
     float init_scale;       /* 65536 */
-    float growth_factor;    /* 2.0, > 1 */
-    float backoff_factor;   /* 0.5, in (0,1) */
+    double growth_factor;   /* 2.0, > 1 (a double, as PyTorch keeps it) */
+    double backoff_factor;  /* 0.5, in (0,1) */
     int growth_interval;    /* 2000 clean steps */
     int hysteresis;         /* 1 = none (PyTorch); n = n overflows before backing off */
     float min_scale;        /* floor, > 0 */
@@ -194,10 +194,10 @@ typedef GPU_ENUM { GPU_SCHED_CONSTANT = 0, GPU_SCHED_COSINE, GPU_SCHED_LINEAR } 
 
 typedef struct {
     gpu_opt_type type;
-    float lr;
-    float beta1, beta2, eps;  /* AdamW */
-    float momentum;           /* SGD (nesterov off) */
-    float weight_decay;       /* decoupled for AdamW, L2 into the gradient for SGD */
+    double lr;                /* the spec's doubles, as PyTorch keeps its hyperparameters */
+    double beta1, beta2, eps; /* AdamW */
+    double momentum;          /* SGD (nesterov off) */
+    double weight_decay;      /* decoupled for AdamW, L2 into the gradient for SGD */
     float grad_clip;          /* global-norm clip on unscaled grads; <= 0 disables */
     int warmup_steps;         /* linear warmup from 0 */
     gpu_sched schedule;
@@ -207,20 +207,20 @@ typedef struct {
 void gpu_optim_defaults(gpu_optim_config *c);
 int gpu_optim_validate(const gpu_optim_config *c, const char **field);
 /* Learning rate for 0-based step `step` of `total` steps. */
-float gpu_lr_at(const gpu_optim_config *c, int64_t step, int64_t total);
+double gpu_lr_at(const gpu_optim_config *c, int64_t step, int64_t total);
 
 /* One optimizer update of n parameters, fused: reads grads g (fp32, unscaled, multiplied
  * by gmul, e.g. the clip coefficient), updates the fp32 master copy p and the state m/v
  * (v unused by SGD; pass NULL), and writes the working copy `work` in wdt (NULL when the
  * master is the working copy). t is the 1-based count of applied steps (bias correction).
  * All pointers borrowed. */
-void gpu_optim_update(const gpu_optim_config *c, float lr, int64_t t, float gmul,
+void gpu_optim_update(const gpu_optim_config *c, double lr, int64_t t, float gmul,
                       float *p, const float *g, float *m, float *v, size_t n,
                       void *work, gpu_dtype wdt);
 /* The same without master weights: the parameters live only in wdt (uint16_t for the 16-bit
  * formats). Returns in *lost the number of elements whose update was non-zero but rounded
  * away (the stored value did not change). */
-void gpu_optim_update_lowp(const gpu_optim_config *c, float lr, int64_t t, float gmul,
+void gpu_optim_update_lowp(const gpu_optim_config *c, double lr, int64_t t, float gmul,
                            void *w, gpu_dtype wdt, const float *g, float *m, float *v,
                            size_t n, int64_t *lost);
 /* Name of the update-kernel path in use, "avx512" or "portable" (bit-identical results), and

@@ -1,23 +1,30 @@
 /*
  * optim.c - optimizers (AdamW, SGD with momentum) and the learning-rate schedule.
  *
- * The update math follows PyTorch's single-tensor implementations in fp32:
- *   AdamW: p *= 1 - lr*wd; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g;
- *          p -= (lr / (1 - b1^t)) * (m / (sqrt(v) / sqrt(1 - b2^t) + eps))
- *   SGD:   d = g + wd*p; buf = d at t == 1, else momentum*buf + d (no buffer when momentum
- *          is 0); p -= lr*buf
- * where g is the incoming gradient times gmul. The bias corrections are formed once per call
- * in double; the per-element loops use float math only. The loops have an AVX-512 path
- * (chosen from CPUID at first use; GCC does not vectorise them at -O2) and a portable path
- * that performs the same IEEE operations in the same order, so both give bit-identical
- * results. Parameters are processed in chunks of CHUNK elements so that the low-precision
- * working copy is written while the chunk is still in cache.
+ * The update is PyTorch's (torch.optim, single-tensor path, fp32 tensors on the CPU) operation
+ * for operation, so that it gives PyTorch's bits (tests/check_optim.c compares 200 steps with
+ * values torch.optim produced). The hyperparameters are the spec's doubles; each scalar is
+ * formed in double and rounded to float once, as PyTorch casts a Python float for a kernel:
+ *   AdamW: p = p * (float)(1 - lr*wd)
+ *          m = fma(g, (float)(1 - b1), m * (float)b1)          (mul_ then add_ with alpha)
+ *          v = fma((float)(1 - b2) * g, g, v * (float)b2)      (mul_ then addcmul_)
+ *          p = p + ((float)(-lr / (1 - b1^t)) * m) / (sqrt(v) / (float)sqrt(1 - b2^t)
+ *                                                      + (float)eps)       (addcdiv_)
+ *   SGD:   d = wd != 0 ? fma(p, (float)wd, g) : g; buf = d at t == 1, else
+ *          buf * (float)momentum + d (no buffer when momentum is 0); p = fma(buf, (float)-lr, p)
+ * where g is the incoming gradient times gmul, and fma is one rounding (PyTorch's vectorised
+ * add_ and addcmul_ kernels fuse there). The loops have an AVX-512 path (chosen from CPUID at
+ * first use; GCC does not vectorise them at -O2) and a portable path (built for FMA hardware
+ * as well, picked at load time) that perform the same IEEE operations in the same order, so
+ * all give bit-identical results. Parameters are processed in chunks of CHUNK elements so
+ * that the low-precision working copy is written while the chunk is still in cache.
  *
  * Invariants: after gpu_optim_update with work != NULL, work[i] is the round-to-nearest-even
  * image of p[i] in wdt (bit-identical to gpu_f32_to_f16 / gpu_f32_to_bf16).
  * Threads: the only shared state is the kernel path choice (an atomic); calls on distinct
  * buffers may run concurrently.
  */
+#include <float.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -37,21 +44,21 @@ void gpu_optim_defaults(gpu_optim_config *c)
 {
     memset(c, 0, sizeof(*c));
     c->type = GPU_OPT_ADAMW;
-    c->lr = 1e-3f;
-    c->beta1 = 0.9f;
-    c->beta2 = 0.999f;
-    c->eps = 1e-8f;
-    c->momentum = 0.9f;
-    c->weight_decay = 0.0f;
+    c->lr = 1e-3;
+    c->beta1 = 0.9;
+    c->beta2 = 0.999;
+    c->eps = 1e-8;
+    c->momentum = 0.9;
+    c->weight_decay = 0.0;
     c->grad_clip = 0.0f;
     c->warmup_steps = 0;
     c->schedule = GPU_SCHED_CONSTANT;
     c->min_lr_ratio = 0.0f;
 }
 
-static bool in_unit(float x) /* [0, 1) */
+static bool in_unit(double x) /* [0, 1) */
 {
-    return x >= 0.0f && x < 1.0f;
+    return x >= 0.0 && x < 1.0;
 }
 
 /* Checks every field; on a bad value stores the job-spec name of the field in *field
@@ -62,13 +69,14 @@ int gpu_optim_validate(const gpu_optim_config *c, const char **field)
 
     if (c->type != GPU_OPT_ADAMW && c->type != GPU_OPT_SGD)
         bad = "optimizer.type";
-    else if (!(isfinite(c->lr) && c->lr > 0.0f))
+    else if (!(isfinite(c->lr) && c->lr > 0.0 && c->lr <= FLT_MAX))
         bad = "optimizer.lr";
     else if (!in_unit(c->beta1) || !in_unit(c->beta2))
         bad = "optimizer.betas";
-    else if (!(isfinite(c->eps) && c->eps > 0.0f))
+    else if (!(isfinite(c->eps) && c->eps > 0.0 && c->eps <= FLT_MAX))
         bad = "optimizer.eps";
-    else if (!(isfinite(c->weight_decay) && c->weight_decay >= 0.0f))
+    else if (!(isfinite(c->weight_decay) && c->weight_decay >= 0.0 &&
+               c->weight_decay <= FLT_MAX))
         bad = "optimizer.weight_decay";
     else if (!in_unit(c->momentum))
         bad = "optimizer.momentum";
@@ -87,7 +95,8 @@ int gpu_optim_validate(const gpu_optim_config *c, const char **field)
 }
 
 /*
- * Learning rate for 0-based step `step` of `total` (c borrowed), computed in double:
+ * Learning rate for 0-based step `step` of `total` (c borrowed), a double (as PyTorch's
+ * schedulers hand the optimizer a Python float):
  *   step < W (W = warmup_steps):  lr * (step + 1) / W
  *   otherwise, with D = max(total - W, 1), p = clamp((step - W) / D, 0, 1), r = min_lr_ratio:
  *     constant: lr
@@ -96,7 +105,7 @@ int gpu_optim_validate(const gpu_optim_config *c, const char **field)
  * So the decay starts at lr on step W and reaches lr * r at step total (the last step,
  * total - 1, is one 1/D short of it). A negative step counts as step 0.
  */
-float gpu_lr_at(const gpu_optim_config *c, int64_t step, int64_t total)
+double gpu_lr_at(const gpu_optim_config *c, int64_t step, int64_t total)
 {
     double lr = c->lr, r = c->min_lr_ratio;
     int64_t w = c->warmup_steps;
@@ -104,9 +113,9 @@ float gpu_lr_at(const gpu_optim_config *c, int64_t step, int64_t total)
     if (step < 0)
         step = 0;
     if (step < w)
-        return (float)(lr * (double)(step + 1) / (double)w);
+        return lr * (double)(step + 1) / (double)w;
     if (c->schedule == GPU_SCHED_CONSTANT)
-        return c->lr;
+        return lr;
     int64_t d = total - w;
     if (d < 1)
         d = 1;
@@ -114,59 +123,68 @@ float gpu_lr_at(const gpu_optim_config *c, int64_t step, int64_t total)
     if (p > 1.0)
         p = 1.0;
     double f = c->schedule == GPU_SCHED_COSINE ? 0.5 * (1.0 + cos(M_PI * p)) : 1.0 - p;
-    return (float)(lr * (r + (1.0 - r) * f));
+    return lr * (r + (1.0 - r) * f);
 }
 
 /* ---- per-chunk kernels --------------------------------------------------------------- */
 
 typedef struct {
-    float gmul, lr, wd;
-    float b1, b2, omb1, omb2, eps;
-    float decay;        /* 1 - lr*wd (AdamW) */
-    float step_size;    /* lr / (1 - b1^t) */
-    float bc2_sqrt;     /* sqrt(1 - b2^t) */
+    float gmul;
+    float b1, b2, omb1, omb2, eps; /* AdamW: (float) of beta1, beta2, 1-beta1, 1-beta2, eps */
+    float decay;        /* AdamW: (float)(1 - lr*wd) */
+    float neg_step;     /* AdamW: (float)(-lr / (1 - b1^t)) */
+    float bc2_sqrt;     /* AdamW: (float)sqrt(1 - b2^t) */
+    float wd, neg_lr;   /* SGD: (float)wd, (float)-lr */
     float momentum;
     bool first;         /* t == 1 (SGD buffer initialisation) */
 } step_consts;
 
-static void consts_init(step_consts *k, const gpu_optim_config *c, float lr, int64_t t,
+static void consts_init(step_consts *k, const gpu_optim_config *c, double lr, int64_t t,
                         float gmul)
 {
     if (t < 1)
         t = 1;
     k->gmul = gmul;
-    k->lr = lr;
-    k->wd = c->weight_decay;
-    k->b1 = c->beta1;
-    k->b2 = c->beta2;
-    k->omb1 = 1.0f - c->beta1;
-    k->omb2 = 1.0f - c->beta2;
-    k->eps = c->eps;
-    k->decay = (float)(1.0 - (double)lr * (double)c->weight_decay);
-    k->step_size = (float)((double)lr / (1.0 - pow((double)c->beta1, (double)t)));
-    k->bc2_sqrt = (float)sqrt(1.0 - pow((double)c->beta2, (double)t));
-    k->momentum = c->momentum;
+    k->b1 = (float)c->beta1;
+    k->b2 = (float)c->beta2;
+    k->omb1 = (float)(1.0 - c->beta1);
+    k->omb2 = (float)(1.0 - c->beta2);
+    k->eps = (float)c->eps;
+    k->decay = (float)(1.0 - lr * c->weight_decay);
+    k->neg_step = (float)(-(lr / (1.0 - pow(c->beta1, (double)t))));
+    k->bc2_sqrt = (float)sqrt(1.0 - pow(c->beta2, (double)t));
+    k->wd = (float)c->weight_decay;
+    k->neg_lr = (float)-lr;
+    k->momentum = (float)c->momentum;
     k->first = t == 1;
 }
 
-/* Portable kernels. The operation order is fixed (no FMA: -std=c11 keeps contraction off)
- * and the AVX-512 kernels below perform the same IEEE operations in the same order, so the
- * two paths give bit-identical results. */
-static void adamw_chunk(const step_consts *k, float *restrict p, const float *restrict g,
-                        float *restrict m, float *restrict v, size_t n)
+/* Portable kernels. The operation order is fixed (fmaf where PyTorch fuses, no other
+ * contraction: -std=c11 keeps it off), and the AVX-512 kernels below perform the same IEEE
+ * operations in the same order, so the paths give bit-identical results. The fma clone
+ * only turns fmaf's library call into the instruction. */
+#if OPTIM_HAVE_X86 && defined(__GNUC__) && !defined(__clang__)
+#define FMA_CLONES __attribute__((target_clones("fma", "default")))
+#else
+#define FMA_CLONES
+#endif
+
+FMA_CLONES static void adamw_chunk(const step_consts *k, float *restrict p,
+                                   const float *restrict g, float *restrict m,
+                                   float *restrict v, size_t n)
 {
     const float gmul = k->gmul, decay = k->decay, b1 = k->b1, b2 = k->b2;
     const float omb1 = k->omb1, omb2 = k->omb2, eps = k->eps;
-    const float step_size = k->step_size, bc2_sqrt = k->bc2_sqrt;
+    const float neg_step = k->neg_step, bc2_sqrt = k->bc2_sqrt;
 
     for (size_t i = 0; i < n; i++) {
         float gi = g[i] * gmul;
-        float mi = b1 * m[i] + omb1 * gi;
-        float vi = b2 * v[i] + omb2 * gi * gi;
+        float mi = fmaf(gi, omb1, m[i] * b1);
+        float vi = fmaf(omb2 * gi, gi, v[i] * b2);
         m[i] = mi;
         v[i] = vi;
         float denom = sqrtf(vi) / bc2_sqrt + eps;
-        p[i] = p[i] * decay - step_size * (mi / denom);
+        p[i] = p[i] * decay + (neg_step * mi) / denom;
     }
 }
 
@@ -178,19 +196,22 @@ static int sgd_mode(const step_consts *k, const float *buf)
     return k->first ? 1 : 2;
 }
 
-static void sgd_chunk(const step_consts *k, float *restrict p, const float *restrict g,
-                      float *restrict buf, size_t n)
+FMA_CLONES static void sgd_chunk(const step_consts *k, float *restrict p,
+                                 const float *restrict g, float *restrict buf, size_t n)
 {
-    const float gmul = k->gmul, wd = k->wd, lr = k->lr, mom = k->momentum;
+    const float gmul = k->gmul, wd = k->wd, neg_lr = k->neg_lr, mom = k->momentum;
+    const bool decay = wd != 0.0f;
     int mode = sgd_mode(k, buf);
 
     for (size_t i = 0; i < n; i++) {
-        float d = g[i] * gmul + wd * p[i];
+        float d = g[i] * gmul;
+        if (decay)
+            d = fmaf(p[i], wd, d);
         if (mode == 1)
             buf[i] = d;
         else if (mode == 2)
-            d = buf[i] = mom * buf[i] + d;
-        p[i] = p[i] - lr * d;
+            d = buf[i] = buf[i] * mom + d;
+        p[i] = fmaf(d, neg_lr, p[i]);
     }
 }
 
@@ -209,21 +230,21 @@ adamw_chunk_avx512(const step_consts *k, float *restrict p, const float *restric
     const __m512 gmul = _mm512_set1_ps(k->gmul), decay = _mm512_set1_ps(k->decay);
     const __m512 b1 = _mm512_set1_ps(k->b1), b2 = _mm512_set1_ps(k->b2);
     const __m512 omb1 = _mm512_set1_ps(k->omb1), omb2 = _mm512_set1_ps(k->omb2);
-    const __m512 eps = _mm512_set1_ps(k->eps), step = _mm512_set1_ps(k->step_size);
+    const __m512 eps = _mm512_set1_ps(k->eps), nstep = _mm512_set1_ps(k->neg_step);
     const __m512 bc2 = _mm512_set1_ps(k->bc2_sqrt);
 
     for (size_t i = 0; i < n; i += V16) {
         __mmask16 mk = tail_mask(n - i);
         __m512 gi = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, g + i), gmul);
-        __m512 mi = _mm512_add_ps(_mm512_mul_ps(b1, _mm512_maskz_loadu_ps(mk, m + i)),
-                                  _mm512_mul_ps(omb1, gi));
-        __m512 vi = _mm512_add_ps(_mm512_mul_ps(b2, _mm512_maskz_loadu_ps(mk, v + i)),
-                                  _mm512_mul_ps(_mm512_mul_ps(omb2, gi), gi));
+        __m512 mi = _mm512_fmadd_ps(gi, omb1,
+                                    _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, m + i), b1));
+        __m512 vi = _mm512_fmadd_ps(_mm512_mul_ps(omb2, gi), gi,
+                                    _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, v + i), b2));
         _mm512_mask_storeu_ps(m + i, mk, mi);
         _mm512_mask_storeu_ps(v + i, mk, vi);
         __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vi), bc2), eps);
         __m512 pi = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, p + i), decay);
-        pi = _mm512_sub_ps(pi, _mm512_mul_ps(step, _mm512_div_ps(mi, denom)));
+        pi = _mm512_add_ps(pi, _mm512_div_ps(_mm512_mul_ps(nstep, mi), denom));
         _mm512_mask_storeu_ps(p + i, mk, pi);
     }
 }
@@ -233,19 +254,21 @@ sgd_chunk_avx512(const step_consts *k, float *restrict p, const float *restrict 
                  float *restrict buf, size_t n)
 {
     const __m512 gmul = _mm512_set1_ps(k->gmul), wd = _mm512_set1_ps(k->wd);
-    const __m512 lr = _mm512_set1_ps(k->lr), mom = _mm512_set1_ps(k->momentum);
+    const __m512 nlr = _mm512_set1_ps(k->neg_lr), mom = _mm512_set1_ps(k->momentum);
+    const bool decay = k->wd != 0.0f;
     int mode = sgd_mode(k, buf);
 
     for (size_t i = 0; i < n; i += V16) {
         __mmask16 mk = tail_mask(n - i);
         __m512 pi = _mm512_maskz_loadu_ps(mk, p + i);
-        __m512 d = _mm512_add_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(mk, g + i), gmul),
-                                 _mm512_mul_ps(wd, pi));
+        __m512 d = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, g + i), gmul);
+        if (decay)
+            d = _mm512_fmadd_ps(pi, wd, d);
         if (mode == 2)
-            d = _mm512_add_ps(_mm512_mul_ps(mom, _mm512_maskz_loadu_ps(mk, buf + i)), d);
+            d = _mm512_add_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(mk, buf + i), mom), d);
         if (mode != 0)
             _mm512_mask_storeu_ps(buf + i, mk, d);
-        _mm512_mask_storeu_ps(p + i, mk, _mm512_sub_ps(pi, _mm512_mul_ps(lr, d)));
+        _mm512_mask_storeu_ps(p + i, mk, _mm512_fmadd_ps(d, nlr, pi));
     }
 }
 #endif
@@ -296,7 +319,7 @@ static void store_work(void *dst, gpu_dtype wdt, size_t off, const float *src, s
 /* See gpu.h. All pointers are borrowed; m is the AdamW first moment or the SGD momentum
  * buffer (may be NULL for SGD with momentum 0), v the AdamW second moment (NULL for SGD).
  * p, g, m, v and work must not overlap. */
-void gpu_optim_update(const gpu_optim_config *c, float lr, int64_t t, float gmul,
+void gpu_optim_update(const gpu_optim_config *c, double lr, int64_t t, float gmul,
                       float *p, const float *g, float *m, float *v, size_t n,
                       void *work, gpu_dtype wdt)
 {
@@ -318,7 +341,7 @@ void gpu_optim_update(const gpu_optim_config *c, float lr, int64_t t, float gmul
  * number of elements whose fp32 result differed from the fp32 value read but whose stored
  * 16-bit value did not change. For wdt == GPU_FP32 the fp32 result is stored as it is, so
  * *lost is 0. */
-void gpu_optim_update_lowp(const gpu_optim_config *c, float lr, int64_t t, float gmul,
+void gpu_optim_update_lowp(const gpu_optim_config *c, double lr, int64_t t, float gmul,
                            void *w, gpu_dtype wdt, const float *g, float *m, float *v,
                            size_t n, int64_t *lost)
 {

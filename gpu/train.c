@@ -67,6 +67,7 @@ struct gpu_trainer {
     gpu_grad_stat stats[TRAINER_MAX_TENSORS];
     gpu_scaler_state scaler;
     int64_t step, applied, lost_total;
+    double lr; /* this step's learning rate (gpu_lr_at) */
     gpu_rng rng;
     gpu_mem mem;
     /* diagnostics */
@@ -807,7 +808,7 @@ static float clip_coef(const gpu_optim_config *o, double norm)
     return (float)(o->grad_clip / (norm + 1e-6));
 }
 
-static void apply_update(gpu_trainer *t, float lr, float gmul, gpu_step_metrics *m)
+static void apply_update(gpu_trainer *t, double lr, float gmul, gpu_step_metrics *m)
 {
     const gpu_job_config *c = &t->cfg;
     size_t P = (size_t)gpu_trainer_params(t);
@@ -1020,7 +1021,7 @@ static int step_cpu(gpu_trainer *t, gpu_step_metrics *m, bool *found_inf, char *
     m->grad_norm = *found_inf ? NAN : sqrt(sumsq);
     t0 = gpu_now();
     if (!*found_inf)
-        apply_update(t, m->lr, clip_coef(&c->optim, m->grad_norm), m);
+        apply_update(t, t->lr, clip_coef(&c->optim, m->grad_norm), m);
     cpu_phase(t, "optimizer", &t0);
     if (t->diagnosed)
         layer_stats(t, !*found_inf);
@@ -1034,7 +1035,7 @@ static int step_cuda(gpu_trainer *t, gpu_step_metrics *m, bool *found_inf, doubl
 {
     gpu_cuda_step_out o;
     const void *x = t->gpt ? (const void *)t->xtok : (const void *)t->xbatch;
-    int rc = gpu_cuda_twin_step(t->cuda, x, t->ybatch, gpu_rank_batch(&t->cfg), m->lr,
+    int rc = gpu_cuda_twin_step(t->cuda, x, t->ybatch, gpu_rank_batch(&t->cfg), t->lr,
                                 t->diagnosed ? t->diag : NULL, t->stats, t->tensor_lost, &o,
                                 t->profiling ? &t->prof : NULL);
     if (rc == GPU_ECOMM)
@@ -1078,7 +1079,8 @@ int gpu_trainer_step(gpu_trainer *t, gpu_step_metrics *m, char *err, size_t errl
 
     memset(m, 0, sizeof(*m));
     m->step = ++t->step;
-    m->lr = gpu_lr_at(&c->optim, t->step - 1, c->steps);
+    t->lr = gpu_lr_at(&c->optim, t->step - 1, c->steps);
+    m->lr = (float)t->lr;
     m->loss_scale = t->scaler.scale;
     t->diagnosed = (c->diagnostics_every > 0 && t->step % c->diagnostics_every == 0) ||
                    t->diag_next;

@@ -81,7 +81,7 @@ int gpu_cuda_twin_comm(gpu_cuda_twin *d, const gpu_cuda_comm_plan *p, gpu_mem *m
  * stats and tensor_lost (ntensors entries each) the per-tensor gradient statistics and,
  * without master weights, the lost updates; prof (NULL: off) the step's phases, timed with
  * CUDA events (gpu_profile). All pointers borrowed. */
-int gpu_cuda_twin_step(gpu_cuda_twin *d, const void *x, const int *y, int B, float lr,
+int gpu_cuda_twin_step(gpu_cuda_twin *d, const void *x, const int *y, int B, double lr,
                        gpu_diag *diag, gpu_grad_stat *stats, int64_t *tensor_lost,
                        gpu_cuda_step_out *out, gpu_profile *prof);
 /* Forward only over one batch of B rows (an eval batch): *loss_sum the summed loss, *correct

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "gpu/gpu_int.h"
+#include "tests/torchref.h"
 
 /* ---- helpers ------------------------------------------------------------------------- */
 
@@ -470,7 +471,7 @@ START_TEST(test_random_vs_reference)
     c.max_scale = tc->max;
     c.hysteresis = tc->hysteresis;
     c.floor_patience = tc->patience;
-    c.backoff_factor = _i == 2 ? 0.3f : 0.5f; /* a factor that needs rounding */
+    c.backoff_factor = _i == 2 ? 0.3 : 0.5; /* a factor that needs rounding */
     ck_assert_int_eq(gpu_scaler_validate(&c, NULL), 0);
 
     gpu_rng r;
@@ -497,6 +498,40 @@ START_TEST(test_random_vs_reference)
         ck_assert_int_gt(s.growth_total, 0);
     if (_i == 2)
         ck_assert_int_gt(floors, 0);
+}
+END_TEST
+
+/* PyTorch's rule (GradScaler's _amp_update_scale_: a float scale times a double factor,
+ * rounded once) written out by tests/data/torch_optim.py, with factors such as 3.0 / 0.3
+ * that float factors would round (a backoff of 0.3 from 3e9 is 900000000 in PyTorch,
+ * 900000064 with a float 0.3), and a growth that would overflow and is refused: ampd's
+ * scaler, without floor or ceiling in the way, follows it bit for bit. */
+START_TEST(test_torch_trajectory)
+{
+    torchref ref;
+    int bad;
+    if (torchref_load(&ref, &bad))
+        ck_abort_msg("tests/data/torch_optim.txt: unreadable (line %d)", bad);
+    ck_assert_int_ge(ref.nscaler, 3);
+    for (int k = 0; k < ref.nscaler; k++) {
+        const torchref_scaler *r = &ref.scaler[k];
+        gpu_scaler_config c = dyn_config((float)r->init, r->interval);
+        c.growth_factor = r->growth;
+        c.backoff_factor = r->backoff;
+        c.min_scale = FLT_MIN;
+        c.max_scale = FLT_MAX;
+        ck_assert_int_eq(gpu_scaler_validate(&c, NULL), 0);
+        gpu_scaler_state s;
+        gpu_scaler_init(&s, &c);
+        for (int t = 1; t <= r->steps; t++) {
+            ck_assert_int_eq(gpu_scaler_update(&s, &c, r->found_inf[t - 1]), 0);
+            if (fbits(s.scale) != r->scale[t - 1] || s.growth_tracker != r->tracker[t - 1])
+                ck_abort_msg("case %d step %d: scale %.9g tracker %d, PyTorch %.9g tracker %d",
+                             k, t, (double)s.scale, s.growth_tracker,
+                             (double)torchref_float(r->scale[t - 1]), r->tracker[t - 1]);
+        }
+    }
+    torchref_free(&ref);
 }
 END_TEST
 
@@ -792,6 +827,7 @@ static Suite *scaler_suite(void)
     tcase_add_test(tc, test_floor);
     tcase_add_test(tc, test_static_and_none);
     tcase_add_test(tc, test_save_restore);
+    tcase_add_test(tc, test_torch_trajectory);
     tcase_add_loop_test(tc, test_random_vs_reference, 0,
                         (int)(sizeof(traj_cases) / sizeof(traj_cases[0])));
     suite_add_tcase(s, tc);

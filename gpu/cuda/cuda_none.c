@@ -91,7 +91,7 @@ const char *gpu_cuda_twin_describe(const gpu_cuda_twin *d)
     return "no CUDA";
 }
 
-int gpu_cuda_twin_step(gpu_cuda_twin *d, const void *x, const int *y, int B, float lr,
+int gpu_cuda_twin_step(gpu_cuda_twin *d, const void *x, const int *y, int B, double lr,
                        gpu_diag *diag, gpu_grad_stat *stats, int64_t *tensor_lost,
                        gpu_cuda_step_out *out, gpu_profile *prof)
 {

@@ -22,8 +22,9 @@
  *              inf/NaN by an atomicCAS (kernels of one stream run in call order).
  *
  * Invariants: every fp32 operation of the optimizers is an explicit round-to-nearest
- * intrinsic (__fmul_rn, __fadd_rn, __fdiv_rn, __fsqrt_rn; doubles likewise) in gpu/optim.c's
- * order, so nvcc cannot contract them into FMAs and the results equal the CPU's bit for bit
+ * intrinsic (__fmul_rn, __fadd_rn, __fdiv_rn, __fsqrt_rn, and __fmaf_rn where optim.c fuses
+ * as PyTorch does; doubles likewise) in gpu/optim.c's order, so nvcc contracts nothing else
+ * into FMAs and the results equal the CPU's bit for bit
  * (nvcc's default keeps fp32 subnormals, as the CPU does). The working copy and 16-bit
  * weights are rounded with cuda_common.cuh's conversions, which equal gpu/format.c's.
  *
@@ -171,27 +172,30 @@ enum { WK_NONE = 0, WK_F32, WK_F16, WK_BF16 };
 
 /* The step-independent constants, formed on the host as in optim.c's consts_init. */
 typedef struct {
-    float lr, wd, b1, b2, omb1, omb2, eps, momentum;
+    double lr, wd;            /* for the per-step constants */
+    float b1, b2, omb1, omb2, eps, wd_f, neg_lr, momentum;
     int have_buf;     /* SGD: a momentum buffer was given */
 } opt_args;
 
 /* The per-step constants (consts_init), formed by every thread from the args and the state. */
 typedef struct {
-    float gmul, lr, wd, b1, b2, omb1, omb2, eps, decay, step_size, bc2_sqrt, momentum;
+    float gmul, b1, b2, omb1, omb2, eps, decay, neg_step, bc2_sqrt, wd, neg_lr, momentum;
     int sgd_mode;     /* 0: no buffer; 1: first step, buf = d; 2: buf = mom * buf + d */
 } opt_k;
 
-static opt_args opt_args_make(const gpu_optim_config *c, float lr, bool have_buf)
+static opt_args opt_args_make(const gpu_optim_config *c, double lr, bool have_buf)
 {
     opt_args a;
     a.lr = lr;
     a.wd = c->weight_decay;
-    a.b1 = c->beta1;
-    a.b2 = c->beta2;
-    a.omb1 = 1.0f - c->beta1;
-    a.omb2 = 1.0f - c->beta2;
-    a.eps = c->eps;
-    a.momentum = c->momentum;
+    a.b1 = (float)c->beta1;
+    a.b2 = (float)c->beta2;
+    a.omb1 = (float)(1.0 - c->beta1);
+    a.omb2 = (float)(1.0 - c->beta2);
+    a.eps = (float)c->eps;
+    a.wd_f = (float)c->weight_decay;
+    a.neg_lr = (float)-lr;
+    a.momentum = (float)c->momentum;
     a.have_buf = have_buf;
     return a;
 }
@@ -201,16 +205,16 @@ __device__ static opt_k opt_consts(const opt_args &a, const gpu_cuda_step_state 
     opt_k k;
     long long t = st->applied < 1 ? 1 : st->applied;
     k.gmul = st->clip;
-    k.lr = a.lr;
-    k.wd = a.wd;
     k.b1 = a.b1;
     k.b2 = a.b2;
     k.omb1 = a.omb1;
     k.omb2 = a.omb2;
     k.eps = a.eps;
-    k.decay = __double2float_rn(__dsub_rn(1.0, __dmul_rn((double)a.lr, (double)a.wd)));
-    k.step_size = __double2float_rn(__ddiv_rn((double)a.lr, st->bc1));
+    k.decay = __double2float_rn(__dsub_rn(1.0, __dmul_rn(a.lr, a.wd)));
+    k.neg_step = __double2float_rn(-__ddiv_rn(a.lr, st->bc1));
     k.bc2_sqrt = st->bc2_sqrt;
+    k.wd = a.wd_f;
+    k.neg_lr = a.neg_lr;
     k.momentum = a.momentum;
     k.sgd_mode = (a.momentum == 0.0f || !a.have_buf) ? 0 : (t == 1 ? 1 : 2);
     return k;
@@ -221,25 +225,27 @@ __device__ static __forceinline__ float adamw_one(const opt_k &k, float p, float
                                                   float *v)
 {
     float gi = __fmul_rn(g, k.gmul);
-    float mi = __fadd_rn(__fmul_rn(k.b1, *m), __fmul_rn(k.omb1, gi));
-    float vi = __fadd_rn(__fmul_rn(k.b2, *v), __fmul_rn(__fmul_rn(k.omb2, gi), gi));
+    float mi = __fmaf_rn(gi, k.omb1, __fmul_rn(*m, k.b1));
+    float vi = __fmaf_rn(__fmul_rn(k.omb2, gi), gi, __fmul_rn(*v, k.b2));
     *m = mi;
     *v = vi;
     float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), k.bc2_sqrt), k.eps);
-    return __fsub_rn(__fmul_rn(p, k.decay), __fmul_rn(k.step_size, __fdiv_rn(mi, denom)));
+    return __fadd_rn(__fmul_rn(p, k.decay), __fdiv_rn(__fmul_rn(k.neg_step, mi), denom));
 }
 
 /* One SGD element (optim.c's sgd_chunk); buf is NULL in mode 0. */
 __device__ static __forceinline__ float sgd_one(const opt_k &k, float p, float g, float *buf)
 {
-    float d = __fadd_rn(__fmul_rn(g, k.gmul), __fmul_rn(k.wd, p));
+    float d = __fmul_rn(g, k.gmul);
+    if (k.wd != 0.0f)
+        d = __fmaf_rn(p, k.wd, d);
     if (k.sgd_mode == 1) {
         *buf = d;
     } else if (k.sgd_mode == 2) {
-        d = __fadd_rn(__fmul_rn(k.momentum, *buf), d);
+        d = __fadd_rn(__fmul_rn(*buf, k.momentum), d);
         *buf = d;
     }
-    return __fsub_rn(p, __fmul_rn(k.lr, d));
+    return __fmaf_rn(d, k.neg_lr, p);
 }
 
 template <int SGD>
@@ -570,14 +576,13 @@ extern "C" int gpu_cuda_step_clip_launch(gpu_cuda_step_state *d_state,
 {
     if (d_state == NULL || c == NULL)
         return GPU_EINVAL;
-    gpu_k_step_clip<<<1, 1, 0, stream>>>(d_state, c->grad_clip, (double)c->beta1,
-                                         (double)c->beta2);
+    gpu_k_step_clip<<<1, 1, 0, stream>>>(d_state, c->grad_clip, c->beta1, c->beta2);
     GPU_CUDA_CHECK(cudaGetLastError());
     return 0;
 }
 
 /* c borrowed. */
-extern "C" int gpu_cuda_optim_launch(const gpu_optim_config *c, float lr,
+extern "C" int gpu_cuda_optim_launch(const gpu_optim_config *c, double lr,
                                      const gpu_cuda_step_state *d_state, float *d_p,
                                      const float *d_g, float *d_m, float *d_v, size_t n,
                                      void *d_work, gpu_dtype wdt, cudaStream_t stream)
@@ -602,7 +607,7 @@ extern "C" int gpu_cuda_optim_launch(const gpu_optim_config *c, float lr,
 }
 
 /* c borrowed. */
-extern "C" int gpu_cuda_optim_lowp_launch(const gpu_optim_config *c, float lr,
+extern "C" int gpu_cuda_optim_lowp_launch(const gpu_optim_config *c, double lr,
                                           gpu_cuda_step_state *d_state, void *d_w,
                                           gpu_dtype wdt, const float *d_g, float *d_m,
                                           float *d_v, const size_t *d_offsets,

@@ -158,7 +158,7 @@ int gpu_cuda_step_clip_launch(gpu_cuda_step_state *d_state, const gpu_optim_conf
  * first moment or SGD momentum buffer (NULL allowed for SGD); d_v: AdamW second moment
  * (NULL for SGD); d_work: working copy in wdt (NULL: none). Buffers may not overlap.
  * GPU_EINVAL for a NULL buffer AdamW needs or a bad wdt. */
-int gpu_cuda_optim_launch(const gpu_optim_config *c, float lr,
+int gpu_cuda_optim_launch(const gpu_optim_config *c, double lr,
                           const gpu_cuda_step_state *d_state, float *d_p, const float *d_g,
                           float *d_m, float *d_v, size_t n, void *d_work, gpu_dtype wdt,
                           cudaStream_t stream);
@@ -166,7 +166,7 @@ int gpu_cuda_optim_launch(const gpu_optim_config *c, float lr,
  * d_w (elements of wdt), skipped when found_inf. The lost updates are added to lost_step
  * and lost_total and, per tensor, written to d_tensor_lost (ntensors entries, zeroed first;
  * may be NULL). max_count as for the unscale pass. */
-int gpu_cuda_optim_lowp_launch(const gpu_optim_config *c, float lr,
+int gpu_cuda_optim_lowp_launch(const gpu_optim_config *c, double lr,
                                gpu_cuda_step_state *d_state, void *d_w, gpu_dtype wdt,
                                const float *d_g, float *d_m, float *d_v,
                                const size_t *d_offsets, const size_t *d_counts, int ntensors,

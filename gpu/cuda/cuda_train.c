@@ -526,7 +526,7 @@ static int backward(const gpu_cuda_twin *d, const gpu_cuda_model_ctx *c, int B)
 
 /* The step after backward: unscale, clip, the optimizer (skipped on the device when the
  * gradients overflowed), the scaler update; prof (NULL: off) marks each. */
-static int tail(const gpu_cuda_twin *d, float lr, gpu_cuda_prof *prof)
+static int tail(const gpu_cuda_twin *d, double lr, gpu_cuda_prof *prof)
 {
     const gpu_cuda_host *h = &d->h;
     gpu_cuda_step_state *st = d_state(d);
@@ -629,7 +629,7 @@ static int comm_result(gpu_cuda_twin *d, gpu_cuda_step_out *out)
 }
 
 /* One step; see gpu/twin.h. The cudaStreamSynchronize below is the step's only host wait. */
-int gpu_cuda_twin_step(gpu_cuda_twin *d, const void *x, const int *y, int B, float lr,
+int gpu_cuda_twin_step(gpu_cuda_twin *d, const void *x, const int *y, int B, double lr,
                        gpu_diag *diag, gpu_grad_stat *stats, int64_t *tensor_lost,
                        gpu_cuda_step_out *out, gpu_profile *prof)
 {
