@@ -110,12 +110,12 @@ int gpu_cuda_attn_softmax_bwd(const float *P, const float *dP, gpu_dtype dpdt, i
  * t is the 1-based applied count including this step (the device starts at t - 1 and
  * advances unless found_inf); *applied (may be NULL) receives the device's count after.
  * p, g, m, v, work as in gpu_optim_update (host, borrowed). */
-int gpu_cuda_optim_update_host(const gpu_optim_config *c, float lr, int64_t t, float gmul,
+int gpu_cuda_optim_update_host(const gpu_optim_config *c, double lr, int64_t t, float gmul,
                                bool found_inf, float *p, const float *g, float *m, float *v,
                                size_t n, void *work, gpu_dtype wdt, int64_t *applied);
 /* gpu_optim_update_lowp() on the device, with found_inf and *applied as above; *lost (may
  * be NULL) receives the lost-update count (0 when skipped). */
-int gpu_cuda_optim_update_lowp_host(const gpu_optim_config *c, float lr, int64_t t,
+int gpu_cuda_optim_update_lowp_host(const gpu_optim_config *c, double lr, int64_t t,
                                     float gmul, bool found_inf, void *w, gpu_dtype wdt,
                                     const float *g, float *m, float *v, size_t n,
                                     int64_t *lost, int64_t *applied);

@@ -122,7 +122,7 @@ static void upd_free(upd_dev *d)
 }
 
 /* See cudahost.h. All pointers host, borrowed. */
-extern "C" int gpu_cuda_optim_update_host(const gpu_optim_config *c, float lr, int64_t t,
+extern "C" int gpu_cuda_optim_update_host(const gpu_optim_config *c, double lr, int64_t t,
                                           float gmul, bool found_inf, float *p, const float *g,
                                           float *m, float *v, size_t n, void *work,
                                           gpu_dtype wdt, int64_t *applied)
@@ -162,7 +162,7 @@ fail:
 }
 
 /* See cudahost.h. All pointers host, borrowed. */
-extern "C" int gpu_cuda_optim_update_lowp_host(const gpu_optim_config *c, float lr, int64_t t,
+extern "C" int gpu_cuda_optim_update_lowp_host(const gpu_optim_config *c, double lr, int64_t t,
                                                float gmul, bool found_inf, void *w,
                                                gpu_dtype wdt, const float *g, float *m,
                                                float *v, size_t n, int64_t *lost,
@@ -448,7 +448,7 @@ static int tail_args_ok(const gpu_optim_config *oc, const gpu_scaler_config *sc,
 }
 
 /* Enqueue step k of a tail run on the default stream. */
-static int tail_step(const gpu_optim_config *oc, const gpu_scaler_config *sc, float lr,
+static int tail_step(const gpu_optim_config *oc, const gpu_scaler_config *sc, double lr,
                      const gpu_cuda_tail_bufs *b, const tail_dev *d, size_t max_count, int k)
 {
     size_t nt = (size_t)b->ntensors;
