@@ -100,6 +100,7 @@ struct api_resp;
     X(HEALTHZ, "/healthz", api_h_healthz, NULL, NULL)                                              \
     X(PROM, "/metrics", api_h_prom, NULL, NULL)                                                    \
     X(SYSTEM, "/v1/system", api_h_system, NULL, NULL)                                              \
+    X(OPENAPI, "/v1/openapi.json", api_h_openapi, NULL, NULL)                                      \
     X(COMPARE, "/v1/compare", api_h_compare, NULL, NULL)                                           \
     X(JOBS, "/v1/jobs", api_h_jobs_list, api_h_jobs_submit, NULL)                                  \
     X(JOB, "/v1/jobs/{id}", api_h_job_get, NULL, api_h_job_action)                                 \
@@ -240,6 +241,7 @@ const char *api_query(const api_req *q, const char *name);
 
 /* Handlers (routes.c, sse.c, prom.c). Each fills r. */
 void api_h_healthz(api_req *q, api_resp *r);
+void api_h_openapi(api_req *q, api_resp *r);
 void api_h_system(api_req *q, api_resp *r);
 void api_h_compare(api_req *q, api_resp *r);
 void api_h_jobs_list(api_req *q, api_resp *r);
@@ -253,6 +255,11 @@ void api_h_job_ckpts(api_req *q, api_resp *r);
 void api_h_job_ckpt(api_req *q, api_resp *r);
 void api_h_prom(api_req *q, api_resp *r);
 void api_h_stream(api_req *q, api_resp *r);
+
+/* docs/openapi.yaml as JSON (api/openapi_json.c, generated at build time by
+ * build-aux/openapi2c.py): api_openapi_json_len bytes, not NUL-terminated. */
+extern const char api_openapi_json[];
+extern const size_t api_openapi_json_len;
 
 /* The job object of the API (routes.c): full adds spec and summary. */
 void api_job_json(api_buf *b, const store_job *j, bool full);

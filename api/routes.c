@@ -1,7 +1,7 @@
 /*
  * routes.c - the JSON endpoints of docs/api.md: jobs (submit, list, get, cancel, resume,
  * delete), metrics (JSON and CSV, raw or downsampled), layers, events, checkpoints
- * (list and download), compare, system and healthz.
+ * (list and download), compare, system, healthz and the API's OpenAPI description.
  *
  * Every answer is built in an api_buf (no per-field allocations, no quadratic
  * concatenation); store reads go through store.h's prepared statements. Query parameters
@@ -244,6 +244,14 @@ void api_h_healthz(api_req *q, api_resp *r)
     (void)q;
     ok_json(r, 200);
     api_buf_puts(&r->body, "{\"status\":\"ok\"}");
+}
+
+/* The API's own description (docs/openapi.yaml, embedded as JSON when ampd was built). */
+void api_h_openapi(api_req *q, api_resp *r)
+{
+    (void)q;
+    ok_json(r, 200);
+    api_buf_put(&r->body, api_openapi_json, api_openapi_json_len);
 }
 
 #define API_MAX_GPUS 16

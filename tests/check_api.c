@@ -5,7 +5,9 @@
  *   units     the pure pieces: strict integer, list and id parsing, the route table, JSON
  *             strings (escapes, invalid UTF-8), numbers (NaN/Infinity, shortest round
  *             trip), CSV and Prometheus numbers and labels, the series encoders (JSON and
- *             CSV, raw and bucketed), the token comparison, JSON depth and compaction.
+ *             CSV, raw and bucketed), the token comparison, JSON depth and compaction;
+ *             the embedded OpenAPI description against the route table, the metric and
+ *             layer fields and the autocast ops the binary knows.
  *   store     a server over a real store in a temporary directory and no scheduler (the
  *             degraded mode): every GET route, each job's model in words (mlp and gpt, the
  *             spec's defaults, null for a malformed spec), the 4xx errors (404, 405 + Allow, 401 +
@@ -1878,6 +1880,154 @@ START_TEST(test_metric_table_layers)
 END_TEST
 
 /* docs/api.md documents every field of the table (as `name` in its field list). */
+/* ---- the OpenAPI description (docs/openapi.yaml, embedded as JSON) ------------------------ */
+
+/* The embedded description, parsed; a test failure when it is not one JSON object. */
+static json_t *openapi_doc(void)
+{
+    json_error_t je;
+    json_t *doc = json_loadb(api_openapi_json, api_openapi_json_len, JSON_REJECT_DUPLICATES, &je);
+    ck_assert_msg(json_is_object(doc), "the embedded OpenAPI JSON does not parse: %s", je.text);
+    return doc;
+}
+
+/* components/schemas/<name> */
+static json_t *openapi_schema(json_t *doc, const char *name)
+{
+    json_t *s = json_object_get(json_object_get(json_object_get(doc, "components"), "schemas"),
+                                name);
+    ck_assert_msg(json_is_object(s), "no schema %s in the OpenAPI description", name);
+    return s;
+}
+
+/* Whether the JSON array a holds the string v. */
+static bool json_has_str(const json_t *a, const char *v)
+{
+    size_t i;
+    json_t *e;
+    json_array_foreach(a, i, e) if (json_is_string(e) && strcmp(json_string_value(e), v) == 0)
+        return true;
+    return false;
+}
+
+/* The schema a "$ref" names (one level), or s itself. */
+static json_t *openapi_deref(json_t *doc, json_t *s)
+{
+    const char *ref = json_string_value(json_object_get(s, "$ref"));
+    const char *pfx = "#/components/schemas/";
+    if (!ref)
+        return s;
+    ck_assert_msg(strncmp(ref, pfx, strlen(pfx)) == 0, "unexpected $ref %s", ref);
+    return openapi_schema(doc, ref + strlen(pfx));
+}
+
+/* Every route of API_ROUTES is a path of the description with exactly the methods the table
+ * gives it (GET, POST, DELETE; HEAD comes with GET), and every path outside the dashboard's is
+ * a route: neither can gain an endpoint the other lacks. */
+START_TEST(test_openapi_routes)
+{
+    json_t *doc = openapi_doc();
+    json_t *paths = json_object_get(doc, "paths");
+    static const struct {
+        const char *pattern;
+        bool get, post, del;
+    } rows[] = {
+#define ROW_(id, pattern, get, post, del) {pattern, get != NULL, post != NULL, del != NULL},
+        API_ROUTES(ROW_)
+#undef ROW_
+    };
+    size_t nrows = sizeof(rows) / sizeof(rows[0]);
+    const char *key;
+    json_t *item;
+
+    ck_assert_str_eq(json_string_value(json_object_get(doc, "openapi")), "3.1.0");
+    for (size_t i = 0; i < nrows; i++) {
+        item = json_object_get(paths, rows[i].pattern);
+        ck_assert_msg(json_is_object(item), "route %s is not in the OpenAPI paths", rows[i].pattern);
+        ck_assert_msg((json_object_get(item, "get") != NULL) == rows[i].get &&
+                          (json_object_get(item, "post") != NULL) == rows[i].post &&
+                          (json_object_get(item, "delete") != NULL) == rows[i].del,
+                      "the OpenAPI methods of %s differ from API_ROUTES'", rows[i].pattern);
+        ck_assert_msg(!json_object_get(item, "put") && !json_object_get(item, "patch") &&
+                          !json_object_get(item, "head") && !json_object_get(item, "options"),
+                      "%s describes a method the server does not route", rows[i].pattern);
+    }
+    json_object_foreach(paths, key, item)
+    {
+        bool found = strcmp(key, "/") == 0 || strcmp(key, "/{file}") == 0; /* the dashboard */
+        for (size_t i = 0; i < nrows && !found; i++)
+            found = strcmp(rows[i].pattern, key) == 0;
+        ck_assert_msg(found, "OpenAPI path %s is not a route of API_ROUTES", key);
+    }
+    json_decref(doc);
+}
+END_TEST
+
+/* The metric fields: MetricName lists STORE_METRICS in order; MetricPoint has one property per
+ * field (overflow and skipped being its flags) besides step, step_last, count and nonfinite;
+ * the SSE step and eval messages have the fields of their line, typed as the table says. */
+START_TEST(test_openapi_metric_fields)
+{
+    json_t *doc = openapi_doc();
+    json_t *names = json_object_get(openapi_schema(doc, "MetricName"), "enum");
+    json_t *point = json_object_get(openapi_schema(doc, "MetricPoint"), "properties");
+    json_t *stepm = json_object_get(openapi_schema(doc, "StepMessage"), "properties");
+    json_t *evalm = json_object_get(openapi_schema(doc, "EvalMessage"), "properties");
+
+    ck_assert_int_eq((int)json_array_size(names), STORE_M_NFIELDS);
+    ck_assert_int_eq((int)json_object_size(point), STORE_M_NFIELDS + 4);
+    for (int f = 0; f < STORE_M_NFIELDS; f++) {
+        const store_metric_info *m = store_metric_field(f);
+        json_t *own = m->line == STORE_LINE_STEP ? stepm : evalm;
+        json_t *other = m->line == STORE_LINE_STEP ? evalm : stepm;
+        json_t *sch = openapi_deref(doc, json_object_get(own, m->name));
+        const json_t *type = json_object_get(sch, "type");
+        ck_assert_msg(json_is_string(json_array_get(names, (size_t)f)) &&
+                          strcmp(json_string_value(json_array_get(names, (size_t)f)), m->name) == 0,
+                      "MetricName[%d] is not %s", f, m->name);
+        ck_assert_msg(json_object_get(point, m->name), "MetricPoint lacks %s", m->name);
+        ck_assert_msg(json_object_get(own, m->name) && !json_object_get(other, m->name),
+                      "%s is not in the SSE message of its line only", m->name);
+        if (m->type == STORE_TYPE_INT)
+            ck_assert_msg(json_has_str(type, "integer") && json_has_str(type, "null"),
+                          "%s (INT) is not typed [integer, null] in its SSE message", m->name);
+        else if (m->type == STORE_TYPE_BOOL)
+            ck_assert_msg(json_has_str(type, "boolean") && json_has_str(type, "null"),
+                          "%s (BOOL) is not typed [boolean, null] in its SSE message", m->name);
+        else
+            ck_assert_msg(json_object_get(sch, "anyOf") && !type,
+                          "%s (a real) is not a number, NaN/Infinity or null in its SSE message",
+                          m->name);
+    }
+    ck_assert_int_eq((int)json_object_size(stepm) + (int)json_object_size(evalm),
+                     STORE_M_NFIELDS + 4); /* type and step in each */
+    json_decref(doc);
+}
+END_TEST
+
+/* The layer fields (LayerField, LayerRow) and the autocast ops (AutocastOp) are the store's and
+ * the engine's. */
+START_TEST(test_openapi_layers_autocast)
+{
+    json_t *doc = openapi_doc();
+    json_t *lf = json_object_get(openapi_schema(doc, "LayerField"), "enum");
+    json_t *row = json_object_get(openapi_schema(doc, "LayerRow"), "properties");
+    json_t *ops = json_object_get(openapi_schema(doc, "AutocastOp"), "enum");
+
+    ck_assert_int_eq((int)json_array_size(lf), STORE_L_NFIELDS);
+    ck_assert_int_eq((int)json_object_size(row), STORE_L_NFIELDS + 2); /* name, dtype */
+    for (int f = 0; f < STORE_L_NFIELDS; f++) {
+        ck_assert_str_eq(json_string_value(json_array_get(lf, (size_t)f)), store_layer_field_name(f));
+        ck_assert_msg(json_object_get(row, store_layer_field_name(f)), "LayerRow lacks %s",
+                      store_layer_field_name(f));
+    }
+    ck_assert_int_eq((int)json_array_size(ops), GPU_OP_COUNT);
+    for (int o = 0; o < GPU_OP_COUNT; o++)
+        ck_assert_str_eq(json_string_value(json_array_get(ops, (size_t)o)), gpu_op_name((gpu_op)o));
+    json_decref(doc);
+}
+END_TEST
+
 START_TEST(test_metric_fields_documented)
 {
     const char *srcdir = getenv("srcdir");
@@ -2541,6 +2691,9 @@ static Suite *api_suite(void)
     tcase_add_test(u, test_misc);
     tcase_add_test(u, test_series_json);
     tcase_add_test(u, test_metric_fields_documented);
+    tcase_add_test(u, test_openapi_routes);
+    tcase_add_test(u, test_openapi_metric_fields);
+    tcase_add_test(u, test_openapi_layers_autocast);
     suite_add_tcase(s, u);
 
     TCase *t = tcase_create("store");

@@ -12,6 +12,11 @@
 #   4xx JSON error while the daemon keeps serving; start-up errors; kill -9 of the daemon
 #   mid-job and a restart that resumes from the last checkpoint with exactly one row per
 #   step; kill -9 of a worker fails its job with a reason and the next queued job runs.
+# Every request goes through acurl, which records it (method, path, status, headers, body);
+# at the end tests/openapi_check.mjs checks every recorded response against the OpenAPI
+# description (api/openapi.json, from docs/openapi.yaml): the status documented for the
+# operation, the Content-Type, the body valid against the schema. That part is skipped, with
+# the reason, when Node.js or web/node_modules (ajv) is missing.
 # Every wait is bounded; every daemon started here is killed on exit.
 set -u
 AMPD=${AMPD:-./ampd}
@@ -48,11 +53,50 @@ start_daemon() {
     URL="http://127.0.0.1:${PORT:-0}"
 }
 
+# acurl [curl args] URL: curl against a daemon, recorded for the OpenAPI check. Takes the
+# curl options this script uses; -o FILE, -D FILE (- for stdout) and -w FORMAT (only
+# %{http_code}) behave as curl's, the rest go to curl as they are. The exchange goes to
+# $REC/r.XXXXXX.{req,hdr,body} (a unique name, so calls in subshells do not collide).
+REC=$TMP/rec
+mkdir -p "$REC"
+acurl() {
+    local args=() out="" hdr="" wfmt="" method="" url="" data=false a f rc code
+    while [ $# -gt 0 ]; do
+        a=$1
+        shift
+        case $a in
+        -o) out=$1; shift ;;
+        -D) hdr=$1; shift ;;
+        -w) wfmt=$1; shift ;;
+        -X) method=$1; args+=(-X "$1"); shift ;;
+        -I) method=HEAD; args+=(-I) ;;
+        --data-binary | -d) data=true; args+=("$a" "$1"); shift ;;
+        -H | -m) args+=("$a" "$1"); shift ;;
+        http://*) url=$a ;;
+        *) args+=("$a") ;;
+        esac
+    done
+    [ -n "$method" ] || { $data && method=POST || method=GET; }
+    f=$(mktemp "$REC/r.XXXXXX")
+    printf '%s %s\n' "$method" "/${url#http://*/}" >"$f.req"
+    code=$(curl "${args[@]}" -o "$f.body" -D "$f.hdr" -w '%{http_code}' "$url")
+    rc=$?
+    if [ "$hdr" = - ]; then tr -d '\r' <"$f.hdr" | cat; fi
+    if [ -n "$hdr" ] && [ "$hdr" != - ]; then cp "$f.hdr" "$hdr"; fi
+    if [ -z "$out" ]; then
+        cat "$f.body" 2>/dev/null
+    elif [ "$out" != /dev/null ]; then
+        cp "$f.body" "$out" 2>/dev/null || : >"$out"
+    fi
+    [ -n "$wfmt" ] && printf '%b' "${wfmt//%\{http_code\}/$code}"
+    return $rc
+}
+
 # req METHOD PATH [curl args]: sets CODE and BODY.
 req() {
     local m=$1 p=$2 out
     shift 2
-    out=$(curl -sS -m 20 -X "$m" -w '\n%{http_code}' "$@" "$URL$p" 2>&1)
+    out=$(acurl -sS -m 20 -X "$m" -w '\n%{http_code}' "$@" "$URL$p" 2>&1)
     CODE=${out##*$'\n'}
     BODY=${out%$'\n'*}
 }
@@ -90,7 +134,7 @@ wait_step() { # id step seconds: 0 once the job's progress reached the step
 }
 # The raw metric steps of a job, one per line (CSV export).
 raw_steps() {
-    curl -sS -m 20 "$URL/v1/jobs/$1/metrics?fields=loss&format=csv" | tail -n +2 | cut -d, -f1
+    acurl -sS -m 20 "$URL/v1/jobs/$1/metrics?fields=loss&format=csv" | tail -n +2 | cut -d, -f1
 }
 steps_are_1_to() { # id n: the raw steps are exactly 1..n
     raw_steps "$1" >"$TMP/steps"
@@ -152,7 +196,7 @@ check "start-up log names the dashboard's URL and files" \
 get_file() { # path [curl args]: sets CODE, BODY and HDRS (the response headers)
     local p=$1
     shift
-    BODY=$(curl -sS -m 20 -D "$TMP/hdrs" -w '\n%{http_code}' "$@" "$URL$p" 2>&1)
+    BODY=$(acurl -sS -m 20 -D "$TMP/hdrs" -w '\n%{http_code}' "$@" "$URL$p" 2>&1)
     CODE=${BODY##*$'\n'}
     BODY=${BODY%$'\n'*}
     HDRS=$(tr -d '\r' <"$TMP/hdrs")
@@ -202,10 +246,11 @@ submit "$(spec small 300 ', "eval_every": 100, "checkpoint_every": 100')"
 id1=$SID
 check "submit answers 201 with an id" test -n "$id1"
 check "the new job is queued or running" grep -Eq '"status":"(queued|running)"' <<<"$BODY"
-check "Location header points at the job" \
-    sh -c "curl -sS -m 20 -o /dev/null -D - -X POST -H 'Authorization: Bearer $TOKEN' \
-        -H 'Content-Type: application/json' --data-binary '$(spec loc 10)' $URL/v1/jobs |
-        grep -qi '^Location: /v1/jobs/[0-9]'"
+location_ok() {
+    acurl -sS -m 20 -o /dev/null -D - -X POST "${AUTH[@]}" -H 'Content-Type: application/json' \
+        --data-binary "$(spec loc 10)" "$URL/v1/jobs" | grep -qi '^Location: /v1/jobs/[0-9]'
+}
+check "Location header points at the job" location_ok
 check "job 1 succeeds" wait_status "$id1" succeeded 30
 req GET "/v1/jobs/$id1"
 check "job 1 has started and finished times" \
@@ -223,7 +268,7 @@ check "raw JSON series reports total_steps" grep -q '"total_steps":300}' <<<"$BO
 req GET "/v1/jobs/$id1/checkpoints"
 check "checkpoints at 100, 200, 300" \
     test "$(grep -o '"step":[0-9]*' <<<"$BODY" | tr -dc '0-9\n' | tr '\n' ' ')" = '100 200 300 '
-curl -sS -m 20 -o "$TMP/ck.bin" "$URL/v1/jobs/$id1/checkpoints/300"
+acurl -sS -m 20 -o "$TMP/ck.bin" "$URL/v1/jobs/$id1/checkpoints/300"
 hdr=$(head -c 8 "$TMP/ck.bin" | od -An -tu8 | tr -d ' ')
 check "checkpoint download is a safetensors file (header of ${hdr:-?} bytes)" \
     sh -c "test '${hdr:-0}' -gt 0 && test '${hdr:-0}' -lt $(stat -c %s "$TMP/ck.bin")"
@@ -232,7 +277,7 @@ check "events record the worker's start and the end" \
     grep -q '"kind":"lifecycle","message":"worker [0-9]* started.*"message":"succeeded"' <<<"$BODY"
 
 # ---- CSV export ------------------------------------------------------------------------------
-curl -sS -m 20 -D "$TMP/csv.h" -o "$TMP/csv" \
+acurl -sS -m 20 -D "$TMP/csv.h" -o "$TMP/csv" \
     "$URL/v1/jobs/$id1/metrics?format=csv&fields=loss,lr,loss_scale,overflow"
 check "CSV header" test "$(head -1 "$TMP/csv")" = "step,loss,lr,loss_scale,overflow"
 check "CSV has one line per step" test "$(tail -n +2 "$TMP/csv" | wc -l)" -eq 300
@@ -246,7 +291,7 @@ ovf_prec='{"dtype": "fp16",
 submit "$(spec overflow 400 '' '[32, 64, 4]' "$ovf_prec")"
 id2=$SID
 check "fp16 job at scale 2^24 succeeds" wait_status "$id2" succeeded 30
-curl -sS -m 20 "$URL/v1/jobs/$id2/metrics?fields=overflow&format=csv" |
+acurl -sS -m 20 "$URL/v1/jobs/$id2/metrics?fields=overflow&format=csv" |
     awk -F, '$2 == 1 { print $1 }' >"$TMP/ovf_raw"
 check "the first steps overflowed" test "$(head -1 "$TMP/ovf_raw")" = 1
 req GET "/v1/jobs/$id2/metrics?fields=loss,loss_scale&points=10"
@@ -265,7 +310,7 @@ check "overflow events name the scale change" \
 submit "$(spec sse 8000 '' "$BIG")"
 id3=$SID
 wait_step "$id3" 5 30
-curl -sSN -m 1 "$URL/v1/jobs/$id3/stream" >"$TMP/sse1" 2>/dev/null
+acurl -sSN -m 1 "$URL/v1/jobs/$id3/stream" >"$TMP/sse1" 2>/dev/null
 # the messages that arrived whole (a blank line ends each; the cut one is not dispatched)
 complete() { awk '/^$/ { if (m != "") print m; m = ""; next } { m = m (m == "" ? "" : "\n") $0 }' "$1"; }
 complete "$TMP/sse1" >"$TMP/sse1c"
@@ -273,7 +318,7 @@ last=$(grep '^id:' "$TMP/sse1c" | tail -1 | tr -dc '0-9')
 status_mid=$(job_status "$id3")
 check "SSE client saw live step events" grep -q '^data: {"type":"step"' "$TMP/sse1"
 check "the job was still running when the first client left" test "$status_mid" = running
-curl -sSN -m 40 -H "Last-Event-ID: ${last:-0}" "$URL/v1/jobs/$id3/stream" >"$TMP/sse2" 2>/dev/null
+acurl -sSN -m 40 -H "Last-Event-ID: ${last:-0}" "$URL/v1/jobs/$id3/stream" >"$TMP/sse2" 2>/dev/null
 check "SSE job succeeded" wait_status "$id3" succeeded 30
 sse_steps() { # the step numbers of a stream's step events
     grep '^data: {"type":"step"' "$1" | sed 's/^data: {"type":"step","step":\([0-9]*\),.*/\1/'
@@ -284,7 +329,7 @@ check "the reconnect (Last-Event-ID ${last:-?}) starts at the step after the las
     test "$(head -1 "$TMP/s2")" = "$(($(tail -1 "$TMP/s1") + 1))"
 check "every message id of the two streams is new and increasing" \
     awk '/^id: / { if ($2 + 0 <= prev) exit 1; prev = $2 + 0 }' <(cat "$TMP/sse1c" "$TMP/sse2")
-code=$(curl -sS -m 10 -o /dev/null -w '%{http_code}' \
+code=$(acurl -sS -m 10 -o /dev/null -w '%{http_code}' \
     -H "Last-Event-ID: $(grep '^id:' "$TMP/sse2" | tail -1 | tr -dc '0-9')" "$URL/v1/jobs/$id3/stream")
 check "a reconnect after the end is answered 204 (EventSource stops)" test "$code" = 204
 seq 1 8000 >"$TMP/seq8000"
@@ -304,7 +349,7 @@ check "the job becomes cancelled" wait_status "$id4" cancelled 30
 req GET "/v1/jobs/$id4"
 ck4=$(jget checkpoint_step)
 check "cancel left a checkpoint (step ${ck4:-none})" test "${ck4:-0}" -gt 0
-code=$(curl -sS -m 20 -o /dev/null -w '%{http_code}' "$URL/v1/jobs/$id4/checkpoints/$ck4")
+code=$(acurl -sS -m 20 -o /dev/null -w '%{http_code}' "$URL/v1/jobs/$id4/checkpoints/$ck4")
 check "the cancel checkpoint downloads" test "$code" = 200
 req POST "/v1/jobs/$id4/cancel" "${AUTH[@]}"
 check "cancel of a cancelled job is 409" test "$CODE" = 409
@@ -347,7 +392,7 @@ check "the cursor pages continue the list, newest first, without overlap" \
     test "$page1$page2" = "$(echo "$all" | cut -d' ' -f1-4) "
 
 # ---- /metrics --------------------------------------------------------------------------------
-curl -sS -m 20 "$URL/metrics" >"$TMP/prom"
+acurl -sS -m 20 "$URL/metrics" >"$TMP/prom"
 prom_ok() {
     # name{label="value",...} value [timestamp]; every sample's family has a # TYPE line
     local name='[a-zA-Z_:][a-zA-Z0-9_:]*' label='[a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*"'
@@ -520,7 +565,7 @@ serve_briefly() { # log-file args...: start, wait for the port, GET / into CODE/
         sleep 0.05
     done
     port=$(cat "$TMP/port2" 2>/dev/null)
-    out=$(curl -sS -m 20 -w '\n%{http_code}' "http://127.0.0.1:${port:-0}/" 2>&1)
+    out=$(acurl -sS -m 20 -w '\n%{http_code}' "http://127.0.0.1:${port:-0}/" 2>&1)
     CODE=${out##*$'\n'}
     BODY=${out%$'\n'*}
     kill -TERM "$pid" 2>/dev/null
@@ -596,6 +641,21 @@ DPID=""
 check "the running job is interrupted" grep -q "job $id8: interrupted at step" "$TMP/daemon.log"
 check "... after writing a checkpoint" \
     sh -c "ls '$TMP/data/jobs/$id8/' | grep -q '^ckpt-[0-9]*\.safetensors$'"
+
+# ---- every response above against the OpenAPI description -----------------------------------
+NODE=${NODE:-$(command -v node || true)}
+srcdir=${srcdir:-.}
+if [ -z "$NODE" ]; then
+    echo "# SKIP the OpenAPI check of the responses: Node.js not found"
+elif [ ! -d "$srcdir/web/node_modules/ajv" ] || [ ! -d "$srcdir/web/node_modules/ajv-formats" ]; then
+    echo "# SKIP the OpenAPI check of the responses: $srcdir/web/node_modules has no ajv" \
+        "(npm ci --prefix web installs it; a --disable-dashboard build may not have it)"
+else
+    "$NODE" "$srcdir/tests/openapi_check.mjs" api/openapi.json "$REC"
+    rc=$?
+    check "every response ($(find "$REC" -name '*.req' | wc -l) recorded) matches the OpenAPI description" \
+        test "$rc" -eq 0
+fi
 
 echo "$pass passed, $fail failed"
 test "$fail" -eq 0
