@@ -456,8 +456,8 @@ static int parse_scaler(ctx *c, json_t *ls, gpu_scaler_config *s)
         (rc = get_choice(c, ls, "mode", "precision.loss_scale.mode", modes, &mode)) ||
         (rc =
              get_real(c, ls, "init", "precision.loss_scale.init", ABOVE(0, big), &s->init_scale)) ||
-        (rc = get_double(c, ls, "growth_factor", "precision.loss_scale.growth_factor", ABOVE(1, big),
-                       &s->growth_factor)) ||
+        (rc = get_double(c, ls, "growth_factor", "precision.loss_scale.growth_factor",
+                         ABOVE(1, big), &s->growth_factor)) ||
         (rc = get_double(c, ls, "backoff_factor", "precision.loss_scale.backoff_factor",
                        BETWEEN(0, 1), &s->backoff_factor)) ||
         (rc = get_int32(c, ls, "growth_interval", "precision.loss_scale.growth_interval", 1,

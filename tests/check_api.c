@@ -1943,7 +1943,8 @@ START_TEST(test_openapi_routes)
     ck_assert_str_eq(json_string_value(json_object_get(doc, "openapi")), "3.1.0");
     for (size_t i = 0; i < nrows; i++) {
         item = json_object_get(paths, rows[i].pattern);
-        ck_assert_msg(json_is_object(item), "route %s is not in the OpenAPI paths", rows[i].pattern);
+        ck_assert_msg(json_is_object(item), "route %s is not in the OpenAPI paths",
+                      rows[i].pattern);
         ck_assert_msg((json_object_get(item, "get") != NULL) == rows[i].get &&
                           (json_object_get(item, "post") != NULL) == rows[i].post &&
                           (json_object_get(item, "delete") != NULL) == rows[i].del,
@@ -2017,7 +2018,8 @@ START_TEST(test_openapi_layers_autocast)
     ck_assert_int_eq((int)json_array_size(lf), STORE_L_NFIELDS);
     ck_assert_int_eq((int)json_object_size(row), STORE_L_NFIELDS + 2); /* name, dtype */
     for (int f = 0; f < STORE_L_NFIELDS; f++) {
-        ck_assert_str_eq(json_string_value(json_array_get(lf, (size_t)f)), store_layer_field_name(f));
+        ck_assert_str_eq(json_string_value(json_array_get(lf, (size_t)f)),
+                         store_layer_field_name(f));
         ck_assert_msg(json_object_get(row, store_layer_field_name(f)), "LayerRow lacks %s",
                       store_layer_field_name(f));
     }

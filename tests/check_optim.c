@@ -3,9 +3,10 @@
  *
  * AdamW and SGD with momentum are checked bit for bit against what torch.optim produced
  * (tests/data/torch_optim.txt, 200 steps on fixed gradients, on every kernel path), and
- * against double-precision reference implementations written here from PyTorch's formulas; the fused working copy against the
- * scalar conversions of format.c; the lost-update count of the low-precision path against
- * cases whose outcome is known; the schedule against its closed forms.
+ * against double-precision reference implementations written here from PyTorch's formulas;
+ * the fused working copy against the scalar conversions of format.c; the lost-update count of
+ * the low-precision path against cases whose outcome is known; the schedule against its
+ * closed forms.
  *
  * Threads: Check forks one child per test; nothing is shared.
  */

@@ -17,7 +17,8 @@ its float32 bits.
 Scaler case: PyTorch's _amp_update_scale_ rule (GradScaler's update; in torch 1.13 a CUDA
 kernel, so it is written out here as that kernel computes it: a float32 scale times a double
 factor, rounded to float32 once; growth only when the result is finite) with found_inf drawn
-from a hash of the step (every EVERY-th step on average). Lines "s STEP FOUND_INF SCALE_BITS TRACKER".
+from a hash of the step (every EVERY-th step on average). Lines
+"s STEP FOUND_INF SCALE_BITS TRACKER".
 """
 import sys
 
