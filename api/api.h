@@ -93,12 +93,20 @@ typedef struct {
     api_spec_opts spec;    /* data roots for spec validation */
     char web_root[512];    /* static dashboard files; empty: none */
     int metrics_keep_s;    /* /metrics keeps a finished job's series this long; 0: drops them */
+    /* A request head (request line and headers) must be complete this long after its
+     * connection opened or its previous request ended, however slowly it trickles in (0: 10). */
+    int head_timeout_s;
+    /* Open connections from one address beyond loopback (an IPv6 /64 counts as one
+     * address); more are closed at accept (0: 64). */
+    int max_per_addr;
+    /* Open connections in all; 0: from the open-file limit. */
+    unsigned max_conns;
 } api_config;
 
-/* Start serving (libmicrohttpd's threads). st is borrowed and must outlive the server;
- * jobs is copied (NULL: degraded mode, mutations answer 503), its ctx must outlive the
- * server. Refuses (GPU_EINVAL with a message in err) to listen beyond loopback without a
- * token. Caller stops with api_stop(). */
+/* Start serving (a fixed pool of libmicrohttpd threads and one watcher thread; see
+ * server.c). st is borrowed and must outlive the server; jobs is copied (NULL: degraded
+ * mode, mutations answer 503), its ctx must outlive the server. Refuses (GPU_EINVAL with a
+ * message in err) to listen beyond loopback without a token. Caller stops with api_stop(). */
 int api_start(const api_config *c, struct store *st, const api_jobs *jobs, api_server **out,
               char *err, size_t errlen);
 /* The port actually bound (useful with port 0). */

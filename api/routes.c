@@ -268,6 +268,12 @@ static void probe_cuda(void)
         (void)gpu_cuda_devices(cuda_devs, API_MAX_GPUS, &cuda_ndevs);
 }
 
+/* See api_int.h. */
+void api_system_probe(void)
+{
+    pthread_once(&cuda_once, probe_cuda);
+}
+
 /* The GPUs, as [{"index", "name", "memory_bytes", "compute_capability", "multiprocessors"}]. */
 static void put_gpus(api_buf *b)
 {

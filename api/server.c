@@ -12,12 +12,28 @@
  * is dropped and the request answered 413), and on the last call the handler that the
  * route table (route.c) names for the method fills an api_resp that respond() sends.
  *
- * Threads: MHD runs one thread per connection (MHD_USE_THREAD_PER_CONNECTION with an
- * internal polling thread that accepts), so a handler may block: the SSE content reader
- * waits for live lines in its own thread. The per-request context belongs to its
- * connection's thread and is freed in the completion callback. Shared state (api_server)
- * is read-only after start except the atomics (stopping, the status counters) and the
- * mutex/condition the SSE readers sleep on, which api_stop() broadcasts.
+ * Threads: MHD runs a fixed pool of threads (MHD_USE_INTERNAL_POLLING_THREAD with
+ * MHD_USE_EPOLL and MHD_OPTION_THREAD_POOL_SIZE), each with its own epoll set and its share
+ * of the connections, so an idle or slow connection costs a socket and some memory, never a
+ * thread. The pool has as many threads as cores, at least 4 and at most 16: the handlers
+ * are CPU-bound store reads and short store writes, so more threads than cores buy little,
+ * but a connection stays on the thread that accepted it, and one slow request (a long
+ * series, a delete that waits for the writer) holds up its thread's other connections: with
+ * at least 4 it holds up a quarter of them at most, even on a 1- or 2-core machine; each
+ * thread keeps a read connection to the store, hence the ceiling. Handlers must not wait:
+ * an SSE stream with nothing to send suspends its connection (sse.c). One watcher thread
+ * (watch_main) waits for the store's commits and resumes the SSE streams that have news or
+ * a heartbeat due, and closes the connections whose request head is overdue (conn.c); it
+ * also logs what the limits refused, at most every LOG_EVERY_MS. The per-request context
+ * belongs to its connection's pool thread and is freed in the completion callback. Shared
+ * state (api_server) is read-only after start except the atomics (stopping, the counters)
+ * and what conn_mu, park_mu and prom_mu guard.
+ *
+ * Limits: at most max_conns connections in all (from the open-file limit, which the daemon
+ * raises to its hard limit at start, less what the store, the workers' pipes and log files
+ * and files being sent need), at most max_per_addr from one address beyond loopback
+ * (refused at accept), a complete request head within head_timeout_ms (conn.c), and
+ * libmicrohttpd's idle timeout of CONN_TIMEOUT_S (a slow reader of a response).
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -30,6 +46,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -40,10 +57,19 @@
 #define MAX_PATH_LEN 2048       /* longest URL path accepted */
 #define MAX_QUERY_LEN 8192      /* longest total of query keys and values */
 #define DISCARD_CAP (64u << 20) /* a chunked body this far past max_body closes the socket */
-#define CONN_LIMIT 1024u
 #define CONN_TIMEOUT_S 60u
 #define DEFAULT_HEARTBEAT_MS 15000
 #define DEFAULT_MAX_BODY (1u << 20)
+#define DEFAULT_HEAD_TIMEOUT_S 10
+#define DEFAULT_MAX_PER_ADDR 64u
+#define POOL_MIN 4
+#define POOL_MAX 16
+#define FD_RESERVE 512u    /* descriptors kept from connections: store, pipes, logs, files */
+#define MAX_CONNS 65536u   /* each connection reserves libmicrohttpd's 32 KiB buffer pool */
+#define WATCH_SLICE_MS 250 /* the watcher's longest wait: api_stop waits at most this long */
+#define LOG_EVERY_MS 10000 /* the watcher logs what the limits refused at most this often */
+#define MHD_LOG_BURST 20u  /* libmicrohttpd's messages logged per LOG_EVERY_MS */
+#define STOP_GRACE_MS 1000 /* api_stop waits this long for the SSE streams to end */
 
 /* Per-request state (MHD's con_cls); freed in on_completed. */
 typedef struct {
@@ -336,6 +362,14 @@ static void dispatch(api_req *q, api_resp *r)
         api_error_resp(r, 404, "not_found", NULL, "no route");
 }
 
+/* The connection's api_conn (its socket context), or NULL. */
+static api_conn *conn_of(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
                                   const char *method, const char *version, const char *upload_data,
                                   size_t *upload_data_size, void **con_cls)
@@ -346,6 +380,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     (void)version;
 
     if (!x) {
+        api_conn_head_done(s, conn_of(c)); /* the head is complete: no deadline now */
         x = calloc(1, sizeof(*x));
         if (!x)
             return MHD_NO;
@@ -394,7 +429,8 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
     req_ctx *x = *con_cls;
-    (void)cls, (void)c, (void)toe;
+    (void)toe;
+    api_conn_head_wait(cls, conn_of(c)); /* keep-alive: the next head's deadline runs */
     if (x) {
         api_buf_free(&x->body);
         free(x);
@@ -402,13 +438,55 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     }
 }
 
+/* The accept policy: the per-address limit (conn.c). */
+static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen_t addrlen)
+{
+    return api_conn_admit(cls, addr, addrlen) ? MHD_YES : MHD_NO;
+}
+
+/* A connection starts (track it: its head's deadline, its address's count) or ends. */
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    api_server *s = cls;
+    const union MHD_ConnectionInfo *fd, *addr;
+    const struct sockaddr *sa;
+    api_conn *k = NULL;
+
+    if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
+        api_conn_close(s, *socket_context);
+        *socket_context = NULL;
+        return;
+    }
+    fd = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    addr = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    sa = addr ? addr->client_addr : NULL;
+    if (!fd)
+        return;
+    if (api_conn_open(s, fd->connect_fd, sa,
+                      sa && sa->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+                                                      : sizeof(struct sockaddr_in),
+                      &k) != 0) {
+        shutdown(fd->connect_fd, SHUT_RDWR); /* untracked, it could outstay every deadline */
+        return;
+    }
+    *socket_context = k;
+}
+
 static void on_mhd_log(void *cls, const char *fmt, va_list ap)
     __attribute__((format(printf, 2, 0)));
 
+/* libmicrohttpd's messages, at most MHD_LOG_BURST per LOG_EVERY_MS (the watcher counts the
+ * rest and says how many): each client that breaks off mid-request gets a line, and a
+ * flood of such clients must not flood the log. */
 static void on_mhd_log(void *cls, const char *fmt, va_list ap)
 {
+    api_server *s = cls;
     char msg[512];
-    (void)cls;
+    if (atomic_fetch_add(&s->mhd_lines, 1) >= MHD_LOG_BURST) {
+        atomic_fetch_add(&s->mhd_dropped, 1);
+        return;
+    }
     vsnprintf(msg, sizeof(msg), fmt, ap);
     size_t n = strlen(msg);
     while (n > 0 && (msg[n - 1] == '\n' || msg[n - 1] == '\r'))
@@ -498,6 +576,75 @@ static void read_cpu_model(api_server *s)
         fclose(f);
 }
 
+/* The connection cap: the open-file limit less FD_RESERVE and an eighth (a connection that
+ * is sent a file holds a second descriptor), at most MAX_CONNS. */
+static unsigned conn_cap(void)
+{
+    struct rlimit rl;
+    rlim_t n = 1024, keep;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0)
+        n = rl.rlim_cur == RLIM_INFINITY ? (rlim_t)MAX_CONNS * 2 : rl.rlim_cur;
+    keep = FD_RESERVE + n / 8;
+    if (n < 2 * keep)
+        return (unsigned)(n / 2 > 16 ? n / 2 : 16);
+    return n - keep > MAX_CONNS ? MAX_CONNS : (unsigned)(n - keep);
+}
+
+/* The watcher thread: resumes parked SSE streams after each commit of the store (and when
+ * their heartbeat is due), shuts down connections whose request head is overdue, and logs
+ * what the limits refused. Ends within WATCH_SLICE_MS once the server is stopping. */
+static void *watch_main(void *arg)
+{
+    api_server *s = arg;
+    uint64_t commits = 0;
+    int64_t next_log = api_now_ms() + LOG_EVERY_MS;
+    unsigned long long swept = 0;
+    bool stopping = false;
+
+    while (!stopping) {
+        int64_t now = api_now_ms(), next = now + WATCH_SLICE_MS;
+        int closed = 0;
+        stopping = atomic_load(&s->stopping);
+        if (!stopping) {
+            api_sse_wake(s, commits, now, &next);
+            api_conn_sweep(s, now, &closed, &next);
+            swept += (unsigned long long)closed;
+        }
+        if (now >= next_log || stopping) {
+            unsigned refused = atomic_exchange(&s->refused, 0);
+            unsigned dropped = atomic_exchange(&s->mhd_dropped, 0);
+            atomic_store(&s->mhd_lines, 0);
+            if (dropped)
+                log_warn("libmicrohttpd: %u more message(s) not logged", dropped);
+            if (swept)
+                log_warn("closed %llu connection(s) whose request head was not complete "
+                         "within %d s",
+                         swept, s->head_timeout_ms / 1000);
+            if (refused)
+                log_warn("refused %u connection(s) over the limit of %u per address", refused,
+                         s->max_per_addr);
+            swept = 0;
+            next_log = now + LOG_EVERY_MS;
+        }
+        if (!stopping)
+            store_wait_commit(s->st, &commits, next > now ? (int)(next - now) : 1);
+    }
+    return NULL;
+}
+
+/* Free what api_start built before the daemon (a NULL mhd) or after it was stopped. */
+static void server_free(api_server *s)
+{
+    if (!s)
+        return;
+    api_peers_free(&s->peers);
+    pthread_mutex_destroy(&s->conn_mu);
+    pthread_mutex_destroy(&s->park_mu);
+    api_prom_free(s);
+    pthread_mutex_destroy(&s->prom_mu);
+    free(s);
+}
+
 /* See api.h. c and st are borrowed; st must not be NULL; jobs may be NULL (mutations and
  * live streams then answer 503 / read the store only). */
 int api_start(const api_config *c, struct store *st, const api_jobs *jobs, api_server **out,
@@ -539,17 +686,15 @@ int api_start(const api_config *c, struct store *st, const api_jobs *jobs, api_s
         s->jobs = &s->jobs_copy;
     }
     atomic_init(&s->stopping, false);
+    atomic_init(&s->refused, 0);
+    atomic_init(&s->mhd_lines, 0);
+    atomic_init(&s->mhd_dropped, 0);
+    atomic_init(&s->streams, 0);
     for (int i = 0; i < API_NCODES; i++)
         atomic_init(&s->codes[i], 0);
-    pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->prom_mu, NULL);
-    {
-        pthread_condattr_t ca;
-        pthread_condattr_init(&ca);
-        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-        pthread_cond_init(&s->cv, &ca);
-        pthread_condattr_destroy(&ca);
-    }
+    pthread_mutex_init(&s->conn_mu, NULL);
+    pthread_mutex_init(&s->park_mu, NULL);
     s->heartbeat_ms = DEFAULT_HEARTBEAT_MS;
     hb = getenv("AMPD_SSE_HEARTBEAT_MS");
     if (hb) {
@@ -559,39 +704,53 @@ int api_start(const api_config *c, struct store *st, const api_jobs *jobs, api_s
         else
             log_warn("AMPD_SSE_HEARTBEAT_MS=%s ignored (want 10..30000)", hb);
     }
+    s->head_timeout_ms =
+        1000 * (c->head_timeout_s > 0 ? c->head_timeout_s : DEFAULT_HEAD_TIMEOUT_S);
+    s->max_per_addr = c->max_per_addr > 0 ? (unsigned)c->max_per_addr : DEFAULT_MAX_PER_ADDR;
+    s->max_conns = c->max_conns ? c->max_conns : conn_cap();
     if (s->cfg.web_root[0] && !realpath(s->cfg.web_root, s->web_root_real)) {
         log_warn("web root %s: %s; not serving static files", s->cfg.web_root, strerror(errno));
         s->web_root_real[0] = '\0';
     }
     read_cpu_model(s);
-    /* Loads BLAS once here, before the connection threads exist (it may setenv). */
+    s->threads = s->cores < POOL_MIN ? POOL_MIN : s->cores > POOL_MAX ? POOL_MAX : s->cores;
+    /* Loads BLAS once here, before the server's threads exist (it may setenv). */
     s->blas_info = gpu_blas_info();
+    api_system_probe();
 
-    flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL |
+    flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
             MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
-    s->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER,
-                              on_mhd_log, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
-                              MHD_OPTION_CONNECTION_LIMIT, CONN_LIMIT,
-                              MHD_OPTION_CONNECTION_TIMEOUT, CONN_TIMEOUT_S,
-                              MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_END);
+    s->mhd = MHD_start_daemon(
+        flags, 0, on_accept, s, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s,
+        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_THREAD_POOL_SIZE,
+        (unsigned)s->threads, MHD_OPTION_CONNECTION_LIMIT, s->max_conns,
+        MHD_OPTION_CONNECTION_TIMEOUT, CONN_TIMEOUT_S, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_END);
     if (!s->mhd) {
         snprintf(err, errlen, "cannot listen on %s (address in use or not available)", c->listen);
         rc = GPU_EIO;
         goto fail;
     }
+    if (pthread_create(&s->watcher, NULL, watch_main, s) != 0) {
+        snprintf(err, errlen, "cannot start the server's watcher thread");
+        rc = GPU_ENOMEM;
+        goto fail;
+    }
+    s->watcher_started = true;
     {
         const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
         s->port = di ? di->port : 0;
     }
-    log_info("listening on %s (port %u)%s", c->listen, s->port,
-             c->token[0] ? ", bearer token required for changes" : "");
+    log_info("listening on %s (port %u)%s; %d threads, up to %u connections, %u per address "
+             "beyond loopback, request heads within %d s",
+             c->listen, s->port, c->token[0] ? ", bearer token required for changes" : "",
+             s->threads, s->max_conns, s->max_per_addr, s->head_timeout_ms / 1000);
     *out = s;
     return 0;
 fail:
-    pthread_cond_destroy(&s->cv);
-    pthread_mutex_destroy(&s->mu);
-    pthread_mutex_destroy(&s->prom_mu);
-    free(s);
+    if (s->mhd)
+        MHD_stop_daemon(s->mhd);
+    server_free(s);
     return rc;
 }
 
@@ -600,21 +759,25 @@ unsigned api_port(const api_server *a)
     return a ? a->port : 0;
 }
 
-/* Ends every stream (the readers see `stopping` within one wait slice), closes every
- * connection and frees a. */
+/* Ends every stream (the watcher stops within a slice; every parked stream is resumed, sees
+ * `stopping` and ends, for which it gets STOP_GRACE_MS), closes every connection and frees
+ * a. */
 void api_stop(api_server *a)
 {
     if (!a)
         return;
     atomic_store(&a->stopping, true);
-    pthread_mutex_lock(&a->mu);
-    pthread_cond_broadcast(&a->cv);
-    pthread_mutex_unlock(&a->mu);
+    if (a->watcher_started)
+        pthread_join(a->watcher, NULL);
+    api_sse_wake_all(a); /* libmicrohttpd must not be stopped with a suspended connection */
+    /* Let the streams send their last chunk, so that clients see them end, not cut. */
+    for (int64_t t0 = api_now_ms(); atomic_load(&a->streams) > 0;) {
+        struct timespec ts = {0, 10 * 1000000L};
+        if (api_now_ms() - t0 >= STOP_GRACE_MS)
+            break;
+        nanosleep(&ts, NULL);
+    }
     if (a->mhd)
         MHD_stop_daemon(a->mhd);
-    pthread_cond_destroy(&a->cv);
-    pthread_mutex_destroy(&a->mu);
-    api_prom_free(a);
-    pthread_mutex_destroy(&a->prom_mu);
-    free(a);
+    server_free(a);
 }

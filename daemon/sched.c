@@ -6,10 +6,12 @@
  *       <data_dir>/jobs/<id>/spec.json
  * in its own process group, stdin /dev/null, stdout a pipe to the scheduler, stderr appended
  * to <data_dir>/jobs/<id>/worker.log, every other descriptor closed, every signal
- * disposition back to the default (signals blocked across the fork until then) and an
- * empty signal mask, and PR_SET_PDEATHSIG(SIGKILL) so that a worker never outlives a
- * daemon killed with -9 (the scheduler thread that forks it lives until every worker is
- * reaped, so the death signal only fires when the daemon process dies).
+ * disposition back to the default (signals blocked across the fork until then), an empty
+ * signal mask, the open-file soft limit the daemon started with (cfg.nofile_child: ampd
+ * serve raises its own for connections; programs that use select() want the usual one),
+ * and PR_SET_PDEATHSIG(SIGKILL) so that a worker never outlives a daemon killed with -9
+ * (the scheduler thread that forks it lives until every worker is reaped, so the death
+ * signal only fires when the daemon process dies).
  *
  * The scheduler thread polls the worker pipes and a self-pipe (submit, cancel, resume and
  * stop write a byte) with a 200 ms timeout, parses each JSON line (no fixed line length),
@@ -671,7 +673,8 @@ static int spawn_locked(daemon_sched *s, const store_job *j, worker **out, char 
     worker *w = calloc(1, sizeof(*w));
     int p[2] = {-1, -1}, logfd = -1, nullfd = -1, k = 0;
     int64_t from = 0;
-    struct rlimit rl;
+    struct rlimit rl, child_rl;
+    bool set_nofile = false;
     long maxfd = 65536;
     pid_t pid, parent = getpid();
     sigset_t all, none, old;
@@ -734,6 +737,11 @@ static int spawn_locked(daemon_sched *s, const store_job *j, worker **out, char 
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
         rl.rlim_cur < (rlim_t)(1 << 20))
         maxfd = (long)rl.rlim_cur;
+    if (s->cfg.nofile_child && getrlimit(RLIMIT_NOFILE, &child_rl) == 0 &&
+        (rlim_t)s->cfg.nofile_child < child_rl.rlim_cur) {
+        child_rl.rlim_cur = (rlim_t)s->cfg.nofile_child; /* the limit the daemon started with */
+        set_nofile = true;
+    }
 
     /* Every signal stays blocked from before the fork until the child has put every
      * disposition back to the default: a SIGTERM (a cancel) that reaches the child before
@@ -762,6 +770,8 @@ static int spawn_locked(daemon_sched *s, const store_job *j, worker **out, char 
         if (syscall(SYS_close_range, 3U, ~0U, 0U) != 0)
             for (long fd = 3; fd < maxfd; fd++)
                 close((int)fd);
+        if (set_nofile)
+            setrlimit(RLIMIT_NOFILE, &child_rl);
         sigprocmask(SIG_SETMASK, &none, NULL);
         execv(s->cfg.exe, a.argv);
         {

@@ -38,6 +38,9 @@ typedef struct {
     int max_running;        /* concurrent workers (1) */
     int max_retries;        /* automatic resumes of an interrupted job (3) */
     int worker_timeout_s;   /* a worker silent this long is hung (600) */
+    /* The open-file soft limit workers start with; 0: this process's (ampd serve raises its
+     * own for connections and gives workers the one it started with). */
+    unsigned long nofile_child;
 } daemon_sched_config;
 
 /* Recover jobs left by a previous daemon (see above) and start the scheduler thread.

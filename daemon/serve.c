@@ -13,6 +13,10 @@
  * port in use, a non-loopback address without a token, a --web-root without index.html)
  * print one line and exit 1 (2 for bad usage); nothing after start-up exits.
  *
+ * At start it raises its open-file soft limit to the hard limit, since every HTTP connection
+ * is a descriptor (the server's connection cap follows from the limit); workers are given
+ * the old soft limit back.
+ *
  * Threads: SIGTERM, SIGINT (and SIGPIPE, ignored) are blocked before any thread starts, so
  * every thread inherits the mask and the main thread takes them with sigwait(). Workers get
  * a clean mask (sched.c). After the first signal a second SIGINT kills the daemon at once.
@@ -25,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -53,6 +58,7 @@ typedef struct {
     int nroots;
     char roots[DAEMON_MAX_ROOTS][512];
     int max_running, max_retries, worker_timeout_s, metrics_keep_s;
+    int head_timeout_s, max_per_addr;
     bool demo, no_dashboard;
 } serve_args;
 
@@ -75,6 +81,11 @@ static void usage(FILE *f)
                "  --worker-timeout S   a worker silent this long is killed as hung (default 600)\n"
                "  --metrics-keep S     /metrics keeps a finished job's series S seconds, so that\n"
                "                       Prometheus scrapes its final values (default 3600; 0: no)\n"
+               "  --head-timeout S     a connection must send a whole request head (request\n"
+               "                       line and headers) within S seconds of opening or of its\n"
+               "                       previous request's end, or it is closed (default 10)\n"
+               "  --max-per-address N  connections from one address beyond loopback (an IPv6\n"
+               "                       /64 counts as one); more are refused (default 64)\n"
                "  --port-file FILE     write the bound port to FILE once listening (for tests)\n"
                "  --web-root DIR       the dashboard's files (default: web/ beside the ampd\n"
                "                       binary when it holds index.html, else %s)\n"
@@ -170,6 +181,8 @@ static int parse_args(int argc, char **argv, serve_args *a)
         O_RETRIES,
         O_TIMEOUT,
         O_KEEP,
+        O_HEAD,
+        O_ADDR,
         O_PORTFILE,
         O_WEBROOT,
         O_NODASH,
@@ -186,6 +199,8 @@ static int parse_args(int argc, char **argv, serve_args *a)
                                              {"max-retries", required_argument, NULL, O_RETRIES},
                                              {"worker-timeout", required_argument, NULL, O_TIMEOUT},
                                              {"metrics-keep", required_argument, NULL, O_KEEP},
+                                             {"head-timeout", required_argument, NULL, O_HEAD},
+                                             {"max-per-address", required_argument, NULL, O_ADDR},
                                              {"port-file", required_argument, NULL, O_PORTFILE},
                                              {"web-root", required_argument, NULL, O_WEBROOT},
                                              {"no-dashboard", no_argument, NULL, O_NODASH},
@@ -201,6 +216,8 @@ static int parse_args(int argc, char **argv, serve_args *a)
     a->max_retries = 3;
     a->worker_timeout_s = 600;
     a->metrics_keep_s = 3600;
+    a->head_timeout_s = 10;
+    a->max_per_addr = 64;
     optind = 1;
     while (!bad && (ch = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         switch (ch) {
@@ -236,6 +253,12 @@ static int parse_args(int argc, char **argv, serve_args *a)
             break;
         case O_KEEP:
             bad = int_arg("--metrics-keep", optarg, 0, 30 * 24 * 3600, &a->metrics_keep_s);
+            break;
+        case O_HEAD:
+            bad = int_arg("--head-timeout", optarg, 1, 3600, &a->head_timeout_s);
+            break;
+        case O_ADDR:
+            bad = int_arg("--max-per-address", optarg, 1, 1000000, &a->max_per_addr);
             break;
         case O_PORTFILE:
             bad = str_arg("--port-file", optarg, a->port_file, sizeof(a->port_file));
@@ -444,10 +467,33 @@ static int api_config_fill(const serve_args *a, api_config *ac, char *err, size_
     snprintf(ac->token, sizeof(ac->token), "%s", a->token);
     ac->max_body = 1 << 20;
     ac->metrics_keep_s = a->metrics_keep_s;
+    ac->head_timeout_s = a->head_timeout_s;
+    ac->max_per_addr = a->max_per_addr;
     ac->spec.nroots = a->nroots;
     for (int i = 0; i < a->nroots; i++)
         snprintf(ac->spec.roots[i], sizeof(ac->spec.roots[i]), "%s", a->roots[i]);
     return 0;
+}
+
+/* Raise the open-file soft limit to the hard limit: every connection is a descriptor, and the
+ * server's connection cap follows from the limit. *was becomes the soft limit before (the
+ * one workers get back), 0 when it was not changed. */
+static void raise_nofile(unsigned long *was)
+{
+    struct rlimit rl;
+    rlim_t before;
+
+    *was = 0;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max)
+        return;
+    before = rl.rlim_cur;
+    rl.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
+        log_warn("cannot raise the open-file limit from %llu to its hard limit: %s",
+                 (unsigned long long)before, strerror(errno));
+        return;
+    }
+    *was = (unsigned long)before;
 }
 
 /* The URL clients use: the listen address with the bound port. */
@@ -505,6 +551,8 @@ int daemon_serve_main(int argc, char **argv)
         find_web_root(&a, nodash, sizeof(nodash), err, sizeof(err)) != 0 ||
         api_config_fill(&a, &ac, err, sizeof(err)) != 0)
         goto startup_error;
+
+    raise_nofile(&sc.nofile_child);
 
     /* Before any thread exists: every thread inherits this mask. */
     sigemptyset(&set);

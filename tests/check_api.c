@@ -5,7 +5,8 @@
  *   units     the pure pieces: strict integer, list and id parsing, the route table, JSON
  *             strings (escapes, invalid UTF-8), numbers (NaN/Infinity, shortest round
  *             trip), CSV and Prometheus numbers and labels, the series encoders (JSON and
- *             CSV, raw and bucketed), the token comparison, JSON depth and compaction;
+ *             CSV, raw and bucketed), the token comparison, JSON depth and compaction,
+ *             the per-address limit's addresses (loopback exempt, IPv6 by /64) and counts;
  *             the embedded OpenAPI description against the route table, the metric and
  *             layer fields and the autocast ops the binary knows.
  *   store     a server over a real store in a temporary directory and no scheduler (the
@@ -19,7 +20,9 @@
  *             system, Prometheus text parsed line by line,
  *             SSE of a finished job (backlog, resume by Last-Event-ID, `end`), SSE of a
  *             running job followed through the store, the heartbeat, and api_stop ending
- *             open streams at once.
+ *             open streams at once; the accept policy's per-address limit and the sweep of
+ *             overdue request heads; a trickled request head and an idle kept-alive
+ *             connection closed at a 1 s head deadline.
  *   live      the same server with a real scheduler whose worker is tests/sched_worker.sh:
  *             submit (201, Location, Idempotency-Key -> 200 with the same job), the job
  *             runs to succeeded, cancel / resume / delete with 202, 409 and 204, an SSE
@@ -523,6 +526,92 @@ START_TEST(test_prom_label)
     api_buf_prom_label(&b, "a\"b\\c\nd\xff");
     ck_assert_str_eq(b.data, "a\\\"b\\\\c\\nd\xef\xbf\xbd");
     api_buf_free(&b);
+}
+END_TEST
+
+/* The per-address limit's addresses and counts (conn.c). */
+static socklen_t sa4(struct sockaddr_storage *ss, const char *ip)
+{
+    struct sockaddr_in *a = (struct sockaddr_in *)ss;
+    memset(ss, 0, sizeof(*ss));
+    a->sin_family = AF_INET;
+    ck_assert_int_eq(inet_pton(AF_INET, ip, &a->sin_addr), 1);
+    return sizeof(*a);
+}
+
+static socklen_t sa6(struct sockaddr_storage *ss, const char *ip)
+{
+    struct sockaddr_in6 *a = (struct sockaddr_in6 *)ss;
+    memset(ss, 0, sizeof(*ss));
+    a->sin6_family = AF_INET6;
+    ck_assert_int_eq(inet_pton(AF_INET6, ip, &a->sin6_addr), 1);
+    return sizeof(*a);
+}
+
+START_TEST(test_peer_addresses)
+{
+    struct sockaddr_storage ss;
+    api_addr a, b;
+    api_peers p;
+    socklen_t n;
+
+    /* loopback is exempt, in every spelling */
+    n = sa4(&ss, "127.0.0.1");
+    ck_assert(!api_addr_of((struct sockaddr *)&ss, n, &a));
+    n = sa4(&ss, "127.200.3.4");
+    ck_assert(!api_addr_of((struct sockaddr *)&ss, n, &a));
+    n = sa6(&ss, "::1");
+    ck_assert(!api_addr_of((struct sockaddr *)&ss, n, &a));
+    n = sa6(&ss, "::ffff:127.0.0.1");
+    ck_assert(!api_addr_of((struct sockaddr *)&ss, n, &a));
+    ck_assert(!api_addr_of(NULL, 0, &a));
+    n = sa4(&ss, "10.0.0.1");
+    ck_assert(!api_addr_of((struct sockaddr *)&ss, n - 1, &a)); /* short */
+    /* an IPv4 address and its IPv4-mapped IPv6 form are one address */
+    ck_assert(api_addr_of((struct sockaddr *)&ss, n, &a));
+    n = sa6(&ss, "::ffff:10.0.0.1");
+    ck_assert(api_addr_of((struct sockaddr *)&ss, n, &b));
+    ck_assert_mem_eq(a.b, b.b, sizeof(a.b));
+    n = sa4(&ss, "10.0.0.2");
+    ck_assert(api_addr_of((struct sockaddr *)&ss, n, &b));
+    ck_assert(memcmp(a.b, b.b, sizeof(a.b)) != 0);
+    /* IPv6 by its /64 */
+    n = sa6(&ss, "2001:db8:1:2::1");
+    ck_assert(api_addr_of((struct sockaddr *)&ss, n, &a));
+    n = sa6(&ss, "2001:db8:1:2:ffff:1:2:3");
+    ck_assert(api_addr_of((struct sockaddr *)&ss, n, &b));
+    ck_assert_mem_eq(a.b, b.b, sizeof(a.b));
+    n = sa6(&ss, "2001:db8:1:3::1");
+    ck_assert(api_addr_of((struct sockaddr *)&ss, n, &b));
+    ck_assert(memcmp(a.b, b.b, sizeof(a.b)) != 0);
+    n = sa6(&ss, "::2"); /* not loopback, not IPv4 */
+    ck_assert(api_addr_of((struct sockaddr *)&ss, n, &b));
+
+    /* counts: up and down, forgotten at 0, many addresses in the buckets */
+    memset(&p, 0, sizeof(p));
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(api_peers_add(&p, &a), 0);
+    ck_assert_uint_eq(api_peers_count(&p, &a), 3);
+    ck_assert_uint_eq(api_peers_count(&p, &b), 0);
+    api_peers_del(&p, &b); /* not counted: nothing happens */
+    api_peers_del(&p, &a);
+    ck_assert_uint_eq(api_peers_count(&p, &a), 2);
+    for (int i = 0; i < 5000; i++) {
+        char ip[32];
+        api_addr x;
+        snprintf(ip, sizeof(ip), "10.%d.%d.1", i / 250, i % 250);
+        n = sa4(&ss, ip);
+        ck_assert(api_addr_of((struct sockaddr *)&ss, n, &x));
+        ck_assert_int_eq(api_peers_add(&p, &x), 0);
+    }
+    ck_assert_uint_eq(p.naddrs, 5001);
+    api_peers_del(&p, &a);
+    api_peers_del(&p, &a);
+    ck_assert_uint_eq(api_peers_count(&p, &a), 0);
+    ck_assert_uint_eq(p.naddrs, 5000);
+    api_peers_free(&p);
+    ck_assert_uint_eq(p.naddrs, 0);
+    api_peers_free(NULL);
 }
 END_TEST
 
@@ -2252,6 +2341,91 @@ START_TEST(test_sse_many_clients)
 }
 END_TEST
 
+/* The per-address limit as the accept policy applies it, and the head deadline's sweep,
+ * on the fixture's server (defaults: 64 per address, 10 s). */
+START_TEST(test_conn_limits)
+{
+    enum { N = 64 };
+    struct sockaddr_storage ss, other, local;
+    api_conn *c[N + 1];
+    socklen_t n = sa4(&ss, "192.0.2.7"), no = sa4(&other, "192.0.2.8"),
+              nl = sa4(&local, "127.0.0.1");
+    int closed = 0;
+    int64_t next = INT64_MAX, now = api_now_ms();
+
+    for (int i = 0; i < N; i++) {
+        ck_assert(api_conn_admit(srv, (struct sockaddr *)&ss, n));
+        ck_assert_int_eq(api_conn_open(srv, -1, (struct sockaddr *)&ss, n, &c[i]), 0);
+    }
+    ck_assert(!api_conn_admit(srv, (struct sockaddr *)&ss, n)); /* the 65th is refused */
+    ck_assert(api_conn_admit(srv, (struct sockaddr *)&other, no));
+    ck_assert(api_conn_admit(srv, (struct sockaddr *)&local, nl)); /* loopback: exempt */
+    ck_assert_int_eq(api_conn_open(srv, -1, (struct sockaddr *)&local, nl, &c[N]), 0);
+    api_conn_close(srv, c[0]);
+    ck_assert(api_conn_admit(srv, (struct sockaddr *)&ss, n));
+
+    /* the sweep: nothing is due yet, and the next deadline is the oldest head's */
+    api_conn_sweep(srv, now, &closed, &next);
+    ck_assert_int_eq(closed, 0);
+    ck_assert(next > now && next <= api_now_ms() + 10000);
+    /* a head that completed is no longer swept; one awaited again is */
+    api_conn_head_done(srv, c[1]);
+    api_conn_head_done(srv, c[2]);
+    api_conn_head_wait(srv, c[2]);
+    next = INT64_MAX;
+    api_conn_sweep(srv, api_now_ms() + 60000, &closed, &next);
+    ck_assert_int_eq(closed, N - 1); /* c[1..N], less c[1] */
+    ck_assert(next == INT64_MAX);
+    api_conn_sweep(srv, api_now_ms() + 60000, &closed, &next);
+    ck_assert_int_eq(closed, 0);
+    for (int i = 1; i <= N; i++)
+        api_conn_close(srv, c[i]);
+    api_conn_close(srv, NULL);
+    ck_assert_uint_eq(srv->peers.naddrs, 0);
+}
+END_TEST
+
+/* A request head that trickles in is cut at the deadline; so is an idle keep-alive
+ * connection; a complete request on time is answered. */
+START_TEST(test_head_deadline)
+{
+    api_config c;
+    api_server *s;
+    char err[256], buf[4096];
+    hconn slow, idle;
+    memset(&c, 0, sizeof(c));
+    snprintf(c.listen, sizeof(c.listen), "127.0.0.1:0");
+    api_spec_opts_default(&c.spec);
+    c.head_timeout_s = 1;
+    ck_assert_msg(api_start(&c, st, NULL, &s, err, sizeof(err)) == 0, "%s", err);
+    hc_open(&slow, api_port(s));
+    hc_open(&idle, api_port(s));
+    const char *req = "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+    hc_send(&idle, req, strlen(req));
+    ck_assert(hc_wait(&idle, "{\"status\":\"ok\"}", 2000));
+    double t0 = gpu_now();
+    bool cut = false;
+    /* a byte every 100 ms: libmicrohttpd's own timeout would never fire */
+    for (size_t i = 0; i < strlen(req) - 1 && !cut; i++) {
+        struct pollfd pf = {slow.fd, POLLIN, 0};
+        hc_send(&slow, req + i, 1);
+        if (poll(&pf, 1, 100) == 1)
+            cut = recv(slow.fd, buf, sizeof(buf), 0) <= 0;
+    }
+    double took = gpu_now() - t0;
+    ck_assert_msg(cut, "a head trickled for %.1f s was not cut", took);
+    ck_assert_msg(took > 0.8 && took < 2.5, "cut after %.2f s (deadline 1 s)", took);
+    /* the keep-alive connection that sent nothing more is closed at its deadline too */
+    hc_pump(&idle, 2000);
+    while (hc_pump(&idle, 2000))
+        ;
+    ck_assert(idle.eof);
+    hc_close(&slow);
+    hc_close(&idle);
+    api_stop(s);
+}
+END_TEST
+
 START_TEST(test_start_refusals)
 {
     api_config c;
@@ -2693,6 +2867,7 @@ static Suite *api_suite(void)
     tcase_add_test(u, test_numbers);
     tcase_add_test(u, test_prom_label);
     tcase_add_test(u, test_misc);
+    tcase_add_test(u, test_peer_addresses);
     tcase_add_test(u, test_series_json);
     tcase_add_test(u, test_metric_fields_documented);
     tcase_add_test(u, test_openapi_routes);
@@ -2717,6 +2892,8 @@ static Suite *api_suite(void)
     tcase_add_test(t, test_sse_running_and_stop);
     tcase_add_test(t, test_sse_many_clients);
     tcase_add_test(t, test_start_refusals);
+    tcase_add_test(t, test_conn_limits);
+    tcase_add_test(t, test_head_deadline);
     tcase_add_test(t, test_static_and_head);
     suite_add_tcase(s, t);
 
