@@ -224,8 +224,10 @@ void api_job_json(api_buf *b, const store_job *j, bool full)
     put_unix(b, j->started_at);
     api_buf_puts(b, ",\"finished_at_unix\":");
     put_unix(b, j->finished_at);
-    api_buf_printf(b, ",\"retries\":%d,\"checkpoint_step\":%lld,\"cancel_requested\":%s,\"error\":",
-                   j->retries, (long long)j->checkpoint_step,
+    api_buf_printf(b,
+                   ",\"retries\":%d,\"checkpoint_step\":%lld,\"checkpoint_bytes\":%lld,"
+                   "\"cancel_requested\":%s,\"error\":",
+                   j->retries, (long long)j->checkpoint_step, (long long)j->checkpoint_bytes,
                    j->cancel_requested ? "true" : "false");
     api_buf_json_str(b, j->error);
     api_buf_puts(b, ",\"summary\":");
@@ -1058,6 +1060,7 @@ void api_h_job_ckpts(api_req *q, api_resp *r)
     store_checkpoint *ck = NULL;
     store_job j;
     int n = 0, rc;
+    int64_t total = 0;
 
     if (!load_job(q, r, &j))
         return;
@@ -1067,9 +1070,12 @@ void api_h_job_ckpts(api_req *q, api_resp *r)
         store_error(r, rc, "checkpoints of job", q->route.job);
         return;
     }
+    for (int i = 0; i < n; i++)
+        total += ck[i].bytes;
     ok_json(r, 200);
     api_buf *b = &r->body;
-    api_buf_printf(b, "{\"job\":%lld,\"checkpoints\":[", (long long)q->route.job);
+    api_buf_printf(b, "{\"job\":%lld,\"bytes\":%lld,\"checkpoints\":[", (long long)q->route.job,
+                   (long long)total);
     for (int i = 0; i < n; i++) {
         api_buf_puts(b, i ? ",{" : "{");
         api_put_ckpt_fields(b, q->route.job, &ck[i]);

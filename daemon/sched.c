@@ -22,13 +22,18 @@
  *   checkpoint -> store_flush (every metric up to the checkpoint is durable before the
  *                 checkpoint is recorded, so a restart never resumes past a lost row),
  *                 store_checkpoint_add, store_job_set_checkpoint
+ *   checkpoint_drop -> the file deleted (the worker runs with --no-delete, so a file goes
+ *                 only after the newer checkpoint's line, which came first, is recorded),
+ *                 store_checkpoint_delete
  *   summary    -> store_job_set_summary (the line as is)
  *   layers     -> store_layer_stats_append (one row per layer, the scale and the first
  *                 layer to produce inf/NaN)
  *   event      -> store_event_append with the line's kind ("recommendation", ...) and
  *                 message, data {"layer": ...} when the line names one. Kinds the daemon
  *                 writes itself (lifecycle, overflow, scale, memory) are refused.
- *   start, resume -> "lifecycle" events
+ *   start, resume -> "lifecycle" events; a resume that walked back past the checkpoint it
+ *                 was given (damaged ones) truncates the metrics to the step it continues
+ *                 from, and each checkpoint it skipped gets a "checkpoint" event (why)
  * Children are reaped with waitpid(WNOHANG) each turn (no SIGCHLD handler). A worker's job
  * ends after it has exited and its pipe is drained: the store is flushed, the lifecycle
  * event written, then the status (succeeded / failed with the reason and the log's last
@@ -65,6 +70,7 @@
 #include <unistd.h>
 
 #include "api/api.h"
+#include "daemon/ckpt.h"
 #include "daemon/line.h"
 #include "daemon/log.h"
 #include "daemon/sched.h"
@@ -96,6 +102,8 @@ typedef struct {
     bool discarding; /* inside an over-long line */
     /* parsing state */
     int64_t base_step, last_step;
+    int64_t resumed_from; /* the checkpoint step the worker was given (0: none) */
+    int64_t newest_ckpt;  /* the newest checkpoint recorded for this run: never dropped */
     double prev_scale, final_scale;
     bool have_prev;
     bool pending; /* an overflow event waits for the next step's scale */
@@ -360,15 +368,23 @@ static void on_step(daemon_sched *s, worker *w, json_t *o)
     w->last_step = step;
 }
 
+/* True when path is this worker's checkpoint file of step. */
+static bool ckpt_path_ok(const worker *w, int64_t step, const char *path)
+{
+    char want[700];
+    if (step < 0 || !path)
+        return false;
+    daemon_ckpt_path(w->dir, step, want, sizeof(want));
+    return strcmp(path, want) == 0;
+}
+
 static void on_checkpoint(daemon_sched *s, worker *w, json_t *o)
 {
     int64_t step = line_step(o);
     const char *path = json_string_value(json_object_get(o, "path"));
     json_t *bytes = json_object_get(o, "bytes");
-    size_t dl = strlen(w->dir);
 
-    if (step < 0 || !path || strncmp(path, w->dir, dl) != 0 || path[dl] != '/' ||
-        strstr(path + dl, "/..")) {
+    if (!ckpt_path_ok(w, step, path)) {
         log_warn("job %lld: ignoring a checkpoint line outside %s", (long long)w->job, w->dir);
         return;
     }
@@ -379,6 +395,120 @@ static void on_checkpoint(daemon_sched *s, worker *w, json_t *o)
         store_job_set_checkpoint(s->st, w->job, step))
         log_error("job %lld: cannot record the checkpoint at step %lld", (long long)w->job,
                   (long long)step);
+    w->newest_ckpt = step;
+}
+
+/* A "checkpoint_drop" line: the worker's retention (or its resume) gave up a checkpoint of
+ * the job's directory. Its newer checkpoint's line came first and is recorded, so deleting
+ * the file here never leaves the job without the checkpoint a restart would use. */
+static void on_drop(daemon_sched *s, worker *w, json_t *o)
+{
+    int64_t step = line_step(o);
+    const char *path = json_string_value(json_object_get(o, "path"));
+    int rc;
+
+    if (!ckpt_path_ok(w, step, path) || step == w->newest_ckpt) {
+        log_warn("job %lld: ignoring a checkpoint_drop line (step %lld)", (long long)w->job,
+                 (long long)step);
+        return;
+    }
+    if (unlink(path) != 0 && errno != ENOENT) {
+        log_warn("job %lld: cannot delete %s: %s", (long long)w->job, path, strerror(errno));
+        return; /* its record stays: the file still takes its bytes */
+    }
+    rc = store_checkpoint_delete(s->st, w->job, step);
+    if (rc != 0 && rc != STORE_ENOTFOUND)
+        log_error("job %lld: cannot remove the record of the checkpoint at step %lld",
+                  (long long)w->job, (long long)step);
+    log_debug("job %lld: checkpoint %lld dropped", (long long)w->job, (long long)step);
+}
+
+/* A checkpoint a resume did not use: a "checkpoint" event and a log line saying why. */
+static void skip_event(daemon_sched *s, int64_t job, int64_t step, const char *path,
+                       const char *reason)
+{
+    const char *slash = strrchr(path, '/');
+    const char *file = slash ? slash + 1 : path;
+    char msg[768];
+    snprintf(msg, sizeof(msg), "skipped the checkpoint at step %lld (%.100s): %.500s",
+             (long long)step, file, reason);
+    log_warn("job %lld: %s", (long long)job, msg);
+    add_event(
+        s, job, step, "checkpoint", msg,
+        json_pack("{s:I, s:s, s:s}", "step", (json_int_t)step, "file", file, "reason", reason));
+}
+
+/* The reason the worker's "resume" line gives for skipping step, or NULL. */
+static const char *skip_reason(json_t *skipped, int64_t step)
+{
+    size_t i;
+    json_t *e;
+    json_array_foreach(skipped, i, e)
+    {
+        if (line_step(e) == step)
+            return json_string_value(json_object_get(e, "reason"));
+    }
+    return NULL;
+}
+
+/* A "resume" line: {"step", "path" (null: none verified), "skipped": [{"step", "path",
+ * "reason"}]}. The worker walked back from the checkpoint it was given to the newest that
+ * verifies: the metric rows after that step go, and each checkpoint recorded after it
+ * (or named by the worker) gets an event saying why it was skipped. */
+static void on_resume(daemon_sched *s, worker *w, json_t *o)
+{
+    int64_t step = line_step(o);
+    json_t *skipped = json_object_get(o, "skipped"), *e;
+    bool found = json_is_string(json_object_get(o, "path"));
+    store_checkpoint *cks = NULL;
+    int n = 0, nskip = 0;
+    size_t i;
+    char msg[256];
+
+    if (step < 0)
+        step = 0;
+    if (step < w->base_step) {
+        if (store_metrics_truncate(s->st, w->job, step) != 0 ||
+            store_job_set_checkpoint(s->st, w->job, step) != 0)
+            log_error("job %lld: cannot go back to step %lld", (long long)w->job, (long long)step);
+        w->base_step = w->last_step = step;
+    }
+    w->newest_ckpt = found ? step : -1;
+    json_array_foreach(skipped, i, e)
+    {
+        const char *path = json_string_value(json_object_get(e, "path"));
+        const char *reason = json_string_value(json_object_get(e, "reason"));
+        if (path && reason) {
+            skip_event(s, w->job, line_step(e), path, reason);
+            nskip++;
+        }
+    }
+    /* the records newer than it that the worker did not name: files gone meanwhile */
+    if (store_checkpoint_list(s->st, w->job, &cks, &n) == 0)
+        for (int k = n - 1; k >= 0; k--) {
+            if (cks[k].step <= step || cks[k].step > w->resumed_from ||
+                skip_reason(skipped, cks[k].step))
+                continue;
+            if (access(cks[k].path, F_OK) != 0) {
+                skip_event(s, w->job, cks[k].step, cks[k].path, "missing");
+                store_checkpoint_delete(s->st, w->job, cks[k].step);
+                nskip++;
+            }
+        }
+    free(cks);
+    if (found && nskip > 0)
+        snprintf(msg, sizeof(msg),
+                 "resumed from the checkpoint at step %lld, the newest that verifies "
+                 "(%d newer skipped)",
+                 (long long)step, nskip);
+    else if (found)
+        snprintf(msg, sizeof(msg), "resumed from the checkpoint at step %lld", (long long)step);
+    else
+        snprintf(msg, sizeof(msg), "no checkpoint verifies (%d skipped): started again from step 0",
+                 nskip);
+    if (!found || nskip > 0)
+        log_warn("job %lld: %s", (long long)w->job, msg);
+    add_event(s, w->job, step, "lifecycle", msg, NULL);
 }
 
 static void on_summary(daemon_sched *s, worker *w, json_t *o, const char *line)
@@ -460,7 +590,8 @@ static void on_layers(daemon_sched *s, worker *w, json_t *o)
 /* An "event" line: {"step", "kind", "message", "layer"?}. */
 static void on_worker_event(daemon_sched *s, worker *w, json_t *o)
 {
-    static const char *const reserved[] = {"lifecycle", "overflow", "scale", "memory"};
+    static const char *const reserved[] = {"lifecycle", "overflow", "scale", "memory",
+                                           "checkpoint"};
     const char *kind = json_string_value(json_object_get(o, "kind"));
     const char *message = json_string_value(json_object_get(o, "message"));
     const char *layer = json_string_value(json_object_get(o, "layer"));
@@ -520,6 +651,8 @@ static void handle_line(daemon_sched *s, worker *w, char *line, size_t len)
         }
     } else if (strcmp(type, "checkpoint") == 0) {
         on_checkpoint(s, w, o);
+    } else if (strcmp(type, "checkpoint_drop") == 0) {
+        on_drop(s, w, o);
     } else if (strcmp(type, "summary") == 0) {
         on_summary(s, w, o, line);
     } else if (strcmp(type, "layers") == 0) {
@@ -533,9 +666,7 @@ static void handle_line(daemon_sched *s, worker *w, char *line, size_t len)
                  (int)w->pid, dev ? dev : "?", field(o, "params"), blas ? blas : "?");
         add_event(s, w->job, w->base_step, "lifecycle", msg, NULL);
     } else if (strcmp(type, "resume") == 0) {
-        snprintf(msg, sizeof(msg), "resumed from the checkpoint at step %lld",
-                 (long long)line_step(o));
-        add_event(s, w->job, w->base_step, "lifecycle", msg, NULL);
+        on_resume(s, w, o);
     } else {
         log_debug("job %lld: ignoring a \"%s\" line", (long long)w->job, type);
     }
@@ -630,32 +761,39 @@ static void worker_free(worker *w)
     free(w);
 }
 
-/* The checkpoint file of job at step, or "" when it is gone. */
-static void checkpoint_path(daemon_sched *s, int64_t job, int64_t step, char *out, size_t len)
-{
-    store_checkpoint *cks = NULL;
-    int n = 0;
-    out[0] = '\0';
-    if (step <= 0 || store_checkpoint_list(s->st, job, &cks, &n) != 0)
-        return;
-    for (int i = 0; i < n; i++)
-        if (cks[i].step == step && access(cks[i].path, R_OK) == 0)
-            snprintf(out, len, "%s", cks[i].path);
-    free(cks);
-}
-
-/* Prepare a queued job to restart from its last checkpoint (or from scratch when that is
- * gone): metric rows after it are deleted. *from gets the step it resumes after. */
+/* Prepare a queued job to restart from its newest checkpoint whose file is there (the
+ * worker verifies it and walks back further past damaged ones): the records of the newer
+ * ones whose files are gone are removed, each with an event saying why it was skipped, and
+ * the metric rows after it are deleted. *from gets its step (0: none, from scratch). */
 static int prepare_resume(daemon_sched *s, const store_job *j, char *ckpt, size_t len,
                           int64_t *from)
 {
-    checkpoint_path(s, j->id, j->checkpoint_step, ckpt, len);
-    *from = ckpt[0] ? j->checkpoint_step : 0;
-    if (j->checkpoint_step > 0 && !ckpt[0]) {
-        log_warn("job %lld: the checkpoint at step %lld is gone; starting from scratch",
-                 (long long)j->id, (long long)j->checkpoint_step);
-        store_job_set_checkpoint(s->st, j->id, 0);
+    store_checkpoint *cks = NULL;
+    int n = 0;
+    ckpt[0] = '\0';
+    *from = 0;
+    if (j->checkpoint_step > 0 && store_checkpoint_list(s->st, j->id, &cks, &n) == 0) {
+        for (int i = n - 1; i >= 0 && !ckpt[0]; i--) {
+            if (cks[i].step > j->checkpoint_step)
+                continue;
+            if (access(cks[i].path, R_OK) == 0) {
+                snprintf(ckpt, len, "%s", cks[i].path);
+                *from = cks[i].step;
+                break;
+            }
+            int e = errno;
+            skip_event(s, j->id, cks[i].step, cks[i].path, e == ENOENT ? "missing" : strerror(e));
+            if (e == ENOENT) /* a file that is there but unreadable keeps its record */
+                store_checkpoint_delete(s->st, j->id, cks[i].step);
+        }
+        free(cks);
     }
+    if (j->checkpoint_step > 0 && !ckpt[0])
+        log_warn("job %lld: no checkpoint file is left (the last was at step %lld); starting "
+                 "from scratch",
+                 (long long)j->id, (long long)j->checkpoint_step);
+    if (*from != j->checkpoint_step)
+        store_job_set_checkpoint(s->st, j->id, *from);
     return store_metrics_truncate(s->st, j->id, *from);
 }
 
@@ -724,6 +862,7 @@ static int spawn_locked(daemon_sched *s, const store_job *j, worker **out, char 
     a.argv[k++] = a.every;
     a.argv[k++] = "--checkpoint-dir";
     a.argv[k++] = w->dir;
+    a.argv[k++] = "--no-delete";
     if (a.ckpt[0]) {
         a.argv[k++] = "--resume";
         a.argv[k++] = a.ckpt;
@@ -794,7 +933,7 @@ static int spawn_locked(daemon_sched *s, const store_job *j, worker **out, char 
     w->fd = p[0];
     w->pid = pid;
     w->started = w->last_output = now_s();
-    w->base_step = w->last_step = from;
+    w->base_step = w->last_step = w->resumed_from = w->newest_ckpt = from;
     w->final_scale = NAN;
     *out = w;
     return 0;

@@ -166,7 +166,8 @@ _Static_assert(STORE_L_NFIELDS == 8, "the layer column lists below have 8 fields
 #define ROLLUP_COLS "bucket,step_first,step_last,count,flags,nf_mask" STORE_METRICS(PRCOL_)
 #define JOB_COLS                                                                                   \
     "id,name,dtype,status,created_at,started_at,finished_at,steps,step,checkpoint_step,"           \
-    "retries,cancel_requested,spec,summary,error"
+    "retries,cancel_requested,spec,summary,error,"                                                 \
+    "(SELECT COALESCE(SUM(bytes), 0) FROM checkpoints WHERE checkpoints.job_id = jobs.id)"
 
 /* clang-format off */
 /* The fields ?1..?N, then the STORE_MU_ parameters (store_int.h) in the order they first
@@ -283,6 +284,8 @@ static const char *const stmt_sql[ST_COUNT] = {
                     "path=excluded.path, bytes=excluded.bytes, created_at=excluded.created_at",
     [ST_CKPT_LIST] = "SELECT step, bytes, created_at, path FROM checkpoints WHERE job_id=?1 "
                      "ORDER BY step",
+    [ST_CKPT_DELETE] = "DELETE FROM checkpoints WHERE job_id=?1 AND step=?2",
+    [ST_STREAM_CKPT_DELETE] = "DELETE FROM stream WHERE job_id=?1 AND step=?2 AND kind=3",
     [ST_STREAM_ADD] = "INSERT INTO stream(job_id, step, kind, ref) VALUES(?1, ?2, ?3, ?4)",
     [ST_STREAM_END] = "INSERT INTO stream(job_id, step, kind) SELECT id, step, 5 FROM jobs "
                       "WHERE id=?1",

@@ -436,6 +436,7 @@ static int job_from_row(sqlite3_stmt *st, store_job *j)
     j->spec = column_dup(st, 12);
     j->summary = column_dup(st, 13);
     j->error = column_dup(st, 14);
+    j->checkpoint_bytes = sqlite3_column_int64(st, 15);
     if (!j->spec || (sqlite3_column_type(st, 13) != SQLITE_NULL && !j->summary) ||
         (sqlite3_column_type(st, 14) != SQLITE_NULL && !j->error)) {
         store_job_clear(j);
@@ -853,6 +854,38 @@ int store_checkpoint_add(store *s, int64_t job, int64_t step, const char *path, 
     }
     if (rc == 0)
         rc = store_stream_add(s, job, step, STORE_SM_CHECKPOINT, 0);
+    pthread_mutex_unlock(&s->wlock);
+    store_committed(s);
+    return rc;
+}
+
+int store_checkpoint_delete(store *s, int64_t job, int64_t step)
+{
+    sqlite3_stmt *st;
+    int rc;
+
+    if (!s)
+        return STORE_EINVAL;
+    pthread_mutex_lock(&s->wlock);
+    if ((rc = store_exec_stmt(s->w, ST_BEGIN_IMMEDIATE)) != 0) {
+        pthread_mutex_unlock(&s->wlock);
+        return rc;
+    }
+    for (int k = 0; k < 2 && rc == 0; k++) {
+        if (!(st = store_stmt(s->w, k == 0 ? ST_CKPT_DELETE : ST_STREAM_CKPT_DELETE))) {
+            rc = STORE_EIO;
+            break;
+        }
+        sqlite3_bind_int64(st, 1, job);
+        sqlite3_bind_int64(st, 2, step);
+        rc = step_change(s, st, __func__);
+        if (k == 1 && rc == STORE_ENOTFOUND)
+            rc = 0; /* a checkpoint recorded before the stream existed has no row there */
+    }
+    if (rc == 0)
+        rc = store_exec_stmt(s->w, ST_COMMIT);
+    if (rc)
+        store_exec_stmt(s->w, ST_ROLLBACK);
     pthread_mutex_unlock(&s->wlock);
     store_committed(s);
     return rc;

@@ -98,6 +98,7 @@ typedef struct {
     int64_t steps;           /* the job's total steps */
     int64_t step;            /* last step recorded */
     int64_t checkpoint_step; /* last checkpoint (0: none) */
+    int64_t checkpoint_bytes; /* the bytes of its checkpoints (their files' sizes) */
     int retries;             /* restarts after interruption or crash */
     bool cancel_requested;
     char *spec;              /* canonical spec JSON (heap) */
@@ -230,6 +231,9 @@ int store_event_append(store *s, int64_t job, int64_t step, const char *kind,
  * a resume). Synchronous: flushes the queue first. */
 int store_metrics_truncate(store *s, int64_t job, int64_t after_step);
 int store_checkpoint_add(store *s, int64_t job, int64_t step, const char *path, int64_t bytes);
+/* Remove the checkpoint row of (job, step) and its stream row (a checkpoint the retention
+ * dropped, or one found missing or damaged); STORE_ENOTFOUND when there is none. */
+int store_checkpoint_delete(store *s, int64_t job, int64_t step);
 
 /* ---- reads ------------------------------------------------------------------------------ */
 

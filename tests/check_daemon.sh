@@ -5,13 +5,18 @@
 #   submit -> running -> succeeded, one metric row per step; a downsampled series that keeps
 #   every overflow step; CSV export; an SSE client that sees live steps and resumes with
 #   Last-Event-ID without a gap or a duplicate; cancel (a checkpoint exists) and resume (one
-#   row per step); delete (404 afterwards); list filters and the keyset cursor; /metrics as
+#   row per step); the retention (a 1000-step job checkpointing every step keeps 3, its disk
+#   use in the API and on disk); a resume past damaged checkpoints (truncated, a flipped
+#   byte, a deleted file: events say why each was skipped, the steps after it equal an
+#   uninterrupted run's); delete (404 afterwards); list filters and the keyset cursor; /metrics as
 #   Prometheus text; the dashboard's static files at / (from --web-root: content types,
 #   no escape from the root, 404 and 405 as JSON, the API beside them) and how the default
 #   web root is found; more than 40 malformed or hostile requests answered with the right
 #   4xx JSON error while the daemon keeps serving; start-up errors; kill -9 of the daemon
 #   mid-job and a restart that resumes from the last checkpoint with exactly one row per
-#   step; kill -9 of a worker fails its job with a reason and the next queued job runs.
+#   step; kill -9 of a worker fails its job with a reason and the next queued job runs; a
+#   graceful stop, damaged checkpoints, and a restart that resumes from the newest one left
+#   that verifies.
 # Every request goes through acurl, which records it (method, path, status, headers, body);
 # at the end tests/openapi_check.mjs checks every recorded response against the OpenAPI
 # description (api/openapi.json, from docs/openapi.yaml): the status documented for the
@@ -276,6 +281,26 @@ req GET "/v1/jobs/$id1/events"
 check "events record the worker's start and the end" \
     grep -q '"kind":"lifecycle","message":"worker [0-9]* started.*"message":"succeeded"' <<<"$BODY"
 
+# ---- retention: checkpoint_every 1 for 1000 steps keeps checkpoint_keep_last (3) -------------
+submit "$(spec keep 1000 ', "checkpoint_every": 1')"
+idk=$SID
+check "a 1000-step job checkpointing every step succeeds" wait_status "$idk" succeeded 120
+req GET "/v1/jobs/$idk/checkpoints"
+check "it keeps exactly 3 checkpoints: 998, 999, 1000 (the best eval and the last healthy among them)" \
+    test "$(grep -o '"step":[0-9]*' <<<"$BODY" | tr -dc '0-9\n' | tr '\n' ' ')" = '998 999 1000 '
+kbytes=$(jget bytes)
+sum=$(grep -o '"step":[0-9]*,"bytes":[0-9]*' <<<"$BODY" | awk -F: '{ s += $NF } END { print s }')
+one=$(grep -o '"step":1000,"bytes":[0-9]*' <<<"$BODY" | sed 's/.*://')
+check "the list reports their disk use: ${kbytes:-?} bytes, the sum of the three" \
+    test "${kbytes:-0}" -gt 0 -a "${kbytes:-0}" = "$sum"
+req GET "/v1/jobs/$idk"
+check "... and so does the job" test "$(jget checkpoint_bytes)" = "$kbytes"
+ondisk=$(cat "$TMP/data/jobs/$idk"/ckpt-*.safetensors 2>/dev/null | wc -c)
+check "... which is what its directory holds (3 files, $ondisk bytes)" \
+    test "$(ls "$TMP/data/jobs/$idk" | grep -c 'ckpt-')" -eq 3 -a "$ondisk" = "$kbytes"
+echo "# a 1000-step job with checkpoint_every 1 keeps $kbytes bytes of checkpoints" \
+    "(all 1000 would take $((1000 * ${one:-0})))"
+
 # ---- CSV export ------------------------------------------------------------------------------
 acurl -sS -m 20 -D "$TMP/csv.h" -o "$TMP/csv" \
     "$URL/v1/jobs/$id1/metrics?format=csv&fields=loss,lr,loss_scale,overflow"
@@ -361,6 +386,49 @@ check "after the resume: exactly one row per step (1..6000)" steps_are_1_to "$id
 req GET "/v1/jobs/$id4/events?limit=1000"
 check "events say it resumed from the checkpoint" \
     grep -q "resumed from the checkpoint at step $ck4" <<<"$BODY"
+
+# ---- resume past damaged checkpoints ---------------------------------------------------------
+# every checkpoint kept; cancelled after step 450; then the newest truncated, the next one
+# with a byte of a tensor flipped, the third deleted: the resume continues from the fourth
+walk=$(spec walk 6000 ', "checkpoint_every": 100, "checkpoint_keep_last": 0' "$BIG")
+submit "$walk"
+idw=$SID
+wait_step "$idw" 450 30
+req POST "/v1/jobs/$idw/cancel" "${AUTH[@]}"
+check "the walk job is cancelled" wait_status "$idw" cancelled 30
+req GET "/v1/jobs/$idw/checkpoints"
+mapfile -t cks < <(grep -o '"step":[0-9]*' <<<"$BODY" | tr -dc '0-9\n' | sort -n)
+n=${#cks[@]}
+check "it has more than 4 checkpoints ($n)" test "$n" -gt 4
+c1=${cks[n - 1]:-0} c2=${cks[n - 2]:-0} c3=${cks[n - 3]:-0} c4=${cks[n - 4]:-0}
+wdir=$TMP/data/jobs/$idw
+if [ "$n" -gt 4 ]; then
+    truncate -c -s -100 "$wdir/ckpt-$c1.safetensors"
+    flip_byte "$wdir/ckpt-$c2.safetensors" -100
+    rm -f "$wdir/ckpt-$c3.safetensors"
+fi
+req POST "/v1/jobs/$idw/resume" "${AUTH[@]}"
+check "resume answers 202" test "$CODE" = 202
+check "the job resumed past its damaged checkpoints succeeds" wait_status "$idw" succeeded 60
+check "... with exactly one row per step (1..6000)" steps_are_1_to "$idw" 6000
+req GET "/v1/jobs/$idw/events?limit=1000"
+skipped_is() { # step reason: the job's events say why the checkpoint at step was skipped
+    grep -q "\"step\":$1,[^}]*\"kind\":\"checkpoint\",\"message\":\"skipped the checkpoint at step $1 (ckpt-$1.safetensors): $2" <<<"$BODY"
+}
+check "an event says the newest ($c1) was skipped as truncated" skipped_is "$c1" 'truncated: '
+check "... the next ($c2) for its checksum" skipped_is "$c2" 'checksum mismatch: crc32 '
+check "... the third ($c3) as missing" skipped_is "$c3" 'missing'
+check "... and that it resumed from the fourth ($c4)" \
+    grep -q "resumed from the checkpoint at step $c4, the newest that verifies (3 newer skipped)" <<<"$BODY"
+check "the daemon's log says so too" \
+    grep -q "job $idw: skipped the checkpoint at step $c2 (ckpt-$c2.safetensors): checksum mismatch" "$TMP/daemon.log"
+submit "$walk"
+idr=$SID
+check "the same job, uninterrupted, succeeds" wait_status "$idr" succeeded 60
+acurl -sS -m 20 "$URL/v1/jobs/$idw/metrics?fields=loss,grad_norm,loss_scale&format=csv" >"$TMP/walk.csv"
+acurl -sS -m 20 "$URL/v1/jobs/$idr/metrics?fields=loss,grad_norm,loss_scale&format=csv" >"$TMP/ref.csv"
+check "every step of the resumed job equals the uninterrupted one's (after $c4 too)" \
+    sh -c "test \$(wc -l <'$TMP/walk.csv') -eq 6001 && cmp -s '$TMP/walk.csv' '$TMP/ref.csv'"
 
 # ---- delete ----------------------------------------------------------------------------------
 req DELETE "/v1/jobs/$id1" "${AUTH[@]}"
@@ -629,9 +697,9 @@ check "the next queued job runs and succeeds" wait_status "$id7" succeeded 30
 check "the daemon keeps serving" healthy
 
 # ---- graceful stop: running jobs checkpoint and become interrupted ---------------------------
-submit "$(spec stop 1000000 '' "$BIG")"
+submit "$(spec stop 1000000 ', "checkpoint_every": 100' "$BIG")"
 id8=$SID
-wait_step "$id8" 10 30
+wait_step "$id8" 350 30
 kill -TERM "$DPID"
 for _ in $(seq 1 400); do kill -0 "$DPID" 2>/dev/null || break; sleep 0.05; done
 wait "$DPID"
@@ -641,6 +709,38 @@ DPID=""
 check "the running job is interrupted" grep -q "job $id8: interrupted at step" "$TMP/daemon.log"
 check "... after writing a checkpoint" \
     sh -c "ls '$TMP/data/jobs/$id8/' | grep -q '^ckpt-[0-9]*\.safetensors$'"
+
+# ---- a restart past damaged checkpoints -----------------------------------------------------
+# the stop checkpoint truncated and the one before it deleted: the restarted daemon resumes
+# the job from the one before those
+mapfile -t cks < <(ls "$TMP/data/jobs/$id8/" | grep '^ckpt-' | tr -dc '0-9\n' | sort -n)
+n=${#cks[@]}
+check "the stopped job keeps 3 checkpoints (${cks[*]})" test "$n" -eq 3
+s1=${cks[n - 1]:-0} s2=${cks[n - 2]:-0} s3=${cks[n - 3]:-0}
+if [ "$n" -ge 3 ]; then
+    truncate -c -s -100 "$TMP/data/jobs/$id8/ckpt-$s1.safetensors"
+    rm -f "$TMP/data/jobs/$id8/ckpt-$s2.safetensors"
+fi
+start_daemon --max-running 1
+check "the daemon restarts" healthy
+resumed_at() {
+    req GET "/v1/jobs/$id8/events?limit=1000"
+    grep -q "resumed from the checkpoint at step $s3, the newest that verifies (2 newer skipped)" <<<"$BODY"
+}
+retry() { # tries command...: 0 once the command succeeds, 50 ms apart
+    local n=$1
+    shift
+    for _ in $(seq 1 "$n"); do "$@" && return 0; sleep 0.05; done
+    return 1
+}
+check "the interrupted job resumes from the last checkpoint that verifies ($s3)" \
+    retry 400 resumed_at
+check "... an event says the stop checkpoint ($s1) was skipped as truncated" \
+    grep -q "skipped the checkpoint at step $s1 (ckpt-$s1.safetensors): truncated: [0-9]* of its" <<<"$BODY"
+check "... and the one before ($s2) as missing" \
+    grep -q "skipped the checkpoint at step $s2 (ckpt-$s2.safetensors): missing" <<<"$BODY"
+req POST "/v1/jobs/$id8/cancel" "${AUTH[@]}"
+check "the resumed job can be cancelled" wait_status "$id8" cancelled 30
 
 # ---- every response above against the OpenAPI description -----------------------------------
 NODE=${NODE:-$(command -v node || true)}

@@ -11,8 +11,11 @@
  * its job with the signal and its log's last lines and the next queued job runs; a hung
  * worker is killed; a failing worker's summary error is kept; cancel (queued and running)
  * and resume from the checkpoint; restart recovery (running -> interrupted -> resumed,
- * retries exhausted -> failed); a stop interrupts running jobs, which resume on the next
- * start; two slots run two jobs at once; overflow and scale events; over-long and garbage lines;
+ * retries exhausted -> failed); a restart whose newest checkpoint file is gone resumes from
+ * the one before it (not from scratch), and a worker that walks back past a damaged one
+ * has the metrics truncated to the step it continues from, each with an event saying why;
+ * a stop interrupts running jobs, which resume on the next start; two slots run two jobs at
+ * once; overflow and scale events; over-long and garbage lines;
  * layers lines stored as layer stats (NaN/Infinity, scale, first non-finite layer) and
  * recommendation events (with their layer) stored, each after its step in the stream;
  * delete; the worker's descriptors, signal state and process group; a cancel that reaches a worker
@@ -533,6 +536,106 @@ START_TEST(test_recovery_after_crash)
 }
 END_TEST
 
+/* A daemon killed with -9 left job id running with checkpoints at 5, 10 and 15 (files for
+ * those in `files`, records for all three, the last at 15) and metric rows 1..13 whose
+ * loss is 100 + step. */
+static int64_t crashed_job(fixture *f, const char *spec, const int *files, int nfiles)
+{
+    store_metric m;
+    int64_t id;
+    bool existed;
+    char dir[600], cmd[1400], ck[700];
+    ck_assert_int_eq(store_job_insert(f->st, "crashed", "fp32", 20, spec, NULL, &id, &existed), 0);
+    ck_assert_int_eq(store_job_set_status(f->st, id, STORE_RUNNING, NULL), 0);
+    snprintf(dir, sizeof(dir), "%s/data/jobs/%lld", f->dir, (long long)id);
+    snprintf(cmd, sizeof(cmd), "mkdir -p %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+    for (int i = 0; i < nfiles; i++) {
+        snprintf(cmd, sizeof(cmd), "echo w > %s/ckpt-%d.safetensors", dir, files[i]);
+        ck_assert_int_eq(system(cmd), 0);
+    }
+    for (int s = 5; s <= 15; s += 5) {
+        snprintf(ck, sizeof(ck), "%s/ckpt-%d.safetensors", dir, s);
+        ck_assert_int_eq(store_checkpoint_add(f->st, id, s, ck, 2), 0);
+    }
+    ck_assert_int_eq(store_job_set_checkpoint(f->st, id, 15), 0);
+    for (int s = 1; s <= 13; s++) {
+        memset(&m, 0, sizeof(m));
+        m.job_id = id;
+        m.step = s;
+        for (int k = 0; k < STORE_M_NFIELDS; k++)
+            m.v[k] = NAN;
+        m.v[STORE_M_LOSS] = 100 + s;
+        ck_assert_int_eq(store_metric_append(f->st, &m), 0);
+    }
+    ck_assert_int_eq(store_flush(f->st), 0);
+    return id;
+}
+
+/* Steps 1..from keep the first run's rows, the later ones are the rerun's, and the job's
+ * stream has each step once. */
+static void check_resumed_rows(fixture *f, int64_t id, int64_t from)
+{
+    store_series se;
+    store_stream_row *rows = NULL;
+    int n = 0, steps = 0;
+    check_rows(f, id, STORE_M_LOSS, 20, &se);
+    for (int i = 0; i < 20; i++)
+        ck_assert_msg(se.points[i].last[0] == (i < from ? 101 + i : i + 1.5),
+                      "step %d: loss %g (resumed after step %lld)", i + 1, se.points[i].last[0],
+                      (long long)from);
+    store_series_free(&se);
+    ck_assert_int_eq(store_stream_read(f->st, id, 0, 1000, &rows, &n), 0);
+    for (int i = 0; i < n; i++)
+        if (rows[i].kind == STORE_SM_STEP)
+            ck_assert_int_eq(rows[i].step, ++steps);
+    ck_assert_int_eq(steps, 20);
+    free(rows);
+}
+
+START_TEST(test_restart_skips_missing_checkpoint)
+{
+    fixture f;
+    static const int files[] = {5, 10}; /* ckpt-15's file is gone */
+    setup(&f);
+    int64_t id = crashed_job(&f, "{\"mode\":\"ok\",\"steps\":20,\"ckpt\":5}", files, 2);
+    start_sched(&f);
+    wait_status(&f, id, STORE_SUCCEEDED, 10);
+    /* from 10, the newest checkpoint left: not from scratch */
+    check_resumed_rows(&f, id, 10);
+    ck_assert_int_eq(
+        count_events(&f, id, "checkpoint",
+                     "skipped the checkpoint at step 15 (ckpt-15.safetensors): missing"),
+        1);
+    ck_assert_int_eq(count_events(&f, id, "lifecycle", "resumed from the checkpoint at step 10"),
+                     1);
+    teardown(&f);
+}
+END_TEST
+
+START_TEST(test_worker_walks_back)
+{
+    fixture f;
+    static const int files[] = {5, 10, 15};
+    setup(&f);
+    /* the worker finds ckpt-15 damaged and continues from 10 */
+    int64_t id =
+        crashed_job(&f, "{\"mode\":\"ok\",\"steps\":20,\"ckpt\":5,\"walkback\":5}", files, 3);
+    start_sched(&f);
+    wait_status(&f, id, STORE_SUCCEEDED, 10);
+    check_resumed_rows(&f, id, 10);
+    ck_assert_int_eq(count_events(&f, id, "checkpoint",
+                                  "skipped the checkpoint at step 15 (ckpt-15.safetensors): "
+                                  "checksum mismatch: fake"),
+                     1);
+    ck_assert_int_eq(count_events(&f, id, "lifecycle",
+                                  "resumed from the checkpoint at step 10, the newest that "
+                                  "verifies (1 newer skipped)"),
+                     1);
+    teardown(&f);
+}
+END_TEST
+
 START_TEST(test_stop_interrupts_and_restart_resumes)
 {
     fixture f;
@@ -826,6 +929,8 @@ static Suite *sched_suite(void)
     tcase_add_test(tc, test_cancel_at_spawn);
     tcase_add_test(tc, test_recovery_after_crash);
     tcase_add_test(tc, test_stop_interrupts_and_restart_resumes);
+    tcase_add_test(tc, test_restart_skips_missing_checkpoint);
+    tcase_add_test(tc, test_worker_walks_back);
     tcase_add_test(tc, test_two_slots);
     tcase_add_test(tc, test_overflow_events);
     tcase_add_test(tc, test_long_and_garbage_lines);

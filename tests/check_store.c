@@ -3,8 +3,9 @@
  * cursor, idempotency, timestamps, flags, cascading delete), metric rows through the
  * writer (NaN/+-Inf round-trip, flags, upsert, evals, truncate), downsampling against a
  * brute-force computation over random data, the rollup table against the raw rows,
- * events, checkpoints, the latest row, counters, readers on several threads while the
- * writer appends, the migration from schema version 1, and the per-layer diagnostics
+ * events, checkpoints (their deletion, and a job's disk use: the sum of their bytes), the
+ * latest row, counters, readers on several threads while the writer appends, the
+ * migration from schema version 1, and the per-layer diagnostics
  * (NaN/+-Inf/missing round trip, step flags, upsert, latest, truncate, delete, and the
  * heatmap range against a reference: subsampling that keeps special steps, layers by
  * first appearance, every cell).
@@ -1167,6 +1168,37 @@ START_TEST(test_checkpoints)
     ck_assert(ck[0].created_at > 1e9);
     free(ck);
     ck_assert_int_eq(store_checkpoint_add(st, 4242, 1, "/x", 1), STORE_ENOTFOUND);
+
+    /* the job's disk use is the sum of its checkpoints' bytes; a deleted one leaves it,
+     * with its stream row */
+    store_job j;
+    memset(&j, 0, sizeof(j));
+    ck_assert_int_eq(store_job_get(st, job, &j), 0);
+    ck_assert_int_eq(j.checkpoint_bytes, 100 + 124 + 150);
+    store_job_clear(&j);
+    ck_assert_int_eq(store_checkpoint_delete(st, job, 1000), 0);
+    ck_assert_int_eq(store_checkpoint_delete(st, job, 1000), STORE_ENOTFOUND);
+    ck_assert_int_eq(store_checkpoint_list(st, job, &ck, &n), 0);
+    ck_assert_int_eq(n, 2);
+    ck_assert(ck[0].step == 500 && ck[1].step == 1500);
+    free(ck);
+    ck_assert_int_eq(store_job_get(st, job, &j), 0);
+    ck_assert_int_eq(j.checkpoint_bytes, 100 + 150);
+    store_job_clear(&j);
+    store_stream_row *rows = NULL;
+    int nrows = 0, c1000 = 0;
+    ck_assert_int_eq(store_stream_read(st, job, 0, 1000, &rows, &nrows), 0);
+    for (int i = 0; i < nrows; i++)
+        c1000 += rows[i].kind == STORE_SM_CHECKPOINT && rows[i].step == 1000;
+    free(rows);
+    ck_assert_int_eq(c1000, 0);
+    store_job_filter f = {.status = -1, .limit = 1000};
+    store_job *all = NULL;
+    ck_assert_int_eq(store_job_list(st, &f, &all, &n), 0);
+    for (int i = 0; i < n; i++)
+        if (all[i].id == job)
+            ck_assert_int_eq(all[i].checkpoint_bytes, 100 + 150);
+    store_jobs_free(all, n);
 }
 END_TEST
 

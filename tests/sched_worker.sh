@@ -13,6 +13,9 @@
 #   garbage   non-JSON and type-less lines, and malformed layers and event lines, between
 #             the ok run's lines
 #   hang, fds a start line, then silence (the test reads /proc/PID/fd of an fds worker)
+# With "walkback": K (> 0) a resumed worker reports that the checkpoint it was given was
+# damaged: it continues from K steps before it (the resume line names the skipped one, and
+# a checkpoint_drop line follows), as `ampd run` walks back.
 # With "diag": K (> 0) a "layers" line follows every K-th step's line and every overflowing
 # step's line, as `ampd run` prints them (two layers: fc1 with plain numbers, fc2 with an
 # "Infinity" headroom and a "NaN" underflow fraction; an overflowing step has act_overflow
@@ -27,6 +30,7 @@ while [ $# -gt 0 ]; do
     --every) shift ;;
     --checkpoint-dir) ckdir=$2; shift ;;
     --resume) resume=$2; shift ;;
+    --no-delete) ;;
     --data-root) shift ;;
     *) spec=$1 ;;
     esac
@@ -43,6 +47,7 @@ steps=$(get steps 20)
 ckpt=$(get ckpt 0)
 delay=$(get delay 0)
 diag=$(get diag 0)
+walkback=$(get walkback 0)
 step=0
 if [ -n "$resume" ]; then
     step=${resume##*ckpt-}
@@ -85,7 +90,17 @@ stopped=0
 trap 'stopped=1' TERM INT
 
 echo "{\"type\":\"start\",\"name\":\"fake\",\"params\":100,\"blas\":\"none\",\"spec\":{}}"
-[ -n "$resume" ] && echo "{\"type\":\"resume\",\"step\":$step}"
+if [ -n "$resume" ] && [ "$walkback" -gt 0 ]; then
+    from=$step
+    step=$((step - walkback))
+    printf '{"type":"resume","step":%d,"path":"%s/ckpt-%d.safetensors","skipped":' "$step" \
+        "$ckdir" "$step"
+    printf '[{"step":%d,"path":"%s","reason":"checksum mismatch: fake"}]}\n' "$from" "$resume"
+    printf '{"type":"checkpoint_drop","step":%d,"path":"%s","reason":"checksum mismatch: fake"}\n' \
+        "$from" "$resume"
+elif [ -n "$resume" ]; then
+    echo "{\"type\":\"resume\",\"step\":$step,\"path\":\"$resume\",\"skipped\":[]}"
+fi
 case $mode in
 hang | fds) exec sleep 1000 ;;
 esac

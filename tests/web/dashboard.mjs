@@ -503,6 +503,13 @@ async function main() {
         ckOk = Object.keys(header).some((k) => k !== '__metadata__');
     } catch (e) { ckOk = false; }
     check('the checkpoint link downloads safetensors weights', ckOk, ckHref);
+    const ckList = await apiGet(`/v1/jobs/${fpId}/checkpoints`);
+    const ckJob = await apiGet(`/v1/jobs/${fpId}`);
+    const ckShown = await page.getAttribute('[data-chart=checkpoints] [data-field=checkpoint_bytes]', 'data-value');
+    check('the checkpoints card shows the disk use of the API (the list\'s bytes, the job\'s checkpoint_bytes)',
+          ckList.bytes > 0 && Number(ckShown) === ckList.bytes && ckJob.checkpoint_bytes === ckList.bytes &&
+          ckList.bytes === ckList.checkpoints.reduce((a, c) => a + c.bytes, 0),
+          `${ckShown} vs ${ckList.bytes} and ${ckJob.checkpoint_bytes}`);
     await page.click('a:has-text("Clone")');
     await page.waitForSelector('#app[data-ready=submit]');
     check('clone opens the form with the run\'s spec', (await page.inputValue('#f-name')) === 'web-fp16-again' &&
