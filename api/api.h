@@ -93,6 +93,7 @@ typedef struct {
     api_spec_opts spec;    /* data roots for spec validation */
     char web_root[512];    /* static dashboard files; empty: none */
     int metrics_keep_s;    /* /metrics keeps a finished job's series this long; 0: drops them */
+    int stop_timeout_ms;   /* api_stop waits this long for busy requests (0: 5000) */
 } api_config;
 
 /* Start serving (libmicrohttpd's threads). st is borrowed and must outlive the server;
@@ -103,8 +104,12 @@ int api_start(const api_config *c, struct store *st, const api_jobs *jobs, api_s
               char *err, size_t errlen);
 /* The port actually bound (useful with port 0). */
 unsigned api_port(const api_server *a);
-/* Close every connection (ending SSE streams) and free. NULL is accepted. */
-void api_stop(api_server *a);
+/* Close every connection (ending SSE streams) and free. NULL is accepted. Waits at most
+ * stop_timeout_ms for the requests in progress: when one is still busy then (a handler
+ * blocked), returns GPU_ETIMEDOUT and leaves it behind; the server is freed once it ends,
+ * but it may still use the store and the api_jobs ctx, so the host should exit rather than
+ * free them. 0 otherwise. */
+int api_stop(api_server *a);
 
 /* JSON encoding of metric values (api/json.c). A non-finite double becomes the string
  * "NaN", "Infinity" or "-Infinity" (never dropped); a float is written as its shortest

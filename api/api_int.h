@@ -175,6 +175,8 @@ struct MHD_Connection;
 struct api_server {
     struct MHD_Daemon *mhd;
     api_config cfg;
+    bool stopped;   /* under mu: MHD_stop_daemon has returned (api_stop) */
+    bool abandoned; /* under mu: api_stop gave up waiting; the stopping thread frees */
     struct store *st;
     const api_jobs *jobs; /* &jobs_copy, or NULL: degraded mode, mutations answer 503 */
     api_jobs jobs_copy;

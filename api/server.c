@@ -12,12 +12,17 @@
  * is dropped and the request answered 413), and on the last call the handler that the
  * route table (route.c) names for the method fills an api_resp that respond() sends.
  *
+ * Static files are opened with O_NONBLOCK and served only when fstat says regular file, so
+ * a FIFO or device in the web root is a 404 rather than a handler blocked in open().
+ *
  * Threads: MHD runs one thread per connection (MHD_USE_THREAD_PER_CONNECTION with an
  * internal polling thread that accepts), so a handler may block: the SSE content reader
  * waits for live lines in its own thread. The per-request context belongs to its
  * connection's thread and is freed in the completion callback. Shared state (api_server)
  * is read-only after start except the atomics (stopping, the status counters) and the
- * mutex/condition the SSE readers sleep on, which api_stop() broadcasts.
+ * mutex/condition the SSE readers sleep on, which api_stop() broadcasts. api_stop() runs
+ * MHD_stop_daemon (which joins every connection thread) on a thread of its own and waits
+ * for it at most stop_timeout_ms; past that it leaves that thread to free the server.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -44,6 +49,7 @@
 #define CONN_TIMEOUT_S 60u
 #define DEFAULT_HEARTBEAT_MS 15000
 #define DEFAULT_MAX_BODY (1u << 20)
+#define DEFAULT_STOP_TIMEOUT_MS 5000
 
 /* Per-request state (MHD's con_cls); freed in on_completed. */
 typedef struct {
@@ -204,8 +210,13 @@ static void static_file(api_req *q, api_resp *r)
         api_error_resp(r, 404, "not_found", NULL, "no such file: %s", q->path);
         return;
     }
-    int fd = open(real, O_RDONLY | O_CLOEXEC);
-    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    /* O_NONBLOCK: opening a FIFO for reading would wait for a writer; only a regular file
+     * is served, and it is read normally (the flag cleared) */
+    int fd = open(real, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    int fl = fd >= 0 ? fcntl(fd, F_GETFL) : -1;
+    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || fl < 0 ||
+        fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+
         if (fd >= 0)
             close(fd);
         api_error_resp(r, 404, "not_found", NULL, "no such file: %s", q->path);
@@ -533,6 +544,8 @@ int api_start(const api_config *c, struct store *st, const api_jobs *jobs, api_s
     s->cfg = *c;
     if (s->cfg.max_body == 0)
         s->cfg.max_body = DEFAULT_MAX_BODY;
+    if (s->cfg.stop_timeout_ms <= 0)
+        s->cfg.stop_timeout_ms = DEFAULT_STOP_TIMEOUT_MS;
     s->st = st;
     if (jobs) {
         s->jobs_copy = *jobs;
@@ -600,21 +613,80 @@ unsigned api_port(const api_server *a)
     return a ? a->port : 0;
 }
 
-/* Ends every stream (the readers see `stopping` within one wait slice), closes every
- * connection and frees a. */
-void api_stop(api_server *a)
+static void server_free(api_server *a)
 {
-    if (!a)
-        return;
-    atomic_store(&a->stopping, true);
-    pthread_mutex_lock(&a->mu);
-    pthread_cond_broadcast(&a->cv);
-    pthread_mutex_unlock(&a->mu);
-    if (a->mhd)
-        MHD_stop_daemon(a->mhd);
     pthread_cond_destroy(&a->cv);
     pthread_mutex_destroy(&a->mu);
     api_prom_free(a);
     pthread_mutex_destroy(&a->prom_mu);
     free(a);
+}
+
+/* MHD_stop_daemon on a thread of its own: it returns once every connection thread has
+ * ended. Frees the server when api_stop has stopped waiting for it. */
+static void *stop_main(void *arg)
+{
+    api_server *a = arg;
+    bool abandoned;
+    MHD_stop_daemon(a->mhd);
+    pthread_mutex_lock(&a->mu);
+    a->stopped = true;
+    abandoned = a->abandoned;
+    pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+    if (abandoned) {
+        log_info("the request that held up the stop has ended");
+        server_free(a);
+    }
+    return NULL;
+}
+
+/* Ends every stream (the readers see `stopping` within one wait slice), closes every
+ * connection and frees a; see api.h for a request still busy after stop_timeout_ms. */
+int api_stop(api_server *a)
+{
+    pthread_attr_t at;
+    pthread_t t;
+    struct timespec dl;
+    int rc = 0;
+
+    if (!a)
+        return 0;
+    atomic_store(&a->stopping, true);
+    pthread_mutex_lock(&a->mu);
+    pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+    if (!a->mhd) {
+        server_free(a);
+        return 0;
+    }
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &at, stop_main, a) != 0) {
+        pthread_attr_destroy(&at);
+        MHD_stop_daemon(a->mhd); /* no thread to spare: wait as long as it takes */
+        server_free(a);
+        return 0;
+    }
+    pthread_attr_destroy(&at);
+    clock_gettime(CLOCK_MONOTONIC, &dl);
+    dl.tv_sec += a->cfg.stop_timeout_ms / 1000;
+    dl.tv_nsec += (long)(a->cfg.stop_timeout_ms % 1000) * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) {
+        dl.tv_sec++;
+        dl.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&a->mu);
+    while (!a->stopped && rc == 0)
+        rc = pthread_cond_timedwait(&a->cv, &a->mu, &dl);
+    if (!a->stopped) {
+        a->abandoned = true;
+        pthread_mutex_unlock(&a->mu);
+        log_error("a request was still busy %d ms after the stop began; leaving it behind",
+                  a->cfg.stop_timeout_ms);
+        return GPU_ETIMEDOUT;
+    }
+    pthread_mutex_unlock(&a->mu);
+    server_free(a);
+    return 0;
 }

@@ -1,8 +1,9 @@
 /*
  * serve.c - `ampd serve`: the daemon. Opens the store, recovers and starts the scheduler,
  * starts the HTTP server, then waits for SIGTERM or SIGINT and stops in the reverse order:
- * the server (closing SSE streams), the scheduler (running jobs checkpoint and become
- * interrupted), the store.
+ * the server (closing SSE streams; a request still busy after 5 s is left behind), the
+ * scheduler (running jobs checkpoint and become interrupted, 30 s at most), the store (only
+ * flushed when a request was left behind, which may still read it; the process exits).
  *
  * The dashboard (web/: index.html, css/, js/, vendor/) is served at / from --web-root, else
  * from web/ beside the ampd executable when that holds index.html (the build tree), else
@@ -555,9 +556,16 @@ int daemon_serve_main(int argc, char **argv)
     sigaddset(&set, SIGINT);
     signal(SIGINT, SIG_DFL);
     pthread_sigmask(SIG_UNBLOCK, &set, NULL);
-    api_stop(api);
+    rc = api_stop(api);
     daemon_sched_stop(sched);
-    store_close(st);
+    if (rc == 0) {
+        store_close(st);
+    } else {
+        /* a request handler is still busy and may read the store: commit what is queued,
+         * leave the connections open, and exit */
+        store_flush(st);
+        log_warn("exiting with a request still in progress");
+    }
     log_info("stopped");
     return 0;
 

@@ -19,7 +19,8 @@
  *             system, Prometheus text parsed line by line,
  *             SSE of a finished job (backlog, resume by Last-Event-ID, `end`), SSE of a
  *             running job followed through the store, the heartbeat, and api_stop ending
- *             open streams at once.
+ *             open streams at once and returning within its deadline while a handler is
+ *             blocked; a FIFO in the web root answered 404 at once.
  *   live      the same server with a real scheduler whose worker is tests/sched_worker.sh:
  *             submit (201, Location, Idempotency-Key -> 200 with the same job), the job
  *             runs to succeeded, cancel / resume / delete with 202, 409 and 204, an SSE
@@ -2250,6 +2251,80 @@ START_TEST(test_sse_many_clients)
 }
 END_TEST
 
+/* A job queue whose cancel blocks until released (or 8 s pass), as a handler stuck in a
+ * callback, a file or a lock would be. */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool entered, release, returned;
+} stuck_queue;
+
+static int stuck_cancel(void *ctx, int64_t id)
+{
+    stuck_queue *q = ctx;
+    struct timespec dl;
+    (void)id;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += 8;
+    pthread_mutex_lock(&q->mu);
+    q->entered = true;
+    pthread_cond_broadcast(&q->cv);
+    while (!q->release && pthread_cond_timedwait(&q->cv, &q->mu, &dl) == 0)
+        ;
+    q->returned = true;
+    pthread_cond_broadcast(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+    return STORE_ECONFLICT;
+}
+
+/* api_stop returns within its deadline whatever a handler is doing: a request blocked in
+ * the queue's cancel is left behind (GPU_ETIMEDOUT) and the server is freed once it ends. */
+START_TEST(test_stop_deadline)
+{
+    stuck_queue q = {.entered = false};
+    api_jobs jobs = {.ctx = &q, .cancel = stuck_cancel};
+    api_config c;
+    api_server *s2 = NULL;
+    char err[256], req[512];
+    hconn h;
+
+    pthread_mutex_init(&q.mu, NULL);
+    pthread_cond_init(&q.cv, NULL);
+    memset(&c, 0, sizeof(c));
+    api_spec_opts_default(&c.spec);
+    snprintf(c.listen, sizeof(c.listen), "127.0.0.1:0");
+    c.stop_timeout_ms = 1000;
+    ck_assert_msg(api_start(&c, st, &jobs, &s2, err, sizeof(err)) == 0, "%s", err);
+    int64_t id = add_job("stuck", "fp32", 10);
+    hc_open(&h, api_port(s2));
+    int n = snprintf(req, sizeof(req),
+                     "POST /v1/jobs/%lld/cancel HTTP/1.1\r\nHost: 127.0.0.1:%u\r\n"
+                     "Content-Type: application/json\r\nContent-Length: 0\r\n\r\n",
+                     (long long)id, api_port(s2));
+    hc_send(&h, req, (size_t)n);
+    pthread_mutex_lock(&q.mu);
+    while (!q.entered)
+        pthread_cond_wait(&q.cv, &q.mu);
+    pthread_mutex_unlock(&q.mu);
+
+    double t0 = gpu_now();
+    int rc = api_stop(s2);
+    double took = gpu_now() - t0;
+    ck_assert_msg(took < 2.5, "api_stop took %.2f s with a handler blocked (deadline 1 s)", took);
+    ck_assert_int_eq(rc, GPU_ETIMEDOUT);
+    pthread_mutex_lock(&q.mu);
+    q.release = true;
+    pthread_cond_broadcast(&q.cv);
+    while (!q.returned)
+        pthread_cond_wait(&q.cv, &q.mu);
+    pthread_mutex_unlock(&q.mu);
+    hc_close(&h);
+    test_sleep_ms(500); /* the handler ends, then the stop thread frees the server */
+    pthread_cond_destroy(&q.cv);
+    pthread_mutex_destroy(&q.mu);
+}
+END_TEST
+
 START_TEST(test_start_refusals)
 {
     api_config c;
@@ -2329,7 +2404,16 @@ START_TEST(test_static_and_head)
     req_error(p2, "GET", "/nope.html", NULL, NULL, 404, "not_found", NULL);
     req_error(p2, "POST", "/", NULL, NULL, 405, "method_not_allowed", NULL);
     json_decref(get_json(p2, "/healthz", 200)); /* the API is still there */
-    api_stop(s2);
+    /* a FIFO (or any file that is not regular) is a 404 at once, not a handler blocked in
+     * open() waiting for a writer, and the server still stops promptly */
+    snprintf(p, sizeof(p), "%s/pipe", web);
+    ck_assert_int_eq(mkfifo(p, 0644), 0);
+    double t0 = gpu_now();
+    req_error(p2, "GET", "/pipe", NULL, NULL, 404, "not_found", NULL);
+    ck_assert_msg(gpu_now() - t0 < 2.0, "GET of a FIFO took %.2f s", gpu_now() - t0);
+    t0 = gpu_now();
+    ck_assert_int_eq(api_stop(s2), 0);
+    ck_assert_msg(gpu_now() - t0 < 2.0, "api_stop took %.2f s", gpu_now() - t0);
 
     /* HEAD of a stream and of a metrics series: headers only */
     int64_t id = add_job("h", "fp16", 10);
@@ -2714,6 +2798,7 @@ static Suite *api_suite(void)
     tcase_add_test(t, test_sse_finished);
     tcase_add_test(t, test_sse_running_and_stop);
     tcase_add_test(t, test_sse_many_clients);
+    tcase_add_test(t, test_stop_deadline);
     tcase_add_test(t, test_start_refusals);
     tcase_add_test(t, test_static_and_head);
     suite_add_tcase(s, t);
