@@ -22,7 +22,8 @@
  *             open streams at once and returning within its deadline while a handler is
  *             blocked; a FIFO in the web root answered 404 at once.
  *   live      the same server with a real scheduler whose worker is tests/sched_worker.sh:
- *             submit (201, Location, Idempotency-Key -> 200 with the same job), the job
+ *             submit (201, Location, Idempotency-Key -> 200 with the same job for the same
+ *             JSON, 422 for another body), the job
  *             runs to succeeded, cancel / resume / delete with 202, 409 and 204, an SSE
  *             client that disconnects and resumes with Last-Event-ID sees every step
  *             exactly once, 100 concurrent SSE clients all see the whole run, and a worker's
@@ -2529,6 +2530,29 @@ START_TEST(test_live_lifecycle)
         "  \"precision\": {\"dtype\": \"fp16\"},\n  \"steps\": 12\n}";
     int64_t id = post_job(spec, "key-1", 201);
     ck_assert_int_eq(post_job(spec, "key-1", 200), id);
+    /* the same JSON written otherwise (members reordered, no whitespace) is the same body */
+    static const char same[] = "{\"steps\":12,\"precision\":{\"dtype\":\"fp16\"},"
+                               "\"data\":{\"type\":\"synthetic\"},\"name\":\"synthetic-run\"}";
+    ck_assert_int_eq(post_job(same, "key-1", 200), id);
+    /* the key of another body: 422 naming the key, and no job is queued */
+    static const char other[] = "{\"name\": \"synthetic-run\", \"data\": {\"type\": "
+                                "\"synthetic\"}, \"precision\": {\"dtype\": \"fp16\"}, "
+                                "\"steps\": 13}";
+    hresp r;
+    http(port, "POST", "/v1/jobs",
+         "Authorization: Bearer " TOKEN "\r\nContent-Type: application/json\r\n"
+         "Idempotency-Key: key-1\r\n",
+         other, strlen(other), &r);
+    expect_error(&r, 422, "idempotency_key_reused", "Idempotency-Key");
+    ck_assert_ptr_nonnull(strstr(r.body, "\\\"key-1\\\" was used for job"));
+    hresp_free(&r);
+    json_t *list = get_json(port, "/v1/jobs", 200);
+    ck_assert_int_eq(json_array_size(json_object_get(list, "jobs")), 1);
+    json_decref(list);
+    /* a new key takes the other body */
+    int64_t id2 = post_job(other, "key-2", 201);
+    ck_assert_int_ne(id2, id);
+    ck_assert_int_eq(post_job(other, "key-2", 200), id2);
     json_t *j = job_json(id);
     ck_assert_str_eq(json_string_value(json_object_get(j, "dtype")), "fp16");
     ck_assert_str_eq(json_string_value(json_object_get(j, "name")), "synthetic-run");

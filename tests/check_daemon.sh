@@ -11,9 +11,9 @@
 #   web root is found; more than 40 malformed or hostile requests answered with the right
 #   4xx JSON error while the daemon keeps serving; start-up errors; kill -9 of the daemon
 #   mid-job and a restart that resumes from the last checkpoint with exactly one row per
-#   step; kill -9 of a worker fails its job with a reason and the next queued job runs; a
-#   FIFO in the web root answered 404 at once and the daemon still stopping on SIGTERM
-#   within its deadline.
+#   step; kill -9 of a worker fails its job with a reason and the next queued job runs; an
+#   Idempotency-Key reused with another body refused (422); a FIFO in the web root answered
+#   404 at once and the daemon still stopping on SIGTERM within its deadline.
 # Every request goes through acurl, which records it (method, path, status, headers, body);
 # at the end tests/openapi_check.mjs checks every recorded response against the OpenAPI
 # description (api/openapi.json, from docs/openapi.yaml): the status documented for the
@@ -518,6 +518,21 @@ expect 409 conflict POST "/v1/jobs/$id2/resume" "${AUTH[@]}"
 FIELD=Idempotency-Key
 expect 400 invalid_request POST /v1/jobs "${AUTH[@]}" "${JSON[@]}" \
     -H 'Idempotency-Key: has spaces' --data-binary "$(spec idem 10)"
+# ---- Idempotency-Key: the same body again is the first job; another body is refused ---------
+post_json /v1/jobs "$(spec idem 10)" -H 'Idempotency-Key: idem-1'
+idi=$(jget id)
+check "a submit with an Idempotency-Key answers 201" test "$CODE" = 201 -a -n "$idi"
+post_json /v1/jobs "$(spec idem 10)" -H 'Idempotency-Key: idem-1'
+check "the same key and body again answer 200 with the same job" \
+    test "$CODE:$(jget id)" = "200:$idi"
+FIELD=Idempotency-Key
+expect 422 idempotency_key_reused POST /v1/jobs "${AUTH[@]}" "${JSON[@]}" \
+    -H 'Idempotency-Key: idem-1' --data-binary "$(spec idem 11)"
+check "... naming the key and its job" \
+    grep -qF "Idempotency-Key \\\"idem-1\\\" was used for job $idi with another body" <<<"$BODY"
+req GET "/v1/jobs?name=idem"
+check "... and queueing nothing" test "$(ids)" = "$idi "
+
 check "at least 40 hostile requests were tried ($nbad)" test "$nbad" -ge 40
 check "healthz after every hostile request" healthy
 req GET /v1/jobs
