@@ -5,9 +5,14 @@
  * files.
  *
  * Request flow: MHD calls on_request() first with the headers only. Everything that can be
- * decided from the headers is decided there (404 unknown route, 405 wrong method with
- * Allow, 401 missing or wrong token, 415 wrong media type, 413 declared body too large,
- * 414 URL too long) and answered at once, so MHD never reads such a body. Otherwise the
+ * decided from the headers is decided there (421 a Host that does not name this daemon, 403
+ * a foreign Origin, 400 ambiguous framing: two Content-Length headers, or one with
+ * Transfer-Encoding, 404 unknown route, 405 wrong method with Allow, 401 missing or wrong
+ * token, 413 declared body too large, 415 a POST or DELETE without Content-Type:
+ * application/json, 414 URL too long) and answered at once, so MHD never reads such a
+ * body. The Host and Origin checks keep other sites' pages out (DNS rebinding, cross-site
+ * requests), and the media-type rule makes every change a request that a page of another
+ * origin can only send after a CORS preflight, which this server never grants. Otherwise the
  * body is accumulated in the per-request context (at most max_body bytes; beyond that it
  * is dropped and the request answered 413), and on the last call the handler that the
  * route table (route.c) names for the method fills an api_resp that respond() sends.
@@ -25,6 +30,7 @@
  * for it at most stop_timeout_ms; past that it leaves that thread to free the server.
  */
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -216,7 +222,6 @@ static void static_file(api_req *q, api_resp *r)
     int fl = fd >= 0 ? fcntl(fd, F_GETFL) : -1;
     if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || fl < 0 ||
         fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
-
         if (fd >= 0)
             close(fd);
         api_error_resp(r, 404, "not_found", NULL, "no such file: %s", q->path);
@@ -281,15 +286,223 @@ static bool is_json_type(const char *ct)
     return *ct == '\0' || *ct == ';';
 }
 
+/* ---- Host, Origin and framing ----------------------------------------------------------- */
+
+int api_host_parse(const char *v, api_host *out)
+{
+    const char *end, *p;
+    int64_t port = -1;
+    size_t n;
+
+    memset(out, 0, sizeof(*out));
+    out->port = -1;
+    if (!v)
+        return -1;
+    if (v[0] == '[') { /* an IPv6 address */
+        end = strchr(v, ']');
+        if (!end || end == v + 1)
+            return -1;
+        for (p = v + 1; p < end; p++)
+            if (!isxdigit((unsigned char)*p) && *p != ':' && *p != '.')
+                return -1;
+        end++;
+    } else { /* a DNS name or an IPv4 address */
+        end = v + strcspn(v, ":");
+        if (end == v)
+            return -1;
+        for (p = v; p < end; p++)
+            if (!isalnum((unsigned char)*p) && *p != '.' && *p != '-' && *p != '_')
+                return -1;
+    }
+    n = (size_t)(end - v);
+    if (n >= sizeof(out->name))
+        return -1;
+    if (*end == ':') {
+        if (strlen(end + 1) > 5 || !isdigit((unsigned char)end[1]) ||
+            api_parse_i64(end + 1, 0, 65535, &port) != 0)
+            return -1;
+    } else if (*end != '\0') {
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++)
+        out->name[i] = (char)tolower((unsigned char)v[i]);
+    out->name[n] = '\0';
+    out->port = (int)port;
+    return 0;
+}
+
+int api_check_allow_host(const char *v, char *err, size_t errlen)
+{
+    api_host h;
+    if (api_host_parse(v, &h) == 0 && h.port != 0)
+        return 0;
+    snprintf(err, errlen,
+             "\"%.200s\" is not NAME or NAME:PORT (a DNS name, an IPv4 address or an [IPv6] "
+             "address; a port from 1 to 65535)",
+             v ? v : "");
+    return GPU_EINVAL;
+}
+
+int api_check_allow_origin(const char *v, char *err, size_t errlen)
+{
+    api_host h;
+    size_t skip = v && strncasecmp(v, "http://", 7) == 0    ? 7
+                  : v && strncasecmp(v, "https://", 8) == 0 ? 8
+                                                            : 0;
+    if (skip && api_host_parse(v + skip, &h) == 0 && h.port != 0)
+        return 0;
+    snprintf(err, errlen,
+             "\"%.200s\" is not an origin: want http://HOST or https://HOST, with :PORT when "
+             "it is not the scheme's default, and no path (not even a trailing /)",
+             v ? v : "");
+    return GPU_EINVAL;
+}
+
+/* The Host values the server answers to: localhost, 127.0.0.1, [::1] and the listen address
+ * with the bound port, then the allowed ones. */
+static int hosts_init(api_server *s, char *err, size_t errlen)
+{
+    static const char *const local[] = {"localhost", "127.0.0.1", "[::1]"};
+    api_host h;
+
+    s->nhosts = 0;
+    for (size_t i = 0; i < sizeof(local) / sizeof(local[0]); i++) {
+        snprintf(s->hosts[s->nhosts].name, sizeof(s->hosts[0].name), "%s", local[i]);
+        s->hosts[s->nhosts++].port = (int)s->port;
+    }
+    if (api_host_parse(s->cfg.listen, &h) == 0) { /* parse_listen accepted it already */
+        h.port = (int)s->port;
+        s->hosts[s->nhosts++] = h;
+    }
+    if (s->cfg.nallow_hosts < 0 || s->cfg.nallow_hosts > API_MAX_ALLOW ||
+        s->cfg.nallow_origins < 0 || s->cfg.nallow_origins > API_MAX_ALLOW) {
+        snprintf(err, errlen, "at most %d allowed hosts and %d allowed origins", API_MAX_ALLOW,
+                 API_MAX_ALLOW);
+        return GPU_EINVAL;
+    }
+    for (int i = 0; i < s->cfg.nallow_hosts; i++) {
+        char why[320];
+        if (api_check_allow_host(s->cfg.allow_hosts[i], why, sizeof(why)) != 0) {
+            snprintf(err, errlen, "allowed host: %s", why);
+            return GPU_EINVAL;
+        }
+        api_host_parse(s->cfg.allow_hosts[i], &s->hosts[s->nhosts++]);
+    }
+    for (int i = 0; i < s->cfg.nallow_origins; i++) {
+        char why[320];
+        if (api_check_allow_origin(s->cfg.allow_origins[i], why, sizeof(why)) != 0) {
+            snprintf(err, errlen, "allowed origin: %s", why);
+            return GPU_EINVAL;
+        }
+    }
+    return 0;
+}
+
+/* The Host header names this daemon. An HTTP/1.0 request without one is not a browser's,
+ * so it is admitted (refuse_sender refuses an HTTP/1.1 request without Host). */
+static bool host_ok(const api_server *s, const char *host)
+{
+    api_host h;
+    if (!host)
+        return true;
+    if (api_host_parse(host, &h) != 0)
+        return false;
+    if (h.port < 0)
+        h.port = 80;
+    for (int i = 0; i < s->nhosts; i++)
+        if (strcmp(s->hosts[i].name, h.name) == 0 &&
+            (s->hosts[i].port < 0 || s->hosts[i].port == h.port))
+            return true;
+    return false;
+}
+
+/* The Origin header, when there is one, is the daemon's own (http:// and the Host header, as
+ * a browser sends for a page of this daemon) or an allowed one. */
+static bool origin_ok(const api_server *s, const char *origin, const char *host)
+{
+    if (!origin)
+        return true;
+    if (host && strncasecmp(origin, "http://", 7) == 0 && strcasecmp(origin + 7, host) == 0)
+        return true;
+    for (int i = 0; i < s->cfg.nallow_origins; i++)
+        if (strcasecmp(origin, s->cfg.allow_origins[i]) == 0)
+            return true;
+    return false;
+}
+
+typedef struct {
+    int content_length, transfer_encoding, host;
+} framing;
+
+static enum MHD_Result count_framing(void *cls, enum MHD_ValueKind kind, const char *key,
+                                     const char *value)
+{
+    framing *f = cls;
+    (void)kind, (void)value;
+    if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0)
+        f->content_length++;
+    else if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0)
+        f->transfer_encoding++;
+    else if (strcasecmp(key, MHD_HTTP_HEADER_HOST) == 0)
+        f->host++;
+    return MHD_YES;
+}
+
+/* Host, Origin and the framing headers (libmicrohttpd reads the first Content-Length of
+ * several, which leaves the rest of the body to be read as another request). Returns true
+ * with r filled when the request is refused. */
+static bool refuse_sender(api_server *s, struct MHD_Connection *c, const char *version, api_resp *r)
+{
+    const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
+    const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_ORIGIN);
+    framing f = {0};
+
+    MHD_get_connection_values(c, MHD_HEADER_KIND, count_framing, &f);
+    if (f.content_length > 1) {
+        api_error_resp(r, 400, "invalid_request", "Content-Length",
+                       "the request has %d Content-Length headers: send exactly one",
+                       f.content_length);
+        return true;
+    }
+    if (f.content_length && f.transfer_encoding) {
+        api_error_resp(r, 400, "invalid_request", "Content-Length",
+                       "the request has both Content-Length and Transfer-Encoding: send one");
+        return true;
+    }
+    if (f.host > 1 || (!host && strcmp(version, MHD_HTTP_VERSION_1_0) != 0)) {
+        api_error_resp(r, 400, "invalid_request", "Host",
+                       "the request has %d Host headers: send exactly one", f.host);
+        return true;
+    }
+    if (!host_ok(s, host)) {
+        api_error_resp(r, 421, "misdirected_request", "Host",
+                       "the Host header \"%.200s\" does not name this daemon, which answers to "
+                       "localhost, 127.0.0.1 and [::1] with port %u, its listen address, and the "
+                       "names given with ampd serve --allow-host",
+                       host, s->port);
+        return true;
+    }
+    if (!origin_ok(s, origin, host)) {
+        api_error_resp(r, 403, "forbidden_origin", "Origin",
+                       "requests from pages of another origin (%.200s) are refused; ampd serve "
+                       "--allow-origin %.200s admits that origin",
+                       origin, origin);
+        return true;
+    }
+    return false;
+}
+
 /* Decide what the headers alone decide. Returns true with r filled when the request is
  * answered now. */
 static bool admit(api_server *s, struct MHD_Connection *c, const char *url, const char *method,
-                  req_ctx *x, api_resp *r)
+                  const char *version, req_ctx *x, api_resp *r)
 {
     query_len ql = {0};
     const char *cl;
 
     x->method = api_method_bit(method);
+    if (refuse_sender(s, c, version, r))
+        return true;
     if (strlen(url) > MAX_PATH_LEN) {
         api_error_resp(r, 414, "uri_too_long", NULL, "the path is longer than %d bytes",
                        MAX_PATH_LEN);
@@ -326,11 +539,18 @@ static bool admit(api_server *s, struct MHD_Connection *c, const char *url, cons
             return true;
         }
     }
-    if (x->route.id == API_R_JOBS && x->method == API_M_POST &&
-        !is_json_type(
-            MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE))) {
-        api_error_resp(r, 415, "unsupported_media_type", NULL,
-                       "the job spec must be sent with Content-Type: application/json");
+    /* every change: a header that a form or a no-cors fetch of another site cannot send */
+    if (is_mutating(x->method) && !is_json_type(MHD_lookup_connection_value(
+                                      c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE))) {
+        if (x->route.id == API_R_JOBS)
+            api_error_resp(r, 415, "unsupported_media_type", "Content-Type",
+                           "the job spec must be sent with Content-Type: application/json");
+        else
+            api_error_resp(r, 415, "unsupported_media_type", "Content-Type",
+                           "%.16s %.200s needs the header Content-Type: application/json (a "
+                           "change must carry it, so that no page of another site can make "
+                           "one): curl -X %.16s -H 'Content-Type: application/json' URL",
+                           method, url, method);
         return true;
     }
     return false;
@@ -354,7 +574,6 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     api_server *s = cls;
     req_ctx *x = *con_cls;
     api_resp r;
-    (void)version;
 
     if (!x) {
         x = calloc(1, sizeof(*x));
@@ -363,7 +582,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         api_buf_init(&x->body);
         *con_cls = x;
         resp_init(&r);
-        if (admit(s, c, url, method, x, &r))
+        if (admit(s, c, url, method, version, x, &r))
             return respond(s, c, &r);
         return MHD_YES;
     }
@@ -595,6 +814,10 @@ int api_start(const api_config *c, struct store *st, const api_jobs *jobs, api_s
     {
         const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
         s->port = di ? di->port : 0;
+    }
+    if ((rc = hosts_init(s, err, errlen)) != 0) {
+        MHD_stop_daemon(s->mhd);
+        goto fail;
     }
     log_info("listening on %s (port %u)%s", c->listen, s->port,
              c->token[0] ? ", bearer token required for changes" : "");

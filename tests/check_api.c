@@ -5,9 +5,10 @@
  *   units     the pure pieces: strict integer, list and id parsing, the route table, JSON
  *             strings (escapes, invalid UTF-8), numbers (NaN/Infinity, shortest round
  *             trip), CSV and Prometheus numbers and labels, the series encoders (JSON and
- *             CSV, raw and bucketed), the token comparison, JSON depth and compaction;
- *             the embedded OpenAPI description against the route table, the metric and
- *             layer fields and the autocast ops the binary knows.
+ *             CSV, raw and bucketed), the token comparison, JSON depth and compaction,
+ *             Host values and the --allow-host / --allow-origin checks; the embedded OpenAPI
+ *             description against the route table, the metric and layer fields and the
+ *             autocast ops the binary knows.
  *   store     a server over a real store in a temporary directory and no scheduler (the
  *             degraded mode): every GET route, each job's model in words (mlp and gpt, the
  *             spec's defaults, null for a malformed spec), the 4xx errors (404, 405 + Allow, 401 +
@@ -20,7 +21,10 @@
  *             SSE of a finished job (backlog, resume by Last-Event-ID, `end`), SSE of a
  *             running job followed through the store, the heartbeat, and api_stop ending
  *             open streams at once and returning within its deadline while a handler is
- *             blocked; a FIFO in the web root answered 404 at once.
+ *             blocked; a FIFO in the web root answered 404 at once; who may send a request
+ *             (421 for a Host that does not name the daemon, 403 for a foreign Origin, 400
+ *             for two Content-Length headers, 415 for a change without Content-Type:
+ *             application/json) and the allowed hosts and origins.
  *   live      the same server with a real scheduler whose worker is tests/sched_worker.sh:
  *             submit (201, Location, Idempotency-Key -> 200 with the same job for the same
  *             JSON, 422 for another body), the job
@@ -213,8 +217,9 @@ static void http(unsigned port, const char *method, const char *path, const char
     char head[16384];
     int n;
     hc_open(&c, port);
-    n = snprintf(head, sizeof(head), "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s",
-                 method, path, extra ? extra : "");
+    n = snprintf(head, sizeof(head),
+                 "%s %s HTTP/1.1\r\nHost: 127.0.0.1:%u\r\nConnection: close\r\n%s", method, path,
+                 port, extra ? extra : "");
     if (body)
         n += snprintf(head + n, sizeof(head) - (size_t)n, "Content-Length: %zu\r\n", blen);
     n += snprintf(head + n, sizeof(head) - (size_t)n, "\r\n");
@@ -292,6 +297,46 @@ static void req_error(unsigned port, const char *method, const char *path, const
     hresp_free(&r);
 }
 
+/* A whole request as given (head and body) on a new connection; out gets the first response
+ * and *answers the number of responses that came back before the server closed. */
+static void raw_http(unsigned port, const char *request, hresp *out, int *answers)
+{
+    hconn c;
+    hc_open(&c, port);
+    hc_send(&c, request, strlen(request));
+    while (hc_pump(&c, 2000))
+        ;
+    ck_assert_msg(c.eof, "the server kept the connection open after %.200s", request);
+    ck_assert(c.hdone);
+    *answers = 0;
+    for (const char *h = c.raw.data; h && (h = strstr(h, "HTTP/1.1 ")) != NULL; h++)
+        (*answers)++;
+    out->status = c.status;
+    memcpy(out->headers, c.headers, sizeof(out->headers));
+    out->body = api_buf_steal(&c.body, &out->len);
+    hc_close(&c);
+}
+
+/* GET path with the given Host (NULL: none) and extra header lines; the status. */
+static int get_as(unsigned port, const char *path, const char *host, const char *extra)
+{
+    char req[1024];
+    hresp r;
+    int n;
+    snprintf(req, sizeof(req), "GET %s HTTP/1.1\r\n%s%s%sConnection: close\r\n%s\r\n", path,
+             host ? "Host: " : "", host ? host : "", host ? "\r\n" : "", extra ? extra : "");
+    raw_http(port, req, &r, &n);
+    int status = r.status;
+    if (status != 200)
+        expect_error(&r, status,
+                     status == 421   ? "misdirected_request"
+                     : status == 403 ? "forbidden_origin"
+                                     : "invalid_request",
+                     NULL);
+    hresp_free(&r);
+    return status;
+}
+
 /* ---- unit tests ------------------------------------------------------------------------ */
 
 START_TEST(test_parse_int)
@@ -352,6 +397,51 @@ START_TEST(test_parse_lists)
     ck_assert_int_ne(api_parse_ids("1,2,3,4,5", ids, 4, &n, err, sizeof(err)), 0);
     ck_assert_int_ne(api_parse_ids("", ids, 4, &n, err, sizeof(err)), 0);
     ck_assert_int_ne(api_parse_ids("1,-2", ids, 4, &n, err, sizeof(err)), 0);
+}
+END_TEST
+
+/* Host values and the --allow-host / --allow-origin checks. */
+START_TEST(test_host_parse)
+{
+    static const struct {
+        const char *v, *name;
+        int port;
+    } ok[] = {{"localhost", "localhost", -1},  {"LocalHost:8080", "localhost", 8080},
+              {"127.0.0.1:1", "127.0.0.1", 1}, {"[::1]:65535", "[::1]", 65535},
+              {"[::1]", "[::1]", -1},          {"ampd.example.org", "ampd.example.org", -1},
+              {"my_host-2:0", "my_host-2", 0}};
+    static const char *const bad[] = {"",        ":80",   "a:",           "a:x",     "a:65536",
+                                      "a:-1",    "a:+80", "a:080000",     "a b",     "a/b",
+                                      "a:80/",   "[::1",  "[]:80",        "[::1]80", "[::g]",
+                                      "a:80:90", "a@b",   "evil.com\r\nX"};
+    api_host h;
+    char err[400];
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+        ck_assert_msg(api_host_parse(ok[i].v, &h) == 0, "refused %s", ok[i].v);
+        ck_assert_str_eq(h.name, ok[i].name);
+        ck_assert_int_eq(h.port, ok[i].port);
+    }
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        ck_assert_msg(api_host_parse(bad[i], &h) != 0, "accepted \"%s\"", bad[i]);
+    ck_assert_int_ne(api_host_parse(NULL, &h), 0);
+
+    ck_assert_int_eq(api_check_allow_host("ampd.example.org", err, sizeof(err)), 0);
+    ck_assert_int_eq(api_check_allow_host("ampd.example.org:8443", err, sizeof(err)), 0);
+    ck_assert_int_eq(api_check_allow_host("[fd00::1]:80", err, sizeof(err)), 0);
+    ck_assert_int_eq(api_check_allow_host("a:0", err, sizeof(err)), GPU_EINVAL);
+    ck_assert_int_eq(api_check_allow_host("http://a", err, sizeof(err)), GPU_EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "\"http://a\" is not NAME or NAME:PORT"));
+
+    ck_assert_int_eq(api_check_allow_origin("http://ampd.example.org", err, sizeof(err)), 0);
+    ck_assert_int_eq(api_check_allow_origin("https://ampd.example.org:8443", err, sizeof(err)), 0);
+    ck_assert_int_eq(api_check_allow_origin("http://[::1]:8080", err, sizeof(err)), 0);
+    static const char *const bad_origins[] = {"ampd.example.org", "http://",     "http://a/",
+                                              "http://a/x",       "ftp://a",     "null",
+                                              "http://a:0",       "https://a:x", ""};
+    for (size_t i = 0; i < sizeof(bad_origins) / sizeof(bad_origins[0]); i++)
+        ck_assert_msg(api_check_allow_origin(bad_origins[i], err, sizeof(err)) == GPU_EINVAL,
+                      "accepted %s", bad_origins[i]);
+    ck_assert_ptr_nonnull(strstr(err, "is not an origin"));
 }
 END_TEST
 
@@ -854,8 +944,7 @@ START_TEST(test_auth_and_limits)
     int64_t id = add_job("a", "fp16", 10);
     char path[64];
     snprintf(path, sizeof(path), "/v1/jobs/%lld/cancel", (long long)id);
-    req_error(port, "POST", path, "Authorization: Bearer " TOKEN "\r\n", NULL, 503, "unavailable",
-              NULL);
+    req_error(port, "POST", path, hdr, NULL, 503, "unavailable", NULL);
 
     /* 413: a declared length over max_body is refused before the body is read */
     char big[8192];
@@ -870,9 +959,9 @@ START_TEST(test_auth_and_limits)
         char head[512];
         hc_open(&c, port);
         int n = snprintf(head, sizeof(head),
-                         "POST /v1/jobs HTTP/1.1\r\nHost: x\r\nConnection: close\r\n%s"
+                         "POST /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1:%u\r\nConnection: close\r\n%s"
                          "Content-Length: 100000000\r\n\r\n",
-                         hdr);
+                         port, hdr);
         hc_send(&c, head, (size_t)n);
         hc_read_all(&c, 5000); /* answered without sending a byte of the body */
         ck_assert_int_eq(c.status, 413);
@@ -884,9 +973,9 @@ START_TEST(test_auth_and_limits)
         char head[512];
         hc_open(&c, port);
         int n = snprintf(head, sizeof(head),
-                         "POST /v1/jobs HTTP/1.1\r\nHost: x\r\nConnection: close\r\n%s"
+                         "POST /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1:%u\r\nConnection: close\r\n%s"
                          "Transfer-Encoding: chunked\r\n\r\n",
-                         hdr);
+                         port, hdr);
         hc_send(&c, head, (size_t)n);
         for (int i = 0; i < 4; i++) {
             n = snprintf(head, sizeof(head), "800\r\n");
@@ -2156,8 +2245,9 @@ START_TEST(test_sse_finished)
     hconn f;
     char head[256];
     hc_open(&f, port);
-    n = snprintf(head, sizeof(head), "GET /v1/jobs/%lld/stream?from_step=0 HTTP/1.1\r\nHost: x\r\n\r\n",
-                 (long long)id);
+    n = snprintf(head, sizeof(head),
+                 "GET /v1/jobs/%lld/stream?from_step=0 HTTP/1.1\r\nHost: 127.0.0.1:%u\r\n\r\n",
+                 (long long)id, port);
     hc_send(&f, head, (size_t)n);
     ck_assert(hc_wait(&f, "{\"type\":\"step\",\"step\":302,", 3000));
     ck_assert(hc_wait(&f, "\n: ping\n\n", 2000));
@@ -2183,7 +2273,8 @@ START_TEST(test_sse_running_and_stop)
     add_rows(id, 1, 10);
     snprintf(path, sizeof(path), "/v1/jobs/%lld/stream", (long long)id);
     hc_open(&c, port);
-    int n = snprintf(head, sizeof(head), "GET %s HTTP/1.1\r\nHost: x\r\n\r\n", path);
+    int n =
+        snprintf(head, sizeof(head), "GET %s HTTP/1.1\r\nHost: 127.0.0.1:%u\r\n\r\n", path, port);
     hc_send(&c, head, (size_t)n);
     ck_assert(hc_wait(&c, "{\"type\":\"step\",\"step\":10,", 3000));
     /* no data: a heartbeat (100 ms in this test) */
@@ -2198,7 +2289,8 @@ START_TEST(test_sse_running_and_stop)
     /* ?from_step: what follows the step a client loaded from /metrics */
     hconn f;
     hc_open(&f, port);
-    n = snprintf(head, sizeof(head), "GET %s?from_step=12 HTTP/1.1\r\nHost: x\r\n\r\n", path);
+    n = snprintf(head, sizeof(head), "GET %s?from_step=12 HTTP/1.1\r\nHost: 127.0.0.1:%u\r\n\r\n",
+                 path, port);
     hc_send(&f, head, (size_t)n);
     ck_assert(hc_wait(&f, "{\"type\":\"step\",\"step\":20,", 3000));
     ck_assert(hc_wait(&f, "\n: ping\n\n", 2000)); /* the step's message is complete */
@@ -2225,8 +2317,9 @@ START_TEST(test_sse_many_clients)
     char head[256];
     ck_assert_int_eq(store_job_set_status(st, id, STORE_RUNNING, NULL), 0);
     add_rows(id, 1, 5);
-    int n = snprintf(head, sizeof(head), "GET /v1/jobs/%lld/stream HTTP/1.1\r\nHost: x\r\n\r\n",
-                     (long long)id);
+    int n = snprintf(head, sizeof(head),
+                     "GET /v1/jobs/%lld/stream HTTP/1.1\r\nHost: 127.0.0.1:%u\r\n\r\n",
+                     (long long)id, port);
     for (int i = 0; i < N; i++) {
         hc_open(&c[i], port);
         hc_send(&c[i], head, (size_t)n);
@@ -2249,6 +2342,156 @@ START_TEST(test_sse_many_clients)
         ck_assert_ptr_nonnull(strstr(c[i].body.data, "event: end\n"));
         hc_close(&c[i]);
     }
+}
+END_TEST
+
+/* Who may send a request: the Host header must name the daemon, an Origin header must be the
+ * daemon's own, the framing must be unambiguous, and a change must carry Content-Type:
+ * application/json (a header a page of another site cannot send without a preflight). */
+START_TEST(test_sender)
+{
+    char host[64], origin[96], req[1024], path[64];
+    hresp r;
+    int n;
+
+    snprintf(host, sizeof(host), "127.0.0.1:%u", port);
+    ck_assert_int_eq(get_as(port, "/v1/jobs", host, NULL), 200);
+    snprintf(host, sizeof(host), "localhost:%u", port);
+    ck_assert_int_eq(get_as(port, "/v1/jobs", host, NULL), 200);
+    snprintf(host, sizeof(host), "LOCALHOST:%u", port);
+    ck_assert_int_eq(get_as(port, "/v1/jobs", host, NULL), 200);
+    snprintf(host, sizeof(host), "[::1]:%u", port);
+    ck_assert_int_eq(get_as(port, "/v1/jobs", host, NULL), 200);
+    /* a DNS-rebinding page: the browser sends the page's own name */
+    snprintf(host, sizeof(host), "rebind.example:%u", port);
+    ck_assert_int_eq(get_as(port, "/v1/jobs", host, NULL), 421);
+    ck_assert_int_eq(get_as(port, "/healthz", host, NULL), 421);
+    ck_assert_int_eq(get_as(port, "/", "127.0.0.1", NULL), 421); /* port 80 */
+    snprintf(host, sizeof(host), "127.0.0.1:%u", port + 1);
+    ck_assert_int_eq(get_as(port, "/v1/jobs", host, NULL), 421);
+    ck_assert_int_eq(get_as(port, "/v1/jobs", "127.0.0.1:x", NULL), 421);
+    ck_assert_int_eq(get_as(port, "/v1/jobs", "", NULL), 421);
+    ck_assert_int_eq(get_as(port, "/v1/jobs", NULL, NULL), 400); /* HTTP/1.1 needs one */
+    raw_http(port, "GET /healthz HTTP/1.0\r\n\r\n", &r, &n);     /* HTTP/1.0 without Host */
+    ck_assert_int_eq(r.status, 200);
+    hresp_free(&r);
+    snprintf(host, sizeof(host), "rebind.example:%u", port);
+    snprintf(req, sizeof(req), "GET /v1/jobs HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n",
+             host);
+    raw_http(port, req, &r, &n);
+    expect_error(&r, 421, "misdirected_request", "Host");
+    ck_assert_ptr_nonnull(strstr(r.body, "--allow-host"));
+    hresp_free(&r);
+
+    /* Origin: the daemon's own page, another origin, an opaque one */
+    snprintf(host, sizeof(host), "127.0.0.1:%u", port);
+    snprintf(origin, sizeof(origin), "Origin: http://127.0.0.1:%u\r\n", port);
+    ck_assert_int_eq(get_as(port, "/v1/jobs", host, origin), 200);
+    ck_assert_int_eq(get_as(port, "/v1/jobs", host, "Origin: http://evil.example:9999\r\n"), 403);
+    ck_assert_int_eq(get_as(port, "/v1/jobs", host, "Origin: null\r\n"), 403);
+    snprintf(origin, sizeof(origin), "Origin: https://127.0.0.1:%u\r\n", port);
+    ck_assert_int_eq(get_as(port, "/v1/jobs", host, origin), 403);
+    snprintf(origin, sizeof(origin), "Origin: http://localhost:%u\r\n", port);
+    ck_assert_int_eq(get_as(port, "/v1/jobs", host, origin), 403); /* another origin */
+    int64_t id = add_job("x", "fp32", 10);
+    snprintf(path, sizeof(path), "/v1/jobs/%lld/cancel", (long long)id);
+    req_error(port, "POST", path,
+              "Origin: http://evil.example:9999\r\nAuthorization: Bearer " TOKEN
+              "\r\nContent-Type: application/json\r\n",
+              NULL, 403, "forbidden_origin", "Origin");
+
+    /* a change without Content-Type: application/json (what curl -X POST, a form or a no-cors
+     * fetch sends) */
+    req_error(port, "POST", path, "Authorization: Bearer " TOKEN "\r\n", NULL, 415,
+              "unsupported_media_type", "Content-Type");
+    req_error(port, "POST", path, "Authorization: Bearer " TOKEN "\r\nContent-Type: text/plain\r\n",
+              "{}", 415, "unsupported_media_type", "Content-Type");
+    snprintf(path, sizeof(path), "/v1/jobs/%lld", (long long)id);
+    http(port, "DELETE", path, "Authorization: Bearer " TOKEN "\r\n", NULL, 0, &r);
+    expect_error(&r, 415, "unsupported_media_type", "Content-Type");
+    ck_assert_ptr_nonnull(strstr(r.body, "needs the header Content-Type: application/json"));
+    ck_assert_ptr_nonnull(strstr(r.body, "curl -X DELETE -H 'Content-Type: application/json'"));
+    hresp_free(&r);
+    json_decref(get_json(port, path, 200)); /* nothing was deleted */
+
+    /* framing: two Content-Length headers (the second would leave "GET ..." to be read as a
+     * request of its own), Content-Length with Transfer-Encoding, two Host headers */
+    snprintf(req, sizeof(req),
+             "POST /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1:%u\r\nAuthorization: Bearer " TOKEN
+             "\r\nContent-Type: application/json\r\nContent-Length: 2\r\n"
+             "Content-Length: 37\r\n\r\n{}GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+             port);
+    raw_http(port, req, &r, &n);
+    expect_error(&r, 400, "invalid_request", "Content-Length");
+    ck_assert_ptr_nonnull(strstr(r.body, "2 Content-Length headers"));
+    ck_assert_int_eq(n, 1);
+    hresp_free(&r);
+    snprintf(req, sizeof(req),
+             "POST /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1:%u\r\nAuthorization: Bearer " TOKEN
+             "\r\nContent-Type: application/json\r\nContent-Length: 2\r\n"
+             "Content-Length: 2\r\nConnection: close\r\n\r\n{}",
+             port);
+    raw_http(port, req, &r, &n);
+    expect_error(&r, 400, "invalid_request", "Content-Length");
+    hresp_free(&r);
+    snprintf(req, sizeof(req),
+             "POST /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1:%u\r\nAuthorization: Bearer " TOKEN
+             "\r\nContent-Type: application/json\r\nContent-Length: 7\r\n"
+             "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n0\r\n\r\n",
+             port);
+    raw_http(port, req, &r, &n);
+    expect_error(&r, 400, "invalid_request", "Content-Length");
+    hresp_free(&r);
+    snprintf(req, sizeof(req),
+             "GET /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1:%u\r\nHost: rebind.example\r\n"
+             "Connection: close\r\n\r\n",
+             port);
+    raw_http(port, req, &r, &n);
+    expect_error(&r, 400, "invalid_request", "Host");
+    hresp_free(&r);
+}
+END_TEST
+
+/* --allow-host and --allow-origin (api_config's lists), and api_start refusing bad entries. */
+START_TEST(test_allow_lists)
+{
+    api_config c;
+    api_server *s2 = NULL;
+    char err[512], host[64];
+    memset(&c, 0, sizeof(c));
+    api_spec_opts_default(&c.spec);
+    snprintf(c.listen, sizeof(c.listen), "127.0.0.1:0");
+    c.nallow_hosts = 2;
+    snprintf(c.allow_hosts[0], sizeof(c.allow_hosts[0]), "AMPD.example");
+    snprintf(c.allow_hosts[1], sizeof(c.allow_hosts[1]), "proxy.example:8443");
+    c.nallow_origins = 1;
+    snprintf(c.allow_origins[0], sizeof(c.allow_origins[0]), "https://ampd.example");
+    ck_assert_msg(api_start(&c, st, NULL, &s2, err, sizeof(err)) == 0, "%s", err);
+    unsigned p2 = api_port(s2);
+    ck_assert_int_eq(get_as(p2, "/healthz", "ampd.example", NULL), 200); /* any port */
+    ck_assert_int_eq(get_as(p2, "/healthz", "ampd.example:443", NULL), 200);
+    ck_assert_int_eq(get_as(p2, "/healthz", "proxy.example:8443", NULL), 200);
+    ck_assert_int_eq(get_as(p2, "/healthz", "proxy.example:8444", NULL), 421);
+    ck_assert_int_eq(get_as(p2, "/healthz", "proxy.example", NULL), 421);
+    ck_assert_int_eq(get_as(p2, "/healthz", "sub.ampd.example", NULL), 421);
+    snprintf(host, sizeof(host), "127.0.0.1:%u", p2);
+    ck_assert_int_eq(get_as(p2, "/healthz", host, "Origin: https://ampd.example\r\n"), 200);
+    ck_assert_int_eq(get_as(p2, "/healthz", host, "Origin: HTTPS://AMPD.example\r\n"), 200);
+    ck_assert_int_eq(get_as(p2, "/healthz", host, "Origin: http://ampd.example\r\n"), 403);
+    ck_assert_int_eq(get_as(p2, "/healthz", host, "Origin: https://ampd.example:444\r\n"), 403);
+    ck_assert_int_eq(api_stop(s2), 0);
+
+    snprintf(c.allow_hosts[1], sizeof(c.allow_hosts[1]), "http://proxy.example");
+    ck_assert_int_eq(api_start(&c, st, NULL, &s2, err, sizeof(err)), GPU_EINVAL);
+    ck_assert_ptr_null(s2);
+    ck_assert_ptr_nonnull(strstr(err, "\"http://proxy.example\" is not NAME or NAME:PORT"));
+    snprintf(c.allow_hosts[1], sizeof(c.allow_hosts[1]), "proxy.example");
+    snprintf(c.allow_origins[0], sizeof(c.allow_origins[0]), "https://ampd.example/");
+    ck_assert_int_eq(api_start(&c, st, NULL, &s2, err, sizeof(err)), GPU_EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "is not an origin"));
+    c.nallow_origins = API_MAX_ALLOW + 1;
+    ck_assert_int_eq(api_start(&c, st, NULL, &s2, err, sizeof(err)), GPU_EINVAL);
+    ck_assert_ptr_null(s2);
 }
 END_TEST
 
@@ -2508,7 +2751,8 @@ static int action(const char *method, int64_t id, const char *verb)
     hresp r;
     snprintf(path, sizeof(path), "/v1/jobs/%lld%s%s", (long long)id, verb ? "/" : "",
              verb ? verb : "");
-    http(port, method, path, "Authorization: Bearer " TOKEN "\r\n", NULL, 0, &r);
+    http(port, method, path,
+         "Authorization: Bearer " TOKEN "\r\nContent-Type: application/json\r\n", NULL, 0, &r);
     int s = r.status;
     if (s == 202) {
         json_t *j = json_of(&r);
@@ -2614,8 +2858,9 @@ START_TEST(test_live_stream_resume)
                                          "\"ckpt\":10}",
                                          NULL, &id, &existed),
                      0);
-    int n = snprintf(head, sizeof(head), "GET /v1/jobs/%lld/stream HTTP/1.1\r\nHost: x\r\n\r\n",
-                     (long long)id);
+    int n = snprintf(head, sizeof(head),
+                     "GET /v1/jobs/%lld/stream HTTP/1.1\r\nHost: 127.0.0.1:%u\r\n\r\n",
+                     (long long)id, port);
     /* 100 clients from the start (the job is queued or just starting) */
     for (int i = 0; i < CLIENTS; i++) {
         hc_open(&many[i], port);
@@ -2636,8 +2881,9 @@ START_TEST(test_live_stream_resume)
     test_sleep_ms(300); /* steps go on meanwhile */
     hc_open(&c, port);
     n = snprintf(head, sizeof(head),
-                 "GET /v1/jobs/%lld/stream HTTP/1.1\r\nHost: x\r\nLast-Event-ID: %lld\r\n\r\n",
-                 (long long)id, (long long)last_id);
+                 "GET /v1/jobs/%lld/stream HTTP/1.1\r\nHost: 127.0.0.1:%u\r\n"
+                 "Last-Event-ID: %lld\r\n\r\n",
+                 (long long)id, port, (long long)last_id);
     hc_send(&c, head, (size_t)n);
     hc_read_all(&c, 20000);
     got = sse_steps(c.body.data, steps, STEPS + 10);
@@ -2710,8 +2956,9 @@ START_TEST(test_live_stream_gap)
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     ck_assert_int_eq(connect(c.fd, (struct sockaddr *)&a, sizeof(a)), 0);
-    int n = snprintf(head, sizeof(head), "GET /v1/jobs/%lld/stream HTTP/1.1\r\nHost: x\r\n\r\n",
-                     (long long)id);
+    int n = snprintf(head, sizeof(head),
+                     "GET /v1/jobs/%lld/stream HTTP/1.1\r\nHost: 127.0.0.1:%u\r\n\r\n",
+                     (long long)id, port);
     hc_send(&c, head, (size_t)n);
     wait_job(id, "succeeded", 30); /* not reading meanwhile */
     hc_read_all(&c, 30000);
@@ -2738,8 +2985,9 @@ START_TEST(test_live_layers)
                                          "\"diag\":10}",
                                          NULL, &id, &existed),
                      0);
-    int n = snprintf(head, sizeof(head), "GET /v1/jobs/%lld/stream HTTP/1.1\r\nHost: x\r\n\r\n",
-                     (long long)id);
+    int n = snprintf(head, sizeof(head),
+                     "GET /v1/jobs/%lld/stream HTTP/1.1\r\nHost: 127.0.0.1:%u\r\n\r\n",
+                     (long long)id, port);
     hc_open(&c, port);
     hc_send(&c, head, (size_t)n);
     hc_read_all(&c, 20000);
@@ -2794,6 +3042,7 @@ static Suite *api_suite(void)
     tcase_set_timeout(u, 20);
     tcase_add_test(u, test_parse_int);
     tcase_add_test(u, test_parse_lists);
+    tcase_add_test(u, test_host_parse);
     tcase_add_test(u, test_routes);
     tcase_add_test(u, test_json_strings);
     tcase_add_test(u, test_numbers);
@@ -2822,6 +3071,8 @@ static Suite *api_suite(void)
     tcase_add_test(t, test_sse_finished);
     tcase_add_test(t, test_sse_running_and_stop);
     tcase_add_test(t, test_sse_many_clients);
+    tcase_add_test(t, test_sender);
+    tcase_add_test(t, test_allow_lists);
     tcase_add_test(t, test_stop_deadline);
     tcase_add_test(t, test_start_refusals);
     tcase_add_test(t, test_static_and_head);
