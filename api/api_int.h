@@ -235,9 +235,28 @@ struct api_sse; /* an SSE stream (sse.c) */
 /* HTTP status codes counted for ampd_http_requests_total (100..599). */
 #define API_NCODES 600
 
+/* A Host value the server answers to: a name (lower case; an IPv6 address in brackets)
+ * and a port (-1: any). */
+typedef struct {
+    char name[API_ALLOW_LEN];
+    int port;
+} api_host;
+
+/* Split a Host value "name[:port]" (name a DNS name or IPv4 address, or an IPv6 address in
+ * brackets) into out (port -1 when absent). Returns 0, or -1 when it is not one. */
+int api_host_parse(const char *v, api_host *out);
+
 struct api_server {
     struct MHD_Daemon *mhd;
     api_config cfg;
+    api_host hosts[API_MAX_ALLOW + 4]; /* the Host values answered (server.c, host_ok) */
+    int nhosts;
+    /* stop_mu and stop_cv (monotonic clock) hand the stop over between api_stop and the
+     * thread that stops libmicrohttpd: */
+    pthread_mutex_t stop_mu;
+    pthread_cond_t stop_cv;
+    bool stopped;   /* under stop_mu: MHD_stop_daemon has returned (api_stop) */
+    bool abandoned; /* under stop_mu: api_stop gave up waiting; the stopping thread frees */
     struct store *st;
     const api_jobs *jobs; /* &jobs_copy, or NULL: degraded mode, mutations answer 503 */
     api_jobs jobs_copy;

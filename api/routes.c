@@ -428,6 +428,19 @@ static bool idem_key_ok(const char *k)
     return true;
 }
 
+/* Whether body (the request's, len bytes) is the same JSON as stored, the spec a job was
+ * submitted with (its compacted body): equal values, the order of an object's members and
+ * the whitespace aside. */
+static bool same_spec(const char *stored, const char *body, size_t len)
+{
+    json_t *a = stored ? json_loads(stored, JSON_REJECT_DUPLICATES, NULL) : NULL;
+    json_t *b = json_loadb(body, len, JSON_REJECT_DUPLICATES, NULL);
+    bool same = a && b && json_equal(a, b);
+    json_decref(a);
+    json_decref(b);
+    return same;
+}
+
 void api_h_jobs_submit(api_req *q, api_resp *r)
 {
     api_server *s = q->srv;
@@ -482,6 +495,15 @@ void api_h_jobs_submit(api_req *q, api_resp *r)
     rc = store_job_get(s->st, id, &j);
     if (rc) {
         store_error(r, rc, "job", id);
+        return;
+    }
+    /* a retry repeats its request: the key of another request is a client's mistake */
+    if (existed && !same_spec(j.spec, q->body, q->body_len)) {
+        api_error_resp(r, 422, "idempotency_key_reused", "Idempotency-Key",
+                       "the Idempotency-Key \"%s\" was used for job %lld with another body; "
+                       "send a new key for a new job (or the same body to get job %lld back)",
+                       key, (long long)id, (long long)id);
+        store_job_clear(&j);
         return;
     }
     ok_json(r, existed ? 200 : 201);

@@ -5,12 +5,20 @@
  * files.
  *
  * Request flow: MHD calls on_request() first with the headers only. Everything that can be
- * decided from the headers is decided there (404 unknown route, 405 wrong method with
- * Allow, 401 missing or wrong token, 415 wrong media type, 413 declared body too large,
- * 414 URL too long) and answered at once, so MHD never reads such a body. Otherwise the
+ * decided from the headers is decided there (421 a Host that does not name this daemon, 403
+ * a foreign Origin, 400 ambiguous framing: two Content-Length headers, or one with
+ * Transfer-Encoding, 404 unknown route, 405 wrong method with Allow, 401 missing or wrong
+ * token, 413 declared body too large, 415 a POST or DELETE without Content-Type:
+ * application/json, 414 URL too long) and answered at once, so MHD never reads such a
+ * body. The Host and Origin checks keep other sites' pages out (DNS rebinding, cross-site
+ * requests), and the media-type rule makes every change a request that a page of another
+ * origin can only send after a CORS preflight, which this server never grants. Otherwise the
  * body is accumulated in the per-request context (at most max_body bytes; beyond that it
  * is dropped and the request answered 413), and on the last call the handler that the
  * route table (route.c) names for the method fills an api_resp that respond() sends.
+ *
+ * Static files are opened with O_NONBLOCK and served only when fstat says regular file, so
+ * a FIFO or device in the web root is a 404 rather than a handler blocked in open().
  *
  * Threads: MHD runs a fixed pool of threads (MHD_USE_INTERNAL_POLLING_THREAD with
  * MHD_USE_EPOLL and MHD_OPTION_THREAD_POOL_SIZE), each with its own epoll set and its share
@@ -34,8 +42,12 @@
  * and files being sent need), at most max_per_addr from one address beyond loopback
  * (refused at accept), a complete request head within head_timeout_ms (conn.c), and
  * libmicrohttpd's idle timeout of CONN_TIMEOUT_S (a slow reader of a response).
+ * api_stop() ends the streams, then runs MHD_stop_daemon (which waits for the requests in
+ * progress) on a thread of its own and waits for it at most stop_timeout_ms; past that it
+ * leaves that thread to free the server (stop_mu and stop_cv guard that hand-over).
  */
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -70,6 +82,7 @@
 #define LOG_EVERY_MS 10000 /* the watcher logs what the limits refused at most this often */
 #define MHD_LOG_BURST 20u  /* libmicrohttpd's messages logged per LOG_EVERY_MS */
 #define STOP_GRACE_MS 1000 /* api_stop waits this long for the SSE streams to end */
+#define DEFAULT_STOP_TIMEOUT_MS 5000
 
 /* Per-request state (MHD's con_cls); freed in on_completed. */
 typedef struct {
@@ -230,8 +243,12 @@ static void static_file(api_req *q, api_resp *r)
         api_error_resp(r, 404, "not_found", NULL, "no such file: %s", q->path);
         return;
     }
-    int fd = open(real, O_RDONLY | O_CLOEXEC);
-    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    /* O_NONBLOCK: opening a FIFO for reading would wait for a writer; only a regular file
+     * is served, and it is read normally (the flag cleared) */
+    int fd = open(real, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    int fl = fd >= 0 ? fcntl(fd, F_GETFL) : -1;
+    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || fl < 0 ||
+        fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
         if (fd >= 0)
             close(fd);
         api_error_resp(r, 404, "not_found", NULL, "no such file: %s", q->path);
@@ -296,15 +313,223 @@ static bool is_json_type(const char *ct)
     return *ct == '\0' || *ct == ';';
 }
 
+/* ---- Host, Origin and framing ----------------------------------------------------------- */
+
+int api_host_parse(const char *v, api_host *out)
+{
+    const char *end, *p;
+    int64_t port = -1;
+    size_t n;
+
+    memset(out, 0, sizeof(*out));
+    out->port = -1;
+    if (!v)
+        return -1;
+    if (v[0] == '[') { /* an IPv6 address */
+        end = strchr(v, ']');
+        if (!end || end == v + 1)
+            return -1;
+        for (p = v + 1; p < end; p++)
+            if (!isxdigit((unsigned char)*p) && *p != ':' && *p != '.')
+                return -1;
+        end++;
+    } else { /* a DNS name or an IPv4 address */
+        end = v + strcspn(v, ":");
+        if (end == v)
+            return -1;
+        for (p = v; p < end; p++)
+            if (!isalnum((unsigned char)*p) && *p != '.' && *p != '-' && *p != '_')
+                return -1;
+    }
+    n = (size_t)(end - v);
+    if (n >= sizeof(out->name))
+        return -1;
+    if (*end == ':') {
+        if (strlen(end + 1) > 5 || !isdigit((unsigned char)end[1]) ||
+            api_parse_i64(end + 1, 0, 65535, &port) != 0)
+            return -1;
+    } else if (*end != '\0') {
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++)
+        out->name[i] = (char)tolower((unsigned char)v[i]);
+    out->name[n] = '\0';
+    out->port = (int)port;
+    return 0;
+}
+
+int api_check_allow_host(const char *v, char *err, size_t errlen)
+{
+    api_host h;
+    if (api_host_parse(v, &h) == 0 && h.port != 0)
+        return 0;
+    snprintf(err, errlen,
+             "\"%.200s\" is not NAME or NAME:PORT (a DNS name, an IPv4 address or an [IPv6] "
+             "address; a port from 1 to 65535)",
+             v ? v : "");
+    return GPU_EINVAL;
+}
+
+int api_check_allow_origin(const char *v, char *err, size_t errlen)
+{
+    api_host h;
+    size_t skip = v && strncasecmp(v, "http://", 7) == 0    ? 7
+                  : v && strncasecmp(v, "https://", 8) == 0 ? 8
+                                                            : 0;
+    if (skip && api_host_parse(v + skip, &h) == 0 && h.port != 0)
+        return 0;
+    snprintf(err, errlen,
+             "\"%.200s\" is not an origin: want http://HOST or https://HOST, with :PORT when "
+             "it is not the scheme's default, and no path (not even a trailing /)",
+             v ? v : "");
+    return GPU_EINVAL;
+}
+
+/* The Host values the server answers to: localhost, 127.0.0.1, [::1] and the listen address
+ * with the bound port, then the allowed ones. */
+static int hosts_init(api_server *s, char *err, size_t errlen)
+{
+    static const char *const local[] = {"localhost", "127.0.0.1", "[::1]"};
+    api_host h;
+
+    s->nhosts = 0;
+    for (size_t i = 0; i < sizeof(local) / sizeof(local[0]); i++) {
+        snprintf(s->hosts[s->nhosts].name, sizeof(s->hosts[0].name), "%s", local[i]);
+        s->hosts[s->nhosts++].port = (int)s->port;
+    }
+    if (api_host_parse(s->cfg.listen, &h) == 0) { /* parse_listen accepted it already */
+        h.port = (int)s->port;
+        s->hosts[s->nhosts++] = h;
+    }
+    if (s->cfg.nallow_hosts < 0 || s->cfg.nallow_hosts > API_MAX_ALLOW ||
+        s->cfg.nallow_origins < 0 || s->cfg.nallow_origins > API_MAX_ALLOW) {
+        snprintf(err, errlen, "at most %d allowed hosts and %d allowed origins", API_MAX_ALLOW,
+                 API_MAX_ALLOW);
+        return GPU_EINVAL;
+    }
+    for (int i = 0; i < s->cfg.nallow_hosts; i++) {
+        char why[320];
+        if (api_check_allow_host(s->cfg.allow_hosts[i], why, sizeof(why)) != 0) {
+            snprintf(err, errlen, "allowed host: %s", why);
+            return GPU_EINVAL;
+        }
+        api_host_parse(s->cfg.allow_hosts[i], &s->hosts[s->nhosts++]);
+    }
+    for (int i = 0; i < s->cfg.nallow_origins; i++) {
+        char why[320];
+        if (api_check_allow_origin(s->cfg.allow_origins[i], why, sizeof(why)) != 0) {
+            snprintf(err, errlen, "allowed origin: %s", why);
+            return GPU_EINVAL;
+        }
+    }
+    return 0;
+}
+
+/* The Host header names this daemon. An HTTP/1.0 request without one is not a browser's,
+ * so it is admitted (refuse_sender refuses an HTTP/1.1 request without Host). */
+static bool host_ok(const api_server *s, const char *host)
+{
+    api_host h;
+    if (!host)
+        return true;
+    if (api_host_parse(host, &h) != 0)
+        return false;
+    if (h.port < 0)
+        h.port = 80;
+    for (int i = 0; i < s->nhosts; i++)
+        if (strcmp(s->hosts[i].name, h.name) == 0 &&
+            (s->hosts[i].port < 0 || s->hosts[i].port == h.port))
+            return true;
+    return false;
+}
+
+/* The Origin header, when there is one, is the daemon's own (http:// and the Host header, as
+ * a browser sends for a page of this daemon) or an allowed one. */
+static bool origin_ok(const api_server *s, const char *origin, const char *host)
+{
+    if (!origin)
+        return true;
+    if (host && strncasecmp(origin, "http://", 7) == 0 && strcasecmp(origin + 7, host) == 0)
+        return true;
+    for (int i = 0; i < s->cfg.nallow_origins; i++)
+        if (strcasecmp(origin, s->cfg.allow_origins[i]) == 0)
+            return true;
+    return false;
+}
+
+typedef struct {
+    int content_length, transfer_encoding, host;
+} framing;
+
+static enum MHD_Result count_framing(void *cls, enum MHD_ValueKind kind, const char *key,
+                                     const char *value)
+{
+    framing *f = cls;
+    (void)kind, (void)value;
+    if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0)
+        f->content_length++;
+    else if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0)
+        f->transfer_encoding++;
+    else if (strcasecmp(key, MHD_HTTP_HEADER_HOST) == 0)
+        f->host++;
+    return MHD_YES;
+}
+
+/* Host, Origin and the framing headers (libmicrohttpd reads the first Content-Length of
+ * several, which leaves the rest of the body to be read as another request). Returns true
+ * with r filled when the request is refused. */
+static bool refuse_sender(api_server *s, struct MHD_Connection *c, const char *version, api_resp *r)
+{
+    const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
+    const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_ORIGIN);
+    framing f = {0};
+
+    MHD_get_connection_values(c, MHD_HEADER_KIND, count_framing, &f);
+    if (f.content_length > 1) {
+        api_error_resp(r, 400, "invalid_request", "Content-Length",
+                       "the request has %d Content-Length headers: send exactly one",
+                       f.content_length);
+        return true;
+    }
+    if (f.content_length && f.transfer_encoding) {
+        api_error_resp(r, 400, "invalid_request", "Content-Length",
+                       "the request has both Content-Length and Transfer-Encoding: send one");
+        return true;
+    }
+    if (f.host > 1 || (!host && strcmp(version, MHD_HTTP_VERSION_1_0) != 0)) {
+        api_error_resp(r, 400, "invalid_request", "Host",
+                       "the request has %d Host headers: send exactly one", f.host);
+        return true;
+    }
+    if (!host_ok(s, host)) {
+        api_error_resp(r, 421, "misdirected_request", "Host",
+                       "the Host header \"%.200s\" does not name this daemon, which answers to "
+                       "localhost, 127.0.0.1 and [::1] with port %u, its listen address, and the "
+                       "names given with ampd serve --allow-host",
+                       host, s->port);
+        return true;
+    }
+    if (!origin_ok(s, origin, host)) {
+        api_error_resp(r, 403, "forbidden_origin", "Origin",
+                       "requests from pages of another origin (%.200s) are refused; ampd serve "
+                       "--allow-origin %.200s admits that origin",
+                       origin, origin);
+        return true;
+    }
+    return false;
+}
+
 /* Decide what the headers alone decide. Returns true with r filled when the request is
  * answered now. */
 static bool admit(api_server *s, struct MHD_Connection *c, const char *url, const char *method,
-                  req_ctx *x, api_resp *r)
+                  const char *version, req_ctx *x, api_resp *r)
 {
     query_len ql = {0};
     const char *cl;
 
     x->method = api_method_bit(method);
+    if (refuse_sender(s, c, version, r))
+        return true;
     if (strlen(url) > MAX_PATH_LEN) {
         api_error_resp(r, 414, "uri_too_long", NULL, "the path is longer than %d bytes",
                        MAX_PATH_LEN);
@@ -341,11 +566,18 @@ static bool admit(api_server *s, struct MHD_Connection *c, const char *url, cons
             return true;
         }
     }
-    if (x->route.id == API_R_JOBS && x->method == API_M_POST &&
-        !is_json_type(
-            MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE))) {
-        api_error_resp(r, 415, "unsupported_media_type", NULL,
-                       "the job spec must be sent with Content-Type: application/json");
+    /* every change: a header that a form or a no-cors fetch of another site cannot send */
+    if (is_mutating(x->method) && !is_json_type(MHD_lookup_connection_value(
+                                      c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE))) {
+        if (x->route.id == API_R_JOBS)
+            api_error_resp(r, 415, "unsupported_media_type", "Content-Type",
+                           "the job spec must be sent with Content-Type: application/json");
+        else
+            api_error_resp(r, 415, "unsupported_media_type", "Content-Type",
+                           "%.16s %.200s needs the header Content-Type: application/json (a "
+                           "change must carry it, so that no page of another site can make "
+                           "one): curl -X %.16s -H 'Content-Type: application/json' URL",
+                           method, url, method);
         return true;
     }
     return false;
@@ -377,7 +609,6 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     api_server *s = cls;
     req_ctx *x = *con_cls;
     api_resp r;
-    (void)version;
 
     if (!x) {
         api_conn_head_done(s, conn_of(c)); /* the head is complete: no deadline now */
@@ -387,7 +618,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         api_buf_init(&x->body);
         *con_cls = x;
         resp_init(&r);
-        if (admit(s, c, url, method, x, &r))
+        if (admit(s, c, url, method, version, x, &r))
             return respond(s, c, &r);
         return MHD_YES;
     }
@@ -640,6 +871,8 @@ static void server_free(api_server *s)
     api_peers_free(&s->peers);
     pthread_mutex_destroy(&s->conn_mu);
     pthread_mutex_destroy(&s->park_mu);
+    pthread_mutex_destroy(&s->stop_mu);
+    pthread_cond_destroy(&s->stop_cv);
     api_prom_free(s);
     pthread_mutex_destroy(&s->prom_mu);
     free(s);
@@ -680,6 +913,8 @@ int api_start(const api_config *c, struct store *st, const api_jobs *jobs, api_s
     s->cfg = *c;
     if (s->cfg.max_body == 0)
         s->cfg.max_body = DEFAULT_MAX_BODY;
+    if (s->cfg.stop_timeout_ms <= 0)
+        s->cfg.stop_timeout_ms = DEFAULT_STOP_TIMEOUT_MS;
     s->st = st;
     if (jobs) {
         s->jobs_copy = *jobs;
@@ -695,6 +930,14 @@ int api_start(const api_config *c, struct store *st, const api_jobs *jobs, api_s
     pthread_mutex_init(&s->prom_mu, NULL);
     pthread_mutex_init(&s->conn_mu, NULL);
     pthread_mutex_init(&s->park_mu, NULL);
+    pthread_mutex_init(&s->stop_mu, NULL);
+    {
+        pthread_condattr_t ca; /* api_stop's deadline is on the monotonic clock */
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&s->stop_cv, &ca);
+        pthread_condattr_destroy(&ca);
+    }
     s->heartbeat_ms = DEFAULT_HEARTBEAT_MS;
     hb = getenv("AMPD_SSE_HEARTBEAT_MS");
     if (hb) {
@@ -731,16 +974,18 @@ int api_start(const api_config *c, struct store *st, const api_jobs *jobs, api_s
         rc = GPU_EIO;
         goto fail;
     }
+    {
+        const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
+        s->port = di ? di->port : 0;
+    }
+    if ((rc = hosts_init(s, err, errlen)) != 0)
+        goto fail;
     if (pthread_create(&s->watcher, NULL, watch_main, s) != 0) {
         snprintf(err, errlen, "cannot start the server's watcher thread");
         rc = GPU_ENOMEM;
         goto fail;
     }
     s->watcher_started = true;
-    {
-        const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
-        s->port = di ? di->port : 0;
-    }
     log_info("listening on %s (port %u)%s; %d threads, up to %u connections, %u per address "
              "beyond loopback, request heads within %d s",
              c->listen, s->port, c->token[0] ? ", bearer token required for changes" : "",
@@ -759,13 +1004,29 @@ unsigned api_port(const api_server *a)
     return a ? a->port : 0;
 }
 
-/* Ends every stream (the watcher stops within a slice; every parked stream is resumed, sees
- * `stopping` and ends, for which it gets STOP_GRACE_MS), closes every connection and frees
- * a. */
-void api_stop(api_server *a)
+/* MHD_stop_daemon on a thread of its own: it returns once every request in progress has
+ * ended. Frees the server when api_stop has stopped waiting for it. */
+static void *stop_main(void *arg)
 {
-    if (!a)
-        return;
+    api_server *a = arg;
+    bool abandoned;
+    MHD_stop_daemon(a->mhd);
+    pthread_mutex_lock(&a->stop_mu);
+    a->stopped = true;
+    abandoned = a->abandoned;
+    pthread_cond_broadcast(&a->stop_cv);
+    pthread_mutex_unlock(&a->stop_mu);
+    if (abandoned) {
+        log_info("the request that held up the stop has ended");
+        server_free(a);
+    }
+    return NULL;
+}
+
+/* Ends the streams: the watcher stops within a slice; every parked stream is resumed, sees
+ * `stopping` and ends, for which it gets STOP_GRACE_MS. */
+static void end_streams(api_server *a)
+{
     atomic_store(&a->stopping, true);
     if (a->watcher_started)
         pthread_join(a->watcher, NULL);
@@ -777,7 +1038,61 @@ void api_stop(api_server *a)
             break;
         nanosleep(&ts, NULL);
     }
-    if (a->mhd)
-        MHD_stop_daemon(a->mhd);
+}
+
+/* Waits until stop_main has stopped libmicrohttpd, at most stop_timeout_ms; true when it
+ * has. Past the deadline the server is stop_main's to free. */
+static bool wait_stopped(api_server *a)
+{
+    struct timespec dl;
+    int rc = 0;
+    bool stopped;
+
+    clock_gettime(CLOCK_MONOTONIC, &dl);
+    dl.tv_sec += a->cfg.stop_timeout_ms / 1000;
+    dl.tv_nsec += (long)(a->cfg.stop_timeout_ms % 1000) * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) {
+        dl.tv_sec++;
+        dl.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&a->stop_mu);
+    while (!a->stopped && rc == 0)
+        rc = pthread_cond_timedwait(&a->stop_cv, &a->stop_mu, &dl);
+    stopped = a->stopped;
+    if (!stopped)
+        a->abandoned = true;
+    pthread_mutex_unlock(&a->stop_mu);
+    return stopped;
+}
+
+/* Ends every stream, closes every connection and frees a; see api.h for a request still
+ * busy after stop_timeout_ms. */
+int api_stop(api_server *a)
+{
+    pthread_attr_t at;
+    pthread_t t;
+
+    if (!a)
+        return 0;
+    end_streams(a);
+    if (!a->mhd) {
+        server_free(a);
+        return 0;
+    }
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &at, stop_main, a) != 0) {
+        pthread_attr_destroy(&at);
+        MHD_stop_daemon(a->mhd); /* no thread to spare: wait as long as it takes */
+        server_free(a);
+        return 0;
+    }
+    pthread_attr_destroy(&at);
+    if (!wait_stopped(a)) {
+        log_error("a request was still busy %d ms after the stop began; leaving it behind",
+                  a->cfg.stop_timeout_ms);
+        return GPU_ETIMEDOUT;
+    }
     server_free(a);
+    return 0;
 }

@@ -1,8 +1,9 @@
 /*
  * serve.c - `ampd serve`: the daemon. Opens the store, recovers and starts the scheduler,
  * starts the HTTP server, then waits for SIGTERM or SIGINT and stops in the reverse order:
- * the server (closing SSE streams), the scheduler (running jobs checkpoint and become
- * interrupted), the store.
+ * the server (closing SSE streams; a request still busy after 5 s is left behind), the
+ * scheduler (running jobs checkpoint and become interrupted, 30 s at most), the store (only
+ * flushed when a request was left behind, which may still read it; the process exits).
  *
  * The dashboard (web/: index.html, css/, js/, vendor/) is served at / from --web-root, else
  * from web/ beside the ampd executable when that holds index.html (the build tree), else
@@ -57,6 +58,9 @@ typedef struct {
     char token[256];
     int nroots;
     char roots[DAEMON_MAX_ROOTS][512];
+    int nallow_hosts, nallow_origins;
+    char allow_hosts[API_MAX_ALLOW][API_ALLOW_LEN];
+    char allow_origins[API_MAX_ALLOW][API_ALLOW_LEN];
     int max_running, max_retries, worker_timeout_s, metrics_keep_s;
     int head_timeout_s, max_per_addr;
     bool demo, no_dashboard;
@@ -86,6 +90,13 @@ static void usage(FILE *f)
                "                       previous request's end, or it is closed (default 10)\n"
                "  --max-per-address N  connections from one address beyond loopback (an IPv6\n"
                "                       /64 counts as one); more are refused (default 64)\n"
+               "  --allow-host NAME[:PORT]  also answer requests whose Host header is NAME\n"
+               "                       (any port, or PORT only); the daemon answers only to\n"
+               "                       localhost, 127.0.0.1, [::1] and the listen address with\n"
+               "                       its port otherwise (repeatable, at most %d)\n"
+               "  --allow-origin ORIGIN  admit requests from pages of ORIGIN (http://host:port),\n"
+               "                       refused otherwise unless they are the daemon's own\n"
+               "                       (repeatable, at most %d)\n"
                "  --port-file FILE     write the bound port to FILE once listening (for tests)\n"
                "  --web-root DIR       the dashboard's files (default: web/ beside the ampd\n"
                "                       binary when it holds index.html, else %s)\n"
@@ -93,7 +104,7 @@ static void usage(FILE *f)
                "  --demo               on an empty database, queue the Fashion-MNIST MLP in\n"
                "                       fp32, fp16 and bf16 (the side-by-side experiment)\n"
                "  --help, --version\n",
-            AMPD_WEBDIR[0] ? AMPD_WEBDIR : "none");
+            API_MAX_ALLOW, API_MAX_ALLOW, AMPD_WEBDIR[0] ? AMPD_WEBDIR : "none");
 }
 
 /* A whole number in [lo, hi], or -1 with a message. */
@@ -119,6 +130,26 @@ static int str_arg(const char *opt, const char *v, char *out, size_t len)
         return -1;
     }
     memcpy(out, v, strlen(v) + 1);
+    return 0;
+}
+
+/* One more --allow-host or --allow-origin value, checked by check; -1 with a message. */
+static int allow_arg(const char *opt, const char *v,
+                     int (*check)(const char *v, char *err, size_t errlen),
+                     char (*list)[API_ALLOW_LEN], int *n)
+{
+    char why[400];
+    if (*n >= API_MAX_ALLOW) {
+        fprintf(stderr, "ampd serve: at most %d %s options\n", API_MAX_ALLOW, opt);
+        return -1;
+    }
+    if (check(v, why, sizeof(why)) != 0) {
+        fprintf(stderr, "ampd serve: %s %s\n", opt, why);
+        return -1;
+    }
+    if (str_arg(opt, v, list[*n], API_ALLOW_LEN) != 0)
+        return -1;
+    (*n)++;
     return 0;
 }
 
@@ -184,6 +215,8 @@ static int parse_args(int argc, char **argv, serve_args *a)
         O_HEAD,
         O_ADDR,
         O_PORTFILE,
+        O_ALLOW_HOST,
+        O_ALLOW_ORIGIN,
         O_WEBROOT,
         O_NODASH,
         O_DEMO,
@@ -202,6 +235,9 @@ static int parse_args(int argc, char **argv, serve_args *a)
                                              {"head-timeout", required_argument, NULL, O_HEAD},
                                              {"max-per-address", required_argument, NULL, O_ADDR},
                                              {"port-file", required_argument, NULL, O_PORTFILE},
+                                             {"allow-host", required_argument, NULL, O_ALLOW_HOST},
+                                             {"allow-origin", required_argument, NULL,
+                                              O_ALLOW_ORIGIN},
                                              {"web-root", required_argument, NULL, O_WEBROOT},
                                              {"no-dashboard", no_argument, NULL, O_NODASH},
                                              {"demo", no_argument, NULL, O_DEMO},
@@ -262,6 +298,14 @@ static int parse_args(int argc, char **argv, serve_args *a)
             break;
         case O_PORTFILE:
             bad = str_arg("--port-file", optarg, a->port_file, sizeof(a->port_file));
+            break;
+        case O_ALLOW_HOST:
+            bad = allow_arg("--allow-host", optarg, api_check_allow_host, a->allow_hosts,
+                            &a->nallow_hosts);
+            break;
+        case O_ALLOW_ORIGIN:
+            bad = allow_arg("--allow-origin", optarg, api_check_allow_origin, a->allow_origins,
+                            &a->nallow_origins);
             break;
         case O_WEBROOT:
             bad = str_arg("--web-root", optarg, a->web_root, sizeof(a->web_root));
@@ -469,6 +513,10 @@ static int api_config_fill(const serve_args *a, api_config *ac, char *err, size_
     ac->metrics_keep_s = a->metrics_keep_s;
     ac->head_timeout_s = a->head_timeout_s;
     ac->max_per_addr = a->max_per_addr;
+    ac->nallow_hosts = a->nallow_hosts;
+    memcpy(ac->allow_hosts, a->allow_hosts, sizeof(ac->allow_hosts));
+    ac->nallow_origins = a->nallow_origins;
+    memcpy(ac->allow_origins, a->allow_origins, sizeof(ac->allow_origins));
     ac->spec.nroots = a->nroots;
     for (int i = 0; i < a->nroots; i++)
         snprintf(ac->spec.roots[i], sizeof(ac->spec.roots[i]), "%s", a->roots[i]);
@@ -603,9 +651,16 @@ int daemon_serve_main(int argc, char **argv)
     sigaddset(&set, SIGINT);
     signal(SIGINT, SIG_DFL);
     pthread_sigmask(SIG_UNBLOCK, &set, NULL);
-    api_stop(api);
+    rc = api_stop(api);
     daemon_sched_stop(sched);
-    store_close(st);
+    if (rc == 0) {
+        store_close(st);
+    } else {
+        /* a request handler is still busy and may read the store: commit what is queued,
+         * leave the connections open, and exit */
+        store_flush(st);
+        log_warn("exiting with a request still in progress");
+    }
     log_info("stopped");
     return 0;
 

@@ -46,7 +46,8 @@ extern "C" {
     X(GPU_ENONFINITE, -8, "non-finite loss")                                       \
     X(GPU_ECUDA, -9, "CUDA error")                                                 \
     X(GPU_EINTR, -10, "interrupted")                                               \
-    X(GPU_ECOMM, -11, "collective communication failed")
+    X(GPU_ECOMM, -11, "collective communication failed")                           \
+    X(GPU_ETIMEDOUT, -12, "timed out")
 
 enum gpu_error {
 #define GPU_ERR_ENUM(name, val, msg) name = (val),

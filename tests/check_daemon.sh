@@ -16,7 +16,11 @@
 #   mid-job and a restart that resumes from the last checkpoint with exactly one row per
 #   step; kill -9 of a worker fails its job with a reason and the next queued job runs; a
 #   graceful stop, damaged checkpoints, and a restart that resumes from the newest one left
-#   that verifies.
+#   that verifies; what a page of another site could send (a change without Content-Type:
+#   application/json, a foreign Origin, a DNS-rebinding Host, two Content-Length headers)
+#   refused while the daemon's own origin, an --allow-origin and an --allow-host are served;
+#   an Idempotency-Key reused with another body refused (422); a FIFO in the web root
+#   answered 404 at once and the daemon still stopping on SIGTERM within its deadline.
 # Every request goes through acurl, which records it (method, path, status, headers, body);
 # at the end tests/openapi_check.mjs checks every recorded response against the OpenAPI
 # description (api/openapi.json, from docs/openapi.yaml): the status documented for the
@@ -27,8 +31,10 @@ set -u
 AMPD=${AMPD:-./ampd}
 TMP=$(mktemp -d)
 DPID=""
+FPID=""
 cleanup() {
     [ -n "$DPID" ] && kill -9 "$DPID" 2>/dev/null
+    [ -n "$FPID" ] && kill -9 "$FPID" 2>/dev/null
     [ -n "${SSE_PID:-}" ] && kill -9 "$SSE_PID" 2>/dev/null
     wait 2>/dev/null
     rm -rf "$TMP"
@@ -41,6 +47,7 @@ TOKEN=e2e-secret-token-0123456789
 printf '%s\n' "$TOKEN" >"$TMP/token"
 chmod 600 "$TMP/token"
 AUTH=(-H "Authorization: Bearer $TOKEN")
+JSON=(-H 'Content-Type: application/json') # every POST and DELETE carries it
 
 # Start a daemon on a free port; sets DPID, PORT, URL. Extra arguments go to serve.
 start_daemon() {
@@ -108,7 +115,7 @@ req() {
 post_json() { # path body [curl args]
     local p=$1 b=$2
     shift 2
-    req POST "$p" "${AUTH[@]}" -H 'Content-Type: application/json' --data-binary "$b" "$@"
+    req POST "$p" "${AUTH[@]}" "${JSON[@]}" --data-binary "$b" "$@"
 }
 # The first value of "key" in BODY (string quotes stripped).
 jget() { printf '%s' "$BODY" | grep -o "\"$1\":[^,}]*" | head -1 | sed 's/^[^:]*://; s/"//g'; }
@@ -188,7 +195,9 @@ ln -s "$TMP/secret.txt" "$TMP/web/escape.txt"
 WEB=$(realpath "$TMP/web")
 
 # ---- start-up --------------------------------------------------------------------------------
-start_daemon --max-running 1 --web-root "$TMP/web"
+ALLOWED_ORIGIN=http://allowed.example:9000
+start_daemon --max-running 1 --web-root "$TMP/web" --allow-origin "$ALLOWED_ORIGIN" \
+    --allow-host ampd.test
 check "serve starts and writes its port" test -n "$PORT"
 check "healthz" healthy
 check "start-up log names URL, db, blas and device" \
@@ -366,9 +375,9 @@ check "the stream ends with the summary" grep -q '"type":"summary"' "$TMP/sse2"
 submit "$(spec cancel 6000 ', "checkpoint_every": 1000' "$BIG")"
 id4=$SID
 wait_step "$id4" 50 30
-req DELETE "/v1/jobs/$id4" "${AUTH[@]}"
+req DELETE "/v1/jobs/$id4" "${AUTH[@]}" "${JSON[@]}"
 check "delete of a running job is 409" test "$CODE" = 409
-req POST "/v1/jobs/$id4/cancel" "${AUTH[@]}"
+req POST "/v1/jobs/$id4/cancel" "${AUTH[@]}" "${JSON[@]}"
 check "cancel answers 202" test "$CODE" = 202
 check "the job becomes cancelled" wait_status "$id4" cancelled 30
 req GET "/v1/jobs/$id4"
@@ -376,10 +385,10 @@ ck4=$(jget checkpoint_step)
 check "cancel left a checkpoint (step ${ck4:-none})" test "${ck4:-0}" -gt 0
 code=$(acurl -sS -m 20 -o /dev/null -w '%{http_code}' "$URL/v1/jobs/$id4/checkpoints/$ck4")
 check "the cancel checkpoint downloads" test "$code" = 200
-req POST "/v1/jobs/$id4/cancel" "${AUTH[@]}"
+req POST "/v1/jobs/$id4/cancel" "${AUTH[@]}" "${JSON[@]}"
 check "cancel of a cancelled job is 409" test "$CODE" = 409
 check "metrics stop at the checkpoint" test "$(raw_steps "$id4" | tail -1)" = "$ck4"
-req POST "/v1/jobs/$id4/resume" "${AUTH[@]}"
+req POST "/v1/jobs/$id4/resume" "${AUTH[@]}" "${JSON[@]}"
 check "resume answers 202" test "$CODE" = 202
 check "the resumed job succeeds" wait_status "$id4" succeeded 60
 check "after the resume: exactly one row per step (1..6000)" steps_are_1_to "$id4" 6000
@@ -431,7 +440,7 @@ check "every step of the resumed job equals the uninterrupted one's (after $c4 t
     sh -c "test \$(wc -l <'$TMP/walk.csv') -eq 6001 && cmp -s '$TMP/walk.csv' '$TMP/ref.csv'"
 
 # ---- delete ----------------------------------------------------------------------------------
-req DELETE "/v1/jobs/$id1" "${AUTH[@]}"
+req DELETE "/v1/jobs/$id1" "${AUTH[@]}" "${JSON[@]}"
 check "delete answers 204" test "$CODE" = 204
 req GET "/v1/jobs/$id1"
 check "a deleted job is 404" test "$CODE" = 404
@@ -506,7 +515,6 @@ expect() {
     fi
     FIELD=""
 }
-JSON=(-H 'Content-Type: application/json')
 bad_spec() { # body status code [field]
     FIELD=${4:-}
     expect "$2" "$3" POST /v1/jobs "${AUTH[@]}" "${JSON[@]}" --data-binary "$1"
@@ -561,7 +569,7 @@ expect 404 not_found GET /v1/jobs/abc
 expect 404 not_found GET /v1/jobs/999999
 expect 404 not_found GET /v1/jobs/-1
 expect 404 not_found GET "/v1/jobs/$id2/checkpoints/99999"
-expect 404 not_found POST /v1/jobs/999999/cancel "${AUTH[@]}"
+expect 404 not_found POST /v1/jobs/999999/cancel "${AUTH[@]}" "${JSON[@]}"
 FIELD=limit
 expect 400 invalid_parameter GET '/v1/jobs?limit=0'
 expect 400 invalid_parameter GET '/v1/jobs?limit=abc'
@@ -577,11 +585,77 @@ expect 400 invalid_parameter GET "/v1/jobs/$id2/metrics?format=xml"
 expect 400 invalid_parameter GET "/v1/jobs/$id2/metrics?from=10&to=5"
 expect 400 invalid_parameter GET /v1/compare
 expect 400 invalid_parameter GET '/v1/compare?ids=a,b'
-expect 409 conflict POST "/v1/jobs/$id2/cancel" "${AUTH[@]}"
-expect 409 conflict POST "/v1/jobs/$id2/resume" "${AUTH[@]}"
+expect 409 conflict POST "/v1/jobs/$id2/cancel" "${AUTH[@]}" "${JSON[@]}"
+expect 409 conflict POST "/v1/jobs/$id2/resume" "${AUTH[@]}" "${JSON[@]}"
 FIELD=Idempotency-Key
 expect 400 invalid_request POST /v1/jobs "${AUTH[@]}" "${JSON[@]}" \
     -H 'Idempotency-Key: has spaces' --data-binary "$(spec idem 10)"
+# ---- Idempotency-Key: the same body again is the first job; another body is refused ---------
+post_json /v1/jobs "$(spec idem 10)" -H 'Idempotency-Key: idem-1'
+idi=$(jget id)
+check "a submit with an Idempotency-Key answers 201" test "$CODE" = 201 -a -n "$idi"
+post_json /v1/jobs "$(spec idem 10)" -H 'Idempotency-Key: idem-1'
+check "the same key and body again answer 200 with the same job" \
+    test "$CODE:$(jget id)" = "200:$idi"
+FIELD=Idempotency-Key
+expect 422 idempotency_key_reused POST /v1/jobs "${AUTH[@]}" "${JSON[@]}" \
+    -H 'Idempotency-Key: idem-1' --data-binary "$(spec idem 11)"
+check "... naming the key and its job" \
+    grep -qF "Idempotency-Key \\\"idem-1\\\" was used for job $idi with another body" <<<"$BODY"
+req GET "/v1/jobs?name=idem"
+check "... and queueing nothing" test "$(ids)" = "$idi "
+
+# ---- what a page of another site could send --------------------------------------------------
+# A page of another origin can make the browser send a form's POST or a no-cors fetch (no
+# custom header, Content-Type text/plain at most) with no token; a DNS-rebinding page reaches
+# the daemon under its own name. Every change needs Content-Type: application/json, a foreign
+# Origin is refused, and so is a Host that does not name the daemon.
+submit "$(spec xsite 1000000 '' "$BIG")"
+idx=$SID
+wait_step "$idx" 5 30
+FIELD=Content-Type
+expect 415 unsupported_media_type POST "/v1/jobs/$idx/cancel" "${AUTH[@]}" # curl -X POST
+check "... saying which header to add" \
+    grep -qF "needs the header Content-Type: application/json" <<<"$BODY"
+FIELD=Content-Type
+expect 415 unsupported_media_type POST "/v1/jobs/$idx/cancel" "${AUTH[@]}" \
+    -H 'Content-Type: text/plain' --data-binary '{}'
+FIELD=Content-Type
+expect 415 unsupported_media_type DELETE "/v1/jobs/$idx" "${AUTH[@]}"
+EVIL=(-H 'Origin: http://evil.example:8000')
+FIELD=Origin
+expect 403 forbidden_origin POST "/v1/jobs/$idx/cancel" "${AUTH[@]}" "${JSON[@]}" "${EVIL[@]}"
+FIELD=Origin
+expect 403 forbidden_origin GET /v1/jobs "${EVIL[@]}"
+FIELD=Origin
+expect 403 forbidden_origin GET "/v1/jobs/$idx/stream" -H 'Origin: null'
+FIELD=Origin
+expect 403 forbidden_origin GET /v1/jobs -H "Origin: http://localhost:$PORT"
+FIELD=Host
+expect 421 misdirected_request GET /v1/jobs -H "Host: rebind.example:$PORT"
+FIELD=Host
+expect 421 misdirected_request POST /v1/jobs -H "Host: rebind.example:$PORT" "${AUTH[@]}" \
+    "${JSON[@]}" --data-binary "$(spec rebind 10)"
+FIELD=Host
+expect 421 misdirected_request GET /healthz -H 'Host: 127.0.0.1'
+FIELD=Content-Length
+expect 400 invalid_request POST /v1/jobs "${AUTH[@]}" "${JSON[@]}" -H 'Content-Length: 2' \
+    -H 'Content-Length: 2' --data-binary '{}'
+FIELD=Content-Length
+expect 400 invalid_request POST /v1/jobs "${AUTH[@]}" "${JSON[@]}" \
+    -H 'Transfer-Encoding: chunked' -H 'Content-Length: 2' --data-binary '{}'
+check "the job still runs after all of them" test "$(job_status "$idx")" = running
+req GET "/v1/jobs?name=rebind"
+check "... and the rebinding page queued nothing" test "$(ids)" = ""
+req GET /v1/jobs -H "Origin: http://127.0.0.1:$PORT"
+check "the daemon's own origin reads" test "$CODE" = 200
+req GET /v1/jobs -H "Host: localhost:$PORT"
+check "Host localhost with the port is served" test "$CODE" = 200
+req GET /v1/jobs -H "Host: ampd.test"
+check "an --allow-host name is served" test "$CODE" = 200
+req POST "/v1/jobs/$idx/cancel" "${AUTH[@]}" "${JSON[@]}" -H "Origin: $ALLOWED_ORIGIN"
+check "an --allow-origin may cancel (202)" test "$CODE" = 202
+check "... and the job is cancelled" wait_status "$idx" cancelled 30
 check "at least 40 hostile requests were tried ($nbad)" test "$nbad" -ge 40
 check "healthz after every hostile request" healthy
 req GET /v1/jobs
@@ -617,6 +691,14 @@ check "--web-root without index.html is refused (exit 1)" test $? -eq 1
 check "... naming the path" grep -qF "ampd serve: --web-root $TMP/data: no index.html" "$TMP/err"
 "${TIMEOUT[@]}" "$AMPD" serve --web-root "$TMP/web" --no-dashboard >/dev/null 2>&1
 check "--web-root with --no-dashboard is bad usage (exit 2)" test $? -eq 2
+"${TIMEOUT[@]}" "$AMPD" serve --allow-origin http://a.example/ >/dev/null 2>"$TMP/err"
+check "an --allow-origin with a path is bad usage (exit 2)" test $? -eq 2
+check "... saying what an origin is" \
+    grep -qF 'ampd serve: --allow-origin "http://a.example/" is not an origin' "$TMP/err"
+"${TIMEOUT[@]}" "$AMPD" serve --allow-host 'a.example/x' >/dev/null 2>"$TMP/err"
+check "a bad --allow-host is bad usage (exit 2)" test $? -eq 2
+check "... naming it" \
+    grep -qF 'ampd serve: --allow-host "a.example/x" is not NAME or NAME:PORT' "$TMP/err"
 
 # ---- the default web root: web/ beside the binary when it holds index.html -------------------
 # A second daemon for a moment (own data dir and port file); it is stopped before going on.
@@ -656,6 +738,39 @@ fi
 check "--no-dashboard: GET / is a 404" serve_briefly "$TMP/d4.log" --no-dashboard
 check "... with the reason in the log" test "$CODE" = 404 -a \
     "$(grep -c 'dashboard: not served (--no-dashboard)' "$TMP/d4.log")" -eq 1
+
+# ---- a FIFO in the web root: a 404 at once, and SIGTERM still stops the daemon in time -------
+# (opening a FIFO for reading waits for a writer; a handler stuck there held up the stop)
+mkdir -p "$TMP/fifoweb"
+printf '<!doctype html><title>fifo</title>\n' >"$TMP/fifoweb/index.html"
+mkfifo "$TMP/fifoweb/pipe"
+rm -f "$TMP/port2"
+"$AMPD" serve --listen 127.0.0.1:0 --port-file "$TMP/port2" --data-dir "$TMP/d5" \
+    --web-root "$TMP/fifoweb" >"$TMP/d5.log" 2>&1 &
+FPID=$!
+for _ in $(seq 1 200); do
+    [ -s "$TMP/port2" ] && break
+    sleep 0.05
+done
+fport=$(cat "$TMP/port2" 2>/dev/null)
+t0=$(date +%s%N)
+code=$(acurl -sS -m 5 -o /dev/null -w '%{http_code}' "http://127.0.0.1:${fport:-0}/pipe" \
+    2>/dev/null)
+ms=$((($(date +%s%N) - t0) / 1000000))
+check "GET of a FIFO in the web root is a 404 at once (${code:-none} in $ms ms)" \
+    test "$code" = 404 -a "$ms" -lt 2000
+t0=$(date +%s%N)
+kill -TERM "$FPID"
+for _ in $(seq 1 300); do
+    kill -0 "$FPID" 2>/dev/null || break
+    sleep 0.05
+done
+ms=$((($(date +%s%N) - t0) / 1000000))
+if kill -0 "$FPID" 2>/dev/null; then kill -9 "$FPID"; fi
+wait "$FPID" 2>/dev/null
+FPID=""
+check "... and SIGTERM then stops the daemon within its deadline ($ms ms, at most 10 s)" \
+    test "$ms" -lt 10000
 
 # ---- kill -9 of the daemon mid-job, restart, resume ------------------------------------------
 submit "$(spec crash 5000 ', "checkpoint_every": 200' "$BIG")"

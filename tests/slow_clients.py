@@ -70,8 +70,8 @@ def request(port, path, timeout):
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
             s.settimeout(max(0.01, timeout - (time.monotonic() - t0)))
-            s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-                      .encode())
+            s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                      "Connection: close\r\n\r\n".encode())
             data = b""
             while True:
                 left = timeout - (time.monotonic() - t0)
@@ -291,7 +291,7 @@ def main():
         at, running = -1, False
     check("the job is running", status == 200 and running, f"status {status}, step {at}")
     at = max(at, 0)
-    req = (f"GET /v1/jobs/{a.job}/stream?from_step={at} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    req = (f"GET /v1/jobs/{a.job}/stream?from_step={at} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
            "Accept: text/event-stream\r\n\r\n").encode()
     t_sse = time.monotonic()
     for _ in range(a.sse):
