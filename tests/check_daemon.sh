@@ -403,7 +403,7 @@ walk=$(spec walk 6000 ', "checkpoint_every": 100, "checkpoint_keep_last": 0' "$B
 submit "$walk"
 idw=$SID
 wait_step "$idw" 450 30
-req POST "/v1/jobs/$idw/cancel" "${AUTH[@]}"
+req POST "/v1/jobs/$idw/cancel" "${AUTH[@]}" "${JSON[@]}"
 check "the walk job is cancelled" wait_status "$idw" cancelled 30
 req GET "/v1/jobs/$idw/checkpoints"
 mapfile -t cks < <(grep -o '"step":[0-9]*' <<<"$BODY" | tr -dc '0-9\n' | sort -n)
@@ -416,7 +416,7 @@ if [ "$n" -gt 4 ]; then
     flip_byte "$wdir/ckpt-$c2.safetensors" -100
     rm -f "$wdir/ckpt-$c3.safetensors"
 fi
-req POST "/v1/jobs/$idw/resume" "${AUTH[@]}"
+req POST "/v1/jobs/$idw/resume" "${AUTH[@]}" "${JSON[@]}"
 check "resume answers 202" test "$CODE" = 202
 check "the job resumed past its damaged checkpoints succeeds" wait_status "$idw" succeeded 60
 check "... with exactly one row per step (1..6000)" steps_are_1_to "$idw" 6000
@@ -854,7 +854,7 @@ check "... an event says the stop checkpoint ($s1) was skipped as truncated" \
     grep -q "skipped the checkpoint at step $s1 (ckpt-$s1.safetensors): truncated: [0-9]* of its" <<<"$BODY"
 check "... and the one before ($s2) as missing" \
     grep -q "skipped the checkpoint at step $s2 (ckpt-$s2.safetensors): missing" <<<"$BODY"
-req POST "/v1/jobs/$id8/cancel" "${AUTH[@]}"
+req POST "/v1/jobs/$id8/cancel" "${AUTH[@]}" "${JSON[@]}"
 check "the resumed job can be cancelled" wait_status "$id8" cancelled 30
 
 # ---- every response above against the OpenAPI description -----------------------------------
