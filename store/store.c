@@ -267,7 +267,7 @@ void store_close(store *s)
     free(s);
 }
 
-/* ---- the stream ------------------------------------------------------------------------------ */
+/* ---- synchronous writes -------------------------------------------------------------------- */
 
 int store_wbegin(store *s)
 {
@@ -281,6 +281,8 @@ int store_wend(store *s, int rc)
     store_writer_probe(s, rc);
     return rc;
 }
+
+/* ---- the stream ------------------------------------------------------------------------------ */
 
 void store_committed(store *s)
 {
@@ -886,11 +888,8 @@ int store_checkpoint_delete(store *s, int64_t job, int64_t step)
 
     if (!s)
         return STORE_EINVAL;
-    pthread_mutex_lock(&s->wlock);
-    if ((rc = store_exec_stmt(s->w, ST_BEGIN_IMMEDIATE)) != 0) {
-        pthread_mutex_unlock(&s->wlock);
-        return rc;
-    }
+    if ((rc = store_wbegin(s)) != 0 || (rc = store_exec_stmt(s->w, ST_BEGIN_IMMEDIATE)) != 0)
+        return store_wend(s, rc);
     for (int k = 0; k < 2 && rc == 0; k++) {
         if (!(st = store_stmt(s->w, k == 0 ? ST_CKPT_DELETE : ST_STREAM_CKPT_DELETE))) {
             rc = STORE_EIO;
@@ -904,9 +903,9 @@ int store_checkpoint_delete(store *s, int64_t job, int64_t step)
     }
     if (rc == 0)
         rc = store_exec_stmt(s->w, ST_COMMIT);
-    if (rc)
+    if (rc && !sqlite3_get_autocommit(s->w->db))
         store_exec_stmt(s->w, ST_ROLLBACK);
-    pthread_mutex_unlock(&s->wlock);
+    store_wend(s, rc);
     store_committed(s);
     return rc;
 }
