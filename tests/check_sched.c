@@ -22,7 +22,8 @@
  * before its exec (no handler of the daemon runs in it); an unrunnable worker binary; a store
  * that cannot write (store_test_fault): the worker paused and not killed as hung, every row
  * once, a job that ends meanwhile recorded afterwards (status, summary, checkpoints), no
- * queued job started meanwhile, and the stall timeout failing a job with the reason.
+ * queued job started meanwhile, checkpoint drops waiting behind the checkpoints the store has
+ * not recorded, and the stall timeout failing a job with the reason.
  */
 #include <check.h>
 #include <dirent.h>
@@ -1032,6 +1033,43 @@ START_TEST(test_store_full_job_ends)
 }
 END_TEST
 
+/* Checkpoint lines the store cannot take wait in their order: a checkpoint_drop waits behind
+ * the newer checkpoint whose line came before it, so no file is deleted before that one is
+ * recorded, and once the store writes the records are exactly the files kept. */
+START_TEST(test_store_full_drops_wait)
+{
+    fixture f;
+    char dir[600], path[700];
+    store_checkpoint *ck = NULL;
+    int n = 0, files = 0;
+    setup(&f);
+    start_sched(&f);
+    int64_t id = submit(&f, "{\"mode\":\"slow\",\"steps\":20,\"ckpt\":4,\"keep\":2,"
+                            "\"delay\":0.02}");
+    wait_step(&f, id, 2, 10);
+    ck_assert_int_eq(store_test_fault(f.st, STORE_EFULL), 0);
+    test_sleep_ms(2000); /* the worker checkpoints, drops and exits meanwhile */
+    snprintf(dir, sizeof(dir), "%s/jobs/%lld", f.cfg.data_dir, (long long)id);
+    ck_assert_int_eq(store_checkpoint_list(f.st, id, &ck, &n), 0);
+    for (int i = 0; i < n; i++) /* what is recorded is there */
+        ck_assert_msg(access(ck[i].path, R_OK) == 0, "%s is recorded but gone", ck[i].path);
+    free(ck);
+    ck_assert_int_eq(store_test_fault(f.st, 0), 0);
+    wait_status(&f, id, STORE_SUCCEEDED, 20);
+    ck_assert_int_eq(store_checkpoint_list(f.st, id, &ck, &n), 0);
+    ck_assert_int_eq(n, 2);
+    ck_assert_int_eq(ck[0].step, 16);
+    ck_assert_int_eq(ck[1].step, 20);
+    free(ck);
+    for (int s = 4; s <= 20; s += 4) {
+        snprintf(path, sizeof(path), "%s/ckpt-%d.safetensors", dir, s);
+        files += access(path, F_OK) == 0;
+    }
+    ck_assert_int_eq(files, 2);
+    teardown(&f);
+}
+END_TEST
+
 /* A worker that waits for the store longer than stall_timeout_s is stopped; its job fails
  * with the reason, recorded (with every row it printed) once the store writes again. */
 START_TEST(test_store_stall_fails_job)
@@ -1089,6 +1127,7 @@ static Suite *sched_suite(void)
     tcase_add_test(tc, test_idempotent_submit);
     tcase_add_test(tc, test_store_full_pauses_worker);
     tcase_add_test(tc, test_store_full_job_ends);
+    tcase_add_test(tc, test_store_full_drops_wait);
     tcase_add_test(tc, test_store_stall_fails_job);
     suite_add_tcase(s, tc);
     return s;
