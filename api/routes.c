@@ -40,8 +40,9 @@ static void ok_json(api_resp *r, unsigned status)
     r->ctype = NULL;
 }
 
-/* A store error as an HTTP error (not-found names what was looked for). */
-static void store_error(api_resp *r, int rc, const char *what, int64_t id)
+/* A store error as an HTTP error (not-found names what was looked for); writing: the request
+ * failed writing to the store rather than reading it (the 503 says which). */
+static void store_error_rw(api_resp *r, int rc, const char *what, int64_t id, bool writing)
 {
     if (rc == STORE_ENOTFOUND)
         api_error_resp(r, 404, "not_found", NULL, "no %s %lld", what, (long long)id);
@@ -51,8 +52,13 @@ static void store_error(api_resp *r, int rc, const char *what, int64_t id)
     else if (rc == STORE_EINVAL)
         api_error_resp(r, 400, "invalid_request", NULL, "the store refused the request");
     else
-        api_error_resp(r, 503, "unavailable", NULL, "the run history could not be read (%s)",
-                       store_strerror(rc));
+        api_error_resp(r, 503, "unavailable", NULL, "the run history could not be %s (%s)",
+                       writing ? "written" : "read", store_strerror(rc));
+}
+
+static void store_error(api_resp *r, int rc, const char *what, int64_t id)
+{
+    store_error_rw(r, rc, what, id, false);
 }
 
 /* Load the route's job into j; false with r filled when it cannot be. */
@@ -241,11 +247,27 @@ void api_job_json(api_buf *b, const store_job *j, bool full)
 
 /* ---- healthz, system ------------------------------------------------------------------- */
 
+/* Liveness, and whether the store writes: while it cannot (a full disk, another process's
+ * lock), "degraded" with the reason; still 200, the daemon is up and holds what it could
+ * not write (restarting it would not help). */
 void api_h_healthz(api_req *q, api_resp *r)
 {
-    (void)q;
+    store_health h;
+    store_get_health(q->srv->st, &h);
     ok_json(r, 200);
-    api_buf_puts(&r->body, "{\"status\":\"ok\"}");
+    if (h.code == 0) {
+        api_buf_puts(&r->body, "{\"status\":\"ok\"}");
+        return;
+    }
+    api_buf_puts(&r->body, "{\"status\":\"degraded\",\"reason\":");
+    api_buf_json_str(&r->body, h.reason);
+    api_buf_puts(&r->body, ",\"message\":");
+    api_buf_json_str(&r->body, h.message);
+    api_buf_printf(&r->body, ",\"held\":%lld,\"since\":", (long long)h.held);
+    api_buf_json_time(&r->body, h.since);
+    api_buf_puts(&r->body, ",\"since_unix\":");
+    put_unix(&r->body, h.since);
+    api_buf_putc(&r->body, '}');
 }
 
 /* The API's own description (docs/openapi.yaml, embedded as JSON when ampd was built). */
@@ -489,7 +511,7 @@ void api_h_jobs_submit(api_req *q, api_resp *r)
                          key, &id, &existed);
     api_buf_free(&spec);
     if (rc) {
-        store_error(r, rc, "job", id);
+        store_error_rw(r, rc, "job", id, true);
         return;
     }
     rc = store_job_get(s->st, id, &j);
@@ -560,7 +582,7 @@ void api_h_job_action(api_req *q, api_resp *r)
         return;
     }
     if (rc) {
-        store_error(r, rc, "job", q->route.job);
+        store_error_rw(r, rc, "job", q->route.job, true);
         return;
     }
     if (what == API_R_JOB) {

@@ -65,14 +65,24 @@ typedef struct {
     api_spec_opts opts;
 } run_args;
 
-/* Print obj as one line and release it. */
+/* Print obj as one line and release it. The line goes out whole with write(2), which a
+ * stop signal interrupts (EINTR: the handler has no SA_RESTART) while the daemon leaves the
+ * pipe full (it pauses a worker while its store cannot write): stdio would drop the line
+ * then, so the write is resumed until every byte is out. */
 static void emit(json_t *obj)
 {
     char *s = json_dumps(obj, JSON_COMPACT | JSON_REAL_PRECISION(9));
+    size_t n = s ? strlen(s) : 0, off = 0;
     if (s) {
-        fputs(s, stdout);
-        fputc('\n', stdout);
-        fflush(stdout);
+        s[n] = '\n'; /* over the terminator: the line is written by length */
+        while (off <= n) {
+            ssize_t k = write(STDOUT_FILENO, s + off, n + 1 - off);
+            if (k < 0 && errno == EINTR)
+                continue;
+            if (k <= 0)
+                break; /* the reader is gone: nothing to print to */
+            off += (size_t)k;
+        }
         free(s);
     }
     json_decref(obj);

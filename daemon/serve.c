@@ -61,7 +61,7 @@ typedef struct {
     int nallow_hosts, nallow_origins;
     char allow_hosts[API_MAX_ALLOW][API_ALLOW_LEN];
     char allow_origins[API_MAX_ALLOW][API_ALLOW_LEN];
-    int max_running, max_retries, worker_timeout_s, metrics_keep_s;
+    int max_running, max_retries, worker_timeout_s, stall_timeout_s, metrics_keep_s;
     int head_timeout_s, max_per_addr;
     bool demo, no_dashboard;
 } serve_args;
@@ -83,6 +83,9 @@ static void usage(FILE *f)
                "  --max-running N      jobs that run at once (default 1)\n"
                "  --max-retries N      automatic resumes of an interrupted job (default 3)\n"
                "  --worker-timeout S   a worker silent this long is killed as hung (default 600)\n"
+               "  --stall-timeout S    a job whose worker has waited this long for the store to\n"
+               "                       write (a full disk, a lock) is stopped and failed\n"
+               "                       (default 3600; 0: it waits as long as it takes)\n"
                "  --metrics-keep S     /metrics keeps a finished job's series S seconds, so that\n"
                "                       Prometheus scrapes its final values (default 3600; 0: no)\n"
                "  --head-timeout S     a connection must send a whole request head (request\n"
@@ -211,6 +214,7 @@ static int parse_args(int argc, char **argv, serve_args *a)
         O_MAXRUN,
         O_RETRIES,
         O_TIMEOUT,
+        O_STALL,
         O_KEEP,
         O_HEAD,
         O_ADDR,
@@ -231,6 +235,7 @@ static int parse_args(int argc, char **argv, serve_args *a)
                                              {"max-running", required_argument, NULL, O_MAXRUN},
                                              {"max-retries", required_argument, NULL, O_RETRIES},
                                              {"worker-timeout", required_argument, NULL, O_TIMEOUT},
+                                             {"stall-timeout", required_argument, NULL, O_STALL},
                                              {"metrics-keep", required_argument, NULL, O_KEEP},
                                              {"head-timeout", required_argument, NULL, O_HEAD},
                                              {"max-per-address", required_argument, NULL, O_ADDR},
@@ -251,6 +256,7 @@ static int parse_args(int argc, char **argv, serve_args *a)
     a->max_running = 1;
     a->max_retries = 3;
     a->worker_timeout_s = 600;
+    a->stall_timeout_s = 3600;
     a->metrics_keep_s = 3600;
     a->head_timeout_s = 10;
     a->max_per_addr = 64;
@@ -286,6 +292,9 @@ static int parse_args(int argc, char **argv, serve_args *a)
             break;
         case O_TIMEOUT:
             bad = int_arg("--worker-timeout", optarg, 1, 7 * 24 * 3600, &a->worker_timeout_s);
+            break;
+        case O_STALL:
+            bad = int_arg("--stall-timeout", optarg, 0, 30 * 24 * 3600, &a->stall_timeout_s);
             break;
         case O_KEEP:
             bad = int_arg("--metrics-keep", optarg, 0, 30 * 24 * 3600, &a->metrics_keep_s);
@@ -496,6 +505,7 @@ static int sched_config(const serve_args *a, daemon_sched_config *sc, char *err,
     sc->max_running = a->max_running;
     sc->max_retries = a->max_retries;
     sc->worker_timeout_s = a->worker_timeout_s;
+    sc->stall_timeout_s = a->stall_timeout_s;
     return 0;
 }
 

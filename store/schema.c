@@ -17,6 +17,7 @@
  *
  * Threads: a store_conn is used by one thread at a time (the caller's lock or thread).
  */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -365,6 +366,12 @@ int store_sql_error(sqlite3 *db, sqlite3_stmt *st, int rc, const char *func)
         return STORE_ENOTFOUND;
     if (prim == SQLITE_CONSTRAINT)
         return STORE_ECONFLICT;
+    if (prim == SQLITE_FULL || prim == SQLITE_BUSY || prim == SQLITE_LOCKED ||
+        (prim == SQLITE_IOERR && db && sqlite3_system_errno(db) == ENOSPC)) {
+        log_debug("%s: sqlite error %d (%s)", func, rc,
+                  db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
+        return prim == SQLITE_BUSY || prim == SQLITE_LOCKED ? STORE_EBUSY : STORE_EFULL;
+    }
     log_error("%s: sqlite error %d (%s)%s%s", func, rc,
               db ? sqlite3_errmsg(db) : sqlite3_errstr(rc), st ? " in: " : "",
               st ? sqlite3_sql(st) : "");
@@ -436,6 +443,25 @@ static int exec_const(sqlite3 *db, const char *sql)
         return STORE_EIO;
     }
     return 0;
+}
+
+static int first_int(void *arg, int n, char **vals, char **names)
+{
+    (void)names;
+    if (n > 0 && vals[0])
+        *(int *)arg = atoi(vals[0]);
+    return 0;
+}
+
+int store_probe_write(store_conn *c)
+{
+    char sql[48];
+    int v = 0, rc = sqlite3_exec(c->db, "PRAGMA user_version", first_int, &v, NULL);
+    if (rc == SQLITE_OK) {
+        snprintf(sql, sizeof(sql), "PRAGMA user_version=%d", v);
+        rc = sqlite3_exec(c->db, sql, NULL, NULL, NULL);
+    }
+    return rc == SQLITE_OK ? 0 : store_sql_error(c->db, NULL, rc, __func__);
 }
 
 static int first_text(void *arg, int n, char **vals, char **names)

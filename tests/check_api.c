@@ -33,8 +33,11 @@
  *             JSON, 422 for another body), the job
  *             runs to succeeded, cancel / resume / delete with 202, 409 and 204, an SSE
  *             client that disconnects and resumes with Last-Event-ID sees every step
- *             exactly once, 100 concurrent SSE clients all see the whole run, and a worker's
- *             layers and recommendation lines reach SSE clients, /layers and /events.
+ *             exactly once, 100 concurrent SSE clients all see the whole run, a worker's
+ *             layers and recommendation lines reach SSE clients, /layers and /events, and
+ *             a store that cannot write (store_test_fault): /healthz degraded with the
+ *             reason and ok again after, a submit's 503 saying the history could not be
+ *             written.
  *
  * The HTTP client is a small raw-socket one (HTTP/1.1, chunked decoding) so the test needs
  * no libcurl. Only 127.0.0.1 is used.
@@ -3213,6 +3216,55 @@ START_TEST(test_live_layers)
 }
 END_TEST
 
+/* /healthz while the store cannot write (store_test_fault: as on a full disk), and a write
+ * the store refuses: a 503 that says the history could not be written. */
+START_TEST(test_live_store_cannot_write)
+{
+    static const char spec[] = "{\"name\": \"full\", \"data\": {\"type\": \"synthetic\"}, "
+                               "\"steps\": 3}";
+    static const char hdr[] = "Authorization: Bearer " TOKEN "\r\n"
+                              "Content-Type: application/json\r\n";
+    double t0 = gpu_now();
+    hresp r;
+    json_t *j;
+
+    j = get_json(port, "/healthz", 200);
+    ck_assert_str_eq(json_string_value(json_object_get(j, "status")), "ok");
+    json_decref(j);
+    ck_assert_int_eq(store_test_fault(st, STORE_EFULL), 0);
+    http(port, "POST", "/v1/jobs", hdr, spec, strlen(spec), &r);
+    expect_error(&r, 503, "unavailable", NULL);
+    ck_assert_msg(strstr(r.body, "the run history could not be written (the disk is full)"),
+                  "%s", r.body);
+    hresp_free(&r);
+    for (;;) { /* the writer finds out by a write of its own */
+        j = get_json(port, "/healthz", 200);
+        if (strcmp(json_string_value(json_object_get(j, "status")), "degraded") == 0)
+            break;
+        json_decref(j);
+        ck_assert_msg(gpu_now() - t0 < 5, "/healthz never said degraded");
+        test_sleep_ms(20);
+    }
+    ck_assert_str_eq(json_string_value(json_object_get(j, "reason")), "disk_full");
+    ck_assert_ptr_nonnull(strstr(json_string_value(json_object_get(j, "message")), "disk"));
+    ck_assert(json_is_integer(json_object_get(j, "held")));
+    ck_assert(json_is_string(json_object_get(j, "since")));
+    ck_assert(json_number_value(json_object_get(j, "since_unix")) > 1e9);
+    json_decref(j);
+    ck_assert_int_eq(store_test_fault(st, 0), 0);
+    for (;;) {
+        j = get_json(port, "/healthz", 200);
+        bool ok = strcmp(json_string_value(json_object_get(j, "status")), "ok") == 0;
+        json_decref(j);
+        if (ok)
+            break;
+        ck_assert_msg(gpu_now() - t0 < 10, "/healthz never said ok again");
+        test_sleep_ms(20);
+    }
+    wait_job(post_job(spec, NULL, 201), "succeeded", 10);
+}
+END_TEST
+
 static Suite *api_suite(void)
 {
     Suite *s = suite_create("api");
@@ -3266,6 +3318,7 @@ static Suite *api_suite(void)
     tcase_add_test(l, test_live_stream_resume);
     tcase_add_test(l, test_live_stream_gap);
     tcase_add_test(l, test_live_layers);
+    tcase_add_test(l, test_live_store_cannot_write);
     suite_add_tcase(s, l);
     return s;
 }

@@ -3,7 +3,8 @@
 # and prints start (naming its device), step, eval and summary lines; a bad spec is refused
 # with the field named and exit status 2; a CUDA device that cannot be used (none on this
 # machine, or no device 63) is accepted by the spec and fails the job when it starts, with
-# the reason; SIGINT stops a run cleanly with status "interrupted" and exit status 130; a
+# the reason; SIGINT stops a run cleanly with status "interrupted" and exit status 130 (and
+# SIGTERM while stdout's pipe is full loses no line); a
 # job with diagnostics prints "layers" lines and recommendation events. The jobs whose
 # checks are the CPU trainer's own (diagnosis of every overflowing step, bit-exact resume)
 # ask for "device": "cpu", so that they test the same thing on a machine with a GPU.
@@ -125,6 +126,31 @@ rc=$?
 check "SIGINT exits 130" test "$rc" -eq 130
 check "SIGINT summary says interrupted" grep -q '"status":"interrupted"' "$TMP/out"
 check "SIGINT writes a checkpoint first" grep -q '"type":"checkpoint"' "$TMP/out"
+
+# SIGTERM while nobody reads stdout and its pipe is full (the daemon leaves a worker's pipe
+# unread while its store cannot write): the write it interrupts is resumed, not dropped, so
+# every step up to the one the summary names has its line
+mkfifo "$TMP/fifo"
+echo "$long" | "$AMPD" run --checkpoint-dir "$TMP/sig" - >"$TMP/fifo" 2>/dev/null &
+pid=$!
+exec 7<"$TMP/fifo"
+blocked=false
+for _ in $(seq 1 100); do
+    grep -q pipe_write "/proc/$pid/wchan" 2>/dev/null && blocked=true && break
+    sleep 0.1
+done
+check "run blocks writing to a full pipe" $blocked
+kill -TERM "$pid"
+sleep 0.5 # the signal lands while the pipe is still full
+timeout 30 cat <&7 >"$TMP/out"
+exec 7<&-
+wait "$pid"
+rc=$?
+check "SIGTERM then exits 130" test "$rc" -eq 130
+last=$(grep -o '"type":"summary",.*"steps":[0-9]*' "$TMP/out" | grep -o '[0-9]*$')
+grep -o '^{"type":"step","step":[0-9]*' "$TMP/out" | grep -o '[0-9]*$' >"$TMP/steps"
+check "... with a line for every step up to the summary's (${last:-none})" \
+    sh -c "seq 1 ${last:-0} | cmp -s - '$TMP/steps' && [ -n '$last' ]"
 
 # checkpoint and resume: steps 21..40 of a resumed run equal the uninterrupted run's
 ck='{"name": "ck", "model": {"layers": [20, 32, 4]},

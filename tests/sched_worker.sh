@@ -13,6 +13,9 @@
 #   garbage   non-JSON and type-less lines, and malformed layers and event lines, between
 #             the ok run's lines
 #   hang, fds a start line, then silence (the test reads /proc/PID/fd of an fds worker)
+# With "keep": K (> 0) each checkpoint beyond the K newest of this run is dropped, as the
+# retention of `ampd run --no-delete` does: a checkpoint_drop line after the newer one's line
+# (the file is left for the daemon to delete).
 # With "walkback": K (> 0) a resumed worker reports that the checkpoint it was given was
 # damaged: it continues from K steps before it (the resume line names the skipped one, and
 # a checkpoint_drop line follows), as `ampd run` walks back.
@@ -48,6 +51,7 @@ ckpt=$(get ckpt 0)
 delay=$(get delay 0)
 diag=$(get diag 0)
 walkback=$(get walkback 0)
+keep=$(get keep 0)
 step=0
 if [ -n "$resume" ]; then
     step=${resume##*ckpt-}
@@ -80,11 +84,18 @@ layers() { # step scale overflowed
     fi
 }
 
+kept=()
 checkpoint() {
     local path="$ckdir/ckpt-$step.safetensors"
     echo "weights at step $step" >"$path.tmp" && mv "$path.tmp" "$path"
     printf '{"type":"checkpoint","step":%d,"path":"%s","bytes":%d}\n' "$step" "$path" \
         "$(wc -c <"$path")"
+    kept+=("$step")
+    if [ "$keep" -gt 0 ] && [ "${#kept[@]}" -gt "$keep" ]; then
+        printf '{"type":"checkpoint_drop","step":%d,"path":"%s/ckpt-%d.safetensors",%s}\n' \
+            "${kept[0]}" "$ckdir" "${kept[0]}" '"reason":"retention","deleted":false'
+        kept=("${kept[@]:1}")
+    fi
 }
 stopped=0
 trap 'stopped=1' TERM INT
