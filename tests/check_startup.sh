@@ -115,5 +115,43 @@ check "... and takes the dead one's job for interrupted (once)" \
 kill -TERM "$PID"
 wait "$PID" 2>/dev/null
 
+# ---- the database's integrity --------------------------------------------------------------
+# A database with some history: a few short jobs, then the daemon stops (WAL checkpointed).
+start hist --data-dir "$TMP/hdata" --db "$TMP/hist.db"
+hist=$PID
+for n in 1 2 3; do
+    curl -sS -m 10 -o /dev/null -H 'Content-Type: application/json' --data-binary \
+        "{\"name\": \"h$n\", \"model\": {\"layers\": [16, 32, 4]}, \"data\": {\"type\":
+        \"synthetic\", \"train_size\": 256, \"eval_size\": 64}, \"batch_size\": 16,
+        \"threads\": 1, \"steps\": 400, \"eval_every\": 100}" "$URL/v1/jobs"
+done
+for _ in $(seq 1 600); do
+    [ "$(get '/v1/jobs?status=succeeded' | grep -o '"id":' | wc -l)" -eq 3 ] && break
+    sleep 0.05
+done
+check "three jobs of history succeed" \
+    test "$(get '/v1/jobs?status=succeeded' | grep -o '"id":' | wc -l)" -eq 3
+kill -TERM "$hist"
+wait "$hist" 2>/dev/null
+check "the database is whole once the daemon stopped (no WAL left)" test ! -s "$TMP/hist.db-wal"
+cp "$TMP/hist.db" "$TMP/intact.db"
+pages=$(($(stat -c %s "$TMP/hist.db") / 4096))
+check "the database has pages to damage ($pages)" test "$pages" -ge 40
+# garbage (0xA5 bytes) over a fifth of the pages, from the middle on
+head -c $((pages / 5 * 4096)) /dev/zero | tr '\0' '\245' |
+    dd of="$TMP/hist.db" bs=4096 seek=$((pages / 2)) conv=notrunc status=none
+refused damaged --data-dir "$TMP/hdata" --db "$TMP/hist.db"
+check "a damaged database is refused (exit 1, got $RC)" test "$RC" -eq 1
+check "... naming the file and what PRAGMA quick_check found" \
+    grep -qF "$TMP/hist.db is damaged: PRAGMA quick_check says: " "$TMP/damaged.err"
+check "... in the start-up error" grep -qF "ampd serve: cannot open the database $TMP/hist.db" \
+    "$TMP/damaged.err"
+start intact --data-dir "$TMP/hdata" --db "$TMP/intact.db"
+check "the intact copy starts" test -n "$URL"
+check "... with its three jobs" \
+    test "$(get '/v1/jobs?status=succeeded' | grep -o '"id":' | wc -l)" -eq 3
+kill -TERM "$PID"
+wait "$PID" 2>/dev/null
+
 echo "$pass passed, $fail failed"
 test "$fail" -eq 0
