@@ -64,16 +64,15 @@ int daemon_lock_take(const char *path, const char *what, int *fd, char *err, siz
         if (errno == EWOULDBLOCK) {
             long other = holder_pid(f);
             if (other > 0)
-                snprintf(err, errlen, "another ampd (pid %ld) holds %s (lock file %s)", other,
-                         what, path);
+                snprintf(err, errlen, "another ampd (pid %ld) holds %s (lock file %s)", other, what,
+                         path);
             else
                 snprintf(err, errlen, "another ampd holds %s (lock file %s, no pid in it)", what,
                          path);
             rc = -EWOULDBLOCK;
         } else {
             rc = -errno;
-            snprintf(err, errlen, "cannot lock %s (lock file %s): %s", what, path,
-                     strerror(errno));
+            snprintf(err, errlen, "cannot lock %s (lock file %s): %s", what, path, strerror(errno));
         }
         goto fail;
     }
