@@ -461,18 +461,19 @@ static int api_config_fill(const serve_args *a, api_config *ac, char *err, size_
  * another daemon or cannot be locked. *dir_fd and *db_fd hold the locks. */
 static int take_locks(const serve_args *a, int *dir_fd, int *db_fd, char *err, size_t errlen)
 {
-    char path[PATH_LEN + 16], what[PATH_LEN + 32], why[PATH_LEN * 3];
+    char path[PATH_MAX + 16], what[PATH_LEN + 32], why[PATH_MAX + PATH_LEN * 2], real[PATH_MAX];
 
     snprintf(path, sizeof(path), "%s/ampd.lock", a->data_dir);
     snprintf(what, sizeof(what), "the data directory %s", a->data_dir);
     if (daemon_lock_take(path, what, dir_fd, why, sizeof(why)) != 0) {
-        snprintf(err, errlen, "%s: stop it, or give this daemon another --data-dir", why);
+        snprintf(err, errlen, "%.3900s: stop it, or give this daemon another --data-dir", why);
         return -1;
     }
-    snprintf(path, sizeof(path), "%s.lock", a->db);
+    /* beside the file itself, so that a symlink to the database is the same database */
+    snprintf(path, sizeof(path), "%s.lock", realpath(a->db, real) ? real : a->db);
     snprintf(what, sizeof(what), "the database %s", a->db);
     if (daemon_lock_take(path, what, db_fd, why, sizeof(why)) != 0) {
-        snprintf(err, errlen, "%s: stop it, or give this daemon another --db", why);
+        snprintf(err, errlen, "%.3900s: stop it, or give this daemon another --db", why);
         return -1;
     }
     return 0;

@@ -2,7 +2,8 @@
 # check_startup.sh - what `ampd serve` checks before it touches anything:
 #   - one daemon per data directory and per database: with a daemon running a job, a second
 #     daemon on the same --data-dir (another --db), and one on the same --db (another
-#     --data-dir), each exits 1 naming the first one's pid and what it holds; the first
+#     --data-dir; or a symlink to it), each exits 1 naming the first one's pid and what it
+#     holds; the first
 #     one's job keeps running and is never marked interrupted; once the first daemon is
 #     gone (SIGKILL: the lock file stays, the lock does not) the next one starts;
 #   - the database's integrity (PRAGMA quick_check): a database with garbage written over
@@ -90,6 +91,11 @@ check "... naming the first one's pid and the database it holds" \
     grep -qF "ampd serve: another ampd (pid $first) holds the database $TMP/run.db" \
     "$TMP/same-db.err"
 check "... without making a job directory" test ! -e "$TMP/data2/jobs"
+ln -s "$TMP/run.db" "$TMP/link.db"
+refused link-db --data-dir "$TMP/data2" --db "$TMP/link.db"
+check "... and one on a symlink to it too (got $RC)" \
+    grep -qF "ampd serve: another ampd (pid $first) holds the database $TMP/link.db" \
+    "$TMP/link-db.err"
 
 URL=$url1
 s1=$(step_of "$id")
