@@ -3,9 +3,9 @@
 #   - one daemon per data directory and per database: with a daemon running a job, a second
 #     daemon on the same --data-dir (another --db), and one on the same --db (another
 #     --data-dir; or a symlink to it), each exits 1 naming the first one's pid and what it
-#     holds; the first
-#     one's job keeps running and is never marked interrupted; once the first daemon is
-#     gone (SIGKILL: the lock file stays, the lock does not) the next one starts;
+#     holds; the first one's job keeps running and is never marked interrupted; once the
+#     first daemon is gone (SIGKILL: the lock file stays, the lock does not) the next one
+#     starts;
 #   - the database's integrity (PRAGMA quick_check): a database with garbage written over
 #     pages in its middle is refused with exit 1, naming the file and SQLite's finding; the
 #     intact copy of it starts.
