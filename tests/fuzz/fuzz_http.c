@@ -20,13 +20,16 @@
  *
  * AMPD_FUZZ_ECHO=1 in the environment copies every answer to stderr.
  *
- * Properties: every connection is answered and closed within 10 s (a request the server
- * neither answers nor closes is a failure), and the server keeps serving.
+ * Properties: every connection is answered and closed, and its thread gone, within 10 s (a
+ * request the server neither answers nor closes is a failure), and the server keeps
+ * serving. Waiting for the thread makes each input's leak check its own: the thread frees
+ * its store reader as it exits, after the socket has closed.
  *
  * Seeds: tests/fuzz/corpus/http/ (one request of each route and method, bad ones, a
  * pipelined pair).
  */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <netinet/in.h>
@@ -43,6 +46,7 @@
 static store *st;
 static api_server *srv;
 static unsigned port;
+static int idle_threads; /* this process's threads while no request is served */
 static bool echo; /* AMPD_FUZZ_ECHO set: the answers go to stderr (to look at the seeds) */
 
 static int submit(void *ctx, const char *name, const char *dtype, int64_t steps,
@@ -150,6 +154,40 @@ static int setup(void)
     return 0;
 }
 
+/* connect(2) that a signal does not break (libFuzzer's timers send SIGALRM): an
+ * interrupted connect goes on in the background, so wait for it. 0 or -1 with errno. */
+static int connect_to(int fd, const struct sockaddr_in *a)
+{
+    struct pollfd p = {fd, POLLOUT, 0};
+    socklen_t len = sizeof(int);
+    int e = 0;
+    if (connect(fd, (const struct sockaddr *)a, sizeof(*a)) == 0)
+        return 0;
+    if (errno != EINTR && errno != EINPROGRESS)
+        return -1;
+    while (poll(&p, 1, ANSWER_MS) < 0)
+        if (errno != EINTR)
+            return -1;
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len) != 0)
+        return -1;
+    errno = e;
+    return e ? -1 : 0;
+}
+
+/* The threads of this process (/proc/self/task), or -1. */
+static int thread_count(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    struct dirent *e;
+    int n = 0;
+    if (!d)
+        return -1;
+    while ((e = readdir(d)) != NULL)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
 static int64_t now_ms(void)
 {
     struct timespec ts;
@@ -171,11 +209,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             fuzz_fail("cannot start the server");
         ready = 1;
         echo = getenv("AMPD_FUZZ_ECHO") != NULL;
+        idle_threads = thread_count();
     }
     a.sin_port = htons((uint16_t)port);
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0)
+    if (fd < 0 || connect_to(fd, &a) != 0)
         fuzz_fail("cannot connect to the server: %s", strerror(errno));
     deadline = now_ms() + ANSWER_MS;
     if (size == 0)
@@ -192,13 +231,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             ssize_t w = send(fd, data + off, size - off, MSG_NOSIGNAL);
             if (w > 0)
                 off += (size_t)w;
-            if (w < 0)
+            if (w < 0 && errno != EINTR)
                 off = size; /* the server closed: read what it said */
             if (off == size)
                 shutdown(fd, SHUT_WR);
         }
         if (p.revents & (POLLIN | POLLHUP | POLLERR)) {
             ssize_t r = recv(fd, buf, sizeof(buf), 0);
+            if (r < 0 && errno == EINTR)
+                continue;
             if (r <= 0)
                 break;
             if (echo && fwrite(buf, 1, (size_t)r, stderr) != (size_t)r)
@@ -206,5 +247,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
     }
     close(fd);
+    /* The connection's thread ends after the socket closes (its store reader is freed as it
+     * exits): wait for it, so that each input is checked for leaks on its own. */
+    while (thread_count() > idle_threads) {
+        if (now_ms() > deadline)
+            fuzz_fail("the connection's thread still runs %d ms after the request", ANSWER_MS);
+        nanosleep(&(struct timespec){0, 100000}, NULL);
+    }
     return 0;
 }
