@@ -57,7 +57,8 @@ int api_spec_parse(const char *text, size_t len, const api_spec_opts *o, gpu_job
 /* The same for an already parsed JSON object (borrowed). */
 int api_spec_from_json(json_t *spec, const api_spec_opts *o, gpu_job_config *out, api_error *err);
 /* The validated config as a JSON object with every field filled in (the canonical form
- * the daemon stores and reports). Caller owns the returned reference (json_decref). */
+ * the daemon stores and reports), a spec that api_spec_parse accepts and turns into the
+ * same config. Caller owns the returned reference (json_decref). */
 json_t *api_spec_to_json(const gpu_job_config *c);
 /* The autocast table as a JSON object {"linear": "lowp", ...}; caller owns it. */
 json_t *api_autocast_to_json(const gpu_autocast *a);

@@ -6,6 +6,11 @@
  * dotted path. Numbers: integer fields take JSON integers only; real fields take integers
  * or reals, which must be finite (JSON has no NaN, and "NaN" as a string is a type error).
  *
+ * The canonical spec (api_spec_to_json) is an input too: its resolved IDX files
+ * (data.train_images and the others, in pairs, instead of data.train / data.eval) and its
+ * whole autocast table (precision.autocast.table, every op, instead of the overrides) are
+ * parsed like the fields they stand for, so that it parses back to the same spec.
+ *
  * Threads: reentrant; no global state.
  */
 #include <limits.h>
@@ -288,6 +293,26 @@ static int locate(ctx *c, const char *field, const char *name, char *real)
                 c->opts->nroots > 1 ? " and the other data roots" : "");
 }
 
+/* Resolve the path of a data file (absolute or "./", inside the data roots, a regular file
+ * once symlinks are followed) into out[len], which may be path itself; else fail on field. */
+static int resolve_file(ctx *c, const char *field, const char *path, char *out, size_t len)
+{
+    char real[PATH_MAX];
+    struct stat st;
+    int rc;
+
+    if (!path[0] || strlen(path) >= 512)
+        return fail(c, field, "must be the path of a file inside the data roots");
+    if ((rc = locate(c, field, path, real)) != 0)
+        return rc;
+    if (stat(real, &st) != 0 || !S_ISREG(st.st_mode))
+        return fail(c, field, "%s is not a regular file", real);
+    if (strlen(real) >= len)
+        return fail(c, field, "path \"%s\" is too long", real);
+    snprintf(out, len, "%s", real);
+    return 0;
+}
+
 /* Resolve "name[:split]" or a directory path to the image and label files of a split. */
 static int resolve_dataset(ctx *c, const char *field, const char *spec, const char *dflt_split,
                            char *images, char *labels, size_t len)
@@ -308,11 +333,15 @@ static int resolve_dataset(ctx *c, const char *field, const char *spec, const ch
     const char *prefix = strcmp(split, "train") == 0 ? "train" : "t10k";
     if ((rc = locate(c, field, name, real)) != 0)
         return rc;
-    if (find_idx(real, prefix, "images-idx3", images, len) == 0 &&
-        find_idx(real, prefix, "labels-idx1", labels, len) == 0)
-        return 0;
-    return fail(c, field, "no %s-images-idx3-ubyte[.gz] and %s-labels-idx1-ubyte[.gz] in %s",
-                prefix, prefix, real);
+    if (find_idx(real, prefix, "images-idx3", images, len) != 0 ||
+        find_idx(real, prefix, "labels-idx1", labels, len) != 0)
+        return fail(c, field, "no %s-images-idx3-ubyte[.gz] and %s-labels-idx1-ubyte[.gz] in %s",
+                    prefix, prefix, real);
+    /* the files themselves resolved too (a symlink in the directory), as data.train_images
+     * and the others resolve them when a canonical spec is submitted back */
+    if ((rc = resolve_file(c, field, images, images, len)) != 0)
+        return rc;
+    return resolve_file(c, field, labels, labels, len);
 }
 
 /* Resolve a text or token source (a file; for text also a directory) into out[len]. */
@@ -341,6 +370,8 @@ static int resolve_seq(ctx *c, const char *field, const char *spec, bool text, c
 static int parse_seq_data(ctx *c, json_t *d, gpu_data_config *dc)
 {
     static const char *const other[] = {"features", "classes", "train_size", "eval_size", NULL};
+    static const char *const idx_only[] = {"train_images", "train_labels", "eval_images",
+                                           "eval_labels", NULL};
     bool text = dc->type == GPU_DATA_TEXT;
     const char *kind = text ? "text" : "tokens";
     json_t *train = json_object_get(d, "train"), *eval = json_object_get(d, "eval");
@@ -351,6 +382,12 @@ static int parse_seq_data(ctx *c, json_t *d, gpu_data_config *dc)
             char f[64];
             snprintf(f, sizeof(f), "data.%s", *k);
             return fail(c, f, "only for \"synthetic\" data");
+        }
+    for (const char *const *k = idx_only; *k; k++)
+        if (json_object_get(d, *k)) {
+            char f[64];
+            snprintf(f, sizeof(f), "data.%s", *k);
+            return fail(c, f, "only for \"idx\" data");
         }
     if (!train)
         return fail(c, "data.train", "is required for \"%s\" data: a %s inside the data roots",
@@ -376,11 +413,54 @@ static int parse_seq_data(ctx *c, json_t *d, gpu_data_config *dc)
                        sizeof(dc->seq_eval));
 }
 
+/* data.<kind>_images and data.<kind>_labels (kind "train" or "eval"), the resolved files
+ * of the canonical spec: both or neither, and not with data.<kind>; both null for no eval
+ * set (images and labels then empty). *given tells. */
+static int parse_idx_files(ctx *c, json_t *d, const char *kind, char *images, char *labels,
+                           size_t len, bool *given)
+{
+    char fi[32], fl[32];
+    json_t *vi, *vl;
+    int rc;
+
+    snprintf(fi, sizeof(fi), "%s_images", kind);
+    snprintf(fl, sizeof(fl), "%s_labels", kind);
+    vi = json_object_get(d, fi);
+    vl = json_object_get(d, fl);
+    *given = vi || vl;
+    if (!*given)
+        return 0;
+    snprintf(fi, sizeof(fi), "data.%s_images", kind);
+    snprintf(fl, sizeof(fl), "data.%s_labels", kind);
+    if (!vi || !vl)
+        return fail(c, vi ? fl : fi, "is required with %s (the two files of a split)",
+                    vi ? fi : fl);
+    if (json_object_get(d, kind))
+        return fail(c, fi, "names the files of data.%s: give one or the other", kind);
+    if (strcmp(kind, "eval") == 0 && json_is_null(vi) != json_is_null(vl))
+        return fail(c, json_is_null(vi) ? fi : fl, "is null (no eval set) only with %s null",
+                    json_is_null(vi) ? fl : fi);
+    if (strcmp(kind, "eval") == 0 && json_is_null(vi)) {
+        images[0] = labels[0] = '\0';
+        return 0;
+    }
+    if (!json_is_string(vi))
+        return fail(c, fi, "must be the path of an IDX file inside the data roots");
+    if (!json_is_string(vl))
+        return fail(c, fl, "must be the path of an IDX file inside the data roots");
+    if ((rc = resolve_file(c, fi, json_string_value(vi), images, len)) != 0)
+        return rc;
+    return resolve_file(c, fl, json_string_value(vl), labels, len);
+}
+
 static int parse_data(ctx *c, json_t *d, gpu_data_config *dc)
 {
-    static const char *const keys[] = {"type",      "train",        "eval",
-                                       "features",  "classes",      "train_size",
-                                       "eval_size", "val_fraction", NULL};
+    static const char *const keys[] = {"type",         "train",        "eval",
+                                       "features",     "classes",      "train_size",
+                                       "eval_size",    "val_fraction", "train_images",
+                                       "train_labels", "eval_images",  "eval_labels",
+                                       NULL};
+    bool train_files, eval_files;
     /* in gpu_data_type's order */
     static const char *const types[] = {"idx", "synthetic", "text", "tokens", NULL};
     int type = (int)dc->type, rc;
@@ -395,9 +475,16 @@ static int parse_data(ctx *c, json_t *d, gpu_data_config *dc)
     if (json_object_get(d, "val_fraction"))
         return fail(c, "data.val_fraction", "only for \"text\" and \"tokens\" data");
     if (dc->type == GPU_DATA_SYNTHETIC) {
-        if (json_object_get(d, "train") || json_object_get(d, "eval"))
-            return fail(c, json_object_get(d, "train") ? "data.train" : "data.eval",
-                        "synthetic data takes features, classes, train_size and eval_size");
+        static const char *const files[] = {"train",        "eval",        "train_images",
+                                            "train_labels", "eval_images", "eval_labels",
+                                            NULL};
+        for (const char *const *k = files; *k; k++)
+            if (json_object_get(d, *k)) {
+                char f[64];
+                snprintf(f, sizeof(f), "data.%s", *k);
+                return fail(c, f,
+                            "synthetic data takes features, classes, train_size and eval_size");
+            }
         return (rc = get_int32(c, d, "features", "data.features", 1, 65536, &dc->synth_features)) ||
                        (rc = get_int32(c, d, "classes", "data.classes", 2, 256,
                                        &dc->synth_classes)) ||
@@ -420,14 +507,20 @@ static int parse_data(ctx *c, json_t *d, gpu_data_config *dc)
         return fail(c, "data.train", "must be a dataset name or path");
     if (eval && !json_is_string(eval) && !json_is_null(eval))
         return fail(c, "data.eval", "must be a dataset name, a path or null");
+    dc->eval_images[0] = dc->eval_labels[0] = '\0';
+    if ((rc = parse_idx_files(c, d, "train", dc->train_images, dc->train_labels,
+                              sizeof(dc->train_images), &train_files)) != 0 ||
+        (rc = parse_idx_files(c, d, "eval", dc->eval_images, dc->eval_labels,
+                              sizeof(dc->eval_images), &eval_files)) != 0)
+        return rc;
     char tr[520], ev[540];
     snprintf(tr, sizeof(tr), "%s", train ? json_string_value(train) : "fashion-mnist");
-    rc = resolve_dataset(c, "data.train", tr, "train", dc->train_images, dc->train_labels,
-                         sizeof(dc->train_images));
-    if (rc)
+    if (!train_files && (rc = resolve_dataset(c, "data.train", tr, "train", dc->train_images,
+                                              dc->train_labels, sizeof(dc->train_images))) != 0)
         return rc;
-    dc->eval_images[0] = dc->eval_labels[0] = '\0';
-    if (eval && json_is_null(eval))
+    /* no eval set: eval null, or training files without an eval split (the canonical form
+     * of a job without one) */
+    if (eval_files || (eval && json_is_null(eval)) || (train_files && !eval))
         return 0;
     if (eval) {
         snprintf(ev, sizeof(ev), "%s", json_string_value(eval));
@@ -479,33 +572,62 @@ static int parse_scaler(ctx *c, json_t *ls, gpu_scaler_config *s)
     return 0;
 }
 
-static int parse_autocast(ctx *c, json_t *ac, gpu_autocast *a)
+/* An object of op: policy at field (overrides or table) into a; *seen counts the ops. */
+static int parse_policies(ctx *c, json_t *obj, const char *field, gpu_autocast *a, int *seen)
 {
-    static const char *const keys[] = {"overrides", NULL};
-    json_t *ov, *v;
+    json_t *v;
     const char *op;
-    int rc;
 
-    if ((rc = want_object(c, ac, "precision.autocast")) ||
-        (rc = only_keys(c, ac, "precision.autocast", keys)))
-        return rc;
-    ov = json_object_get(ac, "overrides");
-    if (!ov)
-        return 0;
-    if (!json_is_object(ov))
-        return fail(c, "precision.autocast.overrides", "must be an object of op: policy");
-    json_object_foreach(ov, op, v)
+    *seen = 0;
+    if (!json_is_object(obj))
+        return fail(c, field, "must be an object of op: policy");
+    json_object_foreach(obj, op, v)
     {
         char f[128];
         gpu_op o;
         gpu_cast_policy p;
-        snprintf(f, sizeof(f), "precision.autocast.overrides.%s", op);
+        snprintf(f, sizeof(f), "%s.%s", field, op);
         if (gpu_op_parse(op, &o) != 0)
             return fail(c, f, "unknown op (see GET /v1/system for the autocast table)");
         if (!json_is_string(v) || gpu_cast_policy_parse(json_string_value(v), &p) != 0)
             return fail(c, f, "must be \"lowp\", \"fp32\" or \"input\"");
         a->policy[o] = p;
+        (*seen)++;
     }
+    return 0;
+}
+
+/* precision.autocast: overrides (the ops named change, the others keep their default), or
+ * table, the whole table as the canonical spec prints it (every op, no overrides). */
+static int parse_autocast(ctx *c, json_t *ac, gpu_autocast *a)
+{
+    static const char *const keys[] = {"overrides", "table", NULL};
+    json_t *ov, *table;
+    gpu_autocast t;
+    int rc, seen;
+
+    if ((rc = want_object(c, ac, "precision.autocast")) ||
+        (rc = only_keys(c, ac, "precision.autocast", keys)))
+        return rc;
+    ov = json_object_get(ac, "overrides");
+    table = json_object_get(ac, "table");
+    if (ov && table)
+        return fail(c, "precision.autocast.table",
+                    "is the whole table: give it or overrides, not both");
+    if (ov)
+        return parse_policies(c, ov, "precision.autocast.overrides", a, &seen);
+    if (!table)
+        return 0;
+    t = *a;
+    if ((rc = parse_policies(c, table, "precision.autocast.table", &t, &seen)) != 0)
+        return rc;
+    for (int i = 0; seen < GPU_OP_COUNT && i < GPU_OP_COUNT; i++)
+        if (!json_object_get(table, gpu_op_name((gpu_op)i)))
+            return fail(c, "precision.autocast.table",
+                        "lists every op (\"%s\" is missing); to change some ops only, use "
+                        "precision.autocast.overrides",
+                        gpu_op_name((gpu_op)i));
+    *a = t;
     return 0;
 }
 

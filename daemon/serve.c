@@ -10,9 +10,15 @@
  * from AMPD_WEBDIR (make install puts it there) when that does; otherwise only the API is
  * served. One log line says which.
  *
+ * One daemon per data directory and per database: before the database is opened (and so
+ * before the jobs a dead daemon left running are recovered) the daemon takes an exclusive
+ * lock on DATA_DIR/ampd.lock and on DB.lock beside the database (daemon/lock.c), held until
+ * it exits; a second daemon on either refuses to start, naming the first one's pid.
+ *
  * Start-up errors (bad options, an unusable token file, data directory or database, a
- * port in use, a non-loopback address without a token, a --web-root without index.html)
- * print one line and exit 1 (2 for bad usage); nothing after start-up exits.
+ * data directory or database another daemon holds, a port in use, a non-loopback address
+ * without a token, a --web-root without index.html) print one line and exit 1 (2 for bad
+ * usage); nothing after start-up exits.
  *
  * At start it raises its open-file soft limit to the hard limit, since every HTTP connection
  * is a descriptor (the server's connection cap follows from the limit); workers are given
@@ -37,6 +43,7 @@
 #include "api/api.h"
 #include "config.h"
 #include "daemon/daemon.h"
+#include "daemon/lock.h"
 #include "daemon/log.h"
 #include "daemon/sched.h"
 #include "store/store.h"
@@ -554,6 +561,28 @@ static void raise_nofile(unsigned long *was)
     *was = (unsigned long)before;
 }
 
+/* Lock the data directory, then the database (lock.h); -1 with err when either is held by
+ * another daemon or cannot be locked. *dir_fd and *db_fd hold the locks. */
+static int take_locks(const serve_args *a, int *dir_fd, int *db_fd, char *err, size_t errlen)
+{
+    char path[PATH_MAX + 16], what[PATH_LEN + 32], why[PATH_MAX + PATH_LEN * 2], real[PATH_MAX];
+
+    snprintf(path, sizeof(path), "%s/ampd.lock", a->data_dir);
+    snprintf(what, sizeof(what), "the data directory %s", a->data_dir);
+    if (daemon_lock_take(path, what, dir_fd, why, sizeof(why)) != 0) {
+        snprintf(err, errlen, "%.3900s: stop it, or give this daemon another --data-dir", why);
+        return -1;
+    }
+    /* beside the file itself, so that a symlink to the database is the same database */
+    snprintf(path, sizeof(path), "%s.lock", realpath(a->db, real) ? real : a->db);
+    snprintf(what, sizeof(what), "the database %s", a->db);
+    if (daemon_lock_take(path, what, db_fd, why, sizeof(why)) != 0) {
+        snprintf(err, errlen, "%.3900s: stop it, or give this daemon another --db", why);
+        return -1;
+    }
+    return 0;
+}
+
 /* The URL clients use: the listen address with the bound port. */
 static void url_of(const char *listen, unsigned port, char *out, size_t len)
 {
@@ -579,7 +608,7 @@ int daemon_serve_main(int argc, char **argv)
     api_server *api = NULL;
     char err[4096] = "", abs[PATH_MAX], why[256], url[200], nodash[512] = "";
     sigset_t set;
-    int rc, sig = 0;
+    int rc, sig = 0, dir_lock = -1, db_lock = -1;
 
     rc = parse_args(argc, argv, &a);
     if (rc)
@@ -605,6 +634,8 @@ int daemon_serve_main(int argc, char **argv)
             memcpy(a.roots[i], abs, strlen(abs) + 1);
         else
             log_warn("data root %s: %s", a.roots[i], strerror(errno));
+    if (take_locks(&a, &dir_lock, &db_lock, err, sizeof(err)) != 0)
+        goto startup_error;
     if (sched_config(&a, &sc, err, sizeof(err)) != 0 ||
         find_web_root(&a, nodash, sizeof(nodash), err, sizeof(err)) != 0 ||
         api_config_fill(&a, &ac, err, sizeof(err)) != 0)
@@ -671,6 +702,8 @@ int daemon_serve_main(int argc, char **argv)
         store_flush(st);
         log_warn("exiting with a request still in progress");
     }
+    daemon_lock_release(db_lock);
+    daemon_lock_release(dir_lock);
     log_info("stopped");
     return 0;
 
@@ -679,5 +712,7 @@ startup_error:
     api_stop(api);
     daemon_sched_stop(sched);
     store_close(st);
+    daemon_lock_release(db_lock);
+    daemon_lock_release(dir_lock);
     return 1;
 }

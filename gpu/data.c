@@ -34,6 +34,8 @@
 #include "gpu/gpu_int.h"
 
 #define IDX_MAX_ITEMS 10000000
+#define IDX_MAX_BYTES ((size_t)1 << 34)
+#define IDX_FIRST_READ ((size_t)1 << 20)
 
 struct gpu_dataset {
     int count, features, classes;
@@ -93,12 +95,15 @@ static int gz_read_all(gzFile f, void *buf, size_t n)
     return 0;
 }
 
-/* Read an IDX file of uint8 with `ndims` dimensions; *data is malloc'ed (caller frees). */
+/* Read an IDX file of uint8 with `ndims` dimensions; *data is malloc'ed (caller frees).
+ * The buffer grows as the data arrives (IDX_FIRST_READ bytes, then doubling up to what the
+ * header says), so a header that claims more than the file holds costs no more memory
+ * than the file's data. */
 static int idx_read(const char *path, int ndims, uint32_t dims[3], uint8_t **data, char *err,
                     size_t errlen)
 {
-    uint8_t hdr[16];
-    size_t total = 1;
+    uint8_t hdr[16], *p;
+    size_t total = 1, got = 0, cap = 0;
     int rc = GPU_EFORMAT;
     gzFile f = gzopen(path, "rb");
 
@@ -121,21 +126,36 @@ static int idx_read(const char *path, int ndims, uint32_t dims[3], uint8_t **dat
             snprintf(err, errlen, "%s: dimension %d is %u", path, i, dims[i]);
             goto fail;
         }
+        if (total > IDX_MAX_BYTES / dims[i]) { /* before the product can wrap */
+            snprintf(err, errlen, "%s: more than %zu elements", path, IDX_MAX_BYTES);
+            goto fail;
+        }
         total *= dims[i];
     }
-    if (total > (size_t)1 << 34) {
-        snprintf(err, errlen, "%s: %zu elements is too large", path, total);
+    if (ndims == 3 && (uint64_t)dims[1] * dims[2] > INT_MAX) {
+        snprintf(err, errlen, "%s: images of %u x %u pixels are too large", path, dims[1],
+                 dims[2]);
         goto fail;
     }
-    *data = malloc(total);
-    if (!*data) {
-        rc = GPU_ENOMEM;
-        snprintf(err, errlen, "%s: cannot allocate %zu bytes", path, total);
-        goto fail;
-    }
-    if (gz_read_all(f, *data, total) != 0) {
-        snprintf(err, errlen, "%s: truncated data (expected %zu bytes)", path, total);
-        goto fail;
+    while (got < total) {
+        size_t want = total - got;
+        if (got + want > cap) {
+            size_t ncap = cap ? 2 * cap : IDX_FIRST_READ;
+            ncap = ncap < total ? ncap : total;
+            if (!(p = realloc(*data, ncap))) {
+                rc = GPU_ENOMEM;
+                snprintf(err, errlen, "%s: cannot allocate %zu bytes", path, ncap);
+                goto fail;
+            }
+            *data = p;
+            cap = ncap;
+            want = cap - got;
+        }
+        if (gz_read_all(f, *data + got, want) != 0) {
+            snprintf(err, errlen, "%s: truncated data (expected %zu bytes)", path, total);
+            goto fail;
+        }
+        got += want;
     }
     gzclose(f);
     return 0;
@@ -185,7 +205,7 @@ int gpu_dataset_load_idx(const char *images, const char *labels, gpu_dataset **o
         goto fail;
     }
     d->count = (int)idims[0];
-    d->features = (int)(idims[1] * idims[2]);
+    d->features = (int)((uint64_t)idims[1] * idims[2]); /* below INT_MAX (idx_read) */
     d->classes = 0;
     for (int i = 0; i < d->count; i++)
         if (d->labels[i] + 1 > d->classes)

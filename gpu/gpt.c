@@ -51,10 +51,14 @@
 /* Elementwise kernels, cloned for AVX-512 and AVX2 and picked at load time (ifunc).
  * no-trapping-math lets the branch-free selects (clamps, NaN passes) vectorise without
  * AVX-512's masks; results are the same IEEE values (ampd never enables FP traps). */
+#ifdef __clang__ /* clang 14 gives clones of static functions global resolvers, which clash */
+#define HOT
+#else
 // clang-format off
 #define HOT __attribute__((target_clones("avx512f", "avx2", "default"), \
                            optimize("O3", "no-trapping-math")))
 // clang-format on
+#endif
 #define INLINE static inline __attribute__((always_inline))
 
 #define LN_EPS 1e-5f

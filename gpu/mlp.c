@@ -144,7 +144,11 @@ static float gelu_grad(float x)
 }
 
 /* Elementwise kernels, cloned for AVX-512 and AVX2 and picked at load time (ifunc). */
+#ifdef __clang__ /* clang 14 gives clones of static functions global resolvers, which clash */
+#define HOT
+#else
 #define HOT __attribute__((target_clones("avx512f", "avx2", "default"), optimize("O3")))
+#endif
 
 HOT static void add_row(float *restrict v, const float *restrict b, int n)
 {

@@ -10,6 +10,14 @@
  * The steps after the hand-written ones come from the metric-field table: version v adds
  * the columns of the fields whose `since` is v (a new metric needs no SQL of its own).
  *
+ * Integrity: store_open runs PRAGMA quick_check (every page and index entry read once, the
+ * indexes' contents against their tables not compared: that is integrity_check, several
+ * times slower) before the migrations, so that a damaged file is refused at start rather
+ * than failing the writes of new jobs. It reads the whole file: on a 1 GB database (6.3M
+ * metric rows, bench/store_ingest) it takes 4-8 s from the page cache and 22 s from a cold
+ * disk on a 2-core machine, so it is bounded by STORE_CHECK_MAX_S; a check that took more
+ * than a second says how long in the log.
+ *
  * Statements: every statement's text is a constant in this file (the column lists are
  * spelled from store.h's STORE_METRICS table at compile time); values only ever reach SQL as
  * bound parameters. Each connection prepares a statement on first use with
@@ -22,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "store/store_int.h"
 
@@ -521,6 +530,61 @@ void store_conn_close(store_conn *c)
     if (sqlite3_close(c->db) != SQLITE_OK)
         log_error("sqlite3_close: %s", sqlite3_errmsg(c->db));
     free(c);
+}
+
+/* sqlite3_progress_handler's callback: nonzero (interrupt) once the deadline has passed. */
+static int past_deadline(void *arg)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 > *(const double *)arg;
+}
+
+int store_check_integrity(store_conn *c, const char *path)
+{
+    sqlite3_stmt *st = NULL;
+    char found[1024] = "";
+    struct timespec ts;
+    double deadline, took;
+    int rc, rows = 0;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    deadline = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 + STORE_CHECK_MAX_S;
+    rc = sqlite3_prepare_v2(c->db, "PRAGMA quick_check(5)", -1, &st, NULL);
+    if (rc == SQLITE_OK) {
+        sqlite3_progress_handler(c->db, 100000, past_deadline, &deadline);
+        while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+            const char *t = (const char *)sqlite3_column_text(st, 0);
+            size_t n = strlen(found);
+            if (rows++ == 0 && t && strcmp(t, "ok") == 0)
+                continue;
+            snprintf(found + n, sizeof(found) - n, "%s%s", n ? "; " : "", t ? t : "?");
+        }
+        for (char *p = found; (p = strchr(p, '\n')) != NULL;)
+            *p = ' '; /* one finding a line in SQLite's text; one log line here */
+        sqlite3_progress_handler(c->db, 0, NULL, NULL);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    took = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 - (deadline - STORE_CHECK_MAX_S);
+    if (rc == SQLITE_INTERRUPT) {
+        log_warn("%s: the integrity check (PRAGMA quick_check) was stopped after %d s; "
+                 "opening the database without it",
+                 path, STORE_CHECK_MAX_S);
+        rc = SQLITE_DONE;
+    } else if (rc != SQLITE_DONE) {
+        size_t n = strlen(found);
+        snprintf(found + n, sizeof(found) - n, "%s%s", n ? "; " : "", sqlite3_errmsg(c->db));
+    }
+    sqlite3_finalize(st);
+    if (rc == SQLITE_DONE && !found[0]) {
+        if (took > 1.0)
+            log_info("%s: integrity checked (PRAGMA quick_check) in %.1f s", path, took);
+        return 0;
+    }
+    log_error("%s is damaged: PRAGMA quick_check says: %s (restore it from a backup, or "
+              "start with another --db; sqlite3's .recover may save what is left)",
+              path, found);
+    return STORE_EIO;
 }
 
 /* The current version inside the open transaction, or a negative code. */

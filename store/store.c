@@ -232,6 +232,8 @@ int store_open(const char *path, store **out)
     }
     if ((rc = store_conn_open(path, true, &s->w)) != 0)
         goto fail;
+    if ((rc = store_check_integrity(s->w, path)) != 0)
+        goto fail;
     if ((rc = store_migrate(s->w, path)) != 0)
         goto fail;
     if ((rc = store_writer_start(s)) != 0)

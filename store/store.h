@@ -81,7 +81,9 @@ const char *store_status_name(store_status s); /* "queued", ... */
 int store_status_parse(const char *name, store_status *out);
 bool store_status_finished(store_status s);    /* succeeded, failed or cancelled */
 
-/* Open (creating if needed) the database at path, run migrations, start the writer.
+/* Open (creating if needed) the database at path, check it (PRAGMA quick_check: a damaged
+ * file is refused with STORE_EIO, SQLite's findings in the log), run migrations, start the
+ * writer.
  * ":memory:" is not allowed (readers need their own connections); use a temp file.
  * Caller closes with store_close(). */
 int store_open(const char *path, store **out);

@@ -187,6 +187,12 @@ int store_exec_stmt(store_conn *c, int id);
  * with its own value, inside the caller's transaction: a one-page write that the commit
  * puts on disk, to find out whether the database can be written (the writer's probe). */
 int store_probe_write(store_conn *c);
+/* PRAGMA quick_check on the write connection c before anything is written (store_open):
+ * STORE_EIO, with path and SQLite's findings logged, when the file is damaged. A check
+ * still running after STORE_CHECK_MAX_S seconds (a database of many GB on a slow disk) is
+ * stopped with a warning and the store opens. */
+#define STORE_CHECK_MAX_S 30
+int store_check_integrity(store_conn *c, const char *path);
 /* Bring the schema of the write connection c up to date (each migration in its own
  * transaction). STORE_ECONFLICT when the database comes from a newer ampd. */
 int store_migrate(store_conn *c, const char *path);

@@ -1,7 +1,7 @@
 /*
  * check_data.c - the sequence datasets of data.c: text files and directories read as bytes,
  * llm.c token shards, the train/validation split, seeded batch sampling and evaluation
- * windows.
+ * windows; IDX image/label pairs and headers that claim more than their files hold.
  *
  * Every input is written by the test into a temporary directory (no installed package is
  * needed): text with every byte value, directories with the entries a text directory must
@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -461,6 +462,91 @@ START_TEST(test_classification_set_has_no_tokens)
 }
 END_TEST
 
+/* ---- IDX files ------------------------------------------------------------------------- */
+
+/* An IDX uint8 file: the header (ndims big-endian dimensions), then n bytes of data. */
+static void write_idx(const char *path, int ndims, const uint32_t *dims, const uint8_t *data,
+                      size_t n)
+{
+    uint8_t *b = calloc(1, 4 + 4 * (size_t)ndims + n + 1);
+    ck_assert_ptr_nonnull(b);
+    b[2] = 0x08;
+    b[3] = (uint8_t)ndims;
+    for (int i = 0; i < ndims; i++)
+        for (int k = 0; k < 4; k++)
+            b[4 + 4 * i + k] = (uint8_t)(dims[i] >> (24 - 8 * k));
+    if (n)
+        memcpy(b + 4 + 4 * ndims, data, n);
+    write_bytes(path, b, 4 + 4 * (size_t)ndims + n);
+    free(b);
+}
+
+/* Loading the pair must fail with code, the message holding what. The address space is
+ * limited to 4 GiB meanwhile (not under AddressSanitizer, which reserves terabytes), so a
+ * loader that allocates what a header claims before the data is there fails with
+ * GPU_ENOMEM instead. */
+static void expect_idx_bad(const char *images, const char *labels, int code, const char *what)
+{
+    gpu_dataset *d = NULL;
+    char err[512] = "";
+    int rc;
+#ifndef __SANITIZE_ADDRESS__
+    struct rlimit old, lim;
+    ck_assert_int_eq(getrlimit(RLIMIT_AS, &old), 0);
+    lim = old;
+    lim.rlim_cur = (rlim_t)4 << 30;
+    ck_assert_int_eq(setrlimit(RLIMIT_AS, &lim), 0);
+#endif
+    rc = gpu_dataset_load_idx(images, labels, &d, err, sizeof(err));
+#ifndef __SANITIZE_ADDRESS__
+    ck_assert_int_eq(setrlimit(RLIMIT_AS, &old), 0);
+#endif
+    ck_assert_msg(rc == code, "%s: code %d, expected %d (%s)", images, rc, code, err);
+    ck_assert_ptr_null(d);
+    ck_assert_msg(strstr(err, what), "\"%s\" is not in \"%s\"", what, err);
+}
+
+/* A tiny pair loads; headers that claim more than their file holds, or more than the
+ * loader takes, are refused from the header without allocating what they claim (the IDX
+ * fuzzer's finding: a 41-byte input made the loader malloc 3 GB). */
+START_TEST(test_idx_headers)
+{
+    char img[256], lab[256];
+    const uint8_t pixels[12] = {0, 64, 128, 255, 1, 2, 3, 4, 250, 251, 252, 253};
+    const uint8_t labels[3] = {0, 2, 1};
+    gpu_dataset *d = NULL;
+    char err[512] = "";
+    float x[8];
+    int y[2], rows[2] = {0, 2};
+
+    in_dir(img, sizeof(img), "images");
+    in_dir(lab, sizeof(lab), "labels");
+    write_idx(img, 3, (const uint32_t[]){3, 2, 2}, pixels, sizeof(pixels));
+    write_idx(lab, 1, (const uint32_t[]){3}, labels, sizeof(labels));
+    ck_assert_msg(gpu_dataset_load_idx(img, lab, &d, err, sizeof(err)) == 0, "%s", err);
+    ck_assert_int_eq(gpu_dataset_count(d), 3);
+    ck_assert_int_eq(gpu_dataset_features(d), 4);
+    ck_assert_int_eq(gpu_dataset_classes(d), 3);
+    gpu_dataset_gather(d, rows, 2, x, y);
+    ck_assert(y[0] == 0 && y[1] == 1);
+    gpu_dataset_free(d);
+
+    /* 16e9 pixels claimed (under the 2^34 limit), 12 there */
+    write_idx(img, 3, (const uint32_t[]){16000, 1000, 1000}, pixels, sizeof(pixels));
+    expect_idx_bad(img, lab, GPU_EFORMAT, "truncated data (expected 16000000000 bytes)");
+    /* 2^23 x 2^23 x 2^18 = 2^64 wraps to 0 in 64 bits: refused, not a set of 0 features */
+    write_idx(img, 3, (const uint32_t[]){1u << 23, 1u << 23, 1u << 18}, NULL, 0);
+    uint8_t *many = calloc(1, (size_t)1 << 23);
+    ck_assert_ptr_nonnull(many);
+    write_idx(lab, 1, (const uint32_t[]){1u << 23}, many, (size_t)1 << 23);
+    free(many);
+    expect_idx_bad(img, lab, GPU_EFORMAT, "more than 17179869184 elements");
+    /* rows x cols beyond an int of features */
+    write_idx(img, 3, (const uint32_t[]){1, 65536, 65537}, pixels, sizeof(pixels));
+    expect_idx_bad(img, lab, GPU_EFORMAT, "images of 65536 x 65537 pixels are too large");
+}
+END_TEST
+
 static Suite *data_suite(void)
 {
     Suite *s = suite_create("data");
@@ -476,6 +562,11 @@ static Suite *data_suite(void)
     tcase_add_test(tc, test_tokens_valid);
     tcase_add_test(tc, test_tokens_bad);
     tcase_add_test(tc, test_classification_set_has_no_tokens);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("idx");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_idx_headers);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("sampling");

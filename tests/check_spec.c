@@ -494,6 +494,161 @@ START_TEST(test_seq_data)
 }
 END_TEST
 
+/* The canonical text of a parsed spec, as `ampd run` prints it; caller frees. */
+static char *canonical(const gpu_job_config *c)
+{
+    json_t *j = api_spec_to_json(c);
+    char *text = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(9));
+    json_decref(j);
+    ck_assert_ptr_nonnull(text);
+    return text;
+}
+
+/* The canonical spec round-trips: parsed back it is accepted and prints the same text. */
+START_TEST(test_canonical_roundtrip)
+{
+    static const char *const specs[] = {
+        "{}",
+        "{\"data\": {\"train\": \"fashion-mnist\", \"eval\": null}, \"precision\": "
+        "{\"dtype\": \"fp16\", \"loss_scale\": {\"init\": 1024, \"growth_factor\": 1.5}}}",
+        "{\"model\": {\"layers\": [12, 7, 3], \"activation\": \"gelu\", \"init_scale\": 0.3},"
+        " \"data\": {\"type\": \"synthetic\", \"train_size\": 100, \"eval_size\": 0},"
+        " \"precision\": {\"dtype\": \"bf16\", \"master_weights\": false, \"autocast\":"
+        " {\"overrides\": {\"softmax\": \"lowp\", \"add\": \"fp32\"}}},"
+        " \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.0123, \"momentum\": 0.7,"
+        " \"schedule\": \"linear\", \"min_lr_ratio\": 0.1, \"grad_clip\": 0.3}}",
+        "{\"model\": {\"type\": \"gpt\", \"n_layer\": 2, \"d_model\": 64, \"n_head\": 4,"
+        " \"attention\": \"flash\"}, \"data\": {\"type\": \"text\", \"train\": \"fortunes\","
+        " \"val_fraction\": 0.3}, \"optimizer\": {\"betas\": [0.8, 0.95], \"eps\": 1e-6},"
+        " \"seed\": 9007199254740993, \"grad_accum_steps\": 3, \"device\": \"cpu\"}",
+        "{\"model\": {\"type\": \"gpt\"}, \"data\": {\"type\": \"tokens\", \"train\":"
+        " \"tiny_train.bin\", \"eval\": \"tiny_val.bin\"}, \"distributed\": {\"bucket_mb\": 0.1}}",
+    };
+    for (size_t i = 0; i < sizeof(specs) / sizeof(specs[0]); i++) {
+        gpu_job_config c1, c2;
+        api_error e;
+        ck_assert_msg(parse(specs[i], &c1, &e) == 0, "%s: %s %s", specs[i], e.field, e.message);
+        char *t1 = canonical(&c1);
+        ck_assert_msg(parse(t1, &c2, &e) == 0, "the canonical spec %s is refused: %s %s", t1,
+                      e.field, e.message);
+        char *t2 = canonical(&c2);
+        ck_assert_str_eq(t2, t1);
+        ck_assert_mem_eq(&c2.autocast, &c1.autocast, sizeof(c1.autocast));
+        free(t1);
+        free(t2);
+    }
+}
+END_TEST
+
+/* The canonical spec's resolved fields as input: precision.autocast.table is the whole
+ * table (every op; not with overrides), data.train_images and the others the files of a
+ * split (in pairs, not with the split's name, inside the data roots, idx data only). */
+START_TEST(test_canonical_fields)
+{
+    gpu_job_config c, d;
+    api_error e;
+    char spec[4096], table[600] = "", tr_i[512], tr_l[512], ev_i[512], ev_l[512];
+
+    /* a whole table equal to the defaults but one op is that op's override */
+    ck_assert_int_eq(parse("{\"precision\": {\"autocast\": {\"overrides\": {\"sum\": "
+                           "\"input\"}}}}",
+                           &c, &e),
+                     0);
+    for (int i = 0; i < GPU_OP_COUNT; i++)
+        snprintf(table + strlen(table), sizeof(table) - strlen(table), "%s\"%s\": \"%s\"",
+                 i ? ", " : "", gpu_op_name((gpu_op)i),
+                 gpu_cast_policy_name(c.autocast.policy[i]));
+    snprintf(spec, sizeof(spec), "{\"precision\": {\"autocast\": {\"table\": {%s}}}}", table);
+    ck_assert_msg(parse(spec, &d, &e) == 0, "%s: %s", e.field, e.message);
+    ck_assert_mem_eq(&d.autocast, &c.autocast, sizeof(c.autocast));
+    ck_assert_int_eq(d.autocast.policy[GPU_OP_SUM], GPU_CAST_INPUT);
+    snprintf(spec, sizeof(spec),
+             "{\"precision\": {\"autocast\": {\"table\": {%s}, \"overrides\": {}}}}", table);
+    expect_field(spec, "precision.autocast.table");
+    ck_assert_int_eq(parse("{\"precision\": {\"autocast\": {\"table\": {\"linear\": "
+                           "\"fp32\"}}}}",
+                           &d, &e),
+                     GPU_EINVAL);
+    ck_assert_str_eq(e.field, "precision.autocast.table");
+    ck_assert_msg(strstr(e.message, "\"matmul\" is missing"), "%s", e.message);
+    expect_field("{\"precision\": {\"autocast\": {\"table\": {\"conv\": \"fp32\"}}}}",
+                 "precision.autocast.table.conv");
+    expect_field("{\"precision\": {\"autocast\": {\"table\": {\"linear\": \"fp64\"}}}}",
+                 "precision.autocast.table.linear");
+    expect_field("{\"precision\": {\"autocast\": {\"table\": [\"linear\"]}}}",
+                 "precision.autocast.table");
+
+    /* the resolved IDX files of a parsed spec, given back as files */
+    ck_assert_int_eq(parse("{}", &c, &e), 0);
+    snprintf(tr_i, sizeof(tr_i), "%s", c.data.train_images);
+    snprintf(tr_l, sizeof(tr_l), "%s", c.data.train_labels);
+    snprintf(ev_i, sizeof(ev_i), "%s", c.data.eval_images);
+    snprintf(ev_l, sizeof(ev_l), "%s", c.data.eval_labels);
+    snprintf(spec, sizeof(spec),
+             "{\"data\": {\"train_images\": \"%s\", \"train_labels\": \"%s\", "
+             "\"eval_images\": \"%s\", \"eval_labels\": \"%s\"}}",
+             tr_i, tr_l, ev_i, ev_l);
+    ck_assert_msg(parse(spec, &d, &e) == 0, "%s: %s", e.field, e.message);
+    ck_assert_str_eq(d.data.train_images, tr_i);
+    ck_assert_str_eq(d.data.eval_labels, ev_l);
+    /* without eval files (nor data.eval) there is no eval set: the canonical form of one */
+    snprintf(spec, sizeof(spec),
+             "{\"data\": {\"type\": \"idx\", \"train_images\": \"%s\", \"train_labels\": "
+             "\"%s\"}}",
+             tr_i, tr_l);
+    ck_assert_int_eq(parse(spec, &d, &e), 0);
+    ck_assert_str_eq(d.data.eval_images, "");
+    /* nor with them null, as the canonical form of a job without one prints them */
+    snprintf(spec, sizeof(spec),
+             "{\"data\": {\"train_images\": \"%s\", \"train_labels\": \"%s\", "
+             "\"eval_images\": null, \"eval_labels\": null}}",
+             tr_i, tr_l);
+    ck_assert_msg(parse(spec, &d, &e) == 0, "%s: %s", e.field, e.message);
+    ck_assert_str_eq(d.data.eval_labels, "");
+    snprintf(spec, sizeof(spec),
+             "{\"data\": {\"eval_images\": null, \"eval_labels\": \"%s\"}}", ev_l);
+    expect_field(spec, "data.eval_images");
+    expect_field("{\"data\": {\"train_images\": null, \"train_labels\": null}}",
+                 "data.train_images");
+    /* a name for training, files for the eval set */
+    snprintf(spec, sizeof(spec),
+             "{\"data\": {\"train\": \"fashion-mnist\", \"eval_images\": \"%s\", "
+             "\"eval_labels\": \"%s\"}}",
+             tr_i, tr_l);
+    ck_assert_int_eq(parse(spec, &d, &e), 0);
+    ck_assert_str_eq(d.data.eval_images, tr_i);
+    /* one of a pair, with the split's name, outside the roots, not IDX data */
+    snprintf(spec, sizeof(spec), "{\"data\": {\"train_images\": \"%s\"}}", tr_i);
+    expect_field(spec, "data.train_labels");
+    snprintf(spec, sizeof(spec), "{\"data\": {\"eval_labels\": \"%s\"}}", ev_l);
+    expect_field(spec, "data.eval_images");
+    snprintf(spec, sizeof(spec),
+             "{\"data\": {\"train\": \"fashion-mnist\", \"train_images\": \"%s\", "
+             "\"train_labels\": \"%s\"}}",
+             tr_i, tr_l);
+    expect_field(spec, "data.train_images");
+    snprintf(spec, sizeof(spec),
+             "{\"data\": {\"eval\": null, \"eval_images\": \"%s\", \"eval_labels\": \"%s\"}}",
+             ev_i, ev_l);
+    expect_field(spec, "data.eval_images");
+    snprintf(spec, sizeof(spec),
+             "{\"data\": {\"train_images\": \"/etc/passwd\", \"train_labels\": \"%s\"}}", tr_l);
+    expect_field(spec, "data.train_images");
+    snprintf(spec, sizeof(spec),
+             "{\"data\": {\"train_images\": \"%s\", \"train_labels\": \"%s/fashion-mnist\"}}",
+             tr_i, root);
+    expect_field(spec, "data.train_labels");
+    snprintf(spec, sizeof(spec),
+             "{\"data\": {\"train_images\": 5, \"train_labels\": \"%s\"}}", tr_l);
+    expect_field(spec, "data.train_images");
+    expect_field("{\"data\": {\"type\": \"synthetic\", \"eval_images\": \"x\"}}",
+                 "data.eval_images");
+    expect_field("{\"model\": {\"type\": \"gpt\"}, \"data\": {\"type\": \"text\", \"train\":"
+                 " \"fortunes\", \"train_labels\": \"x\"}}",
+                 "data.train_labels");
+}
+END_TEST
+
 static Suite *spec_suite(void)
 {
     Suite *s = suite_create("spec");
@@ -508,6 +663,8 @@ static Suite *spec_suite(void)
     tcase_add_test(tc, test_bad_values);
     tcase_add_test(tc, test_data_roots);
     tcase_add_test(tc, test_seq_data);
+    tcase_add_test(tc, test_canonical_roundtrip);
+    tcase_add_test(tc, test_canonical_fields);
     suite_add_tcase(s, tc);
     return s;
 }
