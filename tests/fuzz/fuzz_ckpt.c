@@ -1,6 +1,6 @@
 /*
  * fuzz_ckpt.c - libFuzzer harness of the checkpoint reader (daemon/ckpt.c,
- * daemon_ckpt_load): the input is a checkpoint file offered to `ampd run --resume`, loaded
+ * daemon_ckpt_resume): the input is a checkpoint file offered to `ampd run --resume`, loaded
  * into a fresh trainer of one small job (an fp16 MLP 4-3-2 on synthetic data, AdamW, dynamic
  * loss scaling, so that weights, optimizer state, data order and scaler state are all in
  * it). A checkpoint the reader accepts must leave a trainer that trains on: one more step
@@ -27,6 +27,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     gpu_trainer *t = NULL;
     gpu_state_scalars sc;
     gpu_step_metrics m;
+    daemon_ckpt_resumed res;
     api_error e;
     char path[64], err[512];
     int fd;
@@ -42,15 +43,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (fd < 0)
         fuzz_fail("cannot make the input file");
     err[0] = '\0';
-    if (daemon_ckpt_load(t, path, err, sizeof(err)) == 0) {
+    /* a file not named ckpt-<N>.safetensors: that file alone */
+    int rc = daemon_ckpt_resume(t, path, &res, err, sizeof(err));
+    if (rc == 0 && res.path[0]) {
         gpu_trainer_get_scalars(t, &sc);
         if (sc.step < 0 || sc.step > cfg.steps)
             fuzz_fail("a checkpoint at step %lld was accepted", (long long)sc.step);
         if (sc.step < cfg.steps)
             gpu_trainer_step(t, &m, err, sizeof(err));
-    } else if (!err[0]) {
+    } else if (rc == 0 ? res.nskipped != 1 || !res.skipped[0].reason[0] : !err[0]) {
         fuzz_fail("a refused checkpoint without a message");
     }
+    daemon_ckpt_resumed_clear(&res);
     close(fd);
     gpu_trainer_free(t);
     return 0;
