@@ -21,8 +21,9 @@
  * a FIFO or device in the web root is a 404 rather than a handler blocked in open().
  *
  * Threads: MHD runs a fixed pool of threads (MHD_USE_INTERNAL_POLLING_THREAD with
- * MHD_USE_EPOLL and MHD_OPTION_THREAD_POOL_SIZE), each with its own epoll set and its share
- * of the connections, so an idle or slow connection costs a socket and some memory, never a
+ * MHD_USE_POLL and MHD_OPTION_THREAD_POOL_SIZE), each polling its share of the connections
+ * (poll, not epoll: libmicrohttpd 0.9.75's epoll mode leaves a request unanswered when the
+ * client shuts its sending side right after it, which tests/check_fuzz.sh's replay shows), so an idle or slow connection costs a socket and some memory, never a
  * thread. The pool has as many threads as cores, at least 4 and at most 16: the handlers
  * are CPU-bound store reads and short store writes, so more threads than cores buy little,
  * but a connection stays on the thread that accepted it, and one slow request (a long
@@ -961,7 +962,7 @@ int api_start(const api_config *c, struct store *st, const api_jobs *jobs, api_s
     s->blas_info = gpu_blas_info();
     api_system_probe();
 
-    flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
+    flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_ALLOW_SUSPEND_RESUME |
             MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
     s->mhd = MHD_start_daemon(
         flags, 0, on_accept, s, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s,
