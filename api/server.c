@@ -23,8 +23,8 @@
  * Threads: MHD runs a fixed pool of threads (MHD_USE_INTERNAL_POLLING_THREAD with
  * MHD_USE_POLL and MHD_OPTION_THREAD_POOL_SIZE), each polling its share of the connections
  * (poll, not epoll: libmicrohttpd 0.9.75's epoll mode leaves a request unanswered when the
- * client shuts its sending side right after it, which tests/check_fuzz.sh's replay shows), so an idle or slow connection costs a socket and some memory, never a
- * thread. The pool has as many threads as cores, at least 4 and at most 16: the handlers
+ * client shuts its sending side right after it, which tests/check_fuzz.sh's replay shows),
+ * so an idle or slow connection costs a socket and some memory, never a thread. The pool has as many threads as cores, at least 4 and at most 16: the handlers
  * are CPU-bound store reads and short store writes, so more threads than cores buy little,
  * but a connection stays on the thread that accepted it, and one slow request (a long
  * series, a delete that waits for the writer) holds up its thread's other connections: with
