@@ -87,6 +87,9 @@ typedef struct {
     void (*info)(void *ctx, api_queue_info *out);
 } api_jobs;
 
+#define API_MAX_ALLOW 16 /* --allow-host and --allow-origin entries */
+#define API_ALLOW_LEN 256
+
 typedef struct {
     char listen[128];      /* "127.0.0.1:8080", "[::1]:8080", "0.0.0.0:8080" */
     char token[256];       /* bearer token for mutating endpoints; empty: none (loopback only) */
@@ -94,18 +97,50 @@ typedef struct {
     api_spec_opts spec;    /* data roots for spec validation */
     char web_root[512];    /* static dashboard files; empty: none */
     int metrics_keep_s;    /* /metrics keeps a finished job's series this long; 0: drops them */
+    /* A request head (request line and headers) must be complete this long after its
+     * connection opened or its previous request ended, however slowly it trickles in (0: 10). */
+    int head_timeout_s;
+    /* Open connections from one address beyond loopback (an IPv6 /64 counts as one
+     * address); more are closed at accept (0: 64). */
+    int max_per_addr;
+    /* Open connections in all; 0: from the open-file limit. */
+    unsigned max_conns;
+    int stop_timeout_ms; /* api_stop waits this long for busy requests (0: 5000) */
+    /* Host header values answered besides the listen address and localhost, 127.0.0.1 and
+     * [::1] with the bound port: "NAME" (any port) or "NAME:PORT" (api_check_allow_host) */
+    int nallow_hosts;
+    char allow_hosts[API_MAX_ALLOW][API_ALLOW_LEN];
+    /* Origin header values admitted besides the daemon's own ("scheme://host[:port]") */
+    int nallow_origins;
+    char allow_origins[API_MAX_ALLOW][API_ALLOW_LEN];
 } api_config;
 
-/* Start serving (libmicrohttpd's threads). st is borrowed and must outlive the server;
- * jobs is copied (NULL: degraded mode, mutations answer 503), its ctx must outlive the
- * server. Refuses (GPU_EINVAL with a message in err) to listen beyond loopback without a
- * token. Caller stops with api_stop(). */
+/* Whether v is a valid --allow-host value ("NAME" or "NAME:PORT", NAME a DNS name, an IPv4
+ * address or a bracketed IPv6 address) or --allow-origin value ("http://host[:port]" or
+ * "https://..."; no path, no trailing slash). 0, or GPU_EINVAL with the reason in err. */
+int api_check_allow_host(const char *v, char *err, size_t errlen);
+int api_check_allow_origin(const char *v, char *err, size_t errlen);
+
+/* Start serving (a fixed pool of libmicrohttpd threads and one watcher thread; see
+ * server.c). st is borrowed and must outlive the server; jobs is copied (NULL: degraded
+ * mode, mutations answer 503), its ctx must outlive the server. Refuses (GPU_EINVAL with a
+ * message in err) to listen beyond loopback without a token, and an invalid allow_hosts or
+ * allow_origins entry. Caller stops with api_stop().
+ *
+ * Every request is admitted only when its Host header names this daemon (see api_config)
+ * and its Origin header, when present, is the daemon's own origin or an allowed one (421
+ * and 403 otherwise); every POST and DELETE must carry Content-Type: application/json, a
+ * header that a cross-site form or no-cors fetch cannot send (415 otherwise). */
 int api_start(const api_config *c, struct store *st, const api_jobs *jobs, api_server **out,
               char *err, size_t errlen);
 /* The port actually bound (useful with port 0). */
 unsigned api_port(const api_server *a);
-/* Close every connection (ending SSE streams) and free. NULL is accepted. */
-void api_stop(api_server *a);
+/* Close every connection (ending SSE streams) and free. NULL is accepted. Waits at most
+ * stop_timeout_ms for the requests in progress: when one is still busy then (a handler
+ * blocked), returns GPU_ETIMEDOUT and leaves it behind; the server is freed once it ends,
+ * but it may still use the store and the api_jobs ctx, so the host should exit rather than
+ * free them. 0 otherwise. */
+int api_stop(api_server *a);
 
 /* JSON encoding of metric values (api/json.c). A non-finite double becomes the string
  * "NaN", "Infinity" or "-Infinity" (never dropped); a float is written as its shortest

@@ -10,7 +10,8 @@
  * further appends are ignored, so callers check once at the end.
  *
  * Threads: the buffer and encoder functions are reentrant; the server state is shared by
- * every connection thread (its mutable parts are atomics or under its mutex).
+ * libmicrohttpd's pool threads and the watcher thread (its mutable parts are atomics or
+ * under conn_mu, park_mu or prom_mu).
  */
 #ifndef AMPD_API_INT_H
 #define AMPD_API_INT_H
@@ -20,6 +21,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 
 #include "api/api.h"
@@ -165,24 +167,124 @@ void api_series_end(api_series_enc *e, api_buf *b, int64_t total_steps);
 #define log_warn(...) store_log(STORE_LOG_WARN, __func__, __VA_ARGS__)
 #define log_error(...) store_log(STORE_LOG_ERROR, __func__, __VA_ARGS__)
 
+/* ---- connections (conn.c) ---------------------------------------------------------------- */
+
+/* An address as the per-address limit counts it: IPv4 as its IPv4-mapped IPv6 form, IPv6
+ * by its /64 (the rest zero), so that one host's many IPv6 addresses count once. */
+typedef struct {
+    unsigned char b[16];
+} api_addr;
+
+#define API_PEER_BUCKETS 1024
+
+typedef struct api_peer api_peer;
+
+/* Open connections per address (a chained hash table; only addresses with one or more). */
+typedef struct {
+    api_peer *bucket[API_PEER_BUCKETS];
+    unsigned naddrs;
+} api_peers;
+
+/* The address of sa (len bytes) as the limit counts it; false for an address the limit
+ * exempts (loopback: 127.0.0.0/8, ::1, ::ffff:127.0.0.0/104) or one it does not know. */
+bool api_addr_of(const struct sockaddr *sa, socklen_t len, api_addr *out);
+/* Connections counted for a. */
+unsigned api_peers_count(const api_peers *p, const api_addr *a);
+/* Count one more for a; 0 or GPU_ENOMEM. */
+int api_peers_add(api_peers *p, const api_addr *a);
+/* Count one less for a (forgotten at 0). */
+void api_peers_del(api_peers *p, const api_addr *a);
+/* Forget every address; NULL accepted. */
+void api_peers_free(api_peers *p);
+
+/* What the server knows of one connection (MHD's socket context): its descriptor, when the
+ * wait for its current request head began, and the address it is counted under. */
+typedef struct api_conn api_conn;
+struct api_conn {
+    api_conn *prev, *next; /* in the server's head list while waiting */
+    int fd;
+    int64_t since_ms;
+    bool waiting; /* a request head is awaited (the sweeper may close it) */
+    bool counted; /* counted in peers under addr */
+    api_addr addr;
+};
+
+/* The per-connection hooks server.c calls from libmicrohttpd's callbacks (any pool thread;
+ * each takes the server's conn_mu). */
+/* The accept policy: false when sa is counted and its address holds max_per_addr already. */
+bool api_conn_admit(api_server *s, const struct sockaddr *sa, socklen_t len);
+/* A connection opened on fd: track it and wait for its first request head. 0, or
+ * GPU_ENOMEM (*out NULL: the caller closes the connection). */
+int api_conn_open(api_server *s, int fd, const struct sockaddr *sa, socklen_t len, api_conn **out);
+/* The connection's request head is complete: the deadline no longer applies. */
+void api_conn_head_done(api_server *s, api_conn *c);
+/* A request ended; the next head on the connection is awaited from now. */
+void api_conn_head_wait(api_server *s, api_conn *c);
+/* The connection closed: untrack and free it. NULL accepted. */
+void api_conn_close(api_server *s, api_conn *c);
+/* Shut down (shutdown(2), both ways) every connection whose head is overdue at now_ms;
+ * *closed counts them, *next_ms becomes the next deadline (unchanged when none is
+ * earlier). Called by the watcher thread. */
+void api_conn_sweep(api_server *s, int64_t now_ms, int *closed, int64_t *next_ms);
+
 /* ---- the server ------------------------------------------------------------------------- */
 
 struct MHD_Connection;
+struct api_sse; /* an SSE stream (sse.c) */
 
 /* HTTP status codes counted for ampd_http_requests_total (100..599). */
 #define API_NCODES 600
 
+/* A Host value the server answers to: a name (lower case; an IPv6 address in brackets)
+ * and a port (-1: any). */
+typedef struct {
+    char name[API_ALLOW_LEN];
+    int port;
+} api_host;
+
+/* Split a Host value "name[:port]" (name a DNS name or IPv4 address, or an IPv6 address in
+ * brackets) into out (port -1 when absent). Returns 0, or -1 when it is not one. */
+int api_host_parse(const char *v, api_host *out);
+
 struct api_server {
     struct MHD_Daemon *mhd;
     api_config cfg;
+    api_host hosts[API_MAX_ALLOW + 4]; /* the Host values answered (server.c, host_ok) */
+    int nhosts;
+    /* stop_mu and stop_cv (monotonic clock) hand the stop over between api_stop and the
+     * thread that stops libmicrohttpd: */
+    pthread_mutex_t stop_mu;
+    pthread_cond_t stop_cv;
+    bool stopped;   /* under stop_mu: MHD_stop_daemon has returned (api_stop) */
+    bool abandoned; /* under stop_mu: api_stop gave up waiting; the stopping thread frees */
     struct store *st;
     const api_jobs *jobs; /* &jobs_copy, or NULL: degraded mode, mutations answer 503 */
     api_jobs jobs_copy;
     unsigned port;
     atomic_bool stopping;
-    pthread_mutex_t mu; /* with cv: SSE readers wait here so api_stop wakes them */
-    pthread_cond_t cv;
     int heartbeat_ms;
+    /* The limits: libmicrohttpd's pool size, all connections, connections from one counted
+     * address, the request-head deadline. */
+    int threads;
+    unsigned max_conns, max_per_addr;
+    int head_timeout_ms;
+    /* The watcher thread: it resumes parked SSE streams and sweeps overdue request heads. */
+    pthread_t watcher;
+    bool watcher_started;
+    /* conn_mu guards peers, the head list (the connections awaiting a request head, oldest
+     * first) and every api_conn. */
+    pthread_mutex_t conn_mu;
+    api_peers peers;
+    api_conn *heads, *heads_last;
+    /* Counted for the watcher's log: connections the per-address limit refused,
+     * libmicrohttpd's messages in this period and those not logged. */
+    atomic_uint refused, mhd_lines, mhd_dropped;
+    atomic_int streams; /* SSE streams open (api_stop waits for them to end) */
+    /* park_mu guards parked (the SSE streams whose connection is suspended) and
+     * parking_closed (api_stop has resumed them all: none may park again). */
+    pthread_mutex_t park_mu;
+    struct api_sse *parked;
+    bool parking_closed;
     atomic_ullong codes[API_NCODES];
     const char *blas_info;
     char cpu_model[160];
@@ -266,5 +368,17 @@ void api_job_json(api_buf *b, const store_job *j, bool full);
 
 /* Milliseconds on the monotonic clock. */
 int64_t api_now_ms(void);
+
+/* The parked SSE streams (sse.c; the watcher thread and api_stop call these). Resume every
+ * stream whose store read predates commit count `commits` or whose heartbeat is due at
+ * now_ms; *next_ms becomes the earliest heartbeat still pending (unchanged when none is
+ * earlier). */
+void api_sse_wake(api_server *s, uint64_t commits, int64_t now_ms, int64_t *next_ms);
+/* Resume every parked stream and let none park again (the server is stopping). */
+void api_sse_wake_all(api_server *s);
+
+/* Probe the CUDA devices that GET /v1/system reports, once per process (routes.c); called
+ * by api_start so that no request waits for a driver's start-up. */
+void api_system_probe(void);
 
 #endif /* AMPD_API_INT_H */

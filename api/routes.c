@@ -40,8 +40,9 @@ static void ok_json(api_resp *r, unsigned status)
     r->ctype = NULL;
 }
 
-/* A store error as an HTTP error (not-found names what was looked for). */
-static void store_error(api_resp *r, int rc, const char *what, int64_t id)
+/* A store error as an HTTP error (not-found names what was looked for); writing: the request
+ * failed writing to the store rather than reading it (the 503 says which). */
+static void store_error_rw(api_resp *r, int rc, const char *what, int64_t id, bool writing)
 {
     if (rc == STORE_ENOTFOUND)
         api_error_resp(r, 404, "not_found", NULL, "no %s %lld", what, (long long)id);
@@ -51,8 +52,13 @@ static void store_error(api_resp *r, int rc, const char *what, int64_t id)
     else if (rc == STORE_EINVAL)
         api_error_resp(r, 400, "invalid_request", NULL, "the store refused the request");
     else
-        api_error_resp(r, 503, "unavailable", NULL, "the run history could not be read (%s)",
-                       store_strerror(rc));
+        api_error_resp(r, 503, "unavailable", NULL, "the run history could not be %s (%s)",
+                       writing ? "written" : "read", store_strerror(rc));
+}
+
+static void store_error(api_resp *r, int rc, const char *what, int64_t id)
+{
+    store_error_rw(r, rc, what, id, false);
 }
 
 /* Load the route's job into j; false with r filled when it cannot be. */
@@ -224,8 +230,10 @@ void api_job_json(api_buf *b, const store_job *j, bool full)
     put_unix(b, j->started_at);
     api_buf_puts(b, ",\"finished_at_unix\":");
     put_unix(b, j->finished_at);
-    api_buf_printf(b, ",\"retries\":%d,\"checkpoint_step\":%lld,\"cancel_requested\":%s,\"error\":",
-                   j->retries, (long long)j->checkpoint_step,
+    api_buf_printf(b,
+                   ",\"retries\":%d,\"checkpoint_step\":%lld,\"checkpoint_bytes\":%lld,"
+                   "\"cancel_requested\":%s,\"error\":",
+                   j->retries, (long long)j->checkpoint_step, (long long)j->checkpoint_bytes,
                    j->cancel_requested ? "true" : "false");
     api_buf_json_str(b, j->error);
     api_buf_puts(b, ",\"summary\":");
@@ -239,11 +247,27 @@ void api_job_json(api_buf *b, const store_job *j, bool full)
 
 /* ---- healthz, system ------------------------------------------------------------------- */
 
+/* Liveness, and whether the store writes: while it cannot (a full disk, another process's
+ * lock), "degraded" with the reason; still 200, the daemon is up and holds what it could
+ * not write (restarting it would not help). */
 void api_h_healthz(api_req *q, api_resp *r)
 {
-    (void)q;
+    store_health h;
+    store_get_health(q->srv->st, &h);
     ok_json(r, 200);
-    api_buf_puts(&r->body, "{\"status\":\"ok\"}");
+    if (h.code == 0) {
+        api_buf_puts(&r->body, "{\"status\":\"ok\"}");
+        return;
+    }
+    api_buf_puts(&r->body, "{\"status\":\"degraded\",\"reason\":");
+    api_buf_json_str(&r->body, h.reason);
+    api_buf_puts(&r->body, ",\"message\":");
+    api_buf_json_str(&r->body, h.message);
+    api_buf_printf(&r->body, ",\"held\":%lld,\"since\":", (long long)h.held);
+    api_buf_json_time(&r->body, h.since);
+    api_buf_puts(&r->body, ",\"since_unix\":");
+    put_unix(&r->body, h.since);
+    api_buf_putc(&r->body, '}');
 }
 
 /* The API's own description (docs/openapi.yaml, embedded as JSON when ampd was built). */
@@ -266,6 +290,12 @@ static void probe_cuda(void)
     cuda_ok = gpu_cuda_probe(cuda_text, sizeof(cuda_text)) == 0;
     if (cuda_ok)
         (void)gpu_cuda_devices(cuda_devs, API_MAX_GPUS, &cuda_ndevs);
+}
+
+/* See api_int.h. */
+void api_system_probe(void)
+{
+    pthread_once(&cuda_once, probe_cuda);
 }
 
 /* The GPUs, as [{"index", "name", "memory_bytes", "compute_capability", "multiprocessors"}]. */
@@ -420,6 +450,19 @@ static bool idem_key_ok(const char *k)
     return true;
 }
 
+/* Whether body (the request's, len bytes) is the same JSON as stored, the spec a job was
+ * submitted with (its compacted body): equal values, the order of an object's members and
+ * the whitespace aside. */
+static bool same_spec(const char *stored, const char *body, size_t len)
+{
+    json_t *a = stored ? json_loads(stored, JSON_REJECT_DUPLICATES, NULL) : NULL;
+    json_t *b = json_loadb(body, len, JSON_REJECT_DUPLICATES, NULL);
+    bool same = a && b && json_equal(a, b);
+    json_decref(a);
+    json_decref(b);
+    return same;
+}
+
 void api_h_jobs_submit(api_req *q, api_resp *r)
 {
     api_server *s = q->srv;
@@ -468,12 +511,21 @@ void api_h_jobs_submit(api_req *q, api_resp *r)
                          key, &id, &existed);
     api_buf_free(&spec);
     if (rc) {
-        store_error(r, rc, "job", id);
+        store_error_rw(r, rc, "job", id, true);
         return;
     }
     rc = store_job_get(s->st, id, &j);
     if (rc) {
         store_error(r, rc, "job", id);
+        return;
+    }
+    /* a retry repeats its request: the key of another request is a client's mistake */
+    if (existed && !same_spec(j.spec, q->body, q->body_len)) {
+        api_error_resp(r, 422, "idempotency_key_reused", "Idempotency-Key",
+                       "the Idempotency-Key \"%s\" was used for job %lld with another body; "
+                       "send a new key for a new job (or the same body to get job %lld back)",
+                       key, (long long)id, (long long)id);
+        store_job_clear(&j);
         return;
     }
     ok_json(r, existed ? 200 : 201);
@@ -530,7 +582,7 @@ void api_h_job_action(api_req *q, api_resp *r)
         return;
     }
     if (rc) {
-        store_error(r, rc, "job", q->route.job);
+        store_error_rw(r, rc, "job", q->route.job, true);
         return;
     }
     if (what == API_R_JOB) {
@@ -1052,6 +1104,7 @@ void api_h_job_ckpts(api_req *q, api_resp *r)
     store_checkpoint *ck = NULL;
     store_job j;
     int n = 0, rc;
+    int64_t total = 0;
 
     if (!load_job(q, r, &j))
         return;
@@ -1061,9 +1114,12 @@ void api_h_job_ckpts(api_req *q, api_resp *r)
         store_error(r, rc, "checkpoints of job", q->route.job);
         return;
     }
+    for (int i = 0; i < n; i++)
+        total += ck[i].bytes;
     ok_json(r, 200);
     api_buf *b = &r->body;
-    api_buf_printf(b, "{\"job\":%lld,\"checkpoints\":[", (long long)q->route.job);
+    api_buf_printf(b, "{\"job\":%lld,\"bytes\":%lld,\"checkpoints\":[", (long long)q->route.job,
+                   (long long)total);
     for (int i = 0; i < n; i++) {
         api_buf_puts(b, i ? ",{" : "{");
         api_put_ckpt_fields(b, q->route.job, &ck[i]);

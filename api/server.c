@@ -5,21 +5,49 @@
  * files.
  *
  * Request flow: MHD calls on_request() first with the headers only. Everything that can be
- * decided from the headers is decided there (404 unknown route, 405 wrong method with
- * Allow, 401 missing or wrong token, 415 wrong media type, 413 declared body too large,
- * 414 URL too long) and answered at once, so MHD never reads such a body. Otherwise the
+ * decided from the headers is decided there (421 a Host that does not name this daemon, 403
+ * a foreign Origin, 400 ambiguous framing: two Content-Length headers, or one with
+ * Transfer-Encoding, 404 unknown route, 405 wrong method with Allow, 401 missing or wrong
+ * token, 413 declared body too large, 415 a POST or DELETE without Content-Type:
+ * application/json, 414 URL too long) and answered at once, so MHD never reads such a
+ * body. The Host and Origin checks keep other sites' pages out (DNS rebinding, cross-site
+ * requests), and the media-type rule makes every change a request that a page of another
+ * origin can only send after a CORS preflight, which this server never grants. Otherwise the
  * body is accumulated in the per-request context (at most max_body bytes; beyond that it
  * is dropped and the request answered 413), and on the last call the handler that the
  * route table (route.c) names for the method fills an api_resp that respond() sends.
  *
- * Threads: MHD runs one thread per connection (MHD_USE_THREAD_PER_CONNECTION with an
- * internal polling thread that accepts), so a handler may block: the SSE content reader
- * waits for live lines in its own thread. The per-request context belongs to its
- * connection's thread and is freed in the completion callback. Shared state (api_server)
- * is read-only after start except the atomics (stopping, the status counters) and the
- * mutex/condition the SSE readers sleep on, which api_stop() broadcasts.
+ * Static files are opened with O_NONBLOCK and served only when fstat says regular file, so
+ * a FIFO or device in the web root is a 404 rather than a handler blocked in open().
+ *
+ * Threads: MHD runs a fixed pool of threads (MHD_USE_INTERNAL_POLLING_THREAD with
+ * MHD_USE_EPOLL and MHD_OPTION_THREAD_POOL_SIZE), each with its own epoll set and its share
+ * of the connections, so an idle or slow connection costs a socket and some memory, never a
+ * thread. The pool has as many threads as cores, at least 4 and at most 16: the handlers
+ * are CPU-bound store reads and short store writes, so more threads than cores buy little,
+ * but a connection stays on the thread that accepted it, and one slow request (a long
+ * series, a delete that waits for the writer) holds up its thread's other connections: with
+ * at least 4 it holds up a quarter of them at most, even on a 1- or 2-core machine; each
+ * thread keeps a read connection to the store, hence the ceiling. Handlers must not wait:
+ * an SSE stream with nothing to send suspends its connection (sse.c). One watcher thread
+ * (watch_main) waits for the store's commits and resumes the SSE streams that have news or
+ * a heartbeat due, and closes the connections whose request head is overdue (conn.c); it
+ * also logs what the limits refused, at most every LOG_EVERY_MS. The per-request context
+ * belongs to its connection's pool thread and is freed in the completion callback. Shared
+ * state (api_server) is read-only after start except the atomics (stopping, the counters)
+ * and what conn_mu, park_mu and prom_mu guard.
+ *
+ * Limits: at most max_conns connections in all (from the open-file limit, which the daemon
+ * raises to its hard limit at start, less what the store, the workers' pipes and log files
+ * and files being sent need), at most max_per_addr from one address beyond loopback
+ * (refused at accept), a complete request head within head_timeout_ms (conn.c), and
+ * libmicrohttpd's idle timeout of CONN_TIMEOUT_S (a slow reader of a response).
+ * api_stop() ends the streams, then runs MHD_stop_daemon (which waits for the requests in
+ * progress) on a thread of its own and waits for it at most stop_timeout_ms; past that it
+ * leaves that thread to free the server (stop_mu and stop_cv guard that hand-over).
  */
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -30,6 +58,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -40,10 +69,20 @@
 #define MAX_PATH_LEN 2048       /* longest URL path accepted */
 #define MAX_QUERY_LEN 8192      /* longest total of query keys and values */
 #define DISCARD_CAP (64u << 20) /* a chunked body this far past max_body closes the socket */
-#define CONN_LIMIT 1024u
 #define CONN_TIMEOUT_S 60u
 #define DEFAULT_HEARTBEAT_MS 15000
 #define DEFAULT_MAX_BODY (1u << 20)
+#define DEFAULT_HEAD_TIMEOUT_S 10
+#define DEFAULT_MAX_PER_ADDR 64u
+#define POOL_MIN 4
+#define POOL_MAX 16
+#define FD_RESERVE 512u    /* descriptors kept from connections: store, pipes, logs, files */
+#define MAX_CONNS 65536u   /* each connection reserves libmicrohttpd's 32 KiB buffer pool */
+#define WATCH_SLICE_MS 250 /* the watcher's longest wait: api_stop waits at most this long */
+#define LOG_EVERY_MS 10000 /* the watcher logs what the limits refused at most this often */
+#define MHD_LOG_BURST 20u  /* libmicrohttpd's messages logged per LOG_EVERY_MS */
+#define STOP_GRACE_MS 1000 /* api_stop waits this long for the SSE streams to end */
+#define DEFAULT_STOP_TIMEOUT_MS 5000
 
 /* Per-request state (MHD's con_cls); freed in on_completed. */
 typedef struct {
@@ -204,8 +243,12 @@ static void static_file(api_req *q, api_resp *r)
         api_error_resp(r, 404, "not_found", NULL, "no such file: %s", q->path);
         return;
     }
-    int fd = open(real, O_RDONLY | O_CLOEXEC);
-    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    /* O_NONBLOCK: opening a FIFO for reading would wait for a writer; only a regular file
+     * is served, and it is read normally (the flag cleared) */
+    int fd = open(real, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    int fl = fd >= 0 ? fcntl(fd, F_GETFL) : -1;
+    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || fl < 0 ||
+        fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
         if (fd >= 0)
             close(fd);
         api_error_resp(r, 404, "not_found", NULL, "no such file: %s", q->path);
@@ -270,15 +313,223 @@ static bool is_json_type(const char *ct)
     return *ct == '\0' || *ct == ';';
 }
 
+/* ---- Host, Origin and framing ----------------------------------------------------------- */
+
+int api_host_parse(const char *v, api_host *out)
+{
+    const char *end, *p;
+    int64_t port = -1;
+    size_t n;
+
+    memset(out, 0, sizeof(*out));
+    out->port = -1;
+    if (!v)
+        return -1;
+    if (v[0] == '[') { /* an IPv6 address */
+        end = strchr(v, ']');
+        if (!end || end == v + 1)
+            return -1;
+        for (p = v + 1; p < end; p++)
+            if (!isxdigit((unsigned char)*p) && *p != ':' && *p != '.')
+                return -1;
+        end++;
+    } else { /* a DNS name or an IPv4 address */
+        end = v + strcspn(v, ":");
+        if (end == v)
+            return -1;
+        for (p = v; p < end; p++)
+            if (!isalnum((unsigned char)*p) && *p != '.' && *p != '-' && *p != '_')
+                return -1;
+    }
+    n = (size_t)(end - v);
+    if (n >= sizeof(out->name))
+        return -1;
+    if (*end == ':') {
+        if (strlen(end + 1) > 5 || !isdigit((unsigned char)end[1]) ||
+            api_parse_i64(end + 1, 0, 65535, &port) != 0)
+            return -1;
+    } else if (*end != '\0') {
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++)
+        out->name[i] = (char)tolower((unsigned char)v[i]);
+    out->name[n] = '\0';
+    out->port = (int)port;
+    return 0;
+}
+
+int api_check_allow_host(const char *v, char *err, size_t errlen)
+{
+    api_host h;
+    if (api_host_parse(v, &h) == 0 && h.port != 0)
+        return 0;
+    snprintf(err, errlen,
+             "\"%.200s\" is not NAME or NAME:PORT (a DNS name, an IPv4 address or an [IPv6] "
+             "address; a port from 1 to 65535)",
+             v ? v : "");
+    return GPU_EINVAL;
+}
+
+int api_check_allow_origin(const char *v, char *err, size_t errlen)
+{
+    api_host h;
+    size_t skip = v && strncasecmp(v, "http://", 7) == 0    ? 7
+                  : v && strncasecmp(v, "https://", 8) == 0 ? 8
+                                                            : 0;
+    if (skip && api_host_parse(v + skip, &h) == 0 && h.port != 0)
+        return 0;
+    snprintf(err, errlen,
+             "\"%.200s\" is not an origin: want http://HOST or https://HOST, with :PORT when "
+             "it is not the scheme's default, and no path (not even a trailing /)",
+             v ? v : "");
+    return GPU_EINVAL;
+}
+
+/* The Host values the server answers to: localhost, 127.0.0.1, [::1] and the listen address
+ * with the bound port, then the allowed ones. */
+static int hosts_init(api_server *s, char *err, size_t errlen)
+{
+    static const char *const local[] = {"localhost", "127.0.0.1", "[::1]"};
+    api_host h;
+
+    s->nhosts = 0;
+    for (size_t i = 0; i < sizeof(local) / sizeof(local[0]); i++) {
+        snprintf(s->hosts[s->nhosts].name, sizeof(s->hosts[0].name), "%s", local[i]);
+        s->hosts[s->nhosts++].port = (int)s->port;
+    }
+    if (api_host_parse(s->cfg.listen, &h) == 0) { /* parse_listen accepted it already */
+        h.port = (int)s->port;
+        s->hosts[s->nhosts++] = h;
+    }
+    if (s->cfg.nallow_hosts < 0 || s->cfg.nallow_hosts > API_MAX_ALLOW ||
+        s->cfg.nallow_origins < 0 || s->cfg.nallow_origins > API_MAX_ALLOW) {
+        snprintf(err, errlen, "at most %d allowed hosts and %d allowed origins", API_MAX_ALLOW,
+                 API_MAX_ALLOW);
+        return GPU_EINVAL;
+    }
+    for (int i = 0; i < s->cfg.nallow_hosts; i++) {
+        char why[320];
+        if (api_check_allow_host(s->cfg.allow_hosts[i], why, sizeof(why)) != 0) {
+            snprintf(err, errlen, "allowed host: %s", why);
+            return GPU_EINVAL;
+        }
+        api_host_parse(s->cfg.allow_hosts[i], &s->hosts[s->nhosts++]);
+    }
+    for (int i = 0; i < s->cfg.nallow_origins; i++) {
+        char why[320];
+        if (api_check_allow_origin(s->cfg.allow_origins[i], why, sizeof(why)) != 0) {
+            snprintf(err, errlen, "allowed origin: %s", why);
+            return GPU_EINVAL;
+        }
+    }
+    return 0;
+}
+
+/* The Host header names this daemon. An HTTP/1.0 request without one is not a browser's,
+ * so it is admitted (refuse_sender refuses an HTTP/1.1 request without Host). */
+static bool host_ok(const api_server *s, const char *host)
+{
+    api_host h;
+    if (!host)
+        return true;
+    if (api_host_parse(host, &h) != 0)
+        return false;
+    if (h.port < 0)
+        h.port = 80;
+    for (int i = 0; i < s->nhosts; i++)
+        if (strcmp(s->hosts[i].name, h.name) == 0 &&
+            (s->hosts[i].port < 0 || s->hosts[i].port == h.port))
+            return true;
+    return false;
+}
+
+/* The Origin header, when there is one, is the daemon's own (http:// and the Host header, as
+ * a browser sends for a page of this daemon) or an allowed one. */
+static bool origin_ok(const api_server *s, const char *origin, const char *host)
+{
+    if (!origin)
+        return true;
+    if (host && strncasecmp(origin, "http://", 7) == 0 && strcasecmp(origin + 7, host) == 0)
+        return true;
+    for (int i = 0; i < s->cfg.nallow_origins; i++)
+        if (strcasecmp(origin, s->cfg.allow_origins[i]) == 0)
+            return true;
+    return false;
+}
+
+typedef struct {
+    int content_length, transfer_encoding, host;
+} framing;
+
+static enum MHD_Result count_framing(void *cls, enum MHD_ValueKind kind, const char *key,
+                                     const char *value)
+{
+    framing *f = cls;
+    (void)kind, (void)value;
+    if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0)
+        f->content_length++;
+    else if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0)
+        f->transfer_encoding++;
+    else if (strcasecmp(key, MHD_HTTP_HEADER_HOST) == 0)
+        f->host++;
+    return MHD_YES;
+}
+
+/* Host, Origin and the framing headers (libmicrohttpd reads the first Content-Length of
+ * several, which leaves the rest of the body to be read as another request). Returns true
+ * with r filled when the request is refused. */
+static bool refuse_sender(api_server *s, struct MHD_Connection *c, const char *version, api_resp *r)
+{
+    const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
+    const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_ORIGIN);
+    framing f = {0};
+
+    MHD_get_connection_values(c, MHD_HEADER_KIND, count_framing, &f);
+    if (f.content_length > 1) {
+        api_error_resp(r, 400, "invalid_request", "Content-Length",
+                       "the request has %d Content-Length headers: send exactly one",
+                       f.content_length);
+        return true;
+    }
+    if (f.content_length && f.transfer_encoding) {
+        api_error_resp(r, 400, "invalid_request", "Content-Length",
+                       "the request has both Content-Length and Transfer-Encoding: send one");
+        return true;
+    }
+    if (f.host > 1 || (!host && strcmp(version, MHD_HTTP_VERSION_1_0) != 0)) {
+        api_error_resp(r, 400, "invalid_request", "Host",
+                       "the request has %d Host headers: send exactly one", f.host);
+        return true;
+    }
+    if (!host_ok(s, host)) {
+        api_error_resp(r, 421, "misdirected_request", "Host",
+                       "the Host header \"%.200s\" does not name this daemon, which answers to "
+                       "localhost, 127.0.0.1 and [::1] with port %u, its listen address, and the "
+                       "names given with ampd serve --allow-host",
+                       host, s->port);
+        return true;
+    }
+    if (!origin_ok(s, origin, host)) {
+        api_error_resp(r, 403, "forbidden_origin", "Origin",
+                       "requests from pages of another origin (%.200s) are refused; ampd serve "
+                       "--allow-origin %.200s admits that origin",
+                       origin, origin);
+        return true;
+    }
+    return false;
+}
+
 /* Decide what the headers alone decide. Returns true with r filled when the request is
  * answered now. */
 static bool admit(api_server *s, struct MHD_Connection *c, const char *url, const char *method,
-                  req_ctx *x, api_resp *r)
+                  const char *version, req_ctx *x, api_resp *r)
 {
     query_len ql = {0};
     const char *cl;
 
     x->method = api_method_bit(method);
+    if (refuse_sender(s, c, version, r))
+        return true;
     if (strlen(url) > MAX_PATH_LEN) {
         api_error_resp(r, 414, "uri_too_long", NULL, "the path is longer than %d bytes",
                        MAX_PATH_LEN);
@@ -315,11 +566,18 @@ static bool admit(api_server *s, struct MHD_Connection *c, const char *url, cons
             return true;
         }
     }
-    if (x->route.id == API_R_JOBS && x->method == API_M_POST &&
-        !is_json_type(
-            MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE))) {
-        api_error_resp(r, 415, "unsupported_media_type", NULL,
-                       "the job spec must be sent with Content-Type: application/json");
+    /* every change: a header that a form or a no-cors fetch of another site cannot send */
+    if (is_mutating(x->method) && !is_json_type(MHD_lookup_connection_value(
+                                      c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE))) {
+        if (x->route.id == API_R_JOBS)
+            api_error_resp(r, 415, "unsupported_media_type", "Content-Type",
+                           "the job spec must be sent with Content-Type: application/json");
+        else
+            api_error_resp(r, 415, "unsupported_media_type", "Content-Type",
+                           "%.16s %.200s needs the header Content-Type: application/json (a "
+                           "change must carry it, so that no page of another site can make "
+                           "one): curl -X %.16s -H 'Content-Type: application/json' URL",
+                           method, url, method);
         return true;
     }
     return false;
@@ -336,6 +594,14 @@ static void dispatch(api_req *q, api_resp *r)
         api_error_resp(r, 404, "not_found", NULL, "no route");
 }
 
+/* The connection's api_conn (its socket context), or NULL. */
+static api_conn *conn_of(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
                                   const char *method, const char *version, const char *upload_data,
                                   size_t *upload_data_size, void **con_cls)
@@ -343,16 +609,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     api_server *s = cls;
     req_ctx *x = *con_cls;
     api_resp r;
-    (void)version;
 
     if (!x) {
+        api_conn_head_done(s, conn_of(c)); /* the head is complete: no deadline now */
         x = calloc(1, sizeof(*x));
         if (!x)
             return MHD_NO;
         api_buf_init(&x->body);
         *con_cls = x;
         resp_init(&r);
-        if (admit(s, c, url, method, x, &r))
+        if (admit(s, c, url, method, version, x, &r))
             return respond(s, c, &r);
         return MHD_YES;
     }
@@ -394,7 +660,8 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
     req_ctx *x = *con_cls;
-    (void)cls, (void)c, (void)toe;
+    (void)toe;
+    api_conn_head_wait(cls, conn_of(c)); /* keep-alive: the next head's deadline runs */
     if (x) {
         api_buf_free(&x->body);
         free(x);
@@ -402,13 +669,55 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     }
 }
 
+/* The accept policy: the per-address limit (conn.c). */
+static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen_t addrlen)
+{
+    return api_conn_admit(cls, addr, addrlen) ? MHD_YES : MHD_NO;
+}
+
+/* A connection starts (track it: its head's deadline, its address's count) or ends. */
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    api_server *s = cls;
+    const union MHD_ConnectionInfo *fd, *addr;
+    const struct sockaddr *sa;
+    api_conn *k = NULL;
+
+    if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
+        api_conn_close(s, *socket_context);
+        *socket_context = NULL;
+        return;
+    }
+    fd = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    addr = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    sa = addr ? addr->client_addr : NULL;
+    if (!fd)
+        return;
+    if (api_conn_open(s, fd->connect_fd, sa,
+                      sa && sa->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+                                                      : sizeof(struct sockaddr_in),
+                      &k) != 0) {
+        shutdown(fd->connect_fd, SHUT_RDWR); /* untracked, it could outstay every deadline */
+        return;
+    }
+    *socket_context = k;
+}
+
 static void on_mhd_log(void *cls, const char *fmt, va_list ap)
     __attribute__((format(printf, 2, 0)));
 
+/* libmicrohttpd's messages, at most MHD_LOG_BURST per LOG_EVERY_MS (the watcher counts the
+ * rest and says how many): each client that breaks off mid-request gets a line, and a
+ * flood of such clients must not flood the log. */
 static void on_mhd_log(void *cls, const char *fmt, va_list ap)
 {
+    api_server *s = cls;
     char msg[512];
-    (void)cls;
+    if (atomic_fetch_add(&s->mhd_lines, 1) >= MHD_LOG_BURST) {
+        atomic_fetch_add(&s->mhd_dropped, 1);
+        return;
+    }
     vsnprintf(msg, sizeof(msg), fmt, ap);
     size_t n = strlen(msg);
     while (n > 0 && (msg[n - 1] == '\n' || msg[n - 1] == '\r'))
@@ -498,6 +807,77 @@ static void read_cpu_model(api_server *s)
         fclose(f);
 }
 
+/* The connection cap: the open-file limit less FD_RESERVE and an eighth (a connection that
+ * is sent a file holds a second descriptor), at most MAX_CONNS. */
+static unsigned conn_cap(void)
+{
+    struct rlimit rl;
+    rlim_t n = 1024, keep;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0)
+        n = rl.rlim_cur == RLIM_INFINITY ? (rlim_t)MAX_CONNS * 2 : rl.rlim_cur;
+    keep = FD_RESERVE + n / 8;
+    if (n < 2 * keep)
+        return (unsigned)(n / 2 > 16 ? n / 2 : 16);
+    return n - keep > MAX_CONNS ? MAX_CONNS : (unsigned)(n - keep);
+}
+
+/* The watcher thread: resumes parked SSE streams after each commit of the store (and when
+ * their heartbeat is due), shuts down connections whose request head is overdue, and logs
+ * what the limits refused. Ends within WATCH_SLICE_MS once the server is stopping. */
+static void *watch_main(void *arg)
+{
+    api_server *s = arg;
+    uint64_t commits = 0;
+    int64_t next_log = api_now_ms() + LOG_EVERY_MS;
+    unsigned long long swept = 0;
+    bool stopping = false;
+
+    while (!stopping) {
+        int64_t now = api_now_ms(), next = now + WATCH_SLICE_MS;
+        int closed = 0;
+        stopping = atomic_load(&s->stopping);
+        if (!stopping) {
+            api_sse_wake(s, commits, now, &next);
+            api_conn_sweep(s, now, &closed, &next);
+            swept += (unsigned long long)closed;
+        }
+        if (now >= next_log || stopping) {
+            unsigned refused = atomic_exchange(&s->refused, 0);
+            unsigned dropped = atomic_exchange(&s->mhd_dropped, 0);
+            atomic_store(&s->mhd_lines, 0);
+            if (dropped)
+                log_warn("libmicrohttpd: %u more message(s) not logged", dropped);
+            if (swept)
+                log_warn("closed %llu connection(s) whose request head was not complete "
+                         "within %d s",
+                         swept, s->head_timeout_ms / 1000);
+            if (refused)
+                log_warn("refused %u connection(s) over the limit of %u per address", refused,
+                         s->max_per_addr);
+            swept = 0;
+            next_log = now + LOG_EVERY_MS;
+        }
+        if (!stopping)
+            store_wait_commit(s->st, &commits, next > now ? (int)(next - now) : 1);
+    }
+    return NULL;
+}
+
+/* Free what api_start built before the daemon (a NULL mhd) or after it was stopped. */
+static void server_free(api_server *s)
+{
+    if (!s)
+        return;
+    api_peers_free(&s->peers);
+    pthread_mutex_destroy(&s->conn_mu);
+    pthread_mutex_destroy(&s->park_mu);
+    pthread_mutex_destroy(&s->stop_mu);
+    pthread_cond_destroy(&s->stop_cv);
+    api_prom_free(s);
+    pthread_mutex_destroy(&s->prom_mu);
+    free(s);
+}
+
 /* See api.h. c and st are borrowed; st must not be NULL; jobs may be NULL (mutations and
  * live streams then answer 503 / read the store only). */
 int api_start(const api_config *c, struct store *st, const api_jobs *jobs, api_server **out,
@@ -533,21 +913,29 @@ int api_start(const api_config *c, struct store *st, const api_jobs *jobs, api_s
     s->cfg = *c;
     if (s->cfg.max_body == 0)
         s->cfg.max_body = DEFAULT_MAX_BODY;
+    if (s->cfg.stop_timeout_ms <= 0)
+        s->cfg.stop_timeout_ms = DEFAULT_STOP_TIMEOUT_MS;
     s->st = st;
     if (jobs) {
         s->jobs_copy = *jobs;
         s->jobs = &s->jobs_copy;
     }
     atomic_init(&s->stopping, false);
+    atomic_init(&s->refused, 0);
+    atomic_init(&s->mhd_lines, 0);
+    atomic_init(&s->mhd_dropped, 0);
+    atomic_init(&s->streams, 0);
     for (int i = 0; i < API_NCODES; i++)
         atomic_init(&s->codes[i], 0);
-    pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->prom_mu, NULL);
+    pthread_mutex_init(&s->conn_mu, NULL);
+    pthread_mutex_init(&s->park_mu, NULL);
+    pthread_mutex_init(&s->stop_mu, NULL);
     {
-        pthread_condattr_t ca;
+        pthread_condattr_t ca; /* api_stop's deadline is on the monotonic clock */
         pthread_condattr_init(&ca);
         pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-        pthread_cond_init(&s->cv, &ca);
+        pthread_cond_init(&s->stop_cv, &ca);
         pthread_condattr_destroy(&ca);
     }
     s->heartbeat_ms = DEFAULT_HEARTBEAT_MS;
@@ -559,21 +947,28 @@ int api_start(const api_config *c, struct store *st, const api_jobs *jobs, api_s
         else
             log_warn("AMPD_SSE_HEARTBEAT_MS=%s ignored (want 10..30000)", hb);
     }
+    s->head_timeout_ms =
+        1000 * (c->head_timeout_s > 0 ? c->head_timeout_s : DEFAULT_HEAD_TIMEOUT_S);
+    s->max_per_addr = c->max_per_addr > 0 ? (unsigned)c->max_per_addr : DEFAULT_MAX_PER_ADDR;
+    s->max_conns = c->max_conns ? c->max_conns : conn_cap();
     if (s->cfg.web_root[0] && !realpath(s->cfg.web_root, s->web_root_real)) {
         log_warn("web root %s: %s; not serving static files", s->cfg.web_root, strerror(errno));
         s->web_root_real[0] = '\0';
     }
     read_cpu_model(s);
-    /* Loads BLAS once here, before the connection threads exist (it may setenv). */
+    s->threads = s->cores < POOL_MIN ? POOL_MIN : s->cores > POOL_MAX ? POOL_MAX : s->cores;
+    /* Loads BLAS once here, before the server's threads exist (it may setenv). */
     s->blas_info = gpu_blas_info();
+    api_system_probe();
 
-    flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL |
+    flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
             MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
-    s->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER,
-                              on_mhd_log, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
-                              MHD_OPTION_CONNECTION_LIMIT, CONN_LIMIT,
-                              MHD_OPTION_CONNECTION_TIMEOUT, CONN_TIMEOUT_S,
-                              MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_END);
+    s->mhd = MHD_start_daemon(
+        flags, 0, on_accept, s, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s,
+        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_THREAD_POOL_SIZE,
+        (unsigned)s->threads, MHD_OPTION_CONNECTION_LIMIT, s->max_conns,
+        MHD_OPTION_CONNECTION_TIMEOUT, CONN_TIMEOUT_S, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_END);
     if (!s->mhd) {
         snprintf(err, errlen, "cannot listen on %s (address in use or not available)", c->listen);
         rc = GPU_EIO;
@@ -583,15 +978,24 @@ int api_start(const api_config *c, struct store *st, const api_jobs *jobs, api_s
         const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
         s->port = di ? di->port : 0;
     }
-    log_info("listening on %s (port %u)%s", c->listen, s->port,
-             c->token[0] ? ", bearer token required for changes" : "");
+    if ((rc = hosts_init(s, err, errlen)) != 0)
+        goto fail;
+    if (pthread_create(&s->watcher, NULL, watch_main, s) != 0) {
+        snprintf(err, errlen, "cannot start the server's watcher thread");
+        rc = GPU_ENOMEM;
+        goto fail;
+    }
+    s->watcher_started = true;
+    log_info("listening on %s (port %u)%s; %d threads, up to %u connections, %u per address "
+             "beyond loopback, request heads within %d s",
+             c->listen, s->port, c->token[0] ? ", bearer token required for changes" : "",
+             s->threads, s->max_conns, s->max_per_addr, s->head_timeout_ms / 1000);
     *out = s;
     return 0;
 fail:
-    pthread_cond_destroy(&s->cv);
-    pthread_mutex_destroy(&s->mu);
-    pthread_mutex_destroy(&s->prom_mu);
-    free(s);
+    if (s->mhd)
+        MHD_stop_daemon(s->mhd);
+    server_free(s);
     return rc;
 }
 
@@ -600,21 +1004,95 @@ unsigned api_port(const api_server *a)
     return a ? a->port : 0;
 }
 
-/* Ends every stream (the readers see `stopping` within one wait slice), closes every
- * connection and frees a. */
-void api_stop(api_server *a)
+/* MHD_stop_daemon on a thread of its own: it returns once every request in progress has
+ * ended. Frees the server when api_stop has stopped waiting for it. */
+static void *stop_main(void *arg)
 {
-    if (!a)
-        return;
+    api_server *a = arg;
+    bool abandoned;
+    MHD_stop_daemon(a->mhd);
+    pthread_mutex_lock(&a->stop_mu);
+    a->stopped = true;
+    abandoned = a->abandoned;
+    pthread_cond_broadcast(&a->stop_cv);
+    pthread_mutex_unlock(&a->stop_mu);
+    if (abandoned) {
+        log_info("the request that held up the stop has ended");
+        server_free(a);
+    }
+    return NULL;
+}
+
+/* Ends the streams: the watcher stops within a slice; every parked stream is resumed, sees
+ * `stopping` and ends, for which it gets STOP_GRACE_MS. */
+static void end_streams(api_server *a)
+{
     atomic_store(&a->stopping, true);
-    pthread_mutex_lock(&a->mu);
-    pthread_cond_broadcast(&a->cv);
-    pthread_mutex_unlock(&a->mu);
-    if (a->mhd)
-        MHD_stop_daemon(a->mhd);
-    pthread_cond_destroy(&a->cv);
-    pthread_mutex_destroy(&a->mu);
-    api_prom_free(a);
-    pthread_mutex_destroy(&a->prom_mu);
-    free(a);
+    if (a->watcher_started)
+        pthread_join(a->watcher, NULL);
+    api_sse_wake_all(a); /* libmicrohttpd must not be stopped with a suspended connection */
+    /* Let the streams send their last chunk, so that clients see them end, not cut. */
+    for (int64_t t0 = api_now_ms(); atomic_load(&a->streams) > 0;) {
+        struct timespec ts = {0, 10 * 1000000L};
+        if (api_now_ms() - t0 >= STOP_GRACE_MS)
+            break;
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Waits until stop_main has stopped libmicrohttpd, at most stop_timeout_ms; true when it
+ * has. Past the deadline the server is stop_main's to free. */
+static bool wait_stopped(api_server *a)
+{
+    struct timespec dl;
+    int rc = 0;
+    bool stopped;
+
+    clock_gettime(CLOCK_MONOTONIC, &dl);
+    dl.tv_sec += a->cfg.stop_timeout_ms / 1000;
+    dl.tv_nsec += (long)(a->cfg.stop_timeout_ms % 1000) * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) {
+        dl.tv_sec++;
+        dl.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&a->stop_mu);
+    while (!a->stopped && rc == 0)
+        rc = pthread_cond_timedwait(&a->stop_cv, &a->stop_mu, &dl);
+    stopped = a->stopped;
+    if (!stopped)
+        a->abandoned = true;
+    pthread_mutex_unlock(&a->stop_mu);
+    return stopped;
+}
+
+/* Ends every stream, closes every connection and frees a; see api.h for a request still
+ * busy after stop_timeout_ms. */
+int api_stop(api_server *a)
+{
+    pthread_attr_t at;
+    pthread_t t;
+
+    if (!a)
+        return 0;
+    end_streams(a);
+    if (!a->mhd) {
+        server_free(a);
+        return 0;
+    }
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &at, stop_main, a) != 0) {
+        pthread_attr_destroy(&at);
+        MHD_stop_daemon(a->mhd); /* no thread to spare: wait as long as it takes */
+        server_free(a);
+        return 0;
+    }
+    pthread_attr_destroy(&at);
+    if (!wait_stopped(a)) {
+        log_error("a request was still busy %d ms after the stop began; leaving it behind",
+                  a->cfg.stop_timeout_ms);
+        return GPU_ETIMEDOUT;
+    }
+    server_free(a);
+    return 0;
 }

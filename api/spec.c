@@ -774,6 +774,8 @@ static int parse_top(ctx *c, json_t *spec, gpu_job_config *jc)
                                        "seed",
                                        "eval_every",
                                        "checkpoint_every",
+                                       "checkpoint_keep_last",
+                                       "checkpoint_keep_best",
                                        "diagnostics_every",
                                        "device",
                                        "distributed",
@@ -806,6 +808,10 @@ static int parse_top(ctx *c, json_t *spec, gpu_job_config *jc)
         (rc = get_int(c, spec, "eval_every", "eval_every", 0, 1000000000LL, &jc->eval_every)) ||
         (rc = get_int(c, spec, "checkpoint_every", "checkpoint_every", 0, 1000000000LL,
                       &jc->checkpoint_every)) ||
+        (rc = get_int32(c, spec, "checkpoint_keep_last", "checkpoint_keep_last", 0, 1000000,
+                        &jc->checkpoint_keep_last)) ||
+        (rc = get_int32(c, spec, "checkpoint_keep_best", "checkpoint_keep_best", 0, 1000,
+                        &jc->checkpoint_keep_best)) ||
         (rc = get_int(c, spec, "diagnostics_every", "diagnostics_every", 0, 1000000000LL,
                       &jc->diagnostics_every)) ||
         (rc = get_int32(c, spec, "threads", "threads", 0, 1024, &jc->threads)))
@@ -1032,6 +1038,8 @@ json_t *api_spec_to_json(const gpu_job_config *c)
         c->threads);
     if (j) {
         json_object_set_new(j, "grad_accum_steps", json_integer(c->grad_accum_steps));
+        json_object_set_new(j, "checkpoint_keep_last", json_integer(c->checkpoint_keep_last));
+        json_object_set_new(j, "checkpoint_keep_best", json_integer(c->checkpoint_keep_best));
         json_object_set_new(j, "distributed", dist_to_json(&c->dist));
     }
     return j;

@@ -21,16 +21,26 @@
  * finished job with nothing after the resume point (the
  * client has its `end`) answers 204 No Content, which stops an EventSource's reconnects.
  *
- * Live: when everything stored has been sent, the reader waits for the store's next commit
- * (store_wait_commit), at most a slice, and reads again; a message is sent once its data is
- * committed (the writer commits every few milliseconds while a job runs).
+ * Live: when everything stored has been sent and no heartbeat is due, the reader parks the
+ * stream: it suspends the connection (MHD_suspend_connection, so the connection holds no
+ * thread and no poll slot) and returns 0. The server's watcher thread waits for the store's
+ * commits (store_wait_commit) and resumes (MHD_resume_connection) every parked stream that
+ * read the store before the latest commit, or whose heartbeat is due; libmicrohttpd then
+ * calls the reader again, which reads what was committed. A message is sent once its data
+ * is committed (the writer commits every few milliseconds while a job runs). No commit is
+ * missed: a stream notes the store's commit count before it reads, and parks only if the
+ * count is still that under park_mu, where the watcher looks.
  *
  * Invariants: ids sent are strictly increasing; a message whose data is gone (a resumed
- * job rewrote its step) is skipped, never sent empty.
+ * job rewrote its step) is skipped, never sent empty. A stream is in the parked list iff its
+ * connection is suspended by park(); only the watcher and api_stop take it out, resuming it.
  *
- * Threads: MHD runs one thread per connection, and a stream's reader runs only on its
- * connection's thread; it blocks at most SLICE_MS at a time and ends as soon as the server
- * is stopping.
+ * Threads: the reader runs on the pool thread that owns the connection and never waits; the
+ * parked list is shared with the watcher thread and api_stop under park_mu. Lock order:
+ * libmicrohttpd's response mutex (held around the reader), then park_mu, then
+ * libmicrohttpd's connection mutex (inside suspend and resume). A client that goes away
+ * while its stream is parked is noticed at the next commit or heartbeat. Once the server is
+ * stopping no stream parks and every reader ends its stream.
  */
 #include <math.h>
 #include <microhttpd.h>
@@ -39,12 +49,13 @@
 
 #include "api/api_int.h"
 
-#define SLICE_MS 250     /* longest single wait, so api_stop ends streams promptly */
 #define CHUNK_ROWS 1024  /* stream rows read and sent per fill */
 #define SPAN_STEPS 65536 /* a chunk's steps read in one series query when they span this few */
 
-typedef struct {
+typedef struct api_sse sse_stream;
+struct api_sse {
     api_server *srv;
+    struct MHD_Connection *conn;
     int64_t job;
     int64_t last; /* the id of the last message sent (or the resume point) */
     uint64_t seen; /* the store's commit count when the stream was last read */
@@ -52,7 +63,9 @@ typedef struct {
     api_buf out;
     size_t off;
     int64_t next_ping;
-} sse_stream;
+    sse_stream *park_prev, *park_next; /* in srv->parked (under park_mu) */
+    bool parked;
+};
 
 /* ---- messages -------------------------------------------------------------------------- */
 
@@ -304,21 +317,11 @@ static void send_rows(sse_stream *st, const store_stream_row *rows, int n)
         store_series_free(&se);
 }
 
-/* How long the next wait may last: up to the next heartbeat, at most one slice. */
-static int slice_ms(const sse_stream *st)
-{
-    int64_t left = st->next_ping - api_now_ms();
-    if (left > SLICE_MS)
-        left = SLICE_MS;
-    return left < 1 ? 1 : (int)left;
-}
-
-/* Produce the next piece of output (possibly nothing, after waiting up to a slice). */
+/* Produce the next piece of output from what the store holds now (possibly nothing). */
 static void fill(sse_stream *st)
 {
     store_stream_row *rows = NULL;
     store_job j;
-    uint64_t seen;
     bool finished;
     int n = 0, rc;
 
@@ -349,16 +352,80 @@ static void fill(sse_stream *st)
         free(rows);
         return;
     }
-    if (finished) {
+    if (finished)
         st->ended = true; /* everything, its end included, was sent */
-        return;
+}
+
+/* ---- parking ----------------------------------------------------------------------------- */
+
+/* park_mu held */
+static void park_unlink(api_server *s, sse_stream *st)
+{
+    if (st->park_prev)
+        st->park_prev->park_next = st->park_next;
+    else
+        s->parked = st->park_next;
+    if (st->park_next)
+        st->park_next->park_prev = st->park_prev;
+    st->park_prev = st->park_next = NULL;
+    st->parked = false;
+}
+
+/* Suspend st's connection until the watcher resumes it (a commit after st's last read, or
+ * its heartbeat); true when parked. False when the store committed since st's read or the
+ * server is stopping: the caller reads again. */
+static bool park(sse_stream *st)
+{
+    api_server *s = st->srv;
+    uint64_t now = st->seen;
+    bool parked = false;
+
+    pthread_mutex_lock(&s->park_mu);
+    if (!s->parking_closed && !store_wait_commit(s->st, &now, 0)) {
+        st->park_prev = NULL;
+        st->park_next = s->parked;
+        if (s->parked)
+            s->parked->park_prev = st;
+        s->parked = st;
+        st->parked = true;
+        MHD_suspend_connection(st->conn);
+        parked = true;
     }
-    seen = st->seen;
-    store_wait_commit(st->srv->st, &seen, slice_ms(st));
+    pthread_mutex_unlock(&s->park_mu);
+    return parked;
+}
+
+void api_sse_wake(api_server *s, uint64_t commits, int64_t now_ms, int64_t *next_ms)
+{
+    pthread_mutex_lock(&s->park_mu);
+    for (sse_stream *st = s->parked, *next; st; st = next) {
+        next = st->park_next;
+        if (st->seen < commits || st->next_ping <= now_ms) {
+            park_unlink(s, st);
+            MHD_resume_connection(st->conn);
+        } else if (st->next_ping < *next_ms) {
+            *next_ms = st->next_ping;
+        }
+    }
+    pthread_mutex_unlock(&s->park_mu);
+}
+
+void api_sse_wake_all(api_server *s)
+{
+    pthread_mutex_lock(&s->park_mu);
+    s->parking_closed = true;
+    while (s->parked) {
+        sse_stream *st = s->parked;
+        park_unlink(s, st);
+        MHD_resume_connection(st->conn);
+    }
+    pthread_mutex_unlock(&s->park_mu);
 }
 
 /* ---- MHD callbacks --------------------------------------------------------------------- */
 
+/* The content reader: what is buffered, else the next piece read from the store, else a
+ * heartbeat when one is due; with nothing to send it parks the stream and returns 0. */
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 {
     sse_stream *st = cls;
@@ -383,6 +450,8 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
             api_buf_puts(&st->out, ": ping\n\n");
         if (st->out.len > 0)
             st->next_ping = api_now_ms() + st->srv->heartbeat_ms;
+        else if (!st->ended && park(st))
+            return 0;
     }
 }
 
@@ -391,6 +460,11 @@ static void stream_free(void *cls)
     sse_stream *st = cls;
     if (!st)
         return;
+    pthread_mutex_lock(&st->srv->park_mu);
+    if (st->parked) /* not reached: a parked connection is resumed before it closes */
+        park_unlink(st->srv, st);
+    pthread_mutex_unlock(&st->srv->park_mu);
+    atomic_fetch_sub(&st->srv->streams, 1);
     api_buf_free(&st->out);
     free(st);
 }
@@ -457,6 +531,8 @@ void api_h_stream(api_req *q, api_resp *r)
         return;
     }
     st->srv = q->srv;
+    atomic_fetch_add(&q->srv->streams, 1);
+    st->conn = q->conn;
     st->job = q->route.job;
     st->last = resume;
     api_buf_init(&st->out);

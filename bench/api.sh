@@ -69,4 +69,4 @@ for i in $(seq 1 100); do
     [ "$(grep -c '^event: step' "$TMP/sse.$i" || true)" -gt 0 ] && ok=$((ok + 1))
 done
 echo "SSE clients that received live steps: $ok / 100"
-curl -sf -X POST "$URL/v1/jobs/$JOB/cancel" >/dev/null || true
+curl -sf -X POST -H 'Content-Type: application/json' "$URL/v1/jobs/$JOB/cancel" >/dev/null || true

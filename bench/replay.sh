@@ -49,7 +49,8 @@ for c in "${CASES[@]}"; do
 {"name": "replay-$name", "model": {"type": "mlp", "layers": [$layers]},
  "data": {"type": "idx", "train": "fashion-mnist", "eval": null},
  "precision": {"dtype": "fp32"}, "optimizer": $opt,
- "batch_size": 64, "steps": $((K + N)), "seed": 1, "checkpoint_every": $K, "threads": 1}
+ "batch_size": 64, "steps": $((K + N)), "seed": 1, "checkpoint_every": $K,
+ "checkpoint_keep_last": 0, "threads": 1}
 EOF
     mkdir "$TMP/$name"
     "$AMPD" run --checkpoint-dir "$TMP/$name" "$TMP/$name.json" >"$TMP/$name.jsonl" \

@@ -11,6 +11,16 @@
  * dropped. SIGINT/SIGTERM stop the loop after the current step; the summary then says
  * "interrupted".
  *
+ * Checkpoints (--checkpoint-dir): every checkpoint_every steps, at the end and on a stop
+ * signal, then the retention (checkpoint_keep_last, checkpoint_keep_best; daemon/ckpt.h)
+ * drops the ones it does not keep: each is deleted, or with --no-delete left for the caller
+ * (the daemon deletes it once it has recorded the newer checkpoint), and named in a
+ * "checkpoint_drop" line. --resume walks back to the newest checkpoint that verifies
+ * (daemon_ckpt_resume), says in the "resume" line which it used and why it skipped the
+ * others, and starts from step 0 when none does; when it resumes in the checkpoint
+ * directory, the files after the step it continues from are dropped (those steps are trained
+ * again), and the retention starts from the files up to it.
+ *
  * Data parallelism: a job with distributed.world_size N > 1 started by hand or by the daemon
  * starts its N ranks under mpirun (ranks.c) and supervises them; each rank is this same
  * command under mpirun. Rank 0 prints the lines and writes the checkpoints; the other ranks'
@@ -48,20 +58,31 @@ static void on_signal(int sig)
 typedef struct {
     const char *path;
     const char *ckpt_dir; /* --checkpoint-dir: NULL for none */
-    const char *resume;   /* --resume: a checkpoint file or NULL */
+    const char *resume;   /* --resume: a checkpoint file or directory, or NULL */
+    bool no_delete;       /* --no-delete: dropped checkpoints are left for the caller */
     int every;
     int64_t profile;      /* --profile: the step to profile, 0 for none */
     api_spec_opts opts;
 } run_args;
 
-/* Print obj as one line and release it. */
+/* Print obj as one line and release it. The line goes out whole with write(2), which a
+ * stop signal interrupts (EINTR: the handler has no SA_RESTART) while the daemon leaves the
+ * pipe full (it pauses a worker while its store cannot write): stdio would drop the line
+ * then, so the write is resumed until every byte is out. */
 static void emit(json_t *obj)
 {
     char *s = json_dumps(obj, JSON_COMPACT | JSON_REAL_PRECISION(9));
+    size_t n = s ? strlen(s) : 0, off = 0;
     if (s) {
-        fputs(s, stdout);
-        fputc('\n', stdout);
-        fflush(stdout);
+        s[n] = '\n'; /* over the terminator: the line is written by length */
+        while (off <= n) {
+            ssize_t k = write(STDOUT_FILENO, s + off, n + 1 - off);
+            if (k < 0 && errno == EINTR)
+                continue;
+            if (k <= 0)
+                break; /* the reader is gone: nothing to print to */
+            off += (size_t)k;
+        }
         free(s);
     }
     json_decref(obj);
@@ -127,7 +148,7 @@ static double median(double *v, int64_t n)
 static void usage(FILE *f)
 {
     fprintf(f, "usage: ampd run [--every N] [--data-root DIR]... [--checkpoint-dir DIR]\n"
-               "                [--resume CKPT] [--profile STEP] JOB.json|-\n"
+               "                [--resume CKPT|DIR] [--no-delete] [--profile STEP] JOB.json|-\n"
                "  Train the job in the foreground; one JSON line per step on stdout.\n"
                "  --every N             print every Nth step line (default 1)\n"
                "  --profile STEP        time step STEP phase by phase (attention, linears,\n"
@@ -135,8 +156,12 @@ static void usage(FILE *f)
                "  --data-root DIR       where named datasets are found (repeatable;\n"
                "                        default /usr/share/datasets, /usr/share/games)\n"
                "  --checkpoint-dir DIR  write ckpt-<step>.safetensors every checkpoint_every\n"
-               "                        steps, at the end and when stopped by a signal\n"
-               "  --resume CKPT         continue from a checkpoint of the same job\n");
+               "                        steps, at the end and when stopped by a signal; keep\n"
+               "                        checkpoint_keep_last (+ keep_best, + the last healthy)\n"
+               "  --resume CKPT|DIR     continue from a checkpoint of the same job: the newest\n"
+               "                        one that verifies, CKPT or older (step 0 when none)\n"
+               "  --no-delete           name the checkpoints the retention drops in\n"
+               "                        \"checkpoint_drop\" lines, without deleting them\n");
 }
 
 static int parse_args(int argc, char **argv, run_args *a)
@@ -146,6 +171,7 @@ static int parse_args(int argc, char **argv, run_args *a)
                                              {"checkpoint-dir", required_argument, NULL, 'c'},
                                              {"resume", required_argument, NULL, 'r'},
                                              {"profile", required_argument, NULL, 'p'},
+                                             {"no-delete", no_argument, NULL, 'n'},
                                              {"help", no_argument, NULL, 'h'},
                                              {NULL, 0, NULL, 0}};
     int ch, roots = 0;
@@ -153,7 +179,7 @@ static int parse_args(int argc, char **argv, run_args *a)
     a->every = 1;
     api_spec_opts_default(&a->opts);
     optind = 1;
-    while ((ch = getopt_long(argc, argv, "e:d:c:r:p:h", longopts, NULL)) != -1) {
+    while ((ch = getopt_long(argc, argv, "e:d:c:r:p:nh", longopts, NULL)) != -1) {
         switch (ch) {
         case 'e':
             a->every = atoi(optarg);
@@ -175,6 +201,9 @@ static int parse_args(int argc, char **argv, run_args *a)
             break;
         case 'r':
             a->resume = optarg;
+            break;
+        case 'n':
+            a->no_delete = true;
             break;
         case 'p': {
             char *end;
@@ -262,8 +291,12 @@ typedef struct {
     double *times;
     int64_t ntimes, cap;
     gpu_step_metrics last;
+    bool stepped; /* last holds a step of this run */
     gpu_eval_result eval;
     int have_eval;
+    int64_t eval_step;
+    daemon_ckpt_info *kept; /* the checkpoint directory's files the retention manages */
+    int nkept, capkept;
 } run_state;
 
 static void emit_eval(gpu_trainer *t, run_state *s, int64_t step)
@@ -271,6 +304,7 @@ static void emit_eval(gpu_trainer *t, run_state *s, int64_t step)
     if (gpu_trainer_eval(t, &s->eval) != 0)
         return;
     s->have_eval = 1;
+    s->eval_step = step;
     emit(daemon_line_eval(step, &s->eval));
 }
 
@@ -324,18 +358,127 @@ static void emit_start(const gpu_job_config *c, gpu_trainer *t)
                    "spec", spec ? spec : json_null()));
 }
 
-/* Save a checkpoint and print its line; 0 or an error with err filled. */
-static int checkpoint(gpu_trainer *t, const char *dir, char *err, size_t errlen)
+/* Drop the checkpoint of step in the checkpoint directory: delete it (unless --no-delete)
+ * and print its "checkpoint_drop" line. */
+static void drop(const run_args *a, int64_t step, const char *reason)
+{
+    char path[1100];
+    bool deleted = false;
+    daemon_ckpt_path(a->ckpt_dir, step, path, sizeof(path));
+    if (!a->no_delete) {
+        deleted = unlink(path) == 0;
+        if (!deleted && errno != ENOENT)
+            log_warn("cannot delete %s: %s", path, strerror(errno));
+    }
+    log_debug("checkpoint %s dropped (%s)", path, reason);
+    emit(json_pack("{s:s, s:I, s:s, s:s, s:b}", "type", "checkpoint_drop", "step", (json_int_t)step,
+                   "path", path, "reason", reason, "deleted", deleted));
+}
+
+/* Add a checkpoint to the ones the retention manages; 0 or GPU_ENOMEM. */
+static int kept_add(run_state *s, const daemon_ckpt_info *info)
+{
+    for (int i = 0; i < s->nkept; i++)
+        if (s->kept[i].step == info->step) { /* rewritten: the newer file counts */
+            s->kept[i] = *info;
+            return 0;
+        }
+    if (s->nkept == s->capkept) {
+        int cap = s->capkept ? 2 * s->capkept : 16;
+        daemon_ckpt_info *v = realloc(s->kept, sizeof(*v) * (size_t)cap);
+        if (!v)
+            return GPU_ENOMEM;
+        s->kept = v;
+        s->capkept = cap;
+    }
+    s->kept[s->nkept++] = *info;
+    return 0;
+}
+
+/* Apply the job's retention to the managed checkpoints. */
+static void retain(const gpu_job_config *c, const run_args *a, run_state *s)
+{
+    bool *keep = s->nkept ? malloc(sizeof(*keep) * (size_t)s->nkept) : NULL;
+    int m = 0;
+    if (!keep || daemon_ckpt_retain(s->kept, s->nkept, c->checkpoint_keep_last,
+                                    c->checkpoint_keep_best, keep) != 0) {
+        free(keep); /* out of memory: nothing is dropped this time */
+        return;
+    }
+    for (int i = 0; i < s->nkept; i++) {
+        if (keep[i])
+            s->kept[m++] = s->kept[i];
+        else
+            drop(a, s->kept[i].step, "retention");
+    }
+    s->nkept = m;
+    free(keep);
+}
+
+/* True when the two paths name the same directory. */
+static bool same_dir(const char *x, const char *y)
+{
+    char rx[4096], ry[4096];
+    return realpath(x, rx) && realpath(y, ry) && strcmp(rx, ry) == 0;
+}
+
+/* After a resume in the checkpoint directory: the files after the step it continues from
+ * are dropped (the skipped ones with their reason), those up to it are managed by the
+ * retention (one whose header is damaged is dropped). */
+static void seed_kept(const run_args *a, run_state *s, const daemon_ckpt_resumed *res)
+{
+    int64_t *steps = NULL;
+    int n = 0;
+    char path[1100], err[600], why[700];
+    if (daemon_ckpt_scan(a->ckpt_dir, &steps, &n) != 0)
+        return;
+    for (int i = 0; i < n; i++) {
+        daemon_ckpt_info info;
+        const char *reason = NULL;
+        if (steps[i] > res->step) {
+            snprintf(why, sizeof(why), "newer than the checkpoint resumed from (step %lld)",
+                     (long long)res->step);
+            for (int k = 0; k < res->nskipped; k++)
+                if (res->skipped[k].step == steps[i])
+                    snprintf(why, sizeof(why), "%s", res->skipped[k].reason);
+            reason = why;
+        } else {
+            daemon_ckpt_path(a->ckpt_dir, steps[i], path, sizeof(path));
+            if (daemon_ckpt_read_info(path, &info, err, sizeof(err)) != 0) {
+                snprintf(why, sizeof(why), "%s", err);
+                reason = why;
+            } else if (kept_add(s, &info) != 0) {
+                break;
+            }
+        }
+        if (reason)
+            drop(a, steps[i], reason);
+    }
+    free(steps);
+}
+
+/* Save a checkpoint, print its line and apply the retention; 0 or an error with err
+ * filled. */
+static int checkpoint(const gpu_job_config *c, const run_args *a, gpu_trainer *t, run_state *s,
+                      char *err, size_t errlen)
 {
     char path[1024];
-    int64_t bytes = 0;
+    daemon_ckpt_info info;
     gpu_state_scalars sc;
-    int rc = daemon_ckpt_save(t, dir, path, sizeof(path), &bytes, err, errlen);
+    gpu_trainer_get_scalars(t, &sc);
+    memset(&info, 0, sizeof(info));
+    info.has_loss = s->stepped && s->last.step == sc.step;
+    info.loss = s->last.loss;
+    info.has_eval = s->have_eval && s->eval_step == sc.step;
+    info.eval_loss = s->eval.loss;
+    int rc = daemon_ckpt_save(t, a->ckpt_dir, &info, path, sizeof(path), err, errlen);
     if (rc)
         return rc;
-    gpu_trainer_get_scalars(t, &sc);
-    emit(json_pack("{s:s, s:I, s:s, s:I}", "type", "checkpoint", "step", (json_int_t)sc.step,
-                   "path", path, "bytes", (json_int_t)bytes));
+    emit(json_pack("{s:s, s:I, s:s, s:I, s:b}", "type", "checkpoint", "step", (json_int_t)info.step,
+                   "path", path, "bytes", (json_int_t)info.bytes, "healthy",
+                   daemon_ckpt_healthy(&info)));
+    if (kept_add(s, &info) == 0)
+        retain(c, a, s);
     return 0;
 }
 
@@ -370,6 +513,7 @@ static int loop(const gpu_job_config *c, const run_args *a, gpu_trainer *t, gpu_
         if (step + 1 == a->profile)
             gpu_trainer_profile_next(t);
         int rc = gpu_trainer_step(t, &s->last, err, errlen);
+        s->stepped = true;
         record_time(s, s->last.step_ms);
         if (s->last.step % a->every == 0 || rc || s->last.step == c->steps || s->last.overflow)
             emit(daemon_line_step(&s->last));
@@ -387,7 +531,7 @@ static int loop(const gpu_job_config *c, const run_args *a, gpu_trainer *t, gpu_
             emit_eval(t, s, s->last.step);
         if (lead && a->ckpt_dir && c->checkpoint_every > 0 &&
             s->last.step % c->checkpoint_every == 0 && s->last.step < c->steps &&
-            checkpoint(t, a->ckpt_dir, err, errlen))
+            checkpoint(c, a, t, s, err, errlen))
             return 1;
         stop = stop_requested;
         if (comm && gpu_comm_any(comm, stop, &stop) != 0) {
@@ -425,43 +569,88 @@ static void log_rank_end(gpu_trainer *t, gpu_comm *comm)
              (long long)sc->skipped_total, (unsigned long long)state_hash(t));
 }
 
+/* The "resume" line: the step it continues from, the checkpoint (null: none verified, from
+ * step 0) and the ones skipped, newest first, with their reasons; the same in the log. */
+static void report_resume(const daemon_ckpt_resumed *res)
+{
+    json_t *skipped = json_array();
+    for (int i = 0; i < res->nskipped; i++) {
+        const daemon_ckpt_skip *k = &res->skipped[i];
+        log_warn("skipped the checkpoint %s: %s", k->path, k->reason);
+        json_array_append_new(skipped, json_pack("{s:o, s:s, s:s}", "step",
+                                                 k->step >= 0 ? json_integer(k->step) : json_null(),
+                                                 "path", k->path, "reason", k->reason));
+    }
+    if (res->path[0])
+        log_info("resuming from %s (step %lld)%s", res->path, (long long)res->step,
+                 res->info.checksummed ? ", checksum verified"
+                                       : ": format 1, written before checksums, not verified");
+    else
+        log_warn("no checkpoint verifies (%d skipped): training from step 0", res->nskipped);
+    emit(json_pack("{s:s, s:I, s:o, s:b, s:o}", "type", "resume", "step", (json_int_t)res->step,
+                   "path", res->path[0] ? json_string(res->path) : json_null(), "verified",
+                   res->path[0] && res->info.checksummed, "skipped", skipped));
+}
+
+/* Build the trainer, resumed when a->resume says so; 0 or an error with err filled. */
+static int create(const gpu_job_config *c, const run_args *a, gpu_comm *comm, gpu_trainer **t,
+                  daemon_ckpt_resumed *res, char *err, size_t errlen)
+{
+    int rc = gpu_trainer_create(c, t, err, errlen);
+    if (!rc && comm)
+        rc = gpu_trainer_set_comm(*t, comm, err, errlen);
+    if (!rc)
+        log_device(c, *t);
+    if (rc || !a->resume)
+        return rc;
+    rc = daemon_ckpt_resume(*t, a->resume, res, err, errlen);
+    if (!rc && !res->path[0] && res->touched) { /* none loaded: start from a fresh trainer */
+        gpu_trainer_free(*t);
+        *t = NULL;
+        rc = gpu_trainer_create(c, t, err, errlen);
+        if (!rc && comm)
+            rc = gpu_trainer_set_comm(*t, comm, err, errlen);
+    }
+    return rc;
+}
+
 /* Train c to the end (one rank of comm's job when comm is not NULL); returns the exit
  * status. */
 static int train(const gpu_job_config *c, const run_args *a, gpu_comm *comm)
 {
-    char err[512] = "";
+    char err[1024] = "";
     gpu_trainer *t = NULL;
+    daemon_ckpt_resumed res;
     run_state s;
     int rc, status;
     bool lead = gpu_comm_rank(comm) == 0;
 
     memset(&s, 0, sizeof(s));
-    rc = gpu_trainer_create(c, &t, err, sizeof(err));
-    if (!rc && comm)
-        rc = gpu_trainer_set_comm(t, comm, err, sizeof(err));
-    if (!rc)
-        log_device(c, t);
-    if (!rc && a->resume)
-        rc = daemon_ckpt_load(t, a->resume, err, sizeof(err));
+    memset(&res, 0, sizeof(res));
+    rc = create(c, a, comm, &t, &res, err, sizeof(err));
     if (rc) {
         log_error("%s", err);
         emit_summary(c, NULL, &s, "failed", err);
         gpu_trainer_free(t);
+        daemon_ckpt_resumed_clear(&res);
         return 1;
     }
     emit_start(c, t);
-    if (a->resume) {
-        gpu_state_scalars sc;
-        gpu_trainer_get_scalars(t, &sc);
-        emit(json_pack("{s:s, s:I, s:s}", "type", "resume", "step", (json_int_t)sc.step,
-                       "path", a->resume));
-    }
+    if (a->resume)
+        report_resume(&res);
+    if (lead && a->ckpt_dir && a->resume && same_dir(a->ckpt_dir, res.dir))
+        seed_kept(a, &s, &res);
+    daemon_ckpt_resumed_clear(&res);
     status = loop(c, a, t, comm, &s, err, sizeof(err));
     if (comm && status != 1)
         log_rank_end(t, comm);
-    if (lead && status != 1 && a->ckpt_dir && checkpoint(t, a->ckpt_dir, err, sizeof(err)))
+    /* a finished run evaluates first, so that its last checkpoint carries the eval loss
+     * (checkpoint_keep_best); a stopped one saves first */
+    if (lead && status == 0)
+        emit_eval(t, &s, s.last.step);
+    if (lead && status != 1 && a->ckpt_dir && checkpoint(c, a, t, &s, err, sizeof(err)))
         status = 1;
-    if (lead && status != 1)
+    if (lead && status == 130)
         emit_eval(t, &s, s.last.step);
     emit_summary(c, t, &s,
                  status == 0     ? "succeeded"
@@ -475,6 +664,7 @@ static int train(const gpu_job_config *c, const run_args *a, gpu_comm *comm)
         gpu_comm_any(comm, false, &failed);
     }
     free(s.times);
+    free(s.kept);
     gpu_trainer_free(t);
     return status;
 }

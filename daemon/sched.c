@@ -6,10 +6,12 @@
  *       <data_dir>/jobs/<id>/spec.json
  * in its own process group, stdin /dev/null, stdout a pipe to the scheduler, stderr appended
  * to <data_dir>/jobs/<id>/worker.log, every other descriptor closed, every signal
- * disposition back to the default (signals blocked across the fork until then) and an
- * empty signal mask, and PR_SET_PDEATHSIG(SIGKILL) so that a worker never outlives a
- * daemon killed with -9 (the scheduler thread that forks it lives until every worker is
- * reaped, so the death signal only fires when the daemon process dies).
+ * disposition back to the default (signals blocked across the fork until then), an empty
+ * signal mask, the open-file soft limit the daemon started with (cfg.nofile_child: ampd
+ * serve raises its own for connections; programs that use select() want the usual one),
+ * and PR_SET_PDEATHSIG(SIGKILL) so that a worker never outlives a daemon killed with -9
+ * (the scheduler thread that forks it lives until every worker is reaped, so the death
+ * signal only fires when the daemon process dies).
  *
  * The scheduler thread polls the worker pipes and a self-pipe (submit, cancel, resume and
  * stop write a byte) with a 200 ms timeout, parses each JSON line (no fixed line length),
@@ -17,20 +19,35 @@
  *   step       -> store_metric_append; "overflow" and "scale" events; at a run's first
  *                 step a "memory" event with the bytes by category
  *   eval       -> store_metric_eval
- *   checkpoint -> store_flush (every metric up to the checkpoint is durable before the
- *                 checkpoint is recorded, so a restart never resumes past a lost row),
- *                 store_checkpoint_add, store_job_set_checkpoint
+ *   checkpoint -> store_checkpoint_add (which first makes every metric up to the checkpoint
+ *                 durable, so a restart never resumes past a lost row),
+ *                 store_job_set_checkpoint
+ *   checkpoint_drop -> the file deleted (the worker runs with --no-delete, so a file goes
+ *                 only after the newer checkpoint's line, which came first, is recorded),
+ *                 store_checkpoint_delete
  *   summary    -> store_job_set_summary (the line as is)
  *   layers     -> store_layer_stats_append (one row per layer, the scale and the first
  *                 layer to produce inf/NaN)
  *   event      -> store_event_append with the line's kind ("recommendation", ...) and
  *                 message, data {"layer": ...} when the line names one. Kinds the daemon
  *                 writes itself (lifecycle, overflow, scale, memory) are refused.
- *   start, resume -> "lifecycle" events
+ *   start, resume -> "lifecycle" events; a resume that walked back past the checkpoint it
+ *                 was given (damaged ones) truncates the metrics to the step it continues
+ *                 from, and each checkpoint it skipped gets a "checkpoint" event (why)
  * Children are reaped with waitpid(WNOHANG) each turn (no SIGCHLD handler). A worker's job
  * ends after it has exited and its pipe is drained: the store is flushed, the lifecycle
  * event written, then the status (succeeded / failed with the reason and the log's last
  * lines / cancelled / interrupted), which ends the job's stream.
+ *
+ * The store's back-pressure (docs/architecture.md, "The store"): a pipe is read only while
+ * the store takes more (takes_lines: it writes and its queue is short); otherwise the
+ * worker blocks on its full pipe, which is neither a failure nor silence (the hung timer
+ * stops meanwhile). A checkpoint or summary the store refuses (STORE_EFULL, STORE_EBUSY,
+ * STORE_EIO) is kept and recorded when it can; an exited worker whose end the store refuses
+ * stays in the table and is tried again every END_RETRY_S once the store writes; no queued
+ * job starts meanwhile; a worker left waiting stall_timeout_s is stopped, its job failed
+ * with the reason. Only a stopping daemon gives up an end it cannot record (the job stays
+ * running in the store, and the next start's recovery interrupts and resumes it).
  *
  * Invariants: a job id is in the worker table iff its store status is running and this
  * daemon started it; the table changes only on the scheduler thread and only under mu;
@@ -63,6 +80,7 @@
 #include <unistd.h>
 
 #include "api/api.h"
+#include "daemon/ckpt.h"
 #include "daemon/line.h"
 #include "daemon/log.h"
 #include "daemon/sched.h"
@@ -70,6 +88,7 @@
 #include "store/store.h"
 
 #define POLL_MS 200
+#define TURN_MAX_S 1.0 /* a turn counts for at most this much of a worker's silence */
 #define SCHEDULE_EVERY_S 2.0 /* look at the queue at least this often */
 #define GRACE_S 30.0         /* SIGTERM to SIGKILL, on cancel and on stop */
 #define LINE_MAX_BYTES (64u << 20)
@@ -78,6 +97,16 @@
 #define LOG_TAIL_BYTES 8192
 #define MAX_EVENTS_PER_RUN 2000 /* overflow and scale events of one worker run */
 #define MAX_WORKER_EVENTS 2000  /* events (recommendations, ...) a worker run may add */
+#define MAX_PENDING_CKPTS 64    /* checkpoint lines of a worker waiting for the store */
+#define END_RETRY_S 1.0         /* a job's end the store could not record: tried again after */
+
+/* A checkpoint or checkpoint_drop line the store has not taken yet. */
+typedef struct {
+    int64_t step, bytes;
+    bool drop;  /* a checkpoint_drop: delete the file and its record */
+    bool added; /* store_checkpoint_add done; store_job_set_checkpoint not yet */
+    char path[512];
+} pending_ckpt;
 
 typedef struct {
     int64_t job;
@@ -94,6 +123,8 @@ typedef struct {
     bool discarding; /* inside an over-long line */
     /* parsing state */
     int64_t base_step, last_step;
+    int64_t resumed_from; /* the checkpoint step the worker was given (0: none) */
+    int64_t newest_ckpt;  /* the newest checkpoint recorded for this run: never dropped */
     double prev_scale, final_scale;
     bool have_prev;
     bool pending; /* an overflow event waits for the next step's scale */
@@ -104,6 +135,21 @@ typedef struct {
     store_layer_stat *layers; /* the rows of a "layers" line being parsed */
     size_t layers_cap;
     char *summary_error;
+    /* the store's back-pressure: a worker is not read while the store cannot take more */
+    bool paused;
+    double paused_since;
+    bool stalled;          /* stopped after stall_timeout_s paused; its job fails */
+    char stall_why[256];   /* the store's failure then */
+    /* what the store could not record yet: tried again until it can */
+    char *summary_line;
+    pending_ckpt ckpts[MAX_PENDING_CKPTS];
+    int nckpts;
+    bool ckpt_warned;
+    /* the end, once the worker has exited (finish_worker) */
+    bool drained, end_decided, end_event, end_warned;
+    store_status end_status;
+    char *end_err;
+    double end_retry_at;
 } worker;
 
 struct daemon_sched {
@@ -117,6 +163,9 @@ struct daemon_sched {
     int nworkers;
     bool stop_requested, need_schedule;
     int64_t started, failed;
+    /* scheduler thread only */
+    bool pausing;        /* workers are not read: the store cannot take more */
+    double pause_start;
 };
 
 static double now_s(void)
@@ -242,6 +291,39 @@ static void log_tail(const char *dir, off_t start, char *out, size_t outlen)
     append(out, outlen, p);
 }
 
+/* ---- the store's back-pressure -------------------------------------------------------------- */
+
+/* A store failure that passes (a full disk, a lock, an I/O error): what failed is tried again
+ * once the store writes again. Any other code (the job is gone, a bad argument) is final. */
+static bool transient(int rc)
+{
+    return rc == STORE_EFULL || rc == STORE_EBUSY || rc == STORE_EIO;
+}
+
+/* Whether the store writes (its last attempt did). */
+static bool writes_ok(daemon_sched *s)
+{
+    store_health h;
+    store_get_health(s->st, &h);
+    return h.code == 0;
+}
+
+/* Whether w's pipe may be read now. The store takes what a worker prints while it writes
+ * and its queue is short; else the worker is left blocked on its full pipe (paused, not
+ * failed) until it does. A worker told to stop is still read while the queue has room
+ * (its last lines and checkpoint matter, and it prints little more); an exited one is
+ * drained whatever the queue (a pipe holds little). */
+static bool takes_lines(daemon_sched *s, const worker *w)
+{
+    store_health h;
+    if (w->exited)
+        return true;
+    store_get_health(s->st, &h);
+    if (w->term_sent)
+        return h.held < STORE_QUEUE_MAX / 2;
+    return h.code == 0 && h.held < STORE_QUEUE_HIGH;
+}
+
 /* ---- events ------------------------------------------------------------------------------- */
 
 /* Record an event in the store. Strings are borrowed; data (may be NULL) is consumed. */
@@ -358,25 +440,240 @@ static void on_step(daemon_sched *s, worker *w, json_t *o)
     w->last_step = step;
 }
 
+/* True when path is this worker's checkpoint file of step. */
+static bool ckpt_path_ok(const worker *w, int64_t step, const char *path)
+{
+    char want[700];
+    if (step < 0 || !path)
+        return false;
+    daemon_ckpt_path(w->dir, step, want, sizeof(want));
+    return strcmp(path, want) == 0;
+}
+
+/* Drop a checkpoint the worker gave up: delete its file, then its record. 0, or the store's
+ * transient failure (the file is gone then; the record goes when the op is tried again). */
+static int drop_checkpoint(daemon_sched *s, worker *w, const pending_ckpt *c)
+{
+    int rc;
+    if (unlink(c->path) != 0 && errno != ENOENT) {
+        log_warn("job %lld: cannot delete %s: %s", (long long)w->job, c->path, strerror(errno));
+        return 0; /* its record stays: the file still takes its bytes */
+    }
+    rc = store_checkpoint_delete(s->st, w->job, c->step);
+    if (transient(rc))
+        return rc;
+    if (rc != 0 && rc != STORE_ENOTFOUND)
+        log_error("job %lld: cannot remove the record of the checkpoint at step %lld: %s",
+                  (long long)w->job, (long long)c->step, store_strerror(rc));
+    log_debug("job %lld: checkpoint %lld dropped", (long long)w->job, (long long)c->step);
+    return 0;
+}
+
+/* Carry out w's pending checkpoint lines in their order: a checkpoint is recorded (by
+ * store_checkpoint_add, which first makes every row queued before it durable: the steps up
+ * to the checkpoint came before its line), a dropped one deleted. While the store cannot
+ * write they wait here, so a checkpoint is never recorded over rows the store holds but has
+ * not written, and a file is never deleted before the newer checkpoint whose line came
+ * first is recorded. 0 when none is left. */
+static int record_checkpoints(daemon_sched *s, worker *w)
+{
+    while (w->nckpts > 0) {
+        pending_ckpt *c = &w->ckpts[0];
+        int rc = 0;
+        if (c->drop) {
+            rc = drop_checkpoint(s, w, c);
+        } else {
+            if (!c->added && (rc = store_checkpoint_add(s->st, w->job, c->step, c->path,
+                                                        c->bytes < 0 ? 0 : c->bytes)) == 0)
+                c->added = true;
+            if (rc == 0)
+                rc = store_job_set_checkpoint(s->st, w->job, c->step);
+        }
+        if (transient(rc)) {
+            if (!w->ckpt_warned)
+                log_warn("job %lld: the checkpoint at step %lld is %s once the store writes "
+                         "again (%s)",
+                         (long long)w->job, (long long)c->step, c->drop ? "dropped" : "recorded",
+                         store_strerror(rc));
+            w->ckpt_warned = true;
+            return rc;
+        }
+        if (rc)
+            log_error("job %lld: cannot record the checkpoint at step %lld: %s",
+                      (long long)w->job, (long long)c->step, store_strerror(rc));
+        else if (w->ckpt_warned && !c->drop)
+            log_info("job %lld: the checkpoint at step %lld is recorded", (long long)w->job,
+                     (long long)c->step);
+        memmove(&w->ckpts[0], &w->ckpts[1], sizeof(w->ckpts[0]) * (size_t)(w->nckpts - 1));
+        w->nckpts--;
+    }
+    w->ckpt_warned = false;
+    return 0;
+}
+
+/* Queue a checkpoint line (drop: a checkpoint_drop) after the ones still waiting for the
+ * store, and carry out what can be. */
+static void queue_checkpoint(daemon_sched *s, worker *w, int64_t step, const char *path,
+                             int64_t bytes, bool drop)
+{
+    pending_ckpt *c;
+    if (strlen(path) >= sizeof(w->ckpts[0].path)) {
+        log_warn("job %lld: ignoring a checkpoint path longer than %zu bytes", (long long)w->job,
+                 sizeof(w->ckpts[0].path) - 1);
+        return;
+    }
+    if (w->nckpts == MAX_PENDING_CKPTS) {
+        log_warn("job %lld: the checkpoint at step %lld is never %s: %d newer lines wait for "
+                 "the store",
+                 (long long)w->job, (long long)w->ckpts[0].step,
+                 w->ckpts[0].drop ? "dropped" : "recorded", MAX_PENDING_CKPTS);
+        memmove(&w->ckpts[0], &w->ckpts[1], sizeof(w->ckpts[0]) * (MAX_PENDING_CKPTS - 1));
+        w->nckpts--;
+    }
+    c = &w->ckpts[w->nckpts++];
+    memset(c, 0, sizeof(*c));
+    c->step = step;
+    c->bytes = bytes;
+    c->drop = drop;
+    snprintf(c->path, sizeof(c->path), "%s", path);
+    record_checkpoints(s, w);
+}
+
+/* Store w's summary line (kept until the store takes it); 0 when it is stored. */
+static int record_summary(daemon_sched *s, worker *w)
+{
+    int rc;
+    if (!w->summary_line)
+        return 0;
+    rc = store_job_set_summary(s->st, w->job, w->summary_line);
+    if (rc && transient(rc))
+        return rc;
+    if (rc)
+        log_error("job %lld: cannot store the summary: %s", (long long)w->job,
+                  store_strerror(rc));
+    free(w->summary_line);
+    w->summary_line = NULL;
+    return 0;
+}
+
 static void on_checkpoint(daemon_sched *s, worker *w, json_t *o)
 {
     int64_t step = line_step(o);
     const char *path = json_string_value(json_object_get(o, "path"));
     json_t *bytes = json_object_get(o, "bytes");
-    size_t dl = strlen(w->dir);
 
-    if (step < 0 || !path || strncmp(path, w->dir, dl) != 0 || path[dl] != '/' ||
-        strstr(path + dl, "/..")) {
+    if (!ckpt_path_ok(w, step, path)) {
         log_warn("job %lld: ignoring a checkpoint line outside %s", (long long)w->job, w->dir);
         return;
     }
-    /* Every metric row up to this step must be durable before the checkpoint is. */
-    store_flush(s->st);
-    if (store_checkpoint_add(s->st, w->job, step, path,
-                             json_is_integer(bytes) ? (int64_t)json_integer_value(bytes) : 0) ||
-        store_job_set_checkpoint(s->st, w->job, step))
-        log_error("job %lld: cannot record the checkpoint at step %lld", (long long)w->job,
-                  (long long)step);
+    w->newest_ckpt = step;
+    queue_checkpoint(s, w, step, path,
+                     json_is_integer(bytes) ? (int64_t)json_integer_value(bytes) : 0, false);
+}
+
+/* A "checkpoint_drop" line: the worker's retention (or its resume) gave up a checkpoint of
+ * the job's directory. Its newer checkpoint's line came first, and the drop waits in line
+ * behind it until it is recorded (record_checkpoints), so deleting the file never leaves
+ * the job without the checkpoint a restart would use. */
+static void on_drop(daemon_sched *s, worker *w, json_t *o)
+{
+    int64_t step = line_step(o);
+    const char *path = json_string_value(json_object_get(o, "path"));
+
+    if (!ckpt_path_ok(w, step, path) || step == w->newest_ckpt) {
+        log_warn("job %lld: ignoring a checkpoint_drop line (step %lld)", (long long)w->job,
+                 (long long)step);
+        return;
+    }
+    queue_checkpoint(s, w, step, path, 0, true);
+}
+
+/* A checkpoint a resume did not use: a "checkpoint" event and a log line saying why. */
+static void skip_event(daemon_sched *s, int64_t job, int64_t step, const char *path,
+                       const char *reason)
+{
+    const char *slash = strrchr(path, '/');
+    const char *file = slash ? slash + 1 : path;
+    char msg[768];
+    snprintf(msg, sizeof(msg), "skipped the checkpoint at step %lld (%.100s): %.500s",
+             (long long)step, file, reason);
+    log_warn("job %lld: %s", (long long)job, msg);
+    add_event(
+        s, job, step, "checkpoint", msg,
+        json_pack("{s:I, s:s, s:s}", "step", (json_int_t)step, "file", file, "reason", reason));
+}
+
+/* The reason the worker's "resume" line gives for skipping step, or NULL. */
+static const char *skip_reason(json_t *skipped, int64_t step)
+{
+    size_t i;
+    json_t *e;
+    json_array_foreach(skipped, i, e)
+    {
+        if (line_step(e) == step)
+            return json_string_value(json_object_get(e, "reason"));
+    }
+    return NULL;
+}
+
+/* A "resume" line: {"step", "path" (null: none verified), "skipped": [{"step", "path",
+ * "reason"}]}. The worker walked back from the checkpoint it was given to the newest that
+ * verifies: the metric rows after that step go, and each checkpoint recorded after it
+ * (or named by the worker) gets an event saying why it was skipped. */
+static void on_resume(daemon_sched *s, worker *w, json_t *o)
+{
+    int64_t step = line_step(o);
+    json_t *skipped = json_object_get(o, "skipped"), *e;
+    bool found = json_is_string(json_object_get(o, "path"));
+    store_checkpoint *cks = NULL;
+    int n = 0, nskip = 0;
+    size_t i;
+    char msg[256];
+
+    if (step < 0)
+        step = 0;
+    if (step < w->base_step) {
+        if (store_metrics_truncate(s->st, w->job, step) != 0 ||
+            store_job_set_checkpoint(s->st, w->job, step) != 0)
+            log_error("job %lld: cannot go back to step %lld", (long long)w->job, (long long)step);
+        w->base_step = w->last_step = step;
+    }
+    w->newest_ckpt = found ? step : -1;
+    json_array_foreach(skipped, i, e)
+    {
+        const char *path = json_string_value(json_object_get(e, "path"));
+        const char *reason = json_string_value(json_object_get(e, "reason"));
+        if (path && reason) {
+            skip_event(s, w->job, line_step(e), path, reason);
+            nskip++;
+        }
+    }
+    /* the records newer than it that the worker did not name: files gone meanwhile */
+    if (store_checkpoint_list(s->st, w->job, &cks, &n) == 0)
+        for (int k = n - 1; k >= 0; k--) {
+            if (cks[k].step <= step || cks[k].step > w->resumed_from ||
+                skip_reason(skipped, cks[k].step))
+                continue;
+            if (access(cks[k].path, F_OK) != 0) {
+                skip_event(s, w->job, cks[k].step, cks[k].path, "missing");
+                store_checkpoint_delete(s->st, w->job, cks[k].step);
+                nskip++;
+            }
+        }
+    free(cks);
+    if (found && nskip > 0)
+        snprintf(msg, sizeof(msg),
+                 "resumed from the checkpoint at step %lld, the newest that verifies "
+                 "(%d newer skipped)",
+                 (long long)step, nskip);
+    else if (found)
+        snprintf(msg, sizeof(msg), "resumed from the checkpoint at step %lld", (long long)step);
+    else
+        snprintf(msg, sizeof(msg), "no checkpoint verifies (%d skipped): started again from step 0",
+                 nskip);
+    if (!found || nskip > 0)
+        log_warn("job %lld: %s", (long long)w->job, msg);
+    add_event(s, w->job, step, "lifecycle", msg, NULL);
 }
 
 static void on_summary(daemon_sched *s, worker *w, json_t *o, const char *line)
@@ -388,8 +685,14 @@ static void on_summary(daemon_sched *s, worker *w, json_t *o, const char *line)
         free(w->summary_error);
         w->summary_error = strdup(err);
     }
-    if (store_job_set_summary(s->st, w->job, line))
-        log_error("job %lld: cannot store the summary", (long long)w->job);
+    free(w->summary_line);
+    if (!(w->summary_line = strdup(line))) {
+        log_error("job %lld: out of memory storing the summary", (long long)w->job);
+        return;
+    }
+    if (record_summary(s, w) != 0)
+        log_warn("job %lld: the summary is stored once the store writes again",
+                 (long long)w->job);
 }
 
 /* A "layers" line: {"step", "scale", "first_nonfinite": {"layer", "where"} | null,
@@ -458,7 +761,8 @@ static void on_layers(daemon_sched *s, worker *w, json_t *o)
 /* An "event" line: {"step", "kind", "message", "layer"?}. */
 static void on_worker_event(daemon_sched *s, worker *w, json_t *o)
 {
-    static const char *const reserved[] = {"lifecycle", "overflow", "scale", "memory"};
+    static const char *const reserved[] = {"lifecycle", "overflow", "scale", "memory",
+                                           "checkpoint"};
     const char *kind = json_string_value(json_object_get(o, "kind"));
     const char *message = json_string_value(json_object_get(o, "message"));
     const char *layer = json_string_value(json_object_get(o, "layer"));
@@ -518,6 +822,8 @@ static void handle_line(daemon_sched *s, worker *w, char *line, size_t len)
         }
     } else if (strcmp(type, "checkpoint") == 0) {
         on_checkpoint(s, w, o);
+    } else if (strcmp(type, "checkpoint_drop") == 0) {
+        on_drop(s, w, o);
     } else if (strcmp(type, "summary") == 0) {
         on_summary(s, w, o, line);
     } else if (strcmp(type, "layers") == 0) {
@@ -531,9 +837,7 @@ static void handle_line(daemon_sched *s, worker *w, char *line, size_t len)
                  (int)w->pid, dev ? dev : "?", field(o, "params"), blas ? blas : "?");
         add_event(s, w->job, w->base_step, "lifecycle", msg, NULL);
     } else if (strcmp(type, "resume") == 0) {
-        snprintf(msg, sizeof(msg), "resumed from the checkpoint at step %lld",
-                 (long long)line_step(o));
-        add_event(s, w->job, w->base_step, "lifecycle", msg, NULL);
+        on_resume(s, w, o);
     } else {
         log_debug("job %lld: ignoring a \"%s\" line", (long long)w->job, type);
     }
@@ -565,7 +869,7 @@ static void split_lines(daemon_sched *s, worker *w)
     }
 }
 
-/* Read what the pipe has; on EOF or error close it. */
+/* Read what the pipe has, while the store takes it (takes_lines); on EOF or error close it. */
 static void read_worker(daemon_sched *s, worker *w)
 {
     while (w->fd >= 0) {
@@ -593,6 +897,8 @@ static void read_worker(daemon_sched *s, worker *w)
             w->len += (size_t)n;
             w->last_output = now_s();
             split_lines(s, w);
+            if (!takes_lines(s, w))
+                return; /* the rest waits in the pipe, and the worker with it */
             continue;
         }
         if (n < 0 && errno == EINTR)
@@ -625,35 +931,44 @@ static void worker_free(worker *w)
     free(w->buf);
     free(w->layers);
     free(w->summary_error);
+    free(w->summary_line);
+    free(w->end_err);
     free(w);
 }
 
-/* The checkpoint file of job at step, or "" when it is gone. */
-static void checkpoint_path(daemon_sched *s, int64_t job, int64_t step, char *out, size_t len)
-{
-    store_checkpoint *cks = NULL;
-    int n = 0;
-    out[0] = '\0';
-    if (step <= 0 || store_checkpoint_list(s->st, job, &cks, &n) != 0)
-        return;
-    for (int i = 0; i < n; i++)
-        if (cks[i].step == step && access(cks[i].path, R_OK) == 0)
-            snprintf(out, len, "%s", cks[i].path);
-    free(cks);
-}
-
-/* Prepare a queued job to restart from its last checkpoint (or from scratch when that is
- * gone): metric rows after it are deleted. *from gets the step it resumes after. */
+/* Prepare a queued job to restart from its newest checkpoint whose file is there (the
+ * worker verifies it and walks back further past damaged ones): the records of the newer
+ * ones whose files are gone are removed, each with an event saying why it was skipped, and
+ * the metric rows after it are deleted. *from gets its step (0: none, from scratch). */
 static int prepare_resume(daemon_sched *s, const store_job *j, char *ckpt, size_t len,
                           int64_t *from)
 {
-    checkpoint_path(s, j->id, j->checkpoint_step, ckpt, len);
-    *from = ckpt[0] ? j->checkpoint_step : 0;
-    if (j->checkpoint_step > 0 && !ckpt[0]) {
-        log_warn("job %lld: the checkpoint at step %lld is gone; starting from scratch",
-                 (long long)j->id, (long long)j->checkpoint_step);
-        store_job_set_checkpoint(s->st, j->id, 0);
+    store_checkpoint *cks = NULL;
+    int n = 0;
+    ckpt[0] = '\0';
+    *from = 0;
+    if (j->checkpoint_step > 0 && store_checkpoint_list(s->st, j->id, &cks, &n) == 0) {
+        for (int i = n - 1; i >= 0 && !ckpt[0]; i--) {
+            if (cks[i].step > j->checkpoint_step)
+                continue;
+            if (access(cks[i].path, R_OK) == 0) {
+                snprintf(ckpt, len, "%s", cks[i].path);
+                *from = cks[i].step;
+                break;
+            }
+            int e = errno;
+            skip_event(s, j->id, cks[i].step, cks[i].path, e == ENOENT ? "missing" : strerror(e));
+            if (e == ENOENT) /* a file that is there but unreadable keeps its record */
+                store_checkpoint_delete(s->st, j->id, cks[i].step);
+        }
+        free(cks);
     }
+    if (j->checkpoint_step > 0 && !ckpt[0])
+        log_warn("job %lld: no checkpoint file is left (the last was at step %lld); starting "
+                 "from scratch",
+                 (long long)j->id, (long long)j->checkpoint_step);
+    if (*from != j->checkpoint_step)
+        store_job_set_checkpoint(s->st, j->id, *from);
     return store_metrics_truncate(s->st, j->id, *from);
 }
 
@@ -671,7 +986,8 @@ static int spawn_locked(daemon_sched *s, const store_job *j, worker **out, char 
     worker *w = calloc(1, sizeof(*w));
     int p[2] = {-1, -1}, logfd = -1, nullfd = -1, k = 0;
     int64_t from = 0;
-    struct rlimit rl;
+    struct rlimit rl, child_rl;
+    bool set_nofile = false;
     long maxfd = 65536;
     pid_t pid, parent = getpid();
     sigset_t all, none, old;
@@ -721,6 +1037,7 @@ static int spawn_locked(daemon_sched *s, const store_job *j, worker **out, char 
     a.argv[k++] = a.every;
     a.argv[k++] = "--checkpoint-dir";
     a.argv[k++] = w->dir;
+    a.argv[k++] = "--no-delete";
     if (a.ckpt[0]) {
         a.argv[k++] = "--resume";
         a.argv[k++] = a.ckpt;
@@ -734,6 +1051,11 @@ static int spawn_locked(daemon_sched *s, const store_job *j, worker **out, char 
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
         rl.rlim_cur < (rlim_t)(1 << 20))
         maxfd = (long)rl.rlim_cur;
+    if (s->cfg.nofile_child && getrlimit(RLIMIT_NOFILE, &child_rl) == 0 &&
+        (rlim_t)s->cfg.nofile_child < child_rl.rlim_cur) {
+        child_rl.rlim_cur = (rlim_t)s->cfg.nofile_child; /* the limit the daemon started with */
+        set_nofile = true;
+    }
 
     /* Every signal stays blocked from before the fork until the child has put every
      * disposition back to the default: a SIGTERM (a cancel) that reaches the child before
@@ -762,6 +1084,8 @@ static int spawn_locked(daemon_sched *s, const store_job *j, worker **out, char 
         if (syscall(SYS_close_range, 3U, ~0U, 0U) != 0)
             for (long fd = 3; fd < maxfd; fd++)
                 close((int)fd);
+        if (set_nofile)
+            setrlimit(RLIMIT_NOFILE, &child_rl);
         sigprocmask(SIG_SETMASK, &none, NULL);
         execv(s->cfg.exe, a.argv);
         {
@@ -784,7 +1108,7 @@ static int spawn_locked(daemon_sched *s, const store_job *j, worker **out, char 
     w->fd = p[0];
     w->pid = pid;
     w->started = w->last_output = now_s();
-    w->base_step = w->last_step = from;
+    w->base_step = w->last_step = w->resumed_from = w->newest_ckpt = from;
     w->final_scale = NAN;
     *out = w;
     return 0;
@@ -806,7 +1130,9 @@ static void start_queued_locked(daemon_sched *s)
 {
     int64_t *ids = NULL;
     int n = 0;
-    if (s->nworkers >= s->cfg.max_running || store_job_ids(s->st, STORE_QUEUED, &ids, &n) != 0)
+    /* while the store cannot write, queued jobs wait: their start is a write too */
+    if (s->nworkers >= s->cfg.max_running || !writes_ok(s) ||
+        store_job_ids(s->st, STORE_QUEUED, &ids, &n) != 0)
         return;
     for (int i = 0; i < n && s->nworkers < s->cfg.max_running; i++) {
         store_job j;
@@ -852,7 +1178,11 @@ static store_status final_status(daemon_sched *s, worker *w, char *err, size_t e
 {
     int n = 0;
     err[0] = '\0';
-    if (w->hung) {
+    if (w->stalled) {
+        n = snprintf(err, errlen,
+                     "stopped: the store could not write the run's history for %d s (%s)",
+                     s->cfg.stall_timeout_s, w->stall_why);
+    } else if (w->hung) {
         n = snprintf(err, errlen, "hung: no output for %d s", s->cfg.worker_timeout_s);
     } else if (WIFEXITED(w->wstatus)) {
         int code = WEXITSTATUS(w->wstatus);
@@ -875,47 +1205,97 @@ static store_status final_status(daemon_sched *s, worker *w, char *err, size_t e
     return STORE_FAILED;
 }
 
-/* The worker has exited: drain its pipe and write the job's end (scheduler thread). The
- * status is written under mu, so that no cancel or resume sees the job half ended. */
-static void finish_worker(daemon_sched *s, worker *w)
+/* Take w out of the table (under mu). */
+static void remove_worker_locked(daemon_sched *s, worker *w)
 {
-    char err[4096], msg[4200];
-    store_status st;
-
-    read_worker(s, w);
-    if (w->fd >= 0) { /* a grandchild holds the pipe open: what the worker wrote is read */
-        close(w->fd);
-        w->fd = -1;
-    }
-    flush_pending(s, w, w->final_scale);
-    store_flush(s->st); /* every metric row is committed before the job says it ended */
-
-    pthread_mutex_lock(&s->mu);
-    st = final_status(s, w, err, sizeof(err));
-    if (st == STORE_FAILED)
-        snprintf(msg, sizeof(msg), "failed: %s", err);
-    else
-        snprintf(msg, sizeof(msg), "%s", store_status_name(st));
-    /* the event first: a finished job's stream ends with its end message */
-    add_event(s, w->job, w->last_step, "lifecycle", msg, NULL);
-    if (store_job_set_status(s->st, w->job, st, st == STORE_FAILED ? err : NULL) != 0)
-        log_error("job %lld: cannot record its end", (long long)w->job);
     for (int i = 0; i < s->nworkers; i++)
         if (s->workers[i] == w) {
             s->workers[i] = s->workers[--s->nworkers];
             break;
         }
-    if (st == STORE_FAILED)
-        s->failed++;
     s->need_schedule = true;
-    pthread_mutex_unlock(&s->mu);
+}
 
-    if (st == STORE_FAILED) /* the first line; the log's lines are in the job's error */
-        log_warn("job %lld: %.*s", (long long)w->job, (int)strcspn(err, "\n"), err);
-    else
-        log_info("job %lld: %s at step %lld", (long long)w->job, store_status_name(st),
-                 (long long)w->last_step);
+/* The worker has exited: drain its pipe and write the job's end (scheduler thread): the
+ * summary and checkpoints the store has not taken yet, every queued row, the lifecycle
+ * event, then the status (which ends the job's stream). The status is decided and written
+ * under mu, so that no cancel or resume sees the job half ended. While the store cannot
+ * write (a full disk, a lock), the end waits: the worker stays in the table, its exit
+ * already known, and a later turn tries again, so that the job is never left running
+ * without a worker; only a daemon that is stopping gives up (give_up), leaving the job to
+ * the next start's recovery. Returns true when w is done with (and freed). */
+static bool finish_worker(daemon_sched *s, worker *w, bool give_up)
+{
+    char err[4096], msg[4200];
+    bool removed = false;
+    int rc;
+
+    if (!w->drained) {
+        read_worker(s, w);
+        if (w->fd >= 0) { /* a grandchild holds the pipe open: what the worker wrote is read */
+            close(w->fd);
+            w->fd = -1;
+        }
+        flush_pending(s, w, w->final_scale);
+        w->drained = true;
+    }
+    /* every metric row is committed before the job says it ended */
+    if ((rc = record_summary(s, w)) == 0 && (rc = record_checkpoints(s, w)) == 0)
+        rc = store_flush(s->st);
+    if (rc == 0) {
+        pthread_mutex_lock(&s->mu);
+        if (!w->end_decided) {
+            w->end_status = final_status(s, w, err, sizeof(err));
+            w->end_err = w->end_status == STORE_FAILED ? strdup(err) : NULL;
+            w->end_decided = true;
+        }
+        if (!w->end_event) { /* once: a finished job's stream ends with its end message */
+            if (w->end_status == STORE_FAILED)
+                snprintf(msg, sizeof(msg), "failed: %s", w->end_err ? w->end_err : "?");
+            else
+                snprintf(msg, sizeof(msg), "%s", store_status_name(w->end_status));
+            add_event(s, w->job, w->last_step, "lifecycle", msg, NULL);
+            w->end_event = true;
+        }
+        rc = store_job_set_status(s->st, w->job, w->end_status,
+                                  w->end_status == STORE_FAILED ? w->end_err : NULL);
+        if (rc == 0 || !transient(rc) || give_up) {
+            remove_worker_locked(s, w);
+            removed = true;
+            if (w->end_status == STORE_FAILED)
+                s->failed++;
+        }
+        pthread_mutex_unlock(&s->mu);
+    }
+    if (rc && transient(rc) && !give_up) {
+        if (!w->end_warned)
+            log_warn("job %lld: worker %d has exited; its end is recorded once the store "
+                     "writes again (%s)",
+                     (long long)w->job, (int)w->pid, store_strerror(rc));
+        w->end_warned = true;
+        w->end_retry_at = now_s() + END_RETRY_S;
+        return false;
+    }
+    if (rc) {
+        log_error("job %lld: cannot record its end (%s)%s", (long long)w->job,
+                  store_strerror(rc),
+                  give_up ? ": it stays running in the store until the next start recovers it"
+                          : "");
+        if (!removed) {
+            pthread_mutex_lock(&s->mu);
+            remove_worker_locked(s, w);
+            pthread_mutex_unlock(&s->mu);
+        }
+    } else if (w->end_status == STORE_FAILED) { /* the first line; the log's are in the error */
+        log_warn("job %lld: %.*s", (long long)w->job,
+                 (int)strcspn(w->end_err ? w->end_err : "?", "\n"), w->end_err ? w->end_err : "?");
+    } else {
+        log_info("job %lld: %s at step %lld%s", (long long)w->job,
+                 store_status_name(w->end_status), (long long)w->last_step,
+                 w->end_warned ? " (recorded once the store could write again)" : "");
+    }
     worker_free(w);
+    return true;
 }
 
 /* Signal a worker's process group (under mu, or on the scheduler thread for kills). */
@@ -927,6 +1307,40 @@ static void signal_worker(worker *w, int sig)
         kill(w->pid, sig);
 }
 
+/* A worker paused longer than stall_timeout_s: stop it (it checkpoints and exits, read as
+ * any stopping worker); its job fails with the store's reason (under mu). */
+static void stall_worker(daemon_sched *s, worker *w, double now)
+{
+    store_health h;
+    store_get_health(s->st, &h);
+    snprintf(w->stall_why, sizeof(w->stall_why), "%s",
+             h.code ? h.message : "its queue stayed full");
+    log_warn("job %lld: worker %d has waited %d s for the store (%s); stopping it, the job "
+             "fails",
+             (long long)w->job, (int)w->pid, s->cfg.stall_timeout_s, w->stall_why);
+    w->stalled = true;
+    w->term_sent = true;
+    w->term_at = now;
+    signal_worker(w, SIGTERM);
+}
+
+/* Log when the scheduler starts and stops leaving workers unread for the store. */
+static void note_pause(daemon_sched *s, int paused, double now)
+{
+    store_health h;
+    if (paused > 0 && !s->pausing) {
+        store_get_health(s->st, &h);
+        log_warn("the store cannot take more (%s, %lld items held): %d worker(s) paused until "
+                 "it can",
+                 h.code ? h.message : "its queue is full", (long long)h.held, paused);
+        s->pausing = true;
+        s->pause_start = now;
+    } else if (paused == 0 && s->pausing) {
+        log_info("the store takes the workers' lines again after %.1f s", now - s->pause_start);
+        s->pausing = false;
+    }
+}
+
 /* ---- the scheduler thread ----------------------------------------------------------------- */
 
 static void *sched_main(void *arg)
@@ -935,7 +1349,8 @@ static void *sched_main(void *arg)
     struct pollfd *fds = calloc((size_t)s->cfg.max_running + 1, sizeof(*fds));
     worker **polled = calloc((size_t)s->cfg.max_running + 1, sizeof(*polled));
     bool stopping = false;
-    double stop_deadline = 0, last_schedule = 0;
+    double stop_deadline = 0, last_schedule = 0, last_reap = 0, held_up;
+    int paused;
 
     if (!fds || !polled) {
         log_error("out of memory: the scheduler cannot run");
@@ -973,15 +1388,27 @@ static void *sched_main(void *arg)
         }
         fds[0].fd = s->wake[0];
         fds[0].events = POLLIN;
-        for (int i = 0; i < s->nworkers; i++)
-            if (s->workers[i]->fd >= 0) {
-                polled[nfds] = s->workers[i];
-                fds[nfds].fd = s->workers[i]->fd;
-                fds[nfds].events = POLLIN;
-                fds[nfds].revents = 0;
-                nfds++;
+        paused = 0;
+        for (int i = 0; i < s->nworkers; i++) {
+            worker *w = s->workers[i];
+            if (w->fd < 0)
+                continue;
+            if (!takes_lines(s, w)) { /* back-pressure: the worker blocks on its pipe */
+                if (!w->paused)
+                    w->paused_since = now;
+                w->paused = true;
+                paused++;
+                continue;
             }
+            w->paused = false;
+            polled[nfds] = w;
+            fds[nfds].fd = w->fd;
+            fds[nfds].events = POLLIN;
+            fds[nfds].revents = 0;
+            nfds++;
+        }
         pthread_mutex_unlock(&s->mu);
+        note_pause(s, paused, now);
 
         if (poll(fds, (nfds_t)nfds, POLL_MS) < 0 && errno != EINTR)
             log_warn("poll: %s", strerror(errno));
@@ -993,21 +1420,36 @@ static void *sched_main(void *arg)
         for (int i = 1; i < nfds; i++)
             if (fds[i].revents)
                 read_worker(s, polled[i]);
+        for (int i = 0; i < s->nworkers; i++) /* checkpoints the store could not take before */
+            if (s->workers[i]->nckpts > 0 && !s->workers[i]->exited && writes_ok(s))
+                record_checkpoints(s, s->workers[i]);
 
         /* Reap, kill the hung and the slow to stop, end the exited. The table changes only
          * on this thread, so it can be walked here without mu; the flags that cancel sets
          * are read under it. */
         now = now_s();
+        /* A worker is hung when it says nothing while the scheduler listens: a turn that
+         * took long (this thread waited in a store call, up to its busy timeout) counts for
+         * at most TURN_MAX_S of its silence. */
+        held_up = last_reap > 0 && now - last_reap > TURN_MAX_S ? now - last_reap - TURN_MAX_S : 0;
+        last_reap = now;
         pthread_mutex_lock(&s->mu);
         for (int i = 0; i < s->nworkers; i++) {
             worker *w = s->workers[i];
             int status;
             if (w->exited)
                 continue;
+            w->last_output += held_up;
             if (waitpid(w->pid, &status, WNOHANG) == w->pid) {
                 w->exited = true;
                 w->wstatus = status;
                 continue;
+            }
+            if (w->paused) { /* silent because it is not read: not hung */
+                w->last_output = now;
+                if (!w->term_sent && s->cfg.stall_timeout_s > 0 &&
+                    now - w->paused_since > s->cfg.stall_timeout_s)
+                    stall_worker(s, w, now);
             }
             if (!w->hung && !w->term_sent && s->cfg.worker_timeout_s > 0 &&
                 now - w->last_output > s->cfg.worker_timeout_s) {
@@ -1027,10 +1469,11 @@ static void *sched_main(void *arg)
         pthread_mutex_unlock(&s->mu);
         for (int i = 0; i < s->nworkers;) {
             worker *w = s->workers[i];
-            if (w->exited)
-                finish_worker(s, w); /* removes w: the next one moves to slot i */
-            else
-                i++;
+            if (w->exited && now >= w->end_retry_at &&
+                (!w->end_warned || writes_ok(s) || stopping) &&
+                finish_worker(s, w, stopping && now > stop_deadline))
+                continue; /* w is gone: the next one moved to slot i */
+            i++;
         }
     }
     free(fds);

@@ -5,7 +5,9 @@
  * `ampd run` child process: the job's spec on disk, JSON lines on a pipe, stderr in
  * <data_dir>/jobs/<id>/worker.log), reads their lines into the store,
  * supervises them (crash: the job fails with the signal and the log's last lines; no
- * output for worker_timeout_s: killed and failed as hung) and finishes them. Cancel sends
+ * output for worker_timeout_s: killed and failed as hung; left unread while the store cannot
+ * write: paused, stopped and failed after stall_timeout_s) and finishes them, recording a
+ * job's end once the store can. Cancel sends
  * SIGTERM: the worker checkpoints and exits, the job becomes cancelled. Stop sends SIGTERM
  * to every worker: they checkpoint and their jobs become interrupted. At start, jobs left
  * running by a dead daemon become interrupted; interrupted jobs are queued again and
@@ -13,7 +15,8 @@
  * max_retries restarts have been used, then they fail.
  *
  * Errors: the daemon_sched_* calls return 0 or the store's codes (STORE_ENOTFOUND,
- * STORE_ECONFLICT, STORE_EIO; store_strerror); daemon_mkdirs returns -1 with errno.
+ * STORE_ECONFLICT, STORE_EIO, STORE_EFULL, STORE_EBUSY; store_strerror); daemon_mkdirs
+ * returns -1 with errno.
  *
  * Threads: the daemon_sched_* calls are thread-safe (the HTTP threads call them).
  */
@@ -38,6 +41,12 @@ typedef struct {
     int max_running;        /* concurrent workers (1) */
     int max_retries;        /* automatic resumes of an interrupted job (3) */
     int worker_timeout_s;   /* a worker silent this long is hung (600) */
+    /* The open-file soft limit workers start with; 0: this process's (ampd serve raises its
+     * own for connections and gives workers the one it started with). */
+    unsigned long nofile_child;
+    /* A worker left unread this long because the store cannot write is stopped and its job
+     * failed (3600; 0: never). */
+    int stall_timeout_s;
 } daemon_sched_config;
 
 /* Recover jobs left by a previous daemon (see above) and start the scheduler thread.

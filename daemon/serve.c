@@ -1,8 +1,9 @@
 /*
  * serve.c - `ampd serve`: the daemon. Opens the store, recovers and starts the scheduler,
  * starts the HTTP server, then waits for SIGTERM or SIGINT and stops in the reverse order:
- * the server (closing SSE streams), the scheduler (running jobs checkpoint and become
- * interrupted), the store.
+ * the server (closing SSE streams; a request still busy after 5 s is left behind), the
+ * scheduler (running jobs checkpoint and become interrupted, 30 s at most), the store (only
+ * flushed when a request was left behind, which may still read it; the process exits).
  *
  * The dashboard (web/: index.html, css/, js/, vendor/) is served at / from --web-root, else
  * from web/ beside the ampd executable when that holds index.html (the build tree), else
@@ -19,6 +20,10 @@
  * without a token, a --web-root without index.html) print one line and exit 1 (2 for bad
  * usage); nothing after start-up exits.
  *
+ * At start it raises its open-file soft limit to the hard limit, since every HTTP connection
+ * is a descriptor (the server's connection cap follows from the limit); workers are given
+ * the old soft limit back.
+ *
  * Threads: SIGTERM, SIGINT (and SIGPIPE, ignored) are blocked before any thread starts, so
  * every thread inherits the mask and the main thread takes them with sigwait(). Workers get
  * a clean mask (sched.c). After the first signal a second SIGINT kills the daemon at once.
@@ -31,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -59,7 +65,11 @@ typedef struct {
     char token[256];
     int nroots;
     char roots[DAEMON_MAX_ROOTS][512];
-    int max_running, max_retries, worker_timeout_s, metrics_keep_s;
+    int nallow_hosts, nallow_origins;
+    char allow_hosts[API_MAX_ALLOW][API_ALLOW_LEN];
+    char allow_origins[API_MAX_ALLOW][API_ALLOW_LEN];
+    int max_running, max_retries, worker_timeout_s, stall_timeout_s, metrics_keep_s;
+    int head_timeout_s, max_per_addr;
     bool demo, no_dashboard;
 } serve_args;
 
@@ -80,8 +90,23 @@ static void usage(FILE *f)
                "  --max-running N      jobs that run at once (default 1)\n"
                "  --max-retries N      automatic resumes of an interrupted job (default 3)\n"
                "  --worker-timeout S   a worker silent this long is killed as hung (default 600)\n"
+               "  --stall-timeout S    a job whose worker has waited this long for the store to\n"
+               "                       write (a full disk, a lock) is stopped and failed\n"
+               "                       (default 3600; 0: it waits as long as it takes)\n"
                "  --metrics-keep S     /metrics keeps a finished job's series S seconds, so that\n"
                "                       Prometheus scrapes its final values (default 3600; 0: no)\n"
+               "  --head-timeout S     a connection must send a whole request head (request\n"
+               "                       line and headers) within S seconds of opening or of its\n"
+               "                       previous request's end, or it is closed (default 10)\n"
+               "  --max-per-address N  connections from one address beyond loopback (an IPv6\n"
+               "                       /64 counts as one); more are refused (default 64)\n"
+               "  --allow-host NAME[:PORT]  also answer requests whose Host header is NAME\n"
+               "                       (any port, or PORT only); the daemon answers only to\n"
+               "                       localhost, 127.0.0.1, [::1] and the listen address with\n"
+               "                       its port otherwise (repeatable, at most %d)\n"
+               "  --allow-origin ORIGIN  admit requests from pages of ORIGIN (http://host:port),\n"
+               "                       refused otherwise unless they are the daemon's own\n"
+               "                       (repeatable, at most %d)\n"
                "  --port-file FILE     write the bound port to FILE once listening (for tests)\n"
                "  --web-root DIR       the dashboard's files (default: web/ beside the ampd\n"
                "                       binary when it holds index.html, else %s)\n"
@@ -89,7 +114,7 @@ static void usage(FILE *f)
                "  --demo               on an empty database, queue the Fashion-MNIST MLP in\n"
                "                       fp32, fp16 and bf16 (the side-by-side experiment)\n"
                "  --help, --version\n",
-            AMPD_WEBDIR[0] ? AMPD_WEBDIR : "none");
+            API_MAX_ALLOW, API_MAX_ALLOW, AMPD_WEBDIR[0] ? AMPD_WEBDIR : "none");
 }
 
 /* A whole number in [lo, hi], or -1 with a message. */
@@ -115,6 +140,26 @@ static int str_arg(const char *opt, const char *v, char *out, size_t len)
         return -1;
     }
     memcpy(out, v, strlen(v) + 1);
+    return 0;
+}
+
+/* One more --allow-host or --allow-origin value, checked by check; -1 with a message. */
+static int allow_arg(const char *opt, const char *v,
+                     int (*check)(const char *v, char *err, size_t errlen),
+                     char (*list)[API_ALLOW_LEN], int *n)
+{
+    char why[400];
+    if (*n >= API_MAX_ALLOW) {
+        fprintf(stderr, "ampd serve: at most %d %s options\n", API_MAX_ALLOW, opt);
+        return -1;
+    }
+    if (check(v, why, sizeof(why)) != 0) {
+        fprintf(stderr, "ampd serve: %s %s\n", opt, why);
+        return -1;
+    }
+    if (str_arg(opt, v, list[*n], API_ALLOW_LEN) != 0)
+        return -1;
+    (*n)++;
     return 0;
 }
 
@@ -176,8 +221,13 @@ static int parse_args(int argc, char **argv, serve_args *a)
         O_MAXRUN,
         O_RETRIES,
         O_TIMEOUT,
+        O_STALL,
         O_KEEP,
+        O_HEAD,
+        O_ADDR,
         O_PORTFILE,
+        O_ALLOW_HOST,
+        O_ALLOW_ORIGIN,
         O_WEBROOT,
         O_NODASH,
         O_DEMO,
@@ -192,8 +242,14 @@ static int parse_args(int argc, char **argv, serve_args *a)
                                              {"max-running", required_argument, NULL, O_MAXRUN},
                                              {"max-retries", required_argument, NULL, O_RETRIES},
                                              {"worker-timeout", required_argument, NULL, O_TIMEOUT},
+                                             {"stall-timeout", required_argument, NULL, O_STALL},
                                              {"metrics-keep", required_argument, NULL, O_KEEP},
+                                             {"head-timeout", required_argument, NULL, O_HEAD},
+                                             {"max-per-address", required_argument, NULL, O_ADDR},
                                              {"port-file", required_argument, NULL, O_PORTFILE},
+                                             {"allow-host", required_argument, NULL, O_ALLOW_HOST},
+                                             {"allow-origin", required_argument, NULL,
+                                              O_ALLOW_ORIGIN},
                                              {"web-root", required_argument, NULL, O_WEBROOT},
                                              {"no-dashboard", no_argument, NULL, O_NODASH},
                                              {"demo", no_argument, NULL, O_DEMO},
@@ -207,7 +263,10 @@ static int parse_args(int argc, char **argv, serve_args *a)
     a->max_running = 1;
     a->max_retries = 3;
     a->worker_timeout_s = 600;
+    a->stall_timeout_s = 3600;
     a->metrics_keep_s = 3600;
+    a->head_timeout_s = 10;
+    a->max_per_addr = 64;
     optind = 1;
     while (!bad && (ch = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         switch (ch) {
@@ -241,11 +300,28 @@ static int parse_args(int argc, char **argv, serve_args *a)
         case O_TIMEOUT:
             bad = int_arg("--worker-timeout", optarg, 1, 7 * 24 * 3600, &a->worker_timeout_s);
             break;
+        case O_STALL:
+            bad = int_arg("--stall-timeout", optarg, 0, 30 * 24 * 3600, &a->stall_timeout_s);
+            break;
         case O_KEEP:
             bad = int_arg("--metrics-keep", optarg, 0, 30 * 24 * 3600, &a->metrics_keep_s);
             break;
+        case O_HEAD:
+            bad = int_arg("--head-timeout", optarg, 1, 3600, &a->head_timeout_s);
+            break;
+        case O_ADDR:
+            bad = int_arg("--max-per-address", optarg, 1, 1000000, &a->max_per_addr);
+            break;
         case O_PORTFILE:
             bad = str_arg("--port-file", optarg, a->port_file, sizeof(a->port_file));
+            break;
+        case O_ALLOW_HOST:
+            bad = allow_arg("--allow-host", optarg, api_check_allow_host, a->allow_hosts,
+                            &a->nallow_hosts);
+            break;
+        case O_ALLOW_ORIGIN:
+            bad = allow_arg("--allow-origin", optarg, api_check_allow_origin, a->allow_origins,
+                            &a->nallow_origins);
             break;
         case O_WEBROOT:
             bad = str_arg("--web-root", optarg, a->web_root, sizeof(a->web_root));
@@ -436,6 +512,7 @@ static int sched_config(const serve_args *a, daemon_sched_config *sc, char *err,
     sc->max_running = a->max_running;
     sc->max_retries = a->max_retries;
     sc->worker_timeout_s = a->worker_timeout_s;
+    sc->stall_timeout_s = a->stall_timeout_s;
     return 0;
 }
 
@@ -451,6 +528,12 @@ static int api_config_fill(const serve_args *a, api_config *ac, char *err, size_
     snprintf(ac->token, sizeof(ac->token), "%s", a->token);
     ac->max_body = 1 << 20;
     ac->metrics_keep_s = a->metrics_keep_s;
+    ac->head_timeout_s = a->head_timeout_s;
+    ac->max_per_addr = a->max_per_addr;
+    ac->nallow_hosts = a->nallow_hosts;
+    memcpy(ac->allow_hosts, a->allow_hosts, sizeof(ac->allow_hosts));
+    ac->nallow_origins = a->nallow_origins;
+    memcpy(ac->allow_origins, a->allow_origins, sizeof(ac->allow_origins));
     ac->spec.nroots = a->nroots;
     for (int i = 0; i < a->nroots; i++)
         snprintf(ac->spec.roots[i], sizeof(ac->spec.roots[i]), "%s", a->roots[i]);
@@ -477,6 +560,27 @@ static int take_locks(const serve_args *a, int *dir_fd, int *db_fd, char *err, s
         return -1;
     }
     return 0;
+}
+
+/* Raise the open-file soft limit to the hard limit: every connection is a descriptor, and the
+ * server's connection cap follows from the limit. *was becomes the soft limit before (the
+ * one workers get back), 0 when it was not changed. */
+static void raise_nofile(unsigned long *was)
+{
+    struct rlimit rl;
+    rlim_t before;
+
+    *was = 0;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max)
+        return;
+    before = rl.rlim_cur;
+    rl.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
+        log_warn("cannot raise the open-file limit from %llu to its hard limit: %s",
+                 (unsigned long long)before, strerror(errno));
+        return;
+    }
+    *was = (unsigned long)before;
 }
 
 /* The URL clients use: the listen address with the bound port. */
@@ -537,6 +641,8 @@ int daemon_serve_main(int argc, char **argv)
         api_config_fill(&a, &ac, err, sizeof(err)) != 0)
         goto startup_error;
 
+    raise_nofile(&sc.nofile_child);
+
     /* Before any thread exists: every thread inherits this mask. */
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
@@ -586,9 +692,16 @@ int daemon_serve_main(int argc, char **argv)
     sigaddset(&set, SIGINT);
     signal(SIGINT, SIG_DFL);
     pthread_sigmask(SIG_UNBLOCK, &set, NULL);
-    api_stop(api);
+    rc = api_stop(api);
     daemon_sched_stop(sched);
-    store_close(st);
+    if (rc == 0) {
+        store_close(st);
+    } else {
+        /* a request handler is still busy and may read the store: commit what is queued,
+         * leave the connections open, and exit */
+        store_flush(st);
+        log_warn("exiting with a request still in progress");
+    }
     daemon_lock_release(db_lock);
     daemon_lock_release(dir_lock);
     log_info("stopped");

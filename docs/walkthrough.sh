@@ -35,7 +35,7 @@ while curl -s localhost:8080/v1/jobs | grep -q '"status":"\(queued\|running\)"';
 run "curl -s 'localhost:8080/v1/compare?ids=3,1,2'"
 curl -s -H 'Content-Type: application/json' -d '{"name": "long", "model": {"layers": [784, 256, 10]}, "steps": 100000}' localhost:8080/v1/jobs >/dev/null
 sleep 4
-run "curl -s -X POST localhost:8080/v1/jobs/4/cancel | head -c 160; echo; sleep 2; curl -s -X POST localhost:8080/v1/jobs/4/resume | head -c 160"
+run "curl -s -X POST -H 'Content-Type: application/json' localhost:8080/v1/jobs/4/cancel | head -c 160; echo; sleep 2; curl -s -X POST -H 'Content-Type: application/json' localhost:8080/v1/jobs/4/resume | head -c 160"
 sleep 1
 run "curl -s localhost:8080/metrics | grep -E '^(# TYPE ampd_loss_scale|ampd_loss_scale|# TYPE ampd_jobs|ampd_jobs|ampd_step_seconds)'"
 rm -f ckpt.safetensors # the download the walk-through shows

@@ -46,7 +46,8 @@ extern "C" {
     X(GPU_ENONFINITE, -8, "non-finite loss")                                       \
     X(GPU_ECUDA, -9, "CUDA error")                                                 \
     X(GPU_EINTR, -10, "interrupted")                                               \
-    X(GPU_ECOMM, -11, "collective communication failed")
+    X(GPU_ECOMM, -11, "collective communication failed")                           \
+    X(GPU_ETIMEDOUT, -12, "timed out")
 
 enum gpu_error {
 #define GPU_ERR_ENUM(name, val, msg) name = (val),
@@ -376,6 +377,8 @@ typedef struct {
     uint64_t seed;
     int64_t eval_every;          /* 0: only at the end */
     int64_t checkpoint_every;
+    int checkpoint_keep_last;    /* checkpoints kept (3); 0: every one */
+    int checkpoint_keep_best;    /* also kept: the lowest eval losses (1) */
     int64_t diagnostics_every;
     int threads;                 /* BLAS threads; 0: all cores */
     char device[16];             /* "auto" (CUDA device 0 when one is usable, else the CPU),

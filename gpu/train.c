@@ -129,6 +129,8 @@ void gpu_job_defaults(gpu_job_config *c)
     c->seed = 1;
     c->eval_every = 0;
     c->checkpoint_every = 0;
+    c->checkpoint_keep_last = 3;
+    c->checkpoint_keep_best = 1;
     c->diagnostics_every = 0;
     c->threads = 0;
     c->grad_accum_steps = 1;

@@ -25,6 +25,7 @@
  *
  * Threads: a store_conn is used by one thread at a time (the caller's lock or thread).
  */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -175,7 +176,8 @@ _Static_assert(STORE_L_NFIELDS == 8, "the layer column lists below have 8 fields
 #define ROLLUP_COLS "bucket,step_first,step_last,count,flags,nf_mask" STORE_METRICS(PRCOL_)
 #define JOB_COLS                                                                                   \
     "id,name,dtype,status,created_at,started_at,finished_at,steps,step,checkpoint_step,"           \
-    "retries,cancel_requested,spec,summary,error"
+    "retries,cancel_requested,spec,summary,error,"                                                 \
+    "(SELECT COALESCE(SUM(bytes), 0) FROM checkpoints WHERE checkpoints.job_id = jobs.id)"
 
 /* clang-format off */
 /* The fields ?1..?N, then the STORE_MU_ parameters (store_int.h) in the order they first
@@ -292,6 +294,8 @@ static const char *const stmt_sql[ST_COUNT] = {
                     "path=excluded.path, bytes=excluded.bytes, created_at=excluded.created_at",
     [ST_CKPT_LIST] = "SELECT step, bytes, created_at, path FROM checkpoints WHERE job_id=?1 "
                      "ORDER BY step",
+    [ST_CKPT_DELETE] = "DELETE FROM checkpoints WHERE job_id=?1 AND step=?2",
+    [ST_STREAM_CKPT_DELETE] = "DELETE FROM stream WHERE job_id=?1 AND step=?2 AND kind=3",
     [ST_STREAM_ADD] = "INSERT INTO stream(job_id, step, kind, ref) VALUES(?1, ?2, ?3, ?4)",
     [ST_STREAM_END] = "INSERT INTO stream(job_id, step, kind) SELECT id, step, 5 FROM jobs "
                       "WHERE id=?1",
@@ -371,6 +375,12 @@ int store_sql_error(sqlite3 *db, sqlite3_stmt *st, int rc, const char *func)
         return STORE_ENOTFOUND;
     if (prim == SQLITE_CONSTRAINT)
         return STORE_ECONFLICT;
+    if (prim == SQLITE_FULL || prim == SQLITE_BUSY || prim == SQLITE_LOCKED ||
+        (prim == SQLITE_IOERR && db && sqlite3_system_errno(db) == ENOSPC)) {
+        log_debug("%s: sqlite error %d (%s)", func, rc,
+                  db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
+        return prim == SQLITE_BUSY || prim == SQLITE_LOCKED ? STORE_EBUSY : STORE_EFULL;
+    }
     log_error("%s: sqlite error %d (%s)%s%s", func, rc,
               db ? sqlite3_errmsg(db) : sqlite3_errstr(rc), st ? " in: " : "",
               st ? sqlite3_sql(st) : "");
@@ -442,6 +452,25 @@ static int exec_const(sqlite3 *db, const char *sql)
         return STORE_EIO;
     }
     return 0;
+}
+
+static int first_int(void *arg, int n, char **vals, char **names)
+{
+    (void)names;
+    if (n > 0 && vals[0])
+        *(int *)arg = atoi(vals[0]);
+    return 0;
+}
+
+int store_probe_write(store_conn *c)
+{
+    char sql[48];
+    int v = 0, rc = sqlite3_exec(c->db, "PRAGMA user_version", first_int, &v, NULL);
+    if (rc == SQLITE_OK) {
+        snprintf(sql, sizeof(sql), "PRAGMA user_version=%d", v);
+        rc = sqlite3_exec(c->db, sql, NULL, NULL, NULL);
+    }
+    return rc == SQLITE_OK ? 0 : store_sql_error(c->db, NULL, rc, __func__);
 }
 
 static int first_text(void *arg, int n, char **vals, char **names)

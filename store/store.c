@@ -269,6 +269,21 @@ void store_close(store *s)
     free(s);
 }
 
+/* ---- synchronous writes -------------------------------------------------------------------- */
+
+int store_wbegin(store *s)
+{
+    pthread_mutex_lock(&s->wlock);
+    return atomic_load(&s->fault);
+}
+
+int store_wend(store *s, int rc)
+{
+    pthread_mutex_unlock(&s->wlock);
+    store_writer_probe(s, rc);
+    return rc;
+}
+
 /* ---- the stream ------------------------------------------------------------------------------ */
 
 void store_committed(store *s)
@@ -438,6 +453,7 @@ static int job_from_row(sqlite3_stmt *st, store_job *j)
     j->spec = column_dup(st, 12);
     j->summary = column_dup(st, 13);
     j->error = column_dup(st, 14);
+    j->checkpoint_bytes = sqlite3_column_int64(st, 15);
     if (!j->spec || (sqlite3_column_type(st, 13) != SQLITE_NULL && !j->summary) ||
         (sqlite3_column_type(st, 14) != SQLITE_NULL && !j->error)) {
         store_job_clear(j);
@@ -477,7 +493,8 @@ int store_job_insert(store *s, const char *name, const char *dtype, int64_t step
         return STORE_EINVAL;
     if (existed)
         *existed = false;
-    pthread_mutex_lock(&s->wlock);
+    if ((rc = store_wbegin(s)) != 0)
+        goto out;
     /* a retry finds its job before any insert, so that it consumes no id (AUTOINCREMENT
      * counts an insert that the key's conflict turns into nothing) */
     if (idem_key && (rc = job_by_idem(s, idem_key, id)) <= 0) {
@@ -512,8 +529,7 @@ int store_job_insert(store *s, const char *name, const char *dtype, int64_t step
             *existed = true;
     }
 out:
-    pthread_mutex_unlock(&s->wlock);
-    return rc;
+    return store_wend(s, rc);
 }
 
 int store_job_get(store *s, int64_t id, store_job *out)
@@ -607,12 +623,9 @@ int store_job_set_status(store *s, int64_t id, store_status stat, const char *er
     /* The end of the stream comes after every row the job queued. */
     if (store_status_finished(stat) && (rc = store_flush(s)) != 0)
         return rc;
-    pthread_mutex_lock(&s->wlock);
     /* one transaction: a reader that sees the job finished sees its end row */
-    if ((rc = store_exec_stmt(s->w, ST_BEGIN_IMMEDIATE)) != 0) {
-        pthread_mutex_unlock(&s->wlock);
-        return rc;
-    }
+    if ((rc = store_wbegin(s)) != 0 || (rc = store_exec_stmt(s->w, ST_BEGIN_IMMEDIATE)) != 0)
+        return store_wend(s, rc);
     if (!(st = store_stmt(s->w, ST_JOB_STATUS))) {
         rc = STORE_EIO;
     } else {
@@ -635,9 +648,9 @@ int store_job_set_status(store *s, int64_t id, store_status stat, const char *er
     }
     if (rc == 0)
         rc = store_exec_stmt(s->w, ST_COMMIT);
-    if (rc)
+    if (rc && !sqlite3_get_autocommit(s->w->db))
         store_exec_stmt(s->w, ST_ROLLBACK);
-    pthread_mutex_unlock(&s->wlock);
+    store_wend(s, rc);
     store_committed(s);
     return rc;
 }
@@ -650,16 +663,16 @@ static int job_set_int(store *s, int stmt, int64_t id, int64_t v, const char *fu
 
     if (!s)
         return STORE_EINVAL;
-    pthread_mutex_lock(&s->wlock);
-    if (!(st = store_stmt(s->w, stmt))) {
+    if ((rc = store_wbegin(s)) != 0) {
+        /* the injected fault */
+    } else if (!(st = store_stmt(s->w, stmt))) {
         rc = STORE_EIO;
     } else {
         sqlite3_bind_int64(st, 1, id);
         sqlite3_bind_int64(st, 2, v);
         rc = step_change(s, st, func);
     }
-    pthread_mutex_unlock(&s->wlock);
-    return rc;
+    return store_wend(s, rc);
 }
 
 int store_job_set_summary(store *s, int64_t id, const char *summary_json)
@@ -669,16 +682,16 @@ int store_job_set_summary(store *s, int64_t id, const char *summary_json)
 
     if (!s)
         return STORE_EINVAL;
-    pthread_mutex_lock(&s->wlock);
-    if (!(st = store_stmt(s->w, ST_JOB_SUMMARY))) {
+    if ((rc = store_wbegin(s)) != 0) {
+        /* the injected fault */
+    } else if (!(st = store_stmt(s->w, ST_JOB_SUMMARY))) {
         rc = STORE_EIO;
     } else {
         sqlite3_bind_int64(st, 1, id);
         bind_text(st, 2, summary_json);
         rc = step_change(s, st, __func__);
     }
-    pthread_mutex_unlock(&s->wlock);
-    return rc;
+    return store_wend(s, rc);
 }
 
 int store_job_set_checkpoint(store *s, int64_t id, int64_t step)
@@ -710,8 +723,9 @@ int store_job_delete(store *s, int64_t id)
     /* Rows queued before the delete are committed first, so the cascade removes them too. */
     if ((rc = store_flush(s)) != 0)
         return rc;
-    pthread_mutex_lock(&s->wlock);
-    if (!(st = store_stmt(s->w, ST_JOB_DELETE))) {
+    if ((rc = store_wbegin(s)) != 0) {
+        /* the injected fault */
+    } else if (!(st = store_stmt(s->w, ST_JOB_DELETE))) {
         rc = STORE_EIO;
     } else {
         sqlite3_bind_int64(st, 1, id);
@@ -720,7 +734,7 @@ int store_job_delete(store *s, int64_t id)
         rc = step_change(s, st, __func__);
         store_writer_forget(s, id, INT64_MIN);
     }
-    pthread_mutex_unlock(&s->wlock);
+    store_wend(s, rc);
     store_committed(s);
     return rc;
 }
@@ -840,9 +854,14 @@ int store_checkpoint_add(store *s, int64_t job, int64_t step, const char *path, 
     if (!s || !path || step < 0 || bytes < 0 ||
         strlen(path) >= sizeof(((store_checkpoint *)0)->path))
         return STORE_EINVAL;
-    if ((rc = store_flush(s)) != 0) /* its stream row comes after everything queued */
+    /* Every row queued before it (the steps up to the checkpoint) is durable first, and its
+     * stream row comes after them: a checkpoint is never recorded over rows the store
+     * holds but could not write (the flush fails instead). */
+    if ((rc = store_flush(s)) != 0)
         return rc;
-    pthread_mutex_lock(&s->wlock);
+    /* one transaction: the row and its stream row, or neither (a retry adds no duplicate) */
+    if ((rc = store_wbegin(s)) != 0 || (rc = store_exec_stmt(s->w, ST_BEGIN_IMMEDIATE)) != 0)
+        return store_wend(s, rc);
     if (!(st = store_stmt(s->w, ST_CKPT_ADD))) {
         rc = STORE_EIO;
     } else {
@@ -855,7 +874,40 @@ int store_checkpoint_add(store *s, int64_t job, int64_t step, const char *path, 
     }
     if (rc == 0)
         rc = store_stream_add(s, job, step, STORE_SM_CHECKPOINT, 0);
-    pthread_mutex_unlock(&s->wlock);
+    if (rc == 0)
+        rc = store_exec_stmt(s->w, ST_COMMIT);
+    if (rc && !sqlite3_get_autocommit(s->w->db))
+        store_exec_stmt(s->w, ST_ROLLBACK);
+    store_wend(s, rc);
+    store_committed(s);
+    return rc;
+}
+
+int store_checkpoint_delete(store *s, int64_t job, int64_t step)
+{
+    sqlite3_stmt *st;
+    int rc;
+
+    if (!s)
+        return STORE_EINVAL;
+    if ((rc = store_wbegin(s)) != 0 || (rc = store_exec_stmt(s->w, ST_BEGIN_IMMEDIATE)) != 0)
+        return store_wend(s, rc);
+    for (int k = 0; k < 2 && rc == 0; k++) {
+        if (!(st = store_stmt(s->w, k == 0 ? ST_CKPT_DELETE : ST_STREAM_CKPT_DELETE))) {
+            rc = STORE_EIO;
+            break;
+        }
+        sqlite3_bind_int64(st, 1, job);
+        sqlite3_bind_int64(st, 2, step);
+        rc = step_change(s, st, __func__);
+        if (k == 1 && rc == STORE_ENOTFOUND)
+            rc = 0; /* a checkpoint recorded before the stream existed has no row there */
+    }
+    if (rc == 0)
+        rc = store_exec_stmt(s->w, ST_COMMIT);
+    if (rc && !sqlite3_get_autocommit(s->w->db))
+        store_exec_stmt(s->w, ST_ROLLBACK);
+    store_wend(s, rc);
     store_committed(s);
     return rc;
 }

@@ -12,7 +12,10 @@
  * writer thread, which commits them in batched transactions and checkpoints the WAL
  * periodically. Job rows are written synchronously (they are rare and callers need them
  * durable before they answer). store_flush() waits until everything queued before it is
- * committed.
+ * committed. A write that fails for want of space, for another process's lock or an I/O
+ * error drops nothing: the writer holds the batch and retries it until it commits,
+ * store_flush and the synchronous writes report the failure (STORE_EFULL, STORE_EBUSY,
+ * STORE_EIO), and store_get_health says why until writing works again.
  *
  * Threads: every function is thread-safe. Reads use one SQLite connection per calling
  * thread (opened on first use); the writer thread owns the write connection.
@@ -34,7 +37,9 @@
     X(STORE_ENOTFOUND, -101, "not found")                                                          \
     X(STORE_ECONFLICT, -102, "conflict (wrong state for the operation, or a duplicate)")          \
     X(STORE_EIO, -103, "database error")                                                           \
-    X(STORE_EINVAL, -104, "invalid argument")
+    X(STORE_EINVAL, -104, "invalid argument")                                                      \
+    X(STORE_EFULL, -105, "the disk is full")                                                       \
+    X(STORE_EBUSY, -106, "the database is locked by another process")
 #define STORE_ERR_ENUM_(name, val, msg) name = (val),
 enum { STORE_ERRORS(STORE_ERR_ENUM_) };
 #undef STORE_ERR_ENUM_
@@ -84,7 +89,11 @@ bool store_status_finished(store_status s);    /* succeeded, failed or cancelled
 int store_open(const char *path, store **out);
 /* Flush the writer, stop it and close every connection. NULL is accepted. */
 void store_close(store *s);
-/* Wait until everything queued so far is committed. */
+/* Wait until everything queued so far is committed: 0. When the writer cannot commit it
+ * (store_get_health), the code of its failed attempt (STORE_EFULL, STORE_EBUSY, STORE_EIO)
+ * instead, without waiting for its next one: at once when the writer was already failing,
+ * else when its current attempt fails (at most the busy timeout, 5 s). Nothing queued is
+ * dropped: the writer keeps retrying, and a later flush succeeds once it has committed. */
 int store_flush(store *s);
 /* The schema version this ampd writes (a database of a higher one is refused). */
 int store_schema_version(void);
@@ -100,6 +109,7 @@ typedef struct {
     int64_t steps;           /* the job's total steps */
     int64_t step;            /* last step recorded */
     int64_t checkpoint_step; /* last checkpoint (0: none) */
+    int64_t checkpoint_bytes; /* the bytes of its checkpoints (their files' sizes) */
     int retries;             /* restarts after interruption or crash */
     bool cancel_requested;
     char *spec;              /* canonical spec JSON (heap) */
@@ -232,6 +242,9 @@ int store_event_append(store *s, int64_t job, int64_t step, const char *kind,
  * a resume). Synchronous: flushes the queue first. */
 int store_metrics_truncate(store *s, int64_t job, int64_t after_step);
 int store_checkpoint_add(store *s, int64_t job, int64_t step, const char *path, int64_t bytes);
+/* Remove the checkpoint row of (job, step) and its stream row (a checkpoint the retention
+ * dropped, or one found missing or damaged); STORE_ENOTFOUND when there is none. */
+int store_checkpoint_delete(store *s, int64_t job, int64_t step);
 
 /* ---- reads ------------------------------------------------------------------------------ */
 
@@ -406,6 +419,42 @@ typedef struct {
 int store_layer_stats_range(store *s, int64_t job, int64_t from, int64_t to, int max_steps,
                             const int *fields, int nfields, store_layer_range *out);
 void store_layer_range_free(store_layer_range *r); /* NULL accepted */
+
+/* ---- the writer's health ----------------------------------------------------------------- */
+
+/* The writer's queue: an append waits while STORE_QUEUE_MAX items wait for the writer. A
+ * host that feeds the store from a producer it can pause (the scheduler and its workers'
+ * pipes) stops feeding while more than STORE_QUEUE_HIGH wait or the store cannot write, so
+ * that an append never has to wait. */
+#define STORE_QUEUE_MAX (1 << 18)
+#define STORE_QUEUE_HIGH (1 << 14)
+
+/* Whether the store can write. A batch the writer cannot commit (the disk is full, another
+ * process holds the database's write lock, an I/O error) is never dropped: the writer keeps
+ * it and retries with a backoff (100 ms doubling to STORE_RETRY_MAX_MS) until it commits,
+ * while the queue behind it grows; a synchronous write that fails the same way makes the
+ * writer try a write of its own, so that the state below is found out and cleared the same
+ * way. Only store_close gives up on what is still held, after STORE_CLOSE_WAIT_S, and logs
+ * the loss. */
+#define STORE_RETRY_MAX_MS 2000
+#define STORE_CLOSE_WAIT_S 5
+typedef struct {
+    int code;           /* 0: the writer's last attempt wrote; else why it did not:
+                         * STORE_EFULL, STORE_EBUSY or STORE_EIO */
+    const char *reason; /* "disk_full", "store_locked", "store_error"; NULL when code is 0 */
+    char message[256];  /* the failure in words, with SQLite's message; "" when code is 0 */
+    double since;       /* unix time of the first failed attempt (0 when code is 0) */
+    int64_t held;       /* items queued and not yet committed (a batch being retried too) */
+    int64_t failures;   /* failed write attempts since the store was opened */
+} store_health;
+/* Fill *out (all zero for a NULL store). */
+void store_get_health(store *s, store_health *out);
+
+/* A test hook, for tests only: from now on every write of the store (the writer's batches
+ * and the synchronous writes) fails with code (STORE_EFULL, STORE_EBUSY or STORE_EIO), as
+ * when the disk is full or another process holds the lock, until it is called with 0.
+ * STORE_EINVAL for another code. */
+int store_test_fault(store *s, int code);
 
 /* Counters for /metrics and /v1/system. */
 typedef struct {

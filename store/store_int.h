@@ -97,6 +97,8 @@ enum {
     ST_EVENT_LIST,
     ST_CKPT_ADD,
     ST_CKPT_LIST,
+    ST_CKPT_DELETE,
+    ST_STREAM_CKPT_DELETE,
     ST_STREAM_ADD,
     ST_STREAM_END,
     ST_STREAM_READ,
@@ -174,7 +176,10 @@ void store_stmt_done(sqlite3_stmt *st);
  * rank ?2, then steps ?3..?4 (raw, special) or level ?3 and buckets ?4..?5 (rollup).
  * NULL on error (logged). */
 sqlite3_stmt *store_stmt_fields(store_conn *c, int kind, int slot, uint32_t mask);
-/* Log the SQLite error of st (or of db when st is NULL) and map rc to a STORE_E code. */
+/* Log the SQLite error of st (or of db when st is NULL) and map rc to a STORE_E code:
+ * STORE_EFULL for a full disk (SQLITE_FULL, or an I/O error whose system errno is ENOSPC),
+ * STORE_EBUSY for a lock held by another connection (SQLITE_BUSY, SQLITE_LOCKED), both
+ * logged at debug level (the writer and the callers report them); STORE_EIO otherwise. */
 int store_sql_error(sqlite3 *db, sqlite3_stmt *st, int rc, const char *func);
 /* Run one of the transaction statements (ST_BEGIN...ST_ROLLBACK) on c. */
 int store_exec_stmt(store_conn *c, int id);
@@ -184,6 +189,10 @@ int store_exec_stmt(store_conn *c, int id);
  * stopped with a warning and the store opens. */
 #define STORE_CHECK_MAX_S 30
 int store_check_integrity(store_conn *c, const char *path);
+/* Rewrite the database header's user_version (which the store does not use otherwise)
+ * with its own value, inside the caller's transaction: a one-page write that the commit
+ * puts on disk, to find out whether the database can be written (the writer's probe). */
+int store_probe_write(store_conn *c);
 /* Bring the schema of the write connection c up to date (each migration in its own
  * transaction). STORE_ECONFLICT when the database comes from a newer ampd. */
 int store_migrate(store_conn *c, const char *path);
@@ -236,7 +245,15 @@ struct store {
     pthread_mutex_t cmu; /* with ccv: store_wait_commit's waiters */
     pthread_cond_t ccv;
     uint64_t commits; /* committed changes (under cmu) */
+    atomic_int fault; /* store_test_fault's code: every write fails with it (0: none) */
 };
+
+/* A synchronous write on the write connection: store_wbegin takes wlock and returns 0, or
+ * the injected fault (store_test_fault), wlock held either way; store_wend notes the
+ * outcome rc (a write that failed for want of space, a lock or I/O makes the writer find
+ * out when writing works again: store_writer_probe), releases wlock and returns rc. */
+int store_wbegin(store *s);
+int store_wend(store *s, int rc);
 
 /* Tell store_wait_commit's waiters that a change was committed. */
 void store_committed(store *s);
@@ -252,6 +269,10 @@ int store_writer_start(store *s);
 /* Commit what is queued, stop the thread, free the writer. */
 void store_writer_stop(store *s);
 int64_t store_writer_depth(store *s);
+/* A synchronous write failed with rc: unless the writer is already retrying, it tries a
+ * write of its own, and keeps trying, so that the store's health follows the disk (rc of
+ * another kind, a constraint or a bad argument, is no sign of that: nothing happens). */
+void store_writer_probe(store *s, int rc);
 /* Drop the writer's in-memory state of job (rollup buckets, pending evals past
  * after_step; INT64_MIN: all). Call with wlock held. */
 void store_writer_forget(store *s, int64_t job, int64_t after_step);

@@ -4,8 +4,8 @@
  * rollups maintained as rows arrive; the synchronous truncate; periodic WAL checkpoints.
  * A diagnosed step's layer rows travel as one queue item (one heap block).
  *
- * Queue: a FIFO of fixed-size chunks holding at most W_CAP items; an appender blocks
- * while it is full (nothing is ever dropped to make room). The writer takes everything
+ * Queue: a FIFO of fixed-size chunks holding at most STORE_QUEUE_MAX items; an appender
+ * blocks while it is full (nothing is ever dropped to make room). The writer takes everything
  * queued, up to W_BATCH items, per transaction (after lingering W_LINGER_MS for more when
  * the queue is short and nobody is flushing). `processed` counts the items handled, so
  * store_flush waits for processed >= the `enqueued` it saw.
@@ -23,8 +23,15 @@
  * merged into the row when it arrives.
  *
  * Errors: a row for a job that no longer exists fails its foreign key and is dropped with
- * a warning; any other failure rolls the batch back, forgets the in-memory buckets and
- * retries it, and after W_ATTEMPTS failures logs the loss of the batch as an error.
+ * a warning. Any other failure (a full disk, another process's lock, an I/O error) rolls
+ * the batch back, forgets the in-memory buckets and retries the same batch, after 100 ms
+ * doubling to STORE_RETRY_MAX_MS, for as long as it takes: the batch is held, the queue
+ * behind it grows (appenders block only at STORE_QUEUE_MAX; the host pauses its producers
+ * long before, store.h), store_flush reports the failure instead of waiting, and
+ * store_get_health says why. A synchronous write that fails the same way asks for a probe:
+ * the writer then commits a one-page write (store_probe_write) until one succeeds, so that
+ * the health follows the disk even when nothing is queued. Nothing is dropped except by
+ * store_close: what it cannot commit within STORE_CLOSE_WAIT_S is logged as lost.
  *
  * Threads: appenders and flushers take `mu`; the writer thread takes `mu` for the queue
  * and the store's wlock for each batch; the rollup state is only touched under wlock.
@@ -40,7 +47,7 @@
 
 #include "store/store_int.h"
 
-#define W_CAP (1 << 18)           /* queued items before appenders block */
+#define W_CAP STORE_QUEUE_MAX     /* queued items before appenders block */
 #define W_BATCH 10000             /* items per transaction at most */
 #define W_CHUNK 2048              /* items per queue chunk */
 #define W_LINGER_MS 10            /* wait this long for a short queue to fill */
@@ -49,7 +56,8 @@
 #define W_MAX_SERIES 64           /* (job, rank) pairs whose open buckets stay in memory */
 #define W_MAX_PENDING 256         /* eval results waiting for their step row */
 #define W_MAX_JOBSTEPS 64
-#define W_ATTEMPTS 3
+#define W_RETRY_MIN_MS 100
+#define W_REMIND_S 60.0 /* a failure that lasts is logged again this often */
 
 enum { W_METRIC, W_EVAL, W_EVENT, W_LAYERS };
 
@@ -130,6 +138,16 @@ struct store_writer {
     uint64_t enqueued, processed;
     int flushers;
     bool stop;
+    double stop_at; /* when stop was set (monotonic) */
+    pthread_cond_t wake; /* a writer waiting to retry: a fault was cleared, or stop */
+    /* health, under mu: the writer's last attempt failed with fail_code (0: it wrote) */
+    int fail_code;
+    double fail_since, fail_mono, fail_logged; /* unix, monotonic, last log (monotonic) */
+    uint64_t fail_gen;                         /* failed attempts, for store_flush */
+    int64_t failures, attempts;                /* since open; since the last commit */
+    char fail_msg[256];
+    bool probe;    /* a synchronous write failed: try a write of the writer's own */
+    bool gave_up;  /* closing, and the failure outlasted STORE_CLOSE_WAIT_S */
 
     /* the writer thread's */
     witem *batch;
@@ -849,8 +867,10 @@ static int apply_layers(store_writer *w, const witem *it)
     return 0;
 }
 
-/* One transaction for items[0..n) (wlock held). */
-static int apply_batch(store_writer *w, const witem *items, int n, int64_t *rows)
+/* One transaction for items[0..n) (wlock held); n == 0 is a probe, a one-page write. On
+ * failure msg gets SQLite's message. */
+static int apply_batch(store_writer *w, const witem *items, int n, int64_t *rows, char *msg,
+                       size_t msglen)
 {
     store *s = w->s;
     int rc;
@@ -860,6 +880,10 @@ static int apply_batch(store_writer *w, const witem *items, int n, int64_t *rows
     w->njobsteps = 0;
     w->dropped = 0;
     if ((rc = store_exec_stmt(s->w, ST_BEGIN_IMMEDIATE)) != 0)
+        goto fail;
+    if ((rc = atomic_load(&s->fault)) != 0)
+        goto fail;
+    if (n == 0 && (rc = store_probe_write(s->w)) != 0)
         goto fail;
     for (int i = 0; i < n && !rc; i++) {
         switch (items[i].kind) {
@@ -890,6 +914,8 @@ static int apply_batch(store_writer *w, const witem *items, int n, int64_t *rows
                  (long long)w->dropped, (long long)w->dropped_job);
     return 0;
 fail:
+    snprintf(msg, msglen, "%s",
+             atomic_load(&s->fault) ? "injected by store_test_fault" : sqlite3_errmsg(s->w->db));
     if (!sqlite3_get_autocommit(s->w->db))
         store_exec_stmt(s->w, ST_ROLLBACK);
     w->nseries = 0; /* the open buckets may hold rows that were rolled back */
@@ -898,30 +924,103 @@ fail:
     return rc;
 }
 
+static const char *fail_reason(int code)
+{
+    return code == STORE_EFULL ? "disk_full" : code == STORE_EBUSY ? "store_locked" : "store_error";
+}
+
+/* A failed attempt of the writer (mu held): the health says so, flushers are told. Returns
+ * false when the writer gives up on what it holds (closing, and the failure outlasted
+ * STORE_CLOSE_WAIT_S). */
+static bool note_failure(store_writer *w, int rc, const char *msg)
+{
+    double now = mono_now();
+    int64_t held = (int64_t)(w->enqueued - w->processed);
+    if (!w->fail_code) {
+        w->fail_since = store_now();
+        w->fail_mono = w->fail_logged = now;
+        log_warn("the store cannot write (%s: %s): %lld items held, retrying until it can",
+                 store_strerror(rc), msg, (long long)held);
+    } else if (now - w->fail_logged >= W_REMIND_S) {
+        w->fail_logged = now;
+        log_warn("the store still cannot write after %.0f s (%s: %s): %lld items held",
+                 now - w->fail_mono, store_strerror(rc), msg, (long long)held);
+    }
+    w->fail_code = rc;
+    snprintf(w->fail_msg, sizeof(w->fail_msg), "%s: %s", store_strerror(rc), msg);
+    w->fail_gen++;
+    w->failures++;
+    w->attempts++;
+    pthread_cond_broadcast(&w->done);
+    if (w->stop && now >= w->stop_at + STORE_CLOSE_WAIT_S)
+        w->gave_up = true;
+    return !w->gave_up;
+}
+
+/* A commit (mu held): the health is good again. */
+static void note_success(store_writer *w)
+{
+    if (w->fail_code)
+        log_info("the store writes again after %.1f s and %lld failed attempts; nothing held "
+                 "was lost",
+                 mono_now() - w->fail_mono, (long long)w->attempts);
+    w->fail_code = 0;
+    w->attempts = 0;
+    w->fail_msg[0] = '\0';
+    w->probe = false;
+}
+
+/* Wait before retry number `attempt` (1, 2, ...): 100 ms doubling to STORE_RETRY_MAX_MS,
+ * cut short by store_test_fault(0) or a stop. */
+static void retry_wait(store_writer *w, int attempt)
+{
+    int ms = W_RETRY_MIN_MS;
+    for (int i = 1; i < attempt && ms < STORE_RETRY_MAX_MS; i++)
+        ms *= 2;
+    if (ms > STORE_RETRY_MAX_MS)
+        ms = STORE_RETRY_MAX_MS;
+    struct timespec ts = mono_at(mono_now() + ms * 1e-3);
+    pthread_mutex_lock(&w->mu);
+    pthread_cond_timedwait(&w->wake, &w->mu, &ts);
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* Commit items[0..n) (n == 0: a probe), retrying until it commits; only a closing store
+ * gives up (see note_failure). The items' heap parts are freed either way. */
 static void process_batch(store_writer *w, witem *items, int n)
 {
     store *s = w->s;
     int64_t rows = 0;
-    int rc = STORE_EIO;
+    int rc = STORE_EIO, attempt = 0;
+    char msg[200] = "";
+    bool go_on = true;
 
-    for (int attempt = 0; attempt < W_ATTEMPTS; attempt++) {
-        if (attempt)
-            usleep(100000u << attempt);
+    pthread_mutex_lock(&w->mu);
+    go_on = !w->gave_up;
+    pthread_mutex_unlock(&w->mu);
+    while (go_on) {
         pthread_mutex_lock(&s->wlock);
-        rc = apply_batch(w, items, n, &rows);
+        rc = apply_batch(w, items, n, &rows, msg, sizeof(msg));
         pthread_mutex_unlock(&s->wlock);
+        pthread_mutex_lock(&w->mu);
+        if (rc == 0)
+            note_success(w);
+        else
+            go_on = note_failure(w, rc, msg);
+        pthread_mutex_unlock(&w->mu);
         if (rc == 0)
             break;
-        log_warn("store batch of %d items failed (attempt %d of %d)", n, attempt + 1, W_ATTEMPTS);
+        if (go_on)
+            retry_wait(w, ++attempt);
     }
     if (rc == 0) {
         atomic_fetch_add(&s->metric_rows, rows);
         atomic_fetch_add(&s->batches, 1);
         w->commits_since_ckpt++;
-    } else {
-        log_error("LOST a batch of %d queued metric rows, evals, layer stats and events after %d "
-                  "attempts",
-                  n, W_ATTEMPTS);
+    } else if (n > 0) {
+        log_error("LOST %d queued metric rows, evals, layer stats and events: the store is "
+                  "closing and could not write them within %d s (%s)",
+                  n, STORE_CLOSE_WAIT_S, msg[0] ? msg : "gave up");
     }
     for (int i = 0; i < n; i++) {
         if (items[i].kind == W_EVENT) {
@@ -972,7 +1071,7 @@ static void *writer_main(void *arg)
     pthread_mutex_lock(&w->mu);
     for (;;) {
         int n;
-        while (w->count == 0 && !w->stop) {
+        while (w->count == 0 && !w->stop && !w->probe) {
             if (w->commits_since_ckpt > 0) {
                 double due = w->last_ckpt + W_CKPT_S;
                 struct timespec ts = mono_at(due);
@@ -986,6 +1085,12 @@ static void *writer_main(void *arg)
             } else {
                 pthread_cond_wait(&w->nonempty, &w->mu);
             }
+        }
+        if (w->count == 0 && w->probe && !w->stop) {
+            pthread_mutex_unlock(&w->mu);
+            process_batch(w, NULL, 0); /* clears probe once it has written */
+            pthread_mutex_lock(&w->mu);
+            continue;
         }
         if (w->count == 0)
             break; /* stopping, and everything is committed */
@@ -1036,6 +1141,7 @@ int store_writer_start(store *s)
     pthread_cond_init(&w->nonempty, &ca);
     pthread_cond_init(&w->notfull, &ca);
     pthread_cond_init(&w->done, &ca);
+    pthread_cond_init(&w->wake, &ca);
     pthread_condattr_destroy(&ca);
     s->wr = w;
     if (pthread_create(&w->thread, NULL, writer_main, w) != 0) {
@@ -1055,8 +1161,10 @@ void store_writer_stop(store *s)
     if (w->started) {
         pthread_mutex_lock(&w->mu);
         w->stop = true;
+        w->stop_at = mono_now();
         pthread_cond_broadcast(&w->nonempty);
         pthread_cond_broadcast(&w->notfull);
+        pthread_cond_broadcast(&w->wake);
         pthread_mutex_unlock(&w->mu);
         pthread_join(w->thread, NULL);
     }
@@ -1074,6 +1182,7 @@ void store_writer_stop(store *s)
     pthread_cond_destroy(&w->nonempty);
     pthread_cond_destroy(&w->notfull);
     pthread_cond_destroy(&w->done);
+    pthread_cond_destroy(&w->wake);
     free(w->dirty);
     free(w->batch);
     free(w->wal_path);
@@ -1084,19 +1193,73 @@ void store_writer_stop(store *s)
 int store_flush(store *s)
 {
     store_writer *w;
-    uint64_t target;
+    uint64_t target, gen;
+    bool failing;
+    int rc = 0;
 
     if (!s || !s->wr)
         return STORE_EINVAL;
     w = s->wr;
     pthread_mutex_lock(&w->mu);
     target = w->enqueued;
+    gen = w->fail_gen;
+    failing = w->fail_code != 0;
     w->flushers++;
     pthread_cond_signal(&w->nonempty);
-    while (w->processed < target)
+    while (w->processed < target) {
+        if (w->fail_code && (failing || w->fail_gen != gen)) {
+            rc = w->fail_code; /* held, not lost: the writer goes on retrying */
+            break;
+        }
         pthread_cond_wait(&w->done, &w->mu);
+    }
     w->flushers--;
     pthread_mutex_unlock(&w->mu);
+    return rc;
+}
+
+void store_get_health(store *s, store_health *out)
+{
+    store_writer *w = s ? s->wr : NULL;
+    if (!out)
+        return;
+    memset(out, 0, sizeof(*out));
+    if (!w)
+        return;
+    pthread_mutex_lock(&w->mu);
+    out->code = w->fail_code;
+    if (w->fail_code) {
+        out->reason = fail_reason(w->fail_code);
+        snprintf(out->message, sizeof(out->message), "%s", w->fail_msg);
+        out->since = w->fail_since;
+    }
+    out->held = (int64_t)(w->enqueued - w->processed);
+    out->failures = w->failures;
+    pthread_mutex_unlock(&w->mu);
+}
+
+void store_writer_probe(store *s, int rc)
+{
+    store_writer *w = s ? s->wr : NULL;
+    if (!w || (rc != STORE_EFULL && rc != STORE_EBUSY && rc != STORE_EIO))
+        return;
+    pthread_mutex_lock(&w->mu);
+    if (!w->probe && !w->fail_code) {
+        w->probe = true;
+        pthread_cond_signal(&w->nonempty);
+    }
+    pthread_mutex_unlock(&w->mu);
+}
+
+int store_test_fault(store *s, int code)
+{
+    if (!s || !s->wr || (code != 0 && code != STORE_EFULL && code != STORE_EBUSY &&
+                         code != STORE_EIO))
+        return STORE_EINVAL;
+    atomic_store(&s->fault, code);
+    pthread_mutex_lock(&s->wr->mu);
+    pthread_cond_broadcast(&s->wr->wake); /* a cleared fault: retry now */
+    pthread_mutex_unlock(&s->wr->mu);
     return 0;
 }
 
@@ -1245,8 +1408,7 @@ int store_metrics_truncate(store *s, int64_t job, int64_t after_step)
         after_step = -1;
     if ((rc = store_flush(s)) != 0)
         return rc;
-    pthread_mutex_lock(&s->wlock);
-    if ((rc = store_exec_stmt(s->w, ST_BEGIN_IMMEDIATE)) != 0)
+    if ((rc = store_wbegin(s)) != 0 || (rc = store_exec_stmt(s->w, ST_BEGIN_IMMEDIATE)) != 0)
         goto out;
     /* Buckets that keep some rows: found before the rows go, rebuilt after. */
     if (!(st = store_stmt(s->w, ST_ROLLUP_STRADDLING))) {
@@ -1298,7 +1460,7 @@ fail:
         store_exec_stmt(s->w, ST_ROLLBACK);
 out:
     store_writer_forget(s, job, after_step);
-    pthread_mutex_unlock(&s->wlock);
+    store_wend(s, rc);
     store_committed(s);
     free(sv);
     return rc;

@@ -5,9 +5,11 @@
  *   units     the pure pieces: strict integer, list and id parsing, the route table, JSON
  *             strings (escapes, invalid UTF-8), numbers (NaN/Infinity, shortest round
  *             trip), CSV and Prometheus numbers and labels, the series encoders (JSON and
- *             CSV, raw and bucketed), the token comparison, JSON depth and compaction;
- *             the embedded OpenAPI description against the route table, the metric and
- *             layer fields and the autocast ops the binary knows.
+ *             CSV, raw and bucketed), the token comparison, JSON depth and compaction,
+ *             the per-address limit's addresses (loopback exempt, IPv6 by /64) and counts;
+ *             Host values and the --allow-host / --allow-origin checks; the embedded OpenAPI
+ *             description against the route table, the metric and layer fields and the
+ *             autocast ops the binary knows.
  *   store     a server over a real store in a temporary directory and no scheduler (the
  *             degraded mode): every GET route, each job's model in words (mlp and gpt, the
  *             spec's defaults, null for a malformed spec), the 4xx errors (404, 405 + Allow, 401 +
@@ -19,13 +21,23 @@
  *             system, Prometheus text parsed line by line,
  *             SSE of a finished job (backlog, resume by Last-Event-ID, `end`), SSE of a
  *             running job followed through the store, the heartbeat, and api_stop ending
- *             open streams at once.
+ *             open streams at once and returning within its deadline while a handler is
+ *             blocked; the accept policy's per-address limit and the sweep of overdue request
+ *             heads; a trickled request head and an idle kept-alive connection closed at a
+ *             1 s head deadline; a FIFO in the web root answered 404 at once; who may send a
+ *             request (421 for a Host that does not name the daemon, 403 for a foreign Origin,
+ *             400 for two Content-Length headers, 415 for a change without Content-Type:
+ *             application/json) and the allowed hosts and origins.
  *   live      the same server with a real scheduler whose worker is tests/sched_worker.sh:
- *             submit (201, Location, Idempotency-Key -> 200 with the same job), the job
+ *             submit (201, Location, Idempotency-Key -> 200 with the same job for the same
+ *             JSON, 422 for another body), the job
  *             runs to succeeded, cancel / resume / delete with 202, 409 and 204, an SSE
  *             client that disconnects and resumes with Last-Event-ID sees every step
- *             exactly once, 100 concurrent SSE clients all see the whole run, and a worker's
- *             layers and recommendation lines reach SSE clients, /layers and /events.
+ *             exactly once, 100 concurrent SSE clients all see the whole run, a worker's
+ *             layers and recommendation lines reach SSE clients, /layers and /events, and
+ *             a store that cannot write (store_test_fault): /healthz degraded with the
+ *             reason and ok again after, a submit's 503 saying the history could not be
+ *             written.
  *
  * The HTTP client is a small raw-socket one (HTTP/1.1, chunked decoding) so the test needs
  * no libcurl. Only 127.0.0.1 is used.
@@ -211,8 +223,9 @@ static void http(unsigned port, const char *method, const char *path, const char
     char head[16384];
     int n;
     hc_open(&c, port);
-    n = snprintf(head, sizeof(head), "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s",
-                 method, path, extra ? extra : "");
+    n = snprintf(head, sizeof(head),
+                 "%s %s HTTP/1.1\r\nHost: 127.0.0.1:%u\r\nConnection: close\r\n%s", method, path,
+                 port, extra ? extra : "");
     if (body)
         n += snprintf(head + n, sizeof(head) - (size_t)n, "Content-Length: %zu\r\n", blen);
     n += snprintf(head + n, sizeof(head) - (size_t)n, "\r\n");
@@ -290,6 +303,46 @@ static void req_error(unsigned port, const char *method, const char *path, const
     hresp_free(&r);
 }
 
+/* A whole request as given (head and body) on a new connection; out gets the first response
+ * and *answers the number of responses that came back before the server closed. */
+static void raw_http(unsigned port, const char *request, hresp *out, int *answers)
+{
+    hconn c;
+    hc_open(&c, port);
+    hc_send(&c, request, strlen(request));
+    while (hc_pump(&c, 2000))
+        ;
+    ck_assert_msg(c.eof, "the server kept the connection open after %.200s", request);
+    ck_assert(c.hdone);
+    *answers = 0;
+    for (const char *h = c.raw.data; h && (h = strstr(h, "HTTP/1.1 ")) != NULL; h++)
+        (*answers)++;
+    out->status = c.status;
+    memcpy(out->headers, c.headers, sizeof(out->headers));
+    out->body = api_buf_steal(&c.body, &out->len);
+    hc_close(&c);
+}
+
+/* GET path with the given Host (NULL: none) and extra header lines; the status. */
+static int get_as(unsigned port, const char *path, const char *host, const char *extra)
+{
+    char req[1024];
+    hresp r;
+    int n;
+    snprintf(req, sizeof(req), "GET %s HTTP/1.1\r\n%s%s%sConnection: close\r\n%s\r\n", path,
+             host ? "Host: " : "", host ? host : "", host ? "\r\n" : "", extra ? extra : "");
+    raw_http(port, req, &r, &n);
+    int status = r.status;
+    if (status != 200)
+        expect_error(&r, status,
+                     status == 421   ? "misdirected_request"
+                     : status == 403 ? "forbidden_origin"
+                                     : "invalid_request",
+                     NULL);
+    hresp_free(&r);
+    return status;
+}
+
 /* ---- unit tests ------------------------------------------------------------------------ */
 
 START_TEST(test_parse_int)
@@ -350,6 +403,51 @@ START_TEST(test_parse_lists)
     ck_assert_int_ne(api_parse_ids("1,2,3,4,5", ids, 4, &n, err, sizeof(err)), 0);
     ck_assert_int_ne(api_parse_ids("", ids, 4, &n, err, sizeof(err)), 0);
     ck_assert_int_ne(api_parse_ids("1,-2", ids, 4, &n, err, sizeof(err)), 0);
+}
+END_TEST
+
+/* Host values and the --allow-host / --allow-origin checks. */
+START_TEST(test_host_parse)
+{
+    static const struct {
+        const char *v, *name;
+        int port;
+    } ok[] = {{"localhost", "localhost", -1},  {"LocalHost:8080", "localhost", 8080},
+              {"127.0.0.1:1", "127.0.0.1", 1}, {"[::1]:65535", "[::1]", 65535},
+              {"[::1]", "[::1]", -1},          {"ampd.example.org", "ampd.example.org", -1},
+              {"my_host-2:0", "my_host-2", 0}};
+    static const char *const bad[] = {"",        ":80",   "a:",           "a:x",     "a:65536",
+                                      "a:-1",    "a:+80", "a:080000",     "a b",     "a/b",
+                                      "a:80/",   "[::1",  "[]:80",        "[::1]80", "[::g]",
+                                      "a:80:90", "a@b",   "evil.com\r\nX"};
+    api_host h;
+    char err[400];
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+        ck_assert_msg(api_host_parse(ok[i].v, &h) == 0, "refused %s", ok[i].v);
+        ck_assert_str_eq(h.name, ok[i].name);
+        ck_assert_int_eq(h.port, ok[i].port);
+    }
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        ck_assert_msg(api_host_parse(bad[i], &h) != 0, "accepted \"%s\"", bad[i]);
+    ck_assert_int_ne(api_host_parse(NULL, &h), 0);
+
+    ck_assert_int_eq(api_check_allow_host("ampd.example.org", err, sizeof(err)), 0);
+    ck_assert_int_eq(api_check_allow_host("ampd.example.org:8443", err, sizeof(err)), 0);
+    ck_assert_int_eq(api_check_allow_host("[fd00::1]:80", err, sizeof(err)), 0);
+    ck_assert_int_eq(api_check_allow_host("a:0", err, sizeof(err)), GPU_EINVAL);
+    ck_assert_int_eq(api_check_allow_host("http://a", err, sizeof(err)), GPU_EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "\"http://a\" is not NAME or NAME:PORT"));
+
+    ck_assert_int_eq(api_check_allow_origin("http://ampd.example.org", err, sizeof(err)), 0);
+    ck_assert_int_eq(api_check_allow_origin("https://ampd.example.org:8443", err, sizeof(err)), 0);
+    ck_assert_int_eq(api_check_allow_origin("http://[::1]:8080", err, sizeof(err)), 0);
+    static const char *const bad_origins[] = {"ampd.example.org", "http://",     "http://a/",
+                                              "http://a/x",       "ftp://a",     "null",
+                                              "http://a:0",       "https://a:x", ""};
+    for (size_t i = 0; i < sizeof(bad_origins) / sizeof(bad_origins[0]); i++)
+        ck_assert_msg(api_check_allow_origin(bad_origins[i], err, sizeof(err)) == GPU_EINVAL,
+                      "accepted %s", bad_origins[i]);
+    ck_assert_ptr_nonnull(strstr(err, "is not an origin"));
 }
 END_TEST
 
@@ -523,6 +621,92 @@ START_TEST(test_prom_label)
     api_buf_prom_label(&b, "a\"b\\c\nd\xff");
     ck_assert_str_eq(b.data, "a\\\"b\\\\c\\nd\xef\xbf\xbd");
     api_buf_free(&b);
+}
+END_TEST
+
+/* The per-address limit's addresses and counts (conn.c). */
+static socklen_t sa4(struct sockaddr_storage *ss, const char *ip)
+{
+    struct sockaddr_in *a = (struct sockaddr_in *)ss;
+    memset(ss, 0, sizeof(*ss));
+    a->sin_family = AF_INET;
+    ck_assert_int_eq(inet_pton(AF_INET, ip, &a->sin_addr), 1);
+    return sizeof(*a);
+}
+
+static socklen_t sa6(struct sockaddr_storage *ss, const char *ip)
+{
+    struct sockaddr_in6 *a = (struct sockaddr_in6 *)ss;
+    memset(ss, 0, sizeof(*ss));
+    a->sin6_family = AF_INET6;
+    ck_assert_int_eq(inet_pton(AF_INET6, ip, &a->sin6_addr), 1);
+    return sizeof(*a);
+}
+
+START_TEST(test_peer_addresses)
+{
+    struct sockaddr_storage ss;
+    api_addr a, b;
+    api_peers p;
+    socklen_t n;
+
+    /* loopback is exempt, in every spelling */
+    n = sa4(&ss, "127.0.0.1");
+    ck_assert(!api_addr_of((struct sockaddr *)&ss, n, &a));
+    n = sa4(&ss, "127.200.3.4");
+    ck_assert(!api_addr_of((struct sockaddr *)&ss, n, &a));
+    n = sa6(&ss, "::1");
+    ck_assert(!api_addr_of((struct sockaddr *)&ss, n, &a));
+    n = sa6(&ss, "::ffff:127.0.0.1");
+    ck_assert(!api_addr_of((struct sockaddr *)&ss, n, &a));
+    ck_assert(!api_addr_of(NULL, 0, &a));
+    n = sa4(&ss, "10.0.0.1");
+    ck_assert(!api_addr_of((struct sockaddr *)&ss, n - 1, &a)); /* short */
+    /* an IPv4 address and its IPv4-mapped IPv6 form are one address */
+    ck_assert(api_addr_of((struct sockaddr *)&ss, n, &a));
+    n = sa6(&ss, "::ffff:10.0.0.1");
+    ck_assert(api_addr_of((struct sockaddr *)&ss, n, &b));
+    ck_assert_mem_eq(a.b, b.b, sizeof(a.b));
+    n = sa4(&ss, "10.0.0.2");
+    ck_assert(api_addr_of((struct sockaddr *)&ss, n, &b));
+    ck_assert(memcmp(a.b, b.b, sizeof(a.b)) != 0);
+    /* IPv6 by its /64 */
+    n = sa6(&ss, "2001:db8:1:2::1");
+    ck_assert(api_addr_of((struct sockaddr *)&ss, n, &a));
+    n = sa6(&ss, "2001:db8:1:2:ffff:1:2:3");
+    ck_assert(api_addr_of((struct sockaddr *)&ss, n, &b));
+    ck_assert_mem_eq(a.b, b.b, sizeof(a.b));
+    n = sa6(&ss, "2001:db8:1:3::1");
+    ck_assert(api_addr_of((struct sockaddr *)&ss, n, &b));
+    ck_assert(memcmp(a.b, b.b, sizeof(a.b)) != 0);
+    n = sa6(&ss, "::2"); /* not loopback, not IPv4 */
+    ck_assert(api_addr_of((struct sockaddr *)&ss, n, &b));
+
+    /* counts: up and down, forgotten at 0, many addresses in the buckets */
+    memset(&p, 0, sizeof(p));
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(api_peers_add(&p, &a), 0);
+    ck_assert_uint_eq(api_peers_count(&p, &a), 3);
+    ck_assert_uint_eq(api_peers_count(&p, &b), 0);
+    api_peers_del(&p, &b); /* not counted: nothing happens */
+    api_peers_del(&p, &a);
+    ck_assert_uint_eq(api_peers_count(&p, &a), 2);
+    for (int i = 0; i < 5000; i++) {
+        char ip[32];
+        api_addr x;
+        snprintf(ip, sizeof(ip), "10.%d.%d.1", i / 250, i % 250);
+        n = sa4(&ss, ip);
+        ck_assert(api_addr_of((struct sockaddr *)&ss, n, &x));
+        ck_assert_int_eq(api_peers_add(&p, &x), 0);
+    }
+    ck_assert_uint_eq(p.naddrs, 5001);
+    api_peers_del(&p, &a);
+    api_peers_del(&p, &a);
+    ck_assert_uint_eq(api_peers_count(&p, &a), 0);
+    ck_assert_uint_eq(p.naddrs, 5000);
+    api_peers_free(&p);
+    ck_assert_uint_eq(p.naddrs, 0);
+    api_peers_free(NULL);
 }
 END_TEST
 
@@ -852,8 +1036,7 @@ START_TEST(test_auth_and_limits)
     int64_t id = add_job("a", "fp16", 10);
     char path[64];
     snprintf(path, sizeof(path), "/v1/jobs/%lld/cancel", (long long)id);
-    req_error(port, "POST", path, "Authorization: Bearer " TOKEN "\r\n", NULL, 503, "unavailable",
-              NULL);
+    req_error(port, "POST", path, hdr, NULL, 503, "unavailable", NULL);
 
     /* 413: a declared length over max_body is refused before the body is read */
     char big[8192];
@@ -868,9 +1051,9 @@ START_TEST(test_auth_and_limits)
         char head[512];
         hc_open(&c, port);
         int n = snprintf(head, sizeof(head),
-                         "POST /v1/jobs HTTP/1.1\r\nHost: x\r\nConnection: close\r\n%s"
+                         "POST /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1:%u\r\nConnection: close\r\n%s"
                          "Content-Length: 100000000\r\n\r\n",
-                         hdr);
+                         port, hdr);
         hc_send(&c, head, (size_t)n);
         hc_read_all(&c, 5000); /* answered without sending a byte of the body */
         ck_assert_int_eq(c.status, 413);
@@ -882,9 +1065,9 @@ START_TEST(test_auth_and_limits)
         char head[512];
         hc_open(&c, port);
         int n = snprintf(head, sizeof(head),
-                         "POST /v1/jobs HTTP/1.1\r\nHost: x\r\nConnection: close\r\n%s"
+                         "POST /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1:%u\r\nConnection: close\r\n%s"
                          "Transfer-Encoding: chunked\r\n\r\n",
-                         hdr);
+                         port, hdr);
         hc_send(&c, head, (size_t)n);
         for (int i = 0; i < 4; i++) {
             n = snprintf(head, sizeof(head), "800\r\n");
@@ -1928,7 +2111,9 @@ START_TEST(test_openapi_routes)
 {
     json_t *doc = openapi_doc();
     json_t *paths = json_object_get(doc, "paths");
-    static const struct {
+    /* automatic: whether a handler is NULL is not a load-time constant in every build (PIE
+     * under the sanitizers) */
+    const struct {
         const char *pattern;
         bool get, post, del;
     } rows[] = {
@@ -2154,8 +2339,9 @@ START_TEST(test_sse_finished)
     hconn f;
     char head[256];
     hc_open(&f, port);
-    n = snprintf(head, sizeof(head), "GET /v1/jobs/%lld/stream?from_step=0 HTTP/1.1\r\nHost: x\r\n\r\n",
-                 (long long)id);
+    n = snprintf(head, sizeof(head),
+                 "GET /v1/jobs/%lld/stream?from_step=0 HTTP/1.1\r\nHost: 127.0.0.1:%u\r\n\r\n",
+                 (long long)id, port);
     hc_send(&f, head, (size_t)n);
     ck_assert(hc_wait(&f, "{\"type\":\"step\",\"step\":302,", 3000));
     ck_assert(hc_wait(&f, "\n: ping\n\n", 2000));
@@ -2181,7 +2367,8 @@ START_TEST(test_sse_running_and_stop)
     add_rows(id, 1, 10);
     snprintf(path, sizeof(path), "/v1/jobs/%lld/stream", (long long)id);
     hc_open(&c, port);
-    int n = snprintf(head, sizeof(head), "GET %s HTTP/1.1\r\nHost: x\r\n\r\n", path);
+    int n =
+        snprintf(head, sizeof(head), "GET %s HTTP/1.1\r\nHost: 127.0.0.1:%u\r\n\r\n", path, port);
     hc_send(&c, head, (size_t)n);
     ck_assert(hc_wait(&c, "{\"type\":\"step\",\"step\":10,", 3000));
     /* no data: a heartbeat (100 ms in this test) */
@@ -2196,7 +2383,8 @@ START_TEST(test_sse_running_and_stop)
     /* ?from_step: what follows the step a client loaded from /metrics */
     hconn f;
     hc_open(&f, port);
-    n = snprintf(head, sizeof(head), "GET %s?from_step=12 HTTP/1.1\r\nHost: x\r\n\r\n", path);
+    n = snprintf(head, sizeof(head), "GET %s?from_step=12 HTTP/1.1\r\nHost: 127.0.0.1:%u\r\n\r\n",
+                 path, port);
     hc_send(&f, head, (size_t)n);
     ck_assert(hc_wait(&f, "{\"type\":\"step\",\"step\":20,", 3000));
     ck_assert(hc_wait(&f, "\n: ping\n\n", 2000)); /* the step's message is complete */
@@ -2223,8 +2411,9 @@ START_TEST(test_sse_many_clients)
     char head[256];
     ck_assert_int_eq(store_job_set_status(st, id, STORE_RUNNING, NULL), 0);
     add_rows(id, 1, 5);
-    int n = snprintf(head, sizeof(head), "GET /v1/jobs/%lld/stream HTTP/1.1\r\nHost: x\r\n\r\n",
-                     (long long)id);
+    int n = snprintf(head, sizeof(head),
+                     "GET /v1/jobs/%lld/stream HTTP/1.1\r\nHost: 127.0.0.1:%u\r\n\r\n",
+                     (long long)id, port);
     for (int i = 0; i < N; i++) {
         hc_open(&c[i], port);
         hc_send(&c[i], head, (size_t)n);
@@ -2247,6 +2436,317 @@ START_TEST(test_sse_many_clients)
         ck_assert_ptr_nonnull(strstr(c[i].body.data, "event: end\n"));
         hc_close(&c[i]);
     }
+}
+END_TEST
+
+/* The per-address limit as the accept policy applies it, and the head deadline's sweep,
+ * on the fixture's server (defaults: 64 per address, 10 s). */
+START_TEST(test_conn_limits)
+{
+    enum { N = 64 };
+    struct sockaddr_storage ss, other, local;
+    api_conn *c[N + 1];
+    socklen_t n = sa4(&ss, "192.0.2.7"), no = sa4(&other, "192.0.2.8"),
+              nl = sa4(&local, "127.0.0.1");
+    int closed = 0;
+    int64_t next = INT64_MAX, now = api_now_ms();
+
+    for (int i = 0; i < N; i++) {
+        ck_assert(api_conn_admit(srv, (struct sockaddr *)&ss, n));
+        ck_assert_int_eq(api_conn_open(srv, -1, (struct sockaddr *)&ss, n, &c[i]), 0);
+    }
+    ck_assert(!api_conn_admit(srv, (struct sockaddr *)&ss, n)); /* the 65th is refused */
+    ck_assert(api_conn_admit(srv, (struct sockaddr *)&other, no));
+    ck_assert(api_conn_admit(srv, (struct sockaddr *)&local, nl)); /* loopback: exempt */
+    ck_assert_int_eq(api_conn_open(srv, -1, (struct sockaddr *)&local, nl, &c[N]), 0);
+    api_conn_close(srv, c[0]);
+    ck_assert(api_conn_admit(srv, (struct sockaddr *)&ss, n));
+
+    /* the sweep: nothing is due yet, and the next deadline is the oldest head's */
+    api_conn_sweep(srv, now, &closed, &next);
+    ck_assert_int_eq(closed, 0);
+    ck_assert(next > now && next <= api_now_ms() + 10000);
+    /* a head that completed is no longer swept; one awaited again is */
+    api_conn_head_done(srv, c[1]);
+    api_conn_head_done(srv, c[2]);
+    api_conn_head_wait(srv, c[2]);
+    next = INT64_MAX;
+    api_conn_sweep(srv, api_now_ms() + 60000, &closed, &next);
+    ck_assert_int_eq(closed, N - 1); /* c[1..N], less c[1] */
+    ck_assert(next == INT64_MAX);
+    api_conn_sweep(srv, api_now_ms() + 60000, &closed, &next);
+    ck_assert_int_eq(closed, 0);
+    for (int i = 1; i <= N; i++)
+        api_conn_close(srv, c[i]);
+    api_conn_close(srv, NULL);
+    ck_assert_uint_eq(srv->peers.naddrs, 0);
+}
+END_TEST
+
+/* A request head that trickles in is cut at the deadline; so is an idle keep-alive
+ * connection; a complete request on time is answered. */
+START_TEST(test_head_deadline)
+{
+    api_config c;
+    api_server *s;
+    char err[256], buf[4096];
+    hconn slow, idle;
+    memset(&c, 0, sizeof(c));
+    snprintf(c.listen, sizeof(c.listen), "127.0.0.1:0");
+    api_spec_opts_default(&c.spec);
+    c.head_timeout_s = 1;
+    ck_assert_msg(api_start(&c, st, NULL, &s, err, sizeof(err)) == 0, "%s", err);
+    hc_open(&slow, api_port(s));
+    hc_open(&idle, api_port(s));
+    char req[96];
+    snprintf(req, sizeof(req), "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:%u\r\n\r\n",
+             api_port(s));
+    hc_send(&idle, req, strlen(req));
+    ck_assert(hc_wait(&idle, "{\"status\":\"ok\"}", 2000));
+    double t0 = gpu_now();
+    bool cut = false;
+    /* a byte every 100 ms: libmicrohttpd's own timeout would never fire */
+    for (size_t i = 0; i < strlen(req) - 1 && !cut; i++) {
+        struct pollfd pf = {slow.fd, POLLIN, 0};
+        hc_send(&slow, req + i, 1);
+        if (poll(&pf, 1, 100) == 1)
+            cut = recv(slow.fd, buf, sizeof(buf), 0) <= 0;
+    }
+    double took = gpu_now() - t0;
+    ck_assert_msg(cut, "a head trickled for %.1f s was not cut", took);
+    ck_assert_msg(took > 0.8 && took < 2.5, "cut after %.2f s (deadline 1 s)", took);
+    /* the keep-alive connection that sent nothing more is closed at its deadline too */
+    hc_pump(&idle, 2000);
+    while (hc_pump(&idle, 2000))
+        ;
+    ck_assert(idle.eof);
+    hc_close(&slow);
+    hc_close(&idle);
+    api_stop(s);
+}
+END_TEST
+
+/* Who may send a request: the Host header must name the daemon, an Origin header must be the
+ * daemon's own, the framing must be unambiguous, and a change must carry Content-Type:
+ * application/json (a header a page of another site cannot send without a preflight). */
+START_TEST(test_sender)
+{
+    char host[64], origin[96], req[1024], path[64];
+    hresp r;
+    int n;
+
+    snprintf(host, sizeof(host), "127.0.0.1:%u", port);
+    ck_assert_int_eq(get_as(port, "/v1/jobs", host, NULL), 200);
+    snprintf(host, sizeof(host), "localhost:%u", port);
+    ck_assert_int_eq(get_as(port, "/v1/jobs", host, NULL), 200);
+    snprintf(host, sizeof(host), "LOCALHOST:%u", port);
+    ck_assert_int_eq(get_as(port, "/v1/jobs", host, NULL), 200);
+    snprintf(host, sizeof(host), "[::1]:%u", port);
+    ck_assert_int_eq(get_as(port, "/v1/jobs", host, NULL), 200);
+    /* a DNS-rebinding page: the browser sends the page's own name */
+    snprintf(host, sizeof(host), "rebind.example:%u", port);
+    ck_assert_int_eq(get_as(port, "/v1/jobs", host, NULL), 421);
+    ck_assert_int_eq(get_as(port, "/healthz", host, NULL), 421);
+    ck_assert_int_eq(get_as(port, "/", "127.0.0.1", NULL), 421); /* port 80 */
+    snprintf(host, sizeof(host), "127.0.0.1:%u", port + 1);
+    ck_assert_int_eq(get_as(port, "/v1/jobs", host, NULL), 421);
+    ck_assert_int_eq(get_as(port, "/v1/jobs", "127.0.0.1:x", NULL), 421);
+    ck_assert_int_eq(get_as(port, "/v1/jobs", "", NULL), 421);
+    ck_assert_int_eq(get_as(port, "/v1/jobs", NULL, NULL), 400); /* HTTP/1.1 needs one */
+    raw_http(port, "GET /healthz HTTP/1.0\r\n\r\n", &r, &n);     /* HTTP/1.0 without Host */
+    ck_assert_int_eq(r.status, 200);
+    hresp_free(&r);
+    snprintf(host, sizeof(host), "rebind.example:%u", port);
+    snprintf(req, sizeof(req), "GET /v1/jobs HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n",
+             host);
+    raw_http(port, req, &r, &n);
+    expect_error(&r, 421, "misdirected_request", "Host");
+    ck_assert_ptr_nonnull(strstr(r.body, "--allow-host"));
+    hresp_free(&r);
+
+    /* Origin: the daemon's own page, another origin, an opaque one */
+    snprintf(host, sizeof(host), "127.0.0.1:%u", port);
+    snprintf(origin, sizeof(origin), "Origin: http://127.0.0.1:%u\r\n", port);
+    ck_assert_int_eq(get_as(port, "/v1/jobs", host, origin), 200);
+    ck_assert_int_eq(get_as(port, "/v1/jobs", host, "Origin: http://evil.example:9999\r\n"), 403);
+    ck_assert_int_eq(get_as(port, "/v1/jobs", host, "Origin: null\r\n"), 403);
+    snprintf(origin, sizeof(origin), "Origin: https://127.0.0.1:%u\r\n", port);
+    ck_assert_int_eq(get_as(port, "/v1/jobs", host, origin), 403);
+    snprintf(origin, sizeof(origin), "Origin: http://localhost:%u\r\n", port);
+    ck_assert_int_eq(get_as(port, "/v1/jobs", host, origin), 403); /* another origin */
+    int64_t id = add_job("x", "fp32", 10);
+    snprintf(path, sizeof(path), "/v1/jobs/%lld/cancel", (long long)id);
+    req_error(port, "POST", path,
+              "Origin: http://evil.example:9999\r\nAuthorization: Bearer " TOKEN
+              "\r\nContent-Type: application/json\r\n",
+              NULL, 403, "forbidden_origin", "Origin");
+
+    /* a change without Content-Type: application/json (what curl -X POST, a form or a no-cors
+     * fetch sends) */
+    req_error(port, "POST", path, "Authorization: Bearer " TOKEN "\r\n", NULL, 415,
+              "unsupported_media_type", "Content-Type");
+    req_error(port, "POST", path, "Authorization: Bearer " TOKEN "\r\nContent-Type: text/plain\r\n",
+              "{}", 415, "unsupported_media_type", "Content-Type");
+    snprintf(path, sizeof(path), "/v1/jobs/%lld", (long long)id);
+    http(port, "DELETE", path, "Authorization: Bearer " TOKEN "\r\n", NULL, 0, &r);
+    expect_error(&r, 415, "unsupported_media_type", "Content-Type");
+    ck_assert_ptr_nonnull(strstr(r.body, "needs the header Content-Type: application/json"));
+    ck_assert_ptr_nonnull(strstr(r.body, "curl -X DELETE -H 'Content-Type: application/json'"));
+    hresp_free(&r);
+    json_decref(get_json(port, path, 200)); /* nothing was deleted */
+
+    /* framing: two Content-Length headers (the second would leave "GET ..." to be read as a
+     * request of its own), Content-Length with Transfer-Encoding, two Host headers */
+    snprintf(req, sizeof(req),
+             "POST /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1:%u\r\nAuthorization: Bearer " TOKEN
+             "\r\nContent-Type: application/json\r\nContent-Length: 2\r\n"
+             "Content-Length: 37\r\n\r\n{}GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+             port);
+    raw_http(port, req, &r, &n);
+    expect_error(&r, 400, "invalid_request", "Content-Length");
+    ck_assert_ptr_nonnull(strstr(r.body, "2 Content-Length headers"));
+    ck_assert_int_eq(n, 1);
+    hresp_free(&r);
+    snprintf(req, sizeof(req),
+             "POST /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1:%u\r\nAuthorization: Bearer " TOKEN
+             "\r\nContent-Type: application/json\r\nContent-Length: 2\r\n"
+             "Content-Length: 2\r\nConnection: close\r\n\r\n{}",
+             port);
+    raw_http(port, req, &r, &n);
+    expect_error(&r, 400, "invalid_request", "Content-Length");
+    hresp_free(&r);
+    snprintf(req, sizeof(req),
+             "POST /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1:%u\r\nAuthorization: Bearer " TOKEN
+             "\r\nContent-Type: application/json\r\nContent-Length: 7\r\n"
+             "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n0\r\n\r\n",
+             port);
+    raw_http(port, req, &r, &n);
+    expect_error(&r, 400, "invalid_request", "Content-Length");
+    hresp_free(&r);
+    snprintf(req, sizeof(req),
+             "GET /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1:%u\r\nHost: rebind.example\r\n"
+             "Connection: close\r\n\r\n",
+             port);
+    raw_http(port, req, &r, &n);
+    expect_error(&r, 400, "invalid_request", "Host");
+    hresp_free(&r);
+}
+END_TEST
+
+/* --allow-host and --allow-origin (api_config's lists), and api_start refusing bad entries. */
+START_TEST(test_allow_lists)
+{
+    api_config c;
+    api_server *s2 = NULL;
+    char err[512], host[64];
+    memset(&c, 0, sizeof(c));
+    api_spec_opts_default(&c.spec);
+    snprintf(c.listen, sizeof(c.listen), "127.0.0.1:0");
+    c.nallow_hosts = 2;
+    snprintf(c.allow_hosts[0], sizeof(c.allow_hosts[0]), "AMPD.example");
+    snprintf(c.allow_hosts[1], sizeof(c.allow_hosts[1]), "proxy.example:8443");
+    c.nallow_origins = 1;
+    snprintf(c.allow_origins[0], sizeof(c.allow_origins[0]), "https://ampd.example");
+    ck_assert_msg(api_start(&c, st, NULL, &s2, err, sizeof(err)) == 0, "%s", err);
+    unsigned p2 = api_port(s2);
+    ck_assert_int_eq(get_as(p2, "/healthz", "ampd.example", NULL), 200); /* any port */
+    ck_assert_int_eq(get_as(p2, "/healthz", "ampd.example:443", NULL), 200);
+    ck_assert_int_eq(get_as(p2, "/healthz", "proxy.example:8443", NULL), 200);
+    ck_assert_int_eq(get_as(p2, "/healthz", "proxy.example:8444", NULL), 421);
+    ck_assert_int_eq(get_as(p2, "/healthz", "proxy.example", NULL), 421);
+    ck_assert_int_eq(get_as(p2, "/healthz", "sub.ampd.example", NULL), 421);
+    snprintf(host, sizeof(host), "127.0.0.1:%u", p2);
+    ck_assert_int_eq(get_as(p2, "/healthz", host, "Origin: https://ampd.example\r\n"), 200);
+    ck_assert_int_eq(get_as(p2, "/healthz", host, "Origin: HTTPS://AMPD.example\r\n"), 200);
+    ck_assert_int_eq(get_as(p2, "/healthz", host, "Origin: http://ampd.example\r\n"), 403);
+    ck_assert_int_eq(get_as(p2, "/healthz", host, "Origin: https://ampd.example:444\r\n"), 403);
+    ck_assert_int_eq(api_stop(s2), 0);
+
+    snprintf(c.allow_hosts[1], sizeof(c.allow_hosts[1]), "http://proxy.example");
+    ck_assert_int_eq(api_start(&c, st, NULL, &s2, err, sizeof(err)), GPU_EINVAL);
+    ck_assert_ptr_null(s2);
+    ck_assert_ptr_nonnull(strstr(err, "\"http://proxy.example\" is not NAME or NAME:PORT"));
+    snprintf(c.allow_hosts[1], sizeof(c.allow_hosts[1]), "proxy.example");
+    snprintf(c.allow_origins[0], sizeof(c.allow_origins[0]), "https://ampd.example/");
+    ck_assert_int_eq(api_start(&c, st, NULL, &s2, err, sizeof(err)), GPU_EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "is not an origin"));
+    c.nallow_origins = API_MAX_ALLOW + 1;
+    ck_assert_int_eq(api_start(&c, st, NULL, &s2, err, sizeof(err)), GPU_EINVAL);
+    ck_assert_ptr_null(s2);
+}
+END_TEST
+
+/* A job queue whose cancel blocks until released (or 8 s pass), as a handler stuck in a
+ * callback, a file or a lock would be. */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool entered, release, returned;
+} stuck_queue;
+
+static int stuck_cancel(void *ctx, int64_t id)
+{
+    stuck_queue *q = ctx;
+    struct timespec dl;
+    (void)id;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += 8;
+    pthread_mutex_lock(&q->mu);
+    q->entered = true;
+    pthread_cond_broadcast(&q->cv);
+    while (!q->release && pthread_cond_timedwait(&q->cv, &q->mu, &dl) == 0)
+        ;
+    q->returned = true;
+    pthread_cond_broadcast(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+    return STORE_ECONFLICT;
+}
+
+/* api_stop returns within its deadline whatever a handler is doing: a request blocked in
+ * the queue's cancel is left behind (GPU_ETIMEDOUT) and the server is freed once it ends. */
+START_TEST(test_stop_deadline)
+{
+    stuck_queue q = {.entered = false};
+    api_jobs jobs = {.ctx = &q, .cancel = stuck_cancel};
+    api_config c;
+    api_server *s2 = NULL;
+    char err[256], req[512];
+    hconn h;
+
+    pthread_mutex_init(&q.mu, NULL);
+    pthread_cond_init(&q.cv, NULL);
+    memset(&c, 0, sizeof(c));
+    api_spec_opts_default(&c.spec);
+    snprintf(c.listen, sizeof(c.listen), "127.0.0.1:0");
+    c.stop_timeout_ms = 1000;
+    ck_assert_msg(api_start(&c, st, &jobs, &s2, err, sizeof(err)) == 0, "%s", err);
+    int64_t id = add_job("stuck", "fp32", 10);
+    hc_open(&h, api_port(s2));
+    int n = snprintf(req, sizeof(req),
+                     "POST /v1/jobs/%lld/cancel HTTP/1.1\r\nHost: 127.0.0.1:%u\r\n"
+                     "Content-Type: application/json\r\nContent-Length: 0\r\n\r\n",
+                     (long long)id, api_port(s2));
+    hc_send(&h, req, (size_t)n);
+    pthread_mutex_lock(&q.mu);
+    while (!q.entered)
+        pthread_cond_wait(&q.cv, &q.mu);
+    pthread_mutex_unlock(&q.mu);
+
+    double t0 = gpu_now();
+    int rc = api_stop(s2);
+    double took = gpu_now() - t0;
+    ck_assert_msg(took < 2.5, "api_stop took %.2f s with a handler blocked (deadline 1 s)", took);
+    ck_assert_int_eq(rc, GPU_ETIMEDOUT);
+    pthread_mutex_lock(&q.mu);
+    q.release = true;
+    pthread_cond_broadcast(&q.cv);
+    while (!q.returned)
+        pthread_cond_wait(&q.cv, &q.mu);
+    pthread_mutex_unlock(&q.mu);
+    hc_close(&h);
+    test_sleep_ms(500); /* the handler ends, then the stop thread frees the server */
+    pthread_cond_destroy(&q.cv);
+    pthread_mutex_destroy(&q.mu);
 }
 END_TEST
 
@@ -2329,7 +2829,16 @@ START_TEST(test_static_and_head)
     req_error(p2, "GET", "/nope.html", NULL, NULL, 404, "not_found", NULL);
     req_error(p2, "POST", "/", NULL, NULL, 405, "method_not_allowed", NULL);
     json_decref(get_json(p2, "/healthz", 200)); /* the API is still there */
-    api_stop(s2);
+    /* a FIFO (or any file that is not regular) is a 404 at once, not a handler blocked in
+     * open() waiting for a writer, and the server still stops promptly */
+    snprintf(p, sizeof(p), "%s/pipe", web);
+    ck_assert_int_eq(mkfifo(p, 0644), 0);
+    double t0 = gpu_now();
+    req_error(p2, "GET", "/pipe", NULL, NULL, 404, "not_found", NULL);
+    ck_assert_msg(gpu_now() - t0 < 2.0, "GET of a FIFO took %.2f s", gpu_now() - t0);
+    t0 = gpu_now();
+    ck_assert_int_eq(api_stop(s2), 0);
+    ck_assert_msg(gpu_now() - t0 < 2.0, "api_stop took %.2f s", gpu_now() - t0);
 
     /* HEAD of a stream and of a metrics series: headers only */
     int64_t id = add_job("h", "fp16", 10);
@@ -2423,7 +2932,8 @@ static int action(const char *method, int64_t id, const char *verb)
     hresp r;
     snprintf(path, sizeof(path), "/v1/jobs/%lld%s%s", (long long)id, verb ? "/" : "",
              verb ? verb : "");
-    http(port, method, path, "Authorization: Bearer " TOKEN "\r\n", NULL, 0, &r);
+    http(port, method, path,
+         "Authorization: Bearer " TOKEN "\r\nContent-Type: application/json\r\n", NULL, 0, &r);
     int s = r.status;
     if (s == 202) {
         json_t *j = json_of(&r);
@@ -2445,6 +2955,29 @@ START_TEST(test_live_lifecycle)
         "  \"precision\": {\"dtype\": \"fp16\"},\n  \"steps\": 12\n}";
     int64_t id = post_job(spec, "key-1", 201);
     ck_assert_int_eq(post_job(spec, "key-1", 200), id);
+    /* the same JSON written otherwise (members reordered, no whitespace) is the same body */
+    static const char same[] = "{\"steps\":12,\"precision\":{\"dtype\":\"fp16\"},"
+                               "\"data\":{\"type\":\"synthetic\"},\"name\":\"synthetic-run\"}";
+    ck_assert_int_eq(post_job(same, "key-1", 200), id);
+    /* the key of another body: 422 naming the key, and no job is queued */
+    static const char other[] = "{\"name\": \"synthetic-run\", \"data\": {\"type\": "
+                                "\"synthetic\"}, \"precision\": {\"dtype\": \"fp16\"}, "
+                                "\"steps\": 13}";
+    hresp r;
+    http(port, "POST", "/v1/jobs",
+         "Authorization: Bearer " TOKEN "\r\nContent-Type: application/json\r\n"
+         "Idempotency-Key: key-1\r\n",
+         other, strlen(other), &r);
+    expect_error(&r, 422, "idempotency_key_reused", "Idempotency-Key");
+    ck_assert_ptr_nonnull(strstr(r.body, "\\\"key-1\\\" was used for job"));
+    hresp_free(&r);
+    json_t *list = get_json(port, "/v1/jobs", 200);
+    ck_assert_int_eq(json_array_size(json_object_get(list, "jobs")), 1);
+    json_decref(list);
+    /* a new key takes the other body */
+    int64_t id2 = post_job(other, "key-2", 201);
+    ck_assert_int_ne(id2, id);
+    ck_assert_int_eq(post_job(other, "key-2", 200), id2);
     json_t *j = job_json(id);
     ck_assert_str_eq(json_string_value(json_object_get(j, "dtype")), "fp16");
     ck_assert_str_eq(json_string_value(json_object_get(j, "name")), "synthetic-run");
@@ -2506,8 +3039,9 @@ START_TEST(test_live_stream_resume)
                                          "\"ckpt\":10}",
                                          NULL, &id, &existed),
                      0);
-    int n = snprintf(head, sizeof(head), "GET /v1/jobs/%lld/stream HTTP/1.1\r\nHost: x\r\n\r\n",
-                     (long long)id);
+    int n = snprintf(head, sizeof(head),
+                     "GET /v1/jobs/%lld/stream HTTP/1.1\r\nHost: 127.0.0.1:%u\r\n\r\n",
+                     (long long)id, port);
     /* 100 clients from the start (the job is queued or just starting) */
     for (int i = 0; i < CLIENTS; i++) {
         hc_open(&many[i], port);
@@ -2528,8 +3062,9 @@ START_TEST(test_live_stream_resume)
     test_sleep_ms(300); /* steps go on meanwhile */
     hc_open(&c, port);
     n = snprintf(head, sizeof(head),
-                 "GET /v1/jobs/%lld/stream HTTP/1.1\r\nHost: x\r\nLast-Event-ID: %lld\r\n\r\n",
-                 (long long)id, (long long)last_id);
+                 "GET /v1/jobs/%lld/stream HTTP/1.1\r\nHost: 127.0.0.1:%u\r\n"
+                 "Last-Event-ID: %lld\r\n\r\n",
+                 (long long)id, port, (long long)last_id);
     hc_send(&c, head, (size_t)n);
     hc_read_all(&c, 20000);
     got = sse_steps(c.body.data, steps, STEPS + 10);
@@ -2602,8 +3137,9 @@ START_TEST(test_live_stream_gap)
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     ck_assert_int_eq(connect(c.fd, (struct sockaddr *)&a, sizeof(a)), 0);
-    int n = snprintf(head, sizeof(head), "GET /v1/jobs/%lld/stream HTTP/1.1\r\nHost: x\r\n\r\n",
-                     (long long)id);
+    int n = snprintf(head, sizeof(head),
+                     "GET /v1/jobs/%lld/stream HTTP/1.1\r\nHost: 127.0.0.1:%u\r\n\r\n",
+                     (long long)id, port);
     hc_send(&c, head, (size_t)n);
     wait_job(id, "succeeded", 30); /* not reading meanwhile */
     hc_read_all(&c, 30000);
@@ -2630,8 +3166,9 @@ START_TEST(test_live_layers)
                                          "\"diag\":10}",
                                          NULL, &id, &existed),
                      0);
-    int n = snprintf(head, sizeof(head), "GET /v1/jobs/%lld/stream HTTP/1.1\r\nHost: x\r\n\r\n",
-                     (long long)id);
+    int n = snprintf(head, sizeof(head),
+                     "GET /v1/jobs/%lld/stream HTTP/1.1\r\nHost: 127.0.0.1:%u\r\n\r\n",
+                     (long long)id, port);
     hc_open(&c, port);
     hc_send(&c, head, (size_t)n);
     hc_read_all(&c, 20000);
@@ -2679,6 +3216,55 @@ START_TEST(test_live_layers)
 }
 END_TEST
 
+/* /healthz while the store cannot write (store_test_fault: as on a full disk), and a write
+ * the store refuses: a 503 that says the history could not be written. */
+START_TEST(test_live_store_cannot_write)
+{
+    static const char spec[] = "{\"name\": \"full\", \"data\": {\"type\": \"synthetic\"}, "
+                               "\"steps\": 3}";
+    static const char hdr[] = "Authorization: Bearer " TOKEN "\r\n"
+                              "Content-Type: application/json\r\n";
+    double t0 = gpu_now();
+    hresp r;
+    json_t *j;
+
+    j = get_json(port, "/healthz", 200);
+    ck_assert_str_eq(json_string_value(json_object_get(j, "status")), "ok");
+    json_decref(j);
+    ck_assert_int_eq(store_test_fault(st, STORE_EFULL), 0);
+    http(port, "POST", "/v1/jobs", hdr, spec, strlen(spec), &r);
+    expect_error(&r, 503, "unavailable", NULL);
+    ck_assert_msg(strstr(r.body, "the run history could not be written (the disk is full)"),
+                  "%s", r.body);
+    hresp_free(&r);
+    for (;;) { /* the writer finds out by a write of its own */
+        j = get_json(port, "/healthz", 200);
+        if (strcmp(json_string_value(json_object_get(j, "status")), "degraded") == 0)
+            break;
+        json_decref(j);
+        ck_assert_msg(gpu_now() - t0 < 5, "/healthz never said degraded");
+        test_sleep_ms(20);
+    }
+    ck_assert_str_eq(json_string_value(json_object_get(j, "reason")), "disk_full");
+    ck_assert_ptr_nonnull(strstr(json_string_value(json_object_get(j, "message")), "disk"));
+    ck_assert(json_is_integer(json_object_get(j, "held")));
+    ck_assert(json_is_string(json_object_get(j, "since")));
+    ck_assert(json_number_value(json_object_get(j, "since_unix")) > 1e9);
+    json_decref(j);
+    ck_assert_int_eq(store_test_fault(st, 0), 0);
+    for (;;) {
+        j = get_json(port, "/healthz", 200);
+        bool ok = strcmp(json_string_value(json_object_get(j, "status")), "ok") == 0;
+        json_decref(j);
+        if (ok)
+            break;
+        ck_assert_msg(gpu_now() - t0 < 10, "/healthz never said ok again");
+        test_sleep_ms(20);
+    }
+    wait_job(post_job(spec, NULL, 201), "succeeded", 10);
+}
+END_TEST
+
 static Suite *api_suite(void)
 {
     Suite *s = suite_create("api");
@@ -2686,11 +3272,13 @@ static Suite *api_suite(void)
     tcase_set_timeout(u, 20);
     tcase_add_test(u, test_parse_int);
     tcase_add_test(u, test_parse_lists);
+    tcase_add_test(u, test_host_parse);
     tcase_add_test(u, test_routes);
     tcase_add_test(u, test_json_strings);
     tcase_add_test(u, test_numbers);
     tcase_add_test(u, test_prom_label);
     tcase_add_test(u, test_misc);
+    tcase_add_test(u, test_peer_addresses);
     tcase_add_test(u, test_series_json);
     tcase_add_test(u, test_metric_fields_documented);
     tcase_add_test(u, test_openapi_routes);
@@ -2714,7 +3302,12 @@ static Suite *api_suite(void)
     tcase_add_test(t, test_sse_finished);
     tcase_add_test(t, test_sse_running_and_stop);
     tcase_add_test(t, test_sse_many_clients);
+    tcase_add_test(t, test_sender);
+    tcase_add_test(t, test_allow_lists);
+    tcase_add_test(t, test_stop_deadline);
     tcase_add_test(t, test_start_refusals);
+    tcase_add_test(t, test_conn_limits);
+    tcase_add_test(t, test_head_deadline);
     tcase_add_test(t, test_static_and_head);
     suite_add_tcase(s, t);
 
@@ -2725,6 +3318,7 @@ static Suite *api_suite(void)
     tcase_add_test(l, test_live_stream_resume);
     tcase_add_test(l, test_live_stream_gap);
     tcase_add_test(l, test_live_layers);
+    tcase_add_test(l, test_live_store_cannot_write);
     suite_add_tcase(s, l);
     return s;
 }

@@ -5,13 +5,22 @@
 #   submit -> running -> succeeded, one metric row per step; a downsampled series that keeps
 #   every overflow step; CSV export; an SSE client that sees live steps and resumes with
 #   Last-Event-ID without a gap or a duplicate; cancel (a checkpoint exists) and resume (one
-#   row per step); delete (404 afterwards); list filters and the keyset cursor; /metrics as
+#   row per step); the retention (a 1000-step job checkpointing every step keeps 3, its disk
+#   use in the API and on disk); a resume past damaged checkpoints (truncated, a flipped
+#   byte, a deleted file: events say why each was skipped, the steps after it equal an
+#   uninterrupted run's); delete (404 afterwards); list filters and the keyset cursor; /metrics as
 #   Prometheus text; the dashboard's static files at / (from --web-root: content types,
 #   no escape from the root, 404 and 405 as JSON, the API beside them) and how the default
 #   web root is found; more than 40 malformed or hostile requests answered with the right
 #   4xx JSON error while the daemon keeps serving; start-up errors; kill -9 of the daemon
 #   mid-job and a restart that resumes from the last checkpoint with exactly one row per
-#   step; kill -9 of a worker fails its job with a reason and the next queued job runs.
+#   step; kill -9 of a worker fails its job with a reason and the next queued job runs; a
+#   graceful stop, damaged checkpoints, and a restart that resumes from the newest one left
+#   that verifies; what a page of another site could send (a change without Content-Type:
+#   application/json, a foreign Origin, a DNS-rebinding Host, two Content-Length headers)
+#   refused while the daemon's own origin, an --allow-origin and an --allow-host are served;
+#   an Idempotency-Key reused with another body refused (422); a FIFO in the web root
+#   answered 404 at once and the daemon still stopping on SIGTERM within its deadline.
 # Every request goes through acurl, which records it (method, path, status, headers, body);
 # at the end tests/openapi_check.mjs checks every recorded response against the OpenAPI
 # description (api/openapi.json, from docs/openapi.yaml): the status documented for the
@@ -22,8 +31,10 @@ set -u
 AMPD=${AMPD:-./ampd}
 TMP=$(mktemp -d)
 DPID=""
+FPID=""
 cleanup() {
     [ -n "$DPID" ] && kill -9 "$DPID" 2>/dev/null
+    [ -n "$FPID" ] && kill -9 "$FPID" 2>/dev/null
     [ -n "${SSE_PID:-}" ] && kill -9 "$SSE_PID" 2>/dev/null
     wait 2>/dev/null
     rm -rf "$TMP"
@@ -36,6 +47,7 @@ TOKEN=e2e-secret-token-0123456789
 printf '%s\n' "$TOKEN" >"$TMP/token"
 chmod 600 "$TMP/token"
 AUTH=(-H "Authorization: Bearer $TOKEN")
+JSON=(-H 'Content-Type: application/json') # every POST and DELETE carries it
 
 # Start a daemon on a free port; sets DPID, PORT, URL. Extra arguments go to serve.
 start_daemon() {
@@ -103,7 +115,7 @@ req() {
 post_json() { # path body [curl args]
     local p=$1 b=$2
     shift 2
-    req POST "$p" "${AUTH[@]}" -H 'Content-Type: application/json' --data-binary "$b" "$@"
+    req POST "$p" "${AUTH[@]}" "${JSON[@]}" --data-binary "$b" "$@"
 }
 # The first value of "key" in BODY (string quotes stripped).
 jget() { printf '%s' "$BODY" | grep -o "\"$1\":[^,}]*" | head -1 | sed 's/^[^:]*://; s/"//g'; }
@@ -183,7 +195,9 @@ ln -s "$TMP/secret.txt" "$TMP/web/escape.txt"
 WEB=$(realpath "$TMP/web")
 
 # ---- start-up --------------------------------------------------------------------------------
-start_daemon --max-running 1 --web-root "$TMP/web"
+ALLOWED_ORIGIN=http://allowed.example:9000
+start_daemon --max-running 1 --web-root "$TMP/web" --allow-origin "$ALLOWED_ORIGIN" \
+    --allow-host ampd.test
 check "serve starts and writes its port" test -n "$PORT"
 check "healthz" healthy
 check "start-up log names URL, db, blas and device" \
@@ -276,6 +290,26 @@ req GET "/v1/jobs/$id1/events"
 check "events record the worker's start and the end" \
     grep -q '"kind":"lifecycle","message":"worker [0-9]* started.*"message":"succeeded"' <<<"$BODY"
 
+# ---- retention: checkpoint_every 1 for 1000 steps keeps checkpoint_keep_last (3) -------------
+submit "$(spec keep 1000 ', "checkpoint_every": 1')"
+idk=$SID
+check "a 1000-step job checkpointing every step succeeds" wait_status "$idk" succeeded 120
+req GET "/v1/jobs/$idk/checkpoints"
+check "it keeps exactly 3 checkpoints: 998, 999, 1000 (the best eval and the last healthy among them)" \
+    test "$(grep -o '"step":[0-9]*' <<<"$BODY" | tr -dc '0-9\n' | tr '\n' ' ')" = '998 999 1000 '
+kbytes=$(jget bytes)
+sum=$(grep -o '"step":[0-9]*,"bytes":[0-9]*' <<<"$BODY" | awk -F: '{ s += $NF } END { print s }')
+one=$(grep -o '"step":1000,"bytes":[0-9]*' <<<"$BODY" | sed 's/.*://')
+check "the list reports their disk use: ${kbytes:-?} bytes, the sum of the three" \
+    test "${kbytes:-0}" -gt 0 -a "${kbytes:-0}" = "$sum"
+req GET "/v1/jobs/$idk"
+check "... and so does the job" test "$(jget checkpoint_bytes)" = "$kbytes"
+ondisk=$(cat "$TMP/data/jobs/$idk"/ckpt-*.safetensors 2>/dev/null | wc -c)
+check "... which is what its directory holds (3 files, $ondisk bytes)" \
+    test "$(ls "$TMP/data/jobs/$idk" | grep -c 'ckpt-')" -eq 3 -a "$ondisk" = "$kbytes"
+echo "# a 1000-step job with checkpoint_every 1 keeps $kbytes bytes of checkpoints" \
+    "(all 1000 would take $((1000 * ${one:-0})))"
+
 # ---- CSV export ------------------------------------------------------------------------------
 acurl -sS -m 20 -D "$TMP/csv.h" -o "$TMP/csv" \
     "$URL/v1/jobs/$id1/metrics?format=csv&fields=loss,lr,loss_scale,overflow"
@@ -341,9 +375,9 @@ check "the stream ends with the summary" grep -q '"type":"summary"' "$TMP/sse2"
 submit "$(spec cancel 6000 ', "checkpoint_every": 1000' "$BIG")"
 id4=$SID
 wait_step "$id4" 50 30
-req DELETE "/v1/jobs/$id4" "${AUTH[@]}"
+req DELETE "/v1/jobs/$id4" "${AUTH[@]}" "${JSON[@]}"
 check "delete of a running job is 409" test "$CODE" = 409
-req POST "/v1/jobs/$id4/cancel" "${AUTH[@]}"
+req POST "/v1/jobs/$id4/cancel" "${AUTH[@]}" "${JSON[@]}"
 check "cancel answers 202" test "$CODE" = 202
 check "the job becomes cancelled" wait_status "$id4" cancelled 30
 req GET "/v1/jobs/$id4"
@@ -351,10 +385,10 @@ ck4=$(jget checkpoint_step)
 check "cancel left a checkpoint (step ${ck4:-none})" test "${ck4:-0}" -gt 0
 code=$(acurl -sS -m 20 -o /dev/null -w '%{http_code}' "$URL/v1/jobs/$id4/checkpoints/$ck4")
 check "the cancel checkpoint downloads" test "$code" = 200
-req POST "/v1/jobs/$id4/cancel" "${AUTH[@]}"
+req POST "/v1/jobs/$id4/cancel" "${AUTH[@]}" "${JSON[@]}"
 check "cancel of a cancelled job is 409" test "$CODE" = 409
 check "metrics stop at the checkpoint" test "$(raw_steps "$id4" | tail -1)" = "$ck4"
-req POST "/v1/jobs/$id4/resume" "${AUTH[@]}"
+req POST "/v1/jobs/$id4/resume" "${AUTH[@]}" "${JSON[@]}"
 check "resume answers 202" test "$CODE" = 202
 check "the resumed job succeeds" wait_status "$id4" succeeded 60
 check "after the resume: exactly one row per step (1..6000)" steps_are_1_to "$id4" 6000
@@ -362,8 +396,51 @@ req GET "/v1/jobs/$id4/events?limit=1000"
 check "events say it resumed from the checkpoint" \
     grep -q "resumed from the checkpoint at step $ck4" <<<"$BODY"
 
+# ---- resume past damaged checkpoints ---------------------------------------------------------
+# every checkpoint kept; cancelled after step 450; then the newest truncated, the next one
+# with a byte of a tensor flipped, the third deleted: the resume continues from the fourth
+walk=$(spec walk 6000 ', "checkpoint_every": 100, "checkpoint_keep_last": 0' "$BIG")
+submit "$walk"
+idw=$SID
+wait_step "$idw" 450 30
+req POST "/v1/jobs/$idw/cancel" "${AUTH[@]}" "${JSON[@]}"
+check "the walk job is cancelled" wait_status "$idw" cancelled 30
+req GET "/v1/jobs/$idw/checkpoints"
+mapfile -t cks < <(grep -o '"step":[0-9]*' <<<"$BODY" | tr -dc '0-9\n' | sort -n)
+n=${#cks[@]}
+check "it has more than 4 checkpoints ($n)" test "$n" -gt 4
+c1=${cks[n - 1]:-0} c2=${cks[n - 2]:-0} c3=${cks[n - 3]:-0} c4=${cks[n - 4]:-0}
+wdir=$TMP/data/jobs/$idw
+if [ "$n" -gt 4 ]; then
+    truncate -c -s -100 "$wdir/ckpt-$c1.safetensors"
+    flip_byte "$wdir/ckpt-$c2.safetensors" -100
+    rm -f "$wdir/ckpt-$c3.safetensors"
+fi
+req POST "/v1/jobs/$idw/resume" "${AUTH[@]}" "${JSON[@]}"
+check "resume answers 202" test "$CODE" = 202
+check "the job resumed past its damaged checkpoints succeeds" wait_status "$idw" succeeded 60
+check "... with exactly one row per step (1..6000)" steps_are_1_to "$idw" 6000
+req GET "/v1/jobs/$idw/events?limit=1000"
+skipped_is() { # step reason: the job's events say why the checkpoint at step was skipped
+    grep -q "\"step\":$1,[^}]*\"kind\":\"checkpoint\",\"message\":\"skipped the checkpoint at step $1 (ckpt-$1.safetensors): $2" <<<"$BODY"
+}
+check "an event says the newest ($c1) was skipped as truncated" skipped_is "$c1" 'truncated: '
+check "... the next ($c2) for its checksum" skipped_is "$c2" 'checksum mismatch: crc32 '
+check "... the third ($c3) as missing" skipped_is "$c3" 'missing'
+check "... and that it resumed from the fourth ($c4)" \
+    grep -q "resumed from the checkpoint at step $c4, the newest that verifies (3 newer skipped)" <<<"$BODY"
+check "the daemon's log says so too" \
+    grep -q "job $idw: skipped the checkpoint at step $c2 (ckpt-$c2.safetensors): checksum mismatch" "$TMP/daemon.log"
+submit "$walk"
+idr=$SID
+check "the same job, uninterrupted, succeeds" wait_status "$idr" succeeded 60
+acurl -sS -m 20 "$URL/v1/jobs/$idw/metrics?fields=loss,grad_norm,loss_scale&format=csv" >"$TMP/walk.csv"
+acurl -sS -m 20 "$URL/v1/jobs/$idr/metrics?fields=loss,grad_norm,loss_scale&format=csv" >"$TMP/ref.csv"
+check "every step of the resumed job equals the uninterrupted one's (after $c4 too)" \
+    sh -c "test \$(wc -l <'$TMP/walk.csv') -eq 6001 && cmp -s '$TMP/walk.csv' '$TMP/ref.csv'"
+
 # ---- delete ----------------------------------------------------------------------------------
-req DELETE "/v1/jobs/$id1" "${AUTH[@]}"
+req DELETE "/v1/jobs/$id1" "${AUTH[@]}" "${JSON[@]}"
 check "delete answers 204" test "$CODE" = 204
 req GET "/v1/jobs/$id1"
 check "a deleted job is 404" test "$CODE" = 404
@@ -438,7 +515,6 @@ expect() {
     fi
     FIELD=""
 }
-JSON=(-H 'Content-Type: application/json')
 bad_spec() { # body status code [field]
     FIELD=${4:-}
     expect "$2" "$3" POST /v1/jobs "${AUTH[@]}" "${JSON[@]}" --data-binary "$1"
@@ -493,7 +569,7 @@ expect 404 not_found GET /v1/jobs/abc
 expect 404 not_found GET /v1/jobs/999999
 expect 404 not_found GET /v1/jobs/-1
 expect 404 not_found GET "/v1/jobs/$id2/checkpoints/99999"
-expect 404 not_found POST /v1/jobs/999999/cancel "${AUTH[@]}"
+expect 404 not_found POST /v1/jobs/999999/cancel "${AUTH[@]}" "${JSON[@]}"
 FIELD=limit
 expect 400 invalid_parameter GET '/v1/jobs?limit=0'
 expect 400 invalid_parameter GET '/v1/jobs?limit=abc'
@@ -509,11 +585,77 @@ expect 400 invalid_parameter GET "/v1/jobs/$id2/metrics?format=xml"
 expect 400 invalid_parameter GET "/v1/jobs/$id2/metrics?from=10&to=5"
 expect 400 invalid_parameter GET /v1/compare
 expect 400 invalid_parameter GET '/v1/compare?ids=a,b'
-expect 409 conflict POST "/v1/jobs/$id2/cancel" "${AUTH[@]}"
-expect 409 conflict POST "/v1/jobs/$id2/resume" "${AUTH[@]}"
+expect 409 conflict POST "/v1/jobs/$id2/cancel" "${AUTH[@]}" "${JSON[@]}"
+expect 409 conflict POST "/v1/jobs/$id2/resume" "${AUTH[@]}" "${JSON[@]}"
 FIELD=Idempotency-Key
 expect 400 invalid_request POST /v1/jobs "${AUTH[@]}" "${JSON[@]}" \
     -H 'Idempotency-Key: has spaces' --data-binary "$(spec idem 10)"
+# ---- Idempotency-Key: the same body again is the first job; another body is refused ---------
+post_json /v1/jobs "$(spec idem 10)" -H 'Idempotency-Key: idem-1'
+idi=$(jget id)
+check "a submit with an Idempotency-Key answers 201" test "$CODE" = 201 -a -n "$idi"
+post_json /v1/jobs "$(spec idem 10)" -H 'Idempotency-Key: idem-1'
+check "the same key and body again answer 200 with the same job" \
+    test "$CODE:$(jget id)" = "200:$idi"
+FIELD=Idempotency-Key
+expect 422 idempotency_key_reused POST /v1/jobs "${AUTH[@]}" "${JSON[@]}" \
+    -H 'Idempotency-Key: idem-1' --data-binary "$(spec idem 11)"
+check "... naming the key and its job" \
+    grep -qF "Idempotency-Key \\\"idem-1\\\" was used for job $idi with another body" <<<"$BODY"
+req GET "/v1/jobs?name=idem"
+check "... and queueing nothing" test "$(ids)" = "$idi "
+
+# ---- what a page of another site could send --------------------------------------------------
+# A page of another origin can make the browser send a form's POST or a no-cors fetch (no
+# custom header, Content-Type text/plain at most) with no token; a DNS-rebinding page reaches
+# the daemon under its own name. Every change needs Content-Type: application/json, a foreign
+# Origin is refused, and so is a Host that does not name the daemon.
+submit "$(spec xsite 1000000 '' "$BIG")"
+idx=$SID
+wait_step "$idx" 5 30
+FIELD=Content-Type
+expect 415 unsupported_media_type POST "/v1/jobs/$idx/cancel" "${AUTH[@]}" # curl -X POST
+check "... saying which header to add" \
+    grep -qF "needs the header Content-Type: application/json" <<<"$BODY"
+FIELD=Content-Type
+expect 415 unsupported_media_type POST "/v1/jobs/$idx/cancel" "${AUTH[@]}" \
+    -H 'Content-Type: text/plain' --data-binary '{}'
+FIELD=Content-Type
+expect 415 unsupported_media_type DELETE "/v1/jobs/$idx" "${AUTH[@]}"
+EVIL=(-H 'Origin: http://evil.example:8000')
+FIELD=Origin
+expect 403 forbidden_origin POST "/v1/jobs/$idx/cancel" "${AUTH[@]}" "${JSON[@]}" "${EVIL[@]}"
+FIELD=Origin
+expect 403 forbidden_origin GET /v1/jobs "${EVIL[@]}"
+FIELD=Origin
+expect 403 forbidden_origin GET "/v1/jobs/$idx/stream" -H 'Origin: null'
+FIELD=Origin
+expect 403 forbidden_origin GET /v1/jobs -H "Origin: http://localhost:$PORT"
+FIELD=Host
+expect 421 misdirected_request GET /v1/jobs -H "Host: rebind.example:$PORT"
+FIELD=Host
+expect 421 misdirected_request POST /v1/jobs -H "Host: rebind.example:$PORT" "${AUTH[@]}" \
+    "${JSON[@]}" --data-binary "$(spec rebind 10)"
+FIELD=Host
+expect 421 misdirected_request GET /healthz -H 'Host: 127.0.0.1'
+FIELD=Content-Length
+expect 400 invalid_request POST /v1/jobs "${AUTH[@]}" "${JSON[@]}" -H 'Content-Length: 2' \
+    -H 'Content-Length: 2' --data-binary '{}'
+FIELD=Content-Length
+expect 400 invalid_request POST /v1/jobs "${AUTH[@]}" "${JSON[@]}" \
+    -H 'Transfer-Encoding: chunked' -H 'Content-Length: 2' --data-binary '{}'
+check "the job still runs after all of them" test "$(job_status "$idx")" = running
+req GET "/v1/jobs?name=rebind"
+check "... and the rebinding page queued nothing" test "$(ids)" = ""
+req GET /v1/jobs -H "Origin: http://127.0.0.1:$PORT"
+check "the daemon's own origin reads" test "$CODE" = 200
+req GET /v1/jobs -H "Host: localhost:$PORT"
+check "Host localhost with the port is served" test "$CODE" = 200
+req GET /v1/jobs -H "Host: ampd.test"
+check "an --allow-host name is served" test "$CODE" = 200
+req POST "/v1/jobs/$idx/cancel" "${AUTH[@]}" "${JSON[@]}" -H "Origin: $ALLOWED_ORIGIN"
+check "an --allow-origin may cancel (202)" test "$CODE" = 202
+check "... and the job is cancelled" wait_status "$idx" cancelled 30
 check "at least 40 hostile requests were tried ($nbad)" test "$nbad" -ge 40
 check "healthz after every hostile request" healthy
 req GET /v1/jobs
@@ -549,6 +691,14 @@ check "--web-root without index.html is refused (exit 1)" test $? -eq 1
 check "... naming the path" grep -qF "ampd serve: --web-root $TMP/data: no index.html" "$TMP/err"
 "${TIMEOUT[@]}" "$AMPD" serve --web-root "$TMP/web" --no-dashboard >/dev/null 2>&1
 check "--web-root with --no-dashboard is bad usage (exit 2)" test $? -eq 2
+"${TIMEOUT[@]}" "$AMPD" serve --allow-origin http://a.example/ >/dev/null 2>"$TMP/err"
+check "an --allow-origin with a path is bad usage (exit 2)" test $? -eq 2
+check "... saying what an origin is" \
+    grep -qF 'ampd serve: --allow-origin "http://a.example/" is not an origin' "$TMP/err"
+"${TIMEOUT[@]}" "$AMPD" serve --allow-host 'a.example/x' >/dev/null 2>"$TMP/err"
+check "a bad --allow-host is bad usage (exit 2)" test $? -eq 2
+check "... naming it" \
+    grep -qF 'ampd serve: --allow-host "a.example/x" is not NAME or NAME:PORT' "$TMP/err"
 
 # ---- the default web root: web/ beside the binary when it holds index.html -------------------
 # A second daemon for a moment (own data dir and port file); it is stopped before going on.
@@ -588,6 +738,39 @@ fi
 check "--no-dashboard: GET / is a 404" serve_briefly "$TMP/d4.log" --no-dashboard
 check "... with the reason in the log" test "$CODE" = 404 -a \
     "$(grep -c 'dashboard: not served (--no-dashboard)' "$TMP/d4.log")" -eq 1
+
+# ---- a FIFO in the web root: a 404 at once, and SIGTERM still stops the daemon in time -------
+# (opening a FIFO for reading waits for a writer; a handler stuck there held up the stop)
+mkdir -p "$TMP/fifoweb"
+printf '<!doctype html><title>fifo</title>\n' >"$TMP/fifoweb/index.html"
+mkfifo "$TMP/fifoweb/pipe"
+rm -f "$TMP/port2"
+"$AMPD" serve --listen 127.0.0.1:0 --port-file "$TMP/port2" --data-dir "$TMP/d5" \
+    --web-root "$TMP/fifoweb" >"$TMP/d5.log" 2>&1 &
+FPID=$!
+for _ in $(seq 1 200); do
+    [ -s "$TMP/port2" ] && break
+    sleep 0.05
+done
+fport=$(cat "$TMP/port2" 2>/dev/null)
+t0=$(date +%s%N)
+code=$(acurl -sS -m 5 -o /dev/null -w '%{http_code}' "http://127.0.0.1:${fport:-0}/pipe" \
+    2>/dev/null)
+ms=$((($(date +%s%N) - t0) / 1000000))
+check "GET of a FIFO in the web root is a 404 at once (${code:-none} in $ms ms)" \
+    test "$code" = 404 -a "$ms" -lt 2000
+t0=$(date +%s%N)
+kill -TERM "$FPID"
+for _ in $(seq 1 300); do
+    kill -0 "$FPID" 2>/dev/null || break
+    sleep 0.05
+done
+ms=$((($(date +%s%N) - t0) / 1000000))
+if kill -0 "$FPID" 2>/dev/null; then kill -9 "$FPID"; fi
+wait "$FPID" 2>/dev/null
+FPID=""
+check "... and SIGTERM then stops the daemon within its deadline ($ms ms, at most 10 s)" \
+    test "$ms" -lt 10000
 
 # ---- kill -9 of the daemon mid-job, restart, resume ------------------------------------------
 submit "$(spec crash 5000 ', "checkpoint_every": 200' "$BIG")"
@@ -629,9 +812,9 @@ check "the next queued job runs and succeeds" wait_status "$id7" succeeded 30
 check "the daemon keeps serving" healthy
 
 # ---- graceful stop: running jobs checkpoint and become interrupted ---------------------------
-submit "$(spec stop 1000000 '' "$BIG")"
+submit "$(spec stop 1000000 ', "checkpoint_every": 100' "$BIG")"
 id8=$SID
-wait_step "$id8" 10 30
+wait_step "$id8" 350 30
 kill -TERM "$DPID"
 for _ in $(seq 1 400); do kill -0 "$DPID" 2>/dev/null || break; sleep 0.05; done
 wait "$DPID"
@@ -641,6 +824,38 @@ DPID=""
 check "the running job is interrupted" grep -q "job $id8: interrupted at step" "$TMP/daemon.log"
 check "... after writing a checkpoint" \
     sh -c "ls '$TMP/data/jobs/$id8/' | grep -q '^ckpt-[0-9]*\.safetensors$'"
+
+# ---- a restart past damaged checkpoints -----------------------------------------------------
+# the stop checkpoint truncated and the one before it deleted: the restarted daemon resumes
+# the job from the one before those
+mapfile -t cks < <(ls "$TMP/data/jobs/$id8/" | grep '^ckpt-' | tr -dc '0-9\n' | sort -n)
+n=${#cks[@]}
+check "the stopped job keeps 3 checkpoints (${cks[*]})" test "$n" -eq 3
+s1=${cks[n - 1]:-0} s2=${cks[n - 2]:-0} s3=${cks[n - 3]:-0}
+if [ "$n" -ge 3 ]; then
+    truncate -c -s -100 "$TMP/data/jobs/$id8/ckpt-$s1.safetensors"
+    rm -f "$TMP/data/jobs/$id8/ckpt-$s2.safetensors"
+fi
+start_daemon --max-running 1
+check "the daemon restarts" healthy
+resumed_at() {
+    req GET "/v1/jobs/$id8/events?limit=1000"
+    grep -q "resumed from the checkpoint at step $s3, the newest that verifies (2 newer skipped)" <<<"$BODY"
+}
+retry() { # tries command...: 0 once the command succeeds, 50 ms apart
+    local n=$1
+    shift
+    for _ in $(seq 1 "$n"); do "$@" && return 0; sleep 0.05; done
+    return 1
+}
+check "the interrupted job resumes from the last checkpoint that verifies ($s3)" \
+    retry 400 resumed_at
+check "... an event says the stop checkpoint ($s1) was skipped as truncated" \
+    grep -q "skipped the checkpoint at step $s1 (ckpt-$s1.safetensors): truncated: [0-9]* of its" <<<"$BODY"
+check "... and the one before ($s2) as missing" \
+    grep -q "skipped the checkpoint at step $s2 (ckpt-$s2.safetensors): missing" <<<"$BODY"
+req POST "/v1/jobs/$id8/cancel" "${AUTH[@]}" "${JSON[@]}"
+check "the resumed job can be cancelled" wait_status "$id8" cancelled 30
 
 # ---- every response above against the OpenAPI description -----------------------------------
 NODE=${NODE:-$(command -v node || true)}

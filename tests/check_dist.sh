@@ -337,14 +337,14 @@ for _ in $(seq 300); do
     [ "$(curl -sS -m 5 "$URL/v1/jobs/$id3" | field progress.step)" -ge 20 ] && break
     sleep 0.05
 done
-curl -sS -m 20 -X POST "$URL/v1/jobs/$id3/cancel" >/dev/null
+curl -sS -m 20 -X POST -H 'Content-Type: application/json' "$URL/v1/jobs/$id3/cancel" >/dev/null
 for _ in $(seq 300); do
     [ "$(curl -sS -m 5 "$URL/v1/jobs/$id3" | field status)" = cancelled ] && break
     sleep 0.1
 done
 ck3=$(curl -sS -m 5 "$URL/v1/jobs/$id3" | field checkpoint_step)
 check "daemon cancel: cancelled with a checkpoint" test "$(curl -sS -m 5 "$URL/v1/jobs/$id3" | field status)" = cancelled -a "${ck3:-0}" -gt 0
-curl -sS -m 20 -X POST "$URL/v1/jobs/$id3/resume" >/dev/null
+curl -sS -m 20 -X POST -H 'Content-Type: application/json' "$URL/v1/jobs/$id3/resume" >/dev/null
 for _ in $(seq 600); do
     [ "$(curl -sS -m 5 "$URL/v1/jobs/$id3" | field status)" = succeeded ] && break
     sleep 0.1

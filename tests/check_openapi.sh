@@ -71,6 +71,9 @@ exchange "$TMP/good" c PUT /v1/jobs 405 application/json \
 exchange "$TMP/good" d GET /v1/nope 404 application/json \
     '{"error":{"code":"not_found","field":null,"message":"no"}}'
 exchange "$TMP/good" e DELETE /v1/jobs/3 204 '' ''
+SINCE='"since":"2026-12-04T19:01:39.532Z","since_unix":1796410899.53'
+exchange "$TMP/good" f GET /healthz 200 application/json \
+    '{"status":"degraded","reason":"disk_full","message":"the disk is full","held":12,'"$SINCE}"
 check "the response checker passes correct exchanges" checker "$TMP/good"
 cat "$TMP/out"
 caught() { # name, then exchange's arguments after DIR: the checker must fail it
@@ -83,6 +86,8 @@ caught() { # name, then exchange's arguments after DIR: the checker must fail it
 caught "an undocumented status" GET /healthz 500 application/json '{"status":"ok"}'
 caught "a wrong Content-Type" GET /healthz 200 text/plain '{"status":"ok"}'
 caught "a body against the schema" GET /healthz 200 application/json '{"status":"sick"}'
+caught "a degraded health without its reason" GET /healthz 200 application/json \
+    '{"status":"degraded","message":"the disk is full","held":12,'"$SINCE}"
 caught "a body that is not JSON" GET /v1/system 200 application/json '{"devices":'
 caught "an error code of another status" GET /v1/jobs/3 404 application/json \
     '{"error":{"code":"conflict","field":null,"message":"no"}}'

@@ -115,7 +115,7 @@ check "the scrape target's own job label is kept" \
     test "$(value "count(ampd_loss_scale{$sel,job=\"ampd\"})")" = 1
 
 # cancel it, wait for the end, then for a scrape after it
-curl -sS -m 10 -X POST "$URL/v1/jobs/$id/cancel" >/dev/null
+curl -sS -m 10 -X POST -H 'Content-Type: application/json' "$URL/v1/jobs/$id/cancel" >/dev/null
 for _ in $(seq 1 600); do
     st=$(curl -sS -m 10 "$URL/v1/jobs/$id" | jq -r .status)
     [ "$st" = cancelled ] || [ "$st" = failed ] && break

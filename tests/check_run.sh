@@ -3,7 +3,8 @@
 # and prints start (naming its device), step, eval and summary lines; a bad spec is refused
 # with the field named and exit status 2; a CUDA device that cannot be used (none on this
 # machine, or no device 63) is accepted by the spec and fails the job when it starts, with
-# the reason; SIGINT stops a run cleanly with status "interrupted" and exit status 130; a
+# the reason; SIGINT stops a run cleanly with status "interrupted" and exit status 130 (and
+# SIGTERM while stdout's pipe is full loses no line); a
 # job with diagnostics prints "layers" lines and recommendation events. The jobs whose
 # checks are the CPU trainer's own (diagnosis of every overflowing step, bit-exact resume)
 # ask for "device": "cpu", so that they test the same thing on a machine with a GPU.
@@ -126,6 +127,31 @@ check "SIGINT exits 130" test "$rc" -eq 130
 check "SIGINT summary says interrupted" grep -q '"status":"interrupted"' "$TMP/out"
 check "SIGINT writes a checkpoint first" grep -q '"type":"checkpoint"' "$TMP/out"
 
+# SIGTERM while nobody reads stdout and its pipe is full (the daemon leaves a worker's pipe
+# unread while its store cannot write): the write it interrupts is resumed, not dropped, so
+# every step up to the one the summary names has its line
+mkfifo "$TMP/fifo"
+echo "$long" | "$AMPD" run --checkpoint-dir "$TMP/sig" - >"$TMP/fifo" 2>/dev/null &
+pid=$!
+exec 7<"$TMP/fifo"
+blocked=false
+for _ in $(seq 1 100); do
+    grep -q pipe_write "/proc/$pid/wchan" 2>/dev/null && blocked=true && break
+    sleep 0.1
+done
+check "run blocks writing to a full pipe" $blocked
+kill -TERM "$pid"
+sleep 0.5 # the signal lands while the pipe is still full
+timeout 30 cat <&7 >"$TMP/out"
+exec 7<&-
+wait "$pid"
+rc=$?
+check "SIGTERM then exits 130" test "$rc" -eq 130
+last=$(grep -o '"type":"summary",.*"steps":[0-9]*' "$TMP/out" | grep -o '[0-9]*$')
+grep -o '^{"type":"step","step":[0-9]*' "$TMP/out" | grep -o '[0-9]*$' >"$TMP/steps"
+check "... with a line for every step up to the summary's (${last:-none})" \
+    sh -c "seq 1 ${last:-0} | cmp -s - '$TMP/steps' && [ -n '$last' ]"
+
 # checkpoint and resume: steps 21..40 of a resumed run equal the uninterrupted run's
 ck='{"name": "ck", "model": {"layers": [20, 32, 4]},
      "data": {"type": "synthetic", "train_size": 300, "eval_size": 64},
@@ -150,9 +176,130 @@ echo "$ck" | sed 's/\[20, 32, 4\]/[20, 16, 4]/' >"$TMP/other.json"
 rc=$?
 check "another job's checkpoint is refused" test "$rc" -eq 1
 check "the refusal names the tensor" grep -q 'fc1.weight does not match' "$TMP/out"
-printf 'garbage' >"$TMP/ck/bad.safetensors"
+printf 'garbage, not a safetensors file at all' >"$TMP/ck/bad.safetensors"
 "$AMPD" run --resume "$TMP/ck/bad.safetensors" "$TMP/ck.json" >"$TMP/out" 2>/dev/null
-check "a damaged checkpoint is refused" grep -q 'not an ampd checkpoint' "$TMP/out"
+rc=$?
+check "a file that is not a checkpoint is skipped, saying so (exit $rc)" \
+    grep -q '"type":"resume","step":0,"path":null,"verified":false,"skipped":\[{"step":null,"path":"[^"]*bad.safetensors","reason":"not an ampd checkpoint' "$TMP/out"
+check "... and, nothing older being there, the run starts from step 0" \
+    test "$rc" -eq 0 -a "$(grep -c '"type":"step"' "$TMP/out")" -eq 40
+
+# ---- checkpoints: checksums, resuming past damaged ones ------------------------------------
+# every 5 steps, all kept (checkpoint_keep_last 0): ckpt-5 .. ckpt-40
+sed 's/"checkpoint_every": 20/"checkpoint_every": 5, "checkpoint_keep_last": 0/' "$TMP/ck.json" \
+    >"$TMP/ck5.json"
+mkdir -p "$TMP/ck5"
+"$AMPD" run --checkpoint-dir "$TMP/ck5" "$TMP/ck5.json" >/dev/null 2>&1
+ckpts() { ls "$1" | grep '^ckpt-[0-9]*\.safetensors$' | sed 's/ckpt-//; s/\..*//' | sort -n | tr '\n' ' '; }
+check "checkpoint_keep_last 0 keeps every checkpoint" test "$(ckpts "$TMP/ck5")" = '5 10 15 20 25 30 35 40 '
+check "a checkpoint's metadata carries its crc32 (format 2)" \
+    grep -aq '"__metadata__":{"format":"ampd-checkpoint-2","crc32":"[0-9a-f]\{8\}","step":"40"' \
+    "$TMP/ck5/ckpt-40.safetensors"
+cp -r "$TMP/ck5" "$TMP/ck5.orig"
+# the newest truncated, the next with a byte of a tensor flipped, the third deleted
+truncate -s -100 "$TMP/ck5/ckpt-40.safetensors"
+flip_byte "$TMP/ck5/ckpt-35.safetensors" -100
+rm "$TMP/ck5/ckpt-30.safetensors"
+"$AMPD" run --checkpoint-dir "$TMP/ck5" --resume "$TMP/ck5" "$TMP/ck5.json" >"$TMP/walk" \
+    2>"$TMP/walk.err"
+rc=$?
+check "--resume DIR past damaged checkpoints exits 0 (exit $rc)" test "$rc" -eq 0
+check "... continuing from the newest that verifies, step 25" \
+    grep -q '"type":"resume","step":25,"path":"[^"]*/ck5/ckpt-25.safetensors","verified":true,' "$TMP/walk"
+check "... the truncated one skipped as truncated" \
+    grep -q '"skipped":\[{"step":40,"path":"[^"]*ckpt-40.safetensors","reason":"truncated: 12[0-9]* of its 12[0-9]* bytes"},' "$TMP/walk"
+check "... the flipped byte as a checksum mismatch" \
+    grep -q ',{"step":35,"path":"[^"]*ckpt-35.safetensors","reason":"checksum mismatch: crc32 [0-9a-f]\{8\} in its header, [0-9a-f]\{8\} of its bytes"}\]}' "$TMP/walk"
+check "... neither called another job's" sh -c "! grep -q 'does not match' '$TMP/walk'"
+check "... the log says which it skipped, why, and which it used" \
+    sh -c "grep -q 'skipped the checkpoint .*ckpt-40.safetensors: truncated' '$TMP/walk.err' &&
+           grep -q 'skipped the checkpoint .*ckpt-35.safetensors: checksum mismatch' '$TMP/walk.err' &&
+           grep -q 'resuming from .*ckpt-25.safetensors (step 25), checksum verified' '$TMP/walk.err'"
+check "... and the damaged ones are dropped (those steps are trained again)" \
+    sh -c "grep -q '\"type\":\"checkpoint_drop\",\"step\":35,.*\"reason\":\"checksum mismatch' '$TMP/walk' &&
+           grep -q '\"type\":\"checkpoint_drop\",\"step\":40,.*\"reason\":\"truncated' '$TMP/walk'"
+steps_of "$TMP/full" | tail -n 15 >"$TMP/a"
+steps_of "$TMP/walk" >"$TMP/b"
+check "the steps after the resume (26..40) equal the uninterrupted run's bit for bit" \
+    sh -c "test \$(wc -l <'$TMP/b') -eq 15 && cmp -s '$TMP/a' '$TMP/b'"
+check "the rerun wrote 30, 35 and 40 again" test "$(ckpts "$TMP/ck5")" = '5 10 15 20 25 30 35 40 '
+"$AMPD" run --resume "$TMP/ck5/ckpt-40.safetensors" "$TMP/ck5.json" >"$TMP/out" 2>/dev/null
+check "... whole: a resume from the new ckpt-40 verifies it" \
+    grep -q '"type":"resume","step":40,"path":"[^"]*ckpt-40.safetensors","verified":true,"skipped":\[\]}' "$TMP/out"
+
+# --resume FILE: that file (here missing), then the older ones; a header changed by one digit
+# fails the checksum too
+cp -r "$TMP/ck5.orig" "$TMP/ck6"
+rm "$TMP/ck6/ckpt-30.safetensors"
+perl -0777 -pi -e 's/"step":"25"/"step":"26"/' "$TMP/ck6/ckpt-25.safetensors"
+"$AMPD" run --resume "$TMP/ck6/ckpt-30.safetensors" "$TMP/ck5.json" >"$TMP/out" 2>/dev/null
+check "--resume FILE: a missing file is skipped as missing, a changed header as a checksum mismatch" \
+    grep -q '"type":"resume","step":20,"path":"[^"]*ckpt-20.safetensors","verified":true,"skipped":\[{"step":30,"path":"[^"]*ckpt-30.safetensors","reason":"missing"},{"step":25,"path":"[^"]*ckpt-25.safetensors","reason":"checksum mismatch' "$TMP/out"
+check "... without --checkpoint-dir nothing in that directory is dropped" \
+    sh -c "! grep -q checkpoint_drop '$TMP/out' && test -f '$TMP/ck6/ckpt-35.safetensors'"
+
+# none verifies: from step 0, as the uninterrupted run
+mkdir -p "$TMP/ck7"
+cp "$TMP/ck5.orig/ckpt-5.safetensors" "$TMP/ck7/"
+flip_byte "$TMP/ck7/ckpt-5.safetensors" -1
+"$AMPD" run --checkpoint-dir "$TMP/ck7" --resume "$TMP/ck7" "$TMP/ck5.json" >"$TMP/out" \
+    2>"$TMP/err"
+check "no checkpoint verifies: the run starts from step 0" \
+    grep -q '"type":"resume","step":0,"path":null,"verified":false,"skipped":\[{"step":5,' "$TMP/out"
+check "... saying so in the log" grep -q 'no checkpoint verifies (1 skipped): training from step 0' "$TMP/err"
+steps_of "$TMP/full" >"$TMP/a"
+steps_of "$TMP/out" >"$TMP/b"
+check "... and trains every step as the uninterrupted run" cmp -s "$TMP/a" "$TMP/b"
+
+# a format 1 checkpoint (written before checksums: no crc32) still loads, unverified
+cp "$TMP/ck5.orig/ckpt-20.safetensors" "$TMP/old.safetensors"
+perl -0777 -pi -e 's/"format":"ampd-checkpoint-2","crc32":"[0-9a-f]{8}",/"format":"ampd-checkpoint-1",                   /' \
+    "$TMP/old.safetensors"
+"$AMPD" run --resume "$TMP/old.safetensors" "$TMP/ck5.json" >"$TMP/out" 2>"$TMP/err"
+check "a format 1 checkpoint loads (no checksum to verify)" \
+    grep -q '"type":"resume","step":20,"path":"[^"]*old.safetensors","verified":false,"skipped":\[\]}' "$TMP/out"
+check "... the log says it was not verified" \
+    grep -q 'resuming from .*old.safetensors (step 20): format 1, written before checksums, not verified' "$TMP/err"
+steps_of "$TMP/full" | tail -n 20 >"$TMP/a"
+steps_of "$TMP/out" >"$TMP/b"
+check "... and continues bit for bit" cmp -s "$TMP/a" "$TMP/b"
+truncate -s -4 "$TMP/old.safetensors"
+"$AMPD" run --resume "$TMP/old.safetensors" "$TMP/ck5.json" >"$TMP/out" 2>/dev/null
+check "... a truncated format 1 file is named truncated, not another job's" \
+    grep -q '"reason":"truncated: [0-9]* of its [0-9]* bytes"' "$TMP/out"
+
+# ---- retention ---------------------------------------------------------------------------
+# fp32 SGD at lr 20 diverges: the eval loss is lowest at step 5, the loss goes NaN near step
+# 30. checkpoint_every 1 keeps the last 3 (NaN weights), the best eval loss and the last
+# healthy checkpoint (finite weights, optimizer state and loss); the rest are deleted.
+nj='{"name": "nan", "model": {"layers": [20, 32, 4]},
+     "data": {"type": "synthetic", "train_size": 256, "eval_size": 64},
+     "optimizer": {"type": "sgd", "lr": 20}, "batch_size": 32, "steps": 60, "eval_every": 5,
+     "checkpoint_every": 1, "threads": 1, "device": "cpu"}'
+mkdir -p "$TMP/nan"
+echo "$nj" | "$AMPD" run --checkpoint-dir "$TMP/nan" - >"$TMP/out" 2>/dev/null
+best=$(grep '"type":"eval"' "$TMP/out" | grep '"eval_loss":[0-9]' |
+    sed 's/.*"step":\([0-9]*\),"eval_loss":\([0-9.e+-]*\).*/\2 \1/' | sort -g | head -1 | cut -d' ' -f2)
+healthy=$(grep '"type":"checkpoint",.*"healthy":true' "$TMP/out" | tail -1 |
+    sed 's/.*"step":\([0-9]*\),.*/\1/')
+check "the job's loss went NaN" grep -q '"type":"step","step":60,"loss":"NaN"' "$TMP/out"
+check "its last healthy checkpoint (step ${healthy:-none}) is before the last 3, the best eval (step ${best:-none}) before that" \
+    test "${healthy:-99}" -lt 58 -a "${best:-99}" -lt "${healthy:-0}"
+check "... every checkpoint after it is marked unhealthy" \
+    test "$(grep -c '"type":"checkpoint",.*"healthy":true' "$TMP/out")" -eq "${healthy:-0}"
+check "the last 3, the best and the last healthy are kept, nothing else" \
+    test "$(ckpts "$TMP/nan")" = "$best $healthy 58 59 60 "
+check "... each other one dropped by the retention" \
+    test "$(grep -c '"type":"checkpoint_drop","step":[0-9]*,"path":"[^"]*","reason":"retention","deleted":true' "$TMP/out")" -eq 55
+"$AMPD" run --resume "$TMP/nan/ckpt-$healthy.safetensors" - <<<"$nj" >"$TMP/out2" 2>/dev/null
+check "the last healthy checkpoint resumes and its next step equals the original's" \
+    test "$(grep "\"type\":\"step\",\"step\":$((healthy + 1))," "$TMP/out2" | sed 's/,"step_ms".*//')" = \
+    "$(grep "\"type\":\"step\",\"step\":$((healthy + 1))," "$TMP/out" | sed 's/,"step_ms".*//')"
+mkdir -p "$TMP/nan2"
+echo "$nj" | sed 's/"checkpoint_every": 1,/"checkpoint_every": 1, "checkpoint_keep_last": 2, "checkpoint_keep_best": 0,/' |
+    "$AMPD" run --checkpoint-dir "$TMP/nan2" - >/dev/null 2>&1
+check "checkpoint_keep_last 2, checkpoint_keep_best 0: the last 2 and the last healthy" \
+    test "$(ckpts "$TMP/nan2")" = "$healthy 59 60 "
 
 # a GPT on text: the loss falls, and a resumed run continues it bit for bit
 mkdir -p "$TMP/text" "$TMP/gck"

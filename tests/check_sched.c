@@ -11,12 +11,19 @@
  * its job with the signal and its log's last lines and the next queued job runs; a hung
  * worker is killed; a failing worker's summary error is kept; cancel (queued and running)
  * and resume from the checkpoint; restart recovery (running -> interrupted -> resumed,
- * retries exhausted -> failed); a stop interrupts running jobs, which resume on the next
- * start; two slots run two jobs at once; overflow and scale events; over-long and garbage lines;
+ * retries exhausted -> failed); a restart whose newest checkpoint file is gone resumes from
+ * the one before it (not from scratch), and a worker that walks back past a damaged one
+ * has the metrics truncated to the step it continues from, each with an event saying why;
+ * a stop interrupts running jobs, which resume on the next start; two slots run two jobs at
+ * once; overflow and scale events; over-long and garbage lines;
  * layers lines stored as layer stats (NaN/Infinity, scale, first non-finite layer) and
  * recommendation events (with their layer) stored, each after its step in the stream;
  * delete; the worker's descriptors, signal state and process group; a cancel that reaches a worker
- * before its exec (no handler of the daemon runs in it); an unrunnable worker binary.
+ * before its exec (no handler of the daemon runs in it); an unrunnable worker binary; a store
+ * that cannot write (store_test_fault): the worker paused and not killed as hung, every row
+ * once, a job that ends meanwhile recorded afterwards (status, summary, checkpoints), no
+ * queued job started meanwhile, checkpoint drops waiting behind the checkpoints the store has
+ * not recorded, and the stall timeout failing a job with the reason.
  */
 #include <check.h>
 #include <dirent.h>
@@ -533,6 +540,106 @@ START_TEST(test_recovery_after_crash)
 }
 END_TEST
 
+/* A daemon killed with -9 left job id running with checkpoints at 5, 10 and 15 (files for
+ * those in `files`, records for all three, the last at 15) and metric rows 1..13 whose
+ * loss is 100 + step. */
+static int64_t crashed_job(fixture *f, const char *spec, const int *files, int nfiles)
+{
+    store_metric m;
+    int64_t id;
+    bool existed;
+    char dir[600], cmd[1400], ck[700];
+    ck_assert_int_eq(store_job_insert(f->st, "crashed", "fp32", 20, spec, NULL, &id, &existed), 0);
+    ck_assert_int_eq(store_job_set_status(f->st, id, STORE_RUNNING, NULL), 0);
+    snprintf(dir, sizeof(dir), "%s/data/jobs/%lld", f->dir, (long long)id);
+    snprintf(cmd, sizeof(cmd), "mkdir -p %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+    for (int i = 0; i < nfiles; i++) {
+        snprintf(cmd, sizeof(cmd), "echo w > %s/ckpt-%d.safetensors", dir, files[i]);
+        ck_assert_int_eq(system(cmd), 0);
+    }
+    for (int s = 5; s <= 15; s += 5) {
+        snprintf(ck, sizeof(ck), "%s/ckpt-%d.safetensors", dir, s);
+        ck_assert_int_eq(store_checkpoint_add(f->st, id, s, ck, 2), 0);
+    }
+    ck_assert_int_eq(store_job_set_checkpoint(f->st, id, 15), 0);
+    for (int s = 1; s <= 13; s++) {
+        memset(&m, 0, sizeof(m));
+        m.job_id = id;
+        m.step = s;
+        for (int k = 0; k < STORE_M_NFIELDS; k++)
+            m.v[k] = NAN;
+        m.v[STORE_M_LOSS] = 100 + s;
+        ck_assert_int_eq(store_metric_append(f->st, &m), 0);
+    }
+    ck_assert_int_eq(store_flush(f->st), 0);
+    return id;
+}
+
+/* Steps 1..from keep the first run's rows, the later ones are the rerun's, and the job's
+ * stream has each step once. */
+static void check_resumed_rows(fixture *f, int64_t id, int64_t from)
+{
+    store_series se;
+    store_stream_row *rows = NULL;
+    int n = 0, steps = 0;
+    check_rows(f, id, STORE_M_LOSS, 20, &se);
+    for (int i = 0; i < 20; i++)
+        ck_assert_msg(se.points[i].last[0] == (i < from ? 101 + i : i + 1.5),
+                      "step %d: loss %g (resumed after step %lld)", i + 1, se.points[i].last[0],
+                      (long long)from);
+    store_series_free(&se);
+    ck_assert_int_eq(store_stream_read(f->st, id, 0, 1000, &rows, &n), 0);
+    for (int i = 0; i < n; i++)
+        if (rows[i].kind == STORE_SM_STEP)
+            ck_assert_int_eq(rows[i].step, ++steps);
+    ck_assert_int_eq(steps, 20);
+    free(rows);
+}
+
+START_TEST(test_restart_skips_missing_checkpoint)
+{
+    fixture f;
+    static const int files[] = {5, 10}; /* ckpt-15's file is gone */
+    setup(&f);
+    int64_t id = crashed_job(&f, "{\"mode\":\"ok\",\"steps\":20,\"ckpt\":5}", files, 2);
+    start_sched(&f);
+    wait_status(&f, id, STORE_SUCCEEDED, 10);
+    /* from 10, the newest checkpoint left: not from scratch */
+    check_resumed_rows(&f, id, 10);
+    ck_assert_int_eq(
+        count_events(&f, id, "checkpoint",
+                     "skipped the checkpoint at step 15 (ckpt-15.safetensors): missing"),
+        1);
+    ck_assert_int_eq(count_events(&f, id, "lifecycle", "resumed from the checkpoint at step 10"),
+                     1);
+    teardown(&f);
+}
+END_TEST
+
+START_TEST(test_worker_walks_back)
+{
+    fixture f;
+    static const int files[] = {5, 10, 15};
+    setup(&f);
+    /* the worker finds ckpt-15 damaged and continues from 10 */
+    int64_t id =
+        crashed_job(&f, "{\"mode\":\"ok\",\"steps\":20,\"ckpt\":5,\"walkback\":5}", files, 3);
+    start_sched(&f);
+    wait_status(&f, id, STORE_SUCCEEDED, 10);
+    check_resumed_rows(&f, id, 10);
+    ck_assert_int_eq(count_events(&f, id, "checkpoint",
+                                  "skipped the checkpoint at step 15 (ckpt-15.safetensors): "
+                                  "checksum mismatch: fake"),
+                     1);
+    ck_assert_int_eq(count_events(&f, id, "lifecycle",
+                                  "resumed from the checkpoint at step 10, the newest that "
+                                  "verifies (1 newer skipped)"),
+                     1);
+    teardown(&f);
+}
+END_TEST
+
 START_TEST(test_stop_interrupts_and_restart_resumes)
 {
     fixture f;
@@ -811,6 +918,189 @@ START_TEST(test_idempotent_submit)
 }
 END_TEST
 
+/* ---- a store that cannot write (store_test_fault: every write fails as on a full disk) ---- */
+
+/* Wait until the store's health code is code, at most timeout_s. */
+static void wait_health(fixture *f, int code, double timeout_s)
+{
+    double t0 = gpu_now();
+    store_health h;
+    for (;;) {
+        store_get_health(f->st, &h);
+        if (h.code == code)
+            return;
+        ck_assert_msg(gpu_now() - t0 < timeout_s, "store health %d, expected %d", h.code, code);
+        test_sleep_ms(10);
+    }
+}
+
+/* The status of job now (the store's). */
+static store_status status_of(fixture *f, int64_t id)
+{
+    store_job j = get_job(f, id);
+    store_status st = j.status;
+    store_job_clear(&j);
+    return st;
+}
+
+/* The number of checkpoints recorded for job. */
+static int count_checkpoints(fixture *f, int64_t id)
+{
+    store_checkpoint *ck = NULL;
+    int n = 0;
+    ck_assert_int_eq(store_checkpoint_list(f->st, id, &ck, &n), 0);
+    free(ck);
+    return n;
+}
+
+/* While the store cannot write, the scheduler stops reading the worker (it waits on its
+ * pipe) without counting that against worker_timeout_s; nothing is lost, and the job
+ * runs to its end once the store writes again. */
+START_TEST(test_store_full_pauses_worker)
+{
+    fixture f;
+    store_series se;
+    setup(&f);
+    f.cfg.worker_timeout_s = 1;
+    start_sched(&f);
+    int64_t id = submit(&f, "{\"mode\":\"slow\",\"steps\":60,\"ckpt\":10,\"delay\":0.02}");
+    wait_step(&f, id, 5, 10);
+    ck_assert_int_eq(store_test_fault(f.st, STORE_EFULL), 0);
+    wait_health(&f, STORE_EFULL, 5);
+    test_sleep_ms(2500); /* past worker_timeout_s, and past the three attempts of old */
+    ck_assert_int_eq(status_of(&f, id), STORE_RUNNING);
+    daemon_sched_info info;
+    daemon_sched_get_info(f.sc, &info);
+    ck_assert_int_eq(info.running, 1);
+    ck_assert_int_eq(info.workers_failed, 0);
+    ck_assert_int_eq(store_test_fault(f.st, 0), 0);
+    wait_status(&f, id, STORE_SUCCEEDED, 20);
+    check_rows(&f, id, STORE_M_LOSS, 60, &se);
+    store_series_free(&se);
+    store_job j = get_job(&f, id);
+    ck_assert_int_eq(j.step, 60);
+    ck_assert_int_eq(j.checkpoint_step, 60);
+    ck_assert_ptr_nonnull(j.summary);
+    ck_assert_ptr_null(j.error);
+    store_job_clear(&j);
+    ck_assert_int_eq(count_checkpoints(&f, id), 6);
+    ck_assert_int_eq(count_events(&f, id, "lifecycle", "succeeded"), 1);
+    teardown(&f);
+}
+END_TEST
+
+/* A worker that ends while the store cannot write: its end (status, summary, checkpoints,
+ * every row) is recorded once it can, and meanwhile the job stays running with its worker
+ * in the table; a queued job does not start. */
+START_TEST(test_store_full_job_ends)
+{
+    fixture f;
+    store_series se;
+    setup(&f);
+    start_sched(&f);
+    int64_t id = submit(&f, "{\"mode\":\"slow\",\"steps\":20,\"ckpt\":5,\"delay\":0.02}");
+    int64_t next = submit(&f, "{\"mode\":\"ok\",\"steps\":3}");
+    wait_step(&f, id, 2, 10);
+    ck_assert_int_eq(store_test_fault(f.st, STORE_EFULL), 0);
+    test_sleep_ms(2000); /* the worker prints its last lines (the pipe holds them) and exits */
+    ck_assert_int_eq(status_of(&f, id), STORE_RUNNING);
+    ck_assert_int_eq(status_of(&f, next), STORE_QUEUED);
+    daemon_sched_info info;
+    daemon_sched_get_info(f.sc, &info);
+    ck_assert_int_eq(info.running, 1);
+    ck_assert_int_eq(store_test_fault(f.st, 0), 0);
+    wait_status(&f, id, STORE_SUCCEEDED, 20);
+    check_rows(&f, id, STORE_M_LOSS, 20, &se);
+    store_series_free(&se);
+    store_job j = get_job(&f, id);
+    ck_assert_int_eq(j.checkpoint_step, 20);
+    ck_assert_ptr_nonnull(j.summary);
+    ck_assert_ptr_nonnull(strstr(j.summary, "\"status\":\"succeeded\""));
+    store_job_clear(&j);
+    ck_assert_int_eq(count_checkpoints(&f, id), 4);
+    ck_assert_int_eq(count_events(&f, id, "lifecycle", "succeeded"), 1);
+    store_stream_row *rows = NULL;
+    int n = 0, steps = 0;
+    ck_assert_int_eq(store_stream_read(f.st, id, 0, 1000, &rows, &n), 0);
+    for (int i = 0; i < n; i++)
+        if (rows[i].kind == STORE_SM_STEP)
+            ck_assert_int_eq(rows[i].step, ++steps);
+    ck_assert_int_eq(steps, 20);
+    ck_assert(n > 0 && rows[n - 1].kind == STORE_SM_END);
+    free(rows);
+    wait_status(&f, next, STORE_SUCCEEDED, 20);
+    teardown(&f);
+}
+END_TEST
+
+/* Checkpoint lines the store cannot take wait in their order: a checkpoint_drop waits behind
+ * the newer checkpoint whose line came before it, so no file is deleted before that one is
+ * recorded, and once the store writes the records are exactly the files kept. */
+START_TEST(test_store_full_drops_wait)
+{
+    fixture f;
+    char dir[600], path[700];
+    store_checkpoint *ck = NULL;
+    int n = 0, files = 0;
+    setup(&f);
+    start_sched(&f);
+    int64_t id = submit(&f, "{\"mode\":\"slow\",\"steps\":20,\"ckpt\":4,\"keep\":2,"
+                            "\"delay\":0.02}");
+    wait_step(&f, id, 2, 10);
+    ck_assert_int_eq(store_test_fault(f.st, STORE_EFULL), 0);
+    test_sleep_ms(2000); /* the worker checkpoints, drops and exits meanwhile */
+    snprintf(dir, sizeof(dir), "%s/jobs/%lld", f.cfg.data_dir, (long long)id);
+    ck_assert_int_eq(store_checkpoint_list(f.st, id, &ck, &n), 0);
+    for (int i = 0; i < n; i++) /* what is recorded is there */
+        ck_assert_msg(access(ck[i].path, R_OK) == 0, "%s is recorded but gone", ck[i].path);
+    free(ck);
+    ck_assert_int_eq(store_test_fault(f.st, 0), 0);
+    wait_status(&f, id, STORE_SUCCEEDED, 20);
+    ck_assert_int_eq(store_checkpoint_list(f.st, id, &ck, &n), 0);
+    ck_assert_int_eq(n, 2);
+    ck_assert_int_eq(ck[0].step, 16);
+    ck_assert_int_eq(ck[1].step, 20);
+    free(ck);
+    for (int s = 4; s <= 20; s += 4) {
+        snprintf(path, sizeof(path), "%s/ckpt-%d.safetensors", dir, s);
+        files += access(path, F_OK) == 0;
+    }
+    ck_assert_int_eq(files, 2);
+    teardown(&f);
+}
+END_TEST
+
+/* A worker that waits for the store longer than stall_timeout_s is stopped; its job fails
+ * with the reason, recorded (with every row it printed) once the store writes again. */
+START_TEST(test_store_stall_fails_job)
+{
+    fixture f;
+    store_series se;
+    setup(&f);
+    f.cfg.stall_timeout_s = 1;
+    start_sched(&f);
+    int64_t id = submit(&f, "{\"mode\":\"slow\",\"steps\":2000,\"delay\":0.01}");
+    wait_step(&f, id, 3, 10);
+    ck_assert_int_eq(store_test_fault(f.st, STORE_EFULL), 0);
+    test_sleep_ms(3000); /* paused, stopped after 1 s, checkpointed, exited */
+    ck_assert_int_eq(status_of(&f, id), STORE_RUNNING);
+    ck_assert_int_eq(store_test_fault(f.st, 0), 0);
+    wait_status(&f, id, STORE_FAILED, 20);
+    store_job j = get_job(&f, id);
+    ck_assert_msg(strstr(j.error, "stopped: the store could not write the run's history for 1 s "
+                                  "(the disk is full") != NULL,
+                  "%s", j.error);
+    int64_t last = j.step;
+    ck_assert_int_gt(last, 3);
+    ck_assert_int_lt(last, 2000);
+    ck_assert_int_eq(j.checkpoint_step, last);
+    store_job_clear(&j);
+    check_rows(&f, id, STORE_M_LOSS, last, &se);
+    store_series_free(&se);
+    teardown(&f);
+}
+END_TEST
+
 static Suite *sched_suite(void)
 {
     Suite *s = suite_create("sched");
@@ -826,6 +1116,8 @@ static Suite *sched_suite(void)
     tcase_add_test(tc, test_cancel_at_spawn);
     tcase_add_test(tc, test_recovery_after_crash);
     tcase_add_test(tc, test_stop_interrupts_and_restart_resumes);
+    tcase_add_test(tc, test_restart_skips_missing_checkpoint);
+    tcase_add_test(tc, test_worker_walks_back);
     tcase_add_test(tc, test_two_slots);
     tcase_add_test(tc, test_overflow_events);
     tcase_add_test(tc, test_long_and_garbage_lines);
@@ -833,6 +1125,10 @@ static Suite *sched_suite(void)
     tcase_add_test(tc, test_delete);
     tcase_add_test(tc, test_bad_worker_binary);
     tcase_add_test(tc, test_idempotent_submit);
+    tcase_add_test(tc, test_store_full_pauses_worker);
+    tcase_add_test(tc, test_store_full_job_ends);
+    tcase_add_test(tc, test_store_full_drops_wait);
+    tcase_add_test(tc, test_store_stall_fails_job);
     suite_add_tcase(s, tc);
     return s;
 }

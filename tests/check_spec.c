@@ -95,7 +95,8 @@ START_TEST(test_full_example)
         "   \"weight_decay\": 0.0, \"grad_clip\": 1.0, \"warmup_steps\": 0, \"schedule\": "
         "\"cosine\"},"
         " \"batch_size\": 256, \"steps\": 2000, \"seed\": 1,"
-        " \"eval_every\": 200, \"checkpoint_every\": 500, \"diagnostics_every\": 50,"
+        " \"eval_every\": 200, \"checkpoint_every\": 500, \"checkpoint_keep_last\": 3,"
+        " \"checkpoint_keep_best\": 1, \"diagnostics_every\": 50,"
         " \"device\": \"auto\", \"distributed\": {\"world_size\": 1, \"comm_hook\": \"none\"}}";
     gpu_job_config c;
     api_error e;
@@ -113,6 +114,9 @@ START_TEST(test_full_example)
     ck_assert_int_eq(c.autocast.policy[GPU_OP_SOFTMAX], GPU_CAST_FP32);
     ck_assert_int_eq(c.steps, 2000);
     ck_assert_int_eq(c.eval_every, 200);
+    ck_assert_int_eq(c.checkpoint_every, 500);
+    ck_assert_int_eq(c.checkpoint_keep_last, 3);
+    ck_assert_int_eq(c.checkpoint_keep_best, 1);
     ck_assert_ptr_nonnull(strstr(c.data.train_images, "fashion-mnist/train-images-idx3-ubyte.gz"));
     ck_assert_ptr_nonnull(strstr(c.data.eval_labels, "fashion-mnist/t10k-labels-idx1-ubyte"));
     json_t *canon = api_spec_to_json(&c);
@@ -134,6 +138,13 @@ START_TEST(test_defaults)
     ck_assert_ptr_nonnull(strstr(c.data.eval_images, "t10k-images"));
     ck_assert_int_eq(c.batch_size, 256);
     ck_assert_str_eq(c.device, "auto");
+    ck_assert_int_eq(c.checkpoint_every, 0);
+    ck_assert_int_eq(c.checkpoint_keep_last, 3);
+    ck_assert_int_eq(c.checkpoint_keep_best, 1);
+    ck_assert_int_eq(parse("{\"checkpoint_keep_last\": 0, \"checkpoint_keep_best\": 0}", &c, &e),
+                     0);
+    ck_assert_int_eq(c.checkpoint_keep_last, 0); /* every checkpoint kept */
+    ck_assert_int_eq(c.checkpoint_keep_best, 0);
     /* fp16 defaults to dynamic scaling, bf16 to none (PyTorch, DeepSpeed) */
     ck_assert_int_eq(parse("{\"precision\": {\"dtype\": \"fp16\"}}", &c, &e), 0);
     ck_assert_int_eq(c.scaler.mode, GPU_SCALE_DYNAMIC);
@@ -253,6 +264,9 @@ START_TEST(test_bad_values)
     expect_field("{\"optimizer\": {\"type\": \"lamb\"}}", "optimizer.type");
     expect_field("{\"optimizer\": {\"schedule\": 3}}", "optimizer.schedule");
     expect_field("{\"batch_size\": 0}", "batch_size");
+    expect_field("{\"checkpoint_keep_last\": -1}", "checkpoint_keep_last");
+    expect_field("{\"checkpoint_keep_last\": \"3\"}", "checkpoint_keep_last");
+    expect_field("{\"checkpoint_keep_best\": 1001}", "checkpoint_keep_best");
     expect_field("{\"batch_size\": -5}", "batch_size");
     expect_field("{\"batch_size\": 2.5}", "batch_size");
     expect_field("{\"batch_size\": 100000000}", "batch_size");

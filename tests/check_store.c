@@ -3,11 +3,15 @@
  * cursor, idempotency, timestamps, flags, cascading delete), metric rows through the
  * writer (NaN/+-Inf round-trip, flags, upsert, evals, truncate), downsampling against a
  * brute-force computation over random data, the rollup table against the raw rows,
- * events, checkpoints, the latest row, counters, readers on several threads while the
- * writer appends, the migration from schema version 1, and the per-layer diagnostics
+ * events, checkpoints (their deletion, and a job's disk use: the sum of their bytes), the
+ * latest row, counters, readers on several threads while the writer appends, the
+ * migration from schema version 1, and the per-layer diagnostics
  * (NaN/+-Inf/missing round trip, step flags, upsert, latest, truncate, delete, and the
  * heatmap range against a reference: subsampling that keeps special steps, layers by
- * first appearance, every cell).
+ * first appearance, every cell), and a store that cannot write (store_test_fault as a full
+ * disk, a real lock held by another connection): rows held and written exactly once when
+ * writing works again, store_flush and the synchronous writes failing meanwhile, no
+ * checkpoint recorded over held rows, the health and the writer's probe, a bounded close.
  *
  * Each test opens a fresh database file made with mkstemp in a directory under /tmp and
  * removes it (and its -wal/-shm files) afterwards; the directory and anything a failed
@@ -26,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "store/store.h"
@@ -1167,6 +1172,37 @@ START_TEST(test_checkpoints)
     ck_assert(ck[0].created_at > 1e9);
     free(ck);
     ck_assert_int_eq(store_checkpoint_add(st, 4242, 1, "/x", 1), STORE_ENOTFOUND);
+
+    /* the job's disk use is the sum of its checkpoints' bytes; a deleted one leaves it,
+     * with its stream row */
+    store_job j;
+    memset(&j, 0, sizeof(j));
+    ck_assert_int_eq(store_job_get(st, job, &j), 0);
+    ck_assert_int_eq(j.checkpoint_bytes, 100 + 124 + 150);
+    store_job_clear(&j);
+    ck_assert_int_eq(store_checkpoint_delete(st, job, 1000), 0);
+    ck_assert_int_eq(store_checkpoint_delete(st, job, 1000), STORE_ENOTFOUND);
+    ck_assert_int_eq(store_checkpoint_list(st, job, &ck, &n), 0);
+    ck_assert_int_eq(n, 2);
+    ck_assert(ck[0].step == 500 && ck[1].step == 1500);
+    free(ck);
+    ck_assert_int_eq(store_job_get(st, job, &j), 0);
+    ck_assert_int_eq(j.checkpoint_bytes, 100 + 150);
+    store_job_clear(&j);
+    store_stream_row *rows = NULL;
+    int nrows = 0, c1000 = 0;
+    ck_assert_int_eq(store_stream_read(st, job, 0, 1000, &rows, &nrows), 0);
+    for (int i = 0; i < nrows; i++)
+        c1000 += rows[i].kind == STORE_SM_CHECKPOINT && rows[i].step == 1000;
+    free(rows);
+    ck_assert_int_eq(c1000, 0);
+    store_job_filter f = {.status = -1, .limit = 1000};
+    store_job *all = NULL;
+    ck_assert_int_eq(store_job_list(st, &f, &all, &n), 0);
+    for (int i = 0; i < n; i++)
+        if (all[i].id == job)
+            ck_assert_int_eq(all[i].checkpoint_bytes, 100 + 150);
+    store_jobs_free(all, n);
 }
 END_TEST
 
@@ -1900,6 +1936,201 @@ START_TEST(test_stream)
 }
 END_TEST
 
+/* ---- a store that cannot write ------------------------------------------------------------ */
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void sleep_s(double s)
+{
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+/* Queue rows for steps [from, to] of job (rank 0). */
+static void append_steps(int64_t job, int64_t from, int64_t to)
+{
+    for (int64_t step = from; step <= to; step++) {
+        store_metric m;
+        memset(&m, 0, sizeof(m));
+        m.job_id = job;
+        m.step = step;
+        for (int i = 0; i < NF; i++)
+            m.v[i] = (double)step;
+        ck_assert_int_eq(store_metric_append(st, &m), 0);
+    }
+}
+
+/* Flush until it succeeds (the writer commits at its next retry), at most timeout_s. */
+static void flush_within(double timeout_s)
+{
+    double t0 = mono_s();
+    int rc;
+    while ((rc = store_flush(st)) != 0) {
+        ck_assert_msg(mono_s() - t0 < timeout_s, "store_flush still fails after %.1f s: %s",
+                      mono_s() - t0, store_strerror(rc));
+        sleep_s(0.05);
+    }
+}
+
+/* Wait until the health's code is code, at most timeout_s. */
+static void health_within(int code, double timeout_s, store_health *h)
+{
+    double t0 = mono_s();
+    for (;;) {
+        store_get_health(st, h);
+        if (h->code == code)
+            return;
+        ck_assert_msg(mono_s() - t0 < timeout_s, "health code %d, expected %d after %.1f s",
+                      h->code, code, mono_s() - t0);
+        sleep_s(0.02);
+    }
+}
+
+/* Metric rows of job in the file (a connection of its own), and the distinct steps. */
+static void count_rows(int64_t job, int64_t *rows, int64_t *steps)
+{
+    sqlite3 *db = raw_open();
+    *rows = raw_int(db, "SELECT COUNT(*) FROM metrics WHERE job_id=?1", job);
+    *steps = raw_int(db, "SELECT COUNT(DISTINCT step) FROM metrics WHERE job_id=?1", job);
+    sqlite3_close(db);
+}
+
+/* The writer holds what it cannot write (here: every write fails as on a full disk, for
+ * longer than the three attempts the writer used to make before it dropped a batch), the
+ * flush and the synchronous writes report it, no checkpoint is recorded over the held rows,
+ * the health says why; once writes work again every row is there exactly once. */
+START_TEST(test_full_disk_holds_rows)
+{
+    int64_t job = new_job("full", "fp16"), rows, steps;
+    store_checkpoint *ck = NULL;
+    store_health h;
+    store_job j;
+    double t0;
+    int n = -1;
+
+    store_get_health(st, &h);
+    ck_assert_int_eq(h.code, 0);
+    ck_assert_ptr_null(h.reason);
+    ck_assert_int_eq(store_test_fault(st, STORE_EINVAL), STORE_EINVAL);
+    append_steps(job, 1, 100);
+    ck_assert_int_eq(store_flush(st), 0);
+
+    ck_assert_int_eq(store_test_fault(st, STORE_EFULL), 0);
+    append_steps(job, 101, 300);
+    t0 = mono_s();
+    ck_assert_int_eq(store_flush(st), STORE_EFULL); /* reported, not waited out */
+    ck_assert(mono_s() - t0 < 6.0);
+    store_get_health(st, &h);
+    ck_assert_int_eq(h.code, STORE_EFULL);
+    ck_assert_str_eq(h.reason, "disk_full");
+    ck_assert_msg(strstr(h.message, "disk is full") != NULL, "message: %s", h.message);
+    ck_assert_int_eq(h.held, 200);
+    ck_assert(h.since > 1e9 && h.failures >= 1);
+
+    sleep_s(1.5); /* the old writer gave up after 3 attempts, 0.6 s apart in all */
+    t0 = mono_s();
+    ck_assert_int_eq(store_flush(st), STORE_EFULL);
+    ck_assert(mono_s() - t0 < 0.5); /* already failing: at once */
+    store_get_health(st, &h);
+    ck_assert_int_ge(h.failures, 3);
+    ck_assert_int_eq(h.held, 200);
+    ck_assert_int_eq(store_checkpoint_add(st, job, 300, "/d/ckpt-300", 1), STORE_EFULL);
+    ck_assert_int_eq(store_job_set_status(st, job, STORE_SUCCEEDED, NULL), STORE_EFULL);
+    ck_assert_int_eq(store_job_set_summary(st, job, "{\"status\":\"ok\"}"), STORE_EFULL);
+    ck_assert_int_eq(store_checkpoint_list(st, job, &ck, &n), 0);
+    ck_assert_int_eq(n, 0);
+    free(ck);
+    ck_assert_int_eq(store_job_get(st, job, &j), 0);
+    ck_assert_int_eq(j.status, STORE_QUEUED);
+    ck_assert_ptr_null(j.summary);
+    store_job_clear(&j);
+    count_rows(job, &rows, &steps);
+    ck_assert_int_eq(rows, 100);
+
+    ck_assert_int_eq(store_test_fault(st, 0), 0);
+    flush_within(5.0);
+    store_get_health(st, &h);
+    ck_assert_int_eq(h.code, 0);
+    ck_assert_int_eq(h.held, 0);
+    count_rows(job, &rows, &steps);
+    ck_assert_int_eq(rows, 300);
+    ck_assert_int_eq(steps, 300);
+    ck_assert_int_eq(store_checkpoint_add(st, job, 300, "/d/ckpt-300", 1), 0);
+    ck_assert_int_eq(store_job_set_summary(st, job, "{\"status\":\"ok\"}"), 0);
+    ck_assert_int_eq(store_job_set_status(st, job, STORE_SUCCEEDED, NULL), 0);
+    ck_assert_int_eq(store_job_get(st, job, &j), 0);
+    ck_assert_int_eq(j.status, STORE_SUCCEEDED);
+    ck_assert_int_eq(j.step, 300);
+    store_job_clear(&j);
+}
+END_TEST
+
+/* A synchronous write that fails while nothing is queued still shows in the health (the
+ * writer probes), and the health clears once a write works again. */
+START_TEST(test_failed_write_probed)
+{
+    int64_t job = new_job("probe", "bf16");
+    store_health h;
+
+    ck_assert_int_eq(store_test_fault(st, STORE_EBUSY), 0);
+    ck_assert_int_eq(store_job_set_retries(st, job, 1), STORE_EBUSY);
+    health_within(STORE_EBUSY, 3.0, &h);
+    ck_assert_str_eq(h.reason, "store_locked");
+    ck_assert_int_eq(h.held, 0);
+    ck_assert_int_eq(store_test_fault(st, 0), 0);
+    health_within(0, 5.0, &h);
+    ck_assert_int_eq(store_job_set_retries(st, job, 1), 0);
+}
+END_TEST
+
+/* Another process holds the write lock longer than the busy timeout: the writer holds the
+ * rows, says the store is locked, and writes them once the lock is released. */
+START_TEST(test_lock_holds_rows)
+{
+    int64_t job = new_job("locked", "fp32"), rows, steps;
+    sqlite3 *db = raw_open();
+    store_health h;
+
+    append_steps(job, 1, 10);
+    ck_assert_int_eq(store_flush(st), 0);
+    ck_assert_int_eq(sqlite3_exec(db, "BEGIN EXCLUSIVE", NULL, NULL, NULL), SQLITE_OK);
+    append_steps(job, 11, 60);
+    health_within(STORE_EBUSY, 12.0, &h); /* the first attempt waits out the busy timeout */
+    ck_assert_str_eq(h.reason, "store_locked");
+    ck_assert_int_eq(h.held, 50);
+    ck_assert_int_eq(store_flush(st), STORE_EBUSY);
+    ck_assert_int_eq(sqlite3_exec(db, "COMMIT", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+    flush_within(10.0);
+    count_rows(job, &rows, &steps);
+    ck_assert_int_eq(rows, 60);
+    ck_assert_int_eq(steps, 60);
+    store_get_health(st, &h);
+    ck_assert_int_eq(h.code, 0);
+}
+END_TEST
+
+/* store_close does not wait for ever on rows it cannot write. */
+START_TEST(test_close_bounded)
+{
+    int64_t job = new_job("close", "fp32");
+    double t0;
+
+    ck_assert_int_eq(store_test_fault(st, STORE_EIO), 0);
+    append_steps(job, 1, 5);
+    ck_assert_int_eq(store_flush(st), STORE_EIO);
+    t0 = mono_s();
+    store_close(st);
+    st = NULL;
+    ck_assert(mono_s() - t0 < STORE_CLOSE_WAIT_S + STORE_RETRY_MAX_MS * 1e-3 + 2.0);
+}
+END_TEST
+
 static Suite *store_suite(void)
 {
     Suite *s = suite_create("store");
@@ -1929,6 +2160,10 @@ static Suite *store_suite(void)
     tcase_add_test(tc, test_layer_truncate);
     tcase_add_test(tc, test_layer_range);
     tcase_add_test(tc, test_stream);
+    tcase_add_test(tc, test_full_disk_holds_rows);
+    tcase_add_test(tc, test_failed_write_probed);
+    tcase_add_test(tc, test_lock_holds_rows);
+    tcase_add_test(tc, test_close_bounded);
     suite_add_tcase(s, tc);
     return s;
 }

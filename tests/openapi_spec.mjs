@@ -241,7 +241,7 @@ const neverUsed = enumCodes.filter((c) => !used.has(c));
 check(`api/ answers with ${used.size} error codes`, used.size >= 10);
 check(`every error code api/ answers with is in ErrorCode${notDescribed.length ? ': not ' + notDescribed.join(', ') : ''}`, notDescribed.length === 0);
 check(`every ErrorCode is answered somewhere in api/${neverUsed.length ? ': never ' + neverUsed.join(', ') : ''}`, neverUsed.length === 0);
-const byStatus = { 400: 'BadRequest', 401: 'Unauthorized', 404: 'NotFound', 405: 'MethodNotAllowed', 409: 'Conflict', 413: 'BodyTooLarge', 414: 'UriTooLong', 415: 'UnsupportedMediaType', 503: 'Unavailable' };
+const byStatus = { 400: 'BadRequest', 401: 'Unauthorized', 403: 'Forbidden', 404: 'NotFound', 405: 'MethodNotAllowed', 409: 'Conflict', 413: 'BodyTooLarge', 414: 'UriTooLong', 415: 'UnsupportedMediaType', 421: 'MisdirectedRequest', 422: 'UnprocessableContent', 503: 'Unavailable' };
 for (const [code, statuses] of used) {
   for (const st of statuses) {
     const resp = doc.components.responses[byStatus[st]];

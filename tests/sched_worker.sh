@@ -13,6 +13,12 @@
 #   garbage   non-JSON and type-less lines, and malformed layers and event lines, between
 #             the ok run's lines
 #   hang, fds a start line, then silence (the test reads /proc/PID/fd of an fds worker)
+# With "keep": K (> 0) each checkpoint beyond the K newest of this run is dropped, as the
+# retention of `ampd run --no-delete` does: a checkpoint_drop line after the newer one's line
+# (the file is left for the daemon to delete).
+# With "walkback": K (> 0) a resumed worker reports that the checkpoint it was given was
+# damaged: it continues from K steps before it (the resume line names the skipped one, and
+# a checkpoint_drop line follows), as `ampd run` walks back.
 # With "diag": K (> 0) a "layers" line follows every K-th step's line and every overflowing
 # step's line, as `ampd run` prints them (two layers: fc1 with plain numbers, fc2 with an
 # "Infinity" headroom and a "NaN" underflow fraction; an overflowing step has act_overflow
@@ -27,6 +33,7 @@ while [ $# -gt 0 ]; do
     --every) shift ;;
     --checkpoint-dir) ckdir=$2; shift ;;
     --resume) resume=$2; shift ;;
+    --no-delete) ;;
     --data-root) shift ;;
     *) spec=$1 ;;
     esac
@@ -43,6 +50,8 @@ steps=$(get steps 20)
 ckpt=$(get ckpt 0)
 delay=$(get delay 0)
 diag=$(get diag 0)
+walkback=$(get walkback 0)
+keep=$(get keep 0)
 step=0
 if [ -n "$resume" ]; then
     step=${resume##*ckpt-}
@@ -75,17 +84,34 @@ layers() { # step scale overflowed
     fi
 }
 
+kept=()
 checkpoint() {
     local path="$ckdir/ckpt-$step.safetensors"
     echo "weights at step $step" >"$path.tmp" && mv "$path.tmp" "$path"
     printf '{"type":"checkpoint","step":%d,"path":"%s","bytes":%d}\n' "$step" "$path" \
         "$(wc -c <"$path")"
+    kept+=("$step")
+    if [ "$keep" -gt 0 ] && [ "${#kept[@]}" -gt "$keep" ]; then
+        printf '{"type":"checkpoint_drop","step":%d,"path":"%s/ckpt-%d.safetensors",%s}\n' \
+            "${kept[0]}" "$ckdir" "${kept[0]}" '"reason":"retention","deleted":false'
+        kept=("${kept[@]:1}")
+    fi
 }
 stopped=0
 trap 'stopped=1' TERM INT
 
 echo "{\"type\":\"start\",\"name\":\"fake\",\"params\":100,\"blas\":\"none\",\"spec\":{}}"
-[ -n "$resume" ] && echo "{\"type\":\"resume\",\"step\":$step}"
+if [ -n "$resume" ] && [ "$walkback" -gt 0 ]; then
+    from=$step
+    step=$((step - walkback))
+    printf '{"type":"resume","step":%d,"path":"%s/ckpt-%d.safetensors","skipped":' "$step" \
+        "$ckdir" "$step"
+    printf '[{"step":%d,"path":"%s","reason":"checksum mismatch: fake"}]}\n' "$from" "$resume"
+    printf '{"type":"checkpoint_drop","step":%d,"path":"%s","reason":"checksum mismatch: fake"}\n' \
+        "$from" "$resume"
+elif [ -n "$resume" ]; then
+    echo "{\"type\":\"resume\",\"step\":$step,\"path\":\"$resume\",\"skipped\":[]}"
+fi
 case $mode in
 hang | fds) exec sleep 1000 ;;
 esac

@@ -5,13 +5,21 @@
 // that leaves no gap and no duplicate, zoom that fetches finer buckets, the compare view
 // whose values must equal the API's, the runs table sorted from the keyboard, pages left
 // before they have loaded (no EventSource left open, no request or drawing afterwards), a
-// phone-sized viewport without horizontal scrolling, and no console error anywhere. Screenshots go to $SHOTS (default tests/web-shots).
+// phone-sized viewport without horizontal scrolling, and no console error anywhere. Then what
+// pages of other sites can do to a daemon without a token: a page on another loopback port
+// (a second HTTP server started here) that tries a no-cors POST and a form POST to cancel a
+// running job and a cross-origin fetch of /v1/jobs, and a DNS-rebinding page (rebind.test
+// mapped to 127.0.0.1, in a second Chromium without its local-network checks, as other
+// browsers are) that reads and cancels through the daemon's own port: the job must keep
+// running, nothing may be read, and the daemon must have refused them itself (403, 421).
+// Screenshots go to $SHOTS (default tests/web-shots).
 //
 // Exit 0 when every check passed, 1 when one failed, 77 (automake's SKIP) only when
 // Chromium cannot start. Every wait is bounded; the daemon is killed on exit.
 import {spawn} from 'node:child_process';
 import {createRequire} from 'node:module';
 import fs from 'node:fs';
+import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
 
@@ -36,29 +44,41 @@ fs.mkdirSync(path.join(tmp, 'text'));
 fs.writeFileSync(path.join(tmp, 'text', 'fox.txt'),
                  Array.from({length: 400}, (_, i) => `the quick brown fox jumps over the lazy dog ${i % 7}\n`).join(''));
 let daemon = null, browser = null, expect400 = false;
+let daemon2 = null, browser2 = null, attacker = null; // the cross-site part
 const errors = []; // console errors and uncaught exceptions of every page
 
 async function cleanup() {
     if (browser) await browser.close().catch(() => {});
+    if (browser2) await browser2.close().catch(() => {});
+    if (attacker) attacker.close();
     if (daemon) daemon.kill('SIGKILL');
+    if (daemon2) daemon2.kill('SIGKILL');
     fs.rmSync(tmp, {recursive: true, force: true});
 }
 
-async function startDaemon() {
-    const log = fs.openSync(path.join(tmp, 'daemon.log'), 'a');
-    daemon = spawn(AMPD, ['serve', '--listen', '127.0.0.1:0', '--port-file', path.join(tmp, 'port'),
-                          '--data-dir', path.join(tmp, 'data'), '--db', path.join(tmp, 'ampd.db'),
-                          '--token-file', path.join(tmp, 'token'), '--max-running', '2',
-                          '--data-root', '/usr/share/datasets', '--data-root', path.join(tmp, 'text'),
-                          '--web-root', path.resolve(srcdir, 'web')],
-                   {stdio: ['ignore', log, log]});
+// Start a daemon writing its files under tmp/<name>; returns {proc, port}.
+async function spawnDaemon(name, args) {
+    const dir = path.join(tmp, name);
+    fs.mkdirSync(dir, {recursive: true});
+    const log = fs.openSync(path.join(dir, 'daemon.log'), 'a');
+    const proc = spawn(AMPD, ['serve', '--listen', '127.0.0.1:0', '--port-file', path.join(dir, 'port'),
+                              '--data-dir', path.join(dir, 'data'), '--db', path.join(dir, 'ampd.db'), ...args],
+                       {stdio: ['ignore', log, log]});
     for (let i = 0; i < 200; i++) {
-        const p = path.join(tmp, 'port');
-        if (fs.existsSync(p) && fs.readFileSync(p, 'utf8').trim()) return Number(fs.readFileSync(p, 'utf8'));
-        if (daemon.exitCode !== null) break;
+        const p = path.join(dir, 'port');
+        if (fs.existsSync(p) && fs.readFileSync(p, 'utf8').trim()) return {proc, port: Number(fs.readFileSync(p, 'utf8'))};
+        if (proc.exitCode !== null) break;
         await sleep(50);
     }
-    throw new Error('the daemon did not start: ' + fs.readFileSync(path.join(tmp, 'daemon.log'), 'utf8'));
+    throw new Error('the daemon did not start: ' + fs.readFileSync(path.join(dir, 'daemon.log'), 'utf8'));
+}
+
+async function startDaemon() {
+    const d = await spawnDaemon('main', ['--token-file', path.join(tmp, 'token'), '--max-running', '2',
+                                         '--data-root', '/usr/share/datasets', '--data-root', path.join(tmp, 'text'),
+                                         '--web-root', path.resolve(srcdir, 'web')]);
+    daemon = d.proc;
+    return d.port;
 }
 
 // Poll f until it returns a truthy value (returned) or ms pass (null).
@@ -200,6 +220,104 @@ async function leaveWhileLoading(page, {hash, ready, slow, own, away, awayReady,
     out.ok = wasHeld && !out.after.length && !out.open.length && out.ready === awayReady &&
              out.page === awayReady && out.away && !out.left;
     return out;
+}
+
+// ---- pages of other sites against a daemon without a token --------------------------------
+// The daemon's count of answers with a status (ampd_http_requests_total of /metrics).
+async function answered(base, code) {
+    const text = await (await fetch(base + '/metrics')).text();
+    const m = new RegExp(`^ampd_http_requests_total\\{code="${code}"\\} (\\d+)$`, 'm').exec(text);
+    return m ? Number(m[1]) : 0;
+}
+
+async function crossSite() {
+    const d = await spawnDaemon('open', ['--max-running', '1']); // no token: loopback only
+    daemon2 = d.proc;
+    const D = `http://127.0.0.1:${d.port}`;
+    const spec = {name: 'victim', model: {layers: [32, 64, 4]}, threads: 1, batch_size: 32, steps: 100000000,
+                  data: {type: 'synthetic', train_size: 512, eval_size: 128}};
+    const sub = await fetch(D + '/v1/jobs', {method: 'POST', headers: {'Content-Type': 'application/json'},
+                                             body: JSON.stringify(spec)});
+    const id = (await sub.json()).id;
+    const status = async () => (await (await fetch(`${D}/v1/jobs/${id}`)).json()).status;
+    check('a job runs on a second daemon, one without a token', sub.status === 201 &&
+          !!(await until(async () => (await status()) === 'running', 20000)));
+
+    // a page on another loopback port: a no-cors POST and a form POST to cancel the job (the
+    // requests a page may send anywhere without asking), and a cross-origin read of the jobs
+    const attack = `<!doctype html><title>another site</title>
+<form id="f" method="post" enctype="text/plain" target="sink" action="${D}/v1/jobs/${id}/cancel">
+<input name='{"a":"' value='"}'></form><iframe name="sink" id="sink"></iframe>
+<script>
+window.out = {};
+(async () => {
+    try {
+        await fetch('${D}/v1/jobs/${id}/cancel', {method: 'POST', mode: 'no-cors', body: '{}'});
+        out.post = 'sent';
+    } catch (e) { out.post = 'refused: ' + e.message; }
+    await new Promise((r) => { document.getElementById('sink').onload = r; document.getElementById('f').submit(); });
+    out.form = 'sent';
+    try { out.read = await (await fetch('${D}/v1/jobs')).text(); } catch (e) { out.readError = e.message; }
+    out.done = true;
+})();
+</script>`;
+    attacker = http.createServer((q, r) => { r.writeHead(200, {'Content-Type': 'text/html'}); r.end(attack); });
+    await new Promise((r) => attacker.listen(0, '127.0.0.1', r));
+    const A = `http://127.0.0.1:${attacker.address().port}`;
+    const refused0 = await answered(D, 403);
+    const ctx = await browser.newContext(); // its console errors are the refusals, expected
+    const pg = await ctx.newPage();
+    await pg.goto(A + '/');
+    const out = await pg.waitForFunction(() => window.out.done && window.out, null, {timeout: 15000 * SLOW})
+        .then((h) => h.jsonValue()).catch((e) => ({error: String(e)}));
+    await ctx.close();
+    await sleep(1000); // a cancel would have been seen by now
+    check(`a page of another origin (${A}) cannot cancel the job with a no-cors or a form POST`,
+          out.done && (await status()) === 'running', `${await status()}; ${JSON.stringify(out).slice(0, 200)}`);
+    check('... nor read the jobs', out.done && out.read === undefined && !!out.readError,
+          JSON.stringify(out).slice(0, 200));
+    const refused = (await answered(D, 403)) - refused0;
+    check('... the daemon itself refused the three requests (403)', refused === 3, `${refused} answered 403`);
+
+    // a DNS-rebinding page: rebind.test resolves to 127.0.0.1, so a page of that name on the
+    // daemon's port is same-origin with the daemon for the browser; Chromium's own check of
+    // requests into the local network is switched off, as other browsers have none
+    browser2 = await chromium.launch({executablePath: CHROMIUM, headless: true,
+                                      args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking',
+                                             '--host-resolver-rules=MAP rebind.test 127.0.0.1',
+                                             '--disable-features=LocalNetworkAccessChecks,BlockInsecurePrivateNetworkRequests,' +
+                                             'PrivateNetworkAccessSendPreflights']});
+    const rb = `http://rebind.test:${d.port}`;
+    const pg2 = await browser2.newPage();
+    await pg2.route(rb + '/attack.html', (route) => route.fulfill({status: 200, contentType: 'text/html', body:
+        `<!doctype html><script>
+window.out = {};
+(async () => {
+    try { const r = await fetch('/v1/jobs'); out.read = r.status; out.body = await r.text(); } catch (e) { out.read = e.message; }
+    try {
+        const r = await fetch('/v1/jobs/${id}/cancel', {method: 'POST', headers: {'Content-Type': 'application/json'}});
+        out.cancel = r.status;
+    } catch (e) { out.cancel = e.message; }
+    out.done = true;
+})();
+</script>`}));
+    const misdirected0 = await answered(D, 421);
+    await pg2.goto(rb + '/attack.html');
+    const out2 = await pg2.waitForFunction(() => window.out.done && window.out, null, {timeout: 15000 * SLOW})
+        .then((h) => h.jsonValue()).catch((e) => ({error: String(e)}));
+    await browser2.close();
+    browser2 = null;
+    await sleep(1000);
+    check('a DNS-rebinding page reads nothing: its fetch of /v1/jobs is answered 421',
+          out2.read === 421 && !String(out2.body).includes('victim'), JSON.stringify(out2).slice(0, 200));
+    check('... and cannot cancel the job (421)', out2.cancel === 421 && (await status()) === 'running',
+          `${await status()}; ${JSON.stringify(out2).slice(0, 200)}`);
+    const misdirected = (await answered(D, 421)) - misdirected0; // with the page's favicon.ico
+    check('... the daemon refused both itself (421)', misdirected >= 2, `${misdirected} answered 421`);
+    attacker.close();
+    attacker = null;
+    daemon2.kill('SIGKILL');
+    daemon2 = null;
 }
 
 async function shot(page, name, fullPage = false) {
@@ -503,6 +621,13 @@ async function main() {
         ckOk = Object.keys(header).some((k) => k !== '__metadata__');
     } catch (e) { ckOk = false; }
     check('the checkpoint link downloads safetensors weights', ckOk, ckHref);
+    const ckList = await apiGet(`/v1/jobs/${fpId}/checkpoints`);
+    const ckJob = await apiGet(`/v1/jobs/${fpId}`);
+    const ckShown = await page.getAttribute('[data-chart=checkpoints] [data-field=checkpoint_bytes]', 'data-value');
+    check('the checkpoints card shows the disk use of the API (the list\'s bytes, the job\'s checkpoint_bytes)',
+          ckList.bytes > 0 && Number(ckShown) === ckList.bytes && ckJob.checkpoint_bytes === ckList.bytes &&
+          ckList.bytes === ckList.checkpoints.reduce((a, c) => a + c.bytes, 0),
+          `${ckShown} vs ${ckList.bytes} and ${ckJob.checkpoint_bytes}`);
     await page.click('a:has-text("Clone")');
     await page.waitForSelector('#app[data-ready=submit]');
     check('clone opens the form with the run\'s spec', (await page.inputValue('#f-name')) === 'web-fp16-again' &&
@@ -629,6 +754,7 @@ async function main() {
     await phone.close();
 
     check('no console error or uncaught exception in any page', errors.length === 0, errors.join(' | '));
+    await crossSite();
     console.log(`${pass} passed, ${fail} failed`);
     return fail ? 1 : 0;
 }
@@ -641,7 +767,7 @@ try {
     if (errors.length) console.log('console errors: ' + errors.join(' | '));
     console.log(`${pass} passed, ${fail + 1} failed`);
     try {
-        console.log(fs.readFileSync(path.join(tmp, 'daemon.log'), 'utf8').split('\n').slice(-30).join('\n'));
+        console.log(fs.readFileSync(path.join(tmp, 'main', 'daemon.log'), 'utf8').split('\n').slice(-30).join('\n'));
     } catch (e2) { /* no log */ }
     code = 1;
 }

@@ -1,7 +1,10 @@
 // api.js - the REST client of the dashboard (docs/api.md).
 //
-// Every call goes to the same origin. Mutating calls carry the bearer token kept in
-// localStorage ("ampd.token"). When the daemon says it requires one (GET /v1/system) and
+// Every call goes to the same origin. Every change (POST, DELETE) is sent with
+// Content-Type: application/json, body or not: the daemon refuses a change without it
+// (415), a header that no page of another site can send without the daemon's consent.
+// Mutating calls carry the bearer token kept in localStorage ("ampd.token"). When the
+// daemon says it requires one (GET /v1/system) and
 // none is stored, the token dialog (setTokenPrompt registers it) opens before the call;
 // when the daemon answers 401 anyway the dialog opens and the call is retried once. Errors
 // come back as ApiError with the daemon's stable code, the field it names (for spec
@@ -35,7 +38,7 @@ export function setTokenPrompt(prompt) {
 
 async function once(method, path, body, headers) {
     const h = Object.assign({}, headers);
-    if (body !== undefined) h['Content-Type'] = 'application/json';
+    if (body !== undefined || method !== 'GET') h['Content-Type'] = 'application/json';
     const tok = getToken();
     if (tok && method !== 'GET') h['Authorization'] = 'Bearer ' + tok;
     let res;

@@ -351,14 +351,19 @@ export class RunPage {
 
     async loadCheckpoints() {
         if (this.disposed) return;
-        let list = [];
+        let r = null;
         try {
-            list = (await this.track(api.getCheckpoints(this.id))).checkpoints || [];
+            r = await this.track(api.getCheckpoints(this.id));
         } catch (e) {
-            list = [];
+            r = null;
         }
         if (this.disposed) return;
-        clear(this.ckptCard).append(h('header', {class: 'card-head'}, h('h3', {}, 'Checkpoints (safetensors)')));
+        const list = (r && r.checkpoints) || [];
+        // the disk use of what the retention kept (checkpoint_keep_last, keep_best, the last healthy)
+        const bytes = r && Number.isFinite(r.bytes) ? r.bytes : null;
+        clear(this.ckptCard).append(h('header', {class: 'card-head'}, h('h3', {}, 'Checkpoints (safetensors)'),
+            h('span', {class: 'muted small', dataset: {field: 'checkpoint_bytes', value: bytes === null ? '' : String(bytes)}},
+              bytes === null ? '' : `${fmtInt(list.length)} kept · ${fmtBytes(bytes)} on disk`)));
         if (!list.length) {
             this.ckptCard.append(h('p', {class: 'muted'}, 'none yet'));
             return;
