@@ -761,6 +761,20 @@ static int parse_device(ctx *c, json_t *v, gpu_job_config *jc)
     return 0;
 }
 
+/* checkpoints: the retention, which checkpoints stay (daemon/ckpt.h). */
+static int parse_checkpoints(ctx *c, json_t *v, gpu_job_config *jc)
+{
+    static const char *const keys[] = {"keep_last", "keep_best", NULL};
+    int rc;
+    if ((rc = want_object(c, v, "checkpoints")) || (rc = only_keys(c, v, "checkpoints", keys)) ||
+        (rc = get_int32(c, v, "keep_last", "checkpoints.keep_last", 0, 1000000,
+                        &jc->checkpoint_keep_last)) ||
+        (rc = get_int32(c, v, "keep_best", "checkpoints.keep_best", 0, 1000,
+                        &jc->checkpoint_keep_best)))
+        return rc;
+    return 0;
+}
+
 static int parse_top(ctx *c, json_t *spec, gpu_job_config *jc)
 {
     static const char *const keys[] = {"name",
@@ -774,8 +788,7 @@ static int parse_top(ctx *c, json_t *spec, gpu_job_config *jc)
                                        "seed",
                                        "eval_every",
                                        "checkpoint_every",
-                                       "checkpoint_keep_last",
-                                       "checkpoint_keep_best",
+                                       "checkpoints",
                                        "diagnostics_every",
                                        "device",
                                        "distributed",
@@ -798,7 +811,8 @@ static int parse_top(ctx *c, json_t *spec, gpu_job_config *jc)
         ((v = json_object_get(spec, "precision")) && (rc = parse_precision(c, v, jc))) ||
         ((v = json_object_get(spec, "optimizer")) && (rc = parse_optimizer(c, v, &jc->optim))) ||
         ((v = json_object_get(spec, "distributed")) && (rc = parse_distributed(c, v, &jc->dist))) ||
-        ((v = json_object_get(spec, "device")) && (rc = parse_device(c, v, jc))))
+        ((v = json_object_get(spec, "device")) && (rc = parse_device(c, v, jc))) ||
+        ((v = json_object_get(spec, "checkpoints")) && (rc = parse_checkpoints(c, v, jc))))
         return rc;
     if ((rc = get_int32(c, spec, "batch_size", "batch_size", 1, 65536, &jc->batch_size)) ||
         (rc = get_int32(c, spec, "grad_accum_steps", "grad_accum_steps", 1, 4096,
@@ -808,10 +822,6 @@ static int parse_top(ctx *c, json_t *spec, gpu_job_config *jc)
         (rc = get_int(c, spec, "eval_every", "eval_every", 0, 1000000000LL, &jc->eval_every)) ||
         (rc = get_int(c, spec, "checkpoint_every", "checkpoint_every", 0, 1000000000LL,
                       &jc->checkpoint_every)) ||
-        (rc = get_int32(c, spec, "checkpoint_keep_last", "checkpoint_keep_last", 0, 1000000,
-                        &jc->checkpoint_keep_last)) ||
-        (rc = get_int32(c, spec, "checkpoint_keep_best", "checkpoint_keep_best", 0, 1000,
-                        &jc->checkpoint_keep_best)) ||
         (rc = get_int(c, spec, "diagnostics_every", "diagnostics_every", 0, 1000000000LL,
                       &jc->diagnostics_every)) ||
         (rc = get_int32(c, spec, "threads", "threads", 0, 1024, &jc->threads)))
@@ -1038,8 +1048,9 @@ json_t *api_spec_to_json(const gpu_job_config *c)
         c->threads);
     if (j) {
         json_object_set_new(j, "grad_accum_steps", json_integer(c->grad_accum_steps));
-        json_object_set_new(j, "checkpoint_keep_last", json_integer(c->checkpoint_keep_last));
-        json_object_set_new(j, "checkpoint_keep_best", json_integer(c->checkpoint_keep_best));
+        json_object_set_new(j, "checkpoints",
+                            json_pack("{s:i, s:i}", "keep_last", c->checkpoint_keep_last,
+                                      "keep_best", c->checkpoint_keep_best));
         json_object_set_new(j, "distributed", dist_to_json(&c->dist));
     }
     return j;

@@ -50,7 +50,7 @@ for c in "${CASES[@]}"; do
  "data": {"type": "idx", "train": "fashion-mnist", "eval": null},
  "precision": {"dtype": "fp32"}, "optimizer": $opt,
  "batch_size": 64, "steps": $((K + N)), "seed": 1, "checkpoint_every": $K,
- "checkpoint_keep_last": 0, "threads": 1}
+ "checkpoints": {"keep_last": 0}, "threads": 1}
 EOF
     mkdir "$TMP/$name"
     "$AMPD" run --checkpoint-dir "$TMP/$name" "$TMP/$name.json" >"$TMP/$name.jsonl" \

@@ -12,7 +12,7 @@
  * "interrupted".
  *
  * Checkpoints (--checkpoint-dir): every checkpoint_every steps, at the end and on a stop
- * signal, then the retention (checkpoint_keep_last, checkpoint_keep_best; daemon/ckpt.h)
+ * signal, then the retention (checkpoints.keep_last, checkpoints.keep_best; daemon/ckpt.h)
  * drops the ones it does not keep: each is deleted, or with --no-delete left for the caller
  * (the daemon deletes it once it has recorded the newer checkpoint), and named in a
  * "checkpoint_drop" line. --resume walks back to the newest checkpoint that verifies
@@ -157,7 +157,7 @@ static void usage(FILE *f)
                "                        default /usr/share/datasets, /usr/share/games)\n"
                "  --checkpoint-dir DIR  write ckpt-<step>.safetensors every checkpoint_every\n"
                "                        steps, at the end and when stopped by a signal; keep\n"
-               "                        checkpoint_keep_last (+ keep_best, + the last healthy)\n"
+               "                        checkpoints.keep_last (+ keep_best, + the last healthy)\n"
                "  --resume CKPT|DIR     continue from a checkpoint of the same job: the newest\n"
                "                        one that verifies, CKPT or older (step 0 when none)\n"
                "  --no-delete           name the checkpoints the retention drops in\n"
@@ -645,7 +645,7 @@ static int train(const gpu_job_config *c, const run_args *a, gpu_comm *comm)
     if (comm && status != 1)
         log_rank_end(t, comm);
     /* a finished run evaluates first, so that its last checkpoint carries the eval loss
-     * (checkpoint_keep_best); a stopped one saves first */
+     * (checkpoints.keep_best); a stopped one saves first */
     if (lead && status == 0)
         emit_eval(t, &s, s.last.step);
     if (lead && status != 1 && a->ckpt_dir && checkpoint(c, a, t, &s, err, sizeof(err)))

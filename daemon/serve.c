@@ -540,6 +540,27 @@ static int api_config_fill(const serve_args *a, api_config *ac, char *err, size_
     return 0;
 }
 
+/* Raise the open-file soft limit to the hard limit: every connection is a descriptor, and the
+ * server's connection cap follows from the limit. *was becomes the soft limit before (the
+ * one workers get back), 0 when it was not changed. */
+static void raise_nofile(unsigned long *was)
+{
+    struct rlimit rl;
+    rlim_t before;
+
+    *was = 0;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max)
+        return;
+    before = rl.rlim_cur;
+    rl.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
+        log_warn("cannot raise the open-file limit from %llu to its hard limit: %s",
+                 (unsigned long long)before, strerror(errno));
+        return;
+    }
+    *was = (unsigned long)before;
+}
+
 /* Lock the data directory, then the database (lock.h); -1 with err when either is held by
  * another daemon or cannot be locked. *dir_fd and *db_fd hold the locks. */
 static int take_locks(const serve_args *a, int *dir_fd, int *db_fd, char *err, size_t errlen)
@@ -560,27 +581,6 @@ static int take_locks(const serve_args *a, int *dir_fd, int *db_fd, char *err, s
         return -1;
     }
     return 0;
-}
-
-/* Raise the open-file soft limit to the hard limit: every connection is a descriptor, and the
- * server's connection cap follows from the limit. *was becomes the soft limit before (the
- * one workers get back), 0 when it was not changed. */
-static void raise_nofile(unsigned long *was)
-{
-    struct rlimit rl;
-    rlim_t before;
-
-    *was = 0;
-    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max)
-        return;
-    before = rl.rlim_cur;
-    rl.rlim_cur = rl.rlim_max;
-    if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
-        log_warn("cannot raise the open-file limit from %llu to its hard limit: %s",
-                 (unsigned long long)before, strerror(errno));
-        return;
-    }
-    *was = (unsigned long)before;
 }
 
 /* The URL clients use: the listen address with the bound port. */

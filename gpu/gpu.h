@@ -377,8 +377,8 @@ typedef struct {
     uint64_t seed;
     int64_t eval_every;          /* 0: only at the end */
     int64_t checkpoint_every;
-    int checkpoint_keep_last;    /* checkpoints kept (3); 0: every one */
-    int checkpoint_keep_best;    /* also kept: the lowest eval losses (1) */
+    int checkpoint_keep_last;    /* checkpoints.keep_last: kept (3); 0: every one */
+    int checkpoint_keep_best;    /* checkpoints.keep_best: also kept, lowest eval loss (1) */
     int64_t diagnostics_every;
     int threads;                 /* BLAS threads; 0: all cores */
     char device[16];             /* "auto" (CUDA device 0 when one is usable, else the CPU),

@@ -183,16 +183,16 @@ sqlite3_stmt *store_stmt_fields(store_conn *c, int kind, int slot, uint32_t mask
 int store_sql_error(sqlite3 *db, sqlite3_stmt *st, int rc, const char *func);
 /* Run one of the transaction statements (ST_BEGIN...ST_ROLLBACK) on c. */
 int store_exec_stmt(store_conn *c, int id);
+/* Rewrite the database header's user_version (which the store does not use otherwise)
+ * with its own value, inside the caller's transaction: a one-page write that the commit
+ * puts on disk, to find out whether the database can be written (the writer's probe). */
+int store_probe_write(store_conn *c);
 /* PRAGMA quick_check on the write connection c before anything is written (store_open):
  * STORE_EIO, with path and SQLite's findings logged, when the file is damaged. A check
  * still running after STORE_CHECK_MAX_S seconds (a database of many GB on a slow disk) is
  * stopped with a warning and the store opens. */
 #define STORE_CHECK_MAX_S 30
 int store_check_integrity(store_conn *c, const char *path);
-/* Rewrite the database header's user_version (which the store does not use otherwise)
- * with its own value, inside the caller's transaction: a one-page write that the commit
- * puts on disk, to find out whether the database can be written (the writer's probe). */
-int store_probe_write(store_conn *c);
 /* Bring the schema of the write connection c up to date (each migration in its own
  * transaction). STORE_ECONFLICT when the database comes from a newer ampd. */
 int store_migrate(store_conn *c, const char *path);

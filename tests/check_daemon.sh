@@ -290,7 +290,7 @@ req GET "/v1/jobs/$id1/events"
 check "events record the worker's start and the end" \
     grep -q '"kind":"lifecycle","message":"worker [0-9]* started.*"message":"succeeded"' <<<"$BODY"
 
-# ---- retention: checkpoint_every 1 for 1000 steps keeps checkpoint_keep_last (3) -------------
+# ---- retention: checkpoint_every 1 for 1000 steps keeps checkpoints.keep_last (3) ------------
 submit "$(spec keep 1000 ', "checkpoint_every": 1')"
 idk=$SID
 check "a 1000-step job checkpointing every step succeeds" wait_status "$idk" succeeded 120
@@ -399,7 +399,7 @@ check "events say it resumed from the checkpoint" \
 # ---- resume past damaged checkpoints ---------------------------------------------------------
 # every checkpoint kept; cancelled after step 450; then the newest truncated, the next one
 # with a byte of a tensor flipped, the third deleted: the resume continues from the fourth
-walk=$(spec walk 6000 ', "checkpoint_every": 100, "checkpoint_keep_last": 0' "$BIG")
+walk=$(spec walk 6000 ', "checkpoint_every": 100, "checkpoints": {"keep_last": 0}' "$BIG")
 submit "$walk"
 idw=$SID
 wait_step "$idw" 450 30

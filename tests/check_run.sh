@@ -185,13 +185,14 @@ check "... and, nothing older being there, the run starts from step 0" \
     test "$rc" -eq 0 -a "$(grep -c '"type":"step"' "$TMP/out")" -eq 40
 
 # ---- checkpoints: checksums, resuming past damaged ones ------------------------------------
-# every 5 steps, all kept (checkpoint_keep_last 0): ckpt-5 .. ckpt-40
-sed 's/"checkpoint_every": 20/"checkpoint_every": 5, "checkpoint_keep_last": 0/' "$TMP/ck.json" \
-    >"$TMP/ck5.json"
+# every 5 steps, all kept (checkpoints.keep_last 0): ckpt-5 .. ckpt-40
+sed 's/"checkpoint_every": 20/"checkpoint_every": 5, "checkpoints": {"keep_last": 0}/' \
+    "$TMP/ck.json" >"$TMP/ck5.json"
 mkdir -p "$TMP/ck5"
 "$AMPD" run --checkpoint-dir "$TMP/ck5" "$TMP/ck5.json" >/dev/null 2>&1
 ckpts() { ls "$1" | grep '^ckpt-[0-9]*\.safetensors$' | sed 's/ckpt-//; s/\..*//' | sort -n | tr '\n' ' '; }
-check "checkpoint_keep_last 0 keeps every checkpoint" test "$(ckpts "$TMP/ck5")" = '5 10 15 20 25 30 35 40 '
+check "checkpoints.keep_last 0 keeps every checkpoint" \
+    test "$(ckpts "$TMP/ck5")" = '5 10 15 20 25 30 35 40 '
 check "a checkpoint's metadata carries its crc32 (format 2)" \
     grep -aq '"__metadata__":{"format":"ampd-checkpoint-2","crc32":"[0-9a-f]\{8\}","step":"40"' \
     "$TMP/ck5/ckpt-40.safetensors"
@@ -296,9 +297,10 @@ check "the last healthy checkpoint resumes and its next step equals the original
     test "$(grep "\"type\":\"step\",\"step\":$((healthy + 1))," "$TMP/out2" | sed 's/,"step_ms".*//')" = \
     "$(grep "\"type\":\"step\",\"step\":$((healthy + 1))," "$TMP/out" | sed 's/,"step_ms".*//')"
 mkdir -p "$TMP/nan2"
-echo "$nj" | sed 's/"checkpoint_every": 1,/"checkpoint_every": 1, "checkpoint_keep_last": 2, "checkpoint_keep_best": 0,/' |
+keep='"checkpoints": {"keep_last": 2, "keep_best": 0},'
+echo "$nj" | sed "s/\"checkpoint_every\": 1,/\"checkpoint_every\": 1, $keep/" |
     "$AMPD" run --checkpoint-dir "$TMP/nan2" - >/dev/null 2>&1
-check "checkpoint_keep_last 2, checkpoint_keep_best 0: the last 2 and the last healthy" \
+check "checkpoints.keep_last 2, checkpoints.keep_best 0: the last 2 and the last healthy" \
     test "$(ckpts "$TMP/nan2")" = "$healthy 59 60 "
 
 # a GPT on text: the loss falls, and a resumed run continues it bit for bit

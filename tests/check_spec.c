@@ -95,8 +95,8 @@ START_TEST(test_full_example)
         "   \"weight_decay\": 0.0, \"grad_clip\": 1.0, \"warmup_steps\": 0, \"schedule\": "
         "\"cosine\"},"
         " \"batch_size\": 256, \"steps\": 2000, \"seed\": 1,"
-        " \"eval_every\": 200, \"checkpoint_every\": 500, \"checkpoint_keep_last\": 3,"
-        " \"checkpoint_keep_best\": 1, \"diagnostics_every\": 50,"
+        " \"eval_every\": 200, \"checkpoint_every\": 500,"
+        " \"checkpoints\": {\"keep_last\": 3, \"keep_best\": 1}, \"diagnostics_every\": 50,"
         " \"device\": \"auto\", \"distributed\": {\"world_size\": 1, \"comm_hook\": \"none\"}}";
     gpu_job_config c;
     api_error e;
@@ -123,6 +123,11 @@ START_TEST(test_full_example)
     ck_assert_ptr_nonnull(canon);
     ck_assert_str_eq(
         json_string_value(json_object_get(json_object_get(canon, "precision"), "dtype")), "fp16");
+    json_t *ck = json_object_get(canon, "checkpoints");
+    ck_assert(json_is_object(ck) && json_object_size(ck) == 2);
+    ck_assert_int_eq(json_integer_value(json_object_get(ck, "keep_last")), 3);
+    ck_assert_int_eq(json_integer_value(json_object_get(ck, "keep_best")), 1);
+    ck_assert_ptr_null(json_object_get(canon, "checkpoint_keep_last"));
     json_decref(canon);
 }
 END_TEST
@@ -141,10 +146,16 @@ START_TEST(test_defaults)
     ck_assert_int_eq(c.checkpoint_every, 0);
     ck_assert_int_eq(c.checkpoint_keep_last, 3);
     ck_assert_int_eq(c.checkpoint_keep_best, 1);
-    ck_assert_int_eq(parse("{\"checkpoint_keep_last\": 0, \"checkpoint_keep_best\": 0}", &c, &e),
-                     0);
+    ck_assert_int_eq(parse("{\"checkpoints\": {\"keep_last\": 0, \"keep_best\": 0}}", &c, &e), 0);
     ck_assert_int_eq(c.checkpoint_keep_last, 0); /* every checkpoint kept */
     ck_assert_int_eq(c.checkpoint_keep_best, 0);
+    /* a key left out of the object keeps its default */
+    ck_assert_int_eq(parse("{\"checkpoints\": {\"keep_best\": 2}}", &c, &e), 0);
+    ck_assert_int_eq(c.checkpoint_keep_last, 3);
+    ck_assert_int_eq(c.checkpoint_keep_best, 2);
+    ck_assert_int_eq(parse("{\"checkpoints\": {}}", &c, &e), 0);
+    ck_assert_int_eq(c.checkpoint_keep_last, 3);
+    ck_assert_int_eq(c.checkpoint_keep_best, 1);
     /* fp16 defaults to dynamic scaling, bf16 to none (PyTorch, DeepSpeed) */
     ck_assert_int_eq(parse("{\"precision\": {\"dtype\": \"fp16\"}}", &c, &e), 0);
     ck_assert_int_eq(c.scaler.mode, GPU_SCALE_DYNAMIC);
@@ -250,6 +261,10 @@ START_TEST(test_unknown_fields)
     expect_field("{\"precision\": {\"autocast\": {\"overrides\": {\"conv9d\": \"fp32\"}}}}",
                  "precision.autocast.overrides.conv9d");
     expect_field("{\"distributed\": {\"ranks\": 2}}", "distributed.ranks");
+    expect_field("{\"checkpoints\": {\"keep_last\": 3, \"keep\": 2}}", "checkpoints.keep");
+    /* the retention keys sit in "checkpoints" only: no top-level form */
+    expect_field("{\"checkpoint_keep_last\": 3}", "checkpoint_keep_last");
+    expect_field("{\"checkpoint_keep_best\": 1}", "checkpoint_keep_best");
 }
 END_TEST
 
@@ -264,9 +279,14 @@ START_TEST(test_bad_values)
     expect_field("{\"optimizer\": {\"type\": \"lamb\"}}", "optimizer.type");
     expect_field("{\"optimizer\": {\"schedule\": 3}}", "optimizer.schedule");
     expect_field("{\"batch_size\": 0}", "batch_size");
-    expect_field("{\"checkpoint_keep_last\": -1}", "checkpoint_keep_last");
-    expect_field("{\"checkpoint_keep_last\": \"3\"}", "checkpoint_keep_last");
-    expect_field("{\"checkpoint_keep_best\": 1001}", "checkpoint_keep_best");
+    expect_field("{\"checkpoints\": {\"keep_last\": -1}}", "checkpoints.keep_last");
+    expect_field("{\"checkpoints\": {\"keep_last\": \"3\"}}", "checkpoints.keep_last");
+    expect_field("{\"checkpoints\": {\"keep_last\": 1000001}}", "checkpoints.keep_last");
+    expect_field("{\"checkpoints\": {\"keep_best\": 1001}}", "checkpoints.keep_best");
+    expect_field("{\"checkpoints\": {\"keep_best\": -1}}", "checkpoints.keep_best");
+    expect_field("{\"checkpoints\": 3}", "checkpoints");
+    expect_field("{\"checkpoints\": null}", "checkpoints");
+    expect_field("{\"checkpoints\": [3, 1]}", "checkpoints");
     expect_field("{\"batch_size\": -5}", "batch_size");
     expect_field("{\"batch_size\": 2.5}", "batch_size");
     expect_field("{\"batch_size\": 100000000}", "batch_size");

@@ -51,15 +51,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     err[0] = '\0';
     memset(&r, 0, sizeof(r));
     rc = daemon_ckpt_resume(t, path, &r, err, sizeof(err));
-    if (rc == 0 && r.step > 0) {
+    if (rc == 0 && r.path[0]) { /* a file not named ckpt-<N>.safetensors: that one alone */
         gpu_trainer_get_scalars(t, &sc);
         if (sc.step != r.step || sc.step > cfg.steps)
             fuzz_fail("resumed at step %lld, the trainer is at %lld", (long long)r.step,
                       (long long)sc.step);
         if (sc.step < cfg.steps)
             gpu_trainer_step(t, &m, err, sizeof(err));
-    } else if (rc == 0 && r.nskipped < 1) {
-        fuzz_fail("nothing resumed and nothing skipped");
+    } else if (rc == 0 && (r.nskipped != 1 || !r.skipped[0].reason[0])) {
+        fuzz_fail("nothing resumed, and the file not skipped with its reason");
     } else if (rc != 0 && !err[0]) {
         fuzz_fail("a refused checkpoint without a message");
     }

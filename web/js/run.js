@@ -359,7 +359,7 @@ export class RunPage {
         }
         if (this.disposed) return;
         const list = (r && r.checkpoints) || [];
-        // the disk use of what the retention kept (checkpoint_keep_last, keep_best, the last healthy)
+        // the disk use of what the retention kept (checkpoints.keep_last, keep_best, last healthy)
         const bytes = r && Number.isFinite(r.bytes) ? r.bytes : null;
         clear(this.ckptCard).append(h('header', {class: 'card-head'}, h('h3', {}, 'Checkpoints (safetensors)'),
             h('span', {class: 'muted small', dataset: {field: 'checkpoint_bytes', value: bytes === null ? '' : String(bytes)}},
