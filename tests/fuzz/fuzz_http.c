@@ -87,7 +87,7 @@ static int seed_job(const char *dir, const char *name, int64_t steps, store_stat
     store_metric m;
     store_layer_stat rows[2];
     store_layer_info li = {.scale = 65536.0};
-    char path[256], summary[160];
+    char path[700], summary[160];
     int64_t id;
     bool existed;
 
@@ -134,7 +134,7 @@ static int seed_job(const char *dir, const char *name, int64_t steps, store_stat
 static int setup(void)
 {
     const char *dir = fuzz_dir();
-    char db[128], web[128];
+    char db[600], web[600];
     api_config c;
     api_jobs jobs = {NULL, submit, refuse, refuse, refuse, info};
     struct rlimit nofile;
@@ -157,7 +157,7 @@ static int setup(void)
     memset(&c, 0, sizeof(c));
     snprintf(c.listen, sizeof(c.listen), "127.0.0.1:0");
     snprintf(c.token, sizeof(c.token), "fuzz-token");
-    snprintf(c.web_root, sizeof(c.web_root), "%s", web);
+    snprintf(c.web_root, sizeof(c.web_root), "%.500s", web);
     c.max_body = 1 << 16;
     c.head_timeout_s = HEAD_TIMEOUT_S;
     c.nallow_hosts = 1; /* the seeds' Host, whatever port the server bound */
