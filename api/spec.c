@@ -485,15 +485,19 @@ static int parse_data(ctx *c, json_t *d, gpu_data_config *dc)
                 return fail(c, f,
                             "synthetic data takes features, classes, train_size and eval_size");
             }
-        return (rc = get_int32(c, d, "features", "data.features", 1, 65536, &dc->synth_features)) ||
-                       (rc = get_int32(c, d, "classes", "data.classes", 2, 256,
-                                       &dc->synth_classes)) ||
-                       (rc = get_int32(c, d, "train_size", "data.train_size", 1, 10000000,
-                                       &dc->synth_train)) ||
-                       (rc = get_int32(c, d, "eval_size", "data.eval_size", 0, 10000000,
-                                       &dc->synth_eval))
-                   ? rc
-                   : 0;
+        if ((rc = get_int32(c, d, "features", "data.features", 1, 65536, &dc->synth_features)) ||
+            (rc = get_int32(c, d, "classes", "data.classes", 2, 256, &dc->synth_classes)) ||
+            (rc = get_int32(c, d, "train_size", "data.train_size", 1, 10000000,
+                            &dc->synth_train)) ||
+            (rc = get_int32(c, d, "eval_size", "data.eval_size", 0, 10000000, &dc->synth_eval)))
+            return rc;
+        /* classes not given is the model's last width, which must be a valid count too (else
+         * the canonical spec, which gives it, would be refused) */
+        if (dc->synth_classes < 2 || dc->synth_classes > 256)
+            return fail(c, "data.classes",
+                        "is %d (the model's last width): synthetic data has 2 to 256 classes",
+                        dc->synth_classes);
+        return 0;
     }
     for (const char *const *k = keys + 3; *k && strcmp(*k, "val_fraction") != 0; k++)
         if (json_object_get(d, *k)) {

@@ -663,6 +663,16 @@ START_TEST(test_canonical_fields)
     expect_field(spec, "data.train_images");
     expect_field("{\"data\": {\"type\": \"synthetic\", \"eval_images\": \"x\"}}",
                  "data.eval_images");
+    /* synthetic classes taken from the model's last width are range-checked as given ones
+     * (fuzz_spec: [12, 6, 1] was accepted with 1 class, and its canonical spec refused) */
+    expect_field("{\"model\": {\"layers\": [12, 6, 1]}, \"data\": {\"type\": \"synthetic\"}}",
+                 "data.classes");
+    expect_field("{\"model\": {\"layers\": [12, 300]}, \"data\": {\"type\": \"synthetic\"}}",
+                 "data.classes");
+    ck_assert_int_eq(parse("{\"model\": {\"layers\": [12, 300]}, \"data\": {\"type\": "
+                           "\"synthetic\", \"classes\": 4}}",
+                           &d, &e),
+                     0);
     expect_field("{\"model\": {\"type\": \"gpt\"}, \"data\": {\"type\": \"text\", \"train\":"
                  " \"fortunes\", \"train_labels\": \"x\"}}",
                  "data.train_labels");

@@ -29,6 +29,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 /* A property of the code under test does not hold: say which and abort (a crash to
  * libFuzzer, with the input saved as an artifact). */
 static inline void fuzz_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void fuzz_dir_remove(void);
+
 static inline void fuzz_fail(const char *fmt, ...)
 {
     va_list ap;
@@ -37,6 +39,7 @@ static inline void fuzz_fail(const char *fmt, ...)
     vfprintf(stderr, fmt, ap);
     va_end(ap);
     fprintf(stderr, "\n");
+    fuzz_dir_remove();
     abort();
 }
 
@@ -60,11 +63,11 @@ static inline int fuzz_file(const uint8_t *data, size_t n, char *path, size_t le
     return fd;
 }
 
-static char fuzz_dir_path[64];
+static char fuzz_dir_path[512];
 
-static inline void fuzz_dir_remove(void)
+static void fuzz_dir_remove(void)
 {
-    char cmd[128];
+    char cmd[600];
     if (!fuzz_dir_path[0])
         return;
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", fuzz_dir_path);
@@ -72,12 +75,17 @@ static inline void fuzz_dir_remove(void)
         fprintf(stderr, "fuzz: cannot remove %s\n", fuzz_dir_path);
 }
 
-/* A scratch directory of this process (created once, removed at exit), or NULL. */
+/* A scratch directory of this process in $TMPDIR or /tmp (created once, removed at exit;
+ * a run that crashes leaves it, which is why tests/fuzz/run.sh gives each fuzzer a TMPDIR
+ * under tests/fuzz/out/), or NULL. */
 static inline const char *fuzz_dir(void)
 {
+    const char *tmp = getenv("TMPDIR");
     if (fuzz_dir_path[0])
         return fuzz_dir_path;
-    snprintf(fuzz_dir_path, sizeof(fuzz_dir_path), "/tmp/ampd-fuzz-XXXXXX");
+    if (!tmp || tmp[0] != '/' || strlen(tmp) > 400)
+        tmp = "/tmp";
+    snprintf(fuzz_dir_path, sizeof(fuzz_dir_path), "%s/ampd-fuzz-XXXXXX", tmp);
     if (!mkdtemp(fuzz_dir_path)) {
         fuzz_dir_path[0] = '\0';
         return NULL;
@@ -89,7 +97,7 @@ static inline const char *fuzz_dir(void)
 /* Write data[0..n) to dir/name; 0 or -1. */
 static inline int fuzz_write(const char *dir, const char *name, const void *data, size_t n)
 {
-    char p[256];
+    char p[768];
     FILE *f;
     snprintf(p, sizeof(p), "%s/%s", dir, name);
     f = fopen(p, "wb");

@@ -3,7 +3,11 @@
  * sends on one connection (one request, or several pipelined), written to a real server
  * (api_start: libmicrohttpd's parser, then request admission, routing, query parsing and
  * every handler of api/) on a loopback port; the harness half-closes the connection and
- * reads the answer to its end.
+ * reads what the server answers until it closes the connection, or has sent everything and
+ * then been silent for QUIET_MS. (A connection the server keeps open, for another request
+ * or for the rest of an unfinished one, is left to it: libmicrohttpd's epoll mode does not
+ * always see a client's half-close, and keeps such a connection until its request-head
+ * deadline, which the harness sets to HEAD_TIMEOUT_S.)
  *
  * Why a running server and not the admission and route functions called directly: what
  * reaches admit(), the router and the handlers is what libmicrohttpd makes of the bytes
@@ -12,18 +16,21 @@
  * harness needs nothing of api/'s internals: it calls the public API only.
  * libmicrohttpd itself is not instrumented; the coverage that guides the fuzzer is ours.
  *
- * The server: a bearer token ("fuzz-token"), a web root with an app, and a store seeded
- * once with three finished jobs (metrics with an overflow and a NaN, eval, events, per-layer
- * rows, a checkpoint file, a summary), so that every route has data to answer with and
- * every stream ends. The job queue is a stub (submit answers job 1, the rest 409), so the
- * store never changes and an input answers the same each time.
+ * The server: a bearer token ("fuzz-token"), the Host "fuzz" and the Origin
+ * "http://fuzz.example" allowed (the seeds' headers), a web root with an app, and a store
+ * seeded once with three finished jobs (metrics with an overflow and a NaN, eval, events,
+ * per-layer rows, a checkpoint file, a summary), so that every route has data to answer
+ * with and every stream ends. The job queue is a stub (submit answers job 1 as new, the
+ * rest 409), so the store never changes and an input answers the same each time.
  *
  * AMPD_FUZZ_ECHO=1 in the environment copies every answer to stderr.
  *
- * Properties: every connection is answered and closed, and its thread gone, within 10 s (a
- * request the server neither answers nor closes is a failure), and the server keeps
- * serving. Waiting for the thread makes each input's leak check its own: the thread frees
- * its store reader as it exits, after the socket has closed.
+ * Properties: after every input the server still answers: a GET /healthz on a new
+ * connection gets its 200 within 10 s (a server that hangs, deadlocks or stops accepting
+ * fails). Before the next input the harness waits until the process has no more threads
+ * than when it was idle: a server with a thread per connection frees a thread's store
+ * reader as the thread exits, after the socket closed, and libFuzzer's per-input leak check
+ * must not see it in flight.
  *
  * Seeds: tests/fuzz/corpus/http/ (one request of each route and method, bad ones, a
  * pipelined pair).
@@ -34,6 +41,7 @@
 #include <math.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -42,6 +50,8 @@
 #include "tests/fuzz/fuzz.h"
 
 #define ANSWER_MS 10000
+#define QUIET_MS 5       /* sent everything and heard nothing this long: the answer is over */
+#define HEAD_TIMEOUT_S 1 /* the server closes a connection whose request head is overdue */
 
 static store *st;
 static api_server *srv;
@@ -54,7 +64,7 @@ static int submit(void *ctx, const char *name, const char *dtype, int64_t steps,
 {
     (void)ctx, (void)name, (void)dtype, (void)steps, (void)spec_json, (void)idem_key;
     *id = 1;
-    *existed = true;
+    *existed = false;
     return 0;
 }
 
@@ -77,7 +87,7 @@ static int seed_job(const char *dir, const char *name, int64_t steps, store_stat
     store_metric m;
     store_layer_stat rows[2];
     store_layer_info li = {.scale = 65536.0};
-    char path[256], summary[160];
+    char path[700], summary[160];
     int64_t id;
     bool existed;
 
@@ -124,12 +134,19 @@ static int seed_job(const char *dir, const char *name, int64_t steps, store_stat
 static int setup(void)
 {
     const char *dir = fuzz_dir();
-    char db[128], web[128];
+    char db[600], web[600];
     api_config c;
     api_jobs jobs = {NULL, submit, refuse, refuse, refuse, info};
+    struct rlimit nofile;
 
     if (!dir)
         return -1;
+    /* connections the server keeps until their head deadline hold descriptors (as the
+     * daemon does, the soft limit goes up to the hard one) */
+    if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+        nofile.rlim_cur = nofile.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &nofile);
+    }
     snprintf(db, sizeof(db), "%s/fuzz.db", dir);
     snprintf(web, sizeof(web), "%s/web", dir);
     if (mkdir(web, 0700) != 0 || fuzz_write(web, "index.html", "<!doctype html>", 15) ||
@@ -140,12 +157,13 @@ static int setup(void)
     memset(&c, 0, sizeof(c));
     snprintf(c.listen, sizeof(c.listen), "127.0.0.1:0");
     snprintf(c.token, sizeof(c.token), "fuzz-token");
-    snprintf(c.web_root, sizeof(c.web_root), "%s", web);
-    /* the corpus's requests say "Host: 127.0.0.1" without the port, which is drawn at start:
-     * allowed by name, so that they reach the routes, not only the Host check */
-    c.nallow_hosts = 1;
-    snprintf(c.allow_hosts[0], sizeof(c.allow_hosts[0]), "127.0.0.1");
+    snprintf(c.web_root, sizeof(c.web_root), "%.500s", web);
     c.max_body = 1 << 16;
+    c.head_timeout_s = HEAD_TIMEOUT_S;
+    c.nallow_hosts = 1; /* the seeds' Host, whatever port the server bound */
+    snprintf(c.allow_hosts[0], sizeof(c.allow_hosts[0]), "fuzz");
+    c.nallow_origins = 1;
+    snprintf(c.allow_origins[0], sizeof(c.allow_origins[0]), "http://fuzz.example");
     c.metrics_keep_s = 3600;
     api_spec_opts_default(&c.spec);
     c.spec.nroots = 1;
@@ -199,14 +217,102 @@ static int64_t now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+/* Send data[0..size) on a new connection, half-close it and read the answer (see the top
+ * of the file). */
+static void exchange(const uint8_t *data, size_t size)
 {
-    static int ready;
     struct sockaddr_in a = {.sin_family = AF_INET};
     char buf[65536];
     size_t off = 0;
-    int64_t deadline;
+    int64_t deadline, last;
     int fd;
+
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || connect_to(fd, &a) != 0)
+        fuzz_fail("cannot connect to the server: %s", strerror(errno));
+    deadline = now_ms() + ANSWER_MS;
+    last = now_ms();
+    if (size == 0)
+        shutdown(fd, SHUT_WR);
+    /* send while reading, so that a large answer never blocks the sending */
+    for (;;) {
+        struct pollfd p = {fd, POLLIN | (off < size ? POLLOUT : 0), 0};
+        int64_t t = now_ms(), wait = off == size ? last + QUIET_MS - t : deadline - t;
+        if (off == size && wait <= 0)
+            break;
+        if (t >= deadline)
+            fuzz_fail("the server took the input for %d ms (%zu of %zu bytes sent)", ANSWER_MS,
+                      off, size);
+        if (poll(&p, 1, (int)(wait < 1 ? 1 : wait)) <= 0)
+            continue;
+        if (p.revents & POLLOUT) {
+            ssize_t w = send(fd, data + off, size - off, MSG_NOSIGNAL);
+            if (w > 0)
+                off += (size_t)w;
+            if (w < 0 && errno != EINTR)
+                off = size; /* the server closed: read what it said */
+            if (off == size) {
+                shutdown(fd, SHUT_WR);
+                last = now_ms();
+            }
+        }
+        if (p.revents & (POLLIN | POLLHUP | POLLERR)) {
+            ssize_t r = recv(fd, buf, sizeof(buf), 0);
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r <= 0)
+                break;
+            last = now_ms();
+            if (echo && fwrite(buf, 1, (size_t)r, stderr) != (size_t)r)
+                echo = false;
+        }
+    }
+    close(fd);
+}
+
+/* The server answers GET /healthz within ANSWER_MS, or the run fails. */
+static void still_serving(void)
+{
+    static const char probe[] =
+        "GET /healthz HTTP/1.1\r\nHost: fuzz\r\nConnection: close\r\n\r\n";
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    char buf[256];
+    size_t got = 0;
+    int64_t deadline = now_ms() + ANSWER_MS;
+    int fd;
+
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || connect_to(fd, &a) != 0 ||
+        send(fd, probe, sizeof(probe) - 1, MSG_NOSIGNAL) != (ssize_t)sizeof(probe) - 1)
+        fuzz_fail("the server no longer takes a request: %s", strerror(errno));
+    while (got < 12) {
+        struct pollfd p = {fd, POLLIN, 0};
+        int64_t left = deadline - now_ms();
+        ssize_t r;
+        if (left <= 0)
+            fuzz_fail("the server no longer answers GET /healthz within %d ms", ANSWER_MS);
+        if (poll(&p, 1, (int)left) <= 0)
+            continue;
+        r = recv(fd, buf + got, sizeof(buf) - got, 0);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+    }
+    close(fd);
+    if (got < 12 || memcmp(buf, "HTTP/1.1 200", 12) != 0)
+        fuzz_fail("GET /healthz is no longer answered 200: \"%.*s\"", (int)got, buf);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    static int ready;
+    int64_t deadline;
 
     if (!ready) {
         if (setup() != 0)
@@ -215,47 +321,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         echo = getenv("AMPD_FUZZ_ECHO") != NULL;
         idle_threads = thread_count();
     }
-    a.sin_port = htons((uint16_t)port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0 || connect_to(fd, &a) != 0)
-        fuzz_fail("cannot connect to the server: %s", strerror(errno));
+    exchange(data, size);
+    still_serving();
+    /* a thread of the connection's own ends after the socket closed: wait for it */
     deadline = now_ms() + ANSWER_MS;
-    if (size == 0)
-        shutdown(fd, SHUT_WR);
-    /* send while reading, so that a large answer never blocks the sending */
-    for (;;) {
-        struct pollfd p = {fd, POLLIN | (off < size ? POLLOUT : 0), 0};
-        int64_t left = deadline - now_ms();
-        if (left <= 0)
-            fuzz_fail("no answer within %d ms (%zu of %zu bytes sent)", ANSWER_MS, off, size);
-        if (poll(&p, 1, (int)left) <= 0)
-            continue;
-        if (p.revents & POLLOUT) {
-            ssize_t w = send(fd, data + off, size - off, MSG_NOSIGNAL);
-            if (w > 0)
-                off += (size_t)w;
-            if (w < 0 && errno != EINTR)
-                off = size; /* the server closed: read what it said */
-            if (off == size)
-                shutdown(fd, SHUT_WR);
-        }
-        if (p.revents & (POLLIN | POLLHUP | POLLERR)) {
-            ssize_t r = recv(fd, buf, sizeof(buf), 0);
-            if (r < 0 && errno == EINTR)
-                continue;
-            if (r <= 0)
-                break;
-            if (echo && fwrite(buf, 1, (size_t)r, stderr) != (size_t)r)
-                echo = false;
-        }
-    }
-    close(fd);
-    /* The connection's thread ends after the socket closes (its store reader is freed as it
-     * exits): wait for it, so that each input is checked for leaks on its own. */
     while (thread_count() > idle_threads) {
         if (now_ms() > deadline)
-            fuzz_fail("the connection's thread still runs %d ms after the request", ANSWER_MS);
+            fuzz_fail("a connection's thread still runs %d ms after its request", ANSWER_MS);
         nanosleep(&(struct timespec){0, 100000}, NULL);
     }
     return 0;

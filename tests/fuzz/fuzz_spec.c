@@ -23,7 +23,7 @@ static int setup(void)
     static const char *const idx[] = {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
                                       "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"};
     const char *dir = fuzz_dir();
-    char sub[128];
+    char sub[600];
     if (!dir)
         return -1;
     snprintf(sub, sizeof(sub), "%s/fashion-mnist", dir);

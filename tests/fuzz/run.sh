@@ -17,8 +17,8 @@ for f in "$@"; do
     name=${f##*/fuzz_}
     dir=$out/$name
     rm -rf "$dir"
-    mkdir -p "$dir/corpus"
-    "$f" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+    mkdir -p "$dir/corpus" "$dir/tmp"
+    TMPDIR=$PWD/$dir/tmp "$f" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
         -artifact_prefix="$dir/" "$dir/corpus" "$corpus/$name" >"$dir/log" 2>&1
     rc=$?
     execs=$(grep -m1 '^stat::number_of_executed_units:' "$dir/log" | awk '{print $2}')
