@@ -22,8 +22,8 @@
  *
  * Threads: MHD runs a fixed pool of threads (MHD_USE_INTERNAL_POLLING_THREAD with
  * MHD_USE_POLL and MHD_OPTION_THREAD_POOL_SIZE), each polling its share of the connections
- * (poll, not epoll: libmicrohttpd 0.9.75's epoll mode leaves a request unanswered when the
- * client shuts its sending side right after it, which tests/check_fuzz.sh's replay shows),
+ * (poll, not epoll: libmicrohttpd 0.9.75's epoll mode leaves a connection open after its
+ * answer when the client shut its sending side right after the request; check_slow.sh),
  * so an idle or slow connection costs a socket and some memory, never a thread. The pool has as many threads as cores, at least 4 and at most 16: the handlers
  * are CPU-bound store reads and short store writes, so more threads than cores buy little,
  * but a connection stays on the thread that accepted it, and one slow request (a long
