@@ -5,9 +5,8 @@
  * every handler of api/) on a loopback port; the harness half-closes the connection and
  * reads what the server answers until it closes the connection, or has sent everything and
  * then been silent for QUIET_MS. (A connection the server keeps open, for another request
- * or for the rest of an unfinished one, is left to it: libmicrohttpd's epoll mode does not
- * always see a client's half-close, and keeps such a connection until its request-head
- * deadline, which the harness sets to HEAD_TIMEOUT_S.)
+ * or for the rest of an unfinished one, is left to it until its request-head deadline,
+ * which the harness sets to HEAD_TIMEOUT_S.)
  *
  * Why a running server and not the admission and route functions called directly: what
  * reaches admit(), the router and the handlers is what libmicrohttpd makes of the bytes
