@@ -613,6 +613,20 @@ static int step_change(store *s, sqlite3_stmt *st, const char *func)
     return rc;
 }
 
+/* The end of a synchronous write's transaction: commit when rc is 0, else roll back what is
+ * open; the write gate is left and readers are woken either way. Returns rc or the commit's
+ * error. */
+static int txn_end(store *s, int rc)
+{
+    if (rc == 0)
+        rc = store_exec_stmt(s->w, ST_COMMIT);
+    if (rc && !sqlite3_get_autocommit(s->w->db))
+        store_exec_stmt(s->w, ST_ROLLBACK);
+    store_wend(s, rc);
+    store_committed(s);
+    return rc;
+}
+
 int store_job_set_status(store *s, int64_t id, store_status stat, const char *error)
 {
     sqlite3_stmt *st;
@@ -646,13 +660,7 @@ int store_job_set_status(store *s, int64_t id, store_status stat, const char *er
             rc = step_change(s, st, __func__);
         }
     }
-    if (rc == 0)
-        rc = store_exec_stmt(s->w, ST_COMMIT);
-    if (rc && !sqlite3_get_autocommit(s->w->db))
-        store_exec_stmt(s->w, ST_ROLLBACK);
-    store_wend(s, rc);
-    store_committed(s);
-    return rc;
+    return txn_end(s, rc);
 }
 
 /* UPDATE jobs SET <column> = v WHERE id = id, for the statements that set one integer. */
@@ -874,13 +882,7 @@ int store_checkpoint_add(store *s, int64_t job, int64_t step, const char *path, 
     }
     if (rc == 0)
         rc = store_stream_add(s, job, step, STORE_SM_CHECKPOINT, 0);
-    if (rc == 0)
-        rc = store_exec_stmt(s->w, ST_COMMIT);
-    if (rc && !sqlite3_get_autocommit(s->w->db))
-        store_exec_stmt(s->w, ST_ROLLBACK);
-    store_wend(s, rc);
-    store_committed(s);
-    return rc;
+    return txn_end(s, rc);
 }
 
 int store_checkpoint_delete(store *s, int64_t job, int64_t step)
@@ -903,13 +905,7 @@ int store_checkpoint_delete(store *s, int64_t job, int64_t step)
         if (k == 1 && rc == STORE_ENOTFOUND)
             rc = 0; /* a checkpoint recorded before the stream existed has no row there */
     }
-    if (rc == 0)
-        rc = store_exec_stmt(s->w, ST_COMMIT);
-    if (rc && !sqlite3_get_autocommit(s->w->db))
-        store_exec_stmt(s->w, ST_ROLLBACK);
-    store_wend(s, rc);
-    store_committed(s);
-    return rc;
+    return txn_end(s, rc);
 }
 
 int store_checkpoint_list(store *s, int64_t job, store_checkpoint **out, int *n)
