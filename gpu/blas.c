@@ -8,8 +8,16 @@
  * dlopen() (the file configure found, or $AMPD_OPENBLAS) after OPENBLAS_CORETYPE has been
  * set from CPUID (unless the user set it), and the entry points are looked up with dlsym().
  *
- * gpu_gemm() follows the tensor-core contract: 16-bit operands are widened exactly to fp32
- * into the caller's scratch, then multiplied with cblas_sgemm (fp32 accumulation).
+ * gpu_gemm() follows the tensor-core contract (operands of the dtype, fp32 accumulation) on
+ * one of three paths, chosen per dtype from what the CPU and the libraries have:
+ *   - fp32: oneDNN's matmul where it has AVX-512 kernels (onednn.c), else cblas_sgemm;
+ *   - bf16 on a CPU with AVX512_BF16 or AMX: oneDNN multiplies bf16 natively;
+ *   - otherwise (fp16, or bf16 without native kernels) the 16-bit operands are widened
+ *     exactly to fp32 and multiplied on the fp32 path.
+ * An operand not in the library's format is converted block by block as it is consumed
+ * (plan_of), so a 16-bit GEMM needs a bounded scratch, never a widened copy of a whole
+ * tensor. The job's thread count applies to OpenBLAS and to the OpenMP team (oneDNN and
+ * the engine's other passes).
  *
  * Invariants: the library is loaded at most once per process (pthread_once) and never
  * closed; after a failed load every entry point returns GPU_EBLAS. The description string
@@ -34,6 +42,10 @@
 #include <unistd.h>
 
 #include "gpu/gpu_int.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #ifndef AMPD_OPENBLAS_PATH
 #define AMPD_OPENBLAS_PATH "libopenblas.so.0"
@@ -233,6 +245,9 @@ int gpu_blas_init(int nthreads)
         return rc;
     pthread_mutex_lock(&threads_lock);
     set_threads_locked(nthreads);
+#ifdef _OPENMP
+    omp_set_num_threads(blas.get_threads());
+#endif
     pthread_mutex_unlock(&threads_lock);
     return 0;
 }
@@ -246,51 +261,292 @@ const char *gpu_blas_info(void)
 
 /* ---- GEMM ------------------------------------------------------------------------------ */
 
-/* Elements spanned by a row-major rows x cols matrix with leading dimension ld. */
-static size_t footprint(int rows, int cols, int ld)
-{
-    if (rows <= 0 || cols <= 0)
-        return 0;
-    return (size_t)(rows - 1) * (size_t)ld + (size_t)cols;
-}
-
 static bool dtype_ok(gpu_dtype dt)
 {
     return dt == GPU_FP32 || dt == GPU_FP16 || dt == GPU_BF16;
 }
 
+/* The GEMM paths (gpu_gemm_force, AMPD_GEMM): "auto" picks per dtype; "openblas" runs
+ * everything on OpenBLAS (16-bit operands widened); "widen" runs fp32 on oneDNN and widens
+ * every 16-bit operand to it; "native" is auto's choice where oneDNN has native bf16. */
+enum { PATH_AUTO, PATH_OPENBLAS, PATH_WIDEN, PATH_NATIVE, PATH_UNSET };
+static const char *const path_names[] = {"auto", "openblas", "widen", "native"};
+static _Atomic int gemm_path = PATH_UNSET;
+
+static int path_lookup(const char *name)
+{
+    for (int i = 0; i < PATH_UNSET; i++)
+        if (name != NULL && strcmp(name, path_names[i]) == 0)
+            return i;
+    return -1;
+}
+
+static int path_now(void)
+{
+    int p = atomic_load(&gemm_path);
+    if (p != PATH_UNSET)
+        return p;
+    p = path_lookup(getenv("AMPD_GEMM"));
+    if (p < 0 || gpu_gemm_force(path_names[p]) != 0)
+        p = PATH_AUTO;
+    int unset = PATH_UNSET;
+    atomic_compare_exchange_strong(&gemm_path, &unset, p);
+    return atomic_load(&gemm_path);
+}
+
+int gpu_gemm_force(const char *path)
+{
+    int p = path_lookup(path);
+    if (p < 0)
+        return GPU_EINVAL;
+    if ((p == PATH_WIDEN && !gpu_dnnl_has(GPU_FP32)) ||
+        (p == PATH_NATIVE && !gpu_dnnl_has(GPU_BF16)))
+        return GPU_ENODEV;
+    atomic_store(&gemm_path, p);
+    return 0;
+}
+
+/* The format the library multiplies a GEMM computing in cdt in: bf16 where oneDNN has
+ * native bf16 kernels, otherwise fp32 (16-bit operands widened exactly). */
+static gpu_dtype lib_format(gpu_dtype cdt)
+{
+    int p = path_now();
+    if (cdt == GPU_BF16 && (p == PATH_AUTO || p == PATH_NATIVE) && gpu_dnnl_has(GPU_BF16))
+        return GPU_BF16;
+    return GPU_FP32;
+}
+
+static bool fp32_on_dnnl(void)
+{
+    return path_now() != PATH_OPENBLAS && gpu_dnnl_has(GPU_FP32);
+}
+
+/* gpu_gemm's compute dtype: the operands' when they are alike, else fp32 (exact). */
+static gpu_dtype exact_dtype(gpu_dtype adt, gpu_dtype bdt)
+{
+    return adt == bdt ? adt : GPU_FP32;
+}
+
+/* A 16-bit cdt applies when each operand is fp32 or of cdt (else the product is exact). */
+static bool cdt_ok(gpu_dtype adt, gpu_dtype bdt, gpu_dtype cdt)
+{
+    return cdt == GPU_FP32 || ((adt == GPU_FP32 || adt == cdt) && (bdt == GPU_FP32 || bdt == cdt));
+}
+
+static char gemm_infos[PATH_UNSET][3][192]; /* each written once, under info_lock */
+static pthread_mutex_t info_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void gemm_info_fill(char *s, size_t len, gpu_dtype dt)
+{
+    const char *fp32 = fp32_on_dnnl() ? gpu_dnnl_info() : gpu_blas_info();
+    if (dt == GPU_FP32)
+        snprintf(s, len, "%s", fp32);
+    else if (lib_format(dt) == GPU_BF16)
+        snprintf(s, len, "native %s, %s", gpu_dtype_name(dt), gpu_dnnl_info());
+    else
+        snprintf(s, len, "widened to fp32 block by block, %s", fp32);
+}
+
+/* Static; valid forever. */
+const char *gpu_gemm_info(gpu_dtype dt)
+{
+    if (!dtype_ok(dt))
+        return "unknown dtype";
+    char *s = gemm_infos[path_now()][dt];
+    pthread_mutex_lock(&info_lock);
+    if (s[0] == '\0')
+        gemm_info_fill(s, sizeof gemm_infos[0][0], dt);
+    pthread_mutex_unlock(&info_lock);
+    return s;
+}
+
+/* How a GEMM hands its operands to the library. An operand already in the library's
+ * format is read in place. Of two that need converting, the smaller is converted whole
+ * and the larger streamed in blocks along its non-K dimension (A by rows of C, B by
+ * columns), each block converted right before its product: no whole-tensor copy of it. */
+typedef struct {
+    gpu_dtype cdt;      /* the dtype operands are rounded to */
+    gpu_dtype fmt;      /* the library format */
+    bool conv_a, conv_b;
+    bool stream_a;      /* A is streamed (else B, when conv_b) */
+    int block;          /* rows (A) or columns (B) per block */
+    size_t a_el, b_el;  /* converted elements held for A and for B */
+} gemm_plan;
+
+/* Elements of one streamed block: it stays in L2 between its conversion and its product. */
+#define BLOCK_ELEMS ((size_t)1 << 18)
+/* Fewer elements than this are converted on one thread. */
+#define PAR_MIN_ELEMS ((size_t)1 << 15)
+
+static int block_of(int dim, int K)
+{
+    size_t b = BLOCK_ELEMS / (size_t)K / 16 * 16;
+    if (b < 64)
+        b = 64;
+    return b >= (size_t)dim ? dim : (int)b;
+}
+
+static gemm_plan plan_of(int M, int N, int K, gpu_dtype adt, gpu_dtype bdt, gpu_dtype cdt)
+{
+    gemm_plan p = {.cdt = cdt, .fmt = lib_format(cdt)};
+    size_t a = (size_t)M * (size_t)K, b = (size_t)K * (size_t)N;
+    /* an fp32 operand of a 16-bit product is rounded even where the library takes fp32 */
+    p.conv_a = adt != p.fmt || (adt == GPU_FP32 && cdt != GPU_FP32);
+    p.conv_b = bdt != p.fmt || (bdt == GPU_FP32 && cdt != GPU_FP32);
+    p.stream_a = p.conv_a && (!p.conv_b || a > b);
+    if (p.stream_a) {
+        p.block = block_of(M, K);
+        p.a_el = (size_t)p.block * (size_t)K;
+        p.b_el = p.conv_b ? b : 0;
+    } else if (p.conv_b) {
+        p.block = block_of(N, K);
+        p.b_el = (size_t)p.block * (size_t)K;
+        p.a_el = p.conv_a ? a : 0;
+    }
+    return p;
+}
+
+/* Floats of scratch for a plan's converted elements, each region 64-byte aligned. */
+static size_t plan_floats(const gemm_plan *p)
+{
+    size_t es = gpu_dtype_size(p->fmt), n = 0;
+    if (p->a_el > 0)
+        n += (p->a_el * es + 63) / 64 * 16;
+    if (p->b_el > 0)
+        n += (p->b_el * es + 63) / 64 * 16;
+    return n > 0 ? n + 16 : 0;
+}
+
+size_t gpu_gemm_ex_scratch_floats(int M, int N, int K, gpu_dtype adt, gpu_dtype bdt,
+                                  gpu_dtype cdt)
+{
+    if (M <= 0 || N <= 0 || K <= 0 || !dtype_ok(adt) || !dtype_ok(bdt) || !dtype_ok(cdt))
+        return 0;
+    gemm_plan p = plan_of(M, N, K, adt, bdt, cdt_ok(adt, bdt, cdt) ? cdt : GPU_FP32);
+    return plan_floats(&p);
+}
+
 size_t gpu_gemm_scratch_floats(bool ta, bool tb, int M, int N, int K,
                                gpu_dtype adt, int lda, gpu_dtype bdt, int ldb)
 {
-    size_t n = 0;
-    if (M <= 0 || N <= 0 || K <= 0)
-        return 0;
-    if (adt != GPU_FP32)
-        n += ta ? footprint(K, M, lda) : footprint(M, K, lda);
-    if (bdt != GPU_FP32)
-        n += tb ? footprint(N, K, ldb) : footprint(K, N, ldb);
-    return n;
+    (void)ta, (void)tb, (void)lda, (void)ldb;
+    return gpu_gemm_ex_scratch_floats(M, N, K, adt, bdt, exact_dtype(adt, bdt));
 }
 
-/* Widen a stored rows x cols 16-bit matrix into dst with the same leading dimension. Only
- * the rows' cols elements are read, never the padding between rows. */
-static void widen(float *dst, const uint16_t *src, gpu_dtype dt, int rows, int cols, int ld)
+/* n contiguous elements of sdt into the plan's format: 16-bit widened exactly to fp32, or
+ * fp32 rounded to cdt (held in fp32, or narrowed to bf16). */
+static void convert_run(void *dst, const gemm_plan *p, const void *src, gpu_dtype sdt,
+                        size_t n)
 {
-    if (ld == cols) {
-        size_t n = (size_t)rows * (size_t)cols;
-        if (dt == GPU_FP16)
-            gpu_cvt_f16_f32(dst, src, n);
-        else
-            gpu_cvt_bf16_f32(dst, src, n);
+    if (p->fmt != GPU_FP32)
+        gpu_cvt_from_f32(dst, p->fmt, src, n);
+    else if (sdt == GPU_FP32)
+        gpu_round_n(dst, src, n, p->cdt);
+    else
+        gpu_cvt_to_f32(dst, src, sdt, n);
+}
+
+/* A stored rows x cols block (leading dimension lds) into a dense one, on every core when
+ * it is large. */
+static void convert(void *dst, const gemm_plan *p, const void *src, gpu_dtype sdt, int rows,
+                    int cols, int lds)
+{
+    size_t es = gpu_dtype_size(sdt), ed = gpu_dtype_size(p->fmt);
+    size_t n = (size_t)rows * (size_t)cols;
+    if (lds == cols) {
+        size_t chunks = (n + PAR_MIN_ELEMS - 1) / PAR_MIN_ELEMS;
+#pragma omp parallel for if (chunks > 1) schedule(static)
+        for (size_t c = 0; c < chunks; c++) {
+            size_t at = c * PAR_MIN_ELEMS, len = n - at < PAR_MIN_ELEMS ? n - at : PAR_MIN_ELEMS;
+            convert_run((char *)dst + at * ed, p, (const char *)src + at * es, sdt, len);
+        }
         return;
     }
-    for (int r = 0; r < rows; r++) {
-        size_t off = (size_t)r * (size_t)ld;
-        if (dt == GPU_FP16)
-            gpu_cvt_f16_f32(dst + off, src + off, (size_t)cols);
-        else
-            gpu_cvt_bf16_f32(dst + off, src + off, (size_t)cols);
+#pragma omp parallel for if (n >= PAR_MIN_ELEMS) schedule(static)
+    for (int r = 0; r < rows; r++)
+        convert_run((char *)dst + (size_t)r * cols * ed, p,
+                    (const char *)src + (size_t)r * lds * es, sdt, (size_t)cols);
+}
+
+/* The library's product on operands in fmt. */
+static int lib_gemm(gpu_dtype fmt, bool ta, bool tb, int M, int N, int K, const void *A,
+                    int lda, const void *B, int ldb, float beta, float *C, int ldc)
+{
+    if (fmt == GPU_BF16)
+        return gpu_dnnl_gemm(GPU_BF16, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+    if (fp32_on_dnnl() &&
+        gpu_dnnl_gemm(GPU_FP32, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc) == 0)
+        return 0;
+    blas.sgemm(CBLAS_ROW_MAJOR, ta ? CBLAS_TRANS : CBLAS_NO_TRANS,
+               tb ? CBLAS_TRANS : CBLAS_NO_TRANS, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+    return 0;
+}
+
+/* An operand of a GEMM: its storage and where a block of it starts. */
+typedef struct {
+    const void *p;
+    gpu_dtype dt;
+    int ld;
+    bool t;
+} operand;
+
+/* Rows [r0, r0 + nr) of op(A) (M x K), or columns [r0, r0 + nr) of op(B) (K x N): the
+ * stored block's start, rows and columns. */
+static const void *block_at(const operand *o, bool is_a, int r0, int nr, int K, int *rows,
+                            int *cols)
+{
+    size_t es = gpu_dtype_size(o->dt);
+    bool along_rows = is_a ? !o->t : o->t; /* the block is whole stored rows */
+    *rows = along_rows ? nr : K;
+    *cols = along_rows ? K : nr;
+    return (const char *)o->p + (along_rows ? (size_t)r0 * o->ld : (size_t)r0) * es;
+}
+
+/* One operand for the library: in place, or its block [r0, r0 + nr) converted into buf.
+ * *ld: the leading dimension the library reads it with. */
+static const void *prepare(const operand *o, bool is_a, bool conv, const gemm_plan *p,
+                           int r0, int nr, int K, void *buf, int *ld)
+{
+    int rows, cols;
+    const void *src = block_at(o, is_a, r0, nr, K, &rows, &cols);
+    if (!conv) {
+        *ld = o->ld;
+        return src;
     }
+    convert(buf, p, src, o->dt, rows, cols, o->ld);
+    *ld = cols;
+    return buf;
+}
+
+/* The product as the plan says: the whole operand converted once, the streamed one block
+ * by block. */
+static int run_plan(const gemm_plan *p, int M, int N, int K, const operand *a,
+                    const operand *b, float beta, float *C, int ldc, float *scratch)
+{
+    size_t es = gpu_dtype_size(p->fmt);
+    void *abuf = scratch;
+    void *bbuf = (char *)scratch + (p->a_el * es + 63) / 64 * 64;
+    int dim = p->stream_a ? M : N, step = p->conv_a || p->conv_b ? p->block : dim;
+    int lda, ldb;
+    const void *wa = NULL, *wb = NULL;
+    if (!p->stream_a)
+        wa = prepare(a, true, p->conv_a, p, 0, M, K, abuf, &lda);
+    else
+        wb = prepare(b, false, p->conv_b, p, 0, N, K, bbuf, &ldb);
+    for (int r0 = 0; r0 < dim; r0 += step) {
+        int nr = dim - r0 < step ? dim - r0 : step, rc;
+        if (p->stream_a) {
+            wa = prepare(a, true, p->conv_a, p, r0, nr, K, abuf, &lda);
+            rc = lib_gemm(p->fmt, a->t, b->t, nr, N, K, wa, lda, wb, ldb, beta,
+                          C + (size_t)r0 * ldc, ldc);
+        } else {
+            wb = prepare(b, false, p->conv_b, p, r0, nr, K, bbuf, &ldb);
+            rc = lib_gemm(p->fmt, a->t, b->t, M, nr, K, wa, lda, wb, ldb, beta, C + r0, ldc);
+        }
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
 }
 
 /* C = beta * C, with BLAS semantics: beta == 0 writes zeros (NaN in C does not survive). */
@@ -319,43 +575,40 @@ static int check_args(bool ta, bool tb, int M, int N, int K, const void *A, gpu_
 }
 
 /* A, B and C borrowed; C must not overlap A, B or scratch. scratch borrowed, holds at
- * least gpu_gemm_scratch_floats() floats. */
-int gpu_gemm(bool ta, bool tb, int M, int N, int K,
-             const void *A, gpu_dtype adt, int lda,
-             const void *B, gpu_dtype bdt, int ldb,
-             float beta, float *C, int ldc, float *scratch)
+ * least gpu_gemm_ex_scratch_floats() floats. */
+int gpu_gemm_ex(bool ta, bool tb, int M, int N, int K,
+                const void *A, gpu_dtype adt, int lda,
+                const void *B, gpu_dtype bdt, int ldb, gpu_dtype cdt,
+                float beta, float *C, int ldc, float *scratch)
 {
     int rc = check_args(ta, tb, M, N, K, A, adt, lda, B, bdt, ldb, C, ldc);
-    if (rc != 0)
-        return rc;
+    if (rc != 0 || !dtype_ok(cdt))
+        return rc != 0 ? rc : GPU_EINVAL;
+    if (!cdt_ok(adt, bdt, cdt))
+        cdt = GPU_FP32;
     if (M == 0 || N == 0)
         return 0;
     if (K == 0) {
         scale_c(M, N, beta, C, ldc);
         return 0;
     }
-    size_t need = gpu_gemm_scratch_floats(ta, tb, M, N, K, adt, lda, bdt, ldb);
-    if (need > 0 && scratch == NULL)
-        return GPU_EINVAL;
     rc = ensure_loaded();
     if (rc != 0)
         return rc;
+    gemm_plan p = plan_of(M, N, K, adt, bdt, cdt);
+    if (plan_floats(&p) > 0 && scratch == NULL)
+        return GPU_EINVAL;
+    operand a = {A, adt, lda, ta}, b = {B, bdt, ldb, tb};
+    return run_plan(&p, M, N, K, &a, &b, beta, C, ldc, scratch);
+}
 
-    const float *a = A, *b = B;
-    float *next = scratch;
-    if (adt != GPU_FP32) {
-        widen(next, A, adt, ta ? K : M, ta ? M : K, lda);
-        a = next;
-        next += ta ? footprint(K, M, lda) : footprint(M, K, lda);
-    }
-    if (bdt != GPU_FP32) {
-        widen(next, B, bdt, tb ? N : K, tb ? K : N, ldb);
-        b = next;
-    }
-    blas.sgemm(CBLAS_ROW_MAJOR, ta ? CBLAS_TRANS : CBLAS_NO_TRANS,
-               tb ? CBLAS_TRANS : CBLAS_NO_TRANS, M, N, K, 1.0f, a, lda, b, ldb, beta, C,
-               ldc);
-    return 0;
+int gpu_gemm(bool ta, bool tb, int M, int N, int K,
+             const void *A, gpu_dtype adt, int lda,
+             const void *B, gpu_dtype bdt, int ldb,
+             float beta, float *C, int ldc, float *scratch)
+{
+    gpu_dtype cdt = dtype_ok(adt) && dtype_ok(bdt) ? exact_dtype(adt, bdt) : GPU_FP32;
+    return gpu_gemm_ex(ta, tb, M, N, K, A, adt, lda, B, bdt, ldb, cdt, beta, C, ldc, scratch);
 }
 
 /* A, B and C borrowed. Each output is the double-precision sum rounded once to fp32;

@@ -111,17 +111,40 @@ int gpu_blas_init(int nthreads);
 const char *gpu_blas_info(void);
 
 /* C[M,N] = op(A)[M,K] * op(B)[K,N] + beta * C, row-major, fp32 accumulation.
- * A and B hold elements of adt / bdt (float or uint16_t), which are widened exactly to
- * fp32 before the product (the tensor-core contract: low-precision operands, fp32
- * accumulate). C is fp32; the caller rounds it to the op's dtype. ta/tb: A is stored
- * K x M (lda >= M) when ta, else M x K (lda >= K); likewise B. scratch must hold
- * gpu_gemm_scratch_floats(...) floats (may be NULL when that is 0); borrowed. */
+ * A and B hold elements of adt / bdt (float or uint16_t), which are multiplied exactly (the
+ * tensor-core contract: low-precision operands, fp32 accumulate). C is fp32; the caller
+ * rounds it to the op's dtype. ta/tb: A is stored K x M (lda >= M) when ta, else M x K
+ * (lda >= K); likewise B. scratch must hold gpu_gemm_scratch_floats(...) floats (may be NULL
+ * when that is 0); borrowed. 16-bit operands are converted block by block, so the scratch
+ * is bounded, never a copy of a whole operand. Safe to call from several threads at once
+ * on distinct C and scratch. */
 int gpu_gemm(bool ta, bool tb, int M, int N, int K,
              const void *A, gpu_dtype adt, int lda,
              const void *B, gpu_dtype bdt, int ldb,
              float beta, float *C, int ldc, float *scratch);
 size_t gpu_gemm_scratch_floats(bool ta, bool tb, int M, int N, int K,
                                gpu_dtype adt, int lda, gpu_dtype bdt, int ldb);
+/* The same product computed in cdt, as autocast runs a matmul: every operand is rounded to
+ * cdt (an fp32 one round-to-nearest-even, e.g. the fp32 master weights; a 16-bit one of cdt
+ * is exact), the products are accumulated in fp32. Where the library multiplies cdt
+ * natively (bf16 with AVX512_BF16 or AMX) it takes the rounded operands as they are. An
+ * operand of the other 16-bit dtype makes the product exact, as gpu_gemm. */
+int gpu_gemm_ex(bool ta, bool tb, int M, int N, int K,
+                const void *A, gpu_dtype adt, int lda,
+                const void *B, gpu_dtype bdt, int ldb, gpu_dtype cdt,
+                float beta, float *C, int ldc, float *scratch);
+size_t gpu_gemm_ex_scratch_floats(int M, int N, int K, gpu_dtype adt, gpu_dtype bdt,
+                                  gpu_dtype cdt);
+/* Force a GEMM path for tests and comparisons (AMPD_GEMM in the environment does the same
+ * at first use): "auto"; "openblas" (everything on OpenBLAS, 16-bit operands widened);
+ * "widen" (fp32 on oneDNN, 16-bit operands widened to it); "native" (bf16 natively on
+ * oneDNN). GPU_ENODEV when this machine lacks it, GPU_EINVAL for an unknown name. */
+int gpu_gemm_force(const char *path);
+/* Which library and path a GEMM computing in dt takes here, e.g. "native bf16, oneDNN 2.6.3
+ * (avx512_core_bf16)"; static. AMPD_GEMM=openblas in the environment forces OpenBLAS. */
+const char *gpu_gemm_info(gpu_dtype dt);
+/* The most scratch the GEMM libraries have allocated themselves in any thread, in bytes. */
+size_t gpu_gemm_lib_bytes(void);
 /* The naive triple loop with double accumulation: the reference the tests compare with. */
 void gpu_gemm_ref(bool ta, bool tb, int M, int N, int K, const float *A, int lda,
                   const float *B, int ldb, float beta, float *C, int ldc);

@@ -81,4 +81,19 @@ static inline int gpu_rank_batch(const gpu_job_config *c)
     return c->batch_size / (c->dist.world_size > 1 ? c->dist.world_size : 1);
 }
 
+/* ---- oneDNN matmul (onednn.c), under gpu_gemm ---------------------------------------------- */
+
+/* Open oneDNN once: 0, or GPU_EBLAS when it is missing (the GEMMs stay on OpenBLAS). */
+int gpu_dnnl_init(void);
+/* oneDNN has fast kernels for dt here: fp32 with AVX-512, bf16 with AVX512_BF16 or AMX. */
+bool gpu_dnnl_has(gpu_dtype dt);
+/* "oneDNN 2.6.3 (avx512_core_bf16)", or NULL without it; static. */
+const char *gpu_dnnl_info(void);
+/* C = op(A) op(B) + beta C with A and B of dt (fp32 or bf16), C fp32, row-major as
+ * gpu_gemm. GPU_EBLAS when oneDNN cannot (the caller falls back to OpenBLAS). */
+int gpu_dnnl_gemm(gpu_dtype dt, bool ta, bool tb, int M, int N, int K, const void *A, int lda,
+                  const void *B, int ldb, float beta, float *C, int ldc);
+/* The largest scratchpad oneDNN has needed in any thread so far, in bytes. */
+size_t gpu_dnnl_peak(void);
+
 #endif /* AMPD_GPU_INT_H */

@@ -38,23 +38,31 @@ static int act_needs_z(const gpu_mlp *m, int l)
     return l == m->nlin - 1 || m->act == GPU_ACT_GELU;
 }
 
+/* The largest GEMM scratch of layer l's three products for weights stored in wdt. */
+static size_t layer_gemm_scratch(const gpu_mlp *m, int l, gpu_dtype wdt)
+{
+    int in = m->width[l], out = m->width[l + 1], b = m->max_batch;
+    size_t s[3] = {
+        gpu_gemm_ex_scratch_floats(b, out, in, m->lin_dt, wdt, m->lin_dt),
+        gpu_gemm_ex_scratch_floats(out, in, b, GPU_FP32, m->lin_dt, m->lin_dt),
+        gpu_gemm_ex_scratch_floats(b, in, out, GPU_FP32, wdt, m->lin_dt),
+    };
+    size_t most = s[0] > s[1] ? s[0] : s[1];
+    return most > s[2] ? most : s[2];
+}
+
 /* Scratch floats: two B x maxw backward buffers, one fp32 GEMM output, a bias row and the
- * largest widening scratch of any GEMM the passes make. */
+ * largest conversion scratch of any GEMM the passes make, with the weights in the working
+ * copy (wdt) or in the fp32 master. */
 static size_t plan_scratch(const gpu_mlp *m, int maxw, gpu_dtype wdt)
 {
-    size_t B = (size_t)m->max_batch, widen = 0;
+    size_t B = (size_t)m->max_batch, conv = 0;
     for (int l = 0; l < m->nlin; l++) {
-        int in = m->width[l], out = m->width[l + 1], b = m->max_batch;
-        size_t s[3] = {
-            gpu_gemm_scratch_floats(false, true, b, out, in, m->lin_dt, in, wdt, in),
-            gpu_gemm_scratch_floats(true, false, out, in, b, GPU_FP32, out, m->lin_dt, in),
-            gpu_gemm_scratch_floats(false, false, b, in, out, GPU_FP32, out, wdt, in),
-        };
-        for (int i = 0; i < 3; i++)
-            if (s[i] > widen)
-                widen = s[i];
+        size_t a = layer_gemm_scratch(m, l, wdt), b = layer_gemm_scratch(m, l, GPU_FP32);
+        size_t most = a > b ? a : b;
+        conv = most > conv ? most : conv;
     }
-    return 3 * B * (size_t)maxw + (size_t)maxw + widen + 64;
+    return 3 * B * (size_t)maxw + (size_t)maxw + conv + 64;
 }
 
 /* Plan the MLP's layout; see gpu/mlp.h. */
@@ -122,10 +130,11 @@ void gpu_mlp_init_params(const gpu_mlp *m, float *params, float init_scale, gpu_
     }
 }
 
-/* The weight operand of a linear layer: fp32 master for an fp32 op when there is one. */
+/* The weight operand of a linear layer: the fp32 master for an fp32 op when there is one,
+ * or when there is no working copy (the GEMM rounds it to the op's dtype). */
 static const void *weight_ptr(const gpu_mlp *m, const gpu_mlp_weights *w, size_t off, gpu_dtype *dt)
 {
-    if (m->lin_dt == GPU_FP32 && w->master) {
+    if ((m->lin_dt == GPU_FP32 || w->p == NULL) && w->master) {
         *dt = GPU_FP32;
         return w->master + off;
     }
@@ -225,11 +234,14 @@ static int linear_fwd(const gpu_mlp *m, const gpu_mlp_weights *w, int l, uint8_t
     gpu_dtype wdt;
     const void *W = weight_ptr(m, w, m->w_off[l], &wdt);
     const void *bias = weight_ptr(m, w, m->b_off[l], &wdt);
-    int rc = gpu_gemm(false, true, B, out, in, acts + m->x_off[l], m->lin_dt, in, W, wdt, in, 0.0f,
-                      out32, out, scratch);
+    /* in lin_dt: the weights may be the fp32 master, rounded as autocast casts them */
+    int rc = gpu_gemm_ex(false, true, B, out, in, acts + m->x_off[l], m->lin_dt, in, W, wdt, in,
+                         m->lin_dt, 0.0f, out32, out, scratch);
     if (rc)
         return rc;
     gpu_cvt_to_f32(bias32, bias, wdt, (size_t)out);
+    if (wdt == GPU_FP32)
+        gpu_round_n(bias32, bias32, (size_t)out, m->lin_dt);
     for (int i = 0; i < B; i++)
         epilogue_row(m, l, i, out32 + (size_t)i * out, bias32, acts, diag, slot);
     return 0;
@@ -473,8 +485,9 @@ int gpu_mlp_backward(const gpu_mlp *m, const gpu_mlp_weights *w, const int *y, i
         int ds = diag_slot(diag, m, l);
         gpu_dtype wdt;
         const void *W = weight_ptr(m, w, m->w_off[l], &wdt);
-        int rc = gpu_gemm(true, false, out, in, B, dz, GPU_FP32, out, acts + m->x_off[l], m->lin_dt,
-                          in, 0.0f, gw, in, gscratch);
+        /* dz holds values of lin_dt (rounded), so the GEMMs may take it in lin_dt */
+        int rc = gpu_gemm_ex(true, false, out, in, B, dz, GPU_FP32, out, acts + m->x_off[l],
+                             m->lin_dt, in, m->lin_dt, 0.0f, gw, in, gscratch);
         if (rc)
             return rc;
         if (diag)
@@ -489,8 +502,8 @@ int gpu_mlp_backward(const gpu_mlp *m, const gpu_mlp_weights *w, const int *y, i
         gpu_grad_done(ready, m->b_off[l], (size_t)out);
         if (l == 0)
             break;
-        rc = gpu_gemm(false, false, B, in, out, dz, GPU_FP32, out, W, wdt, in, 0.0f, dx, in,
-                      gscratch);
+        rc = gpu_gemm_ex(false, false, B, in, out, dz, GPU_FP32, out, W, wdt, in, m->lin_dt, 0.0f,
+                         dx, in, gscratch);
         if (rc)
             return rc;
         gpu_diag_round_grad(diag, ds, false, dx, (size_t)B * in, m->lin_dt);

@@ -34,7 +34,9 @@ typedef struct {
 } gpu_mlp;
 
 /* The parameters the ops read: p holds the working copy (pdt), master the fp32 copy or
- * NULL. An op that autocast runs in fp32 reads master when there is one. */
+ * NULL. An op that autocast runs in fp32 reads master when there is one. p may be NULL
+ * when there is a master and the linear layers run in pdt or fp32: the GEMMs then round
+ * the master to their dtype as they read it, so no 16-bit copy of the weights is kept. */
 typedef struct {
     const void *p;
     gpu_dtype pdt;

@@ -279,18 +279,33 @@ static void build_table(gpu_trainer *t)
 /* The sizes a model plan gives the trainer. */
 typedef struct {
     size_t nparams, act_bytes, scratch_floats, input_bytes;
+    bool work_copy; /* a working copy of the weights in the job's dtype beside the master */
 } model_sizes;
 
-static model_sizes sizes_of(const gpu_job_config *c, const gpu_mlp *m, const gpu_gpt *g)
+/* Whether the job keeps the weights in its dtype beside the fp32 master. The MLP on the
+ * CPU does not: its GEMMs round the master to the layers' dtype as they read it (the values
+ * the copy would hold), unless a linear layer runs in the other 16-bit dtype. In fp32 the
+ * "working copy" is the master itself. */
+static bool keeps_work_copy(const gpu_job_config *c, const gpu_mlp *m, const gpu_gpt *g,
+                            bool cuda)
+{
+    if (c->dtype == GPU_FP32 || !c->master_weights || cuda || g)
+        return true;
+    return m->lin_dt != c->dtype && m->lin_dt != GPU_FP32;
+}
+
+static model_sizes sizes_of(const gpu_job_config *c, const gpu_mlp *m, const gpu_gpt *g,
+                            bool cuda)
 {
     model_sizes z;
     if (g) { /* the whole batch's tokens are drawn (a rank keeps its share) */
         z = (model_sizes){g->nparams, g->act_bytes, g->scratch_floats,
-                          2 * (size_t)c->batch_size * (size_t)g->seq_len * sizeof(int)};
+                          2 * (size_t)c->batch_size * (size_t)g->seq_len * sizeof(int), true};
     } else {
         z = (model_sizes){m->nparams, m->act_bytes, m->scratch_floats,
-                          (size_t)gpu_rank_batch(c) * ((size_t)m->width[0] * 4 + 4)};
+                          (size_t)gpu_rank_batch(c) * ((size_t)m->width[0] * 4 + 4), true};
     }
+    z.work_copy = keeps_work_copy(c, m, g, cuda);
     return z;
 }
 
@@ -298,7 +313,7 @@ static void plan_memory(const gpu_job_config *c, model_sizes z, gpu_mem *mem)
 {
     int64_t P = (int64_t)z.nparams;
     memset(mem, 0, sizeof(*mem));
-    mem->weights = P * (int64_t)gpu_dtype_size(c->dtype);
+    mem->weights = z.work_copy ? P * (int64_t)gpu_dtype_size(c->dtype) : 0;
     mem->master = (c->dtype != GPU_FP32 && c->master_weights) ? P * 4 : 0;
     mem->grads = P * 4 * (c->grad_accum_steps > 1 ? 2 : 1); /* + the micro-step's */
     mem->optimizer = P * 4 * (c->optim.type == GPU_OPT_ADAMW ? 2 : 1);
@@ -337,7 +352,7 @@ int gpu_job_memory(const gpu_job_config *c, gpu_mem *out, char *err, size_t errl
     gpu_gpt *g = NULL;
     int rc = gpu_job_plan(c, &m, &g, err, errlen);
     if (!rc)
-        plan_memory(c, sizes_of(c, &m, g), out);
+        plan_memory(c, sizes_of(c, &m, g, strncmp(c->device, "cuda", 4) == 0), out);
     free(g);
     return rc;
 }
@@ -345,7 +360,7 @@ int gpu_job_memory(const gpu_job_config *c, gpu_mem *out, char *err, size_t errl
 /* The blocks the CPU model runs in (acts, scratch); checked by the caller. */
 static void alloc_host_model(gpu_trainer *t)
 {
-    model_sizes z = sizes_of(&t->cfg, &t->mlp, t->gpt);
+    model_sizes z = sizes_of(&t->cfg, &t->mlp, t->gpt, t->use_cuda);
     t->acts = calloc(1, z.act_bytes);
     t->scratch = calloc(z.scratch_floats, sizeof(float));
 }
@@ -353,13 +368,14 @@ static void alloc_host_model(gpu_trainer *t)
 static int allocate(gpu_trainer *t, char *err, size_t errlen)
 {
     const gpu_job_config *c = &t->cfg;
-    model_sizes z = sizes_of(c, &t->mlp, t->gpt);
+    model_sizes z = sizes_of(c, &t->mlp, t->gpt, t->use_cuda);
     size_t P = z.nparams, B = (size_t)c->batch_size, b = (size_t)gpu_rank_batch(c);
     bool fp32 = c->dtype == GPU_FP32;
 
     if (fp32 || c->master_weights)
         t->master = malloc(P * sizeof(float));
-    t->work = fp32 ? (void *)t->master : malloc(P * gpu_dtype_size(c->dtype));
+    if (z.work_copy)
+        t->work = fp32 ? (void *)t->master : malloc(P * gpu_dtype_size(c->dtype));
     t->grads = calloc(P, sizeof(float));
     if (c->grad_accum_steps > 1)
         t->accum = calloc(P, sizeof(float));
@@ -381,7 +397,7 @@ static int allocate(gpu_trainer *t, char *err, size_t errlen)
     t->lstats = calloc(GPU_DIAG_MAX_LAYERS, sizeof(*t->lstats));
     t->advisor = calloc(1, sizeof(*t->advisor));
     if (!t->diag || !t->lstats || !t->advisor || (!t->master && (fp32 || c->master_weights)) ||
-        !t->work || !t->grads || (!t->accum && c->grad_accum_steps > 1) || !t->m ||
+        (!t->work && z.work_copy) || !t->grads || (!t->accum && c->grad_accum_steps > 1) || !t->m ||
         (!t->v && c->optim.type == GPU_OPT_ADAMW) ||
         (!t->use_cuda && (!t->acts || !t->scratch)) || !(t->xbatch || t->xtok) || !t->ybatch ||
         !(t->perm || t->gpt)) {
@@ -406,7 +422,7 @@ static int init_weights(gpu_trainer *t)
         gpu_gpt_init_params(t->gpt, init, t->cfg.model.init_scale, &r);
     else
         gpu_mlp_init_params(&t->mlp, init, t->cfg.model.init_scale, &r);
-    if (t->work != (void *)init)
+    if (t->work && t->work != (void *)init)
         gpu_cvt_from_f32(t->work, t->cfg.dtype, init, P);
     if (!t->master)
         free(init);
@@ -571,7 +587,7 @@ int gpu_trainer_create(const gpu_job_config *cfg, gpu_trainer **out, char *err, 
     if (rc)
         goto fail;
     build_table(t);
-    plan_memory(&t->cfg, sizes_of(&t->cfg, &t->mlp, t->gpt), &t->mem);
+    plan_memory(&t->cfg, sizes_of(&t->cfg, &t->mlp, t->gpt, t->use_cuda), &t->mem);
     rc = allocate(t, err, errlen);
     if (rc)
         goto fail;
@@ -594,7 +610,7 @@ int gpu_trainer_create(const gpu_job_config *cfg, gpu_trainer **out, char *err, 
         rc = GPU_ENOMEM;
         if (!t->acts || !t->scratch)
             goto fail;
-        plan_memory(&t->cfg, sizes_of(&t->cfg, &t->mlp, t->gpt), &t->mem);
+        plan_memory(&t->cfg, sizes_of(&t->cfg, &t->mlp, t->gpt, t->use_cuda), &t->mem);
     }
     *out = t;
     return 0;
@@ -1330,7 +1346,7 @@ int gpu_trainer_set_scalars(gpu_trainer *t, const gpu_state_scalars *in)
     t->perm_pos = (int)in->perm_pos;
     t->scaler = in->scaler;
     memcpy(t->rng.s, in->rng, sizeof(in->rng));
-    if (t->master && t->work != t->master)
+    if (t->master && t->work && t->work != t->master)
         gpu_cvt_from_f32(t->work, t->cfg.dtype, t->master, (size_t)gpu_trainer_params(t));
     t->diag_next = false;
     if (t->cuda)

@@ -1,6 +1,8 @@
 /*
- * check_gemm.c - Check suite "gemm": gpu_gemm (OpenBLAS, opened at run time) against the
- * fp64 reference gpu_gemm_ref, and the kernel choice gpu_blas_init makes.
+ * check_gemm.c - Check suite "gemm": gpu_gemm and gpu_gemm_ex against the fp64 reference
+ * gpu_gemm_ref on every path this machine has (OpenBLAS; fp32 on oneDNN with 16-bit operands
+ * widened; native bf16 on oneDNN), the bounded scratch of the blockwise conversion, and the
+ * kernel choice gpu_blas_init makes.
  *
  * Operands are stored in buffers of exactly their footprint ((rows-1)*ld + cols elements)
  * so that AddressSanitizer catches any read past the last row, and the padding between rows
@@ -139,15 +141,33 @@ static void check_result(bool ta, bool tb, int M, int N, int K, const operand *a
     }
 }
 
-/* Run one GEMM through gpu_gemm and the reference and compare. pad: extra columns of
- * every leading dimension. */
-static void run_case(bool ta, bool tb, int M, int N, int K, gpu_dtype adt, gpu_dtype bdt,
-                     int pad, float beta, gpu_rng *rng)
+/* For a product in dt: the stored fp32 values stay as they are, the reference's are
+ * rounded to dt (what gpu_gemm_ex must do to them). */
+static void operand_round(operand *o, gpu_dtype dt)
+{
+    if (o->dt != GPU_FP32)
+        return;
+    float *s = malloc((o->n > 0 ? o->n : 1) * sizeof(float));
+    ck_assert_ptr_nonnull(s);
+    memcpy(s, o->ref, o->n * sizeof(float));
+    o->store = s;
+    for (size_t i = 0; i < o->n; i++)
+        o->ref[i] = gpu_round(o->ref[i], dt);
+}
+
+/* Run one GEMM through gpu_gemm (cdt < 0) or gpu_gemm_ex in cdt and through the reference,
+ * and compare. pad: extra columns of every leading dimension. */
+static void run_case_in(bool ta, bool tb, int M, int N, int K, gpu_dtype adt, gpu_dtype bdt,
+                        int cdt, int pad, float beta, gpu_rng *rng)
 {
     operand a, b;
     int a_rows = ta ? K : M, a_cols = ta ? M : K, b_rows = tb ? N : K, b_cols = tb ? K : N;
     operand_make(&a, a_rows, a_cols, (a_cols > 0 ? a_cols : 1) + pad, adt, rng);
     operand_make(&b, b_rows, b_cols, (b_cols > 0 ? b_cols : 1) + pad, bdt, rng);
+    if (cdt >= 0) {
+        operand_round(&a, (gpu_dtype)cdt);
+        operand_round(&b, (gpu_dtype)cdt);
+    }
     int ldc = (N > 0 ? N : 1) + pad;
     size_t nc = footprint(M, N, ldc) > 0 ? footprint(M, N, ldc) : 1; /* exact, for ASan */
     float *C0 = malloc(nc * sizeof *C0), *C = malloc(nc * sizeof *C);
@@ -161,15 +181,21 @@ static void run_case(bool ta, bool tb, int M, int N, int K, gpu_dtype adt, gpu_d
     memcpy(C, C0, nc * sizeof *C);
     memcpy(R, C0, nc * sizeof *R);
 
-    size_t ns = gpu_gemm_scratch_floats(ta, tb, M, N, K, adt, a.ld, bdt, b.ld);
-    size_t want = (M > 0 && N > 0 && K > 0)
-                      ? (adt != GPU_FP32 ? a.n : 0) + (bdt != GPU_FP32 ? b.n : 0) : 0;
-    ck_assert_uint_eq(ns, want);
+    size_t ns = cdt < 0 ? gpu_gemm_scratch_floats(ta, tb, M, N, K, adt, a.ld, bdt, b.ld)
+                        : gpu_gemm_ex_scratch_floats(M, N, K, adt, bdt, (gpu_dtype)cdt);
+    /* never more than whole converted copies (plus alignment); nothing for fp32 */
+    bool empty = M == 0 || N == 0 || K == 0, fp32 = adt == GPU_FP32 && bdt == GPU_FP32;
+    if (empty || fp32)
+        ck_assert_uint_eq(ns, 0);
+    ck_assert_uint_le(ns, a.n + b.n + 48);
+    /* exactly ns floats, so that ASan sees any write past them */
     float *scratch = ns > 0 ? malloc(ns * sizeof *scratch) : NULL;
     ck_assert(ns == 0 || scratch != NULL);
 
-    int rc = gpu_gemm(ta, tb, M, N, K, a.store, adt, a.ld, b.store, bdt, b.ld, beta, C, ldc,
-                      scratch);
+    int rc = cdt < 0 ? gpu_gemm(ta, tb, M, N, K, a.store, adt, a.ld, b.store, bdt, b.ld, beta,
+                                C, ldc, scratch)
+                     : gpu_gemm_ex(ta, tb, M, N, K, a.store, adt, a.ld, b.store, bdt, b.ld,
+                                   (gpu_dtype)cdt, beta, C, ldc, scratch);
     ck_assert_int_eq(rc, 0);
     gpu_gemm_ref(ta, tb, M, N, K, a.ref, a.ld, b.ref, b.ld, beta, R, ldc);
     char what[64];
@@ -182,6 +208,29 @@ static void run_case(bool ta, bool tb, int M, int N, int K, gpu_dtype adt, gpu_d
     free(C0);
     operand_free(&b);
     operand_free(&a);
+}
+
+static void run_case(bool ta, bool tb, int M, int N, int K, gpu_dtype adt, gpu_dtype bdt,
+                     int pad, float beta, gpu_rng *rng)
+{
+    run_case_in(ta, tb, M, N, K, adt, bdt, -1, pad, beta, rng);
+}
+
+/* ---- the paths -------------------------------------------------------------------------- */
+
+static const char *const paths[] = {"openblas", "widen", "native"};
+#define NPATHS ((int)(sizeof paths / sizeof paths[0]))
+
+/* Force path i; false (and a note) when this machine lacks it. */
+static bool use_path(int i)
+{
+    int rc = gpu_gemm_force(paths[i]);
+    if (rc == GPU_ENODEV) {
+        fprintf(stderr, "check_gemm: path %s not on this machine\n", paths[i]);
+        return false;
+    }
+    ck_assert_int_eq(rc, 0);
+    return true;
 }
 
 /* ---- the reference itself --------------------------------------------------------------- */
@@ -212,26 +261,35 @@ END_TEST
 
 /* Random shapes from the odd sizes, one transposition per loop index, with and without
  * padding, beta 0 and 1. */
+static void fp32_shapes(bool ta, bool tb, gpu_rng *rng);
+
 START_TEST(t_fp32_shapes)
 {
-    bool ta = _i & 1, tb = _i & 2;
     gpu_rng rng;
     gpu_rng_seed(&rng, 100 + (uint64_t)_i);
     ck_assert_int_eq(gpu_blas_init(2), 0);
+    for (int p = 0; p < NPATHS; p++)
+        if (use_path(p))
+            fp32_shapes(_i & 1, _i & 2, &rng);
+}
+END_TEST
+
+static void fp32_shapes(bool ta, bool tb, gpu_rng *rng)
+{
+    gpu_rng r = *rng; /* the same cases on every path */
     for (int c = 0; c < 14; c++) {
-        int M = sizes[gpu_rng_below(&rng, NSIZES)];
-        int N = sizes[gpu_rng_below(&rng, NSIZES)];
-        int K = sizes[gpu_rng_below(&rng, NSIZES)];
+        int M = sizes[gpu_rng_below(&r, NSIZES)];
+        int N = sizes[gpu_rng_below(&r, NSIZES)];
+        int K = sizes[gpu_rng_below(&r, NSIZES)];
         if ((double)M * N * K > 1.2e6) /* keep the fp64 reference cheap under sanitizers */
             K = 17;
         run_case(ta, tb, M, N, K, GPU_FP32, GPU_FP32, c % 3 == 0 ? 0 : 1 + c % 5,
-                 c % 2 ? 1.0f : 0.0f, &rng);
+                 c % 2 ? 1.0f : 0.0f, &r);
     }
-    /* Sizes large enough for OpenBLAS's threaded paths. */
-    run_case(ta, tb, 255, 127, 33, GPU_FP32, GPU_FP32, 3, 1.0f, &rng);
-    run_case(ta, tb, 256, 10, 255, GPU_FP32, GPU_FP32, 0, 0.0f, &rng);
+    /* Sizes large enough for the libraries' threaded paths. */
+    run_case(ta, tb, 255, 127, 33, GPU_FP32, GPU_FP32, 3, 1.0f, &r);
+    run_case(ta, tb, 256, 10, 255, GPU_FP32, GPU_FP32, 0, 0.0f, &r);
 }
-END_TEST
 
 /* A beta that is neither 0 nor 1 and one BLAS thread. */
 START_TEST(t_fp32_beta_threads)
@@ -293,39 +351,108 @@ static const gpu_dtype lowp_pairs[][2] = {
     {GPU_FP16, GPU_BF16},
 };
 
-/* Each dtype pair through all four transpositions, padded and not, beta 0 and 1. */
+/* Each dtype pair through all four transpositions, padded and not, beta 0 and 1, on each
+ * path: through gpu_gemm (exact) and through gpu_gemm_ex in the 16-bit dtype. */
+static void lowp_cases(gpu_dtype adt, gpu_dtype bdt, int cdt, gpu_rng *rng)
+{
+    gpu_rng r = *rng;
+    for (int c = 0; c < 8; c++) {
+        int M = sizes[gpu_rng_below(&r, NSIZES)];
+        int N = sizes[gpu_rng_below(&r, NSIZES)];
+        int K = sizes[gpu_rng_below(&r, NSIZES)];
+        if ((double)M * N * K > 1.2e6)
+            M = 31;
+        run_case_in(c & 1, c & 2, M, N, K, adt, bdt, cdt, c & 4 ? 3 : 0, c % 3 ? 1.0f : 0.0f,
+                    &r);
+    }
+    /* An MLP-like shape: X[256,k] times W^T with 16-bit operands. */
+    run_case_in(false, true, 32, 255, 127, adt, bdt, cdt, 0, 0.0f, &r);
+}
+
 START_TEST(t_lowp)
 {
     gpu_dtype adt = lowp_pairs[_i][0], bdt = lowp_pairs[_i][1];
+    gpu_dtype low = adt != GPU_FP32 ? adt : bdt;
     gpu_rng rng;
     gpu_rng_seed(&rng, 200 + (uint64_t)_i);
-    for (int c = 0; c < 8; c++) {
-        int M = sizes[gpu_rng_below(&rng, NSIZES)];
-        int N = sizes[gpu_rng_below(&rng, NSIZES)];
-        int K = sizes[gpu_rng_below(&rng, NSIZES)];
-        if ((double)M * N * K > 1.2e6)
-            M = 31;
-        run_case(c & 1, c & 2, M, N, K, adt, bdt, c & 4 ? 3 : 0, c % 3 ? 1.0f : 0.0f, &rng);
+    for (int p = 0; p < NPATHS; p++) {
+        if (!use_path(p))
+            continue;
+        lowp_cases(adt, bdt, -1, &rng);
+        lowp_cases(adt, bdt, low, &rng); /* fp16 x bf16 in fp16: computed exactly */
     }
-    /* An MLP-like shape: X[256,k] times W^T with 16-bit operands. */
-    run_case(false, true, 32, 255, 127, adt, bdt, 0, 0.0f, &rng);
 }
 END_TEST
 
-/* The scratch size is the footprint of each widened operand, nothing for fp32. */
+/* Operands large enough to be converted in several blocks, the last one partial: A
+ * streamed by rows of C, B by columns, each with the other operand in place or converted
+ * whole, through gpu_gemm and gpu_gemm_ex in bf16. */
+START_TEST(t_blocks)
+{
+    gpu_rng rng;
+    gpu_rng_seed(&rng, 300);
+    for (int p = 0; p < NPATHS; p++) {
+        if (!use_path(p))
+            continue;
+        run_case_in(false, false, 700, 37, 400, GPU_FP16, GPU_FP32, -1, 1, 1.0f, &rng);
+        run_case_in(true, false, 700, 37, 400, GPU_BF16, GPU_BF16, -1, 0, 0.0f, &rng);
+        run_case_in(false, true, 37, 900, 300, GPU_FP32, GPU_FP16, -1, 2, 0.0f, &rng);
+        run_case_in(true, false, 45, 900, 300, GPU_BF16, GPU_BF16, -1, 0, 1.0f, &rng);
+        run_case_in(false, true, 41, 900, 300, GPU_FP32, GPU_BF16, GPU_BF16, 0, 0.0f, &rng);
+        run_case_in(true, true, 700, 37, 400, GPU_FP32, GPU_BF16, GPU_BF16, 3, 1.0f, &rng);
+    }
+}
+END_TEST
+
+/* The scratch: nothing for fp32, whole converted operands when small, and for large ones
+ * at most the smaller operand plus one block of the larger (2^18 elements), well under a
+ * widened copy of both. */
 START_TEST(t_scratch_size)
 {
-    /* A fp16 3x5 at lda 7: 2*7+5; B bf16 stored 4x5 (tb) at ldb 6: 3*6+5. */
-    ck_assert_uint_eq(gpu_gemm_scratch_floats(false, true, 3, 4, 5, GPU_FP16, 7, GPU_BF16, 6),
-                      19 + 23);
-    /* A stored K x M = 5x3 at lda 4 (ta): 4*4+3; B fp32. */
-    ck_assert_uint_eq(gpu_gemm_scratch_floats(true, false, 3, 4, 5, GPU_BF16, 4, GPU_FP32, 4),
-                      19);
-    /* B stored K x N = 5x4 at ldb 4: 20. */
-    ck_assert_uint_eq(gpu_gemm_scratch_floats(false, false, 3, 4, 5, GPU_FP32, 5, GPU_FP16, 4),
-                      20);
-    ck_assert_uint_eq(gpu_gemm_scratch_floats(false, false, 3, 4, 5, GPU_FP32, 5, GPU_FP32, 4),
-                      0);
+    for (int p = 0; p < NPATHS; p++) {
+        if (!use_path(p))
+            continue;
+        ck_assert_uint_eq(gpu_gemm_scratch_floats(false, false, 3, 4, 5, GPU_FP32, 5, GPU_FP32,
+                                                  4), 0);
+        /* fp16 x bf16 is computed exactly: both widened, 15 + 20 floats and alignment */
+        size_t n = gpu_gemm_scratch_floats(false, true, 3, 4, 5, GPU_FP16, 7, GPU_BF16, 6);
+        ck_assert_uint_ge(n, 15 + 20);
+        ck_assert_uint_le(n, 15 + 20 + 48);
+        /* an MLP's dX = dY W in fp16: dY (256 x 1024) whole, W (1024 x 1024) by blocks */
+        n = gpu_gemm_ex_scratch_floats(256, 1024, 1024, GPU_FP32, GPU_FP16, GPU_FP16);
+        ck_assert_uint_le(n, 2 * ((size_t)1 << 18) + 48);
+        ck_assert_uint_lt(n, (256 + 1024) * (size_t)1024 / 2);
+        /* a GPT's fc projection: X (2048 x 1024) and W (1024 x 256), both fp16 */
+        n = gpu_gemm_scratch_floats(false, true, 2048, 256, 1024, GPU_FP16, 1024, GPU_FP16,
+                                    1024);
+        ck_assert_uint_le(n, 2 * ((size_t)1 << 18) + 48);
+        ck_assert_uint_lt(n, (2048 + 256) * (size_t)1024 / 4);
+    }
+}
+END_TEST
+
+/* Which path each dtype takes is named, and follows the forced path. */
+START_TEST(t_path_info)
+{
+    bool native = gpu_gemm_force("native") == 0;
+    ck_assert_int_eq(gpu_gemm_force("auto"), 0);
+    ck_assert_int_eq(gpu_gemm_force("nonsense"), GPU_EINVAL);
+    const char *bf16 = gpu_gemm_info(GPU_BF16), *fp16 = gpu_gemm_info(GPU_FP16);
+    ck_assert_msg((strstr(bf16, "native bf16") != NULL) == native, "bf16: %s", bf16);
+    ck_assert_msg(strstr(fp16, "widened") != NULL, "fp16: %s", fp16);
+    if (gpu_gemm_force("widen") == 0) {
+        ck_assert_msg(strstr(gpu_gemm_info(GPU_FP32), "oneDNN") != NULL, "%s",
+                      gpu_gemm_info(GPU_FP32));
+        ck_assert_msg(strstr(gpu_gemm_info(GPU_BF16), "widened") != NULL, "%s",
+                      gpu_gemm_info(GPU_BF16));
+    }
+    ck_assert_int_eq(gpu_gemm_force("openblas"), 0);
+    ck_assert_msg(strstr(gpu_gemm_info(GPU_FP32), "OpenBLAS") != NULL, "%s",
+                  gpu_gemm_info(GPU_FP32));
+    ck_assert_msg(strstr(gpu_gemm_info(GPU_BF16), "widened") != NULL, "%s",
+                  gpu_gemm_info(GPU_BF16));
+    fprintf(stderr, "check_gemm: auto: fp32 %s | fp16 %s | bf16 %s\n",
+            (gpu_gemm_force("auto"), gpu_gemm_info(GPU_FP32)), fp16, bf16);
 }
 END_TEST
 
@@ -376,7 +503,7 @@ END_TEST
 
 /* An inf (or NaN) in a 16-bit operand makes every output it feeds non-finite and leaves
  * the others finite: the loss scaler must see the overflow. */
-static void inf_case(gpu_dtype dt, bool in_b, bool ta, bool tb, float bad)
+static void inf_case(gpu_dtype dt, bool in_b, bool ta, bool tb, float bad, bool ex)
 {
     const int M = 17, N = 31, K = 65, r = 5, k0 = 40;
     gpu_rng rng;
@@ -393,11 +520,17 @@ static void inf_case(gpu_dtype dt, bool in_b, bool ta, bool tb, float bad)
         operand_set(&a, ta ? k0 : 3, ta ? 3 : k0, 0.0f);
     else
         operand_set(&b, tb ? 3 : k0, tb ? k0 : 3, 0.0f);
-    float C[17 * 31], scratch[17 * 66 + 65 * 31];
+    float C[17 * 31], scratch[17 * 66 + 65 * 31 + 64];
     ck_assert_uint_le(gpu_gemm_scratch_floats(ta, tb, M, N, K, a.dt, a.ld, b.dt, b.ld),
                       sizeof scratch / sizeof scratch[0]);
-    ck_assert_int_eq(gpu_gemm(ta, tb, M, N, K, a.store, a.dt, a.ld, b.store, b.dt, b.ld, 0.0f,
-                              C, N, scratch), 0);
+    ck_assert_uint_le(gpu_gemm_ex_scratch_floats(M, N, K, a.dt, b.dt, dt),
+                      sizeof scratch / sizeof scratch[0]);
+    if (ex) /* the fp32 operand taken in dt */
+        ck_assert_int_eq(gpu_gemm_ex(ta, tb, M, N, K, a.store, a.dt, a.ld, b.store, b.dt, b.ld,
+                                     dt, 0.0f, C, N, scratch), 0);
+    else
+        ck_assert_int_eq(gpu_gemm(ta, tb, M, N, K, a.store, a.dt, a.ld, b.store, b.dt, b.ld,
+                                  0.0f, C, N, scratch), 0);
     for (int i = 0; i < M; i++) {
         for (int j = 0; j < N; j++) {
             bool hit = in_b ? j == r : i == r;
@@ -416,13 +549,20 @@ static void inf_case(gpu_dtype dt, bool in_b, bool ta, bool tb, float bad)
 START_TEST(t_inf_propagates)
 {
     bool ta = _i & 1, tb = _i & 2;
-    inf_case(GPU_FP16, false, ta, tb, INFINITY);
-    inf_case(GPU_FP16, true, ta, tb, -INFINITY);
-    inf_case(GPU_BF16, false, ta, tb, -INFINITY);
-    inf_case(GPU_BF16, true, ta, tb, INFINITY);
-    inf_case(GPU_FP16, false, ta, tb, NAN);
-    /* 65520 is past fp16's range: storing it gives inf, as a too-large scale would. */
-    inf_case(GPU_FP16, true, ta, tb, 65520.0f);
+    for (int p = 0; p < NPATHS; p++) {
+        if (!use_path(p))
+            continue;
+        for (int ex = 0; ex < 2; ex++) {
+            inf_case(GPU_FP16, false, ta, tb, INFINITY, ex);
+            inf_case(GPU_FP16, true, ta, tb, -INFINITY, ex);
+            inf_case(GPU_BF16, false, ta, tb, -INFINITY, ex);
+            inf_case(GPU_BF16, true, ta, tb, INFINITY, ex);
+            inf_case(GPU_BF16, true, ta, tb, NAN, ex);
+            inf_case(GPU_FP16, false, ta, tb, NAN, ex);
+            /* 65520 is past fp16's range: storing it gives inf, as a too-large scale would */
+            inf_case(GPU_FP16, true, ta, tb, 65520.0f, ex);
+        }
+    }
 }
 END_TEST
 
@@ -638,7 +778,9 @@ static Suite *gemm_suite(void)
     tc = tcase_create("lowp");
     tcase_set_timeout(tc, 20);
     tcase_add_loop_test(tc, t_lowp, 0, (int)(sizeof lowp_pairs / sizeof lowp_pairs[0]));
+    tcase_add_test(tc, t_blocks);
     tcase_add_test(tc, t_scratch_size);
+    tcase_add_test(tc, t_path_info);
     tcase_add_loop_test(tc, t_inf_propagates, 0, 4);
     suite_add_tcase(s, tc);
 

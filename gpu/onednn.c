@@ -1,0 +1,441 @@
+/*
+ * onednn.c - GEMMs on oneDNN's matmul primitive, opened at run time.
+ *
+ * oneDNN (Debian libdnnl2) has brgemm matmul kernels that beat OpenBLAS's sgemm on AVX-512
+ * (213-221 against 156-173 GFLOP/s at the MLP's shapes on a 2-core AMD EPYC with AVX-512)
+ * and multiply bf16 operands natively with fp32 accumulation where the CPU has AVX512_BF16
+ * or AMX (392-435 GFLOP/s there, twice its fp32 rate). Like OpenBLAS (blas.c) the library
+ * is opened with dlopen(), so a machine without it runs every GEMM on OpenBLAS.
+ *
+ * One matmul primitive per shape (dtype, transposes, sizes, leading dimensions, whether C is
+ * accumulated into) is created on first use and kept in a fixed table; a shape that finds
+ * the table full gets a primitive for that call alone. Each primitive uses a user-provided
+ * scratchpad: a per-thread buffer grown on demand, whose high-water mark gpu_dnnl_peak()
+ * reports, so the trainer can count it as workspace.
+ *
+ * Invariants: the library is loaded at most once per process and never closed; cached
+ * primitives are never destroyed, so a looked-up primitive stays valid while it runs.
+ * A primitive whose implementation is oneDNN's reference ("ref:") code is refused
+ * (GPU_EBLAS): OpenBLAS is faster then.
+ *
+ * Threads: any thread may call gpu_dnnl_gemm, also several at once (table lookups hold a
+ * mutex; each thread has its own stream and scratchpad). oneDNN runs on the OpenMP team of
+ * the calling thread (omp_set_num_threads); called inside a parallel region it runs on one.
+ */
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu/gpu_int.h"
+
+#ifdef HAVE_ONEDNN
+#include <oneapi/dnnl/dnnl.h>
+
+#ifndef AMPD_DNNL_PATH
+#define AMPD_DNNL_PATH "libdnnl.so.2"
+#endif
+
+#define FN(name) __typeof__(dnnl_##name) *name
+static struct {
+    FN(engine_create);
+    FN(stream_create);
+    FN(stream_destroy);
+    FN(stream_wait);
+    FN(memory_desc_init_by_strides);
+    FN(memory_desc_get_size);
+    FN(matmul_desc_init);
+    FN(primitive_attr_create);
+    FN(primitive_attr_destroy);
+    FN(primitive_attr_set_scratchpad_mode);
+    FN(primitive_attr_set_post_ops);
+    FN(post_ops_create);
+    FN(post_ops_destroy);
+    FN(post_ops_append_sum);
+    FN(primitive_desc_create);
+    FN(primitive_desc_destroy);
+    FN(primitive_desc_query);
+    FN(primitive_desc_query_md);
+    FN(primitive_create);
+    FN(primitive_destroy);
+    FN(primitive_execute);
+    FN(memory_create);
+    FN(memory_destroy);
+    FN(version);
+    FN(get_effective_cpu_isa);
+} dn;
+#undef FN
+
+typedef struct {
+    int dt, ta, tb, M, N, K, lda, ldb, ldc;
+    float beta; /* C = A B + beta C: a sum post-op unless 0 */
+} prim_key;
+
+typedef struct {
+    prim_key key;
+    dnnl_primitive_t prim;
+    size_t scratch;
+    bool used;
+} prim_entry;
+
+#define TABLE_SIZE 512 /* a power of two; a GPT step has a few dozen shapes */
+
+static struct {
+    int rc;                 /* result of the one load: 0 or GPU_EBLAS */
+    void *lib;
+    dnnl_engine_t engine;
+    bool f32, bf16;         /* which dtypes have fast kernels here */
+    char info[96];
+    prim_entry table[TABLE_SIZE];
+    int entries;
+} st = {.rc = GPU_EBLAS};
+
+static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t table_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_key_t thread_key;
+static atomic_size_t scratch_peak;
+
+typedef struct {
+    dnnl_stream_t stream;
+    void *scratch;
+    size_t cap;
+} thread_state;
+
+static void thread_state_free(void *p)
+{
+    thread_state *ts = p;
+    if (ts == NULL)
+        return;
+    if (ts->stream != NULL)
+        dn.stream_destroy(ts->stream);
+    free(ts->scratch);
+    free(ts);
+}
+
+static const char *dnnl_path(void)
+{
+    const char *p = getenv("AMPD_ONEDNN");
+    return p != NULL && p[0] != '\0' ? p : AMPD_DNNL_PATH;
+}
+
+static int load_symbols(void)
+{
+#define SYM(name)                                                             \
+    do {                                                                      \
+        *(void **)&dn.name = dlsym(st.lib, "dnnl_" #name);                    \
+        if (dn.name == NULL)                                                  \
+            return GPU_EBLAS;                                                 \
+    } while (0)
+    SYM(engine_create);
+    SYM(stream_create);
+    SYM(stream_destroy);
+    SYM(stream_wait);
+    SYM(memory_desc_init_by_strides);
+    SYM(memory_desc_get_size);
+    SYM(matmul_desc_init);
+    SYM(primitive_attr_create);
+    SYM(primitive_attr_destroy);
+    SYM(primitive_attr_set_scratchpad_mode);
+    SYM(primitive_attr_set_post_ops);
+    SYM(post_ops_create);
+    SYM(post_ops_destroy);
+    SYM(post_ops_append_sum);
+    SYM(primitive_desc_create);
+    SYM(primitive_desc_destroy);
+    SYM(primitive_desc_query);
+    SYM(primitive_desc_query_md);
+    SYM(primitive_create);
+    SYM(primitive_destroy);
+    SYM(primitive_execute);
+    SYM(memory_create);
+    SYM(memory_destroy);
+    SYM(version);
+    SYM(get_effective_cpu_isa);
+#undef SYM
+    return 0;
+}
+
+static const char *isa_name(dnnl_cpu_isa_t isa)
+{
+    if ((isa & dnnl_cpu_isa_avx512_core_amx) == dnnl_cpu_isa_avx512_core_amx)
+        return "amx";
+    if ((isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16)
+        return "avx512_core_bf16";
+    if ((isa & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core)
+        return "avx512_core";
+    if ((isa & dnnl_cpu_isa_avx2) == dnnl_cpu_isa_avx2)
+        return "avx2";
+    return "sse41";
+}
+
+static void load(void)
+{
+    st.lib = dlopen(dnnl_path(), RTLD_NOW | RTLD_LOCAL);
+    if (st.lib == NULL)
+        return;
+    if (load_symbols() != 0 || pthread_key_create(&thread_key, thread_state_free) != 0 ||
+        dn.engine_create(&st.engine, dnnl_cpu, 0) != dnnl_success) {
+        dlclose(st.lib);
+        st.lib = NULL;
+        return;
+    }
+    dnnl_cpu_isa_t isa = dn.get_effective_cpu_isa();
+    const dnnl_version_t *v = dn.version();
+    /* brgemm matmul needs AVX-512; below it oneDNN's f32 matmul is no faster than OpenBLAS */
+    st.f32 = (isa & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core;
+    st.bf16 = (isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16;
+    snprintf(st.info, sizeof st.info, "oneDNN %d.%d.%d (%s)", v->major, v->minor, v->patch,
+             isa_name(isa));
+    st.rc = 0;
+}
+
+int gpu_dnnl_init(void)
+{
+    pthread_once(&load_once, load);
+    return st.rc;
+}
+
+bool gpu_dnnl_has(gpu_dtype dt)
+{
+    if (gpu_dnnl_init() != 0)
+        return false;
+    return dt == GPU_FP32 ? st.f32 : dt == GPU_BF16 ? st.bf16 : false;
+}
+
+const char *gpu_dnnl_info(void)
+{
+    return gpu_dnnl_init() == 0 ? st.info : NULL;
+}
+
+size_t gpu_dnnl_peak(void)
+{
+    return atomic_load(&scratch_peak);
+}
+
+static thread_state *thread_get(void)
+{
+    thread_state *ts = pthread_getspecific(thread_key);
+    if (ts != NULL)
+        return ts;
+    ts = calloc(1, sizeof *ts);
+    if (ts == NULL)
+        return NULL;
+    if (dn.stream_create(&ts->stream, st.engine, dnnl_stream_default_flags) != dnnl_success ||
+        pthread_setspecific(thread_key, ts) != 0) {
+        thread_state_free(ts);
+        return NULL;
+    }
+    return ts;
+}
+
+static void *thread_scratch(thread_state *ts, size_t bytes)
+{
+    if (bytes <= ts->cap)
+        return ts->scratch;
+    void *p = realloc(ts->scratch, bytes);
+    if (p == NULL)
+        return NULL;
+    ts->scratch = p;
+    ts->cap = bytes;
+    size_t old = atomic_load(&scratch_peak);
+    while (bytes > old && !atomic_compare_exchange_weak(&scratch_peak, &old, bytes))
+        ;
+    return p;
+}
+
+/* The attributes of a primitive: user scratchpad, and C = A B + beta C when beta != 0. */
+static dnnl_primitive_attr_t make_attr(float beta)
+{
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    if (dn.primitive_attr_create(&attr) != dnnl_success)
+        return NULL;
+    if (dn.primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) != dnnl_success)
+        goto fail;
+    if (beta != 0.0f) {
+        if (dn.post_ops_create(&po) != dnnl_success || dn.post_ops_append_sum(po, beta) ||
+            dn.primitive_attr_set_post_ops(attr, po) != dnnl_success)
+            goto fail;
+        dn.post_ops_destroy(po);
+    }
+    return attr;
+
+fail:
+    if (po != NULL)
+        dn.post_ops_destroy(po);
+    dn.primitive_attr_destroy(attr);
+    return NULL;
+}
+
+/* Memory descriptors of A (M x K), B (K x N) and C (M x N) with the key's layout. */
+static int make_descs(const prim_key *k, dnnl_memory_desc_t *a, dnnl_memory_desc_t *b,
+                      dnnl_memory_desc_t *c)
+{
+    dnnl_data_type_t dt = k->dt == GPU_BF16 ? dnnl_bf16 : dnnl_f32;
+    dnnl_dims_t da = {k->M, k->K}, db = {k->K, k->N}, dc = {k->M, k->N};
+    dnnl_dims_t sa = {k->lda, 1}, sat = {1, k->lda}, sb = {k->ldb, 1}, sbt = {1, k->ldb};
+    dnnl_dims_t sc = {k->ldc, 1};
+    if (dn.memory_desc_init_by_strides(a, 2, da, dt, k->ta ? sat : sa) != dnnl_success ||
+        dn.memory_desc_init_by_strides(b, 2, db, dt, k->tb ? sbt : sb) != dnnl_success ||
+        dn.memory_desc_init_by_strides(c, 2, dc, dnnl_f32, sc) != dnnl_success)
+        return GPU_EBLAS;
+    return 0;
+}
+
+/* Create the primitive of a key; refuses oneDNN's reference implementations. */
+static int create(const prim_key *k, dnnl_primitive_t *prim, size_t *scratch)
+{
+    dnnl_memory_desc_t a, b, c;
+    dnnl_matmul_desc_t md;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_primitive_attr_t attr = NULL;
+    const char *impl = NULL;
+    int rc = make_descs(k, &a, &b, &c);
+    if (rc != 0)
+        return rc;
+    rc = GPU_EBLAS;
+    if (dn.matmul_desc_init(&md, &a, &b, NULL, &c) != dnnl_success ||
+        (attr = make_attr(k->beta)) == NULL ||
+        dn.primitive_desc_create(&pd, &md, attr, st.engine, NULL) != dnnl_success)
+        goto fail;
+    if (dn.primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success ||
+        impl == NULL || strncmp(impl, "ref", 3) == 0)
+        goto fail;
+    *scratch = dn.memory_desc_get_size(dn.primitive_desc_query_md(pd, dnnl_query_scratchpad_md,
+                                                                  0));
+    if (dn.primitive_create(prim, pd) != dnnl_success)
+        goto fail;
+    rc = 0;
+
+fail:
+    if (pd != NULL)
+        dn.primitive_desc_destroy(pd);
+    if (attr != NULL)
+        dn.primitive_attr_destroy(attr);
+    return rc;
+}
+
+static size_t key_hash(const prim_key *k)
+{
+    const unsigned char *b = (const unsigned char *)k;
+    size_t h = 1469598103934665603u;
+    for (size_t i = 0; i < sizeof *k; i++)
+        h = (h ^ b[i]) * 1099511628211u;
+    return h;
+}
+
+/* The cached primitive of k, created on first use. *owned: the caller must destroy it
+ * (the table was full). */
+static int lookup(const prim_key *k, dnnl_primitive_t *prim, size_t *scratch, bool *owned)
+{
+    size_t i = key_hash(k) & (TABLE_SIZE - 1);
+    int rc = 0;
+    *owned = false;
+    pthread_mutex_lock(&table_mu);
+    while (st.table[i].used && memcmp(&st.table[i].key, k, sizeof *k) != 0)
+        i = (i + 1) & (TABLE_SIZE - 1);
+    if (st.table[i].used) {
+        *prim = st.table[i].prim;
+        *scratch = st.table[i].scratch;
+    } else if (st.entries >= TABLE_SIZE / 2) {
+        rc = create(k, prim, scratch);
+        *owned = rc == 0;
+    } else if ((rc = create(k, prim, scratch)) == 0) {
+        st.table[i] = (prim_entry){.key = *k, .prim = *prim, .scratch = *scratch, .used = true};
+        st.entries++;
+    }
+    pthread_mutex_unlock(&table_mu);
+    return rc;
+}
+
+/* Run a primitive on the caller's operands with this thread's stream and scratchpad. */
+static int execute(const prim_key *k, dnnl_primitive_t prim, size_t scratch, const void *A,
+                   const void *B, float *C)
+{
+    dnnl_memory_desc_t md[4];
+    dnnl_memory_t mem[4] = {NULL, NULL, NULL, NULL};
+    void *ptr[4] = {(void *)A, (void *)B, C, NULL};
+    const int arg[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_SCRATCHPAD};
+    dnnl_exec_arg_t args[4];
+    thread_state *ts = thread_get();
+    dnnl_dims_t sdim = {(dnnl_dim_t)(scratch > 0 ? scratch : 1)}, sstr = {1};
+    int rc = GPU_ENOMEM;
+
+    if (ts == NULL || (ptr[3] = thread_scratch(ts, (size_t)sdim[0])) == NULL)
+        return rc;
+    rc = GPU_EBLAS;
+    if (make_descs(k, &md[0], &md[1], &md[2]) != 0 ||
+        dn.memory_desc_init_by_strides(&md[3], 1, sdim, dnnl_u8, sstr) != dnnl_success)
+        return rc;
+    for (int i = 0; i < 4; i++) {
+        if (dn.memory_create(&mem[i], &md[i], st.engine, ptr[i]) != dnnl_success)
+            goto fail;
+        args[i] = (dnnl_exec_arg_t){arg[i], mem[i]};
+    }
+    if (dn.primitive_execute(prim, ts->stream, 4, args) == dnnl_success &&
+        dn.stream_wait(ts->stream) == dnnl_success)
+        rc = 0;
+
+fail:
+    for (int i = 0; i < 4; i++)
+        if (mem[i] != NULL)
+            dn.memory_destroy(mem[i]);
+    return rc;
+}
+
+int gpu_dnnl_gemm(gpu_dtype dt, bool ta, bool tb, int M, int N, int K, const void *A, int lda,
+                  const void *B, int ldb, float beta, float *C, int ldc)
+{
+    if (!gpu_dnnl_has(dt))
+        return GPU_EBLAS;
+    prim_key k = {dt, ta, tb, M, N, K, lda, ldb, ldc, beta};
+    dnnl_primitive_t prim;
+    size_t scratch;
+    bool owned;
+    int rc = lookup(&k, &prim, &scratch, &owned);
+    if (rc != 0)
+        return rc;
+    rc = execute(&k, prim, scratch, A, B, C);
+    if (owned)
+        dn.primitive_destroy(prim);
+    return rc;
+}
+
+#else /* !HAVE_ONEDNN */
+
+int gpu_dnnl_init(void)
+{
+    return GPU_EBLAS;
+}
+
+bool gpu_dnnl_has(gpu_dtype dt)
+{
+    (void)dt;
+    return false;
+}
+
+const char *gpu_dnnl_info(void)
+{
+    return NULL;
+}
+
+size_t gpu_dnnl_peak(void)
+{
+    return 0;
+}
+
+int gpu_dnnl_gemm(gpu_dtype dt, bool ta, bool tb, int M, int N, int K, const void *A, int lda,
+                  const void *B, int ldb, float beta, float *C, int ldc)
+{
+    (void)dt, (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)A, (void)lda, (void)B;
+    (void)ldb, (void)beta, (void)C, (void)ldc;
+    return GPU_EBLAS;
+}
+
+#endif
