@@ -347,6 +347,11 @@ static void gemm_info_fill(char *s, size_t len, gpu_dtype dt)
         snprintf(s, len, "widened to fp32 block by block, %s", fp32);
 }
 
+size_t gpu_gemm_lib_bytes(void)
+{
+    return gpu_dnnl_peak();
+}
+
 /* Static; valid forever. */
 const char *gpu_gemm_info(gpu_dtype dt)
 {
@@ -386,13 +391,15 @@ static int block_of(int dim, int K)
     return b >= (size_t)dim ? dim : (int)b;
 }
 
-static gemm_plan plan_of(int M, int N, int K, gpu_dtype adt, gpu_dtype bdt, gpu_dtype cdt)
+static gemm_plan plan_of(int M, int N, int K, gpu_dtype adt, gpu_dtype bdt, gpu_dtype cdt,
+                         unsigned round)
 {
     gemm_plan p = {.cdt = cdt, .fmt = lib_format(cdt)};
     size_t a = (size_t)M * (size_t)K, b = (size_t)K * (size_t)N;
-    /* an fp32 operand of a 16-bit product is rounded even where the library takes fp32 */
-    p.conv_a = adt != p.fmt || (adt == GPU_FP32 && cdt != GPU_FP32);
-    p.conv_b = bdt != p.fmt || (bdt == GPU_FP32 && cdt != GPU_FP32);
+    bool low = cdt != GPU_FP32;
+    /* an fp32 operand to round is rounded even where the library takes fp32 */
+    p.conv_a = adt != p.fmt || (low && adt == GPU_FP32 && (round & GPU_GEMM_ROUND_A));
+    p.conv_b = bdt != p.fmt || (low && bdt == GPU_FP32 && (round & GPU_GEMM_ROUND_B));
     p.stream_a = p.conv_a && (!p.conv_b || a > b);
     if (p.stream_a) {
         p.block = block_of(M, K);
@@ -418,11 +425,11 @@ static size_t plan_floats(const gemm_plan *p)
 }
 
 size_t gpu_gemm_ex_scratch_floats(int M, int N, int K, gpu_dtype adt, gpu_dtype bdt,
-                                  gpu_dtype cdt)
+                                  gpu_dtype cdt, unsigned round)
 {
     if (M <= 0 || N <= 0 || K <= 0 || !dtype_ok(adt) || !dtype_ok(bdt) || !dtype_ok(cdt))
         return 0;
-    gemm_plan p = plan_of(M, N, K, adt, bdt, cdt_ok(adt, bdt, cdt) ? cdt : GPU_FP32);
+    gemm_plan p = plan_of(M, N, K, adt, bdt, cdt_ok(adt, bdt, cdt) ? cdt : GPU_FP32, round);
     return plan_floats(&p);
 }
 
@@ -430,7 +437,7 @@ size_t gpu_gemm_scratch_floats(bool ta, bool tb, int M, int N, int K,
                                gpu_dtype adt, int lda, gpu_dtype bdt, int ldb)
 {
     (void)ta, (void)tb, (void)lda, (void)ldb;
-    return gpu_gemm_ex_scratch_floats(M, N, K, adt, bdt, exact_dtype(adt, bdt));
+    return gpu_gemm_ex_scratch_floats(M, N, K, adt, bdt, exact_dtype(adt, bdt), 0);
 }
 
 /* n contiguous elements of sdt into the plan's format: 16-bit widened exactly to fp32, or
@@ -578,7 +585,7 @@ static int check_args(bool ta, bool tb, int M, int N, int K, const void *A, gpu_
  * least gpu_gemm_ex_scratch_floats() floats. */
 int gpu_gemm_ex(bool ta, bool tb, int M, int N, int K,
                 const void *A, gpu_dtype adt, int lda,
-                const void *B, gpu_dtype bdt, int ldb, gpu_dtype cdt,
+                const void *B, gpu_dtype bdt, int ldb, gpu_dtype cdt, unsigned round,
                 float beta, float *C, int ldc, float *scratch)
 {
     int rc = check_args(ta, tb, M, N, K, A, adt, lda, B, bdt, ldb, C, ldc);
@@ -595,7 +602,7 @@ int gpu_gemm_ex(bool ta, bool tb, int M, int N, int K,
     rc = ensure_loaded();
     if (rc != 0)
         return rc;
-    gemm_plan p = plan_of(M, N, K, adt, bdt, cdt);
+    gemm_plan p = plan_of(M, N, K, adt, bdt, cdt, round);
     if (plan_floats(&p) > 0 && scratch == NULL)
         return GPU_EINVAL;
     operand a = {A, adt, lda, ta}, b = {B, bdt, ldb, tb};
@@ -608,7 +615,8 @@ int gpu_gemm(bool ta, bool tb, int M, int N, int K,
              float beta, float *C, int ldc, float *scratch)
 {
     gpu_dtype cdt = dtype_ok(adt) && dtype_ok(bdt) ? exact_dtype(adt, bdt) : GPU_FP32;
-    return gpu_gemm_ex(ta, tb, M, N, K, A, adt, lda, B, bdt, ldb, cdt, beta, C, ldc, scratch);
+    return gpu_gemm_ex(ta, tb, M, N, K, A, adt, lda, B, bdt, ldb, cdt, 0, beta, C, ldc,
+                       scratch);
 }
 
 /* A, B and C borrowed. Each output is the double-precision sum rounded once to fp32;

@@ -124,17 +124,20 @@ int gpu_gemm(bool ta, bool tb, int M, int N, int K,
              float beta, float *C, int ldc, float *scratch);
 size_t gpu_gemm_scratch_floats(bool ta, bool tb, int M, int N, int K,
                                gpu_dtype adt, int lda, gpu_dtype bdt, int ldb);
-/* The same product computed in cdt, as autocast runs a matmul: every operand is rounded to
- * cdt (an fp32 one round-to-nearest-even, e.g. the fp32 master weights; a 16-bit one of cdt
- * is exact), the products are accumulated in fp32. Where the library multiplies cdt
- * natively (bf16 with AVX512_BF16 or AMX) it takes the rounded operands as they are. An
- * operand of the other 16-bit dtype makes the product exact, as gpu_gemm. */
+/* The same product computed in cdt, as autocast runs a matmul: the operands are values of
+ * cdt and the products are accumulated in fp32. A 16-bit operand must be fp32 or of cdt. An
+ * fp32 operand named in `round` (GPU_GEMM_ROUND_A/B) is rounded to cdt (round-to-nearest-
+ * even; e.g. the fp32 master weights); any other fp32 operand must already hold values of
+ * cdt (e.g. a gradient the model has rounded), so the library may take it in cdt, e.g.
+ * bf16 natively with AVX512_BF16 or AMX. An operand of the other 16-bit dtype makes the
+ * product exact, as gpu_gemm. */
+enum { GPU_GEMM_ROUND_A = 1, GPU_GEMM_ROUND_B = 2 };
 int gpu_gemm_ex(bool ta, bool tb, int M, int N, int K,
                 const void *A, gpu_dtype adt, int lda,
-                const void *B, gpu_dtype bdt, int ldb, gpu_dtype cdt,
+                const void *B, gpu_dtype bdt, int ldb, gpu_dtype cdt, unsigned round,
                 float beta, float *C, int ldc, float *scratch);
 size_t gpu_gemm_ex_scratch_floats(int M, int N, int K, gpu_dtype adt, gpu_dtype bdt,
-                                  gpu_dtype cdt);
+                                  gpu_dtype cdt, unsigned round);
 /* Force a GEMM path for tests and comparisons (AMPD_GEMM in the environment does the same
  * at first use): "auto"; "openblas" (everything on OpenBLAS, 16-bit operands widened);
  * "widen" (fp32 on oneDNN, 16-bit operands widened to it); "native" (bf16 natively on

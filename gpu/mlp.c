@@ -38,31 +38,53 @@ static int act_needs_z(const gpu_mlp *m, int l)
     return l == m->nlin - 1 || m->act == GPU_ACT_GELU;
 }
 
-/* The largest GEMM scratch of layer l's three products for weights stored in wdt. */
-static size_t layer_gemm_scratch(const gpu_mlp *m, int l, gpu_dtype wdt)
+/* The weights' rounding in a GEMM: the fp32 master is rounded to the layer's dtype. */
+static unsigned round_w(gpu_dtype wdt)
 {
-    int in = m->width[l], out = m->width[l + 1], b = m->max_batch;
-    size_t s[3] = {
-        gpu_gemm_ex_scratch_floats(b, out, in, m->lin_dt, wdt, m->lin_dt),
-        gpu_gemm_ex_scratch_floats(out, in, b, GPU_FP32, m->lin_dt, m->lin_dt),
-        gpu_gemm_ex_scratch_floats(b, in, out, GPU_FP32, wdt, m->lin_dt),
-    };
-    size_t most = s[0] > s[1] ? s[0] : s[1];
-    return most > s[2] ? most : s[2];
+    return wdt == GPU_FP32 ? GPU_GEMM_ROUND_B : 0;
 }
 
-/* Scratch floats: two B x maxw backward buffers, one fp32 GEMM output, a bias row and the
- * largest conversion scratch of any GEMM the passes make, with the weights in the working
+/* GEMM scratch of layer l's forward (fwd) or of its two backward products (!fwd), for
+ * weights stored in wdt. dz is fp32 holding values of lin_dt. */
+static size_t layer_gemm_scratch(const gpu_mlp *m, int l, gpu_dtype wdt, bool fwd)
+{
+    int in = m->width[l], out = m->width[l + 1], b = m->max_batch;
+    gpu_dtype dt = m->lin_dt;
+    if (fwd)
+        return gpu_gemm_ex_scratch_floats(b, out, in, dt, wdt, dt, round_w(wdt));
+    size_t dw = gpu_gemm_ex_scratch_floats(out, in, b, GPU_FP32, dt, dt, 0);
+    size_t dx = gpu_gemm_ex_scratch_floats(b, in, out, GPU_FP32, wdt, dt, round_w(wdt));
+    return dw > dx ? dw : dx;
+}
+
+/* The largest GEMM scratch of the forward or the backward, with the weights in the working
  * copy (wdt) or in the fp32 master. */
+static size_t gemm_scratch(const gpu_mlp *m, gpu_dtype wdt, bool fwd)
+{
+    size_t most = 0;
+    for (int l = 0; l < m->nlin; l++) {
+        size_t a = layer_gemm_scratch(m, l, wdt, fwd), b = layer_gemm_scratch(m, l, GPU_FP32, fwd);
+        most = a > most ? a : most;
+        most = b > most ? b : most;
+    }
+    return most;
+}
+
+/* Floats after act_backward's row for the starve state (2 B + 4 maxw bytes). */
+static size_t starve_floats(const gpu_mlp *m, int maxw)
+{
+    return (2 * (size_t)m->max_batch + 4 * (size_t)maxw + 3) / 4;
+}
+
+/* The scratch serves the forward and the backward in turn, each from its start:
+ *   forward:  out32 [B x maxw] | bias32 [maxw] | GEMM scratch
+ *   backward: dz [B x maxw] | dx [B x maxw] | tmp [maxw + starve] | GEMM scratch */
 static size_t plan_scratch(const gpu_mlp *m, int maxw, gpu_dtype wdt)
 {
-    size_t B = (size_t)m->max_batch, conv = 0;
-    for (int l = 0; l < m->nlin; l++) {
-        size_t a = layer_gemm_scratch(m, l, wdt), b = layer_gemm_scratch(m, l, GPU_FP32);
-        size_t most = a > b ? a : b;
-        conv = most > conv ? most : conv;
-    }
-    return 3 * B * (size_t)maxw + (size_t)maxw + conv + 64;
+    size_t slot = (size_t)m->max_batch * (size_t)maxw, w = (size_t)maxw;
+    size_t fwd = slot + w + gemm_scratch(m, wdt, true);
+    size_t bwd = 2 * slot + w + starve_floats(m, maxw) + gemm_scratch(m, wdt, false);
+    return (fwd > bwd ? fwd : bwd) + 64;
 }
 
 /* Plan the MLP's layout; see gpu/mlp.h. */
@@ -236,7 +258,7 @@ static int linear_fwd(const gpu_mlp *m, const gpu_mlp_weights *w, int l, uint8_t
     const void *bias = weight_ptr(m, w, m->b_off[l], &wdt);
     /* in lin_dt: the weights may be the fp32 master, rounded as autocast casts them */
     int rc = gpu_gemm_ex(false, true, B, out, in, acts + m->x_off[l], m->lin_dt, in, W, wdt, in,
-                         m->lin_dt, 0.0f, out32, out, scratch);
+                         m->lin_dt, round_w(wdt), 0.0f, out32, out, scratch);
     if (rc)
         return rc;
     gpu_cvt_to_f32(bias32, bias, wdt, (size_t)out);
@@ -285,7 +307,7 @@ int gpu_mlp_forward(const gpu_mlp *m, const gpu_mlp_weights *w, const float *x, 
     int maxw = 0;
     for (int i = 0; i <= m->nlin; i++)
         maxw = m->width[i] > maxw ? m->width[i] : maxw;
-    float *out32 = scratch + 2 * (size_t)m->max_batch * maxw;
+    float *out32 = scratch;
     float *bias32 = out32 + (size_t)m->max_batch * maxw;
     float *gscratch = bias32 + maxw;
 
@@ -471,13 +493,14 @@ int gpu_mlp_backward(const gpu_mlp *m, const gpu_mlp_weights *w, const int *y, i
     for (int i = 0; i <= m->nlin; i++)
         maxw = m->width[i] > maxw ? m->width[i] : maxw;
     size_t slot = (size_t)m->max_batch * maxw;
+    size_t tmp_floats = (size_t)maxw + starve_floats(m, maxw);
     float *dz = scratch, *dx = scratch + slot, *tmp = scratch + 2 * slot;
-    float *gscratch = tmp + slot + maxw;
+    float *gscratch = tmp + tmp_floats;
     starve_state st;
 
     if (B < 1 || B > m->max_batch)
         return GPU_EINVAL;
-    starve_init(&st, m, diag, B, maxw, tmp, slot + (size_t)maxw);
+    starve_init(&st, m, diag, B, maxw, tmp, tmp_floats);
     ce_backward(m, (const float *)(acts + m->probs_off), y, B, seed, dz);
     for (int l = m->nlin - 1; l >= 0; l--) {
         int in = m->width[l], out = m->width[l + 1];
@@ -487,7 +510,7 @@ int gpu_mlp_backward(const gpu_mlp *m, const gpu_mlp_weights *w, const int *y, i
         const void *W = weight_ptr(m, w, m->w_off[l], &wdt);
         /* dz holds values of lin_dt (rounded), so the GEMMs may take it in lin_dt */
         int rc = gpu_gemm_ex(true, false, out, in, B, dz, GPU_FP32, out, acts + m->x_off[l],
-                             m->lin_dt, in, m->lin_dt, 0.0f, gw, in, gscratch);
+                             m->lin_dt, in, m->lin_dt, 0, 0.0f, gw, in, gscratch);
         if (rc)
             return rc;
         if (diag)
@@ -502,8 +525,8 @@ int gpu_mlp_backward(const gpu_mlp *m, const gpu_mlp_weights *w, const int *y, i
         gpu_grad_done(ready, m->b_off[l], (size_t)out);
         if (l == 0)
             break;
-        rc = gpu_gemm_ex(false, false, B, in, out, dz, GPU_FP32, out, W, wdt, in, m->lin_dt, 0.0f,
-                         dx, in, gscratch);
+        rc = gpu_gemm_ex(false, false, B, in, out, dz, GPU_FP32, out, W, wdt, in, m->lin_dt,
+                         round_w(wdt), 0.0f, dx, in, gscratch);
         if (rc)
             return rc;
         gpu_diag_round_grad(diag, ds, false, dx, (size_t)B * in, m->lin_dt);

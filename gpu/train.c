@@ -67,6 +67,7 @@ struct gpu_trainer {
     gpu_grad_stat stats[TRAINER_MAX_TENSORS];
     gpu_scaler_state scaler;
     int64_t step, applied, lost_total;
+    int64_t lib_bytes;      /* GEMM library scratch counted in mem.workspace */
     double lr; /* this step's learning rate (gpu_lr_at) */
     gpu_rng rng;
     gpu_mem mem;
@@ -1086,6 +1087,16 @@ static int step_cuda(gpu_trainer *t, gpu_step_metrics *m, bool *found_inf, doubl
     return o.floor_failed ? GPU_ESCALE_FLOOR : 0;
 }
 
+/* The GEMM libraries' own scratch (oneDNN's scratchpads, grown on first use) is part of a
+ * CPU job's workspace: add what they hold now to the planned workspace. */
+static void count_lib_scratch(gpu_trainer *t)
+{
+    int64_t lib = (int64_t)gpu_gemm_lib_bytes();
+    t->mem.workspace += lib - t->lib_bytes;
+    t->mem.total += lib - t->lib_bytes;
+    t->lib_bytes = lib;
+}
+
 /* One training step; see gpu.h. */
 int gpu_trainer_step(gpu_trainer *t, gpu_step_metrics *m, char *err, size_t errlen)
 {
@@ -1133,6 +1144,8 @@ int gpu_trainer_step(gpu_trainer *t, gpu_step_metrics *m, char *err, size_t errl
     m->samples_per_s = (double)B * c->grad_accum_steps / (m->step_ms_max * 1e-3);
     if (t->gpt)
         m->tokens_per_s = m->samples_per_s * t->gpt->seq_len;
+    if (!t->cuda)
+        count_lib_scratch(t);
     m->mem = t->mem;
     m->peak = t->mem;
     if (rc == GPU_ESCALE_FLOOR && err)

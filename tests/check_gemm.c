@@ -141,12 +141,17 @@ static void check_result(bool ta, bool tb, int M, int N, int K, const operand *a
     }
 }
 
-/* For a product in dt: the stored fp32 values stay as they are, the reference's are
- * rounded to dt (what gpu_gemm_ex must do to them). */
-static void operand_round(operand *o, gpu_dtype dt)
+/* For a product in dt: an fp32 operand's values rounded to dt, for the reference only when
+ * gpu_gemm_ex is to round them (keep), else in the stored operand too. */
+static void operand_round(operand *o, gpu_dtype dt, bool keep)
 {
     if (o->dt != GPU_FP32)
         return;
+    if (!keep) {
+        for (size_t i = 0; i < o->n; i++)
+            o->ref[i] = gpu_round(o->ref[i], dt);
+        return;
+    }
     float *s = malloc((o->n > 0 ? o->n : 1) * sizeof(float));
     ck_assert_ptr_nonnull(s);
     memcpy(s, o->ref, o->n * sizeof(float));
@@ -155,18 +160,19 @@ static void operand_round(operand *o, gpu_dtype dt)
         o->ref[i] = gpu_round(o->ref[i], dt);
 }
 
-/* Run one GEMM through gpu_gemm (cdt < 0) or gpu_gemm_ex in cdt and through the reference,
- * and compare. pad: extra columns of every leading dimension. */
-static void run_case_in(bool ta, bool tb, int M, int N, int K, gpu_dtype adt, gpu_dtype bdt,
-                        int cdt, int pad, float beta, gpu_rng *rng)
+/* Run one GEMM through gpu_gemm (cdt < 0) or gpu_gemm_ex in cdt, rounding the fp32
+ * operands named in round, and through the reference, and compare. pad: extra columns of
+ * every leading dimension. */
+static void run_case_ex(bool ta, bool tb, int M, int N, int K, gpu_dtype adt, gpu_dtype bdt,
+                        int cdt, unsigned round, int pad, float beta, gpu_rng *rng)
 {
     operand a, b;
     int a_rows = ta ? K : M, a_cols = ta ? M : K, b_rows = tb ? N : K, b_cols = tb ? K : N;
     operand_make(&a, a_rows, a_cols, (a_cols > 0 ? a_cols : 1) + pad, adt, rng);
     operand_make(&b, b_rows, b_cols, (b_cols > 0 ? b_cols : 1) + pad, bdt, rng);
     if (cdt >= 0) {
-        operand_round(&a, (gpu_dtype)cdt);
-        operand_round(&b, (gpu_dtype)cdt);
+        operand_round(&a, (gpu_dtype)cdt, round & GPU_GEMM_ROUND_A);
+        operand_round(&b, (gpu_dtype)cdt, round & GPU_GEMM_ROUND_B);
     }
     int ldc = (N > 0 ? N : 1) + pad;
     size_t nc = footprint(M, N, ldc) > 0 ? footprint(M, N, ldc) : 1; /* exact, for ASan */
@@ -182,7 +188,7 @@ static void run_case_in(bool ta, bool tb, int M, int N, int K, gpu_dtype adt, gp
     memcpy(R, C0, nc * sizeof *R);
 
     size_t ns = cdt < 0 ? gpu_gemm_scratch_floats(ta, tb, M, N, K, adt, a.ld, bdt, b.ld)
-                        : gpu_gemm_ex_scratch_floats(M, N, K, adt, bdt, (gpu_dtype)cdt);
+                        : gpu_gemm_ex_scratch_floats(M, N, K, adt, bdt, (gpu_dtype)cdt, round);
     /* never more than whole converted copies (plus alignment); nothing for fp32 */
     bool empty = M == 0 || N == 0 || K == 0, fp32 = adt == GPU_FP32 && bdt == GPU_FP32;
     if (empty || fp32)
@@ -195,7 +201,7 @@ static void run_case_in(bool ta, bool tb, int M, int N, int K, gpu_dtype adt, gp
     int rc = cdt < 0 ? gpu_gemm(ta, tb, M, N, K, a.store, adt, a.ld, b.store, bdt, b.ld, beta,
                                 C, ldc, scratch)
                      : gpu_gemm_ex(ta, tb, M, N, K, a.store, adt, a.ld, b.store, bdt, b.ld,
-                                   (gpu_dtype)cdt, beta, C, ldc, scratch);
+                                   (gpu_dtype)cdt, round, beta, C, ldc, scratch);
     ck_assert_int_eq(rc, 0);
     gpu_gemm_ref(ta, tb, M, N, K, a.ref, a.ld, b.ref, b.ld, beta, R, ldc);
     char what[64];
@@ -213,7 +219,13 @@ static void run_case_in(bool ta, bool tb, int M, int N, int K, gpu_dtype adt, gp
 static void run_case(bool ta, bool tb, int M, int N, int K, gpu_dtype adt, gpu_dtype bdt,
                      int pad, float beta, gpu_rng *rng)
 {
-    run_case_in(ta, tb, M, N, K, adt, bdt, -1, pad, beta, rng);
+    run_case_ex(ta, tb, M, N, K, adt, bdt, -1, 0, pad, beta, rng);
+}
+
+static void run_case_in(bool ta, bool tb, int M, int N, int K, gpu_dtype adt, gpu_dtype bdt,
+                        int cdt, int pad, float beta, gpu_rng *rng)
+{
+    run_case_ex(ta, tb, M, N, K, adt, bdt, cdt, 0, pad, beta, rng);
 }
 
 /* ---- the paths -------------------------------------------------------------------------- */
@@ -362,8 +374,8 @@ static void lowp_cases(gpu_dtype adt, gpu_dtype bdt, int cdt, gpu_rng *rng)
         int K = sizes[gpu_rng_below(&r, NSIZES)];
         if ((double)M * N * K > 1.2e6)
             M = 31;
-        run_case_in(c & 1, c & 2, M, N, K, adt, bdt, cdt, c & 4 ? 3 : 0, c % 3 ? 1.0f : 0.0f,
-                    &r);
+        run_case_ex(c & 1, c & 2, M, N, K, adt, bdt, cdt, (unsigned)(c * 5 / 2) % 4,
+                    c & 4 ? 3 : 0, c % 3 ? 1.0f : 0.0f, &r);
     }
     /* An MLP-like shape: X[256,k] times W^T with 16-bit operands. */
     run_case_in(false, true, 32, 255, 127, adt, bdt, cdt, 0, 0.0f, &r);
@@ -399,7 +411,10 @@ START_TEST(t_blocks)
         run_case_in(false, true, 37, 900, 300, GPU_FP32, GPU_FP16, -1, 2, 0.0f, &rng);
         run_case_in(true, false, 45, 900, 300, GPU_BF16, GPU_BF16, -1, 0, 1.0f, &rng);
         run_case_in(false, true, 41, 900, 300, GPU_FP32, GPU_BF16, GPU_BF16, 0, 0.0f, &rng);
-        run_case_in(true, true, 700, 37, 400, GPU_FP32, GPU_BF16, GPU_BF16, 3, 1.0f, &rng);
+        run_case_ex(true, true, 700, 37, 400, GPU_FP32, GPU_BF16, GPU_BF16, GPU_GEMM_ROUND_A, 3,
+                    1.0f, &rng);
+        run_case_ex(false, true, 45, 900, 300, GPU_FP16, GPU_FP32, GPU_FP16, GPU_GEMM_ROUND_B,
+                    0, 0.0f, &rng);
     }
 }
 END_TEST
@@ -418,8 +433,14 @@ START_TEST(t_scratch_size)
         size_t n = gpu_gemm_scratch_floats(false, true, 3, 4, 5, GPU_FP16, 7, GPU_BF16, 6);
         ck_assert_uint_ge(n, 15 + 20);
         ck_assert_uint_le(n, 15 + 20 + 48);
-        /* an MLP's dX = dY W in fp16: dY (256 x 1024) whole, W (1024 x 1024) by blocks */
-        n = gpu_gemm_ex_scratch_floats(256, 1024, 1024, GPU_FP32, GPU_FP16, GPU_FP16);
+        /* an MLP's dX = dY W in fp16 from the fp32 master: W (1024 x 1024) by blocks; dY
+         * holds fp16 values, in place unless the library takes bf16 */
+        n = gpu_gemm_ex_scratch_floats(256, 1024, 1024, GPU_FP32, GPU_FP32, GPU_FP16,
+                                       GPU_GEMM_ROUND_B);
+        ck_assert_uint_le(n, ((size_t)1 << 18) + 48);
+        /* its forward, X (fp16, 256 x 1024) whole and the master by blocks */
+        n = gpu_gemm_ex_scratch_floats(256, 1024, 1024, GPU_FP16, GPU_FP32, GPU_FP16,
+                                       GPU_GEMM_ROUND_B);
         ck_assert_uint_le(n, 2 * ((size_t)1 << 18) + 48);
         ck_assert_uint_lt(n, (256 + 1024) * (size_t)1024 / 2);
         /* a GPT's fc projection: X (2048 x 1024) and W (1024 x 256), both fp16 */
@@ -523,11 +544,12 @@ static void inf_case(gpu_dtype dt, bool in_b, bool ta, bool tb, float bad, bool 
     float C[17 * 31], scratch[17 * 66 + 65 * 31 + 64];
     ck_assert_uint_le(gpu_gemm_scratch_floats(ta, tb, M, N, K, a.dt, a.ld, b.dt, b.ld),
                       sizeof scratch / sizeof scratch[0]);
-    ck_assert_uint_le(gpu_gemm_ex_scratch_floats(M, N, K, a.dt, b.dt, dt),
+    unsigned round = GPU_GEMM_ROUND_A | GPU_GEMM_ROUND_B;
+    ck_assert_uint_le(gpu_gemm_ex_scratch_floats(M, N, K, a.dt, b.dt, dt, round),
                       sizeof scratch / sizeof scratch[0]);
-    if (ex) /* the fp32 operand taken in dt */
+    if (ex) /* the fp32 operand rounded to dt */
         ck_assert_int_eq(gpu_gemm_ex(ta, tb, M, N, K, a.store, a.dt, a.ld, b.store, b.dt, b.ld,
-                                     dt, 0.0f, C, N, scratch), 0);
+                                     dt, round, 0.0f, C, N, scratch), 0);
     else
         ck_assert_int_eq(gpu_gemm(ta, tb, M, N, K, a.store, a.dt, a.ld, b.store, b.dt, b.ld,
                                   0.0f, C, N, scratch), 0);

@@ -89,7 +89,8 @@ START_TEST(test_fashion_mnist)
     ck_assert_msg(tail < 0.5 * head, "loss fell only from %.3f to %.3f", head, tail);
     ck_assert_msg(ev.accuracy > 0.78, "test accuracy %.3f", ev.accuracy);
     ck_assert(m.mem.master == 4 * gpu_trainer_params(t));
-    ck_assert(m.mem.weights == 2 * gpu_trainer_params(t));
+    /* the MLP's GEMMs round the master as they read it: no 16-bit copy of the weights */
+    ck_assert(m.mem.weights == 0);
     gpu_trainer_free(t);
 }
 END_TEST
