@@ -354,6 +354,12 @@ void api_h_system(api_req *q, api_resp *r)
     api_buf_json_str(b, jansson_version_str());
     api_buf_puts(b, ",\"blas\":");
     api_buf_json_str(b, s->blas_info);
+    api_buf_puts(b, "},\"gemm\":{\"fp32\":");
+    api_buf_json_str(b, gpu_gemm_info(GPU_FP32));
+    api_buf_puts(b, ",\"fp16\":");
+    api_buf_json_str(b, gpu_gemm_info(GPU_FP16));
+    api_buf_puts(b, ",\"bf16\":");
+    api_buf_json_str(b, gpu_gemm_info(GPU_BF16));
     api_buf_puts(b, "},\"autocast\":");
     api_buf_puts(b, acs ? acs : "null");
     free(acs);

@@ -352,10 +352,11 @@ static void record_time(run_state *s, double ms)
 static void emit_start(const gpu_job_config *c, gpu_trainer *t)
 {
     json_t *spec = api_spec_to_json(c);
-    emit(json_pack("{s:s, s:s, s:I, s:s, s:s, s:s, s:o}", "type", "start", "name", c->name,
-                   "params", (json_int_t)gpu_trainer_params(t), "device",
-                   gpu_trainer_device(t), "blas", gpu_blas_info(), "convert", gpu_cvt_impl(),
-                   "spec", spec ? spec : json_null()));
+    emit(json_pack("{s:s, s:s, s:I, s:s, s:s, s:s, s:s, s:o}", "type", "start", "name",
+                   c->name, "params", (json_int_t)gpu_trainer_params(t), "device",
+                   gpu_trainer_device(t), "blas", gpu_blas_info(), "gemm",
+                   gpu_gemm_info(c->dtype), "convert", gpu_cvt_impl(), "spec",
+                   spec ? spec : json_null()));
 }
 
 /* Drop the checkpoint of step in the checkpoint directory: delete it (unless --no-delete)

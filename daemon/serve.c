@@ -679,6 +679,8 @@ int daemon_serve_main(int argc, char **argv)
     log_info("ampd %s serving %s (db %s, data dir %s, blas %s, device: %s, max running %d%s)",
              PACKAGE_VERSION, url, a.db, a.data_dir, gpu_blas_info(), why, a.max_running,
              a.token[0] ? ", token required" : "");
+    log_info("gemm: fp32 %s; fp16 %s; bf16 %s", gpu_gemm_info(GPU_FP32),
+             gpu_gemm_info(GPU_FP16), gpu_gemm_info(GPU_BF16));
     if (a.web_root[0])
         log_info("dashboard: %s/ (files from %s)", url, a.web_root);
     else
