@@ -28,6 +28,11 @@
 #include "gpu/gpu_int.h"
 #include "gpu/mlp.h"
 
+/* Passes over fewer elements than this stay on one thread. */
+#define PAR_MIN ((size_t)1 << 15)
+/* Columns of the bias gradient summed by one thread at a time. */
+#define COL_BLOCK 128
+
 static size_t align64(size_t n)
 {
     return (n + 63) & ~(size_t)63;
@@ -264,6 +269,8 @@ static int linear_fwd(const gpu_mlp *m, const gpu_mlp_weights *w, int l, uint8_t
     gpu_cvt_to_f32(bias32, bias, wdt, (size_t)out);
     if (wdt == GPU_FP32)
         gpu_round_n(bias32, bias32, (size_t)out, m->lin_dt);
+    /* rows are independent; the diagnostics account them in order, on one thread */
+#pragma omp parallel for if (!diag && (size_t)B * out >= PAR_MIN) schedule(static)
     for (int i = 0; i < B; i++)
         epilogue_row(m, l, i, out32 + (size_t)i * out, bias32, acts, diag, slot);
     return 0;
@@ -338,32 +345,45 @@ static void ce_backward(const gpu_mlp *m, const float *probs, const int *y, int 
     gpu_round_n(dz, dz, (size_t)B * C, m->lin_dt);
 }
 
-/* dZ of layer l-1 from dX of layer l, row by row: through the activation in act_dt, then
- * the cast back to lin_dt. The activation's input z is read from acts (GELU) or recovered
- * from its ReLU output x_l, which equals z where z > 0. */
-static void act_backward(const gpu_mlp *m, int l, const uint8_t *acts, int B, float *dx, float *tmp)
+/* One row of dZ of layer l-1 from dX of layer l: through the activation in act_dt, then
+ * the cast back to lin_dt, in pieces of ROW_PIECE that convert the saved input on the
+ * stack. */
+#define ROW_PIECE 256
+static void act_backward_row(const gpu_mlp *m, int l, const uint8_t *acts, int i, float *dx)
 {
     int n = m->width[l];
     size_t es = gpu_dtype_size(m->lin_dt);
-    for (int i = 0; i < B; i++) {
-        float *d = dx + (size_t)i * n;
-        size_t at = (size_t)i * n * es;
-        gpu_round_n(d, d, (size_t)n, m->act_dt);
+    float *d = dx + (size_t)i * n, tmp[ROW_PIECE];
+    gpu_round_n(d, d, (size_t)n, m->act_dt);
+    for (int j0 = 0; j0 < n; j0 += ROW_PIECE) {
+        int len = n - j0 < ROW_PIECE ? n - j0 : ROW_PIECE;
+        size_t at = ((size_t)i * n + (size_t)j0) * es;
         if (m->act == GPU_ACT_RELU) {
             const float *x = (const float *)(acts + m->x_off[l] + at);
             if (m->lin_dt != GPU_FP32) {
-                gpu_cvt_to_f32(tmp, acts + m->x_off[l] + at, m->lin_dt, (size_t)n);
+                gpu_cvt_to_f32(tmp, acts + m->x_off[l] + at, m->lin_dt, (size_t)len);
                 x = tmp;
             }
-            relu_mask_row(d, x, n);
+            relu_mask_row(d + j0, x, len);
         } else {
-            gpu_cvt_to_f32(tmp, acts + m->z_off[l - 1] + at, m->lin_dt, (size_t)n);
-            for (int j = 0; j < n; j++)
-                d[j] *= gelu_grad(tmp[j]);
-            gpu_round_n(d, d, (size_t)n, m->act_dt);
+            gpu_cvt_to_f32(tmp, acts + m->z_off[l - 1] + at, m->lin_dt, (size_t)len);
+            for (int j = 0; j < len; j++)
+                d[j0 + j] *= gelu_grad(tmp[j]);
         }
-        gpu_round_n(d, d, (size_t)n, m->lin_dt);
     }
+    if (m->act != GPU_ACT_RELU)
+        gpu_round_n(d, d, (size_t)n, m->act_dt);
+    gpu_round_n(d, d, (size_t)n, m->lin_dt);
+}
+
+/* dZ of layer l-1 from dX of layer l, row by row on every core. The activation's input z
+ * is read from acts (GELU) or recovered from its ReLU output x_l, which equals z where
+ * z > 0. */
+static void act_backward(const gpu_mlp *m, int l, const uint8_t *acts, int B, float *dx)
+{
+#pragma omp parallel for if ((size_t)B * m->width[l] >= PAR_MIN) schedule(static)
+    for (int i = 0; i < B; i++)
+        act_backward_row(m, l, acts, i, dx);
 }
 
 /* Diagnostics of underflow that cascades. A unit of linear l that some row uses (its ReLU
@@ -476,9 +496,15 @@ static int64_t starve_extra(const starve_state *st, const float *g, int out, int
 static void bias_grad(const float *dz, int B, int out, gpu_dtype dt, float *db, gpu_diag *diag,
                       int slot, const starve_state *st)
 {
-    memset(db, 0, sizeof(float) * (size_t)out);
-    for (int i = 0; i < B; i++)
-        col_sum(db, dz + (size_t)i * out, out);
+    /* column blocks on every core; each column is summed over the rows in order */
+    int blocks = (out + COL_BLOCK - 1) / COL_BLOCK;
+#pragma omp parallel for if ((size_t)B * out >= PAR_MIN) schedule(static)
+    for (int c = 0; c < blocks; c++) {
+        int j0 = c * COL_BLOCK, len = out - j0 < COL_BLOCK ? out - j0 : COL_BLOCK;
+        memset(db + j0, 0, sizeof(float) * (size_t)len);
+        for (int i = 0; i < B; i++)
+            col_sum(db + j0, dz + (size_t)i * out + j0, len);
+    }
     if (st)
         gpu_diag_starved(diag, slot, 0, starve_extra(st, db, out, 1));
     gpu_diag_round_grad(diag, slot, true, db, (size_t)out, dt);
@@ -530,7 +556,7 @@ int gpu_mlp_backward(const gpu_mlp *m, const gpu_mlp_weights *w, const int *y, i
         if (rc)
             return rc;
         gpu_diag_round_grad(diag, ds, false, dx, (size_t)B * in, m->lin_dt);
-        act_backward(m, l, acts, B, dx, tmp);
+        act_backward(m, l, acts, B, dx);
         float *t = dz;
         dz = dx;
         dx = t;
