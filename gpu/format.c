@@ -17,13 +17,21 @@
  * Invariants: every path is bit-identical to the scalar functions for every input
  * (tests/check_format.c checks all 16-bit patterns and millions of random 32-bit ones).
  *
- * Threads: all functions are thread-safe. The CPU features are read once (pthread_once); the
- * conversion path is one atomic pointer, chosen at first use or by gpu_cvt_force().
+ * Threads: all functions are thread-safe. A bulk conversion of PAR_MIN elements or more runs
+ * on the OpenMP team (omp_get_max_threads, which the engine sets), in blocks of PAR_BLOCK
+ * elements, unless the caller is in an active parallel region already; each element's
+ * result depends on that element alone, so it is the same with any number of threads. The
+ * CPU features are read once (pthread_once); the conversion path is one atomic pointer,
+ * chosen at first use or by gpu_cvt_force(), and read once per call.
  */
 #include <float.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "gpu/gpu_int.h"
 
@@ -724,38 +732,119 @@ int gpu_cvt_force(const char *impl)
 
 /* ---- bulk entry points (dst and src borrowed, n elements each) -------------------------- */
 
+#define PAR_MIN (1 << 15)    /* fewer elements than this: no parallel region */
+#define PAR_BLOCK (1 << 14)  /* elements per work item: a multiple of 64 */
+
+typedef enum {
+    OP_F32_F16, OP_F16_F32, OP_F32_BF16, OP_BF16_F32, OP_ROUND_F16, OP_ROUND_BF16
+} cvt_op;
+
+/* Elements [off, off + n) of dst and src through path p's op. */
+static void cvt_block(const cvt_impl *p, cvt_op op, void *dst, const void *src, size_t off,
+                      size_t n)
+{
+    switch (op) {
+    case OP_F32_F16:
+        p->f32_f16((uint16_t *)dst + off, (const float *)src + off, n);
+        return;
+    case OP_F16_F32:
+        p->f16_f32((float *)dst + off, (const uint16_t *)src + off, n);
+        return;
+    case OP_F32_BF16:
+        p->f32_bf16((uint16_t *)dst + off, (const float *)src + off, n);
+        return;
+    case OP_BF16_F32:
+        p->bf16_f32((float *)dst + off, (const uint16_t *)src + off, n);
+        return;
+    case OP_ROUND_F16:
+        p->round_f16((float *)dst + off, (const float *)src + off, n);
+        return;
+    case OP_ROUND_BF16:
+        p->round_bf16((float *)dst + off, (const float *)src + off, n);
+        return;
+    }
+}
+
+/* Whether n elements are worth a parallel region: enough of them, more than one thread, and
+ * the caller not in an active region already (then it runs on the caller's thread). */
+static bool par_worth(size_t n)
+{
+#ifdef _OPENMP
+    return n >= PAR_MIN && omp_get_max_threads() > 1 && !omp_in_parallel();
+#else
+    (void)n;
+    return false;
+#endif
+}
+
+/* op over n elements on the path in use, in blocks on the OpenMP team when n is large. */
+static void cvt_run(cvt_op op, void *dst, const void *src, size_t n)
+{
+    const cvt_impl *p = impl_get();
+
+    if (!par_worth(n)) {
+        cvt_block(p, op, dst, src, 0, n);
+        return;
+    }
+    size_t nblocks = (n + PAR_BLOCK - 1) / PAR_BLOCK;
+#pragma omp parallel for schedule(static)
+    for (size_t b = 0; b < nblocks; b++) {
+        size_t off = b * PAR_BLOCK;
+        cvt_block(p, op, dst, src, off, n - off < PAR_BLOCK ? n - off : PAR_BLOCK);
+    }
+}
+
+/* Copies n floats from src to dst (memmove when the ranges overlap), in blocks on the OpenMP
+ * team when n is large. */
+static void copy_run(float *dst, const float *src, size_t n)
+{
+    uintptr_t d = (uintptr_t)dst, s = (uintptr_t)src, bytes = n * sizeof(float);
+
+    if (n == 0 || dst == src)
+        return;
+    if (!par_worth(n) || (d < s + bytes && s < d + bytes)) {
+        memmove(dst, src, bytes);
+        return;
+    }
+    size_t nblocks = (n + PAR_BLOCK - 1) / PAR_BLOCK;
+#pragma omp parallel for schedule(static)
+    for (size_t b = 0; b < nblocks; b++) {
+        size_t off = b * PAR_BLOCK;
+        memcpy(dst + off, src + off, (n - off < PAR_BLOCK ? n - off : PAR_BLOCK) * sizeof(float));
+    }
+}
+
 void gpu_cvt_f32_f16(uint16_t *dst, const float *src, size_t n)
 {
-    impl_get()->f32_f16(dst, src, n);
+    cvt_run(OP_F32_F16, dst, src, n);
 }
 
 void gpu_cvt_f16_f32(float *dst, const uint16_t *src, size_t n)
 {
-    impl_get()->f16_f32(dst, src, n);
+    cvt_run(OP_F16_F32, dst, src, n);
 }
 
 void gpu_cvt_f32_bf16(uint16_t *dst, const float *src, size_t n)
 {
-    impl_get()->f32_bf16(dst, src, n);
+    cvt_run(OP_F32_BF16, dst, src, n);
 }
 
 void gpu_cvt_bf16_f32(float *dst, const uint16_t *src, size_t n)
 {
-    impl_get()->bf16_f32(dst, src, n);
+    cvt_run(OP_BF16_F32, dst, src, n);
 }
 
 void gpu_round_n(float *dst, const float *src, size_t n, gpu_dtype dt)
 {
     switch (dt) {
     case GPU_FP16:
-        impl_get()->round_f16(dst, src, n);
+        cvt_run(OP_ROUND_F16, dst, src, n);
         return;
     case GPU_BF16:
-        impl_get()->round_bf16(dst, src, n);
+        cvt_run(OP_ROUND_BF16, dst, src, n);
         return;
     case GPU_FP32:
-        if (dst != src && n > 0)
-            memmove(dst, src, n * sizeof(*dst));
+        copy_run(dst, src, n);
         return;
     }
 }
@@ -770,8 +859,7 @@ void gpu_cvt_to_f32(float *dst, const void *src, gpu_dtype sdt, size_t n)
         gpu_cvt_bf16_f32(dst, src, n);
         return;
     case GPU_FP32:
-        if ((const void *)dst != src && n > 0)
-            memmove(dst, src, n * sizeof(*dst));
+        copy_run(dst, src, n);
         return;
     }
 }
@@ -786,8 +874,7 @@ void gpu_cvt_from_f32(void *dst, gpu_dtype ddt, const float *src, size_t n)
         gpu_cvt_f32_bf16(dst, src, n);
         return;
     case GPU_FP32:
-        if (dst != (const void *)src && n > 0)
-            memmove(dst, src, n * sizeof(*src));
+        copy_run(dst, src, n);
         return;
     }
 }

@@ -17,12 +17,16 @@
  * first use; GCC does not vectorise them at -O2) and a portable path (built for FMA hardware
  * as well, picked at load time) that perform the same IEEE operations in the same order, so
  * all give bit-identical results. Parameters are processed in chunks of CHUNK elements so
- * that the low-precision working copy is written while the chunk is still in cache.
+ * that the low-precision working copy is written while the chunk is still in cache; with
+ * PAR_MIN elements or more the chunks are shared out among the OpenMP team. Every element's
+ * result depends on that element alone, so it is the same with any number of threads.
  *
  * Invariants: after gpu_optim_update with work != NULL, work[i] is the round-to-nearest-even
  * image of p[i] in wdt (bit-identical to gpu_f32_to_f16 / gpu_f32_to_bf16).
- * Threads: the only shared state is the kernel path choice (an atomic); calls on distinct
- * buffers may run concurrently.
+ * Threads: an update of PAR_MIN elements or more runs on the OpenMP team (omp_get_max_threads,
+ * which the engine sets; none is started inside an active parallel region). The only shared
+ * state is the kernel path choice (an atomic, read once per call); calls on distinct buffers
+ * may run concurrently.
  */
 #include <float.h>
 #include <math.h>
@@ -36,9 +40,14 @@
 #define OPTIM_HAVE_X86 0
 #endif
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "gpu/gpu_int.h"
 
-#define CHUNK 1024
+#define CHUNK 1024          /* elements per kernel call: a multiple of 64 */
+#define PAR_MIN (1 << 15)   /* fewer elements than this: no parallel region */
 
 void gpu_optim_defaults(gpu_optim_config *c)
 {
@@ -286,6 +295,18 @@ int gpu_optim_force(const char *impl)
     return gpu_impl_force(&optim_impl_id, impl);
 }
 
+/* Whether an update of n elements is worth a parallel region: n is large, there is more
+ * than one thread, and the caller is not in an active region already. */
+static bool par_worth(size_t n)
+{
+#ifdef _OPENMP
+    return n >= PAR_MIN && omp_get_max_threads() > 1 && !omp_in_parallel();
+#else
+    (void)n;
+    return false;
+#endif
+}
+
 static void step_chunk(const gpu_optim_config *c, const step_consts *k, int impl, float *p,
                        const float *g, float *m, float *v, size_t n)
 {
@@ -316,6 +337,113 @@ static void store_work(void *dst, gpu_dtype wdt, size_t off, const float *src, s
         memcpy((float *)dst + off, src, n * sizeof(float));
 }
 
+/* One call's update: the chunk kernels' arguments. p is the fp32 parameters (master, or
+ * the working copy itself), w the 16-bit working copy (may be NULL). */
+typedef struct {
+    const gpu_optim_config *c;
+    step_consts k;
+    int impl;
+    float *p;
+    void *w;
+    gpu_dtype wdt;
+    const float *g;
+    float *m, *v;
+    size_t n;
+} update_job;
+
+static size_t chunk_count(const update_job *u)
+{
+    return (u->n + CHUNK - 1) / CHUNK;
+}
+
+static size_t chunk_len(const update_job *u, size_t off)
+{
+    return u->n - off < CHUNK ? u->n - off : CHUNK;
+}
+
+/* Chunk i of the fp32 parameters, and of the working copy when there is one. */
+static void f32_chunk(const update_job *u, size_t i)
+{
+    size_t off = i * CHUNK, len = chunk_len(u, off);
+    float *m = u->m ? u->m + off : NULL, *v = u->v ? u->v + off : NULL;
+
+    step_chunk(u->c, &u->k, u->impl, u->p + off, u->g + off, m, v, len);
+    if (u->w)
+        store_work(u->w, u->wdt, off, u->p + off, len);
+}
+
+/* Chunk i of the 16-bit parameters w (no master) updated in place through fp32; returns the
+ * number of its updates that rounded away. */
+static int64_t lowp_chunk(const update_job *u, size_t i)
+{
+    float cur[CHUNK], old[CHUNK];
+    uint16_t out[CHUNK];
+    size_t off = i * CHUNK, len = chunk_len(u, off);
+    uint16_t *w = (uint16_t *)u->w + off;
+    float *m = u->m ? u->m + off : NULL, *v = u->v ? u->v + off : NULL;
+    int64_t nlost = 0;
+
+    if (u->wdt == GPU_FP16)
+        gpu_cvt_f16_f32(cur, w, len);
+    else
+        gpu_cvt_bf16_f32(cur, w, len);
+    memcpy(old, cur, len * sizeof(float));
+    step_chunk(u->c, &u->k, u->impl, cur, u->g + off, m, v, len);
+    if (u->wdt == GPU_FP16)
+        gpu_cvt_f32_f16(out, cur, len);
+    else
+        gpu_cvt_f32_bf16(out, cur, len);
+    for (size_t j = 0; j < len; j++)
+        nlost += (cur[j] != old[j]) & (out[j] == w[j]);
+    memcpy(w, out, len * sizeof(uint16_t));
+    return nlost;
+}
+
+/* Every chunk of an update with fp32 parameters, on the OpenMP team when it is large. */
+static void run_f32(const update_job *u)
+{
+    size_t nchunks = chunk_count(u);
+
+    if (!par_worth(u->n)) {
+        for (size_t i = 0; i < nchunks; i++)
+            f32_chunk(u, i);
+        return;
+    }
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < nchunks; i++)
+        f32_chunk(u, i);
+}
+
+/* Every chunk of an update of 16-bit parameters; the number of updates that rounded away. */
+static int64_t run_lowp(const update_job *u)
+{
+    size_t nchunks = chunk_count(u);
+    int64_t nlost = 0;
+
+    if (!par_worth(u->n)) {
+        for (size_t i = 0; i < nchunks; i++)
+            nlost += lowp_chunk(u, i);
+        return nlost;
+    }
+#pragma omp parallel for schedule(static) reduction(+ : nlost)
+    for (size_t i = 0; i < nchunks; i++)
+        nlost += lowp_chunk(u, i);
+    return nlost;
+}
+
+static void job_init(update_job *u, const gpu_optim_config *c, double lr, int64_t t,
+                     float gmul, const float *g, float *m, float *v, size_t n)
+{
+    memset(u, 0, sizeof(*u));
+    u->c = c;
+    consts_init(&u->k, c, lr, t, gmul);
+    u->impl = gpu_impl_pick(&optim_impl_id);
+    u->g = g;
+    u->m = m;
+    u->v = v;
+    u->n = n;
+}
+
 /* See gpu.h. All pointers are borrowed; m is the AdamW first moment or the SGD momentum
  * buffer (may be NULL for SGD with momentum 0), v the AdamW second moment (NULL for SGD).
  * p, g, m, v and work must not overlap. */
@@ -323,17 +451,13 @@ void gpu_optim_update(const gpu_optim_config *c, double lr, int64_t t, float gmu
                       float *p, const float *g, float *m, float *v, size_t n,
                       void *work, gpu_dtype wdt)
 {
-    step_consts k;
-    int impl = gpu_impl_pick(&optim_impl_id);
+    update_job u;
 
-    consts_init(&k, c, lr, t, gmul);
-    for (size_t off = 0; off < n; off += CHUNK) {
-        size_t len = n - off < CHUNK ? n - off : CHUNK;
-        step_chunk(c, &k, impl, p + off, g + off, m ? m + off : NULL, v ? v + off : NULL,
-                   len);
-        if (work)
-            store_work(work, wdt, off, p + off, len);
-    }
+    job_init(&u, c, lr, t, gmul, g, m, v, n);
+    u.p = p;
+    u.w = work;
+    u.wdt = wdt;
+    run_f32(&u);
 }
 
 /* See gpu.h. w holds n elements of wdt (uint16_t for fp16/bf16, float for fp32), updated in
@@ -345,40 +469,17 @@ void gpu_optim_update_lowp(const gpu_optim_config *c, double lr, int64_t t, floa
                            void *w, gpu_dtype wdt, const float *g, float *m, float *v,
                            size_t n, int64_t *lost)
 {
-    step_consts k;
+    update_job u;
     int64_t nlost = 0;
-    int impl = gpu_impl_pick(&optim_impl_id);
 
-    consts_init(&k, c, lr, t, gmul);
+    job_init(&u, c, lr, t, gmul, g, m, v, n);
+    u.wdt = wdt;
     if (wdt == GPU_FP32) {
-        for (size_t off = 0; off < n; off += CHUNK) {
-            size_t len = n - off < CHUNK ? n - off : CHUNK;
-            step_chunk(c, &k, impl, (float *)w + off, g + off, m ? m + off : NULL,
-                       v ? v + off : NULL, len);
-        }
-        if (lost)
-            *lost = 0;
-        return;
-    }
-
-    float cur[CHUNK], old[CHUNK];
-    uint16_t out[CHUNK];
-    uint16_t *w16 = w;
-    for (size_t off = 0; off < n; off += CHUNK) {
-        size_t len = n - off < CHUNK ? n - off : CHUNK;
-        if (wdt == GPU_FP16)
-            gpu_cvt_f16_f32(cur, w16 + off, len);
-        else
-            gpu_cvt_bf16_f32(cur, w16 + off, len);
-        memcpy(old, cur, len * sizeof(float));
-        step_chunk(c, &k, impl, cur, g + off, m ? m + off : NULL, v ? v + off : NULL, len);
-        if (wdt == GPU_FP16)
-            gpu_cvt_f32_f16(out, cur, len);
-        else
-            gpu_cvt_f32_bf16(out, cur, len);
-        for (size_t i = 0; i < len; i++)
-            nlost += (cur[i] != old[i]) & (out[i] == w16[off + i]);
-        memcpy(w16 + off, out, len * sizeof(uint16_t));
+        u.p = w;
+        run_f32(&u);
+    } else {
+        u.w = w;
+        nlost = run_lowp(&u);
     }
     if (lost)
         *lost = nlost;

@@ -9,17 +9,23 @@
  * DeepSpeed/Megatron hysteresis, a floor (min_scale) that fails the job after floor_patience
  * overflowing steps in a row, and a ceiling (max_scale).
  *
- * gpu_unscale has an AVX-512 path (chosen from CPUID at first use) and a portable path. Both
- * accumulate the sum of squares in the same order (16 double lanes, element i of a tensor
- * going to lane i % 16, the lanes carried across tensors and added 0..15 at the end), so
- * the two paths give bit-identical results, sumsq included.
+ * gpu_unscale has an AVX-512 path (chosen from CPUID at first use) and a portable path. The
+ * pass cuts each tensor into chunks of UCHUNK elements (an empty tensor is one empty chunk)
+ * that the OpenMP team shares out; each chunk gives partial stats and a partial sum of squares
+ * (16 double lanes from zero, the chunk's element i going to lane i % 16, the lanes added
+ * 0..15), and the partials are combined in tensor and chunk order on the calling thread.
+ * The chunks do not depend on the number of threads, and both paths accumulate in the same
+ * order, so every result (sumsq included) is the same bits with any number of threads and on
+ * either path.
  *
  * The update itself is gpu/scaler_rule.h's gpu_scaler_rule, shared with the CUDA step.
  *
  * Invariants: a state initialised by gpu_scaler_init and driven by gpu_scaler_update keeps
  * min_scale <= scale <= max(init_scale, max_scale) in dynamic mode.
- * Threads: state objects are per trainer (one thread); the unscale path choice is a
- * process-wide atomic, gpu_unscale is safe to call from any thread on distinct buffers.
+ * Threads: state objects are per trainer (one thread). gpu_unscale runs on the OpenMP team
+ * (omp_get_max_threads, which the engine sets) when there are PAR_MIN elements or more and
+ * the caller is not in an active parallel region; its path choice is a process-wide atomic,
+ * and it is safe to call from any thread on distinct buffers.
  */
 #include <float.h>
 #include <math.h>
@@ -31,6 +37,10 @@
 #define SCALER_HAVE_X86 1
 #else
 #define SCALER_HAVE_X86 0
+#endif
+
+#ifdef _OPENMP
+#include <omp.h>
 #endif
 
 #include "gpu/gpu_int.h"
@@ -112,11 +122,24 @@ int gpu_scaler_update(gpu_scaler_state *s, const gpu_scaler_config *c, bool foun
 /* ---- the fused unscale pass ---------------------------------------------------------- */
 
 #define LANES 16
+#define UCHUNK 32768        /* elements of a tensor per work item: a multiple of 64 */
+#define UBATCH 64           /* work items per parallel region */
+#define PAR_MIN (1 << 15)   /* fewer elements than this in a batch: no parallel region */
 
+/* One chunk's partial results. */
 typedef struct {
     float amax, amax_scaled;
     int64_t nonfinite, zeros;
-} tensor_acc;
+    double sumsq;           /* the chunk's 16 lanes added 0..15 */
+} chunk_acc;
+
+static double lanes_sum(const double *lane)
+{
+    double s = 0.0;
+    for (int l = 0; l < LANES; l++)
+        s += lane[l];
+    return s;
+}
 
 /*
  * Portable path. For each element x (the scaled gradient):
@@ -126,9 +149,10 @@ typedef struct {
  * The max is written as (a > m ? a : m) to match the AVX-512 VMAXPS operand order, so a NaN
  * y (only possible when inv is not finite) never replaces the running maximum.
  */
-static void unscale_portable(float *g, size_t n, float inv, double *lane, tensor_acc *t)
+static void unscale_portable(float *g, size_t n, float inv, chunk_acc *t)
 {
     const bool mul = inv != 1.0f;
+    double lane[LANES] = {0};
     float amax = 0.0f, amax_s = 0.0f;
     int64_t nonfinite = 0, zeros = 0;
 
@@ -152,6 +176,7 @@ static void unscale_portable(float *g, size_t n, float inv, double *lane, tensor
     t->amax_scaled = amax_s;
     t->nonfinite = nonfinite;
     t->zeros = zeros;
+    t->sumsq = lanes_sum(lane);
 }
 
 #if SCALER_HAVE_X86
@@ -159,14 +184,15 @@ static void unscale_portable(float *g, size_t n, float inv, double *lane, tensor
  * of the two 8-wide double accumulators is lane k of the portable path, and the product
  * (double)y * y is exact, so the FMA gives the same sums as the portable add. */
 __attribute__((target("avx512f"))) static void
-unscale_avx512(float *g, size_t n, float inv, double *lane, tensor_acc *t)
+unscale_avx512(float *g, size_t n, float inv, chunk_acc *t)
 {
     const bool mul = inv != 1.0f;
     const __m512 vinv = _mm512_set1_ps(inv);
     const __m512 vmax = _mm512_set1_ps(FLT_MAX);
     const __m512 zero = _mm512_setzero_ps();
     __m512 amax = zero, amax_s = zero;
-    __m512d acc_lo = _mm512_loadu_pd(lane), acc_hi = _mm512_loadu_pd(lane + 8);
+    __m512d acc_lo = _mm512_setzero_pd(), acc_hi = _mm512_setzero_pd();
+    double lane[LANES];
     int64_t nonfinite = 0, zeros = 0;
 
     for (size_t i = 0; i < n; i += LANES) {
@@ -198,6 +224,7 @@ unscale_avx512(float *g, size_t n, float inv, double *lane, tensor_acc *t)
     t->amax_scaled = _mm512_reduce_max_ps(amax_s);
     t->nonfinite = nonfinite;
     t->zeros = zeros;
+    t->sumsq = lanes_sum(lane);
 }
 #endif
 
@@ -214,6 +241,98 @@ int gpu_unscale_force(const char *impl)
     return gpu_impl_force(&unscale_impl_id, impl);
 }
 
+/* A work item: n elements of tensor `tensor` from g (the tensor's start when first). */
+typedef struct {
+    float *g;
+    size_t n;
+    int tensor;
+    bool first;
+} chunk_item;
+
+/* Walks the tensors chunk by chunk: the next chunk is element pos of tensor k. */
+typedef struct {
+    float *g;
+    const size_t *offsets, *counts;
+    int ntensors, k;
+    size_t pos;
+} chunk_cursor;
+
+/* Fills items with the next chunks (at most UBATCH, each tensor's in order, one empty chunk
+ * for an empty tensor); returns their number, their elements in *elems. */
+static int next_chunks(chunk_cursor *c, chunk_item *items, size_t *elems)
+{
+    int n = 0;
+
+    *elems = 0;
+    while (n < UBATCH && c->k < c->ntensors) {
+        size_t count = c->counts[c->k], left = count - c->pos;
+        size_t len = left < UCHUNK ? left : UCHUNK;
+        items[n++] = (chunk_item){c->g + c->offsets[c->k] + c->pos, len, c->k, c->pos == 0};
+        *elems += len;
+        c->pos += len;
+        if (c->pos >= count) {
+            c->k++;
+            c->pos = 0;
+        }
+    }
+    return n;
+}
+
+/* Whether elems elements are worth a parallel region: enough of them, more than one thread,
+ * and the caller not in an active region already. */
+static bool par_worth(size_t elems)
+{
+#ifdef _OPENMP
+    return elems >= PAR_MIN && omp_get_max_threads() > 1 && !omp_in_parallel();
+#else
+    (void)elems;
+    return false;
+#endif
+}
+
+/* Item i on path impl into acc[i]. */
+static void run_chunk(const chunk_item *items, int i, float inv, int impl, chunk_acc *acc)
+{
+#if SCALER_HAVE_X86
+    if (impl == GPU_IMPL_AVX512) {
+        unscale_avx512(items[i].g, items[i].n, inv, &acc[i]);
+        return;
+    }
+#endif
+    (void)impl;
+    unscale_portable(items[i].g, items[i].n, inv, &acc[i]);
+}
+
+/* Runs the n items (elems elements) into acc[0..n), on the OpenMP team when they are many. */
+static void run_chunks(const chunk_item *items, int n, size_t elems, float inv, int impl,
+                       chunk_acc *acc)
+{
+    if (!par_worth(elems)) {
+        for (int i = 0; i < n; i++)
+            run_chunk(items, i, inv, impl, acc);
+        return;
+    }
+#pragma omp parallel for schedule(dynamic)
+    for (int i = 0; i < n; i++)
+        run_chunk(items, i, inv, impl, acc);
+}
+
+/* Adds a chunk's partial stats to its tensor's s (which the tensor's first chunk sets). */
+static void stat_merge(gpu_grad_stat *s, const chunk_acc *a, bool first)
+{
+    if (first) {
+        s->amax = a->amax;
+        s->amax_scaled = a->amax_scaled;
+        s->nonfinite = a->nonfinite;
+        s->zeros = a->zeros;
+        return;
+    }
+    s->amax = a->amax > s->amax ? a->amax : s->amax;
+    s->amax_scaled = a->amax_scaled > s->amax_scaled ? a->amax_scaled : s->amax_scaled;
+    s->nonfinite += a->nonfinite;
+    s->zeros += a->zeros;
+}
+
 /* See gpu.h. g, offsets and counts are borrowed (g modified in place); stats, found_inf and
  * sumsq are out-pointers (each may be NULL). *found_inf receives true or false (it is
  * assigned, not OR-ed). A gradient whose scaled value is finite but whose unscaled value
@@ -221,31 +340,24 @@ int gpu_unscale_force(const char *impl)
 void gpu_unscale(float *g, const size_t *offsets, const size_t *counts, int ntensors,
                  float inv, gpu_grad_stat *stats, bool *found_inf, double *sumsq)
 {
-    double lane[LANES] = {0};
+    chunk_cursor cur = {g, offsets, counts, ntensors, 0, 0};
+    chunk_item items[UBATCH];
+    chunk_acc acc[UBATCH];
+    double total = 0.0;
     bool any = false;
     int impl = gpu_impl_pick(&unscale_impl_id);
+    size_t elems;
+    int n;
 
-    for (int k = 0; k < ntensors; k++) {
-        tensor_acc t;
-        float *p = g + offsets[k];
-#if SCALER_HAVE_X86
-        if (impl == GPU_IMPL_AVX512)
-            unscale_avx512(p, counts[k], inv, lane, &t);
-        else
-#endif
-            unscale_portable(p, counts[k], inv, lane, &t);
-        (void)impl;
-        any |= t.nonfinite > 0;
-        if (stats) {
-            stats[k].amax = t.amax;
-            stats[k].amax_scaled = t.amax_scaled;
-            stats[k].nonfinite = t.nonfinite;
-            stats[k].zeros = t.zeros;
+    while ((n = next_chunks(&cur, items, &elems)) > 0) {
+        run_chunks(items, n, elems, inv, impl, acc);
+        for (int i = 0; i < n; i++) {
+            total += acc[i].sumsq;
+            any |= acc[i].nonfinite > 0;
+            if (stats)
+                stat_merge(&stats[items[i].tensor], &acc[i], items[i].first);
         }
     }
-    double total = 0.0;
-    for (int l = 0; l < LANES; l++)
-        total += lane[l];
     if (found_inf)
         *found_inf = any;
     if (sumsq)

@@ -7,9 +7,11 @@
  * fp64 nearest-value search on millions of random inputs; every vector path (avx512, f16c,
  * portable, each forced in turn, skipped with a message when the CPU lacks it) bit-identical
  * to the scalar functions for all tail lengths 0..70, misaligned buffers and a large array,
- * without writing past the end; results independent of MXCSR (FTZ/DAZ, rounding mode).
+ * without writing past the end, on 1 and on several OpenMP threads; results independent of
+ * MXCSR (FTZ/DAZ, rounding mode).
  *
- * Threads: each test runs in its own forked child; the thread test starts its own threads.
+ * Threads: each test runs in its own forked child; the thread test starts its own threads,
+ * the OpenMP test sets the OpenMP thread count of its child.
  */
 #include <check.h>
 #include <fenv.h>
@@ -22,6 +24,10 @@
 
 #if defined(__x86_64__)
 #include <xmmintrin.h>
+#endif
+
+#ifdef _OPENMP
+#include <omp.h>
 #endif
 
 #include "gpu/gpu_int.h"
@@ -585,6 +591,60 @@ START_TEST(t_path_portable)
 }
 END_TEST
 
+/* ---- the bulk conversions on any number of OpenMP threads -------------------------------- */
+
+static void set_threads(int n)
+{
+#ifdef _OPENMP
+    omp_set_num_threads(n);
+#else
+    (void)n;
+#endif
+}
+
+/* The fp32 copies of gpu_cvt_to_f32 / gpu_cvt_from_f32 / gpu_round_n on n elements, apart
+ * and overlapping (a memmove, whatever the thread count). */
+static void check_copies(bufs *b, size_t n)
+{
+    for (size_t i = 0; i < n + 1; i++)
+        b->f_in[i] = (float)i * 0.25f - 1000.0f;
+    memset(b->f_out, 0, n * 4);
+    gpu_cvt_to_f32(b->f_out, b->f_in, GPU_FP32, n);
+    ck_assert_uint_eq(first_diff32(b->f_out, b->f_in, n), n);
+    memset(b->f_out, 0, n * 4);
+    gpu_cvt_from_f32(b->f_out, GPU_FP32, b->f_in, n);
+    ck_assert_uint_eq(first_diff32(b->f_out, b->f_in, n), n);
+    memset(b->f_out, 0, n * 4);
+    gpu_round_n(b->f_out, b->f_in, n, GPU_FP32);
+    ck_assert_uint_eq(first_diff32(b->f_out, b->f_in, n), n);
+    memcpy(b->f_ref, b->f_in + 1, n * 4);
+    gpu_cvt_to_f32(b->f_in, b->f_in + 1, GPU_FP32, n);
+    ck_assert_uint_eq(first_diff32(b->f_in, b->f_ref, n), n);
+}
+
+START_TEST(t_omp_threads)
+{
+    const char *orig = gpu_cvt_impl();
+    bufs b;
+    bufs_alloc(&b, BIG);
+    for (size_t p = 0; p < NPATHS; p++) {
+        if (gpu_cvt_force(paths[p]) != 0)
+            continue;
+        for (int threads = 1; threads <= 3; threads += 2) {
+            gpu_rng r;
+            gpu_rng_seed(&r, 7);
+            set_threads(threads);
+            compare_path(paths[p], &b, BIG, 0, &r);
+            compare_path(paths[p], &b, (1u << 15) + 1, 1, &r); /* just above the threshold */
+            check_copies(&b, BIG);
+        }
+    }
+    set_threads(1);
+    bufs_free(&b);
+    ck_assert_int_eq(gpu_cvt_force(orig), 0);
+}
+END_TEST
+
 /* ---- dispatch and typed helpers ----------------------------------------------------------- */
 
 START_TEST(t_dispatch)
@@ -748,6 +808,7 @@ static Suite *format_suite(void)
     tcase_add_test(slow, t_path_avx512);
     tcase_add_test(slow, t_path_f16c);
     tcase_add_test(slow, t_path_portable);
+    tcase_add_test(slow, t_omp_threads);
     suite_add_tcase(s, slow);
     return s;
 }

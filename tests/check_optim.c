@@ -6,14 +6,20 @@
  * against double-precision reference implementations written here from PyTorch's formulas;
  * the fused working copy against the scalar conversions of format.c; the lost-update count of
  * the low-precision path against cases whose outcome is known; the schedule against its
- * closed forms.
+ * closed forms; the update on 1, 2 and 3 OpenMP threads against itself, bit for bit.
  *
- * Threads: Check forks one child per test; nothing is shared.
+ * Threads: Check forks one child per test; nothing is shared. The thread-count test sets the
+ * OpenMP thread count of its child.
  */
 #include <check.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "gpu/gpu_int.h"
 #include "tests/torchref.h"
@@ -426,6 +432,107 @@ START_TEST(test_lowp_fp32)
 }
 END_TEST
 
+/* ---- the same bits with any number of threads ------------------------------------------ */
+
+static void set_threads(int n)
+{
+#ifdef _OPENMP
+    omp_set_num_threads(n);
+#else
+    (void)n;
+#endif
+}
+
+enum { BIG = 2100037 }; /* a few million parameters: many chunks per thread, a ragged tail */
+
+typedef struct {
+    float *p, *m, *v;
+    uint16_t *w;
+    int64_t lost;
+} big_state;
+
+static void big_alloc(big_state *s)
+{
+    s->p = malloc(BIG * sizeof(float));
+    s->m = malloc(BIG * sizeof(float));
+    s->v = malloc(BIG * sizeof(float));
+    s->w = malloc(BIG * sizeof(uint16_t));
+    ck_assert(s->p && s->m && s->v && s->w);
+}
+
+static void big_free(big_state *s)
+{
+    free(s->p);
+    free(s->m);
+    free(s->v);
+    free(s->w);
+}
+
+/* Three steps of c from the same start (seeded by seed) on `threads` threads into s: with a
+ * master copy and a working copy in wdt, then, from the working copy, without master. */
+static void big_run(const gpu_optim_config *c, gpu_dtype wdt, int threads, uint64_t seed,
+                    float *g, big_state *s)
+{
+    gpu_rng r;
+    gpu_rng_seed(&r, seed);
+    fill_params(s->p, BIG, &r);
+    memset(s->m, 0, BIG * sizeof(float));
+    memset(s->v, 0, BIG * sizeof(float));
+    set_threads(threads);
+    float *v = c->type == GPU_OPT_ADAMW ? s->v : NULL;
+    for (int t = 1; t <= 3; t++) {
+        for (size_t i = 0; i < BIG; i++)
+            g[i] = gpu_rng_normal(&r) * ldexpf(1.0f, (int)(i % 11) - 8);
+        gpu_optim_update(c, 1e-3, t, 0.8f, s->p, g, s->m, v, BIG, s->w, wdt);
+    }
+    for (int t = 4; t <= 5; t++)
+        gpu_optim_update_lowp(c, 0.02, t, 0.8f, s->w, wdt, g, s->m, v, BIG, &s->lost);
+    set_threads(1);
+}
+
+static void big_same(const big_state *a, const big_state *b, const char *what)
+{
+    ck_assert_msg(memcmp(a->p, b->p, BIG * sizeof(float)) == 0, "%s: master differs", what);
+    ck_assert_msg(memcmp(a->m, b->m, BIG * sizeof(float)) == 0, "%s: m differs", what);
+    ck_assert_msg(memcmp(a->v, b->v, BIG * sizeof(float)) == 0, "%s: v differs", what);
+    ck_assert_msg(memcmp(a->w, b->w, BIG * sizeof(uint16_t)) == 0, "%s: work differs", what);
+    ck_assert_msg(a->lost == b->lost, "%s: lost %lld vs %lld", what, (long long)a->lost,
+                  (long long)b->lost);
+}
+
+START_TEST(test_threads_identical)
+{
+    if (!use_impl(impls[_i]))
+        return;
+    static const struct {
+        gpu_opt_type type;
+        gpu_dtype wdt;
+    } cases[] = {{GPU_OPT_ADAMW, GPU_BF16}, {GPU_OPT_ADAMW, GPU_FP16}, {GPU_OPT_SGD, GPU_BF16}};
+    float *g = malloc(BIG * sizeof(float));
+    big_state one, many;
+    ck_assert_ptr_nonnull(g);
+    big_alloc(&one);
+    big_alloc(&many);
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        gpu_optim_config c;
+        gpu_optim_defaults(&c);
+        c.type = cases[k].type;
+        c.weight_decay = 0.01;
+        big_run(&c, cases[k].wdt, 1, 40 + k, g, &one);
+        ck_assert_int_gt(one.lost, 0); /* the lost-update count is exercised */
+        for (int threads = 2; threads <= 3; threads++) {
+            char what[64];
+            snprintf(what, sizeof(what), "%s case %zu, %d threads", impls[_i], k, threads);
+            big_run(&c, cases[k].wdt, threads, 40 + k, g, &many);
+            big_same(&one, &many, what);
+        }
+    }
+    big_free(&one);
+    big_free(&many);
+    free(g);
+}
+END_TEST
+
 /* ---- learning-rate schedule ------------------------------------------------------------ */
 
 START_TEST(test_schedule_warmup_constant)
@@ -754,6 +861,11 @@ static Suite *optim_suite(void)
     tcase_add_test(tc, test_lowp_fp32);
     tcase_add_loop_test(tc, test_torch_optim, 0, 4);
     tcase_add_test(tc, test_torch_constants);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("threads");
+    tcase_set_timeout(tc, 60);
+    tcase_add_loop_test(tc, test_threads_identical, 0, 2);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("schedule");

@@ -2,9 +2,11 @@
  * check_scaler.c - the loss scaler: configuration checks, the per-step update against an
  * independent reference model of PyTorch's _amp_update_scale_ plus
  * DeepSpeed/Megatron hysteresis and the floor/ceiling extensions, and the fused unscale
- * pass against a long-double reference on every kernel path the CPU has.
+ * pass against a long-double reference on every kernel path the CPU has, and against itself
+ * on 1, 2 and 3 OpenMP threads (the same bits, sum of squares included).
  *
- * Threads: Check forks one child per test; nothing is shared.
+ * Threads: Check forks one child per test; nothing is shared. The thread-count test sets the
+ * OpenMP thread count of its child.
  */
 #include <check.h>
 #include <float.h>
@@ -12,6 +14,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "gpu/gpu_int.h"
 #include "tests/torchref.h"
@@ -806,6 +812,117 @@ START_TEST(test_unscale_paths_identical)
 }
 END_TEST
 
+/* ---- the same bits with any number of threads ---------------------------------------- */
+
+static void set_threads(int n)
+{
+#ifdef _OPENMP
+    omp_set_num_threads(n);
+#else
+    (void)n;
+#endif
+}
+
+enum { BIG_T = 10 };
+
+/* A few million gradients in BIG_T tensors with gaps: an empty tensor, sizes around the
+ * 32768-element chunks, and tensors long enough to span more than one parallel region. */
+static size_t big_layout(size_t *off, size_t *cnt)
+{
+    static const size_t sizes[BIG_T] = {1000, 0, 32768, 32769, 1500001, 65, 17, 999999, 1,
+                                        600000};
+    size_t at = 0;
+    for (int k = 0; k < BIG_T; k++) {
+        off[k] = at;
+        cnt[k] = sizes[k];
+        at += sizes[k] + (size_t)(k % 3);
+    }
+    return at;
+}
+
+typedef struct {
+    float *g;
+    gpu_grad_stat stats[BIG_T];
+    bool found;
+    double sumsq;
+} big_result;
+
+static void big_unscale(const float *in, size_t total, const size_t *off, const size_t *cnt,
+                        float inv, int threads, big_result *res)
+{
+    memcpy(res->g, in, total * sizeof(float));
+    set_threads(threads);
+    gpu_unscale(res->g, off, cnt, BIG_T, inv, res->stats, &res->found, &res->sumsq);
+    set_threads(1);
+}
+
+static void big_same(const big_result *a, const big_result *b, size_t total, const char *what)
+{
+    ck_assert_msg(memcmp(a->g, b->g, total * sizeof(float)) == 0, "%s: gradients", what);
+    ck_assert_msg(memcmp(a->stats, b->stats, sizeof(a->stats)) == 0, "%s: stats", what);
+    ck_assert_msg(a->found == b->found, "%s: found_inf", what);
+    ck_assert_msg(memcmp(&a->sumsq, &b->sumsq, sizeof(double)) == 0, "%s: sumsq %a vs %a",
+                  what, a->sumsq, b->sumsq);
+}
+
+/* The input of round `special`: finite values over 40 binades with zeros, or with inf/NaN
+ * and other special values sprinkled through every tensor. */
+static void big_fill(float *in, size_t total, bool special, gpu_rng *r)
+{
+    for (size_t i = 0; i < total; i++) {
+        float x = gpu_rng_normal(r) * ldexpf(1.0f, (int)(i % 40) - 20);
+        if (i % 97 == 0)
+            x = 0.0f;
+        if (special && i % 4099 == 0)
+            x = special_value(r);
+        in[i] = x;
+    }
+    if (special)
+        in[total - 1 - (size_t)BIG_T] = NAN; /* in the last tensor, past the first region */
+}
+
+START_TEST(test_unscale_threads_identical)
+{
+    const char *impl = impls[_i];
+    if (!use_impl(impl))
+        return;
+    size_t off[BIG_T], cnt[BIG_T];
+    size_t total = big_layout(off, cnt);
+    float *in = malloc(total * sizeof(float));
+    big_result one, many;
+    one.g = malloc(total * sizeof(float));
+    many.g = malloc(total * sizeof(float));
+    ck_assert(in && one.g && many.g);
+    gpu_rng r;
+    gpu_rng_seed(&r, 123);
+    static const float invs[] = {1.0f / 1024.0f, 1.0f, 3.0f};
+    for (int round = 0; round < 4; round++) {
+        bool special = round % 2 == 1;
+        float inv = invs[round % 3];
+        big_fill(in, total, special, &r);
+        big_unscale(in, total, off, cnt, inv, 1, &one);
+        ck_assert(one.found == special);
+        if (!special) {
+            long double want = 0.0L;
+            for (int k = 0; k < BIG_T; k++)
+                for (size_t i = off[k]; i < off[k] + cnt[k]; i++)
+                    want += (long double)one.g[i] * one.g[i];
+            ck_assert_msg(fabs(one.sumsq - (double)want) <= 1e-12 * (double)want,
+                          "sumsq %.17g vs %.17g", one.sumsq, (double)want);
+        }
+        for (int threads = 2; threads <= 3; threads++) {
+            char what[64];
+            snprintf(what, sizeof(what), "%s round %d, %d threads", impl, round, threads);
+            big_unscale(in, total, off, cnt, inv, threads, &many);
+            big_same(&one, &many, total, what);
+        }
+    }
+    free(in);
+    free(one.g);
+    free(many.g);
+}
+END_TEST
+
 static Suite *scaler_suite(void)
 {
     Suite *s = suite_create("scaler");
@@ -839,6 +956,11 @@ static Suite *scaler_suite(void)
     tcase_add_loop_test(tc, test_unscale_inv_one_keeps_bits, 0, 2);
     tcase_add_loop_test(tc, test_unscale_per_tensor_flags, 0, 2);
     tcase_add_test(tc, test_unscale_paths_identical);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("threads");
+    tcase_set_timeout(tc, 60);
+    tcase_add_loop_test(tc, test_unscale_threads_identical, 0, 2);
     suite_add_tcase(s, tc);
     return s;
 }
