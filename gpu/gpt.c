@@ -38,7 +38,20 @@
  * Buffers: parameters (one block, named tensors in gpu_gpt.tensor), saved activations (one
  * byte block; 16-bit tensors where the op's dtype is) and the fp32 scratch are owned by the
  * caller; this file plans their layout and fills them. No allocation per step.
- * Threads: none of its own; the GEMMs use the BLAS library's threads.
+ * Threads: the GEMMs are called from the calling thread, one after the other, and use their
+ * library's threads; every pass between them runs on the OpenMP team (its size is the ICV
+ * the engine sets from the job's threads; a pass over fewer than PAR_MIN floats stays on
+ * the calling thread). Work is shared out by independent outputs only: rows, chunks of an
+ * elementwise pass, the score rows of one sequence and head, and blocks of columns for the
+ * sums over rows (bias, layer-norm and embedding gradients), whose rows are added in order;
+ * the loss is summed in row order. So each value comes from the same arithmetic in the same
+ * order whatever the number of threads, and results are bit-identical to one thread's.
+ * Diagnostics are not thread-safe: a pass that feeds them runs on the calling thread alone.
+ * There is no per-thread scratch: a pass's temporaries are on the stack (CHUNK floats at
+ * most). Fused passes: rounding and casts are made in the pass that produces or consumes a
+ * tensor (a linear's input gradient is rounded by its consumer when there are no
+ * diagnostics), the residual adds in the projections' output rows, and the stream's
+ * gradient is rounded to lin_dt as it is summed.
  */
 #include <math.h>
 #include <stdio.h>
@@ -63,6 +76,10 @@
 
 #define LN_EPS 1e-5f
 #define CHUNK 4096 /* floats per chunk of a fused elementwise pass (16 KiB, in L1) */
+#define PAR_MIN 16384 /* floats below which a pass stays on one thread (a team costs ~1 us) */
+#define COLS 64 /* columns per block of a sum over rows: the unit its threads share out */
+#define PIECE 512 /* floats of a row widened at a time on the stack */
+#define CE_ROWS 512 /* rows of cross-entropy whose losses are held before they are summed */
 #define GELU_K0 0.7978845608028654f /* sqrt(2 / pi) */
 #define GELU_K1 0.044715f
 
@@ -74,6 +91,29 @@ static size_t align64(size_t n)
 static size_t align16f(size_t n)
 {
     return (n + 15) & ~(size_t)15;
+}
+
+static size_t min_sz(size_t a, size_t b)
+{
+    return a < b ? a : b;
+}
+
+static int min_int(int a, int b)
+{
+    return a < b ? a : b;
+}
+
+/* Whether a pass over n floats is worth a team of threads. (Used only in the OpenMP
+ * pragmas, which a build without OpenMP ignores.) */
+static __attribute__((unused)) bool big(size_t n)
+{
+    return n >= PAR_MIN;
+}
+
+/* Rows of C floats per block of a row-wise pass: a CHUNK's worth (at least one). */
+static int row_block(int C)
+{
+    return CHUNK / C > 0 ? CHUNK / C : 1;
 }
 
 /* Round n floats in place to dt (nothing to do for fp32). */
@@ -89,6 +129,39 @@ static void cast(float *v, size_t n, gpu_dtype from, gpu_dtype to)
 {
     if (to != GPU_FP32 && to != from)
         gpu_round_n(v, v, n, to);
+}
+
+/* v rounded to a, then cast from a to b (an op's output rounded and handed to an op in b),
+ * CHUNK floats at a time on every core: the same values, as rounding is elementwise. */
+static void rnd_cast_par(float *v, size_t n, gpu_dtype a, gpu_dtype b)
+{
+    if (a == GPU_FP32 && b == GPU_FP32)
+        return;
+#pragma omp parallel for schedule(static) if (big(n))
+    for (size_t i = 0; i < n; i += CHUNK) {
+        size_t k = min_sz(CHUNK, n - i);
+        rnd(v + i, k, a);
+        cast(v + i, k, a, b);
+    }
+}
+
+static void rnd_par(float *v, size_t n, gpu_dtype dt)
+{
+    rnd_cast_par(v, n, dt, dt);
+}
+
+static void cast_par(float *v, size_t n, gpu_dtype from, gpu_dtype to)
+{
+    if (to != GPU_FP32 && to != from)
+        rnd_par(v, n, to);
+}
+
+/* dst = src rounded to dt (a 16-bit dtype), on every core. */
+static void round_par(float *dst, const float *src, size_t n, gpu_dtype dt)
+{
+#pragma omp parallel for schedule(static) if (big(n))
+    for (size_t i = 0; i < n; i += CHUNK)
+        gpu_round_n(dst + i, src + i, min_sz(CHUNK, n - i), dt);
 }
 
 /* PyTorch's promotion of two float dtypes (only fp32 and one low dtype occur). */
@@ -188,48 +261,74 @@ HOT static void scale_n(float *restrict v, float s, size_t n)
         v[j] *= s;
 }
 
-HOT static void col_sum(float *restrict acc, const float *restrict row, int n)
+/* acc[j] += a[i ld + j] for each row i < rows in turn, j < w: a block of columns summed. */
+HOT static void col_block(float *restrict acc, const float *restrict a, size_t rows, size_t ld,
+                          int w)
 {
-    for (int j = 0; j < n; j++)
-        acc[j] += row[j];
+    for (size_t i = 0; i < rows; i++)
+        for (int j = 0; j < w; j++)
+            acc[j] += a[i * ld + j];
+}
+
+/* acc[j] = the sum of column j of a [rows x n] over the rows in order: blocks of COLS
+ * columns shared out to the threads, so that each sum is the sequential one. */
+static void col_sums(float *acc, const float *a, size_t rows, int n)
+{
+#pragma omp parallel for schedule(static) if (big(rows * (size_t)n))
+    for (int c = 0; c < n; c += COLS) {
+        int w = min_int(COLS, n - c);
+        memset(acc + c, 0, sizeof(float) * (size_t)w);
+        col_block(acc + c, a + c, rows, (size_t)n, w);
+    }
 }
 
 /* ---- embedding -------------------------------------------------------------------------- */
 
-static const float *row_f32(const void *base, gpu_dtype dt, size_t row, int C, float *tmp)
+/* o = rd(wte[tok] + wpe[t], out_dt), one row of C; 16-bit weights widened a piece at a time. */
+static void embed_row(float *o, const void *wte, const void *wpe, gpu_dtype wdt, size_t tok,
+                      size_t t, int C, gpu_dtype out_dt)
 {
-    size_t off = row * (size_t)C;
-    if (dt == GPU_FP32)
-        return (const float *)base + off;
-    gpu_cvt_to_f32(tmp, (const uint16_t *)base + off, dt, (size_t)C);
-    return tmp;
+    size_t es = gpu_dtype_size(wdt);
+    const uint8_t *pe = (const uint8_t *)wpe + t * (size_t)C * es;
+    gpu_cvt_to_f32(o, (const uint8_t *)wte + tok * (size_t)C * es, wdt, (size_t)C);
+    if (wdt == GPU_FP32)
+        add_row(o, (const float *)pe, C);
+    for (int j = 0; wdt != GPU_FP32 && j < C; j += PIECE) {
+        float tmp[PIECE];
+        int k = min_int(PIECE, C - j);
+        gpu_cvt_to_f32(tmp, pe + (size_t)j * es, wdt, (size_t)k);
+        add_row(o + j, tmp, k);
+    }
+    rnd(o, (size_t)C, out_dt);
 }
 
-/* See gpu/gpt.h. */
+/* See gpu/gpt.h. Rows on every core. */
 void gpu_gpt_embed_fwd(const int *x, int B, int T, int C, const void *wte, const void *wpe,
                        gpu_dtype wdt, gpu_dtype out_dt, float *out, float *tmp)
 {
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++) {
-            size_t r = (size_t)b * T + t;
-            float *o = out + r * C;
-            gpu_cvt_to_f32(o, row_f32(wte, wdt, (size_t)x[r], C, tmp), GPU_FP32, (size_t)C);
-            add_row(o, row_f32(wpe, wdt, (size_t)t, C, tmp), C);
-            rnd(o, (size_t)C, out_dt);
-        }
+    int N = B * T;
+    (void)tmp;
+#pragma omp parallel for schedule(static) if (big((size_t)N * C))
+    for (int r = 0; r < N; r++)
+        embed_row(out + (size_t)r * C, wte, wpe, wdt, (size_t)x[r], (size_t)(r % T), C, out_dt);
 }
 
-/* See gpu/gpt.h. */
+/* See gpu/gpt.h. Each gradient row sums its contributions in row order, as one thread would:
+ * wpe's by position on every core, wte's (scattered by token) by blocks of columns. */
 void gpu_gpt_embed_bwd(const int *x, int B, int T, int C, const float *dout, float *dwte,
                        float *dwpe)
 {
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++) {
-            size_t r = (size_t)b * T + t;
-            const float *d = dout + r * C;
-            add_row(dwte + (size_t)x[r] * C, d, C);
-            add_row(dwpe + (size_t)t * C, d, C);
-        }
+    size_t N = (size_t)B * T;
+#pragma omp parallel for schedule(static) if (big(N * C))
+    for (int t = 0; t < T; t++)
+        for (int b = 0; b < B; b++)
+            add_row(dwpe + (size_t)t * C, dout + ((size_t)b * T + t) * C, C);
+#pragma omp parallel for schedule(static) if (big(N * C))
+    for (int c = 0; c < C; c += COLS) {
+        int w = min_int(COLS, C - c);
+        for (size_t r = 0; r < N; r++)
+            add_row(dwte + (size_t)x[r] * C + c, dout + r * C + c, w);
+    }
 }
 
 /* ---- layer norm ------------------------------------------------------------------------- */
@@ -249,9 +348,9 @@ HOT static void ln_row_fwd(const float *restrict x, const float *restrict g,
     *rstd_out = rstd;
 }
 
-/* See gpu/gpt.h. */
-void gpu_gpt_layernorm_fwd(const float *x, const float *g, const float *b, int N, int C,
-                           gpu_dtype dt, float *y, float *mean, float *rstd)
+/* Layer norm of N rows, rounded to dt, on the calling thread. */
+static void ln_rows_fwd(const float *x, const float *g, const float *b, int N, int C, gpu_dtype dt,
+                        float *y, float *mean, float *rstd)
 {
     for (int i = 0; i < N; i++) {
         float *yr = y + (size_t)i * C;
@@ -260,11 +359,22 @@ void gpu_gpt_layernorm_fwd(const float *x, const float *g, const float *b, int N
     }
 }
 
-/* One row of the layer-norm backward: dx written, dg/db accumulated. The two row sums use
- * 16 partial sums, as sum16. */
-HOT static void ln_row_bwd(const float *restrict dy, const float *restrict x, float mean,
-                           float rstd, const float *restrict g, int C, float *restrict dx,
-                           float *restrict dg, float *restrict db)
+/* See gpu/gpt.h. Blocks of rows on every core. */
+void gpu_gpt_layernorm_fwd(const float *x, const float *g, const float *b, int N, int C,
+                           gpu_dtype dt, float *y, float *mean, float *rstd)
+{
+    int rows = row_block(C);
+#pragma omp parallel for schedule(static) if (big((size_t)N * C))
+    for (int r = 0; r < N; r += rows) {
+        size_t at = (size_t)r * C;
+        ln_rows_fwd(x + at, g, b, min_int(rows, N - r), C, dt, y + at, mean + r, rstd + r);
+    }
+}
+
+/* dx of one row of the layer-norm backward. The two row sums use 16 partial sums, as
+ * sum16. */
+HOT static void ln_row_dx(const float *restrict dy, const float *restrict x, float mean,
+                          float rstd, const float *restrict g, int C, float *restrict dx)
 {
     float a1[16] = {0}, a2[16] = {0}, m1 = 0.0f, m2 = 0.0f;
     int j = 0;
@@ -273,15 +383,11 @@ HOT static void ln_row_bwd(const float *restrict dy, const float *restrict x, fl
             float xh = (x[j + k] - mean) * rstd, d = dy[j + k] * g[j + k];
             a1[k] += d;
             a2[k] += d * xh;
-            dg[j + k] += dy[j + k] * xh;
-            db[j + k] += dy[j + k];
         }
     for (; j < C; j++) {
         float xh = (x[j] - mean) * rstd, d = dy[j] * g[j];
         m1 += d;
         m2 += d * xh;
-        dg[j] += dy[j] * xh;
-        db[j] += dy[j];
     }
     for (int k = 0; k < 16; k++) {
         m1 += a1[k];
@@ -293,20 +399,63 @@ HOT static void ln_row_bwd(const float *restrict dy, const float *restrict x, fl
         dx[j] = rstd * (dy[j] * g[j] - m1 - (x[j] - mean) * rstd * m2);
 }
 
-/* See gpu/gpt.h. dx may not alias dy or x. */
+/* dx of N rows, rounded to dt, on the calling thread. */
+static void ln_rows_dx(const float *dy, const float *x, const float *mean, const float *rstd,
+                       const float *g, int N, int C, gpu_dtype dt, float *dx)
+{
+    for (int i = 0; i < N; i++) {
+        size_t at = (size_t)i * C;
+        ln_row_dx(dy + at, x + at, mean[i], rstd[i], g, C, dx + at);
+        rnd(dx + at, (size_t)C, dt);
+    }
+}
+
+/* dg[j] += dy xhat, db[j] += dy over the rows in order, for a block of w columns of rows of
+ * ld floats. */
+HOT static void ln_grad_block(const float *restrict dy, const float *restrict x,
+                              const float *restrict mean, const float *restrict rstd, int N,
+                              size_t ld, int w, float *restrict dg, float *restrict db)
+{
+    for (int i = 0; i < N; i++) {
+        const float *d = dy + (size_t)i * ld, *xr = x + (size_t)i * ld;
+        float mu = mean[i], rs = rstd[i];
+        for (int j = 0; j < w; j++) {
+            float xh = (xr[j] - mu) * rs;
+            dg[j] += d[j] * xh;
+            db[j] += d[j];
+        }
+    }
+}
+
+/* The layer norm's weight gradients, rounded to dt: sums over the rows in order, blocks of
+ * columns on every core. */
+static void ln_grads(const float *dy, const float *x, const float *mean, const float *rstd,
+                     int N, int C, gpu_dtype dt, float *dg, float *db)
+{
+#pragma omp parallel for schedule(static) if (big((size_t)N * C))
+    for (int c = 0; c < C; c += COLS) {
+        int w = min_int(COLS, C - c);
+        memset(dg + c, 0, sizeof(float) * (size_t)w);
+        memset(db + c, 0, sizeof(float) * (size_t)w);
+        ln_grad_block(dy + c, x + c, mean, rstd, N, (size_t)C, w, dg + c, db + c);
+        rnd(dg + c, (size_t)w, dt);
+        rnd(db + c, (size_t)w, dt);
+    }
+}
+
+/* See gpu/gpt.h. dx may not alias dy or x. dx by blocks of rows, then dg and db by blocks of
+ * columns, on every core. */
 void gpu_gpt_layernorm_bwd(const float *dy, const float *x, const float *mean, const float *rstd,
                            const float *g, int N, int C, gpu_dtype dt, float *dx, float *dg,
                            float *db)
 {
-    memset(dg, 0, sizeof(float) * (size_t)C);
-    memset(db, 0, sizeof(float) * (size_t)C);
-    for (int i = 0; i < N; i++) {
-        float *dxr = dx + (size_t)i * C;
-        ln_row_bwd(dy + (size_t)i * C, x + (size_t)i * C, mean[i], rstd[i], g, C, dxr, dg, db);
-        rnd(dxr, (size_t)C, dt);
+    int rows = row_block(C);
+#pragma omp parallel for schedule(static) if (big((size_t)N * C))
+    for (int r = 0; r < N; r += rows) {
+        size_t at = (size_t)r * C;
+        ln_rows_dx(dy + at, x + at, mean + r, rstd + r, g, min_int(rows, N - r), C, dt, dx + at);
     }
-    rnd(dg, (size_t)C, dt);
-    rnd(db, (size_t)C, dt);
+    ln_grads(dy, x, mean, rstd, N, C, dt, dg, db);
 }
 
 /* ---- GELU (tanh approximation) ---------------------------------------------------------- */
@@ -335,28 +484,36 @@ HOT static void gelu_grad_kernel(float *restrict d, const float *restrict u, siz
     }
 }
 
-/* See gpu/gpt.h. */
-void gpu_gpt_gelu_fwd(float *dst, const float *u, size_t n, gpu_dtype dt)
+/* dst = rd(gelu(u), dt) for k <= CHUNK floats (dst may equal u), on the calling thread. */
+static void gelu_chunk(float *dst, const float *u, size_t k, gpu_dtype dt)
 {
-    if (dst == u) {
-        /* in place: the kernel reads each element before writing it */
-        for (size_t i = 0; i < n; i += 4096) {
-            size_t k = n - i < 4096 ? n - i : 4096;
-            float tmp[4096];
-            gelu_kernel(tmp, u + i, k);
-            memcpy(dst + i, tmp, k * sizeof(float));
-        }
+    if (dst == u) { /* in place: the kernel reads each element before writing it */
+        float tmp[CHUNK];
+        gelu_kernel(tmp, u, k);
+        memcpy(dst, tmp, k * sizeof(float));
     } else {
-        gelu_kernel(dst, u, n);
+        gelu_kernel(dst, u, k);
     }
-    rnd(dst, n, dt);
+    rnd(dst, k, dt);
 }
 
-/* See gpu/gpt.h. */
+/* See gpu/gpt.h. Chunks on every core. */
+void gpu_gpt_gelu_fwd(float *dst, const float *u, size_t n, gpu_dtype dt)
+{
+#pragma omp parallel for schedule(static) if (big(n))
+    for (size_t i = 0; i < n; i += CHUNK)
+        gelu_chunk(dst + i, u + i, min_sz(CHUNK, n - i), dt);
+}
+
+/* See gpu/gpt.h. Chunks on every core. */
 void gpu_gpt_gelu_bwd(float *d, const float *u, size_t n, gpu_dtype dt)
 {
-    gelu_grad_kernel(d, u, n);
-    rnd(d, n, dt);
+#pragma omp parallel for schedule(static) if (big(n))
+    for (size_t i = 0; i < n; i += CHUNK) {
+        size_t k = min_sz(CHUNK, n - i);
+        gelu_grad_kernel(d + i, u + i, k);
+        rnd(d + i, k, dt);
+    }
 }
 
 /* ---- causal multi-head attention -------------------------------------------------------- */
@@ -415,7 +572,42 @@ static float attn_scale(int hd)
     return (float)(1.0 / sqrt((double)hd));
 }
 
-/* See gpu/gpt.h. */
+/* Whether the rows of one sequence and head's T x T scores are worth a team of threads (a
+ * row's work is a few exps per entry, so a quarter of PAR_MIN). */
+static __attribute__((unused)) bool big_rows(int T)
+{
+    return (size_t)T * (size_t)T >= PAR_MIN / 4;
+}
+
+/* Row i of the attention's forward from the raw scores s (n = i + 1 causal entries, rows of
+ * T): the rounding, scaling and cast of S, the softmax into p (0 above the diagonal) and its
+ * rounding, and P cast to mm_dt into pm (NULL: not needed). Masked scores are never read. */
+static void attn_row_fwd(float *s, float *p, float *pm, int n, int T, float scale,
+                         gpu_dtype mm_dt, gpu_dtype sm_dt)
+{
+    rnd(s, (size_t)n, mm_dt);
+    scale_n(s, scale, (size_t)n);
+    rnd(s, (size_t)n, mm_dt);
+    cast(s, (size_t)n, mm_dt, sm_dt);
+    softmax_row(s, n, p);
+    memset(p + n, 0, sizeof(float) * (size_t)(T - n));
+    rnd(p, (size_t)n, sm_dt);
+    if (pm)
+        gpu_round_n(pm, p, (size_t)T, mm_dt);
+}
+
+/* P cast to mm_dt for a matmul (pm), or P itself when that takes no rounding. */
+static const float *p_for_mm(const float *P, float *pm, size_t n, gpu_dtype mm_dt,
+                             gpu_dtype sm_dt)
+{
+    if (mm_dt == GPU_FP32 || mm_dt == sm_dt)
+        return P;
+    round_par(pm, P, n, mm_dt);
+    return pm;
+}
+
+/* See gpu/gpt.h. The GEMMs run one after the other on the calling thread; the rows between
+ * them on every core. */
 int gpu_gpt_attention_fwd(const float *qkv, int B, int T, int C, int H, gpu_dtype mm_dt,
                           gpu_dtype sm_dt, float *probs, float *y, float *scratch, gpu_diag *diag,
                           int layer)
@@ -423,7 +615,8 @@ int gpu_gpt_attention_fwd(const float *qkv, int B, int T, int C, int H, gpu_dtyp
     int hd = C / H, ld = 3 * C;
     float scale = attn_scale(hd);
     size_t TT = (size_t)T * T;
-    float *S = scratch, *Pm = scratch + align16f(TT);
+    float *S = scratch;
+    float *Pm = mm_dt != GPU_FP32 && mm_dt != sm_dt ? scratch + align16f(TT) : NULL;
 
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++) {
@@ -434,31 +627,19 @@ int gpu_gpt_attention_fwd(const float *qkv, int B, int T, int C, int H, gpu_dtyp
                 gpu_gemm(false, true, T, T, hd, q, GPU_FP32, ld, k, GPU_FP32, ld, 0.0f, S, T, NULL);
             if (rc)
                 return rc;
-            /* whole-matrix passes; the masked entries are computed but never read */
             if (diag)
                 for (int i = 0; i < T; i++)
                     gpu_diag_forward(diag, layer, S + (size_t)i * T, (size_t)i + 1);
-            rnd(S, TT, mm_dt);
-            scale_n(S, scale, TT);
-            rnd(S, TT, mm_dt);
-            cast(S, TT, mm_dt, sm_dt);
-            for (int i = 0; i < T; i++) {
-                float *p = P + (size_t)i * T;
-                softmax_row(S + (size_t)i * T, i + 1, p);
-                memset(p + i + 1, 0, sizeof(float) * (size_t)(T - i - 1));
-            }
-            rnd(P, TT, sm_dt);
-            const float *pm = P;
-            if (mm_dt != GPU_FP32 && mm_dt != sm_dt) {
-                gpu_round_n(Pm, P, TT, mm_dt);
-                pm = Pm;
-            }
-            rc = gpu_gemm(false, false, T, hd, T, pm, GPU_FP32, T, v, GPU_FP32, ld, 0.0f,
+#pragma omp parallel for schedule(static, 1) if (big_rows(T))
+            for (int i = 0; i < T; i++)
+                attn_row_fwd(S + (size_t)i * T, P + (size_t)i * T, Pm ? Pm + (size_t)i * T : NULL,
+                             i + 1, T, scale, mm_dt, sm_dt);
+            rc = gpu_gemm(false, false, T, hd, T, Pm ? Pm : P, GPU_FP32, T, v, GPU_FP32, ld, 0.0f,
                           y + (size_t)b * T * C + (size_t)h * hd, C, NULL);
             if (rc)
                 return rc;
         }
-    rnd(y, (size_t)B * T * C, mm_dt);
+    rnd_par(y, (size_t)B * T * C, mm_dt);
     return 0;
 }
 
@@ -470,7 +651,23 @@ static void diag_dqk(gpu_diag *diag, int layer, const float *dqkv, size_t rows, 
         gpu_diag_input_grad(diag, layer, dqkv + r * 3 * (size_t)C, 2 * (size_t)C);
 }
 
-/* See gpu/gpt.h. */
+/* Row i of the attention's backward: dP (d, n = i + 1 causal entries) becomes dS arriving
+ * at Q K^T's output, through the casts, the softmax's backward (p: the saved P) and the
+ * scaling; 0 above the diagonal. */
+static void attn_row_bwd(const float *p, float *d, int n, int T, float scale, gpu_dtype mm_dt,
+                         gpu_dtype sm_dt)
+{
+    rnd(d, (size_t)n, mm_dt);
+    cast(d, (size_t)n, mm_dt, sm_dt); /* P's cast to mm_dt, backward */
+    softmax_row_bwd(p, d, n);
+    memset(d + n, 0, sizeof(float) * (size_t)(T - n)); /* masked entries of dP: never read */
+    rnd(d, (size_t)n, sm_dt);
+    cast(d, (size_t)n, sm_dt, mm_dt); /* S's cast to sm_dt, backward */
+    scale_n(d, scale, (size_t)n);     /* the scaling, in mm_dt */
+    rnd(d, (size_t)n, mm_dt);
+}
+
+/* See gpu/gpt.h. The GEMMs on the calling thread, the rows between them on every core. */
 int gpu_gpt_attention_bwd(const float *dy, const float *qkv, const float *probs, int B, int T,
                           int C, int H, gpu_dtype mm_dt, gpu_dtype sm_dt, float *dqkv,
                           float *scratch, gpu_diag *diag, int layer)
@@ -486,11 +683,8 @@ int gpu_gpt_attention_bwd(const float *dy, const float *qkv, const float *probs,
             const float *q = qkv + off, *k = q + C, *v = q + 2 * C;
             float *dq = dqkv + off, *dk = dq + C, *dv = dq + 2 * C;
             const float *dyh = dy + (size_t)b * T * C + (size_t)h * hd;
-            const float *P = probs + ((size_t)b * H + h) * TT, *pm = P;
-            if (mm_dt != GPU_FP32 && mm_dt != sm_dt) {
-                gpu_round_n(Pm, P, TT, mm_dt);
-                pm = Pm;
-            }
+            const float *P = probs + ((size_t)b * H + h) * TT;
+            const float *pm = p_for_mm(P, Pm, TT, mm_dt, sm_dt);
             /* dV = Pm^T dY; dP = dY V^T (both matmul outputs, rounded to mm_dt) */
             int rc = gpu_gemm(true, false, T, hd, T, pm, GPU_FP32, T, dyh, GPU_FP32, C, 0.0f, dv,
                               ld, NULL);
@@ -499,18 +693,9 @@ int gpu_gpt_attention_bwd(const float *dy, const float *qkv, const float *probs,
                               NULL);
             if (rc)
                 return rc;
-            rnd(dS, TT, mm_dt);
-            cast(dS, TT, mm_dt, sm_dt); /* P's cast to mm_dt, backward */
-            for (int i = 0; i < T; i++) {
-                /* the masked entries of dP (never read) become exact zeros of dS */
-                float *d = dS + (size_t)i * T;
-                softmax_row_bwd(P + (size_t)i * T, d, i + 1);
-                memset(d + i + 1, 0, sizeof(float) * (size_t)(T - i - 1));
-            }
-            rnd(dS, TT, sm_dt);
-            cast(dS, TT, sm_dt, mm_dt); /* S's cast to sm_dt, backward */
-            scale_n(dS, scale, TT);     /* the scaling, in mm_dt */
-            rnd(dS, TT, mm_dt);
+#pragma omp parallel for schedule(static, 1) if (big_rows(T))
+            for (int i = 0; i < T; i++)
+                attn_row_bwd(P + (size_t)i * T, dS + (size_t)i * T, i + 1, T, scale, mm_dt, sm_dt);
             if (diag)
                 gpu_diag_backward(diag, layer, dS, TT); /* arriving at Q K^T's output */
             /* dQ = dS K, dK = dS^T Q */
@@ -523,20 +708,17 @@ int gpu_gpt_attention_bwd(const float *dy, const float *qkv, const float *probs,
                 return rc;
         }
     diag_dqk(diag, layer, dqkv, (size_t)B * T, C);
-    rnd(dqkv, (size_t)B * T * ld, mm_dt);
+    rnd_par(dqkv, (size_t)B * T * ld, mm_dt);
     return 0;
 }
 
 /* ---- flash attention ---------------------------------------------------------------------- */
 
-/* S = rd(Q K^T * scale) for one sequence and head: the fp32 product, scaled in fp32 (never
- * rounded to mm_dt). Only the causal entries are read. */
+/* S = Q K^T for one sequence and head: the fp32 product (scaled by the row passes, in fp32,
+ * never rounded to mm_dt). Only the causal entries are read. */
 static int flash_scores(const float *q, const float *k, int T, int hd, int ld, float *S)
 {
-    int rc = gpu_gemm(false, true, T, T, hd, q, GPU_FP32, ld, k, GPU_FP32, ld, 0.0f, S, T, NULL);
-    if (rc == 0)
-        scale_n(S, attn_scale(hd), (size_t)T * T);
-    return rc;
+    return gpu_gemm(false, true, T, T, hd, q, GPU_FP32, ld, k, GPU_FP32, ld, 0.0f, S, T, NULL);
 }
 
 /* p[j] = exp(p[j] - c) for j < n, in place. */
@@ -554,11 +736,23 @@ HOT static void flash_ds_row(const float *restrict p, float *restrict d, float D
         d[j] = (p[j] * (d[j] - D)) * scale;
 }
 
-/* See gpu/gpt.h. */
+/* Row i of the flash forward from the raw product s (n = i + 1 causal entries): scaled, its
+ * softmax into p rounded to mm_dt (0 above the diagonal); returns the log-sum-exp. */
+static float flash_row_fwd(float *s, float *p, int n, int T, float scale, gpu_dtype mm_dt)
+{
+    scale_n(s, scale, (size_t)n);
+    float lse = softmax_row(s, n, p);
+    memset(p + n, 0, sizeof(float) * (size_t)(T - n));
+    rnd(p, (size_t)n, mm_dt);
+    return lse;
+}
+
+/* See gpu/gpt.h. The GEMMs on the calling thread, the rows between them on every core. */
 int gpu_gpt_flash_fwd(const float *qkv, int B, int T, int C, int H, gpu_dtype mm_dt, float *lse,
                       float *y, float *scratch)
 {
     int hd = C / H, ld = 3 * C;
+    float scale = attn_scale(hd);
     size_t TT = (size_t)T * T;
     float *S = scratch, *P = scratch + align16f(TT);
 
@@ -569,19 +763,39 @@ int gpu_gpt_flash_fwd(const float *qkv, int B, int T, int C, int H, gpu_dtype mm
             int rc = flash_scores(q, q + C, T, hd, ld, S);
             if (rc)
                 return rc;
-            for (int i = 0; i < T; i++) {
-                float *p = P + (size_t)i * T;
-                L[i] = softmax_row(S + (size_t)i * T, i + 1, p);
-                memset(p + i + 1, 0, sizeof(float) * (size_t)(T - i - 1));
-            }
-            rnd(P, TT, mm_dt);
+#pragma omp parallel for schedule(static, 1) if (big_rows(T))
+            for (int i = 0; i < T; i++)
+                L[i] = flash_row_fwd(S + (size_t)i * T, P + (size_t)i * T, i + 1, T, scale, mm_dt);
             rc = gpu_gemm(false, false, T, hd, T, P, GPU_FP32, T, q + 2 * C, GPU_FP32, ld, 0.0f,
                           y + (size_t)b * T * C + (size_t)h * hd, C, NULL);
             if (rc)
                 return rc;
         }
-    rnd(y, (size_t)B * T * C, mm_dt);
+    rnd_par(y, (size_t)B * T * C, mm_dt);
     return 0;
+}
+
+/* Row i of the flash backward's P (n = i + 1 causal entries, from the raw product p, in
+ * place): scaled, exp(S - L), 0 above the diagonal; w = P rounded to mm_dt. */
+static void flash_row_p(float *p, float *w, float L, int n, int T, float scale, gpu_dtype mm_dt)
+{
+    scale_n(p, scale, (size_t)n);
+    exp_minus(p, L, n);
+    memset(p + n, 0, sizeof(float) * (size_t)(T - n));
+    gpu_round_n(w, p, (size_t)T, mm_dt);
+}
+
+/* Row i of the flash backward's dS from dP (d, in place): D_i = dY_i . O_i in fp32, dS =
+ * P (dP - D_i) * scale, 0 above the diagonal, rounded to mm_dt. */
+static void flash_row_ds(const float *dyi, const float *oi, int hd, const float *p, float *d,
+                         int n, int T, float scale, gpu_dtype mm_dt)
+{
+    float D = 0.0f;
+    for (int c = 0; c < hd; c++)
+        D = fmaf(dyi[c], oi[c], D);
+    flash_ds_row(p, d, D, scale, n);
+    memset(d + n, 0, sizeof(float) * (size_t)(T - n));
+    rnd(d, (size_t)n, mm_dt);
 }
 
 /* One sequence and head of gpu_gpt_flash_bwd: P recomputed from the saved log-sum-exp. */
@@ -590,15 +804,15 @@ static int flash_bwd_head(const float *dyh, const float *q, const float *oh, con
 {
     int ld = 3 * C;
     size_t TT = (size_t)T * T;
+    float scale = attn_scale(hd);
     float *P = scratch, *W = scratch + align16f(TT);
     int rc = flash_scores(q, q + C, T, hd, ld, P);
     if (rc)
         return rc;
-    for (int i = 0; i < T; i++) {
-        exp_minus(P + (size_t)i * T, L[i], i + 1);
-        memset(P + (size_t)i * T + i + 1, 0, sizeof(float) * (size_t)(T - i - 1));
-    }
-    gpu_round_n(W, P, TT, mm_dt); /* dV = rd(P) ^T dY */
+#pragma omp parallel for schedule(static, 1) if (big_rows(T))
+    for (int i = 0; i < T; i++)
+        flash_row_p(P + (size_t)i * T, W + (size_t)i * T, L[i], i + 1, T, scale, mm_dt);
+    /* dV = rd(P) ^T dY */
     rc = gpu_gemm(true, false, T, hd, T, W, GPU_FP32, T, dyh, GPU_FP32, C, 0.0f, dq + 2 * C, ld,
                   NULL);
     if (!rc) /* dP = dY V^T, kept in fp32 */
@@ -606,15 +820,11 @@ static int flash_bwd_head(const float *dyh, const float *q, const float *oh, con
                       T, NULL);
     if (rc)
         return rc;
-    float scale = attn_scale(hd);
-    for (int i = 0; i < T; i++) {
-        float D = 0.0f; /* D_i = dY_i . O_i, fp32 */
-        for (int c = 0; c < hd; c++)
-            D = fmaf(dyh[(size_t)i * C + c], oh[(size_t)i * C + c], D);
-        flash_ds_row(P + (size_t)i * T, W + (size_t)i * T, D, scale, i + 1);
-        memset(W + (size_t)i * T + i + 1, 0, sizeof(float) * (size_t)(T - i - 1));
-    }
-    rnd(W, TT, mm_dt); /* dQ = rd(dS) K, dK = rd(dS)^T Q */
+#pragma omp parallel for schedule(static, 1) if (big_rows(T))
+    for (int i = 0; i < T; i++)
+        flash_row_ds(dyh + (size_t)i * C, oh + (size_t)i * C, hd, P + (size_t)i * T,
+                     W + (size_t)i * T, i + 1, T, scale, mm_dt);
+    /* dQ = rd(dS) K, dK = rd(dS)^T Q */
     rc = gpu_gemm(false, false, T, hd, T, W, GPU_FP32, T, q + C, GPU_FP32, ld, 0.0f, dq, ld, NULL);
     if (!rc)
         rc = gpu_gemm(true, false, T, hd, T, W, GPU_FP32, T, q, GPU_FP32, ld, 0.0f, dq + C, ld,
@@ -640,7 +850,7 @@ int gpu_gpt_flash_bwd(const float *dy, const float *qkv, const float *o, const f
                 return rc;
         }
     diag_dqk(diag, layer, dqkv, (size_t)B * T, C);
-    rnd(dqkv, (size_t)B * T * ld, mm_dt);
+    rnd_par(dqkv, (size_t)B * T * ld, mm_dt);
     return 0;
 }
 
@@ -663,30 +873,58 @@ static double ce_row(const float *z, int V, int target, float *p, int *arg)
     return -((double)z[target] - (double)mx - log((double)sum));
 }
 
-/* See gpu/gpt.h. */
+/* One row of the head's forward from its raw logits z: rounded, cast, the cross-entropy's
+ * softmax into p (rounded); returns the row's loss, *hit whether the argmax is the target. */
+static double head_row(float *z, float *p, int V, int target, gpu_dtype lin_dt, gpu_dtype ce_dt,
+                       int *hit)
+{
+    int arg;
+    rnd(z, (size_t)V, lin_dt);
+    cast(z, (size_t)V, lin_dt, ce_dt);
+    double loss = ce_row(z, V, target, p, &arg);
+    *hit = arg == target;
+    rnd(p, (size_t)V, ce_dt);
+    return loss;
+}
+
+/* See gpu/gpt.h. Rows on every core, CE_ROWS at a time, whose losses are then summed in row
+ * order (the sum of the sequential loop); with diag on the calling thread alone. */
 int gpu_gpt_head_fwd(const float *x, const void *wte, gpu_dtype wdt, const int *y, int N, int C,
                      int V, gpu_dtype lin_dt, gpu_dtype ce_dt, float *logits, float *probs,
                      float *gscratch, gpu_diag *diag, int layer, double *loss_sum, int *correct)
 {
-    double total = 0.0;
+    double total = 0.0, loss[CE_ROWS];
     int hits = 0;
     int rc = gpu_gemm(false, true, N, V, C, x, GPU_FP32, C, wte, wdt, C, 0.0f, logits, V, gscratch);
     if (rc)
         return rc;
-    for (int i = 0; i < N; i++) {
-        float *z = logits + (size_t)i * V, *p = probs + (size_t)i * V;
-        int arg;
-        if (diag)
-            gpu_diag_forward(diag, layer, z, (size_t)V);
-        rnd(z, (size_t)V, lin_dt);
-        cast(z, (size_t)V, lin_dt, ce_dt);
-        total += ce_row(z, V, y[i], p, &arg);
-        hits += arg == y[i];
-        rnd(p, (size_t)V, ce_dt);
+    for (int r = 0; r < N; r += CE_ROWS) {
+        int n = min_int(CE_ROWS, N - r);
+#pragma omp parallel for schedule(static) reduction(+ : hits) if (!diag && big((size_t)n * V))
+        for (int i = r; i < r + n; i++) {
+            float *z = logits + (size_t)i * V;
+            int hit;
+            if (diag)
+                gpu_diag_forward(diag, layer, z, (size_t)V);
+            loss[i - r] = head_row(z, probs + (size_t)i * V, V, y[i], lin_dt, ce_dt, &hit);
+            hits += hit;
+        }
+        for (int i = 0; i < n; i++)
+            total += loss[i];
     }
     *loss_sum = total;
     *correct = hits;
     return 0;
+}
+
+/* gpu_diag_round_grad: with diag, accounted and rounded on the calling thread; without,
+ * rounded on every core. */
+static void round_grad(gpu_diag *diag, int layer, bool weight, float *g, size_t n, gpu_dtype dt)
+{
+    if (diag)
+        gpu_diag_round_grad(diag, layer, weight, g, n, dt);
+    else
+        rnd_par(g, n, dt);
 }
 
 /* See gpu/gpt.h. */
@@ -695,6 +933,7 @@ int gpu_gpt_head_bwd(const float *probs, const int *y, const void *xs, const voi
                      float *dlogits, float *dx, float *dwte, float *gscratch, gpu_diag *diag,
                      int layer)
 {
+#pragma omp parallel for schedule(static) if (big((size_t)N * V))
     for (int i = 0; i < N; i++) {
         float *d = dlogits + (size_t)i * V;
         const float *p = probs + (size_t)i * V;
@@ -710,11 +949,11 @@ int gpu_gpt_head_bwd(const float *probs, const int *y, const void *xs, const voi
                       gscratch);
     if (rc)
         return rc;
-    gpu_diag_round_grad(diag, layer, true, dwte, (size_t)V * C, lin_dt);
+    round_grad(diag, layer, true, dwte, (size_t)V * C, lin_dt);
     rc = gpu_gemm(false, false, N, C, V, dlogits, GPU_FP32, V, wte, wdt, C, 0.0f, dx, C, gscratch);
     if (rc)
         return rc;
-    gpu_diag_round_grad(diag, layer, false, dx, (size_t)N * C, lin_dt);
+    round_grad(diag, layer, false, dx, (size_t)N * C, lin_dt);
     return 0;
 }
 
@@ -722,7 +961,8 @@ int gpu_gpt_head_bwd(const float *probs, const int *y, const void *xs, const voi
 
 /* The fp32 scratch regions (floats, for max_batch sequences). */
 typedef struct {
-    float *big;         /* N x max(4C, V): GEMM outputs, logits, dlogits, GELU input */
+    float *big;         /* N x max(4C, V): GEMM outputs, logits, dlogits, GELU input, the
+                         * stream's gradient in lin_dt */
     float *in32;        /* N x 4C: GEMM inputs (fp32 values of lin_dt); 4C-wide gradients */
     float *qkvm;        /* N x 3C: qkv in mm_dt when it differs; layer-norm input temporaries */
     float *aty;         /* N x C: attention output / its gradient; layer-norm dx */
@@ -730,7 +970,6 @@ typedef struct {
     float *dres;        /* N x C: the residual stream's gradient */
     float *att;         /* attention temporaries */
     float *row0, *row1; /* 4C each: bias and layer-norm weights in fp32 */
-    float *chunk;       /* CHUNK floats: elementwise passes done chunk by chunk in cache */
     float *g;           /* GEMM widening scratch (the rest) */
 } gpt_scratch;
 
@@ -740,23 +979,22 @@ static size_t carve(const gpu_gpt *m, float *base, gpt_scratch *sc)
 {
     size_t N = (size_t)m->max_batch * m->seq_len, C = (size_t)m->d_model;
     size_t wide = 4 * C > (size_t)m->vocab ? 4 * C : (size_t)m->vocab;
-    size_t sizes[10] = {N * wide,
-                        N * 4 * C,
-                        N * 3 * C,
-                        N * C,
-                        N * 3 * C,
-                        N * C,
-                        gpu_gpt_attention_scratch_floats(m->seq_len),
-                        4 * C,
-                        4 * C,
-                        CHUNK};
-    float **slot[11] = {&sc->big, &sc->in32, &sc->qkvm, &sc->aty,   &sc->dqkv, &sc->dres,
-                        &sc->att, &sc->row0, &sc->row1, &sc->chunk, &sc->g};
+    size_t sizes[9] = {N * wide,
+                       N * 4 * C,
+                       N * 3 * C,
+                       N * C,
+                       N * 3 * C,
+                       N * C,
+                       gpu_gpt_attention_scratch_floats(m->seq_len),
+                       4 * C,
+                       4 * C};
+    float **slot[10] = {&sc->big, &sc->in32, &sc->qkvm, &sc->aty,  &sc->dqkv,
+                        &sc->dres, &sc->att, &sc->row0, &sc->row1, &sc->g};
     size_t off = 0;
-    for (int i = 0; i < 11; i++) {
+    for (int i = 0; i < 10; i++) {
         if (base)
             *slot[i] = base + off;
-        if (i < 10)
+        if (i < 9)
             off += align16f(sizes[i]);
     }
     return off;
@@ -1009,11 +1247,37 @@ static int dlayer(gpu_diag *diag, int blk, const char *what, gpu_dtype dt)
     return gpu_diag_layer(diag, name, dt);
 }
 
-/* out[N x O] = rd(in W^T + b, lin_dt), row by row: bias in fp32, diagnostics on the fp32
- * value, rounding, and the copy into store (lin_dt) when store is not NULL. in holds fp32
- * values of lin_dt. */
+/* What becomes of a linear's rounded output besides out: saved in lin_dt at store, or added
+ * to the residual stream as dst = rd(res + out, resid_dt). NULL: not wanted. */
+typedef struct {
+    uint8_t *store;
+    const float *res;
+    float *dst;
+} lin_out;
+
+/* Row i of a linear's output o: the bias in fp32, diagnostics on the fp32 value, rounding,
+ * then where `to` sends it. */
+static void linear_row(const gpu_gpt *m, float *o, const float *bias, int O, size_t i,
+                       const lin_out *to, gpu_diag *diag, int layer)
+{
+    gpu_dtype dt = m->lin_dt;
+    add_row(o, bias, O);
+    if (diag)
+        gpu_diag_forward(diag, layer, o, (size_t)O);
+    rnd(o, (size_t)O, dt);
+    if (to->store)
+        gpu_cvt_from_f32(to->store + i * (size_t)O * gpu_dtype_size(dt), dt, o, (size_t)O);
+    if (to->dst) {
+        float *d = to->dst + i * (size_t)O;
+        add_to(d, to->res + i * (size_t)O, o, (size_t)O);
+        rnd(d, (size_t)O, m->resid_dt);
+    }
+}
+
+/* out[N x O] = rd(in W^T + b, lin_dt), then `to`: the rows after the GEMM on every core (on
+ * the calling thread with diag). in holds fp32 values of lin_dt. */
 static int linear_fwd(const gpu_gpt *m, const gpu_gpt_weights *w, const float *in, int N, int K,
-                      int O, size_t w_off, size_t b_off, float *out, uint8_t *store,
+                      int O, size_t w_off, size_t b_off, float *out, const lin_out *to,
                       const gpt_scratch *sc, gpu_diag *diag, int layer)
 {
     gpu_dtype dt = m->lin_dt, wdt;
@@ -1022,23 +1286,17 @@ static int linear_fwd(const gpu_gpt *m, const gpu_gpt_weights *w, const float *i
     if (rc)
         return rc;
     const float *bias = wf32(w, b_off, (size_t)O, dt, sc->row0);
-    size_t es = gpu_dtype_size(dt);
-    for (int i = 0; i < N; i++) {
-        float *o = out + (size_t)i * O;
-        add_row(o, bias, O);
-        if (diag)
-            gpu_diag_forward(diag, layer, o, (size_t)O);
-        rnd(o, (size_t)O, dt);
-        if (store)
-            gpu_cvt_from_f32(store + (size_t)i * O * es, dt, o, (size_t)O);
-    }
+#pragma omp parallel for schedule(static) if (!diag && big((size_t)N * O))
+    for (int i = 0; i < N; i++)
+        linear_row(m, out + (size_t)i * O, bias, O, (size_t)i, to, diag, layer);
     return 0;
 }
 
 /* Backward of a linear in lin_dt from dY [N x O] (values of lin_dt) and its saved input X
  * (lin_dt, N x K): weight and bias gradients rounded to lin_dt into grads, dX [N x K]
- * written rounded to lin_dt. With diag: the arriving dY, then each gradient before it is
- * rounded (gpu_diag_round_grad rounds without diag). */
+ * written. With diag: the arriving dY, then each gradient before it is rounded, dX
+ * included. Without, dX is left in fp32 for its consumer to round to lin_dt in the pass it
+ * makes over dX anyway (rounding twice gives the same values). */
 static int linear_bwd(const gpu_gpt *m, const gpu_gpt_weights *w, const float *dY, const uint8_t *X,
                       int N, int K, int O, size_t w_off, size_t b_off, float *grads, float *dX,
                       const gpt_scratch *sc, gpu_diag *diag, int layer)
@@ -1050,23 +1308,29 @@ static int linear_bwd(const gpu_gpt *m, const gpu_gpt_weights *w, const float *d
     int rc = gpu_gemm(true, false, O, K, N, dY, GPU_FP32, O, X, dt, K, 0.0f, gw, K, sc->g);
     if (rc)
         return rc;
-    gpu_diag_round_grad(diag, layer, true, gw, (size_t)O * K, dt);
-    memset(gb, 0, sizeof(float) * (size_t)O);
-    for (int i = 0; i < N; i++)
-        col_sum(gb, dY + (size_t)i * O, O);
-    gpu_diag_round_grad(diag, layer, true, gb, (size_t)O, dt);
+    round_grad(diag, layer, true, gw, (size_t)O * K, dt);
+    col_sums(gb, dY, (size_t)N, O);
+    round_grad(diag, layer, true, gb, (size_t)O, dt);
     const void *W = wsrc(w, w_off, dt, &wdt);
     rc = gpu_gemm(false, false, N, K, O, dY, GPU_FP32, O, W, wdt, K, 0.0f, dX, K, sc->g);
     if (rc)
         return rc;
-    gpu_diag_round_grad(diag, layer, false, dX, (size_t)N * K, dt);
+    if (diag)
+        gpu_diag_round_grad(diag, layer, false, dX, (size_t)N * K, dt);
     return 0;
 }
 
-/* The layer norm's input: the stream x itself, or its values rounded to ln_dt in tmp. */
+/* Whether the layer norms read the stream rounded to ln_dt (an override), not the stream. */
+static bool ln_rounds(const gpu_gpt *m)
+{
+    return m->ln_dt != GPU_FP32 && m->ln_dt != m->resid_dt;
+}
+
+/* The layer norm's input for n floats of the stream x: x itself, or its values rounded to
+ * ln_dt in tmp. */
 static const float *ln_input(const gpu_gpt *m, const float *x, size_t n, float *tmp)
 {
-    if (m->ln_dt == GPU_FP32 || m->ln_dt == m->resid_dt)
+    if (!ln_rounds(m))
         return x;
     gpu_round_n(tmp, x, n, m->ln_dt);
     return tmp;
@@ -1080,7 +1344,7 @@ static float *out_for(const gpu_gpt *m, uint8_t *acts, size_t off, float *tmp)
 }
 
 /* fp32 values of a tensor saved in lin_dt, rounded to dt: the saved floats themselves when
- * that takes no work, else a converted copy in buf. */
+ * that takes no work, else a converted copy in buf (on the calling thread). */
 static const float *saved_as(const gpu_gpt *m, const uint8_t *src, size_t n, gpu_dtype dt,
                              float *buf)
 {
@@ -1091,68 +1355,108 @@ static const float *saved_as(const gpu_gpt *m, const uint8_t *src, size_t n, gpu
     return buf;
 }
 
+/* saved_as for a whole tensor, chunks on every core. */
+static const float *saved_par(const gpu_gpt *m, const uint8_t *src, size_t n, gpu_dtype dt,
+                              float *buf)
+{
+    size_t es = gpu_dtype_size(m->lin_dt);
+    if (m->lin_dt == GPU_FP32 && dt == GPU_FP32)
+        return (const float *)src;
+#pragma omp parallel for schedule(static) if (big(n))
+    for (size_t i = 0; i < n; i += CHUNK)
+        saved_as(m, src + i * es, min_sz(CHUNK, n - i), dt, buf + i);
+    return buf;
+}
+
+/* v (values of `from`) cast to lin_dt and saved at store, chunks on every core (the copy is
+ * a no-op when v is the saved tensor itself). */
+static void cast_store(const gpu_gpt *m, float *v, uint8_t *store, size_t n, gpu_dtype from)
+{
+    gpu_dtype lin = m->lin_dt;
+    size_t es = gpu_dtype_size(lin);
+#pragma omp parallel for schedule(static) if (big(n))
+    for (size_t i = 0; i < n; i += CHUNK) {
+        size_t k = min_sz(CHUNK, n - i);
+        cast(v + i, k, from, lin);
+        gpu_cvt_from_f32(store + i * es, lin, v + i, k);
+    }
+}
+
 /* A layer norm on the stream x: its output cast to lin_dt and saved at store; mean and rstd
- * saved. Returns the output's fp32 values (in sc->in32, or the saved tensor itself). */
+ * saved. Returns the output's fp32 values (in sc->in32, or the saved tensor itself). Blocks
+ * of rows on every core, each block's passes made while it is in cache. */
 static const float *ln_fwd(const gpu_gpt *m, const gpu_gpt_weights *w, const float *x, size_t g_off,
                            size_t b_off, int N, uint8_t *acts, size_t store, size_t mean,
                            size_t rstd, const gpt_scratch *sc)
 {
-    size_t C = (size_t)m->d_model, n = (size_t)N * C;
-    const float *g = wf32(w, g_off, C, m->ln_dt, sc->row0);
-    const float *b = wf32(w, b_off, C, m->ln_dt, sc->row1);
+    int C = m->d_model, rows = row_block(C);
+    const float *g = wf32(w, g_off, (size_t)C, m->ln_dt, sc->row0);
+    const float *b = wf32(w, b_off, (size_t)C, m->ln_dt, sc->row1);
     float *y = out_for(m, acts, store, sc->in32);
-    const float *xin = ln_input(m, x, n, sc->qkvm);
-    size_t es = gpu_dtype_size(m->lin_dt), rows = CHUNK / C > 0 ? CHUNK / C : 1;
-    for (size_t r = 0; r < (size_t)N; r += rows) { /* a block of rows at a time, in cache */
-        size_t k = (size_t)N - r < rows ? (size_t)N - r : rows, at = r * C;
-        gpu_gpt_layernorm_fwd(xin + at, g, b, (int)k, (int)C, m->ln_dt, y + at,
-                              (float *)(acts + mean) + r, (float *)(acts + rstd) + r);
-        cast(y + at, k * C, m->ln_dt, m->lin_dt);
-        gpu_cvt_from_f32(acts + store + at * es, m->lin_dt, y + at, k * C); /* no-op if saved */
+    float *mu = (float *)(acts + mean), *rs = (float *)(acts + rstd);
+    size_t es = gpu_dtype_size(m->lin_dt);
+#pragma omp parallel for schedule(static) if (big((size_t)N * C))
+    for (int r = 0; r < N; r += rows) {
+        int k = min_int(rows, N - r);
+        size_t at = (size_t)r * C, n = (size_t)k * C;
+        const float *xin = ln_input(m, x + at, n, sc->qkvm + at);
+        ln_rows_fwd(xin, g, b, k, C, m->ln_dt, y + at, mu + r, rs + r);
+        cast(y + at, n, m->ln_dt, m->lin_dt);
+        gpu_cvt_from_f32(acts + store + at * es, m->lin_dt, y + at, n); /* no-op if saved */
     }
     return y;
 }
 
-/* Layer-norm backward from dy (values of lin_dt, modified): dx written into dx (values of
- * resid_dt, cast back from ln_dt), weight gradients into grads. */
+/* Layer-norm backward from dy (a linear's input gradient, rounded here to lin_dt; modified):
+ * dx written into dx (values of resid_dt, cast back from ln_dt) by blocks of rows, then the
+ * weight gradients into grads by blocks of columns, on every core. */
 static void ln_bwd(const gpu_gpt *m, const gpu_gpt_weights *w, float *dy, const float *x,
                    const uint8_t *acts, size_t mean, size_t rstd, size_t g_off, size_t b_off, int N,
                    float *grads, float *dx, const gpt_scratch *sc)
 {
-    size_t C = (size_t)m->d_model, n = (size_t)N * C;
-    cast(dy, n, m->lin_dt, m->ln_dt);
-    const float *g = wf32(w, g_off, C, m->ln_dt, sc->row0);
-    gpu_gpt_layernorm_bwd(dy, ln_input(m, x, n, sc->qkvm), (const float *)(acts + mean),
-                          (const float *)(acts + rstd), g, N, (int)C, m->ln_dt, dx, grads + g_off,
-                          grads + b_off);
-    cast(dx, n, m->ln_dt, m->resid_dt);
-}
-
-/* dst = rd(a + b, resid_dt): a residual add (b is a linear's output in lin_dt). */
-static void resid_add(const gpu_gpt *m, float *dst, const float *a, const float *b, size_t n)
-{
-    add_to(dst, a, b, n);
-    rnd(dst, n, m->resid_dt);
-}
-
-/* dres += dx in resid_dt: the stream's two gradient contributions summed. */
-static void resid_acc(const gpu_gpt *m, float *dres, const float *dx, size_t n)
-{
-    for (size_t i = 0; i < n; i += 1 << 20) {
-        size_t k = n - i < (1 << 20) ? n - i : (1 << 20);
-        add_row(dres + i, dx + i, (int)k);
+    int C = m->d_model, rows = row_block(C);
+    const float *g = wf32(w, g_off, (size_t)C, m->ln_dt, sc->row0);
+    const float *mu = (const float *)(acts + mean), *rs = (const float *)(acts + rstd);
+    const float *xin = ln_rounds(m) ? sc->qkvm : x;
+#pragma omp parallel for schedule(static) if (big((size_t)N * C))
+    for (int r = 0; r < N; r += rows) {
+        int k = min_int(rows, N - r);
+        size_t at = (size_t)r * C, n = (size_t)k * C;
+        rnd(dy + at, n, m->lin_dt);
+        cast(dy + at, n, m->lin_dt, m->ln_dt);
+        ln_input(m, x + at, n, sc->qkvm + at);
+        ln_rows_dx(dy + at, xin + at, mu + r, rs + r, g, k, C, m->ln_dt, dx + at);
+        cast(dx + at, n, m->ln_dt, m->resid_dt);
     }
-    rnd(dres, n, m->resid_dt);
+    ln_grads(dy, xin, mu, rs, N, C, m->ln_dt, grads + g_off, grads + b_off);
 }
 
-/* dres rounded to lin_dt: the add's gradient handed to its lin_dt input (dres itself, or a
- * rounded copy in dst). */
-static const float *to_lin(const gpu_gpt *m, float *dst, const float *dres, size_t n)
+/* Whether the linears read the stream's gradient rounded to lin_dt, not the gradient. */
+static bool lin_rounds(const gpu_gpt *m)
 {
-    if (m->lin_dt == GPU_FP32 || m->lin_dt == m->resid_dt)
-        return dres;
-    gpu_round_n(dst, dres, n, m->lin_dt);
-    return dst;
+    return m->lin_dt != GPU_FP32 && m->lin_dt != m->resid_dt;
+}
+
+/* dres = rd(dres + dx, resid_dt): the stream's two gradient contributions summed; and, with
+ * lin not NULL, the sum rounded to lin_dt into lin (the add's gradient handed to its lin_dt
+ * input) in the same pass. Chunks on every core. */
+static void resid_acc(const gpu_gpt *m, float *dres, const float *dx, size_t n, float *lin)
+{
+#pragma omp parallel for schedule(static) if (big(n))
+    for (size_t i = 0; i < n; i += CHUNK) {
+        size_t k = min_sz(CHUNK, n - i);
+        add_row(dres + i, dx + i, (int)k);
+        rnd(dres + i, k, m->resid_dt);
+        if (lin)
+            gpu_round_n(lin + i, dres + i, k, m->lin_dt);
+    }
+}
+
+/* The stream's gradient as the linears read it: sc->dres, or its rounding to lin_dt, which
+ * resid_acc (or the backward, for the last block) leaves in sc->big. */
+static const float *dres_lin(const gpu_gpt *m, const gpt_scratch *sc)
+{
+    return lin_rounds(m) ? sc->big : sc->dres;
 }
 
 static float *actf(uint8_t *acts, size_t off)
@@ -1182,39 +1486,69 @@ static int check_tokens(const gpu_gpt *m, const int *x, const int *y, int B)
 }
 
 /* g = the GELU of the fc output u (values of lin_dt), cast back to lin_dt and saved at
- * store, chunk by chunk so that each chunk is read from memory once. */
-static void gelu_fwd_chunked(const gpu_gpt *m, const float *u, float *g, uint8_t *store, size_t n,
-                             float *tmp)
+ * store, chunk by chunk so that each chunk is read from memory once; chunks on every core. */
+static void gelu_fwd_chunked(const gpu_gpt *m, const float *u, float *g, uint8_t *store, size_t n)
 {
     gpu_dtype lin = m->lin_dt, dt = m->gelu_dt;
     size_t es = gpu_dtype_size(lin);
+#pragma omp parallel for schedule(static) if (big(n))
     for (size_t i = 0; i < n; i += CHUNK) {
-        size_t k = n - i < CHUNK ? n - i : CHUNK;
+        size_t k = min_sz(CHUNK, n - i);
+        float tmp[CHUNK];
         const float *in = u + i;
         if (dt != GPU_FP32 && dt != lin) { /* the cast into GELU's dtype */
             gpu_round_n(tmp, in, k, dt);
             in = tmp;
         }
-        gpu_gpt_gelu_fwd(g + i, in, k, dt);
+        gelu_chunk(g + i, in, k, dt);
         cast(g + i, k, dt, lin);
         gpu_cvt_from_f32(store + i * es, lin, g + i, k); /* no-op when g is the saved tensor */
     }
 }
 
-/* d (values of lin_dt, the gradient at GELU's output cast to lin_dt) becomes the gradient
- * at mlp.fc's output, chunk by chunk: through the cast, GELU's backward in gelu_dt from the
- * saved input, and the cast back. */
-static void gelu_bwd_chunked(const gpu_gpt *m, float *d, const uint8_t *saved_u, size_t n,
-                             float *tmp)
+/* d (mlp.proj's input gradient, rounded here to lin_dt: the gradient at GELU's output cast to
+ * lin_dt) becomes the gradient at mlp.fc's output, chunk by chunk: through the cast, GELU's
+ * backward in gelu_dt from the saved input, and the cast back; chunks on every core. */
+static void gelu_bwd_chunked(const gpu_gpt *m, float *d, const uint8_t *saved_u, size_t n)
 {
     gpu_dtype lin = m->lin_dt, dt = m->gelu_dt;
     size_t es = gpu_dtype_size(lin);
+#pragma omp parallel for schedule(static) if (big(n))
     for (size_t i = 0; i < n; i += CHUNK) {
-        size_t k = n - i < CHUNK ? n - i : CHUNK;
+        size_t k = min_sz(CHUNK, n - i);
+        float tmp[CHUNK];
+        rnd(d + i, k, lin);
         cast(d + i, k, lin, dt);
-        gpu_gpt_gelu_bwd(d + i, saved_as(m, saved_u + i * es, k, dt, tmp), k, dt);
+        gelu_grad_kernel(d + i, saved_as(m, saved_u + i * es, k, dt, tmp), k);
+        rnd(d + i, k, dt);
         cast(d + i, k, dt, lin);
     }
+}
+
+/* The attention of block l on its qkv (values of lin_dt): y (values of lin_dt) written and
+ * saved. */
+static int attention_fwd(const gpu_gpt *m, int l, int B, const float *qkv, uint8_t *acts,
+                         const gpt_scratch *sc, gpu_diag *diag)
+{
+    const gpu_gpt_block_acts *A = &m->act[l];
+    int T = m->seq_len, C = m->d_model, rc;
+    size_t nC = (size_t)B * T * C;
+    const float *q = qkv;
+    if (m->mm_dt != GPU_FP32 && m->mm_dt != m->lin_dt) {
+        round_par(sc->qkvm, qkv, 3 * nC, m->mm_dt);
+        q = sc->qkvm;
+    }
+    float *y = out_for(m, acts, A->atty, sc->aty);
+    int dsc = dlayer(diag, l, "attn.scores", m->mm_dt); /* flash: its slot, no counts */
+    if (m->flash)
+        rc = gpu_gpt_flash_fwd(q, B, T, C, m->n_head, m->mm_dt, actf(acts, A->probs), y, sc->att);
+    else
+        rc = gpu_gpt_attention_fwd(q, B, T, C, m->n_head, m->mm_dt, m->sm_dt,
+                                   actf(acts, A->probs), y, sc->att, diag, dsc);
+    if (rc)
+        return rc;
+    cast_store(m, y, acts + A->atty, nC, m->mm_dt);
+    return 0;
 }
 
 /* One block's forward from its input (saved at act[l].resid) to the next block's input. */
@@ -1229,51 +1563,34 @@ static int block_fwd(const gpu_gpt *m, const gpu_gpt_weights *w, int l, int B, u
     const float *hin = actf(acts, A->resid);
     float *hmid = actf(acts, A->resid_mid);
 
-    /* attention */
+    /* attention; attn.proj's rows also make the residual add */
     const float *a =
         ln_fwd(m, w, hin, P->ln1_w, P->ln1_b, N, acts, A->ln1, A->ln1_mean, A->ln1_rstd, sc);
     float *qkv = out_for(m, acts, A->qkv, sc->big);
-    rc = linear_fwd(m, w, a, N, C, 3 * C, P->qkv_w, P->qkv_b, qkv, acts + A->qkv, sc, diag,
+    rc = linear_fwd(m, w, a, N, C, 3 * C, P->qkv_w, P->qkv_b, qkv,
+                    &(lin_out){acts + A->qkv, NULL, NULL}, sc, diag,
                     dlayer(diag, l, "attn.qkv", lin));
+    if (!rc)
+        rc = attention_fwd(m, l, B, qkv, acts, sc, diag);
+    if (!rc)
+        rc = linear_fwd(m, w, out_for(m, acts, A->atty, sc->aty), N, C, C, P->proj_w, P->proj_b,
+                        sc->big, &(lin_out){NULL, hin, hmid}, sc, diag,
+                        dlayer(diag, l, "attn.proj", lin));
     if (rc)
         return rc;
-    const float *q = qkv;
-    if (m->mm_dt != GPU_FP32 && m->mm_dt != lin) {
-        gpu_round_n(sc->qkvm, qkv, 3 * nC, m->mm_dt);
-        q = sc->qkvm;
-    }
-    float *y = out_for(m, acts, A->atty, sc->aty);
-    int dsc = dlayer(diag, l, "attn.scores", m->mm_dt); /* flash: its slot, no counts */
-    if (m->flash)
-        rc = gpu_gpt_flash_fwd(q, B, T, C, m->n_head, m->mm_dt, actf(acts, A->probs), y, sc->att);
-    else
-        rc = gpu_gpt_attention_fwd(q, B, T, C, m->n_head, m->mm_dt, m->sm_dt,
-                                   actf(acts, A->probs), y, sc->att, diag, dsc);
-    if (rc)
-        return rc;
-    cast(y, nC, m->mm_dt, lin);
-    gpu_cvt_from_f32(acts + A->atty, lin, y, nC);
-    rc = linear_fwd(m, w, y, N, C, C, P->proj_w, P->proj_b, sc->big, NULL, sc, diag,
-                    dlayer(diag, l, "attn.proj", lin));
-    if (rc)
-        return rc;
-    resid_add(m, hmid, hin, sc->big, nC);
 
-    /* MLP */
+    /* MLP; mlp.proj's rows also make the residual add */
     a = ln_fwd(m, w, hmid, P->ln2_w, P->ln2_b, N, acts, A->ln2, A->ln2_mean, A->ln2_rstd, sc);
     float *u = out_for(m, acts, A->fc, sc->big);
-    rc = linear_fwd(m, w, a, N, C, 4 * C, P->fc_w, P->fc_b, u, acts + A->fc, sc, diag,
-                    dlayer(diag, l, "mlp.fc", lin));
+    rc = linear_fwd(m, w, a, N, C, 4 * C, P->fc_w, P->fc_b, u, &(lin_out){acts + A->fc, NULL, NULL},
+                    sc, diag, dlayer(diag, l, "mlp.fc", lin));
     if (rc)
         return rc;
     float *g = out_for(m, acts, A->gelu, sc->in32);
-    gelu_fwd_chunked(m, u, g, acts + A->gelu, n4, sc->chunk);
-    rc = linear_fwd(m, w, g, N, 4 * C, C, P->mproj_w, P->mproj_b, sc->big, NULL, sc, diag,
-                    dlayer(diag, l, "mlp.proj", lin));
-    if (rc)
-        return rc;
-    resid_add(m, actf(acts, block_out(m, l)), hmid, sc->big, nC);
-    return 0;
+    gelu_fwd_chunked(m, u, g, acts + A->gelu, n4);
+    return linear_fwd(m, w, g, N, 4 * C, C, P->mproj_w, P->mproj_b, sc->big,
+                      &(lin_out){NULL, hmid, actf(acts, block_out(m, l))}, sc, diag,
+                      dlayer(diag, l, "mlp.proj", lin));
 }
 
 /* Forward pass; see gpu/gpt.h. */
@@ -1290,7 +1607,7 @@ int gpu_gpt_forward(const gpu_gpt *m, const gpu_gpt_weights *w, const int *x, co
     carve(m, scratch, &sc);
 
     const void *wte = wsrc(w, m->wte, m->emb_dt, &edt), *wpe = wsrc(w, m->wpe, m->emb_dt, &edt);
-    gpu_gpt_embed_fwd(x, B, T, C, wte, wpe, edt, m->resid_dt, actf(acts, m->act[0].resid), sc.row0);
+    gpu_gpt_embed_fwd(x, B, T, C, wte, wpe, edt, m->resid_dt, actf(acts, m->act[0].resid), NULL);
     for (int l = 0; l < m->n_layer; l++) {
         rc = block_fwd(m, w, l, B, acts, &sc, diag);
         if (rc)
@@ -1308,41 +1625,20 @@ int gpu_gpt_forward(const gpu_gpt *m, const gpu_gpt_weights *w, const int *x, co
     return 0;
 }
 
-/* One block's backward: sc->dres holds the gradient of the block's output on entry and of
- * its input on return. */
-static int block_bwd(const gpu_gpt *m, const gpu_gpt_weights *w, int l, int B, const uint8_t *acts,
-                     const gpt_scratch *sc, gpu_diag *diag, float *grads)
+/* The attention's backward of block l from sc->aty (attn.proj's input gradient, rounded
+ * here): sc->dqkv written, values of lin_dt. */
+static int attention_bwd(const gpu_gpt *m, int l, int B, const uint8_t *acts,
+                         const gpt_scratch *sc, gpu_diag *diag)
 {
-    const gpu_gpt_block *P = &m->blk[l];
     const gpu_gpt_block_acts *A = &m->act[l];
-    int T = m->seq_len, C = m->d_model, N = B * T, rc;
-    size_t nC = (size_t)N * C, n4 = 4 * nC;
+    int T = m->seq_len, C = m->d_model, rc;
+    size_t nC = (size_t)B * T * C;
     gpu_dtype lin = m->lin_dt;
-
-    /* MLP: the add hands dres to mlp.proj's output */
-    rc = linear_bwd(m, w, to_lin(m, sc->big, sc->dres, nC), acts + A->gelu, N, 4 * C, C, P->mproj_w,
-                    P->mproj_b, grads, sc->in32, sc, diag, dlayer(diag, l, "mlp.proj", lin));
-    if (rc)
-        return rc;
-    gelu_bwd_chunked(m, sc->in32, acts + A->fc, n4, sc->chunk);
-    rc = linear_bwd(m, w, sc->in32, acts + A->ln2, N, C, 4 * C, P->fc_w, P->fc_b, grads, sc->big,
-                    sc, diag, dlayer(diag, l, "mlp.fc", lin));
-    if (rc)
-        return rc;
-    ln_bwd(m, w, sc->big, cactf(acts, A->resid_mid), acts, A->ln2_mean, A->ln2_rstd, P->ln2_w,
-           P->ln2_b, N, grads, sc->aty, sc);
-    resid_acc(m, sc->dres, sc->aty, nC);
-
-    /* attention */
-    rc = linear_bwd(m, w, to_lin(m, sc->big, sc->dres, nC), acts + A->atty, N, C, C, P->proj_w,
-                    P->proj_b, grads, sc->aty, sc, diag, dlayer(diag, l, "attn.proj", lin));
-    if (rc)
-        return rc;
-    cast(sc->aty, nC, lin, m->mm_dt);
-    const float *qkv = saved_as(m, acts + A->qkv, 3 * nC, m->mm_dt, sc->qkvm);
+    rnd_cast_par(sc->aty, nC, lin, m->mm_dt);
+    const float *qkv = saved_par(m, acts + A->qkv, 3 * nC, m->mm_dt, sc->qkvm);
     int dsc = dlayer(diag, l, "attn.scores", m->mm_dt);
     if (m->flash)
-        rc = gpu_gpt_flash_bwd(sc->aty, qkv, saved_as(m, acts + A->atty, nC, lin, sc->in32),
+        rc = gpu_gpt_flash_bwd(sc->aty, qkv, saved_par(m, acts + A->atty, nC, lin, sc->in32),
                                cactf(acts, A->probs), B, T, C, m->n_head, m->mm_dt, sc->dqkv,
                                sc->att, diag, dsc);
     else
@@ -1350,14 +1646,50 @@ static int block_bwd(const gpu_gpt *m, const gpu_gpt_weights *w, int l, int B, c
                                    m->mm_dt, m->sm_dt, sc->dqkv, sc->att, diag, dsc);
     if (rc)
         return rc;
-    cast(sc->dqkv, 3 * nC, m->mm_dt, lin);
-    rc = linear_bwd(m, w, sc->dqkv, acts + A->ln1, N, C, 3 * C, P->qkv_w, P->qkv_b, grads, sc->big,
-                    sc, diag, dlayer(diag, l, "attn.qkv", lin));
+    cast_par(sc->dqkv, 3 * nC, m->mm_dt, lin);
+    return 0;
+}
+
+/* One block's backward: sc->dres holds the gradient of the block's output on entry (and
+ * dres_lin its rounding to lin_dt) and of its input on return (with its rounding in sc->big
+ * when lin_next). */
+static int block_bwd(const gpu_gpt *m, const gpu_gpt_weights *w, int l, int B, const uint8_t *acts,
+                     const gpt_scratch *sc, gpu_diag *diag, float *grads, bool lin_next)
+{
+    const gpu_gpt_block *P = &m->blk[l];
+    const gpu_gpt_block_acts *A = &m->act[l];
+    int T = m->seq_len, C = m->d_model, N = B * T, rc;
+    size_t nC = (size_t)N * C, n4 = 4 * nC;
+    gpu_dtype lin = m->lin_dt;
+    float *dlin = lin_rounds(m) ? sc->big : NULL;
+
+    /* MLP: the add hands dres to mlp.proj's output */
+    rc = linear_bwd(m, w, dres_lin(m, sc), acts + A->gelu, N, 4 * C, C, P->mproj_w, P->mproj_b,
+                    grads, sc->in32, sc, diag, dlayer(diag, l, "mlp.proj", lin));
+    if (rc)
+        return rc;
+    gelu_bwd_chunked(m, sc->in32, acts + A->fc, n4);
+    rc = linear_bwd(m, w, sc->in32, acts + A->ln2, N, C, 4 * C, P->fc_w, P->fc_b, grads, sc->big,
+                    sc, diag, dlayer(diag, l, "mlp.fc", lin));
+    if (rc)
+        return rc;
+    ln_bwd(m, w, sc->big, cactf(acts, A->resid_mid), acts, A->ln2_mean, A->ln2_rstd, P->ln2_w,
+           P->ln2_b, N, grads, sc->aty, sc);
+    resid_acc(m, sc->dres, sc->aty, nC, dlin);
+
+    /* attention */
+    rc = linear_bwd(m, w, dres_lin(m, sc), acts + A->atty, N, C, C, P->proj_w, P->proj_b, grads,
+                    sc->aty, sc, diag, dlayer(diag, l, "attn.proj", lin));
+    if (!rc)
+        rc = attention_bwd(m, l, B, acts, sc, diag);
+    if (!rc)
+        rc = linear_bwd(m, w, sc->dqkv, acts + A->ln1, N, C, 3 * C, P->qkv_w, P->qkv_b, grads,
+                        sc->big, sc, diag, dlayer(diag, l, "attn.qkv", lin));
     if (rc)
         return rc;
     ln_bwd(m, w, sc->big, cactf(acts, A->resid), acts, A->ln1_mean, A->ln1_rstd, P->ln1_w, P->ln1_b,
            N, grads, sc->aty, sc);
-    resid_acc(m, sc->dres, sc->aty, nC);
+    resid_acc(m, sc->dres, sc->aty, nC, lin_next ? dlin : NULL);
     return 0;
 }
 
@@ -1397,14 +1729,16 @@ int gpu_gpt_backward(const gpu_gpt *m, const gpu_gpt_weights *w, const int *x, c
            m->lnf_b, N, grads, sc.dres, &sc);
     gpu_grad_done(ready, m->lnf_w, (size_t)C);
     gpu_grad_done(ready, m->lnf_b, (size_t)C);
+    if (lin_rounds(m)) /* the last block reads it from sc.big (dres_lin) */
+        round_par(sc.big, sc.dres, nC, m->lin_dt);
     for (int l = m->n_layer - 1; l >= 0; l--) {
-        rc = block_bwd(m, w, l, B, acts, &sc, diag, grads);
+        rc = block_bwd(m, w, l, B, acts, &sc, diag, grads, l > 0);
         if (rc)
             return rc;
         gpu_gpt_block_done(m, l, ready);
     }
     /* the embedding: its output was held in resid_dt; it ran in emb_dt */
-    cast(sc.dres, nC, m->resid_dt, m->emb_dt);
+    cast_par(sc.dres, nC, m->resid_dt, m->emb_dt);
     memset(grads + m->wpe, 0, sizeof(float) * (size_t)T * C);
     gpu_gpt_embed_bwd(x, B, T, C, sc.dres, grads + m->wte, grads + m->wpe);
     gpu_grad_done(ready, m->wpe, (size_t)T * C);

@@ -17,8 +17,9 @@
  * Invariants: each op computes in fp32 from values of its dtype and rounds its outputs (and,
  * backward, its gradients) to that dtype; the parameter layout is the checkpoints' and the
  * CUDA backend's.
- * Threads: none of its own; the GEMMs use the BLAS library's threads. A plan is read-only
- * once made.
+ * Threads: the passes between the GEMMs, the ops below included, run on the OpenMP team,
+ * with results that do not depend on its size (see gpt.c); the GEMMs are called from the
+ * calling thread. A plan is read-only once made.
  */
 #ifndef AMPD_GPU_GPT_H
 #define AMPD_GPU_GPT_H
@@ -126,8 +127,8 @@ void gpu_gpt_block_done(const gpu_gpt *m, int l, const gpu_grad_ready *ready);
  * of dt, it computes in fp32 and rounds its outputs (and, backward, its gradients) to dt.
  * All pointers borrowed; outputs may not overlap inputs unless stated. */
 
-/* out[b*T+t] = rd(wte[x] + wpe[t], out_dt) for N = B*T rows of C; wte/wpe in wdt; tmp
- * holds C floats (unused when wdt is fp32). */
+/* out[b*T+t] = rd(wte[x] + wpe[t], out_dt) for N = B*T rows of C; wte/wpe in wdt; tmp is
+ * unused (may be NULL). */
 void gpu_gpt_embed_fwd(const int *x, int B, int T, int C, const void *wte, const void *wpe,
                        gpu_dtype wdt, gpu_dtype out_dt, float *out, float *tmp);
 /* dwte[x] += dout rows, dwpe[t] += dout rows, in fp32. */
