@@ -391,10 +391,10 @@ static int block_of(int dim, int K)
     return b >= (size_t)dim ? dim : (int)b;
 }
 
-static gemm_plan plan_of(int M, int N, int K, gpu_dtype adt, gpu_dtype bdt, gpu_dtype cdt,
-                         unsigned round)
+static gemm_plan plan_in(int M, int N, int K, gpu_dtype adt, gpu_dtype bdt, gpu_dtype cdt,
+                         unsigned round, gpu_dtype fmt)
 {
-    gemm_plan p = {.cdt = cdt, .fmt = lib_format(cdt)};
+    gemm_plan p = {.cdt = cdt, .fmt = fmt};
     size_t a = (size_t)M * (size_t)K, b = (size_t)K * (size_t)N;
     bool low = cdt != GPU_FP32;
     /* an fp32 operand to round is rounded even where the library takes fp32 */
@@ -413,6 +413,12 @@ static gemm_plan plan_of(int M, int N, int K, gpu_dtype adt, gpu_dtype bdt, gpu_
     return p;
 }
 
+static gemm_plan plan_of(int M, int N, int K, gpu_dtype adt, gpu_dtype bdt, gpu_dtype cdt,
+                         unsigned round)
+{
+    return plan_in(M, N, K, adt, bdt, cdt, round, lib_format(cdt));
+}
+
 /* Floats of scratch for a plan's converted elements, each region 64-byte aligned. */
 static size_t plan_floats(const gemm_plan *p)
 {
@@ -429,8 +435,15 @@ size_t gpu_gemm_ex_scratch_floats(int M, int N, int K, gpu_dtype adt, gpu_dtype 
 {
     if (M <= 0 || N <= 0 || K <= 0 || !dtype_ok(adt) || !dtype_ok(bdt) || !dtype_ok(cdt))
         return 0;
-    gemm_plan p = plan_of(M, N, K, adt, bdt, cdt_ok(adt, bdt, cdt) ? cdt : GPU_FP32, round);
-    return plan_floats(&p);
+    if (!cdt_ok(adt, bdt, cdt))
+        cdt = GPU_FP32;
+    gemm_plan p = plan_of(M, N, K, adt, bdt, cdt, round);
+    size_t n = plan_floats(&p);
+    if (p.fmt == GPU_BF16) { /* room for the widened fallback (subnormal operands) */
+        gemm_plan w = plan_in(M, N, K, adt, bdt, cdt, round, GPU_FP32);
+        n = plan_floats(&w) > n ? plan_floats(&w) : n;
+    }
+    return n;
 }
 
 size_t gpu_gemm_scratch_floats(bool ta, bool tb, int M, int N, int K,
@@ -489,6 +502,46 @@ static int lib_gemm(gpu_dtype fmt, bool ta, bool tb, int M, int N, int K, const 
     return 0;
 }
 
+/* AVX512_BF16's dot products read subnormal inputs as zero (DAZ), which the contract does
+ * not allow: a GEMM that would hand the native kernels a subnormal bf16 value runs widened
+ * instead. Subnormal bf16 values (|x| < 2^-126) do not occur in practice, so the check is
+ * a fast scan (in place) or a look at what the conversion just wrote (in cache). */
+#define SUBNORMAL 1 /* run_plan's answer: the native plan met a subnormal operand */
+
+#ifdef __clang__
+#define SCAN_HOT
+#else
+#define SCAN_HOT __attribute__((target_clones("avx512f", "avx2", "default"), optimize("O3")))
+#endif
+
+SCAN_HOT static unsigned bf16_subnormals(const uint16_t *restrict x, size_t n)
+{
+    unsigned any = 0;
+    for (size_t i = 0; i < n; i++)
+        any |= (unsigned)((x[i] & 0x7F80u) == 0) & (unsigned)((x[i] & 0x7Fu) != 0);
+    return any;
+}
+
+/* Whether a stored bf16 block of rows x cols (leading dimension ld) holds a subnormal. */
+static bool block_subnormal(const uint16_t *x, int rows, int cols, int ld)
+{
+    unsigned any = 0;
+    if (ld == cols)
+        return bf16_subnormals(x, (size_t)rows * (size_t)cols) != 0;
+#pragma omp parallel for reduction(| : any) if ((size_t)rows * cols >= PAR_MIN_ELEMS)
+    for (int r = 0; r < rows; r++)
+        any |= bf16_subnormals(x + (size_t)r * (size_t)ld, (size_t)cols);
+    return any != 0;
+}
+
+SCAN_HOT static unsigned f32_subnormals(const uint32_t *restrict x, size_t n)
+{
+    unsigned any = 0;
+    for (size_t i = 0; i < n; i++)
+        any |= (unsigned)((x[i] & 0x7F800000u) == 0) & (unsigned)((x[i] & 0x7FFFFFu) != 0);
+    return any;
+}
+
 /* An operand of a GEMM: its storage and where a block of it starts. */
 typedef struct {
     const void *p;
@@ -512,7 +565,7 @@ static const void *block_at(const operand *o, bool is_a, int r0, int nr, int K, 
 /* One operand for the library: in place, or its block [r0, r0 + nr) converted into buf.
  * *ld: the leading dimension the library reads it with. */
 static const void *prepare(const operand *o, bool is_a, bool conv, const gemm_plan *p,
-                           int r0, int nr, int K, void *buf, int *ld)
+                           int r0, int nr, int K, void *buf, int *ld, bool *subnormal)
 {
     int rows, cols;
     const void *src = block_at(o, is_a, r0, nr, K, &rows, &cols);
@@ -522,11 +575,51 @@ static const void *prepare(const operand *o, bool is_a, bool conv, const gemm_pl
     }
     convert(buf, p, src, o->dt, rows, cols, o->ld);
     *ld = cols;
+    if (p->fmt == GPU_BF16 && block_subnormal(buf, rows, cols, cols))
+        *subnormal = true;
     return buf;
 }
 
+/* Whether an operand the native plan reads in place holds a subnormal. */
+static bool in_place_subnormal(const operand *o, bool is_a, bool conv, int dim, int K)
+{
+    int rows, cols;
+    if (conv || o->dt != GPU_BF16)
+        return false;
+    const void *src = block_at(o, is_a, 0, dim, K, &rows, &cols);
+    return block_subnormal(src, rows, cols, o->ld);
+}
+
+/* Whether an fp32 operand holds a subnormal (which could narrow to a bf16 subnormal). */
+static bool f32_operand_subnormal(const operand *o, bool is_a, int dim, int K)
+{
+    int rows, cols;
+    unsigned any = 0;
+    const uint32_t *x = block_at(o, is_a, 0, dim, K, &rows, &cols);
+#pragma omp parallel for reduction(| : any) if ((size_t)rows * cols >= PAR_MIN_ELEMS)
+    for (int r = 0; r < rows; r++)
+        any |= f32_subnormals(x + (size_t)r * (size_t)o->ld, (size_t)cols);
+    return any != 0;
+}
+
+/* Whether the native plan must give way to the widened one before it starts: an operand it
+ * reads in place holds a subnormal, or (with beta != 0, when C cannot be written twice) an
+ * operand it converts does. Otherwise the conversions look as they go (SUBNORMAL). */
+static bool native_refused(const gemm_plan *p, const operand *a, const operand *b, int M, int N,
+                           int K, float beta)
+{
+    if (in_place_subnormal(a, true, p->conv_a, M, K) ||
+        in_place_subnormal(b, false, p->conv_b, N, K))
+        return true;
+    if (beta == 0.0f)
+        return false;
+    return (p->conv_a && a->dt == GPU_FP32 && f32_operand_subnormal(a, true, M, K)) ||
+           (p->conv_b && b->dt == GPU_FP32 && f32_operand_subnormal(b, false, N, K));
+}
+
 /* The product as the plan says: the whole operand converted once, the streamed one block
- * by block. */
+ * by block. On the native plan, SUBNORMAL as soon as a converted block holds a subnormal
+ * (C is then partly written). */
 static int run_plan(const gemm_plan *p, int M, int N, int K, const operand *a,
                     const operand *b, float beta, float *C, int ldc, float *scratch)
 {
@@ -535,21 +628,25 @@ static int run_plan(const gemm_plan *p, int M, int N, int K, const operand *a,
     void *bbuf = (char *)scratch + (p->a_el * es + 63) / 64 * 64;
     int dim = p->stream_a ? M : N, step = p->conv_a || p->conv_b ? p->block : dim;
     int lda, ldb;
+    bool sub = false;
     const void *wa = NULL, *wb = NULL;
     if (!p->stream_a)
-        wa = prepare(a, true, p->conv_a, p, 0, M, K, abuf, &lda);
+        wa = prepare(a, true, p->conv_a, p, 0, M, K, abuf, &lda, &sub);
     else
-        wb = prepare(b, false, p->conv_b, p, 0, N, K, bbuf, &ldb);
+        wb = prepare(b, false, p->conv_b, p, 0, N, K, bbuf, &ldb, &sub);
     for (int r0 = 0; r0 < dim; r0 += step) {
         int nr = dim - r0 < step ? dim - r0 : step, rc;
-        if (p->stream_a) {
-            wa = prepare(a, true, p->conv_a, p, r0, nr, K, abuf, &lda);
+        if (p->stream_a)
+            wa = prepare(a, true, p->conv_a, p, r0, nr, K, abuf, &lda, &sub);
+        else
+            wb = prepare(b, false, p->conv_b, p, r0, nr, K, bbuf, &ldb, &sub);
+        if (sub)
+            return SUBNORMAL;
+        if (p->stream_a)
             rc = lib_gemm(p->fmt, a->t, b->t, nr, N, K, wa, lda, wb, ldb, beta,
                           C + (size_t)r0 * ldc, ldc);
-        } else {
-            wb = prepare(b, false, p->conv_b, p, r0, nr, K, bbuf, &ldb);
+        else
             rc = lib_gemm(p->fmt, a->t, b->t, M, nr, K, wa, lda, wb, ldb, beta, C + r0, ldc);
-        }
         if (rc != 0)
             return rc;
     }
@@ -602,11 +699,17 @@ int gpu_gemm_ex(bool ta, bool tb, int M, int N, int K,
     rc = ensure_loaded();
     if (rc != 0)
         return rc;
-    gemm_plan p = plan_of(M, N, K, adt, bdt, cdt, round);
-    if (plan_floats(&p) > 0 && scratch == NULL)
+    if (gpu_gemm_ex_scratch_floats(M, N, K, adt, bdt, cdt, round) > 0 && scratch == NULL)
         return GPU_EINVAL;
     operand a = {A, adt, lda, ta}, b = {B, bdt, ldb, tb};
-    return run_plan(&p, M, N, K, &a, &b, beta, C, ldc, scratch);
+    gemm_plan p = plan_of(M, N, K, adt, bdt, cdt, round);
+    gemm_plan wide = plan_in(M, N, K, adt, bdt, cdt, round, GPU_FP32);
+    if (p.fmt == GPU_BF16 && native_refused(&p, &a, &b, M, N, K, beta))
+        p = wide;
+    rc = run_plan(&p, M, N, K, &a, &b, beta, C, ldc, scratch);
+    if (rc == SUBNORMAL) /* beta is 0 here: what the native plan wrote is overwritten */
+        rc = run_plan(&wide, M, N, K, &a, &b, beta, C, ldc, scratch);
+    return rc;
 }
 
 int gpu_gemm(bool ta, bool tb, int M, int N, int K,

@@ -61,6 +61,10 @@
 #include "gpu/gpt.h"
 #include "gpu/gpu_int.h"
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 /* Elementwise kernels, cloned for AVX-512 and AVX2 and picked at load time (ifunc).
  * no-trapping-math lets the branch-free selects (clamps, NaN passes) vectorise without
  * AVX-512's masks; results are the same IEEE values (ampd never enables FP traps). */
@@ -562,9 +566,63 @@ HOT static void softmax_row_bwd(const float *restrict p, float *restrict d, int 
 }
 
 /* See gpu/gpt.h. */
-size_t gpu_gpt_attention_scratch_floats(int T)
+size_t gpu_gpt_attention_scratch_floats(int T, int slots)
 {
-    return 2 * align16f((size_t)T * (size_t)T);
+    return (size_t)(slots > 1 ? slots : 1) * 2 * align16f((size_t)T * (size_t)T);
+}
+
+/* The OpenMP team a parallel region would start here, at most most (1 without OpenMP). */
+static int team_size(int most)
+{
+#ifdef _OPENMP
+    int n = omp_get_max_threads();
+#else
+    int n = 1;
+#endif
+    return n < 1 ? 1 : n > most ? most : n;
+}
+
+/* The calling thread's number in its OpenMP team (0 outside one). */
+static int team_rank(void)
+{
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+/* One sequence and head's share of an attention pass: its scratch (two T x T regions) and
+ * whether its row passes may start their own team (only when the heads run in order). */
+typedef int (*head_fn)(const void *ctx, int b, int h, float *scratch, bool par_rows);
+
+/* fn for every sequence b < B and head h < H. With slots > 1 the heads are shared out to
+ * that many threads, each with its own slot of scratch, and each head's GEMMs and rows run
+ * on its thread; else the heads run in order, every GEMM and row pass on the whole team.
+ * Either way each head computes the same values. Returns the first error. */
+static int each_head(int B, int H, int T, int slots, float *scratch, head_fn fn,
+                     const void *ctx)
+{
+    size_t per = gpu_gpt_attention_scratch_floats(T, 1);
+    int tasks = B * H, rc = 0;
+    if (slots <= 1 || tasks == 1) {
+        for (int t = 0; t < tasks && rc == 0; t++)
+            rc = fn(ctx, t / H, t % H, scratch, true);
+        return rc;
+    }
+#pragma omp parallel num_threads(slots < tasks ? slots : tasks)
+    {
+        float *mine = scratch + per * (size_t)team_rank();
+#pragma omp for schedule(static)
+        for (int t = 0; t < tasks; t++) {
+            int r = fn(ctx, t / H, t % H, mine, false);
+            if (r != 0) {
+#pragma omp atomic write
+                rc = r;
+            }
+        }
+    }
+    return rc;
 }
 
 static float attn_scale(int hd)
@@ -606,39 +664,50 @@ static const float *p_for_mm(const float *P, float *pm, size_t n, gpu_dtype mm_d
     return pm;
 }
 
-/* See gpu/gpt.h. The GEMMs run one after the other on the calling thread; the rows between
- * them on every core. */
-int gpu_gpt_attention_fwd(const float *qkv, int B, int T, int C, int H, gpu_dtype mm_dt,
-                          gpu_dtype sm_dt, float *probs, float *y, float *scratch, gpu_diag *diag,
-                          int layer)
-{
-    int hd = C / H, ld = 3 * C;
-    float scale = attn_scale(hd);
-    size_t TT = (size_t)T * T;
-    float *S = scratch;
-    float *Pm = mm_dt != GPU_FP32 && mm_dt != sm_dt ? scratch + align16f(TT) : NULL;
+/* The arguments of one attention pass, shared by its heads. */
+typedef struct {
+    const float *qkv, *dy, *probs, *o, *lse;
+    float *P, *y, *dqkv, *L;
+    int T, C, H;
+    gpu_dtype mm_dt, sm_dt;
+    gpu_diag *diag;
+    int layer;
+} attn_args;
 
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < H; h++) {
-            const float *q = qkv + (size_t)b * T * ld + (size_t)h * hd;
-            const float *k = q + C, *v = q + 2 * C;
-            float *P = probs + ((size_t)b * H + h) * TT;
-            int rc =
-                gpu_gemm(false, true, T, T, hd, q, GPU_FP32, ld, k, GPU_FP32, ld, 0.0f, S, T, NULL);
-            if (rc)
-                return rc;
-            if (diag)
-                for (int i = 0; i < T; i++)
-                    gpu_diag_forward(diag, layer, S + (size_t)i * T, (size_t)i + 1);
-#pragma omp parallel for schedule(static, 1) if (big_rows(T))
-            for (int i = 0; i < T; i++)
-                attn_row_fwd(S + (size_t)i * T, P + (size_t)i * T, Pm ? Pm + (size_t)i * T : NULL,
-                             i + 1, T, scale, mm_dt, sm_dt);
-            rc = gpu_gemm(false, false, T, hd, T, Pm ? Pm : P, GPU_FP32, T, v, GPU_FP32, ld, 0.0f,
-                          y + (size_t)b * T * C + (size_t)h * hd, C, NULL);
-            if (rc)
-                return rc;
-        }
+static int attn_head_fwd(const void *ctx, int b, int h, float *scratch, bool par_rows)
+{
+    const attn_args *a = ctx;
+    int T = a->T, C = a->C, hd = C / a->H, ld = 3 * C;
+    size_t TT = (size_t)T * T;
+    float scale = attn_scale(hd), *S = scratch;
+    float *Pm = a->mm_dt != GPU_FP32 && a->mm_dt != a->sm_dt ? scratch + align16f(TT) : NULL;
+    const float *q = a->qkv + (size_t)b * T * ld + (size_t)h * hd;
+    const float *k = q + C, *v = q + 2 * C;
+    float *P = a->P + ((size_t)b * a->H + h) * TT;
+    int rc = gpu_gemm(false, true, T, T, hd, q, GPU_FP32, ld, k, GPU_FP32, ld, 0.0f, S, T, NULL);
+    if (rc)
+        return rc;
+    if (a->diag)
+        for (int i = 0; i < T; i++)
+            gpu_diag_forward(a->diag, a->layer, S + (size_t)i * T, (size_t)i + 1);
+#pragma omp parallel for schedule(static, 1) if (par_rows && big_rows(T))
+    for (int i = 0; i < T; i++)
+        attn_row_fwd(S + (size_t)i * T, P + (size_t)i * T, Pm ? Pm + (size_t)i * T : NULL, i + 1,
+                     T, scale, a->mm_dt, a->sm_dt);
+    return gpu_gemm(false, false, T, hd, T, Pm ? Pm : P, GPU_FP32, T, v, GPU_FP32, ld, 0.0f,
+                    a->y + (size_t)b * T * C + (size_t)h * hd, C, NULL);
+}
+
+/* See gpu/gpt.h. */
+int gpu_gpt_attention_fwd(const float *qkv, int B, int T, int C, int H, gpu_dtype mm_dt,
+                          gpu_dtype sm_dt, float *probs, float *y, float *scratch, int slots,
+                          gpu_diag *diag, int layer)
+{
+    attn_args a = {.qkv = qkv, .P = probs, .y = y, .T = T, .C = C, .H = H, .mm_dt = mm_dt,
+                   .sm_dt = sm_dt, .diag = diag, .layer = layer};
+    int rc = each_head(B, H, T, diag ? 1 : slots, scratch, attn_head_fwd, &a);
+    if (rc)
+        return rc;
     rnd_par(y, (size_t)B * T * C, mm_dt);
     return 0;
 }
@@ -667,48 +736,48 @@ static void attn_row_bwd(const float *p, float *d, int n, int T, float scale, gp
     rnd(d, (size_t)n, mm_dt);
 }
 
-/* See gpu/gpt.h. The GEMMs on the calling thread, the rows between them on every core. */
+static int attn_head_bwd(const void *ctx, int b, int h, float *scratch, bool par_rows)
+{
+    const attn_args *a = ctx;
+    int T = a->T, C = a->C, hd = C / a->H, ld = 3 * C;
+    size_t TT = (size_t)T * T, off = (size_t)b * T * ld + (size_t)h * hd;
+    float scale = attn_scale(hd), *dS = scratch, *Pm = scratch + align16f(TT);
+    const float *q = a->qkv + off, *k = q + C, *v = q + 2 * C;
+    float *dq = a->dqkv + off, *dk = dq + C, *dv = dq + 2 * C;
+    const float *dyh = a->dy + (size_t)b * T * C + (size_t)h * hd;
+    const float *P = a->probs + ((size_t)b * a->H + h) * TT;
+    const float *pm = p_for_mm(P, Pm, TT, a->mm_dt, a->sm_dt);
+    /* dV = Pm^T dY; dP = dY V^T (both matmul outputs, rounded to mm_dt) */
+    int rc = gpu_gemm(true, false, T, hd, T, pm, GPU_FP32, T, dyh, GPU_FP32, C, 0.0f, dv, ld,
+                      NULL);
+    if (!rc)
+        rc = gpu_gemm(false, true, T, T, hd, dyh, GPU_FP32, C, v, GPU_FP32, ld, 0.0f, dS, T, NULL);
+    if (rc)
+        return rc;
+#pragma omp parallel for schedule(static, 1) if (par_rows && big_rows(T))
+    for (int i = 0; i < T; i++)
+        attn_row_bwd(P + (size_t)i * T, dS + (size_t)i * T, i + 1, T, scale, a->mm_dt, a->sm_dt);
+    if (a->diag)
+        gpu_diag_backward(a->diag, a->layer, dS, TT); /* arriving at Q K^T's output */
+    /* dQ = dS K, dK = dS^T Q */
+    rc = gpu_gemm(false, false, T, hd, T, dS, GPU_FP32, T, k, GPU_FP32, ld, 0.0f, dq, ld, NULL);
+    if (!rc)
+        rc = gpu_gemm(true, false, T, hd, T, dS, GPU_FP32, T, q, GPU_FP32, ld, 0.0f, dk, ld, NULL);
+    return rc;
+}
+
+/* See gpu/gpt.h. */
 int gpu_gpt_attention_bwd(const float *dy, const float *qkv, const float *probs, int B, int T,
                           int C, int H, gpu_dtype mm_dt, gpu_dtype sm_dt, float *dqkv,
-                          float *scratch, gpu_diag *diag, int layer)
+                          float *scratch, int slots, gpu_diag *diag, int layer)
 {
-    int hd = C / H, ld = 3 * C;
-    float scale = attn_scale(hd);
-    size_t TT = (size_t)T * T;
-    float *dS = scratch, *Pm = scratch + align16f(TT);
-
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < H; h++) {
-            size_t off = (size_t)b * T * ld + (size_t)h * hd;
-            const float *q = qkv + off, *k = q + C, *v = q + 2 * C;
-            float *dq = dqkv + off, *dk = dq + C, *dv = dq + 2 * C;
-            const float *dyh = dy + (size_t)b * T * C + (size_t)h * hd;
-            const float *P = probs + ((size_t)b * H + h) * TT;
-            const float *pm = p_for_mm(P, Pm, TT, mm_dt, sm_dt);
-            /* dV = Pm^T dY; dP = dY V^T (both matmul outputs, rounded to mm_dt) */
-            int rc = gpu_gemm(true, false, T, hd, T, pm, GPU_FP32, T, dyh, GPU_FP32, C, 0.0f, dv,
-                              ld, NULL);
-            if (!rc)
-                rc = gpu_gemm(false, true, T, T, hd, dyh, GPU_FP32, C, v, GPU_FP32, ld, 0.0f, dS, T,
-                              NULL);
-            if (rc)
-                return rc;
-#pragma omp parallel for schedule(static, 1) if (big_rows(T))
-            for (int i = 0; i < T; i++)
-                attn_row_bwd(P + (size_t)i * T, dS + (size_t)i * T, i + 1, T, scale, mm_dt, sm_dt);
-            if (diag)
-                gpu_diag_backward(diag, layer, dS, TT); /* arriving at Q K^T's output */
-            /* dQ = dS K, dK = dS^T Q */
-            rc = gpu_gemm(false, false, T, hd, T, dS, GPU_FP32, T, k, GPU_FP32, ld, 0.0f, dq, ld,
-                          NULL);
-            if (!rc)
-                rc = gpu_gemm(true, false, T, hd, T, dS, GPU_FP32, T, q, GPU_FP32, ld, 0.0f, dk, ld,
-                              NULL);
-            if (rc)
-                return rc;
-        }
+    attn_args a = {.qkv = qkv, .dy = dy, .probs = probs, .dqkv = dqkv, .T = T, .C = C, .H = H,
+                   .mm_dt = mm_dt, .sm_dt = sm_dt, .diag = diag, .layer = layer};
+    int rc = each_head(B, H, T, diag ? 1 : slots, scratch, attn_head_bwd, &a);
+    if (rc)
+        return rc;
     diag_dqk(diag, layer, dqkv, (size_t)B * T, C);
-    rnd_par(dqkv, (size_t)B * T * ld, mm_dt);
+    rnd_par(dqkv, (size_t)B * T * 3 * C, mm_dt);
     return 0;
 }
 
@@ -747,30 +816,32 @@ static float flash_row_fwd(float *s, float *p, int n, int T, float scale, gpu_dt
     return lse;
 }
 
-/* See gpu/gpt.h. The GEMMs on the calling thread, the rows between them on every core. */
-int gpu_gpt_flash_fwd(const float *qkv, int B, int T, int C, int H, gpu_dtype mm_dt, float *lse,
-                      float *y, float *scratch)
+static int flash_head_fwd(const void *ctx, int b, int h, float *scratch, bool par_rows)
 {
-    int hd = C / H, ld = 3 * C;
-    float scale = attn_scale(hd);
+    const attn_args *a = ctx;
+    int T = a->T, C = a->C, hd = C / a->H, ld = 3 * C;
     size_t TT = (size_t)T * T;
-    float *S = scratch, *P = scratch + align16f(TT);
+    float scale = attn_scale(hd), *S = scratch, *P = scratch + align16f(TT);
+    const float *q = a->qkv + (size_t)b * T * ld + (size_t)h * hd;
+    float *L = a->L + ((size_t)b * a->H + h) * T;
+    int rc = flash_scores(q, q + C, T, hd, ld, S);
+    if (rc)
+        return rc;
+#pragma omp parallel for schedule(static, 1) if (par_rows && big_rows(T))
+    for (int i = 0; i < T; i++)
+        L[i] = flash_row_fwd(S + (size_t)i * T, P + (size_t)i * T, i + 1, T, scale, a->mm_dt);
+    return gpu_gemm(false, false, T, hd, T, P, GPU_FP32, T, q + 2 * C, GPU_FP32, ld, 0.0f,
+                    a->y + (size_t)b * T * C + (size_t)h * hd, C, NULL);
+}
 
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < H; h++) {
-            const float *q = qkv + (size_t)b * T * ld + (size_t)h * hd;
-            float *L = lse + ((size_t)b * H + h) * T;
-            int rc = flash_scores(q, q + C, T, hd, ld, S);
-            if (rc)
-                return rc;
-#pragma omp parallel for schedule(static, 1) if (big_rows(T))
-            for (int i = 0; i < T; i++)
-                L[i] = flash_row_fwd(S + (size_t)i * T, P + (size_t)i * T, i + 1, T, scale, mm_dt);
-            rc = gpu_gemm(false, false, T, hd, T, P, GPU_FP32, T, q + 2 * C, GPU_FP32, ld, 0.0f,
-                          y + (size_t)b * T * C + (size_t)h * hd, C, NULL);
-            if (rc)
-                return rc;
-        }
+/* See gpu/gpt.h. */
+int gpu_gpt_flash_fwd(const float *qkv, int B, int T, int C, int H, gpu_dtype mm_dt, float *lse,
+                      float *y, float *scratch, int slots)
+{
+    attn_args a = {.qkv = qkv, .L = lse, .y = y, .T = T, .C = C, .H = H, .mm_dt = mm_dt};
+    int rc = each_head(B, H, T, slots, scratch, flash_head_fwd, &a);
+    if (rc)
+        return rc;
     rnd_par(y, (size_t)B * T * C, mm_dt);
     return 0;
 }
@@ -799,17 +870,21 @@ static void flash_row_ds(const float *dyi, const float *oi, int hd, const float 
 }
 
 /* One sequence and head of gpu_gpt_flash_bwd: P recomputed from the saved log-sum-exp. */
-static int flash_bwd_head(const float *dyh, const float *q, const float *oh, const float *L,
-                          int T, int C, int hd, gpu_dtype mm_dt, float *dq, float *scratch)
+static int flash_head_bwd(const void *ctx, int b, int h, float *scratch, bool par_rows)
 {
-    int ld = 3 * C;
-    size_t TT = (size_t)T * T;
-    float scale = attn_scale(hd);
+    const attn_args *a = ctx;
+    int T = a->T, C = a->C, hd = C / a->H, ld = 3 * C;
+    size_t TT = (size_t)T * T, off = (size_t)b * T * ld + (size_t)h * hd;
+    size_t yoff = (size_t)b * T * C + (size_t)h * hd;
+    const float *dyh = a->dy + yoff, *q = a->qkv + off, *oh = a->o + yoff;
+    const float *L = a->lse + ((size_t)b * a->H + h) * T;
+    float *dq = a->dqkv + off, scale = attn_scale(hd);
     float *P = scratch, *W = scratch + align16f(TT);
+    gpu_dtype mm_dt = a->mm_dt;
     int rc = flash_scores(q, q + C, T, hd, ld, P);
     if (rc)
         return rc;
-#pragma omp parallel for schedule(static, 1) if (big_rows(T))
+#pragma omp parallel for schedule(static, 1) if (par_rows && big_rows(T))
     for (int i = 0; i < T; i++)
         flash_row_p(P + (size_t)i * T, W + (size_t)i * T, L[i], i + 1, T, scale, mm_dt);
     /* dV = rd(P) ^T dY */
@@ -820,7 +895,7 @@ static int flash_bwd_head(const float *dyh, const float *q, const float *oh, con
                       T, NULL);
     if (rc)
         return rc;
-#pragma omp parallel for schedule(static, 1) if (big_rows(T))
+#pragma omp parallel for schedule(static, 1) if (par_rows && big_rows(T))
     for (int i = 0; i < T; i++)
         flash_row_ds(dyh + (size_t)i * C, oh + (size_t)i * C, hd, P + (size_t)i * T,
                      W + (size_t)i * T, i + 1, T, scale, mm_dt);
@@ -834,23 +909,18 @@ static int flash_bwd_head(const float *dyh, const float *q, const float *oh, con
 
 /* See gpu/gpt.h. */
 int gpu_gpt_flash_bwd(const float *dy, const float *qkv, const float *o, const float *lse, int B,
-                      int T, int C, int H, gpu_dtype mm_dt, float *dqkv, float *scratch,
+                      int T, int C, int H, gpu_dtype mm_dt, float *dqkv, float *scratch, int slots,
                       gpu_diag *diag, int layer)
 {
-    int hd = C / H, ld = 3 * C;
+    attn_args a = {.qkv = qkv, .dy = dy, .o = o, .lse = lse, .dqkv = dqkv, .T = T, .C = C,
+                   .H = H, .mm_dt = mm_dt};
     if (diag) /* the gradient arriving at the attention: inf/NaN */
         gpu_diag_backward(diag, layer, dy, (size_t)B * T * C);
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < H; h++) {
-            size_t off = (size_t)b * T * ld + (size_t)h * hd;
-            size_t yoff = (size_t)b * T * C + (size_t)h * hd;
-            int rc = flash_bwd_head(dy + yoff, qkv + off, o + yoff, lse + ((size_t)b * H + h) * T,
-                                    T, C, hd, mm_dt, dqkv + off, scratch);
-            if (rc)
-                return rc;
-        }
+    int rc = each_head(B, H, T, slots, scratch, flash_head_bwd, &a);
+    if (rc)
+        return rc;
     diag_dqk(diag, layer, dqkv, (size_t)B * T, C);
-    rnd_par(dqkv, (size_t)B * T * ld, mm_dt);
+    rnd_par(dqkv, (size_t)B * T * 3 * C, mm_dt);
     return 0;
 }
 
@@ -895,7 +965,9 @@ int gpu_gpt_head_fwd(const float *x, const void *wte, gpu_dtype wdt, const int *
 {
     double total = 0.0, loss[CE_ROWS];
     int hits = 0;
-    int rc = gpu_gemm(false, true, N, V, C, x, GPU_FP32, C, wte, wdt, C, 0.0f, logits, V, gscratch);
+    /* x holds values of lin_dt: the library may take it in lin_dt (bf16 natively) */
+    int rc = gpu_gemm_ex(false, true, N, V, C, x, GPU_FP32, C, wte, wdt, C, lin_dt, 0, 0.0f,
+                         logits, V, gscratch);
     if (rc)
         return rc;
     for (int r = 0; r < N; r += CE_ROWS) {
@@ -945,12 +1017,13 @@ int gpu_gpt_head_bwd(const float *probs, const int *y, const void *xs, const voi
     }
     if (diag)
         gpu_diag_backward(diag, layer, dlogits, (size_t)N * V);
-    int rc = gpu_gemm(true, false, V, C, N, dlogits, GPU_FP32, V, xs, lin_dt, C, 0.0f, dwte, C,
-                      gscratch);
+    int rc = gpu_gemm_ex(true, false, V, C, N, dlogits, GPU_FP32, V, xs, lin_dt, C, lin_dt, 0,
+                         0.0f, dwte, C, gscratch);
     if (rc)
         return rc;
     round_grad(diag, layer, true, dwte, (size_t)V * C, lin_dt);
-    rc = gpu_gemm(false, false, N, C, V, dlogits, GPU_FP32, V, wte, wdt, C, 0.0f, dx, C, gscratch);
+    rc = gpu_gemm_ex(false, false, N, C, V, dlogits, GPU_FP32, V, wte, wdt, C, lin_dt, 0, 0.0f, dx,
+                     C, gscratch);
     if (rc)
         return rc;
     round_grad(diag, layer, false, dx, (size_t)N * C, lin_dt);
@@ -985,7 +1058,7 @@ static size_t carve(const gpu_gpt *m, float *base, gpt_scratch *sc)
                        N * C,
                        N * 3 * C,
                        N * C,
-                       gpu_gpt_attention_scratch_floats(m->seq_len),
+                       gpu_gpt_attention_scratch_floats(m->seq_len, m->attn_slots),
                        4 * C,
                        4 * C};
     float **slot[10] = {&sc->big, &sc->in32, &sc->qkvm, &sc->aty,  &sc->dqkv,
@@ -1000,6 +1073,25 @@ static size_t carve(const gpu_gpt *m, float *base, gpt_scratch *sc)
     return off;
 }
 
+/* The most scratch a linear's three GEMMs take: y = x W^T (N x O from K), dW = dY^T x and
+ * dX = dY W, x and dY fp32 holding values of lin_dt, W (O x K) in wdt. */
+static size_t linear_gemm_scratch(int N, int O, int K, gpu_dtype wdt, gpu_dtype lin_dt)
+{
+    size_t s[3] = {
+        gpu_gemm_ex_scratch_floats(N, O, K, GPU_FP32, wdt, lin_dt, 0),
+        gpu_gemm_ex_scratch_floats(O, K, N, GPU_FP32, lin_dt, lin_dt, 0),
+        gpu_gemm_ex_scratch_floats(N, K, O, GPU_FP32, wdt, lin_dt, 0),
+    };
+    size_t most = s[0] > s[1] ? s[0] : s[1];
+    return most > s[2] ? most : s[2];
+}
+
+/* See gpu/gpt.h. */
+size_t gpu_gpt_head_scratch_floats(int N, int C, int V, gpu_dtype wdt, gpu_dtype lin_dt)
+{
+    return linear_gemm_scratch(N, V, C, wdt, lin_dt);
+}
+
 /* Floats of GEMM widening scratch: the largest any GEMM of the passes needs, with 16-bit
  * weights unless everything is fp32 (the working copy is in the job's dtype). */
 static size_t plan_gemm_scratch(const gpu_gpt *m, gpu_dtype dt)
@@ -1009,14 +1101,8 @@ static size_t plan_gemm_scratch(const gpu_gpt *m, gpu_dtype dt)
     gpu_dtype ld = m->lin_dt, wd = dt;
     size_t most = 0;
     for (int i = 0; i < 5; i++) {
-        int O = dims[i][0], K = dims[i][1];
-        size_t s[3] = {
-            gpu_gemm_scratch_floats(false, true, N, O, K, GPU_FP32, K, wd, K),
-            gpu_gemm_scratch_floats(true, false, O, K, N, GPU_FP32, O, ld, K),
-            gpu_gemm_scratch_floats(false, false, N, K, O, GPU_FP32, O, wd, K),
-        };
-        for (int j = 0; j < 3; j++)
-            most = s[j] > most ? s[j] : most;
+        size_t s = linear_gemm_scratch(N, dims[i][0], dims[i][1], wd, ld);
+        most = s > most ? s : most;
     }
     return most;
 }
@@ -1179,6 +1265,7 @@ int gpu_gpt_plan(gpu_gpt *m, const gpu_model_config *mc, const gpu_autocast *a, 
     m->gelu_dt = gpu_autocast_dtype(a, GPU_OP_GELU, dt, m->lin_dt);
     m->ce_dt = gpu_autocast_dtype(a, GPU_OP_CROSS_ENTROPY, dt, m->lin_dt);
     m->flash = mc->attention == GPU_ATTN_FLASH && m->mm_dt != GPU_FP32;
+    m->attn_slots = team_size(max_batch * m->n_head);
     layout_params(m);
     layout_acts(m);
     m->scratch_floats = carve(m, NULL, &(gpt_scratch){0}) + plan_gemm_scratch(m, dt) + 16;
@@ -1282,7 +1369,8 @@ static int linear_fwd(const gpu_gpt *m, const gpu_gpt_weights *w, const float *i
 {
     gpu_dtype dt = m->lin_dt, wdt;
     const void *W = wsrc(w, w_off, dt, &wdt);
-    int rc = gpu_gemm(false, true, N, O, K, in, GPU_FP32, K, W, wdt, K, 0.0f, out, O, sc->g);
+    int rc = gpu_gemm_ex(false, true, N, O, K, in, GPU_FP32, K, W, wdt, K, dt, 0, 0.0f, out, O,
+                         sc->g);
     if (rc)
         return rc;
     const float *bias = wf32(w, b_off, (size_t)O, dt, sc->row0);
@@ -1305,14 +1393,16 @@ static int linear_bwd(const gpu_gpt *m, const gpu_gpt_weights *w, const float *d
     float *gw = grads + w_off, *gb = grads + b_off;
     if (diag)
         gpu_diag_backward(diag, layer, dY, (size_t)N * O);
-    int rc = gpu_gemm(true, false, O, K, N, dY, GPU_FP32, O, X, dt, K, 0.0f, gw, K, sc->g);
+    int rc = gpu_gemm_ex(true, false, O, K, N, dY, GPU_FP32, O, X, dt, K, dt, 0, 0.0f, gw, K,
+                         sc->g);
     if (rc)
         return rc;
     round_grad(diag, layer, true, gw, (size_t)O * K, dt);
     col_sums(gb, dY, (size_t)N, O);
     round_grad(diag, layer, true, gb, (size_t)O, dt);
     const void *W = wsrc(w, w_off, dt, &wdt);
-    rc = gpu_gemm(false, false, N, K, O, dY, GPU_FP32, O, W, wdt, K, 0.0f, dX, K, sc->g);
+    rc = gpu_gemm_ex(false, false, N, K, O, dY, GPU_FP32, O, W, wdt, K, dt, 0, 0.0f, dX, K,
+                     sc->g);
     if (rc)
         return rc;
     if (diag)
@@ -1541,10 +1631,11 @@ static int attention_fwd(const gpu_gpt *m, int l, int B, const float *qkv, uint8
     float *y = out_for(m, acts, A->atty, sc->aty);
     int dsc = dlayer(diag, l, "attn.scores", m->mm_dt); /* flash: its slot, no counts */
     if (m->flash)
-        rc = gpu_gpt_flash_fwd(q, B, T, C, m->n_head, m->mm_dt, actf(acts, A->probs), y, sc->att);
+        rc = gpu_gpt_flash_fwd(q, B, T, C, m->n_head, m->mm_dt, actf(acts, A->probs), y, sc->att,
+                               m->attn_slots);
     else
         rc = gpu_gpt_attention_fwd(q, B, T, C, m->n_head, m->mm_dt, m->sm_dt,
-                                   actf(acts, A->probs), y, sc->att, diag, dsc);
+                                   actf(acts, A->probs), y, sc->att, m->attn_slots, diag, dsc);
     if (rc)
         return rc;
     cast_store(m, y, acts + A->atty, nC, m->mm_dt);
@@ -1640,10 +1731,11 @@ static int attention_bwd(const gpu_gpt *m, int l, int B, const uint8_t *acts,
     if (m->flash)
         rc = gpu_gpt_flash_bwd(sc->aty, qkv, saved_par(m, acts + A->atty, nC, lin, sc->in32),
                                cactf(acts, A->probs), B, T, C, m->n_head, m->mm_dt, sc->dqkv,
-                               sc->att, diag, dsc);
+                               sc->att, diag ? 1 : m->attn_slots, diag, dsc);
     else
         rc = gpu_gpt_attention_bwd(sc->aty, qkv, cactf(acts, A->probs), B, T, C, m->n_head,
-                                   m->mm_dt, m->sm_dt, sc->dqkv, sc->att, diag, dsc);
+                                   m->mm_dt, m->sm_dt, sc->dqkv, sc->att, m->attn_slots, diag,
+                                   dsc);
     if (rc)
         return rc;
     cast_par(sc->dqkv, 3 * nC, m->mm_dt, lin);

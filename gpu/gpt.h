@@ -67,6 +67,8 @@ typedef struct {
 typedef struct {
     int n_layer, n_head, d_model, seq_len, vocab, head_dim;
     int max_batch;
+    int attn_slots;            /* threads the attention's heads are shared out to: the
+                                * OpenMP team's size when planned, at most B x n_head */
     bool flash;                /* flash attention: asked for and mm_dt 16-bit (else the
                                 * attention is materialised) */
     /* op dtypes: linear layers and lm_head; attention matmuls (QK^T, AV); their softmax;
@@ -154,34 +156,38 @@ void gpu_gpt_exp(float *dst, const float *x, size_t n);
  * S = rd(rd(Q K^T, mm_dt) / sqrt(hd), mm_dt); P = rd(softmax(S), sm_dt) over j <= i only
  * (masked positions get exactly 0, no -inf arithmetic); y = rd(rd(P, mm_dt) V, mm_dt),
  * heads merged into y [N x C]. probs [B x H x T x T] saved. scratch holds
- * gpu_gpt_attention_scratch_floats(T) floats. diag (NULL: off) and layer: Q K^T's causal
- * outputs are accounted under that layer (backward: dS arriving, dQ and dK before
- * rounding). */
-size_t gpu_gpt_attention_scratch_floats(int T);
+ * gpu_gpt_attention_scratch_floats(T, slots) floats. slots > 1 shares the (sequence,
+ * head) pairs out to that many threads at once, each running its heads' GEMMs and rows
+ * alone (few, coarse parallel regions); 1 runs the heads in order, each GEMM and row pass
+ * on the whole team. diag (NULL: off; runs as slots 1) and layer: Q K^T's causal outputs
+ * are accounted under that layer (backward: dS arriving, dQ and dK before rounding). */
+size_t gpu_gpt_attention_scratch_floats(int T, int slots);
 int gpu_gpt_attention_fwd(const float *qkv, int B, int T, int C, int H, gpu_dtype mm_dt,
-                          gpu_dtype sm_dt, float *probs, float *y, float *scratch,
+                          gpu_dtype sm_dt, float *probs, float *y, float *scratch, int slots,
                           gpu_diag *diag, int layer);
 /* From dy [N x C] (values of mm_dt): dqkv [N x 3C] written, rounded to mm_dt. */
 int gpu_gpt_attention_bwd(const float *dy, const float *qkv, const float *probs, int B, int T,
                           int C, int H, gpu_dtype mm_dt, gpu_dtype sm_dt, float *dqkv,
-                          float *scratch, gpu_diag *diag, int layer);
+                          float *scratch, int slots, gpu_diag *diag, int layer);
 /* Flash attention (model.attention "flash", FlashAttention-2's numerics), same shapes and
  * scratch: per sequence and head, S = rd(Q K^T, fp32) * hd^-1/2 in fp32 (never rounded to
  * mm_dt); P = softmax(S) in fp32 over j <= i; lse[b, h, i] = max_j S + log(sum_j exp(S - max))
  * saved (fp32, B x H x T) instead of P; y = rd(rd(P, mm_dt) V, mm_dt). */
 int gpu_gpt_flash_fwd(const float *qkv, int B, int T, int C, int H, gpu_dtype mm_dt, float *lse,
-                      float *y, float *scratch);
+                      float *y, float *scratch, int slots);
 /* Its backward, P = exp(S - lse) recomputed: dV = rd(P) ^T dY; dP = dY V^T in fp32;
  * D_i = dY_i . O_i in fp32 (o: the forward's output as saved, N x C); dS = P (dP - D_i) *
  * hd^-1/2 in fp32, then dQ = rd(dS) K, dK = rd(dS)^T Q; dqkv rounded to mm_dt. diag: dY
  * accounted as the gradient arriving (inf/NaN), dQ and dK as input gradients. */
 int gpu_gpt_flash_bwd(const float *dy, const float *qkv, const float *o, const float *lse, int B,
-                      int T, int C, int H, gpu_dtype mm_dt, float *dqkv, float *scratch,
+                      int T, int C, int H, gpu_dtype mm_dt, float *dqkv, float *scratch, int slots,
                       gpu_diag *diag, int layer);
 /* Tied head and cross-entropy: logits = rd(x wte^T, lin_dt) (x: N x C values of lin_dt,
  * wte: V x C in wdt), then cross-entropy in ce_dt: probs (N x V, fp32) saved, *loss_sum the
  * summed loss (double), *correct the argmax hits. logits: N x V fp32 scratch. gscratch
- * holds max(N, V) x C floats (may be NULL when lin_dt and wdt are fp32). */
+ * holds gpu_gpt_head_scratch_floats() floats (0, and NULL allowed, when lin_dt and wdt are
+ * fp32); the backward takes the same. */
+size_t gpu_gpt_head_scratch_floats(int N, int C, int V, gpu_dtype wdt, gpu_dtype lin_dt);
 int gpu_gpt_head_fwd(const float *x, const void *wte, gpu_dtype wdt, const int *y, int N,
                      int C, int V, gpu_dtype lin_dt, gpu_dtype ce_dt, float *logits,
                      float *probs, float *gscratch, gpu_diag *diag, int layer,

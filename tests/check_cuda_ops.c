@@ -601,7 +601,7 @@ static void refs_attention(gpu_dtype mm, gpu_dtype sm)
     float *qkv = xmalloc((size_t)N * ld * 4), *probs = xmalloc(nS * 4), *S = xmalloc(nS * 4);
     float *P = xmalloc(nS * 4), *y = xmalloc((size_t)N * C * 4), *dy = xmalloc((size_t)N * C * 4);
     float *dqkv = xmalloc((size_t)N * ld * 4), *dP = xmalloc(nS * 4), *dS = xmalloc(nS * 4);
-    float *scratch = xmalloc(gpu_gpt_attention_scratch_floats(T) * 4);
+    float *scratch = xmalloc(gpu_gpt_attention_scratch_floats(T, 1) * 4);
     char what[96];
     gpu_rng r;
     gpu_rng_seed(&r, 11);
@@ -617,7 +617,7 @@ static void refs_attention(gpu_dtype mm, gpu_dtype sm)
                 if (pass == 0 && (i * 7 + c) % 23 == 0)
                     row[c] = gpu_round(40000.0f, mm);
             }
-        ck_assert_int_eq(gpu_gpt_attention_fwd(qkv, B, T, C, H, mm, sm, probs, y, scratch, NULL,
+        ck_assert_int_eq(gpu_gpt_attention_fwd(qkv, B, T, C, H, mm, sm, probs, y, scratch, 1, NULL,
                                                -1),
                          0);
         for (int b = 0; b < B; b++)
@@ -632,7 +632,7 @@ static void refs_attention(gpu_dtype mm, gpu_dtype sm)
         if (pass == 0)
             continue;
         fill(&r, dy, (size_t)N * C, 2.0f, mm);
-        ck_assert_int_eq(gpu_gpt_attention_bwd(dy, qkv, probs, B, T, C, H, mm, sm, dqkv, scratch,
+        ck_assert_int_eq(gpu_gpt_attention_bwd(dy, qkv, probs, B, T, C, H, mm, sm, dqkv, scratch, 1,
                                                NULL, -1),
                          0);
         for (int b = 0; b < B; b++)
@@ -669,8 +669,9 @@ static void refs_ce_gpt(gpu_dtype lin, gpu_dtype ce, int N, int V)
     float *logits = xmalloc(n * 4), *raw = xmalloc(n * 4), *probs = xmalloc(n * 4);
     float *p = xmalloc(n * 4), *dl = xmalloc(n * 4), *dl_ref = xmalloc(n * 4);
     float *dx = xmalloc((size_t)N * C * 4), *dw = xmalloc((size_t)V * C * 4);
-    size_t gs = (size_t)(N > V ? N : V) * C;
-    float *gscratch = xmalloc(gs * 4);
+    size_t gs = gpu_gpt_head_scratch_floats(N, C, V, GPU_FP16, GPU_FP16);
+    size_t gb = gpu_gpt_head_scratch_floats(N, C, V, GPU_BF16, GPU_BF16);
+    float *gscratch = xmalloc((gs > gb ? gs : gb) * 4 + 4);
     uint16_t *w16 = xmalloc((size_t)V * C * 2), *x16 = xmalloc((size_t)N * C * 2);
     int *y = xmalloc((size_t)N * sizeof(int)), hits, hits_ref;
     double loss, loss_ref, scale;
@@ -1434,7 +1435,7 @@ static void check_flash(int B, int T, int H, int hd, gpu_dtype dt, float scale, 
     float *qkv = xmalloc(3 * n * 4), *y = xmalloc(n * 4), *gy = xmalloc(n * 4);
     float *dy = xmalloc(n * 4), *dq = xmalloc(3 * n * 4), *gdq = xmalloc(3 * n * 4);
     float *gdq2 = xmalloc(3 * n * 4), *lse = xmalloc(nl * 4), *glse = xmalloc(nl * 4);
-    float *scratch = xmalloc(gpu_gpt_attention_scratch_floats(T) * 4);
+    float *scratch = xmalloc(gpu_gpt_attention_scratch_floats(T, 1) * 4);
     double u = dt == GPU_FP16 ? 0x1p-11 : 0x1p-8;
     char what[128];
     bool bad;
@@ -1445,7 +1446,7 @@ static void check_flash(int B, int T, int H, int hd, gpu_dtype dt, float scale, 
     for (size_t i = 0; i < n; i++)
         dy[i] = gpu_round(gpu_rng_normal(&r), dt);
     snprintf(what, sizeof(what), "flash B %d T %d H %d hd %d %s", B, T, H, hd, dn(dt));
-    ck_assert_int_eq(gpu_gpt_flash_fwd(qkv, B, T, C, H, dt, lse, y, scratch), 0);
+    ck_assert_int_eq(gpu_gpt_flash_fwd(qkv, B, T, C, H, dt, lse, y, scratch, 1), 0);
     ck_assert_int_eq(gpu_cuda_flash_fwd(qkv, B, T, C, H, dt, glse, gy), 0);
     double e = norm_err(gy, y, n, &bad);
     if (getenv("FLASH_VERBOSE"))
@@ -1456,7 +1457,8 @@ static void check_flash(int B, int T, int H, int hd, gpu_dtype dt, float scale, 
     for (size_t i = 0; i < nl; i++)
         ck_assert_msg(fabsf(glse[i] - lse[i]) <= 1e-5f * (1 + fabsf(lse[i])), "%s: lse[%zu] %g vs %g",
                       what, i, glse[i], lse[i]);
-    ck_assert_int_eq(gpu_gpt_flash_bwd(dy, qkv, y, lse, B, T, C, H, dt, dq, scratch, NULL, -1), 0);
+    ck_assert_int_eq(gpu_gpt_flash_bwd(dy, qkv, y, lse, B, T, C, H, dt, dq, scratch, 1, NULL, -1),
+                     0);
     ck_assert_int_eq(gpu_cuda_flash_bwd(dy, qkv, y, lse, B, T, C, H, dt, gdq), 0);
     ck_assert_int_eq(gpu_cuda_flash_bwd(dy, qkv, y, lse, B, T, C, H, dt, gdq2), 0);
     ck_assert_msg(memcmp(gdq, gdq2, 3 * n * 4) == 0, "%s: the backward is not deterministic", what);

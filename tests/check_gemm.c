@@ -419,6 +419,50 @@ START_TEST(t_blocks)
 }
 END_TEST
 
+/* Subnormal bf16 values, which AVX512_BF16 reads as zero, survive on every path: stored
+ * bf16 (read in place by the native kernels) and fp32 narrowed to bf16 by gpu_gemm_ex,
+ * with beta 0 and 1. C = A B with B all ones sums each row of A exactly. */
+static void subnormal_case(bool f32a, float beta)
+{
+    enum { M = 9, N = 40, K = 33 };
+    float ref[M * K], ones[K * N], C[M * N], want[M * N], sc[4096];
+    uint16_t a16[M * K], b16[K * N];
+    for (int i = 0; i < M * K; i++) {
+        ref[i] = i % 5 == 0 ? ldexpf((float)(1 + i % 7), -133) : 0.0f; /* subnormal or 0 */
+        a16[i] = gpu_f32_to_bf16(ref[i]);
+        ck_assert_float_eq(gpu_bf16_to_f32(a16[i]), ref[i]);
+    }
+    for (int i = 0; i < K * N; i++) {
+        ones[i] = 1.0f;
+        b16[i] = gpu_f32_to_bf16(1.0f);
+    }
+    for (int i = 0; i < M * N; i++)
+        C[i] = want[i] = beta != 0.0f ? ldexpf(1.0f, -130) : NAN;
+    gpu_gemm_ref(false, false, M, N, K, ref, K, ones, N, beta, want, N);
+    ck_assert_uint_le(gpu_gemm_ex_scratch_floats(M, N, K, f32a ? GPU_FP32 : GPU_BF16, GPU_BF16,
+                                                 GPU_BF16, GPU_GEMM_ROUND_A), 4096);
+    ck_assert_int_eq(gpu_gemm_ex(false, false, M, N, K, f32a ? (const void *)ref : a16,
+                                 f32a ? GPU_FP32 : GPU_BF16, K, b16, GPU_BF16, N, GPU_BF16,
+                                 GPU_GEMM_ROUND_A, beta, C, N, sc),
+                     0);
+    for (int i = 0; i < M * N; i++)
+        ck_assert_msg(C[i] == want[i] && want[i] != 0.0f, "%s beta %g: C[%d] = %a, want %a",
+                      f32a ? "fp32" : "bf16", beta, i, C[i], want[i]);
+}
+
+START_TEST(t_subnormal)
+{
+    for (int p = 0; p < NPATHS; p++) {
+        if (!use_path(p))
+            continue;
+        for (int f = 0; f < 2; f++) {
+            subnormal_case(f, 0.0f);
+            subnormal_case(f, 1.0f);
+        }
+    }
+}
+END_TEST
+
 /* The scratch: nothing for fp32, whole converted operands when small, and for large ones
  * at most the smaller operand plus one block of the larger (2^18 elements), well under a
  * widened copy of both. */
@@ -801,6 +845,7 @@ static Suite *gemm_suite(void)
     tcase_set_timeout(tc, 20);
     tcase_add_loop_test(tc, t_lowp, 0, (int)(sizeof lowp_pairs / sizeof lowp_pairs[0]));
     tcase_add_test(tc, t_blocks);
+    tcase_add_test(tc, t_subnormal);
     tcase_add_test(tc, t_scratch_size);
     tcase_add_test(tc, t_path_info);
     tcase_add_loop_test(tc, t_inf_propagates, 0, 4);

@@ -378,13 +378,14 @@ START_TEST(test_op_attention)
     float qkv[AN * 3 * AC], y[AN * AC], rr[AN * AC], dqkv[AN * 3 * AC];
     float probs[AB * AH * AT * AT], *scratch;
     double v[AN * 3 * AC], y64[AN * AC], r64[AN * AC];
-    scratch = calloc(gpu_gpt_attention_scratch_floats(AT), sizeof(float));
+    scratch = calloc(gpu_gpt_attention_scratch_floats(AT, 1), sizeof(float));
     ck_assert_ptr_nonnull(scratch);
     gpu_rng_seed(&r, 13);
     randn(&r, qkv, AN * 3 * AC, 1.5f);
     randn(&r, rr, AN * AC, 1.0f);
     ck_assert_int_eq(
-        gpu_gpt_attention_fwd(qkv, AB, AT, AC, AH, GPU_FP32, GPU_FP32, probs, y, scratch, NULL, -1),
+        gpu_gpt_attention_fwd(qkv, AB, AT, AC, AH, GPU_FP32, GPU_FP32, probs, y, scratch, 1, NULL,
+                              -1),
         0);
     widen(v, qkv, AN * 3 * AC);
     ref_attn(v, AB, AT, AC, AH, y64);
@@ -402,7 +403,7 @@ START_TEST(test_op_attention)
             ck_assert_double_eq_tol(s, 1.0, 1e-6);
         }
     ck_assert_int_eq(gpu_gpt_attention_bwd(rr, qkv, probs, AB, AT, AC, AH, GPU_FP32, GPU_FP32, dqkv,
-                                           scratch, NULL, -1),
+                                           scratch, 1, NULL, -1),
                      0);
     widen(r64, rr, AN * AC);
     attn_ctx c = {r64};
@@ -728,12 +729,12 @@ START_TEST(test_op_flash)
     gpu_rng r;
     float qkv[AN * 3 * AC], y[AN * AC], rr[AN * AC], dqkv[AN * 3 * AC], lse[AB * AH * AT];
     double v[AN * 3 * AC], y64[AN * AC], r64[AN * AC];
-    float *scratch = calloc(gpu_gpt_attention_scratch_floats(AT), sizeof(float));
+    float *scratch = calloc(gpu_gpt_attention_scratch_floats(AT, 1), sizeof(float));
     ck_assert_ptr_nonnull(scratch);
     gpu_rng_seed(&r, 14);
     randn(&r, qkv, AN * 3 * AC, 1.5f);
     randn(&r, rr, AN * AC, 1.0f);
-    ck_assert_int_eq(gpu_gpt_flash_fwd(qkv, AB, AT, AC, AH, GPU_FP32, lse, y, scratch), 0);
+    ck_assert_int_eq(gpu_gpt_flash_fwd(qkv, AB, AT, AC, AH, GPU_FP32, lse, y, scratch, 1), 0);
     widen(v, qkv, AN * 3 * AC);
     ref_attn(v, AB, AT, AC, AH, y64);
     for (int i = 0; i < AN * AC; i++)
@@ -754,7 +755,7 @@ START_TEST(test_op_flash)
                 ck_assert_msg(fabs(got - log(sum)) <= 1e-5 * (1 + fabs(log(sum))), "lse %g vs %g",
                               got, log(sum));
             }
-    ck_assert_int_eq(gpu_gpt_flash_bwd(rr, qkv, y, lse, AB, AT, AC, AH, GPU_FP32, dqkv, scratch,
+    ck_assert_int_eq(gpu_gpt_flash_bwd(rr, qkv, y, lse, AB, AT, AC, AH, GPU_FP32, dqkv, scratch, 1,
                                        NULL, -1),
                      0);
     widen(r64, rr, AN * AC);
@@ -772,7 +773,7 @@ START_TEST(test_flash_fp16)
     enum { B1 = 1, T1 = 6, C1 = 8, H1 = 1, N1 = B1 * T1 };
     float qkv[N1 * 3 * C1], y[N1 * C1], y32[N1 * C1], dy[N1 * C1], lse[B1 * H1 * T1];
     float dqkv[N1 * 3 * C1], d32[N1 * 3 * C1], probs[B1 * H1 * T1 * T1];
-    float *scratch = calloc(gpu_gpt_attention_scratch_floats(T1), sizeof(float));
+    float *scratch = calloc(gpu_gpt_attention_scratch_floats(T1, 1), sizeof(float));
     gpu_rng r;
     ck_assert_ptr_nonnull(scratch);
     gpu_rng_seed(&r, 32);
@@ -780,18 +781,18 @@ START_TEST(test_flash_fp16)
         qkv[i] = gpu_round(gpu_rng_normal(&r), GPU_FP16);
     for (int i = 0; i < N1 * C1; i++)
         dy[i] = gpu_round(gpu_rng_normal(&r), GPU_FP16);
-    ck_assert_int_eq(gpu_gpt_flash_fwd(qkv, B1, T1, C1, H1, GPU_FP16, lse, y, scratch), 0);
-    ck_assert_int_eq(gpu_gpt_flash_fwd(qkv, B1, T1, C1, H1, GPU_FP32, lse, y32, scratch), 0);
+    ck_assert_int_eq(gpu_gpt_flash_fwd(qkv, B1, T1, C1, H1, GPU_FP16, lse, y, scratch, 1), 0);
+    ck_assert_int_eq(gpu_gpt_flash_fwd(qkv, B1, T1, C1, H1, GPU_FP32, lse, y32, scratch, 1), 0);
     for (int i = 0; i < N1 * C1; i++) {
         ck_assert_float_eq(y[i], gpu_round(y[i], GPU_FP16));
         ck_assert_msg(fabsf(y[i] - y32[i]) <= 2e-3f * (1 + fabsf(y32[i])), "y[%d] %g vs %g", i,
                       y[i], y32[i]);
     }
-    ck_assert_int_eq(gpu_gpt_flash_bwd(dy, qkv, y32, lse, B1, T1, C1, H1, GPU_FP32, d32, scratch,
+    ck_assert_int_eq(gpu_gpt_flash_bwd(dy, qkv, y32, lse, B1, T1, C1, H1, GPU_FP32, d32, scratch, 1,
                                        NULL, -1),
                      0);
-    ck_assert_int_eq(gpu_gpt_flash_fwd(qkv, B1, T1, C1, H1, GPU_FP16, lse, y, scratch), 0);
-    ck_assert_int_eq(gpu_gpt_flash_bwd(dy, qkv, y, lse, B1, T1, C1, H1, GPU_FP16, dqkv, scratch,
+    ck_assert_int_eq(gpu_gpt_flash_fwd(qkv, B1, T1, C1, H1, GPU_FP16, lse, y, scratch, 1), 0);
+    ck_assert_int_eq(gpu_gpt_flash_bwd(dy, qkv, y, lse, B1, T1, C1, H1, GPU_FP16, dqkv, scratch, 1,
                                        NULL, -1),
                      0);
     for (int i = 0; i < N1 * 3 * C1; i++)
@@ -802,13 +803,13 @@ START_TEST(test_flash_fp16)
         for (int c = 0; c < 2 * C1; c++)
             qkv[i * 3 * C1 + c] = 100.0f;
     ck_assert_int_eq(gpu_gpt_attention_fwd(qkv, B1, T1, C1, H1, GPU_FP16, GPU_FP32, probs, y,
-                                           scratch, NULL, -1),
+                                           scratch, 1, NULL, -1),
                      0);
     ck_assert(isnan(y[0]));
-    ck_assert_int_eq(gpu_gpt_flash_fwd(qkv, B1, T1, C1, H1, GPU_FP16, lse, y, scratch), 0);
+    ck_assert_int_eq(gpu_gpt_flash_fwd(qkv, B1, T1, C1, H1, GPU_FP16, lse, y, scratch, 1), 0);
     for (int i = 0; i < N1 * C1; i++)
         ck_assert(isfinite(y[i]));
-    ck_assert_int_eq(gpu_gpt_flash_bwd(dy, qkv, y, lse, B1, T1, C1, H1, GPU_FP16, dqkv, scratch,
+    ck_assert_int_eq(gpu_gpt_flash_bwd(dy, qkv, y, lse, B1, T1, C1, H1, GPU_FP16, dqkv, scratch, 1,
                                        NULL, -1),
                      0);
     for (int i = 0; i < N1 * 3 * C1; i++)
@@ -872,7 +873,7 @@ START_TEST(test_fp16_mask_finite)
     float qkv[B1 * T1 * 3 * C1], y[B1 * T1 * C1], dy[B1 * T1 * C1], dqkv[B1 * T1 * 3 * C1];
     float probs[B1 * H1 * T1 * T1], *scratch;
     gpu_rng r;
-    scratch = calloc(gpu_gpt_attention_scratch_floats(T1), sizeof(float));
+    scratch = calloc(gpu_gpt_attention_scratch_floats(T1, 1), sizeof(float));
     ck_assert_ptr_nonnull(scratch);
     gpu_rng_seed(&r, 31);
     for (int i = 0; i < T1; i++)
@@ -881,7 +882,8 @@ START_TEST(test_fp16_mask_finite)
             qkv[i * 3 * C1 + c] = gpu_round(s * (1.0f + 0.01f * gpu_rng_normal(&r)), GPU_FP16);
         }
     ck_assert_int_eq(
-        gpu_gpt_attention_fwd(qkv, B1, T1, C1, H1, GPU_FP16, GPU_FP32, probs, y, scratch, NULL, -1),
+        gpu_gpt_attention_fwd(qkv, B1, T1, C1, H1, GPU_FP16, GPU_FP32, probs, y, scratch, 1, NULL,
+                              -1),
         0);
     float amax = 0;
     for (int i = 0; i < T1; i++) {
@@ -904,7 +906,7 @@ START_TEST(test_fp16_mask_finite)
         amax += qkv[c] * qkv[C1 + c];
     ck_assert(fabsf(amax) / sqrtf(8.0f) > 10000.0f);
     ck_assert_int_eq(gpu_gpt_attention_bwd(dy, qkv, probs, B1, T1, C1, H1, GPU_FP16, GPU_FP32, dqkv,
-                                           scratch, NULL, -1),
+                                           scratch, 1, NULL, -1),
                      0);
     for (int i = 0; i < T1 * 3 * C1; i++) {
         ck_assert(isfinite(dqkv[i]));
