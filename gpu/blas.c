@@ -506,7 +506,8 @@ static int lib_gemm(gpu_dtype fmt, bool ta, bool tb, int M, int N, int K, const 
  * not allow: a GEMM that would hand the native kernels a subnormal bf16 value runs widened
  * instead. Subnormal bf16 values (|x| < 2^-126) do not occur in practice, so the check is
  * a fast scan (in place) or a look at what the conversion just wrote (in cache). */
-#define SUBNORMAL 1 /* run_plan's answer: the native plan met a subnormal operand */
+#define SUBNORMAL 1 /* run_plan's answer: the native plan met a subnormal operand, or a
+                     * shape oneDNN takes only in its slow or unsafe implementations */
 
 #ifdef __clang__
 #define SCAN_HOT
@@ -618,8 +619,8 @@ static bool native_refused(const gemm_plan *p, const operand *a, const operand *
 }
 
 /* The product as the plan says: the whole operand converted once, the streamed one block
- * by block. On the native plan, SUBNORMAL as soon as a converted block holds a subnormal
- * (C is then partly written). */
+ * by block. On the native plan, SUBNORMAL as soon as a converted block holds a subnormal or
+ * oneDNN refuses a block's shape (C may then be partly written). */
 static int run_plan(const gemm_plan *p, int M, int N, int K, const operand *a,
                     const operand *b, float beta, float *C, int ldc, float *scratch)
 {
@@ -648,7 +649,8 @@ static int run_plan(const gemm_plan *p, int M, int N, int K, const operand *a,
         else
             rc = lib_gemm(p->fmt, a->t, b->t, M, nr, K, wa, lda, wb, ldb, beta, C + r0, ldc);
         if (rc != 0)
-            return rc;
+            return p->fmt == GPU_BF16 && rc == GPU_EBLAS && (r0 == 0 || beta == 0.0f)
+                       ? SUBNORMAL : rc;
     }
     return 0;
 }
@@ -707,7 +709,7 @@ int gpu_gemm_ex(bool ta, bool tb, int M, int N, int K,
     if (p.fmt == GPU_BF16 && native_refused(&p, &a, &b, M, N, K, beta))
         p = wide;
     rc = run_plan(&p, M, N, K, &a, &b, beta, C, ldc, scratch);
-    if (rc == SUBNORMAL) /* beta is 0 here: what the native plan wrote is overwritten */
+    if (rc == SUBNORMAL) /* nothing written yet, or beta 0: the widened plan writes all of C */
         rc = run_plan(&wide, M, N, K, &a, &b, beta, C, ldc, scratch);
     return rc;
 }

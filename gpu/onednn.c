@@ -7,16 +7,18 @@
  * or AMX (392-435 GFLOP/s there, twice its fp32 rate). Like OpenBLAS (blas.c) the library
  * is opened with dlopen(), so a machine without it runs every GEMM on OpenBLAS.
  *
- * One matmul primitive per shape (dtype, transposes, sizes, leading dimensions, whether C is
- * accumulated into) is created on first use and kept in a fixed table; a shape that finds
- * the table full gets a primitive for that call alone. Each primitive uses a user-provided
+ * One matmul primitive per shape (dtype, transposes, sizes, leading dimensions, beta, the
+ * thread count) is created on first use and kept in a fixed table, a refused shape too; a
+ * shape that finds the table full gets a primitive for that call alone. Each primitive uses a user-provided
  * scratchpad: a per-thread buffer grown on demand, whose high-water mark gpu_dnnl_peak()
  * reports, so the trainer can count it as workspace.
  *
  * Invariants: the library is loaded at most once per process and never closed; cached
  * primitives are never destroyed, so a looked-up primitive stays valid while it runs.
- * A primitive whose implementation is oneDNN's reference ("ref:") code is refused
- * (GPU_EBLAS): OpenBLAS is faster then.
+ * Only the brgemm implementations are taken (operands with their natural leading
+ * dimensions): others are refused (GPU_EBLAS) and the caller goes to OpenBLAS or widens.
+ * oneDNN 2.6's "gemm:jit" matmul, which it picks for padded leading dimensions, corrupted
+ * the heap in the emulated CUDA suite, and its reference code is slow.
  *
  * Threads: any thread may call gpu_dnnl_gemm, also several at once (table lookups hold a
  * mutex; each thread has its own stream and scratchpad). oneDNN runs on the OpenMP team of
@@ -34,6 +36,10 @@
 #include <string.h>
 
 #include "gpu/gpu_int.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #ifdef HAVE_ONEDNN
 #include <oneapi/dnnl/dnnl.h>
@@ -75,6 +81,7 @@ static struct {
 typedef struct {
     int dt, ta, tb, M, N, K, lda, ldb, ldc;
     float beta; /* C = A B + beta C: a sum post-op unless 0 */
+    int threads; /* the team it runs on: a primitive (and its scratchpad) is made for one */
 } prim_key;
 
 typedef struct {
@@ -116,6 +123,16 @@ static void thread_state_free(void *p)
         dn.stream_destroy(ts->stream);
     free(ts->scratch);
     free(ts);
+}
+
+/* The threads oneDNN runs a primitive on from here: one inside a parallel region. */
+static int team(void)
+{
+#ifdef _OPENMP
+    return omp_in_parallel() ? 1 : omp_get_max_threads();
+#else
+    return 1;
+#endif
 }
 
 static const char *dnnl_path(void)
@@ -305,7 +322,7 @@ static int create(const prim_key *k, dnnl_primitive_t *prim, size_t *scratch)
         dn.primitive_desc_create(&pd, &md, attr, st.engine, NULL) != dnnl_success)
         goto fail;
     if (dn.primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success ||
-        impl == NULL || strncmp(impl, "ref", 3) == 0)
+        impl == NULL || strncmp(impl, "brg", 3) != 0)
         goto fail;
     *scratch = dn.memory_desc_get_size(dn.primitive_desc_query_md(pd, dnnl_query_scratchpad_md,
                                                                   0));
@@ -330,8 +347,8 @@ static size_t key_hash(const prim_key *k)
     return h;
 }
 
-/* The cached primitive of k, created on first use. *owned: the caller must destroy it
- * (the table was full). */
+/* The cached primitive of k, created on first use; a refused key is remembered as such
+ * (GPU_EBLAS at once). *owned: the caller must destroy it (the table was full). */
 static int lookup(const prim_key *k, dnnl_primitive_t *prim, size_t *scratch, bool *owned)
 {
     size_t i = key_hash(k) & (TABLE_SIZE - 1);
@@ -343,11 +360,14 @@ static int lookup(const prim_key *k, dnnl_primitive_t *prim, size_t *scratch, bo
     if (st.table[i].used) {
         *prim = st.table[i].prim;
         *scratch = st.table[i].scratch;
+        rc = *prim != NULL ? 0 : GPU_EBLAS;
     } else if (st.entries >= TABLE_SIZE / 2) {
         rc = create(k, prim, scratch);
         *owned = rc == 0;
-    } else if ((rc = create(k, prim, scratch)) == 0) {
-        st.table[i] = (prim_entry){.key = *k, .prim = *prim, .scratch = *scratch, .used = true};
+    } else {
+        rc = create(k, prim, scratch);
+        st.table[i] = (prim_entry){.key = *k, .prim = rc == 0 ? *prim : NULL,
+                                   .scratch = rc == 0 ? *scratch : 0, .used = true};
         st.entries++;
     }
     pthread_mutex_unlock(&table_mu);
@@ -394,7 +414,7 @@ int gpu_dnnl_gemm(gpu_dtype dt, bool ta, bool tb, int M, int N, int K, const voi
 {
     if (!gpu_dnnl_has(dt))
         return GPU_EBLAS;
-    prim_key k = {dt, ta, tb, M, N, K, lda, ldb, ldc, beta};
+    prim_key k = {dt, ta, tb, M, N, K, lda, ldb, ldc, beta, team()};
     dnnl_primitive_t prim;
     size_t scratch;
     bool owned;
