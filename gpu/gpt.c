@@ -676,6 +676,7 @@ typedef struct {
 
 static int attn_head_fwd(const void *ctx, int b, int h, float *scratch, bool par_rows)
 {
+    (void)par_rows; /* read only by the pragmas, which a build without OpenMP drops */
     const attn_args *a = ctx;
     int T = a->T, C = a->C, hd = C / a->H, ld = 3 * C;
     size_t TT = (size_t)T * T;
@@ -738,6 +739,7 @@ static void attn_row_bwd(const float *p, float *d, int n, int T, float scale, gp
 
 static int attn_head_bwd(const void *ctx, int b, int h, float *scratch, bool par_rows)
 {
+    (void)par_rows; /* read only by the pragmas, which a build without OpenMP drops */
     const attn_args *a = ctx;
     int T = a->T, C = a->C, hd = C / a->H, ld = 3 * C;
     size_t TT = (size_t)T * T, off = (size_t)b * T * ld + (size_t)h * hd;
@@ -818,6 +820,7 @@ static float flash_row_fwd(float *s, float *p, int n, int T, float scale, gpu_dt
 
 static int flash_head_fwd(const void *ctx, int b, int h, float *scratch, bool par_rows)
 {
+    (void)par_rows; /* read only by the pragmas, which a build without OpenMP drops */
     const attn_args *a = ctx;
     int T = a->T, C = a->C, hd = C / a->H, ld = 3 * C;
     size_t TT = (size_t)T * T;
@@ -872,6 +875,7 @@ static void flash_row_ds(const float *dyi, const float *oi, int hd, const float 
 /* One sequence and head of gpu_gpt_flash_bwd: P recomputed from the saved log-sum-exp. */
 static int flash_head_bwd(const void *ctx, int b, int h, float *scratch, bool par_rows)
 {
+    (void)par_rows; /* read only by the pragmas, which a build without OpenMP drops */
     const attn_args *a = ctx;
     int T = a->T, C = a->C, hd = C / a->H, ld = 3 * C;
     size_t TT = (size_t)T * T, off = (size_t)b * T * ld + (size_t)h * hd;
