@@ -7,7 +7,9 @@
  * only.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "config.h"
 #include "daemon/daemon.h"
@@ -37,8 +39,26 @@ static int version(void)
     return 0;
 }
 
+/* The engine's passes and oneDNN share an OpenMP team (libgomp). By default its threads
+ * spin for a long while at the end of each parallel region; when other processes keep the
+ * cores busy (other jobs, a build, the tests of `make -j2 check`) every region then waits a
+ * scheduler time slice for a thread without a core, and a step gets 5-15x slower. Passive
+ * waiting (the threads sleep) measured 25.8 ms against 350 ms per bf16 MLP step at load 5.
+ * libgomp reads its settings when it loads, before main: so unless the user chose one
+ * (OMP_WAIT_POLICY or GOMP_SPINCOUNT), ampd executes itself again, once, with
+ * OMP_WAIT_POLICY=passive. If that fails it carries on with libgomp's default. */
+static void openmp_wait_policy(char **argv)
+{
+    if (getenv("OMP_WAIT_POLICY") != NULL || getenv("GOMP_SPINCOUNT") != NULL)
+        return;
+    if (setenv("OMP_WAIT_POLICY", "passive", 1) != 0)
+        return;
+    execv("/proc/self/exe", argv);
+}
+
 int main(int argc, char **argv)
 {
+    openmp_wait_policy(argv);
     if (argc < 2) {
         usage(stderr);
         return 2;
