@@ -376,6 +376,8 @@ typedef struct {
     bool stream_a;      /* A is streamed (else B, when conv_b) */
     int block;          /* rows (A) or columns (B) per block */
     size_t a_el, b_el;  /* converted elements held for A and for B */
+    size_t c_el;        /* fp32 of a dense column block of C (B streamed in several blocks:
+                         * the libraries' fast kernels want C's natural leading dimension) */
 } gemm_plan;
 
 /* Elements of one streamed block: it stays in L2 between its conversion and its product. */
@@ -409,6 +411,7 @@ static gemm_plan plan_in(int M, int N, int K, gpu_dtype adt, gpu_dtype bdt, gpu_
         p.block = block_of(N, K);
         p.b_el = (size_t)p.block * (size_t)K;
         p.a_el = p.conv_a ? a : 0;
+        p.c_el = p.block < N ? (size_t)M * (size_t)p.block : 0;
     }
     return p;
 }
@@ -427,6 +430,7 @@ static size_t plan_floats(const gemm_plan *p)
         n += (p->a_el * es + 63) / 64 * 16;
     if (p->b_el > 0)
         n += (p->b_el * es + 63) / 64 * 16;
+    n += (p->c_el + 15) / 16 * 16;
     return n > 0 ? n + 16 : 0;
 }
 
@@ -618,6 +622,25 @@ static bool native_refused(const gemm_plan *p, const operand *a, const operand *
            (p->conv_b && b->dt == GPU_FP32 && f32_operand_subnormal(b, false, N, K));
 }
 
+/* C's columns [.., + nr) (at C, leading dimension ldc) = A B_block + beta C: through the
+ * dense buffer cbuf when the plan has one (copied in first when beta != 0). */
+static int column_block(const gemm_plan *p, bool ta, bool tb, int M, int nr, int K,
+                        const void *A, int lda, const void *B, int ldb, float beta, float *C,
+                        int ldc, float *cbuf)
+{
+    if (p->c_el == 0)
+        return lib_gemm(p->fmt, ta, tb, M, nr, K, A, lda, B, ldb, beta, C, ldc);
+    size_t row = (size_t)nr * sizeof(float);
+    if (beta != 0.0f)
+        for (int i = 0; i < M; i++)
+            memcpy(cbuf + (size_t)i * nr, C + (size_t)i * ldc, row);
+    int rc = lib_gemm(p->fmt, ta, tb, M, nr, K, A, lda, B, ldb, beta, cbuf, nr);
+#pragma omp parallel for if ((size_t)M * nr >= PAR_MIN_ELEMS) schedule(static)
+    for (int i = 0; i < M; i++)
+        memcpy(C + (size_t)i * ldc, cbuf + (size_t)i * nr, row);
+    return rc;
+}
+
 /* The product as the plan says: the whole operand converted once, the streamed one block
  * by block. On the native plan, SUBNORMAL as soon as a converted block holds a subnormal or
  * oneDNN refuses a block's shape (C may then be partly written). */
@@ -627,6 +650,7 @@ static int run_plan(const gemm_plan *p, int M, int N, int K, const operand *a,
     size_t es = gpu_dtype_size(p->fmt);
     void *abuf = scratch;
     void *bbuf = (char *)scratch + (p->a_el * es + 63) / 64 * 64;
+    float *cbuf = (float *)(void *)((char *)bbuf + (p->b_el * es + 63) / 64 * 64);
     int dim = p->stream_a ? M : N, step = p->conv_a || p->conv_b ? p->block : dim;
     int lda, ldb;
     bool sub = false;
@@ -647,7 +671,8 @@ static int run_plan(const gemm_plan *p, int M, int N, int K, const operand *a,
             rc = lib_gemm(p->fmt, a->t, b->t, nr, N, K, wa, lda, wb, ldb, beta,
                           C + (size_t)r0 * ldc, ldc);
         else
-            rc = lib_gemm(p->fmt, a->t, b->t, M, nr, K, wa, lda, wb, ldb, beta, C + r0, ldc);
+            rc = column_block(p, a->t, b->t, M, nr, K, wa, lda, wb, ldb, beta, C + r0, ldc,
+                              cbuf);
         if (rc != 0)
             return p->fmt == GPU_BF16 && rc == GPU_EBLAS && (r0 == 0 || beta == 0.0f)
                        ? SUBNORMAL : rc;
