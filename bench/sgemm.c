@@ -238,7 +238,7 @@ int main(int argc, char **argv)
         return EXIT_FAILURE;
     }
     const char *env = getenv("AMPD_GEMM");
-    printf("# %s\n", gpu_blas_info());
+    printf("# %s\n", gpu_gemm_info(GPU_FP32));
     printf("# AMPD_GEMM=%s; shapes: %s\n", env && *env ? env : "(unset)", set);
     printf("# %-22s %2s %2s %5s %5s %5s %8s %9s\n", "shape", "ta", "tb", "M", "N", "K", "per step",
            "GFLOP/s");
