@@ -238,6 +238,8 @@ static int ensure_loaded(void)
     return blas.rc;
 }
 
+static bool fp32_on_dnnl(void);
+
 int gpu_blas_init(int nthreads)
 {
     int rc = ensure_loaded();
@@ -247,9 +249,19 @@ int gpu_blas_init(int nthreads)
     set_threads_locked(nthreads);
 #ifdef _OPENMP
     omp_set_num_threads(blas.get_threads());
+    /* With oneDNN on fp32, OpenBLAS only takes what oneDNN's fast kernels refuse (the
+     * attention's strided products): on one thread of its own, so that the OpenMP team can
+     * call it from several threads at once and its own threads never spin beside the team. */
+    if (fp32_on_dnnl())
+        set_threads_locked(1);
 #endif
     pthread_mutex_unlock(&threads_lock);
     return 0;
+}
+
+int gpu_blas_threads(void)
+{
+    return ensure_loaded() == 0 ? blas.get_threads() : 1;
 }
 
 /* Loads the library when needed. The result is static; never freed. */

@@ -571,6 +571,17 @@ size_t gpu_gpt_attention_scratch_floats(int T, int slots)
     return (size_t)(slots > 1 ? slots : 1) * 2 * align16f((size_t)T * (size_t)T);
 }
 
+/* The OpenMP team a parallel region would start here, at most most (1 without OpenMP). */
+static int team_size(int most)
+{
+#ifdef _OPENMP
+    int n = omp_get_max_threads();
+#else
+    int n = 1;
+#endif
+    return n < 1 ? 1 : n > most ? most : n;
+}
+
 /* The calling thread's number in its OpenMP team (0 outside one). */
 static int team_rank(void)
 {
@@ -1258,10 +1269,11 @@ int gpu_gpt_plan(gpu_gpt *m, const gpu_model_config *mc, const gpu_autocast *a, 
     m->gelu_dt = gpu_autocast_dtype(a, GPU_OP_GELU, dt, m->lin_dt);
     m->ce_dt = gpu_autocast_dtype(a, GPU_OP_CROSS_ENTROPY, dt, m->lin_dt);
     m->flash = mc->attention == GPU_ATTN_FLASH && m->mm_dt != GPU_FP32;
-    /* The heads in order (slots 1): their GEMMs read Q, K and V inside qkv's rows, which
-     * oneDNN's brgemm refuses, and OpenBLAS called from inside a parallel region fights its
-     * own threads (an fp32 GPT step measured 877 ms against 312 ms on 2 cores). */
-    m->attn_slots = 1;
+    /* The heads' GEMMs read Q, K and V inside qkv's rows, which oneDNN's brgemm refuses:
+     * they run on OpenBLAS, which may be called from the team's threads at once only on one
+     * thread of its own (else it fights them: an fp32 GPT step measured 877 ms against
+     * 312 ms on 2 cores). So heads run side by side only then. */
+    m->attn_slots = gpu_blas_threads() == 1 ? team_size(max_batch * m->n_head) : 1;
     layout_params(m);
     layout_acts(m);
     m->scratch_floats = carve(m, NULL, &(gpt_scratch){0}) + plan_gemm_scratch(m, dt) + 16;

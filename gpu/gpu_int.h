@@ -81,6 +81,10 @@ static inline int gpu_rank_batch(const gpu_job_config *c)
     return c->batch_size / (c->dist.world_size > 1 ? c->dist.world_size : 1);
 }
 
+/* OpenBLAS's thread count now (1 when oneDNN takes the fp32 GEMMs: then gpu_gemm may be
+ * called from several threads of a parallel region at once without oversubscribing). */
+int gpu_blas_threads(void);
+
 /* ---- oneDNN matmul (onednn.c), under gpu_gemm ---------------------------------------------- */
 
 /* Open oneDNN once: 0, or GPU_EBLAS when it is missing (the GEMMs stay on OpenBLAS). */
