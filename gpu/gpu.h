@@ -406,7 +406,7 @@ typedef struct {
     int checkpoint_keep_last;    /* checkpoints.keep_last: kept (3); 0: every one */
     int checkpoint_keep_best;    /* checkpoints.keep_best: also kept, lowest eval loss (1) */
     int64_t diagnostics_every;
-    int threads;                 /* BLAS threads; 0: all cores */
+    int threads;                 /* CPU threads (OpenMP team, BLAS); 0: all cores */
     char device[16];             /* "auto" (CUDA device 0 when one is usable, else the CPU),
                                   * "cpu", "cuda" (device 0) or "cuda:N" */
 } gpu_job_config;

@@ -764,6 +764,14 @@ static const char *expected_core(void)
 START_TEST(t_info)
 {
     char line[512], core[64];
+    /* with oneDNN on fp32, OpenBLAS runs on one thread whatever the job's count */
+    if (gpu_gemm_force("widen") == 0) {
+        ck_assert_int_eq(gpu_blas_init(2), 0);
+        ck_assert_msg(strstr(gpu_blas_info(), ", 1 thread)") != NULL, "\"%s\"",
+                      gpu_blas_info());
+    }
+    /* on OpenBLAS alone, the job's count */
+    ck_assert_int_eq(gpu_gemm_force("openblas"), 0);
     ck_assert_int_eq(gpu_blas_init(2), 0);
     const char *info = gpu_blas_info();
     ck_assert_ptr_nonnull(info);
