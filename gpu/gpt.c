@@ -674,6 +674,31 @@ typedef struct {
     int layer;
 } attn_args;
 
+/* Round `rows` rows of w floats, ld apart, to dt: a head's block of an output, in cache
+ * right after its GEMM (instead of a sweep over the whole output). */
+static void rnd_block(float *v, int rows, int w, size_t ld, gpu_dtype dt)
+{
+    for (int i = 0; dt != GPU_FP32 && i < rows; i++)
+        gpu_round_n(v + (size_t)i * ld, v + (size_t)i * ld, (size_t)w, dt);
+}
+
+/* The head's output y (T rows of hd at yh) rounded to mm_dt after its GEMM returned rc. */
+static int head_y_done(const attn_args *a, int rc, float *yh)
+{
+    if (rc == 0)
+        rnd_block(yh, a->T, a->C / a->H, (size_t)a->C, a->mm_dt);
+    return rc;
+}
+
+/* The head's dQ, dK and dV (T rows of hd at dq, dq + C, dq + 2C) rounded to mm_dt after
+ * its GEMMs returned rc; with diag, the pass rounds them after diag_dqk has seen them. */
+static int head_dqkv_done(const attn_args *a, int rc, float *dq)
+{
+    for (int k = 0; rc == 0 && !a->diag && k < 3; k++)
+        rnd_block(dq + (size_t)k * a->C, a->T, a->C / a->H, 3 * (size_t)a->C, a->mm_dt);
+    return rc;
+}
+
 static int attn_head_fwd(const void *ctx, int b, int h, float *scratch, bool par_rows)
 {
     (void)par_rows; /* read only by the pragmas, which a build without OpenMP drops */
@@ -695,8 +720,10 @@ static int attn_head_fwd(const void *ctx, int b, int h, float *scratch, bool par
     for (int i = 0; i < T; i++)
         attn_row_fwd(S + (size_t)i * T, P + (size_t)i * T, Pm ? Pm + (size_t)i * T : NULL, i + 1,
                      T, scale, a->mm_dt, a->sm_dt);
-    return gpu_gemm(false, false, T, hd, T, Pm ? Pm : P, GPU_FP32, T, v, GPU_FP32, ld, 0.0f,
-                    a->y + (size_t)b * T * C + (size_t)h * hd, C, NULL);
+    float *yh = a->y + (size_t)b * T * C + (size_t)h * hd;
+    rc = gpu_gemm(false, false, T, hd, T, Pm ? Pm : P, GPU_FP32, T, v, GPU_FP32, ld, 0.0f, yh, C,
+                  NULL);
+    return head_y_done(a, rc, yh);
 }
 
 /* See gpu/gpt.h. */
@@ -706,19 +733,19 @@ int gpu_gpt_attention_fwd(const float *qkv, int B, int T, int C, int H, gpu_dtyp
 {
     attn_args a = {.qkv = qkv, .P = probs, .y = y, .T = T, .C = C, .H = H, .mm_dt = mm_dt,
                    .sm_dt = sm_dt, .diag = diag, .layer = layer};
-    int rc = each_head(B, H, T, diag ? 1 : slots, scratch, attn_head_fwd, &a);
-    if (rc)
-        return rc;
-    rnd_par(y, (size_t)B * T * C, mm_dt);
-    return 0;
+    return each_head(B, H, T, diag ? 1 : slots, scratch, attn_head_fwd, &a);
 }
 
 /* dQ and dK (the first 2C of each row of dqkv [rows x 3C]), the score matmul's input
- * gradients before rounding, accounted for layer. diag may be NULL. */
-static void diag_dqk(gpu_diag *diag, int layer, const float *dqkv, size_t rows, int C)
+ * gradients before rounding, accounted for layer, then dqkv rounded to mm_dt (without diag
+ * each head rounds its own). */
+static void diag_dqk(gpu_diag *diag, int layer, float *dqkv, size_t rows, int C, gpu_dtype mm_dt)
 {
-    for (size_t r = 0; diag != NULL && r < rows; r++)
+    if (!diag)
+        return;
+    for (size_t r = 0; r < rows; r++)
         gpu_diag_input_grad(diag, layer, dqkv + r * 3 * (size_t)C, 2 * (size_t)C);
+    rnd_par(dqkv, rows * 3 * (size_t)C, mm_dt);
 }
 
 /* Row i of the attention's backward: dP (d, n = i + 1 causal entries) becomes dS arriving
@@ -765,7 +792,7 @@ static int attn_head_bwd(const void *ctx, int b, int h, float *scratch, bool par
     rc = gpu_gemm(false, false, T, hd, T, dS, GPU_FP32, T, k, GPU_FP32, ld, 0.0f, dq, ld, NULL);
     if (!rc)
         rc = gpu_gemm(true, false, T, hd, T, dS, GPU_FP32, T, q, GPU_FP32, ld, 0.0f, dk, ld, NULL);
-    return rc;
+    return head_dqkv_done(a, rc, dq);
 }
 
 /* See gpu/gpt.h. */
@@ -778,8 +805,7 @@ int gpu_gpt_attention_bwd(const float *dy, const float *qkv, const float *probs,
     int rc = each_head(B, H, T, diag ? 1 : slots, scratch, attn_head_bwd, &a);
     if (rc)
         return rc;
-    diag_dqk(diag, layer, dqkv, (size_t)B * T, C);
-    rnd_par(dqkv, (size_t)B * T * 3 * C, mm_dt);
+    diag_dqk(diag, layer, dqkv, (size_t)B * T, C, mm_dt);
     return 0;
 }
 
@@ -833,8 +859,10 @@ static int flash_head_fwd(const void *ctx, int b, int h, float *scratch, bool pa
 #pragma omp parallel for schedule(static, 1) if (par_rows && big_rows(T))
     for (int i = 0; i < T; i++)
         L[i] = flash_row_fwd(S + (size_t)i * T, P + (size_t)i * T, i + 1, T, scale, a->mm_dt);
-    return gpu_gemm(false, false, T, hd, T, P, GPU_FP32, T, q + 2 * C, GPU_FP32, ld, 0.0f,
-                    a->y + (size_t)b * T * C + (size_t)h * hd, C, NULL);
+    float *yh = a->y + (size_t)b * T * C + (size_t)h * hd;
+    rc = gpu_gemm(false, false, T, hd, T, P, GPU_FP32, T, q + 2 * C, GPU_FP32, ld, 0.0f, yh, C,
+                  NULL);
+    return head_y_done(a, rc, yh);
 }
 
 /* See gpu/gpt.h. */
@@ -842,11 +870,7 @@ int gpu_gpt_flash_fwd(const float *qkv, int B, int T, int C, int H, gpu_dtype mm
                       float *y, float *scratch, int slots)
 {
     attn_args a = {.qkv = qkv, .L = lse, .y = y, .T = T, .C = C, .H = H, .mm_dt = mm_dt};
-    int rc = each_head(B, H, T, slots, scratch, flash_head_fwd, &a);
-    if (rc)
-        return rc;
-    rnd_par(y, (size_t)B * T * C, mm_dt);
-    return 0;
+    return each_head(B, H, T, slots, scratch, flash_head_fwd, &a);
 }
 
 /* Row i of the flash backward's P (n = i + 1 causal entries, from the raw product p, in
@@ -908,7 +932,7 @@ static int flash_head_bwd(const void *ctx, int b, int h, float *scratch, bool pa
     if (!rc)
         rc = gpu_gemm(true, false, T, hd, T, W, GPU_FP32, T, q, GPU_FP32, ld, 0.0f, dq + C, ld,
                       NULL);
-    return rc;
+    return head_dqkv_done(a, rc, dq);
 }
 
 /* See gpu/gpt.h. */
@@ -917,14 +941,13 @@ int gpu_gpt_flash_bwd(const float *dy, const float *qkv, const float *o, const f
                       gpu_diag *diag, int layer)
 {
     attn_args a = {.qkv = qkv, .dy = dy, .o = o, .lse = lse, .dqkv = dqkv, .T = T, .C = C,
-                   .H = H, .mm_dt = mm_dt};
+                   .H = H, .mm_dt = mm_dt, .diag = diag};
     if (diag) /* the gradient arriving at the attention: inf/NaN */
         gpu_diag_backward(diag, layer, dy, (size_t)B * T * C);
     int rc = each_head(B, H, T, slots, scratch, flash_head_bwd, &a);
     if (rc)
         return rc;
-    diag_dqk(diag, layer, dqkv, (size_t)B * T, C);
-    rnd_par(dqkv, (size_t)B * T * 3 * C, mm_dt);
+    diag_dqk(diag, layer, dqkv, (size_t)B * T, C, mm_dt);
     return 0;
 }
 
