@@ -9,7 +9,8 @@
  * weight gradients are values of the dtype and track the fp32 ones), masking that stays
  * finite in fp16 with large scores, fp16 overflow under a large init scale (NaN loss,
  * attributed to the attention scores) while bf16 stays finite, the layout and dtype plan,
- * and a few hundred training steps that drive the loss down in fp32, fp16 and bf16.
+ * results bit-identical whatever the number of threads, and a few hundred training steps
+ * that drive the loss down in fp32, fp16 and bf16.
  *
  * Tolerances (GPT_VERBOSE=1 prints the measured values): fp32 gradients within 1e-4 of the
  * finite difference plus 2e-5 of the tensor's largest (worst seen: 1.1e-6 of the largest);
@@ -26,6 +27,10 @@
 #include "gpu/diag.h"
 #include "gpu/gpt.h"
 #include "gpu/gpu_int.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #define RN 64 /* max rows in the reference */
 #define RC 16 /* max d_model */
@@ -1032,6 +1037,102 @@ START_TEST(test_overrides)
 }
 END_TEST
 
+/* One forward and backward of model m (dtype dt, the heads as slots says) on the team's
+ * current size: the loss and every gradient. */
+static double threads_run(gpu_gpt *m, gpu_dtype dt, int slots, const float *params, float *grads)
+{
+    int B = m->max_batch, N = B * m->seq_len, c;
+    int *x = malloc(sizeof(int) * N), *y = malloc(sizeof(int) * N);
+    float *scratch = calloc(m->scratch_floats, sizeof(float));
+    uint8_t *acts = calloc(1, m->act_bytes);
+    void *work = malloc(4 * m->nparams);
+    double loss;
+    ck_assert(x && y && scratch && acts && work);
+    for (int i = 0; i < N; i++) {
+        x[i] = (i * 7 + i / 5) % m->vocab;
+        y[i] = (i * 13 + 3) % m->vocab;
+    }
+    gpu_cvt_from_f32(work, dt, params, m->nparams);
+    gpu_gpt_weights w = {.p = dt == GPU_FP32 ? (void *)params : work, .pdt = dt, .master = params};
+    m->attn_slots = slots;
+    ck_assert_int_eq(gpu_gpt_forward(m, &w, x, y, B, acts, scratch, NULL, &loss, &c), 0);
+    ck_assert_int_eq(
+        gpu_gpt_backward(m, &w, x, y, B, 256.0f, acts, scratch, NULL, grads, NULL), 0);
+    free(x);
+    free(y);
+    free(scratch);
+    free(acts);
+    free(work);
+    return loss;
+}
+
+static void set_team(int n)
+{
+#ifdef _OPENMP
+    omp_set_num_threads(n);
+#else
+    (void)n;
+#endif
+}
+
+/* The passes share work out by independent outputs only, so the loss and every gradient are
+ * bit-identical on 1 and 3 threads, with the heads in order or side by side, in fp32, bf16
+ * and fp16 with flash attention. The model (d 64, 4 heads, T 64, vocab 64, batch 4) is big
+ * enough that every pass starts a team. */
+START_TEST(test_threads_bitwise)
+{
+    static const struct {
+        gpu_dtype dt;
+        gpu_attention attn;
+    } cases[] = {{GPU_FP32, GPU_ATTN_MATERIALIZED},
+                 {GPU_BF16, GPU_ATTN_MATERIALIZED},
+                 {GPU_FP16, GPU_ATTN_FLASH}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        gpu_model_config mc = {.type = GPU_MODEL_GPT,
+                               .n_layer = 2,
+                               .n_head = 4,
+                               .d_model = 64,
+                               .seq_len = 64,
+                               .vocab = 64,
+                               .init_scale = 1.0f,
+                               .attention = cases[k].attn};
+        gpu_autocast a;
+        gpu_gpt m;
+        gpu_rng r;
+        char err[128];
+        gpu_autocast_defaults(&a);
+        /* 3 threads: the plan puts the heads side by side when the GEMMs allow it */
+        ck_assert_int_eq(gpu_blas_init(3), 0);
+        set_team(3);
+        ck_assert_int_eq(gpu_gpt_plan(&m, &mc, &a, cases[k].dt, 4, err, sizeof err), 0);
+        int planned = m.attn_slots;
+        if (getenv("GPT_VERBOSE"))
+            printf("threads: case %zu plans %d slots\n", k, planned);
+        float *p = malloc(sizeof(float) * m.nparams), *g0 = calloc(m.nparams, sizeof(float));
+        float *g = calloc(m.nparams, sizeof(float));
+        ck_assert(p && g0 && g);
+        gpu_rng_seed(&r, 40 + k);
+        gpu_gpt_init_params(&m, p, 1.0f, &r);
+        for (int i = 0; i < m.ntensors; i++)
+            if (m.tensor[i].ndim == 1)
+                for (size_t j = 0; j < m.tensor[i].count; j++)
+                    p[m.tensor[i].off + j] += 0.2f * gpu_rng_normal(&r);
+        set_team(1);
+        double l0 = threads_run(&m, cases[k].dt, 1, p, g0);
+        for (int run = 1; run < 4; run++) {
+            set_team(run & 1 ? 3 : 1);
+            double l = threads_run(&m, cases[k].dt, run < 3 ? planned : 1, p, g);
+            ck_assert_msg(l == l0, "case %zu run %d: loss %.17g vs %.17g", k, run, l, l0);
+            ck_assert_msg(memcmp(g, g0, sizeof(float) * m.nparams) == 0,
+                          "case %zu run %d: gradients differ", k, run);
+        }
+        free(p);
+        free(g0);
+        free(g);
+    }
+}
+END_TEST
+
 /* Without master weights every op reads the 16-bit working copy: the same as a master that
  * holds exactly the working copy's values. */
 START_TEST(test_no_master)
@@ -1259,6 +1360,7 @@ static Suite *gpt_suite(void)
     tcase_add_test(model, test_overflow_fp16_not_bf16);
     tcase_add_test(model, test_diag_layers);
     tcase_add_test(model, test_no_master);
+    tcase_add_test(model, test_threads_bitwise);
     tcase_add_test(model, test_overrides);
     tcase_add_test(model, test_train);
     tcase_set_timeout(model, 60);
