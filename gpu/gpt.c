@@ -38,20 +38,23 @@
  * Buffers: parameters (one block, named tensors in gpu_gpt.tensor), saved activations (one
  * byte block; 16-bit tensors where the op's dtype is) and the fp32 scratch are owned by the
  * caller; this file plans their layout and fills them. No allocation per step.
- * Threads: the GEMMs are called from the calling thread, one after the other, and use their
- * library's threads; every pass between them runs on the OpenMP team (its size is the ICV
- * the engine sets from the job's threads; a pass over fewer than PAR_MIN floats stays on
- * the calling thread). Work is shared out by independent outputs only: rows, chunks of an
- * elementwise pass, the score rows of one sequence and head, and blocks of columns for the
- * sums over rows (bias, layer-norm and embedding gradients), whose rows are added in order;
- * the loss is summed in row order. So each value comes from the same arithmetic in the same
- * order whatever the number of threads, and results are bit-identical to one thread's.
- * Diagnostics are not thread-safe: a pass that feeds them runs on the calling thread alone.
- * There is no per-thread scratch: a pass's temporaries are on the stack (CHUNK floats at
- * most). Fused passes: rounding and casts are made in the pass that produces or consumes a
- * tensor (a linear's input gradient is rounded by its consumer when there are no
- * diagnostics), the residual adds in the projections' output rows, and the stream's
- * gradient is rounded to lin_dt as it is summed.
+ * Threads: every pass runs on the OpenMP team (its size is the ICV the engine sets from the
+ * job's threads; a pass over fewer than PAR_MIN floats stays on the calling thread). The
+ * linears' GEMMs are called from the calling thread and use the GEMM library's threads. The
+ * attention's (sequence, head) pairs run side by side, one per thread with its own slot of
+ * scratch and its GEMMs on that thread, when the plan's attn_slots allows (see each_head);
+ * else in order, each GEMM and row pass on the whole team. Work is shared out by
+ * independent outputs only: rows, chunks of an elementwise pass, heads or the score rows of
+ * one head, and blocks of columns for the sums over rows (bias, layer-norm and embedding
+ * gradients), whose rows are added in order; the loss is summed in row order. So each value
+ * comes from the same arithmetic in the same order whatever the number of threads, and
+ * results are bit-identical to one thread's (check_gpt's test_threads_bitwise). Diagnostics
+ * are not thread-safe: a pass that feeds them runs on the calling thread alone. Other
+ * temporaries are on the stack (CHUNK floats at most). Fused passes: rounding and casts are
+ * made in the pass that produces or consumes a tensor (a linear's input gradient is rounded
+ * by its consumer when there are no diagnostics, the attention's outputs by their head), the
+ * residual adds in the projections' output rows, and the stream's gradient is rounded to
+ * lin_dt as it is summed.
  */
 #include <math.h>
 #include <stdio.h>
