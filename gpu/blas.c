@@ -394,8 +394,6 @@ typedef struct {
 
 /* Elements of one streamed block: it stays in L2 between its conversion and its product. */
 #define BLOCK_ELEMS ((size_t)1 << 18)
-/* Fewer elements than this are converted on one thread. */
-#define PAR_MIN_ELEMS ((size_t)1 << 15)
 
 static int block_of(int dim, int K)
 {
@@ -490,15 +488,15 @@ static void convert(void *dst, const gemm_plan *p, const void *src, gpu_dtype sd
     size_t es = gpu_dtype_size(sdt), ed = gpu_dtype_size(p->fmt);
     size_t n = (size_t)rows * (size_t)cols;
     if (lds == cols) {
-        size_t chunks = (n + PAR_MIN_ELEMS - 1) / PAR_MIN_ELEMS;
+        size_t chunks = (n + GPU_PAR_MIN - 1) / GPU_PAR_MIN;
 #pragma omp parallel for if (chunks > 1) schedule(static)
         for (size_t c = 0; c < chunks; c++) {
-            size_t at = c * PAR_MIN_ELEMS, len = n - at < PAR_MIN_ELEMS ? n - at : PAR_MIN_ELEMS;
+            size_t at = c * GPU_PAR_MIN, len = n - at < GPU_PAR_MIN ? n - at : GPU_PAR_MIN;
             convert_run((char *)dst + at * ed, p, (const char *)src + at * es, sdt, len);
         }
         return;
     }
-#pragma omp parallel for if (n >= PAR_MIN_ELEMS) schedule(static)
+#pragma omp parallel for if (n >= GPU_PAR_MIN) schedule(static)
     for (int r = 0; r < rows; r++)
         convert_run((char *)dst + (size_t)r * cols * ed, p,
                     (const char *)src + (size_t)r * lds * es, sdt, (size_t)cols);
@@ -545,7 +543,7 @@ static bool block_subnormal(const uint16_t *x, int rows, int cols, int ld)
     unsigned any = 0;
     if (ld == cols)
         return bf16_subnormals(x, (size_t)rows * (size_t)cols) != 0;
-#pragma omp parallel for reduction(| : any) if ((size_t)rows * cols >= PAR_MIN_ELEMS)
+#pragma omp parallel for reduction(| : any) if ((size_t)rows * cols >= GPU_PAR_MIN)
     for (int r = 0; r < rows; r++)
         any |= bf16_subnormals(x + (size_t)r * (size_t)ld, (size_t)cols);
     return any != 0;
@@ -613,7 +611,7 @@ static bool f32_operand_subnormal(const operand *o, bool is_a, int dim, int K)
     int rows, cols;
     unsigned any = 0;
     const uint32_t *x = block_at(o, is_a, 0, dim, K, &rows, &cols);
-#pragma omp parallel for reduction(| : any) if ((size_t)rows * cols >= PAR_MIN_ELEMS)
+#pragma omp parallel for reduction(| : any) if ((size_t)rows * cols >= GPU_PAR_MIN)
     for (int r = 0; r < rows; r++)
         any |= f32_subnormals(x + (size_t)r * (size_t)o->ld, (size_t)cols);
     return any != 0;
@@ -647,7 +645,7 @@ static int column_block(const gemm_plan *p, bool ta, bool tb, int M, int nr, int
         for (int i = 0; i < M; i++)
             memcpy(cbuf + (size_t)i * nr, C + (size_t)i * ldc, row);
     int rc = lib_gemm(p->fmt, ta, tb, M, nr, K, A, lda, B, ldb, beta, cbuf, nr);
-#pragma omp parallel for if ((size_t)M * nr >= PAR_MIN_ELEMS) schedule(static)
+#pragma omp parallel for if ((size_t)M * nr >= GPU_PAR_MIN) schedule(static)
     for (int i = 0; i < M; i++)
         memcpy(C + (size_t)i * ldc, cbuf + (size_t)i * nr, row);
     return rc;

@@ -17,7 +17,7 @@
  * Invariants: every path is bit-identical to the scalar functions for every input
  * (tests/check_format.c checks all 16-bit patterns and millions of random 32-bit ones).
  *
- * Threads: all functions are thread-safe. A bulk conversion of PAR_MIN elements or more runs
+ * Threads: all functions are thread-safe. A bulk conversion of GPU_PAR_MIN elements or more runs
  * on the OpenMP team (omp_get_max_threads, which the engine sets), in blocks of PAR_BLOCK
  * elements, unless the caller is in an active parallel region already; each element's
  * result depends on that element alone, so it is the same with any number of threads. The
@@ -732,7 +732,6 @@ int gpu_cvt_force(const char *impl)
 
 /* ---- bulk entry points (dst and src borrowed, n elements each) -------------------------- */
 
-#define PAR_MIN (1 << 15)    /* fewer elements than this: no parallel region */
 #define PAR_BLOCK (1 << 14)  /* elements per work item: a multiple of 64 */
 
 typedef enum {
@@ -765,12 +764,11 @@ static void cvt_block(const cvt_impl *p, cvt_op op, void *dst, const void *src, 
     }
 }
 
-/* Whether n elements are worth a parallel region: enough of them, more than one thread, and
- * the caller not in an active region already (then it runs on the caller's thread). */
-static bool par_worth(size_t n)
+/* See gpu_int.h. */
+bool gpu_par_worth(size_t n)
 {
 #ifdef _OPENMP
-    return n >= PAR_MIN && omp_get_max_threads() > 1 && !omp_in_parallel();
+    return n >= GPU_PAR_MIN && omp_get_max_threads() > 1 && !omp_in_parallel();
 #else
     (void)n;
     return false;
@@ -782,7 +780,7 @@ static void cvt_run(cvt_op op, void *dst, const void *src, size_t n)
 {
     const cvt_impl *p = impl_get();
 
-    if (!par_worth(n)) {
+    if (!gpu_par_worth(n)) {
         cvt_block(p, op, dst, src, 0, n);
         return;
     }
@@ -802,7 +800,7 @@ static void copy_run(float *dst, const float *src, size_t n)
 
     if (n == 0 || dst == src)
         return;
-    if (!par_worth(n) || (d < s + bytes && s < d + bytes)) {
+    if (!gpu_par_worth(n) || (d < s + bytes && s < d + bytes)) {
         memmove(dst, src, bytes);
         return;
     }

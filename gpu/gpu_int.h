@@ -53,6 +53,13 @@ int gpu_impl_pick(_Atomic int *sw);
 int gpu_impl_force(_Atomic int *sw, const char *name);
 const char *gpu_impl_name(int id);
 
+/* Passes over fewer elements than this stay on one thread. */
+#define GPU_PAR_MIN ((size_t)1 << 15)
+/* Whether a pass over n elements is worth a parallel region: n >= GPU_PAR_MIN, more than one
+ * thread, and the caller not in an active region already (then it runs on the caller's
+ * thread). Always false without OpenMP. */
+bool gpu_par_worth(size_t n);
+
 /* Monotonic clock in seconds. */
 double gpu_now(void);
 

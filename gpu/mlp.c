@@ -28,8 +28,6 @@
 #include "gpu/gpu_int.h"
 #include "gpu/mlp.h"
 
-/* Passes over fewer elements than this stay on one thread. */
-#define PAR_MIN ((size_t)1 << 15)
 /* Columns of the bias gradient summed by one thread at a time. */
 #define COL_BLOCK 128
 
@@ -270,7 +268,7 @@ static int linear_fwd(const gpu_mlp *m, const gpu_mlp_weights *w, int l, uint8_t
     if (wdt == GPU_FP32)
         gpu_round_n(bias32, bias32, (size_t)out, m->lin_dt);
     /* rows are independent; the diagnostics account them in order, on one thread */
-#pragma omp parallel for if (!diag && (size_t)B * out >= PAR_MIN) schedule(static)
+#pragma omp parallel for if (!diag && (size_t)B * out >= GPU_PAR_MIN) schedule(static)
     for (int i = 0; i < B; i++)
         epilogue_row(m, l, i, out32 + (size_t)i * out, bias32, acts, diag, slot);
     return 0;
@@ -381,7 +379,7 @@ static void act_backward_row(const gpu_mlp *m, int l, const uint8_t *acts, int i
  * z > 0. */
 static void act_backward(const gpu_mlp *m, int l, const uint8_t *acts, int B, float *dx)
 {
-#pragma omp parallel for if ((size_t)B * m->width[l] >= PAR_MIN) schedule(static)
+#pragma omp parallel for if ((size_t)B * m->width[l] >= GPU_PAR_MIN) schedule(static)
     for (int i = 0; i < B; i++)
         act_backward_row(m, l, acts, i, dx);
 }
@@ -498,7 +496,7 @@ static void bias_grad(const float *dz, int B, int out, gpu_dtype dt, float *db, 
 {
     /* column blocks on every core; each column is summed over the rows in order */
     int blocks = (out + COL_BLOCK - 1) / COL_BLOCK;
-#pragma omp parallel for if ((size_t)B * out >= PAR_MIN) schedule(static)
+#pragma omp parallel for if ((size_t)B * out >= GPU_PAR_MIN) schedule(static)
     for (int c = 0; c < blocks; c++) {
         int j0 = c * COL_BLOCK, len = out - j0 < COL_BLOCK ? out - j0 : COL_BLOCK;
         memset(db + j0, 0, sizeof(float) * (size_t)len);

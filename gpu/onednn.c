@@ -9,9 +9,9 @@
  *
  * One matmul primitive per shape (dtype, transposes, sizes, leading dimensions, beta, the
  * thread count) is created on first use and kept in a fixed table, a refused shape too; a
- * shape that finds the table full gets a primitive for that call alone. Each primitive uses a user-provided
- * scratchpad: a per-thread buffer grown on demand, whose high-water mark gpu_dnnl_peak()
- * reports, so the trainer can count it as workspace.
+ * shape that finds the table full gets a primitive for that call alone. Each primitive
+ * uses a user-provided scratchpad: a per-thread buffer grown on demand, whose high-water
+ * mark gpu_dnnl_peak() reports, so the trainer can count it as workspace.
  *
  * Invariants: the library is loaded at most once per process and never closed; cached
  * primitives are never destroyed, so a looked-up primitive stays valid while it runs.

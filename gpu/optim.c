@@ -18,12 +18,12 @@
  * as well, picked at load time) that perform the same IEEE operations in the same order, so
  * all give bit-identical results. Parameters are processed in chunks of CHUNK elements so
  * that the low-precision working copy is written while the chunk is still in cache; with
- * PAR_MIN elements or more the chunks are shared out among the OpenMP team. Every element's
+ * GPU_PAR_MIN elements or more the chunks are shared out among the OpenMP team. Every element's
  * result depends on that element alone, so it is the same with any number of threads.
  *
  * Invariants: after gpu_optim_update with work != NULL, work[i] is the round-to-nearest-even
  * image of p[i] in wdt (bit-identical to gpu_f32_to_f16 / gpu_f32_to_bf16).
- * Threads: an update of PAR_MIN elements or more runs on the OpenMP team (omp_get_max_threads,
+ * Threads: an update of GPU_PAR_MIN elements or more runs on the OpenMP team (omp_get_max_threads,
  * which the engine sets; none is started inside an active parallel region). The only shared
  * state is the kernel path choice (an atomic, read once per call); calls on distinct buffers
  * may run concurrently.
@@ -47,7 +47,6 @@
 #include "gpu/gpu_int.h"
 
 #define CHUNK 1024          /* elements per kernel call: a multiple of 64 */
-#define PAR_MIN (1 << 15)   /* fewer elements than this: no parallel region */
 
 void gpu_optim_defaults(gpu_optim_config *c)
 {
@@ -295,17 +294,6 @@ int gpu_optim_force(const char *impl)
     return gpu_impl_force(&optim_impl_id, impl);
 }
 
-/* Whether an update of n elements is worth a parallel region: n is large, there is more
- * than one thread, and the caller is not in an active region already. */
-static bool par_worth(size_t n)
-{
-#ifdef _OPENMP
-    return n >= PAR_MIN && omp_get_max_threads() > 1 && !omp_in_parallel();
-#else
-    (void)n;
-    return false;
-#endif
-}
 
 static void step_chunk(const gpu_optim_config *c, const step_consts *k, int impl, float *p,
                        const float *g, float *m, float *v, size_t n)
@@ -404,7 +392,7 @@ static void run_f32(const update_job *u)
 {
     size_t nchunks = chunk_count(u);
 
-    if (!par_worth(u->n)) {
+    if (!gpu_par_worth(u->n)) {
         for (size_t i = 0; i < nchunks; i++)
             f32_chunk(u, i);
         return;
@@ -420,7 +408,7 @@ static int64_t run_lowp(const update_job *u)
     size_t nchunks = chunk_count(u);
     int64_t nlost = 0;
 
-    if (!par_worth(u->n)) {
+    if (!gpu_par_worth(u->n)) {
         for (size_t i = 0; i < nchunks; i++)
             nlost += lowp_chunk(u, i);
         return nlost;

@@ -23,7 +23,7 @@
  * Invariants: a state initialised by gpu_scaler_init and driven by gpu_scaler_update keeps
  * min_scale <= scale <= max(init_scale, max_scale) in dynamic mode.
  * Threads: state objects are per trainer (one thread). gpu_unscale runs on the OpenMP team
- * (omp_get_max_threads, which the engine sets) when there are PAR_MIN elements or more and
+ * (omp_get_max_threads, which the engine sets) when there are GPU_PAR_MIN elements or more and
  * the caller is not in an active parallel region; its path choice is a process-wide atomic,
  * and it is safe to call from any thread on distinct buffers.
  */
@@ -124,7 +124,6 @@ int gpu_scaler_update(gpu_scaler_state *s, const gpu_scaler_config *c, bool foun
 #define LANES 16
 #define UCHUNK 32768        /* elements of a tensor per work item: a multiple of 64 */
 #define UBATCH 64           /* work items per parallel region */
-#define PAR_MIN (1 << 15)   /* fewer elements than this in a batch: no parallel region */
 
 /* One chunk's partial results. */
 typedef struct {
@@ -278,17 +277,6 @@ static int next_chunks(chunk_cursor *c, chunk_item *items, size_t *elems)
     return n;
 }
 
-/* Whether elems elements are worth a parallel region: enough of them, more than one thread,
- * and the caller not in an active region already. */
-static bool par_worth(size_t elems)
-{
-#ifdef _OPENMP
-    return elems >= PAR_MIN && omp_get_max_threads() > 1 && !omp_in_parallel();
-#else
-    (void)elems;
-    return false;
-#endif
-}
 
 /* Item i on path impl into acc[i]. */
 static void run_chunk(const chunk_item *items, int i, float inv, int impl, chunk_acc *acc)
@@ -307,7 +295,7 @@ static void run_chunk(const chunk_item *items, int i, float inv, int impl, chunk
 static void run_chunks(const chunk_item *items, int n, size_t elems, float inv, int impl,
                        chunk_acc *acc)
 {
-    if (!par_worth(elems)) {
+    if (!gpu_par_worth(elems)) {
         for (int i = 0; i < n; i++)
             run_chunk(items, i, inv, impl, acc);
         return;
