@@ -622,7 +622,6 @@ typedef struct {
     bool have_se, raw_done, ended, failed;
     int idx; /* next point of se to encode */
     int64_t lo, hi_limit, known_end, total;
-    bool to_open; /* no `to`: read on while rows keep coming past known_end */
 } series_stream;
 
 static void series_free(void *cls)
@@ -650,8 +649,10 @@ static int raw_chunk(series_stream *ss)
     ss->total += ss->se.total_steps;
     if (ss->se.npoints > 0 && ss->se.points[ss->se.npoints - 1].step_last > ss->known_end)
         ss->known_end = ss->se.points[ss->se.npoints - 1].step_last;
-    ss->raw_done =
-        hi >= ss->hi_limit || (ss->to_open && ss->se.npoints == 0 && hi >= ss->known_end);
+    /* an empty chunk past the job's last known step ends the series, whatever `to` says:
+     * rows beyond it are still read while they keep coming, but a large `to` never makes
+     * the reader walk an empty range chunk by chunk */
+    ss->raw_done = hi >= ss->hi_limit || (ss->se.npoints == 0 && hi >= ss->known_end);
     ss->lo = hi + 1;
     return 0;
 }
@@ -753,7 +754,6 @@ void api_h_job_metrics(api_req *q, api_resp *r)
     ss->enc.raw = points == 0;
     ss->lo = from;
     ss->hi_limit = to >= 0 ? to : INT64_MAX;
-    ss->to_open = to < 0;
     ss->known_end = j.step;
     store_job_clear(&j);
     /* The first read happens here, so that a store failure is still a proper 503. */

@@ -1308,6 +1308,19 @@ START_TEST(test_metrics)
     ck_assert_int_eq(json_array_size(json_object_get(j, "points")), 10);
     json_decref(j);
 
+    /* a `to` far beyond the last step answers at once with the rows there are (the reader
+     * once walked the empty range chunk by chunk, and the answer never ended) */
+    snprintf(path, sizeof(path), "/v1/jobs/%lld/metrics?fields=loss&from=991&to=%lld",
+             (long long)id, (long long)INT64_MAX);
+    j = get_json(port, path, 200);
+    ck_assert_int_eq(json_array_size(json_object_get(j, "points")), 10);
+    json_decref(j);
+    snprintf(path, sizeof(path), "/v1/jobs/%lld/metrics?from=5000&to=888888888888889",
+             (long long)id);
+    j = get_json(port, path, 200);
+    ck_assert_int_eq(json_array_size(json_object_get(j, "points")), 0);
+    json_decref(j);
+
     /* every field by default */
     snprintf(path, sizeof(path), "/v1/jobs/%lld/metrics?to=3", (long long)id);
     j = get_json(port, path, 200);

@@ -5,8 +5,9 @@
 # CORPUS-DIR/NAME/ and writes what it finds new to tests/fuzz/out/NAME/corpus/ (never to the
 # checked-in corpus). A crash, a sanitizer report, a leak, an input slower than 10 s or a
 # failed property (fuzz.h's fuzz_fail) stops that fuzzer: its log's last lines and the
-# input (tests/fuzz/out/NAME/crash-*, as hex) are printed, and run.sh exits 1 after the
-# others ran. One summary line per fuzzer: executions, exec/s, coverage, corpus size.
+# input (tests/fuzz/out/NAME/crash-*, as hex) are printed, then the lines that say why
+# once more, and run.sh exits 1 after the others ran. One summary line per fuzzer:
+# executions, exec/s, coverage, corpus size.
 set -u
 secs=$1
 corpus=$2
@@ -37,6 +38,10 @@ for f in "$@"; do
             echo "---- $a ($(wc -c <"$a") bytes; replay: $f $a):"
             od -A d -t x1z -v "$a" | head -n 64
         done
+        # the cause again, last: a CI log is often read from its end
+        echo "---- fuzz $name: why it failed:"
+        grep -E -m 8 'property failed|ERROR: |runtime error|SUMMARY: |Timeout|out-of-memory' \
+            "$dir/log" || echo "(no sanitizer or property line; see $dir/log)"
     fi
 done
 exit "$failed"
