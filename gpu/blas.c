@@ -359,6 +359,11 @@ static void gemm_info_fill(char *s, size_t len, gpu_dtype dt)
         snprintf(s, len, "widened to fp32 block by block, %s", fp32);
 }
 
+bool gpu_gemm_in_place(gpu_dtype dt)
+{
+    return dtype_ok(dt) && ensure_loaded() == 0 && lib_format(dt) == dt;
+}
+
 size_t gpu_gemm_lib_bytes(void)
 {
     return gpu_dnnl_peak();

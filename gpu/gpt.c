@@ -171,6 +171,15 @@ static void round_par(float *dst, const float *src, size_t n, gpu_dtype dt)
         gpu_round_n(dst + i, src + i, min_sz(CHUNK, n - i), dt);
 }
 
+/* n floats of src (values of dt) stored in dt at dst, chunks on every core. */
+static void store_par(void *dst, gpu_dtype dt, const float *src, size_t n)
+{
+    size_t es = gpu_dtype_size(dt);
+#pragma omp parallel for schedule(static) if (big(n))
+    for (size_t i = 0; i < n; i += CHUNK)
+        gpu_cvt_from_f32((char *)dst + i * es, dt, src + i, min_sz(CHUNK, n - i));
+}
+
 /* PyTorch's promotion of two float dtypes (only fp32 and one low dtype occur). */
 static gpu_dtype promote(gpu_dtype a, gpu_dtype b)
 {
@@ -1073,6 +1082,7 @@ typedef struct {
     float *dres;        /* N x C: the residual stream's gradient */
     float *att;         /* attention temporaries */
     float *row0, *row1; /* 4C each: bias and layer-norm weights in fp32 */
+    void *dyl;          /* N x 4C of lin_dt: a linear's output gradient (with dy_copy) */
     float *g;           /* GEMM widening scratch (the rest) */
 } gpt_scratch;
 
@@ -1082,7 +1092,8 @@ static size_t carve(const gpu_gpt *m, float *base, gpt_scratch *sc)
 {
     size_t N = (size_t)m->max_batch * m->seq_len, C = (size_t)m->d_model;
     size_t wide = 4 * C > (size_t)m->vocab ? 4 * C : (size_t)m->vocab;
-    size_t sizes[9] = {N * wide,
+    size_t dyl = m->dy_copy ? N * 4 * C * gpu_dtype_size(m->lin_dt) / sizeof(float) : 0;
+    size_t sizes[10] = {N * wide,
                        N * 4 * C,
                        N * 3 * C,
                        N * C,
@@ -1090,16 +1101,19 @@ static size_t carve(const gpu_gpt *m, float *base, gpt_scratch *sc)
                        N * C,
                        gpu_gpt_attention_scratch_floats(m->seq_len, m->attn_slots),
                        4 * C,
-                       4 * C};
-    float **slot[10] = {&sc->big, &sc->in32, &sc->qkvm, &sc->aty,  &sc->dqkv,
-                        &sc->dres, &sc->att, &sc->row0, &sc->row1, &sc->g};
+                       4 * C,
+                       dyl};
+    float *dyf = NULL;
+    float **slot[11] = {&sc->big,  &sc->in32, &sc->qkvm, &sc->aty, &sc->dqkv, &sc->dres,
+                        &sc->att,  &sc->row0, &sc->row1, &dyf,     &sc->g};
     size_t off = 0;
-    for (int i = 0; i < 10; i++) {
+    for (int i = 0; i < 11; i++) {
         if (base)
             *slot[i] = base + off;
-        if (i < 9)
+        if (i < 10)
             off += align16f(sizes[i]);
     }
+    sc->dyl = dyl > 0 ? dyf : NULL;
     return off;
 }
 
@@ -1300,6 +1314,7 @@ int gpu_gpt_plan(gpu_gpt *m, const gpu_model_config *mc, const gpu_autocast *a, 
      * thread of its own (else it fights them: an fp32 GPT step measured 877 ms against
      * 312 ms on 2 cores). So heads run side by side only then. */
     m->attn_slots = gpu_blas_threads() == 1 ? team_size(max_batch * m->n_head) : 1;
+    m->dy_copy = m->lin_dt != GPU_FP32 && gpu_gemm_in_place(m->lin_dt);
     layout_params(m);
     layout_acts(m);
     m->scratch_floats = carve(m, NULL, &(gpt_scratch){0}) + plan_gemm_scratch(m, dt) + 16;
@@ -1396,15 +1411,20 @@ static void linear_row(const gpu_gpt *m, float *o, const float *bias, int O, siz
 }
 
 /* out[N x O] = rd(in W^T + b, lin_dt), then `to`: the rows after the GEMM on every core (on
- * the calling thread with diag). in holds fp32 values of lin_dt. */
-static int linear_fwd(const gpu_gpt *m, const gpu_gpt_weights *w, const float *in, int N, int K,
-                      int O, size_t w_off, size_t b_off, float *out, const lin_out *to,
-                      const gpt_scratch *sc, gpu_diag *diag, int layer)
+ * the calling thread with diag). in holds fp32 values of lin_dt; saved, the same values
+ * stored in lin_dt, is what the GEMM reads where it takes lin_dt as it is stored. */
+static int linear_fwd(const gpu_gpt *m, const gpu_gpt_weights *w, const float *in,
+                      const uint8_t *saved, int N, int K, int O, size_t w_off, size_t b_off,
+                      float *out, const lin_out *to, const gpt_scratch *sc, gpu_diag *diag,
+                      int layer)
 {
-    gpu_dtype dt = m->lin_dt, wdt;
-    const void *W = wsrc(w, w_off, dt, &wdt);
-    int rc = gpu_gemm_ex(false, true, N, O, K, in, GPU_FP32, K, W, wdt, K, dt, 0, 0.0f, out, O,
-                         sc->g);
+    gpu_dtype dt = m->lin_dt, wdt, adt = GPU_FP32;
+    const void *W = wsrc(w, w_off, dt, &wdt), *x = in;
+    if (dt != GPU_FP32 && gpu_gemm_in_place(dt)) {
+        x = saved;
+        adt = dt;
+    }
+    int rc = gpu_gemm_ex(false, true, N, O, K, x, adt, K, W, wdt, K, dt, 0, 0.0f, out, O, sc->g);
     if (rc)
         return rc;
     const float *bias = wf32(w, b_off, (size_t)O, dt, sc->row0);
@@ -1423,20 +1443,24 @@ static int linear_bwd(const gpu_gpt *m, const gpu_gpt_weights *w, const float *d
                       int N, int K, int O, size_t w_off, size_t b_off, float *grads, float *dX,
                       const gpt_scratch *sc, gpu_diag *diag, int layer)
 {
-    gpu_dtype dt = m->lin_dt, wdt;
+    gpu_dtype dt = m->lin_dt, wdt, ddt = GPU_FP32;
     float *gw = grads + w_off, *gb = grads + b_off;
+    const void *dy = dY;
     if (diag)
         gpu_diag_backward(diag, layer, dY, (size_t)N * O);
-    int rc = gpu_gemm_ex(true, false, O, K, N, dY, GPU_FP32, O, X, dt, K, dt, 0, 0.0f, gw, K,
-                         sc->g);
+    if (sc->dyl && gpu_gemm_in_place(dt)) { /* once for both GEMMs, not once in each */
+        store_par(sc->dyl, dt, dY, (size_t)N * O);
+        dy = sc->dyl;
+        ddt = dt;
+    }
+    int rc = gpu_gemm_ex(true, false, O, K, N, dy, ddt, O, X, dt, K, dt, 0, 0.0f, gw, K, sc->g);
     if (rc)
         return rc;
     round_grad(diag, layer, true, gw, (size_t)O * K, dt);
     col_sums(gb, dY, (size_t)N, O);
     round_grad(diag, layer, true, gb, (size_t)O, dt);
     const void *W = wsrc(w, w_off, dt, &wdt);
-    rc = gpu_gemm_ex(false, false, N, K, O, dY, GPU_FP32, O, W, wdt, K, dt, 0, 0.0f, dX, K,
-                     sc->g);
+    rc = gpu_gemm_ex(false, false, N, K, O, dy, ddt, O, W, wdt, K, dt, 0, 0.0f, dX, K, sc->g);
     if (rc)
         return rc;
     if (diag)
@@ -1692,14 +1716,14 @@ static int block_fwd(const gpu_gpt *m, const gpu_gpt_weights *w, int l, int B, u
     const float *a =
         ln_fwd(m, w, hin, P->ln1_w, P->ln1_b, N, acts, A->ln1, A->ln1_mean, A->ln1_rstd, sc);
     float *qkv = out_for(m, acts, A->qkv, sc->big);
-    rc = linear_fwd(m, w, a, N, C, 3 * C, P->qkv_w, P->qkv_b, qkv,
+    rc = linear_fwd(m, w, a, acts + A->ln1, N, C, 3 * C, P->qkv_w, P->qkv_b, qkv,
                     &(lin_out){acts + A->qkv, NULL, NULL}, sc, diag,
                     dlayer(diag, l, "attn.qkv", lin));
     if (!rc)
         rc = attention_fwd(m, l, B, qkv, acts, sc, diag);
     if (!rc)
-        rc = linear_fwd(m, w, out_for(m, acts, A->atty, sc->aty), N, C, C, P->proj_w, P->proj_b,
-                        sc->big, &(lin_out){NULL, hin, hmid}, sc, diag,
+        rc = linear_fwd(m, w, out_for(m, acts, A->atty, sc->aty), acts + A->atty, N, C, C,
+                        P->proj_w, P->proj_b, sc->big, &(lin_out){NULL, hin, hmid}, sc, diag,
                         dlayer(diag, l, "attn.proj", lin));
     if (rc)
         return rc;
@@ -1707,13 +1731,13 @@ static int block_fwd(const gpu_gpt *m, const gpu_gpt_weights *w, int l, int B, u
     /* MLP; mlp.proj's rows also make the residual add */
     a = ln_fwd(m, w, hmid, P->ln2_w, P->ln2_b, N, acts, A->ln2, A->ln2_mean, A->ln2_rstd, sc);
     float *u = out_for(m, acts, A->fc, sc->big);
-    rc = linear_fwd(m, w, a, N, C, 4 * C, P->fc_w, P->fc_b, u, &(lin_out){acts + A->fc, NULL, NULL},
-                    sc, diag, dlayer(diag, l, "mlp.fc", lin));
+    rc = linear_fwd(m, w, a, acts + A->ln2, N, C, 4 * C, P->fc_w, P->fc_b, u,
+                    &(lin_out){acts + A->fc, NULL, NULL}, sc, diag, dlayer(diag, l, "mlp.fc", lin));
     if (rc)
         return rc;
     float *g = out_for(m, acts, A->gelu, sc->in32);
     gelu_fwd_chunked(m, u, g, acts + A->gelu, n4);
-    return linear_fwd(m, w, g, N, 4 * C, C, P->mproj_w, P->mproj_b, sc->big,
+    return linear_fwd(m, w, g, acts + A->gelu, N, 4 * C, C, P->mproj_w, P->mproj_b, sc->big,
                       &(lin_out){NULL, hmid, actf(acts, block_out(m, l))}, sc, diag,
                       dlayer(diag, l, "mlp.proj", lin));
 }

@@ -71,6 +71,8 @@ typedef struct {
                                 * OpenMP team's size when planned, at most B x n_head */
     bool flash;                /* flash attention: asked for and mm_dt 16-bit (else the
                                 * attention is materialised) */
+    bool dy_copy;              /* lin_dt 16-bit and multiplied as it is stored: a linear's
+                                * output gradient is converted once for its two GEMMs */
     /* op dtypes: linear layers and lm_head; attention matmuls (QK^T, AV); their softmax;
      * layer norms; GELU; cross-entropy; the embedding; the residual stream's values */
     gpu_dtype lin_dt, mm_dt, sm_dt, ln_dt, gelu_dt, ce_dt, emb_dt, resid_dt;

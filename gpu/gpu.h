@@ -146,6 +146,9 @@ int gpu_gemm_force(const char *path);
 /* Which library and path a GEMM computing in dt takes here, e.g. "native bf16, oneDNN 2.6.3
  * (avx512_core_bf16)"; static. AMPD_GEMM=openblas in the environment forces OpenBLAS. */
 const char *gpu_gemm_info(gpu_dtype dt);
+/* Whether GEMMs computing in dt take operands stored in dt as they are (fp32 always; bf16
+ * where it runs natively), so a caller holding a copy in dt saves the conversion. */
+bool gpu_gemm_in_place(gpu_dtype dt);
 /* The most scratch the GEMM libraries have allocated themselves in any thread, in bytes. */
 size_t gpu_gemm_lib_bytes(void);
 /* The naive triple loop with double accumulation: the reference the tests compare with. */
