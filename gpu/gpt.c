@@ -578,9 +578,38 @@ HOT static void softmax_row_bwd(const float *restrict p, float *restrict d, int 
 }
 
 /* See gpu/gpt.h. */
-size_t gpu_gpt_attention_scratch_floats(int T, int slots)
+size_t gpu_gpt_attention_scratch_floats(int T, int hd, gpu_dtype mm_dt, int slots)
 {
-    return (size_t)(slots > 1 ? slots : 1) * 2 * align16f((size_t)T * (size_t)T);
+    size_t qk = gpu_gemm_ex_scratch_floats(T, T, hd, GPU_FP32, GPU_FP32, mm_dt, 0);
+    size_t pv = gpu_gemm_ex_scratch_floats(T, hd, T, GPU_FP32, GPU_FP32, mm_dt, 0);
+    size_t per = 2 * align16f((size_t)T * (size_t)T) + align16f((size_t)T * (size_t)hd) +
+                 align16f(qk > pv ? qk : pv);
+    return (size_t)(slots > 1 ? slots : 1) * per;
+}
+
+/* A head's GEMM scratch in its slot, after the two T x T regions: a dense T x hd output,
+ * then the GEMMs' own. */
+static float *head_gemm_scratch(float *slot, int T)
+{
+    return slot + 2 * align16f((size_t)T * (size_t)T);
+}
+
+/* A head's product in mm_dt: every operand holds values of mm_dt, so the library may take
+ * them in it (bf16 natively: each operand converted densely first). There an output inside
+ * wider rows (a head's columns of y or dqkv) is made dense in gs and copied there: the
+ * native kernels take no padded output. Elsewhere the operands are read in place, where
+ * they are (OpenBLAS takes the strided ones). */
+static int head_gemm(bool ta, bool tb, int M, int N, int K, const float *A, int lda,
+                     const float *B, int ldb, gpu_dtype mm_dt, float *C, int ldc, float *gs)
+{
+    bool native = mm_dt != GPU_FP32 && gpu_gemm_in_place(mm_dt);
+    float *dense = ldc == N || !native ? C : gs;
+    float *rest = dense == C ? gs : gs + align16f((size_t)M * (size_t)N);
+    int rc = gpu_gemm_ex(ta, tb, M, N, K, A, GPU_FP32, lda, B, GPU_FP32, ldb, mm_dt, 0, 0.0f,
+                         dense, dense == C ? ldc : N, rest);
+    for (int i = 0; rc == 0 && dense != C && i < M; i++)
+        memcpy(C + (size_t)i * ldc, dense + (size_t)i * N, sizeof(float) * (size_t)N);
+    return rc;
 }
 
 /* The OpenMP team a parallel region would start here, at most most (1 without OpenMP). */
@@ -604,18 +633,17 @@ static int team_rank(void)
 #endif
 }
 
-/* One sequence and head's share of an attention pass: its scratch (two T x T regions) and
- * whether its row passes may start their own team (only when the heads run in order). */
+/* One sequence and head's share of an attention pass: its scratch (two T x T regions and
+ * its GEMMs' scratch) and whether its row passes may start their own team (only when the heads run in order). */
 typedef int (*head_fn)(const void *ctx, int b, int h, float *scratch, bool par_rows);
 
 /* fn for every sequence b < B and head h < H. With slots > 1 the heads are shared out to
- * that many threads, each with its own slot of scratch, and each head's GEMMs and rows run
- * on its thread; else the heads run in order, every GEMM and row pass on the whole team.
+ * that many threads, each with its own slot of scratch (per floats), and each head's GEMMs
+ * and rows run on its thread; else the heads run in order, every GEMM and row pass on the whole team.
  * Either way each head computes the same values. Returns the first error. */
-static int each_head(int B, int H, int T, int slots, float *scratch, head_fn fn,
+static int each_head(int B, int H, int slots, size_t per, float *scratch, head_fn fn,
                      const void *ctx)
 {
-    size_t per = gpu_gpt_attention_scratch_floats(T, 1);
     int tasks = B * H, rc = 0;
     if (slots <= 1 || tasks == 1) {
         for (int t = 0; t < tasks && rc == 0; t++)
@@ -722,7 +750,8 @@ static int attn_head_fwd(const void *ctx, int b, int h, float *scratch, bool par
     const float *q = a->qkv + (size_t)b * T * ld + (size_t)h * hd;
     const float *k = q + C, *v = q + 2 * C;
     float *P = a->P + ((size_t)b * a->H + h) * TT;
-    int rc = gpu_gemm(false, true, T, T, hd, q, GPU_FP32, ld, k, GPU_FP32, ld, 0.0f, S, T, NULL);
+    float *gs = head_gemm_scratch(scratch, T);
+    int rc = head_gemm(false, true, T, T, hd, q, ld, k, ld, a->mm_dt, S, T, gs);
     if (rc)
         return rc;
     if (a->diag)
@@ -733,8 +762,7 @@ static int attn_head_fwd(const void *ctx, int b, int h, float *scratch, bool par
         attn_row_fwd(S + (size_t)i * T, P + (size_t)i * T, Pm ? Pm + (size_t)i * T : NULL, i + 1,
                      T, scale, a->mm_dt, a->sm_dt);
     float *yh = a->y + (size_t)b * T * C + (size_t)h * hd;
-    rc = gpu_gemm(false, false, T, hd, T, Pm ? Pm : P, GPU_FP32, T, v, GPU_FP32, ld, 0.0f, yh, C,
-                  NULL);
+    rc = head_gemm(false, false, T, hd, T, Pm ? Pm : P, T, v, ld, a->mm_dt, yh, C, gs);
     return head_y_done(a, rc, yh);
 }
 
@@ -745,7 +773,8 @@ int gpu_gpt_attention_fwd(const float *qkv, int B, int T, int C, int H, gpu_dtyp
 {
     attn_args a = {.qkv = qkv, .P = probs, .y = y, .T = T, .C = C, .H = H, .mm_dt = mm_dt,
                    .sm_dt = sm_dt, .diag = diag, .layer = layer};
-    return each_head(B, H, T, diag ? 1 : slots, scratch, attn_head_fwd, &a);
+    size_t per = gpu_gpt_attention_scratch_floats(T, C / H, mm_dt, 1);
+    return each_head(B, H, diag ? 1 : slots, per, scratch, attn_head_fwd, &a);
 }
 
 /* dQ and dK (the first 2C of each row of dqkv [rows x 3C]), the score matmul's input
@@ -789,10 +818,10 @@ static int attn_head_bwd(const void *ctx, int b, int h, float *scratch, bool par
     const float *P = a->probs + ((size_t)b * a->H + h) * TT;
     const float *pm = p_for_mm(P, Pm, TT, a->mm_dt, a->sm_dt);
     /* dV = Pm^T dY; dP = dY V^T (both matmul outputs, rounded to mm_dt) */
-    int rc = gpu_gemm(true, false, T, hd, T, pm, GPU_FP32, T, dyh, GPU_FP32, C, 0.0f, dv, ld,
-                      NULL);
+    float *gs = head_gemm_scratch(scratch, T);
+    int rc = head_gemm(true, false, T, hd, T, pm, T, dyh, C, a->mm_dt, dv, ld, gs);
     if (!rc)
-        rc = gpu_gemm(false, true, T, T, hd, dyh, GPU_FP32, C, v, GPU_FP32, ld, 0.0f, dS, T, NULL);
+        rc = head_gemm(false, true, T, T, hd, dyh, C, v, ld, a->mm_dt, dS, T, gs);
     if (rc)
         return rc;
 #pragma omp parallel for schedule(static, 1) if (par_rows && big_rows(T))
@@ -801,9 +830,9 @@ static int attn_head_bwd(const void *ctx, int b, int h, float *scratch, bool par
     if (a->diag)
         gpu_diag_backward(a->diag, a->layer, dS, TT); /* arriving at Q K^T's output */
     /* dQ = dS K, dK = dS^T Q */
-    rc = gpu_gemm(false, false, T, hd, T, dS, GPU_FP32, T, k, GPU_FP32, ld, 0.0f, dq, ld, NULL);
+    rc = head_gemm(false, false, T, hd, T, dS, T, k, ld, a->mm_dt, dq, ld, gs);
     if (!rc)
-        rc = gpu_gemm(true, false, T, hd, T, dS, GPU_FP32, T, q, GPU_FP32, ld, 0.0f, dk, ld, NULL);
+        rc = head_gemm(true, false, T, hd, T, dS, T, q, ld, a->mm_dt, dk, ld, gs);
     return head_dqkv_done(a, rc, dq);
 }
 
@@ -814,7 +843,8 @@ int gpu_gpt_attention_bwd(const float *dy, const float *qkv, const float *probs,
 {
     attn_args a = {.qkv = qkv, .dy = dy, .probs = probs, .dqkv = dqkv, .T = T, .C = C, .H = H,
                    .mm_dt = mm_dt, .sm_dt = sm_dt, .diag = diag, .layer = layer};
-    int rc = each_head(B, H, T, diag ? 1 : slots, scratch, attn_head_bwd, &a);
+    size_t per = gpu_gpt_attention_scratch_floats(T, C / H, mm_dt, 1);
+    int rc = each_head(B, H, diag ? 1 : slots, per, scratch, attn_head_bwd, &a);
     if (rc)
         return rc;
     diag_dqk(diag, layer, dqkv, (size_t)B * T, C, mm_dt);
@@ -882,7 +912,8 @@ int gpu_gpt_flash_fwd(const float *qkv, int B, int T, int C, int H, gpu_dtype mm
                       float *y, float *scratch, int slots)
 {
     attn_args a = {.qkv = qkv, .L = lse, .y = y, .T = T, .C = C, .H = H, .mm_dt = mm_dt};
-    return each_head(B, H, T, slots, scratch, flash_head_fwd, &a);
+    return each_head(B, H, slots, gpu_gpt_attention_scratch_floats(T, C / H, mm_dt, 1),
+                     scratch, flash_head_fwd, &a);
 }
 
 /* Row i of the flash backward's P (n = i + 1 causal entries, from the raw product p, in
@@ -956,7 +987,8 @@ int gpu_gpt_flash_bwd(const float *dy, const float *qkv, const float *o, const f
                    .H = H, .mm_dt = mm_dt, .diag = diag};
     if (diag) /* the gradient arriving at the attention: inf/NaN */
         gpu_diag_backward(diag, layer, dy, (size_t)B * T * C);
-    int rc = each_head(B, H, T, slots, scratch, flash_head_bwd, &a);
+    int rc = each_head(B, H, slots, gpu_gpt_attention_scratch_floats(T, C / H, mm_dt, 1),
+                       scratch, flash_head_bwd, &a);
     if (rc)
         return rc;
     diag_dqk(diag, layer, dqkv, (size_t)B * T, C, mm_dt);
@@ -1099,7 +1131,8 @@ static size_t carve(const gpu_gpt *m, float *base, gpt_scratch *sc)
                        N * C,
                        N * 3 * C,
                        N * C,
-                       gpu_gpt_attention_scratch_floats(m->seq_len, m->attn_slots),
+                       gpu_gpt_attention_scratch_floats(m->seq_len, m->head_dim, m->mm_dt,
+                                                        m->attn_slots),
                        4 * C,
                        4 * C,
                        dyl};
@@ -1309,10 +1342,11 @@ int gpu_gpt_plan(gpu_gpt *m, const gpu_model_config *mc, const gpu_autocast *a, 
     m->gelu_dt = gpu_autocast_dtype(a, GPU_OP_GELU, dt, m->lin_dt);
     m->ce_dt = gpu_autocast_dtype(a, GPU_OP_CROSS_ENTROPY, dt, m->lin_dt);
     m->flash = mc->attention == GPU_ATTN_FLASH && m->mm_dt != GPU_FP32;
-    /* The heads' GEMMs read Q, K and V inside qkv's rows, which oneDNN's brgemm refuses:
-     * they run on OpenBLAS, which may be called from the team's threads at once only on one
+    /* The heads' GEMMs read Q, K and V inside qkv's rows: in fp32 and widened 16-bit they
+     * run there on OpenBLAS, which may be called from the team's threads at once only on one
      * thread of its own (else it fights them: an fp32 GPT step measured 877 ms against
-     * 312 ms on 2 cores). So heads run side by side only then. */
+     * 312 ms on 2 cores); native bf16 takes dense copies on oneDNN, one thread per head.
+     * So heads run side by side only when OpenBLAS has one thread. */
     m->attn_slots = gpu_blas_threads() == 1 ? team_size(max_batch * m->n_head) : 1;
     m->dy_copy = m->lin_dt != GPU_FP32 && gpu_gemm_in_place(m->lin_dt);
     layout_params(m);

@@ -158,12 +158,13 @@ void gpu_gpt_exp(float *dst, const float *x, size_t n);
  * S = rd(rd(Q K^T, mm_dt) / sqrt(hd), mm_dt); P = rd(softmax(S), sm_dt) over j <= i only
  * (masked positions get exactly 0, no -inf arithmetic); y = rd(rd(P, mm_dt) V, mm_dt),
  * heads merged into y [N x C]. probs [B x H x T x T] saved. scratch holds
- * gpu_gpt_attention_scratch_floats(T, slots) floats. slots > 1 shares the (sequence,
+ * gpu_gpt_attention_scratch_floats(T, C / H, mm_dt, slots) floats (the GEMMs take their
+ * operands in mm_dt: bf16 natively where the CPU has it). slots > 1 shares the (sequence,
  * head) pairs out to that many threads at once, each running its heads' GEMMs and rows
  * alone (few, coarse parallel regions); 1 runs the heads in order, each GEMM and row pass
  * on the whole team. diag (NULL: off; runs as slots 1) and layer: Q K^T's causal outputs
  * are accounted under that layer (backward: dS arriving, dQ and dK before rounding). */
-size_t gpu_gpt_attention_scratch_floats(int T, int slots);
+size_t gpu_gpt_attention_scratch_floats(int T, int hd, gpu_dtype mm_dt, int slots);
 int gpu_gpt_attention_fwd(const float *qkv, int B, int T, int C, int H, gpu_dtype mm_dt,
                           gpu_dtype sm_dt, float *probs, float *y, float *scratch, int slots,
                           gpu_diag *diag, int layer);

@@ -601,7 +601,7 @@ static void refs_attention(gpu_dtype mm, gpu_dtype sm)
     float *qkv = xmalloc((size_t)N * ld * 4), *probs = xmalloc(nS * 4), *S = xmalloc(nS * 4);
     float *P = xmalloc(nS * 4), *y = xmalloc((size_t)N * C * 4), *dy = xmalloc((size_t)N * C * 4);
     float *dqkv = xmalloc((size_t)N * ld * 4), *dP = xmalloc(nS * 4), *dS = xmalloc(nS * 4);
-    float *scratch = xmalloc(gpu_gpt_attention_scratch_floats(T, 1) * 4);
+    float *scratch = xmalloc(gpu_gpt_attention_scratch_floats(T, C / H, GPU_BF16, 1) * 4);
     char what[96];
     gpu_rng r;
     gpu_rng_seed(&r, 11);
@@ -1435,7 +1435,7 @@ static void check_flash(int B, int T, int H, int hd, gpu_dtype dt, float scale, 
     float *qkv = xmalloc(3 * n * 4), *y = xmalloc(n * 4), *gy = xmalloc(n * 4);
     float *dy = xmalloc(n * 4), *dq = xmalloc(3 * n * 4), *gdq = xmalloc(3 * n * 4);
     float *gdq2 = xmalloc(3 * n * 4), *lse = xmalloc(nl * 4), *glse = xmalloc(nl * 4);
-    float *scratch = xmalloc(gpu_gpt_attention_scratch_floats(T, 1) * 4);
+    float *scratch = xmalloc(gpu_gpt_attention_scratch_floats(T, hd, GPU_BF16, 1) * 4);
     double u = dt == GPU_FP16 ? 0x1p-11 : 0x1p-8;
     char what[128];
     bool bad;

@@ -383,7 +383,7 @@ START_TEST(test_op_attention)
     float qkv[AN * 3 * AC], y[AN * AC], rr[AN * AC], dqkv[AN * 3 * AC];
     float probs[AB * AH * AT * AT], *scratch;
     double v[AN * 3 * AC], y64[AN * AC], r64[AN * AC];
-    scratch = calloc(gpu_gpt_attention_scratch_floats(AT, 1), sizeof(float));
+    scratch = calloc(gpu_gpt_attention_scratch_floats(AT, AC / AH, GPU_BF16, 1), 4);
     ck_assert_ptr_nonnull(scratch);
     gpu_rng_seed(&r, 13);
     randn(&r, qkv, AN * 3 * AC, 1.5f);
@@ -734,7 +734,7 @@ START_TEST(test_op_flash)
     gpu_rng r;
     float qkv[AN * 3 * AC], y[AN * AC], rr[AN * AC], dqkv[AN * 3 * AC], lse[AB * AH * AT];
     double v[AN * 3 * AC], y64[AN * AC], r64[AN * AC];
-    float *scratch = calloc(gpu_gpt_attention_scratch_floats(AT, 1), sizeof(float));
+    float *scratch = calloc(gpu_gpt_attention_scratch_floats(AT, AC / AH, GPU_BF16, 1), 4);
     ck_assert_ptr_nonnull(scratch);
     gpu_rng_seed(&r, 14);
     randn(&r, qkv, AN * 3 * AC, 1.5f);
@@ -778,7 +778,7 @@ START_TEST(test_flash_fp16)
     enum { B1 = 1, T1 = 6, C1 = 8, H1 = 1, N1 = B1 * T1 };
     float qkv[N1 * 3 * C1], y[N1 * C1], y32[N1 * C1], dy[N1 * C1], lse[B1 * H1 * T1];
     float dqkv[N1 * 3 * C1], d32[N1 * 3 * C1], probs[B1 * H1 * T1 * T1];
-    float *scratch = calloc(gpu_gpt_attention_scratch_floats(T1, 1), sizeof(float));
+    float *scratch = calloc(gpu_gpt_attention_scratch_floats(T1, C1 / H1, GPU_BF16, 1), 4);
     gpu_rng r;
     ck_assert_ptr_nonnull(scratch);
     gpu_rng_seed(&r, 32);
@@ -878,7 +878,7 @@ START_TEST(test_fp16_mask_finite)
     float qkv[B1 * T1 * 3 * C1], y[B1 * T1 * C1], dy[B1 * T1 * C1], dqkv[B1 * T1 * 3 * C1];
     float probs[B1 * H1 * T1 * T1], *scratch;
     gpu_rng r;
-    scratch = calloc(gpu_gpt_attention_scratch_floats(T1, 1), sizeof(float));
+    scratch = calloc(gpu_gpt_attention_scratch_floats(T1, C1 / H1, GPU_BF16, 1), 4);
     ck_assert_ptr_nonnull(scratch);
     gpu_rng_seed(&r, 31);
     for (int i = 0; i < T1; i++)
