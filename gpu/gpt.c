@@ -580,36 +580,65 @@ HOT static void softmax_row_bwd(const float *restrict p, float *restrict d, int 
 /* See gpu/gpt.h. */
 size_t gpu_gpt_attention_scratch_floats(int T, int hd, gpu_dtype mm_dt, int slots)
 {
-    size_t qk = gpu_gemm_ex_scratch_floats(T, T, hd, GPU_FP32, GPU_FP32, mm_dt, 0);
-    size_t pv = gpu_gemm_ex_scratch_floats(T, hd, T, GPU_FP32, GPU_FP32, mm_dt, 0);
-    size_t per = 2 * align16f((size_t)T * (size_t)T) + align16f((size_t)T * (size_t)hd) +
-                 align16f(qk > pv ? qk : pv);
+    size_t most = 0;
+    for (int i = 0; i < 2; i++) { /* operands in fp32, or stored in mm_dt */
+        gpu_dtype dt = i == 0 ? GPU_FP32 : mm_dt;
+        size_t qk = gpu_gemm_ex_scratch_floats(T, T, hd, dt, dt, mm_dt, 0);
+        size_t pv = gpu_gemm_ex_scratch_floats(T, hd, T, dt, dt, mm_dt, 0);
+        most = qk > most ? qk : most;
+        most = pv > most ? pv : most;
+    }
+    size_t per = 2 * align16f((size_t)T * (size_t)T) + 3 * align16f((size_t)T * (size_t)hd) +
+                 align16f(most);
     return (size_t)(slots > 1 ? slots : 1) * per;
 }
 
-/* A head's GEMM scratch in its slot, after the two T x T regions: a dense T x hd output,
- * then the GEMMs' own. */
-static float *head_gemm_scratch(float *slot, int T)
+/* A head's slot: two T x T regions, 2 T x hd floats for its Q, K, V and dY stored densely
+ * in mm_dt, then its GEMMs' scratch (a dense T x hd output first where one is needed). */
+static uint16_t *head_dense16(float *slot, int T)
 {
-    return slot + 2 * align16f((size_t)T * (size_t)T);
+    return (uint16_t *)(void *)(slot + 2 * align16f((size_t)T * (size_t)T));
 }
 
-/* A head's product in mm_dt: every operand holds values of mm_dt, so the library may take
- * them in it (bf16 natively: each operand converted densely first). There an output inside
- * wider rows (a head's columns of y or dqkv) is made dense in gs and copied there: the
- * native kernels take no padded output. Elsewhere the operands are read in place, where
- * they are (OpenBLAS takes the strided ones). */
-static int head_gemm(bool ta, bool tb, int M, int N, int K, const float *A, int lda,
-                     const float *B, int ldb, gpu_dtype mm_dt, float *C, int ldc, float *gs)
+static float *head_gemm_scratch(float *slot, int T, int hd)
+{
+    return slot + 2 * align16f((size_t)T * (size_t)T) + 2 * align16f((size_t)T * (size_t)hd);
+}
+
+/* The head's n blocks of T x hd 16-bit values, ld apart in rows and C apart from each other
+ * (Q, K, V of qkv), copied densely to dst: the native kernels take no strided operand. */
+static void head_copy16(uint16_t *dst, const uint16_t *src, int n, int T, int hd, size_t ld,
+                        size_t C)
+{
+    for (int b = 0; b < n; b++)
+        for (int i = 0; i < T; i++)
+            memcpy(dst + ((size_t)b * T + i) * hd, src + b * C + (size_t)i * ld,
+                   sizeof(uint16_t) * (size_t)hd);
+}
+
+/* A head's product in mm_dt: every operand holds values of mm_dt (fp32, or stored in
+ * mm_dt), so the library may take them in it: bf16 natively, fp32 operands converted
+ * densely first. There an output inside wider rows (a head's columns of y or dqkv) is made
+ * dense in gs and copied there: the native kernels take no padded output. Elsewhere fp32
+ * operands are read where they are (OpenBLAS takes the strided ones). */
+static int head_mm(bool ta, bool tb, int M, int N, int K, const void *A, gpu_dtype adt,
+                   int lda, const void *B, gpu_dtype bdt, int ldb, gpu_dtype mm_dt, float *C,
+                   int ldc, float *gs)
 {
     bool native = mm_dt != GPU_FP32 && gpu_gemm_in_place(mm_dt);
     float *dense = ldc == N || !native ? C : gs;
     float *rest = dense == C ? gs : gs + align16f((size_t)M * (size_t)N);
-    int rc = gpu_gemm_ex(ta, tb, M, N, K, A, GPU_FP32, lda, B, GPU_FP32, ldb, mm_dt, 0, 0.0f,
-                         dense, dense == C ? ldc : N, rest);
+    int rc = gpu_gemm_ex(ta, tb, M, N, K, A, adt, lda, B, bdt, ldb, mm_dt, 0, 0.0f, dense,
+                         dense == C ? ldc : N, rest);
     for (int i = 0; rc == 0 && dense != C && i < M; i++)
         memcpy(C + (size_t)i * ldc, dense + (size_t)i * N, sizeof(float) * (size_t)N);
     return rc;
+}
+
+static int head_gemm(bool ta, bool tb, int M, int N, int K, const float *A, int lda,
+                     const float *B, int ldb, gpu_dtype mm_dt, float *C, int ldc, float *gs)
+{
+    return head_mm(ta, tb, M, N, K, A, GPU_FP32, lda, B, GPU_FP32, ldb, mm_dt, C, ldc, gs);
 }
 
 /* The OpenMP team a parallel region would start here, at most most (1 without OpenMP). */
@@ -633,14 +662,14 @@ static int team_rank(void)
 #endif
 }
 
-/* One sequence and head's share of an attention pass: its scratch (two T x T regions and
- * its GEMMs' scratch) and whether its row passes may start their own team (only when the heads run in order). */
+/* One sequence and head's share of an attention pass: its slot of scratch and whether its
+ * row passes may start their own team (only when the heads run in order). */
 typedef int (*head_fn)(const void *ctx, int b, int h, float *scratch, bool par_rows);
 
 /* fn for every sequence b < B and head h < H. With slots > 1 the heads are shared out to
  * that many threads, each with its own slot of scratch (per floats), and each head's GEMMs
- * and rows run on its thread; else the heads run in order, every GEMM and row pass on the whole team.
- * Either way each head computes the same values. Returns the first error. */
+ * and rows run on its thread; else the heads run in order, every GEMM and row pass on the
+ * whole team. Either way each head computes the same values. Returns the first error. */
 static int each_head(int B, int H, int slots, size_t per, float *scratch, head_fn fn,
                      const void *ctx)
 {
@@ -707,6 +736,7 @@ static const float *p_for_mm(const float *P, float *pm, size_t n, gpu_dtype mm_d
 /* The arguments of one attention pass, shared by its heads. */
 typedef struct {
     const float *qkv, *dy, *probs, *o, *lse;
+    const uint16_t *qkv16; /* qkv stored in mm_dt, multiplied as it is (NULL: qkv in fp32) */
     float *P, *y, *dqkv, *L;
     int T, C, H;
     gpu_dtype mm_dt, sm_dt;
@@ -739,6 +769,13 @@ static int head_dqkv_done(const attn_args *a, int rc, float *dq)
     return rc;
 }
 
+/* The head's causal scores S (T x T), accounted to the diagnostics when they are on. */
+static void diag_scores(const attn_args *a, const float *S)
+{
+    for (int i = 0; a->diag && i < a->T; i++)
+        gpu_diag_forward(a->diag, a->layer, S + (size_t)i * a->T, (size_t)i + 1);
+}
+
 static int attn_head_fwd(const void *ctx, int b, int h, float *scratch, bool par_rows)
 {
     (void)par_rows; /* read only by the pragmas, which a build without OpenMP drops */
@@ -750,13 +787,11 @@ static int attn_head_fwd(const void *ctx, int b, int h, float *scratch, bool par
     const float *q = a->qkv + (size_t)b * T * ld + (size_t)h * hd;
     const float *k = q + C, *v = q + 2 * C;
     float *P = a->P + ((size_t)b * a->H + h) * TT;
-    float *gs = head_gemm_scratch(scratch, T);
+    float *gs = head_gemm_scratch(scratch, T, hd);
     int rc = head_gemm(false, true, T, T, hd, q, ld, k, ld, a->mm_dt, S, T, gs);
     if (rc)
         return rc;
-    if (a->diag)
-        for (int i = 0; i < T; i++)
-            gpu_diag_forward(a->diag, a->layer, S + (size_t)i * T, (size_t)i + 1);
+    diag_scores(a, S);
 #pragma omp parallel for schedule(static, 1) if (par_rows && big_rows(T))
     for (int i = 0; i < T; i++)
         attn_row_fwd(S + (size_t)i * T, P + (size_t)i * T, Pm ? Pm + (size_t)i * T : NULL, i + 1,
@@ -766,15 +801,55 @@ static int attn_head_fwd(const void *ctx, int b, int h, float *scratch, bool par
     return head_y_done(a, rc, yh);
 }
 
+/* attn_head_fwd on qkv stored in mm_dt (qkv16), which the GEMMs take as it is: P is
+ * written in mm_dt by its row pass (the rounding of P to mm_dt, stored). */
+static int attn_head_fwd16(const void *ctx, int b, int h, float *scratch, bool par_rows)
+{
+    (void)par_rows;
+    const attn_args *a = ctx;
+    int T = a->T, C = a->C, hd = C / a->H, ld = 3 * C;
+    size_t TT = (size_t)T * T;
+    gpu_dtype dt = a->mm_dt;
+    float scale = attn_scale(hd), *S = scratch, *gs = head_gemm_scratch(scratch, T, hd);
+    uint16_t *Pd = (uint16_t *)(void *)(scratch + align16f(TT)), *q = head_dense16(scratch, T);
+    size_t th = (size_t)T * hd;
+    float *P = a->P + ((size_t)b * a->H + h) * TT;
+    head_copy16(q, a->qkv16 + (size_t)b * T * ld + (size_t)h * hd, 3, T, hd, ld, C);
+    int rc = head_mm(false, true, T, T, hd, q, dt, hd, q + th, dt, hd, dt, S, T, gs);
+    if (rc)
+        return rc;
+    diag_scores(a, S);
+#pragma omp parallel for schedule(static, 1) if (par_rows && big_rows(T))
+    for (int i = 0; i < T; i++) {
+        attn_row_fwd(S + (size_t)i * T, P + (size_t)i * T, NULL, i + 1, T, scale, dt, a->sm_dt);
+        gpu_cvt_from_f32(Pd + (size_t)i * T, dt, P + (size_t)i * T, (size_t)T);
+    }
+    float *yh = a->y + (size_t)b * T * C + (size_t)h * hd;
+    rc = head_mm(false, false, T, hd, T, Pd, dt, T, q + 2 * th, dt, hd, dt, yh, C, gs);
+    return head_y_done(a, rc, yh);
+}
+
+/* gpu_gpt_attention_fwd, or with qkv16 (qkv stored in mm_dt; NULL: none) multiplied as it
+ * is stored where mm_dt runs natively. */
+static int attention_fwd16(const float *qkv, const uint16_t *qkv16, int B, int T, int C, int H,
+                           gpu_dtype mm_dt, gpu_dtype sm_dt, float *probs, float *y,
+                           float *scratch, int slots, gpu_diag *diag, int layer)
+{
+    bool n16 = qkv16 && mm_dt != GPU_FP32 && gpu_gemm_in_place(mm_dt);
+    attn_args a = {.qkv = qkv, .qkv16 = n16 ? qkv16 : NULL, .P = probs, .y = y, .T = T, .C = C,
+                   .H = H, .mm_dt = mm_dt, .sm_dt = sm_dt, .diag = diag, .layer = layer};
+    size_t per = gpu_gpt_attention_scratch_floats(T, C / H, mm_dt, 1);
+    return each_head(B, H, diag ? 1 : slots, per, scratch, n16 ? attn_head_fwd16 : attn_head_fwd,
+                     &a);
+}
+
 /* See gpu/gpt.h. */
 int gpu_gpt_attention_fwd(const float *qkv, int B, int T, int C, int H, gpu_dtype mm_dt,
                           gpu_dtype sm_dt, float *probs, float *y, float *scratch, int slots,
                           gpu_diag *diag, int layer)
 {
-    attn_args a = {.qkv = qkv, .P = probs, .y = y, .T = T, .C = C, .H = H, .mm_dt = mm_dt,
-                   .sm_dt = sm_dt, .diag = diag, .layer = layer};
-    size_t per = gpu_gpt_attention_scratch_floats(T, C / H, mm_dt, 1);
-    return each_head(B, H, diag ? 1 : slots, per, scratch, attn_head_fwd, &a);
+    return attention_fwd16(qkv, NULL, B, T, C, H, mm_dt, sm_dt, probs, y, scratch, slots, diag,
+                           layer);
 }
 
 /* dQ and dK (the first 2C of each row of dqkv [rows x 3C]), the score matmul's input
@@ -818,7 +893,7 @@ static int attn_head_bwd(const void *ctx, int b, int h, float *scratch, bool par
     const float *P = a->probs + ((size_t)b * a->H + h) * TT;
     const float *pm = p_for_mm(P, Pm, TT, a->mm_dt, a->sm_dt);
     /* dV = Pm^T dY; dP = dY V^T (both matmul outputs, rounded to mm_dt) */
-    float *gs = head_gemm_scratch(scratch, T);
+    float *gs = head_gemm_scratch(scratch, T, hd);
     int rc = head_gemm(true, false, T, hd, T, pm, T, dyh, C, a->mm_dt, dv, ld, gs);
     if (!rc)
         rc = head_gemm(false, true, T, T, hd, dyh, C, v, ld, a->mm_dt, dS, T, gs);
@@ -836,19 +911,73 @@ static int attn_head_bwd(const void *ctx, int b, int h, float *scratch, bool par
     return head_dqkv_done(a, rc, dq);
 }
 
+/* attn_head_bwd on qkv stored in mm_dt (qkv16): P, the head's dY and dS are stored in mm_dt
+ * (their roundings to it) for the GEMMs, which take every operand as it is. */
+static int attn_head_bwd16(const void *ctx, int b, int h, float *scratch, bool par_rows)
+{
+    (void)par_rows;
+    const attn_args *a = ctx;
+    int T = a->T, C = a->C, hd = C / a->H, ld = 3 * C;
+    size_t TT = (size_t)T * T, off = (size_t)b * T * ld + (size_t)h * hd;
+    gpu_dtype dt = a->mm_dt;
+    float scale = attn_scale(hd), *dS = scratch, *gs = head_gemm_scratch(scratch, T, hd);
+    uint16_t *Pd = (uint16_t *)(void *)(scratch + align16f(TT)); /* then dS in mm_dt */
+    size_t th = (size_t)T * hd;
+    uint16_t *q = head_dense16(scratch, T), *k = q + th, *v = k + th, *dy = v + th;
+    float *dq = a->dqkv + off;
+    head_copy16(q, a->qkv16 + off, 3, T, hd, ld, C);
+    const float *dyh = a->dy + (size_t)b * T * C + (size_t)h * hd;
+    const float *P = a->probs + ((size_t)b * a->H + h) * TT;
+    gpu_cvt_from_f32(Pd, dt, P, TT);
+    for (int i = 0; i < T; i++)
+        gpu_cvt_from_f32(dy + (size_t)i * hd, dt, dyh + (size_t)i * C, (size_t)hd);
+    /* dV = P^T dY; dP = dY V^T */
+    int rc = head_mm(true, false, T, hd, T, Pd, dt, T, dy, dt, hd, dt, dq + 2 * C, ld, gs);
+    if (!rc)
+        rc = head_mm(false, true, T, T, hd, dy, dt, hd, v, dt, hd, dt, dS, T, gs);
+    if (rc)
+        return rc;
+#pragma omp parallel for schedule(static, 1) if (par_rows && big_rows(T))
+    for (int i = 0; i < T; i++) {
+        attn_row_bwd(P + (size_t)i * T, dS + (size_t)i * T, i + 1, T, scale, dt, a->sm_dt);
+        gpu_cvt_from_f32(Pd + (size_t)i * T, dt, dS + (size_t)i * T, (size_t)T);
+    }
+    if (a->diag)
+        gpu_diag_backward(a->diag, a->layer, dS, TT);
+    /* dQ = dS K, dK = dS^T Q */
+    rc = head_mm(false, false, T, hd, T, Pd, dt, T, k, dt, hd, dt, dq, ld, gs);
+    if (!rc)
+        rc = head_mm(true, false, T, hd, T, Pd, dt, T, q, dt, hd, dt, dq + C, ld, gs);
+    return head_dqkv_done(a, rc, dq);
+}
+
+/* gpu_gpt_attention_bwd, or with qkv16 as attention_fwd16 (qkv may then be NULL where
+ * mm_dt runs natively: gpu_gemm_in_place). */
+static int attention_bwd16(const float *dy, const float *qkv, const uint16_t *qkv16,
+                           const float *probs, int B, int T, int C, int H, gpu_dtype mm_dt,
+                           gpu_dtype sm_dt, float *dqkv, float *scratch, int slots,
+                           gpu_diag *diag, int layer)
+{
+    bool n16 = qkv16 && mm_dt != GPU_FP32 && gpu_gemm_in_place(mm_dt);
+    attn_args a = {.qkv = qkv, .qkv16 = n16 ? qkv16 : NULL, .dy = dy, .probs = probs,
+                   .dqkv = dqkv, .T = T, .C = C, .H = H, .mm_dt = mm_dt, .sm_dt = sm_dt,
+                   .diag = diag, .layer = layer};
+    size_t per = gpu_gpt_attention_scratch_floats(T, C / H, mm_dt, 1);
+    int rc = each_head(B, H, diag ? 1 : slots, per, scratch,
+                       n16 ? attn_head_bwd16 : attn_head_bwd, &a);
+    if (rc)
+        return rc;
+    diag_dqk(diag, layer, dqkv, (size_t)B * T, C, mm_dt);
+    return 0;
+}
+
 /* See gpu/gpt.h. */
 int gpu_gpt_attention_bwd(const float *dy, const float *qkv, const float *probs, int B, int T,
                           int C, int H, gpu_dtype mm_dt, gpu_dtype sm_dt, float *dqkv,
                           float *scratch, int slots, gpu_diag *diag, int layer)
 {
-    attn_args a = {.qkv = qkv, .dy = dy, .probs = probs, .dqkv = dqkv, .T = T, .C = C, .H = H,
-                   .mm_dt = mm_dt, .sm_dt = sm_dt, .diag = diag, .layer = layer};
-    size_t per = gpu_gpt_attention_scratch_floats(T, C / H, mm_dt, 1);
-    int rc = each_head(B, H, diag ? 1 : slots, per, scratch, attn_head_bwd, &a);
-    if (rc)
-        return rc;
-    diag_dqk(diag, layer, dqkv, (size_t)B * T, C, mm_dt);
-    return 0;
+    return attention_bwd16(dy, qkv, NULL, probs, B, T, C, H, mm_dt, sm_dt, dqkv, scratch, slots,
+                           diag, layer);
 }
 
 /* ---- flash attention ---------------------------------------------------------------------- */
@@ -1707,6 +1836,15 @@ static void gelu_bwd_chunked(const gpu_gpt *m, float *d, const uint8_t *saved_u,
     }
 }
 
+/* Block l's saved qkv when the heads may multiply it as it is stored: 16-bit lin_dt equal
+ * to mm_dt, materialised attention; else NULL. */
+static const uint16_t *qkv16_of(const gpu_gpt *m, const uint8_t *acts, int l)
+{
+    if (m->flash || m->mm_dt == GPU_FP32 || m->mm_dt != m->lin_dt)
+        return NULL;
+    return (const uint16_t *)(const void *)(acts + m->act[l].qkv);
+}
+
 /* The attention of block l on its qkv (values of lin_dt): y (values of lin_dt) written and
  * saved. */
 static int attention_fwd(const gpu_gpt *m, int l, int B, const float *qkv, uint8_t *acts,
@@ -1726,8 +1864,8 @@ static int attention_fwd(const gpu_gpt *m, int l, int B, const float *qkv, uint8
         rc = gpu_gpt_flash_fwd(q, B, T, C, m->n_head, m->mm_dt, actf(acts, A->probs), y, sc->att,
                                m->attn_slots);
     else
-        rc = gpu_gpt_attention_fwd(q, B, T, C, m->n_head, m->mm_dt, m->sm_dt,
-                                   actf(acts, A->probs), y, sc->att, m->attn_slots, diag, dsc);
+        rc = attention_fwd16(q, qkv16_of(m, acts, l), B, T, C, m->n_head, m->mm_dt, m->sm_dt,
+                             actf(acts, A->probs), y, sc->att, m->attn_slots, diag, dsc);
     if (rc)
         return rc;
     cast_store(m, y, acts + A->atty, nC, m->mm_dt);
@@ -1818,16 +1956,18 @@ static int attention_bwd(const gpu_gpt *m, int l, int B, const uint8_t *acts,
     size_t nC = (size_t)B * T * C;
     gpu_dtype lin = m->lin_dt;
     rnd_cast_par(sc->aty, nC, lin, m->mm_dt);
-    const float *qkv = saved_par(m, acts + A->qkv, 3 * nC, m->mm_dt, sc->qkvm);
+    const uint16_t *qkv16 = qkv16_of(m, acts, l);
+    const float *qkv = qkv16 && gpu_gemm_in_place(m->mm_dt)
+                           ? NULL /* the heads take the stored qkv16 */
+                           : saved_par(m, acts + A->qkv, 3 * nC, m->mm_dt, sc->qkvm);
     int dsc = dlayer(diag, l, "attn.scores", m->mm_dt);
     if (m->flash)
         rc = gpu_gpt_flash_bwd(sc->aty, qkv, saved_par(m, acts + A->atty, nC, lin, sc->in32),
                                cactf(acts, A->probs), B, T, C, m->n_head, m->mm_dt, sc->dqkv,
                                sc->att, diag ? 1 : m->attn_slots, diag, dsc);
     else
-        rc = gpu_gpt_attention_bwd(sc->aty, qkv, cactf(acts, A->probs), B, T, C, m->n_head,
-                                   m->mm_dt, m->sm_dt, sc->dqkv, sc->att, m->attn_slots, diag,
-                                   dsc);
+        rc = attention_bwd16(sc->aty, qkv, qkv16, cactf(acts, A->probs), B, T, C, m->n_head,
+                             m->mm_dt, m->sm_dt, sc->dqkv, sc->att, m->attn_slots, diag, dsc);
     if (rc)
         return rc;
     cast_par(sc->dqkv, 3 * nC, m->mm_dt, lin);
