@@ -635,6 +635,7 @@ static int head_mm(bool ta, bool tb, int M, int N, int K, const void *A, gpu_dty
     return rc;
 }
 
+/* head_mm on fp32 operands (values of mm_dt). */
 static int head_gemm(bool ta, bool tb, int M, int N, int K, const float *A, int lda,
                      const float *B, int ldb, gpu_dtype mm_dt, float *C, int ldc, float *gs)
 {
@@ -1255,16 +1256,16 @@ static size_t carve(const gpu_gpt *m, float *base, gpt_scratch *sc)
     size_t wide = 4 * C > (size_t)m->vocab ? 4 * C : (size_t)m->vocab;
     size_t dyl = m->dy_copy ? N * 4 * C * gpu_dtype_size(m->lin_dt) / sizeof(float) : 0;
     size_t sizes[10] = {N * wide,
-                       N * 4 * C,
-                       N * 3 * C,
-                       N * C,
-                       N * 3 * C,
-                       N * C,
-                       gpu_gpt_attention_scratch_floats(m->seq_len, m->head_dim, m->mm_dt,
-                                                        m->attn_slots),
-                       4 * C,
-                       4 * C,
-                       dyl};
+                        N * 4 * C,
+                        N * 3 * C,
+                        N * C,
+                        N * 3 * C,
+                        N * C,
+                        gpu_gpt_attention_scratch_floats(m->seq_len, m->head_dim, m->mm_dt,
+                                                         m->attn_slots),
+                        4 * C,
+                        4 * C,
+                        dyl};
     float *dyf = NULL;
     float **slot[11] = {&sc->big,  &sc->in32, &sc->qkvm, &sc->aty, &sc->dqkv, &sc->dres,
                         &sc->att,  &sc->row0, &sc->row1, &dyf,     &sc->g};
