@@ -830,18 +830,17 @@ static int attn_head_fwd16(const void *ctx, int b, int h, float *scratch, bool p
     return head_y_done(a, rc, yh);
 }
 
-/* gpu_gpt_attention_fwd, or with qkv16 (qkv stored in mm_dt; NULL: none) multiplied as it
- * is stored where mm_dt runs natively. */
+/* gpu_gpt_attention_fwd, or with qkv16 (qkv stored in mm_dt, which runs natively; NULL:
+ * none) multiplied as it is stored. */
 static int attention_fwd16(const float *qkv, const uint16_t *qkv16, int B, int T, int C, int H,
                            gpu_dtype mm_dt, gpu_dtype sm_dt, float *probs, float *y,
                            float *scratch, int slots, gpu_diag *diag, int layer)
 {
-    bool n16 = qkv16 && mm_dt != GPU_FP32 && gpu_gemm_in_place(mm_dt);
-    attn_args a = {.qkv = qkv, .qkv16 = n16 ? qkv16 : NULL, .P = probs, .y = y, .T = T, .C = C,
-                   .H = H, .mm_dt = mm_dt, .sm_dt = sm_dt, .diag = diag, .layer = layer};
+    attn_args a = {.qkv = qkv, .qkv16 = qkv16, .P = probs, .y = y, .T = T, .C = C, .H = H,
+                   .mm_dt = mm_dt, .sm_dt = sm_dt, .diag = diag, .layer = layer};
     size_t per = gpu_gpt_attention_scratch_floats(T, C / H, mm_dt, 1);
-    return each_head(B, H, diag ? 1 : slots, per, scratch, n16 ? attn_head_fwd16 : attn_head_fwd,
-                     &a);
+    return each_head(B, H, diag ? 1 : slots, per, scratch,
+                     qkv16 ? attn_head_fwd16 : attn_head_fwd, &a);
 }
 
 /* See gpu/gpt.h. */
@@ -952,20 +951,17 @@ static int attn_head_bwd16(const void *ctx, int b, int h, float *scratch, bool p
     return head_dqkv_done(a, rc, dq);
 }
 
-/* gpu_gpt_attention_bwd, or with qkv16 as attention_fwd16 (qkv may then be NULL where
- * mm_dt runs natively: gpu_gemm_in_place). */
+/* gpu_gpt_attention_bwd, or with qkv16 as attention_fwd16 (qkv may then be NULL). */
 static int attention_bwd16(const float *dy, const float *qkv, const uint16_t *qkv16,
                            const float *probs, int B, int T, int C, int H, gpu_dtype mm_dt,
                            gpu_dtype sm_dt, float *dqkv, float *scratch, int slots,
                            gpu_diag *diag, int layer)
 {
-    bool n16 = qkv16 && mm_dt != GPU_FP32 && gpu_gemm_in_place(mm_dt);
-    attn_args a = {.qkv = qkv, .qkv16 = n16 ? qkv16 : NULL, .dy = dy, .probs = probs,
-                   .dqkv = dqkv, .T = T, .C = C, .H = H, .mm_dt = mm_dt, .sm_dt = sm_dt,
-                   .diag = diag, .layer = layer};
+    attn_args a = {.qkv = qkv, .qkv16 = qkv16, .dy = dy, .probs = probs, .dqkv = dqkv, .T = T,
+                   .C = C, .H = H, .mm_dt = mm_dt, .sm_dt = sm_dt, .diag = diag, .layer = layer};
     size_t per = gpu_gpt_attention_scratch_floats(T, C / H, mm_dt, 1);
     int rc = each_head(B, H, diag ? 1 : slots, per, scratch,
-                       n16 ? attn_head_bwd16 : attn_head_bwd, &a);
+                       qkv16 ? attn_head_bwd16 : attn_head_bwd, &a);
     if (rc)
         return rc;
     diag_dqk(diag, layer, dqkv, (size_t)B * T, C, mm_dt);
@@ -1838,10 +1834,11 @@ static void gelu_bwd_chunked(const gpu_gpt *m, float *d, const uint8_t *saved_u,
 }
 
 /* Block l's saved qkv when the heads may multiply it as it is stored: 16-bit lin_dt equal
- * to mm_dt, materialised attention; else NULL. */
+ * to mm_dt and multiplied natively, materialised attention; else NULL. */
 static const uint16_t *qkv16_of(const gpu_gpt *m, const uint8_t *acts, int l)
 {
-    if (m->flash || m->mm_dt == GPU_FP32 || m->mm_dt != m->lin_dt)
+    if (m->flash || m->mm_dt == GPU_FP32 || m->mm_dt != m->lin_dt ||
+        !gpu_gemm_in_place(m->mm_dt))
         return NULL;
     return (const uint16_t *)(const void *)(acts + m->act[l].qkv);
 }
@@ -1958,9 +1955,8 @@ static int attention_bwd(const gpu_gpt *m, int l, int B, const uint8_t *acts,
     gpu_dtype lin = m->lin_dt;
     rnd_cast_par(sc->aty, nC, lin, m->mm_dt);
     const uint16_t *qkv16 = qkv16_of(m, acts, l);
-    const float *qkv = qkv16 && gpu_gemm_in_place(m->mm_dt)
-                           ? NULL /* the heads take the stored qkv16 */
-                           : saved_par(m, acts + A->qkv, 3 * nC, m->mm_dt, sc->qkvm);
+    const float *qkv = qkv16 ? NULL /* the heads take the stored qkv16 */
+                             : saved_par(m, acts + A->qkv, 3 * nC, m->mm_dt, sc->qkvm);
     int dsc = dlayer(diag, l, "attn.scores", m->mm_dt);
     if (m->flash)
         rc = gpu_gpt_flash_bwd(sc->aty, qkv, saved_par(m, acts + A->atty, nC, lin, sc->in32),
