@@ -534,24 +534,16 @@ static int lib_gemm(gpu_dtype fmt, bool ta, bool tb, int M, int N, int K, const 
 #define SCAN_HOT __attribute__((target_clones("avx512f", "avx2", "default"), optimize("O3")))
 #endif
 
-SCAN_HOT static unsigned bf16_subnormals(const uint16_t *restrict x, size_t n)
-{
-    unsigned any = 0;
-    for (size_t i = 0; i < n; i++)
-        any |= (unsigned)((x[i] & 0x7F80u) == 0) & (unsigned)((x[i] & 0x7Fu) != 0);
-    return any;
-}
-
 /* Whether a stored bf16 block of rows x cols (leading dimension ld) holds a subnormal. */
 static bool block_subnormal(const uint16_t *x, int rows, int cols, int ld)
 {
-    unsigned any = 0;
+    bool any = false;
     if (ld == cols)
-        return bf16_subnormals(x, (size_t)rows * (size_t)cols) != 0;
+        return gpu_bf16_has_subnormal(x, (size_t)rows * (size_t)cols);
 #pragma omp parallel for reduction(| : any) if ((size_t)rows * cols >= GPU_PAR_MIN)
     for (int r = 0; r < rows; r++)
-        any |= bf16_subnormals(x + (size_t)r * (size_t)ld, (size_t)cols);
-    return any != 0;
+        any |= gpu_bf16_has_subnormal(x + (size_t)r * (size_t)ld, (size_t)cols);
+    return any;
 }
 
 SCAN_HOT static unsigned f32_subnormals(const uint32_t *restrict x, size_t n)
@@ -568,6 +560,7 @@ typedef struct {
     gpu_dtype dt;
     int ld;
     bool t;
+    bool converted; /* bf16 written by the conversions (GPU_GEMM_A/B_CONVERTED) */
 } operand;
 
 /* Rows [r0, r0 + nr) of op(A) (M x K), or columns [r0, r0 + nr) of op(B) (K x N): the
@@ -595,16 +588,19 @@ static const void *prepare(const operand *o, bool is_a, bool conv, const gemm_pl
     }
     convert(buf, p, src, o->dt, rows, cols, o->ld);
     *ld = cols;
-    if (p->fmt == GPU_BF16 && block_subnormal(buf, rows, cols, cols))
+    /* the conversion has said whether it met one; look only when something ever has */
+    if (p->fmt == GPU_BF16 && gpu_bf16_subnormals_made() &&
+        block_subnormal(buf, rows, cols, cols))
         *subnormal = true;
     return buf;
 }
 
-/* Whether an operand the native plan reads in place holds a subnormal. */
+/* Whether an operand the native plan reads in place holds a subnormal (one the conversions
+ * wrote cannot while they have met none). */
 static bool in_place_subnormal(const operand *o, bool is_a, bool conv, int dim, int K)
 {
     int rows, cols;
-    if (conv || o->dt != GPU_BF16)
+    if (conv || o->dt != GPU_BF16 || (o->converted && !gpu_bf16_subnormals_made()))
         return false;
     const void *src = block_at(o, is_a, 0, dim, K, &rows, &cols);
     return block_subnormal(src, rows, cols, o->ld);
@@ -743,7 +739,8 @@ int gpu_gemm_ex(bool ta, bool tb, int M, int N, int K,
         return rc;
     if (gpu_gemm_ex_scratch_floats(M, N, K, adt, bdt, cdt, round) > 0 && scratch == NULL)
         return GPU_EINVAL;
-    operand a = {A, adt, lda, ta}, b = {B, bdt, ldb, tb};
+    operand a = {A, adt, lda, ta, (round & GPU_GEMM_A_CONVERTED) != 0};
+    operand b = {B, bdt, ldb, tb, (round & GPU_GEMM_B_CONVERTED) != 0};
     gemm_plan p = plan_of(M, N, K, adt, bdt, cdt, round);
     gemm_plan wide = plan_in(M, N, K, adt, bdt, cdt, round, GPU_FP32);
     if (p.fmt == GPU_BF16 && native_refused(&p, &a, &b, M, N, K, beta))

@@ -206,8 +206,22 @@ float gpu_f16_to_f32(uint16_t h)
     return u2f(f16_to_f32_bits(h));
 }
 
+/* Whether a conversion to bf16 has met an fp32 subnormal (or gpu_bf16_admit() a bf16 one)
+ * since the process started; never reset. */
+static atomic_bool bf16_subnormal_made;
+
+/* Whether u is an fp32 subnormal: the only inputs whose bf16 rounding can be subnormal
+ * (2^-126 is a bf16 value, and rounding is monotonic). The f32 -> bf16 conversions, scalar
+ * and bulk, note such inputs in bf16_subnormal_made. */
+static unsigned f32_subnormal(uint32_t u)
+{
+    return (unsigned)((u & 0x7F800000u) == 0) & (unsigned)((u & 0x7FFFFFu) != 0);
+}
+
 uint16_t gpu_f32_to_bf16(float x)
 {
+    if (f32_subnormal(f2u(x)))
+        atomic_store(&bf16_subnormal_made, true);
     return f32_to_bf16_bits(f2u(x));
 }
 
@@ -243,10 +257,14 @@ static void port_f16_f32(float *dst, const uint16_t *src, size_t n)
         dst[i] = u2f(f16_to_f32_bits(src[i]));
 }
 
-static void port_f32_bf16(uint16_t *dst, const float *src, size_t n)
+static unsigned port_f32_bf16(uint16_t *dst, const float *src, size_t n)
 {
-    for (size_t i = 0; i < n; i++)
+    unsigned sub = 0;
+    for (size_t i = 0; i < n; i++) {
         dst[i] = f32_to_bf16_bits(f2u(src[i]));
+        sub |= f32_subnormal(f2u(src[i]));
+    }
+    return sub;
 }
 
 static void port_bf16_f32(float *dst, const uint16_t *src, size_t n)
@@ -344,23 +362,36 @@ T512 static void a512_f16_f32(float *dst, const uint16_t *src, size_t n)
     }
 }
 
-T512 static void a512_f32_bf16(uint16_t *dst, const float *src, size_t n)
+/* The lanes of v that are fp32 subnormals. */
+T512 static inline __mmask16 v512_subnormal(__m512 v)
+{
+    __m512i u = _mm512_castps_si512(v);
+    return _mm512_testn_epi32_mask(u, _mm512_set1_epi32(0x7F800000)) &
+           _mm512_test_epi32_mask(u, _mm512_set1_epi32(0x7FFFFF));
+}
+
+T512 static unsigned a512_f32_bf16(uint16_t *dst, const float *src, size_t n)
 {
     /* word indices of the high halves of 32 lanes taken from two vectors */
     const __m512i hi = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39,
                                         37, 35, 33, 31, 29, 27, 25, 23, 21, 19, 17, 15, 13,
                                         11, 9, 7, 5, 3, 1);
+    __mmask16 sub = 0;
     size_t i = 0;
     for (; i + 32 <= n; i += 32) {
-        __m512i r0 = v512_bf16_round(_mm512_loadu_ps(src + i));
-        __m512i r1 = v512_bf16_round(_mm512_loadu_ps(src + i + 16));
+        __m512 v0 = _mm512_loadu_ps(src + i), v1 = _mm512_loadu_ps(src + i + 16);
+        sub |= v512_subnormal(v0) | v512_subnormal(v1);
+        __m512i r0 = v512_bf16_round(v0), r1 = v512_bf16_round(v1);
         _mm512_storeu_si512((void *)(dst + i), _mm512_permutex2var_epi16(r0, hi, r1));
     }
     for (; i < n; i += 16) {
         __mmask16 k = n - i >= 16 ? (__mmask16)0xFFFF : a512_tail(n - i);
-        __m512i r = v512_bf16_round(_mm512_maskz_loadu_ps(k, src + i));
+        __m512 v = _mm512_maskz_loadu_ps(k, src + i);
+        sub |= v512_subnormal(v);
+        __m512i r = v512_bf16_round(v);
         _mm256_mask_storeu_epi16(dst + i, k, _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
     }
+    return sub;
 }
 
 T512 static void a512_bf16_f32(float *dst, const uint16_t *src, size_t n)
@@ -495,29 +526,44 @@ T256 static void a256_f16_f32(float *dst, const uint16_t *src, size_t n)
         a256_f16_f32_block(dst + i, src + i, n - i < 8 ? n - i : 8);
 }
 
-T256 static void a256_f32_bf16_block(uint16_t *dst, const float *src, size_t n)
+/* All-ones in the lanes of v that are fp32 subnormals. */
+T256 static inline __m256i v256_subnormal(__m256 v)
+{
+    __m256i u = _mm256_castps_si256(v), zero = _mm256_setzero_si256();
+    __m256i exp0 = _mm256_cmpeq_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7F800000)), zero);
+    __m256i man0 = _mm256_cmpeq_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFF)), zero);
+    return _mm256_andnot_si256(man0, exp0);
+}
+
+T256 static __m256i a256_f32_bf16_block(uint16_t *dst, const float *src, size_t n)
 {
     float in[8] = {0};
     uint16_t out[8];
     memcpy(in, src, n * sizeof(*src));
-    __m256i r = _mm256_srli_epi32(v256_bf16_round(_mm256_loadu_ps(in)), 16);
+    __m256 v = _mm256_loadu_ps(in);
+    __m256i r = _mm256_srli_epi32(v256_bf16_round(v), 16);
     __m128i h = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
     _mm_storeu_si128((__m128i *)out, h);
     memcpy(dst, out, n * sizeof(*dst));
+    return v256_subnormal(v);
 }
 
-T256 static void a256_f32_bf16(uint16_t *dst, const float *src, size_t n)
+T256 static unsigned a256_f32_bf16(uint16_t *dst, const float *src, size_t n)
 {
+    __m256i sub = _mm256_setzero_si256();
     size_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        __m256i r0 = _mm256_srli_epi32(v256_bf16_round(_mm256_loadu_ps(src + i)), 16);
-        __m256i r1 = _mm256_srli_epi32(v256_bf16_round(_mm256_loadu_ps(src + i + 8)), 16);
+        __m256 v0 = _mm256_loadu_ps(src + i), v1 = _mm256_loadu_ps(src + i + 8);
+        sub = _mm256_or_si256(sub, _mm256_or_si256(v256_subnormal(v0), v256_subnormal(v1)));
+        __m256i r0 = _mm256_srli_epi32(v256_bf16_round(v0), 16);
+        __m256i r1 = _mm256_srli_epi32(v256_bf16_round(v1), 16);
         /* packus interleaves 128-bit halves: r0lo r1lo r0hi r1hi; reorder the quadwords */
         __m256i h = _mm256_permute4x64_epi64(_mm256_packus_epi32(r0, r1), 0xD8);
         _mm256_storeu_si256((__m256i *)(dst + i), h);
     }
     for (; i < n; i += 8)
-        a256_f32_bf16_block(dst + i, src + i, n - i < 8 ? n - i : 8);
+        sub = _mm256_or_si256(sub, a256_f32_bf16_block(dst + i, src + i, n - i < 8 ? n - i : 8));
+    return (unsigned)_mm256_movemask_epi8(sub);
 }
 
 T256 static void a256_bf16_f32_block(float *dst, const uint16_t *src, size_t n)
@@ -652,7 +698,7 @@ typedef struct {
     const char *name;
     void (*f32_f16)(uint16_t *, const float *, size_t);
     void (*f16_f32)(float *, const uint16_t *, size_t);
-    void (*f32_bf16)(uint16_t *, const float *, size_t);
+    unsigned (*f32_bf16)(uint16_t *, const float *, size_t); /* nonzero: met a subnormal */
     void (*bf16_f32)(float *, const uint16_t *, size_t);
     void (*round_f16)(float *, const float *, size_t);
     void (*round_bf16)(float *, const float *, size_t);
@@ -738,6 +784,36 @@ typedef enum {
     OP_F32_F16, OP_F16_F32, OP_F32_BF16, OP_BF16_F32, OP_ROUND_F16, OP_ROUND_BF16
 } cvt_op;
 
+bool gpu_bf16_subnormals_made(void)
+{
+    return atomic_load(&bf16_subnormal_made);
+}
+
+#ifdef __clang__ /* clang 14 gives clones of static functions global resolvers, which clash */
+#define SCAN_HOT
+#else
+#define SCAN_HOT __attribute__((target_clones("avx512f", "avx2", "default"), optimize("O3")))
+#endif
+
+SCAN_HOT static unsigned bf16_subnormals(const uint16_t *restrict x, size_t n)
+{
+    unsigned any = 0;
+    for (size_t i = 0; i < n; i++)
+        any |= (unsigned)((x[i] & 0x7F80u) == 0) & (unsigned)((x[i] & 0x7Fu) != 0);
+    return any;
+}
+
+bool gpu_bf16_has_subnormal(const uint16_t *x, size_t n)
+{
+    return bf16_subnormals(x, n) != 0;
+}
+
+void gpu_bf16_admit(const uint16_t *x, size_t n)
+{
+    if (bf16_subnormals(x, n))
+        atomic_store(&bf16_subnormal_made, true);
+}
+
 /* Elements [off, off + n) of dst and src through path p's op. */
 static void cvt_block(const cvt_impl *p, cvt_op op, void *dst, const void *src, size_t off,
                       size_t n)
@@ -750,7 +826,8 @@ static void cvt_block(const cvt_impl *p, cvt_op op, void *dst, const void *src, 
         p->f16_f32((float *)dst + off, (const uint16_t *)src + off, n);
         return;
     case OP_F32_BF16:
-        p->f32_bf16((uint16_t *)dst + off, (const float *)src + off, n);
+        if (p->f32_bf16((uint16_t *)dst + off, (const float *)src + off, n))
+            atomic_store(&bf16_subnormal_made, true);
         return;
     case OP_BF16_F32:
         p->bf16_f32((float *)dst + off, (const uint16_t *)src + off, n);

@@ -620,7 +620,8 @@ static void head_copy16(uint16_t *dst, const uint16_t *src, int n, int T, int hd
  * mm_dt), so the library may take them in it: bf16 natively, fp32 operands converted
  * densely first. There an output inside wider rows (a head's columns of y or dqkv) is made
  * dense in gs and copied there: the native kernels take no padded output. Elsewhere fp32
- * operands are read where they are (OpenBLAS takes the strided ones). */
+ * operands are read where they are (OpenBLAS takes the strided ones). A 16-bit operand is
+ * always what the conversions wrote (P, dS, dY here, Q, K, V copied from the stored qkv). */
 static int head_mm(bool ta, bool tb, int M, int N, int K, const void *A, gpu_dtype adt,
                    int lda, const void *B, gpu_dtype bdt, int ldb, gpu_dtype mm_dt, float *C,
                    int ldc, float *gs)
@@ -628,8 +629,8 @@ static int head_mm(bool ta, bool tb, int M, int N, int K, const void *A, gpu_dty
     bool native = mm_dt != GPU_FP32 && gpu_gemm_in_place(mm_dt);
     float *dense = ldc == N || !native ? C : gs;
     float *rest = dense == C ? gs : gs + align16f((size_t)M * (size_t)N);
-    int rc = gpu_gemm_ex(ta, tb, M, N, K, A, adt, lda, B, bdt, ldb, mm_dt, 0, 0.0f, dense,
-                         dense == C ? ldc : N, rest);
+    int rc = gpu_gemm_ex(ta, tb, M, N, K, A, adt, lda, B, bdt, ldb, mm_dt,
+                         GPU_GEMM_AB_CONVERTED, 0.0f, dense, dense == C ? ldc : N, rest);
     for (int i = 0; rc == 0 && dense != C && i < M; i++)
         memcpy(C + (size_t)i * ldc, dense + (size_t)i * N, sizeof(float) * (size_t)N);
     return rc;
@@ -1584,7 +1585,8 @@ static int linear_fwd(const gpu_gpt *m, const gpu_gpt_weights *w, const float *i
         x = saved;
         adt = dt;
     }
-    int rc = gpu_gemm_ex(false, true, N, O, K, x, adt, K, W, wdt, K, dt, 0, 0.0f, out, O, sc->g);
+    int rc = gpu_gemm_ex(false, true, N, O, K, x, adt, K, W, wdt, K, dt, GPU_GEMM_AB_CONVERTED,
+                         0.0f, out, O, sc->g);
     if (rc)
         return rc;
     const float *bias = wf32(w, b_off, (size_t)O, dt, sc->row0);
@@ -1613,14 +1615,16 @@ static int linear_bwd(const gpu_gpt *m, const gpu_gpt_weights *w, const float *d
         dy = sc->dyl;
         ddt = dt;
     }
-    int rc = gpu_gemm_ex(true, false, O, K, N, dy, ddt, O, X, dt, K, dt, 0, 0.0f, gw, K, sc->g);
+    int rc = gpu_gemm_ex(true, false, O, K, N, dy, ddt, O, X, dt, K, dt, GPU_GEMM_AB_CONVERTED,
+                         0.0f, gw, K, sc->g);
     if (rc)
         return rc;
     round_grad(diag, layer, true, gw, (size_t)O * K, dt);
     col_sums(gb, dY, (size_t)N, O);
     round_grad(diag, layer, true, gb, (size_t)O, dt);
     const void *W = wsrc(w, w_off, dt, &wdt);
-    rc = gpu_gemm_ex(false, false, N, K, O, dy, ddt, O, W, wdt, K, dt, 0, 0.0f, dX, K, sc->g);
+    rc = gpu_gemm_ex(false, false, N, K, O, dy, ddt, O, W, wdt, K, dt, GPU_GEMM_AB_CONVERTED, 0.0f,
+                     dX, K, sc->g);
     if (rc)
         return rc;
     if (diag)

@@ -130,8 +130,17 @@ size_t gpu_gemm_scratch_floats(bool ta, bool tb, int M, int N, int K,
  * even; e.g. the fp32 master weights); any other fp32 operand must already hold values of
  * cdt (e.g. a gradient the model has rounded), so the library may take it in cdt, e.g.
  * bf16 natively with AVX512_BF16 or AMX. An operand of the other 16-bit dtype makes the
- * product exact, as gpu_gemm. */
-enum { GPU_GEMM_ROUND_A = 1, GPU_GEMM_ROUND_B = 2 };
+ * product exact, as gpu_gemm. GPU_GEMM_A/B_CONVERTED: the bf16 operand holds values the
+ * engine's conversions to bf16 wrote (gpu_cvt_f32_bf16 and what calls it, or copies of such
+ * values), which the native bf16 kernels then read without first scanning them for the
+ * subnormals those kernels would read as zero (the conversions keep count; gpu_int.h). */
+enum {
+    GPU_GEMM_ROUND_A = 1,
+    GPU_GEMM_ROUND_B = 2,
+    GPU_GEMM_A_CONVERTED = 4,
+    GPU_GEMM_B_CONVERTED = 8,
+    GPU_GEMM_AB_CONVERTED = GPU_GEMM_A_CONVERTED | GPU_GEMM_B_CONVERTED,
+};
 int gpu_gemm_ex(bool ta, bool tb, int M, int N, int K,
                 const void *A, gpu_dtype adt, int lda,
                 const void *B, gpu_dtype bdt, int ldb, gpu_dtype cdt, unsigned round,

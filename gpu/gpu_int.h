@@ -53,6 +53,16 @@ int gpu_impl_pick(_Atomic int *sw);
 int gpu_impl_force(_Atomic int *sw, const char *name);
 const char *gpu_impl_name(int id);
 
+/* bf16 subnormals, which the native bf16 GEMM kernels (AVX512_BF16, AMX) read as zero:
+ * gpu_bf16_has_subnormal() scans n values; gpu_bf16_subnormals_made() says whether any
+ * conversion to bf16 in this process has met a subnormal (the conversions watch their inputs
+ * at no extra pass) or gpu_bf16_admit() has found one. While it says no, no bf16 value the
+ * conversions wrote is subnormal. Values that arrive in bf16 by other ways (a checkpoint's
+ * 16-bit weights) go through gpu_bf16_admit() to keep that true. Thread-safe; never reset. */
+bool gpu_bf16_has_subnormal(const uint16_t *x, size_t n);
+bool gpu_bf16_subnormals_made(void);
+void gpu_bf16_admit(const uint16_t *x, size_t n);
+
 /* Passes over fewer elements than this stay on one thread. */
 #define GPU_PAR_MIN ((size_t)1 << 15)
 /* Whether a pass over n elements is worth a parallel region: n >= GPU_PAR_MIN, more than one

@@ -261,7 +261,8 @@ static int linear_fwd(const gpu_mlp *m, const gpu_mlp_weights *w, int l, uint8_t
     const void *bias = weight_ptr(m, w, m->b_off[l], &wdt);
     /* in lin_dt: the weights may be the fp32 master, rounded as autocast casts them */
     int rc = gpu_gemm_ex(false, true, B, out, in, acts + m->x_off[l], m->lin_dt, in, W, wdt, in,
-                         m->lin_dt, round_w(wdt), 0.0f, out32, out, scratch);
+                         m->lin_dt, round_w(wdt) | GPU_GEMM_AB_CONVERTED, 0.0f, out32, out,
+                         scratch);
     if (rc)
         return rc;
     gpu_cvt_to_f32(bias32, bias, wdt, (size_t)out);
@@ -534,7 +535,8 @@ int gpu_mlp_backward(const gpu_mlp *m, const gpu_mlp_weights *w, const int *y, i
         const void *W = weight_ptr(m, w, m->w_off[l], &wdt);
         /* dz holds values of lin_dt (rounded), so the GEMMs may take it in lin_dt */
         int rc = gpu_gemm_ex(true, false, out, in, B, dz, GPU_FP32, out, acts + m->x_off[l],
-                             m->lin_dt, in, m->lin_dt, 0, 0.0f, gw, in, gscratch);
+                             m->lin_dt, in, m->lin_dt, GPU_GEMM_B_CONVERTED, 0.0f, gw, in,
+                             gscratch);
         if (rc)
             return rc;
         if (diag)
@@ -550,7 +552,7 @@ int gpu_mlp_backward(const gpu_mlp *m, const gpu_mlp_weights *w, const int *y, i
         if (l == 0)
             break;
         rc = gpu_gemm_ex(false, false, B, in, out, dz, GPU_FP32, out, W, wdt, in, m->lin_dt,
-                         round_w(wdt), 0.0f, dx, in, gscratch);
+                         round_w(wdt) | GPU_GEMM_B_CONVERTED, 0.0f, dx, in, gscratch);
         if (rc)
             return rc;
         gpu_diag_round_grad(diag, ds, false, dx, (size_t)B * in, m->lin_dt);

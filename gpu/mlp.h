@@ -36,7 +36,9 @@ typedef struct {
 /* The parameters the ops read: p holds the working copy (pdt), master the fp32 copy or
  * NULL. An op that autocast runs in fp32 reads master when there is one. p may be NULL
  * when there is a master and the linear layers run in pdt or fp32: the GEMMs then round
- * the master to their dtype as they read it, so no 16-bit copy of the weights is kept. */
+ * the master to their dtype as they read it, so no 16-bit copy of the weights is kept.
+ * A bf16 p holds what the conversions to bf16 wrote (gpu_cvt_from_f32, as the trainer's
+ * optimizer does; GPU_GEMM_B_CONVERTED in gpu.h): the GEMMs read it without a subnormal scan. */
 typedef struct {
     const void *p;
     gpu_dtype pdt;

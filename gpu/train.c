@@ -1372,6 +1372,8 @@ int gpu_trainer_set_scalars(gpu_trainer *t, const gpu_state_scalars *in)
     memcpy(t->rng.s, in->rng, sizeof(in->rng));
     if (t->master && t->work && t->work != t->master)
         gpu_cvt_from_f32(t->work, t->cfg.dtype, t->master, (size_t)gpu_trainer_params(t));
+    else if (!t->master && t->cfg.dtype == GPU_BF16) /* bf16 weights read as they were stored */
+        gpu_bf16_admit(t->work, (size_t)gpu_trainer_params(t));
     t->diag_next = false;
     if (t->cuda)
         return gpu_cuda_twin_upload(t->cuda, &t->scaler, t->applied, t->lost_total);

@@ -8,7 +8,9 @@
  * portable, each forced in turn, skipped with a message when the CPU lacks it) bit-identical
  * to the scalar functions for all tail lengths 0..70, misaligned buffers and a large array,
  * without writing past the end, on 1 and on several OpenMP threads; results independent of
- * MXCSR (FTZ/DAZ, rounding mode).
+ * MXCSR (FTZ/DAZ, rounding mode); the conversions to bf16 note an fp32 subnormal input on
+ * every path, scalar and bulk, in the vector body, in the tail and on the OpenMP team, and
+ * only then (gpu_bf16_subnormals_made, which lets the native bf16 GEMMs skip their scans).
  *
  * Threads: each test runs in its own forked child; the thread test starts its own threads,
  * the OpenMP test sets the OpenMP thread count of its child.
@@ -21,6 +23,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #if defined(__x86_64__)
 #include <xmmintrin.h>
@@ -645,6 +649,82 @@ START_TEST(t_omp_threads)
 }
 END_TEST
 
+/* ---- the subnormal watch of the conversions to bf16 --------------------------------------- */
+
+/* In a fresh child process (the watch is never reset): convert n values that are all normal,
+ * zero, inf or NaN on path `path`, then the same with one subnormal at pos (scalar when n is
+ * 1). Exit status 0, or 2 when the first conversion set the watch, 3 when the second did
+ * not, 4 when the watch was set before any conversion. */
+static int watch_child(const char *path, size_t n, size_t pos, float sub)
+{
+    pid_t pid = fork();
+    if (pid != 0) {
+        int status = -1;
+        if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status))
+            return -1;
+        return WEXITSTATUS(status);
+    }
+    static const float normal[] = {1.0f, -0.0f, 0.0f, 0x1p-126f, -0x1p-126f, 3.0e38f, INFINITY,
+                                   NAN, -65504.0f, 0x1.fffffep-126f};
+    float *src = malloc(n * sizeof *src);
+    uint16_t *dst = malloc(n * sizeof *dst);
+    if (src == NULL || dst == NULL || gpu_cvt_force(path) != 0)
+        _exit(1);
+    if (gpu_bf16_subnormals_made())
+        _exit(4);
+    for (size_t i = 0; i < n; i++)
+        src[i] = normal[i % (sizeof normal / sizeof normal[0])];
+    if (n == 1)
+        dst[0] = gpu_f32_to_bf16(src[0]);
+    else
+        gpu_cvt_f32_bf16(dst, src, n);
+    if (gpu_bf16_subnormals_made())
+        _exit(2);
+    src[pos] = sub;
+    if (n == 1)
+        dst[0] = gpu_f32_to_bf16(src[0]);
+    else
+        gpu_cvt_f32_bf16(dst, src, n);
+    _exit(gpu_bf16_subnormals_made() ? 0 : 3);
+}
+
+START_TEST(t_subnormal_watch)
+{
+    /* lengths: one vector body, a tail only, body + tail, and the OpenMP team's blocks */
+    static const size_t lens[] = {32, 7, 45, (1u << 15) + 40};
+    static const float subs[] = {0x1p-149f, -0x1p-130f, 0x1.fffffcp-127f /* rounds up */};
+    set_threads(2);
+    for (size_t p = 0; p < NPATHS; p++) {
+        if (gpu_cvt_force(paths[p]) != 0)
+            continue;
+        for (size_t l = 0; l < sizeof lens / sizeof lens[0]; l++)
+            for (size_t k = 0; k < 3; k++) {
+                size_t pos = (lens[l] - 1) * k / 2; /* first, middle, last */
+                int rc = watch_child(paths[p], lens[l], pos, subs[k]);
+                ck_assert_msg(rc == 0, "%s, %zu values, subnormal %a at %zu: child said %d",
+                              paths[p], lens[l], (double)subs[k], pos, rc);
+            }
+    }
+    ck_assert_int_eq(watch_child("portable", 1, 0, 0x1p-140f), 0);
+    /* bf16 values from elsewhere: admitted, and a subnormal among them sets the watch */
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        uint16_t v[40] = {0x3F80, 0x0080, 0x8000, 0x7F80, 0x7FC0};
+        gpu_bf16_admit(v, 40);
+        if (gpu_bf16_subnormals_made())
+            _exit(2);
+        v[37] = 0x8001;
+        gpu_bf16_admit(v, 40);
+        _exit(gpu_bf16_subnormals_made() ? 0 : 3);
+    }
+    int status;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "gpu_bf16_admit: child said %d",
+                  WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+}
+END_TEST
+
 /* ---- dispatch and typed helpers ----------------------------------------------------------- */
 
 START_TEST(t_dispatch)
@@ -800,6 +880,7 @@ static Suite *format_suite(void)
     tcase_add_test(tc, t_typed);
     tcase_add_test(tc, t_fp_environment);
     tcase_add_test(tc, t_threads);
+    tcase_add_test(tc, t_subnormal_watch);
     suite_add_tcase(s, tc);
 
     TCase *slow = tcase_create("bulk");

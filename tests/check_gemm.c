@@ -464,6 +464,73 @@ START_TEST(t_subnormal)
 }
 END_TEST
 
+/* Row sums of a bf16 A (M x K) holding 2^-130 at every 5th element, times B = ones, with
+ * `round` (GPU_GEMM_A_CONVERTED or 0); 1 when every sum is exact, 0 when not, -1 on error. */
+static int converted_sums(const uint16_t *a16, unsigned round)
+{
+    enum { M = 9, N = 40, K = 33 };
+    float ref[M * K], ones[K * N], C[M * N], want[M * N], sc[4096];
+    uint16_t b16[K * N];
+    for (int i = 0; i < M * K; i++)
+        ref[i] = gpu_bf16_to_f32(a16[i]);
+    for (int i = 0; i < K * N; i++) {
+        ones[i] = 1.0f;
+        b16[i] = 0x3F80; /* 1.0 */
+    }
+    gpu_gemm_ref(false, false, M, N, K, ref, K, ones, N, 0.0f, want, N);
+    if (gpu_gemm_ex(false, false, M, N, K, a16, GPU_BF16, K, b16, GPU_BF16, N, GPU_BF16,
+                    round | GPU_GEMM_B_CONVERTED, 0.0f, C, N, sc) != 0)
+        return -1;
+    for (int i = 0; i < M * N; i++)
+        if (C[i] != want[i] || want[i] == 0.0f)
+            return 0;
+    return 1;
+}
+
+static void subnormal_a16(uint16_t *a16, int n, bool convert)
+{
+    float v[9 * 33];
+    for (int i = 0; i < n; i++)
+        v[i] = i % 5 == 0 ? 0x1p-130f : 0.0f;
+    if (convert)
+        gpu_cvt_f32_bf16(a16, v, (size_t)n);
+    else
+        for (int i = 0; i < n; i++)
+            a16[i] = i % 5 == 0 ? 0x0008 : 0x0000; /* 2^-130 written as bits */
+}
+
+/* An operand named GPU_GEMM_A_CONVERTED skips the subnormal scan only while no conversion
+ * has met a subnormal: one converted from values with subnormals gives exact sums on every
+ * path. On the native path, in a process where no conversion has met one yet, a vouched
+ * operand is indeed read unscanned (hand-made subnormal bits become zero: wrong sums, which
+ * is why only the conversions' output may be vouched for), while the same operand without
+ * the flag is scanned and exact. */
+START_TEST(t_converted_operands)
+{
+    uint16_t a16[9 * 33];
+    if (use_path(2) && gpu_gemm_in_place(GPU_BF16)) {
+        pid_t pid = fork(); /* before any conversion here has met a subnormal */
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+            subnormal_a16(a16, 9 * 33, false);
+            _exit(gpu_bf16_subnormals_made() ? 2 : converted_sums(a16, 0) != 1 ? 3
+                  : converted_sums(a16, GPU_GEMM_A_CONVERTED) != 0 ? 4 : 0);
+        }
+        int status;
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child said %d",
+                      WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    }
+    for (int p = 0; p < NPATHS; p++) {
+        if (!use_path(p))
+            continue;
+        subnormal_a16(a16, 9 * 33, true);
+        ck_assert(gpu_bf16_subnormals_made());
+        ck_assert_int_eq(converted_sums(a16, GPU_GEMM_A_CONVERTED), 1);
+    }
+}
+END_TEST
+
 /* The scratch: nothing for fp32, whole converted operands when small, and for large ones
  * at most the smaller operand plus one block of the larger (2^18 elements), well under a
  * widened copy of both. */
@@ -856,6 +923,7 @@ static Suite *gemm_suite(void)
     tcase_add_loop_test(tc, t_lowp, 0, (int)(sizeof lowp_pairs / sizeof lowp_pairs[0]));
     tcase_add_test(tc, t_blocks);
     tcase_add_test(tc, t_subnormal);
+    tcase_add_test(tc, t_converted_operands);
     tcase_add_test(tc, t_scratch_size);
     tcase_add_test(tc, t_path_info);
     tcase_add_loop_test(tc, t_inf_propagates, 0, 4);
