@@ -11,7 +11,9 @@
  * thread count) is created on first use and kept in a fixed table, a refused shape too; a
  * shape that finds the table full gets a primitive for that call alone. Each primitive
  * uses a user-provided scratchpad: a per-thread buffer grown on demand, whose high-water
- * mark gpu_dnnl_peak() reports, so the trainer can count it as workspace.
+ * mark gpu_dnnl_peak() reports, so the trainer can count it as workspace. Each thread keeps
+ * its last BOUND_SLOTS shapes bound to memory objects, so a call on a known shape only
+ * points them at its operands and runs.
  *
  * Invariants: the library is loaded at most once per process and never closed; cached
  * primitives are never destroyed, so a looked-up primitive stays valid while it runs.
@@ -21,7 +23,7 @@
  * the heap in the emulated CUDA suite, and its reference code is slow.
  *
  * Threads: any thread may call gpu_dnnl_gemm, also several at once (table lookups hold a
- * mutex; each thread has its own stream and scratchpad). oneDNN runs on the OpenMP team of
+ * mutex; each thread has its own stream, scratchpad and bindings). oneDNN runs on the OpenMP team of
  * the calling thread (omp_set_num_threads); called inside a parallel region it runs on one.
  */
 #ifdef HAVE_CONFIG_H
@@ -73,6 +75,7 @@ static struct {
     FN(primitive_execute);
     FN(memory_create);
     FN(memory_destroy);
+    FN(memory_set_data_handle);
     FN(version);
     FN(get_effective_cpu_isa);
 } dn;
@@ -108,17 +111,47 @@ static pthread_mutex_t table_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_key_t thread_key;
 static atomic_size_t scratch_peak;
 
+/* A primitive of the table bound to memory objects of its key's layouts, for one thread: a
+ * call points the objects at its operands instead of creating and destroying four objects
+ * (that, and the table's mutex, cost ~3 us a call: a quarter of a 128 x 128 x 64 bf16
+ * product, of which a GPT step makes thousands in its attention heads). prim NULL: a key
+ * oneDNN refused. */
+typedef struct {
+    prim_key key;
+    dnnl_primitive_t prim; /* borrowed from the table, or owned when it was full */
+    size_t scratch;
+    dnnl_memory_t mem[4];  /* A, B, C, scratchpad */
+    bool owned;
+} bound;
+
+#define BOUND_SLOTS 16 /* a GPT's heads use 6 shapes per thread, its linears a dozen */
+
 typedef struct {
     dnnl_stream_t stream;
     void *scratch;
     size_t cap;
+    bound slot[BOUND_SLOTS];
+    int nslots;            /* slots in use */
+    int next;              /* the slot a new key takes when all are in use */
 } thread_state;
+
+static void bound_clear(bound *b)
+{
+    for (int i = 0; i < 4; i++)
+        if (b->mem[i] != NULL)
+            dn.memory_destroy(b->mem[i]);
+    if (b->owned)
+        dn.primitive_destroy(b->prim);
+    memset(b, 0, sizeof *b);
+}
 
 static void thread_state_free(void *p)
 {
     thread_state *ts = p;
     if (ts == NULL)
         return;
+    for (int i = 0; i < ts->nslots; i++)
+        bound_clear(&ts->slot[i]);
     if (ts->stream != NULL)
         dn.stream_destroy(ts->stream);
     free(ts->scratch);
@@ -172,6 +205,7 @@ static int load_symbols(void)
     SYM(primitive_execute);
     SYM(memory_create);
     SYM(memory_destroy);
+    SYM(memory_set_data_handle);
     SYM(version);
     SYM(get_effective_cpu_isa);
 #undef SYM
@@ -389,39 +423,62 @@ static int lookup(const prim_key *k, dnnl_primitive_t *prim, size_t *scratch, bo
     return rc;
 }
 
-/* Run a primitive on the caller's operands with this thread's stream and scratchpad. */
-static int execute(const prim_key *k, dnnl_primitive_t prim, size_t scratch, const void *A,
-                   const void *B, float *C)
+/* b's memory objects for its key and primitive (b->key, prim, scratch and owned set). */
+static int bound_init(bound *b)
 {
     dnnl_memory_desc_t md[4];
-    dnnl_memory_t mem[4] = {NULL, NULL, NULL, NULL};
-    void *ptr[4] = {(void *)A, (void *)B, C, NULL};
+    dnnl_dims_t sdim = {(dnnl_dim_t)(b->scratch > 0 ? b->scratch : 1)}, sstr = {1};
+    if (b->prim == NULL)
+        return 0;
+    if (make_descs(&b->key, &md[0], &md[1], &md[2]) != 0 ||
+        dn.memory_desc_init_by_strides(&md[3], 1, sdim, dnnl_u8, sstr) != dnnl_success)
+        return GPU_EBLAS;
+    for (int i = 0; i < 4; i++)
+        if (dn.memory_create(&b->mem[i], &md[i], st.engine, DNNL_MEMORY_NONE) != dnnl_success)
+            return GPU_EBLAS;
+    return 0;
+}
+
+/* This thread's binding of key k, made on first use (with the table's primitive); NULL when
+ * out of memory or the objects cannot be made. */
+static bound *bind(thread_state *ts, const prim_key *k, int *rc)
+{
+    for (int i = 0; i < ts->nslots; i++)
+        if (memcmp(&ts->slot[i].key, k, sizeof *k) == 0)
+            return &ts->slot[i];
+    int i = ts->nslots < BOUND_SLOTS ? ts->nslots++ : ts->next++ % BOUND_SLOTS;
+    bound *b = &ts->slot[i];
+    bound_clear(b);
+    b->key = *k;
+    *rc = lookup(k, &b->prim, &b->scratch, &b->owned);
+    if (*rc == GPU_EBLAS && b->prim == NULL) /* refused: remembered here too */
+        return b;
+    if (*rc == 0 && (*rc = bound_init(b)) == 0)
+        return b;
+    bound_clear(b); /* the slot stays in use, keyed by nothing a call makes */
+    return NULL;
+}
+
+/* Run b's primitive on the caller's operands with this thread's stream and scratchpad. */
+static int run_bound(thread_state *ts, const bound *b, const void *A, const void *B, float *C)
+{
+    void *pad = thread_scratch(ts, b->scratch > 0 ? b->scratch : 1);
+    void *ptr[4] = {(void *)A, (void *)B, C, pad};
     const int arg[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_SCRATCHPAD};
     dnnl_exec_arg_t args[4];
-    thread_state *ts = thread_get();
-    dnnl_dims_t sdim = {(dnnl_dim_t)(scratch > 0 ? scratch : 1)}, sstr = {1};
-    int rc = GPU_ENOMEM;
-
-    if (ts == NULL || (ptr[3] = thread_scratch(ts, (size_t)sdim[0])) == NULL)
-        return rc;
-    rc = GPU_EBLAS;
-    if (make_descs(k, &md[0], &md[1], &md[2]) != 0 ||
-        dn.memory_desc_init_by_strides(&md[3], 1, sdim, dnnl_u8, sstr) != dnnl_success)
-        return rc;
+    if (b->prim == NULL)
+        return GPU_EBLAS;
+    if (pad == NULL)
+        return GPU_ENOMEM;
     for (int i = 0; i < 4; i++) {
-        if (dn.memory_create(&mem[i], &md[i], st.engine, ptr[i]) != dnnl_success)
-            goto fail;
-        args[i] = (dnnl_exec_arg_t){arg[i], mem[i]};
+        if (dn.memory_set_data_handle(b->mem[i], ptr[i]) != dnnl_success)
+            return GPU_EBLAS;
+        args[i] = (dnnl_exec_arg_t){arg[i], b->mem[i]};
     }
-    if (dn.primitive_execute(prim, ts->stream, 4, args) == dnnl_success &&
-        dn.stream_wait(ts->stream) == dnnl_success)
-        rc = 0;
-
-fail:
-    for (int i = 0; i < 4; i++)
-        if (mem[i] != NULL)
-            dn.memory_destroy(mem[i]);
-    return rc;
+    if (dn.primitive_execute(b->prim, ts->stream, 4, args) != dnnl_success ||
+        dn.stream_wait(ts->stream) != dnnl_success)
+        return GPU_EBLAS;
+    return 0;
 }
 
 int gpu_dnnl_gemm(gpu_dtype dt, bool ta, bool tb, int M, int N, int K, const void *A, int lda,
@@ -430,16 +487,10 @@ int gpu_dnnl_gemm(gpu_dtype dt, bool ta, bool tb, int M, int N, int K, const voi
     if (!gpu_dnnl_has(dt))
         return GPU_EBLAS;
     prim_key k = {dt, ta, tb, M, N, K, lda, ldb, ldc, beta, team()};
-    dnnl_primitive_t prim;
-    size_t scratch;
-    bool owned;
-    int rc = lookup(&k, &prim, &scratch, &owned);
-    if (rc != 0)
-        return rc;
-    rc = execute(&k, prim, scratch, A, B, C);
-    if (owned)
-        dn.primitive_destroy(prim);
-    return rc;
+    thread_state *ts = thread_get();
+    int rc = GPU_ENOMEM;
+    bound *b = ts != NULL ? bind(ts, &k, &rc) : NULL;
+    return b != NULL ? run_bound(ts, b, A, B, C) : rc;
 }
 
 #else /* !HAVE_ONEDNN */
