@@ -163,14 +163,6 @@ static void cast_par(float *v, size_t n, gpu_dtype from, gpu_dtype to)
         rnd_par(v, n, to);
 }
 
-/* dst = src rounded to dt (a 16-bit dtype), on every core. */
-static void round_par(float *dst, const float *src, size_t n, gpu_dtype dt)
-{
-#pragma omp parallel for schedule(static) if (big(n))
-    for (size_t i = 0; i < n; i += CHUNK)
-        gpu_round_n(dst + i, src + i, min_sz(CHUNK, n - i), dt);
-}
-
 /* n floats of src (values of dt) stored in dt at dst, chunks on every core. */
 static void store_par(void *dst, gpu_dtype dt, const float *src, size_t n)
 {
@@ -178,6 +170,20 @@ static void store_par(void *dst, gpu_dtype dt, const float *src, size_t n)
 #pragma omp parallel for schedule(static) if (big(n))
     for (size_t i = 0; i < n; i += CHUNK)
         gpu_cvt_from_f32((char *)dst + i * es, dt, src + i, min_sz(CHUNK, n - i));
+}
+
+/* dst = src rounded to dt (a 16-bit dtype), and the same values stored in dt at store when
+ * it is not NULL, in the same pass; on every core. */
+static void round_par(float *dst, const float *src, size_t n, gpu_dtype dt, void *store)
+{
+    size_t es = gpu_dtype_size(dt);
+#pragma omp parallel for schedule(static) if (big(n))
+    for (size_t i = 0; i < n; i += CHUNK) {
+        size_t k = min_sz(CHUNK, n - i);
+        gpu_round_n(dst + i, src + i, k, dt);
+        if (store)
+            gpu_cvt_from_f32((char *)store + i * es, dt, dst + i, k);
+    }
 }
 
 /* PyTorch's promotion of two float dtypes (only fp32 and one low dtype occur). */
@@ -731,7 +737,7 @@ static const float *p_for_mm(const float *P, float *pm, size_t n, gpu_dtype mm_d
 {
     if (mm_dt == GPU_FP32 || mm_dt == sm_dt)
         return P;
-    round_par(pm, P, n, mm_dt);
+    round_par(pm, P, n, mm_dt, NULL);
     return pm;
 }
 
@@ -1596,23 +1602,34 @@ static int linear_fwd(const gpu_gpt *m, const gpu_gpt_weights *w, const float *i
     return 0;
 }
 
-/* Backward of a linear in lin_dt from dY [N x O] (values of lin_dt) and its saved input X
- * (lin_dt, N x K): weight and bias gradients rounded to lin_dt into grads, dX [N x K]
- * written. With diag: the arriving dY, then each gradient before it is rounded, dX
- * included. Without, dX is left in fp32 for its consumer to round to lin_dt in the pass it
- * makes over dX anyway (rounding twice gives the same values). */
-static int linear_bwd(const gpu_gpt *m, const gpu_gpt_weights *w, const float *dY, const uint8_t *X,
-                      int N, int K, int O, size_t w_off, size_t b_off, float *grads, float *dX,
-                      const gpt_scratch *sc, gpu_diag *diag, int layer)
+/* Where a linear's output gradient is stored in lin_dt for its two GEMMs: sc->dyl where
+ * they take lin_dt as it is stored, else NULL. The pass that makes the gradient stores it
+ * there while it is in cache where it can (dY_stored); else linear_bwd converts it. */
+static void *dy_store(const gpu_gpt *m, const gpt_scratch *sc)
+{
+    return sc->dyl && gpu_gemm_in_place(m->lin_dt) ? sc->dyl : NULL;
+}
+
+/* Backward of a linear in lin_dt from dY [N x O] (values of lin_dt; also in dy_store() when
+ * dY_stored) and its saved input X (lin_dt, N x K): weight and bias gradients rounded to
+ * lin_dt into grads, dX [N x K] written. With diag: the arriving dY, then each gradient
+ * before it is rounded, dX included. Without, dX is left in fp32 for its consumer to round
+ * to lin_dt in the pass it makes over dX anyway (rounding twice gives the same values). */
+static int linear_bwd(const gpu_gpt *m, const gpu_gpt_weights *w, const float *dY,
+                      bool dY_stored, const uint8_t *X, int N, int K, int O, size_t w_off,
+                      size_t b_off, float *grads, float *dX, const gpt_scratch *sc,
+                      gpu_diag *diag, int layer)
 {
     gpu_dtype dt = m->lin_dt, wdt, ddt = GPU_FP32;
     float *gw = grads + w_off, *gb = grads + b_off;
     const void *dy = dY;
+    void *dy16 = dy_store(m, sc);
     if (diag)
         gpu_diag_backward(diag, layer, dY, (size_t)N * O);
-    if (sc->dyl && gpu_gemm_in_place(dt)) { /* once for both GEMMs, not once in each */
-        store_par(sc->dyl, dt, dY, (size_t)N * O);
-        dy = sc->dyl;
+    if (dy16) { /* once for both GEMMs, not once in each */
+        if (!dY_stored)
+            store_par(dy16, dt, dY, (size_t)N * O);
+        dy = dy16;
         ddt = dt;
     }
     int rc = gpu_gemm_ex(true, false, O, K, N, dy, ddt, O, X, dt, K, dt, GPU_GEMM_AB_CONVERTED,
@@ -1751,9 +1768,14 @@ static bool lin_rounds(const gpu_gpt *m)
 
 /* dres = rd(dres + dx, resid_dt): the stream's two gradient contributions summed; and, with
  * lin not NULL, the sum rounded to lin_dt into lin (the add's gradient handed to its lin_dt
- * input) in the same pass. Chunks on every core. */
-static void resid_acc(const gpu_gpt *m, float *dres, const float *dx, size_t n, float *lin)
+ * input) and stored in lin_dt at dy_store() for the linear that reads it, in the same pass.
+ * Chunks on every core. */
+static void resid_acc(const gpu_gpt *m, const gpt_scratch *sc, const float *dx, size_t n,
+                      float *lin)
 {
+    float *dres = sc->dres;
+    char *lin16 = lin ? dy_store(m, sc) : NULL;
+    size_t es = gpu_dtype_size(m->lin_dt);
 #pragma omp parallel for schedule(static) if (big(n))
     for (size_t i = 0; i < n; i += CHUNK) {
         size_t k = min_sz(CHUNK, n - i);
@@ -1761,6 +1783,8 @@ static void resid_acc(const gpu_gpt *m, float *dres, const float *dx, size_t n, 
         rnd(dres + i, k, m->resid_dt);
         if (lin)
             gpu_round_n(lin + i, dres + i, k, m->lin_dt);
+        if (lin16)
+            gpu_cvt_from_f32(lin16 + i * es, m->lin_dt, lin + i, k);
     }
 }
 
@@ -1820,11 +1844,14 @@ static void gelu_fwd_chunked(const gpu_gpt *m, const float *u, float *g, uint8_t
 
 /* d (mlp.proj's input gradient, rounded here to lin_dt: the gradient at GELU's output cast to
  * lin_dt) becomes the gradient at mlp.fc's output, chunk by chunk: through the cast, GELU's
- * backward in gelu_dt from the saved input, and the cast back; chunks on every core. */
-static void gelu_bwd_chunked(const gpu_gpt *m, float *d, const uint8_t *saved_u, size_t n)
+ * backward in gelu_dt from the saved input, and the cast back, also stored in lin_dt at
+ * dy_store() for mlp.fc's backward; chunks on every core. */
+static void gelu_bwd_chunked(const gpu_gpt *m, const gpt_scratch *sc, float *d,
+                             const uint8_t *saved_u, size_t n)
 {
     gpu_dtype lin = m->lin_dt, dt = m->gelu_dt;
     size_t es = gpu_dtype_size(lin);
+    char *d16 = dy_store(m, sc);
 #pragma omp parallel for schedule(static) if (big(n))
     for (size_t i = 0; i < n; i += CHUNK) {
         size_t k = min_sz(CHUNK, n - i);
@@ -1834,6 +1861,8 @@ static void gelu_bwd_chunked(const gpu_gpt *m, float *d, const uint8_t *saved_u,
         gelu_grad_kernel(d + i, saved_as(m, saved_u + i * es, k, dt, tmp), k);
         rnd(d + i, k, dt);
         cast(d + i, k, dt, lin);
+        if (d16)
+            gpu_cvt_from_f32(d16 + i * es, lin, d + i, k);
     }
 }
 
@@ -1857,7 +1886,7 @@ static int attention_fwd(const gpu_gpt *m, int l, int B, const float *qkv, uint8
     size_t nC = (size_t)B * T * C;
     const float *q = qkv;
     if (m->mm_dt != GPU_FP32 && m->mm_dt != m->lin_dt) {
-        round_par(sc->qkvm, qkv, 3 * nC, m->mm_dt);
+        round_par(sc->qkvm, qkv, 3 * nC, m->mm_dt, NULL);
         q = sc->qkvm;
     }
     float *y = out_for(m, acts, A->atty, sc->aty);
@@ -1987,34 +2016,35 @@ static int block_bwd(const gpu_gpt *m, const gpu_gpt_weights *w, int l, int B, c
     size_t nC = (size_t)N * C, n4 = 4 * nC;
     gpu_dtype lin = m->lin_dt;
     float *dlin = lin_rounds(m) ? sc->big : NULL;
+    bool stored = dy_store(m, sc) != NULL, dlin_stored = stored && dlin;
 
     /* MLP: the add hands dres to mlp.proj's output */
-    rc = linear_bwd(m, w, dres_lin(m, sc), acts + A->gelu, N, 4 * C, C, P->mproj_w, P->mproj_b,
-                    grads, sc->in32, sc, diag, dlayer(diag, l, "mlp.proj", lin));
+    rc = linear_bwd(m, w, dres_lin(m, sc), dlin_stored, acts + A->gelu, N, 4 * C, C, P->mproj_w,
+                    P->mproj_b, grads, sc->in32, sc, diag, dlayer(diag, l, "mlp.proj", lin));
     if (rc)
         return rc;
-    gelu_bwd_chunked(m, sc->in32, acts + A->fc, n4);
-    rc = linear_bwd(m, w, sc->in32, acts + A->ln2, N, C, 4 * C, P->fc_w, P->fc_b, grads, sc->big,
-                    sc, diag, dlayer(diag, l, "mlp.fc", lin));
+    gelu_bwd_chunked(m, sc, sc->in32, acts + A->fc, n4);
+    rc = linear_bwd(m, w, sc->in32, stored, acts + A->ln2, N, C, 4 * C, P->fc_w, P->fc_b, grads,
+                    sc->big, sc, diag, dlayer(diag, l, "mlp.fc", lin));
     if (rc)
         return rc;
     ln_bwd(m, w, sc->big, cactf(acts, A->resid_mid), acts, A->ln2_mean, A->ln2_rstd, P->ln2_w,
            P->ln2_b, N, grads, sc->aty, sc);
-    resid_acc(m, sc->dres, sc->aty, nC, dlin);
+    resid_acc(m, sc, sc->aty, nC, dlin);
 
     /* attention */
-    rc = linear_bwd(m, w, dres_lin(m, sc), acts + A->atty, N, C, C, P->proj_w, P->proj_b, grads,
-                    sc->aty, sc, diag, dlayer(diag, l, "attn.proj", lin));
+    rc = linear_bwd(m, w, dres_lin(m, sc), dlin_stored, acts + A->atty, N, C, C, P->proj_w,
+                    P->proj_b, grads, sc->aty, sc, diag, dlayer(diag, l, "attn.proj", lin));
     if (!rc)
         rc = attention_bwd(m, l, B, acts, sc, diag);
     if (!rc)
-        rc = linear_bwd(m, w, sc->dqkv, acts + A->ln1, N, C, 3 * C, P->qkv_w, P->qkv_b, grads,
-                        sc->big, sc, diag, dlayer(diag, l, "attn.qkv", lin));
+        rc = linear_bwd(m, w, sc->dqkv, false, acts + A->ln1, N, C, 3 * C, P->qkv_w, P->qkv_b,
+                        grads, sc->big, sc, diag, dlayer(diag, l, "attn.qkv", lin));
     if (rc)
         return rc;
     ln_bwd(m, w, sc->big, cactf(acts, A->resid), acts, A->ln1_mean, A->ln1_rstd, P->ln1_w, P->ln1_b,
            N, grads, sc->aty, sc);
-    resid_acc(m, sc->dres, sc->aty, nC, lin_next ? dlin : NULL);
+    resid_acc(m, sc, sc->aty, nC, lin_next ? dlin : NULL);
     return 0;
 }
 
@@ -2054,8 +2084,8 @@ int gpu_gpt_backward(const gpu_gpt *m, const gpu_gpt_weights *w, const int *x, c
            m->lnf_b, N, grads, sc.dres, &sc);
     gpu_grad_done(ready, m->lnf_w, (size_t)C);
     gpu_grad_done(ready, m->lnf_b, (size_t)C);
-    if (lin_rounds(m)) /* the last block reads it from sc.big (dres_lin) */
-        round_par(sc.big, sc.dres, nC, m->lin_dt);
+    if (lin_rounds(m)) /* the last block reads it from sc.big (dres_lin), and stored */
+        round_par(sc.big, sc.dres, nC, m->lin_dt, dy_store(m, &sc));
     for (int l = m->n_layer - 1; l >= 0; l--) {
         rc = block_bwd(m, w, l, B, acts, &sc, diag, grads, l > 0);
         if (rc)
