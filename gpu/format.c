@@ -178,9 +178,7 @@ static inline uint32_t f16_to_f32_bits(uint16_t h)
 
 static inline uint32_t f32_to_bf16_rounded(uint32_t u)
 {
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u)
-        return (uint32_t)GPU_BF16_NAN << 16;
-    return (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+    return gpu_bf16_round_bits(u);
 }
 
 static inline uint16_t f32_to_bf16_bits(uint32_t u)
@@ -210,18 +208,15 @@ float gpu_f16_to_f32(uint16_t h)
  * since the process started; never reset. */
 static atomic_bool bf16_subnormal_made;
 
-/* Whether u is an fp32 subnormal: the only inputs whose bf16 rounding can be subnormal
- * (2^-126 is a bf16 value, and rounding is monotonic). The f32 -> bf16 conversions, scalar
- * and bulk, note such inputs in bf16_subnormal_made. */
-static unsigned f32_subnormal(uint32_t u)
+void gpu_bf16_note_subnormal(void)
 {
-    return (unsigned)((u & 0x7F800000u) == 0) & (unsigned)((u & 0x7FFFFFu) != 0);
+    atomic_store(&bf16_subnormal_made, true);
 }
 
 uint16_t gpu_f32_to_bf16(float x)
 {
-    if (f32_subnormal(f2u(x)))
-        atomic_store(&bf16_subnormal_made, true);
+    if (gpu_f32_subnormal(f2u(x)))
+        gpu_bf16_note_subnormal();
     return f32_to_bf16_bits(f2u(x));
 }
 
@@ -262,7 +257,7 @@ static unsigned port_f32_bf16(uint16_t *dst, const float *src, size_t n)
     unsigned sub = 0;
     for (size_t i = 0; i < n; i++) {
         dst[i] = f32_to_bf16_bits(f2u(src[i]));
-        sub |= f32_subnormal(f2u(src[i]));
+        sub |= gpu_f32_subnormal(f2u(src[i]));
     }
     return sub;
 }
@@ -811,7 +806,7 @@ bool gpu_bf16_has_subnormal(const uint16_t *x, size_t n)
 void gpu_bf16_admit(const uint16_t *x, size_t n)
 {
     if (bf16_subnormals(x, n))
-        atomic_store(&bf16_subnormal_made, true);
+        gpu_bf16_note_subnormal();
 }
 
 /* Elements [off, off + n) of dst and src through path p's op. */
@@ -827,7 +822,7 @@ static void cvt_block(const cvt_impl *p, cvt_op op, void *dst, const void *src, 
         return;
     case OP_F32_BF16:
         if (p->f32_bf16((uint16_t *)dst + off, (const float *)src + off, n))
-            atomic_store(&bf16_subnormal_made, true);
+            gpu_bf16_note_subnormal();
         return;
     case OP_BF16_F32:
         p->bf16_f32((float *)dst + off, (const uint16_t *)src + off, n);

@@ -583,6 +583,57 @@ HOT static void softmax_row_bwd(const float *restrict p, float *restrict d, int 
         d[j] = p[j] * (d[j] - dot);
 }
 
+/* ---- bf16 rows, rounded inline ---------------------------------------------------------
+ * The attention's rows are short (T values), and a call of gpu_round_n or gpu_cvt_from_f32
+ * per rounding of a row costs more than the rounding. These round to bf16 in the loop
+ * itself, with the conversion's own rounding (gpu_bf16_round_bits): the same values. */
+
+INLINE float bf16_rd(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    u = gpu_bf16_round_bits(u);
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+HOT static void bf16_rd_row(float *restrict v, int n)
+{
+    for (int j = 0; j < n; j++)
+        v[j] = bf16_rd(v[j]);
+}
+
+/* v = rd(rd(v) * scale): a GEMM output rounded, then scaled in bf16. */
+HOT static void bf16_scale_row(float *restrict v, float scale, int n)
+{
+    for (int j = 0; j < n; j++)
+        v[j] = bf16_rd(bf16_rd(v[j]) * scale);
+}
+
+/* src stored in bf16 at dst; nonzero when a value was an fp32 subnormal (for the caller to
+ * pass to gpu_bf16_note_subnormal, as the conversions do). */
+HOT static unsigned bf16_store_row(uint16_t *restrict dst, const float *restrict src, int n)
+{
+    unsigned sub = 0;
+    for (int j = 0; j < n; j++) {
+        uint32_t u;
+        memcpy(&u, src + j, sizeof u);
+        sub |= gpu_f32_subnormal(u);
+        dst[j] = (uint16_t)(gpu_bf16_round_bits(u) >> 16);
+    }
+    return sub;
+}
+
+/* n floats of src stored in dt (16-bit) at dst: inline for bf16 (returning what
+ * bf16_store_row does), else through gpu_cvt_from_f32 (which notes subnormals itself). */
+static unsigned store_row16(uint16_t *dst, gpu_dtype dt, const float *src, int n)
+{
+    if (dt == GPU_BF16)
+        return bf16_store_row(dst, src, n);
+    gpu_cvt_from_f32(dst, dt, src, (size_t)n);
+    return 0;
+}
+
 /* See gpu/gpt.h. */
 size_t gpu_gpt_attention_scratch_floats(int T, int hd, gpu_dtype mm_dt, int slots)
 {
@@ -731,6 +782,21 @@ static void attn_row_fwd(float *s, float *p, float *pm, int n, int T, float scal
         gpu_round_n(pm, p, (size_t)T, mm_dt);
 }
 
+/* attn_row_fwd with P stored in mm_dt (16-bit) at pd; with bf16 and the softmax in fp32
+ * (autocast's default), in fused loops. Returns what store_row16 does. */
+static unsigned attn_row_fwd16(float *s, float *p, uint16_t *pd, int n, int T, float scale,
+                               gpu_dtype mm_dt, gpu_dtype sm_dt)
+{
+    if (mm_dt != GPU_BF16 || sm_dt != GPU_FP32) {
+        attn_row_fwd(s, p, NULL, n, T, scale, mm_dt, sm_dt);
+        return store_row16(pd, mm_dt, p, T);
+    }
+    bf16_scale_row(s, scale, n);
+    softmax_row(s, n, p);
+    memset(p + n, 0, sizeof(float) * (size_t)(T - n));
+    return bf16_store_row(pd, p, T);
+}
+
 /* P cast to mm_dt for a matmul (pm), or P itself when that takes no rounding. */
 static const float *p_for_mm(const float *P, float *pm, size_t n, gpu_dtype mm_dt,
                              gpu_dtype sm_dt)
@@ -756,7 +822,9 @@ typedef struct {
  * right after its GEMM (instead of a sweep over the whole output). */
 static void rnd_block(float *v, int rows, int w, size_t ld, gpu_dtype dt)
 {
-    for (int i = 0; dt != GPU_FP32 && i < rows; i++)
+    for (int i = 0; dt == GPU_BF16 && i < rows; i++)
+        bf16_rd_row(v + (size_t)i * ld, w);
+    for (int i = 0; dt == GPU_FP16 && i < rows; i++)
         gpu_round_n(v + (size_t)i * ld, v + (size_t)i * ld, (size_t)w, dt);
 }
 
@@ -827,11 +895,13 @@ static int attn_head_fwd16(const void *ctx, int b, int h, float *scratch, bool p
     if (rc)
         return rc;
     diag_scores(a, S);
-#pragma omp parallel for schedule(static, 1) if (par_rows && big_rows(T))
-    for (int i = 0; i < T; i++) {
-        attn_row_fwd(S + (size_t)i * T, P + (size_t)i * T, NULL, i + 1, T, scale, dt, a->sm_dt);
-        gpu_cvt_from_f32(Pd + (size_t)i * T, dt, P + (size_t)i * T, (size_t)T);
-    }
+    unsigned sub = 0;
+#pragma omp parallel for schedule(static, 1) reduction(| : sub) if (par_rows && big_rows(T))
+    for (int i = 0; i < T; i++)
+        sub |= attn_row_fwd16(S + (size_t)i * T, P + (size_t)i * T, Pd + (size_t)i * T, i + 1,
+                              T, scale, dt, a->sm_dt);
+    if (sub)
+        gpu_bf16_note_subnormal();
     float *yh = a->y + (size_t)b * T * C + (size_t)h * hd;
     rc = head_mm(false, false, T, hd, T, Pd, dt, T, q + 2 * th, dt, hd, dt, yh, C, gs);
     return head_y_done(a, rc, yh);
@@ -887,6 +957,21 @@ static void attn_row_bwd(const float *p, float *d, int n, int T, float scale, gp
     rnd(d, (size_t)n, mm_dt);
 }
 
+/* attn_row_bwd with dS stored in mm_dt (16-bit) at pd, fused as attn_row_fwd16. */
+static unsigned attn_row_bwd16(const float *p, float *d, uint16_t *pd, int n, int T, float scale,
+                               gpu_dtype mm_dt, gpu_dtype sm_dt)
+{
+    if (mm_dt != GPU_BF16 || sm_dt != GPU_FP32) {
+        attn_row_bwd(p, d, n, T, scale, mm_dt, sm_dt);
+        return store_row16(pd, mm_dt, d, T);
+    }
+    bf16_rd_row(d, n);
+    softmax_row_bwd(p, d, n);
+    memset(d + n, 0, sizeof(float) * (size_t)(T - n));
+    bf16_scale_row(d, scale, n); /* the cast back to bf16, the scaling and its rounding */
+    return bf16_store_row(pd, d, T);
+}
+
 static int attn_head_bwd(const void *ctx, int b, int h, float *scratch, bool par_rows)
 {
     (void)par_rows; /* read only by the pragmas, which a build without OpenMP drops */
@@ -936,19 +1021,23 @@ static int attn_head_bwd16(const void *ctx, int b, int h, float *scratch, bool p
     const float *dyh = a->dy + (size_t)b * T * C + (size_t)h * hd;
     const float *P = a->probs + ((size_t)b * a->H + h) * TT;
     gpu_cvt_from_f32(Pd, dt, P, TT);
+    unsigned sub = 0;
     for (int i = 0; i < T; i++)
-        gpu_cvt_from_f32(dy + (size_t)i * hd, dt, dyh + (size_t)i * C, (size_t)hd);
+        sub |= store_row16(dy + (size_t)i * hd, dt, dyh + (size_t)i * C, hd);
+    if (sub)
+        gpu_bf16_note_subnormal();
     /* dV = P^T dY; dP = dY V^T */
     int rc = head_mm(true, false, T, hd, T, Pd, dt, T, dy, dt, hd, dt, dq + 2 * C, ld, gs);
     if (!rc)
         rc = head_mm(false, true, T, T, hd, dy, dt, hd, v, dt, hd, dt, dS, T, gs);
     if (rc)
         return rc;
-#pragma omp parallel for schedule(static, 1) if (par_rows && big_rows(T))
-    for (int i = 0; i < T; i++) {
-        attn_row_bwd(P + (size_t)i * T, dS + (size_t)i * T, i + 1, T, scale, dt, a->sm_dt);
-        gpu_cvt_from_f32(Pd + (size_t)i * T, dt, dS + (size_t)i * T, (size_t)T);
-    }
+#pragma omp parallel for schedule(static, 1) reduction(| : sub) if (par_rows && big_rows(T))
+    for (int i = 0; i < T; i++)
+        sub |= attn_row_bwd16(P + (size_t)i * T, dS + (size_t)i * T, Pd + (size_t)i * T, i + 1,
+                              T, scale, dt, a->sm_dt);
+    if (sub)
+        gpu_bf16_note_subnormal();
     if (a->diag)
         gpu_diag_backward(a->diag, a->layer, dS, TT);
     /* dQ = dS K, dK = dS^T Q */

@@ -1211,6 +1211,69 @@ START_TEST(test_native_bf16_heads)
 }
 END_TEST
 
+/* Scores large enough that many probabilities are fp32 subnormals: the native heads store
+ * P in bf16 by themselves, and must say so (gpu_bf16_note_subnormal), or the P V product
+ * would read those values as zero. Their P and output are the public attention's, bit for
+ * bit, as with ordinary scores. Needs a process where no conversion has met a subnormal yet
+ * (each test runs in its own; not so with CK_FORK=no). */
+START_TEST(test_native_bf16_subnormal_probs)
+{
+    gpu_model_config mc = {.type = GPU_MODEL_GPT, .n_layer = 1, .n_head = 2, .d_model = 32,
+                           .seq_len = 24, .vocab = 32, .init_scale = 1.0f};
+    gpu_autocast a;
+    gpu_gpt m;
+    gpu_rng r;
+    char err[128];
+    if (gpu_gemm_force("native") != 0 || gpu_bf16_subnormals_made()) {
+        printf("subnormal probabilities: no native bf16 GEMM here, or a subnormal already seen\n");
+        return;
+    }
+    gpu_autocast_defaults(&a);
+    ck_assert_int_eq(gpu_blas_init(2), 0);
+    ck_assert_int_eq(gpu_gpt_plan(&m, &mc, &a, GPU_BF16, 2, err, sizeof err), 0);
+    int B = 2, T = mc.seq_len, C = mc.d_model, H = mc.n_head, N = B * T, c;
+    size_t PP = (size_t)B * H * T * T;
+    float *p = malloc(sizeof(float) * m.nparams), *qkv = malloc(sizeof(float) * N * 3 * C);
+    float *probs = malloc(sizeof(float) * PP), *y = malloc(sizeof(float) * N * C);
+    float *ys = malloc(sizeof(float) * N * C);
+    float *sc = calloc(gpu_gpt_attention_scratch_floats(T, C / H, GPU_BF16, 2), sizeof(float));
+    int *x = malloc(sizeof(int) * N), *yt = malloc(sizeof(int) * N);
+    uint8_t *acts = calloc(1, m.act_bytes);
+    float *scratch = calloc(m.scratch_floats, sizeof(float));
+    void *work = malloc(2 * m.nparams);
+    double loss;
+    ck_assert(p && qkv && probs && y && ys && sc && x && yt && acts && scratch && work);
+    gpu_rng_seed(&r, 78);
+    gpu_gpt_init_params(&m, p, 1.0f, &r);
+    for (size_t i = 0; i < (size_t)3 * C * C; i++) /* qkv's weights x 60: scores x 3600 */
+        p[m.blk[0].qkv_w + i] *= 60.0f;
+    for (int i = 0; i < N; i++) {
+        x[i] = (i * 7 + i / 5) % mc.vocab;
+        yt[i] = (i * 3 + 2) % mc.vocab;
+    }
+    gpu_cvt_from_f32(work, GPU_BF16, p, m.nparams);
+    ck_assert(!gpu_bf16_subnormals_made());
+    gpu_gpt_weights w = {.p = work, .pdt = GPU_BF16, .master = p};
+    ck_assert_int_eq(gpu_gpt_forward(&m, &w, x, yt, B, acts, scratch, NULL, &loss, &c), 0);
+    const float *P = (const float *)(const void *)(acts + m.act[0].probs);
+    size_t nsub = 0;
+    for (size_t i = 0; i < PP; i++)
+        nsub += P[i] != 0.0f && fabsf(P[i]) < FLT_MIN;
+    ck_assert_msg(nsub > 0, "no subnormal probability: the case tests nothing");
+    ck_assert(gpu_bf16_subnormals_made());
+    gpu_cvt_to_f32(qkv, acts + m.act[0].qkv, GPU_BF16, (size_t)N * 3 * C);
+    ck_assert_int_eq(gpu_gpt_attention_fwd(qkv, B, T, C, H, GPU_BF16, m.sm_dt, probs, y, sc, 2,
+                                           NULL, -1),
+                     0);
+    ck_assert(memcmp(probs, P, sizeof(float) * PP) == 0);
+    gpu_cvt_to_f32(ys, acts + m.act[0].atty, GPU_BF16, (size_t)N * C);
+    ck_assert_msg(memcmp(y, ys, sizeof(float) * N * C) == 0, "%zu subnormal probabilities", nsub);
+    ck_assert_int_eq(gpu_gemm_force("auto"), 0);
+    free(p), free(qkv), free(probs), free(y), free(ys), free(sc), free(x), free(yt), free(acts);
+    free(scratch), free(work);
+}
+END_TEST
+
 /* Without master weights every op reads the 16-bit working copy: the same as a master that
  * holds exactly the working copy's values. */
 START_TEST(test_no_master)
@@ -1440,6 +1503,7 @@ static Suite *gpt_suite(void)
     tcase_add_test(model, test_no_master);
     tcase_add_test(model, test_threads_bitwise);
     tcase_add_test(model, test_native_bf16_heads);
+    tcase_add_test(model, test_native_bf16_subnormal_probs);
     tcase_add_test(model, test_overrides);
     tcase_add_test(model, test_train);
     tcase_set_timeout(model, 60);
