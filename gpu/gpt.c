@@ -1647,6 +1647,13 @@ typedef struct {
     float *dst;
 } lin_out;
 
+/* Whether the linears multiply their lin_dt inputs as they are stored: then the fp32 copies
+ * of the inputs the forward saves in lin_dt are needed by nothing. */
+static bool lin_in_place(const gpu_gpt *m)
+{
+    return m->lin_dt != GPU_FP32 && gpu_gemm_in_place(m->lin_dt);
+}
+
 /* Row i of a linear's output o: the bias in fp32, diagnostics on the fp32 value, rounding,
  * then where `to` sends it. */
 static void linear_row(const gpu_gpt *m, float *o, const float *bias, int O, size_t i,
@@ -1668,7 +1675,8 @@ static void linear_row(const gpu_gpt *m, float *o, const float *bias, int O, siz
 
 /* out[N x O] = rd(in W^T + b, lin_dt), then `to`: the rows after the GEMM on every core (on
  * the calling thread with diag). in holds fp32 values of lin_dt; saved, the same values
- * stored in lin_dt, is what the GEMM reads where it takes lin_dt as it is stored. */
+ * stored in lin_dt, is what the GEMM reads where it takes lin_dt as it is stored
+ * (lin_in_place; in is then not read). */
 static int linear_fwd(const gpu_gpt *m, const gpu_gpt_weights *w, const float *in,
                       const uint8_t *saved, int N, int K, int O, size_t w_off, size_t b_off,
                       float *out, const lin_out *to, const gpt_scratch *sc, gpu_diag *diag,
@@ -1676,7 +1684,7 @@ static int linear_fwd(const gpu_gpt *m, const gpu_gpt_weights *w, const float *i
 {
     gpu_dtype dt = m->lin_dt, wdt, adt = GPU_FP32;
     const void *W = wsrc(w, w_off, dt, &wdt), *x = in;
-    if (dt != GPU_FP32 && gpu_gemm_in_place(dt)) {
+    if (lin_in_place(m)) { /* in may be NULL then */
         x = saved;
         adt = dt;
     }
@@ -1801,26 +1809,28 @@ static void cast_store(const gpu_gpt *m, float *v, uint8_t *store, size_t n, gpu
 }
 
 /* A layer norm on the stream x: its output cast to lin_dt and saved at store; mean and rstd
- * saved. Returns the output's fp32 values (in sc->in32, or the saved tensor itself). Blocks
- * of rows on every core, each block's passes made while it is in cache. */
+ * saved. Returns the output's fp32 values (in sc->in32, or the saved tensor itself), or NULL
+ * when !f32 and the saved tensor is 16-bit (then each block passes through the stack).
+ * Blocks of rows on every core, each block's passes made while it is in cache. */
 static const float *ln_fwd(const gpu_gpt *m, const gpu_gpt_weights *w, const float *x, size_t g_off,
                            size_t b_off, int N, uint8_t *acts, size_t store, size_t mean,
-                           size_t rstd, const gpt_scratch *sc)
+                           size_t rstd, const gpt_scratch *sc, bool f32)
 {
     int C = m->d_model, rows = row_block(C);
     const float *g = wf32(w, g_off, (size_t)C, m->ln_dt, sc->row0);
     const float *b = wf32(w, b_off, (size_t)C, m->ln_dt, sc->row1);
-    float *y = out_for(m, acts, store, sc->in32);
+    float *y = f32 || m->lin_dt == GPU_FP32 ? out_for(m, acts, store, sc->in32) : NULL;
     float *mu = (float *)(acts + mean), *rs = (float *)(acts + rstd);
     size_t es = gpu_dtype_size(m->lin_dt);
 #pragma omp parallel for schedule(static) if (big((size_t)N * C))
     for (int r = 0; r < N; r += rows) {
         int k = min_int(rows, N - r);
         size_t at = (size_t)r * C, n = (size_t)k * C;
+        float tmp[CHUNK], *yb = y ? y + at : n <= CHUNK ? tmp : sc->in32 + at;
         const float *xin = ln_input(m, x + at, n, sc->qkvm + at);
-        ln_rows_fwd(xin, g, b, k, C, m->ln_dt, y + at, mu + r, rs + r);
-        cast(y + at, n, m->ln_dt, m->lin_dt);
-        gpu_cvt_from_f32(acts + store + at * es, m->lin_dt, y + at, n); /* no-op if saved */
+        ln_rows_fwd(xin, g, b, k, C, m->ln_dt, yb, mu + r, rs + r);
+        cast(yb, n, m->ln_dt, m->lin_dt);
+        gpu_cvt_from_f32(acts + store + at * es, m->lin_dt, yb, n); /* no-op if saved */
     }
     return y;
 }
@@ -1911,7 +1921,8 @@ static int check_tokens(const gpu_gpt *m, const int *x, const int *y, int B)
 }
 
 /* g = the GELU of the fc output u (values of lin_dt), cast back to lin_dt and saved at
- * store, chunk by chunk so that each chunk is read from memory once; chunks on every core. */
+ * store, chunk by chunk so that each chunk is read from memory once; chunks on every core.
+ * g NULL: only the saved values are wanted (each chunk passes through the stack). */
 static void gelu_fwd_chunked(const gpu_gpt *m, const float *u, float *g, uint8_t *store, size_t n)
 {
     gpu_dtype lin = m->lin_dt, dt = m->gelu_dt;
@@ -1919,15 +1930,15 @@ static void gelu_fwd_chunked(const gpu_gpt *m, const float *u, float *g, uint8_t
 #pragma omp parallel for schedule(static) if (big(n))
     for (size_t i = 0; i < n; i += CHUNK) {
         size_t k = min_sz(CHUNK, n - i);
-        float tmp[CHUNK];
+        float tmp[CHUNK], out[CHUNK], *gc = g ? g + i : out;
         const float *in = u + i;
         if (dt != GPU_FP32 && dt != lin) { /* the cast into GELU's dtype */
             gpu_round_n(tmp, in, k, dt);
             in = tmp;
         }
-        gelu_chunk(g + i, in, k, dt);
-        cast(g + i, k, dt, lin);
-        gpu_cvt_from_f32(store + i * es, lin, g + i, k); /* no-op when g is the saved tensor */
+        gelu_chunk(gc, in, k, dt);
+        cast(gc, k, dt, lin);
+        gpu_cvt_from_f32(store + i * es, lin, gc, k); /* no-op when g is the saved tensor */
     }
 }
 
@@ -2005,8 +2016,9 @@ static int block_fwd(const gpu_gpt *m, const gpu_gpt_weights *w, int l, int B, u
     float *hmid = actf(acts, A->resid_mid);
 
     /* attention; attn.proj's rows also make the residual add */
-    const float *a =
-        ln_fwd(m, w, hin, P->ln1_w, P->ln1_b, N, acts, A->ln1, A->ln1_mean, A->ln1_rstd, sc);
+    bool f32 = !lin_in_place(m); /* the linears' inputs are also needed in fp32 */
+    const float *a = ln_fwd(m, w, hin, P->ln1_w, P->ln1_b, N, acts, A->ln1, A->ln1_mean,
+                            A->ln1_rstd, sc, f32);
     float *qkv = out_for(m, acts, A->qkv, sc->big);
     rc = linear_fwd(m, w, a, acts + A->ln1, N, C, 3 * C, P->qkv_w, P->qkv_b, qkv,
                     &(lin_out){acts + A->qkv, NULL, NULL}, sc, diag,
@@ -2021,13 +2033,14 @@ static int block_fwd(const gpu_gpt *m, const gpu_gpt_weights *w, int l, int B, u
         return rc;
 
     /* MLP; mlp.proj's rows also make the residual add */
-    a = ln_fwd(m, w, hmid, P->ln2_w, P->ln2_b, N, acts, A->ln2, A->ln2_mean, A->ln2_rstd, sc);
+    a = ln_fwd(m, w, hmid, P->ln2_w, P->ln2_b, N, acts, A->ln2, A->ln2_mean, A->ln2_rstd, sc,
+               f32);
     float *u = out_for(m, acts, A->fc, sc->big);
     rc = linear_fwd(m, w, a, acts + A->ln2, N, C, 4 * C, P->fc_w, P->fc_b, u,
                     &(lin_out){acts + A->fc, NULL, NULL}, sc, diag, dlayer(diag, l, "mlp.fc", lin));
     if (rc)
         return rc;
-    float *g = out_for(m, acts, A->gelu, sc->in32);
+    float *g = f32 ? out_for(m, acts, A->gelu, sc->in32) : NULL;
     gelu_fwd_chunked(m, u, g, acts + A->gelu, n4);
     return linear_fwd(m, w, g, acts + A->gelu, N, 4 * C, C, P->mproj_w, P->mproj_b, sc->big,
                       &(lin_out){NULL, hmid, actf(acts, block_out(m, l))}, sc, diag,
@@ -2055,7 +2068,7 @@ int gpu_gpt_forward(const gpu_gpt *m, const gpu_gpt_weights *w, const int *x, co
             return rc;
     }
     const float *a = ln_fwd(m, w, actf(acts, m->resid_final), m->lnf_w, m->lnf_b, N, acts, m->lnf,
-                            m->lnf_mean, m->lnf_rstd, &sc);
+                            m->lnf_mean, m->lnf_rstd, &sc, true);
     wte = wsrc(w, m->wte, m->lin_dt, &wdt);
     rc = gpu_gpt_head_fwd(a, wte, wdt, y, N, C, m->vocab, m->lin_dt, m->ce_dt, sc.big,
                           actf(acts, m->probs), sc.g, diag, dlayer(diag, -1, "lm_head", m->lin_dt),
