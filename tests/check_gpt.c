@@ -1144,6 +1144,93 @@ static double rel_l2(const float *a, const float *b, size_t n)
     return r > 0.0 ? sqrt(d / r) : sqrt(d);
 }
 
+/* A bf16 GPT forwarded on the native GEMM path, whose layer 0 attention is then recomputed
+ * by the public gpu_gpt_attention_fwd from fp32 values of the qkv the model stored. */
+typedef struct {
+    gpu_gpt m;
+    int B, N;
+    float *p, *qkv, *probs, *y, *ys, *sc, *scratch;
+    int *x, *yt;
+    uint8_t *acts;
+    void *work;
+    gpu_gpt_weights w;
+} native_case;
+
+/* qkv_gain multiplies the qkv weights (the scores by its square). */
+static void native_case_init(native_case *k, const gpu_model_config *mc, int B, uint64_t seed,
+                             float qkv_gain)
+{
+    gpu_autocast a;
+    gpu_rng r;
+    char err[128];
+    memset(k, 0, sizeof *k);
+    gpu_autocast_defaults(&a);
+    ck_assert_int_eq(gpu_blas_init(2), 0);
+    ck_assert_int_eq(gpu_gpt_plan(&k->m, mc, &a, GPU_BF16, B, err, sizeof err), 0);
+    int T = mc->seq_len, C = mc->d_model, H = mc->n_head, N = B * T;
+    k->B = B;
+    k->N = N;
+    k->p = malloc(sizeof(float) * k->m.nparams);
+    k->qkv = malloc(sizeof(float) * N * 3 * C);
+    k->probs = malloc(sizeof(float) * B * H * T * T);
+    k->y = malloc(sizeof(float) * N * C);
+    k->ys = malloc(sizeof(float) * N * C);
+    k->sc = calloc(gpu_gpt_attention_scratch_floats(T, C / H, GPU_BF16, 2), sizeof(float));
+    k->x = malloc(sizeof(int) * N);
+    k->yt = malloc(sizeof(int) * N);
+    k->acts = calloc(1, k->m.act_bytes);
+    k->scratch = calloc(k->m.scratch_floats, sizeof(float));
+    k->work = malloc(2 * k->m.nparams);
+    ck_assert(k->p && k->qkv && k->probs && k->y && k->ys && k->sc && k->x && k->yt &&
+              k->acts && k->scratch && k->work);
+    gpu_rng_seed(&r, seed);
+    gpu_gpt_init_params(&k->m, k->p, 1.0f, &r);
+    for (size_t i = 0; i < (size_t)3 * C * C; i++)
+        k->p[k->m.blk[0].qkv_w + i] *= qkv_gain;
+    for (int i = 0; i < N; i++) {
+        k->x[i] = (i * 11 + i / 3) % mc->vocab;
+        k->yt[i] = (i * 5 + 1) % mc->vocab;
+    }
+    gpu_cvt_from_f32(k->work, GPU_BF16, k->p, k->m.nparams);
+    k->w = (gpu_gpt_weights){.p = k->work, .pdt = GPU_BF16, .master = k->p};
+}
+
+/* The forward on the native path. Layer 0's saved probabilities that are fp32 subnormals
+ * (*nsub of them) were noted as such when the heads stored them in bf16 (else the P V
+ * product would have read them as zero); then its probabilities and output equal the public
+ * attention's bit for bit. */
+static double native_forward_is_public(native_case *k, size_t *nsub)
+{
+    const gpu_gpt *m = &k->m;
+    int T = m->seq_len, C = m->d_model, H = m->n_head, B = k->B, N = k->N, c;
+    const float *P = (const float *)(const void *)(k->acts + m->act[0].probs);
+    size_t PP = (size_t)B * H * T * T;
+    double loss;
+    ck_assert_int_eq(gpu_gemm_force("native"), 0);
+    ck_assert_int_eq(gpu_gpt_forward(m, &k->w, k->x, k->yt, B, k->acts, k->scratch, NULL, &loss,
+                                     &c),
+                     0);
+    *nsub = 0;
+    for (size_t i = 0; i < PP; i++)
+        *nsub += P[i] != 0.0f && fabsf(P[i]) < FLT_MIN;
+    ck_assert_msg(*nsub == 0 || gpu_bf16_subnormals_made(), "%zu subnormal P unnoted", *nsub);
+    gpu_cvt_to_f32(k->qkv, k->acts + m->act[0].qkv, GPU_BF16, (size_t)N * 3 * C);
+    ck_assert_int_eq(gpu_gpt_attention_fwd(k->qkv, B, T, C, H, GPU_BF16, m->sm_dt, k->probs,
+                                           k->y, k->sc, 2, NULL, -1),
+                     0);
+    ck_assert(memcmp(k->probs, P, sizeof(float) * PP) == 0);
+    gpu_cvt_to_f32(k->ys, k->acts + m->act[0].atty, GPU_BF16, (size_t)N * C);
+    ck_assert(memcmp(k->y, k->ys, sizeof(float) * N * C) == 0);
+    return loss;
+}
+
+static void native_case_free(native_case *k)
+{
+    free(k->p), free(k->qkv), free(k->probs), free(k->y), free(k->ys), free(k->sc);
+    free(k->x), free(k->yt), free(k->acts), free(k->scratch), free(k->work);
+    ck_assert_int_eq(gpu_gemm_force("auto"), 0);
+}
+
 /* Where bf16 runs natively, the attention heads multiply the qkv the model stored in bf16 as
  * it is (copied densely), and the public attention converts fp32 values of it: the two give
  * the same bits (layer 0's saved probabilities and output). The whole model's loss and
@@ -1153,61 +1240,37 @@ START_TEST(test_native_bf16_heads)
 {
     gpu_model_config mc = {.type = GPU_MODEL_GPT, .n_layer = 2, .n_head = 4, .d_model = 64,
                            .seq_len = 40, .vocab = 64, .init_scale = 1.0f};
-    gpu_autocast a;
-    gpu_gpt m;
-    gpu_rng r;
-    char err[128];
+    native_case k;
+    int c;
+    double lw;
+    size_t nsub;
     if (gpu_gemm_force("native") != 0) {
         printf("native bf16 heads: no native bf16 GEMM on this CPU, nothing to compare\n");
         return;
     }
-    gpu_autocast_defaults(&a);
-    ck_assert_int_eq(gpu_blas_init(2), 0);
-    ck_assert_int_eq(gpu_gpt_plan(&m, &mc, &a, GPU_BF16, 3, err, sizeof err), 0);
-    int B = 3, T = mc.seq_len, C = mc.d_model, H = mc.n_head, N = B * T, c;
-    float *p = malloc(sizeof(float) * m.nparams), *g = calloc(m.nparams, sizeof(float));
-    float *gw = calloc(m.nparams, sizeof(float)), *qkv = malloc(sizeof(float) * N * 3 * C);
-    float *probs = malloc(sizeof(float) * B * H * T * T), *y = malloc(sizeof(float) * N * C);
-    float *ys = malloc(sizeof(float) * N * C);
-    float *sc = calloc(gpu_gpt_attention_scratch_floats(T, C / H, GPU_BF16, 2), sizeof(float));
-    int *x = malloc(sizeof(int) * N), *yt = malloc(sizeof(int) * N);
-    uint8_t *acts = calloc(1, m.act_bytes);
-    float *scratch = calloc(m.scratch_floats, sizeof(float));
-    void *work = malloc(2 * m.nparams);
-    double loss, lw;
-    ck_assert(p && g && gw && qkv && probs && y && ys && sc && x && yt && acts && scratch && work);
-    gpu_rng_seed(&r, 77);
-    gpu_gpt_init_params(&m, p, 1.0f, &r);
-    for (int i = 0; i < N; i++) {
-        x[i] = (i * 11 + i / 3) % mc.vocab;
-        yt[i] = (i * 5 + 1) % mc.vocab;
-    }
-    gpu_cvt_from_f32(work, GPU_BF16, p, m.nparams);
-    gpu_gpt_weights w = {.p = work, .pdt = GPU_BF16, .master = p};
-    ck_assert_int_eq(gpu_gpt_forward(&m, &w, x, yt, B, acts, scratch, NULL, &loss, &c), 0);
-    gpu_cvt_to_f32(qkv, acts + m.act[0].qkv, GPU_BF16, (size_t)N * 3 * C);
-    ck_assert_int_eq(gpu_gpt_attention_fwd(qkv, B, T, C, H, GPU_BF16, m.sm_dt, probs, y, sc, 2,
-                                           NULL, -1),
+    native_case_init(&k, &mc, 3, 77, 1.0f);
+    float *g = calloc(k.m.nparams, sizeof(float)), *gw = calloc(k.m.nparams, sizeof(float));
+    ck_assert(g && gw);
+    double loss = native_forward_is_public(&k, &nsub);
+    ck_assert_int_eq(gpu_gpt_backward(&k.m, &k.w, k.x, k.yt, k.B, 1.0f, k.acts, k.scratch, NULL,
+                                      g, NULL),
                      0);
-    ck_assert(memcmp(probs, acts + m.act[0].probs, sizeof(float) * B * H * T * T) == 0);
-    gpu_cvt_to_f32(ys, acts + m.act[0].atty, GPU_BF16, (size_t)N * C);
-    ck_assert(memcmp(y, ys, sizeof(float) * N * C) == 0);
-    ck_assert_int_eq(gpu_gpt_backward(&m, &w, x, yt, B, 1.0f, acts, scratch, NULL, g, NULL), 0);
-
     ck_assert_int_eq(gpu_gemm_force("widen"), 0);
-    ck_assert_int_eq(gpu_gpt_forward(&m, &w, x, yt, B, acts, scratch, NULL, &lw, &c), 0);
-    ck_assert_int_eq(gpu_gpt_backward(&m, &w, x, yt, B, 1.0f, acts, scratch, NULL, gw, NULL), 0);
-    ck_assert_int_eq(gpu_gemm_force("auto"), 0);
+    ck_assert_int_eq(gpu_gpt_forward(&k.m, &k.w, k.x, k.yt, k.B, k.acts, k.scratch, NULL, &lw, &c),
+                     0);
+    ck_assert_int_eq(gpu_gpt_backward(&k.m, &k.w, k.x, k.yt, k.B, 1.0f, k.acts, k.scratch, NULL,
+                                      gw, NULL),
+                     0);
     ck_assert_msg(fabs(loss - lw) <= 1e-3 * fabs(lw), "loss %.9g native vs %.9g", loss, lw);
-    for (int i = 0; i < m.ntensors; i++) {
-        const gpu_gpt_tensor *t = &m.tensor[i];
+    for (int i = 0; i < k.m.ntensors; i++) {
+        const gpu_gpt_tensor *t = &k.m.tensor[i];
         double e = rel_l2(g + t->off, gw + t->off, t->count);
         if (getenv("GPT_VERBOSE"))
             printf("native heads: %s %.3g\n", t->name, e);
         ck_assert_msg(e < 1e-2, "%s: native gradient %.3g from the widened one", t->name, e);
     }
-    free(p), free(g), free(gw), free(qkv), free(probs), free(y), free(ys), free(sc), free(x);
-    free(yt), free(acts), free(scratch), free(work);
+    free(g), free(gw);
+    native_case_free(&k);
 }
 END_TEST
 
@@ -1220,57 +1283,17 @@ START_TEST(test_native_bf16_subnormal_probs)
 {
     gpu_model_config mc = {.type = GPU_MODEL_GPT, .n_layer = 1, .n_head = 2, .d_model = 32,
                            .seq_len = 24, .vocab = 32, .init_scale = 1.0f};
-    gpu_autocast a;
-    gpu_gpt m;
-    gpu_rng r;
-    char err[128];
+    native_case k;
     if (gpu_gemm_force("native") != 0 || gpu_bf16_subnormals_made()) {
         printf("subnormal probabilities: no native bf16 GEMM here, or a subnormal already seen\n");
         return;
     }
-    gpu_autocast_defaults(&a);
-    ck_assert_int_eq(gpu_blas_init(2), 0);
-    ck_assert_int_eq(gpu_gpt_plan(&m, &mc, &a, GPU_BF16, 2, err, sizeof err), 0);
-    int B = 2, T = mc.seq_len, C = mc.d_model, H = mc.n_head, N = B * T, c;
-    size_t PP = (size_t)B * H * T * T;
-    float *p = malloc(sizeof(float) * m.nparams), *qkv = malloc(sizeof(float) * N * 3 * C);
-    float *probs = malloc(sizeof(float) * PP), *y = malloc(sizeof(float) * N * C);
-    float *ys = malloc(sizeof(float) * N * C);
-    float *sc = calloc(gpu_gpt_attention_scratch_floats(T, C / H, GPU_BF16, 2), sizeof(float));
-    int *x = malloc(sizeof(int) * N), *yt = malloc(sizeof(int) * N);
-    uint8_t *acts = calloc(1, m.act_bytes);
-    float *scratch = calloc(m.scratch_floats, sizeof(float));
-    void *work = malloc(2 * m.nparams);
-    double loss;
-    ck_assert(p && qkv && probs && y && ys && sc && x && yt && acts && scratch && work);
-    gpu_rng_seed(&r, 78);
-    gpu_gpt_init_params(&m, p, 1.0f, &r);
-    for (size_t i = 0; i < (size_t)3 * C * C; i++) /* qkv's weights x 60: scores x 3600 */
-        p[m.blk[0].qkv_w + i] *= 60.0f;
-    for (int i = 0; i < N; i++) {
-        x[i] = (i * 7 + i / 5) % mc.vocab;
-        yt[i] = (i * 3 + 2) % mc.vocab;
-    }
-    gpu_cvt_from_f32(work, GPU_BF16, p, m.nparams);
+    size_t nsub;
+    native_case_init(&k, &mc, 2, 78, 60.0f); /* scores x 3600 */
     ck_assert(!gpu_bf16_subnormals_made());
-    gpu_gpt_weights w = {.p = work, .pdt = GPU_BF16, .master = p};
-    ck_assert_int_eq(gpu_gpt_forward(&m, &w, x, yt, B, acts, scratch, NULL, &loss, &c), 0);
-    const float *P = (const float *)(const void *)(acts + m.act[0].probs);
-    size_t nsub = 0;
-    for (size_t i = 0; i < PP; i++)
-        nsub += P[i] != 0.0f && fabsf(P[i]) < FLT_MIN;
+    native_forward_is_public(&k, &nsub);
     ck_assert_msg(nsub > 0, "no subnormal probability: the case tests nothing");
-    ck_assert(gpu_bf16_subnormals_made());
-    gpu_cvt_to_f32(qkv, acts + m.act[0].qkv, GPU_BF16, (size_t)N * 3 * C);
-    ck_assert_int_eq(gpu_gpt_attention_fwd(qkv, B, T, C, H, GPU_BF16, m.sm_dt, probs, y, sc, 2,
-                                           NULL, -1),
-                     0);
-    ck_assert(memcmp(probs, P, sizeof(float) * PP) == 0);
-    gpu_cvt_to_f32(ys, acts + m.act[0].atty, GPU_BF16, (size_t)N * C);
-    ck_assert_msg(memcmp(y, ys, sizeof(float) * N * C) == 0, "%zu subnormal probabilities", nsub);
-    ck_assert_int_eq(gpu_gemm_force("auto"), 0);
-    free(p), free(qkv), free(probs), free(y), free(ys), free(sc), free(x), free(yt), free(acts);
-    free(scratch), free(work);
+    native_case_free(&k);
 }
 END_TEST
 
