@@ -133,7 +133,7 @@ size_t gpu_gemm_scratch_floats(bool ta, bool tb, int M, int N, int K,
  * product exact, as gpu_gemm. GPU_GEMM_A/B_CONVERTED: the bf16 operand holds values the
  * engine's conversions to bf16 wrote (gpu_cvt_f32_bf16 and what calls it, or copies of such
  * values), which the native bf16 kernels then read without first scanning them for the
- * subnormals those kernels would read as zero (the conversions keep count; gpu_int.h). */
+ * subnormals those kernels would read as zero (the conversions note those; gpu_int.h). */
 enum {
     GPU_GEMM_ROUND_A = 1,
     GPU_GEMM_ROUND_B = 2,

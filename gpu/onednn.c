@@ -23,8 +23,9 @@
  * the heap in the emulated CUDA suite, and its reference code is slow.
  *
  * Threads: any thread may call gpu_dnnl_gemm, also several at once (table lookups hold a
- * mutex; each thread has its own stream, scratchpad and bindings). oneDNN runs on the OpenMP team of
- * the calling thread (omp_set_num_threads); called inside a parallel region it runs on one.
+ * mutex; each thread has its own stream, scratchpad and bindings). oneDNN runs on the OpenMP
+ * team of the calling thread (omp_set_num_threads); called inside a parallel region it runs
+ * on one.
  */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
