@@ -447,7 +447,13 @@ static bound *bind(thread_state *ts, const prim_key *k, int *rc)
     for (int i = 0; i < ts->nslots; i++)
         if (memcmp(&ts->slot[i].key, k, sizeof *k) == 0)
             return &ts->slot[i];
-    int i = ts->nslots < BOUND_SLOTS ? ts->nslots++ : ts->next++ % BOUND_SLOTS;
+    int i = ts->nslots;
+    if (i < BOUND_SLOTS) {
+        ts->nslots++;
+    } else {
+        i = ts->next;
+        ts->next = (i + 1) % BOUND_SLOTS;
+    }
     bound *b = &ts->slot[i];
     bound_clear(b);
     b->key = *k;
