@@ -135,7 +135,8 @@ echo "$long" | "$AMPD" run --checkpoint-dir "$TMP/sig" - >"$TMP/fifo" 2>/dev/nul
 pid=$!
 exec 7<"$TMP/fifo"
 blocked=false
-for _ in $(seq 1 100); do
+# 64 KiB of step lines: ~7 s under AddressSanitizer on the emulated GPU, so wait up to 30
+for _ in $(seq 1 300); do
     grep -q pipe_write "/proc/$pid/wchan" 2>/dev/null && blocked=true && break
     sleep 0.1
 done
