@@ -528,12 +528,6 @@ static int lib_gemm(gpu_dtype fmt, bool ta, bool tb, int M, int N, int K, const 
 #define SUBNORMAL 1 /* run_plan's answer: the native plan met a subnormal operand, or a
                      * shape oneDNN takes only in its slow or unsafe implementations */
 
-#ifdef __clang__
-#define SCAN_HOT
-#else
-#define SCAN_HOT __attribute__((target_clones("avx512f", "avx2", "default"), optimize("O3")))
-#endif
-
 /* Whether a stored bf16 block of rows x cols (leading dimension ld) holds a subnormal. */
 static bool block_subnormal(const uint16_t *x, int rows, int cols, int ld)
 {
@@ -543,14 +537,6 @@ static bool block_subnormal(const uint16_t *x, int rows, int cols, int ld)
 #pragma omp parallel for reduction(| : any) if ((size_t)rows * cols >= GPU_PAR_MIN)
     for (int r = 0; r < rows; r++)
         any |= gpu_bf16_has_subnormal(x + (size_t)r * (size_t)ld, (size_t)cols);
-    return any;
-}
-
-SCAN_HOT static unsigned f32_subnormals(const uint32_t *restrict x, size_t n)
-{
-    unsigned any = 0;
-    for (size_t i = 0; i < n; i++)
-        any |= (unsigned)((x[i] & 0x7F800000u) == 0) & (unsigned)((x[i] & 0x7FFFFFu) != 0);
     return any;
 }
 
@@ -614,7 +600,7 @@ static bool f32_operand_subnormal(const operand *o, bool is_a, int dim, int K)
     const uint32_t *x = block_at(o, is_a, 0, dim, K, &rows, &cols);
 #pragma omp parallel for reduction(| : any) if ((size_t)rows * cols >= GPU_PAR_MIN)
     for (int r = 0; r < rows; r++)
-        any |= f32_subnormals(x + (size_t)r * (size_t)o->ld, (size_t)cols);
+        any |= gpu_f32_has_subnormal(x + (size_t)r * (size_t)o->ld, (size_t)cols);
     return any != 0;
 }
 

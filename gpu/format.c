@@ -803,6 +803,19 @@ bool gpu_bf16_has_subnormal(const uint16_t *x, size_t n)
     return bf16_subnormals(x, n) != 0;
 }
 
+SCAN_HOT static unsigned f32_subnormals(const uint32_t *restrict x, size_t n)
+{
+    unsigned any = 0;
+    for (size_t i = 0; i < n; i++)
+        any |= gpu_f32_subnormal(x[i]);
+    return any;
+}
+
+bool gpu_f32_has_subnormal(const uint32_t *x, size_t n)
+{
+    return f32_subnormals(x, n) != 0;
+}
+
 void gpu_bf16_admit(const uint16_t *x, size_t n)
 {
     if (bf16_subnormals(x, n))

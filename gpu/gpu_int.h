@@ -60,6 +60,8 @@ const char *gpu_impl_name(int id);
  * conversions wrote is subnormal. Values that arrive in bf16 by other ways (a checkpoint's
  * 16-bit weights) go through gpu_bf16_admit() to keep that true. Thread-safe; never reset. */
 bool gpu_bf16_has_subnormal(const uint16_t *x, size_t n);
+/* Whether n fp32 values (as bits) hold a subnormal, which could round to a bf16 one. */
+bool gpu_f32_has_subnormal(const uint32_t *x, size_t n);
 bool gpu_bf16_subnormals_made(void);
 void gpu_bf16_admit(const uint16_t *x, size_t n);
 /* What a pass that rounds to bf16 itself (gpu_bf16_round_bits) calls when one of its fp32
