@@ -256,6 +256,26 @@ double gpu_lr_at(const gpu_optim_config *c, int64_t step, int64_t total);
 void gpu_optim_update(const gpu_optim_config *c, double lr, int64_t t, float gmul,
                       float *p, const float *g, float *m, float *v, size_t n,
                       void *work, gpu_dtype wdt);
+/* A weight matrix of the parameter block: rows x cols parameters, row-major from element
+ * off. */
+typedef struct {
+    size_t off;
+    int rows, cols;
+} gpu_optim_matrix;
+/* gpu_optim_update for a model with no room for a working copy of its own (the MLP on the
+ * CPU): each matrix of mats (ascending, disjoint) gets its copy in wdt (fp16 or bf16) inside
+ * its own gradients, written once the update has read them; the other parameters get none.
+ * The next forward and backward read it there (gpu_optim_copy_at); a backward must read a
+ * matrix's copy before it writes that matrix's gradient. */
+void gpu_optim_update_in_grads(const gpu_optim_config *c, double lr, int64_t t, float gmul,
+                               float *p, float *g, float *m, float *v, size_t n,
+                               const gpu_optim_matrix *mats, int nmats, gpu_dtype wdt);
+/* Where that update left the copy of the matrix at element off with cols columns in the
+ * gradient block g, row-major with leading dimension *ld = cols: fp16's as fp32 values, each
+ * in place of its gradient (*dt = GPU_FP32), bf16's in the first half of the matrix's
+ * gradient bytes (*dt = GPU_BF16). */
+const void *gpu_optim_copy_at(const float *g, size_t off, int cols, gpu_dtype wdt,
+                              gpu_dtype *dt, int *ld);
 /* The same without master weights: the parameters live only in wdt (uint16_t for the 16-bit
  * formats). Returns in *lost the number of elements whose update was non-zero but rounded
  * away (the stored value did not change). */

@@ -167,6 +167,20 @@ static const void *weight_ptr(const gpu_mlp *m, const gpu_mlp_weights *w, size_t
     return (const uint8_t *)w->p + off * gpu_dtype_size(w->pdt);
 }
 
+/* Layer l's weight matrix as its GEMMs read it (*ld, the GEMM flags for it in *flags): the
+ * copy in the gradient block, the working copy, or the master rounded as it is read. */
+static const void *lin_weight(const gpu_mlp *m, const gpu_mlp_weights *w, int l, gpu_dtype *dt,
+                              int *ld, unsigned *flags)
+{
+    *flags = GPU_GEMM_B_CONVERTED;
+    if (w->in_grads)
+        return gpu_optim_copy_at(w->in_grads, m->w_off[l], m->width[l], m->lin_dt, dt, ld);
+    *ld = m->width[l];
+    const void *W = weight_ptr(m, w, m->w_off[l], dt);
+    *flags |= round_w(*dt);
+    return W;
+}
+
 static float gelu(float x)
 {
     return 0.5f * x * (1.0f + erff(x * 0.70710678f));
@@ -256,17 +270,18 @@ static int linear_fwd(const gpu_mlp *m, const gpu_mlp_weights *w, int l, uint8_t
 {
     int slot = diag_slot(diag, m, l);
     int in = m->width[l], out = m->width[l + 1];
-    gpu_dtype wdt;
-    const void *W = weight_ptr(m, w, m->w_off[l], &wdt);
-    const void *bias = weight_ptr(m, w, m->b_off[l], &wdt);
+    gpu_dtype wdt, bdt;
+    int ld;
+    unsigned flags;
+    const void *W = lin_weight(m, w, l, &wdt, &ld, &flags);
+    const void *bias = weight_ptr(m, w, m->b_off[l], &bdt);
     /* in lin_dt: the weights may be the fp32 master, rounded as autocast casts them */
-    int rc = gpu_gemm_ex(false, true, B, out, in, acts + m->x_off[l], m->lin_dt, in, W, wdt, in,
-                         m->lin_dt, round_w(wdt) | GPU_GEMM_AB_CONVERTED, 0.0f, out32, out,
-                         scratch);
+    int rc = gpu_gemm_ex(false, true, B, out, in, acts + m->x_off[l], m->lin_dt, in, W, wdt, ld,
+                         m->lin_dt, flags | GPU_GEMM_A_CONVERTED, 0.0f, out32, out, scratch);
     if (rc)
         return rc;
-    gpu_cvt_to_f32(bias32, bias, wdt, (size_t)out);
-    if (wdt == GPU_FP32)
+    gpu_cvt_to_f32(bias32, bias, bdt, (size_t)out);
+    if (bdt == GPU_FP32)
         gpu_round_n(bias32, bias32, (size_t)out, m->lin_dt);
     /* rows are independent; the diagnostics account them in order, on one thread */
 #pragma omp parallel for if (!diag && (size_t)B * out >= GPU_PAR_MIN) schedule(static)
@@ -532,9 +547,16 @@ int gpu_mlp_backward(const gpu_mlp *m, const gpu_mlp_weights *w, const int *y, i
         float *gw = grads + m->w_off[l];
         int ds = diag_slot(diag, m, l);
         gpu_dtype wdt;
-        const void *W = weight_ptr(m, w, m->w_off[l], &wdt);
-        /* dz holds values of lin_dt (rounded), so the GEMMs may take it in lin_dt */
-        int rc = gpu_gemm_ex(true, false, out, in, B, dz, GPU_FP32, out, acts + m->x_off[l],
+        int ld, rc = 0;
+        unsigned flags;
+        const void *W = lin_weight(m, w, l, &wdt, &ld, &flags);
+        /* dz holds values of lin_dt (rounded), so the GEMMs may take it in lin_dt; dx first,
+         * as the weight gradient may overwrite W's copy */
+        if (l > 0)
+            rc = gpu_gemm_ex(false, false, B, in, out, dz, GPU_FP32, out, W, wdt, ld, m->lin_dt,
+                             flags, 0.0f, dx, in, gscratch);
+        if (rc == 0)
+            rc = gpu_gemm_ex(true, false, out, in, B, dz, GPU_FP32, out, acts + m->x_off[l],
                              m->lin_dt, in, m->lin_dt, GPU_GEMM_B_CONVERTED, 0.0f, gw, in,
                              gscratch);
         if (rc)
@@ -551,10 +573,6 @@ int gpu_mlp_backward(const gpu_mlp *m, const gpu_mlp_weights *w, const int *y, i
         gpu_grad_done(ready, m->b_off[l], (size_t)out);
         if (l == 0)
             break;
-        rc = gpu_gemm_ex(false, false, B, in, out, dz, GPU_FP32, out, W, wdt, in, m->lin_dt,
-                         round_w(wdt) | GPU_GEMM_B_CONVERTED, 0.0f, dx, in, gscratch);
-        if (rc)
-            return rc;
         gpu_diag_round_grad(diag, ds, false, dx, (size_t)B * in, m->lin_dt);
         act_backward(m, l, acts, B, dx);
         float *t = dz;

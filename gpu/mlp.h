@@ -38,11 +38,15 @@ typedef struct {
  * when there is a master and the linear layers run in pdt or fp32: the GEMMs then round
  * the master to their dtype as they read it, so no 16-bit copy of the weights is kept.
  * A bf16 p holds what the conversions to bf16 wrote (gpu_cvt_from_f32, as the trainer's
- * optimizer does; GPU_GEMM_B_CONVERTED in gpu.h): the GEMMs read it without a subnormal scan. */
+ * optimizer does; GPU_GEMM_B_CONVERTED in gpu.h): the GEMMs read it without a subnormal scan.
+ * in_grads (NULL: none) is the gradient block while it holds the weight matrices' copy in
+ * lin_dt (gpu_optim_update_in_grads): the GEMMs read it there, and the backward reads each
+ * layer's before it writes that layer's weight gradient. */
 typedef struct {
     const void *p;
     gpu_dtype pdt;
     const float *master;
+    const float *in_grads;
 } gpu_mlp_weights;
 
 /* Plan the layout for model mc under policy a and job dtype dt. GPU_EINVAL with a message

@@ -419,6 +419,50 @@ static int64_t run_lowp(const update_job *u)
     return nlost;
 }
 
+/* A stretch of the parameter block for gpu_optim_update_in_grads: a matrix (cols > 0), whose
+ * chunks are whole rows, or the parameters between matrices (cols == 0). */
+typedef struct {
+    size_t off, n, cols, rows_per, chunks;
+} stretch;
+
+/* The rows of chunk i of stretch s: [*r0, *r0 + returned count). */
+static size_t chunk_rows(const stretch *s, size_t i, size_t *r0)
+{
+    size_t rows = s->n / s->cols;
+    *r0 = i * s->rows_per;
+    return rows - *r0 < s->rows_per ? rows - *r0 : s->rows_per;
+}
+
+/* The update of chunk i of stretch s; fp16's copy of a matrix's rows goes over the gradients
+ * the update has just read. */
+static void stretch_update(const update_job *u, const stretch *s, float *g, size_t i)
+{
+    size_t step = s->cols ? s->rows_per * s->cols : CHUNK;
+    size_t lo = i * step, len = s->n - lo < step ? s->n - lo : step, at = s->off + lo;
+    float *m = u->m ? u->m + at : NULL, *v = u->v ? u->v + at : NULL;
+
+    step_chunk(u->c, &u->k, u->impl, u->p + at, g + at, m, v, len);
+    if (s->cols && u->wdt == GPU_FP16)
+        gpu_round_n(g + at, u->p + at, len, GPU_FP16);
+}
+
+/* bf16's copy of chunk i of a matrix stretch: dense rows from the start of the matrix's
+ * gradients, which reach into other chunks' (so only once every gradient has been read). */
+static void stretch_copy_bf16(const update_job *u, const stretch *s, float *g, size_t i)
+{
+    size_t r0, nr = chunk_rows(s, i, &r0);
+    uint16_t *dst = (uint16_t *)(void *)(g + s->off) + r0 * s->cols;
+    gpu_cvt_f32_bf16(dst, u->p + s->off + r0 * s->cols, nr * s->cols);
+}
+
+static void add_stretch(stretch *s, int *ns, size_t off, size_t n, size_t cols)
+{
+    if (n == 0)
+        return;
+    size_t rows_per = cols ? (CHUNK + cols - 1) / cols : 0, step = cols ? rows_per * cols : CHUNK;
+    s[(*ns)++] = (stretch){off, n, cols, rows_per, (n + step - 1) / step};
+}
+
 static void job_init(update_job *u, const gpu_optim_config *c, double lr, int64_t t,
                      float gmul, const float *g, float *m, float *v, size_t n)
 {
@@ -446,6 +490,58 @@ void gpu_optim_update(const gpu_optim_config *c, double lr, int64_t t, float gmu
     u.w = work;
     u.wdt = wdt;
     run_f32(&u);
+}
+
+/* Chunks of stretch st on the team (or the one thread): the update, then (a bf16 matrix) the
+ * copy, once the barrier has seen every gradient of the matrix read. */
+static void run_stretch(const update_job *u, const stretch *st, float *g)
+{
+#pragma omp for schedule(static)
+    for (size_t j = 0; j < st->chunks; j++)
+        stretch_update(u, st, g, j);
+    if (st->cols && u->wdt == GPU_BF16) {
+#pragma omp for schedule(static) nowait
+        for (size_t j = 0; j < st->chunks; j++)
+            stretch_copy_bf16(u, st, g, j);
+    }
+}
+
+/* See gpu.h. The update goes by stretches, a matrix's chunks whole rows: fp16's copy of a
+ * row replaces the row's own gradients, read by the same chunk; bf16's rows are written dense
+ * from the start of the matrix's gradients (in half their bytes), which reaches into other
+ * chunks' rows, after the update of the whole matrix. The schedule is static in both loops,
+ * so a thread copies the rows it has just updated. All pointers borrowed; p, g, m and v must
+ * not overlap. */
+void gpu_optim_update_in_grads(const gpu_optim_config *c, double lr, int64_t t, float gmul,
+                               float *p, float *g, float *m, float *v, size_t n,
+                               const gpu_optim_matrix *mats, int nmats, gpu_dtype wdt)
+{
+    stretch s[2 * GPU_MAX_LAYERS + 1];
+    int ns = 0;
+    size_t at = 0;
+    update_job u;
+
+    job_init(&u, c, lr, t, gmul, g, m, v, n);
+    u.p = p;
+    u.wdt = wdt;
+    for (int k = 0; k < nmats && k < GPU_MAX_LAYERS; k++) {
+        add_stretch(s, &ns, at, mats[k].off - at, 0);
+        add_stretch(s, &ns, mats[k].off, (size_t)mats[k].rows * mats[k].cols,
+                    (size_t)mats[k].cols);
+        at = mats[k].off + (size_t)mats[k].rows * mats[k].cols;
+    }
+    add_stretch(s, &ns, at, n - at, 0);
+#pragma omp parallel if (gpu_par_worth(n))
+    for (int k = 0; k < ns; k++)
+        run_stretch(&u, &s[k], g);
+}
+
+const void *gpu_optim_copy_at(const float *g, size_t off, int cols, gpu_dtype wdt,
+                              gpu_dtype *dt, int *ld)
+{
+    *dt = wdt == GPU_BF16 ? GPU_BF16 : GPU_FP32;
+    *ld = cols;
+    return g + off;
 }
 
 /* See gpu.h. w holds n elements of wdt (uint16_t for fp16/bf16, float for fp32), updated in

@@ -80,6 +80,11 @@ struct gpu_trainer {
     int64_t tensor_lost[TRAINER_MAX_TENSORS]; /* master weights off: per tensor, last update */
     /* CUDA */
     bool use_cuda;          /* the job runs on CUDA device cuda_index */
+    bool copy_in_grads;     /* the weight matrices' working copy lives in the gradient block
+                             * between an update and the next backward (a CPU MLP in fp16 or
+                             * bf16, which keeps no copy of its own; one gradient block) */
+    bool copy_ready;        /* it is there now: written by the last update, since when no
+                             * backward ran and nothing else wrote the weights */
     int cuda_index;
     gpu_cuda_twin *cuda;    /* the device twin, once created */
     bool diag_next;         /* the last step overflowed undiagnosed: collect on this one */
@@ -395,6 +400,8 @@ static int allocate(gpu_trainer *t, char *err, size_t errlen)
         t->ybatch = malloc(sizeof(int) * b);
         t->perm = malloc(sizeof(int) * (size_t)gpu_dataset_count(t->train));
     }
+    t->copy_in_grads = !t->use_cuda && !t->gpt && t->master && !z.work_copy &&
+                       c->grad_accum_steps == 1 && t->mlp.lin_dt == c->dtype;
     t->diag = calloc(1, sizeof(*t->diag));
     t->lstats = calloc(GPU_DIAG_MAX_LAYERS, sizeof(*t->lstats));
     t->advisor = calloc(1, sizeof(*t->advisor));
@@ -748,9 +755,11 @@ static void next_batch(gpu_trainer *t, int B, int draw)
 
 static gpu_mlp_weights weights_view(const gpu_trainer *t)
 {
-    gpu_mlp_weights w = {t->work, t->cfg.dtype, NULL};
+    gpu_mlp_weights w = {t->work, t->cfg.dtype, NULL, NULL};
     if (t->cfg.dtype != GPU_FP32 && t->master)
         w.master = t->master;
+    if (t->copy_ready)
+        w.in_grads = t->grads;
     return w;
 }
 
@@ -826,6 +835,7 @@ static int forward_backward(gpu_trainer *t, int B, float seed, const gpu_grad_re
     else
         rc = gpu_mlp_backward(&t->mlp, &w, t->ybatch, B, seed, t->acts, t->scratch, dst, diag,
                               ready);
+    t->copy_ready = false; /* the gradients have replaced it */
     cpu_phase(t, "backward", &t0);
     return rc;
 }
@@ -843,7 +853,14 @@ static void apply_update(gpu_trainer *t, double lr, float gmul, gpu_step_metrics
     const gpu_job_config *c = &t->cfg;
     size_t P = (size_t)gpu_trainer_params(t);
     t->applied++;
-    if (t->master) {
+    if (t->copy_in_grads) {
+        gpu_optim_matrix mats[GPU_MAX_LAYERS];
+        for (int l = 0; l < t->mlp.nlin; l++)
+            mats[l] = (gpu_optim_matrix){t->mlp.w_off[l], t->mlp.width[l + 1], t->mlp.width[l]};
+        gpu_optim_update_in_grads(&c->optim, lr, t->applied, gmul, t->master, t->grads, t->m, t->v,
+                                  P, mats, t->mlp.nlin, c->dtype);
+        t->copy_ready = true;
+    } else if (t->master) {
         void *work = t->work == t->master ? NULL : t->work;
         gpu_optim_update(&c->optim, lr, t->applied, gmul, t->master, t->grads, t->m, t->v, P, work,
                          c->dtype);
@@ -1321,6 +1338,7 @@ int gpu_trainer_state(gpu_trainer *t, gpu_state_tensor **out, int *n)
         if (rc)
             return rc;
     }
+    t->copy_ready = false; /* the caller may write the weights */
     gpu_state_tensor *v = calloc((size_t)t->ntensors * 3 + 1, sizeof(*v));
     if (!v)
         return GPU_ENOMEM;
@@ -1386,6 +1404,12 @@ const char *gpu_trainer_device(const gpu_trainer *t)
     if (t->cuda)
         return gpu_cuda_twin_describe(t->cuda);
     return t->device_text[0] ? t->device_text : "cpu";
+}
+
+/* See gpu/twin.h. */
+void gpu_trainer_keep_grads(gpu_trainer *t)
+{
+    t->copy_in_grads = t->copy_ready = false;
 }
 
 /* The last step's gradients; see gpu/twin.h. */

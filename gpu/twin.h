@@ -101,7 +101,11 @@ int gpu_cuda_twin_upload(gpu_cuda_twin *d, const gpu_scaler_state *s, int64_t ap
 int gpu_trainer_nccl_alone(gpu_trainer *t, char *err, size_t errlen);
 
 /* The trainer's fp32 gradient block of the last step (nparams floats, borrowed until the
- * next step), copied from the device first when the job runs on CUDA: for the tests. */
+ * next step), copied from the device first when the job runs on CUDA: for the tests. A CPU
+ * MLP in fp16 or bf16 keeps its weights' working copy there after the update, over the
+ * gradients: gpu_trainer_keep_grads (before the first step) makes it round the master as its
+ * GEMMs read it instead, every step, so that the gradients stay readable. */
 int gpu_trainer_grads(gpu_trainer *t, const float **grads);
+void gpu_trainer_keep_grads(gpu_trainer *t);
 
 #endif /* AMPD_GPU_TWIN_H */

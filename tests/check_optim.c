@@ -533,6 +533,93 @@ START_TEST(test_threads_identical)
 }
 END_TEST
 
+/* ---- the working copy kept in the gradient block --------------------------------------- */
+
+/* Matrices of odd shapes between stretches of other parameters: rows of 3 columns (many rows
+ * to a chunk), of 1500 (more than a chunk), a lone 1 x 1, gaps before, between and after;
+ * enough parameters for the team to share them out. */
+static const gpu_optim_matrix in_grads_mats[] = {{5, 700, 3}, {2122, 45, 1500}, {69622, 1, 1}};
+enum { IN_GRADS_N = 69633 };
+
+/* Whether element i of a matrix region (j its index in the matrix, k the matrix) holds the
+ * copy of p the update promises. */
+static bool copy_ok(const float *g, const float *p, gpu_dtype wdt, int k, size_t j)
+{
+    const gpu_optim_matrix *mt = &in_grads_mats[k];
+    gpu_dtype dt;
+    int ld;
+    const void *at = gpu_optim_copy_at(g, mt->off, mt->cols, wdt, &dt, &ld);
+    size_t r = j / (size_t)mt->cols, col = j % (size_t)mt->cols;
+    float want = p[mt->off + j];
+    ck_assert_int_eq(ld, mt->cols);
+    if (dt == GPU_BF16)
+        return ((const uint16_t *)at)[r * (size_t)ld + col] == gpu_f32_to_bf16(want);
+    float got = ((const float *)at)[r * (size_t)ld + col];
+    return dt == GPU_FP32 && fbits(got) == fbits(gpu_f16_to_f32(gpu_f32_to_f16(want)));
+}
+
+/* The update with the copy in the gradients gives the parameters and the state that
+ * gpu_optim_update gives, bit for bit, on one thread and on several; the matrices' copies are
+ * the parameters rounded to wdt, where gpu_optim_copy_at says, and every other gradient is
+ * left as it was. */
+START_TEST(test_in_grads)
+{
+    if (!use_impl(impls[_i]))
+        return;
+    static const struct {
+        gpu_opt_type type;
+        gpu_dtype wdt;
+    } cases[] = {{GPU_OPT_ADAMW, GPU_FP16}, {GPU_OPT_ADAMW, GPU_BF16}, {GPU_OPT_SGD, GPU_BF16},
+                 {GPU_OPT_SGD, GPU_FP16}};
+    enum { NP = IN_GRADS_N, NM = sizeof(in_grads_mats) / sizeof(in_grads_mats[0]) };
+    static float p[2][NP], g[2][NP], m[2][NP], v[2][NP], g0[NP];
+    gpu_rng r;
+    gpu_rng_seed(&r, 11);
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        for (int threads = 1; threads <= 2; threads++) {
+            gpu_optim_config c;
+            gpu_optim_defaults(&c);
+            c.type = cases[k].type;
+            c.weight_decay = 0.01;
+            fill_params(p[0], NP, &r);
+            memcpy(p[1], p[0], sizeof(p[0]));
+            memset(m, 0, sizeof(m));
+            memset(v, 0, sizeof(v));
+            set_threads(threads);
+            for (int t = 1; t <= 3; t++) {
+                for (size_t i = 0; i < NP; i++)
+                    g0[i] = gpu_rng_normal(&r) * ldexpf(1.0f, (int)(i % 7) - 3);
+                memcpy(g[0], g0, sizeof(g0));
+                memcpy(g[1], g0, sizeof(g0));
+                gpu_optim_update(&c, 1e-3, t, 0.5f, p[0], g[0], m[0], v[0], NP, NULL, GPU_FP32);
+                gpu_optim_update_in_grads(&c, 1e-3, t, 0.5f, p[1], g[1], m[1], v[1], NP,
+                                          in_grads_mats, NM, cases[k].wdt);
+                ck_assert(memcmp(p[0], p[1], sizeof(p[0])) == 0);
+                ck_assert(memcmp(m[0], m[1], sizeof(m[0])) == 0);
+                ck_assert(memcmp(v[0], v[1], sizeof(v[0])) == 0);
+                int bad = 0, kept = 0;
+                size_t i = 0;
+                for (int mt = 0; mt <= NM; mt++) {
+                    size_t end = mt < NM ? in_grads_mats[mt].off : NP;
+                    for (; i < end; i++)
+                        kept += fbits(g[1][i]) == fbits(g0[i]);
+                    if (mt == NM)
+                        break;
+                    size_t cnt = (size_t)in_grads_mats[mt].rows * in_grads_mats[mt].cols;
+                    for (size_t j = 0; j < cnt; j++)
+                        bad += !copy_ok(g[1], p[1], cases[k].wdt, mt, j);
+                    i = end + cnt;
+                }
+                ck_assert_msg(bad == 0, "case %zu, %d threads, step %d: %d copies wrong", k,
+                              threads, t, bad);
+                ck_assert_int_eq(kept, NP - 2100 - 67500 - 1);
+            }
+        }
+    }
+    set_threads(1);
+}
+END_TEST
+
 /* ---- learning-rate schedule ------------------------------------------------------------ */
 
 START_TEST(test_schedule_warmup_constant)
@@ -866,6 +953,7 @@ static Suite *optim_suite(void)
     tc = tcase_create("threads");
     tcase_set_timeout(tc, 60);
     tcase_add_loop_test(tc, test_threads_identical, 0, 2);
+    tcase_add_loop_test(tc, test_in_grads, 0, 2);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("schedule");

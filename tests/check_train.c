@@ -8,7 +8,9 @@
  *     weights converge;
  *   - fp16 activations beyond 65504 make every step overflow until the scale sits at its
  *     floor, and the job fails with a diagnosis that recommends bf16; bf16 trains it;
- *   - the same seed gives the same run, bit for bit.
+ *   - the same seed gives the same run, bit for bit;
+ *   - an MLP in fp16 or bf16 that keeps its weights' working copy in the gradient block runs
+ *     bit for bit as one that rounds the master in its GEMMs.
  */
 #include <check.h>
 #include <math.h>
@@ -17,6 +19,7 @@
 #include <string.h>
 
 #include "gpu/gpu.h"
+#include "gpu/twin.h"
 #include "tests/testutil.h"
 
 typedef struct {
@@ -204,6 +207,124 @@ START_TEST(test_deterministic)
 }
 END_TEST
 
+/* Whether t's gradient block holds fc1's weights rounded to dt where the update leaves the
+ * copy (gpu_optim_copy_at): the share of fc1's weights that it does. */
+static double copy_share(gpu_trainer *t, gpu_dtype dt)
+{
+    gpu_state_tensor *v;
+    const float *g;
+    int n, ld, same = 0;
+    gpu_dtype sdt;
+    ck_assert_int_eq(gpu_trainer_grads(t, &g), 0);
+    ck_assert_int_eq(gpu_trainer_state(t, &v, &n), 0);
+    ck_assert_str_eq(v[0].name, "fc1.weight");
+    const float *w = v[0].data;
+    int rows = (int)v[0].shape[0], cols = (int)v[0].shape[1];
+    const void *at = gpu_optim_copy_at(g, 0, cols, dt, &sdt, &ld);
+    for (int i = 0; i < rows * cols; i++) {
+        size_t k = (size_t)(i / cols) * (size_t)ld + (size_t)(i % cols);
+        if (sdt == GPU_BF16)
+            same += ((const uint16_t *)at)[k] == gpu_f32_to_bf16(w[i]);
+        else
+            same += ((const float *)at)[k] == gpu_f16_to_f32(gpu_f32_to_f16(w[i]));
+    }
+    free(v);
+    return (double)same / (rows * cols);
+}
+
+/* A trainer's state (scalars and every tensor's bytes), as a checkpoint holds it. */
+typedef struct {
+    gpu_state_scalars sc;
+    uint8_t *bytes;
+} saved_state;
+
+static void state_save(gpu_trainer *t, saved_state *s)
+{
+    gpu_state_tensor *v;
+    int n;
+    size_t total = 0;
+    gpu_trainer_get_scalars(t, &s->sc);
+    ck_assert_int_eq(gpu_trainer_state(t, &v, &n), 0);
+    for (int i = 0; i < n; i++)
+        total += v[i].bytes;
+    s->bytes = malloc(total);
+    ck_assert_ptr_nonnull(s->bytes);
+    for (int i = 0, at = 0; i < n; at += (int)v[i++].bytes)
+        memcpy(s->bytes + at, v[i].data, v[i].bytes);
+    free(v);
+}
+
+/* Write a saved state back into the trainer's tensors and scalars: a restore. */
+static void state_restore(gpu_trainer *t, saved_state *s)
+{
+    gpu_state_tensor *v;
+    int n;
+    ck_assert_int_eq(gpu_trainer_state(t, &v, &n), 0);
+    for (int i = 0, at = 0; i < n; at += (int)v[i++].bytes)
+        memcpy(v[i].data, s->bytes + at, v[i].bytes);
+    free(v);
+    ck_assert_int_eq(gpu_trainer_set_scalars(t, &s->sc), 0);
+}
+
+/* The CPU MLP in fp16 or bf16 keeps its weights' working copy in the gradient block between
+ * an update and the next backward; the run is the one of a trainer that keeps its gradients
+ * (and rounds the master in the GEMMs), bit for bit: through fp16's overflowing steps
+ * (skipped, with diagnostics recomputed), collecting steps, an eval and a restore of the
+ * state saved five steps before. */
+START_TEST(test_copy_in_grads)
+{
+    gpu_dtype dt = _i ? GPU_BF16 : GPU_FP16;
+    gpu_job_config c;
+    gpu_trainer *t[2];
+    gpu_step_metrics m[2];
+    gpu_eval_result e[2];
+    saved_state saved[2];
+    bool looked = false;
+    test_narrow_job(&c, 4, 1.0f, GPU_SCALE_DYNAMIC);
+    c.model.layers[1] = 47;
+    c.model.layers[2] = 29;
+    c.dtype = dt;
+    gpu_scaler_defaults(&c.scaler, dt);
+    if (dt == GPU_FP16) {
+        c.scaler.init_scale = 16777216.0f; /* the first backward overflows */
+        c.scaler.growth_interval = 3;
+    }
+    c.diagnostics_every = 5;
+    for (int k = 0; k < 2; k++)
+        ck_assert_int_eq(gpu_trainer_create(&c, &t[k], NULL, 0), 0);
+    gpu_trainer_keep_grads(t[1]);
+    for (int i = 0; i < 30; i++) {
+        for (int k = 0; k < 2; k++)
+            ck_assert_int_eq(gpu_trainer_step(t[k], &m[k], NULL, 0), 0);
+        ck_assert_msg(memcmp(&m[0].loss, &m[1].loss, sizeof(double)) == 0 &&
+                          memcmp(&m[0].grad_norm, &m[1].grad_norm, sizeof(double)) == 0,
+                      "%s step %d: loss %.17g vs %.17g", gpu_dtype_name(dt), i, m[0].loss,
+                      m[1].loss);
+        ck_assert(m[0].skipped == m[1].skipped);
+        if (i >= 8 && !looked && !m[0].skipped) { /* the copy is where the next forward
+                                                    * reads it; not in the other trainer */
+            ck_assert(copy_share(t[0], dt) == 1.0);
+            ck_assert(copy_share(t[1], dt) < 0.5);
+            looked = true;
+        }
+        if (i == 12) {
+            for (int k = 0; k < 2; k++)
+                ck_assert_int_eq(gpu_trainer_eval(t[k], &e[k]), 0);
+            ck_assert(memcmp(&e[0].loss, &e[1].loss, sizeof(double)) == 0);
+        }
+        for (int k = 0; k < 2 && (i == 15 || i == 20); k++)
+            (i == 15 ? state_save : state_restore)(t[k], &saved[k]);
+    }
+    ck_assert(looked);
+    if (dt == GPU_FP16) /* growth overflows again now and then, after updates */
+        ck_assert_int_ge(m[0].skipped_total, 3);
+    for (int k = 0; k < 2; k++) {
+        gpu_trainer_free(t[k]);
+        free(saved[k].bytes);
+    }
+}
+END_TEST
+
 START_TEST(test_bad_config)
 {
     gpu_job_config c;
@@ -234,6 +355,7 @@ static Suite *train_suite(void)
     tcase_add_test(tc, test_overflow_floor);
     tcase_add_test(tc, test_scale_backoff_then_growth);
     tcase_add_test(tc, test_deterministic);
+    tcase_add_loop_test(tc, test_copy_in_grads, 0, 2);
     tcase_add_test(tc, test_bad_config);
     suite_add_tcase(s, tc);
     return s;
