@@ -10,8 +10,10 @@
 #           (default min(10, STEPS / 5)) are warm-up, dropped on both sides, and a run's
 #           time is the median of the rest
 #   ROUNDS  rounds (default 2). A round: bench/sgemm twice (AMPD_GEMM=openblas, and
-#           unset), then ampd in fp32, fp16, bf16, then PyTorch in the same three. The table
-#           has each side's best round, and the sgemm rates of the round ampd's best came from.
+#           unset), then ampd in fp32, fp16, bf16, then PyTorch in the same three (the
+#           order rotated from round to round). The table has each side's best round, the
+#           sgemm rates of the round ampd's best came from, and each dtype's time over fp32's
+#           in the same round (median over the rounds).
 # Environment: BENCH_TIMEOUT (the limit of every run, seconds; default 300: PyTorch's bf16
 #   takes 17-30 s per step on CPUs without native bf16, and a run past the limit is reported
 #   as timeout while the benchmark goes on), BENCH_WARMUP, AMPD (./ampd), SGEMM
@@ -53,10 +55,10 @@ done
 
 for ((r = 1; r <= ROUNDS; r++)); do
     bench_sgemm_round "$r" gpt
-    for dt in fp32 fp16 bf16; do
+    for dt in $(bench_dtypes "$r"); do
         bench_ampd "$r" "$dt" "$TMP/$dt.json" --data-root "$TMP/data"
     done
-    for dt in fp32 fp16 bf16; do bench_torch "$r" "$dt" "$HERE/torch_gpt.py"; done
+    for dt in $(bench_dtypes "$r"); do bench_torch "$r" "$dt" "$HERE/torch_gpt.py"; done
 done
 
 plural=$([ "$ROUNDS" = 1 ] || echo s)

@@ -165,6 +165,13 @@ bench_sgemm_round() {
     bench_record sgemm auto "$1" "$out" "$err"
 }
 
+# bench_dtypes ROUND: fp32 fp16 bf16, rotated by the round, so that no dtype always runs
+# first or last in its round (a machine that speeds up or slows down favours none of them).
+bench_dtypes() {
+    local all=(fp32 fp16 bf16) i
+    for ((i = 0; i < 3; i++)); do echo "${all[(i + $1) % 3]}"; done
+}
+
 # bench_ampd ROUND DTYPE JOB [AMPD RUN ARGS...]: one `ampd run` of JOB, every step line kept.
 bench_ampd() {
     local r=$1 dt=$2 job=$3
@@ -284,12 +291,15 @@ print("- each run: %d training steps; its time is the median step time of steps 
       "runs with AMPD_GEMM %s." % (
           steps, warm + 1, steps, warm, warm, steps - warm,
           "=" + ampd_gemm if ampd_gemm else "unset (automatic)"))
-print("- rounds: %d round%s of sgemm, then ampd fp32/fp16/bf16, then PyTorch fp32/fp16/bf16; "
-      "the table has each side's best (lowest) round, taken separately. Every ampd and PyTorch run is limited to "
+print("- rounds: %d round%s of sgemm, then ampd's three dtypes, then PyTorch's (the dtypes' "
+      "order rotated from round to round); the table has each side's best (lowest) round, "
+      "taken separately. Every ampd and PyTorch run is limited to "
       "%s s (`timeout`): past it, its cell says timeout and the ratios with it are -." % (
           rounds, "" if rounds == 1 else "s", limit))
 print("- ampd GFLOP/s = %.6g GFLOP of GEMM work per step / ampd's time; \"ampd vs its fp32\" "
-      "= ampd's time / ampd's fp32 time." % gflop)
+      "= ampd's time / ampd's fp32 time, both best rounds; \"same round\" = the median over "
+      "the rounds of the dtype's time / the fp32 time of the same round, with the lowest and "
+      "highest (on a machine whose speed drifts, the paired figure is the steadier)." % gflop)
 print("- sgemm: right before each round's ampd runs, bench/sgemm --shapes %s ran twice "
       "(AMPD_GEMM=openblas, and unset: the engine's automatic choice), and the better result "
       "of each figure counts. step-shape sgemm = the step's GEMM work / the time its GEMMs "
@@ -297,9 +307,23 @@ print("- sgemm: right before each round's ampd runs, bench/sgemm --shapes %s ran
       "2048. Both %% columns use the round that dtype's best ampd run came from." % shapes)
 print()
 print("| dtype | ampd ms | PyTorch ms | PyTorch/ampd | ampd GFLOP/s | % of step-shape sgemm "
-      "| % of best sgemm | ampd vs its fp32 |")
-print("|---|---|---|---|---|---|---|---|")
+      "| % of best sgemm | ampd vs its fp32 | same round |")
+print("|---|---|---|---|---|---|---|---|---|")
 fp32 = best("ampd", "fp32")
+
+
+def paired(dt):
+    """Median (lowest-highest) over rounds of dt's time / fp32's time in the same round."""
+    ok = lambda key, rnd: [r["ms"] for r in runs("ampd", key)
+                           if r["round"] == rnd and r["status"] == "ok"]
+    q = sorted(ok(dt, n)[0] / ok("fp32", n)[0] for n in range(1, rounds + 1)
+               if ok(dt, n) and ok("fp32", n))
+    if not q:
+        return "-"
+    mid = (q[(len(q) - 1) // 2] + q[len(q) // 2]) / 2
+    return "%.2f (%.2f-%.2f)" % (mid, q[0], q[-1]) if len(q) > 1 else "%.2f" % mid
+
+
 for dt in DTYPES:
     acell, a = cell("ampd", dt)
     tcell, t = cell("torch", dt)
@@ -308,8 +332,9 @@ for dt in DTYPES:
     sg = sgemm(a["round"]) if a else {}
     pct = lambda fig: "%.0f%%" % (100 * rate / sg[fig][0]) if rate and fig in sg else "-"
     vs32 = "%.2f" % (a["ms"] / fp32["ms"]) if a and fp32 else "-"
-    print("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
-        dt, acell, tcell, ratio, "%.1f" % rate if rate else "-", pct("step"), pct("best"), vs32))
+    print("| %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+        dt, acell, tcell, ratio, "%.1f" % rate if rate else "-", pct("step"), pct("best"), vs32,
+        paired(dt)))
 print()
 SETTING = {"openblas": "AMPD_GEMM=openblas", "auto": "AMPD_GEMM unset"}
 lines = []

@@ -9,8 +9,10 @@
 #           BENCH_WARMUP (default min(10, STEPS / 5)) are warm-up, dropped on both sides,
 #           and a run's time is the median of the rest
 #   ROUNDS  rounds (default 2). A round: bench/sgemm twice (AMPD_GEMM=openblas, and
-#           unset), then ampd in fp32, fp16, bf16, then PyTorch in the same three. The table
-#           has each side's best round, and the sgemm rates of the round ampd's best came from.
+#           unset), then ampd in fp32, fp16, bf16, then PyTorch in the same three (the
+#           order rotated from round to round). The table has each side's best round, the
+#           sgemm rates of the round ampd's best came from, and each dtype's time over fp32's
+#           in the same round (median over the rounds).
 # Environment: BENCH_TIMEOUT (the limit of every run, seconds; default 120: a run past it
 #   is reported as timeout and the benchmark goes on), BENCH_WARMUP, AMPD (./ampd),
 #   SGEMM (./bench/sgemm), PYTHON (/usr/bin/python3, which must have torch).
@@ -49,8 +51,8 @@ done
 
 for ((r = 1; r <= ROUNDS; r++)); do
     bench_sgemm_round "$r" mlp
-    for dt in fp32 fp16 bf16; do bench_ampd "$r" "$dt" "$TMP/$dt.json"; done
-    for dt in fp32 fp16 bf16; do bench_torch "$r" "$dt" "$HERE/torch_mlp.py"; done
+    for dt in $(bench_dtypes "$r"); do bench_ampd "$r" "$dt" "$TMP/$dt.json"; done
+    for dt in $(bench_dtypes "$r"); do bench_torch "$r" "$dt" "$HERE/torch_mlp.py"; done
 done
 
 plural=$([ "$ROUNDS" = 1 ] || echo s)
