@@ -12,7 +12,9 @@
  * The scalar functions use integer bit manipulation only, so MXCSR (FTZ/DAZ, rounding mode)
  * cannot change a result. The vector paths use VCVTPS2PH/VCVTPH2PS (which ignore FTZ/DAZ and
  * take an explicit rounding mode), fix NaN lanes with a compare and blend, and do bf16
- * rounding with integer arithmetic (VCVTNEPS2BF16 flushes denormals, so it is not used).
+ * rounding with integer arithmetic; where the CPU has AVX512_BF16, with VCVTNE2PS2BF16
+ * instead, on vectors without subnormal or NaN lanes (it flushes subnormals and keeps NaN
+ * payloads, so those vectors still take the integer rounding).
  *
  * Invariants: every path is bit-identical to the scalar functions for every input
  * (tests/check_format.c checks all 16-bit patterns and millions of random 32-bit ones).
@@ -437,6 +439,46 @@ T512 static void a512_round_bf16(float *dst, const float *src, size_t n)
     }
 }
 
+/* ---- AVX512_BF16: the same with the bf16 rounding of VCVTNE(2)PS2BF16 -------------------- */
+
+#define TBF16                                                                                 \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c,fma,avx512bf16")))
+
+/* The lanes of v the instruction would not round as the contract does: subnormal or NaN. */
+TBF16 static inline __mmask16 vbf_odd(__m512 v)
+{
+    return v512_subnormal(v) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+}
+
+TBF16 static unsigned abf_f32_bf16(uint16_t *dst, const float *src, size_t n)
+{
+    unsigned sub = 0;
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512 v0 = _mm512_loadu_ps(src + i), v1 = _mm512_loadu_ps(src + i + 16);
+        if (vbf_odd(v0) | vbf_odd(v1))
+            sub |= a512_f32_bf16(dst + i, src + i, 32);
+        else
+            _mm512_storeu_si512((void *)(dst + i), (__m512i)_mm512_cvtne2ps_pbh(v1, v0));
+    }
+    return sub | a512_f32_bf16(dst + i, src + i, n - i);
+}
+
+TBF16 static void abf_round_bf16(float *dst, const float *src, size_t n)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_loadu_ps(src + i);
+        if (vbf_odd(v)) {
+            a512_round_bf16(dst + i, src + i, 16);
+            continue;
+        }
+        __m512i w = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v));
+        _mm512_storeu_si512((void *)(dst + i), _mm512_slli_epi32(w, 16));
+    }
+    a512_round_bf16(dst + i, src + i, n - i);
+}
+
 /* ---- F16C + AVX2 paths: 8 lanes, tails through a small stack buffer --------------------- */
 
 #define T256 __attribute__((target("avx2,f16c,fma")))
@@ -710,6 +752,11 @@ static const cvt_impl impl_avx512 = {
     a512_round_f16, a512_round_bf16,
 };
 
+static const cvt_impl impl_avx512bf16 = {
+    "avx512bf16", a512_f32_f16, a512_f16_f32, abf_f32_bf16, a512_bf16_f32,
+    a512_round_f16, abf_round_bf16,
+};
+
 static const cvt_impl impl_f16c = {
     "f16c", a256_f32_f16, a256_f16_f32, a256_f32_bf16, a256_bf16_f32,
     a256_round_f16, a256_round_bf16,
@@ -725,8 +772,11 @@ static const cvt_impl *impl_lookup(const char *name)
         return &impl_portable;
 #if FMT_X86
     const gpu_cpu_features *f = gpu_cpu();
-    if (strcmp(name, "avx512") == 0 && f->avx512f && f->avx512bw && f->avx512vl &&
-        f->avx512dq && f->f16c && f->avx2 && f->fma)
+    bool a512 = f->avx512f && f->avx512bw && f->avx512vl && f->avx512dq && f->f16c && f->avx2 &&
+                f->fma;
+    if (strcmp(name, "avx512bf16") == 0 && a512 && f->avx512bf16)
+        return &impl_avx512bf16;
+    if (strcmp(name, "avx512") == 0 && a512)
         return &impl_avx512;
     if (strcmp(name, "f16c") == 0 && f->f16c && f->avx2 && f->fma)
         return &impl_f16c;
@@ -739,7 +789,9 @@ static const cvt_impl *impl_get(void)
     const cvt_impl *p = atomic_load_explicit(&cvt_current, memory_order_acquire);
     if (p != NULL)
         return p;
-    p = impl_lookup("avx512");
+    p = impl_lookup("avx512bf16");
+    if (p == NULL)
+        p = impl_lookup("avx512");
     if (p == NULL)
         p = impl_lookup("f16c");
     if (p == NULL)
@@ -761,8 +813,8 @@ int gpu_cvt_force(const char *impl)
 {
     if (impl == NULL)
         return GPU_EINVAL;
-    if (strcmp(impl, "avx512") != 0 && strcmp(impl, "f16c") != 0 &&
-        strcmp(impl, "portable") != 0)
+    if (strcmp(impl, "avx512bf16") != 0 && strcmp(impl, "avx512") != 0 &&
+        strcmp(impl, "f16c") != 0 && strcmp(impl, "portable") != 0)
         return GPU_EINVAL;
     const cvt_impl *p = impl_lookup(impl);
     if (p == NULL)

@@ -94,10 +94,11 @@ void gpu_round_n(float *dst, const float *src, size_t n, gpu_dtype dt);
  * the 16-bit formats). Same-dtype calls copy. */
 void gpu_cvt_to_f32(float *dst, const void *src, gpu_dtype sdt, size_t n);
 void gpu_cvt_from_f32(void *dst, gpu_dtype ddt, const float *src, size_t n);
-/* Name of the conversion path in use: "avx512", "f16c", or "portable". */
+/* Name of the conversion path in use: "avx512bf16" (AVX-512 with the bf16 rounding of
+ * AVX512_BF16), "avx512", "f16c", or "portable". */
 const char *gpu_cvt_impl(void);
-/* Force a conversion path for tests: "avx512", "f16c", "portable"; returns GPU_ENODEV if
- * the CPU lacks it, GPU_EINVAL for an unknown name. */
+/* Force a conversion path for tests: one of those names; returns GPU_ENODEV if the CPU lacks
+ * it, GPU_EINVAL for an unknown name. */
 int gpu_cvt_force(const char *impl);
 
 /* ---- BLAS (blas.c) ---------------------------------------------------------------------- */

@@ -36,7 +36,7 @@
 
 #include "gpu/gpu_int.h"
 
-static const char *const paths[] = {"avx512", "f16c", "portable"};
+static const char *const paths[] = {"avx512bf16", "avx512", "f16c", "portable"};
 #define NPATHS (sizeof(paths) / sizeof(paths[0]))
 
 static uint32_t f2u(float x)
@@ -577,6 +577,12 @@ static void check_path(const char *path)
     ck_assert_int_eq(gpu_cvt_force(orig), 0);
 }
 
+START_TEST(t_path_avx512bf16)
+{
+    check_path("avx512bf16");
+}
+END_TEST
+
 START_TEST(t_path_avx512)
 {
     check_path("avx512");
@@ -733,7 +739,7 @@ START_TEST(t_dispatch)
     const char *impl = gpu_cvt_impl();
     ck_assert_ptr_eq(gpu_cpu(), f);
     if (f->avx512f && f->avx512bw && f->avx512vl && f->avx512dq && f->f16c)
-        ck_assert_str_eq(impl, "avx512");
+        ck_assert_str_eq(impl, f->avx512bf16 ? "avx512bf16" : "avx512");
     else if (f->f16c && f->avx2)
         ck_assert_str_eq(impl, "f16c");
     else
@@ -747,6 +753,8 @@ START_TEST(t_dispatch)
     ck_assert_str_eq(gpu_cvt_impl(), "portable");
     if (!f->avx512f)
         ck_assert_int_eq(gpu_cvt_force("avx512"), GPU_ENODEV);
+    if (!f->avx512bf16)
+        ck_assert_int_eq(gpu_cvt_force("avx512bf16"), GPU_ENODEV);
     ck_assert_int_eq(gpu_cvt_force(impl), 0);
     printf("check_format: conversion path %s\n", impl);
 }
@@ -886,6 +894,7 @@ static Suite *format_suite(void)
     TCase *slow = tcase_create("bulk");
     tcase_set_timeout(slow, 30);
     tcase_add_test(slow, t_rne_random);
+    tcase_add_test(slow, t_path_avx512bf16);
     tcase_add_test(slow, t_path_avx512);
     tcase_add_test(slow, t_path_f16c);
     tcase_add_test(slow, t_path_portable);
