@@ -264,10 +264,11 @@ typedef struct {
     int rows, cols;
 } gpu_optim_matrix;
 /* gpu_optim_update for a model with no room for a working copy of its own (the MLP on the
- * CPU): each matrix of mats (ascending, disjoint) gets its copy in wdt (fp16 or bf16) inside
- * its own gradients, written once the update has read them; the other parameters get none.
- * The next forward and backward read it there (gpu_optim_copy_at); a backward must read a
- * matrix's copy before it writes that matrix's gradient. */
+ * CPU): each matrix of mats (ascending, disjoint; the first GPU_MAX_LAYERS) gets its copy in
+ * wdt (fp16 or bf16) inside its own gradients, written once the update has read them; the
+ * other parameters get none. The next forward and backward read it there
+ * (gpu_optim_copy_at); a backward must read a matrix's copy before it writes that matrix's
+ * gradient. */
 void gpu_optim_update_in_grads(const gpu_optim_config *c, double lr, int64_t t, float gmul,
                                float *p, float *g, float *m, float *v, size_t n,
                                const gpu_optim_matrix *mats, int nmats, gpu_dtype wdt);

@@ -20,6 +20,8 @@
  * that the low-precision working copy is written while the chunk is still in cache; with
  * GPU_PAR_MIN elements or more the chunks are shared out among the OpenMP team. Every element's
  * result depends on that element alone, so it is the same with any number of threads.
+ * gpu_optim_update_in_grads writes the working copy into the gradients the update has read
+ * (a model with no room for a copy of its own); there a matrix's chunks are whole rows.
  *
  * Invariants: after gpu_optim_update with work != NULL, work[i] is the round-to-nearest-even
  * image of p[i] in wdt (bit-identical to gpu_f32_to_f16 / gpu_f32_to_bf16).

@@ -411,6 +411,8 @@ START_TEST(t_blocks)
         run_case_in(true, false, 700, 37, 400, GPU_BF16, GPU_BF16, -1, 0, 0.0f, &rng);
         run_case_in(false, true, 37, 900, 300, GPU_FP32, GPU_FP16, -1, 2, 0.0f, &rng);
         run_case_in(true, false, 45, 900, 300, GPU_BF16, GPU_BF16, -1, 0, 1.0f, &rng);
+        /* a weight gradient's shape: fp32 A^T read in place, B streamed along K (widened) */
+        run_case_in(true, false, 40, 1000, 700, GPU_FP32, GPU_FP16, -1, 1, 1.0f, &rng);
         run_case_in(false, true, 41, 900, 300, GPU_FP32, GPU_BF16, GPU_BF16, 0, 0.0f, &rng);
         run_case_ex(true, true, 700, 37, 400, GPU_FP32, GPU_BF16, GPU_BF16, GPU_GEMM_ROUND_A, 3,
                     1.0f, &rng);
