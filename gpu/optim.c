@@ -444,8 +444,12 @@ static void stretch_update(const update_job *u, const stretch *s, float *g, size
     float *m = u->m ? u->m + at : NULL, *v = u->v ? u->v + at : NULL;
 
     step_chunk(u->c, &u->k, u->impl, u->p + at, g + at, m, v, len);
-    if (s->cols && u->wdt == GPU_FP16)
-        gpu_round_n(g + at, u->p + at, len, GPU_FP16);
+    if (s->cols && u->wdt == GPU_FP16) { /* whole rows: lo is row lo / cols's start */
+        gpu_dtype dt;
+        int ld;
+        float *dst = (float *)gpu_optim_copy_at(g, s->off, (int)s->cols, GPU_FP16, &dt, &ld);
+        gpu_round_n(dst + lo / s->cols * (size_t)ld, u->p + at, len, GPU_FP16);
+    }
 }
 
 /* bf16's copy of chunk i of a matrix stretch: dense rows from the start of the matrix's
@@ -453,8 +457,10 @@ static void stretch_update(const update_job *u, const stretch *s, float *g, size
 static void stretch_copy_bf16(const update_job *u, const stretch *s, float *g, size_t i)
 {
     size_t r0, nr = chunk_rows(s, i, &r0);
-    uint16_t *dst = (uint16_t *)(void *)(g + s->off) + r0 * s->cols;
-    gpu_cvt_f32_bf16(dst, u->p + s->off + r0 * s->cols, nr * s->cols);
+    gpu_dtype dt;
+    int ld;
+    uint16_t *dst = (uint16_t *)gpu_optim_copy_at(g, s->off, (int)s->cols, GPU_BF16, &dt, &ld);
+    gpu_cvt_f32_bf16(dst + r0 * (size_t)ld, u->p + s->off + r0 * s->cols, nr * s->cols);
 }
 
 static void add_stretch(stretch *s, int *ns, size_t off, size_t n, size_t cols)
