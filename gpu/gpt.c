@@ -624,6 +624,25 @@ HOT static unsigned bf16_store_row(uint16_t *restrict dst, const float *restrict
     return sub;
 }
 
+/* dst = src rounded to bf16 and, with dst16, stored in bf16 there too; returns what
+ * bf16_store_row does. */
+HOT static unsigned bf16_keep_row(float *restrict dst, uint16_t *restrict dst16,
+                                  const float *restrict src, int n)
+{
+    unsigned sub = 0;
+    for (int j = 0; dst16 && j < n; j++) {
+        uint32_t u;
+        memcpy(&u, src + j, sizeof u);
+        sub |= gpu_f32_subnormal(u);
+        u = gpu_bf16_round_bits(u);
+        memcpy(dst + j, &u, sizeof u);
+        dst16[j] = (uint16_t)(u >> 16);
+    }
+    for (int j = 0; !dst16 && j < n; j++)
+        dst[j] = bf16_rd(src[j]);
+    return sub;
+}
+
 /* n floats of src stored in dt (16-bit) at dst: inline for bf16 (returning what
  * bf16_store_row does), else through gpu_cvt_from_f32 (which notes subnormals itself). */
 static unsigned store_row16(uint16_t *dst, gpu_dtype dt, const float *src, int n)
@@ -690,6 +709,37 @@ static int head_mm(bool ta, bool tb, int M, int N, int K, const void *A, gpu_dty
                          GPU_GEMM_AB_CONVERTED, 0.0f, dense, dense == C ? ldc : N, rest);
     for (int i = 0; rc == 0 && dense != C && i < M; i++)
         memcpy(C + (size_t)i * ldc, dense + (size_t)i * N, sizeof(float) * (size_t)N);
+    return rc;
+}
+
+/* head_mm of a head's output block inside wider rows (ldc > N) on the native path, rounded
+ * to mm_dt as it is copied out of the dense product: C's rows written rounded and, with c16,
+ * stored in mm_dt there too (the same offsets; C NULL: only stored): one pass for the copy,
+ * the rounding and the store. */
+static int head_mm_out(bool ta, bool tb, int M, int N, int K, const void *A, gpu_dtype adt,
+                       int lda, const void *B, gpu_dtype bdt, int ldb, gpu_dtype mm_dt, float *C,
+                       int ldc, uint16_t *c16, float *gs)
+{
+    float *rest = gs + align16f((size_t)M * (size_t)N);
+    int rc = gpu_gemm_ex(ta, tb, M, N, K, A, adt, lda, B, bdt, ldb, mm_dt,
+                         GPU_GEMM_AB_CONVERTED, 0.0f, gs, N, rest);
+    unsigned sub = 0;
+    for (int i = 0; rc == 0 && i < M; i++) {
+        const float *src = gs + (size_t)i * N;
+        float *dst = C ? C + (size_t)i * ldc : NULL;
+        uint16_t *d16 = c16 ? c16 + (size_t)i * ldc : NULL;
+        if (!dst)
+            sub |= store_row16(d16, mm_dt, src, N);
+        else if (mm_dt == GPU_BF16)
+            sub |= bf16_keep_row(dst, d16, src, N);
+        else {
+            gpu_round_n(dst, src, (size_t)N, mm_dt);
+            if (d16)
+                gpu_cvt_from_f32(d16, mm_dt, dst, (size_t)N);
+        }
+    }
+    if (sub)
+        gpu_bf16_note_subnormal();
     return rc;
 }
 
@@ -765,21 +815,33 @@ static __attribute__((unused)) bool big_rows(int T)
     return (size_t)T * (size_t)T >= PAR_MIN / 4;
 }
 
-/* Row i of the attention's forward from the raw scores s (n = i + 1 causal entries, rows of
- * T): the rounding, scaling and cast of S, the softmax into p (0 above the diagonal) and its
- * rounding, and P cast to mm_dt into pm (NULL: not needed). Masked scores are never read. */
-static void attn_row_fwd(float *s, float *p, float *pm, int n, int T, float scale,
-                         gpu_dtype mm_dt, gpu_dtype sm_dt)
+/* The raw scores' rounding, scaling and cast for the softmax, over n values: a row's causal
+ * entries, or a head's whole T x T block at once (one pass instead of calls per short row;
+ * the masked entries it also changes are never read). */
+static void scores_fwd(float *s, size_t n, float scale, gpu_dtype mm_dt, gpu_dtype sm_dt)
 {
-    rnd(s, (size_t)n, mm_dt);
-    scale_n(s, scale, (size_t)n);
-    rnd(s, (size_t)n, mm_dt);
-    cast(s, (size_t)n, mm_dt, sm_dt);
+    rnd(s, n, mm_dt);
+    scale_n(s, scale, n);
+    rnd(s, n, mm_dt);
+    cast(s, n, mm_dt, sm_dt);
+}
+
+/* Row i's softmax from its scores s (n = i + 1 causal entries, ready for it) into p, 0 above
+ * the diagonal, rounded to sm_dt. Masked scores are never read. */
+static void probs_row(const float *s, float *p, int n, int T, gpu_dtype sm_dt)
+{
     softmax_row(s, n, p);
     memset(p + n, 0, sizeof(float) * (size_t)(T - n));
     rnd(p, (size_t)n, sm_dt);
-    if (pm)
-        gpu_round_n(pm, p, (size_t)T, mm_dt);
+}
+
+/* Row i of the attention's forward from the raw scores s (rows of T): scores_fwd on its
+ * causal entries, then probs_row. */
+static void attn_row_fwd(float *s, float *p, int n, int T, float scale, gpu_dtype mm_dt,
+                         gpu_dtype sm_dt)
+{
+    scores_fwd(s, (size_t)n, scale, mm_dt, sm_dt);
+    probs_row(s, p, n, T, sm_dt);
 }
 
 /* attn_row_fwd with P stored in mm_dt (16-bit) at pd; with bf16 and the softmax in fp32
@@ -788,7 +850,7 @@ static unsigned attn_row_fwd16(float *s, float *p, uint16_t *pd, int n, int T, f
                                gpu_dtype mm_dt, gpu_dtype sm_dt)
 {
     if (mm_dt != GPU_BF16 || sm_dt != GPU_FP32) {
-        attn_row_fwd(s, p, NULL, n, T, scale, mm_dt, sm_dt);
+        attn_row_fwd(s, p, n, T, scale, mm_dt, sm_dt);
         return store_row16(pd, mm_dt, p, T);
     }
     bf16_scale_row(s, scale, n);
@@ -811,6 +873,7 @@ static const float *p_for_mm(const float *P, float *pm, size_t n, gpu_dtype mm_d
 typedef struct {
     const float *qkv, *dy, *probs, *o, *lse;
     const uint16_t *qkv16; /* qkv stored in mm_dt, multiplied as it is (NULL: qkv in fp32) */
+    uint16_t *out16;       /* with qkv16: y or dqkv also stored there in mm_dt (NULL: not) */
     float *P, *y, *dqkv, *L;
     int T, C, H;
     gpu_dtype mm_dt, sm_dt;
@@ -868,10 +931,12 @@ static int attn_head_fwd(const void *ctx, int b, int h, float *scratch, bool par
     if (rc)
         return rc;
     diag_scores(a, S);
+    scores_fwd(S, TT, scale, a->mm_dt, a->sm_dt);
 #pragma omp parallel for schedule(static, 1) if (par_rows && big_rows(T))
     for (int i = 0; i < T; i++)
-        attn_row_fwd(S + (size_t)i * T, P + (size_t)i * T, Pm ? Pm + (size_t)i * T : NULL, i + 1,
-                     T, scale, a->mm_dt, a->sm_dt);
+        probs_row(S + (size_t)i * T, P + (size_t)i * T, i + 1, T, a->sm_dt);
+    if (Pm)
+        gpu_round_n(Pm, P, TT, a->mm_dt);
     float *yh = a->y + (size_t)b * T * C + (size_t)h * hd;
     rc = head_gemm(false, false, T, hd, T, Pm ? Pm : P, T, v, ld, a->mm_dt, yh, C, gs);
     return head_y_done(a, rc, yh);
@@ -902,19 +967,29 @@ static int attn_head_fwd16(const void *ctx, int b, int h, float *scratch, bool p
                               T, scale, dt, a->sm_dt);
     if (sub)
         gpu_bf16_note_subnormal();
-    float *yh = a->y + (size_t)b * T * C + (size_t)h * hd;
-    rc = head_mm(false, false, T, hd, T, Pd, dt, T, q + 2 * th, dt, hd, dt, yh, C, gs);
-    return head_y_done(a, rc, yh);
+    size_t yo = (size_t)b * T * C + (size_t)h * hd;
+    float *yh = a->out16 ? NULL : a->y + yo; /* stored: attn.proj reads only that */
+    return head_mm_out(false, false, T, hd, T, Pd, dt, T, q + 2 * th, dt, hd, dt, yh, C,
+                       a->out16 ? a->out16 + yo : NULL, gs);
 }
 
-/* gpu_gpt_attention_fwd, or with qkv16 (qkv stored in mm_dt, which runs natively; NULL:
- * none) multiplied as it is stored. */
-static int attention_fwd16(const float *qkv, const uint16_t *qkv16, int B, int T, int C, int H,
+/* What the model stores in mm_dt for an attention pass on the native path: qkv (multiplied
+ * as it is stored) and where the heads also store their output (y, or dqkv; NULL: not). */
+typedef struct {
+    const uint16_t *qkv;
+    uint16_t *out;
+} attn_store;
+
+/* gpu_gpt_attention_fwd, or with st (NULL: none) on qkv stored in mm_dt, which runs
+ * natively. */
+static int attention_fwd16(const float *qkv, const attn_store *st, int B, int T, int C, int H,
                            gpu_dtype mm_dt, gpu_dtype sm_dt, float *probs, float *y,
                            float *scratch, int slots, gpu_diag *diag, int layer)
 {
-    attn_args a = {.qkv = qkv, .qkv16 = qkv16, .P = probs, .y = y, .T = T, .C = C, .H = H,
-                   .mm_dt = mm_dt, .sm_dt = sm_dt, .diag = diag, .layer = layer};
+    const uint16_t *qkv16 = st ? st->qkv : NULL;
+    attn_args a = {.qkv = qkv, .qkv16 = qkv16, .out16 = st ? st->out : NULL, .P = probs, .y = y,
+                   .T = T, .C = C, .H = H, .mm_dt = mm_dt, .sm_dt = sm_dt, .diag = diag,
+                   .layer = layer};
     size_t per = gpu_gpt_attention_scratch_floats(T, C / H, mm_dt, 1);
     return each_head(B, H, diag ? 1 : slots, per, scratch,
                      qkv16 ? attn_head_fwd16 : attn_head_fwd, &a);
@@ -941,20 +1016,41 @@ static void diag_dqk(gpu_diag *diag, int layer, float *dqkv, size_t rows, int C,
     rnd_par(dqkv, rows * 3 * (size_t)C, mm_dt);
 }
 
+/* The attention's backward in three parts, each over n values: a row's causal entries, or
+ * (the first and last) a head's whole T x T block at once, as scores_fwd. dP arriving (the
+ * P V matmul's output gradient) through P's cast to mm_dt: */
+static void dprobs_in(float *d, size_t n, gpu_dtype mm_dt, gpu_dtype sm_dt)
+{
+    rnd(d, n, mm_dt);
+    cast(d, n, mm_dt, sm_dt);
+}
+
+/* Row i's softmax backward (p: the saved P; n = i + 1 causal entries), 0 above the diagonal
+ * (masked entries of dP are never read). */
+static void dprobs_row(const float *p, float *d, int n, int T)
+{
+    softmax_row_bwd(p, d, n);
+    memset(d + n, 0, sizeof(float) * (size_t)(T - n));
+}
+
+/* dS leaving for Q K^T's output: rounded to sm_dt, through S's cast to sm_dt and the scaling
+ * in mm_dt. */
+static void dscores_out(float *d, size_t n, float scale, gpu_dtype mm_dt, gpu_dtype sm_dt)
+{
+    rnd(d, n, sm_dt);
+    cast(d, n, sm_dt, mm_dt);
+    scale_n(d, scale, n);
+    rnd(d, n, mm_dt);
+}
+
 /* Row i of the attention's backward: dP (d, n = i + 1 causal entries) becomes dS arriving
- * at Q K^T's output, through the casts, the softmax's backward (p: the saved P) and the
- * scaling; 0 above the diagonal. */
+ * at Q K^T's output. */
 static void attn_row_bwd(const float *p, float *d, int n, int T, float scale, gpu_dtype mm_dt,
                          gpu_dtype sm_dt)
 {
-    rnd(d, (size_t)n, mm_dt);
-    cast(d, (size_t)n, mm_dt, sm_dt); /* P's cast to mm_dt, backward */
-    softmax_row_bwd(p, d, n);
-    memset(d + n, 0, sizeof(float) * (size_t)(T - n)); /* masked entries of dP: never read */
-    rnd(d, (size_t)n, sm_dt);
-    cast(d, (size_t)n, sm_dt, mm_dt); /* S's cast to sm_dt, backward */
-    scale_n(d, scale, (size_t)n);     /* the scaling, in mm_dt */
-    rnd(d, (size_t)n, mm_dt);
+    dprobs_in(d, (size_t)n, mm_dt, sm_dt);
+    dprobs_row(p, d, n, T);
+    dscores_out(d, (size_t)n, scale, mm_dt, sm_dt);
 }
 
 /* attn_row_bwd with dS stored in mm_dt (16-bit) at pd, fused as attn_row_fwd16. */
@@ -991,9 +1087,11 @@ static int attn_head_bwd(const void *ctx, int b, int h, float *scratch, bool par
         rc = head_gemm(false, true, T, T, hd, dyh, C, v, ld, a->mm_dt, dS, T, gs);
     if (rc)
         return rc;
+    dprobs_in(dS, TT, a->mm_dt, a->sm_dt);
 #pragma omp parallel for schedule(static, 1) if (par_rows && big_rows(T))
     for (int i = 0; i < T; i++)
-        attn_row_bwd(P + (size_t)i * T, dS + (size_t)i * T, i + 1, T, scale, a->mm_dt, a->sm_dt);
+        dprobs_row(P + (size_t)i * T, dS + (size_t)i * T, i + 1, T);
+    dscores_out(dS, TT, scale, a->mm_dt, a->sm_dt);
     if (a->diag)
         gpu_diag_backward(a->diag, a->layer, dS, TT); /* arriving at Q K^T's output */
     /* dQ = dS K, dK = dS^T Q */
@@ -1001,6 +1099,21 @@ static int attn_head_bwd(const void *ctx, int b, int h, float *scratch, bool par
     if (!rc)
         rc = head_gemm(true, false, T, hd, T, dS, T, q, ld, a->mm_dt, dk, ld, gs);
     return head_dqkv_done(a, rc, dq);
+}
+
+/* One of a head's dQ, dK and dV on the native path: op(X) Y (T x T by T x hd, both stored
+ * densely in mm_dt) into dqkv at offset off. Without diagnostics it is rounded to mm_dt (and
+ * stored in it at out16 when set) as it is copied out; with them the pass rounds it after
+ * diag_dqk has seen it. */
+static int head_dq(const attn_args *a, bool tx, const uint16_t *X, const uint16_t *Y, size_t off,
+                   float *gs)
+{
+    int T = a->T, hd = a->C / a->H, ld = 3 * a->C;
+    gpu_dtype dt = a->mm_dt;
+    if (a->diag)
+        return head_mm(tx, false, T, hd, T, X, dt, T, Y, dt, hd, dt, a->dqkv + off, ld, gs);
+    return head_mm_out(tx, false, T, hd, T, X, dt, T, Y, dt, hd, dt, a->dqkv + off, ld,
+                       a->out16 ? a->out16 + off : NULL, gs);
 }
 
 /* attn_head_bwd on qkv stored in mm_dt (qkv16): P, the head's dY and dS are stored in mm_dt
@@ -1016,7 +1129,6 @@ static int attn_head_bwd16(const void *ctx, int b, int h, float *scratch, bool p
     uint16_t *Pd = (uint16_t *)(void *)(scratch + align16f(TT)); /* then dS in mm_dt */
     size_t th = (size_t)T * hd;
     uint16_t *q = head_dense16(scratch, T), *k = q + th, *v = k + th, *dy = v + th;
-    float *dq = a->dqkv + off;
     head_copy16(q, a->qkv16 + off, 3, T, hd, ld, C);
     const float *dyh = a->dy + (size_t)b * T * C + (size_t)h * hd;
     const float *P = a->probs + ((size_t)b * a->H + h) * TT;
@@ -1027,7 +1139,7 @@ static int attn_head_bwd16(const void *ctx, int b, int h, float *scratch, bool p
     if (sub)
         gpu_bf16_note_subnormal();
     /* dV = P^T dY; dP = dY V^T */
-    int rc = head_mm(true, false, T, hd, T, Pd, dt, T, dy, dt, hd, dt, dq + 2 * C, ld, gs);
+    int rc = head_dq(a, true, Pd, dy, off + 2 * (size_t)C, gs);
     if (!rc)
         rc = head_mm(false, true, T, T, hd, dy, dt, hd, v, dt, hd, dt, dS, T, gs);
     if (rc)
@@ -1041,20 +1153,23 @@ static int attn_head_bwd16(const void *ctx, int b, int h, float *scratch, bool p
     if (a->diag)
         gpu_diag_backward(a->diag, a->layer, dS, TT);
     /* dQ = dS K, dK = dS^T Q */
-    rc = head_mm(false, false, T, hd, T, Pd, dt, T, k, dt, hd, dt, dq, ld, gs);
+    rc = head_dq(a, false, Pd, k, off, gs);
     if (!rc)
-        rc = head_mm(true, false, T, hd, T, Pd, dt, T, q, dt, hd, dt, dq + C, ld, gs);
-    return head_dqkv_done(a, rc, dq);
+        rc = head_dq(a, true, Pd, q, off + (size_t)C, gs);
+    return rc;
 }
 
-/* gpu_gpt_attention_bwd, or with qkv16 as attention_fwd16 (qkv may then be NULL). */
-static int attention_bwd16(const float *dy, const float *qkv, const uint16_t *qkv16,
+/* gpu_gpt_attention_bwd, or with st as attention_fwd16 (qkv may then be NULL; the heads
+ * store dqkv only without diag, which sees it before it is rounded). */
+static int attention_bwd16(const float *dy, const float *qkv, const attn_store *st,
                            const float *probs, int B, int T, int C, int H, gpu_dtype mm_dt,
                            gpu_dtype sm_dt, float *dqkv, float *scratch, int slots,
                            gpu_diag *diag, int layer)
 {
-    attn_args a = {.qkv = qkv, .qkv16 = qkv16, .dy = dy, .probs = probs, .dqkv = dqkv, .T = T,
-                   .C = C, .H = H, .mm_dt = mm_dt, .sm_dt = sm_dt, .diag = diag, .layer = layer};
+    const uint16_t *qkv16 = st ? st->qkv : NULL;
+    attn_args a = {.qkv = qkv, .qkv16 = qkv16, .out16 = st ? st->out : NULL, .dy = dy,
+                   .probs = probs, .dqkv = dqkv, .T = T, .C = C, .H = H, .mm_dt = mm_dt,
+                   .sm_dt = sm_dt, .diag = diag, .layer = layer};
     size_t per = gpu_gpt_attention_scratch_floats(T, C / H, mm_dt, 1);
     int rc = each_head(B, H, diag ? 1 : slots, per, scratch,
                        qkv16 ? attn_head_bwd16 : attn_head_bwd, &a);
@@ -1829,8 +1944,10 @@ static const float *ln_fwd(const gpu_gpt *m, const gpu_gpt_weights *w, const flo
         float tmp[CHUNK], *yb = y ? y + at : n <= CHUNK ? tmp : sc->in32 + at;
         const float *xin = ln_input(m, x + at, n, sc->qkvm + at);
         ln_rows_fwd(xin, g, b, k, C, m->ln_dt, yb, mu + r, rs + r);
-        cast(yb, n, m->ln_dt, m->lin_dt);
-        gpu_cvt_from_f32(acts + store + at * es, m->lin_dt, yb, n); /* no-op if saved */
+        if (y) /* its fp32 values are wanted too */
+            cast(yb, n, m->ln_dt, m->lin_dt);
+        /* the conversion makes the cast's rounding itself (a no-op if saved) */
+        gpu_cvt_from_f32(acts + store + at * es, m->lin_dt, yb, n);
     }
     return y;
 }
@@ -1990,16 +2107,19 @@ static int attention_fwd(const gpu_gpt *m, int l, int B, const float *qkv, uint8
         q = sc->qkvm;
     }
     float *y = out_for(m, acts, A->atty, sc->aty);
+    const uint16_t *qkv16 = qkv16_of(m, acts, l);
+    attn_store st = {qkv16, (uint16_t *)(void *)(acts + A->atty)};
     int dsc = dlayer(diag, l, "attn.scores", m->mm_dt); /* flash: its slot, no counts */
     if (m->flash)
         rc = gpu_gpt_flash_fwd(q, B, T, C, m->n_head, m->mm_dt, actf(acts, A->probs), y, sc->att,
                                m->attn_slots);
     else
-        rc = attention_fwd16(q, qkv16_of(m, acts, l), B, T, C, m->n_head, m->mm_dt, m->sm_dt,
+        rc = attention_fwd16(q, qkv16 ? &st : NULL, B, T, C, m->n_head, m->mm_dt, m->sm_dt,
                              actf(acts, A->probs), y, sc->att, m->attn_slots, diag, dsc);
     if (rc)
         return rc;
-    cast_store(m, y, acts + A->atty, nC, m->mm_dt);
+    if (!qkv16) /* else the heads stored it */
+        cast_store(m, y, acts + A->atty, nC, m->mm_dt);
     return 0;
 }
 
@@ -2080,16 +2200,21 @@ int gpu_gpt_forward(const gpu_gpt *m, const gpu_gpt_weights *w, const int *x, co
 }
 
 /* The attention's backward of block l from sc->aty (attn.proj's input gradient, rounded
- * here): sc->dqkv written, values of lin_dt. */
+ * here, or by the heads as they store it in mm_dt): sc->dqkv written, values of lin_dt, and
+ * *stored set when it is also stored in lin_dt at dy_store() (the heads store it where they
+ * run natively, without diagnostics). */
 static int attention_bwd(const gpu_gpt *m, int l, int B, const uint8_t *acts,
-                         const gpt_scratch *sc, gpu_diag *diag)
+                         const gpt_scratch *sc, gpu_diag *diag, bool *stored)
 {
     const gpu_gpt_block_acts *A = &m->act[l];
     int T = m->seq_len, C = m->d_model, rc;
     size_t nC = (size_t)B * T * C;
     gpu_dtype lin = m->lin_dt;
-    rnd_cast_par(sc->aty, nC, lin, m->mm_dt);
     const uint16_t *qkv16 = qkv16_of(m, acts, l);
+    attn_store st = {qkv16, diag ? NULL : dy_store(m, sc)};
+    *stored = qkv16 && st.out;
+    if (!qkv16 || diag)
+        rnd_cast_par(sc->aty, nC, lin, m->mm_dt);
     const float *qkv = qkv16 ? NULL /* the heads take the stored qkv16 */
                              : saved_par(m, acts + A->qkv, 3 * nC, m->mm_dt, sc->qkvm);
     int dsc = dlayer(diag, l, "attn.scores", m->mm_dt);
@@ -2098,8 +2223,9 @@ static int attention_bwd(const gpu_gpt *m, int l, int B, const uint8_t *acts,
                                cactf(acts, A->probs), B, T, C, m->n_head, m->mm_dt, sc->dqkv,
                                sc->att, diag ? 1 : m->attn_slots, diag, dsc);
     else
-        rc = attention_bwd16(sc->aty, qkv, qkv16, cactf(acts, A->probs), B, T, C, m->n_head,
-                             m->mm_dt, m->sm_dt, sc->dqkv, sc->att, m->attn_slots, diag, dsc);
+        rc = attention_bwd16(sc->aty, qkv, qkv16 ? &st : NULL, cactf(acts, A->probs), B, T, C,
+                             m->n_head, m->mm_dt, m->sm_dt, sc->dqkv, sc->att, m->attn_slots,
+                             diag, dsc);
     if (rc)
         return rc;
     cast_par(sc->dqkv, 3 * nC, m->mm_dt, lin);
@@ -2137,11 +2263,12 @@ static int block_bwd(const gpu_gpt *m, const gpu_gpt_weights *w, int l, int B, c
     /* attention */
     rc = linear_bwd(m, w, dres_lin(m, sc), dlin_stored, acts + A->atty, N, C, C, P->proj_w,
                     P->proj_b, grads, sc->aty, sc, diag, dlayer(diag, l, "attn.proj", lin));
+    bool dqkv_stored = false;
     if (!rc)
-        rc = attention_bwd(m, l, B, acts, sc, diag);
+        rc = attention_bwd(m, l, B, acts, sc, diag, &dqkv_stored);
     if (!rc)
-        rc = linear_bwd(m, w, sc->dqkv, false, acts + A->ln1, N, C, 3 * C, P->qkv_w, P->qkv_b,
-                        grads, sc->big, sc, diag, dlayer(diag, l, "attn.qkv", lin));
+        rc = linear_bwd(m, w, sc->dqkv, dqkv_stored, acts + A->ln1, N, C, 3 * C, P->qkv_w,
+                        P->qkv_b, grads, sc->big, sc, diag, dlayer(diag, l, "attn.qkv", lin));
     if (rc)
         return rc;
     ln_bwd(m, w, sc->big, cactf(acts, A->resid), acts, A->ln1_mean, A->ln1_rstd, P->ln1_w, P->ln1_b,
