@@ -1755,11 +1755,13 @@ static int dlayer(gpu_diag *diag, int blk, const char *what, gpu_dtype dt)
 }
 
 /* What becomes of a linear's rounded output besides out: saved in lin_dt at store, or added
- * to the residual stream as dst = rd(res + out, resid_dt). NULL: not wanted. */
+ * to the residual stream as dst = rd(res + out, resid_dt). NULL: not wanted. only16: the
+ * saved values are all that is read afterwards (out's fp32 values may stay unrounded). */
 typedef struct {
     uint8_t *store;
     const float *res;
     float *dst;
+    bool only16;
 } lin_out;
 
 /* Whether the linears multiply their lin_dt inputs as they are stored: then the fp32 copies
@@ -1778,7 +1780,8 @@ static void linear_row(const gpu_gpt *m, float *o, const float *bias, int O, siz
     add_row(o, bias, O);
     if (diag)
         gpu_diag_forward(diag, layer, o, (size_t)O);
-    rnd(o, (size_t)O, dt);
+    if (!to->only16 || to->dst) /* else the conversion makes the rounding */
+        rnd(o, (size_t)O, dt);
     if (to->store)
         gpu_cvt_from_f32(to->store + i * (size_t)O * gpu_dtype_size(dt), dt, o, (size_t)O);
     if (to->dst) {
@@ -2053,6 +2056,11 @@ static void gelu_fwd_chunked(const gpu_gpt *m, const float *u, float *g, uint8_t
             gpu_round_n(tmp, in, k, dt);
             in = tmp;
         }
+        if (!g && dt == lin) { /* only stored: the conversion makes GELU's rounding */
+            gelu_kernel(out, in, k);
+            gpu_cvt_from_f32(store + i * es, lin, out, k);
+            continue;
+        }
         gelu_chunk(gc, in, k, dt);
         cast(gc, k, dt, lin);
         gpu_cvt_from_f32(store + i * es, lin, gc, k); /* no-op when g is the saved tensor */
@@ -2141,13 +2149,13 @@ static int block_fwd(const gpu_gpt *m, const gpu_gpt_weights *w, int l, int B, u
                             A->ln1_rstd, sc, f32);
     float *qkv = out_for(m, acts, A->qkv, sc->big);
     rc = linear_fwd(m, w, a, acts + A->ln1, N, C, 3 * C, P->qkv_w, P->qkv_b, qkv,
-                    &(lin_out){acts + A->qkv, NULL, NULL}, sc, diag,
+                    &(lin_out){acts + A->qkv, NULL, NULL, qkv16_of(m, acts, l) != NULL}, sc, diag,
                     dlayer(diag, l, "attn.qkv", lin));
     if (!rc)
         rc = attention_fwd(m, l, B, qkv, acts, sc, diag);
     if (!rc)
         rc = linear_fwd(m, w, out_for(m, acts, A->atty, sc->aty), acts + A->atty, N, C, C,
-                        P->proj_w, P->proj_b, sc->big, &(lin_out){NULL, hin, hmid}, sc, diag,
+                        P->proj_w, P->proj_b, sc->big, &(lin_out){NULL, hin, hmid, false}, sc, diag,
                         dlayer(diag, l, "attn.proj", lin));
     if (rc)
         return rc;
@@ -2157,13 +2165,14 @@ static int block_fwd(const gpu_gpt *m, const gpu_gpt_weights *w, int l, int B, u
                f32);
     float *u = out_for(m, acts, A->fc, sc->big);
     rc = linear_fwd(m, w, a, acts + A->ln2, N, C, 4 * C, P->fc_w, P->fc_b, u,
-                    &(lin_out){acts + A->fc, NULL, NULL}, sc, diag, dlayer(diag, l, "mlp.fc", lin));
+                    &(lin_out){acts + A->fc, NULL, NULL, false}, sc, diag,
+                    dlayer(diag, l, "mlp.fc", lin));
     if (rc)
         return rc;
     float *g = f32 ? out_for(m, acts, A->gelu, sc->in32) : NULL;
     gelu_fwd_chunked(m, u, g, acts + A->gelu, n4);
     return linear_fwd(m, w, g, acts + A->gelu, N, 4 * C, C, P->mproj_w, P->mproj_b, sc->big,
-                      &(lin_out){NULL, hmid, actf(acts, block_out(m, l))}, sc, diag,
+                      &(lin_out){NULL, hmid, actf(acts, block_out(m, l)), false}, sc, diag,
                       dlayer(diag, l, "mlp.proj", lin));
 }
 
