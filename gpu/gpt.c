@@ -1780,7 +1780,7 @@ static void linear_row(const gpu_gpt *m, float *o, const float *bias, int O, siz
     add_row(o, bias, O);
     if (diag)
         gpu_diag_forward(diag, layer, o, (size_t)O);
-    if (!to->only16 || to->dst) /* else the conversion makes the rounding */
+    if (!to->only16) /* else the conversion makes the rounding */
         rnd(o, (size_t)O, dt);
     if (to->store)
         gpu_cvt_from_f32(to->store + i * (size_t)O * gpu_dtype_size(dt), dt, o, (size_t)O);
@@ -2222,7 +2222,7 @@ static int attention_bwd(const gpu_gpt *m, int l, int B, const uint8_t *acts,
     const uint16_t *qkv16 = qkv16_of(m, acts, l);
     attn_store st = {qkv16, diag ? NULL : dy_store(m, sc)};
     *stored = qkv16 && st.out;
-    if (!qkv16 || diag)
+    if (!qkv16) /* the heads round their slices as they store them */
         rnd_cast_par(sc->aty, nC, lin, m->mm_dt);
     const float *qkv = qkv16 ? NULL /* the heads take the stored qkv16 */
                              : saved_par(m, acts + A->qkv, 3 * nC, m->mm_dt, sc->qkvm);
