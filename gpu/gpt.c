@@ -292,15 +292,47 @@ HOT static void col_block(float *restrict acc, const float *restrict a, size_t r
             acc[j] += a[i * ld + j];
 }
 
-/* acc[j] = the sum of column j of a [rows x n] over the rows in order: blocks of COLS
- * columns shared out to the threads, so that each sum is the sequential one. */
-static void col_sums(float *acc, const float *a, size_t rows, int n)
+/* col_block on bf16 values (each widened exactly): the same sums, in the same order. */
+HOT static void col_block_bf16(float *restrict acc, const uint16_t *restrict a, size_t rows,
+                               size_t ld, int w)
+{
+    for (size_t i = 0; i < rows; i++)
+        for (int j = 0; j < w; j++) {
+            uint32_t u = (uint32_t)a[i * ld + j] << 16;
+            float f;
+            memcpy(&f, &u, sizeof f);
+            acc[j] += f;
+        }
+}
+
+/* col_block on 16-bit values of dt, widened a row's block at a time. */
+static void col_block16(float *acc, const uint16_t *a, gpu_dtype dt, size_t rows, size_t ld,
+                        int w)
+{
+    if (dt == GPU_BF16) {
+        col_block_bf16(acc, a, rows, ld, w);
+        return;
+    }
+    for (size_t i = 0; i < rows; i++) {
+        float row[COLS];
+        gpu_cvt_to_f32(row, a + i * ld, dt, (size_t)w);
+        col_block(acc, row, 1, (size_t)w, w);
+    }
+}
+
+/* See gpu/gpt.h. Blocks of COLS columns shared out to the threads, so that each sum is the
+ * sequential one. */
+void gpu_gpt_bias_grad(float *acc, const float *dy, const uint16_t *dy16, gpu_dtype dt,
+                       size_t rows, int n)
 {
 #pragma omp parallel for schedule(static) if (big(rows * (size_t)n))
     for (int c = 0; c < n; c += COLS) {
         int w = min_int(COLS, n - c);
         memset(acc + c, 0, sizeof(float) * (size_t)w);
-        col_block(acc + c, a + c, rows, (size_t)n, w);
+        if (dy16)
+            col_block16(acc + c, dy16 + c, dt, rows, (size_t)n, w);
+        else
+            col_block(acc + c, dy + c, rows, (size_t)n, w);
     }
 }
 
@@ -610,22 +642,9 @@ HOT static void bf16_scale_row(float *restrict v, float scale, int n)
         v[j] = bf16_rd(bf16_rd(v[j]) * scale);
 }
 
-/* src stored in bf16 at dst; nonzero when a value was an fp32 subnormal (for the caller to
- * pass to gpu_bf16_note_subnormal, as the conversions do). */
-HOT static unsigned bf16_store_row(uint16_t *restrict dst, const float *restrict src, int n)
-{
-    unsigned sub = 0;
-    for (int j = 0; j < n; j++) {
-        uint32_t u;
-        memcpy(&u, src + j, sizeof u);
-        sub |= gpu_f32_subnormal(u);
-        dst[j] = (uint16_t)(gpu_bf16_round_bits(u) >> 16);
-    }
-    return sub;
-}
-
-/* dst = src rounded to bf16 and, with dst16, stored in bf16 there too; returns what
- * bf16_store_row does. */
+/* dst = src rounded to bf16 and, with dst16, stored in bf16 there too; nonzero when a value
+ * was an fp32 subnormal (for the caller to pass to gpu_bf16_note_subnormal, as the
+ * conversions do). */
 HOT static unsigned bf16_keep_row(float *restrict dst, uint16_t *restrict dst16,
                                   const float *restrict src, int n)
 {
@@ -641,16 +660,6 @@ HOT static unsigned bf16_keep_row(float *restrict dst, uint16_t *restrict dst16,
     for (int j = 0; !dst16 && j < n; j++)
         dst[j] = bf16_rd(src[j]);
     return sub;
-}
-
-/* n floats of src stored in dt (16-bit) at dst: inline for bf16 (returning what
- * bf16_store_row does), else through gpu_cvt_from_f32 (which notes subnormals itself). */
-static unsigned store_row16(uint16_t *dst, gpu_dtype dt, const float *src, int n)
-{
-    if (dt == GPU_BF16)
-        return bf16_store_row(dst, src, n);
-    gpu_cvt_from_f32(dst, dt, src, (size_t)n);
-    return 0;
 }
 
 /* See gpu/gpt.h. */
@@ -729,7 +738,7 @@ static int head_mm_out(bool ta, bool tb, int M, int N, int K, const void *A, gpu
         float *dst = C ? C + (size_t)i * ldc : NULL;
         uint16_t *d16 = c16 ? c16 + (size_t)i * ldc : NULL;
         if (!dst)
-            sub |= store_row16(d16, mm_dt, src, N);
+            gpu_cvt_from_f32(d16, mm_dt, src, (size_t)N);
         else if (mm_dt == GPU_BF16)
             sub |= bf16_keep_row(dst, d16, src, N);
         else {
@@ -845,18 +854,18 @@ static void attn_row_fwd(float *s, float *p, int n, int T, float scale, gpu_dtyp
 }
 
 /* attn_row_fwd with P stored in mm_dt (16-bit) at pd; with bf16 and the softmax in fp32
- * (autocast's default), in fused loops. Returns what store_row16 does. */
-static unsigned attn_row_fwd16(float *s, float *p, uint16_t *pd, int n, int T, float scale,
-                               gpu_dtype mm_dt, gpu_dtype sm_dt)
+ * (autocast's default), in fused loops. */
+static void attn_row_fwd16(float *s, float *p, uint16_t *pd, int n, int T, float scale,
+                           gpu_dtype mm_dt, gpu_dtype sm_dt)
 {
     if (mm_dt != GPU_BF16 || sm_dt != GPU_FP32) {
         attn_row_fwd(s, p, n, T, scale, mm_dt, sm_dt);
-        return store_row16(pd, mm_dt, p, T);
+    } else {
+        bf16_scale_row(s, scale, n);
+        softmax_row(s, n, p);
+        memset(p + n, 0, sizeof(float) * (size_t)(T - n));
     }
-    bf16_scale_row(s, scale, n);
-    softmax_row(s, n, p);
-    memset(p + n, 0, sizeof(float) * (size_t)(T - n));
-    return bf16_store_row(pd, p, T);
+    gpu_cvt_from_f32(pd, mm_dt, p, (size_t)T);
 }
 
 /* P cast to mm_dt for a matmul (pm), or P itself when that takes no rounding. */
@@ -873,7 +882,8 @@ static const float *p_for_mm(const float *P, float *pm, size_t n, gpu_dtype mm_d
 typedef struct {
     const float *qkv, *dy, *probs, *o, *lse;
     const uint16_t *qkv16; /* qkv stored in mm_dt, multiplied as it is (NULL: qkv in fp32) */
-    uint16_t *out16;       /* with qkv16: y or dqkv also stored there in mm_dt (NULL: not) */
+    uint16_t *out16;       /* with qkv16: y or dqkv stored there in mm_dt, and only there
+                            * (NULL: written in fp32) */
     float *P, *y, *dqkv, *L;
     int T, C, H;
     gpu_dtype mm_dt, sm_dt;
@@ -960,13 +970,10 @@ static int attn_head_fwd16(const void *ctx, int b, int h, float *scratch, bool p
     if (rc)
         return rc;
     diag_scores(a, S);
-    unsigned sub = 0;
-#pragma omp parallel for schedule(static, 1) reduction(| : sub) if (par_rows && big_rows(T))
+#pragma omp parallel for schedule(static, 1) if (par_rows && big_rows(T))
     for (int i = 0; i < T; i++)
-        sub |= attn_row_fwd16(S + (size_t)i * T, P + (size_t)i * T, Pd + (size_t)i * T, i + 1,
-                              T, scale, dt, a->sm_dt);
-    if (sub)
-        gpu_bf16_note_subnormal();
+        attn_row_fwd16(S + (size_t)i * T, P + (size_t)i * T, Pd + (size_t)i * T, i + 1, T, scale,
+                       dt, a->sm_dt);
     size_t yo = (size_t)b * T * C + (size_t)h * hd;
     float *yh = a->out16 ? NULL : a->y + yo; /* stored: attn.proj reads only that */
     return head_mm_out(false, false, T, hd, T, Pd, dt, T, q + 2 * th, dt, hd, dt, yh, C,
@@ -1054,18 +1061,18 @@ static void attn_row_bwd(const float *p, float *d, int n, int T, float scale, gp
 }
 
 /* attn_row_bwd with dS stored in mm_dt (16-bit) at pd, fused as attn_row_fwd16. */
-static unsigned attn_row_bwd16(const float *p, float *d, uint16_t *pd, int n, int T, float scale,
-                               gpu_dtype mm_dt, gpu_dtype sm_dt)
+static void attn_row_bwd16(const float *p, float *d, uint16_t *pd, int n, int T, float scale,
+                           gpu_dtype mm_dt, gpu_dtype sm_dt)
 {
     if (mm_dt != GPU_BF16 || sm_dt != GPU_FP32) {
         attn_row_bwd(p, d, n, T, scale, mm_dt, sm_dt);
-        return store_row16(pd, mm_dt, d, T);
+    } else {
+        bf16_rd_row(d, n);
+        softmax_row_bwd(p, d, n);
+        memset(d + n, 0, sizeof(float) * (size_t)(T - n));
+        bf16_scale_row(d, scale, n); /* the cast back to bf16, the scaling and its rounding */
     }
-    bf16_rd_row(d, n);
-    softmax_row_bwd(p, d, n);
-    memset(d + n, 0, sizeof(float) * (size_t)(T - n));
-    bf16_scale_row(d, scale, n); /* the cast back to bf16, the scaling and its rounding */
-    return bf16_store_row(pd, d, T);
+    gpu_cvt_from_f32(pd, mm_dt, d, (size_t)T);
 }
 
 static int attn_head_bwd(const void *ctx, int b, int h, float *scratch, bool par_rows)
@@ -1102,9 +1109,9 @@ static int attn_head_bwd(const void *ctx, int b, int h, float *scratch, bool par
 }
 
 /* One of a head's dQ, dK and dV on the native path: op(X) Y (T x T by T x hd, both stored
- * densely in mm_dt) into dqkv at offset off. Without diagnostics it is rounded to mm_dt (and
- * stored in it at out16 when set) as it is copied out; with them the pass rounds it after
- * diag_dqk has seen it. */
+ * densely in mm_dt) at offset off, rounded to mm_dt as it is copied out: stored at out16
+ * when set (only there: qkv's backward reads nothing else), else into dqkv. With
+ * diagnostics it goes to dqkv unrounded: the pass rounds it after diag_dqk has seen it. */
 static int head_dq(const attn_args *a, bool tx, const uint16_t *X, const uint16_t *Y, size_t off,
                    float *gs)
 {
@@ -1112,8 +1119,11 @@ static int head_dq(const attn_args *a, bool tx, const uint16_t *X, const uint16_
     gpu_dtype dt = a->mm_dt;
     if (a->diag)
         return head_mm(tx, false, T, hd, T, X, dt, T, Y, dt, hd, dt, a->dqkv + off, ld, gs);
-    return head_mm_out(tx, false, T, hd, T, X, dt, T, Y, dt, hd, dt, a->dqkv + off, ld,
-                       a->out16 ? a->out16 + off : NULL, gs);
+    if (a->out16)
+        return head_mm_out(tx, false, T, hd, T, X, dt, T, Y, dt, hd, dt, NULL, ld,
+                           a->out16 + off, gs);
+    return head_mm_out(tx, false, T, hd, T, X, dt, T, Y, dt, hd, dt, a->dqkv + off, ld, NULL,
+                       gs);
 }
 
 /* attn_head_bwd on qkv stored in mm_dt (qkv16): P, the head's dY and dS are stored in mm_dt
@@ -1133,23 +1143,18 @@ static int attn_head_bwd16(const void *ctx, int b, int h, float *scratch, bool p
     const float *dyh = a->dy + (size_t)b * T * C + (size_t)h * hd;
     const float *P = a->probs + ((size_t)b * a->H + h) * TT;
     gpu_cvt_from_f32(Pd, dt, P, TT);
-    unsigned sub = 0;
     for (int i = 0; i < T; i++)
-        sub |= store_row16(dy + (size_t)i * hd, dt, dyh + (size_t)i * C, hd);
-    if (sub)
-        gpu_bf16_note_subnormal();
+        gpu_cvt_from_f32(dy + (size_t)i * hd, dt, dyh + (size_t)i * C, (size_t)hd);
     /* dV = P^T dY; dP = dY V^T */
     int rc = head_dq(a, true, Pd, dy, off + 2 * (size_t)C, gs);
     if (!rc)
         rc = head_mm(false, true, T, T, hd, dy, dt, hd, v, dt, hd, dt, dS, T, gs);
     if (rc)
         return rc;
-#pragma omp parallel for schedule(static, 1) reduction(| : sub) if (par_rows && big_rows(T))
+#pragma omp parallel for schedule(static, 1) if (par_rows && big_rows(T))
     for (int i = 0; i < T; i++)
-        sub |= attn_row_bwd16(P + (size_t)i * T, dS + (size_t)i * T, Pd + (size_t)i * T, i + 1,
-                              T, scale, dt, a->sm_dt);
-    if (sub)
-        gpu_bf16_note_subnormal();
+        attn_row_bwd16(P + (size_t)i * T, dS + (size_t)i * T, Pd + (size_t)i * T, i + 1, T, scale,
+                       dt, a->sm_dt);
     if (a->diag)
         gpu_diag_backward(a->diag, a->layer, dS, TT);
     /* dQ = dS K, dK = dS^T Q */
@@ -1829,7 +1834,9 @@ static void *dy_store(const gpu_gpt *m, const gpt_scratch *sc)
  * dY_stored) and its saved input X (lin_dt, N x K): weight and bias gradients rounded to
  * lin_dt into grads, dX [N x K] written. With diag: the arriving dY, then each gradient
  * before it is rounded, dX included. Without, dX is left in fp32 for its consumer to round
- * to lin_dt in the pass it makes over dX anyway (rounding twice gives the same values). */
+ * to lin_dt in the pass it makes over dX anyway (rounding twice gives the same values).
+ * Where dY is stored in dy_store() every use reads it there, so with dY_stored and no diag
+ * dY's fp32 values are never read (their producer need not write them: dy_only16). */
 static int linear_bwd(const gpu_gpt *m, const gpu_gpt_weights *w, const float *dY,
                       bool dY_stored, const uint8_t *X, int N, int K, int O, size_t w_off,
                       size_t b_off, float *grads, float *dX, const gpt_scratch *sc,
@@ -1852,7 +1859,7 @@ static int linear_bwd(const gpu_gpt *m, const gpu_gpt_weights *w, const float *d
     if (rc)
         return rc;
     round_grad(diag, layer, true, gw, (size_t)O * K, dt);
-    col_sums(gb, dY, (size_t)N, O);
+    gpu_gpt_bias_grad(gb, dY, dy16, dt, (size_t)N, O);
     round_grad(diag, layer, true, gb, (size_t)O, dt);
     const void *W = wsrc(w, w_off, dt, &wdt);
     rc = gpu_gemm_ex(false, false, N, K, O, dy, ddt, O, W, wdt, K, dt, GPU_GEMM_AB_CONVERTED, 0.0f,
@@ -1862,6 +1869,13 @@ static int linear_bwd(const gpu_gpt *m, const gpu_gpt_weights *w, const float *d
     if (diag)
         gpu_diag_round_grad(diag, layer, false, dX, (size_t)N * K, dt);
     return 0;
+}
+
+/* Whether a linear's output gradient is read by its backward only as stored in dy_store()
+ * (see linear_bwd), so that the pass making it may leave its fp32 values unwritten. */
+static bool dy_only16(const gpu_gpt *m, const gpt_scratch *sc, const gpu_diag *diag)
+{
+    return !diag && dy_store(m, sc) != NULL;
 }
 
 /* Whether the layer norms read the stream rounded to ln_dt (an override), not the stream. */
@@ -2070,9 +2084,10 @@ static void gelu_fwd_chunked(const gpu_gpt *m, const float *u, float *g, uint8_t
 /* d (mlp.proj's input gradient, rounded here to lin_dt: the gradient at GELU's output cast to
  * lin_dt) becomes the gradient at mlp.fc's output, chunk by chunk: through the cast, GELU's
  * backward in gelu_dt from the saved input, and the cast back, also stored in lin_dt at
- * dy_store() for mlp.fc's backward; chunks on every core. */
+ * dy_store() for mlp.fc's backward (only there with only16: d is then left as it came);
+ * chunks on every core. */
 static void gelu_bwd_chunked(const gpu_gpt *m, const gpt_scratch *sc, float *d,
-                             const uint8_t *saved_u, size_t n)
+                             const uint8_t *saved_u, size_t n, bool only16)
 {
     gpu_dtype lin = m->lin_dt, dt = m->gelu_dt;
     size_t es = gpu_dtype_size(lin);
@@ -2080,14 +2095,14 @@ static void gelu_bwd_chunked(const gpu_gpt *m, const gpt_scratch *sc, float *d,
 #pragma omp parallel for schedule(static) if (big(n))
     for (size_t i = 0; i < n; i += CHUNK) {
         size_t k = min_sz(CHUNK, n - i);
-        float tmp[CHUNK];
-        rnd(d + i, k, lin);
-        cast(d + i, k, lin, dt);
-        gelu_grad_kernel(d + i, saved_as(m, saved_u + i * es, k, dt, tmp), k);
-        rnd(d + i, k, dt);
-        cast(d + i, k, dt, lin);
+        float tmp[CHUNK], out[CHUNK], *g = only16 ? out : d + i;
+        gpu_round_n(g, d + i, k, lin);
+        cast(g, k, lin, dt);
+        gelu_grad_kernel(g, saved_as(m, saved_u + i * es, k, dt, tmp), k);
+        rnd(g, k, dt);
+        cast(g, k, dt, lin);
         if (d16)
-            gpu_cvt_from_f32(d16 + i * es, lin, d + i, k);
+            gpu_cvt_from_f32(d16 + i * es, lin, g, k);
     }
 }
 
@@ -2209,9 +2224,9 @@ int gpu_gpt_forward(const gpu_gpt *m, const gpu_gpt_weights *w, const int *x, co
 }
 
 /* The attention's backward of block l from sc->aty (attn.proj's input gradient, rounded
- * here, or by the heads as they store it in mm_dt): sc->dqkv written, values of lin_dt, and
- * *stored set when it is also stored in lin_dt at dy_store() (the heads store it where they
- * run natively, without diagnostics). */
+ * here, or by the heads as they store it in mm_dt): dqkv, values of lin_dt, written to
+ * sc->dqkv, or with *stored set only stored in lin_dt at dy_store() (the heads store it
+ * there where they run natively, without diagnostics: dy_only16). */
 static int attention_bwd(const gpu_gpt *m, int l, int B, const uint8_t *acts,
                          const gpt_scratch *sc, gpu_diag *diag, bool *stored)
 {
@@ -2220,7 +2235,7 @@ static int attention_bwd(const gpu_gpt *m, int l, int B, const uint8_t *acts,
     size_t nC = (size_t)B * T * C;
     gpu_dtype lin = m->lin_dt;
     const uint16_t *qkv16 = qkv16_of(m, acts, l);
-    attn_store st = {qkv16, diag ? NULL : dy_store(m, sc)};
+    attn_store st = {qkv16, dy_only16(m, sc, diag) ? dy_store(m, sc) : NULL};
     *stored = qkv16 && st.out;
     if (!qkv16) /* the heads round their slices as they store them */
         rnd_cast_par(sc->aty, nC, lin, m->mm_dt);
@@ -2260,7 +2275,7 @@ static int block_bwd(const gpu_gpt *m, const gpu_gpt_weights *w, int l, int B, c
                     P->mproj_b, grads, sc->in32, sc, diag, dlayer(diag, l, "mlp.proj", lin));
     if (rc)
         return rc;
-    gelu_bwd_chunked(m, sc, sc->in32, acts + A->fc, n4);
+    gelu_bwd_chunked(m, sc, sc->in32, acts + A->fc, n4, dy_only16(m, sc, diag));
     rc = linear_bwd(m, w, sc->in32, stored, acts + A->ln2, N, C, 4 * C, P->fc_w, P->fc_b, grads,
                     sc->big, sc, diag, dlayer(diag, l, "mlp.fc", lin));
     if (rc)

@@ -151,6 +151,11 @@ void gpu_gpt_layernorm_bwd(const float *dy, const float *x, const float *mean,
 void gpu_gpt_gelu_fwd(float *dst, const float *u, size_t n, gpu_dtype dt);
 /* d = rd(d * gelu'(u), dt), in place (d holds values of dt). */
 void gpu_gpt_gelu_bwd(float *d, const float *u, size_t n, gpu_dtype dt);
+/* A linear's bias gradient: acc[j] = the sum of column j of dy [rows x n] over the rows in
+ * order, read from dy16 instead when it is not NULL (the same values stored in 16-bit dt):
+ * the same sums either way. */
+void gpu_gpt_bias_grad(float *acc, const float *dy, const uint16_t *dy16, gpu_dtype dt,
+                       size_t rows, int n);
 /* exp(x) in fp32 (within 2 ulp over the whole range, inf/0/NaN as expf), the vectorised
  * kernel the softmaxes and GELU use. */
 void gpu_gpt_exp(float *dst, const float *x, size_t n);

@@ -449,6 +449,36 @@ START_TEST(test_op_gelu)
 }
 END_TEST
 
+/* A linear's bias gradient (the column sums of dY, in row order) on a shape with a partial
+ * block of columns: the same sums bit for bit from the fp32 values and from the same values
+ * stored in bf16 or fp16 (the copy the native GEMMs read), close to the fp64 sums. */
+START_TEST(test_op_bias_grad)
+{
+    enum { rows = 37, n = 70 };
+    static float dy[rows * n], from32[n], from16[n];
+    static uint16_t dy16[rows * n];
+    const gpu_dtype dts[2] = {GPU_BF16, GPU_FP16};
+    gpu_rng r;
+    gpu_rng_seed(&r, 21);
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < rows * n; i++)
+            dy[i] = gpu_round(gpu_rng_normal(&r) * 3.0f, dts[k]);
+        gpu_cvt_from_f32(dy16, dts[k], dy, rows * n);
+        gpu_gpt_bias_grad(from32, dy, NULL, GPU_FP32, rows, n);
+        gpu_gpt_bias_grad(from16, NULL, dy16, dts[k], rows, n);
+        for (int j = 0; j < n; j++) {
+            double want = 0.0;
+            for (int i = 0; i < rows; i++)
+                want += dy[i * n + j];
+            ck_assert_msg(from16[j] == from32[j], "%s: column %d sums to %.9g from the copy, "
+                          "%.9g from fp32", gpu_dtype_name(dts[k]), j, from16[j], from32[j]);
+            ck_assert_msg(fabs(from32[j] - want) <= 1e-5 * (1.0 + fabs(want)),
+                          "column %d: %.9g, want %.9g", j, from32[j], want);
+        }
+    }
+}
+END_TEST
+
 enum { HN = 4, HC = 6, HV = 9 };
 static const int head_y[HN] = {3, 0, 8, 3};
 
@@ -1522,6 +1552,7 @@ static Suite *gpt_suite(void)
     tcase_add_test(ops, test_flash_tracks_fp32);
     tcase_add_test(ops, test_flash_scores_stay_finite);
     tcase_add_test(ops, test_op_gelu);
+    tcase_add_test(ops, test_op_bias_grad);
     tcase_add_test(ops, test_op_head);
     tcase_add_test(ops, test_fp16_mask_finite);
     tcase_add_test(model, test_plan);
