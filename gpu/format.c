@@ -1014,6 +1014,21 @@ void gpu_cvt_from_f32(void *dst, gpu_dtype ddt, const float *src, size_t n)
     }
 }
 
+void gpu_cvt_rows_from_f32(void *dst, gpu_dtype ddt, size_t ldd, const float *src, size_t lds,
+                           size_t rows, size_t cols)
+{
+    const cvt_impl *p = impl_get();
+    size_t es = gpu_dtype_size(ddt);
+    cvt_op op = ddt == GPU_FP16 ? OP_F32_F16 : OP_F32_BF16;
+    for (size_t r = 0; r < rows; r++) {
+        char *d = (char *)dst + r * ldd * es;
+        if (ddt == GPU_FP32)
+            memcpy(d, src + r * lds, cols * sizeof(float));
+        else
+            cvt_block(p, op, d, src + r * lds, 0, cols);
+    }
+}
+
 /* ---- kernel-path switches (see gpu_int.h) ---------------------------------------------- */
 
 int gpu_impl_pick(_Atomic int *sw)

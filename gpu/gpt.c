@@ -642,26 +642,6 @@ HOT static void bf16_scale_row(float *restrict v, float scale, int n)
         v[j] = bf16_rd(bf16_rd(v[j]) * scale);
 }
 
-/* dst = src rounded to bf16 and, with dst16, stored in bf16 there too; nonzero when a value
- * was an fp32 subnormal (for the caller to pass to gpu_bf16_note_subnormal, as the
- * conversions do). */
-HOT static unsigned bf16_keep_row(float *restrict dst, uint16_t *restrict dst16,
-                                  const float *restrict src, int n)
-{
-    unsigned sub = 0;
-    for (int j = 0; dst16 && j < n; j++) {
-        uint32_t u;
-        memcpy(&u, src + j, sizeof u);
-        sub |= gpu_f32_subnormal(u);
-        u = gpu_bf16_round_bits(u);
-        memcpy(dst + j, &u, sizeof u);
-        dst16[j] = (uint16_t)(u >> 16);
-    }
-    for (int j = 0; !dst16 && j < n; j++)
-        dst[j] = bf16_rd(src[j]);
-    return sub;
-}
-
 /* See gpu/gpt.h. */
 size_t gpu_gpt_attention_scratch_floats(int T, int hd, gpu_dtype mm_dt, int slots)
 {
@@ -722,9 +702,8 @@ static int head_mm(bool ta, bool tb, int M, int N, int K, const void *A, gpu_dty
 }
 
 /* head_mm of a head's output block inside wider rows (ldc > N) on the native path, rounded
- * to mm_dt as it is copied out of the dense product: C's rows written rounded and, with c16,
- * stored in mm_dt there too (the same offsets; C NULL: only stored): one pass for the copy,
- * the rounding and the store. */
+ * to mm_dt as it is copied out of the dense product: into C's rows, or with C NULL stored in
+ * mm_dt in c16's (the same offsets): one pass for the copy, the rounding and the store. */
 static int head_mm_out(bool ta, bool tb, int M, int N, int K, const void *A, gpu_dtype adt,
                        int lda, const void *B, gpu_dtype bdt, int ldb, gpu_dtype mm_dt, float *C,
                        int ldc, uint16_t *c16, float *gs)
@@ -732,23 +711,10 @@ static int head_mm_out(bool ta, bool tb, int M, int N, int K, const void *A, gpu
     float *rest = gs + align16f((size_t)M * (size_t)N);
     int rc = gpu_gemm_ex(ta, tb, M, N, K, A, adt, lda, B, bdt, ldb, mm_dt,
                          GPU_GEMM_AB_CONVERTED, 0.0f, gs, N, rest);
-    unsigned sub = 0;
-    for (int i = 0; rc == 0 && i < M; i++) {
-        const float *src = gs + (size_t)i * N;
-        float *dst = C ? C + (size_t)i * ldc : NULL;
-        uint16_t *d16 = c16 ? c16 + (size_t)i * ldc : NULL;
-        if (!dst)
-            gpu_cvt_from_f32(d16, mm_dt, src, (size_t)N);
-        else if (mm_dt == GPU_BF16)
-            sub |= bf16_keep_row(dst, d16, src, N);
-        else {
-            gpu_round_n(dst, src, (size_t)N, mm_dt);
-            if (d16)
-                gpu_cvt_from_f32(d16, mm_dt, dst, (size_t)N);
-        }
-    }
-    if (sub)
-        gpu_bf16_note_subnormal();
+    if (rc == 0 && !C)
+        gpu_cvt_rows_from_f32(c16, mm_dt, (size_t)ldc, gs, (size_t)N, (size_t)M, (size_t)N);
+    for (int i = 0; rc == 0 && C && i < M; i++)
+        gpu_round_n(C + (size_t)i * ldc, gs + (size_t)i * N, (size_t)N, mm_dt);
     return rc;
 }
 
@@ -853,19 +819,18 @@ static void attn_row_fwd(float *s, float *p, int n, int T, float scale, gpu_dtyp
     probs_row(s, p, n, T, sm_dt);
 }
 
-/* attn_row_fwd with P stored in mm_dt (16-bit) at pd; with bf16 and the softmax in fp32
+/* attn_row_fwd of the native heads (16-bit mm_dt); with bf16 and the softmax in fp32
  * (autocast's default), in fused loops. */
-static void attn_row_fwd16(float *s, float *p, uint16_t *pd, int n, int T, float scale,
-                           gpu_dtype mm_dt, gpu_dtype sm_dt)
+static void attn_row_fwd16(float *s, float *p, int n, int T, float scale, gpu_dtype mm_dt,
+                           gpu_dtype sm_dt)
 {
     if (mm_dt != GPU_BF16 || sm_dt != GPU_FP32) {
         attn_row_fwd(s, p, n, T, scale, mm_dt, sm_dt);
-    } else {
-        bf16_scale_row(s, scale, n);
-        softmax_row(s, n, p);
-        memset(p + n, 0, sizeof(float) * (size_t)(T - n));
+        return;
     }
-    gpu_cvt_from_f32(pd, mm_dt, p, (size_t)T);
+    bf16_scale_row(s, scale, n);
+    softmax_row(s, n, p);
+    memset(p + n, 0, sizeof(float) * (size_t)(T - n));
 }
 
 /* P cast to mm_dt for a matmul (pm), or P itself when that takes no rounding. */
@@ -952,8 +917,8 @@ static int attn_head_fwd(const void *ctx, int b, int h, float *scratch, bool par
     return head_y_done(a, rc, yh);
 }
 
-/* attn_head_fwd on qkv stored in mm_dt (qkv16), which the GEMMs take as it is: P is
- * written in mm_dt by its row pass (the rounding of P to mm_dt, stored). */
+/* attn_head_fwd on qkv stored in mm_dt (qkv16), which the GEMMs take as it is: P is stored
+ * in mm_dt after its row pass (the rounding of P to mm_dt, one call for the block). */
 static int attn_head_fwd16(const void *ctx, int b, int h, float *scratch, bool par_rows)
 {
     (void)par_rows;
@@ -972,8 +937,8 @@ static int attn_head_fwd16(const void *ctx, int b, int h, float *scratch, bool p
     diag_scores(a, S);
 #pragma omp parallel for schedule(static, 1) if (par_rows && big_rows(T))
     for (int i = 0; i < T; i++)
-        attn_row_fwd16(S + (size_t)i * T, P + (size_t)i * T, Pd + (size_t)i * T, i + 1, T, scale,
-                       dt, a->sm_dt);
+        attn_row_fwd16(S + (size_t)i * T, P + (size_t)i * T, i + 1, T, scale, dt, a->sm_dt);
+    gpu_cvt_from_f32(Pd, dt, P, TT);
     size_t yo = (size_t)b * T * C + (size_t)h * hd;
     float *yh = a->out16 ? NULL : a->y + yo; /* stored: attn.proj reads only that */
     return head_mm_out(false, false, T, hd, T, Pd, dt, T, q + 2 * th, dt, hd, dt, yh, C,
@@ -1060,19 +1025,18 @@ static void attn_row_bwd(const float *p, float *d, int n, int T, float scale, gp
     dscores_out(d, (size_t)n, scale, mm_dt, sm_dt);
 }
 
-/* attn_row_bwd with dS stored in mm_dt (16-bit) at pd, fused as attn_row_fwd16. */
-static void attn_row_bwd16(const float *p, float *d, uint16_t *pd, int n, int T, float scale,
-                           gpu_dtype mm_dt, gpu_dtype sm_dt)
+/* attn_row_bwd of the native heads, fused as attn_row_fwd16. */
+static void attn_row_bwd16(const float *p, float *d, int n, int T, float scale, gpu_dtype mm_dt,
+                           gpu_dtype sm_dt)
 {
     if (mm_dt != GPU_BF16 || sm_dt != GPU_FP32) {
         attn_row_bwd(p, d, n, T, scale, mm_dt, sm_dt);
-    } else {
-        bf16_rd_row(d, n);
-        softmax_row_bwd(p, d, n);
-        memset(d + n, 0, sizeof(float) * (size_t)(T - n));
-        bf16_scale_row(d, scale, n); /* the cast back to bf16, the scaling and its rounding */
+        return;
     }
-    gpu_cvt_from_f32(pd, mm_dt, d, (size_t)T);
+    bf16_rd_row(d, n);
+    softmax_row_bwd(p, d, n);
+    memset(d + n, 0, sizeof(float) * (size_t)(T - n));
+    bf16_scale_row(d, scale, n); /* the cast back to bf16, the scaling and its rounding */
 }
 
 static int attn_head_bwd(const void *ctx, int b, int h, float *scratch, bool par_rows)
@@ -1143,8 +1107,7 @@ static int attn_head_bwd16(const void *ctx, int b, int h, float *scratch, bool p
     const float *dyh = a->dy + (size_t)b * T * C + (size_t)h * hd;
     const float *P = a->probs + ((size_t)b * a->H + h) * TT;
     gpu_cvt_from_f32(Pd, dt, P, TT);
-    for (int i = 0; i < T; i++)
-        gpu_cvt_from_f32(dy + (size_t)i * hd, dt, dyh + (size_t)i * C, (size_t)hd);
+    gpu_cvt_rows_from_f32(dy, dt, (size_t)hd, dyh, (size_t)C, (size_t)T, (size_t)hd);
     /* dV = P^T dY; dP = dY V^T */
     int rc = head_dq(a, true, Pd, dy, off + 2 * (size_t)C, gs);
     if (!rc)
@@ -1153,8 +1116,8 @@ static int attn_head_bwd16(const void *ctx, int b, int h, float *scratch, bool p
         return rc;
 #pragma omp parallel for schedule(static, 1) if (par_rows && big_rows(T))
     for (int i = 0; i < T; i++)
-        attn_row_bwd16(P + (size_t)i * T, dS + (size_t)i * T, Pd + (size_t)i * T, i + 1, T, scale,
-                       dt, a->sm_dt);
+        attn_row_bwd16(P + (size_t)i * T, dS + (size_t)i * T, i + 1, T, scale, dt, a->sm_dt);
+    gpu_cvt_from_f32(Pd, dt, dS, TT); /* dS in mm_dt, over P's */
     if (a->diag)
         gpu_diag_backward(a->diag, a->layer, dS, TT);
     /* dQ = dS K, dK = dS^T Q */

@@ -94,6 +94,11 @@ void gpu_round_n(float *dst, const float *src, size_t n, gpu_dtype dt);
  * the 16-bit formats). Same-dtype calls copy. */
 void gpu_cvt_to_f32(float *dst, const void *src, gpu_dtype sdt, size_t n);
 void gpu_cvt_from_f32(void *dst, gpu_dtype ddt, const float *src, size_t n);
+/* gpu_cvt_from_f32 of rows of cols floats, lds apart at src, into rows ldd elements apart
+ * at dst: the same values, in one call on the calling thread (for many short rows, such as
+ * a block of a wider tensor, inside a pass already shared out to the threads). */
+void gpu_cvt_rows_from_f32(void *dst, gpu_dtype ddt, size_t ldd, const float *src, size_t lds,
+                           size_t rows, size_t cols);
 /* Name of the conversion path in use: "avx512bf16" (AVX-512 with the bf16 rounding of
  * AVX512_BF16), "avx512", "f16c", or "portable". */
 const char *gpu_cvt_impl(void);

@@ -798,6 +798,41 @@ START_TEST(t_typed)
 }
 END_TEST
 
+/* Strided rows (a head's output block inside wider rows, as the GPT stores it): the same
+ * values as a conversion per row, on every path, the gaps between rows untouched. */
+START_TEST(t_rows)
+{
+    enum { ROWS = 7, COLS = 37, LDS = 50, LDD = 41 };
+    float src[ROWS * LDS], f32[ROWS * LDD];
+    uint16_t h[ROWS * LDD], want[ROWS * LDD];
+    const gpu_dtype dts[2] = {GPU_FP16, GPU_BF16};
+    const char *orig = gpu_cvt_impl();
+    gpu_rng r;
+    gpu_rng_seed(&r, 5);
+    for (int i = 0; i < ROWS * LDS; i++)
+        src[i] = gpu_rng_normal(&r) * (i % 3 == 0 ? 1e-40f : 1e3f); /* subnormals too */
+    src[LDS + 3] = NAN;
+    for (size_t p = 0; p < NPATHS; p++) {
+        if (gpu_cvt_force(paths[p]) != 0)
+            continue;
+        for (int k = 0; k < 2; k++) {
+            memset(h, 0xA5, sizeof h);
+            memset(want, 0xA5, sizeof want);
+            for (int i = 0; i < ROWS; i++)
+                gpu_cvt_from_f32(want + i * LDD, dts[k], src + i * LDS, COLS);
+            gpu_cvt_rows_from_f32(h, dts[k], LDD, src, LDS, ROWS, COLS);
+            ck_assert_msg(first_diff16(h, want, ROWS * LDD) == ROWS * LDD, "%s, %s", paths[p],
+                          gpu_dtype_name(dts[k]));
+        }
+        memset(f32, 0, sizeof f32);
+        gpu_cvt_rows_from_f32(f32, GPU_FP32, LDD, src, LDS, ROWS, COLS);
+        for (int i = 0; i < ROWS; i++)
+            ck_assert_uint_eq(first_diff32(f32 + i * LDD, src + i * LDS, COLS), COLS);
+    }
+    ck_assert_int_eq(gpu_cvt_force(orig), 0);
+}
+END_TEST
+
 /* ---- independence from the floating-point environment ------------------------------------- */
 
 START_TEST(t_fp_environment)
@@ -885,6 +920,7 @@ static Suite *format_suite(void)
     tcase_add_test(tc, t_bf16_edges);
     tcase_add_test(tc, t_round_scalar);
     tcase_add_test(tc, t_dispatch);
+    tcase_add_test(tc, t_rows);
     tcase_add_test(tc, t_typed);
     tcase_add_test(tc, t_fp_environment);
     tcase_add_test(tc, t_threads);
