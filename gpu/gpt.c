@@ -701,20 +701,18 @@ static int head_mm(bool ta, bool tb, int M, int N, int K, const void *A, gpu_dty
     return rc;
 }
 
-/* head_mm of a head's output block inside wider rows (ldc > N) on the native path, rounded
- * to mm_dt as it is copied out of the dense product: into C's rows, or with C NULL stored in
- * mm_dt in c16's (the same offsets): one pass for the copy, the rounding and the store. */
+/* head_mm of a head's output block inside wider rows (ldc > N) on the native path, stored
+ * in mm_dt into c16's rows as it is copied out of the dense product: one pass for the copy,
+ * the rounding and the store. */
 static int head_mm_out(bool ta, bool tb, int M, int N, int K, const void *A, gpu_dtype adt,
-                       int lda, const void *B, gpu_dtype bdt, int ldb, gpu_dtype mm_dt, float *C,
-                       int ldc, uint16_t *c16, float *gs)
+                       int lda, const void *B, gpu_dtype bdt, int ldb, gpu_dtype mm_dt,
+                       uint16_t *c16, int ldc, float *gs)
 {
     float *rest = gs + align16f((size_t)M * (size_t)N);
     int rc = gpu_gemm_ex(ta, tb, M, N, K, A, adt, lda, B, bdt, ldb, mm_dt,
                          GPU_GEMM_AB_CONVERTED, 0.0f, gs, N, rest);
-    if (rc == 0 && !C)
+    if (rc == 0)
         gpu_cvt_rows_from_f32(c16, mm_dt, (size_t)ldc, gs, (size_t)N, (size_t)M, (size_t)N);
-    for (int i = 0; rc == 0 && C && i < M; i++)
-        gpu_round_n(C + (size_t)i * ldc, gs + (size_t)i * N, (size_t)N, mm_dt);
     return rc;
 }
 
@@ -847,8 +845,8 @@ static const float *p_for_mm(const float *P, float *pm, size_t n, gpu_dtype mm_d
 typedef struct {
     const float *qkv, *dy, *probs, *o, *lse;
     const uint16_t *qkv16; /* qkv stored in mm_dt, multiplied as it is (NULL: qkv in fp32) */
-    uint16_t *out16;       /* with qkv16: y or dqkv stored there in mm_dt, and only there
-                            * (NULL: written in fp32) */
+    uint16_t *out16;       /* with qkv16: y, or without diag dqkv, stored there in mm_dt
+                            * and only there (NULL: dqkv written in fp32, for diag) */
     float *P, *y, *dqkv, *L;
     int T, C, H;
     gpu_dtype mm_dt, sm_dt;
@@ -940,9 +938,9 @@ static int attn_head_fwd16(const void *ctx, int b, int h, float *scratch, bool p
         attn_row_fwd16(S + (size_t)i * T, P + (size_t)i * T, i + 1, T, scale, dt, a->sm_dt);
     gpu_cvt_from_f32(Pd, dt, P, TT);
     size_t yo = (size_t)b * T * C + (size_t)h * hd;
-    float *yh = a->out16 ? NULL : a->y + yo; /* stored: attn.proj reads only that */
-    return head_mm_out(false, false, T, hd, T, Pd, dt, T, q + 2 * th, dt, hd, dt, yh, C,
-                       a->out16 ? a->out16 + yo : NULL, gs);
+    /* attn.proj reads only the stored y */
+    return head_mm_out(false, false, T, hd, T, Pd, dt, T, q + 2 * th, dt, hd, dt,
+                       a->out16 + yo, C, gs);
 }
 
 /* What the model stores in mm_dt for an attention pass on the native path: qkv (multiplied
@@ -1073,9 +1071,9 @@ static int attn_head_bwd(const void *ctx, int b, int h, float *scratch, bool par
 }
 
 /* One of a head's dQ, dK and dV on the native path: op(X) Y (T x T by T x hd, both stored
- * densely in mm_dt) at offset off, rounded to mm_dt as it is copied out: stored at out16
- * when set (only there: qkv's backward reads nothing else), else into dqkv. With
- * diagnostics it goes to dqkv unrounded: the pass rounds it after diag_dqk has seen it. */
+ * densely in mm_dt) at offset off, stored in mm_dt at out16 as it is copied out (only there:
+ * qkv's backward reads nothing else). With diagnostics it goes to dqkv unrounded: the pass
+ * rounds it after diag_dqk has seen it. */
 static int head_dq(const attn_args *a, bool tx, const uint16_t *X, const uint16_t *Y, size_t off,
                    float *gs)
 {
@@ -1083,11 +1081,7 @@ static int head_dq(const attn_args *a, bool tx, const uint16_t *X, const uint16_
     gpu_dtype dt = a->mm_dt;
     if (a->diag)
         return head_mm(tx, false, T, hd, T, X, dt, T, Y, dt, hd, dt, a->dqkv + off, ld, gs);
-    if (a->out16)
-        return head_mm_out(tx, false, T, hd, T, X, dt, T, Y, dt, hd, dt, NULL, ld,
-                           a->out16 + off, gs);
-    return head_mm_out(tx, false, T, hd, T, X, dt, T, Y, dt, hd, dt, a->dqkv + off, ld, NULL,
-                       gs);
+    return head_mm_out(tx, false, T, hd, T, X, dt, T, Y, dt, hd, dt, a->out16 + off, ld, gs);
 }
 
 /* attn_head_bwd on qkv stored in mm_dt (qkv16): P, the head's dY and dS are stored in mm_dt
@@ -2070,10 +2064,11 @@ static void gelu_bwd_chunked(const gpu_gpt *m, const gpt_scratch *sc, float *d,
 }
 
 /* Block l's saved qkv when the heads may multiply it as it is stored: 16-bit lin_dt equal
- * to mm_dt and multiplied natively, materialised attention; else NULL. */
+ * to mm_dt and multiplied natively, as planned (dy_copy: the backward's heads store dqkv in
+ * the planned copy), materialised attention; else NULL. */
 static const uint16_t *qkv16_of(const gpu_gpt *m, const uint8_t *acts, int l)
 {
-    if (m->flash || m->mm_dt == GPU_FP32 || m->mm_dt != m->lin_dt ||
+    if (m->flash || m->mm_dt == GPU_FP32 || m->mm_dt != m->lin_dt || !m->dy_copy ||
         !gpu_gemm_in_place(m->mm_dt))
         return NULL;
     return (const uint16_t *)(const void *)(acts + m->act[l].qkv);
