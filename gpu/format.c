@@ -1014,19 +1014,53 @@ void gpu_cvt_from_f32(void *dst, gpu_dtype ddt, const float *src, size_t n)
     }
 }
 
+/* op over rows of cols elements, lds elements apart at src (of es bytes each) and ldd apart
+ * at dst (ed bytes each), on the calling thread. */
+static void rows_run(cvt_op op, void *dst, size_t ed, size_t ldd, const void *src, size_t es,
+                     size_t lds, size_t rows, size_t cols)
+{
+    const cvt_impl *p = impl_get();
+    for (size_t r = 0; r < rows; r++)
+        cvt_block(p, op, (char *)dst + r * ldd * ed, (const char *)src + r * lds * es, 0, cols);
+}
+
+/* rows x cols fp32 values, lds apart at src, copied to rows ldd apart at dst. */
+static void rows_copy(float *dst, size_t ldd, const float *src, size_t lds, size_t rows,
+                      size_t cols)
+{
+    for (size_t r = 0; r < rows; r++)
+        if (dst + r * ldd != src + r * lds)
+            memmove(dst + r * ldd, src + r * lds, cols * sizeof(float));
+}
+
 void gpu_cvt_rows_from_f32(void *dst, gpu_dtype ddt, size_t ldd, const float *src, size_t lds,
                            size_t rows, size_t cols)
 {
-    const cvt_impl *p = impl_get();
-    size_t es = gpu_dtype_size(ddt);
-    cvt_op op = ddt == GPU_FP16 ? OP_F32_F16 : OP_F32_BF16;
-    for (size_t r = 0; r < rows; r++) {
-        char *d = (char *)dst + r * ldd * es;
-        if (ddt == GPU_FP32)
-            memcpy(d, src + r * lds, cols * sizeof(float));
-        else
-            cvt_block(p, op, d, src + r * lds, 0, cols);
-    }
+    if (ddt == GPU_FP32)
+        rows_copy(dst, ldd, src, lds, rows, cols);
+    else
+        rows_run(ddt == GPU_FP16 ? OP_F32_F16 : OP_F32_BF16, dst, 2, ldd, src, 4, lds, rows,
+                 cols);
+}
+
+void gpu_cvt_rows_to_f32(float *dst, size_t ldd, const void *src, gpu_dtype sdt, size_t lds,
+                         size_t rows, size_t cols)
+{
+    if (sdt == GPU_FP32)
+        rows_copy(dst, ldd, src, lds, rows, cols);
+    else
+        rows_run(sdt == GPU_FP16 ? OP_F16_F32 : OP_BF16_F32, dst, 4, ldd, src, 2, lds, rows,
+                 cols);
+}
+
+void gpu_round_rows(float *dst, size_t ldd, const float *src, size_t lds, size_t rows,
+                    size_t cols, gpu_dtype dt)
+{
+    if (dt == GPU_FP32)
+        rows_copy(dst, ldd, src, lds, rows, cols);
+    else
+        rows_run(dt == GPU_FP16 ? OP_ROUND_F16 : OP_ROUND_BF16, dst, 4, ldd, src, 4, lds, rows,
+                 cols);
 }
 
 /* ---- kernel-path switches (see gpu_int.h) ---------------------------------------------- */

@@ -99,6 +99,12 @@ void gpu_cvt_from_f32(void *dst, gpu_dtype ddt, const float *src, size_t n);
  * a block of a wider tensor, inside a pass already shared out to the threads). */
 void gpu_cvt_rows_from_f32(void *dst, gpu_dtype ddt, size_t ldd, const float *src, size_t lds,
                            size_t rows, size_t cols);
+/* The same for gpu_cvt_to_f32 (src: elements of sdt, lds apart), and for gpu_round_n (in
+ * place when dst == src and ldd == lds). */
+void gpu_cvt_rows_to_f32(float *dst, size_t ldd, const void *src, gpu_dtype sdt, size_t lds,
+                         size_t rows, size_t cols);
+void gpu_round_rows(float *dst, size_t ldd, const float *src, size_t lds, size_t rows,
+                    size_t cols, gpu_dtype dt);
 /* Name of the conversion path in use: "avx512bf16" (AVX-512 with the bf16 rounding of
  * AVX512_BF16), "avx512", "f16c", or "portable". */
 const char *gpu_cvt_impl(void);

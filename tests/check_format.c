@@ -798,11 +798,53 @@ START_TEST(t_typed)
 }
 END_TEST
 
+enum { ROWS = 7, COLS = 37, LDS = 50, LDD = 41 };
+
+/* rows x COLS floats at ld 32-bit words apart in a equal to those of b (ld LDD), the words
+ * after each row up to ld untouched (still 0xA5 bytes). */
+static void rows_equal(const float *a, size_t ld, const float *b, const char *what)
+{
+    for (int i = 0; i < ROWS; i++) {
+        ck_assert_msg(first_diff32(a + i * ld, b + i * LDD, COLS) == COLS, "%s, row %d", what, i);
+        for (size_t j = COLS; i + 1 < ROWS && j < ld; j++)
+            ck_assert_msg(f2u(a[i * ld + j]) == 0xA5A5A5A5u, "%s: gap after row %d", what, i);
+    }
+}
+
+/* gpu_cvt_rows_to_f32 and gpu_round_rows on path `path` (forced): the values of a call per
+ * row, out of place and (rounding) in place, from 16-bit rows src rounded to each dtype. */
+static void rows_back(const char *path, const float *src)
+{
+    const gpu_dtype dts[2] = {GPU_FP16, GPU_BF16};
+    uint16_t h[ROWS * LDS];
+    float got[ROWS * LDS], want[ROWS * LDD];
+    char what[64];
+    for (int k = 0; k < 2; k++) {
+        snprintf(what, sizeof what, "%s, %s", path, gpu_dtype_name(dts[k]));
+        gpu_cvt_from_f32(h, dts[k], src, ROWS * LDS);
+        for (int i = 0; i < ROWS; i++)
+            gpu_cvt_to_f32(want + i * LDD, h + i * LDS, dts[k], COLS);
+        memset(got, 0xA5, sizeof got);
+        gpu_cvt_rows_to_f32(got, LDD, h, dts[k], LDS, ROWS, COLS);
+        rows_equal(got, LDD, want, what);
+        for (int i = 0; i < ROWS; i++)
+            gpu_round_n(want + i * LDD, src + i * LDS, COLS, dts[k]);
+        memset(got, 0xA5, sizeof got);
+        gpu_round_rows(got, LDD, src, LDS, ROWS, COLS, dts[k]);
+        rows_equal(got, LDD, want, what);
+        memset(got, 0xA5, sizeof got);
+        for (int i = 0; i < ROWS; i++)
+            memcpy(got + i * LDS, src + i * LDS, COLS * sizeof(float));
+        gpu_round_rows(got, LDS, got, LDS, ROWS, COLS, dts[k]);
+        rows_equal(got, LDS, want, what);
+    }
+}
+
 /* Strided rows (a head's output block inside wider rows, as the GPT stores it): the same
- * values as a conversion per row, on every path, the gaps between rows untouched. */
+ * values as a conversion per row, on every path, the gaps between rows untouched; the same
+ * for widening such rows and for rounding them. */
 START_TEST(t_rows)
 {
-    enum { ROWS = 7, COLS = 37, LDS = 50, LDD = 41 };
     float src[ROWS * LDS], f32[ROWS * LDD];
     uint16_t h[ROWS * LDD], want[ROWS * LDD];
     const gpu_dtype dts[2] = {GPU_FP16, GPU_BF16};
@@ -828,6 +870,7 @@ START_TEST(t_rows)
         gpu_cvt_rows_from_f32(f32, GPU_FP32, LDD, src, LDS, ROWS, COLS);
         for (int i = 0; i < ROWS; i++)
             ck_assert_uint_eq(first_diff32(f32 + i * LDD, src + i * LDS, COLS), COLS);
+        rows_back(paths[p], src);
     }
     ck_assert_int_eq(gpu_cvt_force(orig), 0);
 }
