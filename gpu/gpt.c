@@ -82,7 +82,7 @@
 #define INLINE static inline __attribute__((always_inline))
 
 #define LN_EPS 1e-5f
-#define CHUNK 4096 /* floats per chunk of a fused elementwise pass (16 KiB, in L1) */
+#define CHUNK 1024 /* floats per chunk of a fused elementwise pass (4 KiB: its passes stay in L1) */
 #define PAR_MIN 16384 /* floats below which a pass stays on one thread (a team costs ~1 us) */
 #define COLS 64 /* columns per block of a sum over rows: the unit its threads share out */
 #define PIECE 512 /* floats of a row widened at a time on the stack */
@@ -653,21 +653,27 @@ size_t gpu_gpt_attention_scratch_floats(int T, int hd, gpu_dtype mm_dt, int slot
         most = qk > most ? qk : most;
         most = pv > most ? pv : most;
     }
-    size_t per = 2 * align16f((size_t)T * (size_t)T) + 3 * align16f((size_t)T * (size_t)hd) +
+    size_t per = 2 * align16f((size_t)T * (size_t)T) + 4 * align16f((size_t)T * (size_t)hd) +
                  align16f(most);
     return (size_t)(slots > 1 ? slots : 1) * per;
 }
 
-/* A head's slot: two T x T regions, 2 T x hd floats for its Q, K, V and dY stored densely
- * in mm_dt, then its GEMMs' scratch (a dense T x hd output first where one is needed). */
+/* A head's slot: two T x T regions, 3 T x hd floats for its Q, K and V widened densely to
+ * fp32 or (the first 2 T x hd) its Q, K, V and dY stored densely in mm_dt, then its GEMMs'
+ * scratch (a dense T x hd output first where one is needed). */
+static float *head_dense(float *slot, int T)
+{
+    return slot + 2 * align16f((size_t)T * (size_t)T);
+}
+
 static uint16_t *head_dense16(float *slot, int T)
 {
-    return (uint16_t *)(void *)(slot + 2 * align16f((size_t)T * (size_t)T));
+    return (uint16_t *)(void *)head_dense(slot, T);
 }
 
 static float *head_gemm_scratch(float *slot, int T, int hd)
 {
-    return slot + 2 * align16f((size_t)T * (size_t)T) + 2 * align16f((size_t)T * (size_t)hd);
+    return head_dense(slot, T) + 3 * align16f((size_t)T * (size_t)hd);
 }
 
 /* The head's n blocks of T x hd 16-bit values, ld apart in rows and C apart from each other
@@ -845,6 +851,8 @@ static const float *p_for_mm(const float *P, float *pm, size_t n, gpu_dtype mm_d
 typedef struct {
     const float *qkv, *dy, *probs, *o, *lse;
     const uint16_t *qkv16; /* qkv stored in mm_dt, multiplied as it is (NULL: qkv in fp32) */
+    const uint16_t *qkv_w; /* qkv stored in mm_dt, each head widening its own slices (the
+                            * backward's heads where qkv16 is NULL; NULL: qkv in fp32) */
     uint16_t *out16;       /* with qkv16: y, or without diag dqkv, stored there in mm_dt
                             * and only there (NULL: dqkv written in fp32, for diag) */
     float *P, *y, *dqkv, *L;
@@ -860,8 +868,8 @@ static void rnd_block(float *v, int rows, int w, size_t ld, gpu_dtype dt)
 {
     for (int i = 0; dt == GPU_BF16 && i < rows; i++)
         bf16_rd_row(v + (size_t)i * ld, w);
-    for (int i = 0; dt == GPU_FP16 && i < rows; i++)
-        gpu_round_n(v + (size_t)i * ld, v + (size_t)i * ld, (size_t)w, dt);
+    if (dt == GPU_FP16)
+        gpu_round_rows(v, ld, v, ld, (size_t)rows, (size_t)w, dt);
 }
 
 /* The head's output y (T rows of hd at yh) rounded to mm_dt after its GEMM returned rc. */
@@ -943,11 +951,14 @@ static int attn_head_fwd16(const void *ctx, int b, int h, float *scratch, bool p
                        a->out16 + yo, C, gs);
 }
 
-/* What the model stores in mm_dt for an attention pass on the native path: qkv (multiplied
- * as it is stored) and where the heads also store their output (y, or dqkv; NULL: not). */
+/* What the model stores in mm_dt for an attention pass: on the native path qkv (multiplied
+ * as it is stored) and where the heads also store their output (y, or dqkv; NULL: not);
+ * elsewhere, for the backward, qkv to widen. */
 typedef struct {
     const uint16_t *qkv;
     uint16_t *out;
+    const uint16_t *wide; /* the backward's qkv stored in mm_dt, which the heads widen (qkv
+                           * NULL: the library cannot take mm_dt as stored) */
 } attn_store;
 
 /* gpu_gpt_attention_fwd, or with st (NULL: none) on qkv stored in mm_dt, which runs
@@ -1037,6 +1048,20 @@ static void attn_row_bwd16(const float *p, float *d, int n, int T, float scale, 
     bf16_scale_row(d, scale, n); /* the cast back to bf16, the scaling and its rounding */
 }
 
+/* The head's Q, K and V (at off in qkv_w) widened densely into its slot: T x hd each, one
+ * after the other; *ld becomes hd. */
+static const float *head_widened(const attn_args *a, size_t off, float *slot, int *ld)
+{
+    int T = a->T, hd = a->C / a->H;
+    float *q = head_dense(slot, T);
+    for (int i = 0; i < 3; i++)
+        gpu_cvt_rows_to_f32(q + (size_t)i * T * hd, (size_t)hd,
+                            a->qkv_w + off + (size_t)i * a->C, a->mm_dt, (size_t)*ld, (size_t)T,
+                            (size_t)hd);
+    *ld = hd;
+    return q;
+}
+
 static int attn_head_bwd(const void *ctx, int b, int h, float *scratch, bool par_rows)
 {
     (void)par_rows; /* read only by the pragmas, which a build without OpenMP drops */
@@ -1044,7 +1069,10 @@ static int attn_head_bwd(const void *ctx, int b, int h, float *scratch, bool par
     int T = a->T, C = a->C, hd = C / a->H, ld = 3 * C;
     size_t TT = (size_t)T * T, off = (size_t)b * T * ld + (size_t)h * hd;
     float scale = attn_scale(hd), *dS = scratch, *Pm = scratch + align16f(TT);
-    const float *q = a->qkv + off, *k = q + C, *v = q + 2 * C;
+    int lq = ld; /* Q, K and V's leading dimension, and how far apart they start */
+    const float *q = a->qkv_w ? head_widened(a, off, scratch, &lq) : a->qkv + off;
+    size_t apart = a->qkv_w ? (size_t)T * hd : (size_t)C;
+    const float *k = q + apart, *v = k + apart;
     float *dq = a->dqkv + off, *dk = dq + C, *dv = dq + 2 * C;
     const float *dyh = a->dy + (size_t)b * T * C + (size_t)h * hd;
     const float *P = a->probs + ((size_t)b * a->H + h) * TT;
@@ -1053,7 +1081,7 @@ static int attn_head_bwd(const void *ctx, int b, int h, float *scratch, bool par
     float *gs = head_gemm_scratch(scratch, T, hd);
     int rc = head_gemm(true, false, T, hd, T, pm, T, dyh, C, a->mm_dt, dv, ld, gs);
     if (!rc)
-        rc = head_gemm(false, true, T, T, hd, dyh, C, v, ld, a->mm_dt, dS, T, gs);
+        rc = head_gemm(false, true, T, T, hd, dyh, C, v, lq, a->mm_dt, dS, T, gs);
     if (rc)
         return rc;
     dprobs_in(dS, TT, a->mm_dt, a->sm_dt);
@@ -1064,9 +1092,9 @@ static int attn_head_bwd(const void *ctx, int b, int h, float *scratch, bool par
     if (a->diag)
         gpu_diag_backward(a->diag, a->layer, dS, TT); /* arriving at Q K^T's output */
     /* dQ = dS K, dK = dS^T Q */
-    rc = head_gemm(false, false, T, hd, T, dS, T, k, ld, a->mm_dt, dq, ld, gs);
+    rc = head_gemm(false, false, T, hd, T, dS, T, k, lq, a->mm_dt, dq, ld, gs);
     if (!rc)
-        rc = head_gemm(true, false, T, hd, T, dS, T, q, ld, a->mm_dt, dk, ld, gs);
+        rc = head_gemm(true, false, T, hd, T, dS, T, q, lq, a->mm_dt, dk, ld, gs);
     return head_dqkv_done(a, rc, dq);
 }
 
@@ -1122,7 +1150,8 @@ static int attn_head_bwd16(const void *ctx, int b, int h, float *scratch, bool p
 }
 
 /* gpu_gpt_attention_bwd, or with st as attention_fwd16 (qkv may then be NULL; the heads
- * store dqkv only without diag, which sees it before it is rounded). */
+ * store dqkv only without diag, which sees it before it is rounded), or with st->wide, whose
+ * slices each head widens (qkv may then be NULL). */
 static int attention_bwd16(const float *dy, const float *qkv, const attn_store *st,
                            const float *probs, int B, int T, int C, int H, gpu_dtype mm_dt,
                            gpu_dtype sm_dt, float *dqkv, float *scratch, int slots,
@@ -1130,8 +1159,8 @@ static int attention_bwd16(const float *dy, const float *qkv, const attn_store *
 {
     const uint16_t *qkv16 = st ? st->qkv : NULL;
     attn_args a = {.qkv = qkv, .qkv16 = qkv16, .out16 = st ? st->out : NULL, .dy = dy,
-                   .probs = probs, .dqkv = dqkv, .T = T, .C = C, .H = H, .mm_dt = mm_dt,
-                   .sm_dt = sm_dt, .diag = diag, .layer = layer};
+                   .qkv_w = st ? st->wide : NULL, .probs = probs, .dqkv = dqkv, .T = T, .C = C,
+                   .H = H, .mm_dt = mm_dt, .sm_dt = sm_dt, .diag = diag, .layer = layer};
     size_t per = gpu_gpt_attention_scratch_floats(T, C / H, mm_dt, 1);
     int rc = each_head(B, H, diag ? 1 : slots, per, scratch,
                        qkv16 ? attn_head_bwd16 : attn_head_bwd, &a);
@@ -1787,6 +1816,21 @@ static void *dy_store(const gpu_gpt *m, const gpt_scratch *sc)
     return sc->dyl && gpu_gemm_in_place(m->lin_dt) ? sc->dyl : NULL;
 }
 
+/* X (n values saved in lin_dt) as the weight gradient's GEMM reads it: in place where the
+ * library takes lin_dt as stored, else widened once into dX, which the input gradient's GEMM
+ * writes only afterwards (the two have the same shape). The GEMM then reads one fp32
+ * operand whole instead of widening it block by block and summing partial products. */
+static const void *x_for_dw(const gpu_gpt *m, const uint8_t *X, size_t n, float *dX,
+                            gpu_dtype *xdt)
+{
+    *xdt = m->lin_dt;
+    if (m->lin_dt == GPU_FP32 || gpu_gemm_in_place(m->lin_dt))
+        return X;
+    *xdt = GPU_FP32;
+    gpu_cvt_to_f32(dX, X, m->lin_dt, n);
+    return dX;
+}
+
 /* Backward of a linear in lin_dt from dY [N x O] (values of lin_dt; also in dy_store() when
  * dY_stored) and its saved input X (lin_dt, N x K): weight and bias gradients rounded to
  * lin_dt into grads, dX [N x K] written. With diag: the arriving dY, then each gradient
@@ -1799,7 +1843,7 @@ static int linear_bwd(const gpu_gpt *m, const gpu_gpt_weights *w, const float *d
                       size_t b_off, float *grads, float *dX, const gpt_scratch *sc,
                       gpu_diag *diag, int layer)
 {
-    gpu_dtype dt = m->lin_dt, wdt, ddt = GPU_FP32;
+    gpu_dtype dt = m->lin_dt, wdt, ddt = GPU_FP32, xdt;
     float *gw = grads + w_off, *gb = grads + b_off;
     const void *dy = dY;
     void *dy16 = dy_store(m, sc);
@@ -1811,7 +1855,8 @@ static int linear_bwd(const gpu_gpt *m, const gpu_gpt_weights *w, const float *d
         dy = dy16;
         ddt = dt;
     }
-    int rc = gpu_gemm_ex(true, false, O, K, N, dy, ddt, O, X, dt, K, dt, GPU_GEMM_AB_CONVERTED,
+    const void *x = x_for_dw(m, X, (size_t)N * K, dX, &xdt);
+    int rc = gpu_gemm_ex(true, false, O, K, N, dy, ddt, O, x, xdt, K, dt, GPU_GEMM_AB_CONVERTED,
                          0.0f, gw, K, sc->g);
     if (rc)
         return rc;
@@ -2074,6 +2119,15 @@ static const uint16_t *qkv16_of(const gpu_gpt *m, const uint8_t *acts, int l)
     return (const uint16_t *)(const void *)(acts + m->act[l].qkv);
 }
 
+/* Block l's saved qkv for the backward's heads to widen slice by slice: 16-bit lin_dt equal
+ * to mm_dt, materialised attention, not multiplied as stored (qkv16_of); else NULL. */
+static const uint16_t *qkv_wide_of(const gpu_gpt *m, const uint8_t *acts, int l)
+{
+    if (m->flash || m->mm_dt == GPU_FP32 || m->mm_dt != m->lin_dt || qkv16_of(m, acts, l))
+        return NULL;
+    return (const uint16_t *)(const void *)(acts + m->act[l].qkv);
+}
+
 /* The attention of block l on its qkv (values of lin_dt): y (values of lin_dt) written and
  * saved. */
 static int attention_fwd(const gpu_gpt *m, int l, int B, const float *qkv, uint8_t *acts,
@@ -2089,7 +2143,7 @@ static int attention_fwd(const gpu_gpt *m, int l, int B, const float *qkv, uint8
     }
     float *y = out_for(m, acts, A->atty, sc->aty);
     const uint16_t *qkv16 = qkv16_of(m, acts, l);
-    attn_store st = {qkv16, (uint16_t *)(void *)(acts + A->atty)};
+    attn_store st = {qkv16, (uint16_t *)(void *)(acts + A->atty), NULL};
     int dsc = dlayer(diag, l, "attn.scores", m->mm_dt); /* flash: its slot, no counts */
     if (m->flash)
         rc = gpu_gpt_flash_fwd(q, B, T, C, m->n_head, m->mm_dt, actf(acts, A->probs), y, sc->att,
@@ -2192,22 +2246,22 @@ static int attention_bwd(const gpu_gpt *m, int l, int B, const uint8_t *acts,
     int T = m->seq_len, C = m->d_model, rc;
     size_t nC = (size_t)B * T * C;
     gpu_dtype lin = m->lin_dt;
-    const uint16_t *qkv16 = qkv16_of(m, acts, l);
-    attn_store st = {qkv16, dy_only16(m, sc, diag) ? dy_store(m, sc) : NULL};
+    const uint16_t *qkv16 = qkv16_of(m, acts, l), *wide = qkv_wide_of(m, acts, l);
+    attn_store st = {qkv16, dy_only16(m, sc, diag) ? dy_store(m, sc) : NULL, wide};
     *stored = qkv16 && st.out;
     if (!qkv16) /* the heads round their slices as they store them */
         rnd_cast_par(sc->aty, nC, lin, m->mm_dt);
-    const float *qkv = qkv16 ? NULL /* the heads take the stored qkv16 */
-                             : saved_par(m, acts + A->qkv, 3 * nC, m->mm_dt, sc->qkvm);
+    const float *qkv = qkv16 || wide ? NULL /* the heads take the stored qkv */
+                                     : saved_par(m, acts + A->qkv, 3 * nC, m->mm_dt, sc->qkvm);
     int dsc = dlayer(diag, l, "attn.scores", m->mm_dt);
     if (m->flash)
         rc = gpu_gpt_flash_bwd(sc->aty, qkv, saved_par(m, acts + A->atty, nC, lin, sc->in32),
                                cactf(acts, A->probs), B, T, C, m->n_head, m->mm_dt, sc->dqkv,
                                sc->att, diag ? 1 : m->attn_slots, diag, dsc);
     else
-        rc = attention_bwd16(sc->aty, qkv, qkv16 ? &st : NULL, cactf(acts, A->probs), B, T, C,
-                             m->n_head, m->mm_dt, m->sm_dt, sc->dqkv, sc->att, m->attn_slots,
-                             diag, dsc);
+        rc = attention_bwd16(sc->aty, qkv, qkv16 || wide ? &st : NULL, cactf(acts, A->probs), B,
+                             T, C, m->n_head, m->mm_dt, m->sm_dt, sc->dqkv, sc->att,
+                             m->attn_slots, diag, dsc);
     if (rc)
         return rc;
     cast_par(sc->dqkv, 3 * nC, m->mm_dt, lin);
