@@ -828,7 +828,8 @@ int gpu_cvt_force(const char *impl)
 #define PAR_BLOCK (1 << 14)  /* elements per work item: a multiple of 64 */
 
 typedef enum {
-    OP_F32_F16, OP_F16_F32, OP_F32_BF16, OP_BF16_F32, OP_ROUND_F16, OP_ROUND_BF16
+    OP_F32_F16, OP_F16_F32, OP_F32_BF16, OP_BF16_F32, OP_ROUND_F16, OP_ROUND_BF16,
+    OP_COPY_F32 /* fp32 to fp32 (memmove: in place allowed) */
 } cvt_op;
 
 bool gpu_bf16_subnormals_made(void)
@@ -897,6 +898,9 @@ static void cvt_block(const cvt_impl *p, cvt_op op, void *dst, const void *src, 
         return;
     case OP_ROUND_BF16:
         p->round_bf16((float *)dst + off, (const float *)src + off, n);
+        return;
+    case OP_COPY_F32:
+        memmove((float *)dst + off, (const float *)src + off, n * sizeof(float));
         return;
     }
 }
@@ -1014,53 +1018,36 @@ void gpu_cvt_from_f32(void *dst, gpu_dtype ddt, const float *src, size_t n)
     }
 }
 
-/* op over rows of cols elements, lds elements apart at src (of es bytes each) and ldd apart
- * at dst (ed bytes each), on the calling thread. */
-static void rows_run(cvt_op op, void *dst, size_t ed, size_t ldd, const void *src, size_t es,
-                     size_t lds, size_t rows, size_t cols)
+/* op over rows of cols elements, lds elements apart at src and ldd apart at dst, on the
+ * calling thread; sdt and ddt: the dtypes of src and dst. */
+static void rows_run(cvt_op op, void *dst, gpu_dtype ddt, size_t ldd, const void *src,
+                     gpu_dtype sdt, size_t lds, size_t rows, size_t cols)
 {
     const cvt_impl *p = impl_get();
+    size_t ed = gpu_dtype_size(ddt), es = gpu_dtype_size(sdt);
     for (size_t r = 0; r < rows; r++)
         cvt_block(p, op, (char *)dst + r * ldd * ed, (const char *)src + r * lds * es, 0, cols);
-}
-
-/* rows x cols fp32 values, lds apart at src, copied to rows ldd apart at dst. */
-static void rows_copy(float *dst, size_t ldd, const float *src, size_t lds, size_t rows,
-                      size_t cols)
-{
-    for (size_t r = 0; r < rows; r++)
-        if (dst + r * ldd != src + r * lds)
-            memmove(dst + r * ldd, src + r * lds, cols * sizeof(float));
 }
 
 void gpu_cvt_rows_from_f32(void *dst, gpu_dtype ddt, size_t ldd, const float *src, size_t lds,
                            size_t rows, size_t cols)
 {
-    if (ddt == GPU_FP32)
-        rows_copy(dst, ldd, src, lds, rows, cols);
-    else
-        rows_run(ddt == GPU_FP16 ? OP_F32_F16 : OP_F32_BF16, dst, 2, ldd, src, 4, lds, rows,
-                 cols);
+    cvt_op op = ddt == GPU_FP32 ? OP_COPY_F32 : ddt == GPU_FP16 ? OP_F32_F16 : OP_F32_BF16;
+    rows_run(op, dst, ddt, ldd, src, GPU_FP32, lds, rows, cols);
 }
 
 void gpu_cvt_rows_to_f32(float *dst, size_t ldd, const void *src, gpu_dtype sdt, size_t lds,
                          size_t rows, size_t cols)
 {
-    if (sdt == GPU_FP32)
-        rows_copy(dst, ldd, src, lds, rows, cols);
-    else
-        rows_run(sdt == GPU_FP16 ? OP_F16_F32 : OP_BF16_F32, dst, 4, ldd, src, 2, lds, rows,
-                 cols);
+    cvt_op op = sdt == GPU_FP32 ? OP_COPY_F32 : sdt == GPU_FP16 ? OP_F16_F32 : OP_BF16_F32;
+    rows_run(op, dst, GPU_FP32, ldd, src, sdt, lds, rows, cols);
 }
 
 void gpu_round_rows(float *dst, size_t ldd, const float *src, size_t lds, size_t rows,
                     size_t cols, gpu_dtype dt)
 {
-    if (dt == GPU_FP32)
-        rows_copy(dst, ldd, src, lds, rows, cols);
-    else
-        rows_run(dt == GPU_FP16 ? OP_ROUND_F16 : OP_ROUND_BF16, dst, 4, ldd, src, 4, lds, rows,
-                 cols);
+    cvt_op op = dt == GPU_FP32 ? OP_COPY_F32 : dt == GPU_FP16 ? OP_ROUND_F16 : OP_ROUND_BF16;
+    rows_run(op, dst, GPU_FP32, ldd, src, GPU_FP32, lds, rows, cols);
 }
 
 /* ---- kernel-path switches (see gpu_int.h) ---------------------------------------------- */
