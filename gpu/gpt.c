@@ -1069,9 +1069,9 @@ static int attn_head_bwd(const void *ctx, int b, int h, float *scratch, bool par
     int T = a->T, C = a->C, hd = C / a->H, ld = 3 * C;
     size_t TT = (size_t)T * T, off = (size_t)b * T * ld + (size_t)h * hd;
     float scale = attn_scale(hd), *dS = scratch, *Pm = scratch + align16f(TT);
-    int lq = ld; /* Q, K and V's leading dimension, and how far apart they start */
+    int lq = ld; /* Q, K and V's leading dimension */
     const float *q = a->qkv_w ? head_widened(a, off, scratch, &lq) : a->qkv + off;
-    size_t apart = a->qkv_w ? (size_t)T * hd : (size_t)C;
+    size_t apart = a->qkv_w ? (size_t)T * hd : (size_t)C; /* from Q to K, and K to V */
     const float *k = q + apart, *v = k + apart;
     float *dq = a->dqkv + off, *dk = dq + C, *dv = dq + 2 * C;
     const float *dyh = a->dy + (size_t)b * T * C + (size_t)h * hd;
@@ -2108,24 +2108,22 @@ static void gelu_bwd_chunked(const gpu_gpt *m, const gpt_scratch *sc, float *d,
     }
 }
 
-/* Block l's saved qkv when the heads may multiply it as it is stored: 16-bit lin_dt equal
- * to mm_dt and multiplied natively, as planned (dy_copy: the backward's heads store dqkv in
- * the planned copy), materialised attention; else NULL. */
-static const uint16_t *qkv16_of(const gpu_gpt *m, const uint8_t *acts, int l)
+/* Block l's saved qkv where the heads may read it as stored: 16-bit lin_dt equal to mm_dt,
+ * materialised attention; else NULL. */
+static const uint16_t *qkv_saved16(const gpu_gpt *m, const uint8_t *acts, int l)
 {
-    if (m->flash || m->mm_dt == GPU_FP32 || m->mm_dt != m->lin_dt || !m->dy_copy ||
-        !gpu_gemm_in_place(m->mm_dt))
+    if (m->flash || m->mm_dt == GPU_FP32 || m->mm_dt != m->lin_dt)
         return NULL;
     return (const uint16_t *)(const void *)(acts + m->act[l].qkv);
 }
 
-/* Block l's saved qkv for the backward's heads to widen slice by slice: 16-bit lin_dt equal
- * to mm_dt, materialised attention, not multiplied as stored (qkv16_of); else NULL. */
-static const uint16_t *qkv_wide_of(const gpu_gpt *m, const uint8_t *acts, int l)
+/* qkv_saved16 where the heads may multiply it as it is stored: natively, as planned
+ * (dy_copy: the backward's heads store dqkv in the planned copy); else NULL. */
+static const uint16_t *qkv16_of(const gpu_gpt *m, const uint8_t *acts, int l)
 {
-    if (m->flash || m->mm_dt == GPU_FP32 || m->mm_dt != m->lin_dt || qkv16_of(m, acts, l))
+    if (!m->dy_copy || !gpu_gemm_in_place(m->mm_dt))
         return NULL;
-    return (const uint16_t *)(const void *)(acts + m->act[l].qkv);
+    return qkv_saved16(m, acts, l);
 }
 
 /* The attention of block l on its qkv (values of lin_dt): y (values of lin_dt) written and
@@ -2246,7 +2244,8 @@ static int attention_bwd(const gpu_gpt *m, int l, int B, const uint8_t *acts,
     int T = m->seq_len, C = m->d_model, rc;
     size_t nC = (size_t)B * T * C;
     gpu_dtype lin = m->lin_dt;
-    const uint16_t *qkv16 = qkv16_of(m, acts, l), *wide = qkv_wide_of(m, acts, l);
+    const uint16_t *qkv16 = qkv16_of(m, acts, l);
+    const uint16_t *wide = qkv16 ? NULL : qkv_saved16(m, acts, l); /* the heads widen it */
     attn_store st = {qkv16, dy_only16(m, sc, diag) ? dy_store(m, sc) : NULL, wide};
     *stored = qkv16 && st.out;
     if (!qkv16) /* the heads round their slices as they store them */
