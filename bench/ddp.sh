@@ -27,8 +27,10 @@ trap 'rm -rf "$TMP"' EXIT
 "$PY" -c 'import torch' 2>/dev/null ||
     { echo "bench/ddp.sh: PyTorch missing: apt-get install python3-torch" >&2; exit 1; }
 
-# ampd WORLD HOOK -> one JSON line like torch_ddp.py's
+# ampd WORLD HOOK -> one JSON line like torch_ddp.py's; a run that does not exit 0 ends the
+# benchmark, with its status and its log's last lines
 ampd_run() {
+    local rc=0
     cat >"$TMP/job.json" <<EOF
 {"name": "bench-ddp", "model": {"type": "mlp", "layers": [784, 1024, 1024, 10]},
  "data": {"type": "idx", "train": "fashion-mnist", "eval": "fashion-mnist:test"},
@@ -36,7 +38,13 @@ ampd_run() {
  "batch_size": 256, "steps": $STEPS, "seed": 1,
  "distributed": {"world_size": $1, "comm_hook": "$2", "bucket_mb": $BUCKET}}
 EOF
-    "$AMPD" run "$TMP/job.json" 2>/dev/null | "$PY" -c '
+    "$AMPD" run "$TMP/job.json" >"$TMP/ampd.out" 2>"$TMP/ampd.err" || rc=$?
+    if [ "$rc" -ne 0 ]; then
+        echo "bench/ddp.sh: ampd run (world $1, hook $2) exited with status $rc, not 0:" >&2
+        tail -n 5 "$TMP/ampd.err" >&2
+        exit 1
+    fi
+    "$PY" -c '
 import json, statistics, sys
 steps, summary = [], None
 for l in sys.stdin:
@@ -49,7 +57,7 @@ med = lambda k: statistics.median(s[k] for s in steps)
 print(json.dumps({"impl": "ampd", "world": int(sys.argv[1]), "hook": sys.argv[2],
                   "median_step_ms": summary["median_step_ms"], "comm_bytes": int(med("comm_bytes")),
                   "comm_ms": med("comm_ms"), "comm_exposed_ms": med("comm_exposed_ms"),
-                  "eval_acc": summary["eval_acc"]}))' "$1" "$2"
+                  "eval_acc": summary["eval_acc"]}))' "$1" "$2" <"$TMP/ampd.out"
 }
 
 torch_run() { # WORLD HOOK

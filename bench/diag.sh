@@ -34,9 +34,18 @@ job() { # dtype every -> job file
 EOF
 }
 
-run() { # dtype every -> "mean_ms diagnosed_mean_ms plain_mean_ms" (steps after the 10th)
+# run DTYPE EVERY -> "mean_ms diagnosed_mean_ms plain_mean_ms" (steps after the 10th); fails,
+# saying why, when ampd run does not exit 0
+run() {
+    local rc=0
     job "$1" "$2"
-    "$AMPD" run "$TMP/job.json" 2>/dev/null | "$PY" -c '
+    "$AMPD" run "$TMP/job.json" >"$TMP/ampd.out" 2>"$TMP/ampd.err" || rc=$?
+    if [ "$rc" -ne 0 ]; then
+        echo "bench/diag.sh: ampd run ($1, diagnostics_every $2) exited with status $rc, not 0:" >&2
+        tail -n 5 "$TMP/ampd.err" >&2
+        return 1
+    fi
+    "$PY" -c '
 import json, sys
 every = int(sys.argv[1])
 ms, diag = [], []
@@ -47,7 +56,7 @@ for line in sys.stdin:
         diag.append(every > 0 and o["step"] % every == 0)
 d = [m for m, f in zip(ms, diag) if f]
 p = [m for m, f in zip(ms, diag) if not f]
-print(sum(ms) / len(ms), sum(d) / len(d) if d else 0.0, sum(p) / len(p))' "$2"
+print(sum(ms) / len(ms), sum(d) / len(d) if d else 0.0, sum(p) / len(p))' "$2" <"$TMP/ampd.out"
 }
 
 echo "MLP 784-1024-1024-10, batch 256, AdamW, $STEPS steps, $ROUNDS rounds of off/on"
@@ -56,8 +65,10 @@ printf '%-6s %9s %9s %9s %9s %10s %12s %12s %10s\n' dtype "off best" "off med" "
 for dt in $DTYPES; do
     off=(); on=(); dsum=(); psum=()
     for ((r = 0; r < ROUNDS; r++)); do
-        read -r a _ _ <<<"$(run "$dt" 0)"
-        read -r b d p <<<"$(run "$dt" 50)"
+        res=$(run "$dt" 0) || exit 1
+        read -r a _ _ <<<"$res"
+        res=$(run "$dt" 50) || exit 1
+        read -r b d p <<<"$res"
         off+=("$a"); on+=("$b"); dsum+=("$d"); psum+=("$p")
     done
     "$PY" -c '

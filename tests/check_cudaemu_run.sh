@@ -36,22 +36,20 @@ check "check_run.sh passes on the emulated GPU ($(tail -1 "$TMP/run.log"))" test
 big='{"name":"big","model":{"layers":[784,4096,4096,10]},"data":{"type":"synthetic"},
       "steps":3,"device":"cuda","threads":1}'
 echo "$big" | AMPD_CUDAEMU_MEMORY=50000000 "$AMPD" run - >"$TMP/out" 2>"$TMP/err"
-rc=$?
-check "a model larger than the device is refused" test "$rc" -eq 2
+status_is "a model larger than the device is refused" 2 $?
 check "... saying what it needs and what the device has" \
     grep -Eq '"field":"model.layers","message":"the job needs 4[0-9]{2}\.[0-9] MiB \(weights 76\.4 MiB, master 0\.0 MiB, gradients 76\.4 MiB, optimizer 152\.9 MiB, activations [0-9.]+ MiB, workspace [0-9.]+ MiB\) but cuda:0 \(ampd CUDA emulator \(CPU\), the device \\"cuda\\" trains on\) has 47\.7 MiB"' "$TMP/err"
 echo "$big" | sed 's/"cuda"/"cpu"/' | AMPD_CUDAEMU_MEMORY=50000000 "$AMPD" run - >"$TMP/out" 2>/dev/null
+status_is "the same model on the CPU" 0 $?
 check "... while on the CPU it trains" grep -q '"status":"succeeded"' "$TMP/out"
 
 tiny='{"model":{"layers":[20,4]},"data":{"type":"synthetic"},"steps":3,"threads":1}'
 echo "$tiny" | AMPD_CUDAEMU_DEVICES=0 "$AMPD" run - >"$TMP/out" 2>"$TMP/err"
-rc=$?
-check "no device: auto trains on the CPU" test "$rc" -eq 0
+status_is "no device: auto trains on the CPU" 0 $?
 check "... and its start line says cpu" grep -q '"type":"start",.*"device":"cpu"' "$TMP/out"
 check "... and the log says why" grep -q 'using the CPU backend (no CUDA device' "$TMP/err"
 echo "${tiny%\}},\"device\":\"cuda\"}" | AMPD_CUDAEMU_DEVICES=0 "$AMPD" run - >"$TMP/out" 2>/dev/null
-rc=$?
-check "no device: cuda fails" test "$rc" -eq 1
+status_is "no device: cuda fails" 1 $?
 check "... naming the missing device" \
     grep -q '"status":"failed",.*"error":"device \\"cuda\\": no CUDA device' "$TMP/out"
 
@@ -61,8 +59,9 @@ det='{"name":"det","model":{"layers":[64,256,256,10]},"data":{"type":"synthetic"
       "precision":{"dtype":"fp16"},"optimizer":{"type":"adamw","grad_clip":0.5},"batch_size":64,
       "steps":30,"device":"cuda","threads":1}'
 for s in 11 12; do
-    echo "$det" | AMPD_CUDAEMU_SHUFFLE=$s "$AMPD" run - 2>/dev/null |
-        grep '"type":"step"' | sed 's/"step_ms".*//' >"$TMP/order$s"
+    echo "$det" | AMPD_CUDAEMU_SHUFFLE=$s "$AMPD" run - >"$TMP/out" 2>/dev/null
+    status_is "block order $s" 0 $?
+    grep '"type":"step"' "$TMP/out" | sed 's/"step_ms".*//' >"$TMP/order$s"
 done
 check "30 steps under each of two block orders" test "$(wc -l <"$TMP/order11")" -eq 30
 check "... the same bits in both (loss, scale, gradient norm)" cmp -s "$TMP/order11" "$TMP/order12"
@@ -75,8 +74,9 @@ flash='{"model":{"type":"gpt","n_layer":1,"n_head":2,"d_model":32,"seq_len":32,"
         "attention":"flash"},"data":{"type":"text","train":"fox.txt"},"precision":{"dtype":"bf16"},
         "batch_size":4,"steps":3,"eval_every":0,"threads":1,"device":"cuda"}'
 for d in cuda cpu; do
-    echo "${flash/\"cuda\"/\"$d\"}" | "$AMPD" run --data-root "$TMP/text" - 2>/dev/null \
-        | grep '"type":"step","step":3,' | sed 's/.*"loss":\([0-9.]*\).*/\1/' >"$TMP/flash-$d"
+    echo "${flash/\"cuda\"/\"$d\"}" | "$AMPD" run --data-root "$TMP/text" - >"$TMP/out" 2>/dev/null
+    status_is "a flash-attention gpt on $d" 0 $?
+    grep '"type":"step","step":3,' "$TMP/out" | sed 's/.*"loss":\([0-9.]*\).*/\1/' >"$TMP/flash-$d"
 done
 check "a flash-attention gpt trains on the device as on the CPU ($(cat "$TMP/flash-cuda") vs $(cat "$TMP/flash-cpu"))" \
     awk -v a="$(cat "$TMP/flash-cpu")" -v b="$(cat "$TMP/flash-cuda")" \
@@ -86,7 +86,9 @@ check "a flash-attention gpt trains on the device as on the CPU ($(cat "$TMP/fla
 flash2=${flash/\"seq_len\":32/\"seq_len\":80}
 for s in 11 12; do
     echo "${flash2/\"bf16\"/\"fp16\"}" | AMPD_CUDAEMU_SHUFFLE=$s "$AMPD" run --data-root "$TMP/text" - \
-        2>/dev/null | grep '"type":"step"' | sed 's/"step_ms".*//' >"$TMP/forder$s"
+        >"$TMP/out" 2>/dev/null
+    status_is "flash attention, block order $s" 0 $?
+    grep '"type":"step"' "$TMP/out" | sed 's/"step_ms".*//' >"$TMP/forder$s"
 done
 check "flash attention: 3 steps under each of two block orders" test "$(wc -l <"$TMP/forder11")" -eq 3
 check "... the same bits in both" cmp -s "$TMP/forder11" "$TMP/forder12"

@@ -60,10 +60,15 @@ spec() {
       \"distributed\": {\"world_size\": $1, \"comm_hook\": \"$2\"}${4:+, $4}}"
 }
 
-if spec 2 none 1 | "$AMPD" run - 2>&1 >/dev/null | grep -q 'built without MPI'; then
+spec 2 none 1 | "$AMPD" run - >/dev/null 2>"$TMP/mpi.err"
+rc=$?
+if grep -q 'built without MPI' "$TMP/mpi.err"; then
+    status_is "a job of 2 ranks without MPI is refused" 2 "$rc"
+    [ "$fail" -eq 0 ] || { echo "$pass passed, $fail failed"; exit 1; }
     echo "check_dist: SKIP: this ampd was built without MPI"
     exit 77
 fi
+status_is "world 2, 1 step (is MPI there)" 0 "$rc"
 
 # js FILE EXPR: EXPR evaluated with `steps` (the step lines by step number), `lines` (all of
 # them) and the helpers below; prints its value
@@ -86,7 +91,7 @@ jsok() { js "$1" "$2" test; }
 # ---- the same losses as world 1 ----------------------------------------------------------
 for w in 1 2 4; do
     spec $w none 50 | "$AMPD" run - >"$TMP/w$w.out" 2>"$TMP/w$w.err"
-    check "world $w: exit 0" test $? -eq 0
+    status_is "world $w" 0 $?
 done
 for w in 2 4; do
     check "world $w: 50 step lines" test "$(grep -c '"type":"step"' "$TMP/w$w.out")" -eq 50
@@ -115,7 +120,7 @@ adam='"optimizer": {"type": "adamw", "lr": 0.001}'
 for h in none fp16 bf16; do
     spec 2 $h 1000 | sed "s/\"optimizer\": {[^}]*}/$adam/" | "$AMPD" run --every 100 - \
         >"$TMP/h$h.out" 2>/dev/null
-    check "hook $h: exit 0" test $? -eq 0
+    status_is "hook $h" 0 $?
 done
 nb=$(js "$TMP/hnone.out" 'steps[100].comm_bytes')
 for h in fp16 bf16; do
@@ -132,7 +137,7 @@ done
 spec 2 fp16 4 '"diagnostics_every": 0' |
     sed 's/"precision": {[^}]*}/"precision": {"dtype": "bf16", "loss_scale": {"mode": "dynamic", "init": 16777216}}/' |
     "$AMPD" run - >"$TMP/ov.out" 2>"$TMP/ov.err"
-check "comm overflow: exit 0" test $? -eq 0
+status_is "comm overflow" 0 $?
 check "comm overflow: step 1 skipped" jsok "$TMP/ov.out" 'steps[1].skipped'
 check "comm overflow: where is comm, with the tensors" \
     jsok "$TMP/ov.out" 'lines.some(l => l.type === "layers" && l.step === 1 &&
@@ -162,7 +167,7 @@ wait $sup
 rc=$?
 t1=$(date +%s%N)
 echo "kill -9 of rank 1: the job ended after $(((t1 - t0) / 1000000)) ms"
-check "kill -9: exit status 1" test $rc -eq 1
+status_is "kill -9" 1 "$rc"
 check "kill -9: ended within 10 s" test $(((t1 - t0) / 1000000)) -lt 10000
 check "kill -9: the log names rank 1 and the signal" grep -q 'rank 1 .*signal 9' "$TMP/k.err"
 check "kill -9: no rank is left" test -z "$(pgrep -f "run $TMP/long.json")"
@@ -170,6 +175,7 @@ check "kill -9: no rank is left" test -z "$(pgrep -f "run $TMP/long.json")"
 # ---- stop, checkpoint, resume --------------------------------------------------------------
 spec 2 none 120 >"$TMP/r.json"
 "$AMPD" run "$TMP/r.json" >"$TMP/full.out" 2>/dev/null
+status_is "uninterrupted run" 0 $?
 mkdir "$TMP/ck"
 "$AMPD" run --checkpoint-dir "$TMP/ck" "$TMP/r.json" >"$TMP/part.out" 2>"$TMP/part.err" &
 sup=$!
@@ -179,31 +185,32 @@ for _ in $(seq 200); do
 done
 kill -INT $sup
 wait $sup
-check "SIGINT: exit status 130" test $? -eq 130
+status_is "SIGINT" 130 $?
 check "SIGINT: interrupted" grep -q '"status":"interrupted"' "$TMP/part.out"
 ck=$(ls "$TMP"/ck/ckpt-*.safetensors 2>/dev/null | head -1)
 check "SIGINT: rank 0 wrote a checkpoint" test -n "$ck"
 check "SIGINT: both ranks stopped after the same step" \
     test "$(grep -o 'stopped at step [0-9]*' "$TMP/part.err" | sort -u | wc -l)" -eq 1
 "$AMPD" run --resume "$ck" "$TMP/r.json" >"$TMP/res.out" 2>/dev/null
-check "resume: exit 0" test $? -eq 0
+status_is "resume" 0 $?
 check "resume: every step after the checkpoint equals the uninterrupted run's" \
     jsok "$TMP/res.out" "Object.keys(steps).length > 0 && Object.keys(steps).every(s =>
         steps[s].loss === load('$TMP/full.out')[s].loss &&
         steps[s].grad_norm === load('$TMP/full.out')[s].grad_norm)"
 sed 's/"world_size": 2/"world_size": 4/' "$TMP/r.json" >"$TMP/r4.json"
 "$AMPD" run --resume "$ck" "$TMP/r4.json" >/dev/null 2>"$TMP/r4.err"
-check "resume with 4 ranks: refused" test $? -eq 1
+status_is "resume with 4 ranks: refused" 1 $?
 check "resume with 4 ranks: the message names the world size" \
     grep -q 'written by a job of 2 rank(s) and this one has 4 (distributed.world_size)' "$TMP/r4.err"
 
 # ---- gradient accumulation -------------------------------------------------------------------
 spec 1 none 30 >"$TMP/b256.json"
 "$AMPD" run "$TMP/b256.json" >"$TMP/b256.out" 2>/dev/null
+status_is "batch 256" 0 $?
 for w in 1 2; do
     spec $w none 30 '"grad_accum_steps": 4' | sed 's/"batch_size": 256/"batch_size": 64/' |
         "$AMPD" run - >"$TMP/acc$w.out" 2>/dev/null
-    check "accumulation, world $w: exit 0" test $? -eq 0
+    status_is "accumulation, world $w" 0 $?
     m=$(js "$TMP/acc$w.out" "maxrel(load('$TMP/b256.out'), 'loss')")
     echo "grad_accum_steps 4 x batch 64, world $w: largest relative loss difference from batch 256: $m"
     check "accumulation, world $w: 4 x 64 equals 256 within 1e-5" jsok "$TMP/acc$w.out" "$m <= 1e-5"
@@ -215,9 +222,10 @@ done
 # the device step between backward and the unscale all run as on GPUs.
 f16='s/"precision": {[^}]*}/"precision": {"dtype": "fp16"}/'
 spec 2 fp16 20 '"device": "cpu"' | sed "$f16" | "$AMPD" run - >"$TMP/c16.out" 2>/dev/null
+status_is "CPU ranks, fp16 hook" 0 $?
 spec 2 fp16 20 '"device": "cuda"' | sed "$f16" |
     AMPD_CUDAEMU_DEVICES=2 "$AMPD_EMU" run - >"$TMP/g16.out" 2>"$TMP/g16.err"
-check "CUDA ranks, fp16 hook: exit 0" test $? -eq 0
+status_is "CUDA ranks, fp16 hook" 0 $?
 check "CUDA ranks: rank 0 trains on the emulated device" \
     grep -q '"type":"start",.*"device":"cuda:0 (ampd CUDA emulator' "$TMP/g16.out"
 m=$(js "$TMP/g16.out" "maxrel(load('$TMP/c16.out'), 'loss')")
@@ -233,6 +241,7 @@ check "CUDA ranks, fp16 hook: the CPU's scales and skips" \
 check "CUDA ranks: both ranks end in the same state" \
     test "$(grep -o 'stopped at step 20: .*' "$TMP/g16.err" | sort -u | wc -l)" -eq 1
 spec 2 none 20 '"device": "cuda"' | AMPD_CUDAEMU_DEVICES=2 "$AMPD_EMU" run - >"$TMP/g2.out" 2>/dev/null
+status_is "CUDA ranks, hook none" 0 $?
 m=$(js "$TMP/g2.out" "Math.max(...Object.keys(steps).map(s => rel(steps[s].loss, load('$TMP/w1.out')[s].loss)))")
 echo "CUDA ranks (emulated), world 2, fp32, hook none: largest relative loss difference from world 1 on the CPU: $m"
 check "CUDA ranks, hook none: each loss within 1e-5 of world 1 on the CPU" \
@@ -249,8 +258,10 @@ gpt='{"name": "gpt", "model": {"type": "gpt", "n_layer": 2, "n_head": 2, "d_mode
   "batch_size": 8, "steps": 3, "seed": 1, "threads": 1, "device": "DEVICE",
   "distributed": {"world_size": 2, "comm_hook": "fp16", "bucket_mb": 0.0625}}'
 echo "${gpt/DEVICE/cpu}" | "$AMPD" run --data-root "$TMP/text" - >"$TMP/gptc.out" 2>/dev/null
+status_is "CPU ranks, a GPT" 0 $?
 echo "${gpt/DEVICE/cuda}" | AMPD_CUDAEMU_DEVICES=2 "$AMPD_EMU" run --data-root "$TMP/text" - \
     >"$TMP/gptg.out" 2>"$TMP/gptg.err"
+status_is "CUDA ranks, a GPT" 0 $?
 check "CUDA ranks, a GPT in 64 KiB buckets: 3 steps within 1e-4 of the CPU ranks' losses" \
     jsok "$TMP/gptg.out" "Object.keys(steps).length === 3 && Object.keys(steps).every(s =>
         rel(steps[s].loss, load('$TMP/gptc.out')[s].loss) <= 1e-4)"
@@ -259,6 +270,7 @@ check "CUDA ranks, a GPT: both ranks end with the same weights" \
 spec 2 fp16 3 '"diagnostics_every": 1, "device": "cuda"' |
     sed 's/"precision": {[^}]*}/"precision": {"dtype": "bf16", "loss_scale": {"mode": "dynamic", "init": 16777216}}/' |
     AMPD_CUDAEMU_DEVICES=2 "$AMPD_EMU" run - >"$TMP/gov.out" 2>"$TMP/gov.err"
+status_is "CUDA ranks, comm overflow" 0 $?
 check "CUDA ranks, comm overflow: step 1 skipped, where is comm" \
     jsok "$TMP/gov.out" 'steps[1].skipped && lines.some(l => l.type === "layers" &&
         l.step === 1 && l.first_nonfinite.where === "comm")'
@@ -268,10 +280,11 @@ check "CUDA ranks, comm overflow: ... with equal states" \
     test "$(grep -o 'stopped at step 3: .*' "$TMP/gov.err" | sort -u | wc -l)" -eq 1
 spec 2 none 2 '"device": "cuda"' | AMPD_CUDAEMU_DEVICES=1 timeout 60 "$AMPD_EMU" run - \
     >/dev/null 2>"$TMP/g1dev.err"
-check "two CUDA ranks, one device: the job fails" test $? -eq 1
+status_is "two CUDA ranks, one device: the job fails" 1 $?
 check "... naming the rank and the device it lacks" \
     grep -q 'rank 1 of this host needs CUDA device 1, but the host has 1' "$TMP/g1dev.err"
 spec 2 none 2 '"device": "auto"' | AMPD_CUDAEMU_DEVICES=1 "$AMPD_EMU" run - >"$TMP/gauto.out" 2>/dev/null
+status_is "two ranks, one device, auto" 0 $?
 check "two ranks, one device, auto: both on the CPU" \
     grep -q '"type":"start",.*"device":"cpu"' "$TMP/gauto.out"
 
@@ -332,6 +345,7 @@ check "daemon: the next job ran" test "$(curl -sS -m 5 "$URL/v1/jobs/$id2" | fie
 # those of an uninterrupted run
 spec 2 none 300 >"$TMP/c.json"
 "$AMPD" run "$TMP/c.json" >"$TMP/c.out" 2>/dev/null
+status_is "uninterrupted run of 300 steps" 0 $?
 id3=$(tr -d '\n' <"$TMP/c.json" | { read -r b; post "$b"; } | field id)
 for _ in $(seq 300); do
     [ "$(curl -sS -m 5 "$URL/v1/jobs/$id3" | field progress.step)" -ge 20 ] && break
@@ -362,10 +376,11 @@ wait "$dpid"
 
 # ---- spec errors -------------------------------------------------------------------------------
 spec 3 none 5 | "$AMPD" run - >"$TMP/e.out" 2>&1
-check "batch 256 over 3 ranks: refused (2)" test $? -eq 2
+status_is "batch 256 over 3 ranks: refused" 2 $?
 check "... naming batch_size" grep -q '"field":"batch_size"' "$TMP/e.out"
 spec 2 none 5 | sed 's/"comm_hook": "none"/"comm_hook": "none", "hosts": ["-bad"]/' |
     "$AMPD" run - >"$TMP/e.out" 2>&1
+status_is "a bad host: refused" 2 $?
 check "a bad host: refused, naming distributed.hosts[0]" \
     grep -q '"field":"distributed.hosts\[0\]"' "$TMP/e.out"
 

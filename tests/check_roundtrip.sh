@@ -4,7 +4,8 @@
 # precision.autocast.table, every default) is a spec that can be submitted back. For an mlp
 # on Fashion-MNIST (IDX, from $AMPD_TEST_DATA; skipped without it), an mlp on synthetic data
 # with autocast overrides, and a gpt on a text file:
-#   print -> `ampd run -` on it -> print gives the same canonical spec, byte for byte;
+#   print -> `ampd run -` on it -> print gives the same canonical spec, byte for byte (every
+#   `ampd run` exiting 0);
 #   print -> POST /v1/jobs on a daemon is accepted (201), the job keeps that spec, its
 #   worker accepts it and trains (succeeded), and `ampd run` on the spec the daemon stored
 #   prints it again.
@@ -72,9 +73,11 @@ for name in mlp-idx mlp-synthetic gpt-text; do
     fi
     printf '%s\n' "${CASES[$name]}" >"$TMP/$name.json"
     canon "$TMP/$name.json" "$TMP/$name.c1"
+    status_is "$name: ampd run on the spec" 0 $?
     check "$name: ampd run prints a canonical spec" test -s "$TMP/$name.c1"
     canon "$TMP/$name.c1" "$TMP/$name.c2"
-    check "$name: the canonical spec submitted back to ampd run is accepted (rc $?)" \
+    status_is "$name: ampd run on the canonical spec" 0 $?
+    check "$name: the canonical spec submitted back to ampd run is accepted" \
         test -s "$TMP/$name.c2"
     check "$name: ... and prints the same canonical spec" cmp -s "$TMP/$name.c1" "$TMP/$name.c2"
 
@@ -95,6 +98,7 @@ for name in mlp-idx mlp-synthetic gpt-text; do
         grep -qF ",\"spec\":$(cat "$TMP/$name.c1")}" "$TMP/$name.job"
     sed 's/^.*,"spec"://; s/}$//' "$TMP/$name.job" >"$TMP/$name.stored"
     canon "$TMP/$name.stored" "$TMP/$name.c3"
+    status_is "$name: ampd run on the stored spec" 0 $?
     check "$name: ... and ampd run on the stored spec prints it again" \
         cmp -s "$TMP/$name.c1" "$TMP/$name.c3"
 done

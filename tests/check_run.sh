@@ -10,6 +10,9 @@
 # ask for "device": "cpu", so that they test the same thing on a machine with a GPU.
 # `--profile 2` prints step 2's phases, which add up to its time: forward, backward, unscale
 # and optimizer on the CPU; on a GPU each layer's ops (attention, linears...) and the tail.
+# Every `ampd run` here has its exit status checked (status_is: 0 succeeded, 1 failed,
+# 2 refused, 130 interrupted), so that a run that prints all its lines, a "succeeded" summary
+# included, and then dies of a signal (134: SIGABRT in its cleanup) fails a check.
 set -u
 AMPD=${AMPD:-./ampd}
 TMP=$(mktemp -d)
@@ -23,8 +26,7 @@ job='{"name": "tiny", "model": {"layers": [20, 32, 4]},
       "threads": 1}'
 
 echo "$job" | "$AMPD" run - >"$TMP/out" 2>"$TMP/err"
-rc=$?
-check "run exits 0" test "$rc" -eq 0
+status_is "run" 0 $?
 check "one start line" test "$(grep -c '"type":"start"' "$TMP/out")" -eq 1
 check "one line per step" test "$(grep -c '"type":"step"' "$TMP/out")" -eq 40
 check "eval at 20 and at the end" test "$(grep -c '"type":"eval"' "$TMP/out")" -eq 2
@@ -36,6 +38,7 @@ check "the start line names the device" \
     grep -Eq '"type":"start",.*"device":"(cpu|cuda:[0-9]+ \(.*\))"' "$TMP/out"
 
 echo "$job" | "$AMPD" run --every 10 - >"$TMP/out"
+status_is "--every 10" 0 $?
 check "--every 10 prints 4 steps" test "$(grep -c '"type":"step"' "$TMP/out")" -eq 4
 
 # per-layer diagnostics: a "layers" line every diagnostics_every steps that --every does not
@@ -45,6 +48,7 @@ dj='{"name": "diag", "model": {"layers": [20, 32, 32, 4]},
      "precision": {"dtype": "fp16"}, "batch_size": 32, "steps": 40, "diagnostics_every": 10,
      "threads": 1, "device": "cpu"}'
 echo "$dj" | "$AMPD" run --every 40 - >"$TMP/out" 2>/dev/null
+status_is "diagnosed job" 0 $?
 check "diagnosed job: one step line with --every 40" test "$(grep -c '"type":"step"' "$TMP/out")" -eq 1
 check "diagnosed job: a layers line every 10 steps all the same" \
     test "$(grep -c '"type":"layers"' "$TMP/out")" -eq 4
@@ -61,8 +65,7 @@ ov='{"name": "ovf", "model": {"layers": [32, 32, 32, 4], "init_scale": 300},
      "precision": {"dtype": "fp16"}, "batch_size": 64, "steps": 200, "threads": 1,
      "device": "cpu"}'
 echo "$ov" | "$AMPD" run --every 1000 - >"$TMP/out" 2>/dev/null
-rc=$?
-check "overflowing job fails at the floor" test "$rc" -eq 1
+status_is "overflowing job fails at the floor" 1 $?
 check "every overflowing step has a layers line" test "$(grep -c '"type":"layers"' "$TMP/out")" -eq 66
 check "the first inf/NaN: fc2's forward pass" \
     grep -q '"type":"layers","step":1,"scale":65536.0,"first_nonfinite":{"layer":"fc2","where":"forward"}' "$TMP/out"
@@ -74,17 +77,16 @@ check "the failure carries the diagnosis" \
     grep -q '"status":"failed".*"error":"loss scale stuck at its floor 1 for 50 overflowing steps in a row: fc2.s forward activations reach' "$TMP/out"
 
 echo '{"optimizer": {"lr": -1}}' | "$AMPD" run - >"$TMP/out" 2>"$TMP/err"
-rc=$?
-check "bad spec exits 2" test "$rc" -eq 2
+status_is "bad spec" 2 $?
 check "bad spec names the field" grep -q '"field":"optimizer.lr"' "$TMP/err"
 check "bad spec prints no steps" test ! -s "$TMP/out"
 
 echo '{"model": {"layers": [20, 4]}, "dataa": {}}' | "$AMPD" run - 2>"$TMP/err" >/dev/null
+status_is "unknown field" 2 $?
 check "unknown field refused" grep -q '"field":"dataa"' "$TMP/err"
 
 "$AMPD" run "$TMP/missing.json" 2>"$TMP/err" >/dev/null
-rc=$?
-check "missing file exits 2" test "$rc" -eq 2
+status_is "missing file" 2 $?
 
 # CUDA devices pass the spec and fail at start when unusable: no device 63 anywhere (no
 # driver, no device or a build without CUDA says so first); "cuda" itself fails the same
@@ -92,8 +94,7 @@ check "missing file exits 2" test "$rc" -eq 2
 nocuda='no CUDA|built without CUDA|CUDA unavailable'
 echo '{"model": {"layers": [20, 4]}, "data": {"type": "synthetic"}, "device": "cuda:63"}' |
     "$AMPD" run - >"$TMP/out" 2>"$TMP/err"
-rc=$?
-check "device cuda:63 fails" test "$rc" -eq 1
+status_is "device cuda:63 fails" 1 $?
 check "the failure says why" \
     grep -Eq '"status":"failed","dtype":"fp32","steps":0,"error":"device \\"cuda:63\\": ('"$nocuda"')' "$TMP/out"
 check "the log says why" grep -Eq "$nocuda" "$TMP/err"
@@ -101,10 +102,10 @@ echo '{"model": {"layers": [20, 4]}, "data": {"type": "synthetic"}, "device": "c
        "steps": 5}' | "$AMPD" run - >"$TMP/out" 2>"$TMP/err"
 rc=$?
 if "$AMPD" version | grep -q '^cuda: device available'; then
-    check "device cuda trains on the GPU" test "$rc" -eq 0
+    status_is "device cuda trains on the GPU" 0 "$rc"
     check "its start line names it" grep -q '"device":"cuda:0 (' "$TMP/out"
 else
-    check "device cuda without a usable GPU fails" test "$rc" -eq 1
+    status_is "device cuda without a usable GPU fails" 1 "$rc"
     check "the failure names the missing CUDA" \
         grep -Eq '"status":"failed","dtype":"fp32","steps":0,"error":"device \\"cuda\\": ('"$nocuda"')' "$TMP/out"
     check "an error line names it" grep -Eq "$nocuda" "$TMP/err"
@@ -122,8 +123,7 @@ done
 sleep 0.5
 kill -INT "$pid"
 wait "$pid"
-rc=$?
-check "SIGINT exits 130" test "$rc" -eq 130
+status_is "SIGINT" 130 $?
 check "SIGINT summary says interrupted" grep -q '"status":"interrupted"' "$TMP/out"
 check "SIGINT writes a checkpoint first" grep -q '"type":"checkpoint"' "$TMP/out"
 
@@ -146,8 +146,7 @@ sleep 0.5 # the signal lands while the pipe is still full
 timeout 30 cat <&7 >"$TMP/out"
 exec 7<&-
 wait "$pid"
-rc=$?
-check "SIGTERM then exits 130" test "$rc" -eq 130
+status_is "SIGTERM then" 130 $?
 last=$(grep -o '"type":"summary",.*"steps":[0-9]*' "$TMP/out" | grep -o '[0-9]*$')
 grep -o '^{"type":"step","step":[0-9]*' "$TMP/out" | grep -o '[0-9]*$' >"$TMP/steps"
 check "... with a line for every step up to the summary's (${last:-none})" \
@@ -162,11 +161,14 @@ echo "$ck" >"$TMP/ck.json"
 mkdir -p "$TMP/ck"
 steps_of() { grep '"type":"step"' "$1" | sed 's/,"step_ms".*//'; }
 "$AMPD" run "$TMP/ck.json" >"$TMP/full" 2>/dev/null
+status_is "uninterrupted run" 0 $?
 "$AMPD" run --checkpoint-dir "$TMP/ck" "$TMP/ck.json" >"$TMP/first" 2>/dev/null
+status_is "run with checkpoints" 0 $?
 check "checkpoint lines at 20 and 40" test "$(grep -c '"type":"checkpoint"' "$TMP/first")" -eq 2
 check "checkpoint is a safetensors file" test -s "$TMP/ck/ckpt-20.safetensors"
 "$AMPD" run --checkpoint-dir "$TMP/ck" --resume "$TMP/ck/ckpt-20.safetensors" "$TMP/ck.json" \
     >"$TMP/resumed" 2>/dev/null
+status_is "resumed run" 0 $?
 check "resume line" grep -q '"type":"resume","step":20' "$TMP/resumed"
 check "resumed run prints steps 21..40" test "$(grep -c '"type":"step"' "$TMP/resumed")" -eq 20
 steps_of "$TMP/full" | tail -n 20 >"$TMP/a"
@@ -174,16 +176,15 @@ steps_of "$TMP/resumed" >"$TMP/b"
 check "resumed steps equal the uninterrupted run bit for bit" cmp -s "$TMP/a" "$TMP/b"
 echo "$ck" | sed 's/\[20, 32, 4\]/[20, 16, 4]/' >"$TMP/other.json"
 "$AMPD" run --resume "$TMP/ck/ckpt-20.safetensors" "$TMP/other.json" >"$TMP/out" 2>/dev/null
-rc=$?
-check "another job's checkpoint is refused" test "$rc" -eq 1
+status_is "another job's checkpoint is refused" 1 $?
 check "the refusal names the tensor" grep -q 'fc1.weight does not match' "$TMP/out"
 printf 'garbage, not a safetensors file at all' >"$TMP/ck/bad.safetensors"
 "$AMPD" run --resume "$TMP/ck/bad.safetensors" "$TMP/ck.json" >"$TMP/out" 2>/dev/null
-rc=$?
-check "a file that is not a checkpoint is skipped, saying so (exit $rc)" \
+status_is "--resume of a file that is not a checkpoint" 0 $?
+check "a file that is not a checkpoint is skipped, saying so" \
     grep -q '"type":"resume","step":0,"path":null,"verified":false,"skipped":\[{"step":null,"path":"[^"]*bad.safetensors","reason":"not an ampd checkpoint' "$TMP/out"
 check "... and, nothing older being there, the run starts from step 0" \
-    test "$rc" -eq 0 -a "$(grep -c '"type":"step"' "$TMP/out")" -eq 40
+    test "$(grep -c '"type":"step"' "$TMP/out")" -eq 40
 
 # ---- checkpoints: checksums, resuming past damaged ones ------------------------------------
 # every 5 steps, all kept (checkpoints.keep_last 0): ckpt-5 .. ckpt-40
@@ -191,6 +192,7 @@ sed 's/"checkpoint_every": 20/"checkpoint_every": 5, "checkpoints": {"keep_last"
     "$TMP/ck.json" >"$TMP/ck5.json"
 mkdir -p "$TMP/ck5"
 "$AMPD" run --checkpoint-dir "$TMP/ck5" "$TMP/ck5.json" >/dev/null 2>&1
+status_is "run with a checkpoint every 5 steps" 0 $?
 ckpts() { ls "$1" | grep '^ckpt-[0-9]*\.safetensors$' | sed 's/ckpt-//; s/\..*//' | sort -n | tr '\n' ' '; }
 check "checkpoints.keep_last 0 keeps every checkpoint" \
     test "$(ckpts "$TMP/ck5")" = '5 10 15 20 25 30 35 40 '
@@ -204,8 +206,7 @@ flip_byte "$TMP/ck5/ckpt-35.safetensors" -100
 rm "$TMP/ck5/ckpt-30.safetensors"
 "$AMPD" run --checkpoint-dir "$TMP/ck5" --resume "$TMP/ck5" "$TMP/ck5.json" >"$TMP/walk" \
     2>"$TMP/walk.err"
-rc=$?
-check "--resume DIR past damaged checkpoints exits 0 (exit $rc)" test "$rc" -eq 0
+status_is "--resume DIR past damaged checkpoints" 0 $?
 check "... continuing from the newest that verifies, step 25" \
     grep -q '"type":"resume","step":25,"path":"[^"]*/ck5/ckpt-25.safetensors","verified":true,' "$TMP/walk"
 check "... the truncated one skipped as truncated" \
@@ -226,6 +227,7 @@ check "the steps after the resume (26..40) equal the uninterrupted run's bit for
     sh -c "test \$(wc -l <'$TMP/b') -eq 15 && cmp -s '$TMP/a' '$TMP/b'"
 check "the rerun wrote 30, 35 and 40 again" test "$(ckpts "$TMP/ck5")" = '5 10 15 20 25 30 35 40 '
 "$AMPD" run --resume "$TMP/ck5/ckpt-40.safetensors" "$TMP/ck5.json" >"$TMP/out" 2>/dev/null
+status_is "--resume of the new ckpt-40" 0 $?
 check "... whole: a resume from the new ckpt-40 verifies it" \
     grep -q '"type":"resume","step":40,"path":"[^"]*ckpt-40.safetensors","verified":true,"skipped":\[\]}' "$TMP/out"
 
@@ -235,6 +237,7 @@ cp -r "$TMP/ck5.orig" "$TMP/ck6"
 rm "$TMP/ck6/ckpt-30.safetensors"
 perl -0777 -pi -e 's/"step":"25"/"step":"26"/' "$TMP/ck6/ckpt-25.safetensors"
 "$AMPD" run --resume "$TMP/ck6/ckpt-30.safetensors" "$TMP/ck5.json" >"$TMP/out" 2>/dev/null
+status_is "--resume FILE past a missing and a changed checkpoint" 0 $?
 check "--resume FILE: a missing file is skipped as missing, a changed header as a checksum mismatch" \
     grep -q '"type":"resume","step":20,"path":"[^"]*ckpt-20.safetensors","verified":true,"skipped":\[{"step":30,"path":"[^"]*ckpt-30.safetensors","reason":"missing"},{"step":25,"path":"[^"]*ckpt-25.safetensors","reason":"checksum mismatch' "$TMP/out"
 check "... without --checkpoint-dir nothing in that directory is dropped" \
@@ -246,6 +249,7 @@ cp "$TMP/ck5.orig/ckpt-5.safetensors" "$TMP/ck7/"
 flip_byte "$TMP/ck7/ckpt-5.safetensors" -1
 "$AMPD" run --checkpoint-dir "$TMP/ck7" --resume "$TMP/ck7" "$TMP/ck5.json" >"$TMP/out" \
     2>"$TMP/err"
+status_is "--resume DIR where no checkpoint verifies" 0 $?
 check "no checkpoint verifies: the run starts from step 0" \
     grep -q '"type":"resume","step":0,"path":null,"verified":false,"skipped":\[{"step":5,' "$TMP/out"
 check "... saying so in the log" grep -q 'no checkpoint verifies (1 skipped): training from step 0' "$TMP/err"
@@ -258,6 +262,7 @@ cp "$TMP/ck5.orig/ckpt-20.safetensors" "$TMP/old.safetensors"
 perl -0777 -pi -e 's/"format":"ampd-checkpoint-2","crc32":"[0-9a-f]{8}",/"format":"ampd-checkpoint-1",                   /' \
     "$TMP/old.safetensors"
 "$AMPD" run --resume "$TMP/old.safetensors" "$TMP/ck5.json" >"$TMP/out" 2>"$TMP/err"
+status_is "--resume of a format 1 checkpoint" 0 $?
 check "a format 1 checkpoint loads (no checksum to verify)" \
     grep -q '"type":"resume","step":20,"path":"[^"]*old.safetensors","verified":false,"skipped":\[\]}' "$TMP/out"
 check "... the log says it was not verified" \
@@ -267,6 +272,7 @@ steps_of "$TMP/out" >"$TMP/b"
 check "... and continues bit for bit" cmp -s "$TMP/a" "$TMP/b"
 truncate -s -4 "$TMP/old.safetensors"
 "$AMPD" run --resume "$TMP/old.safetensors" "$TMP/ck5.json" >"$TMP/out" 2>/dev/null
+status_is "--resume of a truncated format 1 checkpoint (from step 0)" 0 $?
 check "... a truncated format 1 file is named truncated, not another job's" \
     grep -q '"reason":"truncated: [0-9]* of its [0-9]* bytes"' "$TMP/out"
 
@@ -280,6 +286,7 @@ nj='{"name": "nan", "model": {"layers": [20, 32, 4]},
      "checkpoint_every": 1, "threads": 1, "device": "cpu"}'
 mkdir -p "$TMP/nan"
 echo "$nj" | "$AMPD" run --checkpoint-dir "$TMP/nan" - >"$TMP/out" 2>/dev/null
+status_is "the diverging job (fp32: a NaN loss does not fail it)" 0 $?
 best=$(grep '"type":"eval"' "$TMP/out" | grep '"eval_loss":[0-9]' |
     sed 's/.*"step":\([0-9]*\),"eval_loss":\([0-9.e+-]*\).*/\2 \1/' | sort -g | head -1 | cut -d' ' -f2)
 healthy=$(grep '"type":"checkpoint",.*"healthy":true' "$TMP/out" | tail -1 |
@@ -294,6 +301,7 @@ check "the last 3, the best and the last healthy are kept, nothing else" \
 check "... each other one dropped by the retention" \
     test "$(grep -c '"type":"checkpoint_drop","step":[0-9]*,"path":"[^"]*","reason":"retention","deleted":true' "$TMP/out")" -eq 55
 "$AMPD" run --resume "$TMP/nan/ckpt-$healthy.safetensors" - <<<"$nj" >"$TMP/out2" 2>/dev/null
+status_is "the diverging job resumed from its last healthy checkpoint" 0 $?
 check "the last healthy checkpoint resumes and its next step equals the original's" \
     test "$(grep "\"type\":\"step\",\"step\":$((healthy + 1))," "$TMP/out2" | sed 's/,"step_ms".*//')" = \
     "$(grep "\"type\":\"step\",\"step\":$((healthy + 1))," "$TMP/out" | sed 's/,"step_ms".*//')"
@@ -301,6 +309,7 @@ mkdir -p "$TMP/nan2"
 keep='"checkpoints": {"keep_last": 2, "keep_best": 0},'
 echo "$nj" | sed "s/\"checkpoint_every\": 1,/\"checkpoint_every\": 1, $keep/" |
     "$AMPD" run --checkpoint-dir "$TMP/nan2" - >/dev/null 2>&1
+status_is "the diverging job with keep_last 2, keep_best 0" 0 $?
 check "checkpoints.keep_last 2, checkpoints.keep_best 0: the last 2 and the last healthy" \
     test "$(ckpts "$TMP/nan2")" = "$healthy 59 60 "
 
@@ -314,15 +323,16 @@ gpt='{"name": "gpt", "model": {"type": "gpt", "n_layer": 2, "n_head": 2, "d_mode
       "threads": 1, "device": "cpu"}'
 echo "$gpt" >"$TMP/gpt.json"
 "$AMPD" run --data-root "$TMP/text" "$TMP/gpt.json" >"$TMP/gfull" 2>/dev/null
-rc=$?
-check "gpt run exits 0" test "$rc" -eq 0
+status_is "gpt run" 0 $?
 first=$(grep '"type":"step","step":1,' "$TMP/gfull" | sed 's/.*"loss":\([0-9.]*\).*/\1/')
 last=$(grep '"type":"step","step":80,' "$TMP/gfull" | sed 's/.*"loss":\([0-9.]*\).*/\1/')
 check "gpt loss falls ($first -> $last)" awk -v a="$first" -v b="$last" 'BEGIN {exit !(b < a / 2)}'
 check "gpt step lines carry tokens/s" grep -q '"tokens_per_s":' "$TMP/gfull"
 "$AMPD" run --data-root "$TMP/text" --checkpoint-dir "$TMP/gck" "$TMP/gpt.json" >/dev/null 2>&1
+status_is "gpt run with checkpoints" 0 $?
 "$AMPD" run --data-root "$TMP/text" --checkpoint-dir "$TMP/gck" \
     --resume "$TMP/gck/ckpt-40.safetensors" "$TMP/gpt.json" >"$TMP/gres" 2>/dev/null
+status_is "gpt resumed run" 0 $?
 steps_of "$TMP/gfull" | tail -n 40 >"$TMP/a"
 steps_of "$TMP/gres" >"$TMP/b"
 check "gpt resumed steps equal the uninterrupted run" cmp -s "$TMP/a" "$TMP/b"
@@ -330,8 +340,7 @@ check "gpt resumed steps equal the uninterrupted run" cmp -s "$TMP/a" "$TMP/b"
 # the same GPT with flash attention: it trains as the materialised one does, in less memory
 sed 's/"vocab": 256}/"vocab": 256, "attention": "flash"}/' "$TMP/gpt.json" >"$TMP/gflash.json"
 "$AMPD" run --data-root "$TMP/text" "$TMP/gflash.json" >"$TMP/gfl" 2>/dev/null
-rc=$?
-check "a flash-attention gpt run exits 0" test "$rc" -eq 0
+status_is "a flash-attention gpt run" 0 $?
 lastf=$(grep '"type":"step","step":80,' "$TMP/gfl" | sed 's/.*"loss":\([0-9.]*\).*/\1/')
 check "its loss ends within 1% of the materialised run's ($lastf vs $last)" \
     awk -v a="$last" -v b="$lastf" 'BEGIN {d = a - b; exit !(b > 0 && d * d < 1e-4 * a * a)}'
@@ -344,6 +353,7 @@ pj='{"name": "prof", "model": {"type": "gpt", "n_layer": 2, "n_head": 2, "d_mode
      "seq_len": 32, "vocab": 256, "attention": "flash"}, "data": {"type": "text", "train": "fox.txt"},
      "precision": {"dtype": "bf16"}, "batch_size": 4, "steps": 3, "eval_every": 0, "threads": 1}'
 echo "$pj" | "$AMPD" run --profile 2 --data-root "$TMP/text" - >"$TMP/prof" 2>/dev/null
+status_is "--profile 2" 0 $?
 check "--profile 2 prints one profile line, after step 2" \
     test "$(grep -A1 '"type":"step","step":2,' "$TMP/prof" | grep -c '"type":"profile","step":2,')" -eq 1
 line=$(grep '"type":"profile"' "$TMP/prof")
@@ -367,8 +377,7 @@ else
         grep -Eq '"phases":\[\{"name":"forward",.*"calls":1\},\{"name":"backward",.*\{"name":"unscale",.*\{"name":"optimizer",' <<<"$line"
 fi
 echo "$pj" | "$AMPD" run --profile 0 - >/dev/null 2>"$TMP/err"
-rc=$?
-check "--profile 0 is refused (exit $rc)" test "$rc" -eq 2
+status_is "--profile 0 is refused" 2 $?
 check "... saying what it needs" grep -q -- "--profile needs a step number >= 1, not '0'" "$TMP/err"
 
 echo "$pass passed, $fail failed"

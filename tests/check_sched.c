@@ -2,14 +2,17 @@
  * check_sched.c - the scheduler and worker supervision (daemon/sched.c), against a real
  * store in a temporary directory. The worker binary is
  * tests/sched_worker.sh, a test double that prints the lines `ampd run` prints and crashes,
- * hangs, fails, overflows or stops on SIGTERM as its spec asks, so that every path of the
- * supervision runs in well under a second.
+ * aborts after its summary, hangs, fails, overflows or stops on SIGTERM as its spec asks, so
+ * that every path of the supervision runs in well under a second.
  *
  * Checks: a job runs to succeeded with exactly one metric row per step, NaN/Infinity
  * decoded, checkpoints and the summary recorded, the job's stream in order with its end
  * last; a crashed worker fails
- * its job with the signal and its log's last lines and the next queued job runs; a hung
- * worker is killed; a failing worker's summary error is kept; cancel (queued and running)
+ * its job with the signal and its log's last lines and the next queued job runs; a worker
+ * that prints its whole run, a "succeeded" summary included, and then aborts (SIGABRT, as
+ * glibc does on a double free in the cleanup) fails its job too, naming the signal, with
+ * every step row kept, and the next queued job runs; a hung worker is killed; a failing
+ * worker's summary error is kept; cancel (queued and running)
  * and resume from the checkpoint; restart recovery (running -> interrupted -> resumed,
  * retries exhausted -> failed); a restart whose newest checkpoint file is gone resumes from
  * the one before it (not from scratch), and a worker that walks back past a damaged one
@@ -266,6 +269,39 @@ START_TEST(test_crash_fails_only_its_job)
     check_rows(&f, good, STORE_M_LOSS, 8, &se);
     store_series_free(&se);
     check_rows(&f, bad, STORE_M_LOSS, 3, &se); /* what it did before the crash is kept */
+    store_series_free(&se);
+    daemon_sched_info info;
+    daemon_sched_get_info(f.sc, &info);
+    ck_assert_int_eq(info.workers_started, 2);
+    ck_assert_int_eq(info.workers_failed, 1);
+    teardown(&f);
+}
+END_TEST
+
+/* The exit status decides, not the summary: a worker that printed "succeeded" and then died of
+ * SIGABRT (status 134 in a shell) has failed. */
+START_TEST(test_abort_after_summary_fails)
+{
+    fixture f;
+    store_series se;
+    setup(&f);
+    start_sched(&f);
+    int64_t bad = submit(&f, "{\"mode\":\"abort\",\"steps\":12}");
+    int64_t good = submit(&f, "{\"mode\":\"ok\",\"steps\":8}");
+    wait_status(&f, bad, STORE_FAILED, 10);
+    store_job j = get_job(&f, bad);
+    ck_assert_ptr_nonnull(j.error);
+    ck_assert_msg(strstr(j.error, "worker killed by signal 6 (SIGABRT)") != NULL, "%s", j.error);
+    ck_assert_msg(strstr(j.error, "double free or corruption") != NULL, "%s", j.error);
+    ck_assert_int_eq(j.step, 12);
+    store_job_clear(&j);
+    ck_assert_int_eq(count_events(&f, bad, "lifecycle", "failed: worker killed by signal 6"), 1);
+    ck_assert_int_eq(count_events(&f, bad, "lifecycle", "succeeded"), 0);
+    check_rows(&f, bad, STORE_M_LOSS, 12, &se); /* every step it printed is kept */
+    ck_assert(se.points[11].last[0] == 12.5);
+    store_series_free(&se);
+    wait_status(&f, good, STORE_SUCCEEDED, 10);
+    check_rows(&f, good, STORE_M_LOSS, 8, &se);
     store_series_free(&se);
     daemon_sched_info info;
     daemon_sched_get_info(f.sc, &info);
@@ -1108,6 +1144,7 @@ static Suite *sched_suite(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_job_succeeds);
     tcase_add_test(tc, test_crash_fails_only_its_job);
+    tcase_add_test(tc, test_abort_after_summary_fails);
     tcase_add_test(tc, test_hung_worker_is_killed);
     tcase_add_test(tc, test_failed_worker_reason);
     tcase_add_test(tc, test_cancel_and_resume);

@@ -72,7 +72,8 @@ const errors = (v) => ajv.errorsText(v.errors, { dataVar: 'spec' });
 const tmp = mkdtempSync(join(tmpdir(), 'ampd-openapi-'));
 process.on('exit', () => rmSync(tmp, { recursive: true, force: true }));
 
-// ampd run on spec (an object or text); {rc, lines, error} (error: the refusal, if any).
+// ampd run on spec (an object or text); {rc, how, lines, error} (how: the exit status or the
+// signal that killed it, for the messages; error: the refusal, if any).
 function run(spec, extra = []) {
   const text = typeof spec === 'string' ? spec : JSON.stringify(spec);
   const r = spawnSync(ampd, ['run', ...extra, '-'], { input: text, encoding: 'utf8', timeout: 60000 });
@@ -84,7 +85,9 @@ function run(spec, extra = []) {
     }
   });
   const err = lines.find((l) => l && l.error);
-  return { rc: r.status, lines, error: err ? err.error : null, stderr: r.stderr };
+  const how = r.error ? `no exit status: ${r.error.code || r.error.message}`
+    : r.signal ? `killed by ${r.signal}` : `${r.status}`;
+  return { rc: r.status, how, lines, error: err ? err.error : null, stderr: r.stderr };
 }
 
 // ---- 1. the example jobs -------------------------------------------------------------------
@@ -123,19 +126,21 @@ for (const [name, spec, extra] of cases) {
   const start = r.lines.find((l) => l && l.type === 'start');
   if (!start) {
     if (name.includes('idx') && r.error && r.error.field === 'data.train') {
+      if (r.rc !== 2) bad(`ampd run refuses an ${name} without its dataset: exit status 2 (got ${r.how})`);
       console.log(`SKIP: canonical spec of an ${name}: no dataset (${r.error.message})`);
       continue;
     }
-    bad(`ampd run prints a start line for an ${name} (rc ${r.rc}: ${JSON.stringify(r.error) || r.stderr})`);
+    bad(`ampd run prints a start line for an ${name} (got ${r.how}: ${JSON.stringify(r.error) || r.stderr})`);
     continue;
   }
+  check(`ampd run on an ${name}: exit status 0 (got ${r.how})`, r.rc === 0);
   const canon = start.spec;
   const valid = reqSpec(canon);
   check(`the canonical spec of an ${name} is a valid request JobSpec${valid ? '' : ': ' + errors(reqSpec)}`, valid);
   const again = run(canon, extra);
   const start2 = again.lines.find((l) => l && l.type === 'start');
   check(
-    `... submitted back it is accepted and trains (rc ${again.rc}${again.error ? ': ' + JSON.stringify(again.error) : ''})`,
+    `... submitted back it is accepted and trains: exit status 0 (got ${again.how}${again.error ? ': ' + JSON.stringify(again.error) : ''})`,
     again.rc === 0 && !again.error && !!start2,
   );
   check(
@@ -201,7 +206,7 @@ for (const [path, ctx] of leaves) {
   const unknown = r.error && r.error.field === name && /^unknown/.test(r.error.message);
   probed++;
   if (r.rc !== 2 || !r.error || unknown)
-    bad(`the parser knows ${name} (${JSON.stringify(spec)} -> rc ${r.rc} ${JSON.stringify(r.error)})`);
+    bad(`the parser knows ${name} (${JSON.stringify(spec)} -> got ${r.how}, expected exit status 2: ${JSON.stringify(r.error)})`);
 }
 check(`every request property path of JobSpec reaches the parser (${probed} probed)`, probed > 40);
 

@@ -7,6 +7,8 @@
 #   ok        N steps, a checkpoint every K steps, a summary, exit 0
 #   slow      the same with `delay` seconds per step; SIGTERM: checkpoint, exit 130
 #   crash     3 steps, a line on stderr, then SIGKILL to itself
+#   abort     the ok run, its "succeeded" summary included, then glibc's line on stderr and
+#             SIGABRT to itself, as an `ampd run` whose cleanup finds a double free ends
 #   fail      2 steps, a summary with an error, exit 1
 #   overflow  steps 1-3 overflow (scale 8, 4, 2), then clean steps at scale 1
 #   longline  a step line of about 3 MB (one huge field), then the ok run
@@ -167,4 +169,14 @@ done
 echo "{\"type\":\"eval\",\"step\":$step,\"eval_loss\":0.25,\"eval_acc\":0.9,\"count\":10}"
 printf '{"type":"summary","name":"fake","status":"succeeded","steps":%d,' "$step"
 printf '"final_loss_scale":%d}\n' "$scale"
+if [ "$mode" = abort ]; then
+    # glibc's line before its abort(), then SIGABRT with its default action (no trap), and no
+    # core file left in the daemon's directory
+    echo "double free or corruption (out)" >&2
+    ulimit -c 0
+    trap - ABRT
+    kill -ABRT $$
+    echo "sched_worker.sh: SIGABRT did not end the fake worker (ignored or blocked)" >&2
+    exit 1
+fi
 exit 0
