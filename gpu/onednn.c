@@ -226,23 +226,40 @@ static const char *isa_name(dnnl_cpu_isa_t isa)
     return "sse41";
 }
 
-/* AddressSanitizer builds leave oneDNN alone: LeakSanitizer's tracer crashes at exit in a
- * process that has loaded it (its JIT code and threads), so every GEMM runs on OpenBLAS. */
+/* AddressSanitizer builds turn off the sanitizer's tracking of dynamic TLS blocks, which
+ * a process that has opened oneDNN trips over. GCC 12's runtime (Debian's libasan8; clang
+ * 14's too) takes a block that starts 16 bytes past a page boundary for glibc 2.19-2.24's,
+ * whose extent a {size, start} header in those 16 bytes gives. glibc 2.25 and later malloc
+ * the block, and when ASan puts the chunk at a page boundary those bytes are ASan's own
+ * chunk header: the thread's "DTLS" becomes a garbage range, which LeakSanitizer's tracer
+ * scans at exit and dies on ("Tracer caught signal 11", "LeakSanitizer has encountered a
+ * fatal error"; LSAN_OPTIONS=verbosity=1:log_threads=1 shows it as "DTLS n at" a range far
+ * from any mapping). libdnnl.so, opened here, has 36 bytes of thread_local data that every
+ * thread of its OpenMP team touches in a primitive, and a new thread's first small malloc
+ * tends to start a page of ASan's allocator: a process whose primitives ran on two threads
+ * or more crashes at exit nearly every time. Without the tracking the leak check still
+ * reaches every block, as a heap chunk of its thread's DTV, so what a thread_local points to
+ * stays reachable and leaks are reported as before. ASAN_OPTIONS set by the user override
+ * this; the hook is in this file so that every program that can open oneDNN has it. */
 #if defined(__SANITIZE_ADDRESS__)
-#define SANITIZED 1
+#define AMPD_ASAN 1
 #elif defined(__has_feature)
 #if __has_feature(address_sanitizer)
-#define SANITIZED 1
+#define AMPD_ASAN 1
 #endif
 #endif
-#ifndef SANITIZED
-#define SANITIZED 0
+
+#ifdef AMPD_ASAN
+const char *__asan_default_options(void);
+
+__attribute__((visibility("default"), used)) const char *__asan_default_options(void)
+{
+    return "intercept_tls_get_addr=0";
+}
 #endif
 
 static void load(void)
 {
-    if (SANITIZED)
-        return;
     st.lib = dlopen(dnnl_path(), RTLD_NOW | RTLD_LOCAL);
     if (st.lib == NULL)
         return;
