@@ -141,7 +141,7 @@ static double measure(const shape *s, double batch_s)
     if (A == NULL || B == NULL || C == NULL)
         goto fail;
     rc = gpu_gemm(s->ta, s->tb, s->M, s->N, s->K, A, GPU_FP32, lda, B, GPU_FP32, ldb, 0.0f, C, ldc,
-                  NULL);
+                  NULL, 0);
     if (rc != 0)
         goto fail;
     for (int batch = 0; batch < 3; batch++) {
@@ -149,7 +149,7 @@ static double measure(const shape *s, double batch_s)
         double t0 = now(), t;
         do {
             gpu_gemm(s->ta, s->tb, s->M, s->N, s->K, A, GPU_FP32, lda, B, GPU_FP32, ldb, 0.0f, C,
-                     ldc, NULL);
+                     ldc, NULL, 0);
             calls++;
             t = now() - t0;
         } while (t < batch_s);

@@ -29,13 +29,14 @@ static void usage(FILE *f)
 
 static int version(void)
 {
-    char why[256];
+    char why[256], paths[128];
     int cuda = gpu_cuda_probe(why, sizeof(why)) == 0;
     gpu_blas_init(0);
-    printf("ampd %s\nblas: %s\ngemm fp32: %s\ngemm fp16: %s\ngemm bf16: %s\nconvert: %s\n"
-           "cuda: %s\n",
+    gpu_gemm_paths(paths, sizeof(paths));
+    printf("ampd %s\nblas: %s\ngemm fp32: %s\ngemm fp16: %s\ngemm bf16: %s\n"
+           "gemm paths (AMPD_GEMM): %s\nconvert: %s\ncuda: %s\n",
            PACKAGE_VERSION, gpu_blas_info(), gpu_gemm_info(GPU_FP32), gpu_gemm_info(GPU_FP16),
-           gpu_gemm_info(GPU_BF16), gpu_cvt_impl(), cuda ? "device available" : why);
+           gpu_gemm_info(GPU_BF16), paths, gpu_cvt_impl(), cuda ? "device available" : why);
     return 0;
 }
 

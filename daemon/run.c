@@ -637,6 +637,12 @@ static int train(const gpu_job_config *c, const run_args *a, gpu_comm *comm)
         return 1;
     }
     emit_start(c, t);
+    const char *asked = getenv("AMPD_GEMM");
+    if (asked != NULL && asked[0] != '\0' && strcmp(asked, gpu_gemm_path()) != 0)
+        log_warn("AMPD_GEMM=%s: not a GEMM path this machine has; the automatic choice runs",
+                 asked);
+    if (gpu_guard_on())
+        log_info("guard mode: each block between inaccessible pages, checked after every step");
     if (a->resume)
         report_resume(&res);
     if (lead && a->ckpt_dir && a->resume && same_dir(a->ckpt_dir, res.dir))
@@ -649,6 +655,10 @@ static int train(const gpu_job_config *c, const run_args *a, gpu_comm *comm)
      * (checkpoints.keep_best); a stopped one saves first */
     if (lead && status == 0)
         emit_eval(t, &s, s.last.step);
+    if (status == 0 && gpu_trainer_check(t, err, sizeof(err)) != 0) { /* the evaluations' */
+        log_error("%s", err);
+        status = 1;
+    }
     if (lead && status != 1 && a->ckpt_dir && checkpoint(c, a, t, &s, err, sizeof(err)))
         status = 1;
     if (lead && status == 130)

@@ -16,8 +16,11 @@
  *     exactly to fp32 and multiplied on the fp32 path.
  * An operand not in the library's format is converted block by block as it is consumed
  * (plan_of), so a 16-bit GEMM needs a bounded scratch, never a widened copy of a whole
- * tensor. The job's thread count applies to OpenBLAS and to the OpenMP team (oneDNN and
- * the engine's other passes).
+ * tensor. The caller says how long its scratch is; a GEMM whose plan needs more, counting
+ * the widened plan a native one may give way to, is refused before it writes anything.
+ * The test path "emulated" plans bf16 as native does on any CPU, its kernels emulated
+ * (emu_bf16). The job's thread count applies to OpenBLAS and to the OpenMP team (oneDNN
+ * and the engine's other passes).
  *
  * Invariants: the library is loaded at most once per process (pthread_once) and never
  * closed; after a failed load every entry point returns GPU_EBLAS. The description string
@@ -280,9 +283,11 @@ static bool dtype_ok(gpu_dtype dt)
 
 /* The GEMM paths (gpu_gemm_force, AMPD_GEMM): "auto" picks per dtype; "openblas" runs
  * everything on OpenBLAS (16-bit operands widened); "widen" runs fp32 on oneDNN and widens
- * every 16-bit operand to it; "native" is auto's choice where oneDNN has native bf16. */
-enum { PATH_AUTO, PATH_OPENBLAS, PATH_WIDEN, PATH_NATIVE, PATH_UNSET };
-static const char *const path_names[] = {"auto", "openblas", "widen", "native"};
+ * every 16-bit operand to it; "native" is auto's choice where oneDNN has native bf16;
+ * "emulated" plans bf16 GEMMs as native does, with the native kernels emulated (emu_bf16),
+ * so that the native plans and the callers' scratch for them run on every CPU. */
+enum { PATH_AUTO, PATH_OPENBLAS, PATH_WIDEN, PATH_NATIVE, PATH_EMULATED, PATH_UNSET };
+static const char *const path_names[] = {"auto", "openblas", "widen", "native", "emulated"};
 static _Atomic int gemm_path = PATH_UNSET;
 
 static int path_lookup(const char *name)
@@ -306,16 +311,37 @@ static int path_now(void)
     return atomic_load(&gemm_path);
 }
 
+/* Whether this machine has path p: widen and native need oneDNN's kernels. */
+static bool path_here(int p)
+{
+    return (p != PATH_WIDEN || gpu_dnnl_has(GPU_FP32)) &&
+           (p != PATH_NATIVE || gpu_dnnl_has(GPU_BF16));
+}
+
 int gpu_gemm_force(const char *path)
 {
     int p = path_lookup(path);
     if (p < 0)
         return GPU_EINVAL;
-    if ((p == PATH_WIDEN && !gpu_dnnl_has(GPU_FP32)) ||
-        (p == PATH_NATIVE && !gpu_dnnl_has(GPU_BF16)))
+    if (!path_here(p))
         return GPU_ENODEV;
     atomic_store(&gemm_path, p);
     return 0;
+}
+
+const char *gpu_gemm_path(void)
+{
+    return path_names[path_now()];
+}
+
+void gpu_gemm_paths(char *out, size_t len)
+{
+    size_t n = 0;
+    if (len > 0)
+        out[0] = '\0';
+    for (int p = PATH_OPENBLAS; p < PATH_UNSET && n < len; p++)
+        if (path_here(p))
+            n += (size_t)snprintf(out + n, len - n, "%s%s", n ? " " : "", path_names[p]);
 }
 
 /* The format the library multiplies a GEMM computing in cdt in: bf16 where oneDNN has
@@ -323,7 +349,8 @@ int gpu_gemm_force(const char *path)
 static gpu_dtype lib_format(gpu_dtype cdt)
 {
     int p = path_now();
-    if (cdt == GPU_BF16 && (p == PATH_AUTO || p == PATH_NATIVE) && gpu_dnnl_has(GPU_BF16))
+    if (cdt == GPU_BF16 && (p == PATH_EMULATED ||
+                            ((p == PATH_AUTO || p == PATH_NATIVE) && gpu_dnnl_has(GPU_BF16))))
         return GPU_BF16;
     return GPU_FP32;
 }
@@ -353,6 +380,9 @@ static void gemm_info_fill(char *s, size_t len, gpu_dtype dt)
     const char *fp32 = fp32_on_dnnl() ? gpu_dnnl_info() : gpu_blas_info();
     if (dt == GPU_FP32)
         snprintf(s, len, "%s", fp32);
+    else if (lib_format(dt) == GPU_BF16 && path_now() == PATH_EMULATED)
+        snprintf(s, len, "native %s emulated (widened inside, subnormals read as zero), %s",
+                 gpu_dtype_name(dt), fp32);
     else if (lib_format(dt) == GPU_BF16)
         snprintf(s, len, "native %s, %s", gpu_dtype_name(dt), gpu_dnnl_info());
     else
@@ -464,6 +494,16 @@ static size_t plan_floats(const gemm_plan *p)
     return n > 0 ? n + 16 : 0;
 }
 
+/* The scratch a GEMM takes: its plan's, and on the native plan room for the widened one it
+ * gives way to (subnormal operands, refused shapes), which converts every 16-bit operand:
+ * an operand the native plan reads in place costs nothing there and a share of the scratch
+ * here. */
+static size_t plans_floats(const gemm_plan *p, const gemm_plan *wide)
+{
+    size_t n = plan_floats(p), w = p->fmt == GPU_BF16 ? plan_floats(wide) : 0;
+    return w > n ? w : n;
+}
+
 size_t gpu_gemm_ex_scratch_floats(int M, int N, int K, gpu_dtype adt, gpu_dtype bdt,
                                   gpu_dtype cdt, unsigned round)
 {
@@ -472,12 +512,8 @@ size_t gpu_gemm_ex_scratch_floats(int M, int N, int K, gpu_dtype adt, gpu_dtype 
     if (!cdt_ok(adt, bdt, cdt))
         cdt = GPU_FP32;
     gemm_plan p = plan_of(M, N, K, adt, bdt, cdt, round);
-    size_t n = plan_floats(&p);
-    if (p.fmt == GPU_BF16) { /* room for the widened fallback (subnormal operands) */
-        gemm_plan w = plan_in(M, N, K, adt, bdt, cdt, round, GPU_FP32);
-        n = plan_floats(&w) > n ? plan_floats(&w) : n;
-    }
-    return n;
+    gemm_plan w = plan_in(M, N, K, adt, bdt, cdt, round, GPU_FP32);
+    return plans_floats(&p, &w);
 }
 
 size_t gpu_gemm_scratch_floats(bool ta, bool tb, int M, int N, int K,
@@ -522,10 +558,15 @@ static void convert(void *dst, const gemm_plan *p, const void *src, gpu_dtype sd
                     (const char *)src + (size_t)r * lds * es, sdt, (size_t)cols);
 }
 
+static int emu_bf16(bool ta, bool tb, int M, int N, int K, const void *A, int lda,
+                    const void *B, int ldb, float beta, float *C, int ldc);
+
 /* The library's product on operands in fmt. */
 static int lib_gemm(gpu_dtype fmt, bool ta, bool tb, int M, int N, int K, const void *A,
                     int lda, const void *B, int ldb, float beta, float *C, int ldc)
 {
+    if (fmt == GPU_BF16 && path_now() == PATH_EMULATED)
+        return emu_bf16(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
     if (fmt == GPU_BF16)
         return gpu_dnnl_gemm(GPU_BF16, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
     if (fp32_on_dnnl() &&
@@ -534,6 +575,39 @@ static int lib_gemm(gpu_dtype fmt, bool ta, bool tb, int M, int N, int K, const 
     blas.sgemm(CBLAS_ROW_MAJOR, ta ? CBLAS_TRANS : CBLAS_NO_TRANS,
                tb ? CBLAS_TRANS : CBLAS_NO_TRANS, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
     return 0;
+}
+
+/* n bf16 values widened to fp32 as AVX512_BF16's dot products read them: a subnormal as a
+ * zero of its sign. */
+static void widen_daz(float *dst, const uint16_t *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)src[i] << 16;
+        if ((u & 0x7F800000u) == 0)
+            u &= 0x80000000u;
+        memcpy(&dst[i], &u, sizeof u);
+    }
+}
+
+/* The native bf16 kernels as the path "emulated" runs them on any CPU: what the native plan
+ * relies on of oneDNN's brgemm, kept. Operands are read where they are stored, with their
+ * natural leading dimensions only (others are refused, GPU_EBLAS, as brgemm refuses them),
+ * subnormals read as zero, into buffers of the kernels' own (as oneDNN's scratchpad: never
+ * the caller's scratch), then multiplied in fp32. Slow; for tests. */
+static int emu_bf16(bool ta, bool tb, int M, int N, int K, const void *A, int lda,
+                    const void *B, int ldb, float beta, float *C, int ldc)
+{
+    if (lda != (ta ? M : K) || ldb != (tb ? K : N) || ldc != N)
+        return GPU_EBLAS;
+    size_t na = (size_t)M * (size_t)K, nb = (size_t)K * (size_t)N;
+    float *w = malloc((na + nb) * sizeof(float));
+    if (w == NULL)
+        return GPU_ENOMEM;
+    widen_daz(w, A, na);
+    widen_daz(w + na, B, nb);
+    int rc = lib_gemm(GPU_FP32, ta, tb, M, N, K, w, lda, w + na, ldb, beta, C, ldc);
+    free(w);
+    return rc;
 }
 
 /* AVX512_BF16's dot products read subnormal inputs as zero (DAZ), which the contract does
@@ -758,12 +832,20 @@ static int check_args(bool ta, bool tb, int M, int N, int K, const void *A, gpu_
     return 0;
 }
 
-/* A, B and C borrowed; C must not overlap A, B or scratch. scratch borrowed, holds at
- * least gpu_gemm_ex_scratch_floats() floats. */
+static atomic_size_t gave_way; /* native plans that gave way to the widened one */
+
+size_t gpu_gemm_native_gave_way(void)
+{
+    return atomic_load(&gave_way);
+}
+
+/* A, B and C borrowed; C must not overlap A, B or scratch. scratch borrowed, scratch_floats
+ * long: GPU_ESCRATCH, before anything is written, when the plan needs more (also when a
+ * native plan would need it only on giving way). */
 int gpu_gemm_ex(bool ta, bool tb, int M, int N, int K,
                 const void *A, gpu_dtype adt, int lda,
                 const void *B, gpu_dtype bdt, int ldb, gpu_dtype cdt, unsigned round,
-                float beta, float *C, int ldc, float *scratch)
+                float beta, float *C, int ldc, float *scratch, size_t scratch_floats)
 {
     int rc = check_args(ta, tb, M, N, K, A, adt, lda, B, bdt, ldb, C, ldc);
     if (rc != 0 || !dtype_ok(cdt))
@@ -779,28 +861,34 @@ int gpu_gemm_ex(bool ta, bool tb, int M, int N, int K,
     rc = ensure_loaded();
     if (rc != 0)
         return rc;
-    if (gpu_gemm_ex_scratch_floats(M, N, K, adt, bdt, cdt, round) > 0 && scratch == NULL)
-        return GPU_EINVAL;
     operand a = {A, adt, lda, ta, (round & GPU_GEMM_A_CONVERTED) != 0};
     operand b = {B, bdt, ldb, tb, (round & GPU_GEMM_B_CONVERTED) != 0};
     gemm_plan p = plan_of(M, N, K, adt, bdt, cdt, round);
     gemm_plan wide = plan_in(M, N, K, adt, bdt, cdt, round, GPU_FP32);
-    if (p.fmt == GPU_BF16 && native_refused(&p, &a, &b, M, N, K, beta))
+    size_t need = plans_floats(&p, &wide);
+    if (need > 0 && (scratch == NULL || need > scratch_floats))
+        return GPU_ESCRATCH;
+    bool gave = p.fmt == GPU_BF16 && native_refused(&p, &a, &b, M, N, K, beta);
+    if (gave)
         p = wide;
     rc = run(&p, M, N, K, &a, &b, beta, C, ldc, scratch);
-    if (rc == SUBNORMAL) /* nothing written yet, or beta 0: the widened plan writes all of C */
+    if (rc == SUBNORMAL) { /* nothing written yet, or beta 0: the widened plan writes all C */
+        gave = true;
         rc = run(&wide, M, N, K, &a, &b, beta, C, ldc, scratch);
+    }
+    if (gave)
+        atomic_fetch_add(&gave_way, 1);
     return rc;
 }
 
 int gpu_gemm(bool ta, bool tb, int M, int N, int K,
              const void *A, gpu_dtype adt, int lda,
              const void *B, gpu_dtype bdt, int ldb,
-             float beta, float *C, int ldc, float *scratch)
+             float beta, float *C, int ldc, float *scratch, size_t scratch_floats)
 {
     gpu_dtype cdt = dtype_ok(adt) && dtype_ok(bdt) ? exact_dtype(adt, bdt) : GPU_FP32;
     return gpu_gemm_ex(ta, tb, M, N, K, A, adt, lda, B, bdt, ldb, cdt, 0, beta, C, ldc,
-                       scratch);
+                       scratch, scratch_floats);
 }
 
 /* A, B and C borrowed. Each output is the double-precision sum rounded once to fp32;

@@ -671,9 +671,24 @@ static uint16_t *head_dense16(float *slot, int T)
     return (uint16_t *)(void *)head_dense(slot, T);
 }
 
-static float *head_gemm_scratch(float *slot, int T, int hd)
+/* A GEMM's scratch and its length in floats. */
+typedef struct {
+    float *p;
+    size_t n;
+} gemm_space;
+
+static gemm_space head_gemm_scratch(float *slot, int T, int hd, gpu_dtype mm_dt)
 {
-    return head_dense(slot, T) + 3 * align16f((size_t)T * (size_t)hd);
+    size_t before = 2 * align16f((size_t)T * (size_t)T) + 3 * align16f((size_t)T * (size_t)hd);
+    return (gemm_space){slot + before,
+                        gpu_gpt_attention_scratch_floats(T, hd, mm_dt, 1) - before};
+}
+
+/* gs less a dense M x N output at its start. */
+static gemm_space after_dense(gemm_space gs, int M, int N)
+{
+    size_t d = align16f((size_t)M * (size_t)N);
+    return d <= gs.n ? (gemm_space){gs.p + d, gs.n - d} : (gemm_space){NULL, 0};
 }
 
 /* The head's n blocks of T x hd 16-bit values, ld apart in rows and C apart from each other
@@ -695,13 +710,16 @@ static void head_copy16(uint16_t *dst, const uint16_t *src, int n, int T, int hd
  * always what the conversions wrote (P, dS, dY here, Q, K, V copied from the stored qkv). */
 static int head_mm(bool ta, bool tb, int M, int N, int K, const void *A, gpu_dtype adt,
                    int lda, const void *B, gpu_dtype bdt, int ldb, gpu_dtype mm_dt, float *C,
-                   int ldc, float *gs)
+                   int ldc, gemm_space gs)
 {
     bool native = mm_dt != GPU_FP32 && gpu_gemm_in_place(mm_dt);
-    float *dense = ldc == N || !native ? C : gs;
-    float *rest = dense == C ? gs : gs + align16f((size_t)M * (size_t)N);
+    float *dense = ldc == N || !native ? C : gs.p;
+    gemm_space rest = dense == C ? gs : after_dense(gs, M, N);
+    if (dense != C && rest.p == NULL) /* no room for the dense output */
+        return GPU_ESCRATCH;
     int rc = gpu_gemm_ex(ta, tb, M, N, K, A, adt, lda, B, bdt, ldb, mm_dt,
-                         GPU_GEMM_AB_CONVERTED, 0.0f, dense, dense == C ? ldc : N, rest);
+                         GPU_GEMM_AB_CONVERTED, 0.0f, dense, dense == C ? ldc : N, rest.p,
+                         rest.n);
     for (int i = 0; rc == 0 && dense != C && i < M; i++)
         memcpy(C + (size_t)i * ldc, dense + (size_t)i * N, sizeof(float) * (size_t)N);
     return rc;
@@ -712,19 +730,22 @@ static int head_mm(bool ta, bool tb, int M, int N, int K, const void *A, gpu_dty
  * the rounding and the store. */
 static int head_mm_out(bool ta, bool tb, int M, int N, int K, const void *A, gpu_dtype adt,
                        int lda, const void *B, gpu_dtype bdt, int ldb, gpu_dtype mm_dt,
-                       uint16_t *c16, int ldc, float *gs)
+                       uint16_t *c16, int ldc, gemm_space gs)
 {
-    float *rest = gs + align16f((size_t)M * (size_t)N);
+    gemm_space rest = after_dense(gs, M, N);
+    if (rest.p == NULL) /* no room for the dense output */
+        return GPU_ESCRATCH;
     int rc = gpu_gemm_ex(ta, tb, M, N, K, A, adt, lda, B, bdt, ldb, mm_dt,
-                         GPU_GEMM_AB_CONVERTED, 0.0f, gs, N, rest);
+                         GPU_GEMM_AB_CONVERTED, 0.0f, gs.p, N, rest.p, rest.n);
     if (rc == 0)
-        gpu_cvt_rows_from_f32(c16, mm_dt, (size_t)ldc, gs, (size_t)N, (size_t)M, (size_t)N);
+        gpu_cvt_rows_from_f32(c16, mm_dt, (size_t)ldc, gs.p, (size_t)N, (size_t)M, (size_t)N);
     return rc;
 }
 
 /* head_mm on fp32 operands (values of mm_dt). */
 static int head_gemm(bool ta, bool tb, int M, int N, int K, const float *A, int lda,
-                     const float *B, int ldb, gpu_dtype mm_dt, float *C, int ldc, float *gs)
+                     const float *B, int ldb, gpu_dtype mm_dt, float *C, int ldc,
+                     gemm_space gs)
 {
     return head_mm(ta, tb, M, N, K, A, GPU_FP32, lda, B, GPU_FP32, ldb, mm_dt, C, ldc, gs);
 }
@@ -907,7 +928,7 @@ static int attn_head_fwd(const void *ctx, int b, int h, float *scratch, bool par
     const float *q = a->qkv + (size_t)b * T * ld + (size_t)h * hd;
     const float *k = q + C, *v = q + 2 * C;
     float *P = a->P + ((size_t)b * a->H + h) * TT;
-    float *gs = head_gemm_scratch(scratch, T, hd);
+    gemm_space gs = head_gemm_scratch(scratch, T, hd, a->mm_dt);
     int rc = head_gemm(false, true, T, T, hd, q, ld, k, ld, a->mm_dt, S, T, gs);
     if (rc)
         return rc;
@@ -932,7 +953,8 @@ static int attn_head_fwd16(const void *ctx, int b, int h, float *scratch, bool p
     int T = a->T, C = a->C, hd = C / a->H, ld = 3 * C;
     size_t TT = (size_t)T * T;
     gpu_dtype dt = a->mm_dt;
-    float scale = attn_scale(hd), *S = scratch, *gs = head_gemm_scratch(scratch, T, hd);
+    float scale = attn_scale(hd), *S = scratch;
+    gemm_space gs = head_gemm_scratch(scratch, T, hd, dt);
     uint16_t *Pd = (uint16_t *)(void *)(scratch + align16f(TT)), *q = head_dense16(scratch, T);
     size_t th = (size_t)T * hd;
     float *P = a->P + ((size_t)b * a->H + h) * TT;
@@ -1078,7 +1100,7 @@ static int attn_head_bwd(const void *ctx, int b, int h, float *scratch, bool par
     const float *P = a->probs + ((size_t)b * a->H + h) * TT;
     const float *pm = p_for_mm(P, Pm, TT, a->mm_dt, a->sm_dt);
     /* dV = Pm^T dY; dP = dY V^T (both matmul outputs, rounded to mm_dt) */
-    float *gs = head_gemm_scratch(scratch, T, hd);
+    gemm_space gs = head_gemm_scratch(scratch, T, hd, a->mm_dt);
     int rc = head_gemm(true, false, T, hd, T, pm, T, dyh, C, a->mm_dt, dv, ld, gs);
     if (!rc)
         rc = head_gemm(false, true, T, T, hd, dyh, C, v, lq, a->mm_dt, dS, T, gs);
@@ -1103,7 +1125,7 @@ static int attn_head_bwd(const void *ctx, int b, int h, float *scratch, bool par
  * qkv's backward reads nothing else). With diagnostics it goes to dqkv unrounded: the pass
  * rounds it after diag_dqk has seen it. */
 static int head_dq(const attn_args *a, bool tx, const uint16_t *X, const uint16_t *Y, size_t off,
-                   float *gs)
+                   gemm_space gs)
 {
     int T = a->T, hd = a->C / a->H, ld = 3 * a->C;
     gpu_dtype dt = a->mm_dt;
@@ -1121,7 +1143,8 @@ static int attn_head_bwd16(const void *ctx, int b, int h, float *scratch, bool p
     int T = a->T, C = a->C, hd = C / a->H, ld = 3 * C;
     size_t TT = (size_t)T * T, off = (size_t)b * T * ld + (size_t)h * hd;
     gpu_dtype dt = a->mm_dt;
-    float scale = attn_scale(hd), *dS = scratch, *gs = head_gemm_scratch(scratch, T, hd);
+    float scale = attn_scale(hd), *dS = scratch;
+    gemm_space gs = head_gemm_scratch(scratch, T, hd, dt);
     uint16_t *Pd = (uint16_t *)(void *)(scratch + align16f(TT)); /* then dS in mm_dt */
     size_t th = (size_t)T * hd;
     uint16_t *q = head_dense16(scratch, T), *k = q + th, *v = k + th, *dy = v + th;
@@ -1185,7 +1208,8 @@ int gpu_gpt_attention_bwd(const float *dy, const float *qkv, const float *probs,
  * never rounded to mm_dt). Only the causal entries are read. */
 static int flash_scores(const float *q, const float *k, int T, int hd, int ld, float *S)
 {
-    return gpu_gemm(false, true, T, T, hd, q, GPU_FP32, ld, k, GPU_FP32, ld, 0.0f, S, T, NULL);
+    return gpu_gemm(false, true, T, T, hd, q, GPU_FP32, ld, k, GPU_FP32, ld, 0.0f, S, T, NULL,
+                    0);
 }
 
 /* p[j] = exp(p[j] - c) for j < n, in place. */
@@ -1231,7 +1255,7 @@ static int flash_head_fwd(const void *ctx, int b, int h, float *scratch, bool pa
         L[i] = flash_row_fwd(S + (size_t)i * T, P + (size_t)i * T, i + 1, T, scale, a->mm_dt);
     float *yh = a->y + (size_t)b * T * C + (size_t)h * hd;
     rc = gpu_gemm(false, false, T, hd, T, P, GPU_FP32, T, q + 2 * C, GPU_FP32, ld, 0.0f, yh, C,
-                  NULL);
+                  NULL, 0);
     return head_y_done(a, rc, yh);
 }
 
@@ -1288,10 +1312,10 @@ static int flash_head_bwd(const void *ctx, int b, int h, float *scratch, bool pa
         flash_row_p(P + (size_t)i * T, W + (size_t)i * T, L[i], i + 1, T, scale, mm_dt);
     /* dV = rd(P) ^T dY */
     rc = gpu_gemm(true, false, T, hd, T, W, GPU_FP32, T, dyh, GPU_FP32, C, 0.0f, dq + 2 * C, ld,
-                  NULL);
+                  NULL, 0);
     if (!rc) /* dP = dY V^T, kept in fp32 */
         rc = gpu_gemm(false, true, T, T, hd, dyh, GPU_FP32, C, q + 2 * C, GPU_FP32, ld, 0.0f, W,
-                      T, NULL);
+                      T, NULL, 0);
     if (rc)
         return rc;
 #pragma omp parallel for schedule(static, 1) if (par_rows && big_rows(T))
@@ -1299,10 +1323,11 @@ static int flash_head_bwd(const void *ctx, int b, int h, float *scratch, bool pa
         flash_row_ds(dyh + (size_t)i * C, oh + (size_t)i * C, hd, P + (size_t)i * T,
                      W + (size_t)i * T, i + 1, T, scale, mm_dt);
     /* dQ = rd(dS) K, dK = rd(dS)^T Q */
-    rc = gpu_gemm(false, false, T, hd, T, W, GPU_FP32, T, q + C, GPU_FP32, ld, 0.0f, dq, ld, NULL);
+    rc = gpu_gemm(false, false, T, hd, T, W, GPU_FP32, T, q + C, GPU_FP32, ld, 0.0f, dq, ld, NULL,
+                  0);
     if (!rc)
         rc = gpu_gemm(true, false, T, hd, T, W, GPU_FP32, T, q, GPU_FP32, ld, 0.0f, dq + C, ld,
-                      NULL);
+                      NULL, 0);
     return head_dqkv_done(a, rc, dq);
 }
 
@@ -1366,7 +1391,7 @@ int gpu_gpt_head_fwd(const float *x, const void *wte, gpu_dtype wdt, const int *
     int hits = 0;
     /* x holds values of lin_dt: the library may take it in lin_dt (bf16 natively) */
     int rc = gpu_gemm_ex(false, true, N, V, C, x, GPU_FP32, C, wte, wdt, C, lin_dt, 0, 0.0f,
-                         logits, V, gscratch);
+                         logits, V, gscratch, gpu_gpt_head_scratch_floats(N, C, V, wdt, lin_dt));
     if (rc)
         return rc;
     for (int r = 0; r < N; r += CE_ROWS) {
@@ -1416,13 +1441,14 @@ int gpu_gpt_head_bwd(const float *probs, const int *y, const void *xs, const voi
     }
     if (diag)
         gpu_diag_backward(diag, layer, dlogits, (size_t)N * V);
+    size_t gn = gpu_gpt_head_scratch_floats(N, C, V, wdt, lin_dt);
     int rc = gpu_gemm_ex(true, false, V, C, N, dlogits, GPU_FP32, V, xs, lin_dt, C, lin_dt, 0,
-                         0.0f, dwte, C, gscratch);
+                         0.0f, dwte, C, gscratch, gn);
     if (rc)
         return rc;
     round_grad(diag, layer, true, dwte, (size_t)V * C, lin_dt);
     rc = gpu_gemm_ex(false, false, N, C, V, dlogits, GPU_FP32, V, wte, wdt, C, lin_dt, 0, 0.0f, dx,
-                     C, gscratch);
+                     C, gscratch, gn);
     if (rc)
         return rc;
     round_grad(diag, layer, false, dx, (size_t)N * C, lin_dt);
@@ -1444,6 +1470,7 @@ typedef struct {
     float *row0, *row1; /* 4C each: bias and layer-norm weights in fp32 */
     void *dyl;          /* N x 4C of lin_dt: a linear's output gradient (with dy_copy) */
     float *g;           /* GEMM widening scratch (the rest) */
+    size_t gn;          /* its floats */
 } gpt_scratch;
 
 /* Carve the scratch regions from base (NULL: only count); returns the floats before the
@@ -1475,38 +1502,52 @@ static size_t carve(const gpu_gpt *m, float *base, gpt_scratch *sc)
             off += align16f(sizes[i]);
     }
     sc->dyl = dyl > 0 ? dyf : NULL;
+    sc->gn = base && m->scratch_floats > off ? m->scratch_floats - off : 0;
     return off;
 }
 
-/* The most scratch a linear's three GEMMs take: y = x W^T (N x O from K), dW = dY^T x and
- * dX = dY W, x and dY fp32 holding values of lin_dt, W (O x K) in wdt. */
-static size_t linear_gemm_scratch(int N, int O, int K, gpu_dtype wdt, gpu_dtype lin_dt)
+/* The most scratch a linear's three GEMMs take: y = x W^T (N x O from K) with x in xdt,
+ * dW = dY^T X with dY in ddt and X in xwdt, dX = dY W; W (O x K) in wdt. Planned with the
+ * dtypes the calls pass: the GEMM takes more scratch for an operand stored in lin_dt than
+ * for its fp32 values where it may have to widen it (gpu_gemm_ex refuses a short scratch). */
+static size_t linear_gemm_scratch(int N, int O, int K, gpu_dtype xdt, gpu_dtype xwdt,
+                                  gpu_dtype ddt, gpu_dtype wdt, gpu_dtype lin_dt)
 {
     size_t s[3] = {
-        gpu_gemm_ex_scratch_floats(N, O, K, GPU_FP32, wdt, lin_dt, 0),
-        gpu_gemm_ex_scratch_floats(O, K, N, GPU_FP32, lin_dt, lin_dt, 0),
-        gpu_gemm_ex_scratch_floats(N, K, O, GPU_FP32, wdt, lin_dt, 0),
+        gpu_gemm_ex_scratch_floats(N, O, K, xdt, wdt, lin_dt, 0),
+        gpu_gemm_ex_scratch_floats(O, K, N, ddt, xwdt, lin_dt, 0),
+        gpu_gemm_ex_scratch_floats(N, K, O, ddt, wdt, lin_dt, 0),
     };
     size_t most = s[0] > s[1] ? s[0] : s[1];
     return most > s[2] ? most : s[2];
 }
 
-/* See gpu/gpt.h. */
+/* See gpu/gpt.h. The head reads x and dlogits in fp32, the saved x in lin_dt. */
 size_t gpu_gpt_head_scratch_floats(int N, int C, int V, gpu_dtype wdt, gpu_dtype lin_dt)
 {
-    return linear_gemm_scratch(N, V, C, wdt, lin_dt);
+    return linear_gemm_scratch(N, V, C, GPU_FP32, lin_dt, GPU_FP32, wdt, lin_dt);
+}
+
+static bool lin_in_place(const gpu_gpt *m);
+
+/* The dtype the blocks' linears hand their saved input X and their output gradient dY to
+ * the GEMMs in (linear_fwd, linear_bwd): lin_dt as stored where the library takes it so,
+ * else fp32 (values of lin_dt). */
+static gpu_dtype lin_io_dt(const gpu_gpt *m)
+{
+    return lin_in_place(m) ? m->lin_dt : GPU_FP32;
 }
 
 /* Floats of GEMM widening scratch: the largest any GEMM of the passes needs, with 16-bit
  * weights unless everything is fp32 (the working copy is in the job's dtype). */
 static size_t plan_gemm_scratch(const gpu_gpt *m, gpu_dtype dt)
 {
-    int N = m->max_batch * m->seq_len, C = m->d_model, V = m->vocab;
-    int dims[5][2] = {{3 * C, C}, {C, C}, {4 * C, C}, {C, 4 * C}, {V, C}}; /* out, in */
-    gpu_dtype ld = m->lin_dt, wd = dt;
-    size_t most = 0;
-    for (int i = 0; i < 5; i++) {
-        size_t s = linear_gemm_scratch(N, dims[i][0], dims[i][1], wd, ld);
+    int N = m->max_batch * m->seq_len, C = m->d_model;
+    int dims[4][2] = {{3 * C, C}, {C, C}, {4 * C, C}, {C, 4 * C}}; /* out, in */
+    gpu_dtype io = lin_io_dt(m);
+    size_t most = gpu_gpt_head_scratch_floats(N, C, m->vocab, dt, m->lin_dt);
+    for (int i = 0; i < 4; i++) {
+        size_t s = linear_gemm_scratch(N, dims[i][0], dims[i][1], io, io, io, dt, m->lin_dt);
         most = s > most ? s : most;
     }
     return most;
@@ -1676,7 +1717,7 @@ int gpu_gpt_plan(gpu_gpt *m, const gpu_model_config *mc, const gpu_autocast *a, 
      * 312 ms on 2 cores); native bf16 takes dense copies on oneDNN, one thread per head.
      * So heads run side by side only when OpenBLAS has one thread. */
     m->attn_slots = gpu_blas_threads() == 1 ? team_size(max_batch * m->n_head) : 1;
-    m->dy_copy = m->lin_dt != GPU_FP32 && gpu_gemm_in_place(m->lin_dt);
+    m->dy_copy = lin_io_dt(m) != GPU_FP32;
     layout_params(m);
     layout_acts(m);
     m->scratch_floats = carve(m, NULL, &(gpt_scratch){0}) + plan_gemm_scratch(m, dt) + 16;
@@ -1791,14 +1832,11 @@ static int linear_fwd(const gpu_gpt *m, const gpu_gpt_weights *w, const float *i
                       float *out, const lin_out *to, const gpt_scratch *sc, gpu_diag *diag,
                       int layer)
 {
-    gpu_dtype dt = m->lin_dt, wdt, adt = GPU_FP32;
-    const void *W = wsrc(w, w_off, dt, &wdt), *x = in;
-    if (lin_in_place(m)) { /* in may be NULL then */
-        x = saved;
-        adt = dt;
-    }
+    gpu_dtype dt = m->lin_dt, wdt, adt = lin_io_dt(m);
+    const void *W = wsrc(w, w_off, dt, &wdt);
+    const void *x = adt == GPU_FP32 ? (const void *)in : saved; /* in may be NULL then */
     int rc = gpu_gemm_ex(false, true, N, O, K, x, adt, K, W, wdt, K, dt, GPU_GEMM_AB_CONVERTED,
-                         0.0f, out, O, sc->g);
+                         0.0f, out, O, sc->g, sc->gn);
     if (rc)
         return rc;
     const float *bias = wf32(w, b_off, (size_t)O, dt, sc->row0);
@@ -1813,7 +1851,7 @@ static int linear_fwd(const gpu_gpt *m, const gpu_gpt_weights *w, const float *i
  * there while it is in cache where it can (dY_stored); else linear_bwd converts it. */
 static void *dy_store(const gpu_gpt *m, const gpt_scratch *sc)
 {
-    return sc->dyl && gpu_gemm_in_place(m->lin_dt) ? sc->dyl : NULL;
+    return sc->dyl && lin_io_dt(m) != GPU_FP32 ? sc->dyl : NULL;
 }
 
 /* X (n values saved in lin_dt) as the weight gradient's GEMM reads it: in place where the
@@ -1823,10 +1861,9 @@ static void *dy_store(const gpu_gpt *m, const gpt_scratch *sc)
 static const void *x_for_dw(const gpu_gpt *m, const uint8_t *X, size_t n, float *dX,
                             gpu_dtype *xdt)
 {
-    *xdt = m->lin_dt;
-    if (m->lin_dt == GPU_FP32 || gpu_gemm_in_place(m->lin_dt))
+    *xdt = lin_io_dt(m);
+    if (*xdt == m->lin_dt)
         return X;
-    *xdt = GPU_FP32;
     gpu_cvt_to_f32(dX, X, m->lin_dt, n);
     return dX;
 }
@@ -1857,7 +1894,7 @@ static int linear_bwd(const gpu_gpt *m, const gpu_gpt_weights *w, const float *d
     }
     const void *x = x_for_dw(m, X, (size_t)N * K, dX, &xdt);
     int rc = gpu_gemm_ex(true, false, O, K, N, dy, ddt, O, x, xdt, K, dt, GPU_GEMM_AB_CONVERTED,
-                         0.0f, gw, K, sc->g);
+                         0.0f, gw, K, sc->g, sc->gn);
     if (rc)
         return rc;
     round_grad(diag, layer, true, gw, (size_t)O * K, dt);
@@ -1865,7 +1902,7 @@ static int linear_bwd(const gpu_gpt *m, const gpu_gpt_weights *w, const float *d
     round_grad(diag, layer, true, gb, (size_t)O, dt);
     const void *W = wsrc(w, w_off, dt, &wdt);
     rc = gpu_gemm_ex(false, false, N, K, O, dy, ddt, O, W, wdt, K, dt, GPU_GEMM_AB_CONVERTED, 0.0f,
-                     dX, K, sc->g);
+                     dX, K, sc->g, sc->gn);
     if (rc)
         return rc;
     if (diag)

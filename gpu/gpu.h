@@ -47,7 +47,9 @@ extern "C" {
     X(GPU_ECUDA, -9, "CUDA error")                                                 \
     X(GPU_EINTR, -10, "interrupted")                                               \
     X(GPU_ECOMM, -11, "collective communication failed")                           \
-    X(GPU_ETIMEDOUT, -12, "timed out")
+    X(GPU_ETIMEDOUT, -12, "timed out")                                             \
+    X(GPU_ESCRATCH, -13, "scratch smaller than the operation needs")               \
+    X(GPU_EGUARD, -14, "memory written outside its block")
 
 enum gpu_error {
 #define GPU_ERR_ENUM(name, val, msg) name = (val),
@@ -126,14 +128,15 @@ const char *gpu_blas_info(void);
  * A and B hold elements of adt / bdt (float or uint16_t), which are multiplied exactly (the
  * tensor-core contract: low-precision operands, fp32 accumulate). C is fp32; the caller
  * rounds it to the op's dtype. ta/tb: A is stored K x M (lda >= M) when ta, else M x K
- * (lda >= K); likewise B. scratch must hold gpu_gemm_scratch_floats(...) floats (may be NULL
- * when that is 0); borrowed. 16-bit operands are converted block by block, so the scratch
- * is bounded, never a copy of a whole operand. Safe to call from several threads at once
- * on distinct C and scratch. */
+ * (lda >= K); likewise B. scratch (borrowed) holds scratch_floats floats, at least
+ * gpu_gemm_scratch_floats(...) for these operands (NULL and 0 when that is 0): else
+ * GPU_ESCRATCH and nothing is written. 16-bit operands are converted block by block, so the
+ * scratch is bounded, never a copy of a whole operand. Safe to call from several threads at
+ * once on distinct C and scratch. */
 int gpu_gemm(bool ta, bool tb, int M, int N, int K,
              const void *A, gpu_dtype adt, int lda,
              const void *B, gpu_dtype bdt, int ldb,
-             float beta, float *C, int ldc, float *scratch);
+             float beta, float *C, int ldc, float *scratch, size_t scratch_floats);
 size_t gpu_gemm_scratch_floats(bool ta, bool tb, int M, int N, int K,
                                gpu_dtype adt, int lda, gpu_dtype bdt, int ldb);
 /* The same product computed in cdt, as autocast runs a matmul: the operands are values of
@@ -156,14 +159,20 @@ enum {
 int gpu_gemm_ex(bool ta, bool tb, int M, int N, int K,
                 const void *A, gpu_dtype adt, int lda,
                 const void *B, gpu_dtype bdt, int ldb, gpu_dtype cdt, unsigned round,
-                float beta, float *C, int ldc, float *scratch);
+                float beta, float *C, int ldc, float *scratch, size_t scratch_floats);
 size_t gpu_gemm_ex_scratch_floats(int M, int N, int K, gpu_dtype adt, gpu_dtype bdt,
                                   gpu_dtype cdt, unsigned round);
 /* Force a GEMM path for tests and comparisons (AMPD_GEMM in the environment does the same
  * at first use): "auto"; "openblas" (everything on OpenBLAS, 16-bit operands widened);
  * "widen" (fp32 on oneDNN, 16-bit operands widened to it); "native" (bf16 natively on
- * oneDNN). GPU_ENODEV when this machine lacks it, GPU_EINVAL for an unknown name. */
+ * oneDNN); "emulated" (bf16 planned as native, the native kernels emulated: every CPU, slow,
+ * for tests). GPU_ENODEV when this machine lacks it, GPU_EINVAL for an unknown name. */
 int gpu_gemm_force(const char *path);
+/* The path in effect ("auto" when AMPD_GEMM names none this machine has); static. */
+const char *gpu_gemm_path(void);
+/* The paths this machine has besides auto, space-separated ("openblas widen native
+ * emulated"), into out (len bytes, truncated). */
+void gpu_gemm_paths(char *out, size_t len);
 /* Which library and path a GEMM computing in dt takes here, e.g. "native bf16, oneDNN 2.6.3
  * (avx512_core_bf16)"; static. AMPD_GEMM=openblas in the environment forces OpenBLAS. */
 const char *gpu_gemm_info(gpu_dtype dt);
@@ -516,6 +525,17 @@ void gpu_trainer_free(gpu_trainer *t);
 /* Run one training step and fill *m. Returns GPU_ESCALE_FLOOR (with err) when the scale is
  * stuck at its floor; the step's metrics are still filled. */
 int gpu_trainer_step(gpu_trainer *t, gpu_step_metrics *m, char *err, size_t errlen);
+/* Whether anything has written outside the trainer's blocks (weights, gradients, optimizer
+ * state, activations, scratch): GPU_EGUARD with which block and how far out in err (may be
+ * NULL), else 0. Each block's header is checked, and in guard mode the bytes around it.
+ * gpu_trainer_step checks after every step (GPU_EGUARD instead of its result). */
+int gpu_trainer_check(const gpu_trainer *t, char *err, size_t errlen);
+/* Guard mode, for finding stray writes: each of a trainer's blocks made between two
+ * inaccessible pages (a write past one faults where it is made) with a pattern around it
+ * that gpu_trainer_check verifies. On when AMPD_GUARD is set (and not "0") at the first
+ * block a process makes; gpu_guard_set (tests) changes it for the blocks made afterwards. */
+bool gpu_guard_on(void);
+void gpu_guard_set(bool on);
 /* Evaluate on the eval set (or the training set when there is none). */
 int gpu_trainer_eval(gpu_trainer *t, gpu_eval_result *r);
 int64_t gpu_trainer_params(const gpu_trainer *t);

@@ -95,6 +95,18 @@ bool gpu_par_worth(size_t n);
 /* Monotonic clock in seconds. */
 double gpu_now(void);
 
+/* ---- memory blocks (block.c) -------------------------------------------------------------- */
+
+/* A zeroed block of bytes named for reports ("scratch"), NULL when out of memory; freed by
+ * gpu_block_free (NULL allowed). In guard mode (gpu_guard_on, gpu.h) each block lies between
+ * two inaccessible pages, its end within 64 bytes of the one after it, with a pattern around
+ * it; blocks keep the mode they were made in. gpu_block_check() says whether anything wrote
+ * outside one (NULL: none): GPU_EGUARD with which block and how far out in why (may be
+ * NULL), else 0. Thread-safe. */
+void *gpu_block_alloc(size_t bytes, const char *name);
+void gpu_block_free(void *p);
+int gpu_block_check(const void *p, char *why, size_t len);
+
 /* Per-layer diagnostics (gpu/diag.h); the models' forward and backward take a pointer. */
 typedef struct gpu_diag gpu_diag;
 
@@ -123,6 +135,11 @@ static inline int gpu_rank_batch(const gpu_job_config *c)
 /* OpenBLAS's thread count now (1 when oneDNN takes the fp32 GEMMs: then gpu_gemm may be
  * called from several threads of a parallel region at once without oversubscribing). */
 int gpu_blas_threads(void);
+
+/* How many GEMMs on the native bf16 plan (native or emulated) have given way to the widened
+ * one (a subnormal operand, a shape the kernels refuse) in this process: the tests' proof
+ * that the fallback ran. Thread-safe; never reset. */
+size_t gpu_gemm_native_gave_way(void);
 
 /* ---- oneDNN matmul (onednn.c), under gpu_gemm ---------------------------------------------- */
 

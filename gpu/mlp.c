@@ -264,9 +264,10 @@ static int diag_slot(gpu_diag *diag, const gpu_mlp *m, int l)
 }
 
 /* One linear layer forward: out32 = round_lin(x W^T + b) (fp32 values), its epilogue
- * applied row by row (each row accounted to the diagnostics while it is in L1). */
+ * applied row by row (each row accounted to the diagnostics while it is in L1). scratch:
+ * the GEMM's, gn floats. */
 static int linear_fwd(const gpu_mlp *m, const gpu_mlp_weights *w, int l, uint8_t *acts, int B,
-                      float *out32, float *bias32, float *scratch, gpu_diag *diag)
+                      float *out32, float *bias32, float *scratch, size_t gn, gpu_diag *diag)
 {
     int slot = diag_slot(diag, m, l);
     int in = m->width[l], out = m->width[l + 1];
@@ -277,7 +278,7 @@ static int linear_fwd(const gpu_mlp *m, const gpu_mlp_weights *w, int l, uint8_t
     const void *bias = weight_ptr(m, w, m->b_off[l], &bdt);
     /* in lin_dt: the weights may be the fp32 master, rounded as autocast casts them */
     int rc = gpu_gemm_ex(false, true, B, out, in, acts + m->x_off[l], m->lin_dt, in, W, wdt, ld,
-                         m->lin_dt, flags | GPU_GEMM_A_CONVERTED, 0.0f, out32, out, scratch);
+                         m->lin_dt, flags | GPU_GEMM_A_CONVERTED, 0.0f, out32, out, scratch, gn);
     if (rc)
         return rc;
     gpu_cvt_to_f32(bias32, bias, bdt, (size_t)out);
@@ -331,13 +332,14 @@ int gpu_mlp_forward(const gpu_mlp *m, const gpu_mlp_weights *w, const float *x, 
     float *out32 = scratch;
     float *bias32 = out32 + (size_t)m->max_batch * maxw;
     float *gscratch = bias32 + maxw;
+    size_t gn = m->scratch_floats - (size_t)(gscratch - scratch);
 
     if (B < 1 || B > m->max_batch)
         return GPU_EINVAL;
     /* the input is cast to the first linear's dtype (autocast's input cast) */
     gpu_cvt_from_f32(acts + m->x_off[0], m->lin_dt, x, B_ * m->width[0]);
     for (int l = 0; l < m->nlin; l++) {
-        int rc = linear_fwd(m, w, l, acts, B, out32, bias32, gscratch, diag);
+        int rc = linear_fwd(m, w, l, acts, B, out32, bias32, gscratch, gn, diag);
         if (rc)
             return rc;
     }
@@ -536,6 +538,7 @@ int gpu_mlp_backward(const gpu_mlp *m, const gpu_mlp_weights *w, const int *y, i
     size_t tmp_floats = (size_t)maxw + starve_floats(m, maxw);
     float *dz = scratch, *dx = scratch + slot, *tmp = scratch + 2 * slot;
     float *gscratch = tmp + tmp_floats;
+    size_t gn = m->scratch_floats - (size_t)(gscratch - scratch);
     starve_state st;
 
     if (B < 1 || B > m->max_batch)
@@ -554,11 +557,11 @@ int gpu_mlp_backward(const gpu_mlp *m, const gpu_mlp_weights *w, const int *y, i
          * as the weight gradient may overwrite W's copy */
         if (l > 0)
             rc = gpu_gemm_ex(false, false, B, in, out, dz, GPU_FP32, out, W, wdt, ld, m->lin_dt,
-                             flags, 0.0f, dx, in, gscratch);
+                             flags, 0.0f, dx, in, gscratch, gn);
         if (rc == 0)
             rc = gpu_gemm_ex(true, false, out, in, B, dz, GPU_FP32, out, acts + m->x_off[l],
                              m->lin_dt, in, m->lin_dt, GPU_GEMM_B_CONVERTED, 0.0f, gw, in,
-                             gscratch);
+                             gscratch, gn);
         if (rc)
             return rc;
         if (diag)

@@ -155,14 +155,14 @@ void gpu_trainer_free(gpu_trainer *t)
     gpu_dataset_free(t->train);
     gpu_dataset_free(t->eval);
     if (t->work != t->master)
-        free(t->work);
-    free(t->master);
-    free(t->grads);
-    free(t->accum);
-    free(t->m);
-    free(t->v);
-    free(t->acts);
-    free(t->scratch);
+        gpu_block_free(t->work);
+    gpu_block_free(t->master);
+    gpu_block_free(t->grads);
+    gpu_block_free(t->accum);
+    gpu_block_free(t->m);
+    gpu_block_free(t->v);
+    gpu_block_free(t->acts);
+    gpu_block_free(t->scratch);
     free(t->xbatch);
     free(t->ybatch);
     free(t->perm);
@@ -368,8 +368,8 @@ int gpu_job_memory(const gpu_job_config *c, gpu_mem *out, char *err, size_t errl
 static void alloc_host_model(gpu_trainer *t)
 {
     model_sizes z = sizes_of(&t->cfg, &t->mlp, t->gpt, t->use_cuda);
-    t->acts = calloc(1, z.act_bytes);
-    t->scratch = calloc(z.scratch_floats, sizeof(float));
+    t->acts = gpu_block_alloc(z.act_bytes, "activations");
+    t->scratch = gpu_block_alloc(z.scratch_floats * sizeof(float), "scratch");
 }
 
 static int allocate(gpu_trainer *t, char *err, size_t errlen)
@@ -380,15 +380,16 @@ static int allocate(gpu_trainer *t, char *err, size_t errlen)
     bool fp32 = c->dtype == GPU_FP32;
 
     if (fp32 || c->master_weights)
-        t->master = malloc(P * sizeof(float));
+        t->master = gpu_block_alloc(P * sizeof(float), fp32 ? "weights" : "master weights");
     if (z.work_copy)
-        t->work = fp32 ? (void *)t->master : malloc(P * gpu_dtype_size(c->dtype));
-    t->grads = calloc(P, sizeof(float));
+        t->work = fp32 ? (void *)t->master
+                       : gpu_block_alloc(P * gpu_dtype_size(c->dtype), "weights");
+    t->grads = gpu_block_alloc(P * sizeof(float), "gradients");
     if (c->grad_accum_steps > 1)
-        t->accum = calloc(P, sizeof(float));
-    t->m = calloc(P, sizeof(float));
+        t->accum = gpu_block_alloc(P * sizeof(float), "accumulated gradients");
+    t->m = gpu_block_alloc(P * sizeof(float), "optimizer m");
     if (c->optim.type == GPU_OPT_ADAMW)
-        t->v = calloc(P, sizeof(float));
+        t->v = gpu_block_alloc(P * sizeof(float), "optimizer v");
     if (!t->use_cuda) /* the host model's blocks (the device has its own) */
         alloc_host_model(t);
     if (t->gpt) {
@@ -1125,6 +1126,19 @@ static void count_lib_scratch(gpu_trainer *t)
     t->lib_bytes = lib;
 }
 
+/* See gpu.h. The header of every block; in guard mode also the pattern around it. */
+int gpu_trainer_check(const gpu_trainer *t, char *err, size_t errlen)
+{
+    const void *blocks[] = {t->master, t->work, t->grads, t->accum, t->m, t->v, t->acts,
+                            t->scratch};
+    for (size_t i = 0; i < sizeof blocks / sizeof blocks[0]; i++) {
+        int rc = gpu_block_check(blocks[i], err, errlen);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
 /* One training step; see gpu.h. */
 int gpu_trainer_step(gpu_trainer *t, gpu_step_metrics *m, char *err, size_t errlen)
 {
@@ -1153,6 +1167,8 @@ int gpu_trainer_step(gpu_trainer *t, gpu_step_metrics *m, char *err, size_t errl
     if (t->profiling)
         t->profiled = rc == 0 || rc == GPU_ESCALE_FLOOR;
     t->profiling = false;
+    if (gpu_trainer_check(t, err, errlen) != 0) /* before anything reads what it wrote */
+        return GPU_EGUARD;
     if (rc && rc != GPU_ESCALE_FLOOR)
         return rc;
     advise(t, m->loss_scale);

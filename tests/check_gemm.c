@@ -1,8 +1,9 @@
 /*
  * check_gemm.c - Check suite "gemm": gpu_gemm and gpu_gemm_ex against the fp64 reference
  * gpu_gemm_ref on every path this machine has (OpenBLAS; fp32 on oneDNN with 16-bit operands
- * widened; native bf16 on oneDNN), the bounded scratch of the blockwise conversion, and the
- * kernel choice gpu_blas_init makes.
+ * widened; native bf16 on oneDNN; the native plans with the kernels emulated, on every CPU),
+ * the bounded scratch of the blockwise conversion and its length check (GPU_ESCRATCH), and
+ * the kernel choice gpu_blas_init makes. After the tests it prints the paths it ran.
  *
  * Operands are stored in buffers of exactly their footprint ((rows-1)*ld + cols elements)
  * so that AddressSanitizer catches any read past the last row, and the padding between rows
@@ -200,9 +201,9 @@ static void run_case_ex(bool ta, bool tb, int M, int N, int K, gpu_dtype adt, gp
     ck_assert(ns == 0 || scratch != NULL);
 
     int rc = cdt < 0 ? gpu_gemm(ta, tb, M, N, K, a.store, adt, a.ld, b.store, bdt, b.ld, beta,
-                                C, ldc, scratch)
+                                C, ldc, scratch, ns)
                      : gpu_gemm_ex(ta, tb, M, N, K, a.store, adt, a.ld, b.store, bdt, b.ld,
-                                   (gpu_dtype)cdt, round, beta, C, ldc, scratch);
+                                   (gpu_dtype)cdt, round, beta, C, ldc, scratch, ns);
     ck_assert_int_eq(rc, 0);
     gpu_gemm_ref(ta, tb, M, N, K, a.ref, a.ld, b.ref, b.ld, beta, R, ldc);
     char what[64];
@@ -231,7 +232,8 @@ static void run_case_in(bool ta, bool tb, int M, int N, int K, gpu_dtype adt, gp
 
 /* ---- the paths -------------------------------------------------------------------------- */
 
-static const char *const paths[] = {"openblas", "widen", "native"};
+/* emulated: the native plans with the native kernels emulated, on every CPU */
+static const char *const paths[] = {"openblas", "widen", "native", "emulated"};
 #define NPATHS ((int)(sizeof paths / sizeof paths[0]))
 
 /* Force path i; false (and a note) when this machine lacks it. */
@@ -324,17 +326,17 @@ START_TEST(t_empty)
     for (int i = 0; i < 6; i++)
         c[i] = NAN;
     ck_assert_int_eq(gpu_gemm(false, false, 2, 3, 0, NULL, GPU_FP16, 1, NULL, GPU_FP32, 3,
-                              0.0f, c, 3, NULL), 0);
+                              0.0f, c, 3, NULL, 0), 0);
     for (int i = 0; i < 6; i++)
         ck_assert_float_eq(c[i], 0.0f);
     for (int i = 0; i < 6; i++)
         c[i] = (float)i + 1.0f;
     ck_assert_int_eq(gpu_gemm(true, true, 2, 3, 0, NULL, GPU_FP32, 2, NULL, GPU_BF16, 1,
-                              1.0f, c, 3, NULL), 0);
+                              1.0f, c, 3, NULL, 0), 0);
     for (int i = 0; i < 6; i++)
         ck_assert_float_eq(c[i], (float)i + 1.0f);
     ck_assert_int_eq(gpu_gemm(false, false, 2, 2, 0, NULL, GPU_FP32, 1, NULL, GPU_FP32, 2,
-                              -0.5f, c, 3, NULL), 0);
+                              -0.5f, c, 3, NULL, 0), 0);
     ck_assert_float_eq(c[0], -0.5f);
     ck_assert_float_eq(c[1], -1.0f);
     ck_assert_float_eq(c[2], 3.0f); /* outside N = 2: untouched */
@@ -342,9 +344,9 @@ START_TEST(t_empty)
     ck_assert_float_eq(c[4], -2.5f);
     ck_assert_float_eq(c[5], 6.0f);
     ck_assert_int_eq(gpu_gemm(false, false, 0, 3, 4, NULL, GPU_FP32, 4, &junk, GPU_FP32, 3,
-                              0.0f, NULL, 3, NULL), 0);
+                              0.0f, NULL, 3, NULL, 0), 0);
     ck_assert_int_eq(gpu_gemm(false, false, 2, 0, 4, &junk, GPU_FP32, 4, NULL, GPU_FP32, 1,
-                              0.0f, c, 1, NULL), 0);
+                              0.0f, c, 1, NULL, 0), 0);
     ck_assert_float_eq(c[0], -0.5f);
     ck_assert_uint_eq(gpu_gemm_scratch_floats(false, false, 2, 3, 0, GPU_FP16, 1, GPU_FP16, 3),
                       0);
@@ -444,13 +446,17 @@ static void subnormal_case(bool f32a, float beta)
     gpu_gemm_ref(false, false, M, N, K, ref, K, ones, N, beta, want, N);
     ck_assert_uint_le(gpu_gemm_ex_scratch_floats(M, N, K, f32a ? GPU_FP32 : GPU_BF16, GPU_BF16,
                                                  GPU_BF16, GPU_GEMM_ROUND_A), 4096);
+    size_t gave = gpu_gemm_native_gave_way();
     ck_assert_int_eq(gpu_gemm_ex(false, false, M, N, K, f32a ? (const void *)ref : a16,
                                  f32a ? GPU_FP32 : GPU_BF16, K, b16, GPU_BF16, N, GPU_BF16,
-                                 GPU_GEMM_ROUND_A, beta, C, N, sc),
+                                 GPU_GEMM_ROUND_A, beta, C, N, sc, sizeof sc / sizeof sc[0]),
                      0);
     for (int i = 0; i < M * N; i++)
         ck_assert_msg(C[i] == want[i] && want[i] != 0.0f, "%s beta %g: C[%d] = %a, want %a",
                       f32a ? "fp32" : "bf16", beta, i, C[i], want[i]);
+    /* the native plans gave way to the widened one: that is how the sums stay exact */
+    if (gpu_gemm_in_place(GPU_BF16))
+        ck_assert_uint_gt(gpu_gemm_native_gave_way(), gave);
 }
 
 START_TEST(t_subnormal)
@@ -481,7 +487,7 @@ static int converted_sums(const uint16_t *a16, unsigned round)
     }
     gpu_gemm_ref(false, false, M, N, K, ref, K, ones, N, 0.0f, want, N);
     if (gpu_gemm_ex(false, false, M, N, K, a16, GPU_BF16, K, b16, GPU_BF16, N, GPU_BF16,
-                    round | GPU_GEMM_B_CONVERTED, 0.0f, C, N, sc) != 0)
+                    round | GPU_GEMM_B_CONVERTED, 0.0f, C, N, sc, sizeof sc / sizeof sc[0]) != 0)
         return -1;
     for (int i = 0; i < M * N; i++)
         if (C[i] != want[i] || want[i] == 0.0f)
@@ -503,14 +509,17 @@ static void subnormal_a16(uint16_t *a16, int n, bool convert)
 
 /* An operand named GPU_GEMM_A_CONVERTED skips the subnormal scan only while no conversion
  * has met a subnormal: one converted from values with subnormals gives exact sums on every
- * path. On the native path, in a process where no conversion has met one yet, a vouched
+ * path. On the native plans (native, emulated), in a process where no conversion has met one
+ * yet, a vouched
  * operand is indeed read unscanned (hand-made subnormal bits become zero: wrong sums, which
  * is why only the conversions' output may be vouched for), while the same operand without
  * the flag is scanned and exact. */
 START_TEST(t_converted_operands)
 {
     uint16_t a16[9 * 33];
-    if (use_path(2) && gpu_gemm_in_place(GPU_BF16)) {
+    for (int p = 2; p < NPATHS; p++) { /* native, emulated */
+        if (!use_path(p) || !gpu_gemm_in_place(GPU_BF16))
+            continue;
         pid_t pid = fork(); /* before any conversion here has met a subnormal */
         ck_assert_int_ge(pid, 0);
         if (pid == 0) {
@@ -582,6 +591,12 @@ START_TEST(t_path_info)
         ck_assert_msg(strstr(gpu_gemm_info(GPU_BF16), "widened") != NULL, "%s",
                       gpu_gemm_info(GPU_BF16));
     }
+    ck_assert_int_eq(gpu_gemm_force("emulated"), 0); /* on every CPU */
+    ck_assert(gpu_gemm_in_place(GPU_BF16));
+    ck_assert_msg(strstr(gpu_gemm_info(GPU_BF16), "native bf16 emulated") != NULL, "%s",
+                  gpu_gemm_info(GPU_BF16));
+    ck_assert_msg(strstr(gpu_gemm_info(GPU_FP16), "widened") != NULL, "%s",
+                  gpu_gemm_info(GPU_FP16));
     ck_assert_int_eq(gpu_gemm_force("openblas"), 0);
     ck_assert_msg(strstr(gpu_gemm_info(GPU_FP32), "OpenBLAS") != NULL, "%s",
                   gpu_gemm_info(GPU_FP32));
@@ -600,36 +615,41 @@ START_TEST(t_invalid)
     for (int i = 0; i < 12; i++)
         c[i] = 42.0f;
     ck_assert_int_eq(gpu_gemm(false, false, -1, 2, 2, a, GPU_FP32, 2, b, GPU_FP32, 2, 0.0f, c,
-                              2, NULL), GPU_EINVAL);
+                              2, NULL, 0), GPU_EINVAL);
     ck_assert_int_eq(gpu_gemm(false, false, 2, 2, -3, a, GPU_FP32, 2, b, GPU_FP32, 2, 0.0f, c,
-                              2, NULL), GPU_EINVAL);
+                              2, NULL, 0), GPU_EINVAL);
     /* lda < K, lda < M when transposed, ldb < N, ldb < K when transposed, ldc < N. */
     ck_assert_int_eq(gpu_gemm(false, false, 2, 2, 3, a, GPU_FP32, 2, b, GPU_FP32, 2, 0.0f, c,
-                              2, NULL), GPU_EINVAL);
+                              2, NULL, 0), GPU_EINVAL);
     ck_assert_int_eq(gpu_gemm(true, false, 3, 2, 2, a, GPU_FP32, 2, b, GPU_FP32, 2, 0.0f, c,
-                              2, NULL), GPU_EINVAL);
+                              2, NULL, 0), GPU_EINVAL);
     ck_assert_int_eq(gpu_gemm(false, false, 2, 3, 2, a, GPU_FP32, 2, b, GPU_FP32, 2, 0.0f, c,
-                              3, NULL), GPU_EINVAL);
+                              3, NULL, 0), GPU_EINVAL);
     ck_assert_int_eq(gpu_gemm(false, true, 2, 2, 3, a, GPU_FP32, 3, b, GPU_FP32, 2, 0.0f, c,
-                              2, NULL), GPU_EINVAL);
+                              2, NULL, 0), GPU_EINVAL);
     ck_assert_int_eq(gpu_gemm(false, false, 2, 3, 2, a, GPU_FP32, 2, b, GPU_FP32, 3, 0.0f, c,
-                              2, NULL), GPU_EINVAL);
+                              2, NULL, 0), GPU_EINVAL);
     ck_assert_int_eq(gpu_gemm(false, false, 1, 1, 1, a, GPU_FP32, 0, b, GPU_FP32, 1, 0.0f, c,
-                              1, NULL), GPU_EINVAL);
+                              1, NULL, 0), GPU_EINVAL);
     /* Unknown dtype, missing C, missing operand, missing scratch. */
     ck_assert_int_eq(gpu_gemm(false, false, 2, 2, 2, a, (gpu_dtype)7, 2, b, GPU_FP32, 2, 0.0f,
-                              c, 2, NULL), GPU_EINVAL);
+                              c, 2, NULL, 0), GPU_EINVAL);
     ck_assert_int_eq(gpu_gemm(false, false, 2, 2, 2, a, GPU_FP32, 2, b, GPU_FP32, 2, 0.0f,
-                              NULL, 2, NULL), GPU_EINVAL);
+                              NULL, 2, NULL, 0), GPU_EINVAL);
     ck_assert_int_eq(gpu_gemm(false, false, 2, 2, 2, NULL, GPU_FP32, 2, b, GPU_FP32, 2, 0.0f,
-                              c, 2, NULL), GPU_EINVAL);
+                              c, 2, NULL, 0), GPU_EINVAL);
     ck_assert_int_eq(gpu_gemm(false, false, 2, 2, 2, h, GPU_FP16, 2, b, GPU_FP32, 2, 0.0f, c,
-                              2, NULL), GPU_EINVAL);
+                              2, NULL, 0), GPU_ESCRATCH);
+    /* Scratch shorter than the plan: refused before anything is written. */
+    size_t need = gpu_gemm_scratch_floats(false, false, 2, 2, 2, GPU_FP16, 2, GPU_FP32, 2);
+    ck_assert_uint_gt(need, 0);
+    ck_assert_int_eq(gpu_gemm(false, false, 2, 2, 2, h, GPU_FP16, 2, b, GPU_FP32, 2, 0.0f, c,
+                              2, s, need - 1), GPU_ESCRATCH);
     for (int i = 0; i < 12; i++)
         ck_assert_float_eq(c[i], 42.0f);
     /* The same call with scratch works. */
     ck_assert_int_eq(gpu_gemm(false, false, 2, 2, 2, h, GPU_FP16, 2, b, GPU_FP32, 2, 0.0f, c,
-                              2, s), 0);
+                              2, s, 64), 0);
     for (int i = 0; i < 4; i++)
         ck_assert_float_eq(c[i], 0.0f);
 }
@@ -657,17 +677,16 @@ static void inf_case(gpu_dtype dt, bool in_b, bool ta, bool tb, float bad, bool 
     else
         operand_set(&b, tb ? 3 : k0, tb ? k0 : 3, 0.0f);
     float C[17 * 31], scratch[17 * 66 + 65 * 31 + 64];
-    ck_assert_uint_le(gpu_gemm_scratch_floats(ta, tb, M, N, K, a.dt, a.ld, b.dt, b.ld),
-                      sizeof scratch / sizeof scratch[0]);
+    size_t ns = sizeof scratch / sizeof scratch[0];
+    ck_assert_uint_le(gpu_gemm_scratch_floats(ta, tb, M, N, K, a.dt, a.ld, b.dt, b.ld), ns);
     unsigned round = GPU_GEMM_ROUND_A | GPU_GEMM_ROUND_B;
-    ck_assert_uint_le(gpu_gemm_ex_scratch_floats(M, N, K, a.dt, b.dt, dt, round),
-                      sizeof scratch / sizeof scratch[0]);
+    ck_assert_uint_le(gpu_gemm_ex_scratch_floats(M, N, K, a.dt, b.dt, dt, round), ns);
     if (ex) /* the fp32 operand rounded to dt */
         ck_assert_int_eq(gpu_gemm_ex(ta, tb, M, N, K, a.store, a.dt, a.ld, b.store, b.dt, b.ld,
-                                     dt, round, 0.0f, C, N, scratch), 0);
+                                     dt, round, 0.0f, C, N, scratch, ns), 0);
     else
         ck_assert_int_eq(gpu_gemm(ta, tb, M, N, K, a.store, a.dt, a.ld, b.store, b.dt, b.ld,
-                                  0.0f, C, N, scratch), 0);
+                                  0.0f, C, N, scratch, ns), 0);
     for (int i = 0; i < M; i++) {
         for (int j = 0; j < N; j++) {
             bool hit = in_b ? j == r : i == r;
@@ -709,14 +728,15 @@ typedef struct {
     int n, rc;
     uint16_t *a;     /* n x n fp16 */
     float *b, *c;    /* n x n */
-    float scratch[48 * 48];
+    float scratch[48 * 48 + 64];
 } gemm_job;
 
 static void *gemm_thread(void *arg)
 {
     gemm_job *j = arg;
     j->rc = gpu_gemm(false, false, j->n, j->n, j->n, j->a, GPU_FP16, j->n, j->b, GPU_FP32,
-                     j->n, 0.0f, j->c, j->n, j->scratch);
+                     j->n, 0.0f, j->c, j->n, j->scratch,
+                     sizeof j->scratch / sizeof j->scratch[0]);
     return NULL;
 }
 
@@ -940,12 +960,33 @@ static Suite *gemm_suite(void)
     return s;
 }
 
+/* One line naming the paths the suite runs here and what each multiplies with (the
+ * sanitizer pass's log shows that oneDNN's ran under it), and those this machine lacks. */
+static void print_paths(void)
+{
+    char on[1024] = "", off[128] = "";
+    for (int p = 0; p < NPATHS; p++) {
+        char *dst = gpu_gemm_force(paths[p]) == 0 ? on : off;
+        size_t len = strlen(dst), cap = dst == on ? sizeof on : sizeof off;
+        if (dst == on)
+            snprintf(dst + len, cap - len, "%s%s (fp32: %s; bf16: %s)", len ? "; " : "",
+                     paths[p], gpu_gemm_info(GPU_FP32), gpu_gemm_info(GPU_BF16));
+        else
+            snprintf(dst + len, cap - len, "%s%s", len ? ", " : "", paths[p]);
+    }
+    gpu_gemm_force("auto");
+    printf("check_gemm: GEMM paths run: %s; not on this machine: %s; oneDNN %s\n", on,
+           off[0] ? off : "none", gpu_dnnl_info() ? gpu_dnnl_info() : "not loaded");
+    fflush(stdout);
+}
+
 int main(int argc, char **argv)
 {
     if (argc >= 2 && strcmp(argv[1], "--blas-info") == 0)
         return blas_info_main(argc >= 3 && strcmp(argv[2], "preload") == 0);
     SRunner *sr = srunner_create(gemm_suite());
     srunner_run_all(sr, CK_ENV);
+    print_paths(); /* after the tests: t_concurrent_first_use wants the library unloaded */
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
     return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;

@@ -399,7 +399,7 @@ static int run_one(const emu_lt_desc *d, float alpha, float beta, const void *A,
     std::vector<float> scratch(gpu_gemm_scratch_floats(ta, tb, (int)n, (int)m, (int)k, bdt,
                                                        (int)lb->ld, adt, (int)la->ld) + 1);
     int rc = gpu_gemm(ta, tb, (int)n, (int)m, (int)k, B, bdt, (int)lb->ld, A, adt, (int)la->ld,
-                      0.0f, acc.data(), (int)m, scratch.data());
+                      0.0f, acc.data(), (int)m, scratch.data(), scratch.size());
     if (rc != 0)
         return rc;
     cudaDataType_t bt = d->bias_type >= 0 ? (cudaDataType_t)d->bias_type : ld->type;
