@@ -1528,14 +1528,13 @@ size_t gpu_gpt_head_scratch_floats(int N, int C, int V, gpu_dtype wdt, gpu_dtype
     return linear_gemm_scratch(N, V, C, GPU_FP32, lin_dt, GPU_FP32, wdt, lin_dt);
 }
 
-static bool lin_in_place(const gpu_gpt *m);
-
 /* The dtype the blocks' linears hand their saved input X and their output gradient dY to
- * the GEMMs in (linear_fwd, linear_bwd): lin_dt as stored where the library takes it so,
+ * the GEMMs in (linear_fwd, linear_bwd): lin_dt as stored where the library takes it so
+ * (then the fp32 copies of the inputs the forward saves in lin_dt are needed by nothing),
  * else fp32 (values of lin_dt). */
 static gpu_dtype lin_io_dt(const gpu_gpt *m)
 {
-    return lin_in_place(m) ? m->lin_dt : GPU_FP32;
+    return m->lin_dt != GPU_FP32 && gpu_gemm_in_place(m->lin_dt) ? m->lin_dt : GPU_FP32;
 }
 
 /* Floats of GEMM widening scratch: the largest any GEMM of the passes needs, with 16-bit
@@ -1796,13 +1795,6 @@ typedef struct {
     bool only16;
 } lin_out;
 
-/* Whether the linears multiply their lin_dt inputs as they are stored: then the fp32 copies
- * of the inputs the forward saves in lin_dt are needed by nothing. */
-static bool lin_in_place(const gpu_gpt *m)
-{
-    return m->lin_dt != GPU_FP32 && gpu_gemm_in_place(m->lin_dt);
-}
-
 /* Row i of a linear's output o: the bias in fp32, diagnostics on the fp32 value, rounding,
  * then where `to` sends it. */
 static void linear_row(const gpu_gpt *m, float *o, const float *bias, int O, size_t i,
@@ -1826,7 +1818,7 @@ static void linear_row(const gpu_gpt *m, float *o, const float *bias, int O, siz
 /* out[N x O] = rd(in W^T + b, lin_dt), then `to`: the rows after the GEMM on every core (on
  * the calling thread with diag). in holds fp32 values of lin_dt; saved, the same values
  * stored in lin_dt, is what the GEMM reads where it takes lin_dt as it is stored
- * (lin_in_place; in is then not read). */
+ * (lin_io_dt; in is then not read). */
 static int linear_fwd(const gpu_gpt *m, const gpu_gpt_weights *w, const float *in,
                       const uint8_t *saved, int N, int K, int O, size_t w_off, size_t b_off,
                       float *out, const lin_out *to, const gpt_scratch *sc, gpu_diag *diag,
@@ -2206,7 +2198,7 @@ static int block_fwd(const gpu_gpt *m, const gpu_gpt_weights *w, int l, int B, u
     float *hmid = actf(acts, A->resid_mid);
 
     /* attention; attn.proj's rows also make the residual add */
-    bool f32 = !lin_in_place(m); /* the linears' inputs are also needed in fp32 */
+    bool f32 = lin_io_dt(m) == GPU_FP32; /* the linears' inputs are also needed in fp32 */
     const float *a = ln_fwd(m, w, hin, P->ln1_w, P->ln1_b, N, acts, A->ln1, A->ln1_mean,
                             A->ln1_rstd, sc, f32);
     float *qkv = out_for(m, acts, A->qkv, sc->big);
