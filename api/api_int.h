@@ -95,8 +95,8 @@ struct api_req;
 struct api_resp;
 
 /* The API's routes, one row per path: X(ID, pattern, get, post, delete), where a pattern's
- * "{id}" segment is a job id and "{step}" a checkpoint step, and get/post/delete name the
- * handler of each method (NULL: not allowed; a GET handler also answers HEAD). The route
+ * "{id}" segment is a job's or an experiment's id and "{step}" a checkpoint step, and
+ * get/post/delete name the handler of each method (NULL: not allowed; a GET handler also answers HEAD). The route
  * matcher, the Allow headers and the dispatch are generated from it. */
 #define API_ROUTES(X)                                                                              \
     X(HEALTHZ, "/healthz", api_h_healthz, NULL, NULL)                                              \
@@ -113,7 +113,10 @@ struct api_resp;
     X(JOB_EVENTS, "/v1/jobs/{id}/events", api_h_job_events, NULL, NULL)                            \
     X(JOB_STREAM, "/v1/jobs/{id}/stream", api_h_stream, NULL, NULL)                                \
     X(JOB_CKPTS, "/v1/jobs/{id}/checkpoints", api_h_job_ckpts, NULL, NULL)                         \
-    X(JOB_CKPT, "/v1/jobs/{id}/checkpoints/{step}", api_h_job_ckpt, NULL, NULL)
+    X(JOB_CKPT, "/v1/jobs/{id}/checkpoints/{step}", api_h_job_ckpt, NULL, NULL)                 \
+    X(EXPERIMENTS, "/v1/experiments", api_h_experiments_list, api_h_experiments_create, NULL)      \
+    X(EXPERIMENT, "/v1/experiments/{id}", api_h_experiment_get, NULL, api_h_experiment_action)    \
+    X(EXPERIMENT_CANCEL, "/v1/experiments/{id}/cancel", NULL, api_h_experiment_action, NULL)
 
 #define API_R_ENUM_(id, pattern, get, post, del) API_R_##id,
 /* API_R_STATIC: a file of the dashboard (any other GET path outside /v1/ when files are
@@ -159,6 +162,40 @@ void api_series_begin(api_series_enc *e, api_buf *b, int64_t job);
 /* Points [from, from + n) of se. */
 void api_series_points(api_series_enc *e, api_buf *b, const store_series *se, int from, int n);
 void api_series_end(api_series_enc *e, api_buf *b, int64_t total_steps);
+
+/* ---- experiment statistics (stats.c) ----------------------------------------------------- */
+
+/* The moments of the finite values of v[0..n) (the others are skipped): n, mean, the sample
+ * sd (NaN for fewer than two), min and max (NaN when none). */
+typedef struct {
+    int n;
+    double mean, sd, min, max;
+} api_moments;
+void api_moments_of(const double *v, int n, api_moments *out);
+
+/* Student's t distribution: the two-sided p of t with df degrees of freedom, and the 97.5%
+ * quantile (the half-width of a 95% interval in standard errors). NaN for df <= 0. */
+double api_t_two_sided_p(double t, double df);
+double api_t_quantile975(double df);
+
+/* Welch's t-test of a's mean against b's at the 5% level. Both need API_MIN_SEEDS values
+ * (a variance each); with fewer the verdict is API_V_FEW_SEEDS and only diff is set. */
+#define API_MIN_SEEDS 2
+typedef enum { API_V_WITHIN = 0, API_V_OUTSIDE, API_V_FEW_SEEDS } api_verdict;
+typedef struct {
+    double diff, se, df, t, p;
+    double half; /* the 95% interval is diff +- half */
+    api_verdict verdict;
+} api_welch_result;
+int api_welch(const api_moments *a, const api_moments *b, api_welch_result *out);
+
+/* Whether an eval sits on the unigram plateau of its training data (entropy in nats, the
+ * most frequent token's frequency; gpu_dataset_unigram): a loss of at least
+ * API_PLATEAU_LOSS_FRAC of the entropy with an accuracy no more than API_PLATEAU_ACC_MARGIN
+ * above the frequency (an accuracy that is missing does not count against it). */
+#define API_PLATEAU_LOSS_FRAC 0.95
+#define API_PLATEAU_ACC_MARGIN 0.02
+bool api_on_plateau(double loss, double acc, double entropy, double top_freq);
 
 /* ---- messages ---------------------------------------------------------------------------- */
 
@@ -340,6 +377,13 @@ void api_error_resp(api_resp *r, unsigned status, const char *code, const char *
                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 /* A query parameter or NULL. */
 const char *api_query(const api_req *q, const char *name);
+/* An optional integer query parameter in [lo, hi] (dflt when absent); false with a 400
+ * naming it in r when malformed. */
+bool api_query_int(api_req *q, api_resp *r, const char *name, int64_t lo, int64_t hi,
+                   int64_t dflt, int64_t *out);
+/* A store error as an HTTP error: 404 naming `what id`, 409, 400, or 503 saying whether the
+ * run history could not be read or (writing) written. */
+void api_store_error(api_resp *r, int rc, const char *what, int64_t id, bool writing);
 
 /* Handlers (routes.c, sse.c, prom.c). Each fills r. */
 void api_h_healthz(api_req *q, api_resp *r);
@@ -357,6 +401,13 @@ void api_h_job_ckpts(api_req *q, api_resp *r);
 void api_h_job_ckpt(api_req *q, api_resp *r);
 void api_h_prom(api_req *q, api_resp *r);
 void api_h_stream(api_req *q, api_resp *r);
+void api_h_experiments_list(api_req *q, api_resp *r);   /* experiment.c */
+void api_h_experiments_create(api_req *q, api_resp *r);
+void api_h_experiment_get(api_req *q, api_resp *r);
+void api_h_experiment_action(api_req *q, api_resp *r); /* cancel, delete */
+/* A job's unigram plateau (experiment.c): {"unigram_entropy", "unigram_top_freq", "step",
+ * "on_plateau", "text"} at its latest eval, or null when its data has no unigram level. */
+void api_put_plateau(api_buf *b, store *st, int64_t job);
 
 /* docs/openapi.yaml as JSON (api/openapi_json.c, generated at build time by
  * build-aux/openapi2c.py): api_openapi_json_len bytes, not NUL-terminated. */

@@ -42,7 +42,7 @@ static void ok_json(api_resp *r, unsigned status)
 
 /* A store error as an HTTP error (not-found names what was looked for); writing: the request
  * failed writing to the store rather than reading it (the 503 says which). */
-static void store_error_rw(api_resp *r, int rc, const char *what, int64_t id, bool writing)
+void api_store_error(api_resp *r, int rc, const char *what, int64_t id, bool writing)
 {
     if (rc == STORE_ENOTFOUND)
         api_error_resp(r, 404, "not_found", NULL, "no %s %lld", what, (long long)id);
@@ -58,7 +58,7 @@ static void store_error_rw(api_resp *r, int rc, const char *what, int64_t id, bo
 
 static void store_error(api_resp *r, int rc, const char *what, int64_t id)
 {
-    store_error_rw(r, rc, what, id, false);
+    api_store_error(r, rc, what, id, false);
 }
 
 /* Load the route's job into j; false with r filled when it cannot be. */
@@ -79,8 +79,8 @@ static bool load_job(api_req *q, api_resp *r, store_job *j)
 }
 
 /* An optional integer query parameter in [lo, hi]; false with a 400 in r when malformed. */
-static bool query_int(api_req *q, api_resp *r, const char *name, int64_t lo, int64_t hi,
-                      int64_t dflt, int64_t *out)
+bool api_query_int(api_req *q, api_resp *r, const char *name, int64_t lo, int64_t hi,
+                   int64_t dflt, int64_t *out)
 {
     const char *v = api_query(q, name);
     *out = dflt;
@@ -420,8 +420,8 @@ void api_h_jobs_list(api_req *q, api_resp *r)
         }
         f.name = v;
     }
-    if (!query_int(q, r, "limit", 1, 1000, 50, &limit) ||
-        !query_int(q, r, "after", 1, INT64_MAX, 0, &after))
+    if (!api_query_int(q, r, "limit", 1, 1000, 50, &limit) ||
+        !api_query_int(q, r, "after", 1, INT64_MAX, 0, &after))
         return;
     f.limit = (int)limit;
     f.after = after;
@@ -517,7 +517,7 @@ void api_h_jobs_submit(api_req *q, api_resp *r)
                          key, &id, &existed);
     api_buf_free(&spec);
     if (rc) {
-        store_error_rw(r, rc, "job", id, true);
+        api_store_error(r, rc, "job", id, true);
         return;
     }
     rc = store_job_get(s->st, id, &j);
@@ -547,6 +547,13 @@ void api_h_job_get(api_req *q, api_resp *r)
         return;
     ok_json(r, 200);
     api_job_json(&r->body, &j, true);
+    /* the full job object gets one more member, its plateau, before its closing brace */
+    if (!r->body.oom && r->body.len > 0 && r->body.data[r->body.len - 1] == '}') {
+        r->body.data[--r->body.len] = '\0';
+        api_buf_puts(&r->body, ",\"plateau\":");
+        api_put_plateau(&r->body, q->srv->st, j.id);
+        api_buf_putc(&r->body, '}');
+    }
     store_job_clear(&j);
 }
 
@@ -588,7 +595,7 @@ void api_h_job_action(api_req *q, api_resp *r)
         return;
     }
     if (rc) {
-        store_error_rw(r, rc, "job", q->route.job, true);
+        api_store_error(r, rc, "job", q->route.job, true);
         return;
     }
     if (what == API_R_JOB) {
@@ -730,9 +737,9 @@ void api_h_job_metrics(api_req *q, api_resp *r)
         for (int i = 0; i < STORE_M_NFIELDS; i++)
             ss->enc.fields[i] = i;
     }
-    if (!query_int(q, r, "from", 0, INT64_MAX, 0, &from) ||
-        !query_int(q, r, "to", 0, INT64_MAX, -1, &to) ||
-        !query_int(q, r, "points", 0, MAX_POINTS, 0, &points))
+    if (!api_query_int(q, r, "from", 0, INT64_MAX, 0, &from) ||
+        !api_query_int(q, r, "to", 0, INT64_MAX, -1, &to) ||
+        !api_query_int(q, r, "points", 0, MAX_POINTS, 0, &points))
         goto fail;
     if (to >= 0 && to < from) {
         api_error_resp(r, 400, "invalid_parameter", "to", "must not be below from (%lld)",
@@ -1016,10 +1023,10 @@ void api_h_job_layers(api_req *q, api_resp *r)
     bool range = api_query(q, "from") || api_query(q, "to") || api_query(q, "steps") || fv;
     store_job j;
 
-    if (!query_int(q, r, "step", 0, INT64_MAX, -1, &step) ||
-        !query_int(q, r, "from", 0, INT64_MAX, 0, &from) ||
-        !query_int(q, r, "to", 0, INT64_MAX, -1, &to) ||
-        !query_int(q, r, "steps", 1, LAYER_MAX_STEPS, LAYER_DEFAULT_STEPS, &steps))
+    if (!api_query_int(q, r, "step", 0, INT64_MAX, -1, &step) ||
+        !api_query_int(q, r, "from", 0, INT64_MAX, 0, &from) ||
+        !api_query_int(q, r, "to", 0, INT64_MAX, -1, &to) ||
+        !api_query_int(q, r, "steps", 1, LAYER_MAX_STEPS, LAYER_DEFAULT_STEPS, &steps))
         return;
     if (range && step >= 0) {
         api_error_resp(r, 400, "invalid_parameter", "step",
@@ -1054,8 +1061,8 @@ void api_h_job_events(api_req *q, api_resp *r)
     int64_t after, limit;
     int n = 0, rc;
 
-    if (!query_int(q, r, "after", 0, INT64_MAX, 0, &after) ||
-        !query_int(q, r, "limit", 1, 1000, 100, &limit) || !load_job(q, r, &j))
+    if (!api_query_int(q, r, "after", 0, INT64_MAX, 0, &after) ||
+        !api_query_int(q, r, "limit", 1, 1000, 100, &limit) || !load_job(q, r, &j))
         return;
     store_job_clear(&j);
     rc = store_event_list(q->srv->st, q->route.job, after, (int)limit, &ev, &n);

@@ -349,14 +349,21 @@ static void record_time(run_state *s, double ms)
     s->times[s->ntimes++] = ms;
 }
 
+/* The start line; a sequence set's "data" says the unigram level its loss and accuracy
+ * start from (gpu_dataset_unigram): the plateau the daemon and the dashboard name. */
 static void emit_start(const gpu_job_config *c, gpu_trainer *t)
 {
     json_t *spec = api_spec_to_json(c);
-    emit(json_pack("{s:s, s:s, s:I, s:s, s:s, s:s, s:s, s:o}", "type", "start", "name",
-                   c->name, "params", (json_int_t)gpu_trainer_params(t), "device",
-                   gpu_trainer_device(t), "blas", gpu_blas_info(), "gemm",
-                   gpu_gemm_info(c->dtype), "convert", gpu_cvt_impl(), "spec",
-                   spec ? spec : json_null()));
+    json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:s, s:s, s:s, s:o}", "type", "start", "name",
+                          c->name, "params", (json_int_t)gpu_trainer_params(t), "device",
+                          gpu_trainer_device(t), "blas", gpu_blas_info(), "gemm",
+                          gpu_gemm_info(c->dtype), "convert", gpu_cvt_impl(), "spec",
+                          spec ? spec : json_null());
+    double h, top;
+    if (o && gpu_trainer_unigram(t, &h, &top) == 0)
+        json_object_set_new(o, "data", json_pack("{s:f, s:f}", "unigram_entropy", h,
+                                                 "unigram_top_freq", top));
+    emit(o);
 }
 
 /* Drop the checkpoint of step in the checkpoint directory: delete it (unless --no-delete)

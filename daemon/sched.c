@@ -791,6 +791,22 @@ static void on_worker_event(daemon_sched *s, worker *w, json_t *o)
               layer ? json_pack("{s:s}", "layer", layer) : NULL);
 }
 
+/* The start line's "data" (a sequence set's unigram level) as a "data" event, which the
+ * API's experiment comparison and the dashboard read to name the unigram plateau. */
+static void on_data(daemon_sched *s, worker *w, json_t *data)
+{
+    double h = json_number_value(json_object_get(data, "unigram_entropy"));
+    double top = json_number_value(json_object_get(data, "unigram_top_freq"));
+    char msg[256];
+    if (!json_is_object(data) || !(h > 0) || !(top > 0))
+        return;
+    snprintf(msg, sizeof(msg),
+             "training data: unigram entropy %.3f nats, most frequent token %.1f%% (the loss "
+             "and accuracy of a model that ignores the context)",
+             h, 100 * top);
+    add_event(s, w->job, w->base_step, "data", msg, json_incref(data));
+}
+
 /* One complete line from a worker: len bytes, no newline; line[len] is writable. */
 static void handle_line(daemon_sched *s, worker *w, char *line, size_t len)
 {
@@ -836,6 +852,7 @@ static void handle_line(daemon_sched *s, worker *w, char *line, size_t len)
         snprintf(msg, sizeof(msg), "worker %d started on %.300s: %.0f parameters, blas %.200s",
                  (int)w->pid, dev ? dev : "?", field(o, "params"), blas ? blas : "?");
         add_event(s, w->job, w->base_step, "lifecycle", msg, NULL);
+        on_data(s, w, json_object_get(o, "data"));
     } else if (strcmp(type, "resume") == 0) {
         on_resume(s, w, o);
     } else {

@@ -309,6 +309,32 @@ int64_t gpu_dataset_ntokens(const gpu_dataset *d)
 {
     return d->ntokens;
 }
+/* One pass over the tokens: the counts, then -sum p log p and the largest p. */
+int gpu_dataset_unigram(const gpu_dataset *d, double *entropy, double *top_freq)
+{
+    int64_t *count;
+    int64_t top = 0;
+    double h = 0;
+
+    if (!d || d->ntokens <= 0 || d->vocab <= 0 || !entropy || !top_freq)
+        return GPU_EINVAL;
+    if (!(count = calloc((size_t)d->vocab, sizeof(*count))))
+        return GPU_ENOMEM;
+    for (int64_t i = 0; i < d->ntokens; i++)
+        count[d->tok8 ? d->tok8[i] : d->tok16[i]]++;
+    for (int v = 0; v < d->vocab; v++) {
+        double p = (double)count[v] / (double)d->ntokens;
+        if (count[v] > 0)
+            h -= p * log(p);
+        if (count[v] > top)
+            top = count[v];
+    }
+    free(count);
+    *entropy = h;
+    *top_freq = (double)top / (double)d->ntokens;
+    return 0;
+}
+
 int gpu_dataset_vocab(const gpu_dataset *d)
 {
     return d->vocab;

@@ -385,6 +385,11 @@ int gpu_dataset_load_tokens(const char *path, const char *eval_path, float val_f
                             gpu_dataset **train, gpu_dataset **val, char *err, size_t errlen);
 int64_t gpu_dataset_ntokens(const gpu_dataset *d);  /* 0 for a classification set */
 int gpu_dataset_vocab(const gpu_dataset *d);        /* largest token + 1 (256 for text) */
+/* The unigram statistics of a sequence set: the entropy (nats) of its token frequencies and
+ * the frequency of its most frequent token, the loss and the accuracy of a model that
+ * predicts every token from these frequencies alone (the plateau a language model sits on
+ * before it uses the context). GPU_EINVAL for a classification set. */
+int gpu_dataset_unigram(const gpu_dataset *d, double *entropy, double *top_freq);
 /* B windows of T+1 consecutive tokens at positions drawn from (seed, step) alone (so a
  * resumed job draws the same batches): inputs x[b*T+t], targets y[b*T+t] = next token. */
 void gpu_dataset_sample_seq(const gpu_dataset *d, uint64_t seed, int64_t step, int B, int T,
@@ -539,6 +544,8 @@ void gpu_guard_set(bool on);
 /* Evaluate on the eval set (or the training set when there is none). */
 int gpu_trainer_eval(gpu_trainer *t, gpu_eval_result *r);
 int64_t gpu_trainer_params(const gpu_trainer *t);
+/* gpu_dataset_unigram of the trainer's training set (this rank's, under data parallelism). */
+int gpu_trainer_unigram(const gpu_trainer *t, double *entropy, double *top_freq);
 /* Where the trainer runs: "cpu", "cpu (CUDA unusable: why)" when "auto" found a device it
  * could not use, or "cuda:N (device name, compute capability, memory; what the job holds)".
  * Valid while the trainer lives. */

@@ -634,6 +634,11 @@ int64_t gpu_trainer_params(const gpu_trainer *t)
     return (int64_t)(t->gpt ? t->gpt->nparams : t->mlp.nparams);
 }
 
+int gpu_trainer_unigram(const gpu_trainer *t, double *entropy, double *top_freq)
+{
+    return gpu_dataset_unigram(t ? t->train : NULL, entropy, top_freq);
+}
+
 const gpu_scaler_state *gpu_trainer_scaler(const gpu_trainer *t)
 {
     return &t->scaler;

@@ -128,13 +128,27 @@ static const char *const migration_5[] = {
     "('succeeded', 'failed', 'cancelled')) ORDER BY job_id, step, kind, ref",
     NULL};
 
+/* Version 6: experiments, named groups of jobs compared arm by arm (an arm: the runs of one
+ * precision or variant, one per seed). baseline is the arm the others are compared with;
+ * request the JSON it was created from. A member row goes with its job (ON DELETE CASCADE)
+ * and with its experiment. */
+static const char *const migration_6[] = {
+    "CREATE TABLE experiments (id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL, "
+    "created_at REAL NOT NULL, baseline TEXT NOT NULL, request TEXT)",
+    "CREATE TABLE experiment_jobs (experiment_id INTEGER NOT NULL REFERENCES experiments(id) "
+    "ON DELETE CASCADE, job_id INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE, "
+    "arm TEXT NOT NULL, seed INTEGER NOT NULL, position INTEGER NOT NULL, "
+    "PRIMARY KEY (experiment_id, job_id)) WITHOUT ROWID",
+    "CREATE INDEX experiment_jobs_job ON experiment_jobs(job_id)",
+    NULL};
+
 /* The hand-written steps. The versions without one add only the columns of the fields
  * whose `since` names them (store.h's STORE_METRICS); a new field takes a version above
  * every version here. */
 static const struct {
     int version;
     const char *const *sql;
-} migrations[] = {{1, migration_1}, {2, migration_2}, {5, migration_5}};
+} migrations[] = {{1, migration_1}, {2, migration_2}, {5, migration_5}, {6, migration_6}};
 #define NMIGRATIONS ((int)(sizeof(migrations) / sizeof(migrations[0])))
 
 int store_schema_version(void)
@@ -305,6 +319,23 @@ static const char *const stmt_sql[ST_COUNT] = {
     [ST_STREAM_AT_STEP] = "SELECT MAX(COALESCE((SELECT seq FROM stream WHERE job_id=?1 AND "
                           "kind=0 AND step<=?2 ORDER BY step DESC, seq DESC LIMIT 1), 0), "
                           "COALESCE((SELECT MAX(seq) FROM stream WHERE job_id=?1 AND kind=5), 0))",
+    /* rank 0's rows with an eval result (a NaN one is NULL with its bit in ?2) */
+    [ST_EVAL_LIST] = "SELECT step, eval_loss, eval_acc, nan_mask FROM metrics WHERE job_id=?1 "
+                     "AND rank=0 AND (eval_loss IS NOT NULL OR eval_acc IS NOT NULL OR "
+                     "(nan_mask & ?2) != 0) ORDER BY step",
+    [ST_EVENT_LAST] = "SELECT id, job_id, step, ts, kind, message, data FROM events "
+                      "WHERE job_id=?1 AND kind=?2 ORDER BY id DESC LIMIT 1",
+    [ST_EXP_INSERT] = "INSERT INTO experiments(name, created_at, baseline, request) "
+                      "VALUES(?1, ?2, ?3, ?4)",
+    [ST_EXP_MEMBER_ADD] = "INSERT INTO experiment_jobs(experiment_id, job_id, arm, seed, "
+                          "position) VALUES(?1, ?2, ?3, ?4, ?5)",
+    [ST_EXP_GET] = "SELECT id, name, created_at, baseline, request FROM experiments WHERE id=?1",
+    [ST_EXP_LIST] = "SELECT id, name, created_at, baseline, request FROM experiments "
+                    "WHERE id < ?1 ORDER BY id DESC LIMIT ?2",
+    [ST_EXP_MEMBERS] = "SELECT e.job_id, e.arm, e.seed, j.status FROM experiment_jobs e "
+                       "JOIN jobs j ON j.id = e.job_id WHERE e.experiment_id=?1 "
+                       "ORDER BY e.position",
+    [ST_EXP_DELETE] = "DELETE FROM experiments WHERE id=?1",
 };
 
 /* The text of a STORE_Q_ statement; false when it does not fit. */

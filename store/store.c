@@ -411,18 +411,18 @@ void store_jobs_free(store_job *jobs, int n)
     free(jobs);
 }
 
-static int bind_text(sqlite3_stmt *st, int i, const char *v)
+int store_bind_text(sqlite3_stmt *st, int i, const char *v)
 {
     return v ? sqlite3_bind_text(st, i, v, -1, SQLITE_TRANSIENT) : sqlite3_bind_null(st, i);
 }
 
-static char *column_dup(sqlite3_stmt *st, int i)
+char *store_column_dup(sqlite3_stmt *st, int i)
 {
     const unsigned char *t = sqlite3_column_text(st, i);
     return t ? strdup((const char *)t) : NULL;
 }
 
-static void column_copy(sqlite3_stmt *st, int i, char *dst, size_t size)
+void store_column_copy(sqlite3_stmt *st, int i, char *dst, size_t size)
 {
     const unsigned char *t = sqlite3_column_text(st, i);
     snprintf(dst, size, "%s", t ? (const char *)t : "");
@@ -436,8 +436,8 @@ static int job_from_row(sqlite3_stmt *st, store_job *j)
 
     memset(j, 0, sizeof(*j));
     j->id = sqlite3_column_int64(st, 0);
-    column_copy(st, 1, j->name, sizeof(j->name));
-    column_copy(st, 2, j->dtype, sizeof(j->dtype));
+    store_column_copy(st, 1, j->name, sizeof(j->name));
+    store_column_copy(st, 2, j->dtype, sizeof(j->dtype));
     if (store_status_parse((const char *)status, &stat) != 0)
         log_warn("job %lld has unknown status \"%s\"", (long long)j->id,
                  status ? (const char *)status : "");
@@ -450,9 +450,9 @@ static int job_from_row(sqlite3_stmt *st, store_job *j)
     j->checkpoint_step = sqlite3_column_int64(st, 9);
     j->retries = sqlite3_column_int(st, 10);
     j->cancel_requested = sqlite3_column_int(st, 11) != 0;
-    j->spec = column_dup(st, 12);
-    j->summary = column_dup(st, 13);
-    j->error = column_dup(st, 14);
+    j->spec = store_column_dup(st, 12);
+    j->summary = store_column_dup(st, 13);
+    j->error = store_column_dup(st, 14);
     j->checkpoint_bytes = sqlite3_column_int64(st, 15);
     if (!j->spec || (sqlite3_column_type(st, 13) != SQLITE_NULL && !j->summary) ||
         (sqlite3_column_type(st, 14) != SQLITE_NULL && !j->error)) {
@@ -469,7 +469,7 @@ static int job_by_idem(store *s, const char *idem_key, int64_t *id)
     int rc;
     if (!st)
         return STORE_EIO;
-    bind_text(st, 1, idem_key);
+    store_bind_text(st, 1, idem_key);
     rc = sqlite3_step(st);
     if (rc == SQLITE_ROW) {
         *id = sqlite3_column_int64(st, 0);
@@ -512,7 +512,7 @@ int store_job_insert(store *s, const char *name, const char *dtype, int64_t step
     sqlite3_bind_double(st, 3, store_now());
     sqlite3_bind_int64(st, 4, steps);
     sqlite3_bind_text(st, 5, spec_json, -1, SQLITE_TRANSIENT);
-    bind_text(st, 6, idem_key);
+    store_bind_text(st, 6, idem_key);
     rc = sqlite3_step(st);
     if (rc != SQLITE_DONE) {
         rc = store_sql_error(s->w->db, st, rc, __func__);
@@ -575,9 +575,9 @@ int store_job_list(store *s, const store_job_filter *f, store_job **out, int *n)
     if (!jobs)
         return STORE_EIO;
     sqlite3_bind_int64(st, 1, f->after > 0 ? f->after : INT64_MAX);
-    bind_text(st, 2, f->status >= 0 ? status_names[f->status] : NULL);
-    bind_text(st, 3, f->dtype);
-    bind_text(st, 4, f->name);
+    store_bind_text(st, 2, f->status >= 0 ? status_names[f->status] : NULL);
+    store_bind_text(st, 3, f->dtype);
+    store_bind_text(st, 4, f->name);
     sqlite3_bind_int(st, 5, f->limit);
     rc = SQLITE_DONE;
     while (cnt < f->limit && (rc = sqlite3_step(st)) == SQLITE_ROW) {
@@ -602,7 +602,7 @@ fail:
 
 /* Step a bound UPDATE/DELETE of the write connection (wlock held) and reset it;
  * STORE_ENOTFOUND when it changed no row. */
-static int step_change(store *s, sqlite3_stmt *st, const char *func)
+int store_step_change(store *s, sqlite3_stmt *st, const char *func)
 {
     int rc = sqlite3_step(st);
     if (rc != SQLITE_DONE)
@@ -616,7 +616,7 @@ static int step_change(store *s, sqlite3_stmt *st, const char *func)
 /* The end of a synchronous write's transaction: commit when rc is 0, else roll back what is
  * open; the write gate is left and readers are woken either way. Returns rc or the commit's
  * error. */
-static int txn_end(store *s, int rc)
+int store_txn_end(store *s, int rc)
 {
     if (rc == 0)
         rc = store_exec_stmt(s->w, ST_COMMIT);
@@ -645,22 +645,22 @@ int store_job_set_status(store *s, int64_t id, store_status stat, const char *er
     } else {
         sqlite3_bind_int64(st, 1, id);
         sqlite3_bind_text(st, 2, status_names[stat], -1, SQLITE_STATIC);
-        bind_text(st, 3, error);
+        store_bind_text(st, 3, error);
         sqlite3_bind_int(st, 4, stat == STORE_RUNNING);
         sqlite3_bind_double(st, 5, store_now());
         sqlite3_bind_int(st, 6, store_status_finished(stat));
         sqlite3_bind_int(st, 7, stat == STORE_RUNNING || stat == STORE_QUEUED);
-        rc = step_change(s, st, __func__);
+        rc = store_step_change(s, st, __func__);
     }
     if (rc == 0 && store_status_finished(stat)) {
         if (!(st = store_stmt(s->w, ST_STREAM_END))) {
             rc = STORE_EIO;
         } else {
             sqlite3_bind_int64(st, 1, id);
-            rc = step_change(s, st, __func__);
+            rc = store_step_change(s, st, __func__);
         }
     }
-    return txn_end(s, rc);
+    return store_txn_end(s, rc);
 }
 
 /* UPDATE jobs SET <column> = v WHERE id = id, for the statements that set one integer. */
@@ -678,7 +678,7 @@ static int job_set_int(store *s, int stmt, int64_t id, int64_t v, const char *fu
     } else {
         sqlite3_bind_int64(st, 1, id);
         sqlite3_bind_int64(st, 2, v);
-        rc = step_change(s, st, func);
+        rc = store_step_change(s, st, func);
     }
     return store_wend(s, rc);
 }
@@ -696,8 +696,8 @@ int store_job_set_summary(store *s, int64_t id, const char *summary_json)
         rc = STORE_EIO;
     } else {
         sqlite3_bind_int64(st, 1, id);
-        bind_text(st, 2, summary_json);
-        rc = step_change(s, st, __func__);
+        store_bind_text(st, 2, summary_json);
+        rc = store_step_change(s, st, __func__);
     }
     return store_wend(s, rc);
 }
@@ -739,7 +739,7 @@ int store_job_delete(store *s, int64_t id)
         sqlite3_bind_int64(st, 1, id);
         /* One statement: the job and, by ON DELETE CASCADE, its metrics, rollups, layer
          * stats, events, checkpoints and stream go in one implicit transaction. */
-        rc = step_change(s, st, __func__);
+        rc = store_step_change(s, st, __func__);
         store_writer_forget(s, id, INT64_MIN);
     }
     store_wend(s, rc);
@@ -831,9 +831,9 @@ int store_event_list(store *s, int64_t job, int64_t after, int limit, store_even
         e->job_id = sqlite3_column_int64(st, 1);
         e->step = sqlite3_column_int64(st, 2);
         e->ts = sqlite3_column_double(st, 3);
-        column_copy(st, 4, e->kind, sizeof(e->kind));
-        e->message = column_dup(st, 5);
-        e->data = column_dup(st, 6);
+        store_column_copy(st, 4, e->kind, sizeof(e->kind));
+        e->message = store_column_dup(st, 5);
+        e->data = store_column_dup(st, 6);
         cnt++;
         if (!e->message || (sqlite3_column_type(st, 6) != SQLITE_NULL && !e->data)) {
             rc = STORE_EIO;
@@ -878,11 +878,11 @@ int store_checkpoint_add(store *s, int64_t job, int64_t step, const char *path, 
         sqlite3_bind_text(st, 3, path, -1, SQLITE_TRANSIENT);
         sqlite3_bind_int64(st, 4, bytes);
         sqlite3_bind_double(st, 5, store_now());
-        rc = step_change(s, st, __func__); /* an unknown job fails the foreign key */
+        rc = store_step_change(s, st, __func__); /* an unknown job fails the foreign key */
     }
     if (rc == 0)
         rc = store_stream_add(s, job, step, STORE_SM_CHECKPOINT, 0);
-    return txn_end(s, rc);
+    return store_txn_end(s, rc);
 }
 
 int store_checkpoint_delete(store *s, int64_t job, int64_t step)
@@ -901,11 +901,11 @@ int store_checkpoint_delete(store *s, int64_t job, int64_t step)
         }
         sqlite3_bind_int64(st, 1, job);
         sqlite3_bind_int64(st, 2, step);
-        rc = step_change(s, st, __func__);
+        rc = store_step_change(s, st, __func__);
         if (k == 1 && rc == STORE_ENOTFOUND)
             rc = 0; /* a checkpoint recorded before the stream existed has no row there */
     }
-    return txn_end(s, rc);
+    return store_txn_end(s, rc);
 }
 
 int store_checkpoint_list(store *s, int64_t job, store_checkpoint **out, int *n)
@@ -934,7 +934,7 @@ int store_checkpoint_list(store *s, int64_t job, store_checkpoint **out, int *n)
         v[cnt].step = sqlite3_column_int64(st, 0);
         v[cnt].bytes = sqlite3_column_int64(st, 1);
         v[cnt].created_at = sqlite3_column_double(st, 2);
-        column_copy(st, 3, v[cnt].path, sizeof(v[cnt].path));
+        store_column_copy(st, 3, v[cnt].path, sizeof(v[cnt].path));
         cnt++;
     }
     if (rc != SQLITE_DONE) {
@@ -1039,8 +1039,8 @@ static int64_t info_read(sqlite3_stmt *st, store_layer_info *info)
     memset(info, 0, sizeof(*info));
     info->scale = sqlite3_column_type(st, 1) == SQLITE_NULL ? NAN : sqlite3_column_double(st, 1);
     info->flags = (unsigned)sqlite3_column_int(st, 3);
-    column_copy(st, 4, info->first_layer, sizeof(info->first_layer));
-    column_copy(st, 5, info->first_where, sizeof(info->first_where));
+    store_column_copy(st, 4, info->first_layer, sizeof(info->first_layer));
+    store_column_copy(st, 5, info->first_where, sizeof(info->first_where));
     return sqlite3_column_int64(st, 0);
 }
 
@@ -1095,8 +1095,8 @@ static int rows_read(store_conn *c, int64_t job, int64_t step, store_layer_stat 
         }
         r = &(*rows)[(*n)++];
         memset(r, 0, sizeof(*r));
-        column_copy(st, 1, r->name, sizeof(r->name));
-        column_copy(st, 2, r->dtype, sizeof(r->dtype));
+        store_column_copy(st, 1, r->name, sizeof(r->name));
+        store_column_copy(st, 2, r->dtype, sizeof(r->dtype));
         nan_mask = (uint32_t)sqlite3_column_int64(st, 3);
         for (int f = 0; f < STORE_L_NFIELDS; f++) {
             int col = STORE_LG_FIELDS + f;

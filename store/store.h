@@ -331,6 +331,59 @@ bool store_wait_commit(store *s, uint64_t *seen, int timeout_ms);
 /* Latest metric row of a job (rank 0); STORE_ENOTFOUND when none. */
 int store_metric_latest(store *s, int64_t job, store_metric *out);
 
+/* ---- experiments (experiment.c) ------------------------------------------------------- */
+
+/* An experiment is a named group of jobs, each in an arm (the runs of one precision or
+ * variant, one per seed), compared arm by arm against its baseline arm (docs/api.md,
+ * "Experiments"). The jobs are ordinary jobs; the group only names them. Deleting a job
+ * takes it out of every group; deleting a group leaves its jobs (the caller deletes them
+ * first when it wants them gone). */
+#define STORE_ARM_MAX 32 /* arm labels are shorter than this */
+typedef struct {
+    int64_t job_id;
+    char arm[STORE_ARM_MAX];
+    int64_t seed;
+    store_status status; /* the job's, filled by the reads */
+} store_member;
+
+typedef struct {
+    int64_t id;
+    char name[128];
+    char baseline[STORE_ARM_MAX];
+    double created_at;
+    char *request;         /* the JSON it was created from (heap) or NULL */
+    int nmembers;
+    store_member *members; /* heap, in the order they were given */
+} store_experiment;
+
+/* Insert an experiment with its n members (1..STORE_EXP_MEMBERS_MAX, jobs that exist, each
+ * once) in one transaction. STORE_EINVAL for a name, arm or baseline that does not fit or
+ * a bad count; STORE_ECONFLICT for a job given twice; STORE_ENOTFOUND for a job that is
+ * not there (nothing is inserted then). */
+#define STORE_EXP_MEMBERS_MAX 256
+int store_experiment_create(store *s, const char *name, const char *baseline,
+                            const char *request_json, const store_member *m, int n, int64_t *id);
+/* Fill *out (caller clears with store_experiment_clear). STORE_ENOTFOUND when absent. */
+int store_experiment_get(store *s, int64_t id, store_experiment *out);
+/* Experiments newest first with ids below after (0: from the top), at most limit (1..1000);
+ * *out heap (store_experiments_free). */
+int store_experiment_list(store *s, int64_t after, int limit, store_experiment **out, int *n);
+void store_experiment_clear(store_experiment *e); /* NULL accepted */
+void store_experiments_free(store_experiment *e, int n);
+/* Delete the group (its jobs stay). STORE_ENOTFOUND when absent. */
+int store_experiment_delete(store *s, int64_t id);
+
+/* The eval results of job (rank 0) in step order: *out heap (free()) of *n. A field the
+ * eval did not report is store_missing(); a NaN it reported is NaN. */
+typedef struct {
+    int64_t step;
+    double loss, acc;
+} store_eval;
+int store_eval_list(store *s, int64_t job, store_eval **out, int *n);
+/* The newest event of job of the given kind as a heap array of one (store_events_free(*out,
+ * 1)); STORE_ENOTFOUND when there is none. */
+int store_event_last(store *s, int64_t job, const char *kind, store_event **out);
+
 /* ---- per-layer diagnostics ------------------------------------------------------------ */
 
 /* A diagnosed step (every diagnostics_every steps and every overflow step) has one row per

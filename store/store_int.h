@@ -104,6 +104,14 @@ enum {
     ST_STREAM_READ,
     ST_STREAM_TRUNCATE,
     ST_STREAM_AT_STEP,
+    ST_EVAL_LIST,
+    ST_EVENT_LAST,
+    ST_EXP_INSERT,
+    ST_EXP_MEMBER_ADD,
+    ST_EXP_GET,
+    ST_EXP_LIST,
+    ST_EXP_MEMBERS,
+    ST_EXP_DELETE,
     ST_COUNT
 };
 
@@ -262,6 +270,19 @@ int store_stream_add(store *s, int64_t job, int64_t step, store_stream_kind kind
 
 /* This thread's read connection, opened on first use; NULL on error (logged). */
 store_conn *store_reader(store *s);
+
+/* Helpers of the synchronous calls (store.c), shared with experiment.c. */
+/* Bind v as text (NULL: SQL NULL). */
+int store_bind_text(sqlite3_stmt *st, int i, const char *v);
+/* Column i as a heap copy (NULL for SQL NULL or out of memory), or copied into dst. */
+char *store_column_dup(sqlite3_stmt *st, int i);
+void store_column_copy(sqlite3_stmt *st, int i, char *dst, size_t size);
+/* Step a bound UPDATE/DELETE/INSERT of the write connection (wlock held) and reset it;
+ * STORE_ENOTFOUND when it changed no row. */
+int store_step_change(store *s, sqlite3_stmt *st, const char *func);
+/* End a synchronous write's explicit transaction (ST_BEGIN_IMMEDIATE after store_wbegin):
+ * commit when rc is 0, else roll back; leaves wlock. Returns rc or the commit's error. */
+int store_txn_end(store *s, int rc);
 
 /* ---- the writer (writer.c) ---------------------------------------------------------------- */
 

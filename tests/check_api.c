@@ -9,7 +9,8 @@
  *             the per-address limit's addresses (loopback exempt, IPv6 by /64) and counts;
  *             Host values and the --allow-host / --allow-origin checks; the embedded OpenAPI
  *             description against the route table, the metric and layer fields and the
- *             autocast ops the binary knows.
+ *             autocast ops the binary knows; the statistics of experiments (t quantiles,
+ *             Welch's test, the moments and the unigram plateau) against references.
  *   store     a server over a real store in a temporary directory and no scheduler (the
  *             degraded mode): every GET route, each job's model in words (mlp and gpt, the
  *             spec's defaults, null for a malformed spec), the 4xx errors (404, 405 + Allow, 401 +
@@ -707,6 +708,74 @@ START_TEST(test_peer_addresses)
     api_peers_free(&p);
     ck_assert_uint_eq(p.naddrs, 0);
     api_peers_free(NULL);
+}
+END_TEST
+
+/* The statistics of an experiment's verdicts (stats.c) against references: Student's t
+ * quantiles from the standard tables (to 9 digits), p-values and a Welch test from Simpson's
+ * rule on the t density in fp64 (200000 intervals), the moments by hand. */
+START_TEST(test_stats)
+{
+    static const struct {
+        double df, q;
+    } table[] = {{1, 12.706204736}, {2, 4.302652730}, {5, 2.570581836},
+                 {10, 2.228138852}, {30, 2.042272456}, {120, 1.979930405}};
+    for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); i++)
+        ck_assert_double_eq_tol(api_t_quantile975(table[i].df), table[i].q, 2e-8 * table[i].q);
+    ck_assert_double_eq_tol(api_t_two_sided_p(2.0, 10), 0.07338803477, 1e-9);
+    ck_assert_double_eq_tol(api_t_two_sided_p(-2.0, 10), 0.07338803477, 1e-9);
+    ck_assert_double_eq_tol(api_t_two_sided_p(0, 3), 1.0, 1e-12);
+    ck_assert(isnan(api_t_two_sided_p(1, 0)));
+
+    const double a[] = {1, 2, 3, 4, 5}, b[] = {2, 4, NAN, 6, 8, 10};
+    api_moments ma, mb, one;
+    api_moments_of(a, 5, &ma);
+    api_moments_of(b, 6, &mb); /* the NaN is skipped */
+    ck_assert_int_eq(ma.n, 5);
+    ck_assert_int_eq(mb.n, 5);
+    ck_assert_double_eq_tol(ma.mean, 3, 1e-15);
+    ck_assert_double_eq_tol(ma.sd, sqrt(2.5), 1e-15);
+    ck_assert_double_eq_tol(mb.sd, sqrt(10), 1e-14);
+    ck_assert(ma.min == 1 && ma.max == 5 && mb.min == 2 && mb.max == 10);
+    api_welch_result w;
+    api_welch(&ma, &mb, &w);
+    ck_assert_double_eq_tol(w.diff, -3, 1e-15);
+    ck_assert_double_eq_tol(w.t, -1.8973665961, 1e-9);
+    ck_assert_double_eq_tol(w.df, 5.8823529412, 1e-9);
+    ck_assert_double_eq_tol(w.p, 0.1075311949, 1e-9);
+    ck_assert_int_eq(w.verdict, API_V_WITHIN);
+    /* the interval's half-width is the quantile times the standard error */
+    ck_assert_double_eq_tol(w.half, api_t_quantile975(w.df) * sqrt(2.5), 1e-12);
+
+    /* a clear difference, then too few seeds, then no spread at all */
+    const double c[] = {10, 10.5, 11, 11.5, 12};
+    api_moments mc;
+    api_moments_of(c, 5, &mc);
+    api_welch(&mc, &ma, &w);
+    ck_assert_int_eq(w.verdict, API_V_OUTSIDE);
+    ck_assert(w.p < 1e-4);
+    api_moments_of(a, 1, &one);
+    ck_assert(isnan(one.sd));
+    api_welch(&one, &ma, &w);
+    ck_assert_int_eq(w.verdict, API_V_FEW_SEEDS);
+    ck_assert_double_eq_tol(w.diff, -2, 1e-15);
+    const double same[] = {7, 7, 7}, other[] = {8, 8, 8};
+    api_moments ms, mo;
+    api_moments_of(same, 3, &ms);
+    api_moments_of(other, 3, &mo);
+    api_welch(&ms, &ms, &w);
+    ck_assert_int_eq(w.verdict, API_V_WITHIN);
+    api_welch(&mo, &ms, &w);
+    ck_assert_int_eq(w.verdict, API_V_OUTSIDE);
+
+    /* the plateau: fortunes' unigram entropy 3.315 nats, the top byte 15.8% */
+    ck_assert(api_on_plateau(3.26, 0.159, 3.315, 0.158));
+    ck_assert(api_on_plateau(3.94, 0.155, 3.315, 0.158));  /* not even there yet */
+    ck_assert(!api_on_plateau(2.98, 0.21, 3.315, 0.158));  /* left it */
+    ck_assert(!api_on_plateau(3.2, 0.25, 3.315, 0.158));   /* the accuracy says it left */
+    ck_assert(api_on_plateau(3.2, NAN, 3.315, 0.158));     /* no accuracy: the loss decides */
+    ck_assert(!api_on_plateau(3.26, 0.159, NAN, 0.158));   /* no unigram level known */
+    ck_assert(!api_on_plateau(NAN, 0.159, 3.315, 0.158));
 }
 END_TEST
 
@@ -3291,6 +3360,7 @@ static Suite *api_suite(void)
     tcase_add_test(u, test_numbers);
     tcase_add_test(u, test_prom_label);
     tcase_add_test(u, test_misc);
+    tcase_add_test(u, test_stats);
     tcase_add_test(u, test_peer_addresses);
     tcase_add_test(u, test_series_json);
     tcase_add_test(u, test_metric_fields_documented);

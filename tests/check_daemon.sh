@@ -43,82 +43,8 @@ trap cleanup EXIT
 # shellcheck source=tests/testlib.sh
 . "$(dirname "$0")/testlib.sh"
 
-TOKEN=e2e-secret-token-0123456789
-printf '%s\n' "$TOKEN" >"$TMP/token"
-chmod 600 "$TMP/token"
-AUTH=(-H "Authorization: Bearer $TOKEN")
-JSON=(-H 'Content-Type: application/json') # every POST and DELETE carries it
-
-# Start a daemon on a free port; sets DPID, PORT, URL. Extra arguments go to serve.
-start_daemon() {
-    rm -f "$TMP/port"
-    "$AMPD" serve --listen 127.0.0.1:0 --port-file "$TMP/port" --data-dir "$TMP/data" \
-        --db "$TMP/ampd.db" --token-file "$TMP/token" --worker-timeout 120 "$@" \
-        >>"$TMP/daemon.log" 2>&1 &
-    DPID=$!
-    for _ in $(seq 1 200); do
-        [ -s "$TMP/port" ] && break
-        kill -0 "$DPID" 2>/dev/null || break
-        sleep 0.05
-    done
-    PORT=$(cat "$TMP/port" 2>/dev/null)
-    URL="http://127.0.0.1:${PORT:-0}"
-}
-
-# acurl [curl args] URL: curl against a daemon, recorded for the OpenAPI check. Takes the
-# curl options this script uses; -o FILE, -D FILE (- for stdout) and -w FORMAT (only
-# %{http_code}) behave as curl's, the rest go to curl as they are. The exchange goes to
-# $REC/r.XXXXXX.{req,hdr,body} (a unique name, so calls in subshells do not collide).
-REC=$TMP/rec
-mkdir -p "$REC"
-acurl() {
-    local args=() out="" hdr="" wfmt="" method="" url="" data=false a f rc code
-    while [ $# -gt 0 ]; do
-        a=$1
-        shift
-        case $a in
-        -o) out=$1; shift ;;
-        -D) hdr=$1; shift ;;
-        -w) wfmt=$1; shift ;;
-        -X) method=$1; args+=(-X "$1"); shift ;;
-        -I) method=HEAD; args+=(-I) ;;
-        --data-binary | -d) data=true; args+=("$a" "$1"); shift ;;
-        -H | -m) args+=("$a" "$1"); shift ;;
-        http://*) url=$a ;;
-        *) args+=("$a") ;;
-        esac
-    done
-    [ -n "$method" ] || { $data && method=POST || method=GET; }
-    f=$(mktemp "$REC/r.XXXXXX")
-    printf '%s %s\n' "$method" "/${url#http://*/}" >"$f.req"
-    code=$(curl "${args[@]}" -o "$f.body" -D "$f.hdr" -w '%{http_code}' "$url")
-    rc=$?
-    if [ "$hdr" = - ]; then tr -d '\r' <"$f.hdr" | cat; fi
-    if [ -n "$hdr" ] && [ "$hdr" != - ]; then cp "$f.hdr" "$hdr"; fi
-    if [ -z "$out" ]; then
-        cat "$f.body" 2>/dev/null
-    elif [ "$out" != /dev/null ]; then
-        cp "$f.body" "$out" 2>/dev/null || : >"$out"
-    fi
-    [ -n "$wfmt" ] && printf '%b' "${wfmt//%\{http_code\}/$code}"
-    return $rc
-}
-
-# req METHOD PATH [curl args]: sets CODE and BODY.
-req() {
-    local m=$1 p=$2 out
-    shift 2
-    out=$(acurl -sS -m 20 -X "$m" -w '\n%{http_code}' "$@" "$URL$p" 2>&1)
-    CODE=${out##*$'\n'}
-    BODY=${out%$'\n'*}
-}
-post_json() { # path body [curl args]
-    local p=$1 b=$2
-    shift 2
-    req POST "$p" "${AUTH[@]}" "${JSON[@]}" --data-binary "$b" "$@"
-}
-# The first value of "key" in BODY (string quotes stripped).
-jget() { printf '%s' "$BODY" | grep -o "\"$1\":[^,}]*" | head -1 | sed 's/^[^:]*://; s/"//g'; }
+# shellcheck source=tests/apilib.sh
+. "$(dirname "$0")/apilib.sh"
 
 job_status() { # id -> status
     req GET "/v1/jobs/$1"
@@ -858,19 +784,7 @@ req POST "/v1/jobs/$id8/cancel" "${AUTH[@]}" "${JSON[@]}"
 check "the resumed job can be cancelled" wait_status "$id8" cancelled 30
 
 # ---- every response above against the OpenAPI description -----------------------------------
-NODE=${NODE:-$(command -v node || true)}
-srcdir=${srcdir:-.}
-if [ -z "$NODE" ]; then
-    echo "# SKIP the OpenAPI check of the responses: Node.js not found"
-elif [ ! -d "$srcdir/web/node_modules/ajv" ] || [ ! -d "$srcdir/web/node_modules/ajv-formats" ]; then
-    echo "# SKIP the OpenAPI check of the responses: $srcdir/web/node_modules has no ajv" \
-        "(npm ci --prefix web installs it; a --disable-dashboard build may not have it)"
-else
-    "$NODE" "$srcdir/tests/openapi_check.mjs" api/openapi.json "$REC"
-    rc=$?
-    check "every response ($(find "$REC" -name '*.req' | wc -l) recorded) matches the OpenAPI description" \
-        test "$rc" -eq 0
-fi
+openapi_check_recorded
 
 echo "$pass passed, $fail failed"
 test "$fail" -eq 0

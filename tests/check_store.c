@@ -37,7 +37,7 @@
 
 #define NF STORE_M_NFIELDS
 #define NLF STORE_L_NFIELDS
-#define SCHEMA_VERSION 5 /* the stream table of the SSE message log */
+#define SCHEMA_VERSION 6 /* experiments */
 #define EVAL_BITS ((1u << STORE_M_EVAL_LOSS) | (1u << STORE_M_EVAL_ACC))
 
 static char tmp_dir[64];
@@ -437,7 +437,8 @@ START_TEST(test_migrate_and_reopen)
     sqlite3 *db = raw_open();
     static const char *const tables[] = {"jobs",        "metrics",       "metrics_rollup",
                                          "layer_stats", "layer_steps",   "events",
-                                         "checkpoints", "schema_version"};
+                                         "checkpoints", "schema_version", "experiments",
+                                         "experiment_jobs"};
     store_metric m;
     store_job j;
     int64_t id;
@@ -1325,6 +1326,10 @@ static void check_lrow(const store_layer_stat *got, const store_layer_stat *want
 static void downgrade_fields(sqlite3 *db, int v)
 {
     char sql[512];
+    if (v < 6)
+        ck_assert_int_eq(sqlite3_exec(db, "DROP TABLE experiment_jobs; DROP TABLE experiments",
+                                      NULL, NULL, NULL),
+                         SQLITE_OK);
     if (v < 5)
         ck_assert_int_eq(sqlite3_exec(db, "DROP TABLE stream", NULL, NULL, NULL), SQLITE_OK);
     for (int f = 0; f < NF; f++) {
@@ -2131,6 +2136,109 @@ START_TEST(test_close_bounded)
 }
 END_TEST
 
+/* Experiments: a group is inserted whole or not at all, read back with its members in order
+ * and their jobs' status, listed newest first with a cursor; deleting a job takes it out of
+ * the group, deleting the group leaves its jobs. The eval list and the newest event of a
+ * kind that the comparison reads. */
+START_TEST(test_experiments)
+{
+    int64_t a = new_job("a", "fp32"), b = new_job("b", "bf16"), c = new_job("c", "bf16");
+    store_member m[3] = {{.job_id = a, .arm = "fp32", .seed = 1},
+                         {.job_id = b, .arm = "bf16", .seed = 1},
+                         {.job_id = c, .arm = "bf16", .seed = 2}};
+    store_experiment e, *v;
+    store_eval *ev;
+    store_event *last;
+    store_metric row;
+    int64_t id, id2;
+    int n;
+
+    m[1].job_id = a; /* a job twice: refused, nothing inserted */
+    ck_assert_int_eq(store_experiment_create(st, "x", "fp32", NULL, m, 2, &id), STORE_ECONFLICT);
+    m[1].job_id = 999; /* no such job */
+    ck_assert_int_eq(store_experiment_create(st, "x", "fp32", NULL, m, 2, &id), STORE_ENOTFOUND);
+    ck_assert_int_eq(store_experiment_list(st, 0, 10, &v, &n), 0);
+    ck_assert_int_eq(n, 0);
+    store_experiments_free(v, n);
+    m[1].job_id = b;
+    ck_assert_int_eq(store_experiment_create(st, "", "fp32", NULL, m, 3, &id), STORE_EINVAL);
+    ck_assert_int_eq(store_experiment_create(st, "x", "fp32", NULL, m, 0, &id), STORE_EINVAL);
+
+    ck_assert_int_eq(store_experiment_create(st, "prec", "fp32", "{\"k\":1}", m, 3, &id), 0);
+    ck_assert_int_eq(store_experiment_create(st, "two", "bf16", NULL, m + 1, 2, &id2), 0);
+    ck_assert_int_eq(store_job_set_status(st, b, STORE_RUNNING, NULL), 0);
+    ck_assert_int_eq(store_experiment_get(st, id, &e), 0);
+    ck_assert_str_eq(e.name, "prec");
+    ck_assert_str_eq(e.baseline, "fp32");
+    ck_assert_str_eq(e.request, "{\"k\":1}");
+    ck_assert_int_eq(e.nmembers, 3);
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(e.members[i].job_id, m[i].job_id);
+        ck_assert_str_eq(e.members[i].arm, m[i].arm);
+        ck_assert_int_eq(e.members[i].seed, m[i].seed);
+    }
+    ck_assert_int_eq(e.members[1].status, STORE_RUNNING);
+    store_experiment_clear(&e);
+    store_experiment_clear(NULL);
+
+    ck_assert_int_eq(store_experiment_list(st, 0, 1, &v, &n), 0);
+    ck_assert_int_eq(n, 1);
+    ck_assert_int_eq(v[0].id, id2);
+    ck_assert_int_eq(v[0].nmembers, 2);
+    store_experiments_free(v, n);
+    ck_assert_int_eq(store_experiment_list(st, id2, 10, &v, &n), 0);
+    ck_assert_int_eq(n, 1);
+    ck_assert_int_eq(v[0].id, id);
+    store_experiments_free(v, n);
+
+    ck_assert_int_eq(store_job_set_status(st, b, STORE_SUCCEEDED, NULL), 0);
+    ck_assert_int_eq(store_job_delete(st, b), 0);
+    ck_assert_int_eq(store_experiment_get(st, id, &e), 0);
+    ck_assert_int_eq(e.nmembers, 2);
+    ck_assert_int_eq(e.members[1].job_id, c);
+    store_experiment_clear(&e);
+    ck_assert_int_eq(store_experiment_delete(st, id2), 0);
+    ck_assert_int_eq(store_experiment_get(st, id2, &e), STORE_ENOTFOUND);
+    ck_assert_int_eq(store_experiment_delete(st, id2), STORE_ENOTFOUND);
+    store_job j;
+    ck_assert_int_eq(store_job_get(st, c, &j), 0);
+    store_job_clear(&j);
+
+    /* evals: the rows with one, in step order; NaN kept, a missing accuracy missing */
+    for (int64_t s = 1; s <= 30; s++) {
+        gen_metric(&row, a, s, false);
+        ck_assert_int_eq(store_metric_append(st, &row), 0);
+    }
+    double evv[STORE_M_NFIELDS];
+    for (int i = 0; i < STORE_M_NFIELDS; i++)
+        evv[i] = store_missing();
+    evv[STORE_M_EVAL_LOSS] = 2.5;
+    evv[STORE_M_EVAL_ACC] = 0.25;
+    ck_assert_int_eq(store_metric_eval(st, a, 0, 10, evv), 0);
+    evv[STORE_M_EVAL_LOSS] = NAN;
+    evv[STORE_M_EVAL_ACC] = store_missing();
+    ck_assert_int_eq(store_metric_eval(st, a, 0, 20, evv), 0);
+    ck_assert_int_eq(store_flush(st), 0);
+    ck_assert_int_eq(store_eval_list(st, a, &ev, &n), 0);
+    ck_assert_int_eq(n, 2);
+    ck_assert(ev[0].step == 10 && ev[0].loss == 2.5 && ev[0].acc == 0.25);
+    ck_assert(ev[1].step == 20 && isnan(ev[1].loss) && !store_is_missing(ev[1].loss));
+    ck_assert(store_is_missing(ev[1].acc));
+    free(ev);
+
+    ck_assert_int_eq(store_event_last(st, a, "data", &last), STORE_ENOTFOUND);
+    ck_assert_int_eq(store_event_append(st, a, 0, "data", "first", "{\"x\":1}"), 0);
+    ck_assert_int_eq(store_event_append(st, a, 5, "lifecycle", "other", NULL), 0);
+    ck_assert_int_eq(store_event_append(st, a, 9, "data", "second", "{\"x\":2}"), 0);
+    ck_assert_int_eq(store_flush(st), 0);
+    ck_assert_int_eq(store_event_last(st, a, "data", &last), 0);
+    ck_assert_str_eq(last->message, "second");
+    ck_assert_str_eq(last->data, "{\"x\":2}");
+    ck_assert_int_eq(last->step, 9);
+    store_events_free(last, 1);
+}
+END_TEST
+
 static Suite *store_suite(void)
 {
     Suite *s = suite_create("store");
@@ -2145,6 +2253,7 @@ static Suite *store_suite(void)
     tcase_add_test(tc, test_job_idempotency);
     tcase_add_test(tc, test_job_state);
     tcase_add_test(tc, test_job_delete_cascade);
+    tcase_add_test(tc, test_experiments);
     tcase_add_test(tc, test_metrics_roundtrip);
     tcase_add_test(tc, test_upsert_and_eval);
     tcase_add_test(tc, test_truncate);
