@@ -756,6 +756,9 @@ static void verdict_words(char *buf, size_t len, const api_welch_result *w, cons
                  "too few %s to judge (%d and %d; the test needs %d per arm, and 3 or more to "
                  "tell apart a difference of about one %s's spread)",
                  units, a->n, b->n, API_MIN_SEEDS, units[0] == 's' ? "seed" : "run");
+    else if (w->se == 0)
+        snprintf(buf, len, "%s %s (none: each of the %d and %d %s gives the same value)",
+                 w->verdict == API_V_WITHIN ? "within" : "outside", spread, a->n, b->n, units);
     else
         snprintf(buf, len, "%s %s (Welch's t, p = %.2g; %d and %d %s)",
                  w->verdict == API_V_WITHIN ? "within" : "outside", spread, w->p, a->n, b->n,

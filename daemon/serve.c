@@ -175,13 +175,16 @@ static void default_data_dir(char *out, size_t len)
 }
 
 /* --demo: on an empty database, queue the seed experiment: the same Fashion-MNIST MLP in
- * fp32, fp16 (dynamic loss scaling) and bf16, validated like any submitted spec. */
+ * fp32, fp16 (dynamic loss scaling) and bf16, validated like any submitted spec, grouped as
+ * the experiment "demo-fmnist" (one seed each: its page says that a verdict needs more). */
 static void queue_demo(store *st, daemon_sched *sc, const api_config *ac)
 {
     static const char *const dtypes[] = {"fp32", "fp16", "bf16"};
     store_job_filter f = {.status = -1, .limit = 1};
     store_job *jobs = NULL;
-    int n = 0;
+    store_member m[3];
+    int n = 0, queued = 0;
+    int64_t exp;
 
     if (store_job_list(st, &f, &jobs, &n) != 0 || n > 0) {
         store_jobs_free(jobs, n);
@@ -204,9 +207,14 @@ static void queue_demo(store *st, daemon_sched *sc, const api_config *ac)
                      e.field, e.message);
             return;
         }
-        if (daemon_sched_submit(sc, c.name, dtypes[i], c.steps, spec, NULL, &id, &existed) == 0)
-            log_info("demo: queued job %lld (%s)", (long long)id, c.name);
+        if (daemon_sched_submit(sc, c.name, dtypes[i], c.steps, spec, NULL, &id, &existed) != 0)
+            continue;
+        log_info("demo: queued job %lld (%s)", (long long)id, c.name);
+        m[queued] = (store_member){.job_id = id, .seed = (int64_t)c.seed};
+        snprintf(m[queued++].arm, STORE_ARM_MAX, "%s", dtypes[i]);
     }
+    if (queued && store_experiment_create(st, "demo-fmnist", "fp32", NULL, m, queued, &exp) == 0)
+        log_info("demo: the experiment %lld groups them", (long long)exp);
 }
 
 /* 0 to run, 1 for --help/--version (exit 0), 2 for bad usage. */

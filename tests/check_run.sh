@@ -313,7 +313,8 @@ status_is "the diverging job with keep_last 2, keep_best 0" 0 $?
 check "checkpoints.keep_last 2, checkpoints.keep_best 0: the last 2 and the last healthy" \
     test "$(ckpts "$TMP/nan2")" = "$healthy 59 60 "
 
-# a GPT on text: the loss falls, and a resumed run continues it bit for bit
+# a GPT on text: the loss falls, and a resumed run continues it bit for bit (the seed 1 run's
+# output, $TMP/gfull, is the uninterrupted run below)
 mkdir -p "$TMP/text" "$TMP/gck"
 for i in $(seq 1 400); do echo "the quick brown fox jumps over the lazy dog $((i % 7))"; done \
     >"$TMP/text/fox.txt"
@@ -322,11 +323,20 @@ gpt='{"name": "gpt", "model": {"type": "gpt", "n_layer": 2, "n_head": 2, "d_mode
       "precision": {"dtype": "fp16"}, "batch_size": 8, "steps": 80, "checkpoint_every": 40,
       "threads": 1, "device": "cpu"}'
 echo "$gpt" >"$TMP/gpt.json"
-"$AMPD" run --data-root "$TMP/text" "$TMP/gpt.json" >"$TMP/gfull" 2>/dev/null
-status_is "gpt run" 0 $?
-first=$(grep '"type":"step","step":1,' "$TMP/gfull" | sed 's/.*"loss":\([0-9.]*\).*/\1/')
-last=$(grep '"type":"step","step":80,' "$TMP/gfull" | sed 's/.*"loss":\([0-9.]*\).*/\1/')
-check "gpt loss falls ($first -> $last)" awk -v a="$first" -v b="$last" 'BEGIN {exit !(b < a / 2)}'
+# It learns beyond the unigram level (the start line's entropy of the text's bytes, 3.13
+# nats), seed after seed: when a small GPT leaves that plateau depends on the seed, and on
+# this repetitive text seeds 1-8 all reach 2.45-2.55 by step 80 (fp16), so one seed that
+# stayed would be a fault, not bad luck.
+for seed in 3 2 1; do
+    sed "s/\"threads\": 1,/\"threads\": 1, \"seed\": $seed,/" "$TMP/gpt.json" |
+        "$AMPD" run --data-root "$TMP/text" - >"$TMP/gfull" 2>/dev/null
+    status_is "gpt run, seed $seed" 0 $?
+    first=$(grep '"type":"step","step":1,' "$TMP/gfull" | sed 's/.*"loss":\([0-9.]*\).*/\1/')
+    last=$(grep '"type":"step","step":80,' "$TMP/gfull" | sed 's/.*"loss":\([0-9.]*\).*/\1/')
+    h=$(grep -o '"unigram_entropy":[0-9.]*' "$TMP/gfull" | cut -d: -f2)
+    check "gpt loss falls below the unigram level, seed $seed ($first -> $last; unigram entropy $h)" \
+        awk -v a="$first" -v b="$last" -v h="$h" 'BEGIN {exit !(b < a / 2 && b < 0.9 * h)}'
+done
 check "gpt step lines carry tokens/s" grep -q '"tokens_per_s":' "$TMP/gfull"
 "$AMPD" run --data-root "$TMP/text" --checkpoint-dir "$TMP/gck" "$TMP/gpt.json" >/dev/null 2>&1
 status_is "gpt run with checkpoints" 0 $?

@@ -4,10 +4,12 @@
 // page's live loss-scale chart growing while the fp16 job runs (the page opens while the job
 // waits behind two jobs holding the daemon's slots, so no check races the machine's speed:
 // only a page that never shows the live steps fails it), an SSE drop and reconnect
-// that leaves no gap and no duplicate, zoom that fetches finer buckets, the compare view
-// whose values must equal the API's, the runs table sorted from the keyboard, pages left
-// before they have loaded (no EventSource left open, no request or drawing afterwards), a
-// phone-sized viewport without horizontal scrolling, and no console error anywhere. Then what
+// that leaves no gap and no duplicate, zoom that fetches finer buckets, the experiment
+// button (nine runs: three precisions with three seeds each) and its page (the API's
+// verdicts, arm means and bands shown), the compare view whose values must equal the
+// API's, the runs table sorted from the keyboard, pages left before they have loaded (no
+// EventSource left open, no request or drawing afterwards), a phone-sized viewport without
+// horizontal scrolling, and no console error anywhere. Then what
 // pages of other sites can do to a daemon without a token: a page on another loopback port
 // (a second HTTP server started here) that tries a no-cors POST and a form POST to cancel a
 // running job and a cross-origin fetch of /v1/jobs, and a DNS-rebinding page (rebind.test
@@ -502,28 +504,68 @@ async function main() {
     check('one drag fetches its range once for all the synced charts', zoomFetches === 1, `${zoomFetches} fetches`);
     check('a double click resets the zoom', await dblclickReset(page, ['loss', 'loss_scale']));
 
-    // ---- the experiment button: the same spec in fp32, fp16 and bf16, then the compare view
+    // ---- the experiment button: the same spec in fp32, fp16 and bf16 with 3 seeds each, the
+    // experiment page (verdicts, arms, bands), then the compare view of one seed's runs
     await page.click('nav a[data-nav=submit]');
     await page.waitForSelector('#app[data-ready=submit]');
     await fillForm(page, 'web-exp', 'fp16', {steps: '2000'});
     blockers = await holdSlots();
+    await page.fill('#experiment-seeds', '3');
     await page.click('#submit-experiment');
-    await page.waitForURL(/#\/compare\?ids=\d+,\d+,\d+$/);
-    const expIds = page.url().split('ids=')[1].split(',').map(Number);
-    const exp = await Promise.all(expIds.map((id) => apiGet(`/v1/jobs/${id}`)));
-    check('the experiment queued the spec in fp32, fp16 and bf16',
-          exp.map((j) => j.dtype).join() === 'fp32,fp16,bf16' &&
-          exp.every((j) => j.name === `web-exp-${j.dtype}` && j.spec.steps === 2000) &&
-          exp.every((j) => (j.dtype === 'fp16') === !!j.spec.precision.loss_scale));
-    await page.waitForSelector('#compare-table');
-    check('the compare view follows the runs live while they run',
+    await page.waitForURL(/#\/experiments\/\d+$/);
+    const expId = Number(page.url().split('/').pop());
+    const expo = await apiGet(`/v1/experiments/${expId}`);
+    const expJobs = await Promise.all(expo.jobs.map((j) => apiGet(`/v1/jobs/${j.id}`)));
+    check('the experiment queued the spec in fp32, fp16 and bf16 with seeds 1, 2 and 3, seed by seed',
+          expo.jobs.map((j) => `${j.dtype}:${j.seed}`).join() ===
+              'fp32:1,fp16:1,bf16:1,fp32:2,fp16:2,bf16:2,fp32:3,fp16:3,bf16:3' &&
+          expJobs.every((j, i) => j.name === `web-exp-${j.dtype}-s${expo.jobs[i].seed}` && j.spec.steps === 2000 &&
+                                  j.spec.seed === expo.jobs[i].seed) &&
+          expJobs.every((j) => (j.dtype === 'fp16') === !!j.spec.precision.loss_scale),
+          JSON.stringify(expo.jobs.map((j) => [j.name, j.dtype, j.seed])));
+    await page.waitForSelector('#exp-arm-table');
+    check('the experiment page follows the runs live while they run',
           (await page.getAttribute('#app', 'data-live')) === 'yes');
     await releaseSlots(blockers);
-    const done = await until(async () => {
-        const all = await Promise.all(expIds.map((id) => apiGet(`/v1/jobs/${id}`)));
-        return all.every((j) => j.status === 'succeeded');
-    }, 180000, 250);
-    check('the three experiment runs succeeded', !!done);
+    const expDone = await until(async () => {
+        const e = await apiGet(`/v1/experiments/${expId}`);
+        return e.jobs.every((j) => j.status === 'succeeded');
+    }, 240000, 250);
+    check('the nine experiment runs succeeded', !!expDone);
+    await until(async () => (await page.getAttribute('#app', 'data-live')) === 'no', 10000);
+    const expF = await apiGet(`/v1/experiments/${expId}`);
+    const shownV = await page.$$eval('#exp-verdicts li.verdict', (els) => els.map((e) =>
+        [e.dataset.arm, e.dataset.metric, e.dataset.verdict, e.textContent]));
+    const vOk = expF.comparison.verdicts.length === 8 && shownV.length === 8 &&
+        expF.comparison.verdicts.every((v, i) => shownV[i][0] === v.arm && shownV[i][1] === v.metric &&
+                                               shownV[i][2] === v.verdict && shownV[i][3].includes(v.text));
+    check('the page shows each arm\'s verdicts against fp32 as the API words them (eval loss, accuracy, step time, memory)',
+          vOk, JSON.stringify(shownV.slice(0, 2)));
+    check('... with 3 seeds each, every verdict is a judgement, not "too few seeds"',
+          expF.comparison.verdicts.every((v) => v.verdict !== 'too_few_seeds'));
+    const armMism = [];
+    for (const a of expF.comparison.arms) {
+        const shown = await page.getAttribute(`#exp-arm-table td[data-arm="${a.arm}"][data-field="final eval loss"]`, 'data-value');
+        if (!close(Number(shown), Number(a.final_eval_loss.mean))) armMism.push(`${a.arm}: ${shown} vs ${a.final_eval_loss.mean}`);
+    }
+    check('the arms table shows the API\'s mean final eval loss of each arm', armMism.length === 0, armMism.join('; '));
+    const band = await page.evaluate(() => { const c = window.ampd.experiment.charts[1]; return c.last.d; });
+    const a0 = expF.comparison.arms[0];
+    check('the eval loss chart draws each arm\'s mean with its min-max band over the seeds',
+          band.x.length === a0.evals.length && a0.evals.every((e, i) =>
+              close(band.ys[0][i], e.eval_loss.mean) && close(band.lo[0][i], e.eval_loss.min) &&
+              close(band.hi[0][i], e.eval_loss.max)) && a0.evals.some((e) => e.eval_loss.max > e.eval_loss.min),
+          JSON.stringify(band).slice(0, 300));
+    const trainPts = Number(await page.getAttribute('[data-chart=exp-loss]', 'data-points'));
+    check('the train loss chart draws the arms over the steps', trainPts > 100, `${trainPts} points`);
+    await page.evaluate(() => window.scrollTo(0, 0));
+    await shot(page, 'experiment.png', true);
+    await page.click('#exp-runs a.btn');
+    await page.waitForURL(/#\/compare\?ids=\d+,\d+,\d+$/);
+    const expIds = page.url().split('ids=')[1].split(',').map(Number);
+    check('the experiment page opens the compare view of seed 1\'s three runs',
+          expIds.join() === expF.jobs.filter((j) => j.seed === 1).map((j) => j.id).join());
+    await page.waitForSelector('#compare-table');
     await until(async () => (await page.getAttribute('#app', 'data-live')) === 'no', 10000);
     const cmp = await apiGet(`/v1/compare?ids=${expIds.join(',')}`);
     const mism = [];
@@ -577,18 +619,20 @@ async function main() {
     await page.click('nav a[data-nav=runs]');
     await page.waitForSelector('#app[data-ready=runs]');
     await page.waitForSelector(`#runs-table tr[data-id="${fpId}"][data-status=succeeded]`);
-    check('the runs table lists every run', (await page.locator('#runs-table tbody tr[data-id]').count()) === 4);
+    const nRuns = 1 + expF.jobs.length; // the form's fp16 run and the experiment's nine
+    check('the runs table lists every run', (await page.locator('#runs-table tbody tr[data-id]').count()) === nRuns);
     const rowLoss = await page.textContent(`#runs-table tr[data-id="${fpId}"] td[data-field=final_loss]`);
     check('the runs table shows the final loss', close(Number(rowLoss), Number(fpJob.summary.final_loss.toPrecision(4))),
           `${rowLoss} vs ${fpJob.summary.final_loss}`);
     const bfId = expIds[2];
     await page.selectOption('#filter-dtype', 'bf16');
-    check('filtering by precision leaves the bf16 run', (await page.locator('#runs-table tbody tr[data-id]').count()) === 1 &&
+    check('filtering by precision leaves the experiment\'s three bf16 runs',
+          (await page.locator('#runs-table tbody tr[data-id]').count()) === 3 &&
           (await page.locator(`#runs-table tr[data-id="${bfId}"]`).count()) === 1);
     await page.selectOption('#filter-dtype', '');
     await page.fill('#filter-text', 'exp');
-    check('filtering by name leaves the experiment', await until(async () =>
-        (await page.locator('#runs-table tbody tr[data-id]').count()) === 3, 3000));
+    check('filtering by name leaves the experiment\'s nine runs', await until(async () =>
+        (await page.locator('#runs-table tbody tr[data-id]').count()) === 9, 3000));
     await page.fill('#filter-text', '');
     await page.click('#runs-table th[data-key=id]');
     const firstId = await page.getAttribute('#runs-table tbody tr[data-id]', 'data-id');
@@ -619,7 +663,7 @@ async function main() {
         const asc = [...byEnter].sort();
         check('Enter on the name header sorts by name ascending and keeps the focus there',
               f2.key === 'name' && f2.tag === 'BUTTON' && f3.key === 'name' && f3.sort === 'ascending' &&
-              byEnter.length === 4 && byEnter.join() === asc.join(), `${JSON.stringify([f2, f3])} ${byEnter}`);
+              byEnter.length === nRuns && byEnter.join() === asc.join(), `${JSON.stringify([f2, f3])} ${byEnter}`);
         await page.keyboard.press('Space');
         const bySpace = await names(), f4 = await focused();
         check('Space on it reverses the order', f4.key === 'name' && f4.sort === 'descending' &&
@@ -781,7 +825,8 @@ async function main() {
     pp.on('console', (m) => { if (m.type() === 'error') errors.push(`phone: ${m.text()} (${m.location().url})`); });
     pp.on('pageerror', (e) => errors.push('phone: ' + String(e)));
     for (const [hash, ready] of [['#/runs', 'runs'], [`#/runs/${fpId}`, 'run'],
-                                 [`#/compare?ids=${expIds.join(',')}`, 'compare'], ['#/submit', 'submit']]) {
+                                 [`#/compare?ids=${expIds.join(',')}`, 'compare'],
+                                 [`#/experiments/${expId}`, 'experiment'], ['#/submit', 'submit']]) {
         await pp.goto(BASE + '/' + hash);
         await pp.waitForSelector(`#app[data-ready=${ready}]`);
         await sleep(300);

@@ -113,6 +113,11 @@ export const getEvents = (id, params) => get(`/v1/jobs/${id}/events` + qs(params
 export const getCheckpoints = (id) => get(`/v1/jobs/${id}/checkpoints`);
 export const getCompare = (ids) => get('/v1/compare?ids=' + ids.join(','));
 export const getSystem = () => get('/v1/system');
+export const listExperiments = (params) => get('/v1/experiments' + qs(params || {}));
+export const getExperiment = (id) => get(`/v1/experiments/${id}`);
+export const createExperiment = (body) => request('POST', '/v1/experiments', body);
+export const cancelExperiment = (id) => request('POST', `/v1/experiments/${id}/cancel`);
+export const deleteExperiment = (id) => request('DELETE', `/v1/experiments/${id}`);
 
 // Downsampled (or raw) series: {fields, points: [...], total_steps}.
 export const getMetrics = (id, params) => get(`/v1/jobs/${id}/metrics` + qs(params || {}));

@@ -10,14 +10,15 @@
 // that page is still the mounted one.
 //
 // Routes: #/runs (default), #/runs/<id>, #/submit[?template=...|?from=<id>],
-// #/compare?ids=a,b. window.ampd exposes the mounted pages for scripts and the browser
-// test (read-only use).
+// #/compare?ids=a,b, #/experiments, #/experiments/<id>. window.ampd exposes the mounted
+// pages for scripts and the browser test (read-only use).
 import * as api from './api.js';
 import {h, clear} from './util.js';
 import {RunsPage} from './runs.js';
 import {RunPage} from './run.js';
 import {SubmitPage} from './submit.js';
 import {ComparePage} from './compare.js';
+import {ExperimentPage, ExperimentsPage} from './experiment.js';
 
 window.ampd = window.ampd || {};
 let page = null;
@@ -91,13 +92,19 @@ async function route() {
         page = new SubmitPage(root, query);
     } else if (name === 'compare') {
         page = new ComparePage(root, query);
+    } else if (name === 'experiments' && parts[1]) {
+        page = new ExperimentPage(root, parseInt(parts[1], 10));
+        name = 'experiment';
+    } else if (name === 'experiments') {
+        page = new ExperimentsPage(root);
     } else {
         page = new RunsPage(root, query);
         name = 'runs';
     }
     document.body.dataset.page = name;
     for (const a of document.querySelectorAll('nav a[data-nav]'))
-        a.classList.toggle('active', a.dataset.nav === name || (name === 'run' && a.dataset.nav === 'runs'));
+        a.classList.toggle('active', a.dataset.nav === name || (name === 'run' && a.dataset.nav === 'runs') ||
+                                     (name === 'experiment' && a.dataset.nav === 'experiments'));
     const mounted = page;
     try {
         await mounted.mount();

@@ -213,7 +213,7 @@ export class LineChart {
 }
 
 // Debiased EMA over the non-null values of y (gaps stay gaps), as TensorBoard draws it.
-function ema(y, a) {
+export function ema(y, a) {
     const out = new Array(y.length);
     let acc = 0, n = 0;
     for (let i = 0; i < y.length; i++) {

@@ -178,7 +178,9 @@ export class RunPage {
               h('span', {class: 'muted small'},
                 j.started_at ? `started ${fmtTime(j.started_at)} · ${fmtDuration(jobSeconds(j))}` :
                                `queued ${fmtTime(j.created_at)}`)),
-            actions);
+            actions,
+            j.plateau && j.plateau.on_plateau ?
+                h('p', {class: 'plateau-note', id: 'plateau-note'}, h('span', {class: 'badge plateau'}, 'unigram plateau'), ' ', j.plateau.text) : null);
         if (j.error) {
             this.errorBox.hidden = false;
             clear(this.errorBox).append(h('h3', {}, 'Error'), h('pre', {class: 'wrap'}, j.error));

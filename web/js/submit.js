@@ -174,6 +174,8 @@ export class SubmitPage {
         this.submitBtn = h('button', {class: 'btn primary', type: 'submit', id: 'submit-one', form: 'spec-form'}, 'Submit');
         this.expBtn = h('button', {class: 'btn', type: 'button', id: 'submit-experiment',
                                    onclick: () => this.submit(true)}, 'Run as fp32 + fp16 + bf16');
+        this.repeats = h('input', {type: 'number', id: 'experiment-seeds', min: 1, max: 10, value: 3,
+                                   class: 'seeds', 'aria-label': 'seeds per precision'});
         this.root.append(
             h('div', {class: 'toolbar'}, h('h2', {}, 'New run'), tplRow),
             this.banner,
@@ -184,7 +186,8 @@ export class SubmitPage {
                 h('p', {class: 'muted small'}, 'Every field is optional; the form edits the common ones. Unknown fields are refused by the daemon.'),
                 this.json, this.jsonError)),
             h('div', {class: 'submit-bar'}, this.submitBtn, this.expBtn,
-              h('span', {class: 'muted small'}, 'The experiment submits this spec three times, changing only the precision (loss scaling is kept for fp16 only; fp32 and bf16 train unscaled), and opens the comparison.')));
+              h('label', {class: 'small'}, 'with ', this.repeats, ' seeds each'),
+              h('span', {class: 'muted small'}, 'The experiment runs this spec in each precision with each seed (from the spec\'s seed up), changing nothing else (loss scaling is kept for fp16 only; fp32 and bf16 train unscaled), and opens its comparison: a difference counts only when it is larger than the spread between seeds.')));
         this.render();
     }
 
@@ -355,28 +358,21 @@ export class SubmitPage {
                 if (!this.disposed) navigate(`#/runs/${job.id}`);
                 return;
             }
-            const ids = [];
-            const base = this.spec.name || 'job';
-            for (const dt of ['fp32', 'fp16', 'bf16']) {
-                const s = structuredClone(this.spec);
-                setPath(s, 'precision.dtype', dt);
-                // loss scaling belongs to fp16 (PyTorch's recipe: GradScaler for fp16 only)
-                if (dt !== 'fp16') setPath(s, 'precision.loss_scale', undefined);
-                s.name = `${base.replace(/-(fp32|fp16|bf16)$/, '')}-${dt}`;
-                try {
-                    ids.push((await api.submitJob(s, idemKey())).id);
-                } catch (e) {
-                    e.dtype = dt;
-                    e.queued = ids;
-                    throw e;
-                }
+            const repeats = parseInt(this.repeats.value, 10);
+            if (!(repeats >= 1 && repeats <= 10)) {
+                this.banner.hidden = false;
+                this.banner.textContent = 'seeds per precision: a whole number from 1 to 10';
+                return;
             }
-            toast(`runs ${ids.map((i) => '#' + i).join(', ')} queued`);
-            if (!this.disposed) navigate('#/compare?ids=' + ids.join(','));
+            const base = (this.spec.name || 'job').replace(/-(fp32|fp16|bf16)$/, '');
+            const exp = await api.createExperiment({name: base.slice(0, 64), spec: this.spec,
+                                                    precisions: ['fp32', 'fp16', 'bf16'], repeats});
+            toast(`experiment #${exp.id}: ${exp.jobs.length} runs queued`);
+            if (!this.disposed) navigate(`#/experiments/${exp.id}`);
         } catch (e) {
-            this.showApiError(e, e.dtype ? `the ${e.dtype} run` : '');
-            if (e.queued && e.queued.length)
-                this.banner.textContent += ` (already queued: ${e.queued.map((i) => '#' + i).join(', ')})`;
+            // the experiment names a field of its base spec as spec.<field>
+            if (experiment && e.field && e.field.startsWith('spec.')) e.field = e.field.slice(5);
+            this.showApiError(e, experiment ? 'the experiment' : '');
         } finally {
             this.submitBtn.disabled = this.expBtn.disabled = false;
         }
