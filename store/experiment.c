@@ -93,14 +93,8 @@ static int members_read(store_conn *c, store_experiment *e)
         return STORE_EIO;
     sqlite3_bind_int64(st, 1, e->id);
     while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-        if (e->nmembers == cap) {
-            store_member *p = realloc(e->members, sizeof(*p) * (size_t)(cap = cap ? 2 * cap : 16));
-            if (!p) {
-                rc = STORE_EIO;
-                goto out;
-            }
-            e->members = p;
-        }
+        if ((rc = store_grow(&e->members, &cap, e->nmembers, sizeof(*e->members), 16)) != 0)
+            goto out;
         store_member *m = &e->members[e->nmembers++];
         memset(m, 0, sizeof(*m));
         m->job_id = sqlite3_column_int64(st, 0);
@@ -267,14 +261,8 @@ int store_eval_list(store *s, int64_t job, store_eval **out, int *n)
     sqlite3_bind_int64(st, 1, job);
     sqlite3_bind_int64(st, 2, (sqlite3_int64)STORE_EVAL_BITS);
     while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-        if (cnt == cap) {
-            store_eval *p = realloc(v, sizeof(*p) * (size_t)(cap = cap ? 2 * cap : 64));
-            if (!p) {
-                rc = STORE_EIO;
-                goto fail;
-            }
-            v = p;
-        }
+        if ((rc = store_grow(&v, &cap, cnt, sizeof(*v), 64)) != 0)
+            goto fail;
         int64_t mask = sqlite3_column_int64(st, 3);
         v[cnt].step = sqlite3_column_int64(st, 0);
         v[cnt].loss = eval_column(st, 1, mask, STORE_M_EVAL_LOSS);

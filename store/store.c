@@ -411,6 +411,20 @@ void store_jobs_free(store_job *jobs, int n)
     free(jobs);
 }
 
+int store_grow(void *v, int *cap, int cnt, size_t elem, int first)
+{
+    void **pv = v, *p;
+    int nc;
+    if (cnt < *cap)
+        return 0;
+    nc = *cap ? 2 * *cap : first;
+    if (!(p = realloc(*pv, (size_t)nc * elem)))
+        return STORE_EIO;
+    *pv = p;
+    *cap = nc;
+    return 0;
+}
+
 int store_bind_text(sqlite3_stmt *st, int i, const char *v)
 {
     return v ? sqlite3_bind_text(st, i, v, -1, SQLITE_TRANSIENT) : sqlite3_bind_null(st, i);
@@ -762,14 +776,8 @@ int store_job_ids(store *s, store_status stat, int64_t **ids, int *n)
         return STORE_EIO;
     sqlite3_bind_text(st, 1, status_names[stat], -1, SQLITE_STATIC);
     while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-        if (cnt == cap) {
-            int64_t *nv = realloc(v, (size_t)(cap = cap ? 2 * cap : 16) * sizeof(*v));
-            if (!nv) {
-                rc = STORE_EIO;
-                goto fail;
-            }
-            v = nv;
-        }
+        if ((rc = store_grow(&v, &cap, cnt, sizeof(*v), 16)) != 0)
+            goto fail;
         v[cnt++] = sqlite3_column_int64(st, 0);
     }
     if (rc != SQLITE_DONE) {
@@ -817,14 +825,8 @@ int store_event_list(store *s, int64_t job, int64_t after, int limit, store_even
     sqlite3_bind_int(st, 3, limit);
     while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
         store_event *e;
-        if (cnt == cap) {
-            store_event *ne = realloc(ev, (size_t)(cap = cap ? 2 * cap : 16) * sizeof(*ev));
-            if (!ne) {
-                rc = STORE_EIO;
-                goto fail;
-            }
-            ev = ne;
-        }
+        if ((rc = store_grow(&ev, &cap, cnt, sizeof(*ev), 16)) != 0)
+            goto fail;
         e = &ev[cnt];
         memset(e, 0, sizeof(*e));
         e->id = sqlite3_column_int64(st, 0);
@@ -923,14 +925,8 @@ int store_checkpoint_list(store *s, int64_t job, store_checkpoint **out, int *n)
         return STORE_EIO;
     sqlite3_bind_int64(st, 1, job);
     while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-        if (cnt == cap) {
-            store_checkpoint *nv = realloc(v, (size_t)(cap = cap ? 2 * cap : 8) * sizeof(*v));
-            if (!nv) {
-                rc = STORE_EIO;
-                goto fail;
-            }
-            v = nv;
-        }
+        if ((rc = store_grow(&v, &cap, cnt, sizeof(*v), 8)) != 0)
+            goto fail;
         v[cnt].step = sqlite3_column_int64(st, 0);
         v[cnt].bytes = sqlite3_column_int64(st, 1);
         v[cnt].created_at = sqlite3_column_double(st, 2);

@@ -280,6 +280,9 @@ void store_column_copy(sqlite3_stmt *st, int i, char *dst, size_t size);
 /* Step a bound UPDATE/DELETE/INSERT of the write connection (wlock held) and reset it;
  * STORE_ENOTFOUND when it changed no row. */
 int store_step_change(store *s, sqlite3_stmt *st, const char *func);
+/* Room for one more element in the heap array *v of *cap elements of size elem holding cnt:
+ * doubled (from first) when full. 0, or STORE_EIO when out of memory (*v is kept). */
+int store_grow(void *v, int *cap, int cnt, size_t elem, int first);
 /* End a synchronous write's explicit transaction (ST_BEGIN_IMMEDIATE after store_wbegin):
  * commit when rc is 0, else roll back; leaves wlock. Returns rc or the commit's error. */
 int store_txn_end(store *s, int rc);
