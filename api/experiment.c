@@ -597,13 +597,18 @@ static json_t *moments_json(const api_moments *m)
                      num_json(m->n ? m->max : none));
 }
 
-/* What a metric of a run is, for the moments over an arm. */
+/* What a metric of a run is, for the moments over an arm (the eval kinds first). */
 typedef enum { X_FINAL_LOSS, X_BEST_LOSS, X_FINAL_ACC, X_BEST_ACC, X_STEP_MS, X_SPS, X_PEAK } x_kind;
 
+/* A run's value of k: NaN when it has none. The final and best evals are those of a run
+ * that succeeded (a running run's latest eval is no final one; the evals per step compare
+ * the runs while they run). */
 static double run_value(const run_info *ri, x_kind k)
 {
     const store_eval *last = eval_last(ri);
     double best = NAN;
+    if (k <= X_BEST_ACC && ri->job.status != STORE_SUCCEEDED)
+        return NAN;
     switch (k) {
     case X_FINAL_LOSS:
         return last ? last->loss : NAN;
