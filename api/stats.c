@@ -34,6 +34,11 @@ void api_moments_of(const double *v, int n, api_moments *out)
     if (out->n == 0)
         return;
     out->mean = sum / out->n;
+    if (out->min == out->max) { /* equal values: no spread, whatever the sum rounded to */
+        out->mean = out->min;
+        out->sd = out->n > 1 ? 0 : NAN;
+        return;
+    }
     for (int i = 0; i < n; i++)
         if (isfinite(v[i]))
             ss += (v[i] - out->mean) * (v[i] - out->mean);

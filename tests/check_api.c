@@ -749,7 +749,7 @@ START_TEST(test_stats)
 
     /* a clear difference, then too few seeds, then no spread at all */
     const double c[] = {10, 10.5, 11, 11.5, 12};
-    api_moments mc;
+    api_moments mc, ms, mo;
     api_moments_of(c, 5, &mc);
     api_welch(&mc, &ma, &w);
     ck_assert_int_eq(w.verdict, API_V_OUTSIDE);
@@ -759,8 +759,13 @@ START_TEST(test_stats)
     api_welch(&one, &ma, &w);
     ck_assert_int_eq(w.verdict, API_V_FEW_SEEDS);
     ck_assert_double_eq_tol(w.diff, -2, 1e-15);
+    /* equal values have no spread, even where their sum does not divide back exactly */
+    const double mem[] = {243400768, 243400768, 243400768}, tenth[] = {0.1, 0.1, 0.1};
+    api_moments_of(mem, 3, &ms);
+    ck_assert(ms.sd == 0 && ms.mean == 243400768);
+    api_moments_of(tenth, 3, &ms);
+    ck_assert(ms.sd == 0 && ms.mean == 0.1);
     const double same[] = {7, 7, 7}, other[] = {8, 8, 8};
-    api_moments ms, mo;
     api_moments_of(same, 3, &ms);
     api_moments_of(other, 3, &mo);
     api_welch(&ms, &ms, &w);

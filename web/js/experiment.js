@@ -41,11 +41,13 @@ export class ExperimentPage {
         this.armCard = h('section', {class: 'card', id: 'exp-arms'});
         this.grid = h('div', {class: 'chart-grid'});
         this.runCard = h('section', {class: 'card', id: 'exp-runs'});
+        this.plateauCard = h('section', {class: 'card', id: 'exp-plateau', hidden: true});
         const tools = h('div', {class: 'chart-tools'}, smoothingControl((a) => {
             this.smoothing = a;
             if (this.exp) this.renderCharts();
         }));
-        this.root.append(this.head, this.verdictCard, this.armCard, tools, this.grid, this.runCard);
+        this.root.append(this.head, this.verdictCard, this.armCard, tools, this.grid, this.plateauCard,
+                         this.runCard);
         await this.refresh();
     }
 
@@ -80,6 +82,7 @@ export class ExperimentPage {
         this.renderVerdicts();
         this.renderArms();
         this.renderCharts();
+        this.renderPlateau();
         this.renderRuns();
         const live = exp.jobs.some((j) => !FINISHED.includes(j.status));
         this.root.dataset.live = live ? 'yes' : 'no';
@@ -117,7 +120,7 @@ export class ExperimentPage {
         clear(this.verdictCard).append(
             h('header', {class: 'card-head'}, h('h3', {}, `Against ${c.baseline}`),
               h('span', {class: 'muted small', title: c.method}, "Welch's t-test over seeds, 5% two-sided; ± is the 95% interval")),
-            list, c.notes.length ? notes : null);
+            list, ...(c.notes.length ? [notes] : []));
     }
 
     renderArms() {
@@ -228,6 +231,25 @@ export class ExperimentPage {
             out.hi.push(hi);
         }
         return out;
+    }
+
+    // Per arm and eval step, how many runs sit on the unigram plateau there (of those with
+    // an eval at that step): when each seed left it.
+    renderPlateau() {
+        const u = this.exp.comparison.unigram;
+        this.plateauCard.hidden = !u;
+        if (!u) return;
+        const steps = [...new Set(this.arms.flatMap((a) => a.evals.map((e) => e.step)))].sort((a, b) => a - b);
+        const body = h('tbody', {}, this.arms.map((a) => h('tr', {}, h('th', {}, a.arm), steps.map((st) => {
+            const e = a.evals.find((v) => v.step === st);
+            return h('td', {class: 'num' + (e && e.on_plateau ? ' on-plateau' : ''), dataset: {arm: a.arm, step: st}},
+                     e ? `${e.on_plateau} / ${e.eval_loss.n}` : '—');
+        }))));
+        clear(this.plateauCard).append(
+            h('header', {class: 'card-head'}, h('h3', {}, 'Runs on the unigram plateau, per eval step'),
+              h('span', {class: 'muted small'}, `eval loss ≥ 95% of the unigram entropy (${fmtNum(u.entropy)} nats) and accuracy ≤ the most frequent token's ${fmtPct(u.top_freq)} + 2 points: it has not yet learned to use the context; when a run leaves it depends on the seed`)),
+            h('div', {class: 'table-wrap'}, h('table', {class: 'compare', id: 'exp-plateau-table'},
+              h('thead', {}, h('tr', {}, h('th', {}, 'step'), steps.map((st) => h('th', {class: 'num'}, st)))), body)));
     }
 
     renderRuns() {
