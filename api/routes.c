@@ -191,7 +191,7 @@ fail:
     return rc;
 }
 
-void api_job_json(api_buf *b, const store_job *j, bool full)
+void api_job_json(api_buf *b, const store_job *j, bool full, store *plateau)
 {
     const char *mtype = NULL;
     char mtext[256];
@@ -238,6 +238,10 @@ void api_job_json(api_buf *b, const store_job *j, bool full)
     api_buf_json_str(b, j->error);
     api_buf_puts(b, ",\"summary\":");
     put_stored_json(b, looks_like(j->summary, '{', '{') ? j->summary : NULL);
+    if (plateau) {
+        api_buf_puts(b, ",\"plateau\":");
+        api_put_plateau(b, plateau, j->id);
+    }
     if (full) {
         api_buf_puts(b, ",\"spec\":");
         put_stored_json(b, looks_like(j->spec, '{', '{') ? j->spec : NULL);
@@ -435,7 +439,7 @@ void api_h_jobs_list(api_req *q, api_resp *r)
     for (int i = 0; i < n; i++) {
         if (i)
             api_buf_putc(&r->body, ',');
-        api_job_json(&r->body, &jobs[i], false);
+        api_job_json(&r->body, &jobs[i], false, NULL);
     }
     if (n == f.limit && n > 0)
         api_buf_printf(&r->body, "],\"next\":%lld}", (long long)jobs[n - 1].id);
@@ -536,7 +540,7 @@ void api_h_jobs_submit(api_req *q, api_resp *r)
     }
     ok_json(r, existed ? 200 : 201);
     snprintf(r->location, sizeof(r->location), "/v1/jobs/%lld", (long long)id);
-    api_job_json(&r->body, &j, true);
+    api_job_json(&r->body, &j, true, NULL);
     store_job_clear(&j);
 }
 
@@ -546,14 +550,7 @@ void api_h_job_get(api_req *q, api_resp *r)
     if (!load_job(q, r, &j))
         return;
     ok_json(r, 200);
-    api_job_json(&r->body, &j, true);
-    /* the full job object gets one more member, its plateau, before its closing brace */
-    if (!r->body.oom && r->body.len > 0 && r->body.data[r->body.len - 1] == '}') {
-        r->body.data[--r->body.len] = '\0';
-        api_buf_puts(&r->body, ",\"plateau\":");
-        api_put_plateau(&r->body, q->srv->st, j.id);
-        api_buf_putc(&r->body, '}');
-    }
+    api_job_json(&r->body, &j, true, q->srv->st);
     store_job_clear(&j);
 }
 
@@ -608,7 +605,7 @@ void api_h_job_action(api_req *q, api_resp *r)
         return;
     }
     ok_json(r, 202);
-    api_job_json(&r->body, &j, true);
+    api_job_json(&r->body, &j, true, NULL);
     store_job_clear(&j);
 }
 

@@ -350,19 +350,23 @@ static void record_time(run_state *s, double ms)
 }
 
 /* The start line; a sequence set's "data" says the unigram level its loss and accuracy
- * start from (gpu_dataset_unigram): the plateau the daemon and the dashboard name. */
+ * start from (gpu_dataset_unigram): the plateau the daemon and the dashboard name. "spec"
+ * stays the line's last member (scripts cut it out of the text). */
 static void emit_start(const gpu_job_config *c, gpu_trainer *t)
 {
     json_t *spec = api_spec_to_json(c);
-    json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:s, s:s, s:s, s:o}", "type", "start", "name",
+    json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:s, s:s, s:s}", "type", "start", "name",
                           c->name, "params", (json_int_t)gpu_trainer_params(t), "device",
                           gpu_trainer_device(t), "blas", gpu_blas_info(), "gemm",
-                          gpu_gemm_info(c->dtype), "convert", gpu_cvt_impl(), "spec",
-                          spec ? spec : json_null());
+                          gpu_gemm_info(c->dtype), "convert", gpu_cvt_impl());
     double h, top;
     if (o && gpu_trainer_unigram(t, &h, &top) == 0)
         json_object_set_new(o, "data", json_pack("{s:f, s:f}", "unigram_entropy", h,
                                                  "unigram_top_freq", top));
+    if (o)
+        json_object_set_new(o, "spec", spec ? spec : json_null());
+    else
+        json_decref(spec);
     emit(o);
 }
 
