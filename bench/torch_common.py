@@ -156,21 +156,32 @@ def report(fields):
     print(json.dumps(fields), flush=True)
 
 
-def gpt2_init(model, n_layer):
-    """GPT-2's initialisation of a GPT module, as ampd's gpu_gpt_init_params does it: biases 0,
-    layer norms' weights 1, the residual projections (names ending in proj.weight) normal(0,
-    0.02 / sqrt(2 n_layer)), every other weight normal(0, 0.02)."""
+def gpt2_init_rule(name, n_layer):
+    """How ampd's gpu_gpt_init_params (gpu/gpt.c) initialises the GPT parameter called name
+    (PyTorch's names, as bench/torch_gpt.py's model has them): ("const", value) for biases (0)
+    and layer norms' weights (1), else ("normal", std): the residual projections (names
+    ending in proj.weight: attn.proj, mlp.proj) 0.02 / sqrt(2 n_layer), every other weight,
+    the token and position embeddings included, 0.02. No truncation; the LM head is the
+    token embedding (tied), so it has no init of its own."""
     import math
 
+    if name.endswith("bias"):
+        return ("const", 0.0)
+    if ".ln_" in name or name.startswith("ln_"):
+        return ("const", 1.0)
+    if name.endswith("proj.weight"):
+        return ("normal", 0.02 / math.sqrt(2 * n_layer))
+    return ("normal", 0.02)
+
+
+def gpt2_init(model, n_layer):
+    """GPT-2's initialisation of a GPT module, as ampd's gpu_gpt_init_params does it (the same
+    distributions from torch's generator, not the same values): gpt2_init_rule."""
     import torch.nn as nn
 
     for name, p in model.named_parameters():
-        if name.endswith("bias"):
-            nn.init.zeros_(p)
-        elif ".ln_" in name or name.startswith("ln_"):
-            nn.init.ones_(p)
-        elif name.endswith("proj.weight"):
-            nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * n_layer))
+        kind, v = gpt2_init_rule(name, n_layer)
+        if kind == "const":
+            nn.init.constant_(p, v)
         else:
-            nn.init.normal_(p, 0.0, 0.02)
-
+            nn.init.normal_(p, 0.0, v)

@@ -14,8 +14,8 @@ n_layer 4, d_model 256, n_head 4, seq_len 128, vocab 256 by default —
     @ v, heads concatenated;
   final LayerNorm; LM head = the token embedding's weight (tied, no bias); cross-entropy.
 
-Initialisation as GPT-2/nanoGPT (normal 0.02, residual projections 0.02/sqrt(2 n_layer),
-zero biases); speed does not depend on it. AdamW lr 3e-4, betas (0.9, 0.999), eps 1e-8,
+Initialisation ampd's (gpu_gpt_init_params, GPT-2's: bench/torch_common.py gpt2_init);
+speed does not depend on it. build() is also bench/torch_convergence.py's model. AdamW lr 3e-4, betas (0.9, 0.999), eps 1e-8,
 weight decay 0 (ampd's defaults), no gradient clipping. One training step is timed with
 time.perf_counter: zero_grad(set_to_none=True), forward, backward, optimizer step (and for
 fp16 the scaler's check, unscale and update). The median over --steps timed steps after
@@ -158,11 +158,15 @@ def build(args):
             self.register_buffer("pos", torch.arange(T))
             tc.gpt2_init(self, L)
 
-        def forward(self, idx, targets):
+        def logits(self, idx):
+            """(B, T, V) logits of the B x T tokens idx (in the mode's dtype)."""
             x = self.wte(idx) + self.wpe(self.pos)
             for blk in self.blocks:
                 x = blk(x, self.mask)
-            logits = linear(self.ln_f(x), self.wte.weight, None)  # tied LM head
+            return linear(self.ln_f(x), self.wte.weight, None)  # tied LM head
+
+        def forward(self, idx, targets):
+            logits = self.logits(idx)
             return F.cross_entropy(logits.view(-1, V).float(), targets.reshape(-1))
 
     return GPT()
