@@ -508,7 +508,7 @@ async function main() {
     // experiment page (verdicts, arms, bands), then the compare view of one seed's runs
     await page.click('nav a[data-nav=submit]');
     await page.waitForSelector('#app[data-ready=submit]');
-    await fillForm(page, 'web-exp', 'fp16', {steps: '2000'});
+    await fillForm(page, 'web-exp', 'fp16', {steps: '600', eval: '200'});
     blockers = await holdSlots();
     await page.fill('#experiment-seeds', '3');
     await page.click('#submit-experiment');
@@ -519,7 +519,7 @@ async function main() {
     check('the experiment queued the spec in fp32, fp16 and bf16 with seeds 1, 2 and 3, seed by seed',
           expo.jobs.map((j) => `${j.dtype}:${j.seed}`).join() ===
               'fp32:1,fp16:1,bf16:1,fp32:2,fp16:2,bf16:2,fp32:3,fp16:3,bf16:3' &&
-          expJobs.every((j, i) => j.name === `web-exp-${j.dtype}-s${expo.jobs[i].seed}` && j.spec.steps === 2000 &&
+          expJobs.every((j, i) => j.name === `web-exp-${j.dtype}-s${expo.jobs[i].seed}` && j.spec.steps === 600 &&
                                   j.spec.seed === expo.jobs[i].seed) &&
           expJobs.every((j) => (j.dtype === 'fp16') === !!j.spec.precision.loss_scale),
           JSON.stringify(expo.jobs.map((j) => [j.name, j.dtype, j.seed])));
