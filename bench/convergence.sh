@@ -15,12 +15,19 @@
 # port in bench/torch_convergence.py list every training batch of the run (a hash of each
 # row's inputs and targets) and the validation windows; the benchmark stops, naming the
 # step and row, where they differ. Every ampd eval line's "count" must be the port's.
+# Then the model check: PyTorch fp32, started from ampd's initial weights of the first seed
+# (an ampd checkpoint written after one step at lr 1e-30), trains CONV_MODEL_CHECK steps on
+# the same batches as ampd fp32 from its own init, and every step's loss must be ampd's
+# within 1e-6 relative: the same model, loss and optimizer (measured: 3e-7 over 10 steps;
+# GELU's erf form instead of tanh, the smallest difference tried, is 4e-6 by step 3; after
+# ~15 steps chaos parts even equal models). The runs themselves start from each side's own
+# init (the same scheme, not the same values).
 #
 # Usage: bench/convergence.sh [STEPS] [SEEDS]   (from the build directory after `make`)
 #   STEPS  training steps of every run (default 600)
 #   SEEDS  a count N (seeds 1..N; default 5) or a comma list ("1,2"; one seed: "7,")
-#        bench/convergence.sh --report DIR   the tables of a finished (or stopped) run's
-#                                            CONV_OUT again
+#        bench/convergence.sh --report DIR...  the tables again from a run's CONV_OUT, or
+#                     from several runs of the same job taken together (seeds 1,2 and 3,4)
 # Environment:
 #   CONV_VARIANTS  the runs per seed, in order (default "ampd:fp32 ampd:fp16 ampd:bf16
 #                  torch:fp32 torch:bf16")
@@ -29,6 +36,7 @@
 #                  a step; run: run it anyway; skip: never
 #   CONV_TIMEOUT   the limit of every run in seconds (default 600 + 10 x STEPS); a run past
 #                  it is stopped and reported as timeout, with the evals it reached
+#   CONV_MODEL_CHECK  the steps of the model check (default 10; 0: none)
 #   CONV_EVAL_EVERY  (default 100), CONV_DATA_ROOT (/usr/share/games), CONV_DATA (fortunes)
 #   CONV_OUT       where results.jsonl (one record per run), stats.json and runs/ (each
 #                  run's stdout) are kept (default: a new /tmp/convergence.XXXXXX)
@@ -50,6 +58,7 @@ PY=${PYTHON:-/usr/bin/python3}
 VARIANTS=${CONV_VARIANTS:-ampd:fp32 ampd:fp16 ampd:bf16 torch:fp32 torch:bf16}
 TORCH_BF16=${CONV_TORCH_BF16:-auto}
 EVAL_EVERY=${CONV_EVAL_EVERY:-100}
+MODEL_CHECK=${CONV_MODEL_CHECK:-10}
 DATA_ROOT=${CONV_DATA_ROOT:-/usr/share/games}
 DATA=${CONV_DATA:-fortunes}
 # the job (bench/torch_convergence.py's defaults are the same)
@@ -58,19 +67,44 @@ N_LAYER=4 N_HEAD=4 D_MODEL=256 SEQ_LEN=128 BATCH=16 LR=0.001 VAL_FRACTION=0.1
 . "$HERE/lib.sh"
 
 # ---- the report ---------------------------------------------------------------------------
-# report DIR: the tables of a results directory (meta.json, stats.json, results.jsonl)
+# report DIR...: the tables of one results directory (meta.json, stats.json,
+# results.jsonl, model_check.json), or of several runs of the same job taken together
 report() {
-    "$PY" - "$1" <<'EOF'
+    "$PY" - "$@" <<'EOF'
 import json, math, statistics, sys
 
-out = sys.argv[1]
-meta = json.load(open(out + "/meta.json"))
-(cpu, engine, torch_ver, steps, seeds, variants, skipped, data_path, command) = (
-    meta[k] for k in ("cpu", "engine", "torch", "steps", "seeds", "variants", "skipped",
-                      "data_path", "command"))
-total_s = meta.get("total_s")
-recs = [json.loads(l) for l in open(out + "/results.jsonl")]
-st = json.load(open(out + "/stats.json"))
+dirs = sys.argv[1:]
+metas = [json.load(open(d + "/meta.json")) for d in dirs]
+for k in ("steps", "eval_every", "data_path"):
+    if len({json.dumps(m[k]) for m in metas}) > 1:
+        sys.exit("bench/convergence.sh: --report: the runs differ in %s" % k)
+meta = metas[0]
+(cpu, engine, torch_ver, steps, data_path) = (
+    meta[k] for k in ("cpu", "engine", "torch", "steps", "data_path"))
+seeds = sorted({x for m in metas for x in m["seeds"]})
+ORDER = ("ampd:fp32", "ampd:fp16", "ampd:bf16", "torch:fp32", "torch:bf16")
+variants = [v for v in ORDER if any(v in m["variants"] for m in metas)]
+skipped = "; ".join(dict.fromkeys(m["skipped"] for m in metas if m["skipped"]))
+command = "`, `".join(m["command"] for m in metas)
+total_s = (sum(m["total_s"] for m in metas)
+           if all(m.get("total_s") is not None for m in metas) else None)
+for d, m in zip(dirs[1:], metas[1:]):
+    if (m["cpu"], m["engine"], m["torch"]) != (cpu, engine, torch_ver):
+        cpu += " (%s: %s; %s; PyTorch %s)" % (d, m["cpu"], m["engine"], m["torch"])
+recs, seen = [], set()
+for d in dirs:
+    for l in open(d + "/results.jsonl"):
+        r = json.loads(l)
+        key = (r["impl"], r["dtype"], r["seed"])
+        if key in seen:
+            sys.exit("bench/convergence.sh: --report: %s:%s seed %d ran twice" % key)
+        seen.add(key)
+        recs.append(r)
+stats = [json.load(open(d + "/stats.json")) for d in dirs]
+if len({json.dumps(x, sort_keys=True) for x in stats}) > 1:
+    sys.exit("bench/convergence.sh: --report: the runs' data differ (stats.json)")
+st = stats[0]
+out = ", ".join(dirs)
 H, PMAX = st["entropy"], st["p_max"]
 LOSS_MIN, ACC_MAX = 0.95 * H, PMAX + 0.02
 NAME = {"ampd:fp32": "ampd fp32", "ampd:fp16": "ampd fp16 (dynamic scaling)",
@@ -122,6 +156,16 @@ print("Same job on both sides: the model of bench/torch_gpt.py, ampd's init sche
       "(%d rows each, a hash of each row's inputs and targets) and on the validation windows "
       "(%d of the %d non-overlapping ones, %s positions: every ampd eval line's count is that)."
       % (steps, 16, st["eval_used"], st["eval_windows"], format(st["eval_count"], ",")))
+for d in dirs:
+    try:
+        mc = json.load(open(d + "/model_check.json"))
+    except OSError:
+        continue
+    print()
+    print("Model check: PyTorch fp32 started from ampd's initial weights of seed %d (not from "
+          "its own init) and trained on the same batches: its training loss at steps 1-%d is "
+          "ampd fp32's within %.1e relative (largest at step %d; the check allows 1e-6)." % (
+              mc["seed"], mc["steps"], mc["max_rel"], mc["at_step"]))
 if skipped:
     print()
     print("Skipped: " + skipped + ".")
@@ -245,16 +289,18 @@ for dt in ("fp16", "bf16"):
     verdict, det = within(v, "ampd:fp32")
     print("- %s vs ampd fp32: **%s**: %s" % (NAME[v], verdict, det))
 print()
-print("Raw results (one JSON record per run; each run's stdout in runs/): %s/results.jsonl"
-      % out)
+print("Raw results (one JSON record per run in results.jsonl, each run's stdout in runs/): "
+      + out)
 EOF
 }
 
 if [ "${1:-}" = --report ]; then
-    if [ $# != 2 ] || [ ! -f "$2/meta.json" ]; then
-        bench_die "usage: $BENCH --report DIR (the CONV_OUT of a run)"
-    fi
-    report "$2"
+    shift
+    [ $# -ge 1 ] || bench_die "usage: $BENCH --report DIR... (the CONV_OUT of runs)"
+    for d in "$@"; do
+        [ -f "$d/meta.json" ] || bench_die "$d: no meta.json (not the CONV_OUT of a run)"
+    done
+    report "$@"
     exit 0
 fi
 
@@ -268,6 +314,7 @@ else
     bench_die "SEEDS must be a count (5) or a comma list of seeds (1,2; one seed: 7,)"
 fi
 [[ $EVAL_EVERY =~ ^[0-9]+$ ]] || bench_die "CONV_EVAL_EVERY must be an integer >= 0"
+[[ $MODEL_CHECK =~ ^[0-9]+$ ]] || bench_die "CONV_MODEL_CHECK must be an integer >= 0"
 LIMIT=${CONV_TIMEOUT:-$((600 + 10 * STEPS))}
 [[ $LIMIT =~ ^[0-9]+$ && $LIMIT -ge 1 ]] || bench_die "CONV_TIMEOUT must be a positive integer"
 case $TORCH_BF16 in auto | run | skip) ;; *) bench_die "CONV_TORCH_BF16 must be auto, run or skip" ;; esac
@@ -376,6 +423,67 @@ EOF
 done
 bench_progress "data order: bench/batches and the port agree on steps 1-$STEPS of seeds $SEEDS and on the validation windows"
 
+# ---- the model: PyTorch from ampd's initial weights, on the same batches ------------------
+# ampd_spec NAME DTYPE SEED STEPS LR EVAL_EVERY: a job spec in $TMP/NAME.json
+ampd_spec() {
+    local scale=
+    [ "$2" = fp16 ] && scale=', "loss_scale": {"mode": "dynamic"}'
+    cat >"$TMP/$1.json" <<EOF
+{"name": "conv-$1",
+ "model": {"type": "gpt", "n_layer": $N_LAYER, "n_head": $N_HEAD, "d_model": $D_MODEL, "seq_len": $SEQ_LEN, "vocab": 256},
+ "data": {"type": "text", "train": "$DATA", "val_fraction": $VAL_FRACTION},
+ "precision": {"dtype": "$2"$scale}, "optimizer": {"type": "adamw", "lr": $5},
+ "batch_size": $BATCH, "steps": $4, "eval_every": $6, "seed": $3, "threads": 2}
+EOF
+}
+
+if [ "$MODEL_CHECK" -gt 0 ] && [[ " $run_variants " == *" torch:"* ]]; then
+    seed=${SEEDS%% *}
+    bench_progress "model check: PyTorch fp32 from ampd's initial weights (seed $seed), $MODEL_CHECK steps ..."
+    # ampd's init in a checkpoint: one step at lr 1e-30 moves no weight by more than 1e-30
+    mkdir -p "$TMP/ck"
+    ampd_spec init fp32 "$seed" 1 1e-30 0
+    bench_timed 600 "$TMP/init.out" "$TMP/init.err" "$AMPD" run --checkpoint-dir "$TMP/ck" \
+        --data-root "$DATA_ROOT" "$TMP/init.json"
+    if [ "$BENCH_STATUS" != ok ] || [ ! -f "$TMP/ck/ckpt-1.safetensors" ]; then
+        bench_die "model check: ampd's init checkpoint: $BENCH_STATUS: $(tail -n 3 "$TMP/init.err")"
+    fi
+    ampd_spec check fp32 "$seed" "$MODEL_CHECK" "$LR" 0
+    bench_timed 600 "$TMP/check.ampd" "$TMP/check.err" "$AMPD" run --every 1 \
+        --data-root "$DATA_ROOT" "$TMP/check.json"
+    [ "$BENCH_STATUS" = ok ] || bench_die "model check: ampd: $BENCH_STATUS: $(tail -n 3 "$TMP/check.err")"
+    bench_timed 600 "$TMP/check.torch" "$TMP/check.err" "$PY" "$HERE/torch_convergence.py" \
+        --data "$DATA_PATH" --val-fraction "$VAL_FRACTION" --seq-len "$SEQ_LEN" \
+        --batch "$BATCH" --n-layer "$N_LAYER" --d-model "$D_MODEL" --n-head "$N_HEAD" \
+        --seed "$seed" --mode fp32 --steps "$MODEL_CHECK" --lr "$LR" --no-eval --log-steps \
+        --init-from "$TMP/ck/ckpt-1.safetensors"
+    [ "$BENCH_STATUS" = ok ] || bench_die "model check: PyTorch: $BENCH_STATUS: $(tail -n 3 "$TMP/check.err")"
+    "$PY" - "$TMP/check.ampd" "$TMP/check.torch" "$seed" "$MODEL_CHECK" "$OUT/model_check.json" <<'EOF' || exit 1
+import json, sys
+a_path, t_path, seed, steps, out = sys.argv[1:]
+def losses(p):
+    return {o["step"]: o["loss"] for o in map(json.loads, open(p)) if o.get("type") == "step"}
+a, t = losses(a_path), losses(t_path)
+worst = (0.0, 0)
+for k in range(1, int(steps) + 1):
+    if k not in a or k not in t:
+        sys.exit("bench/convergence.sh: model check: no loss of step %d" % k)
+    rel = abs(t[k] - a[k]) / abs(a[k])
+    if rel > 1e-6:
+        sys.exit("bench/convergence.sh: model check: from ampd's initial weights (seed %s) "
+                 "PyTorch's loss at step %d is %.7f, ampd's %.7f (relative difference %.1e, "
+                 "more than 1e-6): the two sides do not train the same model" % (
+                     seed, k, t[k], a[k], rel))
+    worst = max(worst, (rel, k))
+with open(out, "w") as f:
+    json.dump({"seed": int(seed), "steps": int(steps), "max_rel": worst[0],
+               "at_step": worst[1], "ampd": [a[k] for k in sorted(a)],
+               "torch": [t[k] for k in sorted(t)]}, f)
+print("bench/convergence.sh: model check: PyTorch's losses are ampd's within %.1e (step %d)"
+      % worst, file=sys.stderr)
+EOF
+fi
+
 # ---- the runs -----------------------------------------------------------------------------
 # run_record IMPL DTYPE SEED OUT ERR WALL: one record of results.jsonl from a finished run
 run_record() {
@@ -442,18 +550,11 @@ print("%s in %s s; eval loss %s" % (s.get(r["status"], "ok"), r.get("wall_s"), e
 
 # run_one IMPL DTYPE SEED
 run_one() {
-    local impl=$1 dt=$2 seed=$3 name=$1-$2-seed$3 t0 t1 scale=
+    local impl=$1 dt=$2 seed=$3 name=$1-$2-seed$3 t0 t1
     bench_progress "$impl:$dt seed $seed: $STEPS steps (limit $LIMIT s) ..."
     t0=$(date +%s.%N)
     if [ "$impl" = ampd ]; then
-        [ "$dt" = fp16 ] && scale=', "loss_scale": {"mode": "dynamic"}'
-        cat >"$TMP/$name.json" <<EOF
-{"name": "conv-$name",
- "model": {"type": "gpt", "n_layer": $N_LAYER, "n_head": $N_HEAD, "d_model": $D_MODEL, "seq_len": $SEQ_LEN, "vocab": 256},
- "data": {"type": "text", "train": "$DATA", "val_fraction": $VAL_FRACTION},
- "precision": {"dtype": "$dt"$scale}, "optimizer": {"type": "adamw", "lr": $LR},
- "batch_size": $BATCH, "steps": $STEPS, "eval_every": $EVAL_EVERY, "seed": $seed, "threads": 2}
-EOF
+        ampd_spec "$name" "$dt" "$seed" "$STEPS" "$LR" "$EVAL_EVERY"
         bench_timed "$LIMIT" "$OUT/runs/$name.jsonl" "$OUT/runs/$name.err" \
             "$AMPD" run --every 10 --data-root "$DATA_ROOT" "$TMP/$name.json"
     else

@@ -10,7 +10,11 @@ torch.set_num_threads(2). What is the same as an `ampd run` of the job:
   init      ampd's scheme (gpu_gpt_init_params in gpu/gpt.c; torch_common.gpt2_init_rule):
             the same distributions from torch's generator seeded with --seed, not the same
             values. Checked after the init: every constant tensor is its constant, every
-            normal one has a sample mean and sd that fit its distribution.
+            normal one has a sample mean and sd that fit its distribution. --init-from CKPT
+            takes the weights of an ampd checkpoint instead (its fp32 tensors, ampd's names:
+            wte, wpe, blocks.L.{ln1,attn.qkv,attn.proj,ln2,mlp.fc,mlp.proj}.{weight,bias},
+            ln_f.*), for bench/convergence.sh's model check: trained from the same values on
+            the same batches, the two sides' losses must agree until chaos parts them.
   optimizer AdamW lr --lr, betas (0.9, 0.999), eps 1e-8, weight decay 0, no clipping, no
             warmup, constant rate (ampd's defaults, docs/job-spec.md).
   data      a port of gpu/data.c: the text of --data (a file, or a directory's regular files
@@ -34,12 +38,14 @@ Modes (the job's commands, each prints JSON lines on stdout):
   --mode fp32|bf16   train: a "start" line, an "eval" line per evaluation ({"type": "eval",
                      "step", "eval_loss", "eval_acc", "count"}, as ampd's), a "summary" line
                      ({"status": "succeeded", "steps", "final_loss", "median_step_ms",
-                     "train_s", "eval_s", ...}); progress on stderr with --verbose
+                     "train_s", "eval_s", ...}); with --log-steps a {"type": "step", "step",
+                     "loss"} line per step; --no-eval: no evaluation; progress on stderr
+                     with --verbose
 
 Usage: torch_convergence.py --data PATH [--val-fraction F] [--seq-len T] [--batch B]
            [--n-layer L] [--d-model D] [--n-head H] [--seed S]
            (--stats | --batches STEP... | --mode fp32|bf16 [--steps N] [--eval-every E]
-            [--lr LR] [--verbose])
+            [--lr LR] [--init-from CKPT] [--log-steps] [--no-eval] [--verbose])
 """
 import argparse
 import json
@@ -76,6 +82,9 @@ def parse_args():
     p.add_argument("--steps", type=int, default=600, help="default 600")
     p.add_argument("--eval-every", type=int, default=100, help="default 100 (0: at the end)")
     p.add_argument("--lr", type=float, default=1e-3, help="default 1e-3")
+    p.add_argument("--init-from", metavar="CKPT", help="an ampd checkpoint's weights")
+    p.add_argument("--log-steps", action="store_true", help="a step line per step")
+    p.add_argument("--no-eval", action="store_true", help="no evaluation")
     p.add_argument("--verbose", action="store_true", help="progress on stderr")
     a = p.parse_args()
     if min(a.seq_len, a.batch, a.n_layer, a.d_model, a.n_head, a.steps) < 1:
@@ -220,6 +229,38 @@ def check_init(model, n_layer):
     return n
 
 
+def ampd_name(name):
+    """The ampd tensor name of one of bench/torch_gpt.py's parameters."""
+    if name in ("wte.weight", "wpe.weight"):
+        return name[:3]
+    for t, a in ((".ln_1.", ".ln1."), (".ln_2.", ".ln2."), (".qkv.", ".attn.qkv."),
+                 (".fc_proj.", ".mlp.proj."), (".proj.", ".attn.proj."), (".fc.", ".mlp.fc.")):
+        if t in name:
+            return name.replace(t, a)
+    return name
+
+
+def load_ampd_weights(model, path):
+    """Copy an ampd checkpoint's fp32 weights (safetensors: an 8-byte little-endian header
+    length, the JSON header, the little-endian tensors) into model; every parameter must
+    be there with its shape."""
+    import numpy as np
+    import torch
+    with open(path, "rb") as f:
+        blob = f.read()
+    n = struct.unpack("<Q", blob[:8])[0]
+    hdr = json.loads(blob[8:8 + n])
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            t = hdr.get(ampd_name(name))
+            if t is None or t["dtype"] != "F32" or list(t["shape"]) != list(p.shape):
+                raise SystemExit("torch_convergence: %s: no F32 %s %s for %s" % (
+                    path, ampd_name(name), list(p.shape), name))
+            lo, hi = t["data_offsets"]
+            a = np.frombuffer(blob, dtype="<f4", count=(hi - lo) // 4, offset=8 + n + lo)
+            p.copy_(torch.from_numpy(a.copy()).view(p.shape))
+
+
 def cmd_train(a, train, val):
     coretype = tc.setup_openblas("auto")
     wait_policy = tc.setup_omp("auto", a.mode, torch_gpt.OMP_AUTO)
@@ -234,7 +275,11 @@ def cmd_train(a, train, val):
     margs = argparse.Namespace(mode=a.mode, n_layer=a.n_layer, d_model=a.d_model,
                                n_head=a.n_head, seq_len=T, vocab=V, gelu="tanh")
     model = torch_gpt.build(margs)
-    checked = check_init(model, a.n_layer)
+    if a.init_from:
+        load_ampd_weights(model, a.init_from)
+        init = "the weights of " + a.init_from
+    else:
+        init = "ampd's scheme, %d tensors checked" % check_init(model, a.n_layer)
     params = list(model.parameters())
     opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
     tr = torch.from_numpy(np.frombuffer(train, dtype=np.uint8).astype(np.int64))
@@ -271,7 +316,7 @@ def cmd_train(a, train, val):
 
     tc.report({"type": "start", "impl": "pytorch", "mode": a.mode, "seed": a.seed,
                "steps": a.steps, "params": sum(p.numel() for p in params),
-               "init_checked": checked, "train_tokens": len(train), "val_tokens": len(val),
+               "init": init, "train_tokens": len(train), "val_tokens": len(val),
                "eval_windows": nwin, "torch": torch.__version__,
                "threads": torch.get_num_threads(), "openblas_coretype": coretype,
                "omp_wait_policy": wait_policy.lower()})
@@ -287,6 +332,8 @@ def cmd_train(a, train, val):
         opt.step()
         loss = float(out)
         times.append((time.perf_counter() - t0) * 1e3)
+        if a.log_steps:
+            tc.report({"type": "step", "step": k, "loss": loss})
         if not math.isfinite(loss):
             tc.report({"type": "summary", "status": "failed", "steps": k,
                        "error": "loss %r at step %d" % (loss, k)})
@@ -294,7 +341,7 @@ def cmd_train(a, train, val):
         if a.verbose and k % 10 == 0:
             print("torch_convergence: %s seed %d step %d loss %.4f %.0f ms"
                   % (a.mode, a.seed, k, loss, times[-1]), file=sys.stderr, flush=True)
-        if (a.eval_every and k % a.eval_every == 0) or k == a.steps:
+        if not a.no_eval and ((a.eval_every and k % a.eval_every == 0) or k == a.steps):
             eval_s += evaluate(k)
     tc.report({"type": "summary", "status": "succeeded", "impl": "pytorch", "mode": a.mode,
                "seed": a.seed, "steps": a.steps, "final_loss": loss,
