@@ -38,14 +38,18 @@
 #                  it is stopped and reported as timeout, with the evals it reached
 #   CONV_MODEL_CHECK  the steps of the model check (default 10; 0: none)
 #   CONV_EVAL_EVERY  (default 100), CONV_DATA_ROOT (/usr/share/games), CONV_DATA (fortunes)
-#   CONV_OUT       where results.jsonl (one record per run), stats.json and runs/ (each
-#                  run's stdout) are kept (default: a new /tmp/convergence.XXXXXX)
+#   CONV_OUT       where results.jsonl (one record per run), runs/ (each run's stdout and
+#                  stderr), meta.json, stats.json and model_check.json are kept (default:
+#                  a new /tmp/convergence.XXXXXX)
 #   AMPD (./ampd), BATCHES (./bench/batches), PYTHON (/usr/bin/python3, with torch)
 #
-# Time: on the 2-core AMD EPYC (AVX2, F16C; no AVX-512) shared with a build, STEPS 300:
-# an ampd run 7-9 min, a PyTorch fp32 run 15-20 min (evals included), so
-# `bench/convergence.sh 300 1,2` (torch:bf16 skipped) about 1.5 h; the default (600 steps,
-# 5 seeds) about twice that per seed, 5-7 h. See docs/benchmarks.md for the measured times.
+# Time (measured 2026-12-06 on the 2-core AMD EPYC, AVX2 and F16C, no AVX-512, shared with
+# a build and test runs): STEPS 300, evals included, an ampd run took 316-865 s (median
+# step 0.93-2.23 s, as the load came and went) and a PyTorch fp32 run 220-425 s (0.63-1.08
+# s a step); the data and model checks about 1 min; `bench/convergence.sh 300 1,2` (8 runs,
+# torch:bf16 skipped) 69 min. Runs scale with STEPS, so the default (600 steps, 5 seeds,
+# 20 runs without torch:bf16) takes about 4-8 hours there; torch:bf16, where it runs
+# (AVX512_BF16), about as long as torch:fp32.
 set -euo pipefail
 
 STEPS=${1:-600}
