@@ -49,6 +49,8 @@ typedef struct {
     int n;                          /* members */
     store_member m[EXP_MAX_JOBS];   /* arm and seed; job_id once queued */
     json_t *specs[EXP_MAX_JOBS];    /* each member's spec (owned); NULL when grouping */
+    gpu_dtype dtype[EXP_MAX_JOBS];  /* each spec's dtype and steps, as its validation read them */
+    int64_t steps[EXP_MAX_JOBS];
 } plan;
 
 static void plan_free(plan *p)
@@ -287,6 +289,8 @@ static bool members_of_arms(api_req *q, api_resp *r, plan *p)
             }
             snprintf(p->m[p->n].arm, STORE_ARM_MAX, "%s", a->name);
             p->m[p->n].seed = a->seeds[pos];
+            p->dtype[p->n] = cfg.dtype;
+            p->steps[p->n] = cfg.steps;
             p->n++;
         }
     }
@@ -420,22 +424,20 @@ static bool plan_parse(api_req *q, api_resp *r, json_t *body, plan *p)
     return members_of_arms(q, r, p) && baseline_pick(body, p, r);
 }
 
-/* Queue the plan's jobs; on failure cancel those already queued. */
+/* Queue the plan's jobs (validated by members_of_arms); on failure cancel those already
+ * queued. */
 static int plan_submit(api_server *s, plan *p)
 {
     int rc = 0, i;
     for (i = 0; i < p->n && rc == 0; i++) {
         char *text = json_dumps(p->specs[i], JSON_COMPACT);
-        gpu_job_config cfg;
-        api_error e;
+        const char *name = json_string_value(json_object_get(p->specs[i], "name"));
         bool existed;
-        /* the validated config names the dtype and steps the spec defaults to */
-        if (!text || api_spec_from_json(p->specs[i], &s->cfg.spec, &cfg, &e) != 0) {
-            free(text);
+        if (!text) {
             rc = STORE_EIO;
             break;
         }
-        rc = s->jobs->submit(s->jobs->ctx, cfg.name, gpu_dtype_name(cfg.dtype), cfg.steps, text,
+        rc = s->jobs->submit(s->jobs->ctx, name, gpu_dtype_name(p->dtype[i]), p->steps[i], text,
                              NULL, &p->m[i].job_id, &existed);
         free(text);
     }
