@@ -319,9 +319,11 @@ static const char *const stmt_sql[ST_COUNT] = {
     [ST_STREAM_AT_STEP] = "SELECT MAX(COALESCE((SELECT seq FROM stream WHERE job_id=?1 AND "
                           "kind=0 AND step<=?2 ORDER BY step DESC, seq DESC LIMIT 1), 0), "
                           "COALESCE((SELECT MAX(seq) FROM stream WHERE job_id=?1 AND kind=5), 0))",
-    /* rank 0's rows with an eval result (a NaN one is NULL with its bit in ?2) */
+    /* rank 0's rows with an eval result (a NaN one is NULL with its bit in ?2), found
+     * through the stream's eval rows (its index) rather than a scan of every step */
     [ST_EVAL_LIST] = "SELECT step, eval_loss, eval_acc, nan_mask FROM metrics WHERE job_id=?1 "
-                     "AND rank=0 AND (eval_loss IS NOT NULL OR eval_acc IS NOT NULL OR "
+                     "AND rank=0 AND step IN (SELECT step FROM stream WHERE job_id=?1 AND "
+                     "kind=1) AND (eval_loss IS NOT NULL OR eval_acc IS NOT NULL OR "
                      "(nan_mask & ?2) != 0) ORDER BY step",
     [ST_EVENT_LAST] = "SELECT id, job_id, step, ts, kind, message, data FROM events "
                       "WHERE job_id=?1 AND kind=?2 ORDER BY id DESC LIMIT 1",
