@@ -105,13 +105,21 @@ static int get_double(ctx *c, json_t *obj, const char *key, const char *field, r
     return 0;
 }
 
-/* get_double for a value kept as a float; *out unchanged when absent. */
+/* get_double for a value kept as a float; *out unchanged when absent. The range holds for
+ * the float too: 1e-50 is in (0, 1) but its float is 0, which would print as 0 and be
+ * refused when read back. */
 static int get_real(ctx *c, json_t *obj, const char *key, const char *field, range r, float *out)
 {
     double d = *out;
     int rc = get_double(c, obj, key, field, r, &d);
+    if (rc || !json_object_get(obj, key))
+        return rc;
+    double f = (float)d;
+    if (!isfinite(f) || (r.lo_open ? f <= r.lo : f < r.lo) || (r.hi_open ? f >= r.hi : f > r.hi))
+        return fail(c, field, "must be in %c%g, %g%c as a 32-bit float (%g rounds to %g)",
+                    r.lo_open ? '(' : '[', r.lo, r.hi, r.hi_open ? ')' : ']', d, f);
     *out = (float)d;
-    return rc;
+    return 0;
 }
 
 static int get_int(ctx *c, json_t *obj, const char *key, const char *field, long long lo,

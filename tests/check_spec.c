@@ -487,7 +487,8 @@ START_TEST(test_seq_data)
     expect_field("{\"model\": {\"type\": \"gpt\"}, \"data\": {\"type\": \"text\", \"train\": \"fortunes\", \"eval\": "
                  "\"missing\"}}",
                  "data.eval");
-    const char *bad_fracs[] = {"0", "1", "1.5", "-0.1", "\"0.1\"", "null"};
+    /* 1e-50 and 0.99999999999 are in (0, 1) as doubles; their floats are 0 and 1 */
+    const char *bad_fracs[] = {"0", "1", "1.5", "-0.1", "\"0.1\"", "null", "1e-50", "0.99999999999"};
     for (size_t i = 0; i < sizeof(bad_fracs) / sizeof(bad_fracs[0]); i++) {
         snprintf(spec, sizeof(spec),
                  "{\"model\": {\"type\": \"gpt\"}, \"data\": {\"type\": \"text\", \"train\": \"fortunes\", \"val_fraction\": "
