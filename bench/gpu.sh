@@ -143,12 +143,10 @@ AMPD=${AMPD:-.gpu/tools/ampd}
 AMPD_ENV=(env)
 cublas=
 if [ -d .gpu/lib ]; then
-    # shellcheck disable=SC2012 # fixed paths and globs, as tests/gpu/run.sh
-    cublas=$(ls -d /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
-                 /opt/torch/.venv/lib/python3*/site-packages/nvidia/cublas/lib \
-                 /usr/local/lib/python3*/dist-packages/nvidia/cublas/lib 2>/dev/null |
-             while read -r d; do [ -e "$d/libcublasLt.so.13" ] && echo "$d"; done | head -n 1)
-    AMPD_ENV+=("LD_LIBRARY_PATH=$PWD/.gpu/lib${cublas:+:$cublas}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+    # shellcheck source=tests/gpu/libs.sh
+    . tests/gpu/libs.sh
+    cublas=$GPU_CUBLAS_DIR
+    AMPD_ENV+=("LD_LIBRARY_PATH=$GPU_LIB_PATH")
     [ -e .gpu/lib/libopenblas.so.0 ] && AMPD_ENV+=("AMPD_OPENBLAS=$PWD/.gpu/lib/libopenblas.so.0")
 fi
 
@@ -299,6 +297,29 @@ run_torch() { # name mode steps warmup [extra args]
         --attn "$TORCH_ATTN" --profile "$@"
 }
 
+# The card's real bf16 tensor-core rate beside the datasheet's: an 8192^3 bf16 GEMM through
+# torch.matmul (cuBLAS), the median of 20 after 5 warm-up ones.
+GEMM_TFLOPS=
+if [ "$DEVICE" = cuda ]; then
+    GEMM_TFLOPS=$(timeout 60 "$PY" - 2>"$LOGS/gemm.err" <<'PYEOF'
+import torch
+n = 8192
+a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+ms = []
+for i in range(25):
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record(); torch.matmul(a, b); e1.record(); torch.cuda.synchronize()
+    if i >= 5:
+        ms.append(e0.elapsed_time(e1))
+ms.sort()
+print("%.1f" % (2 * n ** 3 / (ms[len(ms) // 2] / 1e3) / 1e12))
+PYEOF
+)
+    echo "8192^3 bf16 GEMM (torch.matmul, cuBLAS): ${GEMM_TFLOPS:-failed (see $LOGS/gemm.err)} TFLOP/s" \
+         "against the ${PEAK_TFLOPS} TFLOP/s datasheet peak"
+fi
+
 echo "== runs (budget ${BUDGET}s; logs in $LOGS)"
 run_ampd ampd-bf16 bf16 "$STEPS" "$T_AMPD" flash
 run_torch torch-bf16 bf16 "$STEPS" "$WARMUP"
@@ -315,7 +336,7 @@ echo "== runs done in $((SECONDS - T0))s"
 export BENCH_B=$B BENCH_L=$L BENCH_C=$C BENCH_H=$H BENCH_T=$T BENCH_V=$V BENCH_VDATA=$VDATA \
     BENCH_NTOK=$NTOK BENCH_STEPS=$STEPS BENCH_WARMUP=$WARMUP BENCH_FP32_STEPS=$FP32_STEPS \
     BENCH_FP32_WARMUP=$FP32_WARMUP BENCH_PEAK_TFLOPS=$PEAK_TFLOPS BENCH_DEVICE=$DEVICE \
-    BENCH_BUDGET=$BUDGET BENCH_AMPD=$AMPD BENCH_TORCH_ATTN=$TORCH_ATTN
+    BENCH_BUDGET=$BUDGET BENCH_AMPD=$AMPD BENCH_TORCH_ATTN=$TORCH_ATTN BENCH_GEMM_TFLOPS=$GEMM_TFLOPS
 "$PY" - "$LOGS" "$RESULT" <<'PYEOF'
 """Read the runs' logs, print the table, write the raw results."""
 import json
@@ -482,7 +503,11 @@ print(f"GPT-2 {N:,} params (n_layer {L}, d_model {C}, n_head {H}, seq_len {T}, v
       f"batch {B} x {T} = {B * T} tokens/step, AdamW lr 6e-4 betas (0.9, 0.95) wd 0.1; "
       f"device {E['BENCH_DEVICE']}")
 print(f"MFU = tokens/s x (6 N + 12 n_layer seq_len d_model) / {E['BENCH_PEAK_TFLOPS']} TFLOP/s "
-      f"(H200 dense bf16/fp16) = tokens/s x {FPT:,} FLOP / peak")
+      f"(H100 SXM and H200 dense bf16/fp16) = tokens/s x {FPT:,} FLOP / peak")
+if E.get("BENCH_GEMM_TFLOPS"):
+    g = float(E["BENCH_GEMM_TFLOPS"])
+    print(f"measured: an 8192^3 bf16 GEMM (cuBLAS via torch.matmul) runs at {g:.0f} TFLOP/s, "
+          f"{100 * g / float(E['BENCH_PEAK_TFLOPS']):.0f}% of the peak above")
 print(f"step ms: median after {WARM16} warm-up steps ({WARM['fp32']} for fp32; ampd: its step_ms, "
       "pytorch: CUDA events); wall ms: wall clock per step over the same steps (ampd: the step "
       "lines' arrival)")
@@ -598,6 +623,7 @@ out = {"config": {"batch": B, "n_layer": L, "d_model": C, "n_head": H, "seq_len"
        "params_formula": N, "flops_per_token": FPT, "flops_per_token_llmc": FPT_LLMC,
        "flops_formula": "6*N + 12*n_layer*seq_len*d_model (PaLM / nanoGPT)",
        "peak_tflops": float(E["BENCH_PEAK_TFLOPS"]),
+       "gemm_8192_bf16_tflops": float(E["BENCH_GEMM_TFLOPS"]) if E.get("BENCH_GEMM_TFLOPS") else None,
        "peak_source": "NVIDIA H200 SXM datasheet: 1979 TFLOP/s bf16/fp16 with sparsity, 989 dense",
        "ampd_version": read("ampd-version", "txt"), "runs": runs, "ratios": ratios}
 with open(result, "w") as fh:

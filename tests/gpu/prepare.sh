@@ -28,6 +28,8 @@ strip --strip-debug .gpu/tools/ampd # keeps the symbols (backtraces); nobody deb
 # the Fashion-MNIST job of check_cuda_train (Debian's dataset-fashion-mnist, 30 MB)
 mkdir -p .gpu/data
 cp -r /usr/share/datasets/fashion-mnist .gpu/data/
+# bench/gpu_curve.sh's text (Debian's fortunes directory, 2.7 MB), when this machine has it
+if [ -d /usr/share/games/fortunes ]; then cp -a /usr/share/games/fortunes .gpu/data/; fi
 openblas=$(sed -n 's/^#define AMPD_OPENBLAS_PATH "\(.*\)"$/\1/p' config.h)
 cp -L "$openblas" .gpu/lib/libopenblas.so.0
 # shellcheck disable=SC2086
