@@ -1,7 +1,8 @@
 /*
  * log.c - the one logger: leveled lines on stderr with an ISO-8601 UTC timestamp, the
- * level and the calling function; daemon_log_install makes it the store's log hook, which
- * api/ reports through as well (its levels are daemon_log_level's numbers).
+ * level and the calling function; daemon_log_install makes it the log hook of the store
+ * (which api/ reports through as well) and of the engine (gpu_set_log); their levels are
+ * daemon_log_level's numbers.
  *
  * Threads: the level is an atomic int; each line is written with a single fprintf, which
  * stdio locks, so lines from different threads never interleave.
@@ -14,6 +15,7 @@
 
 #include "api/api.h"
 #include "daemon/log.h"
+#include "gpu/gpu.h"
 #include "store/store.h"
 
 static atomic_int log_level = -1;
@@ -79,10 +81,13 @@ static void hook(void *arg, int level, const char *func, const char *msg)
 }
 
 _Static_assert((int)STORE_LOG_DEBUG == (int)DAEMON_LOG_DEBUG &&
-                   (int)STORE_LOG_ERROR == (int)DAEMON_LOG_ERROR,
+                   (int)STORE_LOG_ERROR == (int)DAEMON_LOG_ERROR &&
+                   (int)GPU_LOG_DEBUG == (int)DAEMON_LOG_DEBUG &&
+                   (int)GPU_LOG_ERROR == (int)DAEMON_LOG_ERROR,
                "the hooks' levels are the logger's");
 
 void daemon_log_install(void)
 {
     store_set_log(hook, NULL); /* api/ reports through the store's hook too */
+    gpu_set_log(hook, NULL);
 }

@@ -1,8 +1,8 @@
 /*
  * log.h - internal header of daemon/: the one logger of the ampd process. Leveled lines on
  * stderr (ISO-8601 UTC time, level, function, message); main() installs it as the log
- * hook of the libraries below it (store_set_log, which api/ reports through too), so their
- * messages come out the same way.
+ * hook of the libraries below it (store_set_log, which api/ reports through too, and
+ * gpu_set_log), so their messages come out the same way.
  *
  * Threads: every function is thread-safe (one fprintf per line, which stdio locks).
  */
@@ -25,8 +25,8 @@ void daemon_log_write(daemon_log_level level, const char *func, const char *fmt,
 /* A tag written before each line's function ("rank 1"; NULL or "": none). Call it before
  * other threads log. */
 void daemon_log_set_tag(const char *tag);
-/* Install the logger as the store's log hook, which the API uses too (its levels are the
- * same numbers as daemon_log_level). */
+/* Install the logger as the store's log hook, which the API uses too, and the engine's (their
+ * levels are the same numbers as daemon_log_level). */
 void daemon_log_install(void);
 
 #define daemon_log(level, ...)                                                                     \

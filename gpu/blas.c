@@ -143,7 +143,7 @@ static int load_symbol(void **out, const char *name)
     *out = dlsym(blas.lib, name);
     if (*out == NULL) {
         const char *why = dlerror();
-        fprintf(stderr, "ampd: cannot load OpenBLAS from %s: %s\n", openblas_path(),
+        gpu_log(GPU_LOG_ERROR, __func__, "cannot load OpenBLAS from %s: %s", openblas_path(),
                 why != NULL ? why : name);
         snprintf(blas.failed, sizeof blas.failed, "OpenBLAS unavailable (no %s in %s)",
                  name, openblas_path());
@@ -199,7 +199,7 @@ static void load(void)
     blas.lib = dlopen(openblas_path(), RTLD_NOW | RTLD_LOCAL);
     if (blas.lib == NULL) {
         const char *why = dlerror();
-        fprintf(stderr, "ampd: cannot load OpenBLAS from %s: %s\n", openblas_path(),
+        gpu_log(GPU_LOG_ERROR, __func__, "cannot load OpenBLAS from %s: %s", openblas_path(),
                 why != NULL ? why : "unknown error");
         snprintf(blas.failed, sizeof blas.failed, "OpenBLAS unavailable (cannot load %s)",
                  openblas_path());

@@ -1,13 +1,39 @@
 /*
- * error.c - error strings, the seeded RNG and the clock shared by the engine.
+ * error.c - error strings, the log hook (gpu_set_log), the seeded RNG and the clock shared
+ * by the engine.
  *
  * Invariants: gpu_rng streams depend only on their seed. Threads: the RNG is per object;
- * gpu_strerror and gpu_now are thread-safe.
+ * gpu_strerror, gpu_log and gpu_now are thread-safe (the hook is read atomically).
  */
 #include <math.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <time.h>
 
 #include "gpu/gpu_int.h"
+
+static _Atomic(gpu_log_fn) log_fn;
+static _Atomic(void *) log_arg;
+
+void gpu_set_log(gpu_log_fn fn, void *arg)
+{
+    atomic_store(&log_arg, arg);
+    atomic_store(&log_fn, fn);
+}
+
+void gpu_log(int level, const char *func, const char *fmt, ...)
+{
+    gpu_log_fn fn = atomic_load(&log_fn);
+    char msg[1024];
+    va_list ap;
+    if (!fn)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    fn(atomic_load(&log_arg), level, func, msg);
+}
 
 const char *gpu_strerror(int code)
 {

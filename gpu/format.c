@@ -114,96 +114,16 @@ float gpu_dtype_min_subnormal(gpu_dtype dt)
     return 0.0f;
 }
 
-/* ---- scalar reference conversions (integer only) ---------------------------------------- */
-
-static inline uint32_t f2u(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, sizeof(u));
-    return u;
-}
-
-static inline float u2f(uint32_t u)
-{
-    float x;
-    memcpy(&x, &u, sizeof(x));
-    return x;
-}
-
-static inline uint16_t f32_to_f16_bits(uint32_t u)
-{
-    uint32_t sign = (u >> 16) & 0x8000u;
-    uint32_t a = u & 0x7FFFFFFFu;
-
-    if (a > 0x7F800000u)
-        return (uint16_t)GPU_FP16_NAN;
-    if (a >= 0x477FF000u)                 /* 65520 and above, inf included */
-        return (uint16_t)(sign | 0x7C00u);
-    if (a >= 0x38800000u) {               /* 2^-14 and above: fp16 normal */
-        /* rebias the exponent (127 -> 15) and round the 13 dropped bits to nearest even */
-        uint32_t r = a - 0x38000000u + 0x0FFFu + ((a >> 13) & 1u);
-        return (uint16_t)(sign | (r >> 13));
-    }
-    if (a < 0x33000000u)                  /* below 2^-25: rounds to zero */
-        return (uint16_t)sign;
-    /* fp16 subnormal: the result is round(m * 2^(e - 126)), e in [102, 112] */
-    uint32_t e = a >> 23;
-    uint32_t m = (a & 0x007FFFFFu) | 0x00800000u;
-    uint32_t shift = 126u - e;            /* 14 .. 24 */
-    uint32_t h = m >> shift;
-    uint32_t rem = m & ((1u << shift) - 1u);
-    uint32_t half = 1u << (shift - 1u);
-    if (rem > half || (rem == half && (h & 1u)))
-        h++;                              /* may carry into 0x0400, the smallest normal */
-    return (uint16_t)(sign | h);
-}
-
-static inline uint32_t f16_to_f32_bits(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t e = (h >> 10) & 0x1Fu;
-    uint32_t m = h & 0x3FFu;
-
-    if (e == 0x1Fu) {
-        if (m == 0)
-            return sign | 0x7F800000u;
-        return sign | 0x7FC00000u | (m << 13);   /* NaN: payload kept, quiet bit set */
-    }
-    if (e != 0)
-        return sign | ((e + 112u) << 23) | (m << 13);
-    if (m == 0)
-        return sign;
-    /* subnormal: value m * 2^-24 with the top set bit of m at position p (0..9) */
-    uint32_t p = 31u - (uint32_t)__builtin_clz(m);
-    return sign | ((p + 103u) << 23) | ((m << (23u - p)) & 0x007FFFFFu);
-}
-
-static inline uint32_t f32_to_bf16_rounded(uint32_t u)
-{
-    return gpu_bf16_round_bits(u);
-}
-
-static inline uint16_t f32_to_bf16_bits(uint32_t u)
-{
-    return (uint16_t)(f32_to_bf16_rounded(u) >> 16);
-}
-
-static inline uint32_t bf16_to_f32_bits(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u)
-        u |= 0x00400000u;                  /* NaN: quiet bit set */
-    return u;
-}
+/* ---- scalar reference conversions (integer only: gpu/format_rule.h) ---------------------- */
 
 uint16_t gpu_f32_to_f16(float x)
 {
-    return f32_to_f16_bits(f2u(x));
+    return gpu_fmt_f32_to_f16(gpu_fmt_f2u(x));
 }
 
 float gpu_f16_to_f32(uint16_t h)
 {
-    return u2f(f16_to_f32_bits(h));
+    return gpu_fmt_u2f(gpu_fmt_f16_to_f32(h));
 }
 
 /* Whether a conversion to bf16 has met an fp32 subnormal (or gpu_bf16_admit() a bf16 one)
@@ -217,23 +137,23 @@ void gpu_bf16_note_subnormal(void)
 
 uint16_t gpu_f32_to_bf16(float x)
 {
-    if (gpu_f32_subnormal(f2u(x)))
+    if (gpu_f32_subnormal(gpu_fmt_f2u(x)))
         gpu_bf16_note_subnormal();
-    return f32_to_bf16_bits(f2u(x));
+    return gpu_fmt_f32_to_bf16(gpu_fmt_f2u(x));
 }
 
 float gpu_bf16_to_f32(uint16_t h)
 {
-    return u2f(bf16_to_f32_bits(h));
+    return gpu_fmt_u2f(gpu_fmt_bf16_to_f32(h));
 }
 
 float gpu_round(float x, gpu_dtype dt)
 {
     switch (dt) {
     case GPU_FP16:
-        return u2f(f16_to_f32_bits(f32_to_f16_bits(f2u(x))));
+        return gpu_fmt_u2f(gpu_fmt_f16_to_f32(gpu_fmt_f32_to_f16(gpu_fmt_f2u(x))));
     case GPU_BF16:
-        return u2f(f32_to_bf16_rounded(f2u(x)));
+        return gpu_fmt_u2f(gpu_fmt_bf16_round(gpu_fmt_f2u(x)));
     case GPU_FP32:
         break;
     }
@@ -245,21 +165,21 @@ float gpu_round(float x, gpu_dtype dt)
 static void port_f32_f16(uint16_t *dst, const float *src, size_t n)
 {
     for (size_t i = 0; i < n; i++)
-        dst[i] = f32_to_f16_bits(f2u(src[i]));
+        dst[i] = gpu_fmt_f32_to_f16(gpu_fmt_f2u(src[i]));
 }
 
 static void port_f16_f32(float *dst, const uint16_t *src, size_t n)
 {
     for (size_t i = 0; i < n; i++)
-        dst[i] = u2f(f16_to_f32_bits(src[i]));
+        dst[i] = gpu_fmt_u2f(gpu_fmt_f16_to_f32(src[i]));
 }
 
 static unsigned port_f32_bf16(uint16_t *dst, const float *src, size_t n)
 {
     unsigned sub = 0;
     for (size_t i = 0; i < n; i++) {
-        dst[i] = f32_to_bf16_bits(f2u(src[i]));
-        sub |= gpu_f32_subnormal(f2u(src[i]));
+        dst[i] = gpu_fmt_f32_to_bf16(gpu_fmt_f2u(src[i]));
+        sub |= gpu_f32_subnormal(gpu_fmt_f2u(src[i]));
     }
     return sub;
 }
@@ -267,19 +187,19 @@ static unsigned port_f32_bf16(uint16_t *dst, const float *src, size_t n)
 static void port_bf16_f32(float *dst, const uint16_t *src, size_t n)
 {
     for (size_t i = 0; i < n; i++)
-        dst[i] = u2f(bf16_to_f32_bits(src[i]));
+        dst[i] = gpu_fmt_u2f(gpu_fmt_bf16_to_f32(src[i]));
 }
 
 static void port_round_f16(float *dst, const float *src, size_t n)
 {
     for (size_t i = 0; i < n; i++)
-        dst[i] = u2f(f16_to_f32_bits(f32_to_f16_bits(f2u(src[i]))));
+        dst[i] = gpu_fmt_u2f(gpu_fmt_f16_to_f32(gpu_fmt_f32_to_f16(gpu_fmt_f2u(src[i]))));
 }
 
 static void port_round_bf16(float *dst, const float *src, size_t n)
 {
     for (size_t i = 0; i < n; i++)
-        dst[i] = u2f(f32_to_bf16_rounded(f2u(src[i])));
+        dst[i] = gpu_fmt_u2f(gpu_fmt_bf16_round(gpu_fmt_f2u(src[i])));
 }
 
 /* ---- AVX-512 paths (F, BW, VL, DQ): 16 lanes, masked tails ------------------------------ */

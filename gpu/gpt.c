@@ -618,13 +618,13 @@ HOT static void softmax_row_bwd(const float *restrict p, float *restrict d, int 
 /* ---- bf16 rows, rounded inline ---------------------------------------------------------
  * The attention's rows are short (T values), and a call of gpu_round_n or gpu_cvt_from_f32
  * per rounding of a row costs more than the rounding. These round to bf16 in the loop
- * itself, with the conversion's own rounding (gpu_bf16_round_bits): the same values. */
+ * itself, with the conversion's own rounding (gpu_fmt_bf16_round): the same values. */
 
 INLINE float bf16_rd(float x)
 {
     uint32_t u;
     memcpy(&u, &x, sizeof u);
-    u = gpu_bf16_round_bits(u);
+    u = gpu_fmt_bf16_round(u);
     memcpy(&x, &u, sizeof x);
     return x;
 }

@@ -60,6 +60,23 @@ enum gpu_error {
 /* A static string that describes code; never NULL. */
 const char *gpu_strerror(int code);
 
+/* Where the engine's messages go (the store's way, as SQLITE_CONFIG_LOG): the engine never
+ * writes to stderr itself; what it has to say beyond its return codes (why OpenBLAS did not
+ * load, the detail of a failed cuBLASLt or NCCL call) reaches fn(arg, level, func, message),
+ * from whichever thread hit it. NULL (the default) drops them. Process-wide; install it
+ * before the first gpu_ call. The levels are the store's (store_log_level). */
+typedef GPU_ENUM {
+    GPU_LOG_DEBUG = 0,
+    GPU_LOG_INFO,
+    GPU_LOG_WARN,
+    GPU_LOG_ERROR
+} gpu_log_level;
+typedef void (*gpu_log_fn)(void *arg, int level, const char *func, const char *msg);
+void gpu_set_log(gpu_log_fn fn, void *arg);
+/* Format a message for the installed hook (nothing happens without one). */
+void gpu_log(int level, const char *func, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 /* ---- number formats (format.c) --------------------------------------------------------- */
 
 typedef GPU_ENUM { GPU_FP32 = 0, GPU_FP16 = 1, GPU_BF16 = 2 } gpu_dtype;

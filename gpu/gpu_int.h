@@ -18,6 +18,7 @@
 #ifndef AMPD_GPU_INT_H
 #define AMPD_GPU_INT_H
 
+#include "gpu/format_rule.h"
 #include "gpu/gpu.h"
 
 /* ---- random numbers: splitmix64-seeded xoshiro256** -------------------------------------- */
@@ -64,19 +65,9 @@ bool gpu_bf16_has_subnormal(const uint16_t *x, size_t n);
 bool gpu_f32_has_subnormal(const uint32_t *x, size_t n);
 bool gpu_bf16_subnormals_made(void);
 void gpu_bf16_admit(const uint16_t *x, size_t n);
-/* What a pass that rounds to bf16 itself (gpu_bf16_round_bits) calls when one of its fp32
+/* What a pass that rounds to bf16 itself (gpu_fmt_bf16_round) calls when one of its fp32
  * inputs was subnormal (gpu_f32_subnormal). */
 void gpu_bf16_note_subnormal(void);
-
-/* fp32 bits rounded to bf16 (round to nearest, ties to even; every NaN becomes the
- * canonical quiet NaN) and returned as fp32 bits, low half zero: the scalar conversion's
- * rounding, which fused passes inline. */
-static inline uint32_t gpu_bf16_round_bits(uint32_t u)
-{
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u)
-        return (uint32_t)GPU_BF16_NAN << 16;
-    return (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
-}
 
 /* 1 when the fp32 bits u are a subnormal: the only inputs whose bf16 rounding can be one
  * (2^-126 is a bf16 value, and rounding is monotonic). */

@@ -782,9 +782,10 @@ START_TEST(t_concurrent_first_use)
 }
 END_TEST
 
-/* Run this binary again as "--blas-info [preload]" with OPENBLAS_CORETYPE set to coretype
- * (NULL: removed) and return its output line in out. */
-static void child_info(const char *coretype, bool preload, char *out, size_t outlen)
+/* Run this binary again as "--blas-info [preload]" with the variable name set to value (NULL:
+ * removed) and return its output in out. */
+static void child_run(const char *name, const char *value, bool preload, char *out,
+                      size_t outlen)
 {
     int fd[2];
     ck_assert_int_eq(pipe(fd), 0);
@@ -792,14 +793,15 @@ static void child_info(const char *coretype, bool preload, char *out, size_t out
     while (environ[n] != NULL)
         n++;
     char **envp = calloc(n + 2, sizeof *envp);
-    char var[64];
+    char var[256];
+    size_t nl = strlen(name);
     ck_assert_ptr_nonnull(envp);
     size_t m = 0;
     for (size_t i = 0; i < n; i++)
-        if (strncmp(environ[i], "OPENBLAS_CORETYPE=", 18) != 0)
+        if (strncmp(environ[i], name, nl) != 0 || environ[i][nl] != '=')
             envp[m++] = environ[i];
-    if (coretype != NULL) {
-        snprintf(var, sizeof var, "OPENBLAS_CORETYPE=%s", coretype);
+    if (value != NULL) {
+        snprintf(var, sizeof var, "%s=%s", name, value);
         envp[m++] = var;
     }
     char *argv[] = {"check_gemm", "--blas-info", preload ? "preload" : NULL, NULL};
@@ -823,6 +825,12 @@ static void child_info(const char *coretype, bool preload, char *out, size_t out
     ck_assert_int_eq(waitpid(pid, &status, 0), pid);
     ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child failed: %s", out);
     free(envp);
+}
+
+/* child_run() with OPENBLAS_CORETYPE: the line gpu_blas_info() prints. */
+static void child_info(const char *coretype, bool preload, char *out, size_t outlen)
+{
+    child_run("OPENBLAS_CORETYPE", coretype, preload, out, outlen);
 }
 
 /* The kernel-set name in an info string: the word before " kernels". */
@@ -911,16 +919,40 @@ START_TEST(t_info_overrides)
 }
 END_TEST
 
+/* A library that will not load: gpu_blas_init says GPU_EBLAS, and why reaches the log hook
+ * the host installed (an error naming the path), not stderr. */
+START_TEST(t_load_failure_logged)
+{
+    char out[1024];
+    child_run("AMPD_OPENBLAS", "/nonexistent/libopenblas.so.0", false, out, sizeof out);
+    ck_assert_msg(strstr(out, "log 3 load: cannot load OpenBLAS from "
+                              "/nonexistent/libopenblas.so.0") != NULL, "\"%s\"", out);
+    ck_assert_msg(strstr(out, "gpu_blas_init -6\n") != NULL, "\"%s\"", out);
+}
+END_TEST
+
+/* The child's log hook: each message on stdout as "log <level> <func>: <message>". */
+static void print_log(void *arg, int level, const char *func, const char *msg)
+{
+    (void)arg;
+    printf("log %d %s: %s\n", level, func, msg);
+}
+
 /* The child side of child_info(): print gpu_blas_info(), after loading OpenBLAS behind the
- * engine's back when asked. */
+ * engine's back when asked; when the library does not load, gpu_blas_init's code (the
+ * log hook prints why). */
 static int blas_info_main(bool preload)
 {
     if (preload && dlopen(AMPD_OPENBLAS_PATH, RTLD_NOW) == NULL) {
         fprintf(stderr, "dlopen: %s\n", dlerror());
         return EXIT_FAILURE;
     }
-    if (gpu_blas_init(2) != 0)
-        return EXIT_FAILURE;
+    gpu_set_log(print_log, NULL);
+    int rc = gpu_blas_init(2);
+    if (rc != 0) {
+        printf("gpu_blas_init %d\n", rc);
+        return EXIT_SUCCESS;
+    }
     printf("%s\n", gpu_blas_info());
     return EXIT_SUCCESS;
 }
@@ -956,6 +988,7 @@ static Suite *gemm_suite(void)
     tcase_add_test(tc, t_concurrent_first_use);
     tcase_add_test(tc, t_info);
     tcase_add_test(tc, t_info_overrides);
+    tcase_add_test(tc, t_load_failure_logged);
     suite_add_tcase(s, tc);
     return s;
 }

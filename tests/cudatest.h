@@ -6,7 +6,7 @@
  * without a usable device or "<suite>: device: <description>" with one, then the suite
  * without fork (CK_NOFORK), so that the CUDA state the first probe creates is the one the
  * tests use; without a device the exit status is 77 (SKIP) once the tests that need none
- * have passed.
+ * have passed. The suites install a log hook that puts the engine's messages on stderr.
  *
  * Header-only (static inline functions), included by the test programs alone. have_blas()
  * and blas_check() are there only when gpu/cuda/cuda_blas.h was included first (directly or
@@ -85,8 +85,17 @@ static inline bool have_blas(void)
  * "<name>: device: <why>", then runs s without fork. Returns main's exit status: failure
  * when a test failed; without a device, when the tests that need none passed, 77
  * (automake's SKIP), since the device tests did not run. */
+/* The engine's log hook of the CUDA suites: each message on stderr, so that a failed CUDA,
+ * cuBLASLt or NCCL call on a real device says what failed in the suite's log. */
+static inline void cudatest_log(void *arg, int level, const char *func, const char *msg)
+{
+    (void)arg;
+    fprintf(stderr, "[gpu log %d] %s: %s\n", level, func, msg);
+}
+
 static inline int cudatest_run(const char *name, bool have, const char *why, Suite *s)
 {
+    gpu_set_log(cudatest_log, NULL);
     if (!have)
         printf("%s: SKIP: %s\n", name, why);
     else
@@ -107,6 +116,7 @@ static inline int cudatest_run(const char *name, bool have, const char *why, Sui
 static inline int cudatest_main(const char *name, Suite *s)
 {
     char why[256];
+    gpu_set_log(cudatest_log, NULL); /* before the probe, which may log */
     bool have = gpu_cuda_probe(why, sizeof(why)) == 0;
     return cudatest_run(name, have, why, s);
 }

@@ -84,18 +84,18 @@ template <typename E>
 __device__ static __forceinline__ uint16_t fa_bits(float x)
 {
     if constexpr (std::is_same<E, __half>::value)
-        return gpu_dev_f32_to_f16(gpu_dev_f2u(x));
+        return gpu_fmt_f32_to_f16(gpu_fmt_f2u(x));
     else
-        return gpu_dev_f32_to_bf16(gpu_dev_f2u(x));
+        return gpu_fmt_f32_to_bf16(gpu_fmt_f2u(x));
 }
 
 template <typename E>
 __device__ static __forceinline__ float fa_value(uint16_t h)
 {
     if constexpr (std::is_same<E, __half>::value)
-        return gpu_dev_u2f(gpu_dev_f16_to_f32(h));
+        return gpu_fmt_u2f(gpu_fmt_f16_to_f32(h));
     else
-        return gpu_dev_u2f(gpu_dev_bf16_to_f32(h));
+        return gpu_fmt_u2f(gpu_fmt_bf16_to_f32(h));
 }
 
 /* two values rounded to E, lo in the low half: one 32-bit operand register */

@@ -124,8 +124,8 @@ static void set_why(char *why, size_t whylen, const char *fmt, ...)
 /* Log a failed cuBLASLt call and return GPU_ECUDA. */
 static int lt_fail(cublasStatus_t s, const char *what, const char *file, int line)
 {
-    fprintf(stderr, "%s:%d: cuBLASLt error %s (%d) (in %s)\n", file, line, lt.status_name(s),
-            (int)s, what);
+    gpu_log(GPU_LOG_ERROR, "cuBLASLt", "%s:%d: error %s (%d) (in %s)", file, line,
+            lt.status_name(s), (int)s, what);
     return GPU_ECUDA;
 }
 
@@ -256,15 +256,15 @@ extern "C" bool gpu_cuda_mm_spans(const gpu_cuda_mm *p, int64_t *sa, int64_t *sb
 
 static int bad(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-/* Print "gpu_cuda_matmul: <why>" to stderr; return GPU_EINVAL. */
+/* Log why gpu_cuda_matmul refuses its arguments; return GPU_EINVAL. */
 static int bad(const char *fmt, ...)
 {
+    char why[512];
     va_list ap;
-    fputs("gpu_cuda_matmul: ", stderr);
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    vsnprintf(why, sizeof(why), fmt, ap);
     va_end(ap);
-    fputc('\n', stderr);
+    gpu_log(GPU_LOG_ERROR, "gpu_cuda_matmul", "%s", why);
     return GPU_EINVAL;
 }
 
@@ -357,11 +357,11 @@ static __global__ void gpu_k_scale_c(void *c, gpu_dtype cdt, int M, int N, int l
             if (beta == 0.0f) {
                 *h = 0;
             } else if (cdt == GPU_FP16) {
-                float y = __fmul_rn(beta, __uint_as_float(gpu_dev_f16_to_f32(*h)));
-                *h = gpu_dev_f32_to_f16(__float_as_uint(y));
+                float y = __fmul_rn(beta, __uint_as_float(gpu_fmt_f16_to_f32(*h)));
+                *h = gpu_fmt_f32_to_f16(__float_as_uint(y));
             } else {
-                float y = __fmul_rn(beta, __uint_as_float(gpu_dev_bf16_to_f32(*h)));
-                *h = gpu_dev_f32_to_bf16(__float_as_uint(y));
+                float y = __fmul_rn(beta, __uint_as_float(gpu_fmt_bf16_to_f32(*h)));
+                *h = gpu_fmt_f32_to_bf16(__float_as_uint(y));
             }
         }
     }

@@ -80,14 +80,14 @@ typedef struct {
  * bias, then GELU) is rounded to cdt once, to nearest even; a 16-bit C overflows to inf as
  * gpu_f32_to_f16() does. M or N == 0 does nothing; K == 0 makes C = beta C (0 when beta is 0)
  * with a kernel of its own. No host synchronisation. Returns 0, GPU_EINVAL for bad arguments
- * or a combination cuBLASLt has no algorithm for (with a message on stderr; nothing is
+ * or a combination cuBLASLt has no algorithm for (with a message in the log; nothing is
  * enqueued), or GPU_ECUDA for a failed launch (logged). */
 int gpu_cuda_matmul(gpu_cuda_blas *b, cudaStream_t stream, const gpu_cuda_mm *p);
 
 /* ---- argument helpers (no device needed; the host wrappers of the tests use them) ------- */
 
 /* 0 when p describes a product gpu_cuda_matmul can run, else GPU_EINVAL with a message
- * ("gpu_cuda_matmul: <why>" on stderr). device: the pointers are device pointers (their
+ * (gpu_log, from "gpu_cuda_matmul"). device: the pointers are device pointers (their
  * alignment is checked too). p borrowed. */
 int gpu_cuda_mm_check(const gpu_cuda_mm *p, bool device);
 /* Elements spanned by `batch` rows x cols matrices at ld, stride apart: *out = 0 when they

@@ -117,13 +117,13 @@ extern "C" const char *gpu_cuda_comm_version(void)
 
 __device__ static __forceinline__ uint16_t narrow16(float x, bool fp16)
 {
-    uint32_t u = gpu_dev_f2u(x);
-    return fp16 ? gpu_dev_f32_to_f16(u) : gpu_dev_f32_to_bf16(u);
+    uint32_t u = gpu_fmt_f2u(x);
+    return fp16 ? gpu_fmt_f32_to_f16(u) : gpu_fmt_f32_to_bf16(u);
 }
 
 __device__ static __forceinline__ float widen16(uint16_t h, bool fp16)
 {
-    return gpu_dev_u2f(fp16 ? gpu_dev_f16_to_f32(h) : gpu_dev_bf16_to_f32(h));
+    return gpu_fmt_u2f(fp16 ? gpu_fmt_f16_to_f32(h) : gpu_fmt_bf16_to_f32(h));
 }
 
 /* The hook's first half over g[0..n): flag inf/NaN, then g / N in place (half == NULL) or
@@ -134,7 +134,7 @@ hook_kernel(float *g, uint16_t *half, size_t n, float N, bool fp16, int *flag)
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         float v = g[i];
-        if ((gpu_dev_f2u(v) & 0x7F800000u) == 0x7F800000u)
+        if ((gpu_fmt_f2u(v) & 0x7F800000u) == 0x7F800000u)
             *flag = 1;
         if (half == NULL)
             g[i] = v / N;
@@ -179,7 +179,7 @@ struct gpu_cuda_comm {
 
 static int nccl_fail(gpu_cuda_comm *c, ncclResult_t r, const char *what)
 {
-    fprintf(stderr, "NCCL error %s (%d) (in %s)\n", nc.error_string(r), (int)r, what);
+    gpu_log(GPU_LOG_ERROR, "NCCL", "error %s (%d) (in %s)", nc.error_string(r), (int)r, what);
     c->failed = true;
     return GPU_ECOMM;
 }

@@ -20,28 +20,28 @@ static __global__ void gpu_k_f32_f16(uint16_t *dst, const float *src, size_t n)
 {
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-        dst[i] = gpu_dev_f32_to_f16(__float_as_uint(src[i]));
+        dst[i] = gpu_fmt_f32_to_f16(__float_as_uint(src[i]));
 }
 
 static __global__ void gpu_k_f16_f32(float *dst, const uint16_t *src, size_t n)
 {
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-        dst[i] = __uint_as_float(gpu_dev_f16_to_f32(src[i]));
+        dst[i] = __uint_as_float(gpu_fmt_f16_to_f32(src[i]));
 }
 
 static __global__ void gpu_k_f32_bf16(uint16_t *dst, const float *src, size_t n)
 {
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-        dst[i] = gpu_dev_f32_to_bf16(__float_as_uint(src[i]));
+        dst[i] = gpu_fmt_f32_to_bf16(__float_as_uint(src[i]));
 }
 
 static __global__ void gpu_k_bf16_f32(float *dst, const uint16_t *src, size_t n)
 {
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-        dst[i] = __uint_as_float(gpu_dev_bf16_to_f32(src[i]));
+        dst[i] = __uint_as_float(gpu_fmt_bf16_to_f32(src[i]));
 }
 
 /* Copy n elements of src to the device, run kern, copy the n results back into dst.

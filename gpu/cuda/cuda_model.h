@@ -125,8 +125,8 @@ static inline int gpu_cuda_c_check(cudaError_t e, const char *what)
 {
     if (e == cudaSuccess)
         return 0;
-    fprintf(stderr, "CUDA error %s: %s (in %s)\n", cudaGetErrorName(e), cudaGetErrorString(e),
-            what);
+    gpu_log(GPU_LOG_ERROR, "CUDA", "error %s: %s (in %s)", cudaGetErrorName(e),
+            cudaGetErrorString(e), what);
     return GPU_ECUDA;
 }
 

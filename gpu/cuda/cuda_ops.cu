@@ -113,7 +113,7 @@ __device__ static __forceinline__ float cpu_exp(float x)
 /* The value of the 16-bit pattern h of dt (fp16 or bf16). */
 __device__ static __forceinline__ float ld16(uint16_t h, gpu_dtype dt)
 {
-    return __uint_as_float(dt == GPU_FP16 ? gpu_dev_f16_to_f32(h) : gpu_dev_bf16_to_f32(h));
+    return __uint_as_float(dt == GPU_FP16 ? gpu_fmt_f16_to_f32(h) : gpu_fmt_bf16_to_f32(h));
 }
 
 /* Element i of a tensor stored in dt, as an fp32 value. */
@@ -129,9 +129,9 @@ __device__ static __forceinline__ float rd(float v, gpu_dtype dt)
 {
     uint32_t u = __float_as_uint(v);
     if (dt == GPU_FP16)
-        return __uint_as_float(gpu_dev_f16_to_f32(gpu_dev_f32_to_f16(u)));
+        return __uint_as_float(gpu_fmt_f16_to_f32(gpu_fmt_f32_to_f16(u)));
     if (dt == GPU_BF16)
-        return __uint_as_float(gpu_dev_bf16_round(u));
+        return __uint_as_float(gpu_fmt_bf16_round(u));
     return v;
 }
 
@@ -142,7 +142,7 @@ __device__ static __forceinline__ void st(void *p, size_t i, gpu_dtype dt, float
     if (dt == GPU_FP32)
         ((float *)p)[i] = v;
     else
-        ((uint16_t *)p)[i] = dt == GPU_FP16 ? gpu_dev_f32_to_f16(u) : gpu_dev_f32_to_bf16(u);
+        ((uint16_t *)p)[i] = dt == GPU_FP16 ? gpu_fmt_f32_to_f16(u) : gpu_fmt_f32_to_bf16(u);
 }
 
 /* ---- 16-lane row groups --------------------------------------------------------------------- */

@@ -263,9 +263,9 @@ __device__ static __forceinline__ void store_work(void *work, size_t i, float x)
     if constexpr (WK == WK_F32)
         ((float *)work)[i] = x;
     else if constexpr (WK == WK_F16)
-        ((uint16_t *)work)[i] = gpu_dev_f32_to_f16(__float_as_uint(x));
+        ((uint16_t *)work)[i] = gpu_fmt_f32_to_f16(__float_as_uint(x));
     else if constexpr (WK == WK_BF16)
-        ((uint16_t *)work)[i] = gpu_dev_f32_to_bf16(__float_as_uint(x));
+        ((uint16_t *)work)[i] = gpu_fmt_f32_to_bf16(__float_as_uint(x));
 }
 
 template <int SGD, int WK>
@@ -317,11 +317,11 @@ gpu_k_optim_lowp(opt_args a, gpu_cuda_step_state *st, void *w, const float *g, f
             } else {
                 uint16_t *w16 = (uint16_t *)w;
                 uint16_t old16 = w16[j];
-                float old = __uint_as_float(WK == WK_F16 ? gpu_dev_f16_to_f32(old16)
-                                                         : gpu_dev_bf16_to_f32(old16));
+                float old = __uint_as_float(WK == WK_F16 ? gpu_fmt_f16_to_f32(old16)
+                                                         : gpu_fmt_bf16_to_f32(old16));
                 float cur = opt_one<SGD>(k, old, g, m, v, j);
-                uint16_t out = WK == WK_F16 ? gpu_dev_f32_to_f16(__float_as_uint(cur))
-                                            : gpu_dev_f32_to_bf16(__float_as_uint(cur));
+                uint16_t out = WK == WK_F16 ? gpu_fmt_f32_to_f16(__float_as_uint(cur))
+                                            : gpu_fmt_f32_to_bf16(__float_as_uint(cur));
                 lost += (cur != old) & (out == old16);
                 w16[j] = out;
             }

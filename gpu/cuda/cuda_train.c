@@ -618,7 +618,7 @@ static int comm_result(gpu_cuda_twin *d, gpu_cuda_step_out *out)
     char why[256] = "";
     int rc = gpu_cuda_comm_result(d->comm, &cs, why, sizeof(why));
     if (rc) {
-        fprintf(stderr, "%s\n", why);
+        gpu_log(GPU_LOG_ERROR, __func__, "%s", why);
         return rc;
     }
     out->comm_bytes = cs.bytes;
