@@ -1,6 +1,6 @@
 /*
  * format.c - number formats: dtype helpers, the scalar reference conversions between fp32
- * and fp16/bf16, their vectorised bulk versions, and CPU feature detection.
+ * and fp16/bf16, and their vectorised bulk versions, chosen from the CPU's features (cpu.c).
  *
  * Semantics (the contract of gpu.h, identical on every path and on the CUDA kernels):
  *   fp32 -> fp16/bf16: round to nearest, ties to even; subnormal results are produced, never
@@ -23,11 +23,10 @@
  * on the OpenMP team (omp_get_max_threads, which the engine sets), in blocks of PAR_BLOCK
  * elements, unless the caller is in an active parallel region already; each element's
  * result depends on that element alone, so it is the same with any number of threads. The
- * CPU features are read once (pthread_once); the conversion path is one atomic pointer,
- * chosen at first use or by gpu_cvt_force(), and read once per call.
+ * conversion path is one atomic pointer, chosen at first use or by gpu_cvt_force(), and
+ * read once per call.
  */
 #include <float.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
 
@@ -39,7 +38,6 @@
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define FMT_X86 1
-#include <cpuid.h>
 #include <immintrin.h>
 #else
 #define FMT_X86 0
@@ -588,67 +586,6 @@ T256 static void a256_round_bf16(float *dst, const float *src, size_t n)
 }
 #endif /* FMT_X86 */
 
-/* ---- CPU features ----------------------------------------------------------------------- */
-
-static gpu_cpu_features cpu_features;
-static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
-
-#if FMT_X86
-static uint64_t read_xcr0(void)
-{
-    uint32_t lo, hi;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    return ((uint64_t)hi << 32) | lo;
-}
-
-static void cpu_detect(void)
-{
-    unsigned a, b, c, d;
-    gpu_cpu_features f;
-
-    memset(&f, 0, sizeof(f));
-    if (!__get_cpuid(1, &a, &b, &c, &d))
-        goto done;
-    bool osxsave = (c >> 27) & 1u, avx = (c >> 28) & 1u;
-    uint64_t xcr0 = osxsave ? read_xcr0() : 0;
-    bool os_ymm = (xcr0 & 0x6u) == 0x6u;           /* XMM and YMM state */
-    bool os_zmm = os_ymm && (xcr0 & 0xE0u) == 0xE0u; /* opmask, ZMM_Hi256, Hi16_ZMM */
-    if (!avx || !os_ymm)
-        goto done;
-    f.fma = (c >> 12) & 1u;
-    f.f16c = (c >> 29) & 1u;
-    if (__get_cpuid_max(0, NULL) < 7)
-        goto done;
-    __cpuid_count(7, 0, a, b, c, d);
-    f.avx2 = (b >> 5) & 1u;
-    if (os_zmm) {
-        f.avx512f = (b >> 16) & 1u;
-        f.avx512dq = (b >> 17) & 1u;
-        f.avx512bw = (b >> 30) & 1u;
-        f.avx512vl = (b >> 31) & 1u;
-        f.avx512fp16 = (d >> 23) & 1u;
-        unsigned max_sub = a;
-        if (max_sub >= 1) {
-            __cpuid_count(7, 1, a, b, c, d);
-            f.avx512bf16 = (a >> 5) & 1u;
-        }
-    }
-done:
-    cpu_features = f;
-}
-#else
-static void cpu_detect(void)
-{
-    memset(&cpu_features, 0, sizeof(cpu_features));
-}
-#endif
-
-const gpu_cpu_features *gpu_cpu(void)
-{
-    pthread_once(&cpu_once, cpu_detect);
-    return &cpu_features;
-}
-
 /* ---- dispatch --------------------------------------------------------------------------- */
 
 typedef struct {
@@ -968,36 +905,4 @@ void gpu_round_rows(float *dst, size_t ldd, const float *src, size_t lds, size_t
 {
     cvt_op op = dt == GPU_FP32 ? OP_COPY_F32 : dt == GPU_FP16 ? OP_ROUND_F16 : OP_ROUND_BF16;
     rows_run(op, dst, GPU_FP32, ldd, src, GPU_FP32, lds, rows, cols);
-}
-
-/* ---- kernel-path switches (see gpu_int.h) ---------------------------------------------- */
-
-int gpu_impl_pick(_Atomic int *sw)
-{
-    int id = atomic_load_explicit(sw, memory_order_relaxed);
-    if (id == GPU_IMPL_UNSET) {
-        id = gpu_cpu()->avx512f ? GPU_IMPL_AVX512 : GPU_IMPL_PORTABLE;
-        atomic_store_explicit(sw, id, memory_order_relaxed);
-    }
-    return id;
-}
-
-int gpu_impl_force(_Atomic int *sw, const char *name)
-{
-    int id;
-    if (strcmp(name, "portable") == 0)
-        id = GPU_IMPL_PORTABLE;
-    else if (strcmp(name, "avx512") == 0)
-        id = GPU_IMPL_AVX512;
-    else
-        return GPU_EINVAL;
-    if (id == GPU_IMPL_AVX512 && !gpu_cpu()->avx512f)
-        return GPU_ENODEV;
-    atomic_store_explicit(sw, id, memory_order_relaxed);
-    return 0;
-}
-
-const char *gpu_impl_name(int id)
-{
-    return id == GPU_IMPL_AVX512 ? "avx512" : "portable";
 }

@@ -1,9 +1,10 @@
 /*
  * gpu_int.h - what every part of the gpu/ module shares (internal; the API is gpu.h).
  *
- * Holds the seeded random number generator every component draws from (error.c; a job with
+ * Holds the seeded random number generator every component draws from (rng.c; a job with
  * the same seed is reproducible bit for bit), CPU feature detection and the AVX-512 /
- * portable kernel-path switch (format.c), the monotonic clock (error.c), and the gpu_diag
+ * portable kernel-path switch (cpu.c), the monotonic clock (cpu.c), the bf16 subnormal
+ * watch (format.c; the scalar conversions are gpu/format_rule.h), and the gpu_diag
  * forward declaration that the models' passes take. The subjects have headers of their own:
  * gpu/mlp.h (the MLP), gpu/gpt.h (the GPT), gpu/diag.h (per-layer diagnostics), gpu/twin.h
  * (the trainer's device twin) and gpu/scaler_rule.h (the loss-scale update, host and
@@ -36,7 +37,7 @@ float gpu_rng_normal(gpu_rng *r);
 /* Uniform integer in [0, n). */
 uint32_t gpu_rng_below(gpu_rng *r, uint32_t n);
 
-/* ---- CPU features (format.c) ------------------------------------------------------------- */
+/* ---- CPU features (cpu.c) ---------------------------------------------------------------- */
 
 typedef struct {
     bool avx2, fma, f16c, avx512f, avx512bw, avx512vl, avx512dq, avx512bf16, avx512fp16;
