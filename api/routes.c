@@ -838,6 +838,10 @@ static void put_first_nonfinite(api_buf *b, const store_layer_info *info)
     api_buf_putc(b, '}');
 }
 
+/* "act_amax, act_headroom, ...": the layer fields, from a string constant that starts ", ". */
+#define LAYER_NAME_(id, name, kind) ", " #name
+#define LAYER_NAMES (STORE_LAYER_FIELDS(LAYER_NAME_) + 2)
+
 /* A comma-separated list of layer field names into fields; false with a 400 in r. */
 static bool parse_layer_fields(const char *v, int *fields, int *n, api_resp *r)
 {
@@ -853,12 +857,13 @@ static bool parse_layer_fields(const char *v, int *fields, int *n, api_resp *r)
             f = store_layer_field_parse(item);
         }
         if (f < 0) {
-            api_error_resp(r, 400, "invalid_parameter", "fields",
-                           len == 0 ? "empty field name in the list"
-                                    : "unknown layer field \"%.*s\" (act_amax, act_headroom, "
-                                      "act_overflow, grad_amax, grad_underflow, "
-                                      "grad_underflow_unscaled, grad_nonfinite, lost_updates)",
-                           (int)(len < 40 ? len : 40), p);
+            if (len == 0)
+                api_error_resp(r, 400, "invalid_parameter", "fields",
+                               "empty field name in the list");
+            else
+                api_error_resp(r, 400, "invalid_parameter", "fields",
+                               "unknown layer field \"%.*s\" (%s)",
+                               (int)(len < 40 ? len : 40), p, LAYER_NAMES);
             return false;
         }
         for (int i = 0; i < *n; i++)

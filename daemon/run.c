@@ -88,6 +88,19 @@ static void emit(json_t *obj)
     json_decref(obj);
 }
 
+/* One layer of a "layers" line: its name, dtype and the store's layer fields, in the
+ * store's order (STORE_LAYER_FIELDS; gpu_layer_stat has a member of each name). */
+#define LAYER_REAL(v) api_json_num(v)
+#define LAYER_COUNT(v) json_integer((json_int_t)(v))
+static json_t *layer_json(const gpu_layer_stat *l)
+{
+    json_t *o = json_pack("{s:s, s:s}", "name", l->name, "dtype", gpu_dtype_name(l->dtype));
+#define LAYER_FIELD_(id, field, kind) json_object_set_new(o, #field, LAYER_##kind(l->field));
+    STORE_LAYER_FIELDS(LAYER_FIELD_)
+#undef LAYER_FIELD_
+    return o;
+}
+
 /* The "layers" line of a diagnosed step and an "event" line per new recommendation. */
 static void emit_diagnostics(gpu_trainer *t, const gpu_step_metrics *m)
 {
@@ -97,19 +110,8 @@ static void emit_diagnostics(gpu_trainer *t, const gpu_step_metrics *m)
     int n, nrecs;
     if (m->diagnosed && gpu_trainer_diagnostics(t, &ls, &n, &first, &where) == 0) {
         json_t *arr = json_array();
-        for (int i = 0; i < n; i++) {
-            const gpu_layer_stat *l = &ls[i];
-            json_array_append_new(
-                arr,
-                json_pack("{s:s, s:s, s:o, s:o, s:I, s:o, s:o, s:o, s:I, s:o}", "name", l->name,
-                          "dtype", gpu_dtype_name(l->dtype), "act_amax", api_json_num(l->act_amax),
-                          "act_headroom", api_json_num(l->act_headroom), "act_overflow",
-                          (json_int_t)l->act_overflow, "grad_amax", api_json_num(l->grad_amax),
-                          "grad_underflow", api_json_num(l->grad_underflow),
-                          "grad_underflow_unscaled", api_json_num(l->grad_underflow_unscaled),
-                          "grad_nonfinite", (json_int_t)l->grad_nonfinite, "lost_updates",
-                          api_json_num(l->lost_updates)));
-        }
+        for (int i = 0; i < n; i++)
+            json_array_append_new(arr, layer_json(&ls[i]));
         json_t *fn = first ? json_pack("{s:s, s:s}", "layer", first, "where", where) : json_null();
         const char *hit[64];
         int nhit = gpu_trainer_comm_overflow(t, hit, 64);

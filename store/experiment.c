@@ -67,7 +67,7 @@ int store_experiment_create(store *s, const char *name, const char *baseline,
     if (!s || !id || !fits(name, sizeof(((store_experiment *)0)->name)) || !name[0] ||
         !fits(baseline, STORE_ARM_MAX) || !members_ok(m, n))
         return STORE_EINVAL;
-    if ((rc = store_wbegin(s)) != 0 || (rc = store_exec_stmt(s->w, ST_BEGIN_IMMEDIATE)) != 0)
+    if ((rc = store_txn_begin(s)) != 0)
         return store_wend(s, rc);
     if (!(st = store_stmt(s->w, ST_EXP_INSERT))) {
         rc = STORE_EIO;
@@ -223,11 +223,7 @@ int store_experiment_delete(store *s, int64_t id)
 
     if (!s)
         return STORE_EINVAL;
-    if ((rc = store_wbegin(s)) != 0)
-        return store_wend(s, rc);
-    if (!(st = store_stmt(s->w, ST_EXP_DELETE))) {
-        rc = STORE_EIO;
-    } else {
+    if ((rc = store_wstmt(s, ST_EXP_DELETE, &st)) == 0) {
         sqlite3_bind_int64(st, 1, id);
         rc = store_step_change(s, st, __func__); /* the members go by ON DELETE CASCADE */
     }

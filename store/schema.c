@@ -181,9 +181,9 @@ int store_schema_version(void)
 #define EVSET_STEP(f)
 #define EVSET_EVAL(f) #f "=?,"
 
-#define LCOL_(f) "," #f
-#define LQ_(f) ",?"
-#define LSET_(f) "," #f "=excluded." #f
+#define LCOL_(id, f, kind) "," #f
+#define LQ_(id, f, kind) ",?"
+#define LSET_(id, f, kind) "," #f "=excluded." #f
 _Static_assert(STORE_L_NFIELDS == 8, "the layer column lists below have 8 fields");
 
 #define RAW_COLS "step,special,nf_mask,nan_mask,rank" STORE_METRICS(PCOL_)

@@ -284,6 +284,20 @@ int store_wend(store *s, int rc)
     return rc;
 }
 
+int store_wstmt(store *s, int stmt, sqlite3_stmt **st)
+{
+    int rc = store_wbegin(s);
+    if (rc == 0 && !(*st = store_stmt(s->w, stmt)))
+        rc = STORE_EIO;
+    return rc;
+}
+
+int store_txn_begin(store *s)
+{
+    int rc = store_wbegin(s);
+    return rc ? rc : store_exec_stmt(s->w, ST_BEGIN_IMMEDIATE);
+}
+
 /* ---- the stream ------------------------------------------------------------------------------ */
 
 void store_committed(store *s)
@@ -652,7 +666,7 @@ int store_job_set_status(store *s, int64_t id, store_status stat, const char *er
     if (store_status_finished(stat) && (rc = store_flush(s)) != 0)
         return rc;
     /* one transaction: a reader that sees the job finished sees its end row */
-    if ((rc = store_wbegin(s)) != 0 || (rc = store_exec_stmt(s->w, ST_BEGIN_IMMEDIATE)) != 0)
+    if ((rc = store_txn_begin(s)) != 0)
         return store_wend(s, rc);
     if (!(st = store_stmt(s->w, ST_JOB_STATUS))) {
         rc = STORE_EIO;
@@ -685,11 +699,7 @@ static int job_set_int(store *s, int stmt, int64_t id, int64_t v, const char *fu
 
     if (!s)
         return STORE_EINVAL;
-    if ((rc = store_wbegin(s)) != 0) {
-        /* the injected fault */
-    } else if (!(st = store_stmt(s->w, stmt))) {
-        rc = STORE_EIO;
-    } else {
+    if ((rc = store_wstmt(s, stmt, &st)) == 0) {
         sqlite3_bind_int64(st, 1, id);
         sqlite3_bind_int64(st, 2, v);
         rc = store_step_change(s, st, func);
@@ -704,11 +714,7 @@ int store_job_set_summary(store *s, int64_t id, const char *summary_json)
 
     if (!s)
         return STORE_EINVAL;
-    if ((rc = store_wbegin(s)) != 0) {
-        /* the injected fault */
-    } else if (!(st = store_stmt(s->w, ST_JOB_SUMMARY))) {
-        rc = STORE_EIO;
-    } else {
+    if ((rc = store_wstmt(s, ST_JOB_SUMMARY, &st)) == 0) {
         sqlite3_bind_int64(st, 1, id);
         store_bind_text(st, 2, summary_json);
         rc = store_step_change(s, st, __func__);
@@ -745,11 +751,7 @@ int store_job_delete(store *s, int64_t id)
     /* Rows queued before the delete are committed first, so the cascade removes them too. */
     if ((rc = store_flush(s)) != 0)
         return rc;
-    if ((rc = store_wbegin(s)) != 0) {
-        /* the injected fault */
-    } else if (!(st = store_stmt(s->w, ST_JOB_DELETE))) {
-        rc = STORE_EIO;
-    } else {
+    if ((rc = store_wstmt(s, ST_JOB_DELETE, &st)) == 0) {
         sqlite3_bind_int64(st, 1, id);
         /* One statement: the job and, by ON DELETE CASCADE, its metrics, rollups, layer
          * stats, events, checkpoints and stream go in one implicit transaction. */
@@ -870,7 +872,7 @@ int store_checkpoint_add(store *s, int64_t job, int64_t step, const char *path, 
     if ((rc = store_flush(s)) != 0)
         return rc;
     /* one transaction: the row and its stream row, or neither (a retry adds no duplicate) */
-    if ((rc = store_wbegin(s)) != 0 || (rc = store_exec_stmt(s->w, ST_BEGIN_IMMEDIATE)) != 0)
+    if ((rc = store_txn_begin(s)) != 0)
         return store_wend(s, rc);
     if (!(st = store_stmt(s->w, ST_CKPT_ADD))) {
         rc = STORE_EIO;
@@ -894,7 +896,7 @@ int store_checkpoint_delete(store *s, int64_t job, int64_t step)
 
     if (!s)
         return STORE_EINVAL;
-    if ((rc = store_wbegin(s)) != 0 || (rc = store_exec_stmt(s->w, ST_BEGIN_IMMEDIATE)) != 0)
+    if ((rc = store_txn_begin(s)) != 0)
         return store_wend(s, rc);
     for (int k = 0; k < 2 && rc == 0; k++) {
         if (!(st = store_stmt(s->w, k == 0 ? ST_CKPT_DELETE : ST_STREAM_CKPT_DELETE))) {
@@ -1016,7 +1018,7 @@ void store_get_stats(store *s, store_stats *out)
  * are NULL in SQLite). Every read runs in one read transaction, so a step's record and its
  * rows come from the same commit. */
 
-#define NAME_(f) #f,
+#define NAME_(id, name, kind) #name,
 static const char *const layer_field_names[STORE_L_NFIELDS] = {STORE_LAYER_FIELDS(NAME_)};
 
 const char *store_layer_field_name(int field)

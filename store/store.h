@@ -388,16 +388,22 @@ int store_event_last(store *s, int64_t job, const char *kind, store_event **out)
 
 /* A diagnosed step (every diagnostics_every steps and every overflow step) has one row per
  * layer (in the model's order) and one step record (the loss scale and which layer first
- * produced inf/NaN). Fields of a layer row, in this order: */
+ * produced inf/NaN). The fields of a layer row, in this order, as X(ID, name, kind): kind
+ * REAL (a real) or COUNT (an integer count). The one list: the STORE_L_ enum, the store's
+ * columns and names, the worker's "layers" line and the API's field names come from it. */
+#define STORE_LAYER_FIELDS(X)                                                                      \
+    X(ACT_AMAX, act_amax, REAL)         /* max |forward output| before rounding */                 \
+    X(ACT_HEADROOM, act_headroom, REAL) /* dtype max / act_amax (+Inf when act_amax is 0) */       \
+    X(ACT_OVERFLOW, act_overflow, COUNT) /* outputs that became inf/NaN when rounded */            \
+    X(GRAD_AMAX, grad_amax, REAL)       /* max |weight gradient|, unscaled */                      \
+    X(GRAD_UNDERFLOW, grad_underflow, REAL) /* fraction of elements flushed to 0 at the scale */   \
+    X(GRAD_UNDERFLOW_UNSCALED, grad_underflow_unscaled, REAL) /* ... without loss scaling */       \
+    X(GRAD_NONFINITE, grad_nonfinite, COUNT) /* gradient elements that were inf/NaN */             \
+    X(LOST_UPDATES, lost_updates, REAL) /* fraction of weight updates that rounded away */
 enum {
-    STORE_L_ACT_AMAX = 0,            /* max |forward output| before rounding */
-    STORE_L_ACT_HEADROOM,            /* dtype max / act_amax (+Inf when act_amax is 0) */
-    STORE_L_ACT_OVERFLOW,            /* outputs that became inf/NaN when rounded (a count) */
-    STORE_L_GRAD_AMAX,               /* max |weight gradient|, unscaled */
-    STORE_L_GRAD_UNDERFLOW,          /* fraction of gradient elements flushed to 0 at the scale */
-    STORE_L_GRAD_UNDERFLOW_UNSCALED, /* ... that would flush without loss scaling */
-    STORE_L_GRAD_NONFINITE,          /* gradient elements that were inf/NaN (a count) */
-    STORE_L_LOST_UPDATES,            /* fraction of weight updates that rounded away */
+#define STORE_L_ENUM_(id, name, kind) STORE_L_##id,
+    STORE_LAYER_FIELDS(STORE_L_ENUM_)
+#undef STORE_L_ENUM_
     STORE_L_NFIELDS
 };
 /* "act_amax", ... (the column and API names); -1 from parse for an unknown name. */

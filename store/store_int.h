@@ -21,17 +21,6 @@
 
 #include "store/store.h"
 
-/* The layer_stats columns in field order (store.h's STORE_L_ enum). */
-#define STORE_LAYER_FIELDS(X)                                                                      \
-    X(act_amax)                                                                                    \
-    X(act_headroom)                                                                                \
-    X(act_overflow)                                                                                \
-    X(grad_amax)                                                                                   \
-    X(grad_underflow)                                                                              \
-    X(grad_underflow_unscaled)                                                                     \
-    X(grad_nonfinite)                                                                              \
-    X(lost_updates)
-
 #define STORE_ALL_FIELDS ((1u << STORE_M_NFIELDS) - 1u)
 /* The fields an "eval" line carries (STORE_LINE_EVAL), as a mask of field bits. */
 #define STORE_EVAL_BIT_(id, name, line, type, src, since)                                          \
@@ -262,6 +251,17 @@ struct store {
  * out when writing works again: store_writer_probe), releases wlock and returns rc. */
 int store_wbegin(store *s);
 int store_wend(store *s, int rc);
+/* The one shape of a synchronous write of one statement:
+ *     if ((rc = store_wstmt(s, ST_X, &st)) == 0) {
+ *         bind; rc = store_step_change(s, st, __func__);
+ *     }
+ *     return store_wend(s, rc);
+ * store_wstmt is store_wbegin, then the prepared statement stmt in *st (STORE_EIO when it
+ * cannot be had); store_wend follows it whatever it returned. */
+int store_wstmt(store *s, int stmt, sqlite3_stmt **st);
+/* The same for a transaction: store_wbegin, then BEGIN IMMEDIATE; store_txn_end follows it
+ * whatever it returned. */
+int store_txn_begin(store *s);
 
 /* Tell store_wait_commit's waiters that a change was committed. */
 void store_committed(store *s);
@@ -283,8 +283,8 @@ int store_step_change(store *s, sqlite3_stmt *st, const char *func);
 /* Room for one more element in the heap array *v of *cap elements of size elem holding cnt:
  * doubled (from first) when full. 0, or STORE_EIO when out of memory (*v is kept). */
 int store_grow(void *v, int *cap, int cnt, size_t elem, int first);
-/* End a synchronous write's explicit transaction (ST_BEGIN_IMMEDIATE after store_wbegin):
- * commit when rc is 0, else roll back; leaves wlock. Returns rc or the commit's error. */
+/* End a synchronous write's explicit transaction (store_txn_begin): commit when rc is 0,
+ * else roll back; leaves wlock. Returns rc or the commit's error. */
 int store_txn_end(store *s, int rc);
 
 /* ---- the writer (writer.c) ---------------------------------------------------------------- */

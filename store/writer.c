@@ -1408,7 +1408,7 @@ int store_metrics_truncate(store *s, int64_t job, int64_t after_step)
         after_step = -1;
     if ((rc = store_flush(s)) != 0)
         return rc;
-    if ((rc = store_wbegin(s)) != 0 || (rc = store_exec_stmt(s->w, ST_BEGIN_IMMEDIATE)) != 0)
+    if ((rc = store_txn_begin(s)) != 0)
         goto out;
     /* Buckets that keep some rows: found before the rows go, rebuilt after. */
     if (!(st = store_stmt(s->w, ST_ROLLUP_STRADDLING))) {

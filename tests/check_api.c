@@ -2149,7 +2149,6 @@ START_TEST(test_metric_table_layers)
 }
 END_TEST
 
-/* docs/api.md documents every field of the table (as `name` in its field list). */
 /* ---- the OpenAPI description (docs/openapi.yaml, embedded as JSON) ------------------------ */
 
 /* The embedded description, parsed; a test failure when it is not one JSON object. */
@@ -2302,14 +2301,15 @@ START_TEST(test_openapi_layers_autocast)
 }
 END_TEST
 
-START_TEST(test_metric_fields_documented)
+/* The text of docs/<name> in the source tree; the caller frees it. */
+static char *read_doc(const char *name)
 {
     const char *srcdir = getenv("srcdir");
     char path[512], *text;
     FILE *fp;
     long n;
 
-    snprintf(path, sizeof(path), "%s/docs/api.md", srcdir ? srcdir : ".");
+    snprintf(path, sizeof(path), "%s/docs/%s", srcdir ? srcdir : ".", name);
     fp = fopen(path, "rb");
     ck_assert_msg(fp != NULL, "cannot open %s", path);
     fseek(fp, 0, SEEK_END);
@@ -2319,10 +2319,24 @@ START_TEST(test_metric_fields_documented)
     ck_assert_ptr_nonnull(text);
     ck_assert_int_eq(fread(text, 1, (size_t)n, fp), (size_t)n);
     fclose(fp);
+    return text;
+}
+
+/* docs/api.md documents every metric field of the table, and docs/diagnostics.md every
+ * layer field (each as `name`). */
+START_TEST(test_metric_fields_documented)
+{
+    char key[64], *text = read_doc("api.md");
     for (int f = 0; f < STORE_M_NFIELDS; f++) {
-        char key[64];
         snprintf(key, sizeof(key), "`%s`", store_metric_name(f));
-        ck_assert_msg(strstr(text, key), "%s does not document the metric %s", path, key);
+        ck_assert_msg(strstr(text, key), "docs/api.md does not document the metric %s", key);
+    }
+    free(text);
+    text = read_doc("diagnostics.md");
+    for (int f = 0; f < STORE_L_NFIELDS; f++) {
+        snprintf(key, sizeof(key), "`%s`", store_layer_field_name(f));
+        ck_assert_msg(strstr(text, key), "docs/diagnostics.md does not document the layer "
+                                         "field %s", key);
     }
     free(text);
 }
