@@ -60,6 +60,10 @@ int api_spec_from_json(json_t *spec, const api_spec_opts *o, gpu_job_config *out
  * the daemon stores and reports), a spec that api_spec_parse accepts and turns into the
  * same config. Caller owns the returned reference (json_decref). */
 json_t *api_spec_to_json(const gpu_job_config *c);
+/* api_spec_to_json as compact text: the effective spec that the store keeps for a job (a
+ * resume runs it as queued, whatever defaults a later ampd has). NULL when out of memory;
+ * the caller frees it. */
+char *api_spec_effective(const gpu_job_config *c);
 /* The autocast table as a JSON object {"linear": "lowp", ...}; caller owns it. */
 json_t *api_autocast_to_json(const gpu_autocast *a);
 

@@ -287,6 +287,12 @@ static bool members_of_arms(api_req *q, api_resp *r, plan *p)
                 p->n++;
                 return false;
             }
+            /* queued as the worker resolves it (api_spec_effective's reason) */
+            json_decref(p->specs[p->n]);
+            if (!(p->specs[p->n] = api_spec_to_json(&cfg))) {
+                api_error_resp(r, 503, "unavailable", NULL, "out of memory");
+                return false;
+            }
             snprintf(p->m[p->n].arm, STORE_ARM_MAX, "%s", a->name);
             p->m[p->n].seed = a->seeds[pos];
             p->dtype[p->n] = cfg.dtype;

@@ -463,10 +463,10 @@ static bool idem_key_ok(const char *k)
 /* Whether body (the request's, len bytes) is the same JSON as stored, the spec a job was
  * submitted with (its compacted body): equal values, the order of an object's members and
  * the whitespace aside. */
-static bool same_spec(const char *stored, const char *body, size_t len)
+static bool same_spec(const char *stored, const char *spec)
 {
     json_t *a = stored ? json_loads(stored, JSON_REJECT_DUPLICATES, NULL) : NULL;
-    json_t *b = json_loadb(body, len, JSON_REJECT_DUPLICATES, NULL);
+    json_t *b = json_loads(spec, JSON_REJECT_DUPLICATES, NULL);
     bool same = a && b && json_equal(a, b);
     json_decref(a);
     json_decref(b);
@@ -478,7 +478,7 @@ void api_h_jobs_submit(api_req *q, api_resp *r)
     api_server *s = q->srv;
     gpu_job_config cfg;
     api_error e;
-    api_buf spec;
+    char *spec;
     store_job j;
     const char *key;
     int64_t id = 0;
@@ -510,27 +510,29 @@ void api_h_jobs_submit(api_req *q, api_resp *r)
         api_error_resp(r, 503, "unavailable", NULL, "the scheduler is not running");
         return;
     }
-    api_buf_init(&spec);
-    api_buf_json_compact(&spec, q->body, q->body_len);
-    if (spec.oom) {
-        api_buf_free(&spec);
+    /* the spec as the worker will resolve it (every default filled in, data paths resolved),
+     * so that a resume by a later ampd with other defaults runs the job that was queued */
+    if (!(spec = api_spec_effective(&cfg))) {
         api_error_resp(r, 503, "unavailable", NULL, "out of memory");
         return;
     }
-    rc = s->jobs->submit(s->jobs->ctx, cfg.name, gpu_dtype_name(cfg.dtype), cfg.steps, spec.data,
-                         key, &id, &existed);
-    api_buf_free(&spec);
+    rc = s->jobs->submit(s->jobs->ctx, cfg.name, gpu_dtype_name(cfg.dtype), cfg.steps, spec, key,
+                         &id, &existed);
     if (rc) {
+        free(spec);
         api_store_error(r, rc, "job", id, true);
         return;
     }
     rc = store_job_get(s->st, id, &j);
     if (rc) {
+        free(spec);
         store_error(r, rc, "job", id);
         return;
     }
     /* a retry repeats its request: the key of another request is a client's mistake */
-    if (existed && !same_spec(j.spec, q->body, q->body_len)) {
+    bool same = !existed || same_spec(j.spec, spec);
+    free(spec);
+    if (!same) {
         api_error_resp(r, 422, "idempotency_key_reused", "Idempotency-Key",
                        "the Idempotency-Key \"%s\" was used for job %lld with another body; "
                        "send a new key for a new job (or the same body to get job %lld back)",

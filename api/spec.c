@@ -1067,3 +1067,18 @@ json_t *api_spec_to_json(const gpu_job_config *c)
     }
     return j;
 }
+
+char *api_spec_effective(const gpu_job_config *c)
+{
+    json_t *o = api_spec_to_json(c), *back = NULL;
+    /* Nine significant digits, as `ampd run` prints it, write every float exactly and most
+     * doubles; a double that needs more (an lr of 1.0000000001e-3) keeps all 17. */
+    char *text = o ? json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(9)) : NULL;
+    if (text && !((back = json_loads(text, 0, NULL)) && json_equal(o, back))) {
+        free(text);
+        text = json_dumps(o, JSON_COMPACT);
+    }
+    json_decref(back);
+    json_decref(o);
+    return text;
+}

@@ -3083,7 +3083,24 @@ START_TEST(test_live_lifecycle)
     ck_assert_str_eq(json_string_value(json_object_get(j, "dtype")), "fp16");
     ck_assert_str_eq(json_string_value(json_object_get(j, "name")), "synthetic-run");
     ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(j, "spec"), "steps")), 12);
+    /* the job keeps its spec as resolved at submit, every default written out: a resume by a
+     * later ampd with other defaults runs the job that was queued */
+    json_t *opt = json_object_get(json_object_get(j, "spec"), "optimizer");
+    ck_assert_str_eq(json_string_value(json_object_get(opt, "type")), "adamw");
+    ck_assert_double_eq(json_number_value(json_object_get(opt, "lr")), 0.001);
+    ck_assert_int_eq(json_array_size(json_object_get(opt, "betas")), 2);
+    ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(j, "spec"), "seed")), 1);
+    ck_assert_str_eq(json_string_value(json_object_get(
+                         json_object_get(json_object_get(json_object_get(j, "spec"), "precision"),
+                                         "loss_scale"),
+                         "mode")),
+                     "dynamic");
     json_decref(j);
+    /* so a retry that spells out a default is the same request */
+    static const char spelled[] = "{\"name\": \"synthetic-run\", \"data\": {\"type\": "
+                                  "\"synthetic\"}, \"precision\": {\"dtype\": \"fp16\"}, "
+                                  "\"steps\": 12, \"optimizer\": {\"lr\": 0.001}}";
+    ck_assert_int_eq(post_job(spelled, "key-1", 200), id);
     wait_job(id, "succeeded", 20);
     j = job_json(id);
     ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(j, "progress"), "step")),

@@ -561,6 +561,31 @@ START_TEST(test_canonical_roundtrip)
 }
 END_TEST
 
+/* The effective spec a job is stored with: every value exact (a double that needs 17 digits
+ * keeps them; nine print the rest as `ampd run` does), and it parses to the same config. */
+START_TEST(test_effective_exact)
+{
+    gpu_job_config c1, c2;
+    api_error e;
+    ck_assert_int_eq(parse("{\"optimizer\": {\"lr\": 1.0000000001e-3, \"betas\": [0.9, 0.95]},"
+                           " \"data\": {\"type\": \"text\", \"train\": \"fortunes\","
+                           " \"val_fraction\": 0.1}, \"model\": {\"type\": \"gpt\"}}",
+                           &c1, &e),
+                     0);
+    char *t = api_spec_effective(&c1);
+    ck_assert_ptr_nonnull(t);
+    ck_assert_msg(parse(t, &c2, &e) == 0, "%s refused: %s %s", t, e.field, e.message);
+    ck_assert_msg(c2.optim.lr == c1.optim.lr, "lr %.17g read back as %.17g", c1.optim.lr,
+                  c2.optim.lr);
+    ck_assert_msg(strstr(t, "\"lr\":0.0010000000001"), "%s", t);
+    free(t);
+    ck_assert_int_eq(parse("{\"optimizer\": {\"lr\": 0.001}}", &c1, &e), 0);
+    t = api_spec_effective(&c1);
+    ck_assert_msg(strstr(t, "\"lr\":0.001,") && strstr(t, "\"betas\":[0.9,0.999]"), "%s", t);
+    free(t);
+}
+END_TEST
+
 /* The canonical spec's resolved fields as input: precision.autocast.table is the whole
  * table (every op; not with overrides), data.train_images and the others the files of a
  * split (in pairs, not with the split's name, inside the data roots, idx data only). */
@@ -695,6 +720,7 @@ static Suite *spec_suite(void)
     tcase_add_test(tc, test_data_roots);
     tcase_add_test(tc, test_seq_data);
     tcase_add_test(tc, test_canonical_roundtrip);
+    tcase_add_test(tc, test_effective_exact);
     tcase_add_test(tc, test_canonical_fields);
     suite_add_tcase(s, tc);
     return s;

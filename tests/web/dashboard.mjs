@@ -521,7 +521,7 @@ async function main() {
               'fp32:1,fp16:1,bf16:1,fp32:2,fp16:2,bf16:2,fp32:3,fp16:3,bf16:3' &&
           expJobs.every((j, i) => j.name === `web-exp-${j.dtype}-s${expo.jobs[i].seed}` && j.spec.steps === 600 &&
                                   j.spec.seed === expo.jobs[i].seed) &&
-          expJobs.every((j) => (j.dtype === 'fp16') === !!j.spec.precision.loss_scale),
+          expJobs.every((j) => (j.dtype === 'fp16') === (j.spec.precision.loss_scale.mode === 'dynamic')),
           JSON.stringify(expo.jobs.map((j) => [j.name, j.dtype, j.seed])));
     await page.waitForSelector('#exp-arm-table');
     check('the experiment page follows the runs live while they run',
