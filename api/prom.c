@@ -258,6 +258,85 @@ static int exported_jobs(api_server *s, store_job **out, int *n)
     return 0;
 }
 
+/* The per-job families of the latest step's metrics: name, type, help, the metric field and
+ * the factor to its unit (ms to s). */
+static const struct {
+    const char *name, *type, *help;
+    int field;
+    double scale;
+} job_metrics[] = {
+    {"ampd_loss_scale", "gauge", "Loss-scale factor of the latest step.", STORE_M_LOSS_SCALE, 1.0},
+    {"ampd_loss", "gauge", "Training loss of the latest step.", STORE_M_LOSS, 1.0},
+    {"ampd_overflow_steps_total", "counter",
+     "Steps whose gradients overflowed (inf/NaN) in the job.", STORE_M_OVERFLOW_TOTAL, 1.0},
+    {"ampd_skipped_steps_total", "counter", "Optimizer steps skipped in the job.",
+     STORE_M_SKIPPED_TOTAL, 1.0},
+    {"ampd_step_seconds", "gauge", "Duration of the latest training step.", STORE_M_STEP_MS,
+     1e-3},
+    {"ampd_samples_per_second", "gauge", "Training throughput of the latest step.",
+     STORE_M_SAMPLES_PER_S, 1.0},
+    {"ampd_device_memory_bytes", "gauge", "Memory the job's training state holds on its device.",
+     STORE_M_MEM_BYTES, 1.0},
+    {"ampd_comm_bytes", "gauge",
+     "Gradient bytes rank 0 handed to the all-reduce in the latest step.", STORE_M_COMM_BYTES,
+     1.0},
+    {"ampd_comm_seconds", "gauge", "Time the latest step's gradient all-reduces were in flight.",
+     STORE_M_COMM_MS, 1e-3},
+    {"ampd_comm_exposed_seconds", "gauge",
+     "Part of the latest step's all-reduce time not hidden behind backward.",
+     STORE_M_COMM_EXPOSED_MS, 1e-3},
+    {"ampd_slowest_rank_step_seconds", "gauge",
+     "Duration of the latest step on the job's slowest rank.", STORE_M_STEP_MS_MAX, 1e-3},
+    {"ampd_slowest_rank", "gauge", "The rank that was slowest in the latest step.",
+     STORE_M_SLOWEST_RANK, 1.0},
+};
+
+/* The daemon's own families: jobs by status, workers, the store's rows and queue. */
+static void daemon_families(api_buf *b, const store_stats *stats, const api_queue_info *info)
+{
+    family(b, "ampd_jobs", "gauge", "Jobs in the run history by status.");
+    for (int i = 0; i < STORE_NSTATUS; i++)
+        api_buf_printf(b, "ampd_jobs{status=\"%s\"} %lld\n", store_status_name((store_status)i),
+                       (long long)stats->jobs_by_status[i]);
+    family(b, "ampd_workers_started_total", "counter",
+           "Worker processes started since the daemon started.");
+    api_buf_printf(b, "ampd_workers_started_total %lld\n", (long long)info->workers_started);
+    family(b, "ampd_workers_failed_total", "counter",
+           "Worker processes that crashed, hung or failed since the daemon started.");
+    api_buf_printf(b, "ampd_workers_failed_total %lld\n", (long long)info->workers_failed);
+    family(b, "ampd_store_rows_total", "counter",
+           "Metric rows written to the store since the daemon started.");
+    api_buf_printf(b, "ampd_store_rows_total %lld\n", (long long)stats->metric_rows);
+    family(b, "ampd_store_queue_depth", "gauge", "Metric rows waiting for the store's writer.");
+    api_buf_printf(b, "ampd_store_queue_depth %lld\n", (long long)stats->queue_depth);
+}
+
+/* The jobs' families: whether each runs, the latest step's metrics, the step-time
+ * histogram and two per-layer diagnostics. */
+static void job_families(api_server *s, api_buf *b, const job_row *rows, int nrows,
+                         const job_layers *layers, int nlayers)
+{
+    family(b, "ampd_job_running", "gauge",
+           "1 while the job runs, 0 once it has finished (its series are kept for a while).");
+    for (int i = 0; i < nrows; i++) {
+        api_buf_puts(b, "ampd_job_running");
+        job_labels(b, rows[i].job);
+        api_buf_printf(b, " %d\n", rows[i].job->status == STORE_RUNNING);
+    }
+    for (size_t k = 0; k < sizeof(job_metrics) / sizeof(job_metrics[0]); k++)
+        job_family(b, job_metrics[k].name, job_metrics[k].type, job_metrics[k].help, rows, nrows,
+                   job_metrics[k].field, job_metrics[k].scale);
+    hist_family(s, b, rows, nrows);
+    layer_family(b, "ampd_layer_act_headroom",
+                 "Dtype max over the largest forward output of the layer, at the job's "
+                 "latest diagnosed step (+Inf: all zero).",
+                 layers, nlayers, STORE_L_ACT_HEADROOM);
+    layer_family(b, "ampd_layer_grad_underflow_ratio",
+                 "Fraction of the layer's weight-gradient elements flushed to zero at the loss "
+                 "scale, at the job's latest diagnosed step.",
+                 layers, nlayers, STORE_L_GRAD_UNDERFLOW);
+}
+
 void api_h_prom(api_req *q, api_resp *r)
 {
     api_server *s = q->srv;
@@ -292,71 +371,8 @@ void api_h_prom(api_req *q, api_resp *r)
 
     r->status = 200;
     r->ctype = "text/plain; version=0.0.4; charset=utf-8";
-    family(b, "ampd_jobs", "gauge", "Jobs in the run history by status.");
-    for (int i = 0; i < STORE_NSTATUS; i++)
-        api_buf_printf(b, "ampd_jobs{status=\"%s\"} %lld\n", store_status_name((store_status)i),
-                       (long long)stats.jobs_by_status[i]);
-    family(b, "ampd_workers_started_total", "counter",
-           "Worker processes started since the daemon started.");
-    api_buf_printf(b, "ampd_workers_started_total %lld\n", (long long)info.workers_started);
-    family(b, "ampd_workers_failed_total", "counter",
-           "Worker processes that crashed, hung or failed since the daemon started.");
-    api_buf_printf(b, "ampd_workers_failed_total %lld\n", (long long)info.workers_failed);
-    family(b, "ampd_store_rows_total", "counter",
-           "Metric rows written to the store since the daemon started.");
-    api_buf_printf(b, "ampd_store_rows_total %lld\n", (long long)stats.metric_rows);
-    family(b, "ampd_store_queue_depth", "gauge", "Metric rows waiting for the store's writer.");
-    api_buf_printf(b, "ampd_store_queue_depth %lld\n", (long long)stats.queue_depth);
-
-    job_family(b, "ampd_loss_scale", "gauge", "Loss-scale factor of the latest step.", rows, nrows,
-               STORE_M_LOSS_SCALE, 1.0);
-    job_family(b, "ampd_loss", "gauge", "Training loss of the latest step.", rows, nrows,
-               STORE_M_LOSS, 1.0);
-    job_family(b, "ampd_overflow_steps_total", "counter",
-               "Steps whose gradients overflowed (inf/NaN) in the job.", rows, nrows,
-               STORE_M_OVERFLOW_TOTAL, 1.0);
-    job_family(b, "ampd_skipped_steps_total", "counter",
-               "Optimizer steps skipped in the job.", rows, nrows, STORE_M_SKIPPED_TOTAL,
-               1.0);
-    family(b, "ampd_job_running", "gauge",
-           "1 while the job runs, 0 once it has finished (its series are kept for a while).");
-    for (int i = 0; i < nrows; i++) {
-        api_buf_puts(b, "ampd_job_running");
-        job_labels(b, rows[i].job);
-        api_buf_printf(b, " %d\n", rows[i].job->status == STORE_RUNNING);
-    }
-    job_family(b, "ampd_step_seconds", "gauge", "Duration of the latest training step.", rows,
-               nrows, STORE_M_STEP_MS, 1e-3);
-    hist_family(s, b, rows, nrows);
-    job_family(b, "ampd_samples_per_second", "gauge", "Training throughput of the latest step.",
-               rows, nrows, STORE_M_SAMPLES_PER_S, 1.0);
-    job_family(b, "ampd_device_memory_bytes", "gauge",
-               "Memory the job's training state holds on its device.", rows, nrows,
-               STORE_M_MEM_BYTES, 1.0);
-    job_family(b, "ampd_comm_bytes", "gauge",
-               "Gradient bytes rank 0 handed to the all-reduce in the latest step.", rows, nrows,
-               STORE_M_COMM_BYTES, 1.0);
-    job_family(b, "ampd_comm_seconds", "gauge",
-               "Time the latest step's gradient all-reduces were in flight.", rows, nrows,
-               STORE_M_COMM_MS, 1e-3);
-    job_family(b, "ampd_comm_exposed_seconds", "gauge",
-               "Part of the latest step's all-reduce time not hidden behind backward.", rows,
-               nrows, STORE_M_COMM_EXPOSED_MS, 1e-3);
-    job_family(b, "ampd_slowest_rank_step_seconds", "gauge",
-               "Duration of the latest step on the job's slowest rank.", rows, nrows,
-               STORE_M_STEP_MS_MAX, 1e-3);
-    job_family(b, "ampd_slowest_rank", "gauge", "The rank that was slowest in the latest step.",
-               rows, nrows, STORE_M_SLOWEST_RANK, 1.0);
-
-    layer_family(b, "ampd_layer_act_headroom",
-                 "Dtype max over the largest forward output of the layer, at the job's "
-                 "latest diagnosed step (+Inf: all zero).",
-                 layers, nlayers, STORE_L_ACT_HEADROOM);
-    layer_family(b, "ampd_layer_grad_underflow_ratio",
-                 "Fraction of the layer's weight-gradient elements flushed to zero at the loss "
-                 "scale, at the job's latest diagnosed step.",
-                 layers, nlayers, STORE_L_GRAD_UNDERFLOW);
-
+    daemon_families(b, &stats, &info);
+    job_families(s, b, rows, nrows, layers, nlayers);
     family(b, "ampd_http_requests_total", "counter", "HTTP responses sent, by status code.");
     for (int code = 100; code < API_NCODES; code++) {
         unsigned long long c = atomic_load(&s->codes[code]);

@@ -881,36 +881,14 @@ static void server_free(api_server *s)
 
 /* See api.h. c and st are borrowed; st must not be NULL; jobs may be NULL (mutations and
  * live streams then answer 503 / read the store only). */
-int api_start(const api_config *c, struct store *st, const api_jobs *jobs, api_server **out,
-              char *err, size_t errlen)
+/* A server's state for c, st and jobs (copied), its locks and counters initialised; NULL
+ * when out of memory. */
+static api_server *server_new(const api_config *c, struct store *st, const api_jobs *jobs)
 {
-    struct sockaddr_storage ss;
-    bool v6 = false, loopback = false;
-    api_server *s = NULL;
-    const char *hb;
-    unsigned flags;
-    int rc;
-
-    *out = NULL;
-    if (!c || !st) {
-        snprintf(err, errlen, "api_start: no configuration or no store");
-        return GPU_EINVAL;
-    }
-    rc = parse_listen(c->listen, &ss, &v6, &loopback, err, errlen);
-    if (rc)
-        return rc;
-    if (!loopback && !c->token[0]) {
-        snprintf(err, errlen,
-                 "refusing to listen on %s without a bearer token: a non-loopback address "
-                 "needs --token-file (or listen on 127.0.0.1)",
-                 c->listen);
-        return GPU_EINVAL;
-    }
-    s = calloc(1, sizeof(*s));
-    if (!s) {
-        snprintf(err, errlen, "out of memory");
-        return GPU_ENOMEM;
-    }
+    api_server *s = calloc(1, sizeof(*s));
+    pthread_condattr_t ca; /* api_stop's deadline is on the monotonic clock */
+    if (!s)
+        return NULL;
     s->cfg = *c;
     if (s->cfg.max_body == 0)
         s->cfg.max_body = DEFAULT_MAX_BODY;
@@ -932,15 +910,18 @@ int api_start(const api_config *c, struct store *st, const api_jobs *jobs, api_s
     pthread_mutex_init(&s->conn_mu, NULL);
     pthread_mutex_init(&s->park_mu, NULL);
     pthread_mutex_init(&s->stop_mu, NULL);
-    {
-        pthread_condattr_t ca; /* api_stop's deadline is on the monotonic clock */
-        pthread_condattr_init(&ca);
-        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-        pthread_cond_init(&s->stop_cv, &ca);
-        pthread_condattr_destroy(&ca);
-    }
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->stop_cv, &ca);
+    pthread_condattr_destroy(&ca);
+    return s;
+}
+
+/* The limits, timeouts and machine facts the server runs with: c's, or the defaults. */
+static void server_settings(api_server *s, const api_config *c)
+{
+    const char *hb = getenv("AMPD_SSE_HEARTBEAT_MS");
     s->heartbeat_ms = DEFAULT_HEARTBEAT_MS;
-    hb = getenv("AMPD_SSE_HEARTBEAT_MS");
     if (hb) {
         int64_t v;
         if (api_parse_i64(hb, 10, 30000, &v) == 0)
@@ -961,25 +942,61 @@ int api_start(const api_config *c, struct store *st, const api_jobs *jobs, api_s
     /* Loads BLAS once here, before the server's threads exist (it may setenv). */
     s->blas_info = gpu_blas_info();
     api_system_probe();
+}
 
-    flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_ALLOW_SUSPEND_RESUME |
-            MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
+/* libmicrohttpd listening on ss (IPv6 when v6) with s's limits; s->port the port bound. */
+static int server_listen(api_server *s, const struct sockaddr_storage *ss, bool v6, char *err,
+                         size_t errlen)
+{
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
+                     MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
+    const union MHD_DaemonInfo *di;
     s->mhd = MHD_start_daemon(
         flags, 0, on_accept, s, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s,
-        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_THREAD_POOL_SIZE,
+        MHD_OPTION_SOCK_ADDR, (const struct sockaddr *)ss, MHD_OPTION_THREAD_POOL_SIZE,
         (unsigned)s->threads, MHD_OPTION_CONNECTION_LIMIT, s->max_conns,
         MHD_OPTION_CONNECTION_TIMEOUT, CONN_TIMEOUT_S, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
         MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_END);
     if (!s->mhd) {
-        snprintf(err, errlen, "cannot listen on %s (address in use or not available)", c->listen);
-        rc = GPU_EIO;
-        goto fail;
+        snprintf(err, errlen, "cannot listen on %s (address in use or not available)",
+                 s->cfg.listen);
+        return GPU_EIO;
     }
-    {
-        const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
-        s->port = di ? di->port : 0;
+    di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = di ? di->port : 0;
+    return 0;
+}
+
+int api_start(const api_config *c, struct store *st, const api_jobs *jobs, api_server **out,
+              char *err, size_t errlen)
+{
+    struct sockaddr_storage ss;
+    bool v6 = false, loopback = false;
+    api_server *s = NULL;
+    int rc;
+
+    *out = NULL;
+    if (!c || !st) {
+        snprintf(err, errlen, "api_start: no configuration or no store");
+        return GPU_EINVAL;
     }
-    if ((rc = hosts_init(s, err, errlen)) != 0)
+    rc = parse_listen(c->listen, &ss, &v6, &loopback, err, errlen);
+    if (rc)
+        return rc;
+    if (!loopback && !c->token[0]) {
+        snprintf(err, errlen,
+                 "refusing to listen on %s without a bearer token: a non-loopback address "
+                 "needs --token-file (or listen on 127.0.0.1)",
+                 c->listen);
+        return GPU_EINVAL;
+    }
+    if (!(s = server_new(c, st, jobs))) {
+        snprintf(err, errlen, "out of memory");
+        return GPU_ENOMEM;
+    }
+    server_settings(s, c);
+    if ((rc = server_listen(s, &ss, v6, err, errlen)) != 0 ||
+        (rc = hosts_init(s, err, errlen)) != 0)
         goto fail;
     if (pthread_create(&s->watcher, NULL, watch_main, s) != 0) {
         snprintf(err, errlen, "cannot start the server's watcher thread");
