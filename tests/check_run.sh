@@ -135,8 +135,9 @@ echo "$long" | "$AMPD" run --checkpoint-dir "$TMP/sig" - >"$TMP/fifo" 2>/dev/nul
 pid=$!
 exec 7<"$TMP/fifo"
 blocked=false
-# 64 KiB of step lines: ~7 s under AddressSanitizer on the emulated GPU, so wait up to 30
-for _ in $(seq 1 300); do
+# 64 KiB of step lines: ~7 s under AddressSanitizer on the emulated GPU, minutes on a loaded
+# machine: a bound of 120 s on a poll that ends once the write blocks
+for _ in $(seq 1 1200); do
     grep -q pipe_write "/proc/$pid/wchan" 2>/dev/null && blocked=true && break
     sleep 0.1
 done

@@ -453,7 +453,7 @@ async function main() {
           `values seen: ${[...new Set(ys)].join(', ')}`);
     check('the live chart gained points while running', seen.length >= 2 && seen[seen.length - 1].n > seen[0].n);
     check('the SSE connection was dropped mid-run', dropped);
-    await until(async () => (await apiGet(`/v1/jobs/${fpId}`)).status === 'succeeded', 60000);
+    await until(async () => (await apiGet(`/v1/jobs/${fpId}`)).status === 'succeeded', 300000); // a bound, not a wait: it returns once the job has succeeded
     // the page polls the status, so it may say succeeded while the stream (on a loaded
     // machine) still delivers the last steps: read it once the daemon's end closed it
     await until(() => page.evaluate(() => window.ampd.run.stream.closed), 30000);
