@@ -82,7 +82,8 @@ typedef struct {
  * 0 or a STORE_E* code. */
 typedef struct {
     void *ctx;
-    /* Queue a validated job (spec_json: the submitted spec); idem_key may be NULL. */
+    /* Queue a validated job (spec_json: its effective spec, api_spec_effective); idem_key
+     * may be NULL. */
     int (*submit)(void *ctx, const char *name, const char *dtype, int64_t steps,
                   const char *spec_json, const char *idem_key, int64_t *id, bool *existed);
     int (*cancel)(void *ctx, int64_t id);
