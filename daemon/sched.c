@@ -40,13 +40,13 @@
  * lines / cancelled / interrupted), which ends the job's stream.
  *
  * The store's back-pressure (docs/architecture.md, "The store"): a pipe is read only while
- * the store takes more (takes_lines: it writes and its queue is short); otherwise the
- * worker blocks on its full pipe, which is neither a failure nor silence (the hung timer
- * stops meanwhile). A checkpoint or summary the store refuses (STORE_EFULL, STORE_EBUSY,
- * STORE_EIO) is kept and recorded when it can; an exited worker whose end the store refuses
- * stays in the table and is tried again every END_RETRY_S once the store writes; no queued
- * job starts meanwhile; a worker left waiting stall_timeout_s is stopped, its job failed
- * with the reason. Only a stopping daemon gives up an end it cannot record (the job stays
+ * the store takes more (daemon_ingest_takes_lines: it writes and its queue is short);
+ * otherwise the worker blocks on its full pipe, which is neither a failure nor silence (the
+ * hung timer stops meanwhile). A checkpoint or summary the store refuses (STORE_EFULL,
+ * STORE_EBUSY, STORE_EIO) is kept and recorded when it can; an exited worker whose end the
+ * store refuses stays in the table and is tried again every END_RETRY_S once the store
+ * writes; no queued job starts meanwhile; a worker left waiting stall_timeout_s is stopped,
+ * its job failed with the reason. Only a stopping daemon gives up an end it cannot record (the job stays
  * running in the store, and the next start's recovery interrupts and resumes it).
  *
  * Invariants: a job id is in the worker table iff its store status is running and this
@@ -168,7 +168,7 @@ struct daemon_sched {
     double pause_start;
 };
 
-static double now_s(void)
+static double daemon_now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -220,7 +220,7 @@ static void job_dir(const daemon_sched *s, int64_t id, char *out, size_t len)
 }
 
 /* Write text to path atomically (temp file, fsync, rename). */
-static int write_atomic(const char *path, const char *text)
+static int daemon_write_atomic(const char *path, const char *text)
 {
     char tmp[1100];
     size_t n = strlen(text);
@@ -239,7 +239,7 @@ static int write_atomic(const char *path, const char *text)
 }
 
 /* Remove a job directory: its files (no subdirectories are ever made) and itself. */
-static void remove_dir(const char *dir)
+static void daemon_remove_dir(const char *dir)
 {
     DIR *d = opendir(dir);
     struct dirent *e;
@@ -259,7 +259,7 @@ static void remove_dir(const char *dir)
 }
 
 /* The last LOG_TAIL_LINES lines of worker.log written since byte start, appended to out. */
-static void log_tail(const char *dir, off_t start, char *out, size_t outlen)
+static void daemon_log_tail(const char *dir, off_t start, char *out, size_t outlen)
 {
     char path[700], buf[LOG_TAIL_BYTES + 1];
     struct stat sb;
@@ -295,7 +295,7 @@ static void log_tail(const char *dir, off_t start, char *out, size_t outlen)
 
 /* A store failure that passes (a full disk, a lock, an I/O error): what failed is tried again
  * once the store writes again. Any other code (the job is gone, a bad argument) is final. */
-static bool transient(int rc)
+static bool daemon_ingest_transient(int rc)
 {
     return rc == STORE_EFULL || rc == STORE_EBUSY || rc == STORE_EIO;
 }
@@ -313,12 +313,12 @@ static bool writes_ok(daemon_sched *s)
  * failed) until it does. A worker told to stop is still read while the queue has room
  * (its last lines and checkpoint matter, and it prints little more); an exited one is
  * drained whatever the queue (a pipe holds little). */
-static bool takes_lines(daemon_sched *s, const worker *w)
+static bool daemon_ingest_takes_lines(store *st, const worker *w)
 {
     store_health h;
     if (w->exited)
         return true;
-    store_get_health(s->st, &h);
+    store_get_health(st, &h);
     if (w->term_sent)
         return h.held < STORE_QUEUE_MAX / 2;
     return h.code == 0 && h.held < STORE_QUEUE_HIGH;
@@ -327,17 +327,17 @@ static bool takes_lines(daemon_sched *s, const worker *w)
 /* ---- events ------------------------------------------------------------------------------- */
 
 /* Record an event in the store. Strings are borrowed; data (may be NULL) is consumed. */
-static void add_event(daemon_sched *s, int64_t job, int64_t step, const char *kind,
-                      const char *message, json_t *data)
+static void daemon_ingest_event(store *st, int64_t job, int64_t step, const char *kind,
+                                const char *message, json_t *data)
 {
     char *d = data ? json_dumps(data, JSON_COMPACT) : NULL;
-    store_event_append(s->st, job, step, kind, message, d);
+    store_event_append(st, job, step, kind, message, d);
     free(d);
     json_decref(data);
 }
 
 /* Emit the overflow event waiting for the scale that followed it (NaN: unknown). */
-static void flush_pending(daemon_sched *s, worker *w, double new_scale)
+static void daemon_ingest_flush_overflow(store *st, worker *w, double new_scale)
 {
     char msg[256];
     int n;
@@ -347,10 +347,11 @@ static void flush_pending(daemon_sched *s, worker *w, double new_scale)
     if (w->events >= MAX_EVENTS_PER_RUN)
         return;
     if (++w->events == MAX_EVENTS_PER_RUN) {
-        add_event(s, w->job, w->pending_step, "overflow",
-                  "further overflow and scale events of this run are not recorded as events; "
-                  "the metrics keep every step",
-                  NULL);
+        daemon_ingest_event(
+            st, w->job, w->pending_step, "overflow",
+            "further overflow and scale events of this run are not recorded as events; "
+            "the metrics keep every step",
+            NULL);
         return;
     }
     n = snprintf(msg, sizeof(msg), "step %lld: gradients overflowed%s", (long long)w->pending_step,
@@ -360,9 +361,10 @@ static void flush_pending(daemon_sched *s, worker *w, double new_scale)
                  new_scale);
     else
         snprintf(msg + n, sizeof(msg) - (size_t)n, "; loss scale %g", w->pending_scale);
-    add_event(s, w->job, w->pending_step, "overflow", msg,
-              json_pack("{s:b, s:o, s:o}", "skipped", w->pending_skipped, "loss_scale",
-                        api_json_num(w->pending_scale), "new_loss_scale", api_json_num(new_scale)));
+    daemon_ingest_event(st, w->job, w->pending_step, "overflow", msg,
+                        json_pack("{s:b, s:o, s:o}", "skipped", w->pending_skipped, "loss_scale",
+                                  api_json_num(w->pending_scale), "new_loss_scale",
+                                  api_json_num(new_scale)));
 }
 
 /* ---- line parsing ------------------------------------------------------------------------- */
@@ -381,7 +383,7 @@ static int64_t line_step(json_t *o)
 
 /* The memory event of a run's first step: its bytes by category (the line's "mem"), which
  * the step rows keep only as totals. */
-static void memory_event(daemon_sched *s, worker *w, int64_t step, json_t *mem)
+static void memory_event(store *st, worker *w, int64_t step, json_t *mem)
 {
     static const char *const cats[] = {"weights", "master", "grads", "optimizer", "activations",
                                        "workspace"};
@@ -394,10 +396,10 @@ static void memory_event(daemon_sched *s, worker *w, int64_t step, json_t *mem)
     for (size_t i = 0; i < sizeof(cats) / sizeof(cats[0]) && n > 0 && (size_t)n < sizeof(msg); i++)
         n += snprintf(msg + n, sizeof(msg) - (size_t)n, "%s %s %.1f MiB", i ? "," : "", cats[i],
                       field(mem, cats[i]) / 1048576.0);
-    add_event(s, w->job, step, "memory", msg, json_incref(mem));
+    daemon_ingest_event(st, w->job, step, "memory", msg, json_incref(mem));
 }
 
-static void on_step(daemon_sched *s, worker *w, json_t *o)
+static void on_step(store *st, worker *w, json_t *o)
 {
     store_metric m;
     int64_t step = line_step(o);
@@ -412,12 +414,12 @@ static void on_step(daemon_sched *s, worker *w, json_t *o)
         m.v[i] = NAN;
     daemon_line_fields(o, STORE_LINE_STEP, m.v);
     scale = m.v[STORE_M_LOSS_SCALE];
-    store_metric_append(s->st, &m);
+    store_metric_append(st, &m);
     if (!w->have_prev)
-        memory_event(s, w, step, json_object_get(o, "mem"));
+        memory_event(st, w, step, json_object_get(o, "mem"));
 
     /* The scale of step N is the one its backward used; a change shows at step N+1. */
-    flush_pending(s, w, scale);
+    daemon_ingest_flush_overflow(st, w, scale);
     if (w->have_prev && step == w->last_step + 1 && scale != w->prev_scale &&
         !(isnan(scale) && isnan(w->prev_scale)) && w->events < MAX_EVENTS_PER_RUN) {
         char msg[160];
@@ -425,9 +427,9 @@ static void on_step(daemon_sched *s, worker *w, json_t *o)
         snprintf(msg, sizeof(msg), "after step %lld: loss scale %g -> %g (%s)",
                  (long long)w->last_step, w->prev_scale, scale,
                  scale < w->prev_scale ? "backoff" : "growth");
-        add_event(s, w->job, w->last_step, "scale", msg,
-                  json_pack("{s:o, s:o}", "from", api_json_num(w->prev_scale), "to",
-                            api_json_num(scale)));
+        daemon_ingest_event(st, w->job, w->last_step, "scale", msg,
+                            json_pack("{s:o, s:o}", "from", api_json_num(w->prev_scale), "to",
+                                      api_json_num(scale)));
     }
     if (json_is_true(json_object_get(o, "overflow"))) {
         w->pending = true;
@@ -452,15 +454,15 @@ static bool ckpt_path_ok(const worker *w, int64_t step, const char *path)
 
 /* Drop a checkpoint the worker gave up: delete its file, then its record. 0, or the store's
  * transient failure (the file is gone then; the record goes when the op is tried again). */
-static int drop_checkpoint(daemon_sched *s, worker *w, const pending_ckpt *c)
+static int drop_checkpoint(store *st, worker *w, const pending_ckpt *c)
 {
     int rc;
     if (unlink(c->path) != 0 && errno != ENOENT) {
         log_warn("job %lld: cannot delete %s: %s", (long long)w->job, c->path, strerror(errno));
         return 0; /* its record stays: the file still takes its bytes */
     }
-    rc = store_checkpoint_delete(s->st, w->job, c->step);
-    if (transient(rc))
+    rc = store_checkpoint_delete(st, w->job, c->step);
+    if (daemon_ingest_transient(rc))
         return rc;
     if (rc != 0 && rc != STORE_ENOTFOUND)
         log_error("job %lld: cannot remove the record of the checkpoint at step %lld: %s",
@@ -475,21 +477,21 @@ static int drop_checkpoint(daemon_sched *s, worker *w, const pending_ckpt *c)
  * write they wait here, so a checkpoint is never recorded over rows the store holds but has
  * not written, and a file is never deleted before the newer checkpoint whose line came
  * first is recorded. 0 when none is left. */
-static int record_checkpoints(daemon_sched *s, worker *w)
+static int daemon_ingest_checkpoints(store *st, worker *w)
 {
     while (w->nckpts > 0) {
         pending_ckpt *c = &w->ckpts[0];
         int rc = 0;
         if (c->drop) {
-            rc = drop_checkpoint(s, w, c);
+            rc = drop_checkpoint(st, w, c);
         } else {
-            if (!c->added && (rc = store_checkpoint_add(s->st, w->job, c->step, c->path,
+            if (!c->added && (rc = store_checkpoint_add(st, w->job, c->step, c->path,
                                                         c->bytes < 0 ? 0 : c->bytes)) == 0)
                 c->added = true;
             if (rc == 0)
-                rc = store_job_set_checkpoint(s->st, w->job, c->step);
+                rc = store_job_set_checkpoint(st, w->job, c->step);
         }
-        if (transient(rc)) {
+        if (daemon_ingest_transient(rc)) {
             if (!w->ckpt_warned)
                 log_warn("job %lld: the checkpoint at step %lld is %s once the store writes "
                          "again (%s)",
@@ -513,8 +515,8 @@ static int record_checkpoints(daemon_sched *s, worker *w)
 
 /* Queue a checkpoint line (drop: a checkpoint_drop) after the ones still waiting for the
  * store, and carry out what can be. */
-static void queue_checkpoint(daemon_sched *s, worker *w, int64_t step, const char *path,
-                             int64_t bytes, bool drop)
+static void queue_checkpoint(store *st, worker *w, int64_t step, const char *path, int64_t bytes,
+                             bool drop)
 {
     pending_ckpt *c;
     if (strlen(path) >= sizeof(w->ckpts[0].path)) {
@@ -536,17 +538,17 @@ static void queue_checkpoint(daemon_sched *s, worker *w, int64_t step, const cha
     c->bytes = bytes;
     c->drop = drop;
     snprintf(c->path, sizeof(c->path), "%s", path);
-    record_checkpoints(s, w);
+    daemon_ingest_checkpoints(st, w);
 }
 
 /* Store w's summary line (kept until the store takes it); 0 when it is stored. */
-static int record_summary(daemon_sched *s, worker *w)
+static int daemon_ingest_summary(store *st, worker *w)
 {
     int rc;
     if (!w->summary_line)
         return 0;
-    rc = store_job_set_summary(s->st, w->job, w->summary_line);
-    if (rc && transient(rc))
+    rc = store_job_set_summary(st, w->job, w->summary_line);
+    if (rc && daemon_ingest_transient(rc))
         return rc;
     if (rc)
         log_error("job %lld: cannot store the summary: %s", (long long)w->job,
@@ -556,7 +558,7 @@ static int record_summary(daemon_sched *s, worker *w)
     return 0;
 }
 
-static void on_checkpoint(daemon_sched *s, worker *w, json_t *o)
+static void on_checkpoint(store *st, worker *w, json_t *o)
 {
     int64_t step = line_step(o);
     const char *path = json_string_value(json_object_get(o, "path"));
@@ -567,15 +569,15 @@ static void on_checkpoint(daemon_sched *s, worker *w, json_t *o)
         return;
     }
     w->newest_ckpt = step;
-    queue_checkpoint(s, w, step, path,
+    queue_checkpoint(st, w, step, path,
                      json_is_integer(bytes) ? (int64_t)json_integer_value(bytes) : 0, false);
 }
 
 /* A "checkpoint_drop" line: the worker's retention (or its resume) gave up a checkpoint of
  * the job's directory. Its newer checkpoint's line came first, and the drop waits in line
- * behind it until it is recorded (record_checkpoints), so deleting the file never leaves
+ * behind it until it is recorded (daemon_ingest_checkpoints), so deleting the file never leaves
  * the job without the checkpoint a restart would use. */
-static void on_drop(daemon_sched *s, worker *w, json_t *o)
+static void on_drop(store *st, worker *w, json_t *o)
 {
     int64_t step = line_step(o);
     const char *path = json_string_value(json_object_get(o, "path"));
@@ -585,12 +587,12 @@ static void on_drop(daemon_sched *s, worker *w, json_t *o)
                  (long long)step);
         return;
     }
-    queue_checkpoint(s, w, step, path, 0, true);
+    queue_checkpoint(st, w, step, path, 0, true);
 }
 
 /* A checkpoint a resume did not use: a "checkpoint" event and a log line saying why. */
-static void skip_event(daemon_sched *s, int64_t job, int64_t step, const char *path,
-                       const char *reason)
+static void daemon_ingest_skip_event(store *st, int64_t job, int64_t step, const char *path,
+                                     const char *reason)
 {
     const char *slash = strrchr(path, '/');
     const char *file = slash ? slash + 1 : path;
@@ -598,8 +600,8 @@ static void skip_event(daemon_sched *s, int64_t job, int64_t step, const char *p
     snprintf(msg, sizeof(msg), "skipped the checkpoint at step %lld (%.100s): %.500s",
              (long long)step, file, reason);
     log_warn("job %lld: %s", (long long)job, msg);
-    add_event(
-        s, job, step, "checkpoint", msg,
+    daemon_ingest_event(
+        st, job, step, "checkpoint", msg,
         json_pack("{s:I, s:s, s:s}", "step", (json_int_t)step, "file", file, "reason", reason));
 }
 
@@ -620,7 +622,7 @@ static const char *skip_reason(json_t *skipped, int64_t step)
  * "reason"}]}. The worker walked back from the checkpoint it was given to the newest that
  * verifies: the metric rows after that step go, and each checkpoint recorded after it
  * (or named by the worker) gets an event saying why it was skipped. */
-static void on_resume(daemon_sched *s, worker *w, json_t *o)
+static void on_resume(store *st, worker *w, json_t *o)
 {
     int64_t step = line_step(o);
     json_t *skipped = json_object_get(o, "skipped"), *e;
@@ -633,8 +635,8 @@ static void on_resume(daemon_sched *s, worker *w, json_t *o)
     if (step < 0)
         step = 0;
     if (step < w->base_step) {
-        if (store_metrics_truncate(s->st, w->job, step) != 0 ||
-            store_job_set_checkpoint(s->st, w->job, step) != 0)
+        if (store_metrics_truncate(st, w->job, step) != 0 ||
+            store_job_set_checkpoint(st, w->job, step) != 0)
             log_error("job %lld: cannot go back to step %lld", (long long)w->job, (long long)step);
         w->base_step = w->last_step = step;
     }
@@ -644,19 +646,19 @@ static void on_resume(daemon_sched *s, worker *w, json_t *o)
         const char *path = json_string_value(json_object_get(e, "path"));
         const char *reason = json_string_value(json_object_get(e, "reason"));
         if (path && reason) {
-            skip_event(s, w->job, line_step(e), path, reason);
+            daemon_ingest_skip_event(st, w->job, line_step(e), path, reason);
             nskip++;
         }
     }
     /* the records newer than it that the worker did not name: files gone meanwhile */
-    if (store_checkpoint_list(s->st, w->job, &cks, &n) == 0)
+    if (store_checkpoint_list(st, w->job, &cks, &n) == 0)
         for (int k = n - 1; k >= 0; k--) {
             if (cks[k].step <= step || cks[k].step > w->resumed_from ||
                 skip_reason(skipped, cks[k].step))
                 continue;
             if (access(cks[k].path, F_OK) != 0) {
-                skip_event(s, w->job, cks[k].step, cks[k].path, "missing");
-                store_checkpoint_delete(s->st, w->job, cks[k].step);
+                daemon_ingest_skip_event(st, w->job, cks[k].step, cks[k].path, "missing");
+                store_checkpoint_delete(st, w->job, cks[k].step);
                 nskip++;
             }
         }
@@ -673,14 +675,14 @@ static void on_resume(daemon_sched *s, worker *w, json_t *o)
                  nskip);
     if (!found || nskip > 0)
         log_warn("job %lld: %s", (long long)w->job, msg);
-    add_event(s, w->job, step, "lifecycle", msg, NULL);
+    daemon_ingest_event(st, w->job, step, "lifecycle", msg, NULL);
 }
 
-static void on_summary(daemon_sched *s, worker *w, json_t *o, const char *line)
+static void on_summary(store *st, worker *w, json_t *o, const char *line)
 {
     const char *err = json_string_value(json_object_get(o, "error"));
     w->final_scale = field(o, "final_loss_scale");
-    flush_pending(s, w, w->final_scale);
+    daemon_ingest_flush_overflow(st, w, w->final_scale);
     if (err) {
         free(w->summary_error);
         w->summary_error = strdup(err);
@@ -690,7 +692,7 @@ static void on_summary(daemon_sched *s, worker *w, json_t *o, const char *line)
         log_error("job %lld: out of memory storing the summary", (long long)w->job);
         return;
     }
-    if (record_summary(s, w) != 0)
+    if (daemon_ingest_summary(st, w) != 0)
         log_warn("job %lld: the summary is stored once the store writes again",
                  (long long)w->job);
 }
@@ -698,7 +700,7 @@ static void on_summary(daemon_sched *s, worker *w, json_t *o, const char *line)
 /* A "layers" line: {"step", "scale", "first_nonfinite": {"layer", "where"} | null,
  * "layers": [{"name", "dtype", <STORE_L_ fields>}, ...]}. A field a layer does not report
  * is stored as missing; a layer without a name ends the list there. */
-static void on_layers(daemon_sched *s, worker *w, json_t *o)
+static void on_layers(store *st, worker *w, json_t *o)
 {
     int64_t step = line_step(o);
     json_t *arr = json_object_get(o, "layers"), *first = json_object_get(o, "first_nonfinite");
@@ -753,13 +755,13 @@ static void on_layers(daemon_sched *s, worker *w, json_t *o)
         }
         k++;
     }
-    if (store_layer_stats_append(s->st, w->job, step, &info, w->layers, k) != 0)
+    if (store_layer_stats_append(st, w->job, step, &info, w->layers, k) != 0)
         log_warn("job %lld: the layer stats of step %lld were not stored", (long long)w->job,
                  (long long)step);
 }
 
 /* An "event" line: {"step", "kind", "message", "layer"?}. */
-static void on_worker_event(daemon_sched *s, worker *w, json_t *o)
+static void on_worker_event(store *st, worker *w, json_t *o)
 {
     static const char *const reserved[] = {"lifecycle", "overflow", "scale", "memory",
                                            "checkpoint"};
@@ -783,17 +785,17 @@ static void on_worker_event(daemon_sched *s, worker *w, json_t *o)
     if (w->worker_events >= MAX_WORKER_EVENTS)
         return;
     if (++w->worker_events == MAX_WORKER_EVENTS) {
-        add_event(s, w->job, step < 0 ? w->last_step : step, kind,
-                  "further events of this worker run are not recorded", NULL);
+        daemon_ingest_event(st, w->job, step < 0 ? w->last_step : step, kind,
+                            "further events of this worker run are not recorded", NULL);
         return;
     }
-    add_event(s, w->job, step < 0 ? w->last_step : step, kind, message,
-              layer ? json_pack("{s:s}", "layer", layer) : NULL);
+    daemon_ingest_event(st, w->job, step < 0 ? w->last_step : step, kind, message,
+                        layer ? json_pack("{s:s}", "layer", layer) : NULL);
 }
 
 /* The start line's "data" (a sequence set's unigram level) as a "data" event, which the
  * API's experiment comparison and the dashboard read to name the unigram plateau. */
-static void on_data(daemon_sched *s, worker *w, json_t *data)
+static void on_data(store *st, worker *w, json_t *data)
 {
     double h = json_number_value(json_object_get(data, "unigram_entropy"));
     double top = json_number_value(json_object_get(data, "unigram_top_freq"));
@@ -804,11 +806,11 @@ static void on_data(daemon_sched *s, worker *w, json_t *data)
              "training data: unigram entropy %.3f nats, most frequent token %.1f%% (the loss "
              "and accuracy of a model that ignores the context)",
              h, 100 * top);
-    add_event(s, w->job, w->base_step, "data", msg, json_incref(data));
+    daemon_ingest_event(st, w->job, w->base_step, "data", msg, json_incref(data));
 }
 
 /* One complete line from a worker: len bytes, no newline; line[len] is writable. */
-static void handle_line(daemon_sched *s, worker *w, char *line, size_t len)
+static void handle_line(store *st, worker *w, char *line, size_t len)
 {
     json_error_t jerr;
     json_t *o;
@@ -826,7 +828,7 @@ static void handle_line(daemon_sched *s, worker *w, char *line, size_t len)
         log_debug("job %lld: ignoring a line that is not a JSON object with a type",
                   (long long)w->job);
     } else if (strcmp(type, "step") == 0) {
-        on_step(s, w, o);
+        on_step(st, w, o);
     } else if (strcmp(type, "eval") == 0) {
         int64_t step = line_step(o);
         if (step >= 0) {
@@ -834,27 +836,27 @@ static void handle_line(daemon_sched *s, worker *w, char *line, size_t len)
             for (int i = 0; i < STORE_M_NFIELDS; i++)
                 v[i] = NAN;
             daemon_line_fields(o, STORE_LINE_EVAL, v);
-            store_metric_eval(s->st, w->job, 0, step, v);
+            store_metric_eval(st, w->job, 0, step, v);
         }
     } else if (strcmp(type, "checkpoint") == 0) {
-        on_checkpoint(s, w, o);
+        on_checkpoint(st, w, o);
     } else if (strcmp(type, "checkpoint_drop") == 0) {
-        on_drop(s, w, o);
+        on_drop(st, w, o);
     } else if (strcmp(type, "summary") == 0) {
-        on_summary(s, w, o, line);
+        on_summary(st, w, o, line);
     } else if (strcmp(type, "layers") == 0) {
-        on_layers(s, w, o);
+        on_layers(st, w, o);
     } else if (strcmp(type, "event") == 0) {
-        on_worker_event(s, w, o);
+        on_worker_event(st, w, o);
     } else if (strcmp(type, "start") == 0) {
         const char *blas = json_string_value(json_object_get(o, "blas"));
         const char *dev = json_string_value(json_object_get(o, "device"));
         snprintf(msg, sizeof(msg), "worker %d started on %.300s: %.0f parameters, blas %.200s",
                  (int)w->pid, dev ? dev : "?", field(o, "params"), blas ? blas : "?");
-        add_event(s, w->job, w->base_step, "lifecycle", msg, NULL);
-        on_data(s, w, json_object_get(o, "data"));
+        daemon_ingest_event(st, w->job, w->base_step, "lifecycle", msg, NULL);
+        on_data(st, w, json_object_get(o, "data"));
     } else if (strcmp(type, "resume") == 0) {
-        on_resume(s, w, o);
+        on_resume(st, w, o);
     } else {
         log_debug("job %lld: ignoring a \"%s\" line", (long long)w->job, type);
     }
@@ -862,7 +864,7 @@ static void handle_line(daemon_sched *s, worker *w, char *line, size_t len)
 }
 
 /* Split w->buf into lines; keep the incomplete tail. */
-static void split_lines(daemon_sched *s, worker *w)
+static void split_lines(store *st, worker *w)
 {
     size_t start = 0;
     for (;;) {
@@ -873,7 +875,7 @@ static void split_lines(daemon_sched *s, worker *w)
         if (w->discarding)
             w->discarding = false;
         else
-            handle_line(s, w, w->buf + start, end - start);
+            handle_line(st, w, w->buf + start, end - start);
         start = end + 1;
     }
     memmove(w->buf, w->buf + start, w->len - start);
@@ -886,8 +888,9 @@ static void split_lines(daemon_sched *s, worker *w)
     }
 }
 
-/* Read what the pipe has, while the store takes it (takes_lines); on EOF or error close it. */
-static void read_worker(daemon_sched *s, worker *w)
+/* Read what the pipe has, while the store takes it (daemon_ingest_takes_lines); on EOF or
+ * error close it. */
+static void daemon_ingest_read(store *st, worker *w)
 {
     while (w->fd >= 0) {
         ssize_t n;
@@ -912,9 +915,9 @@ static void read_worker(daemon_sched *s, worker *w)
         n = read(w->fd, w->buf + w->len, w->cap - w->len);
         if (n > 0) {
             w->len += (size_t)n;
-            w->last_output = now_s();
-            split_lines(s, w);
-            if (!takes_lines(s, w))
+            w->last_output = daemon_now_s();
+            split_lines(st, w);
+            if (!daemon_ingest_takes_lines(st, w))
                 return; /* the rest waits in the pipe, and the worker with it */
             continue;
         }
@@ -924,7 +927,7 @@ static void read_worker(daemon_sched *s, worker *w)
             return;
         /* EOF (or a read error): a last line without a newline still counts. */
         if (w->len > 0 && !w->discarding)
-            handle_line(s, w, w->buf, w->len);
+            handle_line(st, w, w->buf, w->len);
         w->len = 0;
         close(w->fd);
         w->fd = -1;
@@ -939,7 +942,7 @@ static void read_worker(daemon_sched *s, worker *w)
 
 /* ---- spawning ----------------------------------------------------------------------------- */
 
-static void worker_free(worker *w)
+static void daemon_worker_free(worker *w)
 {
     if (!w)
         return;
@@ -974,7 +977,8 @@ static int prepare_resume(daemon_sched *s, const store_job *j, char *ckpt, size_
                 break;
             }
             int e = errno;
-            skip_event(s, j->id, cks[i].step, cks[i].path, e == ENOENT ? "missing" : strerror(e));
+            daemon_ingest_skip_event(s->st, j->id, cks[i].step, cks[i].path,
+                                     e == ENOENT ? "missing" : strerror(e));
             if (e == ENOENT) /* a file that is there but unreadable keeps its record */
                 store_checkpoint_delete(s->st, j->id, cks[i].step);
         }
@@ -1025,7 +1029,7 @@ static int spawn_locked(daemon_sched *s, const store_job *j, worker **out, char 
         goto fail;
     }
     snprintf(a.spec, sizeof(a.spec), "%s/spec.json", w->dir);
-    if (write_atomic(a.spec, j->spec ? j->spec : "{}") != 0) {
+    if (daemon_write_atomic(a.spec, j->spec ? j->spec : "{}") != 0) {
         snprintf(err, errlen, "cannot write %s: %s", a.spec, strerror(errno));
         goto fail;
     }
@@ -1124,7 +1128,7 @@ static int spawn_locked(daemon_sched *s, const store_job *j, worker **out, char 
     fcntl(p[0], F_SETFL, fcntl(p[0], F_GETFL) | O_NONBLOCK);
     w->fd = p[0];
     w->pid = pid;
-    w->started = w->last_output = now_s();
+    w->started = w->last_output = daemon_now_s();
     w->base_step = w->last_step = w->resumed_from = w->newest_ckpt = from;
     w->final_scale = NAN;
     *out = w;
@@ -1138,7 +1142,7 @@ fail:
         close(logfd);
     if (nullfd >= 0)
         close(nullfd);
-    worker_free(w);
+    daemon_worker_free(w);
     return GPU_EIO;
 }
 
@@ -1163,7 +1167,7 @@ static void start_queued_locked(daemon_sched *s)
         if (spawn_locked(s, &j, &w, err, sizeof(err)) != 0) {
             log_error("job %lld: %s", (long long)j.id, err);
             snprintf(msg, sizeof(msg), "failed to start: %s", err);
-            add_event(s, j.id, 0, "lifecycle", msg, NULL);
+            daemon_ingest_event(s->st, j.id, 0, "lifecycle", msg, NULL);
             store_job_set_status(s->st, j.id, STORE_FAILED, err);
             s->failed++;
             store_job_clear(&j);
@@ -1218,7 +1222,7 @@ static store_status final_status(daemon_sched *s, worker *w, char *err, size_t e
         n = snprintf(err, errlen, "worker killed by signal %d (%s)", sig, signal_name(sig));
     }
     (void)n;
-    log_tail(w->dir, w->log_start, err, errlen);
+    daemon_log_tail(w->dir, w->log_start, err, errlen);
     return STORE_FAILED;
 }
 
@@ -1248,16 +1252,17 @@ static bool finish_worker(daemon_sched *s, worker *w, bool give_up)
     int rc;
 
     if (!w->drained) {
-        read_worker(s, w);
+        daemon_ingest_read(s->st, w);
         if (w->fd >= 0) { /* a grandchild holds the pipe open: what the worker wrote is read */
             close(w->fd);
             w->fd = -1;
         }
-        flush_pending(s, w, w->final_scale);
+        daemon_ingest_flush_overflow(s->st, w, w->final_scale);
         w->drained = true;
     }
     /* every metric row is committed before the job says it ended */
-    if ((rc = record_summary(s, w)) == 0 && (rc = record_checkpoints(s, w)) == 0)
+    if ((rc = daemon_ingest_summary(s->st, w)) == 0 &&
+        (rc = daemon_ingest_checkpoints(s->st, w)) == 0)
         rc = store_flush(s->st);
     if (rc == 0) {
         pthread_mutex_lock(&s->mu);
@@ -1271,12 +1276,12 @@ static bool finish_worker(daemon_sched *s, worker *w, bool give_up)
                 snprintf(msg, sizeof(msg), "failed: %s", w->end_err ? w->end_err : "?");
             else
                 snprintf(msg, sizeof(msg), "%s", store_status_name(w->end_status));
-            add_event(s, w->job, w->last_step, "lifecycle", msg, NULL);
+            daemon_ingest_event(s->st, w->job, w->last_step, "lifecycle", msg, NULL);
             w->end_event = true;
         }
         rc = store_job_set_status(s->st, w->job, w->end_status,
                                   w->end_status == STORE_FAILED ? w->end_err : NULL);
-        if (rc == 0 || !transient(rc) || give_up) {
+        if (rc == 0 || !daemon_ingest_transient(rc) || give_up) {
             remove_worker_locked(s, w);
             removed = true;
             if (w->end_status == STORE_FAILED)
@@ -1284,13 +1289,13 @@ static bool finish_worker(daemon_sched *s, worker *w, bool give_up)
         }
         pthread_mutex_unlock(&s->mu);
     }
-    if (rc && transient(rc) && !give_up) {
+    if (rc && daemon_ingest_transient(rc) && !give_up) {
         if (!w->end_warned)
             log_warn("job %lld: worker %d has exited; its end is recorded once the store "
                      "writes again (%s)",
                      (long long)w->job, (int)w->pid, store_strerror(rc));
         w->end_warned = true;
-        w->end_retry_at = now_s() + END_RETRY_S;
+        w->end_retry_at = daemon_now_s() + END_RETRY_S;
         return false;
     }
     if (rc) {
@@ -1311,7 +1316,7 @@ static bool finish_worker(daemon_sched *s, worker *w, bool give_up)
                  store_status_name(w->end_status), (long long)w->last_step,
                  w->end_warned ? " (recorded once the store could write again)" : "");
     }
-    worker_free(w);
+    daemon_worker_free(w);
     return true;
 }
 
@@ -1376,7 +1381,7 @@ static void *sched_main(void *arg)
         return NULL;
     }
     for (;;) {
-        double now = now_s();
+        double now = daemon_now_s();
         int nfds = 1;
 
         pthread_mutex_lock(&s->mu);
@@ -1410,7 +1415,8 @@ static void *sched_main(void *arg)
             worker *w = s->workers[i];
             if (w->fd < 0)
                 continue;
-            if (!takes_lines(s, w)) { /* back-pressure: the worker blocks on its pipe */
+            /* back-pressure: the worker blocks on its pipe */
+            if (!daemon_ingest_takes_lines(s->st, w)) {
                 if (!w->paused)
                     w->paused_since = now;
                 w->paused = true;
@@ -1436,15 +1442,15 @@ static void *sched_main(void *arg)
         }
         for (int i = 1; i < nfds; i++)
             if (fds[i].revents)
-                read_worker(s, polled[i]);
+                daemon_ingest_read(s->st, polled[i]);
         for (int i = 0; i < s->nworkers; i++) /* checkpoints the store could not take before */
             if (s->workers[i]->nckpts > 0 && !s->workers[i]->exited && writes_ok(s))
-                record_checkpoints(s, s->workers[i]);
+                daemon_ingest_checkpoints(s->st, s->workers[i]);
 
         /* Reap, kill the hung and the slow to stop, end the exited. The table changes only
          * on this thread, so it can be walked here without mu; the flags that cancel sets
          * are read under it. */
-        now = now_s();
+        now = daemon_now_s();
         /* A worker is hung when it says nothing while the scheduler listens: a turn that
          * took long (this thread waited in a store call, up to its busy timeout) counts for
          * at most TURN_MAX_S of its silence. */
@@ -1626,7 +1632,7 @@ void daemon_sched_stop(daemon_sched *s)
     wake_up(s);
     pthread_join(s->thread, NULL);
     for (int i = 0; i < s->nworkers; i++) /* none: the thread ends when the table is empty */
-        worker_free(s->workers[i]);
+        daemon_worker_free(s->workers[i]);
     close(s->wake[0]);
     close(s->wake[1]);
     free(s->workers);
@@ -1672,7 +1678,7 @@ int daemon_sched_cancel(daemon_sched *s, int64_t id)
     if (rc != 0)
         goto out;
     if (j.status == STORE_QUEUED) {
-        add_event(s, id, j.step, "lifecycle", "cancelled while queued", NULL);
+        daemon_ingest_event(s->st, id, j.step, "lifecycle", "cancelled while queued", NULL);
         rc = store_job_set_status(s->st, id, STORE_CANCELLED, NULL);
         if (rc == 0) {
             log_info("job %lld: cancelled while queued", (long long)id);
@@ -1683,7 +1689,7 @@ int daemon_sched_cancel(daemon_sched *s, int64_t id)
             w->cancel = true;
             if (!w->term_sent) {
                 w->term_sent = true;
-                w->term_at = now_s();
+                w->term_at = daemon_now_s();
                 signal_worker(w, SIGTERM);
             }
             log_info("job %lld: cancel requested; worker %d checkpoints and stops", (long long)id,
@@ -1726,7 +1732,7 @@ int daemon_sched_resume(daemon_sched *s, int64_t id)
                      (long long)from);
         else
             snprintf(msg, sizeof(msg), "resume requested: no checkpoint, from the start");
-        add_event(s, id, from, "lifecycle", msg, NULL);
+        daemon_ingest_event(s->st, id, from, "lifecycle", msg, NULL);
         log_info("job %lld: %s", (long long)id, msg);
         s->need_schedule = true;
     }
@@ -1753,7 +1759,7 @@ int daemon_sched_delete(daemon_sched *s, int64_t id)
         rc = store_job_delete(s->st, id);
     if (rc == 0) {
         job_dir(s, id, dir, sizeof(dir));
-        remove_dir(dir);
+        daemon_remove_dir(dir);
         log_info("job %lld deleted", (long long)id);
     }
     pthread_mutex_unlock(&s->mu);
