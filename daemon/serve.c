@@ -43,6 +43,7 @@
 #include "api/api.h"
 #include "config.h"
 #include "daemon/daemon.h"
+#include "daemon/fs.h"
 #include "daemon/lock.h"
 #include "daemon/log.h"
 #include "daemon/sched.h"
