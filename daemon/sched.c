@@ -1,7 +1,7 @@
 /*
  * sched.c - the scheduler and worker supervision (contract in sched.h).
  *
- * A worker is an `ampd run` child process: fork + execv of cfg.exe with
+ * A worker is an `ampd run` child process, started by daemon_spawn (spawn.h) as cfg.exe with
  *   run --every 1 --checkpoint-dir <data_dir>/jobs/<id> [--resume CKPT] [--data-root R]...
  *       <data_dir>/jobs/<id>/spec.json
  * in its own process group, stdin /dev/null, stdout a pipe to the scheduler, stderr appended
@@ -50,10 +50,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -65,6 +62,7 @@
 #include "daemon/line.h"
 #include "daemon/log.h"
 #include "daemon/sched.h"
+#include "daemon/spawn.h"
 #include "daemon/worker.h"
 #include "gpu/gpu.h"
 #include "store/store.h"
@@ -152,26 +150,95 @@ static int prepare_resume(daemon_sched *s, const store_job *j, char *ckpt, size_
 
 typedef struct {
     char *argv[12 + 2 * DAEMON_MAX_ROOTS];
-    char every[8], flag_ckdir[32], flag_resume[16], flag_root[16];
+    char every[8];
     char spec[700];
     char ckpt[600];
+    int out[2], log, null; /* the stdout pipe, worker.log and /dev/null; -1: closed */
 } spawn_args;
+
+static void close_fds(spawn_args *a)
+{
+    int *fds[] = {&a->out[0], &a->out[1], &a->log, &a->null};
+    for (size_t i = 0; i < sizeof(fds) / sizeof(fds[0]); i++)
+        if (*fds[i] >= 0) {
+            close(*fds[i]);
+            *fds[i] = -1;
+        }
+}
+
+/* The job's directory and files for w's run: spec.json, the metrics made ready for a
+ * restart (prepare_resume), worker.log opened for appending with a header line, /dev/null
+ * and the stdout pipe. On failure err says why. */
+static int worker_files(daemon_sched *s, const store_job *j, worker *w, spawn_args *a,
+                        int64_t *from, char *err, size_t errlen)
+{
+    char path[700], head[1024];
+    struct stat sb;
+
+    if (daemon_mkdirs(w->dir, 0750) != 0) {
+        snprintf(err, errlen, "cannot create %s: %s", w->dir, strerror(errno));
+        return GPU_EIO;
+    }
+    snprintf(a->spec, sizeof(a->spec), "%s/spec.json", w->dir);
+    if (daemon_write_atomic(a->spec, j->spec ? j->spec : "{}") != 0) {
+        snprintf(err, errlen, "cannot write %s: %s", a->spec, strerror(errno));
+        return GPU_EIO;
+    }
+    if (prepare_resume(s, j, a->ckpt, sizeof(a->ckpt), from) != 0) {
+        snprintf(err, errlen, "cannot prepare the job's metrics for a restart");
+        return GPU_EIO;
+    }
+    snprintf(path, sizeof(path), "%s/worker.log", w->dir);
+    a->log = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+    a->null = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (a->log < 0 || a->null < 0 || pipe2(a->out, O_CLOEXEC) != 0) {
+        snprintf(err, errlen, "cannot set up the worker's files: %s", strerror(errno));
+        return GPU_EIO;
+    }
+    snprintf(head, sizeof(head), "---- worker for job %lld starting%s%s\n", (long long)j->id,
+             a->ckpt[0] ? ", resuming from " : "", a->ckpt);
+    if (write(a->log, head, strlen(head)) < 0)
+        log_warn("cannot write %s: %s", path, strerror(errno));
+    if (fstat(a->log, &sb) == 0)
+        w->log_start = sb.st_size; /* the failure reason quotes only this run's lines */
+    return 0;
+}
+
+/* The worker's command line (see the top of the file) in a->argv. */
+static void worker_argv(const daemon_sched *s, worker *w, spawn_args *a)
+{
+    int k = 0;
+    snprintf(a->every, sizeof(a->every), "1");
+    a->argv[k++] = (char *)s->cfg.exe;
+    a->argv[k++] = "run";
+    a->argv[k++] = "--every";
+    a->argv[k++] = a->every;
+    a->argv[k++] = "--checkpoint-dir";
+    a->argv[k++] = w->dir;
+    a->argv[k++] = "--no-delete";
+    if (a->ckpt[0]) {
+        a->argv[k++] = "--resume";
+        a->argv[k++] = a->ckpt;
+    }
+    for (int i = 0; i < s->cfg.nroots && i < DAEMON_MAX_ROOTS; i++) {
+        a->argv[k++] = "--data-root";
+        a->argv[k++] = (char *)s->cfg.roots[i];
+    }
+    a->argv[k++] = a->spec;
+    a->argv[k] = NULL;
+}
 
 /* Start the worker of job j (status queued, under mu). On failure err says why. */
 static int spawn_locked(daemon_sched *s, const store_job *j, worker **out, char *err, size_t errlen)
 {
-    spawn_args a;
+    spawn_args a = {.out = {-1, -1}, .log = -1, .null = -1};
+    daemon_spawn_opts o = {.exe = s->cfg.exe,
+                           .death_signal = SIGKILL,
+                           .nofile = s->cfg.nofile_child, /* the limit the daemon started with */
+                           .exec_error = "ampd: cannot execute the worker binary"};
     worker *w = calloc(1, sizeof(*w));
-    int p[2] = {-1, -1}, logfd = -1, nullfd = -1, k = 0;
     int64_t from = 0;
-    struct rlimit rl, child_rl;
-    bool set_nofile = false;
-    long maxfd = 65536;
-    pid_t pid, parent = getpid();
-    sigset_t all, none, old;
-    struct sigaction dfl;
-    struct stat sb;
-    char path[700], head[1024];
+    pid_t pid;
 
     if (!w) {
         snprintf(err, errlen, "out of memory");
@@ -180,110 +247,21 @@ static int spawn_locked(daemon_sched *s, const store_job *j, worker **out, char 
     w->fd = -1;
     w->job = j->id;
     job_dir(s, j->id, w->dir, sizeof(w->dir));
-    memset(&a, 0, sizeof(a));
-    if (daemon_mkdirs(w->dir, 0750) != 0) {
-        snprintf(err, errlen, "cannot create %s: %s", w->dir, strerror(errno));
+    if (worker_files(s, j, w, &a, &from, err, errlen) != 0)
         goto fail;
-    }
-    snprintf(a.spec, sizeof(a.spec), "%s/spec.json", w->dir);
-    if (daemon_write_atomic(a.spec, j->spec ? j->spec : "{}") != 0) {
-        snprintf(err, errlen, "cannot write %s: %s", a.spec, strerror(errno));
-        goto fail;
-    }
-    if (prepare_resume(s, j, a.ckpt, sizeof(a.ckpt), &from) != 0) {
-        snprintf(err, errlen, "cannot prepare the job's metrics for a restart");
-        goto fail;
-    }
-    snprintf(path, sizeof(path), "%s/worker.log", w->dir);
-    logfd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
-    nullfd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    if (logfd < 0 || nullfd < 0 || pipe2(p, O_CLOEXEC) != 0) {
-        snprintf(err, errlen, "cannot set up the worker's files: %s", strerror(errno));
-        goto fail;
-    }
-    snprintf(head, sizeof(head), "---- worker for job %lld starting%s%s\n", (long long)j->id,
-             a.ckpt[0] ? ", resuming from " : "", a.ckpt);
-    if (write(logfd, head, strlen(head)) < 0)
-        log_warn("cannot write %s: %s", path, strerror(errno));
-    if (fstat(logfd, &sb) == 0)
-        w->log_start = sb.st_size; /* the failure reason quotes only this run's lines */
-
-    snprintf(a.every, sizeof(a.every), "1");
-    a.argv[k++] = s->cfg.exe;
-    a.argv[k++] = "run";
-    a.argv[k++] = "--every";
-    a.argv[k++] = a.every;
-    a.argv[k++] = "--checkpoint-dir";
-    a.argv[k++] = w->dir;
-    a.argv[k++] = "--no-delete";
-    if (a.ckpt[0]) {
-        a.argv[k++] = "--resume";
-        a.argv[k++] = a.ckpt;
-    }
-    for (int i = 0; i < s->cfg.nroots && i < DAEMON_MAX_ROOTS; i++) {
-        a.argv[k++] = "--data-root";
-        a.argv[k++] = s->cfg.roots[i];
-    }
-    a.argv[k++] = a.spec;
-    a.argv[k] = NULL;
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
-        rl.rlim_cur < (rlim_t)(1 << 20))
-        maxfd = (long)rl.rlim_cur;
-    if (s->cfg.nofile_child && getrlimit(RLIMIT_NOFILE, &child_rl) == 0 &&
-        (rlim_t)s->cfg.nofile_child < child_rl.rlim_cur) {
-        child_rl.rlim_cur = (rlim_t)s->cfg.nofile_child; /* the limit the daemon started with */
-        set_nofile = true;
-    }
-
-    /* Every signal stays blocked from before the fork until the child has put every
-     * disposition back to the default: a SIGTERM (a cancel) that reaches the child before
-     * its execv must not run a handler the child inherited from this process. */
-    sigfillset(&all);
-    sigemptyset(&none);
-    memset(&dfl, 0, sizeof(dfl));
-    dfl.sa_handler = SIG_DFL;
-    sigemptyset(&dfl.sa_mask);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    pid = fork();
-    if (pid == 0) {
-        /* The child: async-signal-safe calls only until execv. */
-        setpgid(0, 0);
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent)
-            _exit(127);
-        for (int sig = 1; sig < NSIG; sig++) {
-            struct sigaction cur;
-            if (sig != SIGKILL && sig != SIGSTOP && sigaction(sig, NULL, &cur) == 0 &&
-                cur.sa_handler != SIG_DFL)
-                sigaction(sig, &dfl, NULL); /* SIG_IGN too: the worker gets SIGPIPE back */
-        }
-        if (dup2(nullfd, 0) < 0 || dup2(p[1], 1) < 0 || dup2(logfd, 2) < 0)
-            _exit(127);
-        if (syscall(SYS_close_range, 3U, ~0U, 0U) != 0)
-            for (long fd = 3; fd < maxfd; fd++)
-                close((int)fd);
-        if (set_nofile)
-            setrlimit(RLIMIT_NOFILE, &child_rl);
-        sigprocmask(SIG_SETMASK, &none, NULL);
-        execv(s->cfg.exe, a.argv);
-        {
-            static const char msg[] = "ampd: cannot execute the worker binary\n";
-            ssize_t r = write(2, msg, sizeof(msg) - 1);
-            (void)r;
-        }
-        _exit(127);
-    }
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (pid < 0) {
+    worker_argv(s, w, &a);
+    o.argv = a.argv;
+    o.in = a.null;
+    o.out = a.out[1];
+    o.err = a.log;
+    if (daemon_spawn(&o, &pid) != 0) {
         snprintf(err, errlen, "cannot fork a worker: %s", strerror(errno));
         goto fail;
     }
-    setpgid(pid, pid); /* also here, so that the group exists before any kill() */
-    close(p[1]);
-    close(logfd);
-    close(nullfd);
-    fcntl(p[0], F_SETFL, fcntl(p[0], F_GETFL) | O_NONBLOCK);
-    w->fd = p[0];
+    w->fd = a.out[0];
+    a.out[0] = -1;
+    close_fds(&a);
+    fcntl(w->fd, F_SETFL, fcntl(w->fd, F_GETFL) | O_NONBLOCK);
     w->pid = pid;
     w->started = w->last_output = daemon_now_s();
     w->base_step = w->last_step = w->resumed_from = w->newest_ckpt = from;
@@ -291,14 +269,7 @@ static int spawn_locked(daemon_sched *s, const store_job *j, worker **out, char 
     *out = w;
     return 0;
 fail:
-    if (p[0] >= 0)
-        close(p[0]);
-    if (p[1] >= 0)
-        close(p[1]);
-    if (logfd >= 0)
-        close(logfd);
-    if (nullfd >= 0)
-        close(nullfd);
+    close_fds(&a);
     daemon_worker_free(w);
     return GPU_EIO;
 }
