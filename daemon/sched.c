@@ -493,142 +493,193 @@ static void note_pause(daemon_sched *s, int paused, double now)
 
 /* ---- the scheduler thread ----------------------------------------------------------------- */
 
+/* The scheduler thread's state from turn to turn. */
+typedef struct {
+    struct pollfd *fds; /* fds[0]: the self-pipe; then the workers that are read */
+    worker **polled;    /* polled[i]: the worker of fds[i], i >= 1 */
+    int nfds;
+    bool stopping;
+    double stop_deadline, last_schedule, last_reap;
+} sched_loop;
+
+/* The stop: every worker gets SIGTERM (once) and GRACE_S to checkpoint (under mu). */
+static void begin_stop_locked(daemon_sched *s, sched_loop *l, double now)
+{
+    l->stopping = true;
+    l->stop_deadline = now + GRACE_S;
+    for (int i = 0; i < s->nworkers; i++) {
+        worker *w = s->workers[i];
+        if (!w->term_sent) {
+            w->term_sent = true;
+            w->term_at = now;
+            signal_worker(w, SIGTERM);
+        }
+    }
+    if (s->nworkers)
+        log_info("stopping: waiting for %d worker(s) to checkpoint", s->nworkers);
+}
+
+/* The poll set: the self-pipe and every worker whose lines the store takes; the others are
+ * paused, left blocked on their full pipes (under mu). Returns how many are paused. */
+static int poll_set_locked(daemon_sched *s, sched_loop *l, double now)
+{
+    int paused = 0;
+    l->fds[0].fd = s->wake[0];
+    l->fds[0].events = POLLIN;
+    l->nfds = 1;
+    for (int i = 0; i < s->nworkers; i++) {
+        worker *w = s->workers[i];
+        if (w->fd < 0)
+            continue;
+        /* back-pressure: the worker blocks on its pipe */
+        if (!daemon_ingest_takes_lines(s->st, w)) {
+            if (!w->paused)
+                w->paused_since = now;
+            w->paused = true;
+            paused++;
+            continue;
+        }
+        w->paused = false;
+        l->polled[l->nfds] = w;
+        l->fds[l->nfds].fd = w->fd;
+        l->fds[l->nfds].events = POLLIN;
+        l->fds[l->nfds].revents = 0;
+        l->nfds++;
+    }
+    return paused;
+}
+
+/* The start of a turn: the stop begun once requested, queued jobs started while not
+ * stopping, the poll set built. False when the thread is done (stopping, no worker left). */
+static bool begin_turn(daemon_sched *s, sched_loop *l, double now)
+{
+    int paused;
+    pthread_mutex_lock(&s->mu);
+    if (s->stop_requested && !l->stopping)
+        begin_stop_locked(s, l, now);
+    if (l->stopping && s->nworkers == 0) {
+        pthread_mutex_unlock(&s->mu);
+        return false;
+    }
+    if (!l->stopping && (s->need_schedule || now - l->last_schedule >= SCHEDULE_EVERY_S)) {
+        s->need_schedule = false;
+        l->last_schedule = now;
+        start_queued_locked(s);
+    }
+    paused = poll_set_locked(s, l, now);
+    pthread_mutex_unlock(&s->mu);
+    note_pause(s, paused, now);
+    return true;
+}
+
+/* Wait POLL_MS at most for the self-pipe or a worker's output, read the workers that have
+ * some, and record the checkpoints the store could not take before. */
+static void poll_workers(daemon_sched *s, sched_loop *l)
+{
+    if (poll(l->fds, (nfds_t)l->nfds, POLL_MS) < 0 && errno != EINTR)
+        log_warn("poll: %s", strerror(errno));
+    if (l->fds[0].revents) {
+        char drain[64];
+        while (read(s->wake[0], drain, sizeof(drain)) > 0)
+            ;
+    }
+    for (int i = 1; i < l->nfds; i++)
+        if (l->fds[i].revents)
+            daemon_ingest_read(s->st, l->polled[i]);
+    for (int i = 0; i < s->nworkers; i++) /* checkpoints the store could not take before */
+        if (s->workers[i]->nckpts > 0 && !s->workers[i]->exited && writes_ok(s))
+            daemon_ingest_checkpoints(s->st, s->workers[i]);
+}
+
+/* One running worker (under mu): reaped once it has exited; else its silence and its wait
+ * for the store timed, and killed when hung or slow to stop. */
+static void watch_worker_locked(daemon_sched *s, const sched_loop *l, worker *w, double now,
+                                double held_up)
+{
+    int status;
+    if (w->exited)
+        return;
+    w->last_output += held_up;
+    if (waitpid(w->pid, &status, WNOHANG) == w->pid) {
+        w->exited = true;
+        w->wstatus = status;
+        return;
+    }
+    if (w->paused) { /* silent because it is not read: not hung */
+        w->last_output = now;
+        if (!w->term_sent && s->cfg.stall_timeout_s > 0 &&
+            now - w->paused_since > s->cfg.stall_timeout_s)
+            stall_worker(s, w, now);
+    }
+    if (!w->hung && !w->term_sent && s->cfg.worker_timeout_s > 0 &&
+        now - w->last_output > s->cfg.worker_timeout_s) {
+        log_warn("job %lld: worker %d printed nothing for %d s; killing it", (long long)w->job,
+                 (int)w->pid, s->cfg.worker_timeout_s);
+        w->hung = true;
+        signal_worker(w, SIGKILL);
+    }
+    if (w->term_sent && !w->kill_sent &&
+        (now - w->term_at > GRACE_S || (l->stopping && now > l->stop_deadline))) {
+        log_warn("job %lld: worker %d did not stop within %.0f s; killing it", (long long)w->job,
+                 (int)w->pid, GRACE_S);
+        w->kill_sent = true;
+        signal_worker(w, SIGKILL);
+    }
+}
+
+/* Reap the exited, kill the hung and the slow to stop; returns the time it did. The table
+ * changes only on this thread, so it can be walked here without mu; the flags that cancel
+ * sets are read under it. */
+static double reap_workers(daemon_sched *s, sched_loop *l)
+{
+    double now = daemon_now_s(), held_up;
+    /* A worker is hung when it says nothing while the scheduler listens: a turn that took
+     * long (this thread waited in a store call, up to its busy timeout) counts for at most
+     * TURN_MAX_S of its silence. */
+    held_up =
+        l->last_reap > 0 && now - l->last_reap > TURN_MAX_S ? now - l->last_reap - TURN_MAX_S : 0;
+    l->last_reap = now;
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; i < s->nworkers; i++)
+        watch_worker_locked(s, l, s->workers[i], now, held_up);
+    pthread_mutex_unlock(&s->mu);
+    return now;
+}
+
+/* End the exited workers whose end may be tried now (finish_worker): at once the first
+ * time, then every END_RETRY_S once the store writes (a stopping daemon tries regardless,
+ * and gives up after the stop's deadline). */
+static void end_workers(daemon_sched *s, const sched_loop *l, double now)
+{
+    for (int i = 0; i < s->nworkers;) {
+        worker *w = s->workers[i];
+        if (w->exited && now >= w->end_retry_at &&
+            (!w->end_warned || writes_ok(s) || l->stopping) &&
+            finish_worker(s, w, l->stopping && now > l->stop_deadline))
+            continue; /* w is gone: the next one moved to slot i */
+        i++;
+    }
+}
+
 static void *sched_main(void *arg)
 {
     daemon_sched *s = arg;
-    struct pollfd *fds = calloc((size_t)s->cfg.max_running + 1, sizeof(*fds));
-    worker **polled = calloc((size_t)s->cfg.max_running + 1, sizeof(*polled));
-    bool stopping = false;
-    double stop_deadline = 0, last_schedule = 0, last_reap = 0, held_up;
-    int paused;
+    sched_loop l;
 
-    if (!fds || !polled) {
+    memset(&l, 0, sizeof(l));
+    l.fds = calloc((size_t)s->cfg.max_running + 1, sizeof(*l.fds));
+    l.polled = calloc((size_t)s->cfg.max_running + 1, sizeof(*l.polled));
+    if (!l.fds || !l.polled) {
         log_error("out of memory: the scheduler cannot run");
-        free(fds);
-        free(polled);
-        return NULL;
+        goto done;
     }
-    for (;;) {
-        double now = daemon_now_s();
-        int nfds = 1;
-
-        pthread_mutex_lock(&s->mu);
-        if (s->stop_requested && !stopping) {
-            stopping = true;
-            stop_deadline = now + GRACE_S;
-            for (int i = 0; i < s->nworkers; i++) {
-                worker *w = s->workers[i];
-                if (!w->term_sent) {
-                    w->term_sent = true;
-                    w->term_at = now;
-                    signal_worker(w, SIGTERM);
-                }
-            }
-            if (s->nworkers)
-                log_info("stopping: waiting for %d worker(s) to checkpoint", s->nworkers);
-        }
-        if (stopping && s->nworkers == 0) {
-            pthread_mutex_unlock(&s->mu);
-            break;
-        }
-        if (!stopping && (s->need_schedule || now - last_schedule >= SCHEDULE_EVERY_S)) {
-            s->need_schedule = false;
-            last_schedule = now;
-            start_queued_locked(s);
-        }
-        fds[0].fd = s->wake[0];
-        fds[0].events = POLLIN;
-        paused = 0;
-        for (int i = 0; i < s->nworkers; i++) {
-            worker *w = s->workers[i];
-            if (w->fd < 0)
-                continue;
-            /* back-pressure: the worker blocks on its pipe */
-            if (!daemon_ingest_takes_lines(s->st, w)) {
-                if (!w->paused)
-                    w->paused_since = now;
-                w->paused = true;
-                paused++;
-                continue;
-            }
-            w->paused = false;
-            polled[nfds] = w;
-            fds[nfds].fd = w->fd;
-            fds[nfds].events = POLLIN;
-            fds[nfds].revents = 0;
-            nfds++;
-        }
-        pthread_mutex_unlock(&s->mu);
-        note_pause(s, paused, now);
-
-        if (poll(fds, (nfds_t)nfds, POLL_MS) < 0 && errno != EINTR)
-            log_warn("poll: %s", strerror(errno));
-        if (fds[0].revents) {
-            char drain[64];
-            while (read(s->wake[0], drain, sizeof(drain)) > 0)
-                ;
-        }
-        for (int i = 1; i < nfds; i++)
-            if (fds[i].revents)
-                daemon_ingest_read(s->st, polled[i]);
-        for (int i = 0; i < s->nworkers; i++) /* checkpoints the store could not take before */
-            if (s->workers[i]->nckpts > 0 && !s->workers[i]->exited && writes_ok(s))
-                daemon_ingest_checkpoints(s->st, s->workers[i]);
-
-        /* Reap, kill the hung and the slow to stop, end the exited. The table changes only
-         * on this thread, so it can be walked here without mu; the flags that cancel sets
-         * are read under it. */
-        now = daemon_now_s();
-        /* A worker is hung when it says nothing while the scheduler listens: a turn that
-         * took long (this thread waited in a store call, up to its busy timeout) counts for
-         * at most TURN_MAX_S of its silence. */
-        held_up = last_reap > 0 && now - last_reap > TURN_MAX_S ? now - last_reap - TURN_MAX_S : 0;
-        last_reap = now;
-        pthread_mutex_lock(&s->mu);
-        for (int i = 0; i < s->nworkers; i++) {
-            worker *w = s->workers[i];
-            int status;
-            if (w->exited)
-                continue;
-            w->last_output += held_up;
-            if (waitpid(w->pid, &status, WNOHANG) == w->pid) {
-                w->exited = true;
-                w->wstatus = status;
-                continue;
-            }
-            if (w->paused) { /* silent because it is not read: not hung */
-                w->last_output = now;
-                if (!w->term_sent && s->cfg.stall_timeout_s > 0 &&
-                    now - w->paused_since > s->cfg.stall_timeout_s)
-                    stall_worker(s, w, now);
-            }
-            if (!w->hung && !w->term_sent && s->cfg.worker_timeout_s > 0 &&
-                now - w->last_output > s->cfg.worker_timeout_s) {
-                log_warn("job %lld: worker %d printed nothing for %d s; killing it",
-                         (long long)w->job, (int)w->pid, s->cfg.worker_timeout_s);
-                w->hung = true;
-                signal_worker(w, SIGKILL);
-            }
-            if (w->term_sent && !w->kill_sent &&
-                (now - w->term_at > GRACE_S || (stopping && now > stop_deadline))) {
-                log_warn("job %lld: worker %d did not stop within %.0f s; killing it",
-                         (long long)w->job, (int)w->pid, GRACE_S);
-                w->kill_sent = true;
-                signal_worker(w, SIGKILL);
-            }
-        }
-        pthread_mutex_unlock(&s->mu);
-        for (int i = 0; i < s->nworkers;) {
-            worker *w = s->workers[i];
-            if (w->exited && now >= w->end_retry_at &&
-                (!w->end_warned || writes_ok(s) || stopping) &&
-                finish_worker(s, w, stopping && now > stop_deadline))
-                continue; /* w is gone: the next one moved to slot i */
-            i++;
-        }
+    while (begin_turn(s, &l, daemon_now_s())) {
+        poll_workers(s, &l);
+        end_workers(s, &l, reap_workers(s, &l));
     }
-    free(fds);
-    free(polled);
+done:
+    free(l.fds);
+    free(l.polled);
     return NULL;
 }
 
