@@ -1,9 +1,11 @@
 /*
  * daemon.h - the public header of the daemon/ module: the two commands main() dispatches
  * to. The module's pieces have internal headers of their own: log.h (the logger and the
- * hooks it installs in store/ and api/), sched.h (the scheduler, its workers and the job
- * queue it gives the HTTP server), line.h (the worker's
- * JSON lines, written and read from the metric-field table) and ckpt.h (checkpoints).
+ * hooks it installs in store/ and api/), sched.h (the scheduler and the job queue it gives
+ * the HTTP server), worker.h (a worker, and ingest.c's reading of its lines into the
+ * store), spawn.h (a child process from a clean slate), fs.h (file helpers), opts.h (the
+ * commands' option tables), line.h (the worker's JSON lines, written and read from the
+ * metric-field table) and ckpt.h (checkpoints).
  *
  * Threads: each command runs on the calling (main) thread and starts what it needs.
  */

@@ -9,8 +9,9 @@
  * daemon's SIGTERM to the worker's group reaches the supervisor only; it forwards them to
  * mpirun as SIGUSR1, which mpirun passes to every rank, and the ranks agree to stop after
  * the same step (rank 0 checkpoints). Should the supervisor die, mpirun gets SIGTERM
- * (PR_SET_PDEATHSIG) and takes the ranks down. A rank that dies makes mpirun end the job
- * and say which rank and signal on stderr, which is the job's log.
+ * (PR_SET_PDEATHSIG; mpirun is started by daemon_spawn, spawn.h, with this process's stdin,
+ * stdout and stderr and no other descriptor) and takes the ranks down. A rank that dies
+ * makes mpirun end the job and say which rank and signal on stderr, which is the job's log.
  *
  * Output: the ranks inherit stdout and stderr through mpirun; only rank 0 writes to
  * stdout. Exit status: 0 or 130 (interrupted) as the ranks said; 1 for anything else (a
@@ -25,12 +26,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "daemon/log.h"
 #include "daemon/ranks.h"
+#include "daemon/spawn.h"
 
 #define MAX_ARGS 64
 
@@ -80,17 +81,6 @@ static int build_argv(const gpu_job_config *c, int argc, char **argv, const char
     return 0;
 }
 
-static void exec_child(char **args)
-{
-    setpgid(0, 0);
-    prctl(PR_SET_PDEATHSIG, SIGTERM);
-    /* ranks yield the core while they wait in a collective (one machine, many ranks) */
-    setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
-    execv(args[0], args);
-    fprintf(stderr, "ampd run: cannot run %s: %s\n", args[0], strerror(errno));
-    _exit(127);
-}
-
 /* The spec read from stdin ("-") in a file the ranks can read: its path in path. */
 static int spec_file(const char *spec, size_t len, char *path, size_t pathlen)
 {
@@ -110,17 +100,27 @@ static int spec_file(const char *spec, size_t len, char *path, size_t pathlen)
 /* Start mpirun with args and wait for it, passing SIGINT/SIGTERM on as SIGUSR1. */
 static int run_mpirun(char **args)
 {
+    char what[1100];
+    daemon_spawn_opts o = {.exe = args[0],
+                           .argv = args,
+                           .in = -1,
+                           .out = -1,
+                           .err = -1,
+                           .death_signal = SIGTERM,
+                           .exec_error = what};
     struct sigaction sa;
     int status = 0;
     pid_t pid;
 
+    snprintf(what, sizeof(what), "ampd run: cannot run %s", args[0]);
+    /* ranks yield the core while they wait in a collective (one machine, many ranks); set
+     * here, before the fork, since the child may only make async-signal-safe calls */
+    setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
     fflush(stdout);
-    if ((pid = fork()) < 0) {
+    if (daemon_spawn(&o, &pid) != 0) {
         log_error("fork: %s", strerror(errno));
         return 1;
     }
-    if (pid == 0)
-        exec_child(args);
     child_pid = pid;
     memset(&sa, 0, sizeof(sa));
     sa.sa_handler = forward;

@@ -30,19 +30,20 @@
  * Threads: the calling thread only (BLAS has its own).
  */
 #include <errno.h>
-#include <getopt.h>
-#include <unistd.h>
 #include <math.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "api/api.h"
 #include "daemon/ckpt.h"
 #include "daemon/daemon.h"
 #include "daemon/line.h"
 #include "daemon/log.h"
+#include "daemon/opts.h"
 #include "daemon/ranks.h"
 
 #define SPEC_MAX_BYTES (1 << 20)
@@ -60,7 +61,8 @@ typedef struct {
     const char *ckpt_dir; /* --checkpoint-dir: NULL for none */
     const char *resume;   /* --resume: a checkpoint file or directory, or NULL */
     bool no_delete;       /* --no-delete: dropped checkpoints are left for the caller */
-    int every;
+    int every;            /* --every: every Nth step line is printed */
+    int roots_given;      /* --data-root options read */
     int64_t profile;      /* --profile: the step to profile, 0 for none */
     api_spec_opts opts;
 } run_args;
@@ -147,91 +149,95 @@ static double median(double *v, int64_t n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-static void usage(FILE *f)
+static int every_arg(void *args, const char *v)
 {
-    fprintf(f, "usage: ampd run [--every N] [--data-root DIR]... [--checkpoint-dir DIR]\n"
-               "                [--resume CKPT|DIR] [--no-delete] [--profile STEP] JOB.json|-\n"
-               "  Train the job in the foreground; one JSON line per step on stdout.\n"
-               "  --every N             print every Nth step line (default 1)\n"
-               "  --profile STEP        time step STEP phase by phase (attention, linears,\n"
-               "                        optimizer...) and print a \"profile\" line after it\n"
-               "  --data-root DIR       where named datasets are found (repeatable;\n"
-               "                        default /usr/share/datasets, /usr/share/games)\n"
-               "  --checkpoint-dir DIR  write ckpt-<step>.safetensors every checkpoint_every\n"
-               "                        steps, at the end and when stopped by a signal; keep\n"
-               "                        checkpoints.keep_last (+ keep_best, + the last healthy)\n"
-               "  --resume CKPT|DIR     continue from a checkpoint of the same job: the newest\n"
-               "                        one that verifies, CKPT or older (step 0 when none)\n"
-               "  --no-delete           name the checkpoints the retention drops in\n"
-               "                        \"checkpoint_drop\" lines, without deleting them\n");
+    run_args *a = args;
+    a->every = atoi(v);
+    if (a->every < 1) {
+        fprintf(stderr, "ampd run: --every must be a positive integer\n");
+        return -1;
+    }
+    return 0;
 }
+
+/* One more --data-root: the first one replaces the default roots. */
+static int root_arg(void *args, const char *v)
+{
+    run_args *a = args;
+    if (a->roots_given >= API_MAX_ROOTS) {
+        fprintf(stderr, "ampd run: at most %d --data-root options\n", API_MAX_ROOTS);
+        return -1;
+    }
+    snprintf(a->opts.roots[a->roots_given++], sizeof(a->opts.roots[0]), "%s", v);
+    a->opts.nroots = a->roots_given;
+    return 0;
+}
+
+static int profile_arg(void *args, const char *v)
+{
+    run_args *a = args;
+    char *end;
+    long long x;
+    errno = 0;
+    x = strtoll(v, &end, 10);
+    if (errno || end == v || *end || x < 1) {
+        fprintf(stderr, "ampd run: --profile needs a step number >= 1, not '%s'\n", v);
+        return -1;
+    }
+    a->profile = x;
+    return 0;
+}
+
+/* `ampd run`'s options: the parser and the help read this table. */
+static const daemon_opt run_opts[] = {
+    {"every", 'e', "N", .kind = DAEMON_OPT_INT, .off = offsetof(run_args, every), .def = 1,
+     .set = every_arg, .help = "print every Nth step line (default %s)"},
+    {"data-root", 'd', "DIR", .kind = DAEMON_OPT_CALL, .repeat = true, .set = root_arg,
+     .show = daemon_opts_show_roots,
+     .help = "where named datasets are found (repeatable;\ndefault %s)"},
+    {"checkpoint-dir", 'c', "DIR", .kind = DAEMON_OPT_PTR, .off = offsetof(run_args, ckpt_dir),
+     .help = "write ckpt-<step>.safetensors every checkpoint_every\nsteps, at the end and when "
+             "stopped by a signal; keep\ncheckpoints.keep_last (+ keep_best, + the last "
+             "healthy)"},
+    {"resume", 'r', "CKPT|DIR", .kind = DAEMON_OPT_PTR, .off = offsetof(run_args, resume),
+     .help = "continue from a checkpoint of the same job: the newest\none that verifies, CKPT "
+             "or older (step 0 when none)"},
+    {"no-delete", 'n', NULL, .kind = DAEMON_OPT_FLAG, .off = offsetof(run_args, no_delete),
+     .help = "name the checkpoints the retention drops in\n\"checkpoint_drop\" lines, without "
+             "deleting them"},
+    {"profile", 'p', "STEP", .kind = DAEMON_OPT_CALL, .set = profile_arg,
+     .help = "time step STEP phase by phase (attention, linears,\noptimizer...) and print a "
+             "\"profile\" line after it"},
+    {"help", 'h', NULL, .kind = DAEMON_OPT_HELP},
+};
+
+static const daemon_opts_cmd run_cmd = {
+    .name = "run",
+    .opts = run_opts,
+    .nopts = (int)(sizeof(run_opts) / sizeof(run_opts[0])),
+    .list_options = true,
+    .operands = "JOB.json|-",
+    .about = "  Train the job in the foreground; one JSON line per step on stdout.\n",
+    .col = 24,
+};
 
 static int parse_args(int argc, char **argv, run_args *a)
 {
-    static const struct option longopts[] = {{"every", required_argument, NULL, 'e'},
-                                             {"data-root", required_argument, NULL, 'd'},
-                                             {"checkpoint-dir", required_argument, NULL, 'c'},
-                                             {"resume", required_argument, NULL, 'r'},
-                                             {"profile", required_argument, NULL, 'p'},
-                                             {"no-delete", no_argument, NULL, 'n'},
-                                             {"help", no_argument, NULL, 'h'},
-                                             {NULL, 0, NULL, 0}};
-    int ch, roots = 0;
+    int first, rc;
     memset(a, 0, sizeof(*a));
-    a->every = 1;
     api_spec_opts_default(&a->opts);
-    optind = 1;
-    while ((ch = getopt_long(argc, argv, "e:d:c:r:p:nh", longopts, NULL)) != -1) {
-        switch (ch) {
-        case 'e':
-            a->every = atoi(optarg);
-            if (a->every < 1) {
-                fprintf(stderr, "ampd run: --every must be a positive integer\n");
-                return 2;
-            }
-            break;
-        case 'd':
-            if (roots >= API_MAX_ROOTS) {
-                fprintf(stderr, "ampd run: at most %d --data-root options\n", API_MAX_ROOTS);
-                return 2;
-            }
-            snprintf(a->opts.roots[roots++], sizeof(a->opts.roots[0]), "%s", optarg);
-            a->opts.nroots = roots;
-            break;
-        case 'c':
-            a->ckpt_dir = optarg;
-            break;
-        case 'r':
-            a->resume = optarg;
-            break;
-        case 'n':
-            a->no_delete = true;
-            break;
-        case 'p': {
-            char *end;
-            errno = 0;
-            long long v = strtoll(optarg, &end, 10);
-            if (errno || end == optarg || *end || v < 1) {
-                fprintf(stderr, "ampd run: --profile needs a step number >= 1, not '%s'\n",
-                        optarg);
-                return 2;
-            }
-            a->profile = v;
-            break;
-        }
-        case 'h':
-            usage(stdout);
-            return 1;
-        default:
-            usage(stderr);
-            return 2;
-        }
+    rc = daemon_opts_parse(&run_cmd, argc, argv, a, &first);
+    if (rc == DAEMON_OPTS_HELP) {
+        daemon_opts_usage(stdout, &run_cmd);
+        return 1;
     }
-    if (optind != argc - 1) {
-        usage(stderr);
+    if (rc == DAEMON_OPTS_BAD)
+        return 2;
+    if (rc != DAEMON_OPTS_OK || first != argc - 1) {
+        daemon_opts_usage(stderr, &run_cmd);
         return 2;
     }
-    a->path = argv[optind];
+    a->path = argv[first];
     return 0;
 }
 

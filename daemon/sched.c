@@ -1,7 +1,7 @@
 /*
  * sched.c - the scheduler and worker supervision (contract in sched.h).
  *
- * A worker is an `ampd run` child process: fork + execv of cfg.exe with
+ * A worker is an `ampd run` child process, started by daemon_spawn (spawn.h) as cfg.exe with
  *   run --every 1 --checkpoint-dir <data_dir>/jobs/<id> [--resume CKPT] [--data-root R]...
  *       <data_dir>/jobs/<id>/spec.json
  * in its own process group, stdin /dev/null, stdout a pipe to the scheduler, stderr appended
@@ -14,40 +14,21 @@
  * signal only fires when the daemon process dies).
  *
  * The scheduler thread polls the worker pipes and a self-pipe (submit, cancel, resume and
- * stop write a byte) with a 200 ms timeout, parses each JSON line (no fixed line length),
- * and writes it to the store (whose stream orders the SSE messages; store.h):
- *   step       -> store_metric_append; "overflow" and "scale" events; at a run's first
- *                 step a "memory" event with the bytes by category
- *   eval       -> store_metric_eval
- *   checkpoint -> store_checkpoint_add (which first makes every metric up to the checkpoint
- *                 durable, so a restart never resumes past a lost row),
- *                 store_job_set_checkpoint
- *   checkpoint_drop -> the file deleted (the worker runs with --no-delete, so a file goes
- *                 only after the newer checkpoint's line, which came first, is recorded),
- *                 store_checkpoint_delete
- *   summary    -> store_job_set_summary (the line as is)
- *   layers     -> store_layer_stats_append (one row per layer, the scale and the first
- *                 layer to produce inf/NaN)
- *   event      -> store_event_append with the line's kind ("recommendation", ...) and
- *                 message, data {"layer": ...} when the line names one. Kinds the daemon
- *                 writes itself (lifecycle, overflow, scale, memory) are refused.
- *   start, resume -> "lifecycle" events; a resume that walked back past the checkpoint it
- *                 was given (damaged ones) truncates the metrics to the step it continues
- *                 from, and each checkpoint it skipped gets a "checkpoint" event (why)
+ * stop write a byte) with a 200 ms timeout and hands a readable worker to ingest.c, which
+ * turns its lines into store writes (worker.h).
  * Children are reaped with waitpid(WNOHANG) each turn (no SIGCHLD handler). A worker's job
  * ends after it has exited and its pipe is drained: the store is flushed, the lifecycle
  * event written, then the status (succeeded / failed with the reason and the log's last
  * lines / cancelled / interrupted), which ends the job's stream.
  *
  * The store's back-pressure (docs/architecture.md, "The store"): a pipe is read only while
- * the store takes more (takes_lines: it writes and its queue is short); otherwise the
- * worker blocks on its full pipe, which is neither a failure nor silence (the hung timer
- * stops meanwhile). A checkpoint or summary the store refuses (STORE_EFULL, STORE_EBUSY,
- * STORE_EIO) is kept and recorded when it can; an exited worker whose end the store refuses
- * stays in the table and is tried again every END_RETRY_S once the store writes; no queued
- * job starts meanwhile; a worker left waiting stall_timeout_s is stopped, its job failed
- * with the reason. Only a stopping daemon gives up an end it cannot record (the job stays
- * running in the store, and the next start's recovery interrupts and resumes it).
+ * the store takes more (daemon_ingest_takes_lines); otherwise the worker blocks on its full
+ * pipe, which is neither a failure nor silence (the hung timer stops meanwhile). An exited
+ * worker whose end the store refuses stays in the table and is tried again every
+ * END_RETRY_S once the store writes; no queued job starts meanwhile; a worker left waiting
+ * stall_timeout_s is stopped, its job failed with the reason. Only a stopping daemon gives
+ * up an end it cannot record (the job stays running in the store, and the next start's
+ * recovery interrupts and resumes it).
  *
  * Invariants: a job id is in the worker table iff its store status is running and this
  * daemon started it; the table changes only on the scheduler thread and only under mu;
@@ -57,7 +38,6 @@
  * Threads: one scheduler thread; the daemon_sched_* calls come from the HTTP threads and
  * take mu. A worker's parsing state is touched by the scheduler thread only.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -70,10 +50,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -81,9 +58,12 @@
 
 #include "api/api.h"
 #include "daemon/ckpt.h"
+#include "daemon/fs.h"
 #include "daemon/line.h"
 #include "daemon/log.h"
 #include "daemon/sched.h"
+#include "daemon/spawn.h"
+#include "daemon/worker.h"
 #include "gpu/gpu.h"
 #include "store/store.h"
 
@@ -91,66 +71,7 @@
 #define TURN_MAX_S 1.0 /* a turn counts for at most this much of a worker's silence */
 #define SCHEDULE_EVERY_S 2.0 /* look at the queue at least this often */
 #define GRACE_S 30.0         /* SIGTERM to SIGKILL, on cancel and on stop */
-#define LINE_MAX_BYTES (64u << 20)
-#define READ_CHUNK 65536
-#define LOG_TAIL_LINES 10
-#define LOG_TAIL_BYTES 8192
-#define MAX_EVENTS_PER_RUN 2000 /* overflow and scale events of one worker run */
-#define MAX_WORKER_EVENTS 2000  /* events (recommendations, ...) a worker run may add */
-#define MAX_PENDING_CKPTS 64    /* checkpoint lines of a worker waiting for the store */
 #define END_RETRY_S 1.0         /* a job's end the store could not record: tried again after */
-
-/* A checkpoint or checkpoint_drop line the store has not taken yet. */
-typedef struct {
-    int64_t step, bytes;
-    bool drop;  /* a checkpoint_drop: delete the file and its record */
-    bool added; /* store_checkpoint_add done; store_job_set_checkpoint not yet */
-    char path[512];
-} pending_ckpt;
-
-typedef struct {
-    int64_t job;
-    pid_t pid;
-    int fd; /* read end of the stdout pipe; -1 after EOF */
-    char dir[640];
-    off_t log_start; /* worker.log size when this run started */
-    double started, last_output, term_at;
-    bool term_sent, kill_sent, cancel, exited, hung;
-    int wstatus;
-    /* line assembly */
-    char *buf;
-    size_t len, cap;
-    bool discarding; /* inside an over-long line */
-    /* parsing state */
-    int64_t base_step, last_step;
-    int64_t resumed_from; /* the checkpoint step the worker was given (0: none) */
-    int64_t newest_ckpt;  /* the newest checkpoint recorded for this run: never dropped */
-    double prev_scale, final_scale;
-    bool have_prev;
-    bool pending; /* an overflow event waits for the next step's scale */
-    int64_t pending_step;
-    double pending_scale;
-    bool pending_skipped;
-    int events, worker_events;
-    store_layer_stat *layers; /* the rows of a "layers" line being parsed */
-    size_t layers_cap;
-    char *summary_error;
-    /* the store's back-pressure: a worker is not read while the store cannot take more */
-    bool paused;
-    double paused_since;
-    bool stalled;          /* stopped after stall_timeout_s paused; its job fails */
-    char stall_why[256];   /* the store's failure then */
-    /* what the store could not record yet: tried again until it can */
-    char *summary_line;
-    pending_ckpt ckpts[MAX_PENDING_CKPTS];
-    int nckpts;
-    bool ckpt_warned;
-    /* the end, once the worker has exited (finish_worker) */
-    bool drained, end_decided, end_event, end_warned;
-    store_status end_status;
-    char *end_err;
-    double end_retry_at;
-} worker;
 
 struct daemon_sched {
     store *st;
@@ -168,13 +89,6 @@ struct daemon_sched {
     double pause_start;
 };
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static void wake_up(daemon_sched *s)
 {
     char c = 1;
@@ -182,122 +96,9 @@ static void wake_up(daemon_sched *s)
     (void)r; /* a full pipe already means "wake up" */
 }
 
-/* ---- files -------------------------------------------------------------------------------- */
-
-/* Append text to the string in out (outlen bytes), truncating. */
-static void append(char *out, size_t outlen, const char *text)
-{
-    size_t used = strnlen(out, outlen), n = strlen(text);
-    if (used + 1 >= outlen)
-        return;
-    if (n > outlen - used - 1)
-        n = outlen - used - 1;
-    memcpy(out + used, text, n);
-    out[used + n] = '\0';
-}
-
-/* Create path and its missing parents with mode; see sched.h. */
-int daemon_mkdirs(const char *path, unsigned mode)
-{
-    char tmp[1024];
-    size_t n = strlen(path);
-    if (n == 0 || n >= sizeof(tmp))
-        return -1;
-    memcpy(tmp, path, n + 1);
-    for (char *p = tmp + 1; *p; p++)
-        if (*p == '/') {
-            *p = '\0';
-            if (mkdir(tmp, (mode_t)mode) != 0 && errno != EEXIST)
-                return -1;
-            *p = '/';
-        }
-    return mkdir(tmp, (mode_t)mode) != 0 && errno != EEXIST ? -1 : 0;
-}
-
 static void job_dir(const daemon_sched *s, int64_t id, char *out, size_t len)
 {
     snprintf(out, len, "%s/jobs/%lld", s->cfg.data_dir, (long long)id);
-}
-
-/* Write text to path atomically (temp file, fsync, rename). */
-static int write_atomic(const char *path, const char *text)
-{
-    char tmp[1100];
-    size_t n = strlen(text);
-    int fd, ok;
-    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
-    if (fd < 0)
-        return -1;
-    ok = write(fd, text, n) == (ssize_t)n && fsync(fd) == 0;
-    ok = close(fd) == 0 && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        unlink(tmp);
-        return -1;
-    }
-    return 0;
-}
-
-/* Remove a job directory: its files (no subdirectories are ever made) and itself. */
-static void remove_dir(const char *dir)
-{
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    char path[1024];
-    if (!d)
-        return;
-    while ((e = readdir(d)) != NULL) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-            continue;
-        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-        if (unlink(path) != 0)
-            log_warn("cannot remove %s: %s", path, strerror(errno));
-    }
-    closedir(d);
-    if (rmdir(dir) != 0 && errno != ENOENT)
-        log_warn("cannot remove %s: %s", dir, strerror(errno));
-}
-
-/* The last LOG_TAIL_LINES lines of worker.log written since byte start, appended to out. */
-static void log_tail(const char *dir, off_t start, char *out, size_t outlen)
-{
-    char path[700], buf[LOG_TAIL_BYTES + 1];
-    struct stat sb;
-    ssize_t n;
-    char *p;
-    int fd, lines = 0;
-
-    snprintf(path, sizeof(path), "%s/worker.log", dir);
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return;
-    if (fstat(fd, &sb) != 0 || sb.st_size <= start) {
-        close(fd);
-        return;
-    }
-    if (sb.st_size - start > LOG_TAIL_BYTES)
-        start = sb.st_size - LOG_TAIL_BYTES;
-    n = pread(fd, buf, LOG_TAIL_BYTES, start);
-    close(fd);
-    if (n <= 0)
-        return;
-    while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
-        n--;
-    buf[n] = '\0';
-    for (p = buf + n; p > buf; p--)
-        if (p[-1] == '\n' && ++lines == LOG_TAIL_LINES)
-            break;
-    append(out, outlen, "\nlast lines of worker.log:\n");
-    append(out, outlen, p);
-}
-
-/* ---- the store's back-pressure -------------------------------------------------------------- */
-
-/* A store failure that passes (a full disk, a lock, an I/O error): what failed is tried again
- * once the store writes again. Any other code (the job is gone, a bad argument) is final. */
-static bool transient(int rc)
-{
-    return rc == STORE_EFULL || rc == STORE_EBUSY || rc == STORE_EIO;
 }
 
 /* Whether the store writes (its last attempt did). */
@@ -308,650 +109,7 @@ static bool writes_ok(daemon_sched *s)
     return h.code == 0;
 }
 
-/* Whether w's pipe may be read now. The store takes what a worker prints while it writes
- * and its queue is short; else the worker is left blocked on its full pipe (paused, not
- * failed) until it does. A worker told to stop is still read while the queue has room
- * (its last lines and checkpoint matter, and it prints little more); an exited one is
- * drained whatever the queue (a pipe holds little). */
-static bool takes_lines(daemon_sched *s, const worker *w)
-{
-    store_health h;
-    if (w->exited)
-        return true;
-    store_get_health(s->st, &h);
-    if (w->term_sent)
-        return h.held < STORE_QUEUE_MAX / 2;
-    return h.code == 0 && h.held < STORE_QUEUE_HIGH;
-}
-
-/* ---- events ------------------------------------------------------------------------------- */
-
-/* Record an event in the store. Strings are borrowed; data (may be NULL) is consumed. */
-static void add_event(daemon_sched *s, int64_t job, int64_t step, const char *kind,
-                      const char *message, json_t *data)
-{
-    char *d = data ? json_dumps(data, JSON_COMPACT) : NULL;
-    store_event_append(s->st, job, step, kind, message, d);
-    free(d);
-    json_decref(data);
-}
-
-/* Emit the overflow event waiting for the scale that followed it (NaN: unknown). */
-static void flush_pending(daemon_sched *s, worker *w, double new_scale)
-{
-    char msg[256];
-    int n;
-    if (!w->pending)
-        return;
-    w->pending = false;
-    if (w->events >= MAX_EVENTS_PER_RUN)
-        return;
-    if (++w->events == MAX_EVENTS_PER_RUN) {
-        add_event(s, w->job, w->pending_step, "overflow",
-                  "further overflow and scale events of this run are not recorded as events; "
-                  "the metrics keep every step",
-                  NULL);
-        return;
-    }
-    n = snprintf(msg, sizeof(msg), "step %lld: gradients overflowed%s", (long long)w->pending_step,
-                 w->pending_skipped ? "; optimizer step skipped" : "");
-    if (!isnan(new_scale) && new_scale != w->pending_scale)
-        snprintf(msg + n, sizeof(msg) - (size_t)n, "; loss scale %g -> %g", w->pending_scale,
-                 new_scale);
-    else
-        snprintf(msg + n, sizeof(msg) - (size_t)n, "; loss scale %g", w->pending_scale);
-    add_event(s, w->job, w->pending_step, "overflow", msg,
-              json_pack("{s:b, s:o, s:o}", "skipped", w->pending_skipped, "loss_scale",
-                        api_json_num(w->pending_scale), "new_loss_scale", api_json_num(new_scale)));
-}
-
-/* ---- line parsing ------------------------------------------------------------------------- */
-
-static double field(json_t *o, const char *key)
-{
-    return daemon_line_num(json_object_get(o, key));
-}
-
-/* The "step" of a line, or -1 when absent or not a non-negative integer. */
-static int64_t line_step(json_t *o)
-{
-    json_t *v = json_object_get(o, "step");
-    return json_is_integer(v) && json_integer_value(v) >= 0 ? (int64_t)json_integer_value(v) : -1;
-}
-
-/* The memory event of a run's first step: its bytes by category (the line's "mem"), which
- * the step rows keep only as totals. */
-static void memory_event(daemon_sched *s, worker *w, int64_t step, json_t *mem)
-{
-    static const char *const cats[] = {"weights", "master", "grads", "optimizer", "activations",
-                                       "workspace"};
-    char msg[320];
-    int n;
-    if (!json_is_object(mem))
-        return;
-    n = snprintf(msg, sizeof(msg), "step %lld holds %.1f MiB:", (long long)step,
-                 field(mem, "total") / 1048576.0);
-    for (size_t i = 0; i < sizeof(cats) / sizeof(cats[0]) && n > 0 && (size_t)n < sizeof(msg); i++)
-        n += snprintf(msg + n, sizeof(msg) - (size_t)n, "%s %s %.1f MiB", i ? "," : "", cats[i],
-                      field(mem, cats[i]) / 1048576.0);
-    add_event(s, w->job, step, "memory", msg, json_incref(mem));
-}
-
-static void on_step(daemon_sched *s, worker *w, json_t *o)
-{
-    store_metric m;
-    int64_t step = line_step(o);
-    double scale;
-
-    if (step < 1)
-        return;
-    memset(&m, 0, sizeof(m));
-    m.job_id = w->job;
-    m.step = step;
-    for (int i = 0; i < STORE_M_NFIELDS; i++)
-        m.v[i] = NAN;
-    daemon_line_fields(o, STORE_LINE_STEP, m.v);
-    scale = m.v[STORE_M_LOSS_SCALE];
-    store_metric_append(s->st, &m);
-    if (!w->have_prev)
-        memory_event(s, w, step, json_object_get(o, "mem"));
-
-    /* The scale of step N is the one its backward used; a change shows at step N+1. */
-    flush_pending(s, w, scale);
-    if (w->have_prev && step == w->last_step + 1 && scale != w->prev_scale &&
-        !(isnan(scale) && isnan(w->prev_scale)) && w->events < MAX_EVENTS_PER_RUN) {
-        char msg[160];
-        w->events++;
-        snprintf(msg, sizeof(msg), "after step %lld: loss scale %g -> %g (%s)",
-                 (long long)w->last_step, w->prev_scale, scale,
-                 scale < w->prev_scale ? "backoff" : "growth");
-        add_event(s, w->job, w->last_step, "scale", msg,
-                  json_pack("{s:o, s:o}", "from", api_json_num(w->prev_scale), "to",
-                            api_json_num(scale)));
-    }
-    if (json_is_true(json_object_get(o, "overflow"))) {
-        w->pending = true;
-        w->pending_step = step;
-        w->pending_scale = scale;
-        w->pending_skipped = json_is_true(json_object_get(o, "skipped"));
-    }
-    w->prev_scale = scale;
-    w->have_prev = true;
-    w->last_step = step;
-}
-
-/* True when path is this worker's checkpoint file of step. */
-static bool ckpt_path_ok(const worker *w, int64_t step, const char *path)
-{
-    char want[700];
-    if (step < 0 || !path)
-        return false;
-    daemon_ckpt_path(w->dir, step, want, sizeof(want));
-    return strcmp(path, want) == 0;
-}
-
-/* Drop a checkpoint the worker gave up: delete its file, then its record. 0, or the store's
- * transient failure (the file is gone then; the record goes when the op is tried again). */
-static int drop_checkpoint(daemon_sched *s, worker *w, const pending_ckpt *c)
-{
-    int rc;
-    if (unlink(c->path) != 0 && errno != ENOENT) {
-        log_warn("job %lld: cannot delete %s: %s", (long long)w->job, c->path, strerror(errno));
-        return 0; /* its record stays: the file still takes its bytes */
-    }
-    rc = store_checkpoint_delete(s->st, w->job, c->step);
-    if (transient(rc))
-        return rc;
-    if (rc != 0 && rc != STORE_ENOTFOUND)
-        log_error("job %lld: cannot remove the record of the checkpoint at step %lld: %s",
-                  (long long)w->job, (long long)c->step, store_strerror(rc));
-    log_debug("job %lld: checkpoint %lld dropped", (long long)w->job, (long long)c->step);
-    return 0;
-}
-
-/* Carry out w's pending checkpoint lines in their order: a checkpoint is recorded (by
- * store_checkpoint_add, which first makes every row queued before it durable: the steps up
- * to the checkpoint came before its line), a dropped one deleted. While the store cannot
- * write they wait here, so a checkpoint is never recorded over rows the store holds but has
- * not written, and a file is never deleted before the newer checkpoint whose line came
- * first is recorded. 0 when none is left. */
-static int record_checkpoints(daemon_sched *s, worker *w)
-{
-    while (w->nckpts > 0) {
-        pending_ckpt *c = &w->ckpts[0];
-        int rc = 0;
-        if (c->drop) {
-            rc = drop_checkpoint(s, w, c);
-        } else {
-            if (!c->added && (rc = store_checkpoint_add(s->st, w->job, c->step, c->path,
-                                                        c->bytes < 0 ? 0 : c->bytes)) == 0)
-                c->added = true;
-            if (rc == 0)
-                rc = store_job_set_checkpoint(s->st, w->job, c->step);
-        }
-        if (transient(rc)) {
-            if (!w->ckpt_warned)
-                log_warn("job %lld: the checkpoint at step %lld is %s once the store writes "
-                         "again (%s)",
-                         (long long)w->job, (long long)c->step, c->drop ? "dropped" : "recorded",
-                         store_strerror(rc));
-            w->ckpt_warned = true;
-            return rc;
-        }
-        if (rc)
-            log_error("job %lld: cannot record the checkpoint at step %lld: %s",
-                      (long long)w->job, (long long)c->step, store_strerror(rc));
-        else if (w->ckpt_warned && !c->drop)
-            log_info("job %lld: the checkpoint at step %lld is recorded", (long long)w->job,
-                     (long long)c->step);
-        memmove(&w->ckpts[0], &w->ckpts[1], sizeof(w->ckpts[0]) * (size_t)(w->nckpts - 1));
-        w->nckpts--;
-    }
-    w->ckpt_warned = false;
-    return 0;
-}
-
-/* Queue a checkpoint line (drop: a checkpoint_drop) after the ones still waiting for the
- * store, and carry out what can be. */
-static void queue_checkpoint(daemon_sched *s, worker *w, int64_t step, const char *path,
-                             int64_t bytes, bool drop)
-{
-    pending_ckpt *c;
-    if (strlen(path) >= sizeof(w->ckpts[0].path)) {
-        log_warn("job %lld: ignoring a checkpoint path longer than %zu bytes", (long long)w->job,
-                 sizeof(w->ckpts[0].path) - 1);
-        return;
-    }
-    if (w->nckpts == MAX_PENDING_CKPTS) {
-        log_warn("job %lld: the checkpoint at step %lld is never %s: %d newer lines wait for "
-                 "the store",
-                 (long long)w->job, (long long)w->ckpts[0].step,
-                 w->ckpts[0].drop ? "dropped" : "recorded", MAX_PENDING_CKPTS);
-        memmove(&w->ckpts[0], &w->ckpts[1], sizeof(w->ckpts[0]) * (MAX_PENDING_CKPTS - 1));
-        w->nckpts--;
-    }
-    c = &w->ckpts[w->nckpts++];
-    memset(c, 0, sizeof(*c));
-    c->step = step;
-    c->bytes = bytes;
-    c->drop = drop;
-    snprintf(c->path, sizeof(c->path), "%s", path);
-    record_checkpoints(s, w);
-}
-
-/* Store w's summary line (kept until the store takes it); 0 when it is stored. */
-static int record_summary(daemon_sched *s, worker *w)
-{
-    int rc;
-    if (!w->summary_line)
-        return 0;
-    rc = store_job_set_summary(s->st, w->job, w->summary_line);
-    if (rc && transient(rc))
-        return rc;
-    if (rc)
-        log_error("job %lld: cannot store the summary: %s", (long long)w->job,
-                  store_strerror(rc));
-    free(w->summary_line);
-    w->summary_line = NULL;
-    return 0;
-}
-
-static void on_checkpoint(daemon_sched *s, worker *w, json_t *o)
-{
-    int64_t step = line_step(o);
-    const char *path = json_string_value(json_object_get(o, "path"));
-    json_t *bytes = json_object_get(o, "bytes");
-
-    if (!ckpt_path_ok(w, step, path)) {
-        log_warn("job %lld: ignoring a checkpoint line outside %s", (long long)w->job, w->dir);
-        return;
-    }
-    w->newest_ckpt = step;
-    queue_checkpoint(s, w, step, path,
-                     json_is_integer(bytes) ? (int64_t)json_integer_value(bytes) : 0, false);
-}
-
-/* A "checkpoint_drop" line: the worker's retention (or its resume) gave up a checkpoint of
- * the job's directory. Its newer checkpoint's line came first, and the drop waits in line
- * behind it until it is recorded (record_checkpoints), so deleting the file never leaves
- * the job without the checkpoint a restart would use. */
-static void on_drop(daemon_sched *s, worker *w, json_t *o)
-{
-    int64_t step = line_step(o);
-    const char *path = json_string_value(json_object_get(o, "path"));
-
-    if (!ckpt_path_ok(w, step, path) || step == w->newest_ckpt) {
-        log_warn("job %lld: ignoring a checkpoint_drop line (step %lld)", (long long)w->job,
-                 (long long)step);
-        return;
-    }
-    queue_checkpoint(s, w, step, path, 0, true);
-}
-
-/* A checkpoint a resume did not use: a "checkpoint" event and a log line saying why. */
-static void skip_event(daemon_sched *s, int64_t job, int64_t step, const char *path,
-                       const char *reason)
-{
-    const char *slash = strrchr(path, '/');
-    const char *file = slash ? slash + 1 : path;
-    char msg[768];
-    snprintf(msg, sizeof(msg), "skipped the checkpoint at step %lld (%.100s): %.500s",
-             (long long)step, file, reason);
-    log_warn("job %lld: %s", (long long)job, msg);
-    add_event(
-        s, job, step, "checkpoint", msg,
-        json_pack("{s:I, s:s, s:s}", "step", (json_int_t)step, "file", file, "reason", reason));
-}
-
-/* The reason the worker's "resume" line gives for skipping step, or NULL. */
-static const char *skip_reason(json_t *skipped, int64_t step)
-{
-    size_t i;
-    json_t *e;
-    json_array_foreach(skipped, i, e)
-    {
-        if (line_step(e) == step)
-            return json_string_value(json_object_get(e, "reason"));
-    }
-    return NULL;
-}
-
-/* A "resume" line: {"step", "path" (null: none verified), "skipped": [{"step", "path",
- * "reason"}]}. The worker walked back from the checkpoint it was given to the newest that
- * verifies: the metric rows after that step go, and each checkpoint recorded after it
- * (or named by the worker) gets an event saying why it was skipped. */
-static void on_resume(daemon_sched *s, worker *w, json_t *o)
-{
-    int64_t step = line_step(o);
-    json_t *skipped = json_object_get(o, "skipped"), *e;
-    bool found = json_is_string(json_object_get(o, "path"));
-    store_checkpoint *cks = NULL;
-    int n = 0, nskip = 0;
-    size_t i;
-    char msg[256];
-
-    if (step < 0)
-        step = 0;
-    if (step < w->base_step) {
-        if (store_metrics_truncate(s->st, w->job, step) != 0 ||
-            store_job_set_checkpoint(s->st, w->job, step) != 0)
-            log_error("job %lld: cannot go back to step %lld", (long long)w->job, (long long)step);
-        w->base_step = w->last_step = step;
-    }
-    w->newest_ckpt = found ? step : -1;
-    json_array_foreach(skipped, i, e)
-    {
-        const char *path = json_string_value(json_object_get(e, "path"));
-        const char *reason = json_string_value(json_object_get(e, "reason"));
-        if (path && reason) {
-            skip_event(s, w->job, line_step(e), path, reason);
-            nskip++;
-        }
-    }
-    /* the records newer than it that the worker did not name: files gone meanwhile */
-    if (store_checkpoint_list(s->st, w->job, &cks, &n) == 0)
-        for (int k = n - 1; k >= 0; k--) {
-            if (cks[k].step <= step || cks[k].step > w->resumed_from ||
-                skip_reason(skipped, cks[k].step))
-                continue;
-            if (access(cks[k].path, F_OK) != 0) {
-                skip_event(s, w->job, cks[k].step, cks[k].path, "missing");
-                store_checkpoint_delete(s->st, w->job, cks[k].step);
-                nskip++;
-            }
-        }
-    free(cks);
-    if (found && nskip > 0)
-        snprintf(msg, sizeof(msg),
-                 "resumed from the checkpoint at step %lld, the newest that verifies "
-                 "(%d newer skipped)",
-                 (long long)step, nskip);
-    else if (found)
-        snprintf(msg, sizeof(msg), "resumed from the checkpoint at step %lld", (long long)step);
-    else
-        snprintf(msg, sizeof(msg), "no checkpoint verifies (%d skipped): started again from step 0",
-                 nskip);
-    if (!found || nskip > 0)
-        log_warn("job %lld: %s", (long long)w->job, msg);
-    add_event(s, w->job, step, "lifecycle", msg, NULL);
-}
-
-static void on_summary(daemon_sched *s, worker *w, json_t *o, const char *line)
-{
-    const char *err = json_string_value(json_object_get(o, "error"));
-    w->final_scale = field(o, "final_loss_scale");
-    flush_pending(s, w, w->final_scale);
-    if (err) {
-        free(w->summary_error);
-        w->summary_error = strdup(err);
-    }
-    free(w->summary_line);
-    if (!(w->summary_line = strdup(line))) {
-        log_error("job %lld: out of memory storing the summary", (long long)w->job);
-        return;
-    }
-    if (record_summary(s, w) != 0)
-        log_warn("job %lld: the summary is stored once the store writes again",
-                 (long long)w->job);
-}
-
-/* A "layers" line: {"step", "scale", "first_nonfinite": {"layer", "where"} | null,
- * "layers": [{"name", "dtype", <STORE_L_ fields>}, ...]}. A field a layer does not report
- * is stored as missing; a layer without a name ends the list there. */
-static void on_layers(daemon_sched *s, worker *w, json_t *o)
-{
-    int64_t step = line_step(o);
-    json_t *arr = json_object_get(o, "layers"), *first = json_object_get(o, "first_nonfinite");
-    store_layer_info info;
-    size_t n = json_array_size(arr);
-    int k = 0;
-
-    if (step < 0 || !json_is_array(arr)) {
-        log_debug("job %lld: ignoring a layers line without a step or layers", (long long)w->job);
-        return;
-    }
-    if (n > STORE_LAYERS_MAX) {
-        log_warn("job %lld: step %lld reports %zu layers; keeping the first %d", (long long)w->job,
-                 (long long)step, n, STORE_LAYERS_MAX);
-        n = STORE_LAYERS_MAX;
-    }
-    if (n > w->layers_cap) {
-        store_layer_stat *nl = realloc(w->layers, n * sizeof(*nl));
-        if (!nl) {
-            log_error("job %lld: out of memory storing layer stats", (long long)w->job);
-            return;
-        }
-        w->layers = nl;
-        w->layers_cap = n;
-    }
-    memset(&info, 0, sizeof(info));
-    info.scale = field(o, "scale");
-    if (json_is_object(first)) {
-        const char *name = json_string_value(json_object_get(first, "layer"));
-        const char *where = json_string_value(json_object_get(first, "where"));
-        snprintf(info.first_layer, sizeof(info.first_layer), "%s", name ? name : "?");
-        snprintf(info.first_where, sizeof(info.first_where), "%s", where ? where : "");
-    }
-    for (size_t i = 0; i < n; i++) {
-        json_t *l = json_array_get(arr, i);
-        const char *name = json_string_value(json_object_get(l, "name"));
-        const char *dtype = json_string_value(json_object_get(l, "dtype"));
-        store_layer_stat *r = &w->layers[k];
-        if (!name || !*name) {
-            log_warn("job %lld: step %lld: layer %zu has no name; the rest are not stored",
-                     (long long)w->job, (long long)step, i);
-            break;
-        }
-        memset(r, 0, sizeof(*r));
-        snprintf(r->name, sizeof(r->name), "%s", name);
-        snprintf(r->dtype, sizeof(r->dtype), "%s", dtype ? dtype : "");
-        for (int f = 0; f < STORE_L_NFIELDS; f++) {
-            json_t *v = json_object_get(l, store_layer_field_name(f));
-            r->v[f] = daemon_line_num(v);
-            if (!v || json_is_null(v))
-                r->missing |= 1u << f;
-        }
-        k++;
-    }
-    if (store_layer_stats_append(s->st, w->job, step, &info, w->layers, k) != 0)
-        log_warn("job %lld: the layer stats of step %lld were not stored", (long long)w->job,
-                 (long long)step);
-}
-
-/* An "event" line: {"step", "kind", "message", "layer"?}. */
-static void on_worker_event(daemon_sched *s, worker *w, json_t *o)
-{
-    static const char *const reserved[] = {"lifecycle", "overflow", "scale", "memory",
-                                           "checkpoint"};
-    const char *kind = json_string_value(json_object_get(o, "kind"));
-    const char *message = json_string_value(json_object_get(o, "message"));
-    const char *layer = json_string_value(json_object_get(o, "layer"));
-    int64_t step = line_step(o);
-    size_t kl = kind ? strlen(kind) : 0;
-
-    if (kl == 0 || kl >= 32 || strspn(kind, "abcdefghijklmnopqrstuvwxyz_") != kl || !message) {
-        log_debug("job %lld: ignoring an event line without a kind or a message",
-                  (long long)w->job);
-        return;
-    }
-    for (size_t i = 0; i < sizeof(reserved) / sizeof(reserved[0]); i++)
-        if (strcmp(kind, reserved[i]) == 0) {
-            log_debug("job %lld: ignoring a worker event of the daemon's kind \"%s\"",
-                      (long long)w->job, kind);
-            return;
-        }
-    if (w->worker_events >= MAX_WORKER_EVENTS)
-        return;
-    if (++w->worker_events == MAX_WORKER_EVENTS) {
-        add_event(s, w->job, step < 0 ? w->last_step : step, kind,
-                  "further events of this worker run are not recorded", NULL);
-        return;
-    }
-    add_event(s, w->job, step < 0 ? w->last_step : step, kind, message,
-              layer ? json_pack("{s:s}", "layer", layer) : NULL);
-}
-
-/* The start line's "data" (a sequence set's unigram level) as a "data" event, which the
- * API's experiment comparison and the dashboard read to name the unigram plateau. */
-static void on_data(daemon_sched *s, worker *w, json_t *data)
-{
-    double h = json_number_value(json_object_get(data, "unigram_entropy"));
-    double top = json_number_value(json_object_get(data, "unigram_top_freq"));
-    char msg[256];
-    if (!json_is_object(data) || !(h > 0) || !(top > 0))
-        return;
-    snprintf(msg, sizeof(msg),
-             "training data: unigram entropy %.3f nats, most frequent token %.1f%% (the loss "
-             "and accuracy of a model that ignores the context)",
-             h, 100 * top);
-    add_event(s, w->job, w->base_step, "data", msg, json_incref(data));
-}
-
-/* One complete line from a worker: len bytes, no newline; line[len] is writable. */
-static void handle_line(daemon_sched *s, worker *w, char *line, size_t len)
-{
-    json_error_t jerr;
-    json_t *o;
-    const char *type;
-    char msg[768];
-
-    while (len > 0 && (line[len - 1] == '\r' || line[len - 1] == ' '))
-        len--;
-    line[len] = '\0';
-    if (len == 0)
-        return;
-    o = json_loadb(line, len, 0, &jerr);
-    type = json_string_value(json_object_get(o, "type"));
-    if (!type) {
-        log_debug("job %lld: ignoring a line that is not a JSON object with a type",
-                  (long long)w->job);
-    } else if (strcmp(type, "step") == 0) {
-        on_step(s, w, o);
-    } else if (strcmp(type, "eval") == 0) {
-        int64_t step = line_step(o);
-        if (step >= 0) {
-            double v[STORE_M_NFIELDS];
-            for (int i = 0; i < STORE_M_NFIELDS; i++)
-                v[i] = NAN;
-            daemon_line_fields(o, STORE_LINE_EVAL, v);
-            store_metric_eval(s->st, w->job, 0, step, v);
-        }
-    } else if (strcmp(type, "checkpoint") == 0) {
-        on_checkpoint(s, w, o);
-    } else if (strcmp(type, "checkpoint_drop") == 0) {
-        on_drop(s, w, o);
-    } else if (strcmp(type, "summary") == 0) {
-        on_summary(s, w, o, line);
-    } else if (strcmp(type, "layers") == 0) {
-        on_layers(s, w, o);
-    } else if (strcmp(type, "event") == 0) {
-        on_worker_event(s, w, o);
-    } else if (strcmp(type, "start") == 0) {
-        const char *blas = json_string_value(json_object_get(o, "blas"));
-        const char *dev = json_string_value(json_object_get(o, "device"));
-        snprintf(msg, sizeof(msg), "worker %d started on %.300s: %.0f parameters, blas %.200s",
-                 (int)w->pid, dev ? dev : "?", field(o, "params"), blas ? blas : "?");
-        add_event(s, w->job, w->base_step, "lifecycle", msg, NULL);
-        on_data(s, w, json_object_get(o, "data"));
-    } else if (strcmp(type, "resume") == 0) {
-        on_resume(s, w, o);
-    } else {
-        log_debug("job %lld: ignoring a \"%s\" line", (long long)w->job, type);
-    }
-    json_decref(o);
-}
-
-/* Split w->buf into lines; keep the incomplete tail. */
-static void split_lines(daemon_sched *s, worker *w)
-{
-    size_t start = 0;
-    for (;;) {
-        char *nl = memchr(w->buf + start, '\n', w->len - start);
-        if (!nl)
-            break;
-        size_t end = (size_t)(nl - w->buf);
-        if (w->discarding)
-            w->discarding = false;
-        else
-            handle_line(s, w, w->buf + start, end - start);
-        start = end + 1;
-    }
-    memmove(w->buf, w->buf + start, w->len - start);
-    w->len -= start;
-    if (w->len > LINE_MAX_BYTES) {
-        log_warn("job %lld: dropping a line longer than %u bytes", (long long)w->job,
-                 LINE_MAX_BYTES);
-        w->len = 0;
-        w->discarding = true;
-    }
-}
-
-/* Read what the pipe has, while the store takes it (takes_lines); on EOF or error close it. */
-static void read_worker(daemon_sched *s, worker *w)
-{
-    while (w->fd >= 0) {
-        ssize_t n;
-        if (w->cap - w->len < READ_CHUNK) {
-            size_t cap = w->cap ? w->cap * 2 : 2 * READ_CHUNK;
-            while (cap - w->len < READ_CHUNK)
-                cap *= 2;
-            char *p = realloc(w->buf, cap);
-            if (!p) {
-                log_error("job %lld: out of memory reading the worker", (long long)w->job);
-                w->len = 0;
-                w->discarding = true;
-                if (w->cap < READ_CHUNK) {
-                    close(w->fd);
-                    w->fd = -1;
-                }
-                continue;
-            }
-            w->buf = p;
-            w->cap = cap;
-        }
-        n = read(w->fd, w->buf + w->len, w->cap - w->len);
-        if (n > 0) {
-            w->len += (size_t)n;
-            w->last_output = now_s();
-            split_lines(s, w);
-            if (!takes_lines(s, w))
-                return; /* the rest waits in the pipe, and the worker with it */
-            continue;
-        }
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-            return;
-        /* EOF (or a read error): a last line without a newline still counts. */
-        if (w->len > 0 && !w->discarding)
-            handle_line(s, w, w->buf, w->len);
-        w->len = 0;
-        close(w->fd);
-        w->fd = -1;
-    }
-    /* Keep memory bounded between long lines. */
-    if (w->len == 0 && w->cap > 16 * READ_CHUNK) {
-        free(w->buf);
-        w->buf = NULL;
-        w->cap = 0;
-    }
-}
-
 /* ---- spawning ----------------------------------------------------------------------------- */
-
-static void worker_free(worker *w)
-{
-    if (!w)
-        return;
-    if (w->fd >= 0)
-        close(w->fd);
-    free(w->buf);
-    free(w->layers);
-    free(w->summary_error);
-    free(w->summary_line);
-    free(w->end_err);
-    free(w);
-}
 
 /* Prepare a queued job to restart from its newest checkpoint whose file is there (the
  * worker verifies it and walks back further past damaged ones): the records of the newer
@@ -974,7 +132,8 @@ static int prepare_resume(daemon_sched *s, const store_job *j, char *ckpt, size_
                 break;
             }
             int e = errno;
-            skip_event(s, j->id, cks[i].step, cks[i].path, e == ENOENT ? "missing" : strerror(e));
+            daemon_ingest_skip_event(s->st, j->id, cks[i].step, cks[i].path,
+                                     e == ENOENT ? "missing" : strerror(e));
             if (e == ENOENT) /* a file that is there but unreadable keeps its record */
                 store_checkpoint_delete(s->st, j->id, cks[i].step);
         }
@@ -991,26 +150,95 @@ static int prepare_resume(daemon_sched *s, const store_job *j, char *ckpt, size_
 
 typedef struct {
     char *argv[12 + 2 * DAEMON_MAX_ROOTS];
-    char every[8], flag_ckdir[32], flag_resume[16], flag_root[16];
+    char every[8];
     char spec[700];
     char ckpt[600];
+    int out[2], log, null; /* the stdout pipe, worker.log and /dev/null; -1: closed */
 } spawn_args;
+
+static void close_fds(spawn_args *a)
+{
+    int *fds[] = {&a->out[0], &a->out[1], &a->log, &a->null};
+    for (size_t i = 0; i < sizeof(fds) / sizeof(fds[0]); i++)
+        if (*fds[i] >= 0) {
+            close(*fds[i]);
+            *fds[i] = -1;
+        }
+}
+
+/* The job's directory and files for w's run: spec.json, the metrics made ready for a
+ * restart (prepare_resume), worker.log opened for appending with a header line, /dev/null
+ * and the stdout pipe. On failure err says why. */
+static int worker_files(daemon_sched *s, const store_job *j, worker *w, spawn_args *a,
+                        int64_t *from, char *err, size_t errlen)
+{
+    char path[700], head[1024];
+    struct stat sb;
+
+    if (daemon_mkdirs(w->dir, 0750) != 0) {
+        snprintf(err, errlen, "cannot create %s: %s", w->dir, strerror(errno));
+        return GPU_EIO;
+    }
+    snprintf(a->spec, sizeof(a->spec), "%s/spec.json", w->dir);
+    if (daemon_write_atomic(a->spec, j->spec ? j->spec : "{}") != 0) {
+        snprintf(err, errlen, "cannot write %s: %s", a->spec, strerror(errno));
+        return GPU_EIO;
+    }
+    if (prepare_resume(s, j, a->ckpt, sizeof(a->ckpt), from) != 0) {
+        snprintf(err, errlen, "cannot prepare the job's metrics for a restart");
+        return GPU_EIO;
+    }
+    snprintf(path, sizeof(path), "%s/worker.log", w->dir);
+    a->log = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+    a->null = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (a->log < 0 || a->null < 0 || pipe2(a->out, O_CLOEXEC) != 0) {
+        snprintf(err, errlen, "cannot set up the worker's files: %s", strerror(errno));
+        return GPU_EIO;
+    }
+    snprintf(head, sizeof(head), "---- worker for job %lld starting%s%s\n", (long long)j->id,
+             a->ckpt[0] ? ", resuming from " : "", a->ckpt);
+    if (write(a->log, head, strlen(head)) < 0)
+        log_warn("cannot write %s: %s", path, strerror(errno));
+    if (fstat(a->log, &sb) == 0)
+        w->log_start = sb.st_size; /* the failure reason quotes only this run's lines */
+    return 0;
+}
+
+/* The worker's command line (see the top of the file) in a->argv. */
+static void worker_argv(const daemon_sched *s, worker *w, spawn_args *a)
+{
+    int k = 0;
+    snprintf(a->every, sizeof(a->every), "1");
+    a->argv[k++] = (char *)s->cfg.exe;
+    a->argv[k++] = "run";
+    a->argv[k++] = "--every";
+    a->argv[k++] = a->every;
+    a->argv[k++] = "--checkpoint-dir";
+    a->argv[k++] = w->dir;
+    a->argv[k++] = "--no-delete";
+    if (a->ckpt[0]) {
+        a->argv[k++] = "--resume";
+        a->argv[k++] = a->ckpt;
+    }
+    for (int i = 0; i < s->cfg.nroots && i < DAEMON_MAX_ROOTS; i++) {
+        a->argv[k++] = "--data-root";
+        a->argv[k++] = (char *)s->cfg.roots[i];
+    }
+    a->argv[k++] = a->spec;
+    a->argv[k] = NULL;
+}
 
 /* Start the worker of job j (status queued, under mu). On failure err says why. */
 static int spawn_locked(daemon_sched *s, const store_job *j, worker **out, char *err, size_t errlen)
 {
-    spawn_args a;
+    spawn_args a = {.out = {-1, -1}, .log = -1, .null = -1};
+    daemon_spawn_opts o = {.exe = s->cfg.exe,
+                           .death_signal = SIGKILL,
+                           .nofile = s->cfg.nofile_child, /* the limit the daemon started with */
+                           .exec_error = "ampd: cannot execute the worker binary"};
     worker *w = calloc(1, sizeof(*w));
-    int p[2] = {-1, -1}, logfd = -1, nullfd = -1, k = 0;
     int64_t from = 0;
-    struct rlimit rl, child_rl;
-    bool set_nofile = false;
-    long maxfd = 65536;
-    pid_t pid, parent = getpid();
-    sigset_t all, none, old;
-    struct sigaction dfl;
-    struct stat sb;
-    char path[700], head[1024];
+    pid_t pid;
 
     if (!w) {
         snprintf(err, errlen, "out of memory");
@@ -1019,126 +247,30 @@ static int spawn_locked(daemon_sched *s, const store_job *j, worker **out, char 
     w->fd = -1;
     w->job = j->id;
     job_dir(s, j->id, w->dir, sizeof(w->dir));
-    memset(&a, 0, sizeof(a));
-    if (daemon_mkdirs(w->dir, 0750) != 0) {
-        snprintf(err, errlen, "cannot create %s: %s", w->dir, strerror(errno));
+    if (worker_files(s, j, w, &a, &from, err, errlen) != 0)
         goto fail;
-    }
-    snprintf(a.spec, sizeof(a.spec), "%s/spec.json", w->dir);
-    if (write_atomic(a.spec, j->spec ? j->spec : "{}") != 0) {
-        snprintf(err, errlen, "cannot write %s: %s", a.spec, strerror(errno));
-        goto fail;
-    }
-    if (prepare_resume(s, j, a.ckpt, sizeof(a.ckpt), &from) != 0) {
-        snprintf(err, errlen, "cannot prepare the job's metrics for a restart");
-        goto fail;
-    }
-    snprintf(path, sizeof(path), "%s/worker.log", w->dir);
-    logfd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
-    nullfd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    if (logfd < 0 || nullfd < 0 || pipe2(p, O_CLOEXEC) != 0) {
-        snprintf(err, errlen, "cannot set up the worker's files: %s", strerror(errno));
-        goto fail;
-    }
-    snprintf(head, sizeof(head), "---- worker for job %lld starting%s%s\n", (long long)j->id,
-             a.ckpt[0] ? ", resuming from " : "", a.ckpt);
-    if (write(logfd, head, strlen(head)) < 0)
-        log_warn("cannot write %s: %s", path, strerror(errno));
-    if (fstat(logfd, &sb) == 0)
-        w->log_start = sb.st_size; /* the failure reason quotes only this run's lines */
-
-    snprintf(a.every, sizeof(a.every), "1");
-    a.argv[k++] = s->cfg.exe;
-    a.argv[k++] = "run";
-    a.argv[k++] = "--every";
-    a.argv[k++] = a.every;
-    a.argv[k++] = "--checkpoint-dir";
-    a.argv[k++] = w->dir;
-    a.argv[k++] = "--no-delete";
-    if (a.ckpt[0]) {
-        a.argv[k++] = "--resume";
-        a.argv[k++] = a.ckpt;
-    }
-    for (int i = 0; i < s->cfg.nroots && i < DAEMON_MAX_ROOTS; i++) {
-        a.argv[k++] = "--data-root";
-        a.argv[k++] = s->cfg.roots[i];
-    }
-    a.argv[k++] = a.spec;
-    a.argv[k] = NULL;
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
-        rl.rlim_cur < (rlim_t)(1 << 20))
-        maxfd = (long)rl.rlim_cur;
-    if (s->cfg.nofile_child && getrlimit(RLIMIT_NOFILE, &child_rl) == 0 &&
-        (rlim_t)s->cfg.nofile_child < child_rl.rlim_cur) {
-        child_rl.rlim_cur = (rlim_t)s->cfg.nofile_child; /* the limit the daemon started with */
-        set_nofile = true;
-    }
-
-    /* Every signal stays blocked from before the fork until the child has put every
-     * disposition back to the default: a SIGTERM (a cancel) that reaches the child before
-     * its execv must not run a handler the child inherited from this process. */
-    sigfillset(&all);
-    sigemptyset(&none);
-    memset(&dfl, 0, sizeof(dfl));
-    dfl.sa_handler = SIG_DFL;
-    sigemptyset(&dfl.sa_mask);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    pid = fork();
-    if (pid == 0) {
-        /* The child: async-signal-safe calls only until execv. */
-        setpgid(0, 0);
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent)
-            _exit(127);
-        for (int sig = 1; sig < NSIG; sig++) {
-            struct sigaction cur;
-            if (sig != SIGKILL && sig != SIGSTOP && sigaction(sig, NULL, &cur) == 0 &&
-                cur.sa_handler != SIG_DFL)
-                sigaction(sig, &dfl, NULL); /* SIG_IGN too: the worker gets SIGPIPE back */
-        }
-        if (dup2(nullfd, 0) < 0 || dup2(p[1], 1) < 0 || dup2(logfd, 2) < 0)
-            _exit(127);
-        if (syscall(SYS_close_range, 3U, ~0U, 0U) != 0)
-            for (long fd = 3; fd < maxfd; fd++)
-                close((int)fd);
-        if (set_nofile)
-            setrlimit(RLIMIT_NOFILE, &child_rl);
-        sigprocmask(SIG_SETMASK, &none, NULL);
-        execv(s->cfg.exe, a.argv);
-        {
-            static const char msg[] = "ampd: cannot execute the worker binary\n";
-            ssize_t r = write(2, msg, sizeof(msg) - 1);
-            (void)r;
-        }
-        _exit(127);
-    }
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (pid < 0) {
+    worker_argv(s, w, &a);
+    o.argv = a.argv;
+    o.in = a.null;
+    o.out = a.out[1];
+    o.err = a.log;
+    if (daemon_spawn(&o, &pid) != 0) {
         snprintf(err, errlen, "cannot fork a worker: %s", strerror(errno));
         goto fail;
     }
-    setpgid(pid, pid); /* also here, so that the group exists before any kill() */
-    close(p[1]);
-    close(logfd);
-    close(nullfd);
-    fcntl(p[0], F_SETFL, fcntl(p[0], F_GETFL) | O_NONBLOCK);
-    w->fd = p[0];
+    w->fd = a.out[0];
+    a.out[0] = -1;
+    close_fds(&a);
+    fcntl(w->fd, F_SETFL, fcntl(w->fd, F_GETFL) | O_NONBLOCK);
     w->pid = pid;
-    w->started = w->last_output = now_s();
+    w->started = w->last_output = daemon_now_s();
     w->base_step = w->last_step = w->resumed_from = w->newest_ckpt = from;
     w->final_scale = NAN;
     *out = w;
     return 0;
 fail:
-    if (p[0] >= 0)
-        close(p[0]);
-    if (p[1] >= 0)
-        close(p[1]);
-    if (logfd >= 0)
-        close(logfd);
-    if (nullfd >= 0)
-        close(nullfd);
-    worker_free(w);
+    close_fds(&a);
+    daemon_worker_free(w);
     return GPU_EIO;
 }
 
@@ -1163,7 +295,7 @@ static void start_queued_locked(daemon_sched *s)
         if (spawn_locked(s, &j, &w, err, sizeof(err)) != 0) {
             log_error("job %lld: %s", (long long)j.id, err);
             snprintf(msg, sizeof(msg), "failed to start: %s", err);
-            add_event(s, j.id, 0, "lifecycle", msg, NULL);
+            daemon_ingest_event(s->st, j.id, 0, "lifecycle", msg, NULL);
             store_job_set_status(s->st, j.id, STORE_FAILED, err);
             s->failed++;
             store_job_clear(&j);
@@ -1218,7 +350,7 @@ static store_status final_status(daemon_sched *s, worker *w, char *err, size_t e
         n = snprintf(err, errlen, "worker killed by signal %d (%s)", sig, signal_name(sig));
     }
     (void)n;
-    log_tail(w->dir, w->log_start, err, errlen);
+    daemon_log_tail(w->dir, w->log_start, err, errlen);
     return STORE_FAILED;
 }
 
@@ -1248,16 +380,17 @@ static bool finish_worker(daemon_sched *s, worker *w, bool give_up)
     int rc;
 
     if (!w->drained) {
-        read_worker(s, w);
+        daemon_ingest_read(s->st, w);
         if (w->fd >= 0) { /* a grandchild holds the pipe open: what the worker wrote is read */
             close(w->fd);
             w->fd = -1;
         }
-        flush_pending(s, w, w->final_scale);
+        daemon_ingest_flush_overflow(s->st, w, w->final_scale);
         w->drained = true;
     }
     /* every metric row is committed before the job says it ended */
-    if ((rc = record_summary(s, w)) == 0 && (rc = record_checkpoints(s, w)) == 0)
+    if ((rc = daemon_ingest_summary(s->st, w)) == 0 &&
+        (rc = daemon_ingest_checkpoints(s->st, w)) == 0)
         rc = store_flush(s->st);
     if (rc == 0) {
         pthread_mutex_lock(&s->mu);
@@ -1271,12 +404,12 @@ static bool finish_worker(daemon_sched *s, worker *w, bool give_up)
                 snprintf(msg, sizeof(msg), "failed: %s", w->end_err ? w->end_err : "?");
             else
                 snprintf(msg, sizeof(msg), "%s", store_status_name(w->end_status));
-            add_event(s, w->job, w->last_step, "lifecycle", msg, NULL);
+            daemon_ingest_event(s->st, w->job, w->last_step, "lifecycle", msg, NULL);
             w->end_event = true;
         }
         rc = store_job_set_status(s->st, w->job, w->end_status,
                                   w->end_status == STORE_FAILED ? w->end_err : NULL);
-        if (rc == 0 || !transient(rc) || give_up) {
+        if (rc == 0 || !daemon_ingest_transient(rc) || give_up) {
             remove_worker_locked(s, w);
             removed = true;
             if (w->end_status == STORE_FAILED)
@@ -1284,13 +417,13 @@ static bool finish_worker(daemon_sched *s, worker *w, bool give_up)
         }
         pthread_mutex_unlock(&s->mu);
     }
-    if (rc && transient(rc) && !give_up) {
+    if (rc && daemon_ingest_transient(rc) && !give_up) {
         if (!w->end_warned)
             log_warn("job %lld: worker %d has exited; its end is recorded once the store "
                      "writes again (%s)",
                      (long long)w->job, (int)w->pid, store_strerror(rc));
         w->end_warned = true;
-        w->end_retry_at = now_s() + END_RETRY_S;
+        w->end_retry_at = daemon_now_s() + END_RETRY_S;
         return false;
     }
     if (rc) {
@@ -1311,7 +444,7 @@ static bool finish_worker(daemon_sched *s, worker *w, bool give_up)
                  store_status_name(w->end_status), (long long)w->last_step,
                  w->end_warned ? " (recorded once the store could write again)" : "");
     }
-    worker_free(w);
+    daemon_worker_free(w);
     return true;
 }
 
@@ -1360,141 +493,193 @@ static void note_pause(daemon_sched *s, int paused, double now)
 
 /* ---- the scheduler thread ----------------------------------------------------------------- */
 
+/* The scheduler thread's state from turn to turn. */
+typedef struct {
+    struct pollfd *fds; /* fds[0]: the self-pipe; then the workers that are read */
+    worker **polled;    /* polled[i]: the worker of fds[i], i >= 1 */
+    int nfds;
+    bool stopping;
+    double stop_deadline, last_schedule, last_reap;
+} sched_loop;
+
+/* The stop: every worker gets SIGTERM (once) and GRACE_S to checkpoint (under mu). */
+static void begin_stop_locked(daemon_sched *s, sched_loop *l, double now)
+{
+    l->stopping = true;
+    l->stop_deadline = now + GRACE_S;
+    for (int i = 0; i < s->nworkers; i++) {
+        worker *w = s->workers[i];
+        if (!w->term_sent) {
+            w->term_sent = true;
+            w->term_at = now;
+            signal_worker(w, SIGTERM);
+        }
+    }
+    if (s->nworkers)
+        log_info("stopping: waiting for %d worker(s) to checkpoint", s->nworkers);
+}
+
+/* The poll set: the self-pipe and every worker whose lines the store takes; the others are
+ * paused, left blocked on their full pipes (under mu). Returns how many are paused. */
+static int poll_set_locked(daemon_sched *s, sched_loop *l, double now)
+{
+    int paused = 0;
+    l->fds[0].fd = s->wake[0];
+    l->fds[0].events = POLLIN;
+    l->nfds = 1;
+    for (int i = 0; i < s->nworkers; i++) {
+        worker *w = s->workers[i];
+        if (w->fd < 0)
+            continue;
+        /* back-pressure: the worker blocks on its pipe */
+        if (!daemon_ingest_takes_lines(s->st, w)) {
+            if (!w->paused)
+                w->paused_since = now;
+            w->paused = true;
+            paused++;
+            continue;
+        }
+        w->paused = false;
+        l->polled[l->nfds] = w;
+        l->fds[l->nfds].fd = w->fd;
+        l->fds[l->nfds].events = POLLIN;
+        l->fds[l->nfds].revents = 0;
+        l->nfds++;
+    }
+    return paused;
+}
+
+/* The start of a turn: the stop begun once requested, queued jobs started while not
+ * stopping, the poll set built. False when the thread is done (stopping, no worker left). */
+static bool begin_turn(daemon_sched *s, sched_loop *l, double now)
+{
+    int paused;
+    pthread_mutex_lock(&s->mu);
+    if (s->stop_requested && !l->stopping)
+        begin_stop_locked(s, l, now);
+    if (l->stopping && s->nworkers == 0) {
+        pthread_mutex_unlock(&s->mu);
+        return false;
+    }
+    if (!l->stopping && (s->need_schedule || now - l->last_schedule >= SCHEDULE_EVERY_S)) {
+        s->need_schedule = false;
+        l->last_schedule = now;
+        start_queued_locked(s);
+    }
+    paused = poll_set_locked(s, l, now);
+    pthread_mutex_unlock(&s->mu);
+    note_pause(s, paused, now);
+    return true;
+}
+
+/* Wait POLL_MS at most for the self-pipe or a worker's output, read the workers that have
+ * some, and record the checkpoints the store could not take before. */
+static void poll_workers(daemon_sched *s, sched_loop *l)
+{
+    if (poll(l->fds, (nfds_t)l->nfds, POLL_MS) < 0 && errno != EINTR)
+        log_warn("poll: %s", strerror(errno));
+    if (l->fds[0].revents) {
+        char drain[64];
+        while (read(s->wake[0], drain, sizeof(drain)) > 0)
+            ;
+    }
+    for (int i = 1; i < l->nfds; i++)
+        if (l->fds[i].revents)
+            daemon_ingest_read(s->st, l->polled[i]);
+    for (int i = 0; i < s->nworkers; i++) /* checkpoints the store could not take before */
+        if (s->workers[i]->nckpts > 0 && !s->workers[i]->exited && writes_ok(s))
+            daemon_ingest_checkpoints(s->st, s->workers[i]);
+}
+
+/* One running worker (under mu): reaped once it has exited; else its silence and its wait
+ * for the store timed, and killed when hung or slow to stop. */
+static void watch_worker_locked(daemon_sched *s, const sched_loop *l, worker *w, double now,
+                                double held_up)
+{
+    int status;
+    if (w->exited)
+        return;
+    w->last_output += held_up;
+    if (waitpid(w->pid, &status, WNOHANG) == w->pid) {
+        w->exited = true;
+        w->wstatus = status;
+        return;
+    }
+    if (w->paused) { /* silent because it is not read: not hung */
+        w->last_output = now;
+        if (!w->term_sent && s->cfg.stall_timeout_s > 0 &&
+            now - w->paused_since > s->cfg.stall_timeout_s)
+            stall_worker(s, w, now);
+    }
+    if (!w->hung && !w->term_sent && s->cfg.worker_timeout_s > 0 &&
+        now - w->last_output > s->cfg.worker_timeout_s) {
+        log_warn("job %lld: worker %d printed nothing for %d s; killing it", (long long)w->job,
+                 (int)w->pid, s->cfg.worker_timeout_s);
+        w->hung = true;
+        signal_worker(w, SIGKILL);
+    }
+    if (w->term_sent && !w->kill_sent &&
+        (now - w->term_at > GRACE_S || (l->stopping && now > l->stop_deadline))) {
+        log_warn("job %lld: worker %d did not stop within %.0f s; killing it", (long long)w->job,
+                 (int)w->pid, GRACE_S);
+        w->kill_sent = true;
+        signal_worker(w, SIGKILL);
+    }
+}
+
+/* Reap the exited, kill the hung and the slow to stop; returns the time it did. The table
+ * changes only on this thread, so it can be walked here without mu; the flags that cancel
+ * sets are read under it. */
+static double reap_workers(daemon_sched *s, sched_loop *l)
+{
+    double now = daemon_now_s(), held_up;
+    /* A worker is hung when it says nothing while the scheduler listens: a turn that took
+     * long (this thread waited in a store call, up to its busy timeout) counts for at most
+     * TURN_MAX_S of its silence. */
+    held_up =
+        l->last_reap > 0 && now - l->last_reap > TURN_MAX_S ? now - l->last_reap - TURN_MAX_S : 0;
+    l->last_reap = now;
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; i < s->nworkers; i++)
+        watch_worker_locked(s, l, s->workers[i], now, held_up);
+    pthread_mutex_unlock(&s->mu);
+    return now;
+}
+
+/* End the exited workers whose end may be tried now (finish_worker): at once the first
+ * time, then every END_RETRY_S once the store writes (a stopping daemon tries regardless,
+ * and gives up after the stop's deadline). */
+static void end_workers(daemon_sched *s, const sched_loop *l, double now)
+{
+    for (int i = 0; i < s->nworkers;) {
+        worker *w = s->workers[i];
+        if (w->exited && now >= w->end_retry_at &&
+            (!w->end_warned || writes_ok(s) || l->stopping) &&
+            finish_worker(s, w, l->stopping && now > l->stop_deadline))
+            continue; /* w is gone: the next one moved to slot i */
+        i++;
+    }
+}
+
 static void *sched_main(void *arg)
 {
     daemon_sched *s = arg;
-    struct pollfd *fds = calloc((size_t)s->cfg.max_running + 1, sizeof(*fds));
-    worker **polled = calloc((size_t)s->cfg.max_running + 1, sizeof(*polled));
-    bool stopping = false;
-    double stop_deadline = 0, last_schedule = 0, last_reap = 0, held_up;
-    int paused;
+    sched_loop l;
 
-    if (!fds || !polled) {
+    memset(&l, 0, sizeof(l));
+    l.fds = calloc((size_t)s->cfg.max_running + 1, sizeof(*l.fds));
+    l.polled = calloc((size_t)s->cfg.max_running + 1, sizeof(*l.polled));
+    if (!l.fds || !l.polled) {
         log_error("out of memory: the scheduler cannot run");
-        free(fds);
-        free(polled);
-        return NULL;
+        goto done;
     }
-    for (;;) {
-        double now = now_s();
-        int nfds = 1;
-
-        pthread_mutex_lock(&s->mu);
-        if (s->stop_requested && !stopping) {
-            stopping = true;
-            stop_deadline = now + GRACE_S;
-            for (int i = 0; i < s->nworkers; i++) {
-                worker *w = s->workers[i];
-                if (!w->term_sent) {
-                    w->term_sent = true;
-                    w->term_at = now;
-                    signal_worker(w, SIGTERM);
-                }
-            }
-            if (s->nworkers)
-                log_info("stopping: waiting for %d worker(s) to checkpoint", s->nworkers);
-        }
-        if (stopping && s->nworkers == 0) {
-            pthread_mutex_unlock(&s->mu);
-            break;
-        }
-        if (!stopping && (s->need_schedule || now - last_schedule >= SCHEDULE_EVERY_S)) {
-            s->need_schedule = false;
-            last_schedule = now;
-            start_queued_locked(s);
-        }
-        fds[0].fd = s->wake[0];
-        fds[0].events = POLLIN;
-        paused = 0;
-        for (int i = 0; i < s->nworkers; i++) {
-            worker *w = s->workers[i];
-            if (w->fd < 0)
-                continue;
-            if (!takes_lines(s, w)) { /* back-pressure: the worker blocks on its pipe */
-                if (!w->paused)
-                    w->paused_since = now;
-                w->paused = true;
-                paused++;
-                continue;
-            }
-            w->paused = false;
-            polled[nfds] = w;
-            fds[nfds].fd = w->fd;
-            fds[nfds].events = POLLIN;
-            fds[nfds].revents = 0;
-            nfds++;
-        }
-        pthread_mutex_unlock(&s->mu);
-        note_pause(s, paused, now);
-
-        if (poll(fds, (nfds_t)nfds, POLL_MS) < 0 && errno != EINTR)
-            log_warn("poll: %s", strerror(errno));
-        if (fds[0].revents) {
-            char drain[64];
-            while (read(s->wake[0], drain, sizeof(drain)) > 0)
-                ;
-        }
-        for (int i = 1; i < nfds; i++)
-            if (fds[i].revents)
-                read_worker(s, polled[i]);
-        for (int i = 0; i < s->nworkers; i++) /* checkpoints the store could not take before */
-            if (s->workers[i]->nckpts > 0 && !s->workers[i]->exited && writes_ok(s))
-                record_checkpoints(s, s->workers[i]);
-
-        /* Reap, kill the hung and the slow to stop, end the exited. The table changes only
-         * on this thread, so it can be walked here without mu; the flags that cancel sets
-         * are read under it. */
-        now = now_s();
-        /* A worker is hung when it says nothing while the scheduler listens: a turn that
-         * took long (this thread waited in a store call, up to its busy timeout) counts for
-         * at most TURN_MAX_S of its silence. */
-        held_up = last_reap > 0 && now - last_reap > TURN_MAX_S ? now - last_reap - TURN_MAX_S : 0;
-        last_reap = now;
-        pthread_mutex_lock(&s->mu);
-        for (int i = 0; i < s->nworkers; i++) {
-            worker *w = s->workers[i];
-            int status;
-            if (w->exited)
-                continue;
-            w->last_output += held_up;
-            if (waitpid(w->pid, &status, WNOHANG) == w->pid) {
-                w->exited = true;
-                w->wstatus = status;
-                continue;
-            }
-            if (w->paused) { /* silent because it is not read: not hung */
-                w->last_output = now;
-                if (!w->term_sent && s->cfg.stall_timeout_s > 0 &&
-                    now - w->paused_since > s->cfg.stall_timeout_s)
-                    stall_worker(s, w, now);
-            }
-            if (!w->hung && !w->term_sent && s->cfg.worker_timeout_s > 0 &&
-                now - w->last_output > s->cfg.worker_timeout_s) {
-                log_warn("job %lld: worker %d printed nothing for %d s; killing it",
-                         (long long)w->job, (int)w->pid, s->cfg.worker_timeout_s);
-                w->hung = true;
-                signal_worker(w, SIGKILL);
-            }
-            if (w->term_sent && !w->kill_sent &&
-                (now - w->term_at > GRACE_S || (stopping && now > stop_deadline))) {
-                log_warn("job %lld: worker %d did not stop within %.0f s; killing it",
-                         (long long)w->job, (int)w->pid, GRACE_S);
-                w->kill_sent = true;
-                signal_worker(w, SIGKILL);
-            }
-        }
-        pthread_mutex_unlock(&s->mu);
-        for (int i = 0; i < s->nworkers;) {
-            worker *w = s->workers[i];
-            if (w->exited && now >= w->end_retry_at &&
-                (!w->end_warned || writes_ok(s) || stopping) &&
-                finish_worker(s, w, stopping && now > stop_deadline))
-                continue; /* w is gone: the next one moved to slot i */
-            i++;
-        }
+    while (begin_turn(s, &l, daemon_now_s())) {
+        poll_workers(s, &l);
+        end_workers(s, &l, reap_workers(s, &l));
     }
-    free(fds);
-    free(polled);
+done:
+    free(l.fds);
+    free(l.polled);
     return NULL;
 }
 
@@ -1626,7 +811,7 @@ void daemon_sched_stop(daemon_sched *s)
     wake_up(s);
     pthread_join(s->thread, NULL);
     for (int i = 0; i < s->nworkers; i++) /* none: the thread ends when the table is empty */
-        worker_free(s->workers[i]);
+        daemon_worker_free(s->workers[i]);
     close(s->wake[0]);
     close(s->wake[1]);
     free(s->workers);
@@ -1672,7 +857,7 @@ int daemon_sched_cancel(daemon_sched *s, int64_t id)
     if (rc != 0)
         goto out;
     if (j.status == STORE_QUEUED) {
-        add_event(s, id, j.step, "lifecycle", "cancelled while queued", NULL);
+        daemon_ingest_event(s->st, id, j.step, "lifecycle", "cancelled while queued", NULL);
         rc = store_job_set_status(s->st, id, STORE_CANCELLED, NULL);
         if (rc == 0) {
             log_info("job %lld: cancelled while queued", (long long)id);
@@ -1683,7 +868,7 @@ int daemon_sched_cancel(daemon_sched *s, int64_t id)
             w->cancel = true;
             if (!w->term_sent) {
                 w->term_sent = true;
-                w->term_at = now_s();
+                w->term_at = daemon_now_s();
                 signal_worker(w, SIGTERM);
             }
             log_info("job %lld: cancel requested; worker %d checkpoints and stops", (long long)id,
@@ -1726,7 +911,7 @@ int daemon_sched_resume(daemon_sched *s, int64_t id)
                      (long long)from);
         else
             snprintf(msg, sizeof(msg), "resume requested: no checkpoint, from the start");
-        add_event(s, id, from, "lifecycle", msg, NULL);
+        daemon_ingest_event(s->st, id, from, "lifecycle", msg, NULL);
         log_info("job %lld: %s", (long long)id, msg);
         s->need_schedule = true;
     }
@@ -1753,7 +938,7 @@ int daemon_sched_delete(daemon_sched *s, int64_t id)
         rc = store_job_delete(s->st, id);
     if (rc == 0) {
         job_dir(s, id, dir, sizeof(dir));
-        remove_dir(dir);
+        daemon_remove_dir(dir);
         log_info("job %lld deleted", (long long)id);
     }
     pthread_mutex_unlock(&s->mu);

@@ -15,8 +15,7 @@
  * max_retries restarts have been used, then they fail.
  *
  * Errors: the daemon_sched_* calls return 0 or the store's codes (STORE_ENOTFOUND,
- * STORE_ECONFLICT, STORE_EIO, STORE_EFULL, STORE_EBUSY; store_strerror); daemon_mkdirs
- * returns -1 with errno.
+ * STORE_ECONFLICT, STORE_EIO, STORE_EFULL, STORE_EBUSY; store_strerror).
  *
  * Threads: the daemon_sched_* calls are thread-safe (the HTTP threads call them).
  */
@@ -73,8 +72,5 @@ void daemon_sched_get_info(daemon_sched *s, daemon_sched_info *out);
 
 /* The scheduler as the HTTP server's job queue (api_start's api_jobs), ctx = s. */
 void daemon_sched_api(daemon_sched *s, api_jobs *out);
-
-/* Create path and its missing parents (mode for the ones created); 0 or -1 with errno. */
-int daemon_mkdirs(const char *path, unsigned mode);
 
 #endif /* AMPD_DAEMON_SCHED_H */

@@ -29,10 +29,10 @@
  * a clean mask (sched.c). After the first signal a second SIGINT kills the daemon at once.
  */
 #include <errno.h>
-#include <getopt.h>
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,8 +43,10 @@
 #include "api/api.h"
 #include "config.h"
 #include "daemon/daemon.h"
+#include "daemon/fs.h"
 #include "daemon/lock.h"
 #include "daemon/log.h"
+#include "daemon/opts.h"
 #include "daemon/sched.h"
 #include "store/store.h"
 
@@ -73,73 +75,17 @@ typedef struct {
     bool demo, no_dashboard;
 } serve_args;
 
-static void usage(FILE *f)
+/* One more --data-root. */
+static int root_arg(void *args, const char *v)
 {
-    fprintf(f, "usage: ampd serve [OPTIONS]\n"
-               "  Run the training daemon in the foreground (logs on stderr; SIGTERM or Ctrl-C\n"
-               "  stops it: running jobs checkpoint and resume at the next start).\n"
-               "  --listen ADDR:PORT   address to listen on (default 127.0.0.1:8080); beyond\n"
-               "                       loopback only with --token-file\n"
-               "  --data-dir DIR       job files and the database (default $XDG_STATE_HOME/ampd\n"
-               "                       or ~/.local/state/ampd; created if missing)\n"
-               "  --db FILE            the SQLite database (default DATA_DIR/ampd.db)\n"
-               "  --data-root DIR      where named datasets are found (repeatable; default\n"
-               "                       /usr/share/datasets and /usr/share/games)\n"
-               "  --token-file FILE    bearer token (first line) required by mutating requests;\n"
-               "                       the file must not be readable by group or others\n"
-               "  --max-running N      jobs that run at once (default 1)\n"
-               "  --max-retries N      automatic resumes of an interrupted job (default 3)\n"
-               "  --worker-timeout S   a worker silent this long is killed as hung (default 600)\n"
-               "  --stall-timeout S    a job whose worker has waited this long for the store to\n"
-               "                       write (a full disk, a lock) is stopped and failed\n"
-               "                       (default 3600; 0: it waits as long as it takes)\n"
-               "  --metrics-keep S     /metrics keeps a finished job's series S seconds, so that\n"
-               "                       Prometheus scrapes its final values (default 3600; 0: no)\n"
-               "  --head-timeout S     a connection must send a whole request head (request\n"
-               "                       line and headers) within S seconds of opening or of its\n"
-               "                       previous request's end, or it is closed (default 10)\n"
-               "  --max-per-address N  connections from one address beyond loopback (an IPv6\n"
-               "                       /64 counts as one); more are refused (default 64)\n"
-               "  --allow-host NAME[:PORT]  also answer requests whose Host header is NAME\n"
-               "                       (any port, or PORT only); the daemon answers only to\n"
-               "                       localhost, 127.0.0.1, [::1] and the listen address with\n"
-               "                       its port otherwise (repeatable, at most %d)\n"
-               "  --allow-origin ORIGIN  admit requests from pages of ORIGIN (http://host:port),\n"
-               "                       refused otherwise unless they are the daemon's own\n"
-               "                       (repeatable, at most %d)\n"
-               "  --port-file FILE     write the bound port to FILE once listening (for tests)\n"
-               "  --web-root DIR       the dashboard's files (default: web/ beside the ampd\n"
-               "                       binary when it holds index.html, else %s)\n"
-               "  --no-dashboard       serve only the API, not the dashboard at /\n"
-               "  --demo               on an empty database, queue the Fashion-MNIST MLP in\n"
-               "                       fp32, fp16 and bf16 (the side-by-side experiment)\n"
-               "  --help, --version\n",
-            API_MAX_ALLOW, API_MAX_ALLOW, AMPD_WEBDIR[0] ? AMPD_WEBDIR : "none");
-}
-
-/* A whole number in [lo, hi], or -1 with a message. */
-static int int_arg(const char *opt, const char *v, int lo, int hi, int *out)
-{
-    char *end;
-    long x;
-    errno = 0;
-    x = strtol(v, &end, 10);
-    if (errno || end == v || *end || x < lo || x > hi) {
-        fprintf(stderr, "ampd serve: %s must be an integer in [%d, %d]\n", opt, lo, hi);
+    serve_args *a = args;
+    if (a->nroots >= DAEMON_MAX_ROOTS || a->nroots >= API_MAX_ROOTS) {
+        fprintf(stderr, "ampd serve: at most %d --data-root options\n", DAEMON_MAX_ROOTS);
         return -1;
     }
-    *out = (int)x;
-    return 0;
-}
-
-/* Copy v into out (len bytes), or -1 with a message when it does not fit. */
-static int str_arg(const char *opt, const char *v, char *out, size_t len)
-{
-    if (strlen(v) >= len || !v[0]) {
-        fprintf(stderr, "ampd serve: %s: %s\n", opt, v[0] ? "too long" : "empty");
+    if (daemon_opts_copy("serve", "--data-root", v, a->roots[a->nroots], sizeof(a->roots[0])))
         return -1;
-    }
-    memcpy(out, v, strlen(v) + 1);
+    a->nroots++;
     return 0;
 }
 
@@ -157,11 +103,105 @@ static int allow_arg(const char *opt, const char *v,
         fprintf(stderr, "ampd serve: %s %s\n", opt, why);
         return -1;
     }
-    if (str_arg(opt, v, list[*n], API_ALLOW_LEN) != 0)
+    if (daemon_opts_copy("serve", opt, v, list[*n], API_ALLOW_LEN) != 0)
         return -1;
     (*n)++;
     return 0;
 }
+
+static int allow_host_arg(void *args, const char *v)
+{
+    serve_args *a = args;
+    return allow_arg("--allow-host", v, api_check_allow_host, a->allow_hosts, &a->nallow_hosts);
+}
+
+static int allow_origin_arg(void *args, const char *v)
+{
+    serve_args *a = args;
+    return allow_arg("--allow-origin", v, api_check_allow_origin, a->allow_origins,
+                     &a->nallow_origins);
+}
+
+static void show_max_allow(char *out, size_t len)
+{
+    snprintf(out, len, "%d", API_MAX_ALLOW);
+}
+
+static void show_webdir(char *out, size_t len)
+{
+    snprintf(out, len, "%s", AMPD_WEBDIR[0] ? AMPD_WEBDIR : "none");
+}
+
+#define STR_OPT(field)                                                                             \
+    .kind = DAEMON_OPT_STR, .off = offsetof(serve_args, field),                                    \
+    .len = sizeof(((serve_args *)0)->field)
+#define INT_OPT(field, l, h, d)                                                                    \
+    .kind = DAEMON_OPT_INT, .off = offsetof(serve_args, field), .lo = (l), .hi = (h), .def = (d)
+#define FLAG_OPT(field) .kind = DAEMON_OPT_FLAG, .off = offsetof(serve_args, field)
+
+/* `ampd serve`'s options: the parser and the help read this table. */
+static const daemon_opt serve_opts[] = {
+    {"listen", 0, "ADDR:PORT", STR_OPT(listen), .def_str = "127.0.0.1:8080",
+     .help = "address to listen on (default %s); beyond\nloopback only with --token-file"},
+    {"data-dir", 0, "DIR", STR_OPT(data_dir),
+     .help = "job files and the database (default $XDG_STATE_HOME/ampd\nor "
+             "~/.local/state/ampd; created if missing)"},
+    {"db", 0, "FILE", STR_OPT(db), .help = "the SQLite database (default DATA_DIR/ampd.db)"},
+    {"data-root", 0, "DIR", .kind = DAEMON_OPT_CALL, .repeat = true, .set = root_arg,
+     .show = daemon_opts_show_roots,
+     .help = "where named datasets are found (repeatable; default\n%s)"},
+    {"token-file", 0, "FILE", STR_OPT(token_file),
+     .help = "bearer token (first line) required by mutating requests;\nthe file must not be "
+             "readable by group or others"},
+    {"max-running", 0, "N", INT_OPT(max_running, 1, 64, 1),
+     .help = "jobs that run at once (default %s)"},
+    {"max-retries", 0, "N", INT_OPT(max_retries, 0, 1000, 3),
+     .help = "automatic resumes of an interrupted job (default %s)"},
+    {"worker-timeout", 0, "S", INT_OPT(worker_timeout_s, 1, 7 * 24 * 3600, 600),
+     .help = "a worker silent this long is killed as hung (default %s)"},
+    {"stall-timeout", 0, "S", INT_OPT(stall_timeout_s, 0, 30 * 24 * 3600, 3600),
+     .help = "a job whose worker has waited this long for the store to\nwrite (a full disk, a "
+             "lock) is stopped and failed\n(default %s; 0: it waits as long as it takes)"},
+    {"metrics-keep", 0, "S", INT_OPT(metrics_keep_s, 0, 30 * 24 * 3600, 3600),
+     .help = "/metrics keeps a finished job's series S seconds, so that\nPrometheus scrapes its "
+             "final values (default %s; 0: no)"},
+    {"head-timeout", 0, "S", INT_OPT(head_timeout_s, 1, 3600, 10),
+     .help = "a connection must send a whole request head (request\nline and headers) within S "
+             "seconds of opening or of its\nprevious request's end, or it is closed (default %s)"},
+    {"max-per-address", 0, "N", INT_OPT(max_per_addr, 1, 1000000, 64),
+     .help = "connections from one address beyond loopback (an IPv6\n/64 counts as one); more "
+             "are refused (default %s)"},
+    {"allow-host", 0, "NAME[:PORT]", .kind = DAEMON_OPT_CALL, .repeat = true,
+     .set = allow_host_arg, .show = show_max_allow,
+     .help = "also answer requests whose Host header is NAME\n(any port, or PORT only); the "
+             "daemon answers only to\nlocalhost, 127.0.0.1, [::1] and the listen address with\n"
+             "its port otherwise (repeatable, at most %s)"},
+    {"allow-origin", 0, "ORIGIN", .kind = DAEMON_OPT_CALL, .repeat = true,
+     .set = allow_origin_arg, .show = show_max_allow,
+     .help = "admit requests from pages of ORIGIN (http://host:port),\nrefused otherwise unless "
+             "they are the daemon's own\n(repeatable, at most %s)"},
+    {"port-file", 0, "FILE", STR_OPT(port_file),
+     .help = "write the bound port to FILE once listening (for tests)"},
+    {"web-root", 0, "DIR", STR_OPT(web_root), .show = show_webdir,
+     .help = "the dashboard's files (default: web/ beside the ampd\nbinary when it holds "
+             "index.html, else %s)"},
+    {"no-dashboard", 0, NULL, FLAG_OPT(no_dashboard),
+     .help = "serve only the API, not the dashboard at /"},
+    {"demo", 0, NULL, FLAG_OPT(demo),
+     .help = "on an empty database, queue the Fashion-MNIST MLP in\nfp32, fp16 and bf16 (the "
+             "side-by-side experiment)"},
+    {"help", 0, NULL, .kind = DAEMON_OPT_HELP, .help = ""},
+    {"version", 0, NULL, .kind = DAEMON_OPT_VERSION, .help = ""},
+};
+
+static const daemon_opts_cmd serve_cmd = {
+    .name = "serve",
+    .opts = serve_opts,
+    .nopts = (int)(sizeof(serve_opts) / sizeof(serve_opts[0])),
+    .about = "  Run the training daemon in the foreground (logs on stderr; SIGTERM or Ctrl-C\n"
+             "  stops it: running jobs checkpoint and resume at the next start).\n",
+    .col = 23,
+};
 
 static void default_data_dir(char *out, size_t len)
 {
@@ -220,154 +260,37 @@ static void queue_demo(store *st, daemon_sched *sc, const api_config *ac)
 /* 0 to run, 1 for --help/--version (exit 0), 2 for bad usage. */
 static int parse_args(int argc, char **argv, serve_args *a)
 {
-    enum {
-        O_LISTEN = 256,
-        O_DB,
-        O_DATA_DIR,
-        O_ROOT,
-        O_TOKEN,
-        O_MAXRUN,
-        O_RETRIES,
-        O_TIMEOUT,
-        O_STALL,
-        O_KEEP,
-        O_HEAD,
-        O_ADDR,
-        O_PORTFILE,
-        O_ALLOW_HOST,
-        O_ALLOW_ORIGIN,
-        O_WEBROOT,
-        O_NODASH,
-        O_DEMO,
-        O_HELP,
-        O_VERSION
-    };
-    static const struct option longopts[] = {{"listen", required_argument, NULL, O_LISTEN},
-                                             {"db", required_argument, NULL, O_DB},
-                                             {"data-dir", required_argument, NULL, O_DATA_DIR},
-                                             {"data-root", required_argument, NULL, O_ROOT},
-                                             {"token-file", required_argument, NULL, O_TOKEN},
-                                             {"max-running", required_argument, NULL, O_MAXRUN},
-                                             {"max-retries", required_argument, NULL, O_RETRIES},
-                                             {"worker-timeout", required_argument, NULL, O_TIMEOUT},
-                                             {"stall-timeout", required_argument, NULL, O_STALL},
-                                             {"metrics-keep", required_argument, NULL, O_KEEP},
-                                             {"head-timeout", required_argument, NULL, O_HEAD},
-                                             {"max-per-address", required_argument, NULL, O_ADDR},
-                                             {"port-file", required_argument, NULL, O_PORTFILE},
-                                             {"allow-host", required_argument, NULL, O_ALLOW_HOST},
-                                             {"allow-origin", required_argument, NULL,
-                                              O_ALLOW_ORIGIN},
-                                             {"web-root", required_argument, NULL, O_WEBROOT},
-                                             {"no-dashboard", no_argument, NULL, O_NODASH},
-                                             {"demo", no_argument, NULL, O_DEMO},
-                                             {"help", no_argument, NULL, O_HELP},
-                                             {"version", no_argument, NULL, O_VERSION},
-                                             {NULL, 0, NULL, 0}};
-    int ch, bad = 0;
+    int first, rc;
 
     memset(a, 0, sizeof(*a));
-    snprintf(a->listen, sizeof(a->listen), "127.0.0.1:8080");
-    a->max_running = 1;
-    a->max_retries = 3;
-    a->worker_timeout_s = 600;
-    a->stall_timeout_s = 3600;
-    a->metrics_keep_s = 3600;
-    a->head_timeout_s = 10;
-    a->max_per_addr = 64;
-    optind = 1;
-    while (!bad && (ch = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
-        switch (ch) {
-        case O_LISTEN:
-            bad = str_arg("--listen", optarg, a->listen, sizeof(a->listen));
-            break;
-        case O_DB:
-            bad = str_arg("--db", optarg, a->db, sizeof(a->db));
-            break;
-        case O_DATA_DIR:
-            bad = str_arg("--data-dir", optarg, a->data_dir, sizeof(a->data_dir));
-            break;
-        case O_ROOT:
-            if (a->nroots >= DAEMON_MAX_ROOTS || a->nroots >= API_MAX_ROOTS) {
-                fprintf(stderr, "ampd serve: at most %d --data-root options\n", DAEMON_MAX_ROOTS);
-                bad = -1;
-                break;
-            }
-            bad = str_arg("--data-root", optarg, a->roots[a->nroots], sizeof(a->roots[0]));
-            a->nroots += !bad;
-            break;
-        case O_TOKEN:
-            bad = str_arg("--token-file", optarg, a->token_file, sizeof(a->token_file));
-            break;
-        case O_MAXRUN:
-            bad = int_arg("--max-running", optarg, 1, 64, &a->max_running);
-            break;
-        case O_RETRIES:
-            bad = int_arg("--max-retries", optarg, 0, 1000, &a->max_retries);
-            break;
-        case O_TIMEOUT:
-            bad = int_arg("--worker-timeout", optarg, 1, 7 * 24 * 3600, &a->worker_timeout_s);
-            break;
-        case O_STALL:
-            bad = int_arg("--stall-timeout", optarg, 0, 30 * 24 * 3600, &a->stall_timeout_s);
-            break;
-        case O_KEEP:
-            bad = int_arg("--metrics-keep", optarg, 0, 30 * 24 * 3600, &a->metrics_keep_s);
-            break;
-        case O_HEAD:
-            bad = int_arg("--head-timeout", optarg, 1, 3600, &a->head_timeout_s);
-            break;
-        case O_ADDR:
-            bad = int_arg("--max-per-address", optarg, 1, 1000000, &a->max_per_addr);
-            break;
-        case O_PORTFILE:
-            bad = str_arg("--port-file", optarg, a->port_file, sizeof(a->port_file));
-            break;
-        case O_ALLOW_HOST:
-            bad = allow_arg("--allow-host", optarg, api_check_allow_host, a->allow_hosts,
-                            &a->nallow_hosts);
-            break;
-        case O_ALLOW_ORIGIN:
-            bad = allow_arg("--allow-origin", optarg, api_check_allow_origin, a->allow_origins,
-                            &a->nallow_origins);
-            break;
-        case O_WEBROOT:
-            bad = str_arg("--web-root", optarg, a->web_root, sizeof(a->web_root));
-            break;
-        case O_NODASH:
-            a->no_dashboard = true;
-            break;
-        case O_DEMO:
-            a->demo = true;
-            break;
-        case O_HELP:
-            usage(stdout);
-            return 1;
-        case O_VERSION:
-            printf("ampd %s\n", PACKAGE_VERSION);
-            return 1;
-        default:
-            bad = -1;
-        }
+    rc = daemon_opts_parse(&serve_cmd, argc, argv, a, &first);
+    if (rc == DAEMON_OPTS_HELP) {
+        daemon_opts_usage(stdout, &serve_cmd);
+        return 1;
     }
-    if (!bad && optind != argc) {
-        fprintf(stderr, "ampd serve: unexpected argument \"%s\"\n", argv[optind]);
-        bad = -1;
+    if (rc == DAEMON_OPTS_VERSION) {
+        printf("ampd %s\n", PACKAGE_VERSION);
+        return 1;
     }
-    if (!bad && a->no_dashboard && a->web_root[0]) {
+    if (rc == DAEMON_OPTS_OK && first != argc) {
+        fprintf(stderr, "ampd serve: unexpected argument \"%s\"\n", argv[first]);
+        rc = DAEMON_OPTS_BAD;
+    }
+    if (rc == DAEMON_OPTS_OK && a->no_dashboard && a->web_root[0]) {
         fprintf(stderr, "ampd serve: --web-root and --no-dashboard exclude each other\n");
-        bad = -1;
+        rc = DAEMON_OPTS_BAD;
     }
-    if (bad) {
+    if (rc != DAEMON_OPTS_OK) {
         fprintf(stderr, "`ampd serve --help` lists the options\n");
         return 2;
     }
     if (!a->data_dir[0])
         default_data_dir(a->data_dir, sizeof(a->data_dir));
     if (a->nroots == 0) {
-        a->nroots = 2;
-        snprintf(a->roots[0], sizeof(a->roots[0]), "/usr/share/datasets");
-        snprintf(a->roots[1], sizeof(a->roots[1]), "/usr/share/games");
+        api_spec_opts d;
+        api_spec_opts_default(&d);
+        for (int i = 0; i < d.nroots && i < DAEMON_MAX_ROOTS; i++, a->nroots++)
+            snprintf(a->roots[i], sizeof(a->roots[i]), "%s", d.roots[i]);
     }
     return 0;
 }
@@ -604,6 +527,68 @@ static void url_of(const char *listen, unsigned port, char *out, size_t len)
     snprintf(out, len, "http://%s:%u", host, port);
 }
 
+/* The token read, the data directory created and made absolute, the database's default
+ * path, the data roots made absolute (a root that cannot be is kept as given, with a
+ * warning); -1 with err. */
+static int resolve_paths(serve_args *a, char *err, size_t errlen)
+{
+    char abs[PATH_MAX];
+    if (a->token_file[0] && read_token(a->token_file, a->token, sizeof(a->token), err, errlen))
+        return -1;
+    if (daemon_mkdirs(a->data_dir, 0700) != 0 || !realpath(a->data_dir, abs)) {
+        snprintf(err, errlen, "cannot create the data directory %s: %s", a->data_dir,
+                 strerror(errno));
+        return -1;
+    }
+    if (strlen(abs) >= sizeof(a->data_dir)) {
+        snprintf(err, errlen, "the data directory's path is too long");
+        return -1;
+    }
+    memcpy(a->data_dir, abs, strlen(abs) + 1);
+    if (!a->db[0] &&
+        snprintf(a->db, sizeof(a->db), "%s/ampd.db", a->data_dir) >= (int)sizeof(a->db)) {
+        snprintf(err, errlen, "the database path is too long");
+        return -1;
+    }
+    for (int i = 0; i < a->nroots; i++)
+        if (realpath(a->roots[i], abs) && strlen(abs) < sizeof(a->roots[i]))
+            memcpy(a->roots[i], abs, strlen(abs) + 1);
+        else
+            log_warn("data root %s: %s", a->roots[i], strerror(errno));
+    return 0;
+}
+
+/* The log lines that say the daemon serves: where, with what, and the dashboard. */
+static void log_serving(const serve_args *a, const char *url, const char *nodash)
+{
+    char why[256];
+    if (gpu_cuda_probe(why, sizeof(why)) == 0)
+        snprintf(why, sizeof(why), "CUDA device available");
+    log_info("ampd %s serving %s (db %s, data dir %s, blas %s, device: %s, max running %d%s)",
+             PACKAGE_VERSION, url, a->db, a->data_dir, gpu_blas_info(), why, a->max_running,
+             a->token[0] ? ", token required" : "");
+    log_info("gemm: fp32 %s; fp16 %s; bf16 %s", gpu_gemm_info(GPU_FP32),
+             gpu_gemm_info(GPU_FP16), gpu_gemm_info(GPU_BF16));
+    if (a->web_root[0])
+        log_info("dashboard: %s/ (files from %s)", url, a->web_root);
+    else
+        log_info("dashboard: not served (%s)", nodash);
+}
+
+/* Wait for SIGTERM or SIGINT (blocked in set), then let a second SIGINT kill at once. */
+static void wait_for_stop(sigset_t *set)
+{
+    int sig = 0;
+    while (sigwait(set, &sig) != 0 || (sig != SIGTERM && sig != SIGINT))
+        ;
+    log_info("%s: stopping (running jobs checkpoint; a second Ctrl-C kills at once)",
+             sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    sigemptyset(set);
+    sigaddset(set, SIGINT);
+    signal(SIGINT, SIG_DFL);
+    pthread_sigmask(SIG_UNBLOCK, set, NULL);
+}
+
 /* `ampd serve`; see daemon.h. Returns the exit status. */
 int daemon_serve_main(int argc, char **argv)
 {
@@ -614,35 +599,15 @@ int daemon_serve_main(int argc, char **argv)
     store *st = NULL;
     daemon_sched *sched = NULL;
     api_server *api = NULL;
-    char err[4096] = "", abs[PATH_MAX], why[256], url[200], nodash[512] = "";
+    char err[4096] = "", url[200], nodash[512] = "";
     sigset_t set;
-    int rc, sig = 0, dir_lock = -1, db_lock = -1;
+    int rc, dir_lock = -1, db_lock = -1;
 
     rc = parse_args(argc, argv, &a);
     if (rc)
         return rc == 1 ? 0 : rc;
-    if (a.token_file[0] && read_token(a.token_file, a.token, sizeof(a.token), err, sizeof(err)))
-        goto startup_error;
-    if (daemon_mkdirs(a.data_dir, 0700) != 0 || !realpath(a.data_dir, abs)) {
-        snprintf(err, sizeof(err), "cannot create the data directory %s: %s", a.data_dir,
-                 strerror(errno));
-        goto startup_error;
-    }
-    if (strlen(abs) >= sizeof(a.data_dir)) {
-        snprintf(err, sizeof(err), "the data directory's path is too long");
-        goto startup_error;
-    }
-    memcpy(a.data_dir, abs, strlen(abs) + 1);
-    if (!a.db[0] && snprintf(a.db, sizeof(a.db), "%s/ampd.db", a.data_dir) >= (int)sizeof(a.db)) {
-        snprintf(err, sizeof(err), "the database path is too long");
-        goto startup_error;
-    }
-    for (int i = 0; i < a.nroots; i++)
-        if (realpath(a.roots[i], abs) && strlen(abs) < sizeof(a.roots[i]))
-            memcpy(a.roots[i], abs, strlen(abs) + 1);
-        else
-            log_warn("data root %s: %s", a.roots[i], strerror(errno));
-    if (take_locks(&a, &dir_lock, &db_lock, err, sizeof(err)) != 0)
+    if (resolve_paths(&a, err, sizeof(err)) != 0 ||
+        take_locks(&a, &dir_lock, &db_lock, err, sizeof(err)) != 0)
         goto startup_error;
     if (sched_config(&a, &sc, err, sizeof(err)) != 0 ||
         find_web_root(&a, nodash, sizeof(nodash), err, sizeof(err)) != 0 ||
@@ -682,26 +647,9 @@ int daemon_serve_main(int argc, char **argv)
     url_of(a.listen, api_port(api), url, sizeof(url));
     if (a.demo)
         queue_demo(st, sched, &ac);
-    if (gpu_cuda_probe(why, sizeof(why)) == 0)
-        snprintf(why, sizeof(why), "CUDA device available");
-    log_info("ampd %s serving %s (db %s, data dir %s, blas %s, device: %s, max running %d%s)",
-             PACKAGE_VERSION, url, a.db, a.data_dir, gpu_blas_info(), why, a.max_running,
-             a.token[0] ? ", token required" : "");
-    log_info("gemm: fp32 %s; fp16 %s; bf16 %s", gpu_gemm_info(GPU_FP32),
-             gpu_gemm_info(GPU_FP16), gpu_gemm_info(GPU_BF16));
-    if (a.web_root[0])
-        log_info("dashboard: %s/ (files from %s)", url, a.web_root);
-    else
-        log_info("dashboard: not served (%s)", nodash);
+    log_serving(&a, url, nodash);
 
-    while (sigwait(&set, &sig) != 0 || (sig != SIGTERM && sig != SIGINT))
-        ;
-    log_info("%s: stopping (running jobs checkpoint; a second Ctrl-C kills at once)",
-             sig == SIGTERM ? "SIGTERM" : "SIGINT");
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    signal(SIGINT, SIG_DFL);
-    pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+    wait_for_stop(&set);
     rc = api_stop(api);
     daemon_sched_stop(sched);
     if (rc == 0) {

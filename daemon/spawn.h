@@ -1,0 +1,32 @@
+/*
+ * spawn.h - internal header of daemon/: starting a child process from a clean slate
+ * (spawn.c), for the scheduler's workers (sched.c) and a data-parallel job's mpirun
+ * (ranks.c).
+ *
+ * Errors: daemon_spawn returns 0 or GPU_EIO with errno (the fork failed).
+ *
+ * Threads: thread-safe; PR_SET_PDEATHSIG ties the child to the calling thread, so the
+ * caller's thread must live as long as the child should.
+ */
+#ifndef AMPD_DAEMON_SPAWN_H
+#define AMPD_DAEMON_SPAWN_H
+
+#include <sys/types.h>
+
+typedef struct {
+    const char *exe;        /* the program, execv'd */
+    char *const *argv;      /* its arguments, NULL-terminated */
+    int in, out, err;       /* the child's stdin, stdout and stderr; -1: this process's */
+    int death_signal;       /* sent to the child when the calling thread dies */
+    unsigned long nofile;   /* the child's open-file soft limit; 0: this process's */
+    const char *exec_error; /* written to the child's stderr when execv fails */
+} daemon_spawn_opts;
+
+/* Start o->exe in a process group of its own (pid = pgid, set on both sides of the fork,
+ * so the group exists before any kill), with o's stdin, stdout and stderr, every other
+ * descriptor closed, every signal disposition back to the default, an empty signal mask
+ * (every signal is blocked across the fork until then), o->nofile, and o->death_signal as
+ * its PR_SET_PDEATHSIG. *pid gets the child's pid. */
+int daemon_spawn(const daemon_spawn_opts *o, pid_t *pid);
+
+#endif /* AMPD_DAEMON_SPAWN_H */
