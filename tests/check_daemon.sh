@@ -690,8 +690,8 @@ wait_step "$id5" 700 60
 } 2>/dev/null
 ok_pid=$DPID
 check "the daemon is gone" sh -c "! kill -0 $ok_pid 2>/dev/null"
-sleep 0.2
-check "its worker died with it" test -z "$(worker_pids "$id5")"
+no_worker() { test -z "$(worker_pids "$1")"; }
+check "its worker died with it (within 10 s)" wait_for 10 no_worker "$id5"
 start_daemon --max-running 1
 check "the daemon restarts on the same db" healthy
 check "the crashed job resumes and succeeds" wait_status "$id5" succeeded 60
@@ -750,14 +750,8 @@ resumed_at() {
     req GET "/v1/jobs/$id8/events?limit=1000"
     grep -q "resumed from the checkpoint at step $s3, the newest that verifies (2 newer skipped)" <<<"$BODY"
 }
-retry() { # tries command...: 0 once the command succeeds, 50 ms apart
-    local n=$1
-    shift
-    for _ in $(seq 1 "$n"); do "$@" && return 0; sleep 0.05; done
-    return 1
-}
 check "the interrupted job resumes from the last checkpoint that verifies ($s3)" \
-    retry 400 resumed_at
+    wait_for 20 resumed_at
 check "... an event says the stop checkpoint ($s1) was skipped as truncated" \
     grep -q "skipped the checkpoint at step $s1 (ckpt-$s1.safetensors): truncated: [0-9]* of its" <<<"$BODY"
 check "... and the one before ($s2) as missing" \

@@ -90,9 +90,9 @@ check "... and one on a symlink to it too (got $RC)" \
 
 URL=$url1
 s1=$(step_of "$id")
-sleep 1
-check "the first daemon's job is still running" test "$(status_of "$id")" = running
-check "... and still training (step ${s1:-?} -> $(step_of "$id"))" wait_step "$id" $((${s1:-0} + 1)) 20
+check "the first daemon's job is still training after the refusals (from step ${s1:-?})" \
+    wait_step "$id" $((${s1:-0} + 1)) 20
+check "... and still running" test "$(status_of "$id")" = running
 check "... and was never interrupted" sh -c "! curl -sS -m 10 '$URL/v1/jobs/$id/events' |
     grep -q interrupt"
 check "... nor requeued" test "$(get "/v1/jobs/$id" | grep -o '"retries":[0-9]*')" = '"retries":0'
