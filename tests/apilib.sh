@@ -1,7 +1,7 @@
 # apilib.sh - what the end-to-end tests of the daemon's HTTP API share (sourced by
 # tests/check_daemon.sh and tests/check_experiment.sh after testlib.sh, with TMP set to the
 # test's temporary directory): a bearer token in $TMP/token, start_daemon (a daemon on a
-# free loopback port over $TMP/ampd.db, its pid in DPID: the test kills it), acurl and req
+# free loopback port over $TMP/ampd.db, its pid in DPID; stop_daemons kills it), acurl and req
 # (every exchange recorded under $REC), post_json, jget, and openapi_check_recorded, which
 # checks every recorded response against the OpenAPI description.
 TOKEN=e2e-secret-token-0123456789
@@ -10,20 +10,14 @@ chmod 600 "$TMP/token"
 AUTH=(-H "Authorization: Bearer $TOKEN")
 JSON=(-H 'Content-Type: application/json') # every POST and DELETE carries it
 
-# Start a daemon on a free port; sets DPID, PORT, URL. Extra arguments go to serve. Waits
-# at most 10 s for the port file.
+# Start a daemon on a free port (testlib.sh's serve); sets DPID, PORT, URL. Extra arguments
+# go to serve.
 start_daemon() {
-    rm -f "$TMP/port"
-    "$AMPD" serve --listen 127.0.0.1:0 --port-file "$TMP/port" --data-dir "$TMP/data" \
-        --db "$TMP/ampd.db" --token-file "$TMP/token" --worker-timeout 120 "$@" \
-        >>"$TMP/daemon.log" 2>&1 &
-    DPID=$!
-    for _ in $(seq 1 200); do
-        [ -s "$TMP/port" ] && break
-        kill -0 "$DPID" 2>/dev/null || break
-        sleep 0.05
-    done
-    PORT=$(cat "$TMP/port" 2>/dev/null)
+    serve "$TMP/port" "$TMP/daemon.log" --data-dir "$TMP/data" --db "$TMP/ampd.db" \
+        --token-file "$TMP/token" --worker-timeout 120 "$@"
+    # shellcheck disable=SC2034 # the sourcing script's to stop and restart
+    DPID=$SERVE_PID
+    PORT=$SERVE_PORT
     URL="http://127.0.0.1:${PORT:-0}"
 }
 

@@ -45,6 +45,7 @@
  */
 #include <arpa/inet.h>
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
@@ -2803,8 +2804,23 @@ static int stuck_cancel(void *ctx, int64_t id)
     return STORE_ECONFLICT;
 }
 
+/* The threads of this process: the entries of /proc/self/task. */
+static int thread_count(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    struct dirent *e;
+    int n = 0;
+    ck_assert_ptr_nonnull(d);
+    while ((e = readdir(d)) != NULL)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
 /* api_stop returns within its deadline whatever a handler is doing: a request blocked in
- * the queue's cancel is left behind (GPU_ETIMEDOUT) and the server is freed once it ends. */
+ * the queue's cancel is left behind (GPU_ETIMEDOUT) and the server is freed once it ends
+ * (by the stop thread, which then ends too: the process is back to its threads from before
+ * the server). */
 START_TEST(test_stop_deadline)
 {
     stuck_queue q = {.entered = false};
@@ -2820,6 +2836,7 @@ START_TEST(test_stop_deadline)
     api_spec_opts_default(&c.spec);
     snprintf(c.listen, sizeof(c.listen), "127.0.0.1:0");
     c.stop_timeout_ms = 1000;
+    int threads = thread_count();
     ck_assert_msg(api_start(&c, st, &jobs, &s2, err, sizeof(err)) == 0, "%s", err);
     int64_t id = add_job("stuck", "fp32", 10);
     hc_open(&h, api_port(s2));
@@ -2845,7 +2862,11 @@ START_TEST(test_stop_deadline)
         pthread_cond_wait(&q.cv, &q.mu);
     pthread_mutex_unlock(&q.mu);
     hc_close(&h);
-    test_sleep_ms(500); /* the handler ends, then the stop thread frees the server */
+    for (t0 = gpu_now(); thread_count() > threads; test_sleep_ms(10))
+        ck_assert_msg(gpu_now() - t0 < 5,
+                      "%d threads 5 s after the handler ended, %d before the server: the stop "
+                      "thread has not freed it",
+                      thread_count(), threads);
     pthread_cond_destroy(&q.cv);
     pthread_mutex_destroy(&q.mu);
 }
@@ -3177,7 +3198,15 @@ START_TEST(test_live_stream_resume)
     int got = sse_steps(c.body.data, steps, STEPS + 10);
     int64_t last = steps[got - 1], last_id = sse_last_id;
     hc_close(&c);
-    test_sleep_ms(300); /* steps go on meanwhile */
+    /* steps go on meanwhile: the store has a few more before the client comes back */
+    int64_t more = last + 3 < STEPS ? last + 3 : STEPS;
+    for (double t0 = gpu_now();; test_sleep_ms(10)) {
+        store_metric m;
+        if (store_metric_latest(st, id, &m) == 0 && m.step >= more)
+            break;
+        ck_assert_msg(gpu_now() - t0 < 10, "job %lld: step %lld not recorded within 10 s",
+                      (long long)id, (long long)more);
+    }
     hc_open(&c, port);
     n = snprintf(head, sizeof(head),
                  "GET /v1/jobs/%lld/stream HTTP/1.1\r\nHost: 127.0.0.1:%u\r\n"

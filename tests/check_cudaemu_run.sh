@@ -16,9 +16,8 @@
 set -u
 AMPD=${AMPD:-tests/ampd_emu}
 TMP=$(mktemp -d)
-DPID=""
 cleanup() {
-    [ -n "$DPID" ] && kill -9 "$DPID" 2>/dev/null
+    stop_daemons
     wait 2>/dev/null
     rm -rf "$TMP"
 }
@@ -94,14 +93,10 @@ check "flash attention: 3 steps under each of two block orders" test "$(wc -l <"
 check "... the same bits in both" cmp -s "$TMP/forder11" "$TMP/forder12"
 
 # the daemon
-AMPD_CUDAEMU_MEMORY=50000000 "$AMPD" serve --listen 127.0.0.1:0 --port-file "$TMP/port" \
-    --data-dir "$TMP/data" --db "$TMP/ampd.db" --no-dashboard >"$TMP/daemon.log" 2>&1 &
-DPID=$!
-for _ in $(seq 1 200); do
-    [ -s "$TMP/port" ] && break
-    sleep 0.05
-done
-URL="http://127.0.0.1:$(cat "$TMP/port" 2>/dev/null)"
+AMPD_CUDAEMU_MEMORY=50000000 serve "$TMP/port" "$TMP/daemon.log" --data-dir "$TMP/data" \
+    --db "$TMP/ampd.db" --no-dashboard
+DPID=$SERVE_PID
+URL="http://127.0.0.1:${SERVE_PORT:-0}"
 sys=$(curl -sS -m 20 "$URL/v1/system")
 check "/v1/system: the emulated GPU with its memory" \
     grep -q '"gpus":\[{"index":0,"name":"ampd CUDA emulator (CPU)","memory_bytes":50000000,"compute_capability":"9.0"' <<<"$sys"

@@ -31,10 +31,8 @@ set -u
 AMPD=${AMPD:-./ampd}
 TMP=$(mktemp -d)
 DPID=""
-FPID=""
 cleanup() {
-    [ -n "$DPID" ] && kill -9 "$DPID" 2>/dev/null
-    [ -n "$FPID" ] && kill -9 "$FPID" 2>/dev/null
+    stop_daemons
     [ -n "${SSE_PID:-}" ] && kill -9 "$SSE_PID" 2>/dev/null
     wait 2>/dev/null
     rm -rf "$TMP"
@@ -629,24 +627,15 @@ check "... naming it" \
 # ---- the default web root: web/ beside the binary when it holds index.html -------------------
 # A second daemon for a moment (own data dir and port file); it is stopped before going on.
 serve_briefly() { # log-file args...: start, wait for the port, GET / into CODE/BODY, stop
-    local log=$1 pid port
+    local log=$1 out
     shift
-    rm -f "$TMP/port2"
-    "$AMPD" serve --listen 127.0.0.1:0 --port-file "$TMP/port2" --data-dir "$TMP/d3" "$@" \
-        >"$log" 2>&1 &
-    pid=$!
-    for _ in $(seq 1 200); do
-        [ -s "$TMP/port2" ] && break
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.05
-    done
-    port=$(cat "$TMP/port2" 2>/dev/null)
-    out=$(acurl -sS -m 20 -w '\n%{http_code}' "http://127.0.0.1:${port:-0}/" 2>&1)
+    serve "$TMP/port2" "$log" --data-dir "$TMP/d3" "$@"
+    out=$(acurl -sS -m 20 -w '\n%{http_code}' "http://127.0.0.1:${SERVE_PORT:-0}/" 2>&1)
     CODE=${out##*$'\n'}
     BODY=${out%$'\n'*}
-    kill -TERM "$pid" 2>/dev/null
-    wait "$pid" 2>/dev/null
-    test -n "$port"
+    kill -TERM "$SERVE_PID" 2>/dev/null
+    wait "$SERVE_PID" 2>/dev/null
+    test -n "$SERVE_PORT"
 }
 beside=$(dirname "$(realpath "$AMPD")")/web
 check "a daemon without --web-root starts" serve_briefly "$TMP/d3.log"
@@ -670,15 +659,9 @@ check "... with the reason in the log" test "$CODE" = 404 -a \
 mkdir -p "$TMP/fifoweb"
 printf '<!doctype html><title>fifo</title>\n' >"$TMP/fifoweb/index.html"
 mkfifo "$TMP/fifoweb/pipe"
-rm -f "$TMP/port2"
-"$AMPD" serve --listen 127.0.0.1:0 --port-file "$TMP/port2" --data-dir "$TMP/d5" \
-    --web-root "$TMP/fifoweb" >"$TMP/d5.log" 2>&1 &
-FPID=$!
-for _ in $(seq 1 200); do
-    [ -s "$TMP/port2" ] && break
-    sleep 0.05
-done
-fport=$(cat "$TMP/port2" 2>/dev/null)
+serve "$TMP/port2" "$TMP/d5.log" --data-dir "$TMP/d5" --web-root "$TMP/fifoweb"
+FPID=$SERVE_PID
+fport=$SERVE_PORT
 t0=$(date +%s%N)
 code=$(acurl -sS -m 5 -o /dev/null -w '%{http_code}' "http://127.0.0.1:${fport:-0}/pipe" \
     2>/dev/null)
@@ -694,7 +677,6 @@ done
 ms=$((($(date +%s%N) - t0) / 1000000))
 if kill -0 "$FPID" 2>/dev/null; then kill -9 "$FPID"; fi
 wait "$FPID" 2>/dev/null
-FPID=""
 check "... and SIGTERM then stops the daemon within its deadline ($ms ms, at most 10 s)" \
     test "$ms" -lt 10000
 
@@ -708,8 +690,8 @@ wait_step "$id5" 700 60
 } 2>/dev/null
 ok_pid=$DPID
 check "the daemon is gone" sh -c "! kill -0 $ok_pid 2>/dev/null"
-sleep 0.2
-check "its worker died with it" test -z "$(worker_pids "$id5")"
+no_worker() { test -z "$(worker_pids "$1")"; }
+check "its worker died with it (within 10 s)" wait_for 10 no_worker "$id5"
 start_daemon --max-running 1
 check "the daemon restarts on the same db" healthy
 check "the crashed job resumes and succeeds" wait_status "$id5" succeeded 60
@@ -768,14 +750,8 @@ resumed_at() {
     req GET "/v1/jobs/$id8/events?limit=1000"
     grep -q "resumed from the checkpoint at step $s3, the newest that verifies (2 newer skipped)" <<<"$BODY"
 }
-retry() { # tries command...: 0 once the command succeeds, 50 ms apart
-    local n=$1
-    shift
-    for _ in $(seq 1 "$n"); do "$@" && return 0; sleep 0.05; done
-    return 1
-}
 check "the interrupted job resumes from the last checkpoint that verifies ($s3)" \
-    retry 400 resumed_at
+    wait_for 20 resumed_at
 check "... an event says the stop checkpoint ($s1) was skipped as truncated" \
     grep -q "skipped the checkpoint at step $s1 (ckpt-$s1.safetensors): truncated: [0-9]* of its" <<<"$BODY"
 check "... and the one before ($s2) as missing" \

@@ -34,7 +34,14 @@ set -u
 AMPD=${AMPD:-./ampd}
 AMPD_EMU=${AMPD_EMU:-tests/ampd_emu} # ampd on the CUDA emulator
 TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
+sup=""
+cleanup() {
+    stop_daemons
+    [ -n "$sup" ] && kill -9 "$sup" 2>/dev/null
+    wait 2>/dev/null
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
 # shellcheck source=tests/testlib.sh
 . "$(dirname "$0")/testlib.sh"
 # Open MPI's allocations that live until exit are not ours (an --enable-asan build)
@@ -166,6 +173,7 @@ t0=$(date +%s%N)
 wait $sup
 rc=$?
 t1=$(date +%s%N)
+sup=""
 echo "kill -9 of rank 1: the job ended after $(((t1 - t0) / 1000000)) ms"
 status_is "kill -9" 1 "$rc"
 check "kill -9: ended within 10 s" test $(((t1 - t0) / 1000000)) -lt 10000
@@ -186,6 +194,7 @@ done
 kill -INT $sup
 wait $sup
 status_is "SIGINT" 130 $?
+sup=""
 check "SIGINT: interrupted" grep -q '"status":"interrupted"' "$TMP/part.out"
 ck=$(ls "$TMP"/ck/ckpt-*.safetensors 2>/dev/null | head -1)
 check "SIGINT: rank 0 wrote a checkpoint" test -n "$ck"
@@ -289,14 +298,9 @@ check "two ranks, one device, auto: both on the CPU" \
     grep -q '"type":"start",.*"device":"cpu"' "$TMP/gauto.out"
 
 # ---- under the daemon: a job of 2 ranks, kill -9 of rank 1 ---------------------------------
-"$AMPD" serve --listen 127.0.0.1:0 --port-file "$TMP/port" --data-dir "$TMP/data" \
-    --db "$TMP/ampd.db" >"$TMP/daemon.log" 2>&1 &
-dpid=$!
-for _ in $(seq 200); do
-    [ -s "$TMP/port" ] && break
-    sleep 0.05
-done
-URL="http://127.0.0.1:$(cat "$TMP/port")"
+serve "$TMP/port" "$TMP/daemon.log" --data-dir "$TMP/data" --db "$TMP/ampd.db"
+dpid=$SERVE_PID
+URL="http://127.0.0.1:${SERVE_PORT:-0}"
 post() { curl -sS -m 20 -X POST -H 'Content-Type: application/json' -d "$1" "$URL/v1/jobs"; }
 field() { node -e 'const j = JSON.parse(require("fs").readFileSync(0, "utf8")); console.log(eval("j." + process.argv[1]))' "$1"; }
 id1=$(spec 2 fp16 100000 | tr -d '\n' | { read -r b; post "$b"; } | field id)

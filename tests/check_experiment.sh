@@ -20,9 +20,8 @@ set -u
 AMPD=${AMPD:-./ampd}
 command -v jq >/dev/null || { echo "SKIP: jq not found (apt-get install jq)"; exit 77; }
 TMP=$(mktemp -d)
-DPID=""
 cleanup() {
-    [ -n "$DPID" ] && kill -9 "$DPID" 2>/dev/null
+    stop_daemons
     wait 2>/dev/null
     rm -rf "$TMP"
 }
@@ -59,15 +58,6 @@ refused() {
 exp_done() { # id: every job of the experiment finished
     req GET "/v1/experiments/$1"
     [ "$CODE" = 200 ] && [ "$(jq '[.jobs[] | select(.status == "queued" or .status == "running")] | length' <<<"$BODY")" = 0 ]
-}
-wait_for() { # seconds command...: 0 once the command succeeds
-    local n=$(($1 * 10))
-    shift
-    for _ in $(seq 1 "$n"); do
-        "$@" && return 0
-        sleep 0.1
-    done
-    return 1
 }
 verdict() { # id arm metric -> verdict (in $(...): BODY stays as it was)
     req GET "/v1/experiments/$1"

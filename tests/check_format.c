@@ -5,7 +5,7 @@
  * fp64 decoder computes from sign/exponent/mantissa and round-trips (NaN -> the canonical
  * NaN); the documented edge cases of fp32 -> fp16/bf16; round-to-nearest-even against an
  * fp64 nearest-value search on millions of random inputs; every vector path (avx512, f16c,
- * portable, each forced in turn, skipped with a message when the CPU lacks it) bit-identical
+ * portable, each forced in turn, a SKIP line per case when the CPU lacks it) bit-identical
  * to the scalar functions for all tail lengths 0..70, misaligned buffers and a large array,
  * without writing past the end, on 1 and on several OpenMP threads; results independent of
  * MXCSR (FTZ/DAZ, rounding mode); the conversions to bf16 note an fp32 subnormal input on
@@ -35,9 +35,27 @@
 #endif
 
 #include "gpu/gpu_int.h"
+#include "tests/testutil.h"
 
 static const char *const paths[] = {"avx512bf16", "avx512", "f16c", "portable"};
 #define NPATHS (sizeof(paths) / sizeof(paths[0]))
+
+/* Forces path for the case fn; false where this CPU lacks it, with the case's SKIP line
+ * (none when fn is NULL: a case that has said so already). */
+static bool use_path(const char *fn, const char *path)
+{
+    int rc = gpu_cvt_force(path);
+    if (rc == GPU_ENODEV) {
+        if (fn != NULL)
+            test_skip(fn, path, "this CPU lacks %s",
+                      strcmp(path, "avx512bf16") == 0 ? "AVX-512 (F, BW, VL, DQ) or AVX512_BF16"
+                      : strcmp(path, "avx512") == 0   ? "AVX-512 (F, BW, VL, DQ)"
+                                                      : "F16C, AVX2 or FMA");
+        return false;
+    }
+    ck_assert_int_eq(rc, 0);
+    return true;
+}
 
 static uint32_t f2u(float x)
 {
@@ -322,7 +340,8 @@ static const edge bf16_edges[] = {
     {0x7F80FFFF, 0x7FC0},              /* sNaN whose rounding would carry */
 };
 
-static void check_edges(const edge *e, size_t n, uint16_t (*to16)(float),
+/* fn: the case, for its SKIP lines (NULL: said already). */
+static void check_edges(const char *fn, const edge *e, size_t n, uint16_t (*to16)(float),
                         void (*bulk)(uint16_t *, const float *, size_t))
 {
     const char *orig = gpu_cvt_impl();
@@ -335,7 +354,7 @@ static void check_edges(const edge *e, size_t n, uint16_t (*to16)(float),
                       to16(in[i]), e[i].out);
     }
     for (size_t p = 0; p < NPATHS; p++) {
-        if (gpu_cvt_force(paths[p]) != 0)
+        if (!use_path(fn, paths[p]))
             continue;
         bulk(out, in, n);
         for (size_t k = 0; k < n; k++)
@@ -347,7 +366,7 @@ static void check_edges(const edge *e, size_t n, uint16_t (*to16)(float),
 
 START_TEST(t_f16_edges)
 {
-    check_edges(f16_edges, sizeof(f16_edges) / sizeof(f16_edges[0]), gpu_f32_to_f16,
+    check_edges(__func__, f16_edges, sizeof(f16_edges) / sizeof(f16_edges[0]), gpu_f32_to_f16,
                 gpu_cvt_f32_f16);
     /* decimal spellings from the brief */
     ck_assert_uint_eq(gpu_f32_to_f16(65519.99f), 0x7BFF);
@@ -367,7 +386,7 @@ END_TEST
 
 START_TEST(t_bf16_edges)
 {
-    check_edges(bf16_edges, sizeof(bf16_edges) / sizeof(bf16_edges[0]), gpu_f32_to_bf16,
+    check_edges(__func__, bf16_edges, sizeof(bf16_edges) / sizeof(bf16_edges[0]), gpu_f32_to_bf16,
                 gpu_cvt_f32_bf16);
     ck_assert_uint_eq(gpu_f32_to_bf16(1e-39f), 0x000B);
     ck_assert_uint_eq(gpu_f32_to_bf16(-1e-39f), 0x800B);
@@ -542,15 +561,11 @@ static void compare_path(const char *path, bufs *b, size_t n, size_t off, gpu_rn
     }
 }
 
-static void check_path(const char *path)
+static void check_path(const char *fn, const char *path)
 {
     const char *orig = gpu_cvt_impl();
-    int rc = gpu_cvt_force(path);
-    if (rc == GPU_ENODEV) {
-        printf("check_format: path %s: SKIP: this CPU lacks it\n", path);
+    if (!use_path(fn, path))
         return;
-    }
-    ck_assert_int_eq(rc, 0);
     ck_assert_str_eq(gpu_cvt_impl(), path);
 
     gpu_rng r;
@@ -579,25 +594,25 @@ static void check_path(const char *path)
 
 START_TEST(t_path_avx512bf16)
 {
-    check_path("avx512bf16");
+    check_path(__func__, "avx512bf16");
 }
 END_TEST
 
 START_TEST(t_path_avx512)
 {
-    check_path("avx512");
+    check_path(__func__, "avx512");
 }
 END_TEST
 
 START_TEST(t_path_f16c)
 {
-    check_path("f16c");
+    check_path(__func__, "f16c");
 }
 END_TEST
 
 START_TEST(t_path_portable)
 {
-    check_path("portable");
+    check_path(__func__, "portable");
 }
 END_TEST
 
@@ -638,7 +653,7 @@ START_TEST(t_omp_threads)
     bufs b;
     bufs_alloc(&b, BIG);
     for (size_t p = 0; p < NPATHS; p++) {
-        if (gpu_cvt_force(paths[p]) != 0)
+        if (!use_path(__func__, paths[p]))
             continue;
         for (int threads = 1; threads <= 3; threads += 2) {
             gpu_rng r;
@@ -701,7 +716,7 @@ START_TEST(t_subnormal_watch)
     static const float subs[] = {0x1p-149f, -0x1p-130f, 0x1.fffffcp-127f /* rounds up */};
     set_threads(2);
     for (size_t p = 0; p < NPATHS; p++) {
-        if (gpu_cvt_force(paths[p]) != 0)
+        if (!use_path(__func__, paths[p]))
             continue;
         for (size_t l = 0; l < sizeof lens / sizeof lens[0]; l++)
             for (size_t k = 0; k < 3; k++) {
@@ -855,7 +870,7 @@ START_TEST(t_rows)
         src[i] = gpu_rng_normal(&r) * (i % 3 == 0 ? 1e-40f : 1e3f); /* subnormals too */
     src[LDS + 3] = NAN;
     for (size_t p = 0; p < NPATHS; p++) {
-        if (gpu_cvt_force(paths[p]) != 0)
+        if (!use_path(__func__, paths[p]))
             continue;
         for (int k = 0; k < 2; k++) {
             memset(h, 0xA5, sizeof h);
@@ -892,10 +907,11 @@ START_TEST(t_fp_environment)
     _mm_setcsr(csr | 0x8040u);
 #endif
     for (size_t p = 0; p < NPATHS; p++) {
-        if (gpu_cvt_force(paths[p]) != 0)
+        if (!use_path(__func__, paths[p]))
             continue;
-        check_edges(f16_edges, nf, gpu_f32_to_f16, gpu_cvt_f32_f16);
-        check_edges(bf16_edges, nb, gpu_f32_to_bf16, gpu_cvt_f32_bf16);
+        check_edges(NULL, f16_edges, nf, gpu_f32_to_f16, gpu_cvt_f32_f16);
+        check_edges(NULL, bf16_edges, nb, gpu_f32_to_bf16, gpu_cvt_f32_bf16);
+        ck_assert_int_eq(gpu_cvt_force(paths[p]), 0); /* check_edges left the default path */
         uint16_t sub[3] = {0x0001, 0x03FF, 0x8001};
         float out[3];
         gpu_cvt_f16_f32(out, sub, 3);

@@ -3,7 +3,8 @@
  * gpu_gemm_ref on every path this machine has (OpenBLAS; fp32 on oneDNN with 16-bit operands
  * widened; native bf16 on oneDNN; the native plans with the kernels emulated, on every CPU),
  * the bounded scratch of the blockwise conversion and its length check (GPU_ESCRATCH), and
- * the kernel choice gpu_blas_init makes. After the tests it prints the paths it ran.
+ * the kernel choice gpu_blas_init makes. A path this machine lacks: a SKIP line per case and
+ * path. After the tests it prints the paths it ran.
  *
  * Operands are stored in buffers of exactly their footprint ((rows-1)*ld + cols elements)
  * so that AddressSanitizer catches any read past the last row, and the padding between rows
@@ -41,6 +42,7 @@
 #include <unistd.h>
 
 #include "gpu/gpu_int.h"
+#include "tests/testutil.h"
 
 #ifndef AMPD_OPENBLAS_PATH
 #define AMPD_OPENBLAS_PATH "libopenblas.so.0" /* as gpu/blas.c */
@@ -236,12 +238,21 @@ static void run_case_in(bool ta, bool tb, int M, int N, int K, gpu_dtype adt, gp
 static const char *const paths[] = {"openblas", "widen", "native", "emulated"};
 #define NPATHS ((int)(sizeof paths / sizeof paths[0]))
 
-/* Force path i; false (and a note) when this machine lacks it. */
-static bool use_path(int i)
+/* Force path i for the case fn (a loop test's iteration iter, -1 for a plain test); false
+ * where this machine lacks the path, with the case's SKIP line: once per path and case (a
+ * loop test's at its iteration 0, for every iteration). */
+static bool use_path(const char *fn, int iter, int i)
 {
+    static const char *said[NPATHS]; /* the case that said so: one process runs them all */
     int rc = gpu_gemm_force(paths[i]);
     if (rc == GPU_ENODEV) {
-        fprintf(stderr, "check_gemm: path %s not on this machine\n", paths[i]);
+        if (iter <= 0 && said[i] != fn)
+            test_skip(fn, paths[i],
+                      "not on this machine%s (widen and native need oneDNN's "
+                      "AVX-512 kernels; oneDNN: %s)",
+                      iter == 0 ? ", in every iteration" : "",
+                      gpu_dnnl_info() ? gpu_dnnl_info() : "not loaded");
+        said[i] = fn;
         return false;
     }
     ck_assert_int_eq(rc, 0);
@@ -284,7 +295,7 @@ START_TEST(t_fp32_shapes)
     gpu_rng_seed(&rng, 100 + (uint64_t)_i);
     ck_assert_int_eq(gpu_blas_init(2), 0);
     for (int p = 0; p < NPATHS; p++)
-        if (use_path(p))
+        if (use_path(__func__, _i, p))
             fp32_shapes(_i & 1, _i & 2, &rng);
 }
 END_TEST
@@ -391,7 +402,7 @@ START_TEST(t_lowp)
     gpu_rng rng;
     gpu_rng_seed(&rng, 200 + (uint64_t)_i);
     for (int p = 0; p < NPATHS; p++) {
-        if (!use_path(p))
+        if (!use_path(__func__, _i, p))
             continue;
         lowp_cases(adt, bdt, -1, &rng);
         lowp_cases(adt, bdt, low, &rng); /* fp16 x bf16 in fp16: computed exactly */
@@ -407,7 +418,7 @@ START_TEST(t_blocks)
     gpu_rng rng;
     gpu_rng_seed(&rng, 300);
     for (int p = 0; p < NPATHS; p++) {
-        if (!use_path(p))
+        if (!use_path(__func__, -1, p))
             continue;
         run_case_in(false, false, 700, 37, 400, GPU_FP16, GPU_FP32, -1, 1, 1.0f, &rng);
         run_case_in(true, false, 700, 37, 400, GPU_BF16, GPU_BF16, -1, 0, 0.0f, &rng);
@@ -462,7 +473,7 @@ static void subnormal_case(bool f32a, float beta)
 START_TEST(t_subnormal)
 {
     for (int p = 0; p < NPATHS; p++) {
-        if (!use_path(p))
+        if (!use_path(__func__, -1, p))
             continue;
         for (int f = 0; f < 2; f++) {
             subnormal_case(f, 0.0f);
@@ -518,7 +529,7 @@ START_TEST(t_converted_operands)
 {
     uint16_t a16[9 * 33];
     for (int p = 2; p < NPATHS; p++) { /* native, emulated */
-        if (!use_path(p) || !gpu_gemm_in_place(GPU_BF16))
+        if (!use_path(__func__, -1, p) || !gpu_gemm_in_place(GPU_BF16))
             continue;
         pid_t pid = fork(); /* before any conversion here has met a subnormal */
         ck_assert_int_ge(pid, 0);
@@ -533,7 +544,7 @@ START_TEST(t_converted_operands)
                       WIFEXITED(status) ? WEXITSTATUS(status) : -1);
     }
     for (int p = 0; p < NPATHS; p++) {
-        if (!use_path(p))
+        if (!use_path(__func__, -1, p))
             continue;
         subnormal_a16(a16, 9 * 33, true);
         ck_assert(gpu_bf16_subnormals_made());
@@ -548,7 +559,7 @@ END_TEST
 START_TEST(t_scratch_size)
 {
     for (int p = 0; p < NPATHS; p++) {
-        if (!use_path(p))
+        if (!use_path(__func__, -1, p))
             continue;
         ck_assert_uint_eq(gpu_gemm_scratch_floats(false, false, 3, 4, 5, GPU_FP32, 5, GPU_FP32,
                                                   4), 0);
@@ -706,7 +717,7 @@ START_TEST(t_inf_propagates)
 {
     bool ta = _i & 1, tb = _i & 2;
     for (int p = 0; p < NPATHS; p++) {
-        if (!use_path(p))
+        if (!use_path(__func__, _i, p))
             continue;
         for (int ex = 0; ex < 2; ex++) {
             inf_case(GPU_FP16, false, ta, tb, INFINITY, ex);

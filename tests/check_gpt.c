@@ -11,9 +11,10 @@
  * attributed to the attention scores) while bf16 stays finite, the layout and dtype plan,
  * results bit-identical whatever the number of threads, and a few hundred training steps
  * that drive the loss down in fp32, fp16 and bf16. The native bf16 plans run on oneDNN's
- * kernels where the CPU has them and on their emulation everywhere: the heads against the
- * public attention, and a backward whose gradients are bf16 subnormals (the GEMMs give way
- * to the widened plan) within the scratch the model planned, on guarded blocks.
+ * kernels where the CPU has them (elsewhere: a SKIP line per case) and on their emulation
+ * everywhere: the heads against the public attention, and a backward whose gradients are
+ * bf16 subnormals (the GEMMs give way to the widened plan) within the scratch the model
+ * planned, on guarded blocks.
  *
  * Tolerances (GPT_VERBOSE=1 prints the measured values): fp32 gradients within 1e-4 of the
  * finite difference plus 2e-5 of the tensor's largest (worst seen: 1.1e-6 of the largest);
@@ -30,6 +31,7 @@
 #include "gpu/diag.h"
 #include "gpu/gpt.h"
 #include "gpu/gpu_int.h"
+#include "testutil.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -1243,6 +1245,24 @@ static void native_case_init(native_case *k, const gpu_model_config *mc, int B, 
 static const char *const native_paths[] = {"native", "emulated"};
 #define NNATIVE ((int)(sizeof native_paths / sizeof native_paths[0]))
 
+/* Forces native path i for the case fn; false, with the case's SKIP line, where this machine
+ * lacks it (the native path: oneDNN's bf16 kernels need AVX512_BF16 or AMX). */
+static bool use_native_path(const char *fn, int i)
+{
+    int rc = gpu_gemm_force(native_paths[i]);
+    if (rc == GPU_ENODEV) {
+        char have[64];
+        gpu_gemm_paths(have, sizeof have);
+        test_skip(fn, native_paths[i],
+                  "no native bf16 GEMM on this CPU (oneDNN: %s; its bf16 kernels need "
+                  "AVX512_BF16 or AMX; GEMM paths here: %s)",
+                  gpu_dnnl_info() ? gpu_dnnl_info() : "not loaded", have);
+        return false;
+    }
+    ck_assert_int_eq(rc, 0);
+    return true;
+}
+
 /* The forward on a native path. Layer 0's saved probabilities that are fp32 subnormals
  * (*nsub of them) were noted as such when the heads stored them in bf16 (else the P V
  * product would have read them as zero); then its probabilities and output equal the public
@@ -1293,10 +1313,8 @@ START_TEST(test_native_bf16_heads)
     int c;
     double lw;
     size_t nsub;
-    if (gpu_gemm_force(native_paths[_i]) != 0) {
-        printf("native bf16 heads: no native bf16 GEMM on this CPU, nothing to compare\n");
+    if (!use_native_path(__func__, _i))
         return;
-    }
     native_case_init(&k, &mc, 3, 77, 1.0f);
     float *g = calloc(k.m.nparams, sizeof(float)), *gw = calloc(k.m.nparams, sizeof(float));
     ck_assert(g && gw);
@@ -1334,8 +1352,11 @@ START_TEST(test_native_bf16_subnormal_probs)
     gpu_model_config mc = {.type = GPU_MODEL_GPT, .n_layer = 1, .n_head = 2, .d_model = 32,
                            .seq_len = 24, .vocab = 32, .init_scale = 1.0f};
     native_case k;
-    if (gpu_gemm_force(native_paths[_i]) != 0 || gpu_bf16_subnormals_made()) {
-        printf("subnormal probabilities: no native bf16 GEMM here, or a subnormal already seen\n");
+    if (!use_native_path(__func__, _i))
+        return;
+    if (gpu_bf16_subnormals_made()) {
+        TEST_SKIP(native_paths[_i], "a conversion in this process already met a subnormal "
+                                    "(CK_FORK=no runs every case in one process)");
         return;
     }
     size_t nsub;
@@ -1363,11 +1384,8 @@ START_TEST(test_native_subnormal_grads)
     gpu_model_config mc = {.type = GPU_MODEL_GPT, .n_layer = 2, .n_head = 2, .d_model = 32,
                            .seq_len = 16, .vocab = 32, .init_scale = 1.0f};
     const char *path = native_paths[_i];
-    if (gpu_gemm_force(path) != 0) {
-        printf("SKIP: native subnormal gradients on the %s path: no native bf16 GEMM on this "
-               "CPU (the emulated path runs the same plans)\n", path);
+    if (!use_native_path(__func__, _i))
         return;
-    }
     gpu_autocast a;
     gpu_rng r;
     char err[128];

@@ -2,8 +2,9 @@
  * check_optim.c - optimizers, the learning-rate schedule and the autocast table.
  *
  * AdamW and SGD with momentum are checked bit for bit against what torch.optim produced
- * (tests/data/torch_optim.txt, 200 steps on fixed gradients, on every kernel path), and
- * against double-precision reference implementations written here from PyTorch's formulas;
+ * (tests/data/torch_optim.txt, 200 steps on fixed gradients, on every kernel path the CPU
+ * has; one it lacks: a SKIP line per case), and against double-precision reference
+ * implementations written here from PyTorch's formulas;
  * the fused working copy against the scalar conversions of format.c; the lost-update count of
  * the low-precision path against cases whose outcome is known; the schedule against its
  * closed forms; the update on 1, 2 and 3 OpenMP threads against itself, bit for bit.
@@ -22,16 +23,20 @@
 #endif
 
 #include "gpu/gpu_int.h"
+#include "tests/testutil.h"
 #include "tests/torchref.h"
 
 static const char *const impls[] = {"portable", "avx512"};
 
-/* Forces the optimizer kernel path; false (test skipped) when the CPU lacks it. */
-static bool use_impl(const char *impl)
+/* Forces the optimizer kernel path impl for the case fn; false, with the case's SKIP line,
+ * when the CPU lacks it. */
+static bool use_impl(const char *fn, const char *impl)
 {
     int rc = gpu_optim_force(impl);
-    if (rc == GPU_ENODEV)
+    if (rc == GPU_ENODEV) {
+        test_skip(fn, impl, "this CPU lacks AVX-512F");
         return false;
+    }
     ck_assert_int_eq(rc, 0);
     ck_assert_str_eq(gpu_optim_impl(), impl);
     return true;
@@ -190,7 +195,7 @@ static void run_vs_reference(gpu_opt_type type, float wd, float gmul, float mome
 
 START_TEST(test_adamw_reference)
 {
-    if (!use_impl(impls[_i]))
+    if (!use_impl(__func__, impls[_i]))
         return;
     run_vs_reference(GPU_OPT_ADAMW, 0.0f, 1.0f, 0.0f);
     run_vs_reference(GPU_OPT_ADAMW, 0.1f, 0.5f, 0.0f);
@@ -199,7 +204,7 @@ END_TEST
 
 START_TEST(test_sgd_reference)
 {
-    if (!use_impl(impls[_i]))
+    if (!use_impl(__func__, impls[_i]))
         return;
     run_vs_reference(GPU_OPT_SGD, 0.0f, 1.0f, 0.9f);
     run_vs_reference(GPU_OPT_SGD, 1e-2f, 0.25f, 0.9f);
@@ -211,7 +216,7 @@ START_TEST(test_adamw_first_step)
 {
     /* At t = 1 the bias corrections make mhat = g and vhat = g^2 exactly, so the step is
      * lr * g / (|g| + eps): about lr in size whatever the gradient's scale. */
-    if (!use_impl(impls[_i]))
+    if (!use_impl(__func__, impls[_i]))
         return;
     gpu_optim_config c;
     gpu_optim_defaults(&c);
@@ -238,7 +243,7 @@ END_TEST
 
 START_TEST(test_working_copy)
 {
-    if (!use_impl(impls[_i]))
+    if (!use_impl(__func__, impls[_i]))
         return;
     gpu_optim_config c;
     gpu_optim_defaults(&c);
@@ -276,9 +281,9 @@ END_TEST
 
 START_TEST(test_paths_identical)
 {
-    if (gpu_optim_force("avx512") == GPU_ENODEV)
-        return;
     ck_assert_int_eq(gpu_optim_force("nonsense"), GPU_EINVAL);
+    if (!use_impl(__func__, "avx512"))
+        return;
     gpu_rng r;
     gpu_rng_seed(&r, 8);
     enum { M = 2053 };
@@ -313,7 +318,7 @@ END_TEST
 
 START_TEST(test_lowp_lost_updates)
 {
-    if (!use_impl(impls[_i]))
+    if (!use_impl(__func__, impls[_i]))
         return;
     gpu_optim_config c;
     gpu_optim_defaults(&c);
@@ -363,7 +368,7 @@ END_TEST
 START_TEST(test_lowp_matches_master_math)
 {
     /* One lowp step gives exactly the rounding of the fp32 step taken from the same values. */
-    if (!use_impl(impls[_i]))
+    if (!use_impl(__func__, impls[_i]))
         return;
     enum { M = 2100 };
     static uint16_t w[M], w0[M];
@@ -502,7 +507,7 @@ static void big_same(const big_state *a, const big_state *b, const char *what)
 
 START_TEST(test_threads_identical)
 {
-    if (!use_impl(impls[_i]))
+    if (!use_impl(__func__, impls[_i]))
         return;
     static const struct {
         gpu_opt_type type;
@@ -564,7 +569,7 @@ static bool copy_ok(const float *g, const float *p, gpu_dtype wdt, int k, size_t
  * left as it was. */
 START_TEST(test_in_grads)
 {
-    if (!use_impl(impls[_i]))
+    if (!use_impl(__func__, impls[_i]))
         return;
     static const struct {
         gpu_opt_type type;
@@ -877,9 +882,9 @@ static gpu_optim_config torch_config(const torchref_optim *o)
  * every reported step and in the final state. */
 START_TEST(test_torch_optim)
 {
-    if (!use_impl(impls[_i / 2]))
-        return;
     const bool lowp = _i % 2;
+    if (!use_impl(lowp ? "test_torch_optim (lowp entry)" : __func__, impls[_i / 2]))
+        return;
     torchref ref;
     int bad;
     if (torchref_load(&ref, &bad))

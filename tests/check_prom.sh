@@ -17,10 +17,9 @@ if [ -z "$PROM" ] || ! command -v jq >/dev/null; then
     exit 77
 fi
 TMP=$(mktemp -d)
-DPID=""
 PPID_PROM=""
 cleanup() {
-    [ -n "$DPID" ] && kill -9 "$DPID" 2>/dev/null
+    stop_daemons
     [ -n "$PPID_PROM" ] && kill -9 "$PPID_PROM" 2>/dev/null
     wait 2>/dev/null
     rm -rf "$TMP"
@@ -29,14 +28,9 @@ trap cleanup EXIT
 # shellcheck source=tests/testlib.sh
 . "$(dirname "$0")/testlib.sh"
 
-"$AMPD" serve --listen 127.0.0.1:0 --port-file "$TMP/port" --data-dir "$TMP/data" \
-    --db "$TMP/ampd.db" --no-dashboard --metrics-keep 600 >"$TMP/daemon.log" 2>&1 &
-DPID=$!
-for _ in $(seq 1 200); do
-    [ -s "$TMP/port" ] && break
-    sleep 0.05
-done
-PORT=$(cat "$TMP/port" 2>/dev/null)
+serve "$TMP/port" "$TMP/daemon.log" --data-dir "$TMP/data" --db "$TMP/ampd.db" \
+    --no-dashboard --metrics-keep 600
+PORT=$SERVE_PORT
 URL="http://127.0.0.1:${PORT:-0}"
 if [ -z "$PORT" ]; then
     bad "ampd serve starts"

@@ -13,9 +13,8 @@
 set -u
 AMPD=${AMPD:-./ampd}
 TMP=$(mktemp -d)
-DPID=""
 cleanup() {
-    [ -n "$DPID" ] && kill -9 "$DPID" 2>/dev/null
+    stop_daemons
     wait 2>/dev/null
     rm -rf "$TMP"
 }
@@ -54,16 +53,9 @@ CASES[gpt-text]='{"name": "rt-gpt", "model": {"type": "gpt", "n_layer": 1, "n_he
     "optimizer": {"lr": 0.0003, "betas": [0.9, 0.95], "weight_decay": 0.1, "grad_clip": 1.0},
     "batch_size": 4, "steps": 2, "threads": 1}'
 
-rm -f "$TMP/port"
-"$AMPD" serve --listen 127.0.0.1:0 --port-file "$TMP/port" --data-dir "$TMP/data" \
-    --no-dashboard "${ROOTS[@]}" >"$TMP/daemon.log" 2>&1 &
-DPID=$!
-for _ in $(seq 1 200); do
-    [ -s "$TMP/port" ] && break
-    sleep 0.05
-done
-URL="http://127.0.0.1:$(cat "$TMP/port" 2>/dev/null)"
-check "the daemon starts" test -s "$TMP/port"
+serve "$TMP/port" "$TMP/daemon.log" --data-dir "$TMP/data" --no-dashboard "${ROOTS[@]}"
+URL="http://127.0.0.1:${SERVE_PORT:-0}"
+check "the daemon starts" test -n "$SERVE_PORT"
 
 for name in mlp-idx mlp-synthetic gpt-text; do
     if [ "$name" = mlp-idx ] && [ ! -e "$IDX/train-images-idx3-ubyte.gz" ] &&

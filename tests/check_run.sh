@@ -114,13 +114,10 @@ fi
 long='{"model": {"layers": [64, 256, 256, 10]}, "data": {"type": "synthetic"},
        "steps": 100000, "threads": 1}'
 mkdir -p "$TMP/sig"
-echo "$long" | "$AMPD" run --every 100000 --checkpoint-dir "$TMP/sig" - >"$TMP/out" 2>/dev/null &
+echo "$long" | "$AMPD" run --checkpoint-dir "$TMP/sig" - >"$TMP/out" 2>/dev/null &
 pid=$!
-for _ in $(seq 1 100); do
-    grep -q '"type":"start"' "$TMP/out" 2>/dev/null && break
-    sleep 0.1
-done
-sleep 0.5
+check "the long run trains (a step line within 30 s)" \
+    wait_for 30 grep -q '"type":"step"' "$TMP/out"
 kill -INT "$pid"
 wait "$pid"
 status_is "SIGINT" 130 $?
@@ -143,7 +140,14 @@ for _ in $(seq 1 1200); do
 done
 check "run blocks writing to a full pipe" $blocked
 kill -TERM "$pid"
-sleep 0.5 # the signal lands while the pipe is still full
+term_landed() { # pid: SIGTERM no longer pending (its handler ran), the write blocked again
+    local name mask
+    while read -r name mask _; do
+        case $name in SigPnd: | ShdPnd:) [ $((0x$mask & 0x4000)) -eq 0 ] || return 1 ;; esac
+    done 2>/dev/null <"/proc/$1/status"
+    grep -q pipe_write "/proc/$1/wchan" 2>/dev/null
+}
+check "... SIGTERM lands while the pipe is still full" wait_for 10 term_landed "$pid"
 timeout 30 cat <&7 >"$TMP/out"
 exec 7<&-
 wait "$pid"

@@ -2,8 +2,9 @@
  * check_scaler.c - the loss scaler: configuration checks, the per-step update against an
  * independent reference model of PyTorch's _amp_update_scale_ plus
  * DeepSpeed/Megatron hysteresis and the floor/ceiling extensions, and the fused unscale
- * pass against a long-double reference on every kernel path the CPU has, and against itself
- * on 1, 2 and 3 OpenMP threads (the same bits, sum of squares included).
+ * pass against a long-double reference on every kernel path the CPU has (one it lacks: a
+ * SKIP line per case), and against itself on 1, 2 and 3 OpenMP threads (the same bits, sum
+ * of squares included).
  *
  * Threads: Check forks one child per test; nothing is shared. The thread-count test sets the
  * OpenMP thread count of its child.
@@ -20,6 +21,7 @@
 #endif
 
 #include "gpu/gpu_int.h"
+#include "tests/testutil.h"
 #include "tests/torchref.h"
 
 /* ---- helpers ------------------------------------------------------------------------- */
@@ -545,12 +547,15 @@ END_TEST
 
 static const char *const impls[] = {"portable", "avx512"};
 
-/* Forces impl; returns false (test skipped) when the CPU lacks it. */
-static bool use_impl(const char *impl)
+/* Forces the unscale kernel path impl for the case fn; false, with the case's SKIP line,
+ * when the CPU lacks it. */
+static bool use_impl(const char *fn, const char *impl)
 {
     int rc = gpu_unscale_force(impl);
-    if (rc == GPU_ENODEV)
+    if (rc == GPU_ENODEV) {
+        test_skip(fn, impl, "this CPU lacks AVX-512F");
         return false;
+    }
     ck_assert_int_eq(rc, 0);
     ck_assert_str_eq(gpu_unscale_impl(), impl);
     return true;
@@ -666,7 +671,7 @@ static void check_against_ref(const float *in, const layout *l, float inv, const
 START_TEST(test_unscale_random)
 {
     const char *impl = impls[_i];
-    if (!use_impl(impl))
+    if (!use_impl(__func__, impl))
         return;
     static const float invs[] = {1.0f / 65536.0f, 1.0f, 0.5f, 1.0f / 3.0f, 2.0f, 0x1p-30f};
     gpu_rng r;
@@ -694,7 +699,7 @@ END_TEST
 START_TEST(test_unscale_edges)
 {
     const char *impl = impls[_i];
-    if (!use_impl(impl))
+    if (!use_impl(__func__, impl))
         return;
     float g[6] = {3e38f, -3e38f, 1e-45f, -1e-45f, 0.0f, 2.0f};
     size_t off[1] = {0}, cnt[1] = {6};
@@ -724,7 +729,7 @@ END_TEST
 START_TEST(test_unscale_inv_one_keeps_bits)
 {
     const char *impl = impls[_i];
-    if (!use_impl(impl))
+    if (!use_impl(__func__, impl))
         return;
     gpu_rng r;
     gpu_rng_seed(&r, 99);
@@ -748,7 +753,7 @@ END_TEST
 START_TEST(test_unscale_per_tensor_flags)
 {
     const char *impl = impls[_i];
-    if (!use_impl(impl))
+    if (!use_impl(__func__, impl))
         return;
     enum { N = 300 };
     float g[N];
@@ -784,9 +789,9 @@ END_TEST
 
 START_TEST(test_unscale_paths_identical)
 {
-    if (gpu_unscale_force("avx512") == GPU_ENODEV)
-        return;
     ck_assert_int_eq(gpu_unscale_force("bogus"), GPU_EINVAL);
+    if (!use_impl(__func__, "avx512"))
+        return;
     gpu_rng r;
     gpu_rng_seed(&r, 5);
     enum { N = 70001 };
@@ -884,7 +889,7 @@ static void big_fill(float *in, size_t total, bool special, gpu_rng *r)
 START_TEST(test_unscale_threads_identical)
 {
     const char *impl = impls[_i];
-    if (!use_impl(impl))
+    if (!use_impl(__func__, impl))
         return;
     size_t off[BIG_T], cnt[BIG_T];
     size_t total = big_layout(off, cnt);

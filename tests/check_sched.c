@@ -30,6 +30,7 @@
  */
 #include <check.h>
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
@@ -170,6 +171,83 @@ static int count_events(fixture *f, int64_t id, const char *kind, const char *te
             c++;
     store_events_free(ev, n);
     return c;
+}
+
+/* The pid of job id's worker, from its "worker N started" event (the worker's start line),
+ * at most timeout_s; fails the test otherwise. */
+static int worker_pid(fixture *f, int64_t id, double timeout_s)
+{
+    store_event *ev = NULL;
+    int n = 0, pid = 0;
+    double t0 = gpu_now();
+    for (;;) {
+        ck_assert_int_eq(store_flush(f->st), 0);
+        ck_assert_int_eq(store_event_list(f->st, id, 0, 100, &ev, &n), 0);
+        for (int i = 0; i < n && pid == 0; i++)
+            if (sscanf(ev[i].message, "worker %d started", &pid) != 1)
+                pid = 0;
+        store_events_free(ev, n);
+        if (pid > 0)
+            return pid;
+        ck_assert_msg(gpu_now() - t0 < timeout_s, "job %lld: no worker started within %.0f s",
+                      (long long)id, timeout_s);
+        test_sleep_ms(10);
+    }
+}
+
+/* The state letter of process pid (its /proc/PID/stat: R, S, D, Z...), '?' when it is gone. */
+static char proc_state(int pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+    FILE *fp = fopen(path, "r");
+    if (fp == NULL)
+        return '?';
+    size_t n = fread(buf, 1, sizeof(buf) - 1, fp);
+    fclose(fp);
+    buf[n] = '\0';
+    const char *end = strrchr(buf, ')'); /* after the command name, which may hold anything */
+    return end != NULL && end[1] == ' ' ? end[2] : '?';
+}
+
+/* Whether process pid runs: it exists and is not a zombie. */
+static bool running(int pid)
+{
+    char st = proc_state(pid);
+    return st != '?' && st != 'Z' && st != 'X';
+}
+
+/* Wait (at most timeout_s) until process pid has exec'd the program name (the basename of
+ * /proc/PID/exe) and sleeps in it (the exec is complete: the descriptors it closes are
+ * closed); fails the test otherwise. */
+static void wait_exec(int pid, const char *name, double timeout_s)
+{
+    char path[64], exe[PATH_MAX] = "";
+    double t0 = gpu_now();
+    snprintf(path, sizeof(path), "/proc/%d/exe", pid);
+    for (;;) {
+        ssize_t n = readlink(path, exe, sizeof(exe) - 1);
+        exe[n > 0 ? n : 0] = '\0';
+        const char *base = strrchr(exe, '/');
+        if (base != NULL && strcmp(base + 1, name) == 0 && proc_state(pid) == 'S')
+            return;
+        ck_assert_msg(gpu_now() - t0 < timeout_s,
+                      "process %d does not sleep in %s after %.0f s (it runs %s, state %c)", pid,
+                      name, timeout_s, exe[0] ? exe : "?", proc_state(pid));
+        test_sleep_ms(5);
+    }
+}
+
+/* Wait (at most timeout_s) until the worker pid is gone: exited and reaped by the scheduler
+ * (which does so in each turn, whether the store writes or not); fails the test otherwise. */
+static void wait_gone(int pid, double timeout_s)
+{
+    double t0 = gpu_now();
+    while (kill(pid, 0) == 0 || errno != ESRCH) {
+        ck_assert_msg(gpu_now() - t0 < timeout_s, "worker %d still there after %.0f s (%s)", pid,
+                      timeout_s, running(pid) ? "running" : "exited, not reaped");
+        test_sleep_ms(10);
+    }
 }
 
 static bool dir_exists(const char *p)
@@ -412,28 +490,15 @@ END_TEST
 START_TEST(test_worker_descriptors)
 {
     fixture f;
-    store_event *ev = NULL;
-    int n = 0, pid = 0;
     char path[600], target[600];
     setup(&f);
     start_sched(&f);
     signal(SIGPIPE, SIG_IGN);
     signal(SIGUSR2, SIG_IGN);
     int64_t id = submit(&f, "{\"mode\":\"fds\"}");
-    double t0 = gpu_now();
-    while (pid == 0 && gpu_now() - t0 < 10) {
-        test_sleep_ms(10);
-        store_flush(f.st);
-        ck_assert_int_eq(store_event_list(f.st, id, 0, 100, &ev, &n), 0);
-        for (int i = 0; i < n; i++)
-            if (sscanf(ev[i].message, "worker %d started", &pid) != 1)
-                pid = 0;
-            else
-                break;
-        store_events_free(ev, n);
-    }
-    ck_assert_int_gt(pid, 0);
-    test_sleep_ms(100); /* the worker has exec'd sleep */
+    int pid = worker_pid(&f, id, 10);
+    /* until bash has exec'd sleep it holds the script open (fd 255) */
+    wait_exec(pid, "sleep", 10);
     snprintf(path, sizeof(path), "/proc/%d/fd", pid);
     DIR *d = opendir(path);
     ck_assert_ptr_nonnull(d);
@@ -999,23 +1064,28 @@ START_TEST(test_store_full_pauses_worker)
     setup(&f);
     f.cfg.worker_timeout_s = 1;
     start_sched(&f);
-    int64_t id = submit(&f, "{\"mode\":\"slow\",\"steps\":60,\"ckpt\":10,\"delay\":0.02}");
-    wait_step(&f, id, 5, 10);
+    /* 115 steps after step 5 sleep 5.75 s in all: the worker outlives the pause below */
+    int64_t id = submit(&f, "{\"mode\":\"slow\",\"steps\":120,\"ckpt\":20,\"delay\":0.05}");
+    wait_step(&f, id, 5, 30);
+    int pid = worker_pid(&f, id, 10);
     ck_assert_int_eq(store_test_fault(f.st, STORE_EFULL), 0);
     wait_health(&f, STORE_EFULL, 5);
-    test_sleep_ms(2500); /* past worker_timeout_s, and past the three attempts of old */
+    /* The time itself is what is tested: unread for longer than worker_timeout_s (and a
+     * scheduler turn), and than the three attempts of old, the worker runs on. */
+    for (double t0 = gpu_now(); gpu_now() - t0 < 2.5; test_sleep_ms(20))
+        ck_assert_msg(running(pid), "worker %d ended %.2f s into the pause", pid, gpu_now() - t0);
     ck_assert_int_eq(status_of(&f, id), STORE_RUNNING);
     daemon_sched_info info;
     daemon_sched_get_info(f.sc, &info);
     ck_assert_int_eq(info.running, 1);
     ck_assert_int_eq(info.workers_failed, 0);
     ck_assert_int_eq(store_test_fault(f.st, 0), 0);
-    wait_status(&f, id, STORE_SUCCEEDED, 20);
-    check_rows(&f, id, STORE_M_LOSS, 60, &se);
+    wait_status(&f, id, STORE_SUCCEEDED, 60);
+    check_rows(&f, id, STORE_M_LOSS, 120, &se);
     store_series_free(&se);
     store_job j = get_job(&f, id);
-    ck_assert_int_eq(j.step, 60);
-    ck_assert_int_eq(j.checkpoint_step, 60);
+    ck_assert_int_eq(j.step, 120);
+    ck_assert_int_eq(j.checkpoint_step, 120);
     ck_assert_ptr_nonnull(j.summary);
     ck_assert_ptr_null(j.error);
     store_job_clear(&j);
@@ -1037,8 +1107,9 @@ START_TEST(test_store_full_job_ends)
     int64_t id = submit(&f, "{\"mode\":\"slow\",\"steps\":20,\"ckpt\":5,\"delay\":0.02}");
     int64_t next = submit(&f, "{\"mode\":\"ok\",\"steps\":3}");
     wait_step(&f, id, 2, 10);
+    int pid = worker_pid(&f, id, 10);
     ck_assert_int_eq(store_test_fault(f.st, STORE_EFULL), 0);
-    test_sleep_ms(2000); /* the worker prints its last lines (the pipe holds them) and exits */
+    wait_gone(pid, 30); /* it printed its last lines (the pipe holds them), exited, was reaped */
     ck_assert_int_eq(status_of(&f, id), STORE_RUNNING);
     ck_assert_int_eq(status_of(&f, next), STORE_QUEUED);
     daemon_sched_info info;
@@ -1083,8 +1154,9 @@ START_TEST(test_store_full_drops_wait)
     int64_t id = submit(&f, "{\"mode\":\"slow\",\"steps\":20,\"ckpt\":4,\"keep\":2,"
                             "\"delay\":0.02}");
     wait_step(&f, id, 2, 10);
+    int pid = worker_pid(&f, id, 10);
     ck_assert_int_eq(store_test_fault(f.st, STORE_EFULL), 0);
-    test_sleep_ms(2000); /* the worker checkpoints, drops and exits meanwhile */
+    wait_gone(pid, 30); /* the worker checkpointed, dropped, exited and was reaped meanwhile */
     snprintf(dir, sizeof(dir), "%s/jobs/%lld", f.cfg.data_dir, (long long)id);
     ck_assert_int_eq(store_checkpoint_list(f.st, id, &ck, &n), 0);
     for (int i = 0; i < n; i++) /* what is recorded is there */
@@ -1117,8 +1189,9 @@ START_TEST(test_store_stall_fails_job)
     start_sched(&f);
     int64_t id = submit(&f, "{\"mode\":\"slow\",\"steps\":2000,\"delay\":0.01}");
     wait_step(&f, id, 3, 10);
+    int pid = worker_pid(&f, id, 10);
     ck_assert_int_eq(store_test_fault(f.st, STORE_EFULL), 0);
-    test_sleep_ms(3000); /* paused, stopped after 1 s, checkpointed, exited */
+    wait_gone(pid, 30); /* paused, stopped after 1 s, checkpointed, exited, reaped */
     ck_assert_int_eq(status_of(&f, id), STORE_RUNNING);
     ck_assert_int_eq(store_test_fault(f.st, 0), 0);
     wait_status(&f, id, STORE_FAILED, 20);

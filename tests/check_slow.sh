@@ -15,9 +15,8 @@ PY=/usr/bin/python3
 srcdir=${srcdir:-.}
 HEAD_TIMEOUT=8
 TMP=$(mktemp -d)
-DPID=""
 cleanup() {
-    [ -n "$DPID" ] && kill -9 "$DPID" 2>/dev/null
+    stop_daemons
     wait 2>/dev/null
     rm -rf "$TMP"
 }
@@ -33,16 +32,10 @@ if [ "$hard" != unlimited ] && [ "$hard" -lt 4096 ]; then
     exit 77
 fi
 
-"$AMPD" serve --listen 127.0.0.1:0 --port-file "$TMP/port" --data-dir "$TMP/data" \
-    --db "$TMP/ampd.db" --no-dashboard --head-timeout "$HEAD_TIMEOUT" --max-per-address 16 \
-    >"$TMP/daemon.log" 2>&1 &
-DPID=$!
-for _ in $(seq 1 200); do
-    [ -s "$TMP/port" ] && break
-    kill -0 "$DPID" 2>/dev/null || break
-    sleep 0.05
-done
-PORT=$(cat "$TMP/port" 2>/dev/null)
+serve "$TMP/port" "$TMP/daemon.log" --data-dir "$TMP/data" --db "$TMP/ampd.db" \
+    --no-dashboard --head-timeout "$HEAD_TIMEOUT" --max-per-address 16
+DPID=$SERVE_PID
+PORT=$SERVE_PORT
 URL="http://127.0.0.1:${PORT:-0}"
 if [ -z "$PORT" ]; then
     bad "ampd serve starts with --head-timeout and --max-per-address"

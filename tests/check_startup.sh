@@ -13,9 +13,8 @@
 set -u
 AMPD=${AMPD:-./ampd}
 TMP=$(mktemp -d)
-PIDS=()
 cleanup() {
-    for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
+    stop_daemons
     wait 2>/dev/null
     rm -rf "$TMP"
 }
@@ -24,22 +23,14 @@ trap cleanup EXIT
 . "$(dirname "$0")/testlib.sh"
 TIMEOUT=(timeout -s KILL 30)
 
-# start NAME ARGS...: a daemon on a free port; sets PID and URL (empty when it did not start)
+# start NAME ARGS...: a daemon on a free port (its log NAME.log); sets PID and URL (empty
+# when it did not start)
 start() {
-    local name=$1 port=""
+    local name=$1
     shift
-    rm -f "$TMP/$name.port"
-    "$AMPD" serve --listen 127.0.0.1:0 --port-file "$TMP/$name.port" --no-dashboard "$@" \
-        >"$TMP/$name.log" 2>&1 &
-    PID=$!
-    PIDS+=("$PID")
-    for _ in $(seq 1 200); do
-        [ -s "$TMP/$name.port" ] && break
-        kill -0 "$PID" 2>/dev/null || break
-        sleep 0.05
-    done
-    port=$(cat "$TMP/$name.port" 2>/dev/null)
-    URL=${port:+http://127.0.0.1:$port}
+    serve "$TMP/$name.port" "$TMP/$name.log" --no-dashboard "$@"
+    PID=$SERVE_PID
+    URL=${SERVE_PORT:+http://127.0.0.1:$SERVE_PORT}
 }
 get() { curl -sS -m 10 "$URL$1"; } # path
 # The job's field: its status, or its progress step
@@ -99,9 +90,9 @@ check "... and one on a symlink to it too (got $RC)" \
 
 URL=$url1
 s1=$(step_of "$id")
-sleep 1
-check "the first daemon's job is still running" test "$(status_of "$id")" = running
-check "... and still training (step ${s1:-?} -> $(step_of "$id"))" wait_step "$id" $((${s1:-0} + 1)) 20
+check "the first daemon's job is still training after the refusals (from step ${s1:-?})" \
+    wait_step "$id" $((${s1:-0} + 1)) 20
+check "... and still running" test "$(status_of "$id")" = running
 check "... and was never interrupted" sh -c "! curl -sS -m 10 '$URL/v1/jobs/$id/events' |
     grep -q interrupt"
 check "... nor requeued" test "$(get "/v1/jobs/$id" | grep -o '"retries":[0-9]*')" = '"retries":0'

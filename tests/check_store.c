@@ -1209,17 +1209,19 @@ END_TEST
 
 /* ---- concurrency -------------------------------------------------------------------------- */
 
+enum { NREADERS = 4 };
 static atomic_int writer_done;
+static atomic_long reader_iters[NREADERS]; /* each reader's rounds of queries so far */
 static int64_t conc_job;
 
 /* Rows are written in step order from 0, so every committed snapshot holds a prefix: each
- * query must see steps 0..k with no gap, whatever k is. */
+ * query must see steps 0..k with no gap, whatever k is. arg: the reader's index. */
 static void *reader_main(void *arg)
 {
     int f[2] = {STORE_M_LOSS, STORE_M_STEP_MS};
     int64_t last_seen = -1;
     long iters = 0;
-    (void)arg;
+    atomic_long *done = &reader_iters[(intptr_t)arg];
     while (!atomic_load(&writer_done) || iters < 5) {
         store_metric m;
         store_series se;
@@ -1256,21 +1258,41 @@ static void *reader_main(void *arg)
         store_job_clear(&j);
         store_get_stats(st, &stats);
         iters++;
+        atomic_store(done, iters);
     }
     return (void *)iters;
 }
 
+/* Every reader has queried again since seen[] (their counts then), at most 10 s: the writes
+ * go on only once each has read between them. */
+static void readers_went_on(long seen[NREADERS])
+{
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int i = 0; i < NREADERS; i++) {
+        while (atomic_load(&reader_iters[i]) <= seen[i]) {
+            clock_gettime(CLOCK_MONOTONIC, &t);
+            ck_assert_msg(t.tv_sec - t0.tv_sec < 10, "reader %d made no query in 10 s", i);
+            usleep(1000);
+        }
+        seen[i] = atomic_load(&reader_iters[i]);
+    }
+}
+
 START_TEST(test_concurrent_readers)
 {
-    pthread_t th[4];
+    pthread_t th[NREADERS];
+    long seen[NREADERS] = {0};
     store_metric m;
     store_series se;
     int f = STORE_M_LOSS;
 
     conc_job = new_job("conc", "fp16");
     atomic_store(&writer_done, 0);
-    for (int i = 0; i < 4; i++)
-        ck_assert_int_eq(pthread_create(&th[i], NULL, reader_main, NULL), 0);
+    for (int i = 0; i < NREADERS; i++) {
+        atomic_store(&reader_iters[i], 0);
+        ck_assert_int_eq(pthread_create(&th[i], NULL, reader_main, (void *)(intptr_t)i), 0);
+    }
     memset(&m, 0, sizeof(m));
     m.job_id = conc_job;
     for (int64_t s = 0; s < 60000; s++) {
@@ -1280,11 +1302,11 @@ START_TEST(test_concurrent_readers)
         m.v[STORE_M_EVAL_LOSS] = m.v[STORE_M_EVAL_ACC] = NAN;
         ck_assert_int_eq(store_metric_append(st, &m), 0);
         if (s % 5000 == 0)
-            usleep(2000);
+            readers_went_on(seen); /* the readers query while the rows go in */
     }
     ck_assert_int_eq(store_flush(st), 0);
     atomic_store(&writer_done, 1);
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < NREADERS; i++) {
         void *iters;
         ck_assert_int_eq(pthread_join(th[i], &iters), 0);
         ck_assert_int_ge((long)iters, 5);
@@ -2037,12 +2059,15 @@ START_TEST(test_full_disk_holds_rows)
     ck_assert_int_eq(h.held, 200);
     ck_assert(h.since > 1e9 && h.failures >= 1);
 
-    sleep_s(1.5); /* the old writer gave up after 3 attempts, 0.6 s apart in all */
+    /* past the three attempts after which the old writer dropped the batch */
+    for (t0 = mono_s(); h.failures < 4; store_get_health(st, &h)) {
+        ck_assert_msg(mono_s() - t0 < 10, "%lld failed attempts in 10 s", (long long)h.failures);
+        sleep_s(0.02);
+    }
     t0 = mono_s();
     ck_assert_int_eq(store_flush(st), STORE_EFULL);
     ck_assert(mono_s() - t0 < 0.5); /* already failing: at once */
     store_get_health(st, &h);
-    ck_assert_int_ge(h.failures, 3);
     ck_assert_int_eq(h.held, 200);
     ck_assert_int_eq(store_checkpoint_add(st, job, 300, "/d/ckpt-300", 1), STORE_EFULL);
     ck_assert_int_eq(store_job_set_status(st, job, STORE_SUCCEEDED, NULL), STORE_EFULL);

@@ -1,7 +1,9 @@
 # testlib.sh - what the end-to-end test scripts share (sourced by the tests/check_*.sh
 # scripts): the pass and fail counters and one line per check, "PASS: <name>" or
-# "FAIL: <name>", status_is, the check of a command's exit status, and flip_byte, which
-# damages a file. Each script ends with
+# "FAIL: <name>", status_is, the check of a command's exit status, flip_byte, which
+# damages a file, wait_for, a bounded poll, and serve, which starts `ampd serve` and waits
+# for its port (stop_daemons, in a script's EXIT trap, kills every daemon it started). Each
+# script ends with
 #   echo "$pass passed, $fail failed"; [ "$fail" -eq 0 ]
 pass=0
 fail=0
@@ -34,4 +36,42 @@ flip_byte() { # file offset: invert the byte at offset (negative: counted from t
     [ "$off" -lt 0 ] && off=$(($(stat -c %s "$f") + off))
     b=$(od -An -tu1 -j "$off" -N1 "$f" | tr -d ' ')
     printf "\\$(printf %o $((255 - b)))" | dd of="$f" bs=1 seek="$off" conv=notrunc 2>/dev/null
+}
+wait_for() { # seconds command...: 0 once the command succeeds (tried every 0.1 s), else 1
+    local n=$(($1 * 10))
+    shift
+    for _ in $(seq 1 "$n"); do
+        "$@" && return 0
+        sleep 0.1
+    done
+    return 1
+}
+
+# serve PORT-FILE LOG [serve arguments]: `$AMPD serve --listen 127.0.0.1:0 --port-file
+# PORT-FILE [arguments]` in the background, its output appended to LOG; variables set before
+# the call (VAR=value serve ...) reach it as they would a command. Waits until it has written
+# its port, it has exited, or $SERVE_WAIT_S (10) seconds have passed. Sets SERVE_PID and
+# SERVE_PORT (empty when it did not start); returns 0 when it started. Every pid goes to
+# SERVED, for stop_daemons.
+SERVED=()
+serve() {
+    local pf=$1 log=$2 end
+    shift 2
+    rm -f "$pf"
+    "$AMPD" serve --listen 127.0.0.1:0 --port-file "$pf" "$@" >>"$log" 2>&1 &
+    SERVE_PID=$!
+    SERVED+=("$SERVE_PID")
+    end=$((SECONDS + ${SERVE_WAIT_S:-10}))
+    while [ ! -s "$pf" ] && [ "$SECONDS" -le "$end" ] && kill -0 "$SERVE_PID" 2>/dev/null; do
+        sleep 0.05
+    done
+    SERVE_PORT=$(cat "$pf" 2>/dev/null)
+    [ -n "$SERVE_PORT" ]
+}
+stop_daemons() { # kill -9 every daemon serve started that is still running
+    local p
+    for p in "${SERVED[@]}"; do
+        kill -0 "$p" 2>/dev/null && kill -9 "$p" 2>/dev/null
+    done
+    return 0
 }

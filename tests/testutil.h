@@ -1,15 +1,40 @@
 /*
- * testutil.h - helpers shared by the test suites: a short sleep, and the deep, narrow fp16
- * MLP on a 4-class synthetic problem that the AMP lessons (check_train, check_diag) use.
- * Header-only (static functions), included by the test programs alone.
+ * testutil.h - helpers shared by the test suites: a case's SKIP line, a short sleep, and the
+ * deep, narrow fp16 MLP on a 4-class synthetic problem that the AMP lessons (check_train,
+ * check_diag) use. Header-only (static functions), included by the test programs alone.
  */
 #ifndef AMPD_TESTUTIL_H
 #define AMPD_TESTUTIL_H
 
+#include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 #include <time.h>
 
 #include "gpu/gpu.h"
+
+/* A case, or a variant of one (on: a path or implementation; NULL for the whole case), that
+ * cannot run on this machine says so, since Check has no skip status of its own: one line
+ * "SKIP: <case> on <on>: <reason>" on stdout, which CI's summary collects (grep SKIP
+ * tests/check_*.log), flushed at once so that it reaches the log before the case's forked
+ * process ends. fn is the case's __func__ (START_TEST(x) defines x_fn): printed as x. A suite
+ * that cannot run at all exits 77 instead. */
+static inline void test_skip(const char *fn, const char *on, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static inline void test_skip(const char *fn, const char *on, const char *fmt, ...)
+{
+    size_t n = strlen(fn);
+    va_list ap;
+    if (n > 3 && strcmp(fn + n - 3, "_fn") == 0)
+        n -= 3;
+    printf("SKIP: %.*s%s%s: ", (int)n, fn, on ? " on " : "", on ? on : "");
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    printf("\n");
+    fflush(stdout);
+}
+#define TEST_SKIP(on, ...) test_skip(__func__, on, __VA_ARGS__)
 
 static inline void test_sleep_ms(int ms)
 {
