@@ -131,14 +131,9 @@ mkfifo "$TMP/fifo"
 echo "$long" | "$AMPD" run --checkpoint-dir "$TMP/sig" - >"$TMP/fifo" 2>/dev/null &
 pid=$!
 exec 7<"$TMP/fifo"
-blocked=false
 # 64 KiB of step lines: ~7 s under AddressSanitizer on the emulated GPU, minutes on a loaded
 # machine: a bound of 120 s on a poll that ends once the write blocks
-for _ in $(seq 1 1200); do
-    grep -q pipe_write "/proc/$pid/wchan" 2>/dev/null && blocked=true && break
-    sleep 0.1
-done
-check "run blocks writing to a full pipe" $blocked
+check "run blocks writing to a full pipe" wait_for 120 grep -q pipe_write "/proc/$pid/wchan"
 kill -TERM "$pid"
 term_landed() { # pid: SIGTERM no longer pending (its handler ran), the write blocked again
     local name mask
