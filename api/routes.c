@@ -460,9 +460,9 @@ static bool idem_key_ok(const char *k)
     return true;
 }
 
-/* Whether body (the request's, len bytes) is the same JSON as stored, the spec a job was
- * submitted with (its compacted body): equal values, the order of an object's members and
- * the whitespace aside. */
+/* Whether spec (the request's effective spec) is the same JSON as stored, the effective spec
+ * the job was queued with: equal values, the order of an object's members and the
+ * whitespace aside (so a request that spells out a default is the same request). */
 static bool same_spec(const char *stored, const char *spec)
 {
     json_t *a = stored ? json_loads(stored, JSON_REJECT_DUPLICATES, NULL) : NULL;
