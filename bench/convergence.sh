@@ -65,8 +65,9 @@ EVAL_EVERY=${CONV_EVAL_EVERY:-100}
 MODEL_CHECK=${CONV_MODEL_CHECK:-10}
 DATA_ROOT=${CONV_DATA_ROOT:-/usr/share/games}
 DATA=${CONV_DATA:-fortunes}
-# the job (bench/torch_convergence.py's defaults are the same)
-N_LAYER=4 N_HEAD=4 D_MODEL=256 SEQ_LEN=128 BATCH=16 LR=0.001 VAL_FRACTION=0.1
+# the job (N_LAYER ... VAL_FRACTION and conv_spec)
+# shellcheck source=bench/conv_job.sh
+. "$HERE/conv_job.sh"
 # shellcheck source=bench/lib.sh
 . "$HERE/lib.sh"
 
@@ -430,15 +431,7 @@ bench_progress "data order: bench/batches and the port agree on steps 1-$STEPS o
 # ---- the model: PyTorch from ampd's initial weights, on the same batches ------------------
 # ampd_spec NAME DTYPE SEED STEPS LR EVAL_EVERY: a job spec in $TMP/NAME.json
 ampd_spec() {
-    local scale=
-    [ "$2" = fp16 ] && scale=', "loss_scale": {"mode": "dynamic"}'
-    cat >"$TMP/$1.json" <<EOF
-{"name": "conv-$1",
- "model": {"type": "gpt", "n_layer": $N_LAYER, "n_head": $N_HEAD, "d_model": $D_MODEL, "seq_len": $SEQ_LEN, "vocab": 256},
- "data": {"type": "text", "train": "$DATA", "val_fraction": $VAL_FRACTION},
- "precision": {"dtype": "$2"$scale}, "optimizer": {"type": "adamw", "lr": $5},
- "batch_size": $BATCH, "steps": $4, "eval_every": $6, "seed": $3, "threads": 2}
-EOF
+    conv_spec "conv-$1" "$2" "$3" "$4" "$5" "$6" "$DATA" >"$TMP/$1.json"
 }
 
 if [ "$MODEL_CHECK" -gt 0 ] && [[ " $run_variants " == *" torch:"* ]]; then

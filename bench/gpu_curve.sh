@@ -2,9 +2,9 @@
 # bench/gpu_curve.sh - the convergence benchmark's GPT job on the GPU, to set beside the same
 # job on the CPU: does the CUDA backend learn what the CPU backend learns?
 #
-# The job is bench/convergence.sh's (4 layers, 4 heads, d_model 256, seq_len 128, vocab 256,
-# batch 16, AdamW lr 1e-3, Debian's `fortunes` as bytes with a 10% validation split, eval
-# every 100 steps; the text is the directory /usr/share/games/fortunes, all its files), with
+# The job is bench/convergence.sh's (bench/conv_job.sh: 4 layers, d_model 256, seq_len 128,
+# batch 16, AdamW lr 1e-3, Debian's `fortunes` as bytes with a 10% validation split), eval
+# every 100 steps, the text the directory /usr/share/games/fortunes (all its files), with
 # "device": "cuda" and every step's loss printed.
 #
 #   bench/gpu_curve.sh run [STEPS [SEEDS [DTYPES]]]   (on the GPU machine, after
@@ -27,17 +27,8 @@ cd "$(dirname "$0")/.." || exit 1
 die() { echo "bench/gpu_curve.sh: $*" >&2; exit 2; }
 PY=${PYTHON:-python3}
 
-spec() { # dtype seed steps device data
-    local scale=
-    [ "$1" = fp16 ] && scale=', "loss_scale": {"mode": "dynamic"}'
-    cat <<EOF
-{"name": "curve-$4-$1-seed$2",
- "model": {"type": "gpt", "n_layer": 4, "n_head": 4, "d_model": 256, "seq_len": 128, "vocab": 256},
- "data": {"type": "text", "train": "$5", "val_fraction": 0.1},
- "precision": {"dtype": "$1"$scale}, "optimizer": {"type": "adamw", "lr": 0.001},
- "batch_size": 16, "steps": $3, "eval_every": 100, "seed": $2, "device": "$4", "threads": 2}
-EOF
-}
+# shellcheck source=bench/conv_job.sh
+. bench/conv_job.sh
 
 runs() { # device steps seeds dtypes dir [env...]
     local device=$1 steps=$2 seeds=$3 dtypes=$4 dir=$5 data s d f t
@@ -51,7 +42,8 @@ runs() { # device steps seeds dtypes dir [env...]
     for s in $seeds; do
         for d in $dtypes; do
             f=$dir/ampd-$d-seed$s
-            spec "$d" "$s" "$steps" "$device" "$data" >"$f.spec.json"
+            conv_spec "curve-$device-$d-seed$s" "$d" "$s" "$steps" "$LR" 100 "$data" "$device" \
+                >"$f.spec.json"
             t=$SECONDS
             "$@" "$AMPD" run --every 1 --data-root "$(dirname "$data")" "$f.spec.json" >"$f.jsonl" 2>"$f.err"
             printf '%-8s seed %s on %s: exit %d in %d s; %s\n' "$d" "$s" "$device" $? \
