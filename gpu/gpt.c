@@ -62,28 +62,10 @@
 
 #include "gpu/diag.h"
 #include "gpu/gpt.h"
+#include "gpu/gpt_int.h"
 #include "gpu/gpu_int.h"
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
-/* Elementwise kernels, cloned for AVX-512 and AVX2 and picked at load time (ifunc).
- * no-trapping-math lets the branch-free selects (clamps, NaN passes) vectorise without
- * AVX-512's masks; results are the same IEEE values (ampd never enables FP traps). */
-#ifdef __clang__ /* clang 14 gives clones of static functions global resolvers, which clash */
-#define HOT
-#else
-// clang-format off
-#define HOT __attribute__((target_clones("avx512f", "avx2", "default"), \
-                           optimize("O3", "no-trapping-math")))
-// clang-format on
-#endif
-#define INLINE static inline __attribute__((always_inline))
-
 #define LN_EPS 1e-5f
-#define CHUNK 1024 /* floats per chunk of a fused elementwise pass (4 KiB: its passes stay in L1) */
-#define PAR_MIN 16384 /* floats below which a pass stays on one thread (a team costs ~1 us) */
 #define COLS 64 /* columns per block of a sum over rows: the unit its threads share out */
 #define PIECE 512 /* floats of a row widened at a time on the stack */
 #define CE_ROWS 512 /* rows of cross-entropy whose losses are held before they are summed */
@@ -95,66 +77,15 @@ static size_t align64(size_t n)
     return (n + 63) & ~(size_t)63;
 }
 
-static size_t align16f(size_t n)
-{
-    return (n + 15) & ~(size_t)15;
-}
-
-static size_t min_sz(size_t a, size_t b)
-{
-    return a < b ? a : b;
-}
-
 static int min_int(int a, int b)
 {
     return a < b ? a : b;
-}
-
-/* Whether a pass over n floats is worth a team of threads. (Used only in the OpenMP
- * pragmas, which a build without OpenMP ignores.) */
-static __attribute__((unused)) bool big(size_t n)
-{
-    return n >= PAR_MIN;
 }
 
 /* Rows of C floats per block of a row-wise pass: a CHUNK's worth (at least one). */
 static int row_block(int C)
 {
     return CHUNK / C > 0 ? CHUNK / C : 1;
-}
-
-/* Round n floats in place to dt (nothing to do for fp32). */
-static void rnd(float *v, size_t n, gpu_dtype dt)
-{
-    if (dt != GPU_FP32)
-        gpu_round_n(v, v, n, dt);
-}
-
-/* Round values of dtype `from` to dtype `to` in place: the cast between two ops, or the
- * backward of a cast from `to` (which rounds the gradient to the dtype cast from). */
-static void cast(float *v, size_t n, gpu_dtype from, gpu_dtype to)
-{
-    if (to != GPU_FP32 && to != from)
-        gpu_round_n(v, v, n, to);
-}
-
-/* v rounded to a, then cast from a to b (an op's output rounded and handed to an op in b),
- * CHUNK floats at a time on every core: the same values, as rounding is elementwise. */
-static void rnd_cast_par(float *v, size_t n, gpu_dtype a, gpu_dtype b)
-{
-    if (a == GPU_FP32 && b == GPU_FP32)
-        return;
-#pragma omp parallel for schedule(static) if (big(n))
-    for (size_t i = 0; i < n; i += CHUNK) {
-        size_t k = min_sz(CHUNK, n - i);
-        rnd(v + i, k, a);
-        cast(v + i, k, a, b);
-    }
-}
-
-static void rnd_par(float *v, size_t n, gpu_dtype dt)
-{
-    rnd_cast_par(v, n, dt, dt);
 }
 
 static void cast_par(float *v, size_t n, gpu_dtype from, gpu_dtype to)
@@ -172,20 +103,6 @@ static void store_par(void *dst, gpu_dtype dt, const float *src, size_t n)
         gpu_cvt_from_f32((char *)dst + i * es, dt, src + i, min_sz(CHUNK, n - i));
 }
 
-/* dst = src rounded to dt (a 16-bit dtype), and the same values stored in dt at store when
- * it is not NULL, in the same pass; on every core. */
-static void round_par(float *dst, const float *src, size_t n, gpu_dtype dt, void *store)
-{
-    size_t es = gpu_dtype_size(dt);
-#pragma omp parallel for schedule(static) if (big(n))
-    for (size_t i = 0; i < n; i += CHUNK) {
-        size_t k = min_sz(CHUNK, n - i);
-        gpu_round_n(dst + i, src + i, k, dt);
-        if (store)
-            gpu_cvt_from_f32((char *)store + i * es, dt, dst + i, k);
-    }
-}
-
 /* PyTorch's promotion of two float dtypes (only fp32 and one low dtype occur). */
 static gpu_dtype promote(gpu_dtype a, gpu_dtype b)
 {
@@ -193,46 +110,6 @@ static gpu_dtype promote(gpu_dtype a, gpu_dtype b)
 }
 
 /* ---- vectorisable math ------------------------------------------------------------------ */
-
-/* 2^e as a float, for e in [-126, 127] (other values give garbage, never UB). */
-INLINE float pow2(int32_t e)
-{
-    uint32_t u = (uint32_t)(e + 127) << 23;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-INLINE int32_t i_of(float f)
-{
-    int32_t i;
-    memcpy(&i, &f, sizeof i);
-    return i;
-}
-
-/* exp(x) for every float: Cody-Waite reduction by ln 2, Cephes' degree-6 polynomial, and
- * the power of two applied as two factors so that results down to the subnormals and up to
- * inf come out right. Branch-free, so loops over it vectorise. */
-INLINE float vexp(float x)
-{
-    float xc = x < -104.0f ? -104.0f : x;
-    xc = xc > 89.0f ? 89.0f : xc;
-    float t = xc * 1.44269504088896341f + 12582912.0f; /* 1.5 * 2^23: round to integer */
-    float n = t - 12582912.0f;
-    int32_t ni = i_of(t) - 0x4B400000;
-    float r = xc - n * 0.693359375f;
-    r = r + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * (r * r) + r + 1.0f;
-    int32_t n1 = ni >> 1, n2 = ni - n1;
-    float y = p * pow2(n1) * pow2(n2);
-    return x != x ? x : y;
-}
 
 HOT static void exp_kernel(float *restrict dst, const float *restrict x, size_t n)
 {
@@ -244,22 +121,6 @@ HOT static void exp_kernel(float *restrict dst, const float *restrict x, size_t 
 void gpu_gpt_exp(float *dst, const float *x, size_t n)
 {
     exp_kernel(dst, x, n);
-}
-
-/* Sum of n floats with 16 partial sums (a fixed order whatever the vector width). */
-INLINE float sum16(const float *restrict v, int n)
-{
-    float acc[16] = {0};
-    int j = 0;
-    for (; j + 16 <= n; j += 16)
-        for (int k = 0; k < 16; k++)
-            acc[k] += v[j + k];
-    float s = 0.0f;
-    for (; j < n; j++)
-        s += v[j];
-    for (int k = 0; k < 16; k++)
-        s += acc[k];
-    return s;
 }
 
 /* ---- elementwise kernels ---------------------------------------------------------------- */
@@ -275,12 +136,6 @@ HOT static void add_to(float *restrict dst, const float *restrict a, const float
 {
     for (size_t i = 0; i < n; i++)
         dst[i] = a[i] + b[i];
-}
-
-HOT static void scale_n(float *restrict v, float s, size_t n)
-{
-    for (size_t j = 0; j < n; j++)
-        v[j] *= s;
 }
 
 /* acc[j] += a[i ld + j] for each row i < rows in turn, j < w: a block of columns summed. */
@@ -572,20 +427,6 @@ void gpu_gpt_gelu_bwd(float *d, const float *u, size_t n, gpu_dtype dt)
 
 /* ---- causal multi-head attention -------------------------------------------------------- */
 
-/* p[j] = exp(s[j] - mx) for j < n; returns their sum. */
-HOT static float exp_shifted(float *restrict p, const float *restrict s, float mx, int n)
-{
-    for (int j = 0; j < n; j++)
-        p[j] = vexp(s[j] - mx);
-    return sum16(p, n);
-}
-
-HOT static void div_n(float *restrict p, float d, int n)
-{
-    for (int j = 0; j < n; j++)
-        p[j] = p[j] / d;
-}
-
 /* P[0..n) = softmax(s[0..n)) in fp32 (division by the sum, as PyTorch's kernels); returns
  * the row's log-sum-exp, max + log(sum). A NaN or a +inf in s makes the row NaN, as it does
  * there. */
@@ -748,27 +589,6 @@ static int head_gemm(bool ta, bool tb, int M, int N, int K, const float *A, int 
                      gemm_space gs)
 {
     return head_mm(ta, tb, M, N, K, A, GPU_FP32, lda, B, GPU_FP32, ldb, mm_dt, C, ldc, gs);
-}
-
-/* The OpenMP team a parallel region would start here, at most most (1 without OpenMP). */
-static int team_size(int most)
-{
-#ifdef _OPENMP
-    int n = omp_get_max_threads();
-#else
-    int n = 1;
-#endif
-    return n < 1 ? 1 : n > most ? most : n;
-}
-
-/* The calling thread's number in its OpenMP team (0 outside one). */
-static int team_rank(void)
-{
-#ifdef _OPENMP
-    return omp_get_thread_num();
-#else
-    return 0;
-#endif
 }
 
 /* One sequence and head's share of an attention pass: its slot of scratch and whether its
@@ -973,21 +793,10 @@ static int attn_head_fwd16(const void *ctx, int b, int h, float *scratch, bool p
                        a->out16 + yo, C, gs);
 }
 
-/* What the model stores in mm_dt for an attention pass: on the native path qkv (multiplied
- * as it is stored) and where the heads also store their output (y, or dqkv; NULL: not);
- * elsewhere, for the backward, qkv to widen. */
-typedef struct {
-    const uint16_t *qkv;
-    uint16_t *out;
-    const uint16_t *wide; /* the backward's qkv stored in mm_dt, which the heads widen (qkv
-                           * NULL: the library cannot take mm_dt as stored) */
-} attn_store;
-
-/* gpu_gpt_attention_fwd, or with st (NULL: none) on qkv stored in mm_dt, which runs
- * natively. */
-static int attention_fwd16(const float *qkv, const attn_store *st, int B, int T, int C, int H,
-                           gpu_dtype mm_dt, gpu_dtype sm_dt, float *probs, float *y,
-                           float *scratch, int slots, gpu_diag *diag, int layer)
+/* See gpu/gpt_int.h. */
+int gpt_attn_fwd16(const float *qkv, const attn_store *st, int B, int T, int C, int H,
+                   gpu_dtype mm_dt, gpu_dtype sm_dt, float *probs, float *y, float *scratch,
+                   int slots, gpu_diag *diag, int layer)
 {
     const uint16_t *qkv16 = st ? st->qkv : NULL;
     attn_args a = {.qkv = qkv, .qkv16 = qkv16, .out16 = st ? st->out : NULL, .P = probs, .y = y,
@@ -1003,8 +812,8 @@ int gpu_gpt_attention_fwd(const float *qkv, int B, int T, int C, int H, gpu_dtyp
                           gpu_dtype sm_dt, float *probs, float *y, float *scratch, int slots,
                           gpu_diag *diag, int layer)
 {
-    return attention_fwd16(qkv, NULL, B, T, C, H, mm_dt, sm_dt, probs, y, scratch, slots, diag,
-                           layer);
+    return gpt_attn_fwd16(qkv, NULL, B, T, C, H, mm_dt, sm_dt, probs, y, scratch, slots, diag,
+                          layer);
 }
 
 /* dQ and dK (the first 2C of each row of dqkv [rows x 3C]), the score matmul's input
@@ -1172,13 +981,10 @@ static int attn_head_bwd16(const void *ctx, int b, int h, float *scratch, bool p
     return rc;
 }
 
-/* gpu_gpt_attention_bwd, or with st as attention_fwd16 (qkv may then be NULL; the heads
- * store dqkv only without diag, which sees it before it is rounded), or with st->wide, whose
- * slices each head widens (qkv may then be NULL). */
-static int attention_bwd16(const float *dy, const float *qkv, const attn_store *st,
-                           const float *probs, int B, int T, int C, int H, gpu_dtype mm_dt,
-                           gpu_dtype sm_dt, float *dqkv, float *scratch, int slots,
-                           gpu_diag *diag, int layer)
+/* See gpu/gpt_int.h. */
+int gpt_attn_bwd16(const float *dy, const float *qkv, const attn_store *st, const float *probs,
+                   int B, int T, int C, int H, gpu_dtype mm_dt, gpu_dtype sm_dt, float *dqkv,
+                   float *scratch, int slots, gpu_diag *diag, int layer)
 {
     const uint16_t *qkv16 = st ? st->qkv : NULL;
     attn_args a = {.qkv = qkv, .qkv16 = qkv16, .out16 = st ? st->out : NULL, .dy = dy,
@@ -1198,8 +1004,8 @@ int gpu_gpt_attention_bwd(const float *dy, const float *qkv, const float *probs,
                           int C, int H, gpu_dtype mm_dt, gpu_dtype sm_dt, float *dqkv,
                           float *scratch, int slots, gpu_diag *diag, int layer)
 {
-    return attention_bwd16(dy, qkv, NULL, probs, B, T, C, H, mm_dt, sm_dt, dqkv, scratch, slots,
-                           diag, layer);
+    return gpt_attn_bwd16(dy, qkv, NULL, probs, B, T, C, H, mm_dt, sm_dt, dqkv, scratch, slots,
+                          diag, layer);
 }
 
 /* ---- flash attention ---------------------------------------------------------------------- */
@@ -2176,8 +1982,8 @@ static int attention_fwd(const gpu_gpt *m, int l, int B, const float *qkv, uint8
         rc = gpu_gpt_flash_fwd(q, B, T, C, m->n_head, m->mm_dt, actf(acts, A->probs), y, sc->att,
                                m->attn_slots);
     else
-        rc = attention_fwd16(q, qkv16 ? &st : NULL, B, T, C, m->n_head, m->mm_dt, m->sm_dt,
-                             actf(acts, A->probs), y, sc->att, m->attn_slots, diag, dsc);
+        rc = gpt_attn_fwd16(q, qkv16 ? &st : NULL, B, T, C, m->n_head, m->mm_dt, m->sm_dt,
+                            actf(acts, A->probs), y, sc->att, m->attn_slots, diag, dsc);
     if (rc)
         return rc;
     if (!qkv16) /* else the heads stored it */
@@ -2287,9 +2093,9 @@ static int attention_bwd(const gpu_gpt *m, int l, int B, const uint8_t *acts,
                                cactf(acts, A->probs), B, T, C, m->n_head, m->mm_dt, sc->dqkv,
                                sc->att, diag ? 1 : m->attn_slots, diag, dsc);
     else
-        rc = attention_bwd16(sc->aty, qkv, qkv16 || wide ? &st : NULL, cactf(acts, A->probs), B,
-                             T, C, m->n_head, m->mm_dt, m->sm_dt, sc->dqkv, sc->att,
-                             m->attn_slots, diag, dsc);
+        rc = gpt_attn_bwd16(sc->aty, qkv, qkv16 || wide ? &st : NULL, cactf(acts, A->probs), B,
+                            T, C, m->n_head, m->mm_dt, m->sm_dt, sc->dqkv, sc->att, m->attn_slots,
+                            diag, dsc);
     if (rc)
         return rc;
     cast_par(sc->dqkv, 3 * nC, m->mm_dt, lin);
