@@ -49,12 +49,15 @@
 #include "gpu/gpu_int.h"
 
 #define CHUNK 1024          /* elements per kernel call: a multiple of 64 */
+#ifndef GPU_OPTIM_LR_DEFAULT /* a build may pick another (tests/check_default.sh's second ampd) */
+#define GPU_OPTIM_LR_DEFAULT 1e-3
+#endif
 
 void gpu_optim_defaults(gpu_optim_config *c)
 {
     memset(c, 0, sizeof(*c));
     c->type = GPU_OPT_ADAMW;
-    c->lr = 1e-3;
+    c->lr = GPU_OPTIM_LR_DEFAULT;
     c->beta1 = 0.9;
     c->beta2 = 0.999;
     c->eps = 1e-8;

@@ -85,19 +85,6 @@ submit() { # spec: sets SID to the new job's id ("" when the submit failed)
     SID=""
     [ "$CODE" = 201 ] && SID=$(jget id)
 }
-# The pids of a job's worker: processes whose argv is `ampd run ... DATA/jobs/ID/spec.json`
-# (what pgrep -f would find, without needing procps).
-worker_pids() {
-    local f argv
-    for f in /proc/[0-9]*/cmdline; do
-        { mapfile -d '' -t argv <"$f"; } 2>/dev/null || continue
-        if [ "${#argv[@]}" -ge 3 ] && [ "${argv[1]}" = run ] &&
-            [ "${argv[-1]}" = "$TMP/data/jobs/$1/spec.json" ]; then
-            f=${f#/proc/}
-            echo "${f%/cmdline}"
-        fi
-    done
-}
 
 spec() { # name steps [extra top-level fields] [layers] [dtype/precision object]
     local name=$1 steps=$2 extra=${3:-} layers=${4:-[32, 64, 4]}
