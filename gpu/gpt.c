@@ -35,6 +35,9 @@
  * Weights: an op reads the working copy (the job's dtype) unless autocast runs it in fp32
  * and there is an fp32 master, which it then reads (gpu_mlp_weights' contract).
  *
+ * Files: this one holds the ops but the attention, the plan and the passes; the attention
+ * (materialised and flash) is gpu/gpt_attn.c, and gpu/gpt_int.h what both share.
+ *
  * Buffers: parameters (one block, named tensors in gpu_gpt.tensor), saved activations (one
  * byte block; 16-bit tensors where the op's dtype is) and the fp32 scratch are owned by the
  * caller; this file plans their layout and fills them. No allocation per step.
