@@ -15,15 +15,9 @@
 #     metric row per step, its memory metric counts the device's blocks.
 set -u
 AMPD=${AMPD:-tests/ampd_emu}
-TMP=$(mktemp -d)
-cleanup() {
-    stop_daemons
-    wait 2>/dev/null
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
 # shellcheck source=tests/testlib.sh
 . "$(dirname "$0")/testlib.sh"
+test_tmp
 
 check "the emulated device is available" sh -c "'$AMPD' version | grep -q '^cuda: device available'"
 

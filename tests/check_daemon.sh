@@ -29,17 +29,14 @@
 # Every wait is bounded; every daemon started here is killed on exit.
 set -u
 AMPD=${AMPD:-./ampd}
-TMP=$(mktemp -d)
 DPID=""
-cleanup() {
-    stop_daemons
+cleanup_more() { # before test_tmp's cleanup
     [ -n "${SSE_PID:-}" ] && kill -9 "$SSE_PID" 2>/dev/null
-    wait 2>/dev/null
-    rm -rf "$TMP"
+    return 0
 }
-trap cleanup EXIT
 # shellcheck source=tests/testlib.sh
 . "$(dirname "$0")/testlib.sh"
+test_tmp
 
 # shellcheck source=tests/apilib.sh
 . "$(dirname "$0")/apilib.sh"

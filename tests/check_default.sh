@@ -10,15 +10,9 @@
 set -u
 AMPD=${AMPD:-./ampd}
 OTHER=${AMPD_OTHER:-tests/ampd_lr3}
-TMP=$(mktemp -d)
-cleanup() {
-    stop_daemons
-    wait 2>/dev/null
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
 # shellcheck source=tests/testlib.sh
 . "$(dirname "$0")/testlib.sh"
+test_tmp
 # shellcheck source=tests/apilib.sh
 . "$(dirname "$0")/apilib.sh"
 

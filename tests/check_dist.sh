@@ -33,17 +33,14 @@
 set -u
 AMPD=${AMPD:-./ampd}
 AMPD_EMU=${AMPD_EMU:-tests/ampd_emu} # ampd on the CUDA emulator
-TMP=$(mktemp -d)
 sup=""
-cleanup() {
-    stop_daemons
+cleanup_more() { # before test_tmp's cleanup
     [ -n "$sup" ] && kill -9 "$sup" 2>/dev/null
-    wait 2>/dev/null
-    rm -rf "$TMP"
+    return 0
 }
-trap cleanup EXIT
 # shellcheck source=tests/testlib.sh
 . "$(dirname "$0")/testlib.sh"
+test_tmp
 # Open MPI's allocations that live until exit are not ours (an --enable-asan build)
 LSAN_OPTIONS="suppressions=$(cd "$(dirname "$0")" && pwd)/lsan.supp:fast_unwind_on_malloc=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 export LSAN_OPTIONS

@@ -19,15 +19,9 @@
 set -u
 AMPD=${AMPD:-./ampd}
 command -v jq >/dev/null || { echo "SKIP: jq not found (apt-get install jq)"; exit 77; }
-TMP=$(mktemp -d)
-cleanup() {
-    stop_daemons
-    wait 2>/dev/null
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
 # shellcheck source=tests/testlib.sh
 . "$(dirname "$0")/testlib.sh"
+test_tmp
 # shellcheck source=tests/apilib.sh
 . "$(dirname "$0")/apilib.sh"
 

@@ -16,17 +16,14 @@ if [ -z "$PROM" ] || ! command -v jq >/dev/null; then
     echo "SKIP: prometheus or jq is not installed (apt install prometheus jq)"
     exit 77
 fi
-TMP=$(mktemp -d)
 PPID_PROM=""
-cleanup() {
-    stop_daemons
+cleanup_more() { # before test_tmp's cleanup
     [ -n "$PPID_PROM" ] && kill -9 "$PPID_PROM" 2>/dev/null
-    wait 2>/dev/null
-    rm -rf "$TMP"
+    return 0
 }
-trap cleanup EXIT
 # shellcheck source=tests/testlib.sh
 . "$(dirname "$0")/testlib.sh"
+test_tmp
 
 serve "$TMP/port" "$TMP/daemon.log" --data-dir "$TMP/data" --db "$TMP/ampd.db" \
     --no-dashboard --metrics-keep 600

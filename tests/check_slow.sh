@@ -14,15 +14,9 @@ AMPD=${AMPD:-./ampd}
 PY=/usr/bin/python3
 srcdir=${srcdir:-.}
 HEAD_TIMEOUT=8
-TMP=$(mktemp -d)
-cleanup() {
-    stop_daemons
-    wait 2>/dev/null
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
 # shellcheck source=tests/testlib.sh
 . "$srcdir/tests/testlib.sh"
+test_tmp
 
 [ -x "$PY" ] || { echo "SKIP: $PY not found"; exit 77; }
 # the daemon and the helper each raise their soft limit to this one, and need ~1700 each

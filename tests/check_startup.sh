@@ -12,15 +12,9 @@
 # Every daemon started here is killed on exit; every wait is bounded.
 set -u
 AMPD=${AMPD:-./ampd}
-TMP=$(mktemp -d)
-cleanup() {
-    stop_daemons
-    wait 2>/dev/null
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
 # shellcheck source=tests/testlib.sh
 . "$(dirname "$0")/testlib.sh"
+test_tmp
 TIMEOUT=(timeout -s KILL 30)
 
 # start NAME ARGS...: a daemon on a free port (its log NAME.log); sets PID and URL (empty

@@ -2,8 +2,8 @@
 # scripts): the pass and fail counters and one line per check, "PASS: <name>" or
 # "FAIL: <name>", status_is, the check of a command's exit status, flip_byte, which
 # damages a file, wait_for, a bounded poll, and serve, which starts `ampd serve` and waits
-# for its port (stop_daemons, in a script's EXIT trap, kills every daemon it started). Each
-# script ends with
+# for its port (stop_daemons, in a script's EXIT trap, kills every daemon it started), and
+# test_tmp, the temporary directory and that trap. Each script ends with
 #   echo "$pass passed, $fail failed"; [ "$fail" -eq 0 ]
 pass=0
 fail=0
@@ -67,6 +67,19 @@ serve() {
     done
     SERVE_PORT=$(cat "$pf" 2>/dev/null)
     [ -n "$SERVE_PORT" ]
+}
+# test_tmp: TMP, a new temporary directory, and an EXIT trap that runs the script's
+# cleanup_more (when it has one: the other processes it started), kills every daemon serve
+# started, waits for the script's background jobs and removes TMP.
+test_tmp() {
+    TMP=$(mktemp -d)
+    trap test_cleanup EXIT
+}
+test_cleanup() {
+    if declare -F cleanup_more >/dev/null; then cleanup_more; fi
+    stop_daemons
+    wait 2>/dev/null
+    rm -rf "$TMP"
 }
 stop_daemons() { # kill -9 every daemon serve started that is still running
     local p
