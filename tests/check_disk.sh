@@ -82,15 +82,12 @@ step_of() { # id -> the job's recorded progress
     req GET "/v1/jobs/$1"
     printf '%s' "$BODY" | grep -o '"progress":{"step":[0-9]*' | grep -o '[0-9]*$'
 }
-wait_step() { # id step seconds
+past_step() { # id step: the job's progress has reached the step
     local s
-    for _ in $(seq 1 $(($3 * 10))); do
-        s=$(step_of "$1")
-        [ "${s:-0}" -ge "$2" ] && return 0
-        sleep 0.1
-    done
-    return 1
+    s=$(step_of "$1")
+    [ "${s:-0}" -ge "$2" ]
 }
+wait_step() { wait_for "$3" past_step "$1" "$2"; } # id step seconds
 wait_status() { # id status seconds
     local st=""
     for _ in $(seq 1 $(($3 * 10))); do

@@ -30,15 +30,12 @@ get() { curl -sS -m 10 "$URL$1"; } # path
 # The job's field: its status, or its progress step
 status_of() { get "/v1/jobs/$1" | grep -o '"status":"[a-z]*"' | head -1 | cut -d'"' -f4; }
 step_of() { get "/v1/jobs/$1" | grep -o '"progress":{"step":[0-9]*' | grep -o '[0-9]*$'; }
-wait_step() { # id step seconds
+past_step() { # id step: the job's progress has reached the step
     local s
-    for _ in $(seq 1 $(($3 * 20))); do
-        s=$(step_of "$1")
-        [ "${s:-0}" -ge "$2" ] && return 0
-        sleep 0.05
-    done
-    return 1
+    s=$(step_of "$1")
+    [ "${s:-0}" -ge "$2" ]
 }
+wait_step() { wait_for "$3" past_step "$1" "$2"; } # id step seconds
 # refused NAME ARGS...: a second daemon that must exit 1 by itself; its stderr in NAME.err
 refused() {
     local name=$1
