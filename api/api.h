@@ -56,6 +56,14 @@ int api_spec_parse(const char *text, size_t len, const api_spec_opts *o, gpu_job
                    api_error *err);
 /* The same for an already parsed JSON object (borrowed). */
 int api_spec_from_json(json_t *spec, const api_spec_opts *o, gpu_job_config *out, api_error *err);
+/* Set c->device to dev when it is a device a spec may name ("auto", "cpu", "cuda", "cuda:N"):
+ * 0, else GPU_EINVAL with err filled (field "device"). */
+int api_spec_device(const char *dev, gpu_job_config *c, api_error *err);
+/* Whether the data of job c (parsed from spec, borrowed: the names it gave) can train its
+ * model, read as the worker will read it: 0, or GPU_EINVAL with err (code "unusable_data";
+ * the field, "data.train", "data.eval" or "model.vocab"...; the message naming the datasets
+ * as the spec does, not by the data roots' paths). Reads every file of the data. */
+int api_spec_check_data(const gpu_job_config *c, json_t *spec, api_error *err);
 /* The validated config as a JSON object with every field filled in (the canonical form
  * the daemon stores and reports), a spec that api_spec_parse accepts and turns into the
  * same config. Caller owns the returned reference (json_decref). */
@@ -90,6 +98,12 @@ typedef struct {
     int (*resume)(void *ctx, int64_t id);
     int (*remove)(void *ctx, int64_t id);
     void (*info)(void *ctx, api_queue_info *out);
+    /* Whether job c can ever run on this machine: 0, or GPU_EINVAL with e naming the field
+     * and what the machine has (answered 422). NULL: every job can. */
+    int (*admit)(void *ctx, const gpu_job_config *c, api_error *e);
+    /* The machine's cores and devices and their holders (GET /v1/resources), a new
+     * reference; NULL: none to say. */
+    json_t *(*resources)(void *ctx);
 } api_jobs;
 
 #define API_MAX_ALLOW 16 /* --allow-host and --allow-origin entries */

@@ -102,6 +102,7 @@ struct api_resp;
     X(HEALTHZ, "/healthz", api_h_healthz, NULL, NULL)                                              \
     X(PROM, "/metrics", api_h_prom, NULL, NULL)                                                    \
     X(SYSTEM, "/v1/system", api_h_system, NULL, NULL)                                              \
+    X(RESOURCES, "/v1/resources", api_h_resources, NULL, NULL)                                     \
     X(OPENAPI, "/v1/openapi.json", api_h_openapi, NULL, NULL)                                      \
     X(COMPARE, "/v1/compare", api_h_compare, NULL, NULL)                                           \
     X(JOBS, "/v1/jobs", api_h_jobs_list, api_h_jobs_submit, NULL)                                  \
@@ -389,6 +390,7 @@ void api_store_error(api_resp *r, int rc, const char *what, int64_t id, bool wri
 void api_h_healthz(api_req *q, api_resp *r);
 void api_h_openapi(api_req *q, api_resp *r);
 void api_h_system(api_req *q, api_resp *r);
+void api_h_resources(api_req *q, api_resp *r);
 void api_h_compare(api_req *q, api_resp *r);
 void api_h_jobs_list(api_req *q, api_resp *r);
 void api_h_jobs_submit(api_req *q, api_resp *r);

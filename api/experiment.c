@@ -287,6 +287,15 @@ static bool members_of_arms(api_req *q, api_resp *r, plan *p)
                 p->n++;
                 return false;
             }
+            if ((q->srv->jobs && q->srv->jobs->admit &&
+                 q->srv->jobs->admit(q->srv->jobs->ctx, &cfg, &e) != 0) ||
+                (pos == 0 && api_spec_check_data(&cfg, s, &e) != 0)) {
+                char field[192];
+                snprintf(field, sizeof(field), "spec.%.150s", e.field);
+                api_error_resp(r, 422, e.code, field, "the %s arm's job: %s", a->name, e.message);
+                p->n++;
+                return false;
+            }
             /* queued as the worker resolves it (api_spec_effective's reason) */
             json_decref(p->specs[p->n]);
             if (!(p->specs[p->n] = api_spec_to_json(&cfg))) {

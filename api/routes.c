@@ -319,6 +319,23 @@ static void put_gpus(api_buf *b)
     api_buf_putc(b, ']');
 }
 
+/* The machine's cores and GPUs and the jobs that hold them, as the scheduler keeps them. */
+void api_h_resources(api_req *q, api_resp *r)
+{
+    api_server *s = q->srv;
+    json_t *o = s->jobs && s->jobs->resources ? s->jobs->resources(s->jobs->ctx) : NULL;
+    char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    if (!text) {
+        api_error_resp(r, 503, "unavailable", NULL,
+                       s->jobs ? "out of memory" : "the scheduler is not running");
+        return;
+    }
+    ok_json(r, 200);
+    api_buf_puts(&r->body, text);
+    free(text);
+}
+
 void api_h_system(api_req *q, api_resp *r)
 {
     api_server *s = q->srv;
@@ -473,6 +490,20 @@ static bool same_spec(const char *stored, const char *spec)
     return same;
 }
 
+/* Whether job c, submitted in q's body, can ever run here: it fits the machine (the
+ * scheduler's admission) and its data can train its model; else e says why. */
+static bool job_can_run(api_server *s, const gpu_job_config *c, const api_req *q, api_error *e)
+{
+    json_t *spec;
+    int rc;
+    if (s->jobs->admit && s->jobs->admit(s->jobs->ctx, c, e) != 0)
+        return false;
+    spec = json_loadb(q->body, q->body_len, 0, NULL);
+    rc = api_spec_check_data(c, spec, e);
+    json_decref(spec);
+    return rc == 0;
+}
+
 void api_h_jobs_submit(api_req *q, api_resp *r)
 {
     api_server *s = q->srv;
@@ -508,6 +539,10 @@ void api_h_jobs_submit(api_req *q, api_resp *r)
     }
     if (!s->jobs) {
         api_error_resp(r, 503, "unavailable", NULL, "the scheduler is not running");
+        return;
+    }
+    if (!job_can_run(s, &cfg, q, &e)) {
+        api_error_resp(r, 422, e.code, e.field, "%s", e.message);
         return;
     }
     /* the spec as the worker will resolve it (every default filled in, data paths resolved),

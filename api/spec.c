@@ -732,7 +732,8 @@ static int parse_hosts(ctx *c, json_t *v, gpu_dist_config *d)
 
 static int parse_distributed(ctx *c, json_t *v, gpu_dist_config *d)
 {
-    static const char *const keys[] = {"world_size", "comm_hook", "bucket_mb", "hosts", NULL};
+    static const char *const keys[] = {"world_size", "comm_hook", "bucket_mb",
+                                       "hosts",      "oversubscribe", NULL};
     static const char *const hooks[] = {"none", "fp16", "bf16", NULL};
     int hook = (int)d->hook, rc;
     float mb = (float)d->bucket_mb;
@@ -741,7 +742,8 @@ static int parse_distributed(ctx *c, json_t *v, gpu_dist_config *d)
         (rc = get_int32(c, v, "world_size", "distributed.world_size", 1, 1024, &d->world_size)) ||
         (rc = get_choice(c, v, "comm_hook", "distributed.comm_hook", hooks, &hook)) ||
         (rc = get_real(c, v, "bucket_mb", "distributed.bucket_mb", ABOVE(0, 1024), &mb)) ||
-        ((h = json_object_get(v, "hosts")) && (rc = parse_hosts(c, h, d))))
+        ((h = json_object_get(v, "hosts")) && (rc = parse_hosts(c, h, d))) ||
+        (rc = get_bool(c, v, "oversubscribe", "distributed.oversubscribe", &d->oversubscribe)))
         return rc;
     d->hook = (gpu_comm_hook)hook;
     d->bucket_mb = mb;
@@ -749,6 +751,20 @@ static int parse_distributed(ctx *c, json_t *v, gpu_dist_config *d)
         return fail(c, "distributed.world_size",
                     "this ampd was built without MPI, so a job has one rank (install Debian's "
                     "openmpi-bin and libopenmpi-dev and build again)");
+    return 0;
+}
+
+/* resources: what the daemon holds for the job (the scheduler derives what is not said). */
+static int parse_resources(ctx *c, json_t *v, gpu_resources *r)
+{
+    static const char *const keys[] = {"cpus", "devices", "memory_mb", NULL};
+    int rc;
+    if ((rc = want_object(c, v, "resources")) || (rc = only_keys(c, v, "resources", keys)) ||
+        (rc = get_int32(c, v, "cpus", "resources.cpus", 0, 4096, &r->cpus)) ||
+        (rc = get_int32(c, v, "devices", "resources.devices", 0, GPU_MAX_CUDA_DEVICES,
+                        &r->devices)) ||
+        (rc = get_int(c, v, "memory_mb", "resources.memory_mb", 0, 1LL << 40, &r->memory_mb)))
+        return rc;
     return 0;
 }
 
@@ -771,6 +787,97 @@ static int parse_device(ctx *c, json_t *v, gpu_job_config *jc)
     }
     snprintf(jc->device, sizeof(jc->device), "%s", s);
     return 0;
+}
+
+/* See api.h. */
+int api_spec_device(const char *dev, gpu_job_config *c, api_error *err)
+{
+    ctx cx = {err, NULL};
+    json_t *v = json_string(dev);
+    int rc = v ? parse_device(&cx, v, c) : GPU_ENOMEM;
+    json_decref(v);
+    return rc;
+}
+
+/* In msg, every occurrence of path replaced by name. */
+static void rename_path(char *msg, size_t len, const char *path, const char *name)
+{
+    char out[1024];
+    size_t k = 0, n = strlen(path);
+    const char *p = msg;
+    if (!path[0] || !strcmp(path, name))
+        return;
+    while (*p && k + 1 < sizeof(out)) {
+        if (strncmp(p, path, n) == 0) {
+            k += (size_t)snprintf(out + k, sizeof(out) - k, "%s", name);
+            k = k < sizeof(out) ? k : sizeof(out) - 1;
+            p += n;
+        } else {
+            out[k++] = *p++;
+        }
+    }
+    out[k] = '\0';
+    snprintf(msg, len, "%s", out);
+}
+
+/* The dataset a data field names, as the spec gave it (the default's name when absent). */
+static const char *given(json_t *data, const char *key, const char *dflt)
+{
+    const char *s = json_string_value(json_object_get(data, key));
+    return s ? s : dflt;
+}
+
+/* An IDX file's path in msg as the spec named it: the file given (data.KEY), else "NAME
+ * (FILE)", the dataset and the file of it. */
+static void rename_file(char *msg, size_t len, const char *path, json_t *data, const char *key,
+                        const char *name)
+{
+    char shown[700];
+    const char *base = strrchr(path, '/');
+    if (json_is_string(json_object_get(data, key)))
+        snprintf(shown, sizeof(shown), "%s", json_string_value(json_object_get(data, key)));
+    else
+        snprintf(shown, sizeof(shown), "%s (%s)", name, base ? base + 1 : path);
+    rename_path(msg, len, path, shown);
+}
+
+/* See api.h. */
+int api_spec_check_data(const gpu_job_config *c, json_t *spec, api_error *err)
+{
+    char msg[1024];
+    const gpu_data_config *d = &c->data;
+    json_t *data = json_object_get(spec, "data");
+    const char *train = given(data, "train", "fashion-mnist"), *colon;
+    int rc = gpu_job_check_data(c, msg, sizeof(msg));
+    if (rc == 0)
+        return 0;
+    /* the files as the user named them, not where the data roots put them */
+    rename_path(msg, sizeof(msg), d->seq_train, train);
+    rename_path(msg, sizeof(msg), d->seq_eval, given(data, "eval", d->seq_eval));
+    rename_file(msg, sizeof(msg), d->train_images, data, "train_images", train);
+    rename_file(msg, sizeof(msg), d->train_labels, data, "train_labels", train);
+    rename_file(msg, sizeof(msg), d->eval_images, data, "eval_images", given(data, "eval", train));
+    rename_file(msg, sizeof(msg), d->eval_labels, data, "eval_labels", given(data, "eval", train));
+    memset(err, 0, sizeof(*err));
+    snprintf(err->code, sizeof(err->code), "unusable_data");
+    colon = strstr(msg, ": ");
+    if (colon && (!strncmp(msg, "model.", 6) || !strncmp(msg, "data.", 5)) &&
+        (size_t)(colon - msg) < sizeof(err->field)) {
+        const char *name = NULL;
+        memcpy(err->field, msg, (size_t)(colon - msg));
+        if (!strcmp(err->field, "data.train"))
+            name = train;
+        else if (!strcmp(err->field, "data.eval"))
+            name = given(data, "eval", d->seq_eval[0] ? d->seq_eval : "the eval split");
+        if (name && !strstr(colon + 2, name)) /* say which dataset */
+            snprintf(err->message, sizeof(err->message), "%.120s %.250s", name, colon + 2);
+        else
+            snprintf(err->message, sizeof(err->message), "%.380s", colon + 2);
+    } else {
+        snprintf(err->field, sizeof(err->field), "data.train");
+        snprintf(err->message, sizeof(err->message), "%.380s", msg);
+    }
+    return GPU_EINVAL;
 }
 
 /* checkpoints: the retention, which checkpoints stay (daemon/ckpt.h). */
@@ -805,6 +912,8 @@ static int parse_top(ctx *c, json_t *spec, gpu_job_config *jc)
                                        "device",
                                        "distributed",
                                        "threads",
+                                       "priority",
+                                       "resources",
                                        NULL};
     json_t *v;
     int64_t seed = (int64_t)jc->seed;
@@ -824,6 +933,7 @@ static int parse_top(ctx *c, json_t *spec, gpu_job_config *jc)
         ((v = json_object_get(spec, "optimizer")) && (rc = parse_optimizer(c, v, &jc->optim))) ||
         ((v = json_object_get(spec, "distributed")) && (rc = parse_distributed(c, v, &jc->dist))) ||
         ((v = json_object_get(spec, "device")) && (rc = parse_device(c, v, jc))) ||
+        ((v = json_object_get(spec, "resources")) && (rc = parse_resources(c, v, &jc->res))) ||
         ((v = json_object_get(spec, "checkpoints")) && (rc = parse_checkpoints(c, v, jc))))
         return rc;
     if ((rc = get_int32(c, spec, "batch_size", "batch_size", 1, 65536, &jc->batch_size)) ||
@@ -836,7 +946,8 @@ static int parse_top(ctx *c, json_t *spec, gpu_job_config *jc)
                       &jc->checkpoint_every)) ||
         (rc = get_int(c, spec, "diagnostics_every", "diagnostics_every", 0, 1000000000LL,
                       &jc->diagnostics_every)) ||
-        (rc = get_int32(c, spec, "threads", "threads", 0, 1024, &jc->threads)))
+        (rc = get_int32(c, spec, "threads", "threads", 0, 1024, &jc->threads)) ||
+        (rc = get_int32(c, spec, "priority", "priority", -1000, 1000, &jc->priority)))
         return rc;
     jc->seed = (uint64_t)seed;
     if (jc->batch_size % jc->dist.world_size != 0)
@@ -1025,14 +1136,24 @@ static json_t *model_to_json(const gpu_model_config *m)
 
 static json_t *dist_to_json(const gpu_dist_config *d)
 {
-    json_t *o = json_pack("{s:i, s:s, s:f}", "world_size", d->world_size, "comm_hook",
-                          gpu_comm_hook_name(d->hook), "bucket_mb", d->bucket_mb);
+    json_t *o = json_pack("{s:i, s:s, s:f, s:b}", "world_size", d->world_size, "comm_hook",
+                          gpu_comm_hook_name(d->hook), "bucket_mb", d->bucket_mb,
+                          "oversubscribe", d->oversubscribe);
     if (o && d->nhosts > 0) {
         json_t *h = json_array();
         for (int i = 0; i < d->nhosts; i++)
             json_array_append_new(h, json_string(d->hosts[i]));
         json_object_set_new(o, "hosts", h);
     }
+    return o;
+}
+
+/* resources: devices only when said (else the scheduler derives it from device). */
+static json_t *resources_to_json(const gpu_resources *r)
+{
+    json_t *o = json_pack("{s:i, s:I}", "cpus", r->cpus, "memory_mb", (json_int_t)r->memory_mb);
+    if (o && r->devices >= 0)
+        json_object_set_new(o, "devices", json_integer(r->devices));
     return o;
 }
 
@@ -1064,6 +1185,8 @@ json_t *api_spec_to_json(const gpu_job_config *c)
                             json_pack("{s:i, s:i}", "keep_last", c->checkpoint_keep_last,
                                       "keep_best", c->checkpoint_keep_best));
         json_object_set_new(j, "distributed", dist_to_json(&c->dist));
+        json_object_set_new(j, "priority", json_integer(c->priority));
+        json_object_set_new(j, "resources", resources_to_json(&c->res));
     }
     return j;
 }

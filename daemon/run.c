@@ -31,6 +31,7 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <sched.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -64,6 +65,7 @@ typedef struct {
     int every;            /* --every: every Nth step line is printed */
     int roots_given;      /* --data-root options read */
     int64_t profile;      /* --profile: the step to profile, 0 for none */
+    const char *device;   /* --device: instead of the spec's (the daemon's placement) */
     api_spec_opts opts;
 } run_args;
 
@@ -208,6 +210,9 @@ static const daemon_opt run_opts[] = {
     {"profile", 'p', "STEP", .kind = DAEMON_OPT_CALL, .set = profile_arg,
      .help = "time step STEP phase by phase (attention, linears,\noptimizer...) and print a "
              "\"profile\" line after it"},
+    {"device", 'D', "DEV", .kind = DAEMON_OPT_PTR, .off = offsetof(run_args, device),
+     .help = "train on DEV instead of the spec's device (the daemon's\nplacement: \"cpu\", or "
+             "\"cuda:0\" and \"cuda\" within\nCUDA_VISIBLE_DEVICES)"},
     {"help", 'h', NULL, .kind = DAEMON_OPT_HELP},
 };
 
@@ -220,6 +225,15 @@ static const daemon_opts_cmd run_cmd = {
     .about = "  Train the job in the foreground; one JSON line per step on stdout.\n",
     .col = 24,
 };
+
+/* --device: the spec's device checked the spec's way, then replaced. */
+static int override_device(gpu_job_config *c, const char *dev, api_error *e)
+{
+    int rc = api_spec_device(dev, c, e);
+    if (rc)
+        snprintf(e->field, sizeof(e->field), "--device");
+    return rc;
+}
 
 static int parse_args(int argc, char **argv, run_args *a)
 {
@@ -713,8 +727,10 @@ static int train_rank(gpu_job_config *c, const run_args *a)
     daemon_log_set_tag(tag);
     if (gpu_comm_rank(comm) != 0 && !freopen("/dev/null", "w", stdout))
         log_warn("cannot silence stdout: %s", strerror(errno));
-    if (c->threads == 0) { /* share the machine's cores between its ranks */
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (c->threads == 0) { /* share the cores this process may use between its ranks */
+        cpu_set_t set;
+        long cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set)
+                                                                   : sysconf(_SC_NPROCESSORS_ONLN);
         int per = (int)(cores > 0 ? cores : 1) / gpu_comm_local_size(comm);
         c->threads = per > 0 ? per : 1;
     }
@@ -742,6 +758,8 @@ int daemon_run_main(int argc, char **argv)
     if (read_spec(a.path, &text, &len) != 0)
         return 2;
     rc = api_spec_parse(text, len, &a.opts, &c, &e);
+    if (rc == 0 && a.device)
+        rc = override_device(&c, a.device, &e);
     if (rc == 0 && c.dist.world_size > 1 && !gpu_comm_launched()) {
         rc = daemon_ranks_launch(&c, argc, argv, text, len);
         free(text);

@@ -61,6 +61,8 @@
 #include "daemon/fs.h"
 #include "daemon/line.h"
 #include "daemon/log.h"
+#include "daemon/machine.h"
+#include "daemon/queue.h"
 #include "daemon/sched.h"
 #include "daemon/spawn.h"
 #include "daemon/worker.h"
@@ -84,6 +86,9 @@ struct daemon_sched {
     int nworkers;
     bool stop_requested, need_schedule;
     int64_t started, failed;
+    daemon_waits waits;    /* why queued jobs wait */
+    api_spec_opts roots;   /* the data roots, as the specs' parser takes them */
+    daemon_machine *owned; /* the machine, when the config gave none */
     /* scheduler thread only */
     bool pausing;        /* workers are not read: the store cannot take more */
     double pause_start;
@@ -149,12 +154,39 @@ static int prepare_resume(daemon_sched *s, const store_job *j, char *ckpt, size_
 }
 
 typedef struct {
-    char *argv[12 + 2 * DAEMON_MAX_ROOTS];
+    char *argv[14 + 2 * DAEMON_MAX_ROOTS];
+    char **envp;       /* the environment with the job's CUDA_VISIBLE_DEVICES (NULL: ours) */
+    char visible[300]; /* that variable */
+    cpu_set_t cpus;    /* the cores the job was given */
     char every[8];
     char spec[700];
     char ckpt[600];
     int out[2], log, null; /* the stdout pipe, worker.log and /dev/null; -1: closed */
 } spawn_args;
+
+/* The worker's cores and, for a job given GPUs, an environment whose CUDA_VISIBLE_DEVICES
+ * names them (so that its ranks see them as devices 0, 1, ...). 0 or GPU_ENOMEM. */
+static int placement_env(const daemon_start *st, spawn_args *a)
+{
+    extern char **environ;
+    size_t n = 0, k = 0;
+    CPU_ZERO(&a->cpus);
+    for (int i = 0; i < st->place.ncpus; i++)
+        CPU_SET(st->place.cpus[i], &a->cpus);
+    if (st->place.ndevices == 0)
+        return 0;
+    while (environ[n])
+        n++;
+    if (!(a->envp = calloc(n + 2, sizeof(*a->envp))))
+        return GPU_ENOMEM;
+    for (size_t i = 0; i < n; i++)
+        if (strncmp(environ[i], "CUDA_VISIBLE_DEVICES=", 21) != 0)
+            a->envp[k++] = environ[i];
+    memcpy(a->visible, "CUDA_VISIBLE_DEVICES=", 21);
+    daemon_placement_devices(&st->place, a->visible + 21, sizeof(a->visible) - 21);
+    a->envp[k] = a->visible;
+    return 0;
+}
 
 static void close_fds(spawn_args *a)
 {
@@ -204,8 +236,9 @@ static int worker_files(daemon_sched *s, const store_job *j, worker *w, spawn_ar
     return 0;
 }
 
-/* The worker's command line (see the top of the file) in a->argv. */
-static void worker_argv(const daemon_sched *s, worker *w, spawn_args *a)
+/* The worker's command line (see the top of the file) in a->argv; device: its --device
+ * ("": none). */
+static void worker_argv(const daemon_sched *s, worker *w, spawn_args *a, const char *device)
 {
     int k = 0;
     snprintf(a->every, sizeof(a->every), "1");
@@ -220,6 +253,10 @@ static void worker_argv(const daemon_sched *s, worker *w, spawn_args *a)
         a->argv[k++] = "--resume";
         a->argv[k++] = a->ckpt;
     }
+    if (device[0]) {
+        a->argv[k++] = "--device";
+        a->argv[k++] = (char *)device;
+    }
     for (int i = 0; i < s->cfg.nroots && i < DAEMON_MAX_ROOTS; i++) {
         a->argv[k++] = "--data-root";
         a->argv[k++] = (char *)s->cfg.roots[i];
@@ -228,8 +265,10 @@ static void worker_argv(const daemon_sched *s, worker *w, spawn_args *a)
     a->argv[k] = NULL;
 }
 
-/* Start the worker of job j (status queued, under mu). On failure err says why. */
-static int spawn_locked(daemon_sched *s, const store_job *j, worker **out, char *err, size_t errlen)
+/* Start the worker of job j (status queued, under mu) where st placed it. On failure err
+ * says why. */
+static int spawn_locked(daemon_sched *s, const store_job *j, const daemon_start *st, worker **out,
+                        char *err, size_t errlen)
 {
     spawn_args a = {.out = {-1, -1}, .log = -1, .null = -1};
     daemon_spawn_opts o = {.exe = s->cfg.exe,
@@ -240,8 +279,10 @@ static int spawn_locked(daemon_sched *s, const store_job *j, worker **out, char 
     int64_t from = 0;
     pid_t pid;
 
-    if (!w) {
+    if (!w || placement_env(st, &a) != 0) {
         snprintf(err, errlen, "out of memory");
+        free(w);
+        free(a.envp);
         return GPU_ENOMEM;
     }
     w->fd = -1;
@@ -249,15 +290,18 @@ static int spawn_locked(daemon_sched *s, const store_job *j, worker **out, char 
     job_dir(s, j->id, w->dir, sizeof(w->dir));
     if (worker_files(s, j, w, &a, &from, err, errlen) != 0)
         goto fail;
-    worker_argv(s, w, &a);
+    worker_argv(s, w, &a, st->device);
     o.argv = a.argv;
     o.in = a.null;
     o.out = a.out[1];
     o.err = a.log;
+    o.affinity = st->place.ncpus > 0 ? &a.cpus : NULL;
+    o.envp = a.envp;
     if (daemon_spawn(&o, &pid) != 0) {
         snprintf(err, errlen, "cannot fork a worker: %s", strerror(errno));
         goto fail;
     }
+    free(a.envp);
     w->fd = a.out[0];
     a.out[0] = -1;
     close_fds(&a);
@@ -269,47 +313,86 @@ static int spawn_locked(daemon_sched *s, const store_job *j, worker **out, char 
     *out = w;
     return 0;
 fail:
+    free(a.envp);
     close_fds(&a);
     daemon_worker_free(w);
     return GPU_EIO;
 }
 
-/* Start queued jobs while slots are free (under mu). */
+/* "placed on cores 0-1 and GPUs 2,3" for the job's start event and log line. */
+static void placement_text(const daemon_start *st, char *out, size_t len)
+{
+    const daemon_placement *p = &st->place;
+    char cpus[256] = "", devs[256] = "";
+    daemon_placement_cpus(p, cpus, sizeof(cpus));
+    daemon_placement_devices(p, devs, sizeof(devs));
+    snprintf(out, len, "placed on %s%s%s%s%s%s%s",
+             p->ncpus ? (p->ncpus == 1 ? "core " : "cores ") : "", cpus,
+             p->ncpus && p->ndevices ? " and " : "",
+             p->ndevices ? (p->ndevices == 1 ? "GPU " : "GPUs ") : "", devs,
+             p->ncpus || p->ndevices ? "" : "no core or GPU of its own",
+             st->req.ranks == 0 ? " (its ranks on distributed.hosts)" : "");
+}
+
+/* The placement as the start event's data: {"cpus": [...], "devices": [...]}. */
+static json_t *placement_json(const daemon_start *st)
+{
+    json_t *cpus = json_array(), *devs = json_array();
+    for (int i = 0; cpus && i < st->place.ncpus; i++)
+        json_array_append_new(cpus, json_integer(st->place.cpus[i]));
+    for (int i = 0; devs && i < st->place.ndevices; i++)
+        json_array_append_new(devs, json_integer(st->place.devices[i]));
+    return json_pack("{s:o, s:o}", "cpus", cpus, "devices", devs);
+}
+
+/* Start one planned job (under mu): its worker, its status, its placement event. */
+static void start_one_locked(daemon_sched *s, const daemon_start *st)
+{
+    store_job j;
+    worker *w = NULL;
+    char err[1536], msg[1600];
+    memset(&j, 0, sizeof(j));
+    if (store_job_get(s->st, st->job, &j) != 0 || j.status != STORE_QUEUED) {
+        daemon_machine_release(s->cfg.machine, st->job);
+        store_job_clear(&j);
+        return;
+    }
+    if (spawn_locked(s, &j, st, &w, err, sizeof(err)) != 0) {
+        daemon_machine_release(s->cfg.machine, st->job);
+        log_error("job %lld: %s", (long long)j.id, err);
+        snprintf(msg, sizeof(msg), "failed to start: %s", err);
+        daemon_ingest_event(s->st, j.id, 0, "lifecycle", msg, NULL);
+        store_job_set_status(s->st, j.id, STORE_FAILED, err);
+        s->failed++;
+        store_job_clear(&j);
+        return;
+    }
+    if (store_job_set_status(s->st, j.id, STORE_RUNNING, NULL) != 0)
+        log_error("job %lld: cannot mark it running", (long long)j.id);
+    s->workers[s->nworkers++] = w;
+    s->started++;
+    placement_text(st, msg, sizeof(msg));
+    daemon_ingest_event(s->st, j.id, 0, "lifecycle", msg, placement_json(st));
+    log_info("job %lld (%s): worker %d started%s, %s", (long long)j.id, j.name, (int)w->pid,
+             w->base_step ? ", resuming" : "", msg);
+    store_job_clear(&j);
+}
+
+/* Start the queued jobs that fit, in the queue's order, while slots are free (under mu). */
 static void start_queued_locked(daemon_sched *s)
 {
-    int64_t *ids = NULL;
-    int n = 0;
+    daemon_start *starts;
+    int n = 0, slots = s->cfg.max_running - s->nworkers;
     /* while the store cannot write, queued jobs wait: their start is a write too */
-    if (s->nworkers >= s->cfg.max_running || !writes_ok(s) ||
-        store_job_ids(s->st, STORE_QUEUED, &ids, &n) != 0)
+    if (!writes_ok(s) || !(starts = calloc((size_t)(slots > 0 ? slots : 1), sizeof(*starts))))
         return;
-    for (int i = 0; i < n && s->nworkers < s->cfg.max_running; i++) {
-        store_job j;
-        worker *w = NULL;
-        char err[1536], msg[1600];
-        memset(&j, 0, sizeof(j));
-        if (store_job_get(s->st, ids[i], &j) != 0 || j.status != STORE_QUEUED) {
-            store_job_clear(&j);
-            continue;
-        }
-        if (spawn_locked(s, &j, &w, err, sizeof(err)) != 0) {
-            log_error("job %lld: %s", (long long)j.id, err);
-            snprintf(msg, sizeof(msg), "failed to start: %s", err);
-            daemon_ingest_event(s->st, j.id, 0, "lifecycle", msg, NULL);
-            store_job_set_status(s->st, j.id, STORE_FAILED, err);
-            s->failed++;
-            store_job_clear(&j);
-            continue;
-        }
-        if (store_job_set_status(s->st, j.id, STORE_RUNNING, NULL) != 0)
-            log_error("job %lld: cannot mark it running", (long long)j.id);
-        s->workers[s->nworkers++] = w;
-        s->started++;
-        log_info("job %lld (%s): worker %d started%s", (long long)j.id, j.name, (int)w->pid,
-                 w->base_step ? ", resuming" : "");
-        store_job_clear(&j);
-    }
-    free(ids);
+    if (slots < 0)
+        slots = 0;
+    daemon_queue_plan(s->st, s->cfg.machine, &s->roots, s->cfg.max_running, slots, starts, &n,
+                      &s->waits);
+    for (int i = 0; i < n; i++)
+        start_one_locked(s, &starts[i]);
+    free(starts);
 }
 
 /* ---- ending a worker ---------------------------------------------------------------------- */
@@ -354,9 +437,10 @@ static store_status final_status(daemon_sched *s, worker *w, char *err, size_t e
     return STORE_FAILED;
 }
 
-/* Take w out of the table (under mu). */
+/* Take w out of the table and free what its job held (under mu). */
 static void remove_worker_locked(daemon_sched *s, worker *w)
 {
+    daemon_machine_release(s->cfg.machine, w->job);
     for (int i = 0; i < s->nworkers; i++)
         if (s->workers[i] == w) {
             s->workers[i] = s->workers[--s->nworkers];
@@ -753,6 +837,9 @@ int daemon_sched_start(store *st, const daemon_sched_config *c, daemon_sched **o
         s->cfg.max_running = 1;
     if (s->cfg.max_retries < 0)
         s->cfg.max_retries = 0;
+    s->roots.nroots = c->nroots < API_MAX_ROOTS ? c->nroots : API_MAX_ROOTS;
+    for (int i = 0; i < s->roots.nroots; i++)
+        snprintf(s->roots.roots[i], sizeof(s->roots.roots[i]), "%s", c->roots[i]);
     {
         char abs[PATH_MAX];
         if (daemon_mkdirs(s->cfg.data_dir, 0750) != 0 || !realpath(s->cfg.data_dir, abs) ||
@@ -768,6 +855,15 @@ int daemon_sched_start(store *st, const daemon_sched_config *c, daemon_sched **o
         log_error("cannot create %s: %s", jobs, strerror(errno));
         free(s);
         return GPU_EIO;
+    }
+    if (!s->cfg.machine) {
+        char err[300];
+        if (daemon_machine_new(NULL, NULL, false, &s->owned, err, sizeof(err)) != 0) {
+            log_error("%s", err);
+            free(s);
+            return GPU_EIO;
+        }
+        s->cfg.machine = s->owned;
     }
     pthread_mutex_init(&s->mu, NULL);
     s->workers = calloc((size_t)s->cfg.max_running, sizeof(*s->workers));
@@ -795,6 +891,7 @@ fail:
     }
     free(s->workers);
     pthread_mutex_destroy(&s->mu);
+    daemon_machine_free(s->owned);
     free(s);
     return rc;
 }
@@ -816,6 +913,7 @@ void daemon_sched_stop(daemon_sched *s)
     close(s->wake[1]);
     free(s->workers);
     pthread_mutex_destroy(&s->mu);
+    daemon_machine_free(s->owned);
     free(s);
 }
 
@@ -991,6 +1089,29 @@ static void api_info(void *ctx, api_queue_info *out)
     daemon_sched_get_info(ctx, out);
 }
 
+/* Whether job c can ever fit this machine (machine.h). */
+static int api_admit(void *ctx, const gpu_job_config *c, api_error *e)
+{
+    daemon_sched *s = ctx;
+    daemon_request r;
+    int rc;
+    pthread_mutex_lock(&s->mu);
+    daemon_machine_request(s->cfg.machine, c, s->cfg.max_running, &r);
+    rc = daemon_machine_admit(s->cfg.machine, c, &r, e);
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+static json_t *api_resources(void *ctx)
+{
+    daemon_sched *s = ctx;
+    json_t *o;
+    pthread_mutex_lock(&s->mu);
+    o = daemon_machine_json(s->cfg.machine);
+    pthread_mutex_unlock(&s->mu);
+    return o;
+}
+
 /* See sched.h. */
 void daemon_sched_api(daemon_sched *s, api_jobs *out)
 {
@@ -999,5 +1120,7 @@ void daemon_sched_api(daemon_sched *s, api_jobs *out)
                       .cancel = api_cancel,
                       .resume = api_resume,
                       .remove = api_remove,
-                      .info = api_info};
+                      .info = api_info,
+                      .admit = api_admit,
+                      .resources = api_resources};
 }

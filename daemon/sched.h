@@ -46,6 +46,8 @@ typedef struct {
     /* A worker left unread this long because the store cannot write is stopped and its job
      * failed (3600; 0: never). */
     int stall_timeout_s;
+    /* The cores and GPUs jobs are placed on (borrowed; NULL: all of this machine's). */
+    struct daemon_machine *machine;
 } daemon_sched_config;
 
 /* Recover jobs left by a previous daemon (see above) and start the scheduler thread.

@@ -46,6 +46,7 @@
 #include "daemon/fs.h"
 #include "daemon/lock.h"
 #include "daemon/log.h"
+#include "daemon/machine.h"
 #include "daemon/opts.h"
 #include "daemon/sched.h"
 #include "store/store.h"
@@ -72,7 +73,8 @@ typedef struct {
     char allow_origins[API_MAX_ALLOW][API_ALLOW_LEN];
     int max_running, max_retries, worker_timeout_s, stall_timeout_s, metrics_keep_s;
     int head_timeout_s, max_per_addr;
-    bool demo, no_dashboard;
+    bool demo, no_dashboard, share_devices;
+    const char *cpus, *devices; /* --cpus, --devices: NULL for all */
 } serve_args;
 
 /* One more --data-root. */
@@ -155,6 +157,14 @@ static const daemon_opt serve_opts[] = {
              "readable by group or others"},
     {"max-running", 0, "N", INT_OPT(max_running, 1, 64, 1),
      .help = "jobs that run at once (default %s)"},
+    {"cpus", 0, "LIST", .kind = DAEMON_OPT_PTR, .off = offsetof(serve_args, cpus),
+     .help = "the cores jobs are placed on, e.g. 0-7,16 (default: every\ncore of the affinity "
+             "ampd starts with)"},
+    {"devices", 0, "LIST", .kind = DAEMON_OPT_PTR, .off = offsetof(serve_args, devices),
+     .help = "the GPUs (NVML indices) jobs are placed on, e.g. 0,2\n(default: every GPU the "
+             "driver reports)"},
+    {"share-devices", 0, NULL, FLAG_OPT(share_devices),
+     .help = "let several jobs share a GPU (each job still gets one\nGPU per rank)"},
     {"max-retries", 0, "N", INT_OPT(max_retries, 0, 1000, 3),
      .help = "automatic resumes of an interrupted job (default %s)"},
     {"worker-timeout", 0, "S", INT_OPT(worker_timeout_s, 1, 7 * 24 * 3600, 600),
@@ -598,6 +608,7 @@ int daemon_serve_main(int argc, char **argv)
     api_jobs jobs;
     store *st = NULL;
     daemon_sched *sched = NULL;
+    daemon_machine *machine = NULL;
     api_server *api = NULL;
     char err[4096] = "", url[200], nodash[512] = "";
     sigset_t set;
@@ -611,8 +622,10 @@ int daemon_serve_main(int argc, char **argv)
         goto startup_error;
     if (sched_config(&a, &sc, err, sizeof(err)) != 0 ||
         find_web_root(&a, nodash, sizeof(nodash), err, sizeof(err)) != 0 ||
-        api_config_fill(&a, &ac, err, sizeof(err)) != 0)
+        api_config_fill(&a, &ac, err, sizeof(err)) != 0 ||
+        daemon_machine_new(a.cpus, a.devices, a.share_devices, &machine, err, sizeof(err)) != 0)
         goto startup_error;
+    sc.machine = machine;
 
     raise_nofile(&sc.nofile_child);
 
@@ -648,11 +661,13 @@ int daemon_serve_main(int argc, char **argv)
     if (a.demo)
         queue_demo(st, sched, &ac);
     log_serving(&a, url, nodash);
+    log_info("machine: %s", daemon_machine_summary(machine));
 
     wait_for_stop(&set);
     rc = api_stop(api);
     daemon_sched_stop(sched);
     if (rc == 0) {
+        daemon_machine_free(machine); /* else a busy handler may still read it */
         store_close(st);
     } else {
         /* a request handler is still busy and may read the store: commit what is queued,
@@ -669,6 +684,7 @@ startup_error:
     fprintf(stderr, "ampd serve: %s\n", err);
     api_stop(api);
     daemon_sched_stop(sched);
+    daemon_machine_free(machine);
     store_close(st);
     daemon_lock_release(db_lock);
     daemon_lock_release(dir_lock);

@@ -14,6 +14,7 @@
  * Threads: any thread; the calling thread's signal mask is restored before the return.
  */
 #include <errno.h>
+#include <sched.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -70,7 +71,7 @@ static void exec_failed(const daemon_spawn_opts *o, int err)
     (void)r;
 }
 
-/* The child, from the fork to execv: async-signal-safe calls only. Never returns. */
+/* The child, from the fork to execve: async-signal-safe calls only. Never returns. */
 static void child(const daemon_spawn_opts *o, const spawn_prep *p)
 {
     setpgid(0, 0);
@@ -91,8 +92,10 @@ static void child(const daemon_spawn_opts *o, const spawn_prep *p)
             close((int)fd);
     if (p->set_nofile)
         setrlimit(RLIMIT_NOFILE, &p->nofile);
+    if (o->affinity)
+        sched_setaffinity(0, sizeof(*o->affinity), o->affinity);
     sigprocmask(SIG_SETMASK, &p->none, NULL);
-    execv(o->exe, o->argv);
+    execve(o->exe, o->argv, o->envp ? o->envp : environ);
     exec_failed(o, errno);
     _exit(127);
 }

@@ -11,6 +11,7 @@
 #ifndef AMPD_DAEMON_SPAWN_H
 #define AMPD_DAEMON_SPAWN_H
 
+#include <sched.h>
 #include <sys/types.h>
 
 typedef struct {
@@ -20,13 +21,15 @@ typedef struct {
     int death_signal;       /* sent to the child when the calling thread dies */
     unsigned long nofile;   /* the child's open-file soft limit; 0: this process's */
     const char *exec_error; /* written to the child's stderr when execv fails */
+    const cpu_set_t *affinity; /* the child's CPUs (its threads' and children's); NULL: ours */
+    char *const *envp;      /* the child's environment; NULL: this process's */
 } daemon_spawn_opts;
 
 /* Start o->exe in a process group of its own (pid = pgid, set on both sides of the fork,
  * so the group exists before any kill), with o's stdin, stdout and stderr, every other
  * descriptor closed, every signal disposition back to the default, an empty signal mask
- * (every signal is blocked across the fork until then), o->nofile, and o->death_signal as
- * its PR_SET_PDEATHSIG. *pid gets the child's pid. */
+ * (every signal is blocked across the fork until then), o->nofile, o->affinity, o->envp,
+ * and o->death_signal as its PR_SET_PDEATHSIG. *pid gets the child's pid. */
 int daemon_spawn(const daemon_spawn_opts *o, pid_t *pid);
 
 #endif /* AMPD_DAEMON_SPAWN_H */

@@ -461,7 +461,16 @@ typedef struct {
     double bucket_mb;      /* a bucket's size in MiB of fp32 gradients (25, as DDP) */
     int nhosts;            /* 0: every rank on this machine */
     char hosts[GPU_MAX_HOSTS][128]; /* mpirun's host list: "name" or "name:slots" */
+    bool oversubscribe;    /* more ranks than the cores they are given (false) */
 } gpu_dist_config;
+
+/* What a job asks the daemon to hold for it while it runs (docs/scheduling.md); the trainer
+ * does not read it. */
+typedef struct {
+    int cpus;          /* cores per rank; 0: the job's threads, else an even share */
+    int devices;       /* GPUs per rank; -1: 1 for a CUDA job, 0 for a CPU job */
+    int64_t memory_mb; /* host memory the job needs; 0: not said */
+} gpu_resources;
 
 typedef struct {
     char name[128];
@@ -485,7 +494,15 @@ typedef struct {
     int threads;                 /* CPU threads (OpenMP team, BLAS); 0: all cores */
     char device[16];             /* "auto" (CUDA device 0 when one is usable, else the CPU),
                                   * "cpu", "cuda" (device 0) or "cuda:N" */
+    int priority;                /* the daemon's queue order, higher first (0) */
+    gpu_resources res;
 } gpu_job_config;
+
+/* Whether job c's data can train its model, read the way the trainer reads it (every file,
+ * so that a token past model.vocab is seen): 0, or the error the trainer would give, in err
+ * (naming the files by their paths, or the spec's field: "model.vocab: ...", "data.train:
+ * ..."). */
+int gpu_job_check_data(const gpu_job_config *c, char *err, size_t errlen);
 
 /* Defaults for every field (documented in docs/job-spec.md); dtype fp32. */
 void gpu_job_defaults(gpu_job_config *c);
@@ -746,6 +763,19 @@ typedef struct {
 /* The first max devices into out (caller's array), their number in *n; GPU_ENODEV (with *n
  * 0) when there is none, no driver, or no CUDA in this build. */
 int gpu_cuda_devices(gpu_cuda_device *out, int max, int *n);
+/* One NVIDIA GPU as the driver's management library (NVML) sees it, without a CUDA
+ * context (gpu/nvml.c). index is NVML's, the order CUDA_VISIBLE_DEVICES numbers. */
+typedef struct {
+    int index;
+    char name[96];
+    char uuid[96];
+    uint64_t memory_total, memory_free, memory_used; /* bytes */
+    char health[96]; /* "ok", or what NVML answered when the device was queried */
+} gpu_nvml_device;
+/* The machine's first max GPUs into out, their number in *n, and a line for the log in why
+ * (may be NULL). GPU_ENODEV (*n 0, the reason in why) without the NVIDIA driver's library
+ * ($AMPD_NVML, else libnvidia-ml.so.1). */
+int gpu_nvml_devices(gpu_nvml_device *out, int max, int *n, char *why, size_t whylen);
 /* The bytes job c's blocks take on a CUDA device, by category, as the CUDA trainer allocates
  * them (cuBLASLt's workspace and the batch and step-state blocks in workspace); computed
  * without a device. GPU_ENODEV in a build without CUDA; plan errors as gpu_job_memory. */

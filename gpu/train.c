@@ -142,6 +142,7 @@ void gpu_job_defaults(gpu_job_config *c)
     c->threads = 0;
     c->grad_accum_steps = 1;
     c->dist.world_size = 1;
+    c->res.devices = -1;
     c->dist.hook = GPU_HOOK_NONE;
     c->dist.bucket_mb = 25.0;
     snprintf(c->device, sizeof(c->device), "auto");
@@ -174,39 +175,42 @@ void gpu_trainer_free(gpu_trainer *t)
     free(t);
 }
 
-static int load_data(gpu_trainer *t, char *err, size_t errlen)
+/* Job c's training and eval sets into *train and *eval (NULL: none). */
+static int load_data(const gpu_job_config *c, gpu_dataset **train, gpu_dataset **eval, char *err,
+                     size_t errlen)
 {
-    const gpu_data_config *d = &t->cfg.data;
+    const gpu_data_config *d = &c->data;
     int rc;
     if (d->type == GPU_DATA_SYNTHETIC) {
-        rc = gpu_dataset_synthetic(d->synth_train, d->synth_features, d->synth_classes, t->cfg.seed,
-                                   t->cfg.seed * 2 + 1, &t->train);
+        rc = gpu_dataset_synthetic(d->synth_train, d->synth_features, d->synth_classes, c->seed,
+                                   c->seed * 2 + 1, train);
         if (!rc && d->synth_eval > 0)
             rc = gpu_dataset_synthetic(d->synth_eval, d->synth_features, d->synth_classes,
-                                       t->cfg.seed, t->cfg.seed * 2 + 2, &t->eval);
+                                       c->seed, c->seed * 2 + 2, eval);
         if (rc)
             snprintf(err, errlen, "data: cannot build the synthetic set (%s)", gpu_strerror(rc));
         return rc;
     }
     if (d->type == GPU_DATA_TEXT)
-        return gpu_dataset_load_text(d->seq_train, d->seq_eval, d->val_fraction, &t->train,
-                                     &t->eval, err, errlen);
+        return gpu_dataset_load_text(d->seq_train, d->seq_eval, d->val_fraction, train,
+                                     eval, err, errlen);
     if (d->type == GPU_DATA_TOKENS)
-        return gpu_dataset_load_tokens(d->seq_train, d->seq_eval, d->val_fraction, &t->train,
-                                       &t->eval, err, errlen);
-    rc = gpu_dataset_load_idx(d->train_images, d->train_labels, &t->train, err, errlen);
+        return gpu_dataset_load_tokens(d->seq_train, d->seq_eval, d->val_fraction, train,
+                                       eval, err, errlen);
+    rc = gpu_dataset_load_idx(d->train_images, d->train_labels, train, err, errlen);
     if (!rc && d->eval_images[0]) {
-        rc = gpu_dataset_load_idx(d->eval_images, d->eval_labels, &t->eval, err, errlen);
+        rc = gpu_dataset_load_idx(d->eval_images, d->eval_labels, eval, err, errlen);
         if (!rc)
-            gpu_dataset_normalize_like(t->eval, t->train);
+            gpu_dataset_normalize_like(*eval, *train);
     }
     return rc;
 }
 
-static int check_seq_shapes(gpu_trainer *t, char *err, size_t errlen)
+static int check_seq_shapes(const gpu_job_config *c, const gpu_dataset *train,
+                            const gpu_dataset *eval, char *err, size_t errlen)
 {
-    const gpu_model_config *mc = &t->cfg.model;
-    const gpu_dataset *sets[2] = {t->train, t->eval};
+    const gpu_model_config *mc = &c->model;
+    const gpu_dataset *sets[2] = {train, eval};
     for (int i = 0; i < 2; i++) {
         if (!sets[i])
             continue;
@@ -225,13 +229,15 @@ static int check_seq_shapes(gpu_trainer *t, char *err, size_t errlen)
     return 0;
 }
 
-static int check_shapes(gpu_trainer *t, char *err, size_t errlen)
+/* Whether the sets fit job c's model (features and classes; tokens and vocab). */
+static int check_shapes(const gpu_job_config *c, const gpu_dataset *train, const gpu_dataset *eval,
+                        char *err, size_t errlen)
 {
-    if (t->gpt)
-        return check_seq_shapes(t, err, errlen);
-    const gpu_model_config *mc = &t->cfg.model;
+    if (c->model.type == GPU_MODEL_GPT)
+        return check_seq_shapes(c, train, eval, err, errlen);
+    const gpu_model_config *mc = &c->model;
     int in = mc->layers[0], out = mc->layers[mc->nlayers - 1];
-    const gpu_dataset *sets[2] = {t->train, t->eval};
+    const gpu_dataset *sets[2] = {train, eval};
     for (int i = 0; i < 2; i++) {
         if (!sets[i])
             continue;
@@ -247,6 +253,21 @@ static int check_shapes(gpu_trainer *t, char *err, size_t errlen)
         }
     }
     return 0;
+}
+
+/* See gpu.h. */
+int gpu_job_check_data(const gpu_job_config *c, char *err, size_t errlen)
+{
+    gpu_dataset *train = NULL, *eval = NULL;
+    int rc;
+    if (c->data.type == GPU_DATA_SYNTHETIC) /* made to the model's shape */
+        return 0;
+    rc = load_data(c, &train, &eval, err, errlen);
+    if (rc == 0)
+        rc = check_shapes(c, train, eval, err, errlen);
+    gpu_dataset_free(train);
+    gpu_dataset_free(eval);
+    return rc;
 }
 
 static void table_add(gpu_trainer *t, const char *name, size_t off, size_t count, int ndim,
@@ -590,10 +611,10 @@ int gpu_trainer_create(const gpu_job_config *cfg, gpu_trainer **out, char *err, 
     rc = gpu_job_plan(cfg, &t->mlp, &t->gpt, err, errlen);
     if (rc)
         goto fail;
-    rc = load_data(t, err, errlen);
+    rc = load_data(&t->cfg, &t->train, &t->eval, err, errlen);
     if (rc)
         goto fail;
-    rc = check_shapes(t, err, errlen);
+    rc = check_shapes(&t->cfg, t->train, t->eval, err, errlen);
     if (rc)
         goto fail;
     build_table(t);

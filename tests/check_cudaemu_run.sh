@@ -86,8 +86,9 @@ done
 check "flash attention: 3 steps under each of two block orders" test "$(wc -l <"$TMP/forder11")" -eq 3
 check "... the same bits in both" cmp -s "$TMP/forder11" "$TMP/forder12"
 
-# the daemon
-AMPD_CUDAEMU_MEMORY=50000000 serve "$TMP/port" "$TMP/daemon.log" --data-dir "$TMP/data" \
+# the daemon, which sees the emulated GPU through the emulator's NVML stand-in
+AMPD_NVML=${AMPD_TEST_NVML:-tests/cudaemu/libnvidia-ml.so.1} AMPD_CUDAEMU_MEMORY=50000000 \
+    serve "$TMP/port" "$TMP/daemon.log" --data-dir "$TMP/data" \
     --db "$TMP/ampd.db" --no-dashboard
 DPID=$SERVE_PID
 URL="http://127.0.0.1:${SERVE_PORT:-0}"

@@ -586,6 +586,54 @@ START_TEST(test_effective_exact)
 }
 END_TEST
 
+/* What a job asks the daemon for: resources, priority, distributed.oversubscribe; defaults,
+ * ranges naming the field, and the canonical form that reads back the same. */
+START_TEST(test_resources)
+{
+    gpu_job_config c, d;
+    api_error e;
+    ck_assert_int_eq(parse("{}", &c, &e), 0);
+    ck_assert_int_eq(c.res.cpus, 0);
+    ck_assert_int_eq(c.res.devices, -1); /* derived from the device */
+    ck_assert_int_eq(c.res.memory_mb, 0);
+    ck_assert_int_eq(c.priority, 0);
+    ck_assert(!c.dist.oversubscribe);
+    json_t *canon = api_spec_to_json(&c), *r = json_object_get(canon, "resources");
+    ck_assert_ptr_null(json_object_get(r, "devices")); /* not said: not written */
+    json_decref(canon);
+    ck_assert_int_eq(parse("{\"priority\": -7, \"resources\": {\"cpus\": 3, \"devices\": 0, "
+                           "\"memory_mb\": 2048}, \"distributed\": {\"oversubscribe\": true}}",
+                           &c, &e),
+                     0);
+    ck_assert_int_eq(c.priority, -7);
+    ck_assert_int_eq(c.res.cpus, 3);
+    ck_assert_int_eq(c.res.devices, 0);
+    ck_assert_int_eq(c.res.memory_mb, 2048);
+    ck_assert(c.dist.oversubscribe);
+    char *t = api_spec_effective(&c);
+    ck_assert_msg(parse(t, &d, &e) == 0, "%s refused: %s", t, e.message);
+    ck_assert_int_eq(d.priority, -7);
+    ck_assert_int_eq(d.res.cpus, 3);
+    ck_assert_int_eq(d.res.devices, 0);
+    ck_assert_int_eq(d.res.memory_mb, 2048);
+    ck_assert(d.dist.oversubscribe);
+    free(t);
+    const char *bad[][2] = {{"{\"priority\": 1001}", "priority"},
+                            {"{\"priority\": 1.5}", "priority"},
+                            {"{\"resources\": {\"cpus\": -1}}", "resources.cpus"},
+                            {"{\"resources\": {\"devices\": 65}}", "resources.devices"},
+                            {"{\"resources\": {\"gpus\": 1}}", "resources.gpus"},
+                            {"{\"resources\": []}", "resources"},
+                            {"{\"distributed\": {\"oversubscribe\": 1}}",
+                             "distributed.oversubscribe"}};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        ck_assert_msg(parse(bad[i][0], &c, &e) != 0, "%s accepted", bad[i][0]);
+        ck_assert_msg(strcmp(e.field, bad[i][1]) == 0, "%s: field %s, not %s", bad[i][0],
+                      e.field, bad[i][1]);
+    }
+}
+END_TEST
+
 /* The canonical spec's resolved fields as input: precision.autocast.table is the whole
  * table (every op; not with overrides), data.train_images and the others the files of a
  * split (in pairs, not with the split's name, inside the data roots, idx data only). */
@@ -722,6 +770,7 @@ static Suite *spec_suite(void)
     tcase_add_test(tc, test_canonical_roundtrip);
     tcase_add_test(tc, test_effective_exact);
     tcase_add_test(tc, test_canonical_fields);
+    tcase_add_test(tc, test_resources);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -84,7 +84,10 @@ test_cleanup() {
 stop_daemons() { # kill -9 every daemon serve started that is still running
     local p
     for p in "${SERVED[@]}"; do
-        kill -0 "$p" 2>/dev/null && kill -9 "$p" 2>/dev/null
+        if kill -0 "$p" 2>/dev/null; then
+            kill -9 "$p"
+            wait "$p" # reaped here, so the shell does not report it "Killed"
+        fi 2>/dev/null
     done
     return 0
 }

@@ -28,7 +28,9 @@
  *    and CUB buffers must lie inside one allocation, or the call fails with a message.
  *    The device's memory is $AMPD_CUDAEMU_MEMORY bytes (default 16 GiB); its count is
  *    $AMPD_CUDAEMU_DEVICES (default 1; 0 makes cudaGetDeviceCount fail with
- *    cudaErrorNoDevice, as without a driver). $AMPD_CUDAEMU_STATS=1 prints, at exit, each
+ *    cudaErrorNoDevice, as without a driver), of which a process sees those that
+ *    $CUDA_VISIBLE_DEVICES lists, as the driver does (indices up to the first that does
+ *    not exist). $AMPD_CUDAEMU_STATS=1 prints, at exit, each
  *    kernel's launches, threads, suspensions and seconds.
  *  - Order: blocks run in index order and threads start in index order, unless
  *    $AMPD_CUDAEMU_SHUFFLE is a seed: then every launch runs its blocks, and starts the
@@ -177,6 +179,28 @@ static void on_segv(int sig, siginfo_t *si, void *ctx)
     sigaction(SIGSEGV, &old_segv, NULL);    /* return: the access faults again, as before */
 }
 
+/* How many of the machine's n devices this process sees: $CUDA_VISIBLE_DEVICES, when set,
+ * lists indices, and the list ends at the first that is not a device (as the driver reads
+ * it); the process sees them renumbered from 0. */
+static int visible(int n)
+{
+    const char *v = getenv("CUDA_VISIBLE_DEVICES");
+    int k = 0;
+    if (v == NULL)
+        return n;
+    while (*v) {
+        char *end;
+        long i = strtol(v, &end, 10);
+        if (end == v || i < 0 || i >= n)
+            break;
+        k++;
+        v = *end == ',' ? end + 1 : end;
+        if (*end != ',' && *end != '\0')
+            break;
+    }
+    return k;
+}
+
 static void init(void)
 {
     pthread_mutexattr_t at;
@@ -191,7 +215,7 @@ static void init(void)
     const char *e = getenv("AMPD_CUDAEMU_MEMORY");
     total = e != NULL ? strtoull(e, NULL, 10) : (size_t)16 << 30;
     e = getenv("AMPD_CUDAEMU_DEVICES");
-    ndevices = e != NULL ? atoi(e) : 1;
+    ndevices = visible(e != NULL ? atoi(e) : 1);
     e = getenv("AMPD_CUDAEMU_STATS");
     if (e != NULL && strcmp(e, "1") == 0) {
         stats = new std::map<std::string, kstat>();

@@ -135,7 +135,8 @@ static int setup(void)
     const char *dir = fuzz_dir();
     char db[600], web[600];
     api_config c;
-    api_jobs jobs = {NULL, submit, refuse, refuse, refuse, info};
+    api_jobs jobs = {.submit = submit, .cancel = refuse, .resume = refuse, .remove = refuse,
+                     .info = info};
     struct rlimit nofile;
 
     if (!dir)
