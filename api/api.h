@@ -38,6 +38,11 @@ typedef struct {
     char roots[API_MAX_ROOTS][512];
 } api_spec_opts;
 
+/* The codes of a job that can never run here, answered 422 (api_jobs.admit: the machine;
+ * api_spec_check_data: the data). */
+#define API_E_DOES_NOT_FIT "does_not_fit"
+#define API_E_UNUSABLE_DATA "unusable_data"
+
 /* A validation error: a stable code, the field it names and a sentence for people. */
 typedef struct {
     char code[32];
@@ -85,6 +90,13 @@ typedef struct {
     int64_t workers_started, workers_failed;
 } api_queue_info;
 
+/* A queued job's place in the queue, as the scheduler last planned it. */
+typedef struct {
+    int position;          /* 1: the next to start */
+    int priority;
+    char waiting_for[192]; /* why it has not started ("" before the scheduler looked) */
+} api_queue_place;
+
 /* The job queue as the server sees it, installed by the host (the daemon's scheduler).
  * Every callback gets ctx and must be thread-safe (HTTP threads call them); each returns
  * 0 or a STORE_E* code. */
@@ -104,6 +116,9 @@ typedef struct {
     /* The machine's cores and devices and their holders (GET /v1/resources), a new
      * reference; NULL: none to say. */
     json_t *(*resources)(void *ctx);
+    /* Job id's place in the queue: 0, or STORE_ENOTFOUND when it is not queued (or not yet
+     * planned). NULL: not known. */
+    int (*queued)(void *ctx, int64_t id, api_queue_place *out);
 } api_jobs;
 
 #define API_MAX_ALLOW 16 /* --allow-host and --allow-origin entries */

@@ -418,7 +418,8 @@ extern const size_t api_openapi_json_len;
 
 /* The job object of the API (routes.c): full adds spec (always the last member); plateau
  * (non-NULL: the store to read it from) adds the job's unigram plateau before it. */
-void api_job_json(api_buf *b, const store_job *j, bool full, store *plateau);
+void api_job_json(api_buf *b, const store_job *j, bool full, store *plateau,
+                  const api_jobs *jobs);
 
 /* Milliseconds on the monotonic clock. */
 int64_t api_now_ms(void);

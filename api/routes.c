@@ -191,7 +191,24 @@ fail:
     return rc;
 }
 
-void api_job_json(api_buf *b, const store_job *j, bool full, store *plateau)
+/* "queue": a queued job's position, priority and what it waits for; null otherwise. */
+static void put_queue_place(api_buf *b, const store_job *j, const api_jobs *jobs)
+{
+    api_queue_place p;
+    api_buf_puts(b, ",\"queue\":");
+    if (j->status != STORE_QUEUED || !jobs || !jobs->queued ||
+        jobs->queued(jobs->ctx, j->id, &p) != 0) {
+        api_buf_puts(b, "null");
+        return;
+    }
+    api_buf_printf(b, "{\"position\":%d,\"priority\":%d,\"waiting_for\":", p.position,
+                   p.priority);
+    api_buf_json_str(b, p.waiting_for);
+    api_buf_putc(b, '}');
+}
+
+void api_job_json(api_buf *b, const store_job *j, bool full, store *plateau,
+                  const api_jobs *jobs)
 {
     const char *mtype = NULL;
     char mtext[256];
@@ -238,6 +255,7 @@ void api_job_json(api_buf *b, const store_job *j, bool full, store *plateau)
     api_buf_json_str(b, j->error);
     api_buf_puts(b, ",\"summary\":");
     put_stored_json(b, looks_like(j->summary, '{', '{') ? j->summary : NULL);
+    put_queue_place(b, j, jobs);
     if (plateau) {
         api_buf_puts(b, ",\"plateau\":");
         api_put_plateau(b, plateau, j->id);
@@ -456,7 +474,7 @@ void api_h_jobs_list(api_req *q, api_resp *r)
     for (int i = 0; i < n; i++) {
         if (i)
             api_buf_putc(&r->body, ',');
-        api_job_json(&r->body, &jobs[i], false, NULL);
+        api_job_json(&r->body, &jobs[i], false, NULL, q->srv->jobs);
     }
     if (n == f.limit && n > 0)
         api_buf_printf(&r->body, "],\"next\":%lld}", (long long)jobs[n - 1].id);
@@ -577,7 +595,7 @@ void api_h_jobs_submit(api_req *q, api_resp *r)
     }
     ok_json(r, existed ? 200 : 201);
     snprintf(r->location, sizeof(r->location), "/v1/jobs/%lld", (long long)id);
-    api_job_json(&r->body, &j, true, NULL);
+    api_job_json(&r->body, &j, true, NULL, q->srv->jobs);
     store_job_clear(&j);
 }
 
@@ -587,7 +605,7 @@ void api_h_job_get(api_req *q, api_resp *r)
     if (!load_job(q, r, &j))
         return;
     ok_json(r, 200);
-    api_job_json(&r->body, &j, true, q->srv->st);
+    api_job_json(&r->body, &j, true, q->srv->st, q->srv->jobs);
     store_job_clear(&j);
 }
 
@@ -642,7 +660,7 @@ void api_h_job_action(api_req *q, api_resp *r)
         return;
     }
     ok_json(r, 202);
-    api_job_json(&r->body, &j, true, NULL);
+    api_job_json(&r->body, &j, true, NULL, q->srv->jobs);
     store_job_clear(&j);
 }
 

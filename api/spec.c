@@ -732,8 +732,8 @@ static int parse_hosts(ctx *c, json_t *v, gpu_dist_config *d)
 
 static int parse_distributed(ctx *c, json_t *v, gpu_dist_config *d)
 {
-    static const char *const keys[] = {"world_size", "comm_hook", "bucket_mb",
-                                       "hosts",      "oversubscribe", NULL};
+    static const char *const keys[] = {"world_size",    "comm_hook",      "bucket_mb", "hosts",
+                                       "oversubscribe", "rank_timeout_s", NULL};
     static const char *const hooks[] = {"none", "fp16", "bf16", NULL};
     int hook = (int)d->hook, rc;
     float mb = (float)d->bucket_mb;
@@ -743,7 +743,9 @@ static int parse_distributed(ctx *c, json_t *v, gpu_dist_config *d)
         (rc = get_choice(c, v, "comm_hook", "distributed.comm_hook", hooks, &hook)) ||
         (rc = get_real(c, v, "bucket_mb", "distributed.bucket_mb", ABOVE(0, 1024), &mb)) ||
         ((h = json_object_get(v, "hosts")) && (rc = parse_hosts(c, h, d))) ||
-        (rc = get_bool(c, v, "oversubscribe", "distributed.oversubscribe", &d->oversubscribe)))
+        (rc = get_bool(c, v, "oversubscribe", "distributed.oversubscribe", &d->oversubscribe)) ||
+        (rc = get_int32(c, v, "rank_timeout_s", "distributed.rank_timeout_s", 5, 86400,
+                        &d->rank_timeout_s)))
         return rc;
     d->hook = (gpu_comm_hook)hook;
     d->bucket_mb = mb;
@@ -859,7 +861,7 @@ int api_spec_check_data(const gpu_job_config *c, json_t *spec, api_error *err)
     rename_file(msg, sizeof(msg), d->eval_images, data, "eval_images", given(data, "eval", train));
     rename_file(msg, sizeof(msg), d->eval_labels, data, "eval_labels", given(data, "eval", train));
     memset(err, 0, sizeof(*err));
-    snprintf(err->code, sizeof(err->code), "unusable_data");
+    snprintf(err->code, sizeof(err->code), "%s", API_E_UNUSABLE_DATA);
     colon = strstr(msg, ": ");
     if (colon && (!strncmp(msg, "model.", 6) || !strncmp(msg, "data.", 5)) &&
         (size_t)(colon - msg) < sizeof(err->field)) {
@@ -1136,9 +1138,10 @@ static json_t *model_to_json(const gpu_model_config *m)
 
 static json_t *dist_to_json(const gpu_dist_config *d)
 {
-    json_t *o = json_pack("{s:i, s:s, s:f, s:b}", "world_size", d->world_size, "comm_hook",
+    json_t *o = json_pack("{s:i, s:s, s:f, s:b, s:i}", "world_size", d->world_size, "comm_hook",
                           gpu_comm_hook_name(d->hook), "bucket_mb", d->bucket_mb,
-                          "oversubscribe", d->oversubscribe);
+                          "oversubscribe", d->oversubscribe, "rank_timeout_s",
+                          d->rank_timeout_s);
     if (o && d->nhosts > 0) {
         json_t *h = json_array();
         for (int i = 0; i < d->nhosts; i++)

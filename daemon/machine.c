@@ -241,7 +241,7 @@ static int refuse(api_error *e, const char *field, const char *fmt, ...)
 static int refuse(api_error *e, const char *field, const char *fmt, ...)
 {
     va_list ap;
-    snprintf(e->code, sizeof(e->code), "does_not_fit");
+    snprintf(e->code, sizeof(e->code), "%s", API_E_DOES_NOT_FIT);
     snprintf(e->field, sizeof(e->field), "%s", field);
     va_start(ap, fmt);
     vsnprintf(e->message, sizeof(e->message), fmt, ap);

@@ -111,6 +111,11 @@ void daemon_queue_plan(store *st, daemon_machine *m, const api_spec_opts *roots,
     char why[QUEUE_WHY_LEN];
 
     *n = 0;
+    w->norder = 0;
+    for (int i = 0; i < nq && w->norder < QUEUE_MAX_ORDER; i++, w->norder++) {
+        w->order[w->norder] = q[i].id;
+        w->priority[w->norder] = q[i].priority;
+    }
     for (int k = w->n - 1; k >= 0; k--) { /* jobs no longer queued wait for nothing */
         int i = 0;
         while (i < nq && q[i].id != w->job[k])
@@ -149,10 +154,18 @@ void daemon_queue_plan(store *st, daemon_machine *m, const api_spec_opts *roots,
     free(q);
 }
 
-void daemon_queue_why(const daemon_waits *w, int64_t job, char *why, size_t len)
+int daemon_queue_place(const daemon_waits *w, int64_t job, api_queue_place *out)
 {
-    why[0] = '\0';
-    for (int i = 0; i < w->n; i++)
-        if (w->job[i] == job)
-            snprintf(why, len, "%s", w->why[i]);
+    int i = 0;
+    while (i < w->norder && w->order[i] != job)
+        i++;
+    if (i == w->norder)
+        return -1;
+    memset(out, 0, sizeof(*out));
+    out->position = i + 1;
+    out->priority = w->priority[i];
+    for (int k = 0; k < w->n; k++)
+        if (w->job[k] == job)
+            snprintf(out->waiting_for, sizeof(out->waiting_for), "%s", w->why[k]);
+    return 0;
 }

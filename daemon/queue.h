@@ -17,7 +17,8 @@
 #include "daemon/machine.h"
 #include "store/store.h"
 
-#define QUEUE_MAX_WAITS 256 /* waiting jobs whose reason is remembered */
+#define QUEUE_MAX_WAITS 256   /* waiting jobs whose reason is remembered */
+#define QUEUE_MAX_ORDER 4096  /* queued jobs whose place is remembered */
 #define QUEUE_WHY_LEN 192
 
 /* A job to start, with what it holds and the worker's --device ("" to keep its spec's). */
@@ -28,11 +29,14 @@ typedef struct {
     char device[16];
 } daemon_start;
 
-/* The reasons jobs wait for, by job. */
+/* The reasons jobs wait for, by job, and the queue's order as last planned. */
 typedef struct {
     int n;
     int64_t job[QUEUE_MAX_WAITS];
     char why[QUEUE_MAX_WAITS][QUEUE_WHY_LEN];
+    int norder;
+    int64_t order[QUEUE_MAX_ORDER];
+    int priority[QUEUE_MAX_ORDER];
 } daemon_waits;
 
 /* Plan this turn's starts: at most max of them into starts[] (*n; max may be 0), each
@@ -40,7 +44,8 @@ typedef struct {
  * splits the cores between jobs that do not say. */
 void daemon_queue_plan(store *st, daemon_machine *m, const api_spec_opts *roots,
                        int max_running, int max, daemon_start *starts, int *n, daemon_waits *w);
-/* Why job waits ("" when it does not), into why (QUEUE_WHY_LEN). */
-void daemon_queue_why(const daemon_waits *w, int64_t job, char *why, size_t len);
+/* Job's place in the queue as last planned (position from 1, priority, why it waits): 0, or
+ * -1 when it was not queued then. */
+int daemon_queue_place(const daemon_waits *w, int64_t job, api_queue_place *out);
 
 #endif /* AMPD_DAEMON_QUEUE_H */

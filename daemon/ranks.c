@@ -12,6 +12,10 @@
  * (PR_SET_PDEATHSIG; mpirun is started by daemon_spawn, spawn.h, with this process's stdin,
  * stdout and stderr and no other descriptor) and takes the ranks down. A rank that dies
  * makes mpirun end the job and say which rank and signal on stderr, which is the job's log.
+ * With a checkpoint directory the supervisor also watches the ranks' heartbeats there
+ * (beat.h): a rank that stops answering, or ranks that finish no step, for rank_timeout_s
+ * end the job (mpirun's process group, then every process of the spec, get SIGKILL), the
+ * rank named in the log.
  *
  * Output: the ranks inherit stdout and stderr through mpirun; only rank 0 writes to
  * stdout. Exit status: 0 or 130 (interrupted) as the ranks said; 1 for anything else (a
@@ -27,8 +31,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "daemon/beat.h"
 #include "daemon/log.h"
 #include "daemon/ranks.h"
 #include "daemon/spawn.h"
@@ -97,8 +103,43 @@ static int spec_file(const char *spec, size_t len, char *path, size_t pathlen)
     return close(fd);
 }
 
+/* The ranks' watch: where their heartbeats are (NULL: not watched) and the limits. */
+typedef struct {
+    const char *dir;
+    int nranks;
+    double started, grace_s, timeout_s;
+} rank_watch;
+
+/* Wait for mpirun (pid) while watching the ranks' heartbeats; 1 when they were ended as hung
+ * (the reason logged), else 0 with mpirun's status. */
+static int wait_watching(pid_t pid, const rank_watch *w, int *status)
+{
+    struct timespec tick = {0, 200 * 1000 * 1000};
+    char why[512];
+    for (int i = 1;; i++) {
+        pid_t got = waitpid(pid, status, WNOHANG);
+        if (got == pid)
+            return 0;
+        if (got < 0 && errno != EINTR) {
+            log_error("waitpid: %s", strerror(errno));
+            *status = 1 << 8;
+            return 0;
+        }
+        if (w->dir && i % 5 == 0 &&
+            daemon_beat_check(w->dir, w->nranks, w->started, w->grace_s, w->timeout_s, why,
+                              sizeof(why))) {
+            log_error("%s: ending the job", why);
+            kill(-pid, SIGKILL); /* mpirun's group: mpirun and the ranks it started */
+            while (waitpid(pid, status, 0) < 0 && errno == EINTR)
+                ;
+            return 1;
+        }
+        nanosleep(&tick, NULL);
+    }
+}
+
 /* Start mpirun with args and wait for it, passing SIGINT/SIGTERM on as SIGUSR1. */
-static int run_mpirun(char **args)
+static int run_mpirun(char **args, const rank_watch *w)
 {
     char what[1100];
     daemon_spawn_opts o = {.exe = args[0],
@@ -109,7 +150,7 @@ static int run_mpirun(char **args)
                            .death_signal = SIGTERM,
                            .exec_error = what};
     struct sigaction sa;
-    int status = 0;
+    int status = 0, killed = 0, n = 0;
     pid_t pid;
 
     snprintf(what, sizeof(what), "ampd run: cannot run %s", args[0]);
@@ -126,11 +167,13 @@ static int run_mpirun(char **args)
     sa.sa_handler = forward;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
-    while (waitpid(pid, &status, 0) < 0)
-        if (errno != EINTR) {
-            log_error("waitpid: %s", strerror(errno));
-            return 1;
-        }
+    if (wait_watching(pid, w, &status)) {
+        while (args[n + 1])
+            n++;
+        /* a rank that left mpirun's group goes too: every process of this spec but this one */
+        daemon_end_strays(args[n], 10.0, &killed);
+        return 1;
+    }
     if (WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == 130))
         return WEXITSTATUS(status);
     if (WIFEXITED(status))
@@ -142,18 +185,31 @@ static int run_mpirun(char **args)
     return 1;
 }
 
+/* Remove the heartbeats of an earlier run of the job from dir. */
+static void clear_beats(const char *dir, int nranks)
+{
+    char path[1100];
+    for (int r = 0; dir && r < nranks; r++) {
+        snprintf(path, sizeof(path), "%s/rank-%d.beat", dir, r);
+        unlink(path);
+    }
+}
+
 /* See ranks.h. */
 int daemon_ranks_launch(const gpu_job_config *c, int argc, char **argv, const char *spec,
-                        size_t len)
+                        size_t len, const char *dir)
 {
 #ifndef AMPD_MPIRUN
-    (void)argc, (void)argv, (void)spec, (void)len, (void)run_mpirun, (void)spec_file,
-        (void)build_argv;
+    (void)argc, (void)argv, (void)spec, (void)len, (void)dir, (void)run_mpirun,
+        (void)spec_file, (void)build_argv, (void)clear_beats;
     log_error("distributed.world_size %d: this ampd was built without MPI", c->dist.world_size);
     return 2;
 #else
     char exe[1024], np[16], hosts[GPU_MAX_HOSTS * 130], tmp[1024] = "";
     char *args[MAX_ARGS];
+    /* a start-up grace that grows with the ranks: mpirun starts them one by one */
+    rank_watch w = {dir, c->dist.world_size, 0, 30.0 + 2.0 * c->dist.world_size,
+                    (double)c->dist.rank_timeout_s};
     ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
     int status;
 
@@ -175,7 +231,11 @@ int daemon_ranks_launch(const gpu_job_config *c, int argc, char **argv, const ch
     } else {
         log_info("%d ranks: %s -np %d%s%s", c->dist.world_size, args[0], c->dist.world_size,
                  c->dist.nhosts ? " --host " : "", c->dist.nhosts ? hosts : "");
-        status = run_mpirun(args);
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        w.started = (double)now.tv_sec + (double)now.tv_nsec * 1e-9;
+        clear_beats(dir, c->dist.world_size);
+        status = run_mpirun(args, &w);
     }
     if (tmp[0])
         unlink(tmp);

@@ -40,6 +40,7 @@
 #include <unistd.h>
 
 #include "api/api.h"
+#include "daemon/beat.h"
 #include "daemon/ckpt.h"
 #include "daemon/daemon.h"
 #include "daemon/line.h"
@@ -56,6 +57,9 @@ static void on_signal(int sig)
     (void)sig;
     stop_requested = 1;
 }
+
+/* This rank's heartbeat (a supervised rank of a data-parallel job; NULL otherwise). */
+static daemon_beat *beat;
 
 typedef struct {
     const char *path;
@@ -547,6 +551,7 @@ static int loop(const gpu_job_config *c, const run_args *a, gpu_trainer *t, gpu_
         if (step + 1 == a->profile)
             gpu_trainer_profile_next(t);
         int rc = gpu_trainer_step(t, &s->last, err, errlen);
+        daemon_beat_progress(beat, s->last.step);
         s->stepped = true;
         record_time(s, s->last.step_ms);
         if (s->last.step % a->every == 0 || rc || s->last.step == c->steps || s->last.overflow)
@@ -567,6 +572,7 @@ static int loop(const gpu_job_config *c, const run_args *a, gpu_trainer *t, gpu_
             s->last.step % c->checkpoint_every == 0 && s->last.step < c->steps &&
             checkpoint(c, a, t, s, err, errlen))
             return 1;
+        daemon_beat_progress(beat, s->last.step); /* an eval or a checkpoint is progress too */
         stop = stop_requested;
         if (comm && gpu_comm_any(comm, stop, &stop) != 0) {
             snprintf(err, errlen, "%s", gpu_comm_error(comm));
@@ -734,7 +740,12 @@ static int train_rank(gpu_job_config *c, const run_args *a)
         int per = (int)(cores > 0 ? cores : 1) / gpu_comm_local_size(comm);
         c->threads = per > 0 ? per : 1;
     }
+    if (a->ckpt_dir && daemon_beat_start(a->ckpt_dir, gpu_comm_rank(comm), &beat) != 0)
+        log_warn("no heartbeat for the launcher (%s/rank-%d.beat): %s", a->ckpt_dir,
+                 gpu_comm_rank(comm), strerror(errno));
     status = train(c, a, comm);
+    daemon_beat_stop(beat);
+    beat = NULL;
     if (status == 1) /* the others may wait for this rank: leave without MPI_Finalize */
         gpu_comm_abandon(comm);
     else
@@ -761,7 +772,7 @@ int daemon_run_main(int argc, char **argv)
     if (rc == 0 && a.device)
         rc = override_device(&c, a.device, &e);
     if (rc == 0 && c.dist.world_size > 1 && !gpu_comm_launched()) {
-        rc = daemon_ranks_launch(&c, argc, argv, text, len);
+        rc = daemon_ranks_launch(&c, argc, argv, text, len, a.ckpt_dir);
         free(text);
         return rc;
     }

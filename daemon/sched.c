@@ -287,6 +287,7 @@ static int spawn_locked(daemon_sched *s, const store_job *j, const daemon_start 
     }
     w->fd = -1;
     w->job = j->id;
+    w->ranks = st->req.ranks;
     job_dir(s, j->id, w->dir, sizeof(w->dir));
     if (worker_files(s, j, w, &a, &from, err, errlen) != 0)
         goto fail;
@@ -695,10 +696,12 @@ static void watch_worker_locked(daemon_sched *s, const sched_loop *l, worker *w,
             now - w->paused_since > s->cfg.stall_timeout_s)
             stall_worker(s, w, now);
     }
+    /* until its first step a job of many ranks is still starting them: 2 s more a rank */
+    double limit = s->cfg.worker_timeout_s + (w->last_step > w->base_step ? 0 : 2.0 * w->ranks);
     if (!w->hung && !w->term_sent && s->cfg.worker_timeout_s > 0 &&
-        now - w->last_output > s->cfg.worker_timeout_s) {
-        log_warn("job %lld: worker %d printed nothing for %d s; killing it", (long long)w->job,
-                 (int)w->pid, s->cfg.worker_timeout_s);
+        now - w->last_output > limit) {
+        log_warn("job %lld: worker %d printed nothing for %.0f s; killing it", (long long)w->job,
+                 (int)w->pid, limit);
         w->hung = true;
         signal_worker(w, SIGKILL);
     }
@@ -769,8 +772,25 @@ done:
 
 /* ---- recovery ----------------------------------------------------------------------------- */
 
-/* Jobs a dead daemon left running become interrupted; interrupted jobs are queued again
- * (retries + 1) or failed once they have been restarted max_retries times. */
+/* The processes of job id that the dead daemon left (its worker, mpirun, the ranks, which
+ * may take seconds to follow their parent): ended before the job can start again, so that
+ * two runs never share its checkpoint directory. */
+static void end_strays(daemon_sched *s, int64_t id)
+{
+    char dir[640], spec[700];
+    int killed = 0, left;
+    job_dir(s, id, dir, sizeof(dir));
+    snprintf(spec, sizeof(spec), "%s/spec.json", dir);
+    left = daemon_end_strays(spec, 10.0, &killed);
+    if (killed)
+        log_warn("job %lld: ended %d process%s the previous daemon left running%s",
+                 (long long)id, killed, killed == 1 ? "" : "es",
+                 left ? " (some are still there after 10 s)" : "");
+}
+
+/* Jobs a dead daemon left running become interrupted (their processes ended first);
+ * interrupted jobs are queued again (retries + 1) or failed once they have been restarted
+ * max_retries times. */
 static int recover(daemon_sched *s)
 {
     int64_t *ids = NULL;
@@ -778,6 +798,7 @@ static int recover(daemon_sched *s)
 
     rc = store_job_ids(s->st, STORE_RUNNING, &ids, &n);
     for (int i = 0; rc == 0 && i < n; i++) {
+        end_strays(s, ids[i]);
         log_warn("job %lld was running when the daemon stopped; it is interrupted",
                  (long long)ids[i]);
         rc = store_job_set_status(s->st, ids[i], STORE_INTERRUPTED,
@@ -1102,6 +1123,16 @@ static int api_admit(void *ctx, const gpu_job_config *c, api_error *e)
     return rc;
 }
 
+static int api_queued(void *ctx, int64_t id, api_queue_place *out)
+{
+    daemon_sched *s = ctx;
+    int rc;
+    pthread_mutex_lock(&s->mu);
+    rc = daemon_queue_place(&s->waits, id, out);
+    pthread_mutex_unlock(&s->mu);
+    return rc == 0 ? 0 : STORE_ENOTFOUND;
+}
+
 static json_t *api_resources(void *ctx)
 {
     daemon_sched *s = ctx;
@@ -1122,5 +1153,6 @@ void daemon_sched_api(daemon_sched *s, api_jobs *out)
                       .remove = api_remove,
                       .info = api_info,
                       .admit = api_admit,
-                      .resources = api_resources};
+                      .resources = api_resources,
+                      .queued = api_queued};
 }

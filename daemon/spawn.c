@@ -13,14 +13,19 @@
  *
  * Threads: any thread; the calling thread's signal mask is restored before the return.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <sched.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "daemon/spawn.h"
@@ -123,4 +128,53 @@ int daemon_spawn(const daemon_spawn_opts *o, pid_t *pid)
     setpgid(child_pid, child_pid); /* also here, so that the group exists before any kill() */
     *pid = child_pid;
     return 0;
+}
+
+/* Whether process pid's arguments include arg. */
+static bool runs_with(const char *pid, const char *arg)
+{
+    char path[64], buf[8192];
+    size_t n, alen = strlen(arg);
+    bool found = false;
+    FILE *f;
+    snprintf(path, sizeof(path), "/proc/%s/cmdline", pid);
+    if (!(f = fopen(path, "re")))
+        return false;
+    n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    for (size_t i = 0; i < n && !found; i += strlen(buf + i) + 1)
+        found = strlen(buf + i) == alen && memcmp(buf + i, arg, alen) == 0;
+    return found;
+}
+
+/* SIGKILL to every process (not this one) that runs with arg; how many there were. */
+static int kill_runs_with(const char *arg)
+{
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    int n = 0;
+    if (!d)
+        return 0;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] < '1' || e->d_name[0] > '9' || atol(e->d_name) == (long)getpid() ||
+            !runs_with(e->d_name, arg))
+            continue;
+        kill((pid_t)atol(e->d_name), SIGKILL);
+        n++;
+    }
+    closedir(d);
+    return n;
+}
+
+int daemon_end_strays(const char *spec_path, double timeout_s, int *killed)
+{
+    struct timespec pause = {0, 20 * 1000 * 1000};
+    int left = kill_runs_with(spec_path);
+    *killed = left;
+    for (double waited = 0; left > 0 && waited < timeout_s; waited += 0.02) {
+        nanosleep(&pause, NULL);
+        left = kill_runs_with(spec_path); /* a killed process is gone once its cmdline is */
+    }
+    return left;
 }

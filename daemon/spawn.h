@@ -3,6 +3,8 @@
  * (spawn.c), for the scheduler's workers (sched.c) and a data-parallel job's mpirun
  * (ranks.c).
  *
+ * Also the end of the processes a dead daemon left behind (daemon_end_strays).
+ *
  * Errors: daemon_spawn returns 0 or GPU_EIO with errno (the fork failed).
  *
  * Threads: thread-safe; PR_SET_PDEATHSIG ties the child to the calling thread, so the
@@ -31,5 +33,11 @@ typedef struct {
  * (every signal is blocked across the fork until then), o->nofile, o->affinity, o->envp,
  * and o->death_signal as its PR_SET_PDEATHSIG. *pid gets the child's pid. */
 int daemon_spawn(const daemon_spawn_opts *o, pid_t *pid);
+
+/* End the processes a dead daemon left of a job: every process whose arguments include
+ * spec_path (its worker, mpirun and the ranks all run `... run ... SPEC`) gets SIGKILL, and
+ * the call returns once none is left, or after timeout_s with those still there. *killed gets
+ * how many were found; returns how many are left (0: all gone). */
+int daemon_end_strays(const char *spec_path, double timeout_s, int *killed);
 
 #endif /* AMPD_DAEMON_SPAWN_H */

@@ -32,6 +32,7 @@ typedef struct {
 
 typedef struct {
     int64_t job;
+    int ranks; /* its processes here (a start-up grace before its first step grows with them) */
     pid_t pid;
     int fd; /* read end of the stdout pipe; -1 after EOF */
     char dir[640];

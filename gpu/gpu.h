@@ -462,6 +462,7 @@ typedef struct {
     int nhosts;            /* 0: every rank on this machine */
     char hosts[GPU_MAX_HOSTS][128]; /* mpirun's host list: "name" or "name:slots" */
     bool oversubscribe;    /* more ranks than the cores they are given (false) */
+    int rank_timeout_s;    /* a rank without progress this long ends the job (60) */
 } gpu_dist_config;
 
 /* What a job asks the daemon to hold for it while it runs (docs/scheduling.md); the trainer

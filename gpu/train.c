@@ -142,6 +142,7 @@ void gpu_job_defaults(gpu_job_config *c)
     c->threads = 0;
     c->grad_accum_steps = 1;
     c->dist.world_size = 1;
+    c->dist.rank_timeout_s = 60;
     c->res.devices = -1;
     c->dist.hook = GPU_HOOK_NONE;
     c->dist.bucket_mb = 25.0;

@@ -12,6 +12,11 @@
 #     IDX images and labels whose counts differ;
 #   - a job that does not fit yet waits with the reason in an event, and starts when the
 #     cores it waits for are freed;
+#   - kill -9 of the daemon during a 2-rank job and a restart at once: no process of the old
+#     run (worker, mpirun, ranks) is alive beside the new run's, watched every 10 ms;
+#   - SIGSTOP of rank 1: the job fails within rank_timeout_s + 10 s, naming rank 1, and no
+#     process of it is left, while /healthz answers; a healthy 16-rank oversubscribed job is
+#     not ended as hung while its ranks start;
 #   - on the CUDA emulator with four GPUs (its NVML stand-in, tests/cudaemu/nvml.c): four
 #     1-GPU jobs run at once, each with a GPU of its own in its CUDA_VISIBLE_DEVICES; a fifth
 #     waits for a GPU, naming its holders, and starts on the one freed first.
@@ -152,6 +157,20 @@ if [ "$CORES" -ge 2 ]; then
     post_json /v1/jobs "$(job three '{"device": "cpu", "threads": 1}')"
     d=$(jget id)
     check "a third threads-1 job waits for a core" wait_for 20 events_have "$d" "waiting for 1 core"
+    req GET "/v1/jobs/$d"
+    check "GET /v1/jobs/ID says where it is in the queue and why it waits" \
+        jqok '.queue.position == 1 and .queue.priority == 0 and
+          (.queue.waiting_for | startswith("waiting for 1 core (2 of 2 held by job"))' <<<"$BODY"
+    post_json /v1/jobs "$(job urgent '{"device": "cpu", "threads": 1, "priority": 5}')"
+    u=$(jget id)
+    queued_first() {
+        req GET "/v1/jobs?status=queued"
+        jq -e --argjson u "$u" --argjson d "$d" '(.jobs[] | select(.id == $u) | .queue.position) == 1 and
+          (.jobs[] | select(.id == $d) | .queue.position) == 2' <<<"$BODY" >/dev/null
+    }
+    check "a job of priority 5 goes ahead of it in the queue" wait_for 10 queued_first
+    cancel "$u"
+    wait_for 20 is_status "$u" cancelled
     cancel "$a"
     check "... and starts when the first job's core is freed" wait_for 30 is_status "$d" running
     on_freed() { [ "$(affinity_of "$d")" = "$ca" ]; }
@@ -161,6 +180,87 @@ if [ "$CORES" -ge 2 ]; then
     wait_for 30 is_status "$d" cancelled
 else
     echo "SKIP: two jobs on cores of their own: this machine has $CORES core"
+fi
+
+# ---- kill -9 of the daemon during a 2-rank job: no old process beside the new ones --------------
+job_procs() { # id: the pids whose last argument is the job's spec (worker, mpirun, ranks)
+    local f argv
+    for f in /proc/[0-9]*/cmdline; do
+        { mapfile -d '' -t argv <"$f"; } 2>/dev/null || continue
+        if [ "${#argv[@]}" -ge 2 ] && [ "${argv[-1]}" = "$TMP/data/jobs/$1/spec.json" ]; then
+            f=${f#/proc/}
+            echo "${f%/cmdline}"
+        fi
+    done
+}
+post_json /v1/jobs "$(job ranks '{"device": "cpu", "threads": 1, "batch_size": 32,
+  "checkpoint_every": 20, "distributed": {"world_size": 2, "oversubscribe": true,
+  "rank_timeout_s": 5}}')"
+r=$(jget id)
+if [ "$CODE" != 201 ] && grep -q 'built without MPI' <<<"$BODY"; then
+    echo "SKIP: kill -9 during a 2-rank job: this ampd was built without MPI"
+else
+    ranks_up() { [ "$(job_procs "$r" | wc -l)" -ge 4 ]; } # worker, mpirun, two ranks
+    past_ckpt() {
+        req GET "/v1/jobs/$r"
+        [ "$(jq -r .checkpoint_step <<<"$BODY")" -ge 20 ] 2>/dev/null
+    }
+    check "the 2-rank job runs (worker, mpirun and ranks)" wait_for 60 ranks_up
+    check "... past a checkpoint" wait_for 60 past_ckpt
+    old=$(job_procs "$r" | sort | tr '\n' ' ')
+    kill -9 "$DPID"
+    wait "$DPID" 2>/dev/null
+    AMPD_NVML=$TMP/no-such-libnvidia-ml.so start_daemon --max-running 4 --data-root "$ROOT"
+    # watch the job's processes until the new ranks run: never an old one beside a new one
+    overlap="" seen_new=false
+    for _ in $(seq 1 3000); do
+        now=$(job_procs "$r" | sort | tr '\n' ' ')
+        olds="" news=""
+        for p in $now; do
+            if [[ " $old " == *" $p "* ]]; then olds+="$p "; else news+="$p "; fi
+        done
+        [ -n "$olds" ] && [ -n "$news" ] && overlap="old $olds beside new $news"
+        [ -n "$news" ] && [ -z "$olds" ] && [ "$(wc -w <<<"$news")" -ge 4 ] && seen_new=true
+        $seen_new && break
+        sleep 0.01
+    done
+    check "after a restart the job's new ranks run" $seen_new
+    check "no process of the old run beside them (${overlap:-none}; old: $old)" test -z "$overlap"
+    check "the log says the old run's processes were ended" \
+        grep -q "job $r: ended [0-9]* process.* the previous daemon left running" "$TMP/daemon.log"
+    # SIGSTOP of rank 1: the launcher sees its heartbeat stop and ends the job, naming it
+    rank_pid() { # id rank: the pid of that rank of the job
+        local p
+        for p in $(job_procs "$1"); do
+            tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2" &&
+                echo "$p" && return 0
+        done
+        return 1
+    }
+    beating() { test -s "$TMP/data/jobs/$r/rank-1.beat"; }
+    check "rank 1 of the restarted job beats" wait_for 60 beating
+    r1=$(rank_pid "$r" 1)
+    check "rank 1 of the restarted job is found ($r1)" test -n "$r1"
+    stopped_at=$SECONDS
+    [ -n "$r1" ] && kill -STOP "$r1"
+    check "/healthz answers while rank 1 is stopped" sh -c "curl -sf -m 5 '$URL/healthz' >/dev/null"
+    check "the job fails within rank_timeout_s + 10 s" wait_for 15 is_status "$r" failed
+    req GET "/v1/jobs/$r"
+    check "... after $((SECONDS - stopped_at)) s, naming rank 1 ($(jq -r .error <<<"$BODY" | head -c 300))" \
+        jqok '.error | test("rank 1 \\(host [^,]+, pid [0-9]+\\) has not answered for [0-9]+ s")' \
+        <<<"$BODY"
+    [ -n "$r1" ] && kill -CONT "$r1" 2>/dev/null
+    gone() { [ -z "$(job_procs "$r")" ]; }
+    check "no process of the job is left" wait_for 15 gone
+    is_status "$r" failed || cancel "$r"
+    # 16 ranks on this machine's cores start slowly: not hung while they start
+    post_json /v1/jobs "$(job sixteen '{"device": "cpu", "threads": 1, "batch_size": 32,
+      "steps": 20, "distributed": {"world_size": 16, "oversubscribe": true,
+      "rank_timeout_s": 5}}')"
+    s16=$(jget id)
+    check "a healthy 16-rank oversubscribed job is not ended as hung while it starts" \
+        wait_for 240 is_status "$s16" succeeded
+    [ "$(status_of "$s16")" = succeeded ] || tail -5 "$TMP/data/jobs/$s16/worker.log"
 fi
 stop_daemons
 
