@@ -2,8 +2,7 @@
 # tests/check_daemon.sh and tests/check_experiment.sh after testlib.sh, with TMP set to the
 # test's temporary directory): a bearer token in $TMP/token, start_daemon (a daemon on a
 # free loopback port over $TMP/ampd.db, its pid in DPID; stop_daemons kills it), acurl and req
-# (every exchange recorded under $REC), post_json, worker_pids, jget, and
-# openapi_check_recorded, which checks every recorded response against the OpenAPI
+# (every exchange recorded under $REC), post_json, jget, and openapi_check_recorded, which checks every recorded response against the OpenAPI
 # description. check_default.sh sources it too.
 TOKEN=e2e-secret-token-0123456789
 printf '%s\n' "$TOKEN" >"$TMP/token"
@@ -73,19 +72,6 @@ post_json() { # path body [curl args]
     local p=$1 b=$2
     shift 2
     req POST "$p" "${AUTH[@]}" "${JSON[@]}" --data-binary "$b" "$@"
-}
-# worker_pids ID: the pids of a job's worker, processes whose argv is
-# `ampd run ... $TMP/data/jobs/ID/spec.json` (what pgrep -f would find, without procps).
-worker_pids() {
-    local f argv
-    for f in /proc/[0-9]*/cmdline; do
-        { mapfile -d '' -t argv <"$f"; } 2>/dev/null || continue
-        if [ "${#argv[@]}" -ge 3 ] && [ "${argv[1]}" = run ] &&
-            [ "${argv[-1]}" = "$TMP/data/jobs/$1/spec.json" ]; then
-            f=${f#/proc/}
-            echo "${f%/cmdline}"
-        fi
-    done
 }
 # The first value of "key" in BODY (string quotes stripped).
 jget() { printf '%s' "$BODY" | grep -o "\"$1\":[^,}]*" | head -1 | sed 's/^[^:]*://; s/"//g'; }

@@ -117,18 +117,6 @@ wait_health() { # ok | degraded REASON, then seconds
     echo "  /healthz: $CODE $HEALTH" >&2
     return 1
 }
-worker_pid() { # id -> the pid of the job's worker (`ampd run ... DATA/jobs/ID/spec.json`)
-    local f argv
-    for f in /proc/[0-9]*/cmdline; do
-        { mapfile -d '' -t argv <"$f"; } 2>/dev/null || continue
-        if [ "${#argv[@]}" -ge 3 ] && [ "${argv[1]}" = run ] &&
-            [ "${argv[-1]}" = "$TMP/data/jobs/$1/spec.json" ]; then
-            f=${f#/proc/}
-            echo "${f%/cmdline}"
-            return
-        fi
-    done
-}
 blocked_on_pipe() { # pid: waits within 10 s until it sleeps in a write to its full pipe
     for _ in $(seq 1 100); do
         grep -q pipe_write "/proc/$1/wchan" 2>/dev/null && return 0
@@ -169,7 +157,7 @@ check "the disk is full" test "$(df -P "$DB" | awk 'NR == 2 {print $4}')" -lt 64
 check "/healthz says degraded (disk_full) while it is full" wait_health degraded disk_full 30
 echo "  /healthz: $HEALTH"
 full_health=$HEALTH
-wpid=$(worker_pid "$id1")
+wpid=$(worker_pids "$id1" | head -1)
 check "the job's worker runs" test -n "$wpid"
 check "... paused: blocked writing to its full pipe" blocked_on_pipe "${wpid:-none}"
 # the time itself is what is tested: paused longer than --worker-timeout 2 and than the three
@@ -217,7 +205,7 @@ check "the sqlite3 shell holds BEGIN EXCLUSIVE" grep -q locked "$TMP/lock.out"
 check "/healthz says degraded (store_locked) while it does" wait_health degraded store_locked 15
 echo "  /healthz: $HEALTH"
 lock_health=$HEALTH
-wpid=$(worker_pid "$id2")
+wpid=$(worker_pids "$id2" | head -1)
 check "the worker is paused" blocked_on_pipe "${wpid:-none}"
 wait "$LPID"
 LPID=""
@@ -250,7 +238,7 @@ ok "a daemon with --stall-timeout 2 starts"
 submit "$(spec stall 1000000)"
 id3=$SID
 check "a long job runs" wait_step "${id3:-0}" 100 60
-wpid=$(worker_pid "$id3")
+wpid=$(worker_pids "$id3" | head -1)
 fill_disk
 check "/healthz says degraded (disk_full)" wait_health degraded disk_full 30
 for _ in $(seq 1 300); do

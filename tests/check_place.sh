@@ -183,16 +183,6 @@ else
 fi
 
 # ---- kill -9 of the daemon during a 2-rank job: no old process beside the new ones --------------
-job_procs() { # id: the pids whose last argument is the job's spec (worker, mpirun, ranks)
-    local f argv
-    for f in /proc/[0-9]*/cmdline; do
-        { mapfile -d '' -t argv <"$f"; } 2>/dev/null || continue
-        if [ "${#argv[@]}" -ge 2 ] && [ "${argv[-1]}" = "$TMP/data/jobs/$1/spec.json" ]; then
-            f=${f#/proc/}
-            echo "${f%/cmdline}"
-        fi
-    done
-}
 post_json /v1/jobs "$(job ranks '{"device": "cpu", "threads": 1, "batch_size": 32,
   "checkpoint_every": 20, "distributed": {"world_size": 2, "oversubscribe": true,
   "rank_timeout_s": 5}}')"

@@ -2,8 +2,9 @@
 # scripts): the pass and fail counters and one line per check, "PASS: <name>" or
 # "FAIL: <name>", status_is, the check of a command's exit status, flip_byte, which
 # damages a file, wait_for, a bounded poll, and serve, which starts `ampd serve` and waits
-# for its port (stop_daemons, in a script's EXIT trap, kills every daemon it started), and
-# test_tmp, the temporary directory and that trap. Each script ends with
+# for its port (stop_daemons, in a script's EXIT trap, kills every daemon it started),
+# test_tmp, the temporary directory and that trap, and job_procs and worker_pids, a job's
+# processes. Each script ends with
 #   echo "$pass passed, $fail failed"; [ "$fail" -eq 0 ]
 pass=0
 fail=0
@@ -68,6 +69,22 @@ serve() {
     SERVE_PORT=$(cat "$pf" 2>/dev/null)
     [ -n "$SERVE_PORT" ]
 }
+# A job's processes under a daemon whose data directory is $TMP/data: job_procs ID, every
+# process whose last argument is the job's spec ($TMP/data/jobs/ID/spec.json: its worker,
+# mpirun and the ranks), worker_pids ID those that are `ampd run` (the worker and the ranks),
+# as pgrep -f would find them, without procps.
+job_procs() {
+    local f argv
+    for f in /proc/[0-9]*/cmdline; do
+        { mapfile -d '' -t argv <"$f"; } 2>/dev/null || continue
+        if [ "${#argv[@]}" -ge 2 ] && [ "${argv[-1]}" = "$TMP/data/jobs/$1/spec.json" ] &&
+            { [ "${2:-}" != run ] || [ "${argv[1]}" = run ]; }; then
+            f=${f#/proc/}
+            echo "${f%/cmdline}"
+        fi
+    done
+}
+worker_pids() { job_procs "$1" run; }
 # test_tmp: TMP, a new temporary directory, and an EXIT trap that runs the script's
 # cleanup_more (when it has one: the other processes it started), kills every daemon serve
 # started, waits for the script's background jobs and removes TMP.
