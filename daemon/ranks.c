@@ -170,8 +170,10 @@ static int run_mpirun(char **args, const rank_watch *w)
     if (wait_watching(pid, w, &status)) {
         while (args[n + 1])
             n++;
-        /* a rank that left mpirun's group goes too: every process of this spec but this one */
-        daemon_end_strays(args[n], 10.0, &killed);
+        /* a rank that left mpirun's group goes too: every process of this spec but this one
+         * (the daemon's workers name it by its absolute path) */
+        if (args[n][0] == '/')
+            daemon_end_strays(args[n], 10.0, &killed);
         return 1;
     }
     if (WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == 130))

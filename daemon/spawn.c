@@ -130,12 +130,13 @@ int daemon_spawn(const daemon_spawn_opts *o, pid_t *pid)
     return 0;
 }
 
-/* Whether process pid's arguments include arg. */
+/* Whether process pid runs `... run ... arg ...`: ampd run (a worker or a rank), or the
+ * mpirun that started ranks of it; an editor with the same file open does not. */
 static bool runs_with(const char *pid, const char *arg)
 {
     char path[64], buf[8192];
-    size_t n, alen = strlen(arg);
-    bool found = false;
+    size_t n;
+    bool found = false, run = false;
     FILE *f;
     snprintf(path, sizeof(path), "/proc/%s/cmdline", pid);
     if (!(f = fopen(path, "re")))
@@ -143,9 +144,11 @@ static bool runs_with(const char *pid, const char *arg)
     n = fread(buf, 1, sizeof(buf) - 1, f);
     fclose(f);
     buf[n] = '\0';
-    for (size_t i = 0; i < n && !found; i += strlen(buf + i) + 1)
-        found = strlen(buf + i) == alen && memcmp(buf + i, arg, alen) == 0;
-    return found;
+    for (size_t i = 0; i < n; i += strlen(buf + i) + 1) {
+        found = found || strcmp(buf + i, arg) == 0;
+        run = run || strcmp(buf + i, "run") == 0;
+    }
+    return found && run;
 }
 
 /* SIGKILL to every process (not this one) that runs with arg; how many there were. */

@@ -34,8 +34,9 @@ typedef struct {
  * and o->death_signal as its PR_SET_PDEATHSIG. *pid gets the child's pid. */
 int daemon_spawn(const daemon_spawn_opts *o, pid_t *pid);
 
-/* End the processes a dead daemon left of a job: every process whose arguments include
- * spec_path (its worker, mpirun and the ranks all run `... run ... SPEC`) gets SIGKILL, and
+/* End the processes a dead daemon left of a job: every process whose arguments include "run"
+ * and spec_path (its worker, mpirun and the ranks all run `... run ... SPEC`; give an
+ * absolute path) gets SIGKILL, and
  * the call returns once none is left, or after timeout_s with those still there. *killed gets
  * how many were found; returns how many are left (0: all gone). */
 int daemon_end_strays(const char *spec_path, double timeout_s, int *killed);
