@@ -360,6 +360,7 @@ typedef struct api_resp {
     api_reader_fn reader;           /* non-NULL: a body of unknown length produced by reader(cls) */
     void (*reader_free)(void *cls); /* frees cls (also when the response is never sent) */
     void *reader_cls;
+    size_t reader_block;            /* the reader's buffer in bytes (0: 64 KiB) */
 } api_resp;
 
 /* A request as the handlers see it. */

@@ -162,8 +162,9 @@ static enum MHD_Result respond(api_server *s, struct MHD_Connection *c, api_resp
     enum MHD_Result ok;
 
     if (r->reader) {
-        m = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 65536, r->reader, r->reader_cls,
-                                              r->reader_free);
+        m = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN,
+                                              r->reader_block ? r->reader_block : 65536,
+                                              r->reader, r->reader_cls, r->reader_free);
         if (m)
             r->reader_cls = NULL; /* MHD owns it now */
     } else if (r->fd >= 0) {

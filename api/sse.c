@@ -42,6 +42,7 @@
  * while its stream is parked is noticed at the next commit or heartbeat. Once the server is
  * stopping no stream parks and every reader ends its stream.
  */
+#include <malloc.h>
 #include <math.h>
 #include <microhttpd.h>
 #include <stdlib.h>
@@ -49,7 +50,9 @@
 
 #include "api/api_int.h"
 
-#define CHUNK_ROWS 1024  /* stream rows read and sent per fill */
+/* Stream rows read and sent per fill: a stream's buffer holds at most this many messages
+ * (tens of KiB), so a thousand subscribers catching up cost tens of MiB, not gigabytes. */
+#define CHUNK_ROWS 32
 #define SPAN_STEPS 65536 /* a chunk's steps read in one series query when they span this few */
 
 typedef struct api_sse sse_stream;
@@ -448,25 +451,33 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
         fill(st);
         if (st->out.len == 0 && api_now_ms() >= st->next_ping)
             api_buf_puts(&st->out, ": ping\n\n");
-        if (st->out.len > 0)
+        if (st->out.len > 0) {
             st->next_ping = api_now_ms() + st->srv->heartbeat_ms;
-        else if (!st->ended && park(st))
-            return 0;
+        } else if (!st->ended) {
+            api_buf_free(&st->out); /* a parked stream holds no buffer */
+            if (park(st))
+                return 0;
+        }
     }
 }
 
 static void stream_free(void *cls)
 {
     sse_stream *st = cls;
+    api_server *srv;
     if (!st)
         return;
-    pthread_mutex_lock(&st->srv->park_mu);
+    srv = st->srv;
+    pthread_mutex_lock(&srv->park_mu);
     if (st->parked) /* not reached: a parked connection is resumed before it closes */
-        park_unlink(st->srv, st);
-    pthread_mutex_unlock(&st->srv->park_mu);
-    atomic_fetch_sub(&st->srv->streams, 1);
+        park_unlink(srv, st);
+    pthread_mutex_unlock(&srv->park_mu);
     api_buf_free(&st->out);
     free(st);
+    /* the last stream gone: give the memory of its buffers back to the system (glibc keeps
+     * freed blocks in its arenas otherwise) */
+    if (atomic_fetch_sub(&srv->streams, 1) == 1)
+        malloc_trim(0);
 }
 
 /* ---- the handler ----------------------------------------------------------------------- */
@@ -542,4 +553,5 @@ void api_h_stream(api_req *q, api_resp *r)
     r->reader = stream_read;
     r->reader_free = stream_free;
     r->reader_cls = st;
+    r->reader_block = 8192; /* a stream's messages are small; a thousand streams, 8 MiB */
 }
