@@ -13,7 +13,7 @@ set -euo pipefail
 N=${1:-1000}
 AMPD=${AMPD:-./ampd}
 [ -x "$AMPD" ] || { echo "bench/sse.sh: run make first" >&2; exit 1; }
-ulimit -n "$((N + 200))" 2>/dev/null || { echo "bench/sse.sh: the open-file limit is below $((N + 200))" >&2; exit 1; }
+ulimit -Sn "$((N + 200))" 2>/dev/null || { echo "bench/sse.sh: the open-file limit is below $((N + 200))" >&2; exit 1; }
 # shellcheck source=bench/lib.sh
 . "$(dirname "$0")/lib.sh" # for bench_cpu; common.sh's bench_init (sourced after) is the one
 # shellcheck source=bench/common.sh
