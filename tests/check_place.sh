@@ -22,6 +22,7 @@
 #     waits for a GPU, naming its holders, and starts on the one freed first.
 # Every wait is bounded; every daemon started here is killed on exit.
 set -u
+command -v jq >/dev/null || { echo "SKIP: check_place needs jq (Debian jq)"; exit 77; }
 AMPD=${AMPD:-./ampd}
 EMU=${AMPD_EMU:-tests/ampd_emu}
 NVML=${AMPD_TEST_NVML:-tests/cudaemu/libnvidia-ml.so.1}
