@@ -311,6 +311,42 @@ static void daemon_families(api_buf *b, const store_stats *stats, const api_queu
     api_buf_printf(b, "ampd_store_queue_depth %lld\n", (long long)stats->queue_depth);
 }
 
+/* One family of the GPUs (GET /v1/resources' devices): key of each, or with key NULL the
+ * first job that holds it (0: free). */
+static void gpu_family(api_buf *b, json_t *devs, const char *name, const char *help,
+                       const char *key)
+{
+    size_t i;
+    json_t *d;
+    family(b, name, "gauge", help);
+    json_array_foreach(devs, i, d) {
+        json_t *v = key ? json_object_get(d, key) : json_array_get(json_object_get(d, "jobs"), 0);
+        api_buf_printf(b, "%s{gpu=\"%lld\",name=\"", name,
+                       (long long)json_integer_value(json_object_get(d, "index")));
+        api_buf_prom_label(b, json_string_value(json_object_get(d, "name")));
+        api_buf_printf(b, "\"} %lld\n", (long long)json_integer_value(v));
+    }
+}
+
+/* The machine's families, from the scheduler's resources: free cores and, per GPU, its
+ * memory and the job that holds it. */
+static void machine_families(api_server *s, api_buf *b)
+{
+    json_t *res = s->jobs && s->jobs->resources ? s->jobs->resources(s->jobs->ctx) : NULL;
+    json_t *devs = json_object_get(res, "devices");
+    if (!res)
+        return;
+    family(b, "ampd_cpus_free", "gauge", "Cores no job holds, of those ampd places jobs on.");
+    api_buf_printf(b, "ampd_cpus_free %lld\n",
+                   (long long)json_integer_value(json_object_get(res, "cpus_free")));
+    gpu_family(b, devs, "ampd_gpu_memory_used_bytes", "GPU memory in use, as NVML reports it.",
+               "memory_used");
+    gpu_family(b, devs, "ampd_gpu_memory_total_bytes", "GPU memory, as NVML reports it.",
+               "memory_total");
+    gpu_family(b, devs, "ampd_gpu_job", "The job that holds the GPU (0: free).", NULL);
+    json_decref(res);
+}
+
 /* The jobs' families: whether each runs, the latest step's metrics, the step-time
  * histogram and two per-layer diagnostics. */
 static void job_families(api_server *s, api_buf *b, const job_row *rows, int nrows,
@@ -372,6 +408,7 @@ void api_h_prom(api_req *q, api_resp *r)
     r->status = 200;
     r->ctype = "text/plain; version=0.0.4; charset=utf-8";
     daemon_families(b, &stats, &info);
+    machine_families(s, b);
     job_families(s, b, rows, nrows, layers, nlayers);
     family(b, "ampd_http_requests_total", "counter", "HTTP responses sent, by status code.");
     for (int code = 100; code < API_NCODES; code++) {

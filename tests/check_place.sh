@@ -18,7 +18,8 @@
 #     process of it is left, while /healthz answers; a healthy 16-rank oversubscribed job is
 #     not ended as hung while its ranks start;
 #   - on the CUDA emulator with four GPUs (its NVML stand-in, tests/cudaemu/nvml.c): four
-#     1-GPU jobs run at once, each with a GPU of its own in its CUDA_VISIBLE_DEVICES; a fifth
+#     1-GPU jobs run at once, each with a GPU of its own in its CUDA_VISIBLE_DEVICES (and
+#     /metrics names each GPU's job and memory); a fifth
 #     waits for a GPU, naming its holders, and starts on the one freed first.
 # Every wait is bounded; every daemon started here is killed on exit.
 set -u
@@ -285,6 +286,11 @@ else
     req GET /v1/resources
     check "GET /v1/resources: every GPU held by one job" \
         jqok '[.devices[] | .jobs | length] == [1, 1, 1, 1]' <<<"$BODY"
+    curl -sf -m 20 "$URL/metrics" >"$TMP/metrics"
+    g2=$(jq -r '.devices[] | select(.index == 2) | .jobs[0]' <<<"$BODY")
+    check "/metrics: the job that holds GPU 2 ($g2) and its memory" sh -c \
+        "grep -qx 'ampd_gpu_job{gpu=\"2\",name=\"ampd CUDA emulator (CPU)\"} $g2' '$TMP/metrics' &&
+         grep -qx 'ampd_gpu_memory_total_bytes{gpu=\"2\",name=\"ampd CUDA emulator (CPU)\"} 17179869184' '$TMP/metrics'"
     post_json /v1/jobs "$(job g5 '{"device": "cuda", "threads": 1}')"
     e=$(jget id)
     check "a fifth waits for a GPU, naming the holders" wait_for 20 events_have "$e" \
