@@ -2,10 +2,10 @@
 # all.sh - on the GPU machine, the whole device check in one call of the device tool, within
 # a deadline: the CUDA suites (tests/gpu/run.sh, each cut at GPU_TEST_TIMEOUT, default 60 s),
 # the daemon's NVML inventory and a job placed on a GPU (tests/gpu/place.sh), the convergence
-# job on the GPU (bench/gpu_curve.sh run: 300 steps, seeds 1 and 2, fp32, fp16 and bf16), then GPT-2 124M against PyTorch (bench/gpu.sh --no-naive) with the time left.
-# Everything lands under $OUT (default /tmp/ampd-gpu): suites.txt, place.txt and place.*,
-# curve.txt and curve/,
-# gpu-bench.txt, gpu-bench.json and gpu-bench-logs/, and the suites' logs.
+# job on the GPU (bench/gpu_curve.sh run: 300 steps, seeds 1 and 2, fp32, fp16 and bf16),
+# then GPT-2 124M against PyTorch (bench/gpu.sh --no-naive) with the time left. Everything
+# lands under $OUT (default /tmp/ampd-gpu): suites.txt, place.txt and place.*, curve.txt and
+# curve/, gpu-bench.txt, gpu-bench.json and gpu-bench-logs/, and the suites' logs.
 #
 # Usage, from the repo root, after tests/gpu/prepare.sh here:
 #     tests/gpu/all.sh [DEADLINE_S]       (default 430; carry [".gpu.tar.xz"])
