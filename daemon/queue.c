@@ -1,10 +1,11 @@
 /*
  * queue.c - the queue's order and each turn's placements (contract in queue.h).
  *
- * Each turn reads the queued jobs' specs from the store (the effective spec kept at submit,
- * so a job is placed as it was queued), orders them by priority and id, and places them in
- * that order until the slots run out. A spec that no longer parses (a dataset removed since
- * it was queued) still starts, on one core: its worker fails with the reason.
+ * Each turn lists the queued jobs; a job seen for the first time has its spec read from the
+ * store (the effective spec kept at submit, so a job is placed as it was queued) and its
+ * request worked out, once. The jobs are ordered by priority and id and placed in that
+ * order until the slots run out. A spec that no longer parses (a dataset removed since it
+ * was queued) still starts, on one core: its worker fails with the reason.
  *
  * Threads: see queue.h.
  */
@@ -16,78 +17,18 @@
 #include "daemon/queue.h"
 #include "daemon/worker.h"
 
-typedef struct {
-    int64_t id;
-    int priority;
-    gpu_job_config cfg;
-    bool parsed;
-} queued;
-
 static int by_priority(const void *a, const void *b)
 {
-    const queued *x = a, *y = b;
+    const queue_entry *x = a, *y = b;
     if (x->priority != y->priority)
         return x->priority > y->priority ? -1 : 1;
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
-/* The queued jobs with their parsed specs, in queue order; NULL when none (or no memory). */
-static queued *load(store *st, const api_spec_opts *roots, int *n)
+static int by_id(const void *a, const void *b)
 {
-    int64_t *ids = NULL;
-    queued *q = NULL;
-    *n = 0;
-    if (store_job_ids(st, STORE_QUEUED, &ids, n) != 0 || *n == 0 ||
-        !(q = calloc((size_t)*n, sizeof(*q)))) {
-        free(ids);
-        *n = 0;
-        return NULL;
-    }
-    for (int i = 0; i < *n; i++) {
-        store_job j;
-        api_error e;
-        memset(&j, 0, sizeof(j));
-        q[i].id = ids[i];
-        if (store_job_get(st, ids[i], &j) == 0 && j.spec &&
-            api_spec_parse(j.spec, strlen(j.spec), roots, &q[i].cfg, &e) == 0) {
-            q[i].parsed = true;
-            q[i].priority = q[i].cfg.priority;
-        }
-        store_job_clear(&j);
-    }
-    free(ids);
-    qsort(q, (size_t)*n, sizeof(*q), by_priority);
-    return q;
-}
-
-/* Remember job's reason; a "waiting" event and a log line when it is new. */
-static void note_wait(store *st, daemon_waits *w, int64_t job, const char *why)
-{
-    int i = 0;
-    while (i < w->n && w->job[i] != job)
-        i++;
-    if (i < w->n && strcmp(w->why[i], why) == 0)
-        return;
-    if (i == w->n) {
-        if (w->n == QUEUE_MAX_WAITS)
-            return;
-        w->n++;
-    }
-    w->job[i] = job;
-    snprintf(w->why[i], QUEUE_WHY_LEN, "%s", why);
-    log_info("job %lld: %s", (long long)job, why);
-    daemon_ingest_event(st, job, 0, "lifecycle", why, NULL);
-}
-
-static void forget_wait(daemon_waits *w, int64_t job)
-{
-    for (int i = 0; i < w->n; i++)
-        if (w->job[i] == job) {
-            w->n--;
-            w->job[i] = w->job[w->n];
-            memcpy(w->why[i], w->why[w->n], QUEUE_WHY_LEN);
-            return;
-        }
+    const queue_entry *x = a, *y = b;
+    return x->id < y->id ? -1 : x->id > y->id;
 }
 
 /* The worker's --device for a placed job: the GPUs it was given are its CUDA_VISIBLE_DEVICES,
@@ -102,70 +43,117 @@ static void device_arg(const gpu_job_config *c, const daemon_request *r, char *o
         snprintf(out, len, "cpu");
 }
 
-void daemon_queue_plan(store *st, daemon_machine *m, const api_spec_opts *roots,
-                       int max_running, int max, daemon_start *starts, int *n, daemon_waits *w)
+/* Job id's entry from its spec; a spec that does not parse asks for one core. */
+static void entry_of(store *st, daemon_machine *m, const api_spec_opts *roots, int max_running,
+                     int64_t id, queue_entry *e)
 {
-    int nq = 0;
-    queued *q = load(st, roots, &nq);
+    store_job j;
+    api_error err;
+    gpu_job_config c;
+    memset(e, 0, sizeof(*e));
+    memset(&j, 0, sizeof(j));
+    e->id = id;
+    e->req = (daemon_request){.ranks = 1, .cpus = 1, .device_index = -1};
+    if (store_job_get(st, id, &j) == 0 && j.spec &&
+        api_spec_parse(j.spec, strlen(j.spec), roots, &c, &err) == 0) {
+        e->priority = c.priority;
+        daemon_machine_request(m, &c, max_running, &e->req);
+        device_arg(&c, &e->req, e->device, sizeof(e->device));
+    }
+    store_job_clear(&j);
+}
+
+/* q's entries made the queued jobs', in the queue's order: the known ones kept (with their
+ * reasons), the new ones read from their specs. Unchanged when the store cannot say. */
+static void refresh(store *st, daemon_machine *m, const api_spec_opts *roots, int max_running,
+                    daemon_queue *q)
+{
+    int64_t *ids = NULL;
+    queue_entry *now = NULL, *old;
+    int n = 0;
+    if (store_job_ids(st, STORE_QUEUED, &ids, &n) != 0 ||
+        (n > 0 && !(now = calloc((size_t)n, sizeof(*now))))) {
+        free(ids);
+        return;
+    }
+    qsort(q->jobs, (size_t)q->n, sizeof(*q->jobs), by_id);
+    for (int i = 0; i < n; i++) {
+        queue_entry key = {.id = ids[i]};
+        old = q->n ? bsearch(&key, q->jobs, (size_t)q->n, sizeof(*q->jobs), by_id) : NULL;
+        if (old)
+            now[i] = *old;
+        else
+            entry_of(st, m, roots, max_running, ids[i], &now[i]);
+    }
+    free(ids);
+    free(q->jobs);
+    qsort(now, (size_t)n, sizeof(*now), by_priority);
+    q->jobs = now;
+    q->n = n;
+}
+
+/* Remember what e waits for; a "waiting" event and a log line when it is new. */
+static void note_wait(store *st, queue_entry *e, const char *why)
+{
+    if (strcmp(e->why, why) == 0)
+        return;
+    snprintf(e->why, sizeof(e->why), "%s", why);
+    log_info("job %lld: %s", (long long)e->id, why);
+    daemon_ingest_event(st, e->id, 0, "lifecycle", why, NULL);
+}
+
+void daemon_queue_plan(store *st, daemon_machine *m, const api_spec_opts *roots,
+                       int max_running, int max, daemon_start *starts, int *n, daemon_queue *q)
+{
     bool blocked = false;
     char why[QUEUE_WHY_LEN];
 
     *n = 0;
-    w->norder = 0;
-    for (int i = 0; i < nq && w->norder < QUEUE_MAX_ORDER; i++, w->norder++) {
-        w->order[w->norder] = q[i].id;
-        w->priority[w->norder] = q[i].priority;
-    }
-    for (int k = w->n - 1; k >= 0; k--) { /* jobs no longer queued wait for nothing */
-        int i = 0;
-        while (i < nq && q[i].id != w->job[k])
-            i++;
-        if (i == nq)
-            forget_wait(w, w->job[k]);
-    }
+    refresh(st, m, roots, max_running, q);
     daemon_machine_unreserve(m);
-    for (int i = 0; i < nq; i++) {
+    for (int i = 0; i < q->n; i++) {
+        queue_entry *e = &q->jobs[i];
         daemon_start *s = &starts[*n];
         if (*n == max) { /* every slot taken */
             snprintf(why, sizeof(why), "waiting for a running job to end (--max-running %d)",
                      max_running);
-            note_wait(st, w, q[i].id, why);
+            note_wait(st, e, why);
             continue;
         }
         memset(s, 0, sizeof(*s));
-        s->job = q[i].id;
-        if (q[i].parsed)
-            daemon_machine_request(m, &q[i].cfg, max_running, &s->req);
-        else
-            s->req = (daemon_request){.ranks = 1, .cpus = 1, .device_index = -1};
+        s->job = e->id;
+        s->req = e->req;
         if (daemon_machine_place(m, s->job, &s->req, &s->place, why, sizeof(why)) != 0) {
             if (!blocked) /* the head of the queue: later jobs must not delay it */
                 daemon_machine_reserve(m, &s->req);
             blocked = true;
-            note_wait(st, w, s->job, why);
+            note_wait(st, e, why);
             continue;
         }
-        if (q[i].parsed)
-            device_arg(&q[i].cfg, &s->req, s->device, sizeof(s->device));
-        forget_wait(w, s->job);
+        snprintf(s->device, sizeof(s->device), "%s", e->device);
         (*n)++;
     }
     daemon_machine_unreserve(m);
-    free(q);
 }
 
-int daemon_queue_place(const daemon_waits *w, int64_t job, api_queue_place *out)
+int daemon_queue_place(const daemon_queue *q, int64_t job, api_queue_place *out)
 {
-    int i = 0;
-    while (i < w->norder && w->order[i] != job)
-        i++;
-    if (i == w->norder)
-        return -1;
-    memset(out, 0, sizeof(*out));
-    out->position = i + 1;
-    out->priority = w->priority[i];
-    for (int k = 0; k < w->n; k++)
-        if (w->job[k] == job)
-            snprintf(out->waiting_for, sizeof(out->waiting_for), "%s", w->why[k]);
-    return 0;
+    for (int i = 0; i < q->n; i++)
+        if (q->jobs[i].id == job) {
+            memset(out, 0, sizeof(*out));
+            out->position = i + 1;
+            out->priority = q->jobs[i].priority;
+            snprintf(out->waiting_for, sizeof(out->waiting_for), "%s", q->jobs[i].why);
+            return 0;
+        }
+    return -1;
+}
+
+void daemon_queue_free(daemon_queue *q)
+{
+    if (!q)
+        return;
+    free(q->jobs);
+    q->jobs = NULL;
+    q->n = 0;
 }

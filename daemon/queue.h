@@ -4,7 +4,8 @@
  * the machine's free cores and GPUs (machine.h); the first job that does not fit reserves
  * what it would take once the running jobs end, and later ones run ahead of it only on
  * what that leaves (backfill that never delays it). A job that waits gets a "waiting"
- * event whenever its reason changes, and the reason is kept for GET /v1/jobs.
+ * event whenever its reason changes, and the reason is kept for GET /v1/jobs. A job's spec
+ * is read once, on the first plan that sees it queued.
  *
  * Threads: not thread-safe; the scheduler calls it under its mutex.
  */
@@ -17,8 +18,6 @@
 #include "daemon/machine.h"
 #include "store/store.h"
 
-#define QUEUE_MAX_WAITS 256   /* waiting jobs whose reason is remembered */
-#define QUEUE_MAX_ORDER 4096  /* queued jobs whose place is remembered */
 #define QUEUE_WHY_LEN 192
 
 /* A job to start, with what it holds and the worker's --device ("" to keep its spec's). */
@@ -29,23 +28,32 @@ typedef struct {
     char device[16];
 } daemon_start;
 
-/* The reasons jobs wait for, by job, and the queue's order as last planned. */
+/* A queued job as the scheduler knows it: what it asks for, worked out once from its spec
+ * (a queued job's spec never changes), and what it waits for. */
 typedef struct {
+    int64_t id;
+    int priority;
+    daemon_request req;
+    char device[16];          /* the worker's --device ("" to keep its spec's) */
+    char why[QUEUE_WHY_LEN];  /* why it has not started ("" before it waited) */
+} queue_entry;
+
+/* The queued jobs as last planned, in the queue's order (position i + 1 is jobs[i]). The
+ * caller zeroes it before the first plan and frees it with daemon_queue_free. */
+typedef struct {
+    queue_entry *jobs;
     int n;
-    int64_t job[QUEUE_MAX_WAITS];
-    char why[QUEUE_MAX_WAITS][QUEUE_WHY_LEN];
-    int norder;
-    int64_t order[QUEUE_MAX_ORDER];
-    int priority[QUEUE_MAX_ORDER];
-} daemon_waits;
+} daemon_queue;
 
 /* Plan this turn's starts: at most max of them into starts[] (*n; max may be 0), each
- * already placed on m (release it when its start fails). roots resolve the specs' datasets; max_running
- * splits the cores between jobs that do not say. */
+ * already placed on m (release it when its start fails). roots resolve the specs of jobs
+ * queued since the last plan; max_running splits the cores between jobs that do not say. */
 void daemon_queue_plan(store *st, daemon_machine *m, const api_spec_opts *roots,
-                       int max_running, int max, daemon_start *starts, int *n, daemon_waits *w);
+                       int max_running, int max, daemon_start *starts, int *n, daemon_queue *q);
 /* Job's place in the queue as last planned (position from 1, priority, why it waits): 0, or
  * -1 when it was not queued then. */
-int daemon_queue_place(const daemon_waits *w, int64_t job, api_queue_place *out);
+int daemon_queue_place(const daemon_queue *q, int64_t job, api_queue_place *out);
+/* Free q's entries (q itself is the caller's). */
+void daemon_queue_free(daemon_queue *q);
 
 #endif /* AMPD_DAEMON_QUEUE_H */

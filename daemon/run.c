@@ -551,7 +551,6 @@ static int loop(const gpu_job_config *c, const run_args *a, gpu_trainer *t, gpu_
         if (step + 1 == a->profile)
             gpu_trainer_profile_next(t);
         int rc = gpu_trainer_step(t, &s->last, err, errlen);
-        daemon_beat_progress(beat, s->last.step);
         s->stepped = true;
         record_time(s, s->last.step_ms);
         if (s->last.step % a->every == 0 || rc || s->last.step == c->steps || s->last.overflow)
@@ -572,7 +571,7 @@ static int loop(const gpu_job_config *c, const run_args *a, gpu_trainer *t, gpu_
             s->last.step % c->checkpoint_every == 0 && s->last.step < c->steps &&
             checkpoint(c, a, t, s, err, errlen))
             return 1;
-        daemon_beat_progress(beat, s->last.step); /* an eval or a checkpoint is progress too */
+        daemon_beat_progress(beat, s->last.step); /* after its eval and checkpoint, if any */
         stop = stop_requested;
         if (comm && gpu_comm_any(comm, stop, &stop) != 0) {
             snprintf(err, errlen, "%s", gpu_comm_error(comm));

@@ -86,7 +86,7 @@ struct daemon_sched {
     int nworkers;
     bool stop_requested, need_schedule;
     int64_t started, failed;
-    daemon_waits waits;    /* why queued jobs wait */
+    daemon_queue queue;    /* the queued jobs as last planned */
     api_spec_opts roots;   /* the data roots, as the specs' parser takes them */
     daemon_machine *owned; /* the machine, when the config gave none */
     /* scheduler thread only */
@@ -390,7 +390,7 @@ static void start_queued_locked(daemon_sched *s)
     if (slots < 0)
         slots = 0;
     daemon_queue_plan(s->st, s->cfg.machine, &s->roots, s->cfg.max_running, slots, starts, &n,
-                      &s->waits);
+                      &s->queue);
     for (int i = 0; i < n; i++)
         start_one_locked(s, &starts[i]);
     free(starts);
@@ -934,6 +934,7 @@ void daemon_sched_stop(daemon_sched *s)
     close(s->wake[1]);
     free(s->workers);
     pthread_mutex_destroy(&s->mu);
+    daemon_queue_free(&s->queue);
     daemon_machine_free(s->owned);
     free(s);
 }
@@ -1128,7 +1129,7 @@ static int api_queued(void *ctx, int64_t id, api_queue_place *out)
     daemon_sched *s = ctx;
     int rc;
     pthread_mutex_lock(&s->mu);
-    rc = daemon_queue_place(&s->waits, id, out);
+    rc = daemon_queue_place(&s->queue, id, out);
     pthread_mutex_unlock(&s->mu);
     return rc == 0 ? 0 : STORE_ENOTFOUND;
 }
