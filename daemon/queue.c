@@ -76,7 +76,8 @@ static void refresh(store *st, daemon_machine *m, const api_spec_opts *roots, in
         free(ids);
         return;
     }
-    qsort(q->jobs, (size_t)q->n, sizeof(*q->jobs), by_id);
+    if (q->n > 0)
+        qsort(q->jobs, (size_t)q->n, sizeof(*q->jobs), by_id);
     for (int i = 0; i < n; i++) {
         queue_entry key = {.id = ids[i]};
         old = q->n ? bsearch(&key, q->jobs, (size_t)q->n, sizeof(*q->jobs), by_id) : NULL;
@@ -87,7 +88,8 @@ static void refresh(store *st, daemon_machine *m, const api_spec_opts *roots, in
     }
     free(ids);
     free(q->jobs);
-    qsort(now, (size_t)n, sizeof(*now), by_priority);
+    if (n > 0)
+        qsort(now, (size_t)n, sizeof(*now), by_priority);
     q->jobs = now;
     q->n = n;
 }
