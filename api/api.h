@@ -108,6 +108,8 @@ typedef struct {
                   const char *spec_json, const char *idem_key, int64_t *id, bool *existed);
     int (*cancel)(void *ctx, int64_t id);
     int (*resume)(void *ctx, int64_t id);
+    int (*pause)(void *ctx, int64_t id);
+    int (*unpause)(void *ctx, int64_t id);
     int (*remove)(void *ctx, int64_t id);
     void (*info)(void *ctx, api_queue_info *out);
     /* Whether job c can ever run on this machine: 0, or GPU_EINVAL with e naming the field

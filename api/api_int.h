@@ -109,6 +109,8 @@ struct api_resp;
     X(JOB, "/v1/jobs/{id}", api_h_job_get, NULL, api_h_job_action)                                 \
     X(JOB_CANCEL, "/v1/jobs/{id}/cancel", NULL, api_h_job_action, NULL)                            \
     X(JOB_RESUME, "/v1/jobs/{id}/resume", NULL, api_h_job_action, NULL)                            \
+    X(JOB_PAUSE, "/v1/jobs/{id}/pause", NULL, api_h_job_action, NULL)                              \
+    X(JOB_UNPAUSE, "/v1/jobs/{id}/unpause", NULL, api_h_job_action, NULL)                          \
     X(JOB_METRICS, "/v1/jobs/{id}/metrics", api_h_job_metrics, NULL, NULL)                         \
     X(JOB_LAYERS, "/v1/jobs/{id}/layers", api_h_job_layers, NULL, NULL)                            \
     X(JOB_EVENTS, "/v1/jobs/{id}/events", api_h_job_events, NULL, NULL)                            \
@@ -396,7 +398,7 @@ void api_h_compare(api_req *q, api_resp *r);
 void api_h_jobs_list(api_req *q, api_resp *r);
 void api_h_jobs_submit(api_req *q, api_resp *r);
 void api_h_job_get(api_req *q, api_resp *r);
-void api_h_job_action(api_req *q, api_resp *r); /* cancel, resume, delete */
+void api_h_job_action(api_req *q, api_resp *r); /* cancel, resume, pause, unpause, delete */
 void api_h_job_metrics(api_req *q, api_resp *r);
 void api_h_job_layers(api_req *q, api_resp *r);
 void api_h_job_events(api_req *q, api_resp *r);

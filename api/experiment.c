@@ -1110,13 +1110,14 @@ static int cancel_all(api_server *s, const store_experiment *e, int *cancelled)
     return 0;
 }
 
-/* Delete e's jobs (none may be queued or running), then the group. keep: the group only. */
+/* Delete e's jobs (none may be queued, preempted or running), then the group. keep: the
+ * group only. */
 static void delete_experiment(api_req *q, api_resp *r, const store_experiment *e, bool keep)
 {
     api_server *s = q->srv;
     int rc;
     for (int i = 0; !keep && i < e->nmembers; i++)
-        if (e->members[i].status == STORE_QUEUED || e->members[i].status == STORE_RUNNING) {
+        if (store_status_active(e->members[i].status)) {
             api_error_resp(r, 409, "conflict", NULL,
                            "experiment %lld has a %s job (%lld); cancel the experiment first, or "
                            "delete only the group with ?jobs=keep",

@@ -191,12 +191,13 @@ fail:
     return rc;
 }
 
-/* "queue": a queued job's position, priority and what it waits for; null otherwise. */
+/* "queue": a queued or preempted job's position, priority and what it waits for; null
+ * otherwise. */
 static void put_queue_place(api_buf *b, const store_job *j, const api_jobs *jobs)
 {
     api_queue_place p;
     api_buf_puts(b, ",\"queue\":");
-    if (j->status != STORE_QUEUED || !jobs || !jobs->queued ||
+    if ((j->status != STORE_QUEUED && j->status != STORE_PREEMPTED) || !jobs || !jobs->queued ||
         jobs->queued(jobs->ctx, j->id, &p) != 0) {
         api_buf_puts(b, "null");
         return;
@@ -436,9 +437,10 @@ void api_h_jobs_list(api_req *q, api_resp *r)
     if ((v = api_query(q, "status"))) {
         store_status st;
         if (store_status_parse(v, &st) != 0) {
+#define STATUS_LIST_(id, name) ", " name
             api_error_resp(r, 400, "invalid_parameter", "status",
-                           "must be one of queued, running, succeeded, failed, cancelled, "
-                           "interrupted");
+                           "must be one of %s", STORE_STATUSES(STATUS_LIST_) + 2);
+#undef STATUS_LIST_
             return;
         }
         f.status = (int)st;
@@ -609,20 +611,47 @@ void api_h_job_get(api_req *q, api_resp *r)
     store_job_clear(&j);
 }
 
+/* What each action on a job does, and in which states it may. */
+static const struct {
+    api_route_id route;
+    const char *verb, *when;
+} job_actions[] = {
+    {API_R_JOB_CANCEL, "cancelled", "only a queued, preempted, paused or running job can be"},
+    {API_R_JOB_RESUME, "resumed", "only a cancelled, failed or interrupted job can be"},
+    {API_R_JOB_PAUSE, "paused", "only a queued, preempted or running job can be"},
+    {API_R_JOB_UNPAUSE, "unpaused", "only a paused job can be"},
+    {API_R_JOB, "deleted", "a queued, preempted or running job cannot be"},
+};
+
+static int job_action_call(const api_jobs *jobs, api_route_id what, int64_t id)
+{
+    switch (what) {
+    case API_R_JOB_CANCEL:
+        return jobs->cancel(jobs->ctx, id);
+    case API_R_JOB_RESUME:
+        return jobs->resume(jobs->ctx, id);
+    case API_R_JOB_PAUSE:
+        return jobs->pause ? jobs->pause(jobs->ctx, id) : STORE_ECONFLICT;
+    case API_R_JOB_UNPAUSE:
+        return jobs->unpause ? jobs->unpause(jobs->ctx, id) : STORE_ECONFLICT;
+    default:
+        return jobs->remove(jobs->ctx, id);
+    }
+}
+
 void api_h_job_action(api_req *q, api_resp *r)
 {
     api_server *s = q->srv;
     api_route_id what = q->route.id;
-    const char *verb = what == API_R_JOB_CANCEL   ? "cancelled"
-                       : what == API_R_JOB_RESUME ? "resumed"
-                                                  : "deleted";
-    const char *when = what == API_R_JOB_CANCEL   ? "only a queued or running job can be"
-                       : what == API_R_JOB_RESUME ? "only a cancelled, failed or interrupted job "
-                                                    "can be"
-                                                  : "a queued or running job cannot be";
+    const char *verb = "deleted", *when = "";
     store_job j;
     int rc;
 
+    for (size_t i = 0; i < sizeof(job_actions) / sizeof(job_actions[0]); i++)
+        if (job_actions[i].route == what) {
+            verb = job_actions[i].verb;
+            when = job_actions[i].when;
+        }
     if (!load_job(q, r, &j))
         return;
     store_job_clear(&j);
@@ -630,12 +659,7 @@ void api_h_job_action(api_req *q, api_resp *r)
         api_error_resp(r, 503, "unavailable", NULL, "the scheduler is not running");
         return;
     }
-    if (what == API_R_JOB_CANCEL)
-        rc = s->jobs->cancel(s->jobs->ctx, q->route.job);
-    else if (what == API_R_JOB_RESUME)
-        rc = s->jobs->resume(s->jobs->ctx, q->route.job);
-    else
-        rc = s->jobs->remove(s->jobs->ctx, q->route.job);
+    rc = job_action_call(s->jobs, what, q->route.job);
     if (rc == STORE_ECONFLICT) {
         char now[32] = "in another state";
         if (store_job_get(s->st, q->route.job, &j) == 0) {

@@ -427,6 +427,41 @@ void daemon_machine_release(daemon_machine *m, int64_t job)
     *h = m->held[--m->nheld];
 }
 
+static bool listed(const int64_t *jobs, int n, int64_t job)
+{
+    for (int i = 0; i < n; i++)
+        if (jobs[i] == job)
+            return true;
+    return false;
+}
+
+bool daemon_machine_fits_without(const daemon_machine *m, const daemon_request *r,
+                                 const int64_t *jobs, int n)
+{
+    int users[MACHINE_MAX_DEVICES], cpus = 0, devs = 0, held = m->nheld;
+    int64_t mem = memory_held_mb(m);
+    memcpy(users, m->dev_users, sizeof(users));
+    for (int i = 0; i < m->ncpus; i++)
+        cpus += !m->cpu_job[i] || listed(jobs, n, m->cpu_job[i]);
+    for (int k = 0; k < m->nheld; k++) {
+        const holding *h = &m->held[k];
+        if (!listed(jobs, n, h->job))
+            continue;
+        held--;
+        mem -= h->memory_mb;
+        for (int i = 0; i < h->p.ndevices; i++)
+            for (int d = 0; d < m->ndev; d++)
+                users[d] -= m->dev[d].index == h->p.devices[i] && users[d] > 0;
+    }
+    if (r->device_index >= 0 && r->device_index < m->ndev)
+        devs = users[r->device_index] == 0 || m->share ? r->devices : 0;
+    else
+        for (int d = 0; d < m->ndev; d++)
+            devs += users[d] == 0 || m->share;
+    return cpus >= r->cpus && devs >= r->devices && held < MAX_HELD &&
+           (r->memory_mb <= 0 || (uint64_t)(mem + r->memory_mb) * 1024 * 1024 <= m->memory_bytes);
+}
+
 bool daemon_machine_held(const daemon_machine *m, int64_t job, daemon_placement *p)
 {
     for (int i = 0; i < m->nheld; i++)

@@ -70,6 +70,9 @@ int daemon_machine_place(daemon_machine *m, int64_t job, const daemon_request *r
 /* Keep what r would take once the running jobs end off the jobs placed after it. */
 void daemon_machine_reserve(daemon_machine *m, const daemon_request *r);
 void daemon_machine_unreserve(daemon_machine *m);
+/* Whether r would fit (reservations aside) once the jobs of jobs[0..n) have ended. */
+bool daemon_machine_fits_without(const daemon_machine *m, const daemon_request *r,
+                                 const int64_t *jobs, int n);
 /* Free what job holds (nothing when it holds nothing). */
 void daemon_machine_release(daemon_machine *m, int64_t job);
 /* What job holds (false when nothing). */

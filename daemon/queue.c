@@ -60,7 +60,32 @@ static void entry_of(store *st, daemon_machine *m, const api_spec_opts *roots, i
         daemon_machine_request(m, &c, max_running, &e->req);
         device_arg(&c, &e->req, e->device, sizeof(e->device));
     }
+    if (j.status == STORE_PREEMPTED && j.error)
+        snprintf(e->note, sizeof(e->note), "%s", j.error);
     store_job_clear(&j);
+}
+
+/* The ids of the jobs that wait to start: the queued and the preempted ones. 0 or -1. */
+static int waiting_ids(store *st, int64_t **ids, int *n)
+{
+    int64_t *more = NULL, *all;
+    int k = 0;
+    if (store_job_ids(st, STORE_QUEUED, ids, n) != 0)
+        return -1;
+    if (store_job_ids(st, STORE_PREEMPTED, &more, &k) != 0 ||
+        (k > 0 && !(all = realloc(*ids, (size_t)(*n + k) * sizeof(**ids))))) {
+        free(more);
+        free(*ids);
+        *ids = NULL;
+        return -1;
+    }
+    if (k > 0) {
+        memcpy(all + *n, more, (size_t)k * sizeof(*more));
+        *ids = all;
+        *n += k;
+    }
+    free(more);
+    return 0;
 }
 
 /* q's entries made the queued jobs', in the queue's order: the known ones kept (with their
@@ -71,8 +96,7 @@ static void refresh(store *st, daemon_machine *m, const api_spec_opts *roots, in
     int64_t *ids = NULL;
     queue_entry *now = NULL, *old;
     int n = 0;
-    if (store_job_ids(st, STORE_QUEUED, &ids, &n) != 0 ||
-        (n > 0 && !(now = calloc((size_t)n, sizeof(*now))))) {
+    if (waiting_ids(st, &ids, &n) != 0 || (n > 0 && !(now = calloc((size_t)n, sizeof(*now))))) {
         free(ids);
         return;
     }
@@ -94,14 +118,17 @@ static void refresh(store *st, daemon_machine *m, const api_spec_opts *roots, in
     q->n = n;
 }
 
-/* Remember what e waits for; a "waiting" event and a log line when it is new. */
+/* Remember what e waits for (after how it was preempted, if it was); a "waiting" event and
+ * a log line when it is new. */
 static void note_wait(store *st, queue_entry *e, const char *why)
 {
-    if (strcmp(e->why, why) == 0)
+    char full[QUEUE_WHY_LEN];
+    snprintf(full, sizeof(full), "%s%s%s", e->note, e->note[0] ? "; " : "", why);
+    if (strcmp(e->why, full) == 0)
         return;
-    snprintf(e->why, sizeof(e->why), "%s", why);
-    log_info("job %lld: %s", (long long)e->id, why);
-    daemon_ingest_event(st, e->id, 0, "lifecycle", why, NULL);
+    snprintf(e->why, sizeof(e->why), "%s", full);
+    log_info("job %lld: %s", (long long)e->id, full);
+    daemon_ingest_event(st, e->id, 0, "lifecycle", full, NULL);
 }
 
 void daemon_queue_plan(store *st, daemon_machine *m, const api_spec_opts *roots,
@@ -112,6 +139,7 @@ void daemon_queue_plan(store *st, daemon_machine *m, const api_spec_opts *roots,
 
     *n = 0;
     refresh(st, m, roots, max_running, q);
+    q->head = -1;
     daemon_machine_unreserve(m);
     for (int i = 0; i < q->n; i++) {
         queue_entry *e = &q->jobs[i];
@@ -120,6 +148,7 @@ void daemon_queue_plan(store *st, daemon_machine *m, const api_spec_opts *roots,
             snprintf(why, sizeof(why), "waiting for a running job to end (--max-running %d)",
                      max_running);
             note_wait(st, e, why);
+            q->head = q->head < 0 ? i : q->head;
             continue;
         }
         memset(s, 0, sizeof(*s));
@@ -128,14 +157,85 @@ void daemon_queue_plan(store *st, daemon_machine *m, const api_spec_opts *roots,
         if (daemon_machine_place(m, s->job, &s->req, &s->place, why, sizeof(why)) != 0) {
             if (!blocked) /* the head of the queue: later jobs must not delay it */
                 daemon_machine_reserve(m, &s->req);
+            q->head = q->head < 0 ? i : q->head;
             blocked = true;
             note_wait(st, e, why);
             continue;
         }
         snprintf(s->device, sizeof(s->device), "%s", e->device);
+        s->priority = e->priority;
         (*n)++;
     }
     daemon_machine_unreserve(m);
+}
+
+/* Lowest priority first; of one priority, the latest started first (it loses the least). */
+static int by_cost(const void *a, const void *b)
+{
+    const queue_running *x = a, *y = b;
+    if (x->priority != y->priority)
+        return x->priority < y->priority ? -1 : 1;
+    return x->started > y->started ? -1 : x->started < y->started;
+}
+
+/* Whether the head fits once the jobs of skip[0..n) have ended (nrun of max_running run). */
+static bool fits_without(const daemon_machine *m, const daemon_request *r, const int64_t *skip,
+                         int n, int nrun, int max_running)
+{
+    return nrun - n < max_running && daemon_machine_fits_without(m, r, skip, n);
+}
+
+void daemon_queue_preempt(store *st, const daemon_machine *m, const queue_running *run,
+                          int nrun, int max_running, daemon_queue *q, int64_t *victims, int *n)
+{
+    queue_running *cand;
+    int64_t *skip;
+    int nskip = 0, ncand = 0, first;
+    char why[QUEUE_WHY_LEN];
+    size_t k;
+
+    *n = 0;
+    if (q->head < 0 || q->head >= q->n || nrun == 0)
+        return;
+    queue_entry *e = &q->jobs[q->head];
+    cand = calloc((size_t)nrun, sizeof(*cand));
+    skip = calloc((size_t)nrun, sizeof(*skip));
+    if (!cand || !skip)
+        goto out;
+    for (int i = 0; i < nrun; i++)
+        if (run[i].stopping)
+            skip[nskip++] = run[i].job;
+        else if (run[i].priority < e->priority)
+            cand[ncand++] = run[i];
+    if (fits_without(m, &e->req, skip, nskip, nrun, max_running))
+        goto out; /* what is stopping already makes room */
+    qsort(cand, (size_t)ncand, sizeof(*cand), by_cost);
+    first = nskip;
+    for (int i = 0; i < ncand && !fits_without(m, &e->req, skip, nskip, nrun, max_running); i++)
+        skip[nskip++] = cand[i].job;
+    if (!fits_without(m, &e->req, skip, nskip, nrun, max_running))
+        goto out; /* even all of them would not do */
+    for (int i = first; i < nskip && nskip - first > 1;) { /* spare the ones it can do without */
+        int64_t job = skip[i];
+        skip[i] = skip[--nskip];
+        if (fits_without(m, &e->req, skip, nskip, nrun, max_running))
+            continue;
+        skip[nskip++] = skip[i];
+        skip[i++] = job;
+    }
+    k = (size_t)snprintf(why, sizeof(why), "preempting job%s", nskip - first > 1 ? "s" : "");
+    for (int i = first; i < nskip && k < sizeof(why); i++) {
+        victims[(*n)++] = skip[i];
+        k += (size_t)snprintf(why + k, sizeof(why) - k, "%s %lld", i > first ? "," : "",
+                              (long long)skip[i]);
+    }
+    if (k < sizeof(why))
+        snprintf(why + k, sizeof(why) - k, " (lower priority): waiting for %s to checkpoint",
+                 *n > 1 ? "them" : "it");
+    note_wait(st, e, why);
+out:
+    free(cand);
+    free(skip);
 }
 
 int daemon_queue_place(const daemon_queue *q, int64_t job, api_queue_place *out)

@@ -5,7 +5,13 @@
  * what it would take once the running jobs end, and later ones run ahead of it only on
  * what that leaves (backfill that never delays it). A job that waits gets a "waiting"
  * event whenever its reason changes, and the reason is kept for GET /v1/jobs. A job's spec
- * is read once, on the first plan that sees it queued.
+ * is read once, on the first plan that sees it queued. Preempted jobs wait in the queue
+ * like queued ones, in the same order.
+ *
+ * Preemption: when the head of the queue cannot start and running jobs of lower priority
+ * hold what it lacks, daemon_queue_preempt names the fewest of them, lowest priority and
+ * latest started first, whose ends would let it start; the scheduler stops them at a
+ * checkpoint and they come back as preempted.
  *
  * Threads: not thread-safe; the scheduler calls it under its mutex.
  */
@@ -23,10 +29,19 @@
 /* A job to start, with what it holds and the worker's --device ("" to keep its spec's). */
 typedef struct {
     int64_t job;
+    int priority;
     daemon_request req;
     daemon_placement place;
     char device[16];
 } daemon_start;
+
+/* A running job as preemption sees it. */
+typedef struct {
+    int64_t job;
+    int priority;
+    double started;
+    bool stopping; /* told to stop already (its resources are as good as free) */
+} queue_running;
 
 /* A queued job as the scheduler knows it: what it asks for, worked out once from its spec
  * (a queued job's spec never changes), and what it waits for. */
@@ -36,6 +51,7 @@ typedef struct {
     daemon_request req;
     char device[16];          /* the worker's --device ("" to keep its spec's) */
     char why[QUEUE_WHY_LEN];  /* why it has not started ("" before it waited) */
+    char note[64];            /* "preempted by job 14" for a preempted job, else "" */
 } queue_entry;
 
 /* The queued jobs as last planned, in the queue's order (position i + 1 is jobs[i]). The
@@ -43,6 +59,7 @@ typedef struct {
 typedef struct {
     queue_entry *jobs;
     int n;
+    int head; /* the first that could not start (-1: none) */
 } daemon_queue;
 
 /* Plan this turn's starts: at most max of them into starts[] (*n; max may be 0), each
@@ -50,6 +67,12 @@ typedef struct {
  * queued since the last plan; max_running splits the cores between jobs that do not say. */
 void daemon_queue_plan(store *st, daemon_machine *m, const api_spec_opts *roots,
                        int max_running, int max, daemon_start *starts, int *n, daemon_queue *q);
+/* After a plan: the running jobs (run[0..nrun), max_running slots in all) to stop so that
+ * the head of the queue can start, into victims[] (*n, at most nrun); none when it is not
+ * waiting, when what is already stopping frees enough, or when stopping every running job
+ * of lower priority would not. The head's reason says whom it waits for. */
+void daemon_queue_preempt(store *st, const daemon_machine *m, const queue_running *run,
+                          int nrun, int max_running, daemon_queue *q, int64_t *victims, int *n);
 /* Job's place in the queue as last planned (position from 1, priority, why it waits): 0, or
  * -1 when it was not queued then. */
 int daemon_queue_place(const daemon_queue *q, int64_t job, api_queue_place *out);

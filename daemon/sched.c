@@ -114,6 +114,48 @@ static bool writes_ok(daemon_sched *s)
     return h.code == 0;
 }
 
+static worker *find_worker_locked(daemon_sched *s, int64_t id)
+{
+    for (int i = 0; i < s->nworkers; i++)
+        if (s->workers[i]->job == id)
+            return s->workers[i];
+    return NULL;
+}
+
+/* Take mu and read job id into *j (cleared first): 0 or the store's code. Every call is
+ * paired with unlock_job, whatever it returned. */
+static int lock_job(daemon_sched *s, int64_t id, store_job *j)
+{
+    memset(j, 0, sizeof(*j));
+    pthread_mutex_lock(&s->mu);
+    return store_job_get(s->st, id, j);
+}
+
+static void unlock_job(daemon_sched *s, store_job *j)
+{
+    pthread_mutex_unlock(&s->mu);
+    store_job_clear(j);
+}
+
+/* Signal a worker's process group (under mu, or on the scheduler thread for kills). */
+static void signal_worker(worker *w, int sig)
+{
+    if (w->exited || w->pid <= 0)
+        return;
+    if (kill(-w->pid, sig) != 0 && errno == ESRCH)
+        kill(w->pid, sig);
+}
+
+/* Ask a worker to checkpoint and stop (SIGTERM, once; SIGKILL after GRACE_S). */
+static void stop_worker_locked(worker *w, double now)
+{
+    if (w->term_sent)
+        return;
+    w->term_sent = true;
+    w->term_at = now;
+    signal_worker(w, SIGTERM);
+}
+
 /* ---- spawning ----------------------------------------------------------------------------- */
 
 /* Prepare a queued job to restart from its newest checkpoint whose file is there (the
@@ -288,6 +330,7 @@ static int spawn_locked(daemon_sched *s, const store_job *j, const daemon_start 
     w->fd = -1;
     w->job = j->id;
     w->ranks = st->req.ranks;
+    w->priority = st->priority;
     job_dir(s, j->id, w->dir, sizeof(w->dir));
     if (worker_files(s, j, w, &a, &from, err, errlen) != 0)
         goto fail;
@@ -353,7 +396,8 @@ static void start_one_locked(daemon_sched *s, const daemon_start *st)
     worker *w = NULL;
     char err[1536], msg[1600];
     memset(&j, 0, sizeof(j));
-    if (store_job_get(s->st, st->job, &j) != 0 || j.status != STORE_QUEUED) {
+    if (store_job_get(s->st, st->job, &j) != 0 ||
+        (j.status != STORE_QUEUED && j.status != STORE_PREEMPTED)) {
         daemon_machine_release(s->cfg.machine, st->job);
         store_job_clear(&j);
         return;
@@ -379,6 +423,38 @@ static void start_one_locked(daemon_sched *s, const daemon_start *st)
     store_job_clear(&j);
 }
 
+/* Tell the running jobs the head of the queue preempts to checkpoint and stop (under mu). */
+static void preempt_locked(daemon_sched *s)
+{
+    queue_running *run = calloc((size_t)s->nworkers + 1, sizeof(*run));
+    int64_t *victims = calloc((size_t)s->nworkers + 1, sizeof(*victims));
+    int n = 0;
+    if (!run || !victims)
+        goto out;
+    for (int i = 0; i < s->nworkers; i++) {
+        worker *w = s->workers[i];
+        run[i] = (queue_running){w->job, w->priority, w->started, w->term_sent || w->exited};
+    }
+    daemon_queue_preempt(s->st, s->cfg.machine, run, s->nworkers, s->cfg.max_running,
+                         &s->queue, victims, &n);
+    for (int i = 0; i < n; i++) {
+        worker *w = find_worker_locked(s, victims[i]);
+        int64_t by = s->queue.jobs[s->queue.head].id;
+        char msg[160];
+        if (!w)
+            continue;
+        snprintf(msg, sizeof(msg), "preempting: job %lld (priority %d) needs what it holds; it "
+                 "checkpoints and stops", (long long)by, s->queue.jobs[s->queue.head].priority);
+        log_info("job %lld (priority %d): %s", (long long)w->job, w->priority, msg);
+        daemon_ingest_event(s->st, w->job, w->last_step, "lifecycle", msg, NULL);
+        w->preempt_by = by;
+        stop_worker_locked(w, daemon_now_s());
+    }
+out:
+    free(run);
+    free(victims);
+}
+
 /* Start the queued jobs that fit, in the queue's order, while slots are free (under mu). */
 static void start_queued_locked(daemon_sched *s)
 {
@@ -394,6 +470,8 @@ static void start_queued_locked(daemon_sched *s)
     for (int i = 0; i < n; i++)
         start_one_locked(s, &starts[i]);
     free(starts);
+    if (s->cfg.preempt)
+        preempt_locked(s);
 }
 
 /* ---- ending a worker ---------------------------------------------------------------------- */
@@ -406,7 +484,18 @@ static const char *signal_name(int sig)
     return buf;
 }
 
-/* Decide the job's final status from how its worker ended; err gets the failure reason. */
+/* The status of a job whose worker was told to stop and did: cancelled, paused, preempted,
+ * or interrupted (the daemon stops). */
+static store_status stopped_status(const worker *w)
+{
+    return w->cancel ? STORE_CANCELLED
+           : w->pause ? STORE_PAUSED
+           : w->preempt_by ? STORE_PREEMPTED
+                           : STORE_INTERRUPTED;
+}
+
+/* Decide the job's final status from how its worker ended; err gets the failure reason
+ * (for a preempted job, by whom). */
 static store_status final_status(daemon_sched *s, worker *w, char *err, size_t errlen)
 {
     int n = 0;
@@ -422,7 +511,7 @@ static store_status final_status(daemon_sched *s, worker *w, char *err, size_t e
         if (code == 0)
             return STORE_SUCCEEDED;
         if (code == 130)
-            return w->cancel ? STORE_CANCELLED : STORE_INTERRUPTED;
+            return stopped_status(w);
         if (w->summary_error)
             n = snprintf(err, errlen, "%s (worker exited with status %d)", w->summary_error, code);
         else
@@ -430,7 +519,7 @@ static store_status final_status(daemon_sched *s, worker *w, char *err, size_t e
     } else if (WIFSIGNALED(w->wstatus)) {
         int sig = WTERMSIG(w->wstatus);
         if (w->term_sent && (sig == SIGTERM || sig == SIGKILL))
-            return w->cancel ? STORE_CANCELLED : STORE_INTERRUPTED;
+            return stopped_status(w);
         n = snprintf(err, errlen, "worker killed by signal %d (%s)", sig, signal_name(sig));
     }
     (void)n;
@@ -481,19 +570,25 @@ static bool finish_worker(daemon_sched *s, worker *w, bool give_up)
         pthread_mutex_lock(&s->mu);
         if (!w->end_decided) {
             w->end_status = final_status(s, w, err, sizeof(err));
-            w->end_err = w->end_status == STORE_FAILED ? strdup(err) : NULL;
+            if (w->end_status == STORE_PREEMPTED)
+                snprintf(err, sizeof(err), "preempted by job %lld", (long long)w->preempt_by);
+            w->end_err = w->end_status == STORE_FAILED || w->end_status == STORE_PREEMPTED
+                             ? strdup(err)
+                             : NULL;
             w->end_decided = true;
         }
         if (!w->end_event) { /* once: a finished job's stream ends with its end message */
             if (w->end_status == STORE_FAILED)
                 snprintf(msg, sizeof(msg), "failed: %s", w->end_err ? w->end_err : "?");
+            else if (w->end_status == STORE_PREEMPTED)
+                snprintf(msg, sizeof(msg), "%s; it resumes from its checkpoint at step %lld",
+                         w->end_err ? w->end_err : "preempted", (long long)w->newest_ckpt);
             else
                 snprintf(msg, sizeof(msg), "%s", store_status_name(w->end_status));
             daemon_ingest_event(s->st, w->job, w->last_step, "lifecycle", msg, NULL);
             w->end_event = true;
         }
-        rc = store_job_set_status(s->st, w->job, w->end_status,
-                                  w->end_status == STORE_FAILED ? w->end_err : NULL);
+        rc = store_job_set_status(s->st, w->job, w->end_status, w->end_err);
         if (rc == 0 || !daemon_ingest_transient(rc) || give_up) {
             remove_worker_locked(s, w);
             removed = true;
@@ -533,15 +628,6 @@ static bool finish_worker(daemon_sched *s, worker *w, bool give_up)
     return true;
 }
 
-/* Signal a worker's process group (under mu, or on the scheduler thread for kills). */
-static void signal_worker(worker *w, int sig)
-{
-    if (w->exited || w->pid <= 0)
-        return;
-    if (kill(-w->pid, sig) != 0 && errno == ESRCH)
-        kill(w->pid, sig);
-}
-
 /* A worker paused longer than stall_timeout_s: stop it (it checkpoints and exits, read as
  * any stopping worker); its job fails with the store's reason (under mu). */
 static void stall_worker(daemon_sched *s, worker *w, double now)
@@ -554,9 +640,7 @@ static void stall_worker(daemon_sched *s, worker *w, double now)
              "fails",
              (long long)w->job, (int)w->pid, s->cfg.stall_timeout_s, w->stall_why);
     w->stalled = true;
-    w->term_sent = true;
-    w->term_at = now;
-    signal_worker(w, SIGTERM);
+    stop_worker_locked(w, now);
 }
 
 /* Log when the scheduler starts and stops leaving workers unread for the store. */
@@ -592,14 +676,8 @@ static void begin_stop_locked(daemon_sched *s, sched_loop *l, double now)
 {
     l->stopping = true;
     l->stop_deadline = now + GRACE_S;
-    for (int i = 0; i < s->nworkers; i++) {
-        worker *w = s->workers[i];
-        if (!w->term_sent) {
-            w->term_sent = true;
-            w->term_at = now;
-            signal_worker(w, SIGTERM);
-        }
-    }
+    for (int i = 0; i < s->nworkers; i++)
+        stop_worker_locked(s->workers[i], now);
     if (s->nworkers)
         log_info("stopping: waiting for %d worker(s) to checkpoint", s->nworkers);
 }
@@ -955,14 +1033,6 @@ int daemon_sched_submit(daemon_sched *s, const char *name, const char *dtype, in
     return 0;
 }
 
-static worker *find_worker_locked(daemon_sched *s, int64_t id)
-{
-    for (int i = 0; i < s->nworkers; i++)
-        if (s->workers[i]->job == id)
-            return s->workers[i];
-    return NULL;
-}
-
 /* See sched.h: a queued job is cancelled at once; a running one gets SIGTERM and becomes
  * cancelled when its worker has checkpointed and exited. */
 int daemon_sched_cancel(daemon_sched *s, int64_t id)
@@ -971,26 +1041,21 @@ int daemon_sched_cancel(daemon_sched *s, int64_t id)
     worker *w;
     int rc;
 
-    memset(&j, 0, sizeof(j));
-    pthread_mutex_lock(&s->mu);
-    rc = store_job_get(s->st, id, &j);
+    rc = lock_job(s, id, &j);
     if (rc != 0)
         goto out;
-    if (j.status == STORE_QUEUED) {
-        daemon_ingest_event(s->st, id, j.step, "lifecycle", "cancelled while queued", NULL);
+    if (j.status == STORE_QUEUED || j.status == STORE_PREEMPTED || j.status == STORE_PAUSED) {
+        char msg[64];
+        snprintf(msg, sizeof(msg), "cancelled while %s", store_status_name(j.status));
+        daemon_ingest_event(s->st, id, j.step, "lifecycle", msg, NULL);
         rc = store_job_set_status(s->st, id, STORE_CANCELLED, NULL);
-        if (rc == 0) {
-            log_info("job %lld: cancelled while queued", (long long)id);
-        }
+        if (rc == 0)
+            log_info("job %lld: %s", (long long)id, msg);
     } else if (j.status == STORE_RUNNING && (w = find_worker_locked(s, id)) != NULL && !w->exited) {
         rc = store_job_set_cancel(s->st, id, true);
         if (rc == 0 && !w->cancel) {
             w->cancel = true;
-            if (!w->term_sent) {
-                w->term_sent = true;
-                w->term_at = daemon_now_s();
-                signal_worker(w, SIGTERM);
-            }
+            stop_worker_locked(w, daemon_now_s());
             log_info("job %lld: cancel requested; worker %d checkpoints and stops", (long long)id,
                      (int)w->pid);
             store_event_append(s->st, id, w->last_step, "lifecycle", "cancel requested", NULL);
@@ -999,8 +1064,7 @@ int daemon_sched_cancel(daemon_sched *s, int64_t id)
         rc = STORE_ECONFLICT;
     }
 out:
-    pthread_mutex_unlock(&s->mu);
-    store_job_clear(&j);
+    unlock_job(s, &j);
     return rc;
 }
 
@@ -1013,9 +1077,7 @@ int daemon_sched_resume(daemon_sched *s, int64_t id)
     int64_t from = 0;
     int rc;
 
-    memset(&j, 0, sizeof(j));
-    pthread_mutex_lock(&s->mu);
-    rc = store_job_get(s->st, id, &j);
+    rc = lock_job(s, id, &j);
     if (rc == 0 && j.status != STORE_CANCELLED && j.status != STORE_FAILED &&
         j.status != STORE_INTERRUPTED)
         rc = STORE_ECONFLICT;
@@ -1035,8 +1097,69 @@ int daemon_sched_resume(daemon_sched *s, int64_t id)
         log_info("job %lld: %s", (long long)id, msg);
         s->need_schedule = true;
     }
-    pthread_mutex_unlock(&s->mu);
-    store_job_clear(&j);
+    unlock_job(s, &j);
+    if (rc == 0)
+        wake_up(s);
+    return rc;
+}
+
+/* See sched.h: a queued or preempted job is paused at once; a running one gets SIGTERM and
+ * becomes paused when its worker has checkpointed and exited. */
+int daemon_sched_pause(daemon_sched *s, int64_t id)
+{
+    store_job j;
+    worker *w;
+    int rc;
+
+    rc = lock_job(s, id, &j);
+    if (rc == 0 && (j.status == STORE_QUEUED || j.status == STORE_PREEMPTED)) {
+        rc = store_job_set_status(s->st, id, STORE_PAUSED, NULL);
+        if (rc == 0) {
+            daemon_ingest_event(s->st, id, j.checkpoint_step, "lifecycle",
+                                "paused while waiting; it stays out of the queue until unpaused",
+                                NULL);
+            log_info("job %lld: paused while waiting", (long long)id);
+        }
+    } else if (rc == 0 && j.status == STORE_RUNNING && (w = find_worker_locked(s, id)) &&
+               !w->exited && !w->cancel) {
+        if (!w->pause) {
+            w->pause = true;
+            stop_worker_locked(w, daemon_now_s());
+            log_info("job %lld: pause requested; worker %d checkpoints and stops", (long long)id,
+                     (int)w->pid);
+            daemon_ingest_event(s->st, id, w->last_step, "lifecycle",
+                                "pause requested: it checkpoints and stops", NULL);
+        }
+    } else if (rc == 0) {
+        rc = STORE_ECONFLICT;
+    }
+    unlock_job(s, &j);
+    return rc;
+}
+
+/* See sched.h: a paused job goes back to the queue; it resumes from its checkpoint. */
+int daemon_sched_unpause(daemon_sched *s, int64_t id)
+{
+    store_job j;
+    char msg[160];
+    int rc;
+
+    rc = lock_job(s, id, &j);
+    if (rc == 0 && j.status != STORE_PAUSED)
+        rc = STORE_ECONFLICT;
+    if (rc == 0)
+        rc = store_job_set_status(s->st, id, STORE_QUEUED, NULL);
+    if (rc == 0) {
+        if (j.checkpoint_step > 0)
+            snprintf(msg, sizeof(msg), "unpaused: queued to resume from its checkpoint at step "
+                     "%lld", (long long)j.checkpoint_step);
+        else
+            snprintf(msg, sizeof(msg), "unpaused: queued");
+        daemon_ingest_event(s->st, id, j.checkpoint_step, "lifecycle", msg, NULL);
+        log_info("job %lld: %s", (long long)id, msg);
+        s->need_schedule = true;
+    }
+    unlock_job(s, &j);
     if (rc == 0)
         wake_up(s);
     return rc;
@@ -1049,10 +1172,8 @@ int daemon_sched_delete(daemon_sched *s, int64_t id)
     char dir[640];
     int rc;
 
-    memset(&j, 0, sizeof(j));
-    pthread_mutex_lock(&s->mu);
-    rc = store_job_get(s->st, id, &j);
-    if (rc == 0 && (j.status == STORE_QUEUED || j.status == STORE_RUNNING))
+    rc = lock_job(s, id, &j);
+    if (rc == 0 && store_status_active(j.status))
         rc = STORE_ECONFLICT;
     if (rc == 0)
         rc = store_job_delete(s->st, id);
@@ -1061,8 +1182,7 @@ int daemon_sched_delete(daemon_sched *s, int64_t id)
         daemon_remove_dir(dir);
         log_info("job %lld deleted", (long long)id);
     }
-    pthread_mutex_unlock(&s->mu);
-    store_job_clear(&j);
+    unlock_job(s, &j);
     return rc;
 }
 
@@ -1078,9 +1198,12 @@ void daemon_sched_get_info(daemon_sched *s, daemon_sched_info *out)
     out->workers_started = s->started;
     out->workers_failed = s->failed;
     pthread_mutex_unlock(&s->mu);
-    if (store_job_ids(s->st, STORE_QUEUED, &ids, &n) == 0)
-        out->queued = n;
-    free(ids);
+    for (int k = 0; k < 2; k++) { /* a preempted job waits in the queue too */
+        if (store_job_ids(s->st, k ? STORE_PREEMPTED : STORE_QUEUED, &ids, &n) == 0)
+            out->queued += n;
+        free(ids);
+        ids = NULL;
+    }
 }
 
 /* ---- the HTTP server's job queue ------------------------------------------------------------ */
@@ -1099,6 +1222,16 @@ static int api_cancel(void *ctx, int64_t id)
 static int api_resume(void *ctx, int64_t id)
 {
     return daemon_sched_resume(ctx, id);
+}
+
+static int api_pause(void *ctx, int64_t id)
+{
+    return daemon_sched_pause(ctx, id);
+}
+
+static int api_unpause(void *ctx, int64_t id)
+{
+    return daemon_sched_unpause(ctx, id);
 }
 
 static int api_remove(void *ctx, int64_t id)
@@ -1151,6 +1284,8 @@ void daemon_sched_api(daemon_sched *s, api_jobs *out)
                       .submit = api_submit,
                       .cancel = api_cancel,
                       .resume = api_resume,
+                      .pause = api_pause,
+                      .unpause = api_unpause,
                       .remove = api_remove,
                       .info = api_info,
                       .admit = api_admit,

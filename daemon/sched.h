@@ -8,7 +8,11 @@
  * output for worker_timeout_s: killed and failed as hung; left unread while the store cannot
  * write: paused, stopped and failed after stall_timeout_s) and finishes them, recording a
  * job's end once the store can. Cancel sends
- * SIGTERM: the worker checkpoints and exits, the job becomes cancelled. Stop sends SIGTERM
+ * SIGTERM: the worker checkpoints and exits, the job becomes cancelled. Pause does the
+ * same and the job becomes paused, out of the queue until unpaused. With preempt on, a
+ * waiting job of higher priority that cannot start stops the running jobs of lower
+ * priority that make room for it (queue.h) the same way: they become preempted, wait in the
+ * queue and resume from their checkpoints. Stop sends SIGTERM
  * to every worker: they checkpoint and their jobs become interrupted. At start, jobs left
  * running by a dead daemon become interrupted; interrupted jobs are queued again and
  * resume from their last checkpoint (metrics after it are deleted first) until
@@ -39,6 +43,7 @@ typedef struct {
     char roots[DAEMON_MAX_ROOTS][512]; /* data roots passed to workers (--data-root) */
     int max_running;        /* concurrent workers (1) */
     int max_retries;        /* automatic resumes of an interrupted job (3) */
+    bool preempt;           /* a waiting job of higher priority stops lower ones */
     int worker_timeout_s;   /* a worker silent this long is hung (600) */
     /* The open-file soft limit workers start with; 0: this process's (ampd serve raises its
      * own for connections and gives workers the one it started with). */
@@ -62,11 +67,17 @@ void daemon_sched_stop(daemon_sched *s);
 int daemon_sched_submit(daemon_sched *s, const char *name, const char *dtype, int64_t steps,
                         const char *spec_json, const char *idem_key, int64_t *id,
                         bool *existed);
-/* STORE_ENOTFOUND, or STORE_ECONFLICT when the job is not queued or running. */
+/* STORE_ENOTFOUND, or STORE_ECONFLICT when the job is not queued, preempted, paused or
+ * running. */
 int daemon_sched_cancel(daemon_sched *s, int64_t id);
 /* STORE_ECONFLICT unless the job is cancelled, failed or interrupted. */
 int daemon_sched_resume(daemon_sched *s, int64_t id);
-/* STORE_ECONFLICT while the job is queued or running; removes its files too. */
+/* Stop a job and keep it out of the queue until unpaused: a queued or preempted one at once,
+ * a running one once its worker has checkpointed. STORE_ECONFLICT in any other state. */
+int daemon_sched_pause(daemon_sched *s, int64_t id);
+/* Queue a paused job again (it resumes from its checkpoint); STORE_ECONFLICT unless paused. */
+int daemon_sched_unpause(daemon_sched *s, int64_t id);
+/* STORE_ECONFLICT while the job is queued, preempted or running; removes its files too. */
 int daemon_sched_delete(daemon_sched *s, int64_t id);
 
 typedef api_queue_info daemon_sched_info;

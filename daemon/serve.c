@@ -73,7 +73,7 @@ typedef struct {
     char allow_origins[API_MAX_ALLOW][API_ALLOW_LEN];
     int max_running, max_retries, worker_timeout_s, stall_timeout_s, metrics_keep_s;
     int head_timeout_s, max_per_addr;
-    bool demo, no_dashboard, share_devices;
+    bool demo, no_dashboard, share_devices, no_preempt;
     const char *cpus, *devices; /* --cpus, --devices: NULL for all */
 } serve_args;
 
@@ -88,6 +88,18 @@ static int root_arg(void *args, const char *v)
     if (daemon_opts_copy("serve", "--data-root", v, a->roots[a->nroots], sizeof(a->roots[0])))
         return -1;
     a->nroots++;
+    return 0;
+}
+
+/* --preempt on|off. */
+static int preempt_arg(void *args, const char *v)
+{
+    serve_args *a = args;
+    if (strcmp(v, "on") != 0 && strcmp(v, "off") != 0) {
+        fprintf(stderr, "ampd serve: --preempt takes on or off, not '%s'\n", v);
+        return -1;
+    }
+    a->no_preempt = strcmp(v, "off") == 0;
     return 0;
 }
 
@@ -165,6 +177,9 @@ static const daemon_opt serve_opts[] = {
              "driver reports)"},
     {"share-devices", 0, NULL, FLAG_OPT(share_devices),
      .help = "let several jobs share a GPU (each job still gets one\nGPU per rank)"},
+    {"preempt", 0, "on|off", .kind = DAEMON_OPT_CALL, .set = preempt_arg,
+     .help = "whether a queued job of higher priority that does not\nfit stops running jobs of "
+             "lower priority at a checkpoint\n(they resume when it leaves room; default on)"},
     {"max-retries", 0, "N", INT_OPT(max_retries, 0, 1000, 3),
      .help = "automatic resumes of an interrupted job (default %s)"},
     {"worker-timeout", 0, "S", INT_OPT(worker_timeout_s, 1, 7 * 24 * 3600, 600),
@@ -452,6 +467,7 @@ static int sched_config(const serve_args *a, daemon_sched_config *sc, char *err,
         snprintf(sc->roots[i], sizeof(sc->roots[i]), "%s", a->roots[i]);
     sc->max_running = a->max_running;
     sc->max_retries = a->max_retries;
+    sc->preempt = !a->no_preempt;
     sc->worker_timeout_s = a->worker_timeout_s;
     sc->stall_timeout_s = a->stall_timeout_s;
     return 0;

@@ -39,6 +39,9 @@ typedef struct {
     off_t log_start; /* worker.log size when this run started */
     double started, last_output, term_at;
     bool term_sent, kill_sent, cancel, exited, hung;
+    bool pause;         /* stopped by hand: its job becomes paused */
+    int64_t preempt_by; /* stopped for this job: its job becomes preempted (0: not) */
+    int priority;
     int wstatus;
     /* line assembly */
     char *buf;

@@ -30,8 +30,9 @@ struct store_rconn {
     store_rconn *prev, *next;
 };
 
-static const char *const status_names[STORE_NSTATUS] = {"queued", "running",   "succeeded",
-                                                        "failed", "cancelled", "interrupted"};
+#define STATUS_NAME_(id, name) [id] = name,
+static const char *const status_names[STORE_NSTATUS] = {STORE_STATUSES(STATUS_NAME_)};
+#undef STATUS_NAME_
 
 #define FIELD_(id, name, line, type, src, since)                                                   \
     [STORE_M_##id] = {#name, STORE_LINE_##line, STORE_TYPE_##type, since},
@@ -105,6 +106,11 @@ int store_status_parse(const char *name, store_status *out)
 bool store_status_finished(store_status s)
 {
     return s == STORE_SUCCEEDED || s == STORE_FAILED || s == STORE_CANCELLED;
+}
+
+bool store_status_active(store_status s)
+{
+    return s == STORE_QUEUED || s == STORE_PREEMPTED || s == STORE_RUNNING;
 }
 
 const store_metric_info *store_metric_field(int field)

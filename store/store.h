@@ -67,19 +67,27 @@ void store_log(int level, const char *func, const char *fmt, ...)
 
 typedef struct store store; /* opaque */
 
-typedef enum {
-    STORE_QUEUED = 0,
-    STORE_RUNNING,
-    STORE_SUCCEEDED,
-    STORE_FAILED,
-    STORE_CANCELLED,
-    STORE_INTERRUPTED,
-    STORE_NSTATUS
-} store_status;
+/* A job's statuses, one table: the enum, the names the database and the API use, and the
+ * lists the API prints are generated from it. preempted: stopped at a checkpoint for a job
+ * of higher priority, waiting in the queue to resume; paused: stopped by hand at a
+ * checkpoint, out of the queue until unpaused. */
+#define STORE_STATUSES(X)                                                                          \
+    X(STORE_QUEUED, "queued")                                                                      \
+    X(STORE_RUNNING, "running")                                                                    \
+    X(STORE_SUCCEEDED, "succeeded")                                                                \
+    X(STORE_FAILED, "failed")                                                                      \
+    X(STORE_CANCELLED, "cancelled")                                                                \
+    X(STORE_INTERRUPTED, "interrupted")                                                            \
+    X(STORE_PREEMPTED, "preempted")                                                                \
+    X(STORE_PAUSED, "paused")
+#define STORE_STATUS_ENUM_(id, name) id,
+typedef enum { STORE_STATUSES(STORE_STATUS_ENUM_) STORE_NSTATUS } store_status;
+#undef STORE_STATUS_ENUM_
 
 const char *store_status_name(store_status s); /* "queued", ... */
 int store_status_parse(const char *name, store_status *out);
 bool store_status_finished(store_status s);    /* succeeded, failed or cancelled */
+bool store_status_active(store_status s); /* queued, preempted or running: not deletable */
 
 /* Open (creating if needed) the database at path, check it (PRAGMA quick_check: a damaged
  * file is refused with STORE_EIO, SQLite's findings in the log), run migrations, start the

@@ -33,39 +33,9 @@ test_tmp
 # shellcheck source=tests/apilib.sh
 . "$(dirname "$0")/apilib.sh"
 
-# Open MPI's allocations that live until exit are not ours (an --enable-asan build; the
-# ranks inherit this through the daemon and mpirun)
-LSAN_OPTIONS="suppressions=$(cd "$(dirname "$0")" && pwd)/lsan.supp:fast_unwind_on_malloc=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
-export LSAN_OPTIONS
 CORES=$(nproc)
-# job NAME EXTRA: a small MLP that runs until cancelled, with the top-level fields of the
-# JSON object EXTRA ("{...}") over its own
-job() {
-    jq -cn --arg name "$1" --argjson extra "$2" '{name: $name, model: {layers: [16, 32, 4]},
-      data: {type: "synthetic", train_size: 256, eval_size: 64}, batch_size: 16,
-      steps: 100000000} + $extra'
-}
-status_of() {
-    req GET "/v1/jobs/$1"
-    jget status
-}
-is_status() { [ "$(status_of "$1")" = "$2" ]; }
-events_have() { # id text
-    req GET "/v1/jobs/$1/events?limit=1000"
-    grep -qF "$2" <<<"$BODY"
-}
-affinity_of() { # id: the Cpus_allowed_list of its worker
-    local p
-    p=$(worker_pids "$1" | head -1)
-    [ -n "$p" ] && sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' "/proc/$p/status"
-}
-visible_of() { # id: the CUDA_VISIBLE_DEVICES its worker was started with
-    local p
-    p=$(worker_pids "$1" | head -1)
-    [ -n "$p" ] && tr '\0' '\n' <"/proc/$p/environ" | sed -n 's/^CUDA_VISIBLE_DEVICES=//p'
-}
-cancel() { post_json "/v1/jobs/$1/cancel" '{}'; }
-jqok() { jq -e "$@" >/dev/null; } # filter [args]: BODY on stdin satisfies it
+# shellcheck source=tests/placelib.sh
+. "$(dirname "$0")/placelib.sh"
 
 # ---- the CPU: no driver, so no GPUs --------------------------------------------------------
 AMPD_NVML=$TMP/no-such-libnvidia-ml.so start_daemon --max-running 4
@@ -121,7 +91,9 @@ idx(root + "/idx/train-images-idx3-ubyte", [100, 28, 28])
 idx(root + "/idx/train-labels-idx1-ubyte", [99])
 PY
 stop_daemons
-AMPD_NVML=$TMP/no-such-libnvidia-ml.so start_daemon --max-running 4 --data-root "$ROOT"
+# preemption off: the job of priority 5 below shows the queue's order (check_preempt.sh
+# shows preemption)
+AMPD_NVML=$TMP/no-such-libnvidia-ml.so start_daemon --max-running 4 --data-root "$ROOT" --preempt off
 GPT='"model": {"type": "gpt", "n_layer": 1, "n_head": 1, "d_model": 16, "seq_len": 32}'
 unusable "a 0-byte text" "{$GPT, \"data\": {\"type\": \"text\", \"train\": \"empty.txt\"}}" \
     data.train "empty.txt: no text (empty)"
@@ -157,12 +129,13 @@ if [ "$CORES" -ge 2 ]; then
     c=$(jget id)
     check "world_size 64 with oversubscribe is accepted (201)" test "$CODE" = 201
     check "... and waits, saying for what" wait_for 20 events_have "$c" \
-        "waiting for $CORES cores ($CORES of $CORES held by job"
+        "waiting for $CORES cores ($CORES of $CORES held by job" || show_events "$c"
     cancel "$c"
     check "cancelled while it waits, it never ran" wait_for 20 is_status "$c" cancelled
     post_json /v1/jobs "$(job three '{"device": "cpu", "threads": 1}')"
     d=$(jget id)
-    check "a third threads-1 job waits for a core" wait_for 20 events_have "$d" "waiting for 1 core"
+    check "a third threads-1 job waits for a core" wait_for 20 events_have "$d" \
+        "waiting for 1 core" || show_events "$d"
     req GET "/v1/jobs/$d"
     check "GET /v1/jobs/ID says where it is in the queue and why it waits" \
         jqok '.queue.position == 1 and .queue.priority == 0 and
@@ -206,7 +179,7 @@ else
     old=$(job_procs "$r" | sort | tr '\n' ' ')
     kill -9 "$DPID"
     wait "$DPID" 2>/dev/null
-    AMPD_NVML=$TMP/no-such-libnvidia-ml.so start_daemon --max-running 4 --data-root "$ROOT"
+    AMPD_NVML=$TMP/no-such-libnvidia-ml.so start_daemon --max-running 4 --data-root "$ROOT" --preempt off
     # watch the job's processes until the new ranks run: never an old one beside a new one
     overlap="" seen_new=false
     for _ in $(seq 1 3000); do
@@ -303,5 +276,6 @@ else
     for id in "${ids[@]}" "$e"; do cancel "$id"; done
 fi
 
+openapi_check_recorded
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -26,7 +26,9 @@
  * that cannot write (store_test_fault): the worker paused and not killed as hung, every row
  * once, a job that ends meanwhile recorded afterwards (status, summary, checkpoints), no
  * queued job started meanwhile, checkpoint drops waiting behind the checkpoints the store has
- * not recorded, and the stall timeout failing a job with the reason.
+ * not recorded, and the stall timeout failing a job with the reason. Preemption's choice
+ * (queue.c over machine.c, on the emulator's four GPUs): the fewest running jobs of lower
+ * priority, the lowest and the latest started first, and none when that would not do.
  */
 #include <check.h>
 #include <dirent.h>
@@ -45,6 +47,8 @@
 
 #include "gpu/gpu_int.h"
 #include "tests/testutil.h"
+#include "daemon/machine.h"
+#include "daemon/queue.h"
 #include "daemon/sched.h"
 #include "store/store.h"
 
@@ -1210,6 +1214,134 @@ START_TEST(test_store_stall_fails_job)
 }
 END_TEST
 
+/* ---- preemption's choice (queue.c, machine.c) ------------------------------------------------- */
+
+/* A store and the emulator's machine of four GPUs (its NVML stand-in), with jobs placed by
+ * the queue's plan as the scheduler does; running ones are marked so in the store. */
+typedef struct {
+    fixture f;
+    daemon_machine *m;
+    daemon_queue q;
+    api_spec_opts roots;
+    queue_running run[8];
+    int nrun;
+} preempt_fx;
+
+static void preempt_setup(preempt_fx *p)
+{
+    char err[256];
+    memset(p, 0, sizeof(*p));
+    setup(&p->f);
+    ck_assert_msg(access("tests/cudaemu/libnvidia-ml.so.1", R_OK) == 0,
+                  "the NVML stand-in is not built (make check builds it)");
+    setenv("AMPD_NVML", "tests/cudaemu/libnvidia-ml.so.1", 1);
+    setenv("AMPD_CUDAEMU_DEVICES", "4", 1);
+    ck_assert_msg(daemon_machine_new(NULL, NULL, false, &p->m, err, sizeof(err)) == 0, "%s", err);
+    unsetenv("AMPD_NVML");
+    unsetenv("AMPD_CUDAEMU_DEVICES");
+    p->roots.nroots = 0;
+}
+
+static void preempt_teardown(preempt_fx *p)
+{
+    daemon_queue_free(&p->q);
+    daemon_machine_free(p->m);
+    store_close(p->f.st);
+    p->f.st = NULL;
+    char cmd[400];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", p->f.dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+/* Queue a job of `gpus` GPUs and priority prio; plan: when it starts it runs (started at
+ * time t). Returns its id. */
+static int64_t preempt_job(preempt_fx *p, int gpus, int prio, double t)
+{
+    char spec[400];
+    int64_t id = 0;
+    bool existed;
+    daemon_start st[8];
+    int n = 0;
+    snprintf(spec, sizeof(spec),
+             "{\"model\": {\"layers\": [4, 8, 2]}, \"data\": {\"type\": \"synthetic\"}, "
+             "\"device\": \"cuda\", \"priority\": %d, \"resources\": {\"devices\": %d}}",
+             prio, gpus);
+    ck_assert_int_eq(store_job_insert(p->f.st, "t", "fp32", 10, spec, NULL, &id, &existed), 0);
+    daemon_queue_plan(p->f.st, p->m, &p->roots, 8, 8, st, &n, &p->q);
+    for (int i = 0; i < n; i++) {
+        ck_assert_int_eq(store_job_set_status(p->f.st, st[i].job, STORE_RUNNING, NULL), 0);
+        p->run[p->nrun++] = (queue_running){st[i].job, st[i].priority, t, false};
+    }
+    return id;
+}
+
+/* The victims the head of the queue names now, as "a,b" in the order given. */
+static void preempt_victims(preempt_fx *p, char *out, size_t len)
+{
+    int64_t v[8];
+    int n = 0;
+    size_t k = 0;
+    daemon_start st[8];
+    int ns = 0;
+    daemon_queue_plan(p->f.st, p->m, &p->roots, 8, 8, st, &ns, &p->q);
+    ck_assert_int_eq(ns, 0);
+    daemon_queue_preempt(p->f.st, p->m, p->run, p->nrun, 8, &p->q, v, &n);
+    out[0] = '\0';
+    for (int i = 0; i < n; i++)
+        k += (size_t)snprintf(out + k, len - k, "%s%lld", i ? "," : "", (long long)v[i]);
+}
+
+/* Four 1-GPU jobs run (priorities 0, 0, 5, -1); a job of priority 10 that needs one GPU
+ * stops the one of priority -1; one that needs two stops it and the later of the two of
+ * priority 0 (and, once they are stopping, names nobody more); one of priority -1 stops
+ * nobody; one that needs more than the lower ones hold stops nobody either. */
+START_TEST(test_preempt_choice)
+{
+    preempt_fx p;
+    char v[64], want[64];
+    preempt_setup(&p);
+    int64_t a = preempt_job(&p, 1, 0, 1.0), b = preempt_job(&p, 1, 0, 2.0);
+    int64_t c = preempt_job(&p, 1, 5, 3.0), d = preempt_job(&p, 1, -1, 4.0);
+    ck_assert_int_eq(p.nrun, 4);
+    (void)a;
+    (void)c;
+
+    int64_t h1 = preempt_job(&p, 1, 10, 5.0);
+    preempt_victims(&p, v, sizeof(v));
+    snprintf(want, sizeof(want), "%lld", (long long)d);
+    ck_assert_str_eq(v, want);
+    ck_assert_int_eq(store_job_set_status(p.f.st, h1, STORE_CANCELLED, NULL), 0);
+
+    int64_t h2 = preempt_job(&p, 2, 10, 5.0);
+    preempt_victims(&p, v, sizeof(v));
+    snprintf(want, sizeof(want), "%lld,%lld", (long long)d, (long long)b);
+    ck_assert_str_eq(v, want);
+    {
+        api_queue_place qp;
+        ck_assert_int_eq(daemon_queue_place(&p.q, h2, &qp), 0);
+        ck_assert_msg(strstr(qp.waiting_for, "preempting jobs") != NULL, "%s", qp.waiting_for);
+    }
+    /* once they are stopping, nobody more is named */
+    for (int i = 0; i < p.nrun; i++)
+        p.run[i].stopping = p.run[i].job == d || p.run[i].job == b;
+    preempt_victims(&p, v, sizeof(v));
+    ck_assert_str_eq(v, "");
+    for (int i = 0; i < p.nrun; i++)
+        p.run[i].stopping = false;
+    ck_assert_int_eq(store_job_set_status(p.f.st, h2, STORE_CANCELLED, NULL), 0);
+
+    int64_t h3 = preempt_job(&p, 1, -1, 5.0); /* no running job has a lower priority */
+    preempt_victims(&p, v, sizeof(v));
+    ck_assert_str_eq(v, "");
+    ck_assert_int_eq(store_job_set_status(p.f.st, h3, STORE_CANCELLED, NULL), 0);
+
+    preempt_job(&p, 4, 3, 5.0); /* the priority 5 job keeps a GPU it would need */
+    preempt_victims(&p, v, sizeof(v));
+    ck_assert_str_eq(v, "");
+    preempt_teardown(&p);
+}
+END_TEST
+
 static Suite *sched_suite(void)
 {
     Suite *s = suite_create("sched");
@@ -1239,6 +1371,9 @@ static Suite *sched_suite(void)
     tcase_add_test(tc, test_store_full_job_ends);
     tcase_add_test(tc, test_store_full_drops_wait);
     tcase_add_test(tc, test_store_stall_fails_job);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("preempt");
+    tcase_add_test(tc, test_preempt_choice);
     suite_add_tcase(s, tc);
     return s;
 }

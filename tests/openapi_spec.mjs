@@ -20,6 +20,9 @@
 // 5. The error codes: the codes api/*.c answers with (api_error_resp(..., status, "code")
 //    and the parser's codes) are exactly ErrorCode's enum, and each (status, code) pair is
 //    valid against the error response the description gives for that status.
+// 6. The job statuses: JobStatus's enum is store/store.h's STORE_STATUSES, in its order, and
+//    every object that counts jobs by status (GET /v1/system, the experiments list)
+//    requires exactly those.
 // Prints PASS/FAIL lines; exits 1 on any failure. Runs ampd as child processes, one at a
 // time, in a temporary directory it removes.
 import { readFileSync, readdirSync, mkdtempSync, writeFileSync, mkdirSync, rmSync } from 'node:fs';
@@ -260,6 +263,23 @@ for (const [code, statuses] of used) {
     check(`${st} ${code}: the description's ${st} error allows it`, v && v({ error: { code, field: null, message: 'm' } }));
   }
 }
+
+// ---- 6. job statuses -----------------------------------------------------------------------
+const statuses = [...readFileSync(join(srcdir, 'store', 'store.h'), 'utf8')
+  .matchAll(/X\(STORE_[A-Z]+, "([a-z]+)"\)/g)].map((m) => m[1]);
+check(`store.h lists the job statuses (${statuses.join(', ')})`, statuses.length >= 6);
+check('JobStatus is exactly them, in order',
+  JSON.stringify(deref(doc.components.schemas.JobStatus).enum) === JSON.stringify(statuses));
+const counters = [];
+(function walk(node, path) {
+  if (!node || typeof node !== 'object') return;
+  if (Array.isArray(node.required) && node.required.includes('succeeded') && node.required.includes('cancelled'))
+    counters.push([path, node.required]);
+  for (const [k, v] of Object.entries(node)) walk(v, `${path}/${k}`);
+})(doc, '#');
+check(`the description counts jobs by status in ${counters.length} places`, counters.length >= 2);
+for (const [path, req] of counters)
+  check(`${path} requires every status`, JSON.stringify([...req].sort()) === JSON.stringify([...statuses].sort()));
 
 console.log(failed ? `${failed} failed` : 'all passed');
 process.exit(failed ? 1 : 0);

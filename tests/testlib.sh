@@ -11,10 +11,10 @@ fail=0
 
 ok() { pass=$((pass + 1)); echo "PASS: $1"; }
 bad() { fail=$((fail + 1)); echo "FAIL: $1"; }
-check() { # name, command...
+check() { # name, command...: 1 when it failed, so that a test can say more
     local name=$1
     shift
-    if "$@"; then ok "$name"; else bad "$name"; fi
+    if "$@"; then ok "$name"; else bad "$name"; return 1; fi
 }
 # status_is NAME EXPECTED GOT: the check that a command (`ampd run`: 0 succeeded, 1 failed,
 # 2 refused, 130 interrupted) exited with EXPECTED; its line names both, and a wrong status

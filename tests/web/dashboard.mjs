@@ -9,7 +9,9 @@
 // verdicts, arm means and bands shown), the compare view whose values must equal the
 // API's, the runs table sorted from the keyboard, pages left before they have loaded (no
 // EventSource left open, no request or drawing afterwards), a phone-sized viewport without
-// horizontal scrolling, and no console error anywhere. Then what
+// horizontal scrolling, the machine page (cores and their jobs, the queue with priorities
+// and reasons, pause and unpause from its buttons, the runs filter offering every status
+// of the API), and no console error anywhere. Then what
 // pages of other sites can do to a daemon without a token: a page on another loopback port
 // (a second HTTP server started here) that tries a no-cors POST and a form POST to cancel a
 // running job and a cross-origin fetch of /v1/jobs, and a DNS-rebinding page (rebind.test
@@ -819,6 +821,45 @@ async function main() {
           commY[0] === last.comm_bytes && commY[1] === last.comm_ms && commY[2] === last.comm_exposed_ms,
           `${commY} vs ${JSON.stringify(last)}`);
 
+    // ---- the machine page: cores and their holders, the queue with its reasons, pause and
+    // unpause from its buttons; and the statuses the runs filter offers are the API's
+    const statuses = (await apiGet('/v1/openapi.json')).components.schemas.JobStatus.enum;
+    await page.goto(`${BASE}/#/runs`);
+    await page.waitForSelector('#app[data-ready=runs]');
+    const offered = await page.$$eval('#filter-status option', (os) => os.map((o) => o.value).filter(Boolean));
+    check('the runs filter offers every job status of the API', offered.join() === statuses.join(),
+          `${offered} vs ${statuses}`);
+    const holds = await holdSlots();
+    const wr = await apiSend('POST', '/v1/jobs', {name: 'wait-3', model: {layers: [32, 64, 4]}, threads: 1, batch_size: 32,
+                                                  steps: 100000000, data: {type: 'synthetic', train_size: 512, eval_size: 128}});
+    const waitId = (await wr.json()).id;
+    await page.goto(`${BASE}/#/resources`);
+    await page.waitForSelector('#app[data-ready=resources]');
+    const held = await until(async () => {
+        const t = await page.$$eval('#res-cpus .tile.held a', (as) => as.map((a) => a.textContent).sort());
+        return t.length === 2 && t.join() === holds.map((id) => `#${id}`).sort().join() ? t : null;
+    }, 20000);
+    check('the machine page shows each core held by its job', held, String(held));
+    check('... and why it sees no GPU', (await page.textContent('#res-gpus')).includes('no NVIDIA driver'));
+    const why = await until(async () => {
+        const row = await page.$(`#res-waiting tr[data-job="${waitId}"]`);
+        const t = row && await row.textContent();
+        return t && t.includes('waiting for') ? t : null;
+    }, 20000);
+    check('the queue lists the waiting job with its priority and reason', why && why.includes('1. waiting for'), String(why));
+    await page.click(`#res-running tr[data-job="${holds[0]}"] button[data-action=pause]`);
+    const paused = await until(async () => (await apiGet(`/v1/jobs/${holds[0]}`)).status === 'paused', 30000);
+    check('its Pause button pauses a running job', paused);
+    check('... which the page then lists as paused', await until(() => page.$(`#res-paused tr[data-job="${holds[0]}"]`), 10000));
+    check('... and the waiting job starts in its place',
+          await until(async () => (await apiGet(`/v1/jobs/${waitId}`)).status === 'running', 30000));
+    await page.click(`#res-paused tr[data-job="${holds[0]}"] button[data-action=unpause]`);
+    check('its Unpause button queues the paused job again', await until(async () =>
+        ['queued', 'running'].includes((await apiGet(`/v1/jobs/${holds[0]}`)).status), 10000));
+    check('... where the page shows it waiting', await until(() => page.$(`#res-waiting tr[data-job="${holds[0]}"]`), 10000));
+    await shot(page, 'resources.png', true);
+    await releaseSlots([...holds, waitId]);
+
     // ---- a phone: no horizontal scrolling on the runs table, a run page, the compare view
     const phone = await browser.newContext({viewport: {width: 390, height: 844}, deviceScaleFactor: 2, isMobile: true, hasTouch: true});
     const pp = await phone.newPage();
@@ -826,7 +867,8 @@ async function main() {
     pp.on('pageerror', (e) => errors.push('phone: ' + String(e)));
     for (const [hash, ready] of [['#/runs', 'runs'], [`#/runs/${fpId}`, 'run'],
                                  [`#/compare?ids=${expIds.join(',')}`, 'compare'],
-                                 [`#/experiments/${expId}`, 'experiment'], ['#/submit', 'submit']]) {
+                                 [`#/experiments/${expId}`, 'experiment'], ['#/submit', 'submit'],
+                                 ['#/resources', 'resources']]) {
         await pp.goto(BASE + '/' + hash);
         await pp.waitForSelector(`#app[data-ready=${ready}]`);
         await sleep(300);

@@ -108,11 +108,14 @@ export const submitJob = (spec, key) =>
     request('POST', '/v1/jobs', spec, key ? {'Idempotency-Key': key} : undefined);
 export const cancelJob = (id) => request('POST', `/v1/jobs/${id}/cancel`);
 export const resumeJob = (id) => request('POST', `/v1/jobs/${id}/resume`);
+export const pauseJob = (id) => request('POST', `/v1/jobs/${id}/pause`);
+export const unpauseJob = (id) => request('POST', `/v1/jobs/${id}/unpause`);
 export const deleteJob = (id) => request('DELETE', `/v1/jobs/${id}`);
 export const getEvents = (id, params) => get(`/v1/jobs/${id}/events` + qs(params || {}));
 export const getCheckpoints = (id) => get(`/v1/jobs/${id}/checkpoints`);
 export const getCompare = (ids) => get('/v1/compare?ids=' + ids.join(','));
 export const getSystem = () => get('/v1/system');
+export const getResources = () => get('/v1/resources');
 export const listExperiments = (params) => get('/v1/experiments' + qs(params || {}));
 export const getExperiment = (id) => get(`/v1/experiments/${id}`);
 export const createExperiment = (body) => request('POST', '/v1/experiments', body);

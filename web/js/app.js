@@ -10,7 +10,7 @@
 // that page is still the mounted one.
 //
 // Routes: #/runs (default), #/runs/<id>, #/submit[?template=...|?from=<id>],
-// #/compare?ids=a,b, #/experiments, #/experiments/<id>. window.ampd exposes the mounted
+// #/compare?ids=a,b, #/experiments, #/experiments/<id>, #/resources. window.ampd exposes the mounted
 // pages for scripts and the browser test (read-only use).
 import * as api from './api.js';
 import {h, clear} from './util.js';
@@ -19,6 +19,7 @@ import {RunPage} from './run.js';
 import {SubmitPage} from './submit.js';
 import {ComparePage} from './compare.js';
 import {ExperimentPage, ExperimentsPage} from './experiment.js';
+import {ResourcesPage} from './resources.js';
 
 window.ampd = window.ampd || {};
 let page = null;
@@ -97,6 +98,8 @@ async function route() {
         name = 'experiment';
     } else if (name === 'experiments') {
         page = new ExperimentsPage(root);
+    } else if (name === 'resources') {
+        page = new ResourcesPage(root);
     } else {
         page = new RunsPage(root, query);
         name = 'runs';

@@ -152,9 +152,13 @@ export class RunPage {
         clear(this.head);
         const st = j.status;
         const actions = h('div', {class: 'actions'});
-        if (st === 'queued' || st === 'running')
+        if (['queued', 'running', 'preempted', 'paused'].includes(st))
             actions.append(h('button', {class: 'btn', onclick: () => this.act('cancel'),
                                         disabled: j.cancel_requested}, j.cancel_requested ? 'cancelling…' : 'Cancel'));
+        if (['queued', 'running', 'preempted'].includes(st))
+            actions.append(h('button', {class: 'btn', dataset: {action: 'pause'}, onclick: () => this.act('pause')}, 'Pause'));
+        if (st === 'paused')
+            actions.append(h('button', {class: 'btn', dataset: {action: 'unpause'}, onclick: () => this.act('unpause')}, 'Unpause'));
         if (st === 'cancelled' || st === 'failed' || st === 'interrupted')
             actions.append(h('button', {class: 'btn', onclick: () => this.act('resume')}, 'Resume'));
         if (FINISHED.includes(st))
@@ -179,11 +183,15 @@ export class RunPage {
                 j.started_at ? `started ${fmtTime(j.started_at)} · ${fmtDuration(jobSeconds(j))}` :
                                `queued ${fmtTime(j.created_at)}`)),
             actions,
+            j.queue ? h('p', {class: 'small', id: 'queue-place'},
+                        `In the queue: position ${j.queue.position}, priority ${j.queue.priority}` +
+                        (j.queue.waiting_for ? ` · ${j.queue.waiting_for}` : '')) : null,
             j.plateau && j.plateau.on_plateau ?
                 h('p', {class: 'plateau-note', id: 'plateau-note'}, h('span', {class: 'badge plateau'}, 'unigram plateau'), ' ', j.plateau.text) : null);
         if (j.error) {
             this.errorBox.hidden = false;
-            clear(this.errorBox).append(h('h3', {}, 'Error'), h('pre', {class: 'wrap'}, j.error));
+            clear(this.errorBox).append(h('h3', {}, j.status === 'failed' ? 'Error' : 'Why it stopped'),
+                                        h('pre', {class: 'wrap'}, j.error));
         } else {
             this.errorBox.hidden = true;
         }
@@ -507,6 +515,8 @@ export class RunPage {
                 return;
             }
             if (what === 'cancel') await api.cancelJob(id);
+            if (what === 'pause') await api.pauseJob(id);
+            if (what === 'unpause') await api.unpauseJob(id);
             if (what === 'resume') {
                 await api.resumeJob(id);
                 if (this.stream) this.stream.close();

@@ -61,7 +61,7 @@ export class RunsPage {
                             'Compare selected');
         const statusSel = h('select', {'aria-label': 'status filter', id: 'filter-status',
                                        onchange: (e) => { f.status = e.target.value; this.render(); }},
-                            ['', 'queued', 'running', 'succeeded', 'failed', 'cancelled', 'interrupted']
+                            ['', 'queued', 'running', 'succeeded', 'failed', 'cancelled', 'interrupted', 'preempted', 'paused']
                                 .map((s) => h('option', {value: s}, s || 'any status')));
         statusSel.value = f.status;
         const dtypeSel = h('select', {'aria-label': 'precision filter', id: 'filter-dtype',
