@@ -110,6 +110,7 @@ typedef struct {
     int (*resume)(void *ctx, int64_t id);
     int (*pause)(void *ctx, int64_t id);
     int (*unpause)(void *ctx, int64_t id);
+    int (*set_priority)(void *ctx, int64_t id, int priority);
     int (*remove)(void *ctx, int64_t id);
     void (*info)(void *ctx, api_queue_info *out);
     /* Whether job c can ever run on this machine: 0, or GPU_EINVAL with e naming the field

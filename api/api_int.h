@@ -111,6 +111,7 @@ struct api_resp;
     X(JOB_RESUME, "/v1/jobs/{id}/resume", NULL, api_h_job_action, NULL)                            \
     X(JOB_PAUSE, "/v1/jobs/{id}/pause", NULL, api_h_job_action, NULL)                              \
     X(JOB_UNPAUSE, "/v1/jobs/{id}/unpause", NULL, api_h_job_action, NULL)                          \
+    X(JOB_PRIORITY, "/v1/jobs/{id}/priority", NULL, api_h_job_action, NULL)                        \
     X(JOB_METRICS, "/v1/jobs/{id}/metrics", api_h_job_metrics, NULL, NULL)                         \
     X(JOB_LAYERS, "/v1/jobs/{id}/layers", api_h_job_layers, NULL, NULL)                            \
     X(JOB_EVENTS, "/v1/jobs/{id}/events", api_h_job_events, NULL, NULL)                            \
@@ -398,7 +399,7 @@ void api_h_compare(api_req *q, api_resp *r);
 void api_h_jobs_list(api_req *q, api_resp *r);
 void api_h_jobs_submit(api_req *q, api_resp *r);
 void api_h_job_get(api_req *q, api_resp *r);
-void api_h_job_action(api_req *q, api_resp *r); /* cancel, resume, pause, unpause, delete */
+void api_h_job_action(api_req *q, api_resp *r); /* cancel, resume, pause, unpause, priority, delete */
 void api_h_job_metrics(api_req *q, api_resp *r);
 void api_h_job_layers(api_req *q, api_resp *r);
 void api_h_job_events(api_req *q, api_resp *r);

@@ -620,12 +620,15 @@ static const struct {
     {API_R_JOB_RESUME, "resumed", "only a cancelled, failed or interrupted job can be"},
     {API_R_JOB_PAUSE, "paused", "only a queued, preempted or running job can be"},
     {API_R_JOB_UNPAUSE, "unpaused", "only a paused job can be"},
+    {API_R_JOB_PRIORITY, "re-prioritised", "only a job that has not finished can be"},
     {API_R_JOB, "deleted", "a queued, preempted or running job cannot be"},
 };
 
-static int job_action_call(const api_jobs *jobs, api_route_id what, int64_t id)
+static int job_action_call(const api_jobs *jobs, api_route_id what, int64_t id, int priority)
 {
     switch (what) {
+    case API_R_JOB_PRIORITY:
+        return jobs->set_priority ? jobs->set_priority(jobs->ctx, id, priority) : STORE_ECONFLICT;
     case API_R_JOB_CANCEL:
         return jobs->cancel(jobs->ctx, id);
     case API_R_JOB_RESUME:
@@ -639,13 +642,35 @@ static int job_action_call(const api_jobs *jobs, api_route_id what, int64_t id)
     }
 }
 
+/* The body of POST /v1/jobs/{id}/priority, {"priority": N}: true with *out, else false with
+ * a 400 in r. */
+static bool priority_of(const api_req *q, api_resp *r, int *out)
+{
+    json_t *b = NULL, *v;
+    bool ok = false;
+    if (q->body && q->body_len > 0 && api_json_depth(q->body, q->body_len) <= 2)
+        b = json_loadb(q->body, q->body_len, JSON_REJECT_DUPLICATES, NULL);
+    v = json_object_get(b, "priority");
+    if (json_is_object(b) && json_object_size(b) == 1 && json_is_integer(v) &&
+        json_integer_value(v) >= -1000 && json_integer_value(v) <= 1000) {
+        *out = (int)json_integer_value(v);
+        ok = true;
+    } else {
+        api_error_resp(r, 400, "invalid_parameter", "priority",
+                       "send {\"priority\": N} with N an integer from -1000 to 1000 (higher "
+                       "first)");
+    }
+    json_decref(b);
+    return ok;
+}
+
 void api_h_job_action(api_req *q, api_resp *r)
 {
     api_server *s = q->srv;
     api_route_id what = q->route.id;
     const char *verb = "deleted", *when = "";
     store_job j;
-    int rc;
+    int rc, priority = 0;
 
     for (size_t i = 0; i < sizeof(job_actions) / sizeof(job_actions[0]); i++)
         if (job_actions[i].route == what) {
@@ -659,7 +684,9 @@ void api_h_job_action(api_req *q, api_resp *r)
         api_error_resp(r, 503, "unavailable", NULL, "the scheduler is not running");
         return;
     }
-    rc = job_action_call(s->jobs, what, q->route.job);
+    if (what == API_R_JOB_PRIORITY && !priority_of(q, r, &priority))
+        return;
+    rc = job_action_call(s->jobs, what, q->route.job, priority);
     if (rc == STORE_ECONFLICT) {
         char now[32] = "in another state";
         if (store_job_get(s->st, q->route.job, &j) == 0) {
@@ -683,7 +710,7 @@ void api_h_job_action(api_req *q, api_resp *r)
         store_error(r, rc, "job", q->route.job);
         return;
     }
-    ok_json(r, 202);
+    ok_json(r, what == API_R_JOB_PRIORITY ? 200 : 202); /* a new priority holds at once */
     api_job_json(&r->body, &j, true, NULL, q->srv->jobs);
     store_job_clear(&j);
 }

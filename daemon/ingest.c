@@ -655,10 +655,13 @@ static void split_lines(store *st, worker *w)
 
 /* Read what the pipe has, while the store takes it (daemon_ingest_takes_lines); on EOF or
  * error close it. */
-void daemon_ingest_read(store *st, worker *w)
+void daemon_ingest_read(store *st, worker *w, size_t max_bytes)
 {
+    size_t got = 0;
     while (w->fd >= 0) {
         ssize_t n;
+        if (max_bytes > 0 && got >= max_bytes)
+            return; /* the rest next turn: a fast worker must not hold the scheduler */
         if (w->cap - w->len < READ_CHUNK) {
             size_t cap = w->cap ? w->cap * 2 : 2 * READ_CHUNK;
             while (cap - w->len < READ_CHUNK)
@@ -680,6 +683,7 @@ void daemon_ingest_read(store *st, worker *w)
         n = read(w->fd, w->buf + w->len, w->cap - w->len);
         if (n > 0) {
             w->len += (size_t)n;
+            got += (size_t)n;
             w->last_output = daemon_now_s();
             split_lines(st, w);
             if (!daemon_ingest_takes_lines(st, w))

@@ -238,6 +238,13 @@ out:
     free(skip);
 }
 
+void daemon_queue_set_priority(daemon_queue *q, int64_t job, int priority)
+{
+    for (int i = 0; i < q->n; i++)
+        if (q->jobs[i].id == job)
+            q->jobs[i].priority = priority;
+}
+
 int daemon_queue_place(const daemon_queue *q, int64_t job, api_queue_place *out)
 {
     for (int i = 0; i < q->n; i++)

@@ -15,7 +15,9 @@
  *
  * The scheduler thread polls the worker pipes and a self-pipe (submit, cancel, resume and
  * stop write a byte) with a 200 ms timeout and hands a readable worker to ingest.c, which
- * turns its lines into store writes (worker.h).
+ * turns its lines into store writes (worker.h), READ_TURN_BYTES of them a turn at most: a
+ * worker that writes faster than the daemon reads must not keep the turn from ending (the
+ * queue's plan, cancels and the other workers' timers all wait for it).
  * Children are reaped with waitpid(WNOHANG) each turn (no SIGCHLD handler). A worker's job
  * ends after it has exited and its pipe is drained: the store is flushed, the lifecycle
  * event written, then the status (succeeded / failed with the reason and the log's last
@@ -74,6 +76,7 @@
 #define SCHEDULE_EVERY_S 2.0 /* look at the queue at least this often */
 #define GRACE_S 30.0         /* SIGTERM to SIGKILL, on cancel and on stop */
 #define END_RETRY_S 1.0         /* a job's end the store could not record: tried again after */
+#define READ_TURN_BYTES (256u << 10) /* a worker's output read in one turn, at most */
 
 struct daemon_sched {
     store *st;
@@ -554,7 +557,7 @@ static bool finish_worker(daemon_sched *s, worker *w, bool give_up)
     int rc;
 
     if (!w->drained) {
-        daemon_ingest_read(s->st, w);
+        daemon_ingest_read(s->st, w, 0);
         if (w->fd >= 0) { /* a grandchild holds the pipe open: what the worker wrote is read */
             close(w->fd);
             w->fd = -1;
@@ -748,7 +751,7 @@ static void poll_workers(daemon_sched *s, sched_loop *l)
     }
     for (int i = 1; i < l->nfds; i++)
         if (l->fds[i].revents)
-            daemon_ingest_read(s->st, l->polled[i]);
+            daemon_ingest_read(s->st, l->polled[i], READ_TURN_BYTES);
     for (int i = 0; i < s->nworkers; i++) /* checkpoints the store could not take before */
         if (s->workers[i]->nckpts > 0 && !s->workers[i]->exited && writes_ok(s))
             daemon_ingest_checkpoints(s->st, s->workers[i]);
@@ -1165,6 +1168,51 @@ int daemon_sched_unpause(daemon_sched *s, int64_t id)
     return rc;
 }
 
+/* job's spec text with priority set, in *out (free it): 0 or GPU_EIO when it does not parse. */
+static int spec_with_priority(const char *spec, int priority, int *old, char **out)
+{
+    json_t *o = spec ? json_loads(spec, 0, NULL) : NULL;
+    int rc = GPU_EIO;
+    *out = NULL;
+    if (json_is_object(o)) {
+        *old = (int)json_integer_value(json_object_get(o, "priority"));
+        if (json_object_set_new(o, "priority", json_integer(priority)) == 0 &&
+            (*out = json_dumps(o, JSON_COMPACT)) != NULL)
+            rc = 0;
+    }
+    json_decref(o);
+    return rc;
+}
+
+/* See sched.h: the stored spec says the new priority; the queue and a running worker follow. */
+int daemon_sched_set_priority(daemon_sched *s, int64_t id, int priority)
+{
+    store_job j;
+    worker *w;
+    char *spec = NULL, msg[96];
+    int rc, old = 0;
+
+    rc = lock_job(s, id, &j);
+    if (rc == 0 && store_status_finished(j.status))
+        rc = STORE_ECONFLICT;
+    if (rc == 0 && spec_with_priority(j.spec, priority, &old, &spec) != 0)
+        rc = STORE_EIO;
+    if (rc == 0 && old != priority && (rc = store_job_set_spec(s->st, id, spec)) == 0) {
+        daemon_queue_set_priority(&s->queue, id, priority);
+        if ((w = find_worker_locked(s, id)) != NULL)
+            w->priority = priority;
+        snprintf(msg, sizeof(msg), "priority changed from %d to %d", old, priority);
+        daemon_ingest_event(s->st, id, j.step, "lifecycle", msg, NULL);
+        log_info("job %lld: %s", (long long)id, msg);
+        s->need_schedule = true;
+    }
+    unlock_job(s, &j);
+    free(spec);
+    if (rc == 0)
+        wake_up(s);
+    return rc;
+}
+
 /* See sched.h: the job's rows and its directory go. */
 int daemon_sched_delete(daemon_sched *s, int64_t id)
 {
@@ -1234,6 +1282,11 @@ static int api_unpause(void *ctx, int64_t id)
     return daemon_sched_unpause(ctx, id);
 }
 
+static int api_set_priority(void *ctx, int64_t id, int priority)
+{
+    return daemon_sched_set_priority(ctx, id, priority);
+}
+
 static int api_remove(void *ctx, int64_t id)
 {
     return daemon_sched_delete(ctx, id);
@@ -1286,6 +1339,7 @@ void daemon_sched_api(daemon_sched *s, api_jobs *out)
                       .resume = api_resume,
                       .pause = api_pause,
                       .unpause = api_unpause,
+                      .set_priority = api_set_priority,
                       .remove = api_remove,
                       .info = api_info,
                       .admit = api_admit,

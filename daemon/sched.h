@@ -77,6 +77,10 @@ int daemon_sched_resume(daemon_sched *s, int64_t id);
 int daemon_sched_pause(daemon_sched *s, int64_t id);
 /* Queue a paused job again (it resumes from its checkpoint); STORE_ECONFLICT unless paused. */
 int daemon_sched_unpause(daemon_sched *s, int64_t id);
+/* Give a job that has not finished another priority (its stored spec says it, so a resume
+ * keeps it); the queue's order follows, and preemption with it. STORE_ECONFLICT once it
+ * has finished. */
+int daemon_sched_set_priority(daemon_sched *s, int64_t id, int priority);
 /* STORE_ECONFLICT while the job is queued, preempted or running; removes its files too. */
 int daemon_sched_delete(daemon_sched *s, int64_t id);
 

@@ -84,9 +84,11 @@ double daemon_now_s(void);
 bool daemon_ingest_transient(int rc);
 /* Whether w's pipe may be read now (the store's back-pressure; see ingest.c). */
 bool daemon_ingest_takes_lines(store *st, const worker *w);
-/* Read what w's pipe has while the store takes it, each line into the store; on EOF or an
- * error the pipe is closed (w->fd becomes -1). */
-void daemon_ingest_read(store *st, worker *w);
+/* Read what w's pipe has while the store takes it, each line into the store, at most
+ * max_bytes (0: until the pipe is empty), so that a worker that writes faster than the store
+ * takes its lines cannot keep the scheduler's turn from ending; on EOF or an error the pipe
+ * is closed (w->fd becomes -1). */
+void daemon_ingest_read(store *st, worker *w, size_t max_bytes);
 /* Record an event in the store. Strings are borrowed; data (may be NULL) is consumed. */
 void daemon_ingest_event(store *st, int64_t job, int64_t step, const char *kind,
                          const char *message, json_t *data);

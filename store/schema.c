@@ -256,6 +256,7 @@ static const char *const stmt_sql[ST_COUNT] = {
                       "finished_at = CASE WHEN ?6 THEN ?5 WHEN ?7 THEN NULL ELSE finished_at END "
                       "WHERE id = ?1",
     [ST_JOB_SUMMARY] = "UPDATE jobs SET summary = ?2 WHERE id = ?1",
+    [ST_JOB_SPEC] = "UPDATE jobs SET spec = ?2 WHERE id = ?1",
     [ST_JOB_CHECKPOINT] = "UPDATE jobs SET checkpoint_step = ?2 WHERE id = ?1",
     [ST_JOB_CANCEL] = "UPDATE jobs SET cancel_requested = ?2 WHERE id = ?1",
     [ST_JOB_RETRIES] = "UPDATE jobs SET retries = ?2 WHERE id = ?1",

@@ -713,19 +713,32 @@ static int job_set_int(store *s, int stmt, int64_t id, int64_t v, const char *fu
     return store_wend(s, rc);
 }
 
-int store_job_set_summary(store *s, int64_t id, const char *summary_json)
+/* The same for the statements that set one text. */
+static int job_set_text(store *s, int stmt, int64_t id, const char *v, const char *func)
 {
     sqlite3_stmt *st;
     int rc;
 
     if (!s)
         return STORE_EINVAL;
-    if ((rc = store_wstmt(s, ST_JOB_SUMMARY, &st)) == 0) {
+    if ((rc = store_wstmt(s, stmt, &st)) == 0) {
         sqlite3_bind_int64(st, 1, id);
-        store_bind_text(st, 2, summary_json);
-        rc = store_step_change(s, st, __func__);
+        store_bind_text(st, 2, v);
+        rc = store_step_change(s, st, func);
     }
     return store_wend(s, rc);
+}
+
+int store_job_set_summary(store *s, int64_t id, const char *summary_json)
+{
+    return job_set_text(s, ST_JOB_SUMMARY, id, summary_json, __func__);
+}
+
+int store_job_set_spec(store *s, int64_t id, const char *spec_json)
+{
+    if (!spec_json)
+        return STORE_EINVAL;
+    return job_set_text(s, ST_JOB_SPEC, id, spec_json, __func__);
 }
 
 int store_job_set_checkpoint(store *s, int64_t id, int64_t step)

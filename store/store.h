@@ -152,6 +152,8 @@ void store_jobs_free(store_job *jobs, int n);
  * and stores error (NULL clears it). STORE_ENOTFOUND when the job is gone. */
 int store_job_set_status(store *s, int64_t id, store_status st, const char *error);
 int store_job_set_summary(store *s, int64_t id, const char *summary_json);
+/* Replace the job's effective spec (the scheduler does, when a job's priority changes). */
+int store_job_set_spec(store *s, int64_t id, const char *spec_json);
 int store_job_set_checkpoint(store *s, int64_t id, int64_t step);
 int store_job_set_cancel(store *s, int64_t id, bool requested);
 int store_job_set_retries(store *s, int64_t id, int retries);

@@ -11,7 +11,8 @@
 #     as the spec did: a 0-byte text, one shorter than seq_len + 1, tokens past model.vocab,
 #     IDX images and labels whose counts differ;
 #   - a job that does not fit yet waits with the reason in an event, and starts when the
-#     cores it waits for are freed;
+#     cores it waits for are freed; a job of higher priority goes ahead of it, and a new
+#     priority (POST /v1/jobs/ID/priority) puts it back ahead;
 #   - kill -9 of the daemon during a 2-rank job and a restart at once: no process of the old
 #     run (worker, mpirun, ranks) is alive beside the new run's, watched every 10 ms;
 #   - SIGSTOP of rank 1: the job fails within rank_timeout_s + 10 s, naming rank 1, and no
@@ -148,8 +149,25 @@ if [ "$CORES" -ge 2 ]; then
           (.jobs[] | select(.id == $d) | .queue.position) == 2' <<<"$BODY" >/dev/null
     }
     check "a job of priority 5 goes ahead of it in the queue" wait_for 10 queued_first
+    post_json "/v1/jobs/$d/priority" '{"priority": 9}'
+    check "POST /v1/jobs/ID/priority gives the waiting job 9 (200)" \
+        jqok '.spec.priority == 9' <<<"$BODY"
+    d_first() {
+        req GET "/v1/jobs?status=queued"
+        jq -e --argjson u "$u" --argjson d "$d" '(.jobs[] | select(.id == $d) | .queue | .position == 1 and
+          .priority == 9) and (.jobs[] | select(.id == $u) | .queue.position) == 2' \
+          <<<"$BODY" >/dev/null
+    }
+    check "... it goes back ahead of the job of priority 5" wait_for 10 d_first
+    check "... with an event saying so" events_have "$d" "priority changed from 0 to 9"
+    post_json "/v1/jobs/$d/priority" '{"priority": 5000}'
+    check "a priority out of range is a 400 naming it" \
+        jqok '.error.code == "invalid_parameter" and .error.field == "priority"' <<<"$BODY"
     cancel "$u"
     wait_for 20 is_status "$u" cancelled
+    post_json "/v1/jobs/$u/priority" '{"priority": 1}'
+    check "re-prioritising a cancelled job is a 409 naming its state" \
+        jqok '.error.code == "conflict" and (.error.message | test("is cancelled; only a job that has not finished can be re-prioritised"))' <<<"$BODY"
     cancel "$a"
     check "... and starts when the first job's core is freed" wait_for 30 is_status "$d" running
     on_freed() { [ "$(affinity_of "$d")" = "$ca" ]; }

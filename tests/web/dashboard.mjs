@@ -11,7 +11,8 @@
 // EventSource left open, no request or drawing afterwards), a phone-sized viewport without
 // horizontal scrolling, the machine page (cores and their jobs, the queue with priorities
 // and reasons, pause and unpause from its buttons, the runs filter offering every status
-// of the API), and no console error anywhere. Then what
+// of the API), a waiting job's place on its run page and its priority set there, and no
+// console error anywhere. Then what
 // pages of other sites can do to a daemon without a token: a page on another loopback port
 // (a second HTTP server started here) that tries a no-cors POST and a form POST to cancel a
 // running job and a cross-origin fetch of /v1/jobs, and a DNS-rebinding page (rebind.test
@@ -858,6 +859,19 @@ async function main() {
         ['queued', 'running'].includes((await apiGet(`/v1/jobs/${holds[0]}`)).status), 10000));
     check('... where the page shows it waiting', await until(() => page.$(`#res-waiting tr[data-job="${holds[0]}"]`), 10000));
     await shot(page, 'resources.png', true);
+    await page.goto(`${BASE}/#/runs/${holds[0]}`);
+    await page.waitForSelector('#app[data-ready=run]');
+    check('the run page of a waiting job shows its place in the queue',
+          await until(async () => /In the queue: position 1, priority 0/.test((await page.textContent('#queue-place').catch(() => '')) || ''), 10000));
+    await page.fill('#priority-input', '4');
+    await page.click('button[data-action=priority]');
+    const raised = await until(async () => {
+        const j = await apiGet(`/v1/jobs/${holds[0]}`);
+        return j.spec.priority === 4 ? j : null; // then it may preempt a job and start
+    }, 10000);
+    check('its priority is set from the run page', raised);
+    const ev = await apiGet(`/v1/jobs/${holds[0]}/events?limit=1000`);
+    check('... with an event saying so', ev.events.some((e) => e.message === 'priority changed from 0 to 4'));
     await releaseSlots([...holds, waitId]);
 
     // ---- a phone: no horizontal scrolling on the runs table, a run page, the compare view

@@ -110,6 +110,7 @@ export const cancelJob = (id) => request('POST', `/v1/jobs/${id}/cancel`);
 export const resumeJob = (id) => request('POST', `/v1/jobs/${id}/resume`);
 export const pauseJob = (id) => request('POST', `/v1/jobs/${id}/pause`);
 export const unpauseJob = (id) => request('POST', `/v1/jobs/${id}/unpause`);
+export const setPriority = (id, priority) => request('POST', `/v1/jobs/${id}/priority`, {priority});
 export const deleteJob = (id) => request('DELETE', `/v1/jobs/${id}`);
 export const getEvents = (id, params) => get(`/v1/jobs/${id}/events` + qs(params || {}));
 export const getCheckpoints = (id) => get(`/v1/jobs/${id}/checkpoints`);

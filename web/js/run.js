@@ -159,6 +159,18 @@ export class RunPage {
             actions.append(h('button', {class: 'btn', dataset: {action: 'pause'}, onclick: () => this.act('pause')}, 'Pause'));
         if (st === 'paused')
             actions.append(h('button', {class: 'btn', dataset: {action: 'unpause'}, onclick: () => this.act('unpause')}, 'Unpause'));
+        if (!FINISHED.includes(st) && j.spec) {
+            // a refresh while the user edits the priority keeps what they typed, and the focus
+            const editing = document.activeElement && document.activeElement.id === 'priority-input' ?
+                document.activeElement.value : null;
+            const prio = h('input', {type: 'number', min: -1000, max: 1000, step: 1, id: 'priority-input',
+                                     'aria-label': 'priority', class: 'narrow',
+                                     value: editing !== null ? editing : (j.spec.priority || 0)});
+            actions.append(h('label', {class: 'small'}, 'priority ', prio),
+                           h('button', {class: 'btn', dataset: {action: 'priority'},
+                                        onclick: () => this.act('priority', Number(prio.value))}, 'Set'));
+            if (editing !== null) queueMicrotask(() => prio.focus());
+        }
         if (st === 'cancelled' || st === 'failed' || st === 'interrupted')
             actions.append(h('button', {class: 'btn', onclick: () => this.act('resume')}, 'Resume'));
         if (FINISHED.includes(st))
@@ -498,7 +510,7 @@ export class RunPage {
         }
     }
 
-    async act(what) {
+    async act(what, arg) {
         const id = this.id;
         try {
             if (what === 'delete') {
@@ -517,6 +529,7 @@ export class RunPage {
             if (what === 'cancel') await api.cancelJob(id);
             if (what === 'pause') await api.pauseJob(id);
             if (what === 'unpause') await api.unpauseJob(id);
+            if (what === 'priority') await api.setPriority(id, arg);
             if (what === 'resume') {
                 await api.resumeJob(id);
                 if (this.stream) this.stream.close();
