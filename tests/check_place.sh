@@ -159,7 +159,7 @@ if [ "$CORES" -ge 2 ]; then
           <<<"$BODY" >/dev/null
     }
     check "... it goes back ahead of the job of priority 5" wait_for 10 d_first
-    check "... with an event saying so" events_have "$d" "priority changed from 0 to 9"
+    check "... with an event saying so" wait_for 10 events_have "$d" "priority changed from 0 to 9"
     post_json "/v1/jobs/$d/priority" '{"priority": 5000}'
     check "a priority out of range is a 400 naming it" \
         jqok '.error.code == "invalid_parameter" and .error.field == "priority"' <<<"$BODY"

@@ -845,9 +845,9 @@ async function main() {
     const why = await until(async () => {
         const row = await page.$(`#res-waiting tr[data-job="${waitId}"]`);
         const t = row && await row.textContent();
-        return t && t.includes('waiting for') ? t : null;
+        return t && t.includes('1. waiting for') ? t : null; // an earlier refresh may show it 2nd
     }, 20000);
-    check('the queue lists the waiting job with its priority and reason', why && why.includes('1. waiting for'), String(why));
+    check('the queue lists the waiting job with its priority and reason', why, String(why));
     await page.click(`#res-running tr[data-job="${holds[0]}"] button[data-action=pause]`);
     const paused = await until(async () => (await apiGet(`/v1/jobs/${holds[0]}`)).status === 'paused', 30000);
     check('its Pause button pauses a running job', paused);
@@ -870,8 +870,10 @@ async function main() {
         return j.spec.priority === 4 ? j : null; // then it may preempt a job and start
     }, 10000);
     check('its priority is set from the run page', raised);
-    const ev = await apiGet(`/v1/jobs/${holds[0]}/events?limit=1000`);
-    check('... with an event saying so', ev.events.some((e) => e.message === 'priority changed from 0 to 4'));
+    check('... with an event saying so', await until(async () =>
+        (await apiGet(`/v1/jobs/${holds[0]}/events?limit=1000`)).events.some((e) => e.message === 'priority changed from 0 to 4'), 10000));
+    await page.goto(`${BASE}/#/runs`); // the run page would ask for its run once deleted
+    await page.waitForSelector('#app[data-ready=runs]');
     await releaseSlots([...holds, waitId]);
 
     // ---- a phone: no horizontal scrolling on the runs table, a run page, the compare view
