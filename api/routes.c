@@ -438,9 +438,9 @@ void api_h_jobs_list(api_req *q, api_resp *r)
         store_status st;
         if (store_status_parse(v, &st) != 0) {
 #define STATUS_LIST_(id, name) ", " name
-            api_error_resp(r, 400, "invalid_parameter", "status",
-                           "must be one of %s", STORE_STATUSES(STATUS_LIST_) + 2);
+            static const char list[] = STORE_STATUSES(STATUS_LIST_); /* ", queued, ..." */
 #undef STATUS_LIST_
+            api_error_resp(r, 400, "invalid_parameter", "status", "must be one of %s", &list[2]);
             return;
         }
         f.status = (int)st;

@@ -1223,6 +1223,14 @@ START_TEST(test_jobs)
                             {"/v1/jobs?after=1.5", "after"}};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
         req_error(port, "GET", bad[i][0], NULL, NULL, 400, "invalid_parameter", bad[i][1]);
+    {   /* the status filter's error lists every status (from the store's table) */
+        hresp r;
+        http(port, "GET", "/v1/jobs?status=done", NULL, NULL, 0, &r);
+        ck_assert_msg(r.body && strstr(r.body, "must be one of queued, running, succeeded, failed, "
+                                               "cancelled, interrupted, preempted, paused\"") != NULL,
+                      "%s", r.body ? r.body : "(no body)");
+        hresp_free(&r);
+    }
 
     /* one job: spec, progress, timestamps, summary */
     snprintf(path, sizeof(path), "/v1/jobs/%lld", (long long)b);
