@@ -197,7 +197,7 @@ static void put_queue_place(api_buf *b, const store_job *j, const api_jobs *jobs
 {
     api_queue_place p;
     api_buf_puts(b, ",\"queue\":");
-    if ((j->status != STORE_QUEUED && j->status != STORE_PREEMPTED) || !jobs || !jobs->queued ||
+    if (!store_status_waiting(j->status) || !jobs || !jobs->queued ||
         jobs->queued(jobs->ctx, j->id, &p) != 0) {
         api_buf_puts(b, "null");
         return;

@@ -65,8 +65,7 @@ static void entry_of(store *st, daemon_machine *m, const api_spec_opts *roots, i
     store_job_clear(&j);
 }
 
-/* The ids of the jobs that wait to start: the queued and the preempted ones. 0 or -1. */
-static int waiting_ids(store *st, int64_t **ids, int *n)
+int daemon_queue_waiting_ids(store *st, int64_t **ids, int *n)
 {
     int64_t *more = NULL, *all;
     int k = 0;
@@ -96,7 +95,7 @@ static void refresh(store *st, daemon_machine *m, const api_spec_opts *roots, in
     int64_t *ids = NULL;
     queue_entry *now = NULL, *old;
     int n = 0;
-    if (waiting_ids(st, &ids, &n) != 0 || (n > 0 && !(now = calloc((size_t)n, sizeof(*now))))) {
+    if (daemon_queue_waiting_ids(st, &ids, &n) != 0 || (n > 0 && !(now = calloc((size_t)n, sizeof(*now))))) {
         free(ids);
         return;
     }

@@ -73,6 +73,9 @@ void daemon_queue_plan(store *st, daemon_machine *m, const api_spec_opts *roots,
  * of lower priority would not. The head's reason says whom it waits for. */
 void daemon_queue_preempt(store *st, const daemon_machine *m, const queue_running *run,
                           int nrun, int max_running, daemon_queue *q, int64_t *victims, int *n);
+/* The ids of the jobs that wait to start, the queued and the preempted ones, into *ids (the
+ * caller frees it) and *n: 0, or -1 when the store cannot say. */
+int daemon_queue_waiting_ids(store *st, int64_t **ids, int *n);
 /* A new priority for job when it is in the queue (its order follows on the next plan). */
 void daemon_queue_set_priority(daemon_queue *q, int64_t job, int priority);
 /* Job's place in the queue as last planned (position from 1, priority, why it waits): 0, or

@@ -399,8 +399,7 @@ static void start_one_locked(daemon_sched *s, const daemon_start *st)
     worker *w = NULL;
     char err[1536], msg[1600];
     memset(&j, 0, sizeof(j));
-    if (store_job_get(s->st, st->job, &j) != 0 ||
-        (j.status != STORE_QUEUED && j.status != STORE_PREEMPTED)) {
+    if (store_job_get(s->st, st->job, &j) != 0 || !store_status_waiting(j.status)) {
         daemon_machine_release(s->cfg.machine, st->job);
         store_job_clear(&j);
         return;
@@ -473,7 +472,7 @@ static void start_queued_locked(daemon_sched *s)
     for (int i = 0; i < n; i++)
         start_one_locked(s, &starts[i]);
     free(starts);
-    if (s->cfg.preempt)
+    if (s->cfg.preempt && s->queue.head >= 0 && s->nworkers > 0) /* a job waits for room */
         preempt_locked(s);
 }
 
@@ -1047,7 +1046,7 @@ int daemon_sched_cancel(daemon_sched *s, int64_t id)
     rc = lock_job(s, id, &j);
     if (rc != 0)
         goto out;
-    if (j.status == STORE_QUEUED || j.status == STORE_PREEMPTED || j.status == STORE_PAUSED) {
+    if (store_status_waiting(j.status) || j.status == STORE_PAUSED) {
         char msg[64];
         snprintf(msg, sizeof(msg), "cancelled while %s", store_status_name(j.status));
         daemon_ingest_event(s->st, id, j.step, "lifecycle", msg, NULL);
@@ -1115,7 +1114,7 @@ int daemon_sched_pause(daemon_sched *s, int64_t id)
     int rc;
 
     rc = lock_job(s, id, &j);
-    if (rc == 0 && (j.status == STORE_QUEUED || j.status == STORE_PREEMPTED)) {
+    if (rc == 0 && store_status_waiting(j.status)) {
         rc = store_job_set_status(s->st, id, STORE_PAUSED, NULL);
         if (rc == 0) {
             daemon_ingest_event(s->st, id, j.checkpoint_step, "lifecycle",
@@ -1246,12 +1245,9 @@ void daemon_sched_get_info(daemon_sched *s, daemon_sched_info *out)
     out->workers_started = s->started;
     out->workers_failed = s->failed;
     pthread_mutex_unlock(&s->mu);
-    for (int k = 0; k < 2; k++) { /* a preempted job waits in the queue too */
-        if (store_job_ids(s->st, k ? STORE_PREEMPTED : STORE_QUEUED, &ids, &n) == 0)
-            out->queued += n;
-        free(ids);
-        ids = NULL;
-    }
+    if (daemon_queue_waiting_ids(s->st, &ids, &n) == 0)
+        out->queued = n;
+    free(ids);
 }
 
 /* ---- the HTTP server's job queue ------------------------------------------------------------ */

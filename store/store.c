@@ -108,9 +108,14 @@ bool store_status_finished(store_status s)
     return s == STORE_SUCCEEDED || s == STORE_FAILED || s == STORE_CANCELLED;
 }
 
+bool store_status_waiting(store_status s)
+{
+    return s == STORE_QUEUED || s == STORE_PREEMPTED;
+}
+
 bool store_status_active(store_status s)
 {
-    return s == STORE_QUEUED || s == STORE_PREEMPTED || s == STORE_RUNNING;
+    return store_status_waiting(s) || s == STORE_RUNNING;
 }
 
 const store_metric_info *store_metric_field(int field)

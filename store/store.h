@@ -87,7 +87,8 @@ typedef enum { STORE_STATUSES(STORE_STATUS_ENUM_) STORE_NSTATUS } store_status;
 const char *store_status_name(store_status s); /* "queued", ... */
 int store_status_parse(const char *name, store_status *out);
 bool store_status_finished(store_status s);    /* succeeded, failed or cancelled */
-bool store_status_active(store_status s); /* queued, preempted or running: not deletable */
+bool store_status_waiting(store_status s); /* queued or preempted: in the scheduler's queue */
+bool store_status_active(store_status s);  /* waiting or running: not deletable */
 
 /* Open (creating if needed) the database at path, check it (PRAGMA quick_check: a damaged
  * file is refused with STORE_EIO, SQLite's findings in the log), run migrations, start the
