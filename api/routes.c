@@ -256,6 +256,8 @@ void api_job_json(api_buf *b, const store_job *j, bool full, store *plateau,
     api_buf_json_str(b, j->error);
     api_buf_puts(b, ",\"summary\":");
     put_stored_json(b, looks_like(j->summary, '{', '{') ? j->summary : NULL);
+    api_buf_puts(b, ",\"launch\":");
+    put_stored_json(b, looks_like(j->launch, '{', '{') ? j->launch : NULL);
     put_queue_place(b, j, jobs);
     if (plateau) {
         api_buf_puts(b, ",\"plateau\":");

@@ -730,12 +730,82 @@ static int parse_hosts(ctx *c, json_t *v, gpu_dist_config *d)
     return 0;
 }
 
+/* An optional string of at most len - 1 characters from chars (a Slurm name or time). */
+static int get_word(ctx *c, json_t *obj, const char *key, const char *field, const char *chars,
+                    char *out, size_t len)
+{
+    json_t *v = json_object_get(obj, key);
+    const char *s = json_string_value(v);
+    if (!v)
+        return 0;
+    if (!s || !*s || strlen(s) >= len || strspn(s, chars) != strlen(s) || s[0] == '-')
+        return fail(c, field, "must be a string of 1 to %zu characters from \"%s\"", len - 1,
+                    chars);
+    snprintf(out, len, "%s", s);
+    return 0;
+}
+
+#define NAME_CHARS "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-"
+
+/* distributed.slurm: what srun asks Slurm for. */
+static int parse_slurm(ctx *c, json_t *v, gpu_dist_config *d)
+{
+    static const char *const keys[] = {"nodes",     "tasks_per_node", "cpus_per_task",
+                                       "gpus_per_task", "partition",  "account",
+                                       "time",      NULL};
+    gpu_slurm_config *sl = &d->slurm;
+    int rc;
+    if ((rc = want_object(c, v, "distributed.slurm")) ||
+        (rc = only_keys(c, v, "distributed.slurm", keys)) ||
+        (rc = get_int32(c, v, "nodes", "distributed.slurm.nodes", 1, 1024, &sl->nodes)) ||
+        (rc = get_int32(c, v, "tasks_per_node", "distributed.slurm.tasks_per_node", 1, 1024,
+                        &sl->tasks_per_node)) ||
+        (rc = get_int32(c, v, "cpus_per_task", "distributed.slurm.cpus_per_task", 1, 4096,
+                        &sl->cpus_per_task)) ||
+        (rc = get_int32(c, v, "gpus_per_task", "distributed.slurm.gpus_per_task", 0, 64,
+                        &sl->gpus_per_task)) ||
+        (rc = get_word(c, v, "partition", "distributed.slurm.partition", NAME_CHARS,
+                       sl->partition, sizeof(sl->partition))) ||
+        (rc = get_word(c, v, "account", "distributed.slurm.account", NAME_CHARS, sl->account,
+                       sizeof(sl->account))) ||
+        (rc = get_word(c, v, "time", "distributed.slurm.time", "0123456789:-", sl->time,
+                       sizeof(sl->time))))
+        return rc;
+    return 0;
+}
+
+/* The launcher's fields agree with each other and with world_size. */
+static int check_launcher(ctx *c, json_t *v, const gpu_dist_config *d)
+{
+    const gpu_slurm_config *sl = &d->slurm;
+    if (d->launcher == GPU_LAUNCH_MPIRUN && json_object_get(v, "slurm"))
+        return fail(c, "distributed.slurm", "applies to launcher \"slurm\" only");
+    if (d->launcher == GPU_LAUNCH_SLURM && d->nhosts > 0)
+        return fail(c, "distributed.hosts",
+                    "is mpirun's host list; under Slurm the nodes are Slurm's to choose "
+                    "(distributed.slurm.nodes says how many)");
+    if (sl->nodes > d->world_size)
+        return fail(c, "distributed.slurm.nodes", "is %d, more nodes than the %d ranks",
+                    sl->nodes, d->world_size);
+    if (sl->tasks_per_node > 0 && sl->nodes > 0 && sl->nodes * sl->tasks_per_node != d->world_size)
+        return fail(c, "distributed.slurm.tasks_per_node",
+                    "%d nodes x %d tasks per node is not distributed.world_size %d", sl->nodes,
+                    sl->tasks_per_node, d->world_size);
+    if (sl->tasks_per_node > 0 && sl->nodes == 0 && d->world_size % sl->tasks_per_node != 0)
+        return fail(c, "distributed.slurm.tasks_per_node",
+                    "%d does not divide distributed.world_size %d", sl->tasks_per_node,
+                    d->world_size);
+    return 0;
+}
+
 static int parse_distributed(ctx *c, json_t *v, gpu_dist_config *d)
 {
     static const char *const keys[] = {"world_size",    "comm_hook",      "bucket_mb", "hosts",
-                                       "oversubscribe", "rank_timeout_s", NULL};
+                                       "oversubscribe", "rank_timeout_s", "launcher",  "slurm",
+                                       NULL};
     static const char *const hooks[] = {"none", "fp16", "bf16", NULL};
-    int hook = (int)d->hook, rc;
+    static const char *const launchers[] = {"default", "mpirun", "slurm", NULL};
+    int hook = (int)d->hook, launcher = (int)d->launcher, rc;
     float mb = (float)d->bucket_mb;
     json_t *h;
     if ((rc = want_object(c, v, "distributed")) || (rc = only_keys(c, v, "distributed", keys)) ||
@@ -745,10 +815,15 @@ static int parse_distributed(ctx *c, json_t *v, gpu_dist_config *d)
         ((h = json_object_get(v, "hosts")) && (rc = parse_hosts(c, h, d))) ||
         (rc = get_bool(c, v, "oversubscribe", "distributed.oversubscribe", &d->oversubscribe)) ||
         (rc = get_int32(c, v, "rank_timeout_s", "distributed.rank_timeout_s", 5, 86400,
-                        &d->rank_timeout_s)))
+                        &d->rank_timeout_s)) ||
+        (rc = get_choice(c, v, "launcher", "distributed.launcher", launchers, &launcher)) ||
+        ((h = json_object_get(v, "slurm")) && (rc = parse_slurm(c, h, d))))
         return rc;
     d->hook = (gpu_comm_hook)hook;
     d->bucket_mb = mb;
+    d->launcher = (gpu_launcher)launcher;
+    if ((rc = check_launcher(c, v, d)))
+        return rc;
     if (d->world_size > 1 && !gpu_comm_available())
         return fail(c, "distributed.world_size",
                     "this ampd was built without MPI, so a job has one rank (install Debian's "
@@ -1136,6 +1211,29 @@ static json_t *model_to_json(const gpu_model_config *m)
                      api_float_value(m->init_scale));
 }
 
+/* distributed.slurm: the numbers said (0: not said, left out) and the names given. */
+static json_t *slurm_to_json(const gpu_slurm_config *sl)
+{
+    json_t *o = json_object();
+    const struct {
+        const char *key;
+        int v;
+    } nums[] = {{"nodes", sl->nodes},
+                {"tasks_per_node", sl->tasks_per_node},
+                {"cpus_per_task", sl->cpus_per_task},
+                {"gpus_per_task", sl->gpus_per_task}};
+    const struct {
+        const char *key, *v;
+    } words[] = {{"partition", sl->partition}, {"account", sl->account}, {"time", sl->time}};
+    for (size_t i = 0; o && i < sizeof(nums) / sizeof(nums[0]); i++)
+        if (nums[i].v > 0)
+            json_object_set_new(o, nums[i].key, json_integer(nums[i].v));
+    for (size_t i = 0; o && i < sizeof(words) / sizeof(words[0]); i++)
+        if (words[i].v[0])
+            json_object_set_new(o, words[i].key, json_string(words[i].v));
+    return o;
+}
+
 static json_t *dist_to_json(const gpu_dist_config *d)
 {
     json_t *o = json_pack("{s:i, s:s, s:f, s:b, s:i}", "world_size", d->world_size, "comm_hook",
@@ -1148,6 +1246,11 @@ static json_t *dist_to_json(const gpu_dist_config *d)
             json_array_append_new(h, json_string(d->hosts[i]));
         json_object_set_new(o, "hosts", h);
     }
+    if (o && d->launcher != GPU_LAUNCH_DEFAULT)
+        json_object_set_new(o, "launcher", json_string(gpu_launcher_name(d->launcher)));
+    if (o && (d->launcher == GPU_LAUNCH_SLURM ||
+              memcmp(&d->slurm, &(gpu_slurm_config){0}, sizeof(d->slurm)) != 0))
+        json_object_set_new(o, "slurm", slurm_to_json(&d->slurm));
     return o;
 }
 

@@ -109,6 +109,27 @@ void daemon_beat_stop(daemon_beat *b)
     free(b);
 }
 
+/* Ranks whose heartbeats stopped within this long of the first to stop went together. */
+#define LOST_TOGETHER_S 1.5
+
+int daemon_beat_wait_all(const char *dir, int nranks, double timeout_s)
+{
+    struct timespec tick = {0, 5 * 1000 * 1000};
+    double end = wall_now() + timeout_s;
+    char path[700];
+    for (int r = 0; r < nranks;) {
+        snprintf(path, sizeof(path), "%s/rank-%d.beat", dir, r);
+        if (access(path, F_OK) == 0) {
+            r++;
+            continue;
+        }
+        if (wall_now() > end)
+            return -1;
+        nanosleep(&tick, NULL);
+    }
+    return 0;
+}
+
 /* ---- the launcher's watch -------------------------------------------------------------------- */
 
 typedef struct {
@@ -169,4 +190,106 @@ int daemon_beat_check(const char *dir, int nranks, double started, double grace_
         return 1;
     }
     return 0;
+}
+
+int daemon_beat_lost(const char *dir, int nranks, char *why, size_t len)
+{
+    beat_line l;
+    double first = 0;
+    int n = 0;
+    size_t used = 0;
+    why[0] = '\0';
+    for (int r = 0; r < nranks; r++) { /* when the first of them went silent */
+        beat_read(dir, r, &l);
+        if (l.seen && (first == 0 || l.beat_time < first))
+            first = l.beat_time;
+    }
+    for (int r = 0; r < nranks && used < len; r++) {
+        beat_read(dir, r, &l);
+        if (!l.seen || l.beat_time > first + LOST_TOGETHER_S)
+            continue;
+        used += (size_t)snprintf(why + used, len - used, "%srank %d (host %s, pid %ld, step %lld)",
+                                 n ? ", " : "", r, l.host, l.pid, l.step);
+        n++;
+    }
+    return n;
+}
+
+/* ---- stragglers ------------------------------------------------------------------------------ */
+
+struct daemon_straggle {
+    int n, steps, streak, streak_rank, flagged; /* flagged: the straggling rank, or -1 */
+    double *sum, *mean;
+};
+
+daemon_straggle *daemon_straggle_new(int n)
+{
+    daemon_straggle *s = calloc(1, sizeof(*s));
+    if (!s || !(s->sum = calloc((size_t)n, sizeof(double))) ||
+        !(s->mean = calloc((size_t)n, sizeof(double)))) {
+        daemon_straggle_free(s);
+        return NULL;
+    }
+    s->n = n;
+    s->flagged = s->streak_rank = -1;
+    return s;
+}
+
+void daemon_straggle_free(daemon_straggle *s)
+{
+    if (!s)
+        return;
+    free(s->sum);
+    free(s->mean);
+    free(s);
+}
+
+static int cmp_dbl(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The window's slowest rank and its mean over the median rank's mean. */
+static int window_slowest(daemon_straggle *s, double *ratio)
+{
+    int worst = 0;
+    double med;
+    for (int r = 0; r < s->n; r++) {
+        s->mean[r] = s->sum[r] / s->steps;
+        if (s->mean[r] > s->mean[worst])
+            worst = r;
+    }
+    *ratio = s->mean[worst];
+    qsort(s->mean, (size_t)s->n, sizeof(double), cmp_dbl);
+    med = s->n % 2 ? s->mean[s->n / 2] : 0.5 * (s->mean[s->n / 2 - 1] + s->mean[s->n / 2]);
+    *ratio = med > 0 ? *ratio / med : 1.0;
+    return worst;
+}
+
+int daemon_straggle_add(daemon_straggle *s, const double *busy, int *rank, double *ratio)
+{
+    int worst;
+    for (int r = 0; r < s->n; r++)
+        s->sum[r] += busy[r] > 0 ? busy[r] : 0;
+    if (++s->steps < DAEMON_STRAGGLE_WINDOW)
+        return 0;
+    worst = window_slowest(s, ratio);
+    memset(s->sum, 0, (size_t)s->n * sizeof(double));
+    s->steps = 0;
+    if (*ratio < DAEMON_STRAGGLE_RATIO) {
+        s->streak = 0;
+        if (s->flagged < 0)
+            return 0;
+        *rank = s->flagged;
+        s->flagged = -1;
+        return -1;
+    }
+    s->streak = worst == s->streak_rank ? s->streak + 1 : 1;
+    s->streak_rank = worst;
+    if (s->streak < DAEMON_STRAGGLE_WINDOWS || s->flagged == worst)
+        return 0;
+    s->flagged = worst;
+    *rank = worst;
+    return 1;
 }

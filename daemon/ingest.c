@@ -574,6 +574,85 @@ static void on_data(store *st, worker *w, json_t *data)
     daemon_ingest_event(st, w->job, w->base_step, "data", msg, json_incref(data));
 }
 
+/* "ranks 0-1 on n1, 2-3 on n2" from the hosts of the ranks in order, into out. */
+static void hosts_text(json_t *hosts, char *out, size_t len)
+{
+    size_t n = json_array_size(hosts), used = 0, i = 0;
+    out[0] = '\0';
+    while (i < n && used < len) {
+        const char *h = json_string_value(json_array_get(hosts, i));
+        size_t j = i;
+        while (j + 1 < n && h && json_string_value(json_array_get(hosts, j + 1)) &&
+               strcmp(json_string_value(json_array_get(hosts, j + 1)), h) == 0)
+            j++;
+        if (j > i)
+            used += (size_t)snprintf(out + used, len - used, "%sranks %zu-%zu on %s",
+                                     used ? ", " : "", i, j, h ? h : "?");
+        else
+            used += (size_t)snprintf(out + used, len - used, "%srank %zu on %s", used ? ", " : "",
+                                     i, h ? h : "?");
+        i = j + 1;
+    }
+}
+
+/* The event of a "launch" line: where the ranks run, what Slurm says while the job waits,
+ * and how it ended in Slurm. */
+static void launch_event(store *st, worker *w, json_t *o, const char *state)
+{
+    char msg[1024], where[700];
+    const char *id = json_string_value(json_object_get(w->launch, "job_id"));
+    const char *reason = json_string_value(json_object_get(o, "reason"));
+    const char *nodes = json_string_value(json_object_get(w->launch, "nodes"));
+    char job[64] = "";
+    if (id && id[0])
+        snprintf(job, sizeof(job), "Slurm job %s", id);
+    if (json_object_get(o, "hosts")) {
+        hosts_text(json_object_get(o, "hosts"), where, sizeof(where));
+        snprintf(msg, sizeof(msg), "%s%s%s", job, job[0] ? " runs: " : "ranks run: ", where);
+    } else if (strcmp(state, "PENDING") == 0) {
+        snprintf(msg, sizeof(msg), "%s waits in Slurm's queue: PENDING (%s)", job,
+                 reason && reason[0] ? reason : "no reason given");
+    } else {
+        snprintf(msg, sizeof(msg), "%s ended in Slurm: %s%s%s", job, state,
+                 nodes && nodes[0] ? " on " : "", nodes ? nodes : "");
+    }
+    daemon_ingest_event(st, w->job, w->last_step, "lifecycle", msg, json_deep_copy(w->launch));
+}
+
+/* A "launch" line: merged into what the job's record says of its launch; the job is queued
+ * while Slurm holds it and running once its ranks say they run. An event for each new
+ * state (a repeated waiting line only keeps the worker alive). */
+static void on_launch(store *st, worker *w, json_t *o)
+{
+    const char *state = json_string_value(json_object_get(o, "state"));
+    char *text;
+    bool waiting = state && strcmp(state, "PENDING") == 0, changed;
+    if (!state || (waiting && w->launch_running))
+        return; /* a waiting line that crossed the ranks' start */
+    if (!w->launch && !(w->launch = json_object()))
+        return;
+    const char *prev = json_string_value(json_object_get(w->launch, "state"));
+    bool was_waiting = prev && strcmp(prev, "PENDING") == 0;
+    changed = !json_equal(json_object_get(w->launch, "state"), json_object_get(o, "state")) ||
+              !json_equal(json_object_get(w->launch, "reason"), json_object_get(o, "reason")) ||
+              json_object_get(o, "hosts");
+    json_object_update(w->launch, o);
+    json_object_del(w->launch, "type");
+    if (!changed)
+        return;
+    if ((text = json_dumps(w->launch, JSON_COMPACT)) != NULL)
+        store_job_set_launch(st, w->job, text);
+    free(text);
+    if (waiting)
+        store_job_set_status(st, w->job, STORE_QUEUED, NULL);
+    else if (json_object_get(o, "hosts")) {
+        w->launch_running = true;
+        if (was_waiting)
+            store_job_set_status(st, w->job, STORE_RUNNING, NULL);
+    }
+    launch_event(st, w, o, state);
+}
+
 /* One complete line from a worker: len bytes, no newline; line[len] is writable. */
 static void handle_line(store *st, worker *w, char *line, size_t len)
 {
@@ -622,6 +701,8 @@ static void handle_line(store *st, worker *w, char *line, size_t len)
         on_data(st, w, json_object_get(o, "data"));
     } else if (strcmp(type, "resume") == 0) {
         on_resume(st, w, o);
+    } else if (strcmp(type, "launch") == 0) {
+        on_launch(st, w, o);
     } else {
         log_debug("job %lld: ignoring a \"%s\" line", (long long)w->job, type);
     }
@@ -720,5 +801,6 @@ void daemon_worker_free(worker *w)
     free(w->summary_error);
     free(w->summary_line);
     free(w->end_err);
+    json_decref(w->launch);
     free(w);
 }

@@ -9,8 +9,11 @@
  *
  * Threads: reentrant.
  */
+#include <errno.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "api/api.h"
 #include "daemon/line.h"
@@ -79,4 +82,24 @@ void daemon_line_fields(json_t *o, store_line line, double *v)
         if (f->line == line)
             v[i] = x && !json_is_null(x) ? daemon_line_num(x) : store_missing();
     }
+}
+
+/* See line.h. */
+void daemon_line_emit(json_t *obj)
+{
+    char *s = json_dumps(obj, JSON_COMPACT | JSON_REAL_PRECISION(9));
+    size_t n = s ? strlen(s) : 0, off = 0;
+    if (s) {
+        s[n] = '\n'; /* over the terminator: the line is written by length */
+        while (off <= n) {
+            ssize_t k = write(STDOUT_FILENO, s + off, n + 1 - off);
+            if (k < 0 && errno == EINTR)
+                continue;
+            if (k <= 0)
+                break; /* the reader is gone: nothing to print to */
+            off += (size_t)k;
+        }
+        free(s);
+    }
+    json_decref(obj);
 }

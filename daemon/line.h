@@ -33,4 +33,10 @@ double daemon_line_num(json_t *v);
  * as null, is store_missing(). */
 void daemon_line_fields(json_t *o, store_line line, double *v);
 
+/* Print obj as one line on stdout and release it. The line goes out whole with write(2),
+ * which a stop signal interrupts (EINTR: the handlers have no SA_RESTART) while the daemon
+ * leaves the pipe full (it pauses a worker while its store cannot write): stdio would drop
+ * the line then, so the write is resumed until every byte is out. */
+void daemon_line_emit(json_t *obj);
+
 #endif /* AMPD_DAEMON_LINE_H */

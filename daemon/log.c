@@ -19,7 +19,7 @@
 #include "store/store.h"
 
 static atomic_int log_level = -1;
-static char log_tag[32]; /* "rank 1 " in a data-parallel job's ranks; set before threads */
+static char log_tag[96]; /* "rank 1 host " in a data-parallel job's ranks; set before threads */
 
 void daemon_log_set_tag(const char *tag)
 {

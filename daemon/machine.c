@@ -40,6 +40,7 @@ struct daemon_machine {
     int dev_users[MACHINE_MAX_DEVICES];
     bool dev_resv[MACHINE_MAX_DEVICES];
     bool share;
+    bool slurm; /* data-parallel jobs whose spec names no launcher go to Slurm */
     char dev_why[256];
     int nheld;
     holding held[MAX_HELD];
@@ -197,6 +198,11 @@ const char *daemon_machine_summary(const daemon_machine *m)
     return m->summary;
 }
 
+void daemon_machine_set_slurm(daemon_machine *m, bool slurm)
+{
+    m->slurm = slurm;
+}
+
 int daemon_machine_ncpus(const daemon_machine *m)
 {
     return m->ncpus;
@@ -221,7 +227,10 @@ void daemon_machine_request(const daemon_machine *m, const gpu_job_config *c, in
     r->device_index = strncmp(c->device, "cuda:", 5) == 0 ? atoi(c->device + 5) : -1;
     r->cuda = wants_cuda(m, c);
     r->memory_mb = c->res.memory_mb;
-    if (c->dist.nhosts > 0) /* mpirun places the ranks on the hosts named */
+    gpu_launcher l = c->dist.launcher;
+    if (l == GPU_LAUNCH_DEFAULT && m->slurm && c->dist.world_size > 1)
+        l = GPU_LAUNCH_SLURM;
+    if (c->dist.nhosts > 0 || l == GPU_LAUNCH_SLURM) /* mpirun or Slurm places the ranks */
         return;
     r->ranks = c->dist.world_size;
     /* a CUDA job holds cores only when it says how many: its host work is one thread a rank,

@@ -33,7 +33,7 @@ typedef struct daemon_machine daemon_machine; /* opaque */
 
 /* What a job holds while it runs on this machine. */
 typedef struct {
-    int ranks;        /* its processes here (0: distributed.hosts, placed by mpirun) */
+    int ranks;        /* its processes here (0: on distributed.hosts or Slurm's nodes) */
     int cpus;         /* cores: ranks x cores per rank (at most the machine's when
                        * distributed.oversubscribe) */
     int devices;      /* GPUs: ranks x GPUs per rank */
@@ -56,6 +56,9 @@ void daemon_machine_free(daemon_machine *m);
 /* One line for the start-up log: the cores, the memory and the GPUs (or why there are none). */
 const char *daemon_machine_summary(const daemon_machine *m);
 int daemon_machine_ncpus(const daemon_machine *m);
+/* Whether the data-parallel jobs whose spec names no launcher go to Slurm (the daemon's
+ * --launcher slurm): their ranks then hold nothing here. */
+void daemon_machine_set_slurm(daemon_machine *m, bool slurm);
 
 /* Job c's request; max_running splits the cores when the job says nothing. */
 void daemon_machine_request(const daemon_machine *m, const gpu_job_config *c, int max_running,

@@ -65,7 +65,7 @@ static void set_defaults(const daemon_opts_cmd *c, void *args)
         char *at = (char *)args + o->off;
         if (o->kind == DAEMON_OPT_INT)
             *(int *)at = o->def;
-        else if (o->kind == DAEMON_OPT_STR && o->def_str)
+        else if ((o->kind == DAEMON_OPT_STR || o->kind == DAEMON_OPT_CHOICE) && o->def_str)
             snprintf(at, o->len, "%s", o->def_str);
     }
 }
@@ -108,6 +108,13 @@ static int apply(const daemon_opts_cmd *c, const daemon_opt *o, void *args, cons
         return int_arg(c->name, opt, v, o->lo, o->hi, (int *)at) ? DAEMON_OPTS_BAD : DAEMON_OPTS_OK;
     case DAEMON_OPT_CALL:
         return o->set(args, v) ? DAEMON_OPTS_BAD : DAEMON_OPTS_OK;
+    case DAEMON_OPT_CHOICE:
+        for (int i = 0; o->choices[i]; i++)
+            if (strcmp(v, o->choices[i]) == 0)
+                return daemon_opts_copy(c->name, opt, v, at, o->len) ? DAEMON_OPTS_BAD
+                                                                     : DAEMON_OPTS_OK;
+        fprintf(stderr, "ampd %s: %s takes %s, not '%s'\n", c->name, opt, o->arg, v);
+        return DAEMON_OPTS_BAD;
     case DAEMON_OPT_HELP:
         return DAEMON_OPTS_HELP;
     case DAEMON_OPT_VERSION:
@@ -215,4 +222,40 @@ void daemon_opts_usage(FILE *f, const daemon_opts_cmd *c)
             fprintf(f, "%s--%s", named++ ? ", " : "  ", c->opts[i].name);
     if (named)
         fputc('\n', f);
+}
+
+/* ---- the launcher's options ------------------------------------------------------------- */
+
+const char *const daemon_launchers[] = {"mpirun", "slurm", NULL};
+
+/* See opts.h. */
+void daemon_launch_apply(const daemon_launch_opts *o, gpu_dist_config *d)
+{
+    gpu_slurm_config *sl = &d->slurm;
+    if (d->launcher == GPU_LAUNCH_DEFAULT)
+        d->launcher = d->world_size > 1 && d->nhosts == 0 && strcmp(o->launcher, "slurm") == 0
+                          ? GPU_LAUNCH_SLURM
+                          : GPU_LAUNCH_MPIRUN;
+    if (!sl->partition[0])
+        snprintf(sl->partition, sizeof(sl->partition), "%s", o->partition);
+    if (!sl->account[0])
+        snprintf(sl->account, sizeof(sl->account), "%s", o->account);
+    if (!sl->time[0])
+        snprintf(sl->time, sizeof(sl->time), "%s", o->time);
+}
+
+/* See opts.h. */
+int daemon_launch_argv(const daemon_launch_opts *o, char **argv)
+{
+    const char *pairs[][2] = {{"--launcher", o->launcher},
+                              {"--slurm-partition", o->partition},
+                              {"--slurm-account", o->account},
+                              {"--slurm-time", o->time}};
+    int k = 0;
+    for (size_t i = 0; i < sizeof(pairs) / sizeof(pairs[0]); i++)
+        if (pairs[i][1][0]) {
+            argv[k++] = (char *)pairs[i][0];
+            argv[k++] = (char *)pairs[i][1];
+        }
+    return k;
 }

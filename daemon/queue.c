@@ -103,6 +103,14 @@ static void refresh(store *st, daemon_machine *m, const api_spec_opts *roots, in
         qsort(q->jobs, (size_t)q->n, sizeof(*q->jobs), by_id);
     for (int i = 0; i < n; i++) {
         queue_entry key = {.id = ids[i]};
+        bool busy = false;
+        for (int k = 0; k < q->nbusy && !busy; k++)
+            busy = q->busy[k] == ids[i];
+        if (busy) { /* its worker runs: the entry goes */
+            memmove(ids + i, ids + i + 1, (size_t)(n - i - 1) * sizeof(*ids));
+            n--, i--;
+            continue;
+        }
         old = q->n ? bsearch(&key, q->jobs, (size_t)q->n, sizeof(*q->jobs), by_id) : NULL;
         if (old)
             now[i] = *old;

@@ -60,6 +60,10 @@ typedef struct {
     queue_entry *jobs;
     int n;
     int head; /* the first that could not start (-1: none) */
+    /* Jobs queued in the store that have a worker already (a Slurm job waiting in Slurm's
+     * queue): not planned. The scheduler sets them before each plan (borrowed). */
+    const int64_t *busy;
+    int nbusy;
 } daemon_queue;
 
 /* Plan this turn's starts: at most max of them into starts[] (*n; max may be 0), each

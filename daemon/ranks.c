@@ -3,7 +3,9 @@
  * daemon started stays as the job's supervisor and runs
  *   mpirun -np N [--host H1,H2 | --oversubscribe] [--allow-run-as-root] --bind-to none
  *          AMPD run ARGS...
- * so that every rank is the same `ampd run` with the same arguments, under Open MPI.
+ * so that every rank is the same `ampd run` with the same arguments, under Open MPI; or,
+ * for launcher slurm, srun --mpi=pmix with what the spec asks of Slurm (slurm.c), which
+ * this file treats as it treats mpirun, the stop going through scancel instead.
  *
  * Signals: mpirun runs in a process group of its own, so a terminal's Ctrl-C or the
  * daemon's SIGTERM to the worker's group reaches the supervisor only; it forwards them to
@@ -17,9 +19,14 @@
  * end the job (mpirun's process group, then every process of the spec, get SIGKILL), the
  * rank named in the log.
  *
- * Output: the ranks inherit stdout and stderr through mpirun; only rank 0 writes to
- * stdout. Exit status: 0 or 130 (interrupted) as the ranks said; 1 for anything else (a
- * rank failed or died, mpirun could not start or was killed).
+ * When the launcher fails, the ranks that left a heartbeat behind (killed, or on a node
+ * that died) are named; with ranks on other hosts the exit status is then DAEMON_EXIT_LOST,
+ * which the daemon retries. A rank that died by a signal inside MPI's start-up (its
+ * heartbeat never appeared) gets the ranks launched once more.
+ *
+ * Output: the ranks inherit stdout and stderr through the launcher; only rank 0 writes to
+ * stdout. Exit status: 0 or 130 (interrupted) as the ranks said; DAEMON_EXIT_LOST; 1 for
+ * anything else (a rank failed or died, the launcher could not start or was killed).
  *
  * Threads: the calling thread only.
  */
@@ -35,18 +42,23 @@
 #include <unistd.h>
 
 #include "daemon/beat.h"
+#include "daemon/line.h"
 #include "daemon/log.h"
 #include "daemon/ranks.h"
+#include "daemon/slurm.h"
 #include "daemon/spawn.h"
 
 #define MAX_ARGS 64
 
-static volatile sig_atomic_t child_pid;
+static volatile sig_atomic_t child_pid, stop_asked, by_slurm;
 
+/* A stop for the ranks: mpirun passes SIGUSR1 on to them; under Slurm the watch loop asks
+ * scancel (not async-signal-safe work). */
 static void forward(int sig)
 {
     (void)sig;
-    if (child_pid > 0)
+    stop_asked = 1;
+    if (child_pid > 0 && !by_slurm)
         kill((pid_t)child_pid, SIGUSR1);
 }
 
@@ -103,19 +115,44 @@ static int spec_file(const char *spec, size_t len, char *path, size_t pathlen)
     return close(fd);
 }
 
-/* The ranks' watch: where their heartbeats are (NULL: not watched) and the limits. */
+/* The ranks' watch: where their heartbeats are (NULL: not watched), the limits, and the
+ * Slurm job (NULL: mpirun). */
 typedef struct {
     const char *dir;
     int nranks;
     double started, grace_s, timeout_s;
+    daemon_slurm *slurm;
+    bool multi_host; /* ranks on other machines: a lost rank may be a lost node */
+    int status;      /* the launcher's wait status, once it has ended */
 } rank_watch;
 
-/* Wait for mpirun (pid) while watching the ranks' heartbeats; 1 when they were ended as hung
- * (the reason logged), else 0 with mpirun's status. */
-static int wait_watching(pid_t pid, const rank_watch *w, int *status)
+static double wall_now(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    return (double)now.tv_sec + (double)now.tv_nsec * 1e-9;
+}
+
+/* One turn of the Slurm side of the watch: the stop passed on, the job's state followed.
+ * Returns whether the heartbeats are to be checked (the ranks run). */
+static bool slurm_turn(rank_watch *w, bool *stop_sent)
+{
+    if (stop_asked && !*stop_sent) {
+        daemon_slurm_signal(w->slurm, false);
+        *stop_sent = true;
+    }
+    if (daemon_slurm_poll(w->slurm))
+        w->started = wall_now(); /* the start-up grace counts from the ranks' start */
+    return w->slurm->started;
+}
+
+/* Wait for the launcher (pid) while watching the ranks' heartbeats; 1 when they were ended
+ * as hung (the reason logged), else 0 with the launcher's status. */
+static int wait_watching(pid_t pid, rank_watch *w, int *status)
 {
     struct timespec tick = {0, 200 * 1000 * 1000};
     char why[512];
+    bool stop_sent = false;
     for (int i = 1;; i++) {
         pid_t got = waitpid(pid, status, WNOHANG);
         if (got == pid)
@@ -125,11 +162,14 @@ static int wait_watching(pid_t pid, const rank_watch *w, int *status)
             *status = 1 << 8;
             return 0;
         }
-        if (w->dir && i % 5 == 0 &&
+        bool watch = w->slurm ? slurm_turn(w, &stop_sent) : true;
+        if (watch && w->dir && i % 5 == 0 &&
             daemon_beat_check(w->dir, w->nranks, w->started, w->grace_s, w->timeout_s, why,
                               sizeof(why))) {
             log_error("%s: ending the job", why);
-            kill(-pid, SIGKILL); /* mpirun's group: mpirun and the ranks it started */
+            if (w->slurm)
+                daemon_slurm_signal(w->slurm, true);
+            kill(-pid, SIGKILL); /* the launcher's group: mpirun and the ranks it started */
             while (waitpid(pid, status, 0) < 0 && errno == EINTR)
                 ;
             return 1;
@@ -138,8 +178,34 @@ static int wait_watching(pid_t pid, const rank_watch *w, int *status)
     }
 }
 
-/* Start mpirun with args and wait for it, passing SIGINT/SIGTERM on as SIGUSR1. */
-static int run_mpirun(char **args, const rank_watch *w)
+/* The exit status of a launcher that failed (st: its wait status) or was ended as hung:
+ * the lost ranks named; across hosts, DAEMON_EXIT_LOST (the daemon retries the job from its
+ * checkpoint), else 1. */
+static int failed_status(const rank_watch *w, int st, bool hung)
+{
+    char lost[900];
+    int n = w->dir ? daemon_beat_lost(w->dir, w->nranks, lost, sizeof(lost)) : 0;
+    if (!hung && WIFEXITED(st))
+        log_error("the job's ranks failed (%s exit status %d; its lines above name the rank)",
+                  w->slurm ? "srun" : "mpirun", WEXITSTATUS(st));
+    else if (!hung)
+        log_error("%s was killed by signal %d", w->slurm ? "srun" : "mpirun", WTERMSIG(st));
+    if (n > 0)
+        log_error("lost: %s went silent first, without stopping%s", lost,
+                  w->multi_host ? " (their node died, or they were killed)" : " (killed)");
+    if (w->multi_host && (hung || n > 0)) {
+        log_error("the job lost ranks on another host; it can go on from its last checkpoint");
+        if (n > 0) /* no rank writes any more: the line cannot land inside one of theirs */
+            daemon_line_emit(json_pack("{s:s, s:s, s:s+}", "type", "event", "kind", "node_lost",
+                                       "message", "lost ", lost));
+        return DAEMON_EXIT_LOST;
+    }
+    return 1;
+}
+
+/* Start the launcher (mpirun or srun) with args and wait for it, passing SIGINT/SIGTERM on
+ * as a stop after the same step. */
+static int run_launcher(char **args, rank_watch *w)
 {
     char what[1100];
     daemon_spawn_opts o = {.exe = args[0],
@@ -154,6 +220,7 @@ static int run_mpirun(char **args, const rank_watch *w)
     pid_t pid;
 
     snprintf(what, sizeof(what), "ampd run: cannot run %s", args[0]);
+    by_slurm = w->slurm != NULL;
     /* ranks yield the core while they wait in a collective (one machine, many ranks); set
      * here, before the fork, since the child may only make async-signal-safe calls */
     setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
@@ -167,24 +234,46 @@ static int run_mpirun(char **args, const rank_watch *w)
     sa.sa_handler = forward;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
-    if (wait_watching(pid, w, &status)) {
+    int hung = wait_watching(pid, w, &status);
+    w->status = status;
+    if (hung) {
         while (args[n + 1])
             n++;
         /* a rank that left mpirun's group goes too: every process of this spec but this one
          * (the daemon's workers name it by its absolute path) */
         if (args[n][0] == '/')
             daemon_end_strays(args[n], 10.0, &killed);
-        return 1;
+        if (w->slurm)
+            daemon_slurm_finish(w->slurm, 5.0);
+        return failed_status(w, status, true);
     }
+    if (w->slurm)
+        daemon_slurm_finish(w->slurm, 5.0);
     if (WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == 130))
         return WEXITSTATUS(status);
-    if (WIFEXITED(status))
-        log_error("the job's ranks failed (mpirun exit status %d; mpirun's lines above name "
-                  "the rank)",
-                  WEXITSTATUS(status));
-    else
-        log_error("mpirun was killed by signal %d", WTERMSIG(status));
-    return 1;
+    if (w->slurm && w->slurm->refused)
+        return 1; /* Slurm would never have started it: the reason is logged */
+    if (w->slurm && stop_asked && !w->slurm->started)
+        return 130; /* stopped while it waited in Slurm's queue: nothing ran */
+    return failed_status(w, status, false);
+}
+
+/* Whether the launcher failed because a rank died by a signal inside MPI's start-up: it
+ * reported a signal (an exit status above 128, or its own death) and some rank never
+ * started its heartbeat, which each rank does as soon as MPI_Init returns. Open MPI 4.1's
+ * start-up over TCP has such rare crashes (about 1 in 100 starts across two hosts here);
+ * the ranks are then launched once more. */
+static bool died_starting(const rank_watch *w)
+{
+    char path[1100];
+    bool signalled =
+        WIFSIGNALED(w->status) || (WIFEXITED(w->status) && WEXITSTATUS(w->status) > 128);
+    for (int r = 0; signalled && w->dir && r < w->nranks; r++) {
+        snprintf(path, sizeof(path), "%s/rank-%d.beat", w->dir, r);
+        if (access(path, F_OK) != 0)
+            return true;
+    }
+    return false;
 }
 
 /* Remove the heartbeats of an earlier run of the job from dir. */
@@ -202,18 +291,25 @@ int daemon_ranks_launch(const gpu_job_config *c, int argc, char **argv, const ch
                         size_t len, const char *dir)
 {
 #ifndef AMPD_MPIRUN
-    (void)argc, (void)argv, (void)spec, (void)len, (void)dir, (void)run_mpirun,
-        (void)spec_file, (void)build_argv, (void)clear_beats;
+    (void)argc, (void)argv, (void)spec, (void)len, (void)dir, (void)run_launcher, (void)spec_file,
+        (void)build_argv, (void)clear_beats;
     log_error("distributed.world_size %d: this ampd was built without MPI", c->dist.world_size);
     return 2;
 #else
-    char exe[1024], np[16], hosts[GPU_MAX_HOSTS * 130], tmp[1024] = "";
+    char exe[1024], np[16], hosts[GPU_MAX_HOSTS * 130], tmp[1024] = "", sbuf[1024];
     char *args[MAX_ARGS];
+    daemon_slurm slurm;
     /* a start-up grace that grows with the ranks: mpirun starts them one by one */
-    rank_watch w = {dir, c->dist.world_size, 0, 30.0 + 2.0 * c->dist.world_size,
-                    (double)c->dist.rank_timeout_s};
+    rank_watch w = {dir,
+                    c->dist.world_size,
+                    0,
+                    30.0 + 2.0 * c->dist.world_size,
+                    (double)c->dist.rank_timeout_s,
+                    NULL,
+                    c->dist.nhosts > 0 || c->dist.launcher == GPU_LAUNCH_SLURM,
+                    0};
     ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    int status;
+    int status, rc;
 
     if (n <= 0) {
         log_error("cannot find the ampd executable (/proc/self/exe): %s", strerror(errno));
@@ -227,17 +323,31 @@ int daemon_ranks_launch(const gpu_job_config *c, int argc, char **argv, const ch
         }
         argv[argc - 1] = tmp;
     }
-    if (build_argv(c, argc, argv, exe, np, sizeof(np), hosts, sizeof(hosts), args) != 0) {
-        log_error("too many arguments for mpirun");
-        status = 2;
-    } else {
-        log_info("%d ranks: %s -np %d%s%s", c->dist.world_size, args[0], c->dist.world_size,
-                 c->dist.nhosts ? " --host " : "", c->dist.nhosts ? hosts : "");
-        struct timespec now;
-        clock_gettime(CLOCK_REALTIME, &now);
-        w.started = (double)now.tv_sec + (double)now.tv_nsec * 1e-9;
+    for (int attempt = 1;; attempt++) {
+        if (c->dist.launcher == GPU_LAUNCH_SLURM) {
+            daemon_slurm_init(&slurm, attempt);
+            w.slurm = &slurm;
+            rc = daemon_slurm_argv(&slurm, c, exe, argc, argv, sbuf, sizeof(sbuf), args, MAX_ARGS);
+        } else {
+            rc = build_argv(c, argc, argv, exe, np, sizeof(np), hosts, sizeof(hosts), args);
+        }
+        if (rc != 0) {
+            log_error("cannot build %s's command line", w.slurm ? "srun" : "mpirun");
+            status = 2;
+            break;
+        }
+        if (w.slurm)
+            log_info("%d ranks through Slurm: srun --job-name=%s", c->dist.world_size, slurm.name);
+        else
+            log_info("%d ranks: %s -np %d%s%s", c->dist.world_size, args[0], c->dist.world_size,
+                     c->dist.nhosts ? " --host " : "", c->dist.nhosts ? hosts : "");
+        w.started = wall_now();
         clear_beats(dir, c->dist.world_size);
-        status = run_mpirun(args, &w);
+        status = run_launcher(args, &w);
+        if (status != 1 || attempt > 1 || stop_asked || !died_starting(&w))
+            break;
+        log_warn("a rank died by a signal inside MPI's start-up, before any step: launching "
+                 "the ranks once more");
     }
     if (tmp[0])
         unlink(tmp);

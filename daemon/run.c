@@ -60,6 +60,16 @@ static void on_signal(int sig)
 
 /* This rank's heartbeat (a supervised rank of a data-parallel job; NULL otherwise). */
 static daemon_beat *beat;
+/* Rank 0 of several: every rank's host (HOST_LEN bytes each) and the straggler watch. */
+#define HOST_LEN 64
+static char *hosts;
+static int nhosts;
+static daemon_straggle *straggle;
+
+static const char *rank_host(int r)
+{
+    return hosts && r >= 0 && r < nhosts ? hosts + (size_t)r * HOST_LEN : "?";
+}
 
 typedef struct {
     const char *path;
@@ -70,31 +80,9 @@ typedef struct {
     int roots_given;      /* --data-root options read */
     int64_t profile;      /* --profile: the step to profile, 0 for none */
     const char *device;   /* --device: instead of the spec's (the daemon's placement) */
+    daemon_launch_opts launch; /* --launcher, --slurm-*: where the spec leaves them open */
     api_spec_opts opts;
 } run_args;
-
-/* Print obj as one line and release it. The line goes out whole with write(2), which a
- * stop signal interrupts (EINTR: the handler has no SA_RESTART) while the daemon leaves the
- * pipe full (it pauses a worker while its store cannot write): stdio would drop the line
- * then, so the write is resumed until every byte is out. */
-static void emit(json_t *obj)
-{
-    char *s = json_dumps(obj, JSON_COMPACT | JSON_REAL_PRECISION(9));
-    size_t n = s ? strlen(s) : 0, off = 0;
-    if (s) {
-        s[n] = '\n'; /* over the terminator: the line is written by length */
-        while (off <= n) {
-            ssize_t k = write(STDOUT_FILENO, s + off, n + 1 - off);
-            if (k < 0 && errno == EINTR)
-                continue;
-            if (k <= 0)
-                break; /* the reader is gone: nothing to print to */
-            off += (size_t)k;
-        }
-        free(s);
-    }
-    json_decref(obj);
-}
 
 /* One layer of a "layers" line: its name, dtype and the store's layer fields, in the
  * store's order (STORE_LAYER_FIELDS; gpu_layer_stat has a member of each name). */
@@ -129,16 +117,16 @@ static void emit_diagnostics(gpu_trainer *t, const gpu_step_metrics *m)
                 json_array_append_new(names, json_string(hit[i]));
             json_object_set_new(fn, "tensors", names);
         }
-        emit(json_pack("{s:s, s:I, s:o, s:o, s:o}", "type", "layers", "step", (json_int_t)m->step,
-                       "scale", api_json_float(m->loss_scale), "first_nonfinite", fn, "layers",
-                       arr));
+        daemon_line_emit(json_pack("{s:s, s:I, s:o, s:o, s:o}", "type", "layers", "step",
+                                   (json_int_t)m->step, "scale", api_json_float(m->loss_scale),
+                                   "first_nonfinite", fn, "layers", arr));
     }
     gpu_trainer_recommendations(t, &recs, &nrecs);
     for (int i = 0; i < nrecs; i++)
-        emit(json_pack("{s:s, s:I, s:s, s:o, s:s}", "type", "event", "step", (json_int_t)m->step,
-                       "kind", "recommendation", "layer",
-                       recs[i].layer ? json_string(recs[i].layer) : json_null(), "message",
-                       recs[i].message));
+        daemon_line_emit(json_pack("{s:s, s:I, s:s, s:o, s:s}", "type", "event", "step",
+                                   (json_int_t)m->step, "kind", "recommendation", "layer",
+                                   recs[i].layer ? json_string(recs[i].layer) : json_null(),
+                                   "message", recs[i].message));
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -217,6 +205,7 @@ static const daemon_opt run_opts[] = {
     {"device", 'D', "DEV", .kind = DAEMON_OPT_PTR, .off = offsetof(run_args, device),
      .help = "train on DEV instead of the spec's device (the daemon's\nplacement: \"cpu\", or "
              "\"cuda:0\" and \"cuda\" within\nCUDA_VISIBLE_DEVICES)"},
+    DAEMON_LAUNCH_OPTS(run_args, launch),
     {"help", 'h', NULL, .kind = DAEMON_OPT_HELP},
 };
 
@@ -331,7 +320,7 @@ static void emit_eval(gpu_trainer *t, run_state *s, int64_t step)
         return;
     s->have_eval = 1;
     s->eval_step = step;
-    emit(daemon_line_eval(step, &s->eval));
+    daemon_line_emit(daemon_line_eval(step, &s->eval));
 }
 
 static void emit_summary(const gpu_job_config *c, gpu_trainer *t, run_state *s, const char *status,
@@ -359,7 +348,7 @@ static void emit_summary(const gpu_job_config *c, gpu_trainer *t, run_state *s, 
         json_object_set_new(o, "eval_loss", api_json_num(s->eval.loss));
         json_object_set_new(o, "eval_acc", api_json_num(s->eval.accuracy));
     }
-    emit(o);
+    daemon_line_emit(o);
 }
 
 static void record_time(run_state *s, double ms)
@@ -393,7 +382,7 @@ static void emit_start(const gpu_job_config *c, gpu_trainer *t)
         json_object_set_new(o, "spec", spec ? spec : json_null());
     else
         json_decref(spec);
-    emit(o);
+    daemon_line_emit(o);
 }
 
 /* Drop the checkpoint of step in the checkpoint directory: delete it (unless --no-delete)
@@ -409,8 +398,9 @@ static void drop(const run_args *a, int64_t step, const char *reason)
             log_warn("cannot delete %s: %s", path, strerror(errno));
     }
     log_debug("checkpoint %s dropped (%s)", path, reason);
-    emit(json_pack("{s:s, s:I, s:s, s:s, s:b}", "type", "checkpoint_drop", "step", (json_int_t)step,
-                   "path", path, "reason", reason, "deleted", deleted));
+    daemon_line_emit(json_pack("{s:s, s:I, s:s, s:s, s:b}", "type", "checkpoint_drop", "step",
+                               (json_int_t)step, "path", path, "reason", reason, "deleted",
+                               deleted));
 }
 
 /* Add a checkpoint to the ones the retention manages; 0 or GPU_ENOMEM. */
@@ -512,9 +502,9 @@ static int checkpoint(const gpu_job_config *c, const run_args *a, gpu_trainer *t
     int rc = daemon_ckpt_save(t, a->ckpt_dir, &info, path, sizeof(path), err, errlen);
     if (rc)
         return rc;
-    emit(json_pack("{s:s, s:I, s:s, s:I, s:b}", "type", "checkpoint", "step", (json_int_t)info.step,
-                   "path", path, "bytes", (json_int_t)info.bytes, "healthy",
-                   daemon_ckpt_healthy(&info)));
+    daemon_line_emit(json_pack("{s:s, s:I, s:s, s:I, s:b}", "type", "checkpoint", "step",
+                               (json_int_t)info.step, "path", path, "bytes", (json_int_t)info.bytes,
+                               "healthy", daemon_ckpt_healthy(&info)));
     if (kept_add(s, &info) == 0)
         retain(c, a, s);
     return 0;
@@ -534,9 +524,38 @@ static void emit_profile(gpu_trainer *t, int64_t step, double step_ms)
                                                 p->phase[i].calls));
         sum += p->phase[i].ms;
     }
-    emit(json_pack("{s:s, s:I, s:s, s:o, s:o, s:o}", "type", "profile", "step", (json_int_t)step,
-                   "device", gpu_trainer_device(t), "step_ms", api_json_num(step_ms),
-                   "phases_ms", api_json_num(sum), "phases", phases));
+    daemon_line_emit(json_pack("{s:s, s:I, s:s, s:o, s:o, s:o}", "type", "profile", "step",
+                               (json_int_t)step, "device", gpu_trainer_device(t), "step_ms",
+                               api_json_num(step_ms), "phases_ms", api_json_num(sum), "phases",
+                               phases));
+}
+
+/* Rank 0 of several: the straggler watch (beat.h) fed with the step's busy times; an event
+ * line when a rank begins or ends straggling, naming its host. */
+static void watch_stragglers(gpu_trainer *t, int64_t step)
+{
+    const double *busy;
+    int n = gpu_trainer_rank_busy(t, &busy), rank = 0, verdict;
+    double ratio = 0;
+    char msg[400];
+    if (n < 2 || (!straggle && !(straggle = daemon_straggle_new(n))))
+        return;
+    if (!(verdict = daemon_straggle_add(straggle, busy, &rank, &ratio)))
+        return;
+    if (verdict > 0)
+        snprintf(msg, sizeof(msg),
+                 "rank %d on %s straggles: its steps' work (without waiting "
+                 "for the all-reduce) took %.2fx the median rank's over each of the last %d "
+                 "windows of %d steps; the others wait for it",
+                 rank, rank_host(rank), ratio, DAEMON_STRAGGLE_WINDOWS, DAEMON_STRAGGLE_WINDOW);
+    else
+        snprintf(msg, sizeof(msg),
+                 "rank %d on %s no longer straggles (%.2fx the median rank's "
+                 "work over the last %d steps)",
+                 rank, rank_host(rank), ratio, DAEMON_STRAGGLE_WINDOW);
+    log_warn("%s", msg);
+    daemon_line_emit(json_pack("{s:s, s:I, s:s, s:s}", "type", "event", "step", (json_int_t)step,
+                               "kind", "straggler", "message", msg));
 }
 
 /* The step loop from the trainer's current step to the end or a stop signal. Returns 0,
@@ -554,10 +573,11 @@ static int loop(const gpu_job_config *c, const run_args *a, gpu_trainer *t, gpu_
         s->stepped = true;
         record_time(s, s->last.step_ms);
         if (s->last.step % a->every == 0 || rc || s->last.step == c->steps || s->last.overflow)
-            emit(daemon_line_step(&s->last));
+            daemon_line_emit(daemon_line_step(&s->last));
         if (s->last.step == a->profile)
             emit_profile(t, s->last.step, s->last.step_ms);
         emit_diagnostics(t, &s->last);
+        watch_stragglers(t, s->last.step);
         if (rc) {
             if (!err[0])
                 snprintf(err, errlen, "%s", gpu_strerror(rc));
@@ -626,9 +646,10 @@ static void report_resume(const daemon_ckpt_resumed *res)
                                        : ": format 1, written before checksums, not verified");
     else
         log_warn("no checkpoint verifies (%d skipped): training from step 0", res->nskipped);
-    emit(json_pack("{s:s, s:I, s:o, s:b, s:o}", "type", "resume", "step", (json_int_t)res->step,
-                   "path", res->path[0] ? json_string(res->path) : json_null(), "verified",
-                   res->path[0] && res->info.checksummed, "skipped", skipped));
+    daemon_line_emit(json_pack("{s:s, s:I, s:o, s:b, s:o}", "type", "resume", "step",
+                               (json_int_t)res->step, "path",
+                               res->path[0] ? json_string(res->path) : json_null(), "verified",
+                               res->path[0] && res->info.checksummed, "skipped", skipped));
 }
 
 /* Build the trainer, resumed when a->resume says so; 0 or an error with err filled. */
@@ -718,18 +739,60 @@ static int train(const gpu_job_config *c, const run_args *a, gpu_comm *comm)
     return status;
 }
 
-/* One rank of a data-parallel job (under mpirun): join, train, leave. */
+/* After the ranks have joined: every rank's host (kept in hosts); this rank's log tag
+ * ("rank 2 n2"); rank 0's "launch" line, RUNNING with the launcher's job and every rank's
+ * host. */
+static int joined(const gpu_job_config *c, gpu_comm *comm, char *tag, size_t len)
+{
+    int n = gpu_comm_size(comm), me = gpu_comm_rank(comm);
+    hosts = calloc((size_t)n, HOST_LEN);
+    nhosts = n;
+    const char *id = getenv("SLURM_JOB_ID"), *nodes = getenv("SLURM_JOB_NODELIST");
+    bool slurm = c->dist.launcher == GPU_LAUNCH_SLURM;
+    if (!hosts || gpu_comm_hosts(comm, hosts, HOST_LEN) != 0) {
+        log_error("cannot learn the ranks' hosts: %s", hosts ? gpu_comm_error(comm) : "no memory");
+        return -1;
+    }
+    snprintf(tag, len, "rank %d %s", me, hosts + (size_t)me * HOST_LEN);
+    daemon_log_set_tag(tag);
+    if (me == 0) {
+        json_t *arr = json_array();
+        for (int r = 0; r < n; r++)
+            json_array_append_new(arr, json_string(hosts + (size_t)r * HOST_LEN));
+        daemon_line_emit(json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:o}", "type", "launch",
+                                   "launcher", gpu_launcher_name(c->dist.launcher), "job_id",
+                                   slurm && id ? id : "", "state", "RUNNING", "reason", "", "nodes",
+                                   slurm && nodes ? nodes : "", "hosts", arr));
+    }
+    return 0;
+}
+
+/* One rank of a data-parallel job (under mpirun or srun): join, train, leave. */
 static int train_rank(gpu_job_config *c, const run_args *a)
 {
-    char err[512] = "", tag[32];
+    char err[512] = "", tag[96];
     gpu_comm *comm = NULL;
     int rc = gpu_comm_init(&comm, err, sizeof(err)), status;
     if (rc) {
         log_error("cannot join the job's ranks: %s", err);
         return 1;
     }
-    snprintf(tag, sizeof(tag), "rank %d", gpu_comm_rank(comm));
-    daemon_log_set_tag(tag);
+    if (a->ckpt_dir && daemon_beat_start(a->ckpt_dir, gpu_comm_rank(comm), &beat) != 0)
+        log_warn("no heartbeat for the launcher (%s/rank-%d.beat): %s", a->ckpt_dir,
+                 gpu_comm_rank(comm), strerror(errno));
+    if (beat && daemon_beat_wait_all(a->ckpt_dir, gpu_comm_size(comm),
+                                     30.0 + 2.0 * gpu_comm_size(comm)) != 0)
+        log_warn("not every rank has started after %.0f s; going on (the launcher ends the job "
+                 "if one never does)",
+                 30.0 + 2.0 * gpu_comm_size(comm));
+    if (joined(c, comm, tag, sizeof(tag)) != 0) {
+        free(hosts);
+        hosts = NULL;
+        daemon_beat_stop(beat);
+        beat = NULL;
+        gpu_comm_abandon(comm);
+        return 1;
+    }
     if (gpu_comm_rank(comm) != 0 && !freopen("/dev/null", "w", stdout))
         log_warn("cannot silence stdout: %s", strerror(errno));
     if (c->threads == 0) { /* share the cores this process may use between its ranks */
@@ -739,12 +802,13 @@ static int train_rank(gpu_job_config *c, const run_args *a)
         int per = (int)(cores > 0 ? cores : 1) / gpu_comm_local_size(comm);
         c->threads = per > 0 ? per : 1;
     }
-    if (a->ckpt_dir && daemon_beat_start(a->ckpt_dir, gpu_comm_rank(comm), &beat) != 0)
-        log_warn("no heartbeat for the launcher (%s/rank-%d.beat): %s", a->ckpt_dir,
-                 gpu_comm_rank(comm), strerror(errno));
     status = train(c, a, comm);
     daemon_beat_stop(beat);
     beat = NULL;
+    daemon_straggle_free(straggle);
+    straggle = NULL;
+    free(hosts);
+    hosts = NULL;
     if (status == 1) /* the others may wait for this rank: leave without MPI_Finalize */
         gpu_comm_abandon(comm);
     else
@@ -770,7 +834,10 @@ int daemon_run_main(int argc, char **argv)
     rc = api_spec_parse(text, len, &a.opts, &c, &e);
     if (rc == 0 && a.device)
         rc = override_device(&c, a.device, &e);
-    if (rc == 0 && c.dist.world_size > 1 && !gpu_comm_launched()) {
+    if (rc == 0)
+        daemon_launch_apply(&a.launch, &c.dist);
+    if (rc == 0 && (c.dist.world_size > 1 || c.dist.launcher == GPU_LAUNCH_SLURM) &&
+        !gpu_comm_launched()) {
         rc = daemon_ranks_launch(&c, argc, argv, text, len, a.ckpt_dir);
         free(text);
         return rc;
@@ -785,7 +852,7 @@ int daemon_run_main(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGUSR1, &sa, NULL); /* mpirun passes the supervisor's stop on as SIGUSR1 */
-    if (c.dist.world_size == 1)
+    if (c.dist.world_size == 1 && c.dist.launcher != GPU_LAUNCH_SLURM)
         return train(&c, &a, NULL);
     return train_rank(&c, &a);
 }

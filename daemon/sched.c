@@ -2,10 +2,11 @@
  * sched.c - the scheduler and worker supervision (contract in sched.h).
  *
  * A worker is an `ampd run` child process, started by daemon_spawn (spawn.h) as cfg.exe with
- *   run --every 1 --checkpoint-dir <data_dir>/jobs/<id> [--resume CKPT] [--data-root R]...
- *       <data_dir>/jobs/<id>/spec.json
- * in its own process group, stdin /dev/null, stdout a pipe to the scheduler, stderr appended
- * to <data_dir>/jobs/<id>/worker.log, every other descriptor closed, every signal
+ *   run --every 1 --checkpoint-dir <shared_dir>/jobs/<id> [--resume CKPT] [--data-root R]...
+ *       [--launcher L --slurm-...] <shared_dir>/jobs/<id>/spec.json
+ * in its own process group (shared_dir: the data directory unless --shared-dir), stdin
+ * /dev/null, stdout a pipe to the scheduler, stderr appended to
+ * <shared_dir>/jobs/<id>/worker.log, every other descriptor closed, every signal
  * disposition back to the default (signals blocked across the fork until then), an empty
  * signal mask, the open-file soft limit the daemon started with (cfg.nofile_child: ampd
  * serve raises its own for connections; programs that use select() want the usual one),
@@ -65,6 +66,7 @@
 #include "daemon/log.h"
 #include "daemon/machine.h"
 #include "daemon/queue.h"
+#include "daemon/ranks.h"
 #include "daemon/sched.h"
 #include "daemon/spawn.h"
 #include "daemon/worker.h"
@@ -86,6 +88,7 @@ struct daemon_sched {
     pthread_mutex_t mu;
     /* under mu */
     worker **workers;
+    int64_t *busy; /* the workers' jobs, for the queue's plan (max_running entries) */
     int nworkers;
     bool stop_requested, need_schedule;
     int64_t started, failed;
@@ -106,7 +109,19 @@ static void wake_up(daemon_sched *s)
 
 static void job_dir(const daemon_sched *s, int64_t id, char *out, size_t len)
 {
-    snprintf(out, len, "%s/jobs/%lld", s->cfg.data_dir, (long long)id);
+    snprintf(out, len, "%s/jobs/%lld", s->cfg.shared_dir, (long long)id);
+}
+
+/* dir created (mode 0750) and made absolute in place; -1 after a log line. */
+static int absolute_dir(char *dir, size_t len, const char *what)
+{
+    char abs[PATH_MAX];
+    if (daemon_mkdirs(dir, 0750) != 0 || !realpath(dir, abs) || strlen(abs) >= len) {
+        log_error("cannot use the %s %s: %s", what, dir, strerror(errno));
+        return -1;
+    }
+    memcpy(dir, abs, strlen(abs) + 1);
+    return 0;
 }
 
 /* Whether the store writes (its last attempt did). */
@@ -123,6 +138,14 @@ static worker *find_worker_locked(daemon_sched *s, int64_t id)
         if (s->workers[i]->job == id)
             return s->workers[i];
     return NULL;
+}
+
+/* Job id's worker while it has not exited, else NULL (under mu). A job whose ranks wait in
+ * Slurm's queue has one though its status is queued. */
+static worker *live_worker_locked(daemon_sched *s, int64_t id)
+{
+    worker *w = find_worker_locked(s, id);
+    return w && !w->exited ? w : NULL;
 }
 
 /* Take mu and read job id into *j (cleared first): 0 or the store's code. Every call is
@@ -199,7 +222,7 @@ static int prepare_resume(daemon_sched *s, const store_job *j, char *ckpt, size_
 }
 
 typedef struct {
-    char *argv[14 + 2 * DAEMON_MAX_ROOTS];
+    char *argv[22 + 2 * DAEMON_MAX_ROOTS];
     char **envp;       /* the environment with the job's CUDA_VISIBLE_DEVICES (NULL: ours) */
     char visible[300]; /* that variable */
     cpu_set_t cpus;    /* the cores the job was given */
@@ -306,6 +329,7 @@ static void worker_argv(const daemon_sched *s, worker *w, spawn_args *a, const c
         a->argv[k++] = "--data-root";
         a->argv[k++] = (char *)s->cfg.roots[i];
     }
+    k += daemon_launch_argv(&s->cfg.launch, a->argv + k);
     a->argv[k++] = a->spec;
     a->argv[k] = NULL;
 }
@@ -378,7 +402,7 @@ static void placement_text(const daemon_start *st, char *out, size_t len)
              p->ncpus && p->ndevices ? " and " : "",
              p->ndevices ? (p->ndevices == 1 ? "GPU " : "GPUs ") : "", devs,
              p->ncpus || p->ndevices ? "" : "no core or GPU of its own",
-             st->req.ranks == 0 ? " (its ranks on distributed.hosts)" : "");
+             st->req.ranks == 0 ? " (its ranks on other machines)" : "");
 }
 
 /* The placement as the start event's data: {"cpus": [...], "devices": [...]}. */
@@ -467,8 +491,14 @@ static void start_queued_locked(daemon_sched *s)
         return;
     if (slots < 0)
         slots = 0;
+    for (int i = 0; i < s->nworkers; i++)
+        s->busy[i] = s->workers[i]->job;
+    s->queue.busy = s->busy;
+    s->queue.nbusy = s->nworkers;
     daemon_queue_plan(s->st, s->cfg.machine, &s->roots, s->cfg.max_running, slots, starts, &n,
                       &s->queue);
+    s->queue.busy = NULL;
+    s->queue.nbusy = 0;
     for (int i = 0; i < n; i++)
         start_one_locked(s, &starts[i]);
     free(starts);
@@ -496,8 +526,24 @@ static store_status stopped_status(const worker *w)
                            : STORE_INTERRUPTED;
 }
 
+/* A job whose ranks on another host were lost (a node died) goes back to the queue while
+ * it has retries left (max_retries); w->retry gets its number. Under mu. */
+static bool retry_lost(daemon_sched *s, worker *w)
+{
+    store_job j;
+    bool again = false;
+    memset(&j, 0, sizeof(j));
+    if (store_job_get(s->st, w->job, &j) == 0 && j.retries < s->cfg.max_retries &&
+        store_job_set_retries(s->st, w->job, j.retries + 1) == 0) {
+        w->retry = j.retries + 1;
+        again = true;
+    }
+    store_job_clear(&j);
+    return again;
+}
+
 /* Decide the job's final status from how its worker ended; err gets the failure reason
- * (for a preempted job, by whom). */
+ * (for a preempted job, by whom; for one queued again, what it lost). */
 static store_status final_status(daemon_sched *s, worker *w, char *err, size_t errlen)
 {
     int n = 0;
@@ -514,6 +560,10 @@ static store_status final_status(daemon_sched *s, worker *w, char *err, size_t e
             return STORE_SUCCEEDED;
         if (code == 130)
             return stopped_status(w);
+        if (code == DAEMON_EXIT_LOST && !w->term_sent) {
+            daemon_log_tail(w->dir, w->log_start, err, errlen);
+            return retry_lost(s, w) ? STORE_QUEUED : STORE_FAILED;
+        }
         if (w->summary_error)
             n = snprintf(err, errlen, "%s (worker exited with status %d)", w->summary_error, code);
         else
@@ -539,6 +589,22 @@ static void remove_worker_locked(daemon_sched *s, worker *w)
             break;
         }
     s->need_schedule = true;
+}
+
+/* The lifecycle event that ends w's run, from its decided end (under mu). */
+static void end_message(const daemon_sched *s, const worker *w, char *msg, size_t len)
+{
+    const char *why = w->end_err ? w->end_err : "?";
+    if (w->end_status == STORE_FAILED)
+        snprintf(msg, len, "failed: %s", why);
+    else if (w->end_status == STORE_PREEMPTED)
+        snprintf(msg, len, "%s; it resumes from its checkpoint at step %lld",
+                 w->end_err ? w->end_err : "preempted", (long long)w->newest_ckpt);
+    else if (w->end_status == STORE_QUEUED)
+        snprintf(msg, len, "retrying from its checkpoint at step %lld (retry %d of %d): %s",
+                 (long long)w->newest_ckpt, w->retry, s->cfg.max_retries, why);
+    else
+        snprintf(msg, len, "%s", store_status_name(w->end_status));
 }
 
 /* The worker has exited: drain its pipe and write the job's end (scheduler thread): the
@@ -574,23 +640,21 @@ static bool finish_worker(daemon_sched *s, worker *w, bool give_up)
             w->end_status = final_status(s, w, err, sizeof(err));
             if (w->end_status == STORE_PREEMPTED)
                 snprintf(err, sizeof(err), "preempted by job %lld", (long long)w->preempt_by);
-            w->end_err = w->end_status == STORE_FAILED || w->end_status == STORE_PREEMPTED
+            w->end_err = w->end_status == STORE_FAILED || w->end_status == STORE_PREEMPTED ||
+                                 w->end_status == STORE_QUEUED
                              ? strdup(err)
                              : NULL;
             w->end_decided = true;
         }
         if (!w->end_event) { /* once: a finished job's stream ends with its end message */
-            if (w->end_status == STORE_FAILED)
-                snprintf(msg, sizeof(msg), "failed: %s", w->end_err ? w->end_err : "?");
-            else if (w->end_status == STORE_PREEMPTED)
-                snprintf(msg, sizeof(msg), "%s; it resumes from its checkpoint at step %lld",
-                         w->end_err ? w->end_err : "preempted", (long long)w->newest_ckpt);
-            else
-                snprintf(msg, sizeof(msg), "%s", store_status_name(w->end_status));
+            end_message(s, w, msg, sizeof(msg));
             daemon_ingest_event(s->st, w->job, w->last_step, "lifecycle", msg, NULL);
             w->end_event = true;
         }
-        rc = store_job_set_status(s->st, w->job, w->end_status, w->end_err);
+        rc = store_job_set_status(s->st, w->job, w->end_status,
+                                  w->end_status == STORE_QUEUED ? NULL : w->end_err);
+        if (rc == 0 && w->end_status == STORE_QUEUED)
+            s->need_schedule = true;
         if (rc == 0 || !daemon_ingest_transient(rc) || give_up) {
             remove_worker_locked(s, w);
             removed = true;
@@ -941,17 +1005,14 @@ int daemon_sched_start(store *st, const daemon_sched_config *c, daemon_sched **o
     s->roots.nroots = c->nroots < API_MAX_ROOTS ? c->nroots : API_MAX_ROOTS;
     for (int i = 0; i < s->roots.nroots; i++)
         snprintf(s->roots.roots[i], sizeof(s->roots.roots[i]), "%s", c->roots[i]);
-    {
-        char abs[PATH_MAX];
-        if (daemon_mkdirs(s->cfg.data_dir, 0750) != 0 || !realpath(s->cfg.data_dir, abs) ||
-            strlen(abs) >= sizeof(s->cfg.data_dir)) {
-            log_error("cannot use the data directory %s", c->data_dir);
-            free(s);
-            return GPU_EIO;
-        }
-        memcpy(s->cfg.data_dir, abs, strlen(abs) + 1);
+    if (!s->cfg.shared_dir[0])
+        memcpy(s->cfg.shared_dir, s->cfg.data_dir, sizeof(s->cfg.shared_dir));
+    if (absolute_dir(s->cfg.data_dir, sizeof(s->cfg.data_dir), "data directory") != 0 ||
+        absolute_dir(s->cfg.shared_dir, sizeof(s->cfg.shared_dir), "shared directory") != 0) {
+        free(s);
+        return GPU_EIO;
     }
-    snprintf(jobs, sizeof(jobs), "%s/jobs", s->cfg.data_dir);
+    snprintf(jobs, sizeof(jobs), "%s/jobs", s->cfg.shared_dir);
     if (daemon_mkdirs(jobs, 0750) != 0) {
         log_error("cannot create %s: %s", jobs, strerror(errno));
         free(s);
@@ -968,7 +1029,8 @@ int daemon_sched_start(store *st, const daemon_sched_config *c, daemon_sched **o
     }
     pthread_mutex_init(&s->mu, NULL);
     s->workers = calloc((size_t)s->cfg.max_running, sizeof(*s->workers));
-    if (!s->workers) {
+    s->busy = calloc((size_t)s->cfg.max_running, sizeof(*s->busy));
+    if (!s->workers || !s->busy) {
         rc = GPU_ENOMEM;
         goto fail;
     }
@@ -991,6 +1053,7 @@ fail:
         close(s->wake[1]);
     }
     free(s->workers);
+    free(s->busy);
     pthread_mutex_destroy(&s->mu);
     daemon_machine_free(s->owned);
     free(s);
@@ -1013,6 +1076,7 @@ void daemon_sched_stop(daemon_sched *s)
     close(s->wake[0]);
     close(s->wake[1]);
     free(s->workers);
+    free(s->busy);
     pthread_mutex_destroy(&s->mu);
     daemon_queue_free(&s->queue);
     daemon_machine_free(s->owned);
@@ -1046,14 +1110,15 @@ int daemon_sched_cancel(daemon_sched *s, int64_t id)
     rc = lock_job(s, id, &j);
     if (rc != 0)
         goto out;
-    if (store_status_waiting(j.status) || j.status == STORE_PAUSED) {
+    w = live_worker_locked(s, id);
+    if (!w && (store_status_waiting(j.status) || j.status == STORE_PAUSED)) {
         char msg[64];
         snprintf(msg, sizeof(msg), "cancelled while %s", store_status_name(j.status));
         daemon_ingest_event(s->st, id, j.step, "lifecycle", msg, NULL);
         rc = store_job_set_status(s->st, id, STORE_CANCELLED, NULL);
         if (rc == 0)
             log_info("job %lld: %s", (long long)id, msg);
-    } else if (j.status == STORE_RUNNING && (w = find_worker_locked(s, id)) != NULL && !w->exited) {
+    } else if (w && store_status_active(j.status)) { /* running, or waiting in Slurm's queue */
         rc = store_job_set_cancel(s->st, id, true);
         if (rc == 0 && !w->cancel) {
             w->cancel = true;
@@ -1114,7 +1179,8 @@ int daemon_sched_pause(daemon_sched *s, int64_t id)
     int rc;
 
     rc = lock_job(s, id, &j);
-    if (rc == 0 && store_status_waiting(j.status)) {
+    w = rc == 0 ? live_worker_locked(s, id) : NULL;
+    if (rc == 0 && !w && store_status_waiting(j.status)) {
         rc = store_job_set_status(s->st, id, STORE_PAUSED, NULL);
         if (rc == 0) {
             daemon_ingest_event(s->st, id, j.checkpoint_step, "lifecycle",
@@ -1122,8 +1188,7 @@ int daemon_sched_pause(daemon_sched *s, int64_t id)
                                 NULL);
             log_info("job %lld: paused while waiting", (long long)id);
         }
-    } else if (rc == 0 && j.status == STORE_RUNNING && (w = find_worker_locked(s, id)) &&
-               !w->exited && !w->cancel) {
+    } else if (rc == 0 && w && store_status_active(j.status) && !w->cancel) {
         if (!w->pause) {
             w->pause = true;
             stop_worker_locked(w, daemon_now_s());

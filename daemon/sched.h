@@ -30,6 +30,7 @@
 #include <stdint.h>
 
 #include "api/api.h"
+#include "daemon/opts.h"
 
 struct store;
 typedef struct daemon_sched daemon_sched; /* opaque */
@@ -39,10 +40,14 @@ typedef struct daemon_sched daemon_sched; /* opaque */
 typedef struct {
     char exe[512];          /* the ampd binary workers run (usually /proc/self/exe resolved) */
     char data_dir[512];     /* jobs/<id>/{spec.json,worker.log,ckpt-<step>.safetensors} */
+    char shared_dir[512];   /* where jobs/ is instead ("": data_dir): a directory every node
+                               of a cluster sees at the same path (--shared-dir) */
     int nroots;
     char roots[DAEMON_MAX_ROOTS][512]; /* data roots passed to workers (--data-root) */
     int max_running;        /* concurrent workers (1) */
-    int max_retries;        /* automatic resumes of an interrupted job (3) */
+    int max_retries;        /* automatic resumes of an interrupted job, or of one that lost
+                               a node (3) */
+    daemon_launch_opts launch; /* handed to every worker (--launcher, --slurm-*) */
     bool preempt;           /* a waiting job of higher priority stops lower ones */
     int worker_timeout_s;   /* a worker silent this long is hung (600) */
     /* The open-file soft limit workers start with; 0: this process's (ampd serve raises its

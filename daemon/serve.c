@@ -62,6 +62,7 @@ typedef struct {
     char listen[128];
     char db[PATH_LEN];
     char data_dir[PATH_LEN];
+    char shared_dir[PATH_LEN];
     char token_file[PATH_LEN];
     char port_file[PATH_LEN];
     char web_root[PATH_LEN]; /* --web-root; after find_web_root, the one served or "" */
@@ -75,6 +76,7 @@ typedef struct {
     int head_timeout_s, max_per_addr;
     bool demo, no_dashboard, share_devices, no_preempt;
     const char *cpus, *devices; /* --cpus, --devices: NULL for all */
+    daemon_launch_opts launch;  /* --launcher, --slurm-* */
 } serve_args;
 
 /* One more --data-root. */
@@ -161,6 +163,10 @@ static const daemon_opt serve_opts[] = {
      .help = "job files and the database (default $XDG_STATE_HOME/ampd\nor "
              "~/.local/state/ampd; created if missing)"},
     {"db", 0, "FILE", STR_OPT(db), .help = "the SQLite database (default DATA_DIR/ampd.db)"},
+    {"shared-dir", 0, "DIR", STR_OPT(shared_dir),
+     .help = "where the job directories are (spec, log, checkpoints,\nheartbeats; default "
+             "DATA_DIR): jobs that run on other\nmachines need one every node sees at the same "
+             "path"},
     {"data-root", 0, "DIR", .kind = DAEMON_OPT_CALL, .repeat = true, .set = root_arg,
      .show = daemon_opts_show_roots,
      .help = "where named datasets are found (repeatable; default\n%s)"},
@@ -181,7 +187,9 @@ static const daemon_opt serve_opts[] = {
      .help = "whether a queued job of higher priority that does not\nfit stops running jobs of "
              "lower priority at a checkpoint\n(they resume when it leaves room; default on)"},
     {"max-retries", 0, "N", INT_OPT(max_retries, 0, 1000, 3),
-     .help = "automatic resumes of an interrupted job (default %s)"},
+     .help = "automatic resumes of a job interrupted by a stop of the\ndaemon, or that lost a "
+             "node (default %s)"},
+    DAEMON_LAUNCH_OPTS(serve_args, launch),
     {"worker-timeout", 0, "S", INT_OPT(worker_timeout_s, 1, 7 * 24 * 3600, 600),
      .help = "a worker silent this long is killed as hung (default %s)"},
     {"stall-timeout", 0, "S", INT_OPT(stall_timeout_s, 0, 30 * 24 * 3600, 3600),
@@ -462,11 +470,22 @@ static int sched_config(const serve_args *a, daemon_sched_config *sc, char *err,
         return -1;
     }
     memcpy(sc->data_dir, a->data_dir, strlen(a->data_dir) + 1);
+    if (strlen(a->shared_dir) >= sizeof(sc->shared_dir)) {
+        snprintf(err, errlen, "the shared directory's path is too long");
+        return -1;
+    }
+    memcpy(sc->shared_dir, a->shared_dir, strlen(a->shared_dir) + 1);
+    if (strcmp(a->launch.launcher, "slurm") == 0 && !a->shared_dir[0])
+        log_warn("--launcher slurm: the ranks read and write the job directories under %s/jobs "
+                 "(checkpoints, heartbeats); every node must see them at that path (or give "
+                 "--shared-dir)",
+                 a->data_dir);
     sc->nroots = a->nroots;
     for (int i = 0; i < a->nroots; i++)
         snprintf(sc->roots[i], sizeof(sc->roots[i]), "%s", a->roots[i]);
     sc->max_running = a->max_running;
     sc->max_retries = a->max_retries;
+    sc->launch = a->launch;
     sc->preempt = !a->no_preempt;
     sc->worker_timeout_s = a->worker_timeout_s;
     sc->stall_timeout_s = a->stall_timeout_s;
@@ -642,6 +661,7 @@ int daemon_serve_main(int argc, char **argv)
         daemon_machine_new(a.cpus, a.devices, a.share_devices, &machine, err, sizeof(err)) != 0)
         goto startup_error;
     sc.machine = machine;
+    daemon_machine_set_slurm(machine, strcmp(a.launch.launcher, "slurm") == 0);
 
     raise_nofile(&sc.nofile_child);
 

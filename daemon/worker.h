@@ -42,6 +42,9 @@ typedef struct {
     bool pause;         /* stopped by hand: its job becomes paused */
     int64_t preempt_by; /* stopped for this job: its job becomes preempted (0: not) */
     int priority;
+    int retry;          /* queued again after losing a node: its retry number (0: not) */
+    json_t *launch;     /* what the launcher last said ("launch" lines merged), or NULL */
+    bool launch_running; /* the ranks have said they run: a late "waiting" line is stale */
     int wstatus;
     /* line assembly */
     char *buf;

@@ -40,6 +40,12 @@ const char *gpu_comm_hook_name(gpu_comm_hook h)
     return h >= GPU_HOOK_NONE && h <= GPU_HOOK_BF16 ? names[h] : "?";
 }
 
+const char *gpu_launcher_name(gpu_launcher l)
+{
+    static const char *const names[] = {"default", "mpirun", "slurm"};
+    return l >= GPU_LAUNCH_DEFAULT && l <= GPU_LAUNCH_SLURM ? names[l] : "?";
+}
+
 bool gpu_comm_launched(void)
 {
     return getenv("OMPI_COMM_WORLD_SIZE") != NULL || getenv("PMIX_RANK") != NULL;
@@ -51,10 +57,40 @@ static int env_int(const char *name, int dflt)
     return v && atoi(v) > 0 ? atoi(v) : dflt;
 }
 
+/* This node's task count from Slurm's SLURM_STEP_TASKS_PER_NODE ("2(x3),1": three nodes
+ * of 2 tasks, then one of 1) and SLURM_NODEID; 1 when they are missing or malformed. */
+static int slurm_local_size(void)
+{
+    const char *s = getenv("SLURM_STEP_TASKS_PER_NODE");
+    int node = env_int("SLURM_NODEID", 0), at = 0;
+    while (s && *s) {
+        char *end;
+        long tasks = strtol(s, &end, 10), times = 1;
+        if (end == s || tasks < 1)
+            return 1;
+        if (end[0] == '(' && end[1] == 'x') {
+            times = strtol(end + 2, &end, 10);
+            if (times < 1 || *end++ != ')')
+                return 1;
+        }
+        if (node < at + times)
+            return (int)tasks;
+        at += (int)times;
+        s = *end == ',' ? end + 1 : end;
+    }
+    return 1;
+}
+
+/* Open MPI's variables under mpirun; Slurm's under srun (direct launch through PMIx). */
 void gpu_comm_local(int *rank, int *size)
 {
-    *rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0);
-    *size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", 1);
+    if (getenv("OMPI_COMM_WORLD_LOCAL_SIZE") || !getenv("SLURM_STEP_TASKS_PER_NODE")) {
+        *rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0);
+        *size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", 1);
+        return;
+    }
+    *rank = env_int("SLURM_LOCALID", 0);
+    *size = slurm_local_size();
 }
 
 #define CHUNK 512

@@ -82,8 +82,11 @@ typedef struct {
 } gpu_comm_ctl;
 int gpu_comm_control(gpu_comm *c, gpu_comm_ctl *v);
 
-/* The slowest rank's step time and that rank (MAXLOC). */
-int gpu_comm_step_time(gpu_comm *c, double ms, double *max_ms, int *rank);
+/* The slowest rank's step time and that rank (MAXLOC); with busy_all (rank 0's, one entry
+ * a rank), every rank's busy_ms too: its step without the time it waited for the
+ * all-reduce, which is where a straggler shows (the others wait for it). */
+int gpu_comm_step_time(gpu_comm *c, double ms, double busy_ms, double *max_ms, int *rank,
+                       double *busy_all);
 
 #ifdef __cplusplus
 }

@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <mpi.h>
 
@@ -210,6 +211,23 @@ int gpu_comm_rank(const gpu_comm *c)
 int gpu_comm_size(const gpu_comm *c)
 {
     return c ? c->size : 1;
+}
+
+int gpu_comm_hosts(gpu_comm *c, char *names, size_t each)
+{
+    char *me = calloc(1, each);
+    int rc;
+    if (!me)
+        return GPU_ENOMEM;
+    if (gethostname(me, each - 1) != 0 || !me[0])
+        snprintf(me, each, "localhost");
+    rc = MPI_Allgather(me, (int)each, MPI_CHAR, names, (int)each, MPI_CHAR, MPI_COMM_WORLD);
+    free(me);
+    if (rc != MPI_SUCCESS)
+        return fail(c, rc, "MPI_Allgather (host names)");
+    for (int r = 0; r < c->size; r++)
+        names[(size_t)r * each + each - 1] = '\0';
+    return 0;
 }
 
 int gpu_comm_local_size(const gpu_comm *c)
@@ -464,7 +482,8 @@ int gpu_comm_control(gpu_comm *c, gpu_comm_ctl *v)
     return 0;
 }
 
-int gpu_comm_step_time(gpu_comm *c, double ms, double *max_ms, int *rank)
+int gpu_comm_step_time(gpu_comm *c, double ms, double busy_ms, double *max_ms, int *rank,
+                       double *busy_all)
 {
     struct {
         double v;
@@ -473,6 +492,10 @@ int gpu_comm_step_time(gpu_comm *c, double ms, double *max_ms, int *rank)
     int rc = MPI_Allreduce(&in, &res, 1, MPI_DOUBLE_INT, MPI_MAXLOC, MPI_COMM_WORLD);
     if (rc != MPI_SUCCESS)
         return fail(c, rc, "MPI_Allreduce (step time)");
+    rc = MPI_Gather(&busy_ms, 1, MPI_DOUBLE, busy_all, c->rank == 0 && busy_all ? 1 : 0,
+                    MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    if (rc != MPI_SUCCESS)
+        return fail(c, rc, "MPI_Gather (busy time)");
     *max_ms = res.v;
     *rank = res.r;
     return 0;

@@ -10,6 +10,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "gpu/comm.h"
 #include "gpu/gpu_int.h"
@@ -46,6 +47,15 @@ int gpu_comm_size(const gpu_comm *c)
 {
     (void)c;
     return 1;
+}
+
+int gpu_comm_hosts(gpu_comm *c, char *names, size_t each)
+{
+    (void)c;
+    if (gethostname(names, each - 1) != 0 || !names[0])
+        snprintf(names, each, "localhost");
+    names[each - 1] = '\0';
+    return 0;
 }
 
 int gpu_comm_local_size(const gpu_comm *c)
@@ -110,9 +120,10 @@ int gpu_comm_control(gpu_comm *c, gpu_comm_ctl *v)
     return GPU_ECOMM;
 }
 
-int gpu_comm_step_time(gpu_comm *c, double ms, double *max_ms, int *rank)
+int gpu_comm_step_time(gpu_comm *c, double ms, double busy_ms, double *max_ms, int *rank,
+                       double *busy_all)
 {
-    (void)c;
+    (void)c, (void)busy_ms, (void)busy_all;
     *max_ms = ms;
     *rank = 0;
     return GPU_ECOMM;

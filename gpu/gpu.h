@@ -453,6 +453,23 @@ typedef enum { GPU_HOOK_NONE = 0, GPU_HOOK_FP16, GPU_HOOK_BF16 } gpu_comm_hook;
 
 #define GPU_MAX_HOSTS 16
 
+/* Who starts a data-parallel job's ranks: Open MPI's mpirun (on this machine or across
+ * distributed.hosts), or Slurm's srun with PMIx on the nodes Slurm allocates. DEFAULT: the
+ * one the daemon (or `ampd run --launcher`) was given, else mpirun. */
+typedef enum { GPU_LAUNCH_DEFAULT = 0, GPU_LAUNCH_MPIRUN, GPU_LAUNCH_SLURM } gpu_launcher;
+
+/* What srun asks Slurm for (docs/cluster.md); 0 and "" leave a choice to Slurm, or to the
+ * daemon's --slurm-partition, --slurm-account and --slurm-time. */
+typedef struct {
+    int nodes;          /* -N; 0: as Slurm places world_size tasks */
+    int tasks_per_node; /* --ntasks-per-node; 0: not said (world_size / nodes when nodes is) */
+    int cpus_per_task;  /* --cpus-per-task; 0: not said (Slurm's 1) */
+    int gpus_per_task;  /* --gpus-per-task; 0: none asked for */
+    char partition[64]; /* -p */
+    char account[64];   /* -A */
+    char time[32];      /* -t, Slurm's time format ("30", "1:00:00", "2-00:00:00") */
+} gpu_slurm_config;
+
 /* Data parallelism: world_size ranks of one job, each training on its share of the global
  * batch, the gradients all-reduced in buckets while backward runs. */
 typedef struct {
@@ -463,6 +480,8 @@ typedef struct {
     char hosts[GPU_MAX_HOSTS][128]; /* mpirun's host list: "name" or "name:slots" */
     bool oversubscribe;    /* more ranks than the cores they are given (false) */
     int rank_timeout_s;    /* a rank without progress this long ends the job (60) */
+    gpu_launcher launcher; /* DEFAULT */
+    gpu_slurm_config slurm;
 } gpu_dist_config;
 
 /* What a job asks the daemon to hold for it while it runs (docs/scheduling.md); the trainer
@@ -609,6 +628,8 @@ typedef struct gpu_comm gpu_comm; /* opaque */
 
 /* "none", "fp16", "bf16" (the job spec's comm_hook names). */
 const char *gpu_comm_hook_name(gpu_comm_hook h);
+/* "default", "mpirun" or "slurm". */
+const char *gpu_launcher_name(gpu_launcher l);
 /* Whether this build has MPI (else every job has one rank). */
 bool gpu_comm_available(void);
 /* Whether this process is a rank of an mpirun job (mpirun's environment says so). */
@@ -625,6 +646,9 @@ int gpu_comm_rank(const gpu_comm *c);
 int gpu_comm_size(const gpu_comm *c);
 /* The ranks on this machine (mpirun's local size; 1 when unknown). */
 int gpu_comm_local_size(const gpu_comm *c);
+/* Every rank's host name (gethostname), rank r's at names + r * each (each bytes, cut and
+ * NUL-terminated; names holds gpu_comm_size(c) of them). Collective: every rank calls it. */
+int gpu_comm_hosts(gpu_comm *c, char *names, size_t each);
 /* What the last GPU_ECOMM was about ("rank 1: MPI_Allreduce ...: ..."; "" when none). */
 const char *gpu_comm_error(const gpu_comm *c);
 /* *any = whether mine is true on some rank (a MAX all-reduce, so every rank agrees). */
@@ -634,6 +658,11 @@ int gpu_comm_any(gpu_comm *c, bool mine, bool *any);
  * order (at most max, names valid while t lives); 0 otherwise. The step's diagnostics then
  * say where = "comm". */
 int gpu_trainer_comm_overflow(const gpu_trainer *t, const char **names, int max);
+/* Rank 0 of several: every rank's last step in ms without the time it waited for the
+ * gradients' all-reduce (*busy, one entry a rank, valid until the next step); returns the
+ * rank count, 0 on the other ranks and with one rank. A rank whose busy time stays above
+ * the others' is the one they wait for. */
+int gpu_trainer_rank_busy(const gpu_trainer *t, const double **busy);
 /* Make t one rank of c's job (before its first step): c's size must be the job's
  * dist.world_size (whose division of batch_size gpu_trainer_create checked), and every rank
  * on the same backend. c is borrowed and must outlive t. */

@@ -93,6 +93,7 @@ struct gpu_trainer {
     gpu_comm *comm;         /* NULL: one rank */
     int rank, world;        /* this rank and the number of ranks (0 and 1 without comm) */
     int micro;              /* the micro-step backward is in (grad_accum_steps) */
+    double *rank_busy;      /* rank 0: each rank's last step without its all-reduce wait */
     bool comm_overflow;     /* the last step's inf/NaN came from the compressed all-reduce */
     int comm_first;         /* then: the first tensor (in backward order) it hit */
     /* step profile */
@@ -173,6 +174,7 @@ void gpu_trainer_free(gpu_trainer *t)
     free(t->diag);
     free(t->lstats);
     free(t->advisor);
+    free(t->rank_busy);
     free(t);
 }
 
@@ -741,6 +743,8 @@ int gpu_trainer_set_comm(gpu_trainer *t, gpu_comm *c, char *err, size_t errlen)
     }
     if ((rc = same_backend(t, c, err, errlen)))
         return rc;
+    if (gpu_comm_rank(c) == 0 && !(t->rank_busy = calloc((size_t)n, sizeof(*t->rank_busy))))
+        return GPU_ENOMEM;
     rc = t->cuda ? join_nccl(t, c, err, errlen)
                  : gpu_comm_plan(c, t->grads, t->offsets, t->counts, t->ntensors, d->hook,
                                  d->bucket_mb, err, errlen);
@@ -1207,7 +1211,8 @@ int gpu_trainer_step(gpu_trainer *t, gpu_step_metrics *m, char *err, size_t errl
     m->lost_total = t->lost_total;
     m->step_ms = t->cuda ? device_ms : (gpu_now() - t0) * 1e3;
     m->step_ms_max = m->step_ms;
-    if (t->comm && gpu_comm_step_time(t->comm, m->step_ms, &m->step_ms_max, &m->slowest_rank)) {
+    if (t->comm && gpu_comm_step_time(t->comm, m->step_ms, m->step_ms - m->comm_exposed_ms,
+                                      &m->step_ms_max, &m->slowest_rank, t->rank_busy)) {
         if (err)
             snprintf(err, errlen, "%s", gpu_comm_error(t->comm));
         return GPU_ECOMM;
@@ -1256,6 +1261,13 @@ int gpu_trainer_diagnostics(const gpu_trainer *t, const gpu_layer_stat **layers,
     *layers = t->lstats;
     *n = t->diagnosed ? d->nlayers : 0;
     return t->diagnosed ? 0 : GPU_EINVAL;
+}
+
+/* See gpu.h. */
+int gpu_trainer_rank_busy(const gpu_trainer *t, const double **busy)
+{
+    *busy = t->rank_busy;
+    return t->rank_busy ? t->world : 0;
 }
 
 /* See gpu.h. */

@@ -142,13 +142,18 @@ static const char *const migration_6[] = {
     "CREATE INDEX experiment_jobs_job ON experiment_jobs(job_id)",
     NULL};
 
+/* Version 7: how a job's ranks were launched, as the launcher last reported it (a JSON
+ * object: the launcher, Slurm's job id, state, reason and nodes, every rank's host). */
+static const char *const migration_7[] = {"ALTER TABLE jobs ADD COLUMN launch TEXT", NULL};
+
 /* The hand-written steps. The versions without one add only the columns of the fields
  * whose `since` names them (store.h's STORE_METRICS); a new field takes a version above
  * every version here. */
 static const struct {
     int version;
     const char *const *sql;
-} migrations[] = {{1, migration_1}, {2, migration_2}, {5, migration_5}, {6, migration_6}};
+} migrations[] = {{1, migration_1}, {2, migration_2}, {5, migration_5}, {6, migration_6},
+                  {7, migration_7}};
 #define NMIGRATIONS ((int)(sizeof(migrations) / sizeof(migrations[0])))
 
 int store_schema_version(void)
@@ -191,7 +196,7 @@ _Static_assert(STORE_L_NFIELDS == 8, "the layer column lists below have 8 fields
 #define JOB_COLS                                                                                   \
     "id,name,dtype,status,created_at,started_at,finished_at,steps,step,checkpoint_step,"           \
     "retries,cancel_requested,spec,summary,error,"                                                 \
-    "(SELECT COALESCE(SUM(bytes), 0) FROM checkpoints WHERE checkpoints.job_id = jobs.id)"
+    "(SELECT COALESCE(SUM(bytes), 0) FROM checkpoints WHERE checkpoints.job_id = jobs.id),launch"
 
 /* clang-format off */
 /* The fields ?1..?N, then the STORE_MU_ parameters (store_int.h) in the order they first
@@ -257,6 +262,7 @@ static const char *const stmt_sql[ST_COUNT] = {
                       "WHERE id = ?1",
     [ST_JOB_SUMMARY] = "UPDATE jobs SET summary = ?2 WHERE id = ?1",
     [ST_JOB_SPEC] = "UPDATE jobs SET spec = ?2 WHERE id = ?1",
+    [ST_JOB_LAUNCH] = "UPDATE jobs SET launch = ?2 WHERE id = ?1",
     [ST_JOB_CHECKPOINT] = "UPDATE jobs SET checkpoint_step = ?2 WHERE id = ?1",
     [ST_JOB_CANCEL] = "UPDATE jobs SET cancel_requested = ?2 WHERE id = ?1",
     [ST_JOB_RETRIES] = "UPDATE jobs SET retries = ?2 WHERE id = ?1",

@@ -426,7 +426,8 @@ void store_job_clear(store_job *j)
     free(j->spec);
     free(j->summary);
     free(j->error);
-    j->spec = j->summary = j->error = NULL;
+    free(j->launch);
+    j->spec = j->summary = j->error = j->launch = NULL;
 }
 
 void store_jobs_free(store_job *jobs, int n)
@@ -493,8 +494,10 @@ static int job_from_row(sqlite3_stmt *st, store_job *j)
     j->summary = store_column_dup(st, 13);
     j->error = store_column_dup(st, 14);
     j->checkpoint_bytes = sqlite3_column_int64(st, 15);
+    j->launch = store_column_dup(st, 16);
     if (!j->spec || (sqlite3_column_type(st, 13) != SQLITE_NULL && !j->summary) ||
-        (sqlite3_column_type(st, 14) != SQLITE_NULL && !j->error)) {
+        (sqlite3_column_type(st, 14) != SQLITE_NULL && !j->error) ||
+        (sqlite3_column_type(st, 16) != SQLITE_NULL && !j->launch)) {
         store_job_clear(j);
         return STORE_EIO;
     }
@@ -744,6 +747,11 @@ int store_job_set_spec(store *s, int64_t id, const char *spec_json)
     if (!spec_json)
         return STORE_EINVAL;
     return job_set_text(s, ST_JOB_SPEC, id, spec_json, __func__);
+}
+
+int store_job_set_launch(store *s, int64_t id, const char *launch_json)
+{
+    return job_set_text(s, ST_JOB_LAUNCH, id, launch_json, __func__);
 }
 
 int store_job_set_checkpoint(store *s, int64_t id, int64_t step)

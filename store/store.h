@@ -124,6 +124,7 @@ typedef struct {
     char *spec;              /* canonical spec JSON (heap) */
     char *summary;           /* summary JSON or NULL (heap) */
     char *error;             /* failure reason or NULL (heap) */
+    char *launch;            /* how its ranks were launched (JSON object) or NULL (heap) */
 } store_job;
 
 /* Release the heap strings of j (not j itself). */
@@ -155,6 +156,8 @@ int store_job_set_status(store *s, int64_t id, store_status st, const char *erro
 int store_job_set_summary(store *s, int64_t id, const char *summary_json);
 /* Replace the job's effective spec (the scheduler does, when a job's priority changes). */
 int store_job_set_spec(store *s, int64_t id, const char *spec_json);
+/* What the launcher last said of the job's ranks (a JSON object; NULL clears it). */
+int store_job_set_launch(store *s, int64_t id, const char *launch_json);
 int store_job_set_checkpoint(store *s, int64_t id, int64_t step);
 int store_job_set_cancel(store *s, int64_t id, bool requested);
 int store_job_set_retries(store *s, int64_t id, int retries);

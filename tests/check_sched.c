@@ -47,6 +47,7 @@
 
 #include "gpu/gpu_int.h"
 #include "tests/testutil.h"
+#include "daemon/beat.h"
 #include "daemon/machine.h"
 #include "daemon/queue.h"
 #include "daemon/sched.h"
@@ -1342,6 +1343,86 @@ START_TEST(test_preempt_choice)
 }
 END_TEST
 
+/* The straggler watch: a rank that works 1.5x the others' for two windows is named once;
+ * noise below the ratio, or one slow window, is not; it is said to end when it does. */
+START_TEST(test_straggler)
+{
+    daemon_straggle *w = daemon_straggle_new(4);
+    double busy[4];
+    int rank = -1, got = 0, steps = 0;
+    double ratio = 0;
+    ck_assert_ptr_nonnull(w);
+    /* 3 windows of noise around 10 ms (at most 1.15x), then one slow window of rank 1 */
+    for (int i = 0; i < 4 * DAEMON_STRAGGLE_WINDOW; i++, steps++) {
+        for (int r = 0; r < 4; r++)
+            busy[r] = 10.0 + ((i + r) % 4 == 0 ? 1.5 : 0.0);
+        if (i >= 3 * DAEMON_STRAGGLE_WINDOW)
+            busy[1] = 15.0;
+        ck_assert_int_eq(daemon_straggle_add(w, busy, &rank, &ratio), 0);
+    }
+    /* rank 2 straggles from here: named at the end of its second window, once */
+    for (int i = 0; i < 4 * DAEMON_STRAGGLE_WINDOW; i++, steps++) {
+        for (int r = 0; r < 4; r++)
+            busy[r] = r == 2 ? 16.0 : 10.0;
+        int v = daemon_straggle_add(w, busy, &rank, &ratio);
+        if (v) {
+            ck_assert_int_eq(v, 1);
+            ck_assert_int_eq(got, 0);
+            ck_assert_int_eq(i + 1, DAEMON_STRAGGLE_WINDOWS * DAEMON_STRAGGLE_WINDOW);
+            ck_assert_int_eq(rank, 2);
+            ck_assert_msg(fabs(ratio - 1.6) < 1e-9, "ratio %g", ratio);
+            got = 1;
+        }
+    }
+    ck_assert_int_eq(got, 1);
+    /* it recovers: said at the end of the first even window */
+    for (int i = 0; i < DAEMON_STRAGGLE_WINDOW; i++) {
+        for (int r = 0; r < 4; r++)
+            busy[r] = 10.0;
+        int v = daemon_straggle_add(w, busy, &rank, &ratio);
+        ck_assert_int_eq(v, i + 1 == DAEMON_STRAGGLE_WINDOW ? -1 : 0);
+    }
+    ck_assert_int_eq(rank, 2);
+    daemon_straggle_free(w);
+    daemon_straggle_free(NULL);
+}
+END_TEST
+
+/* The ranks' heartbeats after the launcher: the ranks that left theirs behind and went
+ * silent first are named, with their host; the start barrier waits for every rank's. */
+START_TEST(test_lost_ranks)
+{
+    char dir[] = "/tmp/ampd-beat-XXXXXX", path[300], why[512];
+    double now = (double)time(NULL);
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    ck_assert_int_eq(daemon_beat_wait_all(dir, 2, 0.05), -1);
+    /* pid host step step_time beat_time: ranks 2 and 3 (n2) went silent 10 s before 0 */
+    const char *lines[] = {"11 n1 40", NULL, "13 n2 35", "14 n2 35"};
+    double at[] = {now, 0, now - 10, now - 9.5};
+    for (int r = 0; r < 4; r++) {
+        if (!lines[r])
+            continue; /* rank 1 stopped its own */
+        snprintf(path, sizeof(path), "%s/rank-%d.beat", dir, r);
+        FILE *f = fopen(path, "w");
+        ck_assert_ptr_nonnull(f);
+        fprintf(f, "%s %.3f %.3f\n", lines[r], at[r], at[r]);
+        fclose(f);
+    }
+    ck_assert_int_eq(daemon_beat_lost(dir, 4, why, sizeof(why)), 2);
+    ck_assert_msg(strstr(why, "rank 2 (host n2, pid 13, step 35)") &&
+                      strstr(why, "rank 3 (host n2, pid 14, step 35)") && !strstr(why, "n1"),
+                  "%s", why);
+    ck_assert_int_eq(daemon_beat_wait_all(dir, 4, 0.05), -1); /* rank 1's is missing */
+    ck_assert_int_eq(daemon_beat_wait_all(dir, 1, 0.05), 0);
+    for (int r = 0; r < 4; r++) {
+        snprintf(path, sizeof(path), "%s/rank-%d.beat", dir, r);
+        unlink(path);
+    }
+    ck_assert_int_eq(daemon_beat_lost(dir, 4, why, sizeof(why)), 0);
+    rmdir(dir);
+}
+END_TEST
+
 static Suite *sched_suite(void)
 {
     Suite *s = suite_create("sched");
@@ -1374,6 +1455,10 @@ static Suite *sched_suite(void)
     suite_add_tcase(s, tc);
     tc = tcase_create("preempt");
     tcase_add_test(tc, test_preempt_choice);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("ranks");
+    tcase_add_test(tc, test_straggler);
+    tcase_add_test(tc, test_lost_ranks);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -230,6 +230,65 @@ START_TEST(test_distributed)
 }
 END_TEST
 
+/* The launcher: mpirun or Slurm, what srun asks for, and the fields that contradict. */
+START_TEST(test_launcher)
+{
+    gpu_job_config c;
+    api_error e;
+    ck_assert_int_eq(parse("{}", &c, &e), 0);
+    ck_assert_int_eq(c.dist.launcher, GPU_LAUNCH_DEFAULT);
+    json_t *canon = api_spec_to_json(&c), *d = json_object_get(canon, "distributed");
+    ck_assert_ptr_null(json_object_get(d, "launcher")); /* the daemon's to choose */
+    ck_assert_ptr_null(json_object_get(d, "slurm"));
+    json_decref(canon);
+    if (!gpu_comm_available())
+        return;
+    ck_assert_int_eq(parse("{\"distributed\": {\"world_size\": 4, \"launcher\": \"slurm\", "
+                           "\"slurm\": {\"nodes\": 2, \"tasks_per_node\": 2, \"cpus_per_task\": 8, "
+                           "\"gpus_per_task\": 1, \"partition\": \"gpu\", \"account\": \"ml-team\", "
+                           "\"time\": \"1-12:00:00\"}}}",
+                           &c, &e),
+                     0);
+    ck_assert_int_eq(c.dist.launcher, GPU_LAUNCH_SLURM);
+    ck_assert_int_eq(c.dist.slurm.nodes, 2);
+    ck_assert_int_eq(c.dist.slurm.tasks_per_node, 2);
+    ck_assert_int_eq(c.dist.slurm.cpus_per_task, 8);
+    ck_assert_int_eq(c.dist.slurm.gpus_per_task, 1);
+    ck_assert_str_eq(c.dist.slurm.partition, "gpu");
+    ck_assert_str_eq(c.dist.slurm.account, "ml-team");
+    ck_assert_str_eq(c.dist.slurm.time, "1-12:00:00");
+    canon = api_spec_to_json(&c);
+    d = json_object_get(canon, "distributed");
+    ck_assert_str_eq(json_string_value(json_object_get(d, "launcher")), "slurm");
+    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(d, "slurm"), "account")),
+                     "ml-team");
+    ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(d, "slurm"), "nodes")), 2);
+    json_decref(canon);
+    /* contradictions name their field, and what contradicts it */
+    static const struct {
+        const char *spec, *field, *says;
+    } bad[] = {
+        {"{\"world_size\": 4, \"launcher\": \"slurm\", \"hosts\": [\"a\"]}", "distributed.hosts",
+         "Slurm"},
+        {"{\"world_size\": 4, \"launcher\": \"mpirun\", \"slurm\": {\"nodes\": 2}}",
+         "distributed.slurm", "launcher"},
+        {"{\"world_size\": 4, \"slurm\": {\"nodes\": 2, \"tasks_per_node\": 3}}",
+         "distributed.slurm.tasks_per_node", "2 nodes x 3 tasks per node"},
+        {"{\"world_size\": 2, \"slurm\": {\"nodes\": 3}}", "distributed.slurm.nodes",
+         "more nodes than the 2 ranks"},
+        {"{\"world_size\": 4, \"slurm\": {\"tasks_per_node\": 3}}",
+         "distributed.slurm.tasks_per_node", "does not divide"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char spec[256];
+        snprintf(spec, sizeof(spec), "{\"distributed\": %s}", bad[i].spec);
+        ck_assert_int_eq(parse(spec, &c, &e), GPU_EINVAL);
+        ck_assert_str_eq(e.field, bad[i].field);
+        ck_assert_msg(strstr(e.message, bad[i].says), "%s: %s", spec, e.message);
+    }
+}
+END_TEST
+
 START_TEST(test_malformed_json)
 {
     gpu_job_config c;
@@ -337,6 +396,16 @@ START_TEST(test_bad_values)
     expect_field("{\"distributed\": {\"hosts\": [\"-np\"]}}", "distributed.hosts[0]");
     expect_field("{\"grad_accum_steps\": 0}", "grad_accum_steps");
     expect_field("{\"distributed\": {\"comm_hook\": \"fp8\"}}", "distributed.comm_hook");
+    expect_field("{\"distributed\": {\"launcher\": \"ssh\"}}", "distributed.launcher");
+    expect_field("{\"distributed\": {\"slurm\": []}}", "distributed.slurm");
+    expect_field("{\"distributed\": {\"slurm\": {\"qos\": \"high\"}}}", "distributed.slurm.qos");
+    expect_field("{\"distributed\": {\"slurm\": {\"partition\": \"a b\"}}}",
+                 "distributed.slurm.partition");
+    expect_field("{\"distributed\": {\"slurm\": {\"partition\": \"-p\"}}}",
+                 "distributed.slurm.partition");
+    expect_field("{\"distributed\": {\"slurm\": {\"time\": \"1h\"}}}", "distributed.slurm.time");
+    expect_field("{\"distributed\": {\"slurm\": {\"gpus_per_task\": -1}}}",
+                 "distributed.slurm.gpus_per_task");
     /* a gpt needs sequence data, its heads must divide d_model, its fields are its own */
     expect_field("{\"model\": {\"type\": \"gpt\"}}", "data.type");
     expect_field("{\"model\": {\"type\": \"gpt\", \"d_model\": 100, \"n_head\": 3}}",
@@ -544,6 +613,8 @@ START_TEST(test_canonical_roundtrip)
         " \"seed\": 9007199254740993, \"grad_accum_steps\": 3, \"device\": \"cpu\"}",
         "{\"model\": {\"type\": \"gpt\"}, \"data\": {\"type\": \"tokens\", \"train\":"
         " \"tiny_train.bin\", \"eval\": \"tiny_val.bin\"}, \"distributed\": {\"bucket_mb\": 0.1}}",
+        "{\"distributed\": {\"launcher\": \"slurm\", \"slurm\": {\"partition\": \"debug\","
+        " \"time\": \"30\"}}}",
     };
     for (size_t i = 0; i < sizeof(specs) / sizeof(specs[0]); i++) {
         gpu_job_config c1, c2;
@@ -762,6 +833,7 @@ static Suite *spec_suite(void)
     tcase_add_test(tc, test_defaults);
     tcase_add_test(tc, test_devices);
     tcase_add_test(tc, test_distributed);
+    tcase_add_test(tc, test_launcher);
     tcase_add_test(tc, test_malformed_json);
     tcase_add_test(tc, test_unknown_fields);
     tcase_add_test(tc, test_bad_values);

@@ -37,7 +37,7 @@
 
 #define NF STORE_M_NFIELDS
 #define NLF STORE_L_NFIELDS
-#define SCHEMA_VERSION 6 /* experiments */
+#define SCHEMA_VERSION 7 /* jobs.launch */
 #define EVAL_BITS ((1u << STORE_M_EVAL_LOSS) | (1u << STORE_M_EVAL_ACC))
 
 static char tmp_dir[64];
@@ -645,6 +645,7 @@ START_TEST(test_job_state)
     ck_assert(j.started_at == 0 && j.finished_at == 0);
     ck_assert_ptr_null(j.summary);
     ck_assert_ptr_null(j.error);
+    ck_assert_ptr_null(j.launch);
     ck_assert_int_eq(j.steps, 1000);
     store_job_clear(&j);
 
@@ -659,7 +660,9 @@ START_TEST(test_job_state)
     ck_assert_int_eq(store_job_set_checkpoint(st, id, 500), 0);
     ck_assert_int_eq(store_job_set_cancel(st, id, true), 0);
     ck_assert_int_eq(store_job_set_retries(st, id, 2), 0);
+    ck_assert_int_eq(store_job_set_launch(st, id, "{\"launcher\":\"slurm\",\"job_id\":\"12\"}"), 0);
     ck_assert_int_eq(store_job_get(st, id, &j), 0);
+    ck_assert_str_eq(j.launch, "{\"launcher\":\"slurm\",\"job_id\":\"12\"}");
     ck_assert_int_eq(j.status, STORE_FAILED);
     ck_assert(j.finished_at >= j.started_at && j.started_at > 0);
     ck_assert_str_eq(j.error, "worker killed by signal 9");
@@ -680,6 +683,7 @@ START_TEST(test_job_state)
 
     ck_assert_int_eq(store_job_set_status(st, 99999, STORE_RUNNING, NULL), STORE_ENOTFOUND);
     ck_assert_int_eq(store_job_set_summary(st, 99999, "{}"), STORE_ENOTFOUND);
+    ck_assert_int_eq(store_job_set_launch(st, 99999, "{}"), STORE_ENOTFOUND);
     ck_assert_int_eq(store_job_set_cancel(st, 99999, true), STORE_ENOTFOUND);
     ck_assert_int_eq(store_job_get(st, 99999, &j), STORE_ENOTFOUND);
     ck_assert_int_eq(store_job_set_status(st, id, STORE_NSTATUS, NULL), STORE_EINVAL);
@@ -1343,11 +1347,14 @@ static void check_lrow(const store_layer_stat *got, const store_layer_stat *want
 }
 
 /* Make the database look as schema version v left it: drop the columns of the fields added
- * after v, the stream table (version 5) and the schema_version rows above v (tables other
- * than metrics and stream are the caller's). */
+ * after v, jobs.launch (version 7), the experiments (version 6), the stream table (version
+ * 5) and the schema_version rows above v (the other tables are the caller's). */
 static void downgrade_fields(sqlite3 *db, int v)
 {
     char sql[512];
+    if (v < 7)
+        ck_assert_int_eq(sqlite3_exec(db, "ALTER TABLE jobs DROP COLUMN launch", NULL, NULL, NULL),
+                         SQLITE_OK);
     if (v < 6)
         ck_assert_int_eq(sqlite3_exec(db, "DROP TABLE experiment_jobs; DROP TABLE experiments",
                                       NULL, NULL, NULL),

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpu/comm.h"
 #include "gpu/gpu.h"
 #include "gpu/twin.h"
 #include "tests/testutil.h"
@@ -344,6 +345,43 @@ START_TEST(test_bad_config)
 }
 END_TEST
 
+/* A rank's place on its node: Open MPI's variables under mpirun, Slurm's under srun (a
+ * node's task count from SLURM_STEP_TASKS_PER_NODE, "2(x2),1", by SLURM_NODEID). */
+START_TEST(test_local_rank)
+{
+    static const struct {
+        const char *per_node, *node;
+        int size;
+    } cases[] = {{"2(x2),1", "0", 2}, {"2(x2),1", "1", 2}, {"2(x2),1", "2", 1},
+                 {"4", "0", 4},       {"1,3,2", "1", 3},   {"2(x", "0", 1},
+                 {"x", "0", 1},       {"2(x2)", "5", 1}};
+    int rank, size;
+    unsetenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    setenv("SLURM_LOCALID", "1", 1);
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        setenv("SLURM_STEP_TASKS_PER_NODE", cases[i].per_node, 1);
+        setenv("SLURM_NODEID", cases[i].node, 1);
+        gpu_comm_local(&rank, &size);
+        ck_assert_msg(size == cases[i].size && rank == 1, "%s on node %s: rank %d of %d",
+                      cases[i].per_node, cases[i].node, rank, size);
+    }
+    setenv("OMPI_COMM_WORLD_LOCAL_RANK", "0", 1); /* mpirun inside an allocation: its own */
+    setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "3", 1);
+    gpu_comm_local(&rank, &size);
+    ck_assert_int_eq(rank, 0);
+    ck_assert_int_eq(size, 3);
+    unsetenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    unsetenv("SLURM_STEP_TASKS_PER_NODE");
+    unsetenv("SLURM_NODEID");
+    unsetenv("SLURM_LOCALID");
+    gpu_comm_local(&rank, &size);
+    ck_assert_int_eq(rank, 0);
+    ck_assert_int_eq(size, 1);
+}
+END_TEST
+
 static Suite *train_suite(void)
 {
     Suite *s = suite_create("train");
@@ -357,6 +395,7 @@ static Suite *train_suite(void)
     tcase_add_test(tc, test_deterministic);
     tcase_add_loop_test(tc, test_copy_in_grads, 0, 2);
     tcase_add_test(tc, test_bad_config);
+    tcase_add_test(tc, test_local_rank);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -85,12 +85,15 @@ job_procs() {
     done
 }
 worker_pids() { job_procs "$1" run; }
-# test_tmp: TMP, a new temporary directory, and an EXIT trap that runs the script's
+# test_tmp: TMP, a new temporary directory, and an EXIT trap (SIGTERM and SIGINT exit through
+# it too) that runs the script's
 # cleanup_more (when it has one: the other processes it started), kills every daemon serve
 # started, waits for the script's background jobs and removes TMP.
 test_tmp() {
     TMP=$(mktemp -d)
     trap test_cleanup EXIT
+    trap 'exit 143' TERM # a test stopped from outside (make's, a timeout's) still cleans up
+    trap 'exit 130' INT
 }
 test_cleanup() {
     if declare -F cleanup_more >/dev/null; then cleanup_more; fi

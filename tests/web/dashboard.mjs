@@ -821,6 +821,12 @@ async function main() {
     check('the communication chart draws the stored bytes, comm ms and exposed ms',
           commY[0] === last.comm_bytes && commY[1] === last.comm_ms && commY[2] === last.comm_exposed_ms,
           `${commY} vs ${JSON.stringify(last)}`);
+    const dpJob = await apiGet(`/v1/jobs/${dpId}`);
+    const launch = await page.textContent('#launch');
+    check('the run page says where its ranks ran, as the job\'s launch record does',
+          dpJob.launch && dpJob.launch.launcher === 'mpirun' && dpJob.launch.hosts.length === 2 &&
+          launch.startsWith('mpirun') && launch.includes(`ranks 0-1 on ${dpJob.launch.hosts[0]}`),
+          `${launch} / ${JSON.stringify(dpJob.launch)}`);
 
     // ---- the machine page: cores and their holders, the queue with its reasons, pause and
     // unpause from its buttons; and the statuses the runs filter offers are the API's

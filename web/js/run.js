@@ -33,6 +33,29 @@ function targetPoints() {
     return Math.min(1500, Math.max(300, Math.round(window.innerWidth * 0.6)));
 }
 
+
+// "Slurm job 12 · RUNNING · nodes n[1-2] · ranks 0-1 on n1, 2-3 on n2": what the job's
+// launcher said (docs/cluster.md); under mpirun, where its ranks ran.
+function launchText(l) {
+    const parts = [];
+    if (l.launcher === 'slurm')
+        parts.push(`Slurm job ${l.job_id || '?'}`, l.state === 'PENDING' && l.reason ?
+                   `PENDING (${l.reason})` : (l.state || ''));
+    else
+        parts.push(l.launcher || 'launcher');
+    if (l.nodes) parts.push(`nodes ${l.nodes}`);
+    const hosts = l.hosts || [];
+    const runs = [];
+    for (let i = 0; i < hosts.length;) {
+        let j = i;
+        while (j + 1 < hosts.length && hosts[j + 1] === hosts[i]) j++;
+        runs.push(j > i ? `${i}-${j} on ${hosts[i]}` : `${i} on ${hosts[i]}`);
+        i = j + 1;
+    }
+    if (runs.length) parts.push(`ranks ${runs.join(', ')}`);
+    return parts.filter(Boolean).join(' · ');
+}
+
 export class RunPage {
     constructor(root, id) {
         this.root = root;
@@ -195,6 +218,7 @@ export class RunPage {
                 j.started_at ? `started ${fmtTime(j.started_at)} · ${fmtDuration(jobSeconds(j))}` :
                                `queued ${fmtTime(j.created_at)}`)),
             actions,
+            j.launch ? h('p', {class: 'small', id: 'launch'}, launchText(j.launch)) : null,
             j.queue ? h('p', {class: 'small', id: 'queue-place'},
                         `In the queue: position ${j.queue.position}, priority ${j.queue.priority}` +
                         (j.queue.waiting_for ? ` · ${j.queue.waiting_for}` : '')) : null,
