@@ -34,7 +34,7 @@ struct daemon_beat {
     pthread_t thread;
 };
 
-static double wall_now(void)
+double daemon_beat_now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -45,7 +45,7 @@ static void beat_write(daemon_beat *b)
 {
     char line[256];
     int n = snprintf(line, sizeof(line), "%ld %s %lld %.3f %.3f\n", (long)getpid(), b->host,
-                     (long long)atomic_load(&b->step), atomic_load(&b->step_time), wall_now());
+                     (long long)atomic_load(&b->step), atomic_load(&b->step_time), daemon_beat_now());
     if (n > 0 && pwrite(b->fd, line, (size_t)n, 0) == n) {
         int rc = ftruncate(b->fd, n); /* a shorter line than the last */
         (void)rc;
@@ -72,7 +72,7 @@ int daemon_beat_start(const char *dir, int rank, daemon_beat **out)
     snprintf(b->path, sizeof(b->path), "%s/rank-%d.beat", dir, rank);
     if (gethostname(b->host, sizeof(b->host)) != 0 || !b->host[0])
         snprintf(b->host, sizeof(b->host), "localhost");
-    atomic_store(&b->step_time, wall_now());
+    atomic_store(&b->step_time, daemon_beat_now());
     b->fd = open(b->path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
     if (b->fd < 0) {
         free(b);
@@ -95,7 +95,7 @@ void daemon_beat_progress(daemon_beat *b, int64_t step)
     if (!b)
         return;
     atomic_store(&b->step, step);
-    atomic_store(&b->step_time, wall_now());
+    atomic_store(&b->step_time, daemon_beat_now());
 }
 
 void daemon_beat_stop(daemon_beat *b)
@@ -115,7 +115,7 @@ void daemon_beat_stop(daemon_beat *b)
 int daemon_beat_wait_all(const char *dir, int nranks, double timeout_s)
 {
     struct timespec tick = {0, 5 * 1000 * 1000};
-    double end = wall_now() + timeout_s;
+    double end = daemon_beat_now() + timeout_s;
     char path[700];
     for (int r = 0; r < nranks;) {
         snprintf(path, sizeof(path), "%s/rank-%d.beat", dir, r);
@@ -123,7 +123,7 @@ int daemon_beat_wait_all(const char *dir, int nranks, double timeout_s)
             r++;
             continue;
         }
-        if (wall_now() > end)
+        if (daemon_beat_now() > end)
             return -1;
         nanosleep(&tick, NULL);
     }
@@ -156,7 +156,7 @@ static void beat_read(const char *dir, int rank, beat_line *l)
 int daemon_beat_check(const char *dir, int nranks, double started, double grace_s,
                       double timeout_s, char *why, size_t len)
 {
-    double now = wall_now(), newest = 0;
+    double now = daemon_beat_now(), newest = 0;
     int slowest = -1;
     long long least = 0;
     beat_line l, low;

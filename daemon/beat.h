@@ -18,6 +18,9 @@
 
 typedef struct daemon_beat daemon_beat; /* opaque */
 
+/* The heartbeats' clock: wall-clock seconds (ranks on other hosts share it, within NTP). */
+double daemon_beat_now(void);
+
 /* Start rank's heartbeat into dir (the job's checkpoint directory). 0, or -1 with errno. */
 int daemon_beat_start(const char *dir, int rank, daemon_beat **out);
 /* The rank made progress: it finished step (or an eval or a checkpoint at it). */

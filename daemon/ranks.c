@@ -126,13 +126,6 @@ typedef struct {
     int status;      /* the launcher's wait status, once it has ended */
 } rank_watch;
 
-static double wall_now(void)
-{
-    struct timespec now;
-    clock_gettime(CLOCK_REALTIME, &now);
-    return (double)now.tv_sec + (double)now.tv_nsec * 1e-9;
-}
-
 /* One turn of the Slurm side of the watch: the stop passed on, the job's state followed.
  * Returns whether the heartbeats are to be checked (the ranks run). */
 static bool slurm_turn(rank_watch *w, bool *stop_sent)
@@ -142,7 +135,7 @@ static bool slurm_turn(rank_watch *w, bool *stop_sent)
         *stop_sent = true;
     }
     if (daemon_slurm_poll(w->slurm))
-        w->started = wall_now(); /* the start-up grace counts from the ranks' start */
+        w->started = daemon_beat_now(); /* the start-up grace counts from the ranks' start */
     return w->slurm->started;
 }
 
@@ -341,7 +334,7 @@ int daemon_ranks_launch(const gpu_job_config *c, int argc, char **argv, const ch
         else
             log_info("%d ranks: %s -np %d%s%s", c->dist.world_size, args[0], c->dist.world_size,
                      c->dist.nhosts ? " --host " : "", c->dist.nhosts ? hosts : "");
-        w.started = wall_now();
+        w.started = daemon_beat_now();
         clear_beats(dir, c->dist.world_size);
         status = run_launcher(args, &w);
         if (status != 1 || attempt > 1 || stop_asked || !died_starting(&w))

@@ -36,18 +36,12 @@
 #include "daemon/log.h"
 #include "daemon/slurm.h"
 #include "daemon/spawn.h"
+#include "daemon/worker.h"
 
 #define CMD_TIMEOUT_S 10.0
 #define POLL_WAITING_S 1.0
 #define POLL_RUNNING_S 10.0
 #define REPEAT_LINE_S 10.0 /* a waiting job's line again, so the daemon sees the launcher live */
-
-static double mono_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* The Slurm command name's path through PATH into path (the child may not search: execvp
  * is not async-signal-safe). 0, or -1 with a message. */
@@ -73,7 +67,7 @@ static int run_cmd(char *const *argv, char *out, size_t len)
     int fds[2], status = -1;
     size_t used = 0;
     pid_t pid;
-    double end = mono_now() + CMD_TIMEOUT_S;
+    double end = daemon_now_s() + CMD_TIMEOUT_S;
     if (find_cmd(argv[0], path, sizeof(path)) != 0)
         return -1;
     if (pipe2(fds, O_CLOEXEC) != 0)
@@ -94,7 +88,7 @@ static int run_cmd(char *const *argv, char *out, size_t len)
     for (;;) {
         struct pollfd p = {fds[0], POLLIN, 0};
         char tmp[1024];
-        int left = (int)((end - mono_now()) * 1000);
+        int left = (int)((end - daemon_now_s()) * 1000);
         if (left <= 0 || poll(&p, 1, left) <= 0) {
             if (errno == EINTR && left > 0)
                 continue;
@@ -249,7 +243,7 @@ static const char *never_passes(const char *reason)
 bool daemon_slurm_poll(daemon_slurm *s)
 {
     char old[sizeof(s->state) + sizeof(s->reason)];
-    double mono = mono_now();
+    double mono = daemon_now_s();
     if (mono < s->next_poll)
         return false;
     s->next_poll = mono + (s->started ? POLL_RUNNING_S : POLL_WAITING_S);
@@ -298,9 +292,9 @@ int daemon_slurm_signal(daemon_slurm *s, bool kill_all)
 void daemon_slurm_finish(daemon_slurm *s, double timeout_s)
 {
     struct timespec pause = {0, 250 * 1000 * 1000};
-    double end = mono_now() + timeout_s;
+    double end = daemon_now_s() + timeout_s;
     int got = 0;
-    while (mono_now() < end) { /* COMPLETING: a node still cleans up (or is dead) */
+    while (daemon_now_s() < end) { /* COMPLETING: a node still cleans up (or is dead) */
         got = query(s, true);
         if (got == 1 && strcmp(s->state, "RUNNING") != 0 && strcmp(s->state, "COMPLETING") != 0 &&
             strcmp(s->state, "PENDING") != 0 && strcmp(s->state, "CONFIGURING") != 0)
@@ -313,5 +307,5 @@ void daemon_slurm_finish(daemon_slurm *s, double timeout_s)
         return;
     }
     log_info("Slurm job %s ended: %s%s%s", s->id, s->state, s->nodes[0] ? " on " : "", s->nodes);
-    emit_state(s, mono_now());
+    emit_state(s, daemon_now_s());
 }

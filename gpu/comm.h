@@ -82,9 +82,9 @@ typedef struct {
 } gpu_comm_ctl;
 int gpu_comm_control(gpu_comm *c, gpu_comm_ctl *v);
 
-/* The slowest rank's step time and that rank (MAXLOC); with busy_all (rank 0's, one entry
- * a rank), every rank's busy_ms too: its step without the time it waited for the
- * all-reduce, which is where a straggler shows (the others wait for it). */
+/* The slowest rank's step time and that rank (the first of the slowest); with busy_all (one
+ * entry a rank), every rank's busy_ms too: its step without the time it waited for the
+ * all-reduce, which is where a straggler shows (the others wait for it). One collective. */
 int gpu_comm_step_time(gpu_comm *c, double ms, double busy_ms, double *max_ms, int *rank,
                        double *busy_all);
 

@@ -44,6 +44,7 @@ typedef struct {
 
 struct gpu_comm {
     int rank, size, local_size;
+    double *times; /* every rank's step and busy time (gpu_comm_step_time), 2 a rank */
     MPI_Datatype t16;
     MPI_Op op_f16, op_bf16;
     MPI_Datatype tctl;
@@ -137,11 +138,16 @@ int gpu_comm_init(gpu_comm **out, char *err, size_t errlen)
         MPI_Finalize();
         return GPU_ENOMEM;
     }
-    pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->cv, NULL);
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_rank(MPI_COMM_WORLD, &c->rank);
     MPI_Comm_size(MPI_COMM_WORLD, &c->size);
+    if (!(c->times = calloc(2 * (size_t)c->size, sizeof(*c->times)))) {
+        free(c);
+        MPI_Finalize();
+        return GPU_ENOMEM;
+    }
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
     gpu_comm_local(&local, &c->local_size);
     MPI_Type_contiguous(2, MPI_BYTE, &c->t16);
     MPI_Type_commit(&c->t16);
@@ -181,6 +187,7 @@ static void release(gpu_comm *c, bool finalize)
         return;
     stop_thread(c);
     free_buckets(c);
+    free(c->times);
     MPI_Op_free(&c->op_f16);
     MPI_Op_free(&c->op_bf16);
     MPI_Op_free(&c->op_ctl);
@@ -485,19 +492,17 @@ int gpu_comm_control(gpu_comm *c, gpu_comm_ctl *v)
 int gpu_comm_step_time(gpu_comm *c, double ms, double busy_ms, double *max_ms, int *rank,
                        double *busy_all)
 {
-    struct {
-        double v;
-        int r;
-    } in = {ms, c->rank}, res;
-    int rc = MPI_Allreduce(&in, &res, 1, MPI_DOUBLE_INT, MPI_MAXLOC, MPI_COMM_WORLD);
+    double mine[2] = {ms, busy_ms};
+    int rc = MPI_Allgather(mine, 2, MPI_DOUBLE, c->times, 2, MPI_DOUBLE, MPI_COMM_WORLD);
     if (rc != MPI_SUCCESS)
-        return fail(c, rc, "MPI_Allreduce (step time)");
-    rc = MPI_Gather(&busy_ms, 1, MPI_DOUBLE, busy_all, c->rank == 0 && busy_all ? 1 : 0,
-                    MPI_DOUBLE, 0, MPI_COMM_WORLD);
-    if (rc != MPI_SUCCESS)
-        return fail(c, rc, "MPI_Gather (busy time)");
-    *max_ms = res.v;
-    *rank = res.r;
+        return fail(c, rc, "MPI_Allgather (step times)");
+    *rank = 0; /* the first of the slowest, as MAXLOC */
+    for (int r = 1; r < c->size; r++)
+        if (c->times[2 * r] > c->times[2 * *rank])
+            *rank = r;
+    *max_ms = c->times[2 * *rank];
+    for (int r = 0; busy_all && r < c->size; r++)
+        busy_all[r] = c->times[2 * r + 1];
     return 0;
 }
 
