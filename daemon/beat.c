@@ -153,7 +153,7 @@ static void beat_read(const char *dir, int rank, beat_line *l)
     fclose(f);
 }
 
-int daemon_beat_check(const char *dir, int nranks, double started, double grace_s,
+int daemon_beat_check(const char *dir, int nranks, bool *seen, double started, double grace_s,
                       double timeout_s, char *why, size_t len)
 {
     double now = daemon_beat_now(), newest = 0;
@@ -162,6 +162,9 @@ int daemon_beat_check(const char *dir, int nranks, double started, double grace_
     beat_line l, low;
     for (int r = 0; r < nranks; r++) {
         beat_read(dir, r, &l);
+        if (!l.seen && seen[r])
+            continue; /* it stopped its heartbeat itself: it has left (finished or stopped) */
+        seen[r] = seen[r] || l.seen;
         if (!l.seen) {
             if (now - started > grace_s) {
                 snprintf(why, len, "rank %d never started: no heartbeat %.0f s after the job's "

@@ -13,6 +13,7 @@
 #ifndef AMPD_DAEMON_BEAT_H
 #define AMPD_DAEMON_BEAT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -36,8 +37,12 @@ int daemon_beat_wait_all(const char *dir, int nranks, double timeout_s);
 
 /* The launcher's look at nranks heartbeats in dir, started seconds after the epoch (wall
  * clock) with grace_s for the ranks to start: 0 while every rank answers and some rank
- * progresses within timeout_s; else 1 and why names the rank, its host and its last step. */
-int daemon_beat_check(const char *dir, int nranks, double started, double grace_s,
+ * progresses within timeout_s; else 1 and why names the rank, its host and its last step.
+ * seen (nranks flags, all false at the launch, kept by the caller between looks) marks the
+ * ranks whose heartbeat has been seen: one that was seen and is gone has stopped it itself
+ * (it finished, or stopped after a step) and has left; no verdict on it, while the launcher
+ * winds down. */
+int daemon_beat_check(const char *dir, int nranks, bool *seen, double started, double grace_s,
                       double timeout_s, char *why, size_t len);
 
 /* After the launcher has ended: the ranks that left a heartbeat behind (killed before they

@@ -124,6 +124,7 @@ typedef struct {
     daemon_slurm *slurm;
     bool multi_host; /* ranks on other machines: a lost rank may be a lost node */
     int status;      /* the launcher's wait status, once it has ended */
+    bool *seen;      /* the ranks whose heartbeat the watch has seen (daemon_beat_check) */
 } rank_watch;
 
 /* One turn of the Slurm side of the watch: the stop passed on, the job's state followed.
@@ -157,8 +158,8 @@ static int wait_watching(pid_t pid, rank_watch *w, int *status)
         }
         bool watch = w->slurm ? slurm_turn(w, &stop_sent) : true;
         if (watch && w->dir && i % 5 == 0 &&
-            daemon_beat_check(w->dir, w->nranks, w->started, w->grace_s, w->timeout_s, why,
-                              sizeof(why))) {
+            daemon_beat_check(w->dir, w->nranks, w->seen, w->started, w->grace_s, w->timeout_s,
+                              why, sizeof(why))) {
             log_error("%s: ending the job", why);
             if (w->slurm)
                 daemon_slurm_signal(w->slurm, true);
@@ -300,18 +301,25 @@ int daemon_ranks_launch(const gpu_job_config *c, int argc, char **argv, const ch
                     (double)c->dist.rank_timeout_s,
                     NULL,
                     c->dist.nhosts > 0 || c->dist.launcher == GPU_LAUNCH_SLURM,
-                    0};
+                    0,
+                    calloc((size_t)c->dist.world_size, sizeof(bool))};
     ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
     int status, rc;
 
+    if (!w.seen) {
+        log_error("out of memory");
+        return 1;
+    }
     if (n <= 0) {
         log_error("cannot find the ampd executable (/proc/self/exe): %s", strerror(errno));
+        free(w.seen);
         return 1;
     }
     exe[n] = '\0';
     if (argc > 1 && strcmp(argv[argc - 1], "-") == 0) {
         if (spec_file(spec, len, tmp, sizeof(tmp)) != 0) {
             log_error("cannot write the spec for the ranks (%s): %s", tmp, strerror(errno));
+            free(w.seen);
             return 1;
         }
         argv[argc - 1] = tmp;
@@ -336,6 +344,7 @@ int daemon_ranks_launch(const gpu_job_config *c, int argc, char **argv, const ch
                      c->dist.nhosts ? " --host " : "", c->dist.nhosts ? hosts : "");
         w.started = daemon_beat_now();
         clear_beats(dir, c->dist.world_size);
+        memset(w.seen, 0, (size_t)c->dist.world_size * sizeof(bool));
         status = run_launcher(args, &w);
         if (status != 1 || attempt > 1 || stop_asked || !died_starting(&w))
             break;
@@ -344,6 +353,7 @@ int daemon_ranks_launch(const gpu_job_config *c, int argc, char **argv, const ch
     }
     if (tmp[0])
         unlink(tmp);
+    free(w.seen);
     return status;
 #endif
 }

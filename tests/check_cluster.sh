@@ -172,7 +172,7 @@ kill "$HOG"
 wait "$HOG" 2>/dev/null
 HOG=""
 post_json "/v1/jobs/$JS/cancel" '{}'
-check "... and the job cancelled" wait_for 60 is_status "$JS" cancelled
+check "... and the job cancelled ($CODE)" wait_for 60 is_status "$JS" cancelled || show "$JS"
 
 # ---- cancel and resume through scancel --------------------------------------------------------
 submit "$(spec "$W4")"

@@ -1423,6 +1423,36 @@ START_TEST(test_lost_ranks)
 }
 END_TEST
 
+/* The launcher's watch: a rank whose heartbeat never appeared ends the job after the
+ * start-up grace; one whose heartbeat was seen and is gone has left on its own (it stopped
+ * after a step while the launcher winds down) and is not called "never started". */
+START_TEST(test_beat_watch)
+{
+    char dir[] = "/tmp/ampd-beat-XXXXXX", path[2][300], why[512];
+    double now = (double)time(NULL);
+    bool seen[2] = {false, false}, fresh[2] = {false, false};
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    for (int r = 0; r < 2; r++) {
+        snprintf(path[r], sizeof(path[r]), "%s/rank-%d.beat", dir, r);
+        FILE *f = fopen(path[r], "w");
+        ck_assert_ptr_nonnull(f);
+        fprintf(f, "%d n%d 40 %.3f %.3f\n", 11 + r, r + 1, now, now);
+        fclose(f);
+    }
+    /* started 100 s ago with a 30 s grace: both answer and progress */
+    ck_assert_int_eq(daemon_beat_check(dir, 2, seen, now - 100, 30, 60, why, sizeof(why)), 0);
+    ck_assert(seen[0] && seen[1]);
+    unlink(path[0]); /* rank 0 stopped its heartbeat */
+    ck_assert_int_eq(daemon_beat_check(dir, 2, seen, now - 100, 30, 60, why, sizeof(why)), 0);
+    /* a watch that never saw it: rank 0 never started */
+    ck_assert_int_eq(daemon_beat_check(dir, 2, fresh, now - 100, 30, 60, why, sizeof(why)), 1);
+    ck_assert_msg(strstr(why, "rank 0 never started"), "%s", why);
+    unlink(path[1]); /* every rank has left */
+    ck_assert_int_eq(daemon_beat_check(dir, 2, seen, now - 100, 30, 60, why, sizeof(why)), 0);
+    rmdir(dir);
+}
+END_TEST
+
 static Suite *sched_suite(void)
 {
     Suite *s = suite_create("sched");
@@ -1459,6 +1489,7 @@ static Suite *sched_suite(void)
     tc = tcase_create("ranks");
     tcase_add_test(tc, test_straggler);
     tcase_add_test(tc, test_lost_ranks);
+    tcase_add_test(tc, test_beat_watch);
     suite_add_tcase(s, tc);
     return s;
 }
