@@ -42,6 +42,9 @@ typedef struct {
  * api_spec_check_data: the data). */
 #define API_E_DOES_NOT_FIT "does_not_fit"
 #define API_E_UNUSABLE_DATA "unusable_data"
+/* A branch its parent's checkpoint cannot start (POST /v1/jobs/{id}/branch): no checkpoint
+ * at that step, another model or world size, a patched spec that is refused; 422. */
+#define API_E_INVALID_BRANCH "invalid_branch"
 
 /* A validation error: a stable code, the field it names and a sentence for people. */
 typedef struct {
@@ -106,6 +109,12 @@ typedef struct {
      * may be NULL. */
     int (*submit)(void *ctx, const char *name, const char *dtype, int64_t steps,
                   const char *spec_json, const char *idem_key, int64_t *id, bool *existed);
+    /* Queue a validated branch of job parent, starting from its checkpoint at from_step
+     * (branch_json: the branch's record; what: its reason and patch in words). NULL: no
+     * branching. */
+    int (*branch)(void *ctx, const char *name, const char *dtype, int64_t steps,
+                  const char *spec_json, int64_t parent, int64_t from_step, const char *branch_json,
+                  const char *what, int64_t *id);
     int (*cancel)(void *ctx, int64_t id);
     int (*resume)(void *ctx, int64_t id);
     int (*pause)(void *ctx, int64_t id);

@@ -112,14 +112,15 @@ struct api_resp;
     X(JOB_PAUSE, "/v1/jobs/{id}/pause", NULL, api_h_job_action, NULL)                              \
     X(JOB_UNPAUSE, "/v1/jobs/{id}/unpause", NULL, api_h_job_action, NULL)                          \
     X(JOB_PRIORITY, "/v1/jobs/{id}/priority", NULL, api_h_job_action, NULL)                        \
+    X(JOB_BRANCH, "/v1/jobs/{id}/branch", NULL, api_h_job_branch, NULL)                            \
     X(JOB_METRICS, "/v1/jobs/{id}/metrics", api_h_job_metrics, NULL, NULL)                         \
     X(JOB_LAYERS, "/v1/jobs/{id}/layers", api_h_job_layers, NULL, NULL)                            \
     X(JOB_EVENTS, "/v1/jobs/{id}/events", api_h_job_events, NULL, NULL)                            \
     X(JOB_STREAM, "/v1/jobs/{id}/stream", api_h_stream, NULL, NULL)                                \
     X(JOB_CKPTS, "/v1/jobs/{id}/checkpoints", api_h_job_ckpts, NULL, NULL)                         \
-    X(JOB_CKPT, "/v1/jobs/{id}/checkpoints/{step}", api_h_job_ckpt, NULL, NULL)                 \
+    X(JOB_CKPT, "/v1/jobs/{id}/checkpoints/{step}", api_h_job_ckpt, NULL, NULL)                    \
     X(EXPERIMENTS, "/v1/experiments", api_h_experiments_list, api_h_experiments_create, NULL)      \
-    X(EXPERIMENT, "/v1/experiments/{id}", api_h_experiment_get, NULL, api_h_experiment_action)    \
+    X(EXPERIMENT, "/v1/experiments/{id}", api_h_experiment_get, NULL, api_h_experiment_action)     \
     X(EXPERIMENT_CANCEL, "/v1/experiments/{id}/cancel", NULL, api_h_experiment_action, NULL)
 
 #define API_R_ENUM_(id, pattern, get, post, del) API_R_##id,
@@ -389,8 +390,18 @@ bool api_query_int(api_req *q, api_resp *r, const char *name, int64_t lo, int64_
 /* A store error as an HTTP error: 404 naming `what id`, 409, 400, or 503 saying whether the
  * run history could not be read or (writing) written. */
 void api_store_error(api_resp *r, int rc, const char *what, int64_t id, bool writing);
+/* Load the route's job into j; false with r filled (404, 503) when it cannot be. */
+bool api_load_job(api_req *q, api_resp *r, store_job *j);
+/* Whether job c (spec: the spec as sent) can ever run here: it fits the machine and its
+ * data can train its model; else e says why (answered 422). */
+bool api_job_can_run(api_server *s, const gpu_job_config *c, json_t *spec, api_error *e);
+/* The job object of the API (routes.c): full adds spec (always the last member); st
+ * (non-NULL: the store to read them from) adds the job's unigram plateau and its branches
+ * before it; jobs: for a queued job's place. */
+void api_job_json(api_buf *b, const store_job *j, bool full, store *st, const api_jobs *jobs);
 
 /* Handlers (routes.c, sse.c, prom.c). Each fills r. */
+void api_h_job_branch(api_req *q, api_resp *r);
 void api_h_healthz(api_req *q, api_resp *r);
 void api_h_openapi(api_req *q, api_resp *r);
 void api_h_system(api_req *q, api_resp *r);
@@ -419,11 +430,6 @@ void api_put_plateau(api_buf *b, store *st, int64_t job);
  * build-aux/openapi2c.py): api_openapi_json_len bytes, not NUL-terminated. */
 extern const char api_openapi_json[];
 extern const size_t api_openapi_json_len;
-
-/* The job object of the API (routes.c): full adds spec (always the last member); plateau
- * (non-NULL: the store to read it from) adds the job's unigram plateau before it. */
-void api_job_json(api_buf *b, const store_job *j, bool full, store *plateau,
-                  const api_jobs *jobs);
 
 /* Milliseconds on the monotonic clock. */
 int64_t api_now_ms(void);

@@ -62,7 +62,7 @@ static void store_error(api_resp *r, int rc, const char *what, int64_t id)
 }
 
 /* Load the route's job into j; false with r filled when it cannot be. */
-static bool load_job(api_req *q, api_resp *r, store_job *j)
+bool api_load_job(api_req *q, api_resp *r, store_job *j)
 {
     memset(j, 0, sizeof(*j));
     if (q->route.job < 0) {
@@ -208,8 +208,20 @@ static void put_queue_place(api_buf *b, const store_job *j, const api_jobs *jobs
     api_buf_putc(b, '}');
 }
 
-void api_job_json(api_buf *b, const store_job *j, bool full, store *plateau,
-                  const api_jobs *jobs)
+/* "branches": the ids of the jobs branched from job id, oldest first. */
+static void put_branches(api_buf *b, store *st, int64_t id)
+{
+    int64_t *ids = NULL;
+    int n = 0;
+    api_buf_puts(b, ",\"branches\":[");
+    if (store_job_branches(st, id, &ids, &n) == 0)
+        for (int i = 0; i < n; i++)
+            api_buf_printf(b, "%s%lld", i ? "," : "", (long long)ids[i]);
+    api_buf_putc(b, ']');
+    free(ids);
+}
+
+void api_job_json(api_buf *b, const store_job *j, bool full, store *st, const api_jobs *jobs)
 {
     const char *mtype = NULL;
     char mtext[256];
@@ -258,10 +270,13 @@ void api_job_json(api_buf *b, const store_job *j, bool full, store *plateau,
     put_stored_json(b, looks_like(j->summary, '{', '{') ? j->summary : NULL);
     api_buf_puts(b, ",\"launch\":");
     put_stored_json(b, looks_like(j->launch, '{', '{') ? j->launch : NULL);
+    api_buf_puts(b, ",\"branch\":");
+    put_stored_json(b, looks_like(j->branch, '{', '{') ? j->branch : NULL);
     put_queue_place(b, j, jobs);
-    if (plateau) {
+    if (st) {
         api_buf_puts(b, ",\"plateau\":");
-        api_put_plateau(b, plateau, j->id);
+        api_put_plateau(b, st, j->id);
+        put_branches(b, st, j->id);
     }
     if (full) {
         api_buf_puts(b, ",\"spec\":");
@@ -512,18 +527,13 @@ static bool same_spec(const char *stored, const char *spec)
     return same;
 }
 
-/* Whether job c, submitted in q's body, can ever run here: it fits the machine (the
+/* Whether job c (spec: the spec as sent) can ever run here: it fits the machine (the
  * scheduler's admission) and its data can train its model; else e says why. */
-static bool job_can_run(api_server *s, const gpu_job_config *c, const api_req *q, api_error *e)
+bool api_job_can_run(api_server *s, const gpu_job_config *c, json_t *spec, api_error *e)
 {
-    json_t *spec;
-    int rc;
     if (s->jobs->admit && s->jobs->admit(s->jobs->ctx, c, e) != 0)
         return false;
-    spec = json_loadb(q->body, q->body_len, 0, NULL);
-    rc = api_spec_check_data(c, spec, e);
-    json_decref(spec);
-    return rc == 0;
+    return api_spec_check_data(c, spec, e) == 0;
 }
 
 void api_h_jobs_submit(api_req *q, api_resp *r)
@@ -563,7 +573,10 @@ void api_h_jobs_submit(api_req *q, api_resp *r)
         api_error_resp(r, 503, "unavailable", NULL, "the scheduler is not running");
         return;
     }
-    if (!job_can_run(s, &cfg, q, &e)) {
+    json_t *sent = json_loadb(q->body, q->body_len, 0, NULL);
+    bool can = api_job_can_run(s, &cfg, sent, &e);
+    json_decref(sent);
+    if (!can) {
         api_error_resp(r, 422, e.code, e.field, "%s", e.message);
         return;
     }
@@ -606,7 +619,7 @@ void api_h_jobs_submit(api_req *q, api_resp *r)
 void api_h_job_get(api_req *q, api_resp *r)
 {
     store_job j;
-    if (!load_job(q, r, &j))
+    if (!api_load_job(q, r, &j))
         return;
     ok_json(r, 200);
     api_job_json(&r->body, &j, true, q->srv->st, q->srv->jobs);
@@ -679,7 +692,7 @@ void api_h_job_action(api_req *q, api_resp *r)
             verb = job_actions[i].verb;
             when = job_actions[i].when;
         }
-    if (!load_job(q, r, &j))
+    if (!api_load_job(q, r, &j))
         return;
     store_job_clear(&j);
     if (!s->jobs) {
@@ -859,7 +872,7 @@ void api_h_job_metrics(api_req *q, api_resp *r)
             goto fail;
         }
     }
-    if (!load_job(q, r, &j))
+    if (!api_load_job(q, r, &j))
         goto fail;
     ss->srv = s;
     ss->job = j.id;
@@ -1155,7 +1168,7 @@ void api_h_job_layers(api_req *q, api_resp *r)
         nfields = (int)(sizeof(default_fields) / sizeof(default_fields[0]));
         memcpy(fields, default_fields, sizeof(default_fields));
     }
-    if (!load_job(q, r, &j))
+    if (!api_load_job(q, r, &j))
         return;
     store_job_clear(&j);
     if (range)
@@ -1172,7 +1185,7 @@ void api_h_job_events(api_req *q, api_resp *r)
     int n = 0, rc;
 
     if (!api_query_int(q, r, "after", 0, INT64_MAX, 0, &after) ||
-        !api_query_int(q, r, "limit", 1, 1000, 100, &limit) || !load_job(q, r, &j))
+        !api_query_int(q, r, "limit", 1, 1000, 100, &limit) || !api_load_job(q, r, &j))
         return;
     store_job_clear(&j);
     rc = store_event_list(q->srv->st, q->route.job, after, (int)limit, &ev, &n);
@@ -1229,7 +1242,7 @@ void api_h_job_ckpts(api_req *q, api_resp *r)
     int n = 0, rc;
     int64_t total = 0;
 
-    if (!load_job(q, r, &j))
+    if (!api_load_job(q, r, &j))
         return;
     store_job_clear(&j);
     rc = store_checkpoint_list(q->srv->st, q->route.job, &ck, &n);
@@ -1259,7 +1272,7 @@ void api_h_job_ckpt(api_req *q, api_resp *r)
     struct stat st;
     int n = 0, rc, fd = -1;
 
-    if (!load_job(q, r, &j))
+    if (!api_load_job(q, r, &j))
         return;
     store_job_clear(&j);
     if (q->route.step < 0) {

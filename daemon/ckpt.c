@@ -750,6 +750,27 @@ int daemon_ckpt_resume(gpu_trainer *t, const char *from, daemon_ckpt_resumed *ou
     return rc < 0 ? rc : 0;
 }
 
+/* See ckpt.h. */
+int daemon_ckpt_load_exact(gpu_trainer *t, const char *path, daemon_ckpt_resumed *out, char *err,
+                           size_t errlen)
+{
+    char why[400];
+    const char *slash = strrchr(path, '/');
+    int rc;
+    memset(out, 0, sizeof(*out));
+    snprintf(out->dir, sizeof(out->dir), "%.*s", slash ? (int)(slash - path) : 1,
+             slash ? path : ".");
+    rc = load(t, path, &out->info, why, sizeof(why));
+    if (rc) {
+        out->touched = rc == GPU_EIO;
+        snprintf(err, errlen, "%s: %s", path, why);
+        return rc;
+    }
+    out->step = out->info.step;
+    snprintf(out->path, sizeof(out->path), "%s", path);
+    return 0;
+}
+
 /* ---- retention ---------------------------------------------------------------------------- */
 
 typedef struct {

@@ -80,6 +80,12 @@ typedef struct {
  * Clear out with daemon_ckpt_resumed_clear in every case. */
 int daemon_ckpt_resume(gpu_trainer *t, const char *from, daemon_ckpt_resumed *out, char *err,
                        size_t errlen);
+/* Load t from exactly the checkpoint at path (a branch's start: another job's checkpoint,
+ * which no older one may stand in for), verified as daemon_ckpt_resume verifies; out as
+ * there, without skips. An error (with path and reason in err) when it does not verify or
+ * does not fit t. */
+int daemon_ckpt_load_exact(gpu_trainer *t, const char *path, daemon_ckpt_resumed *out, char *err,
+                           size_t errlen);
 /* Release out's heap parts; NULL is fine. */
 void daemon_ckpt_resumed_clear(daemon_ckpt_resumed *out);
 

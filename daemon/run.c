@@ -19,7 +19,8 @@
  * (daemon_ckpt_resume), says in the "resume" line which it used and why it skipped the
  * others, and starts from step 0 when none does; when it resumes in the checkpoint
  * directory, the files after the step it continues from are dropped (those steps are trained
- * again), and the retention starts from the files up to it.
+ * again), and the retention starts from the files up to it. --branch-from starts a branch
+ * from exactly the checkpoint given (its parent's), failing when that one does not verify.
  *
  * Data parallelism: a job with distributed.world_size N > 1 started by hand or by the daemon
  * starts its N ranks under mpirun (ranks.c) and supervises them; each rank is this same
@@ -75,6 +76,7 @@ typedef struct {
     const char *path;
     const char *ckpt_dir; /* --checkpoint-dir: NULL for none */
     const char *resume;   /* --resume: a checkpoint file or directory, or NULL */
+    const char *branch_from; /* --branch-from: a checkpoint file of the parent job, or NULL */
     bool no_delete;       /* --no-delete: dropped checkpoints are left for the caller */
     int every;            /* --every: every Nth step line is printed */
     int roots_given;      /* --data-root options read */
@@ -196,6 +198,9 @@ static const daemon_opt run_opts[] = {
     {"resume", 'r', "CKPT|DIR", .kind = DAEMON_OPT_PTR, .off = offsetof(run_args, resume),
      .help = "continue from a checkpoint of the same job: the newest\none that verifies, CKPT "
              "or older (step 0 when none)"},
+    {"branch-from", 'B', "CKPT", .kind = DAEMON_OPT_PTR, .off = offsetof(run_args, branch_from),
+     .help = "start a branch from exactly this checkpoint of another\njob (its parent), with "
+             "this spec's changes"},
     {"no-delete", 'n', NULL, .kind = DAEMON_OPT_FLAG, .off = offsetof(run_args, no_delete),
      .help = "name the checkpoints the retention drops in\n\"checkpoint_drop\" lines, without "
              "deleting them"},
@@ -242,6 +247,11 @@ static int parse_args(int argc, char **argv, run_args *a)
         return 2;
     if (rc != DAEMON_OPTS_OK || first != argc - 1) {
         daemon_opts_usage(stderr, &run_cmd);
+        return 2;
+    }
+    if (a->resume && a->branch_from) {
+        fprintf(stderr, "ampd run: --resume and --branch-from exclude each other (a branch "
+                        "resumes from its own checkpoints once it has some)\n");
         return 2;
     }
     a->path = argv[first];
@@ -661,8 +671,10 @@ static int create(const gpu_job_config *c, const run_args *a, gpu_comm *comm, gp
         rc = gpu_trainer_set_comm(*t, comm, err, errlen);
     if (!rc)
         log_device(c, *t);
-    if (rc || !a->resume)
+    if (rc || (!a->resume && !a->branch_from))
         return rc;
+    if (a->branch_from)
+        return daemon_ckpt_load_exact(*t, a->branch_from, res, err, errlen);
     rc = daemon_ckpt_resume(*t, a->resume, res, err, errlen);
     if (!rc && !res->path[0] && res->touched) { /* none loaded: start from a fresh trainer */
         gpu_trainer_free(*t);
@@ -702,7 +714,7 @@ static int train(const gpu_job_config *c, const run_args *a, gpu_comm *comm)
                  asked);
     if (gpu_guard_on())
         log_info("guard mode: each block between inaccessible pages, checked after every step");
-    if (a->resume)
+    if (a->resume || a->branch_from)
         report_resume(&res);
     if (lead && a->ckpt_dir && a->resume && same_dir(a->ckpt_dir, res.dir))
         seed_kept(a, &s, &res);

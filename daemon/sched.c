@@ -2,7 +2,8 @@
  * sched.c - the scheduler and worker supervision (contract in sched.h).
  *
  * A worker is an `ampd run` child process, started by daemon_spawn (spawn.h) as cfg.exe with
- *   run --every 1 --checkpoint-dir <shared_dir>/jobs/<id> [--resume CKPT] [--data-root R]...
+ *   run --every 1 --checkpoint-dir <shared_dir>/jobs/<id> [--resume CKPT | --branch-from
+ *       CKPT (a branch's first start: its parent's checkpoint)] [--data-root R]...
  *       [--launcher L --slurm-...] <shared_dir>/jobs/<id>/spec.json
  * in its own process group (shared_dir: the data directory unless --shared-dir), stdin
  * /dev/null, stdout a pipe to the scheduler, stderr appended to
@@ -184,17 +185,43 @@ static void stop_worker_locked(worker *w, double now)
 
 /* ---- spawning ----------------------------------------------------------------------------- */
 
+/* A branch without a checkpoint of its own starts from its parent's at the branch step:
+ * its path in ckpt (even when the file is gone: the worker then fails naming it) and the
+ * step in *from. 0, or GPU_EINVAL when the parent has no record of it. */
+static int branch_start(daemon_sched *s, const store_job *j, char *ckpt, size_t len, int64_t *from)
+{
+    json_t *b = json_loads(j->branch ? j->branch : "", 0, NULL);
+    int64_t step = json_integer_value(json_object_get(b, "step"));
+    store_checkpoint *cks = NULL;
+    int n = 0;
+    json_decref(b);
+    if (step > 0 && store_checkpoint_list(s->st, j->parent_id, &cks, &n) == 0)
+        for (int i = 0; i < n && !ckpt[0]; i++)
+            if (cks[i].step == step)
+                snprintf(ckpt, len, "%s", cks[i].path);
+    free(cks);
+    if (!ckpt[0]) {
+        log_error("job %lld: its parent, job %lld, has no checkpoint at step %lld any more",
+                  (long long)j->id, (long long)j->parent_id, (long long)step);
+        return GPU_EINVAL;
+    }
+    *from = step;
+    return 0;
+}
+
 /* Prepare a queued job to restart from its newest checkpoint whose file is there (the
  * worker verifies it and walks back further past damaged ones): the records of the newer
  * ones whose files are gone are removed, each with an event saying why it was skipped, and
- * the metric rows after it are deleted. *from gets its step (0: none, from scratch). */
+ * the metric rows after it are deleted. *from gets its step (0: none, from scratch). A
+ * branch without one of its own starts from its parent's (*branch set). */
 static int prepare_resume(daemon_sched *s, const store_job *j, char *ckpt, size_t len,
-                          int64_t *from)
+                          int64_t *from, bool *branch)
 {
     store_checkpoint *cks = NULL;
     int n = 0;
     ckpt[0] = '\0';
     *from = 0;
+    *branch = false;
     if (j->checkpoint_step > 0 && store_checkpoint_list(s->st, j->id, &cks, &n) == 0) {
         for (int i = n - 1; i >= 0 && !ckpt[0]; i--) {
             if (cks[i].step > j->checkpoint_step)
@@ -212,11 +239,15 @@ static int prepare_resume(daemon_sched *s, const store_job *j, char *ckpt, size_
         }
         free(cks);
     }
-    if (j->checkpoint_step > 0 && !ckpt[0])
+    if (!ckpt[0] && j->parent_id > 0) {
+        if (branch_start(s, j, ckpt, len, from) != 0)
+            return GPU_EINVAL;
+        *branch = true;
+    } else if (j->checkpoint_step > 0 && !ckpt[0])
         log_warn("job %lld: no checkpoint file is left (the last was at step %lld); starting "
                  "from scratch",
                  (long long)j->id, (long long)j->checkpoint_step);
-    if (*from != j->checkpoint_step)
+    if (*from != j->checkpoint_step && !*branch)
         store_job_set_checkpoint(s->st, j->id, *from);
     return store_metrics_truncate(s->st, j->id, *from);
 }
@@ -229,6 +260,7 @@ typedef struct {
     char every[8];
     char spec[700];
     char ckpt[600];
+    bool branch;           /* ckpt is the parent's, a branch's start (--branch-from) */
     int out[2], log, null; /* the stdout pipe, worker.log and /dev/null; -1: closed */
 } spawn_args;
 
@@ -284,8 +316,10 @@ static int worker_files(daemon_sched *s, const store_job *j, worker *w, spawn_ar
         snprintf(err, errlen, "cannot write %s: %s", a->spec, strerror(errno));
         return GPU_EIO;
     }
-    if (prepare_resume(s, j, a->ckpt, sizeof(a->ckpt), from) != 0) {
-        snprintf(err, errlen, "cannot prepare the job's metrics for a restart");
+    if (prepare_resume(s, j, a->ckpt, sizeof(a->ckpt), from, &a->branch) != 0) {
+        snprintf(err, errlen,
+                 j->parent_id > 0 ? "cannot find the parent's checkpoint it branches from"
+                                  : "cannot prepare the job's metrics for a restart");
         return GPU_EIO;
     }
     snprintf(path, sizeof(path), "%s/worker.log", w->dir);
@@ -296,7 +330,7 @@ static int worker_files(daemon_sched *s, const store_job *j, worker *w, spawn_ar
         return GPU_EIO;
     }
     snprintf(head, sizeof(head), "---- worker for job %lld starting%s%s\n", (long long)j->id,
-             a->ckpt[0] ? ", resuming from " : "", a->ckpt);
+             a->ckpt[0] ? (a->branch ? ", branching from " : ", resuming from ") : "", a->ckpt);
     if (write(a->log, head, strlen(head)) < 0)
         log_warn("cannot write %s: %s", path, strerror(errno));
     if (fstat(a->log, &sb) == 0)
@@ -318,7 +352,7 @@ static void worker_argv(const daemon_sched *s, worker *w, spawn_args *a, const c
     a->argv[k++] = w->dir;
     a->argv[k++] = "--no-delete";
     if (a->ckpt[0]) {
-        a->argv[k++] = "--resume";
+        a->argv[k++] = a->branch ? "--branch-from" : "--resume";
         a->argv[k++] = a->ckpt;
     }
     if (device[0]) {
@@ -1083,6 +1117,31 @@ void daemon_sched_stop(daemon_sched *s)
     free(s);
 }
 
+/* See sched.h. */
+int daemon_sched_branch(daemon_sched *s, const char *name, const char *dtype, int64_t steps,
+                        const char *spec_json, int64_t parent, int64_t from_step,
+                        const char *branch_json, const char *what, int64_t *id)
+{
+    char msg[600];
+    int rc = store_job_insert_branch(s->st, name, dtype, steps, spec_json, parent, branch_json, id);
+    if (rc != 0)
+        return rc;
+    snprintf(msg, sizeof(msg), "branched from job %lld at step %lld: %s", (long long)parent,
+             (long long)from_step, what);
+    daemon_ingest_event(s->st, *id, from_step, "lifecycle", msg, NULL);
+    snprintf(msg, sizeof(msg),
+             "branch: job %lld starts from this job's checkpoint at step %lld: %s", (long long)*id,
+             (long long)from_step, what);
+    daemon_ingest_event(s->st, parent, from_step, "branch", msg, NULL);
+    log_info("job %lld: a branch of job %lld from step %lld (%s)", (long long)*id,
+             (long long)parent, (long long)from_step, what);
+    pthread_mutex_lock(&s->mu);
+    s->need_schedule = true;
+    pthread_mutex_unlock(&s->mu);
+    wake_up(s);
+    return 0;
+}
+
 /* See sched.h. Borrowed strings; *id and *existed are outputs. */
 int daemon_sched_submit(daemon_sched *s, const char *name, const char *dtype, int64_t steps,
                         const char *spec_json, const char *idem_key, int64_t *id, bool *existed)
@@ -1142,6 +1201,7 @@ int daemon_sched_resume(daemon_sched *s, int64_t id)
     store_job j;
     char ckpt[600], msg[200];
     int64_t from = 0;
+    bool branch;
     int rc;
 
     rc = lock_job(s, id, &j);
@@ -1149,15 +1209,15 @@ int daemon_sched_resume(daemon_sched *s, int64_t id)
         j.status != STORE_INTERRUPTED)
         rc = STORE_ECONFLICT;
     if (rc == 0)
-        rc = prepare_resume(s, &j, ckpt, sizeof(ckpt), &from);
+        rc = prepare_resume(s, &j, ckpt, sizeof(ckpt), &from, &branch);
     if (rc == 0)
         rc = store_job_set_cancel(s->st, id, false);
     if (rc == 0)
         rc = store_job_set_status(s->st, id, STORE_QUEUED, NULL);
     if (rc == 0) {
         if (from > 0)
-            snprintf(msg, sizeof(msg), "resume requested: from the checkpoint at step %lld",
-                     (long long)from);
+            snprintf(msg, sizeof(msg), "resume requested: from the checkpoint at step %lld%s",
+                     (long long)from, branch ? " of its parent" : "");
         else
             snprintf(msg, sizeof(msg), "resume requested: no checkpoint, from the start");
         daemon_ingest_event(s->st, id, from, "lifecycle", msg, NULL);
@@ -1323,6 +1383,14 @@ static int api_submit(void *ctx, const char *name, const char *dtype, int64_t st
     return daemon_sched_submit(ctx, name, dtype, steps, spec_json, idem_key, id, existed);
 }
 
+static int api_branch(void *ctx, const char *name, const char *dtype, int64_t steps,
+                      const char *spec_json, int64_t parent, int64_t from_step,
+                      const char *branch_json, const char *what, int64_t *id)
+{
+    return daemon_sched_branch(ctx, name, dtype, steps, spec_json, parent, from_step, branch_json,
+                               what, id);
+}
+
 static int api_cancel(void *ctx, int64_t id)
 {
     return daemon_sched_cancel(ctx, id);
@@ -1396,6 +1464,7 @@ void daemon_sched_api(daemon_sched *s, api_jobs *out)
 {
     *out = (api_jobs){.ctx = s,
                       .submit = api_submit,
+                      .branch = api_branch,
                       .cancel = api_cancel,
                       .resume = api_resume,
                       .pause = api_pause,

@@ -72,6 +72,11 @@ void daemon_sched_stop(daemon_sched *s);
 int daemon_sched_submit(daemon_sched *s, const char *name, const char *dtype, int64_t steps,
                         const char *spec_json, const char *idem_key, int64_t *id,
                         bool *existed);
+/* Queue a validated branch of job parent: it starts from parent's checkpoint at from_step
+ * (branch_json: its record; what: the reason and the patch, for the two jobs' events). */
+int daemon_sched_branch(daemon_sched *s, const char *name, const char *dtype, int64_t steps,
+                        const char *spec_json, int64_t parent, int64_t from_step,
+                        const char *branch_json, const char *what, int64_t *id);
 /* STORE_ENOTFOUND, or STORE_ECONFLICT when the job is not queued, preempted, paused or
  * running. */
 int daemon_sched_cancel(daemon_sched *s, int64_t id);

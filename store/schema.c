@@ -146,14 +146,21 @@ static const char *const migration_6[] = {
  * object: the launcher, Slurm's job id, state, reason and nodes, every rank's host). */
 static const char *const migration_7[] = {"ALTER TABLE jobs ADD COLUMN launch TEXT", NULL};
 
+/* Version 8: a branch's lineage: the job it was branched from (parent_id, indexed for the
+ * parent's list of branches) and what the branch is (a JSON object: the parent, the step of
+ * the checkpoint it starts from, the reason and the spec patch). */
+static const char *const migration_8[] = {"ALTER TABLE jobs ADD COLUMN parent_id INTEGER",
+                                          "ALTER TABLE jobs ADD COLUMN branch TEXT",
+                                          "CREATE INDEX jobs_parent ON jobs(parent_id)", NULL};
+
 /* The hand-written steps. The versions without one add only the columns of the fields
  * whose `since` names them (store.h's STORE_METRICS); a new field takes a version above
  * every version here. */
 static const struct {
     int version;
     const char *const *sql;
-} migrations[] = {{1, migration_1}, {2, migration_2}, {5, migration_5}, {6, migration_6},
-                  {7, migration_7}};
+} migrations[] = {{1, migration_1}, {2, migration_2}, {5, migration_5},
+                  {6, migration_6}, {7, migration_7}, {8, migration_8}};
 #define NMIGRATIONS ((int)(sizeof(migrations) / sizeof(migrations[0])))
 
 int store_schema_version(void)
@@ -196,7 +203,8 @@ _Static_assert(STORE_L_NFIELDS == 8, "the layer column lists below have 8 fields
 #define JOB_COLS                                                                                   \
     "id,name,dtype,status,created_at,started_at,finished_at,steps,step,checkpoint_step,"           \
     "retries,cancel_requested,spec,summary,error,"                                                 \
-    "(SELECT COALESCE(SUM(bytes), 0) FROM checkpoints WHERE checkpoints.job_id = jobs.id),launch"
+    "(SELECT COALESCE(SUM(bytes), 0) FROM checkpoints WHERE checkpoints.job_id = jobs.id),launch," \
+    "parent_id,branch"
 
 /* clang-format off */
 /* The fields ?1..?N, then the STORE_MU_ parameters (store_int.h) in the order they first
@@ -247,8 +255,10 @@ static const char *const stmt_sql[ST_COUNT] = {
     [ST_ROLLBACK] = "ROLLBACK",
     [ST_VERSION_GET] = "SELECT COALESCE(MAX(version), 0) FROM schema_version",
     [ST_VERSION_ADD] = "INSERT INTO schema_version(version, applied_at) VALUES(?1, ?2)",
-    [ST_JOB_INSERT] = "INSERT INTO jobs(name, dtype, status, created_at, steps, spec, idem_key) "
-                      "VALUES(?1, ?2, 'queued', ?3, ?4, ?5, ?6) ON CONFLICT(idem_key) DO NOTHING",
+    [ST_JOB_INSERT] = "INSERT INTO jobs(name, dtype, status, created_at, steps, spec, idem_key, "
+                      "parent_id, branch) VALUES(?1, ?2, 'queued', ?3, ?4, ?5, ?6, ?7, ?8) "
+                      "ON CONFLICT(idem_key) DO NOTHING",
+    [ST_JOB_BRANCHES] = "SELECT id FROM jobs WHERE parent_id = ?1 ORDER BY id",
     [ST_JOB_BY_IDEM] = "SELECT id FROM jobs WHERE idem_key = ?1",
     [ST_JOB_GET] = "SELECT " JOB_COLS " FROM jobs WHERE id = ?1",
     [ST_JOB_LIST] = "SELECT " JOB_COLS " FROM jobs WHERE id < ?1 AND (?2 IS NULL OR status = ?2) "

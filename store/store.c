@@ -427,7 +427,8 @@ void store_job_clear(store_job *j)
     free(j->summary);
     free(j->error);
     free(j->launch);
-    j->spec = j->summary = j->error = j->launch = NULL;
+    free(j->branch);
+    j->spec = j->summary = j->error = j->launch = j->branch = NULL;
 }
 
 void store_jobs_free(store_job *jobs, int n)
@@ -495,9 +496,12 @@ static int job_from_row(sqlite3_stmt *st, store_job *j)
     j->error = store_column_dup(st, 14);
     j->checkpoint_bytes = sqlite3_column_int64(st, 15);
     j->launch = store_column_dup(st, 16);
+    j->parent_id = sqlite3_column_int64(st, 17);
+    j->branch = store_column_dup(st, 18);
     if (!j->spec || (sqlite3_column_type(st, 13) != SQLITE_NULL && !j->summary) ||
         (sqlite3_column_type(st, 14) != SQLITE_NULL && !j->error) ||
-        (sqlite3_column_type(st, 16) != SQLITE_NULL && !j->launch)) {
+        (sqlite3_column_type(st, 16) != SQLITE_NULL && !j->launch) ||
+        (sqlite3_column_type(st, 18) != SQLITE_NULL && !j->branch)) {
         store_job_clear(j);
         return STORE_EIO;
     }
@@ -523,8 +527,10 @@ static int job_by_idem(store *s, const char *idem_key, int64_t *id)
     return rc;
 }
 
-int store_job_insert(store *s, const char *name, const char *dtype, int64_t steps,
-                     const char *spec_json, const char *idem_key, int64_t *id, bool *existed)
+/* A job's row, a branch's when parent_id is not 0 (see store_job_insert). */
+static int job_insert(store *s, const char *name, const char *dtype, int64_t steps,
+                      const char *spec_json, const char *idem_key, int64_t parent_id,
+                      const char *branch_json, int64_t *id, bool *existed)
 {
     sqlite3_stmt *st;
     int rc;
@@ -555,6 +561,11 @@ int store_job_insert(store *s, const char *name, const char *dtype, int64_t step
     sqlite3_bind_int64(st, 4, steps);
     sqlite3_bind_text(st, 5, spec_json, -1, SQLITE_TRANSIENT);
     store_bind_text(st, 6, idem_key);
+    if (parent_id > 0)
+        sqlite3_bind_int64(st, 7, parent_id);
+    else
+        sqlite3_bind_null(st, 7);
+    store_bind_text(st, 8, branch_json);
     rc = sqlite3_step(st);
     if (rc != SQLITE_DONE) {
         rc = store_sql_error(s->w->db, st, rc, __func__);
@@ -572,6 +583,51 @@ int store_job_insert(store *s, const char *name, const char *dtype, int64_t step
     }
 out:
     return store_wend(s, rc);
+}
+
+int store_job_insert(store *s, const char *name, const char *dtype, int64_t steps,
+                     const char *spec_json, const char *idem_key, int64_t *id, bool *existed)
+{
+    return job_insert(s, name, dtype, steps, spec_json, idem_key, 0, NULL, id, existed);
+}
+
+int store_job_insert_branch(store *s, const char *name, const char *dtype, int64_t steps,
+                            const char *spec_json, int64_t parent_id, const char *branch_json,
+                            int64_t *id)
+{
+    if (parent_id <= 0 || !branch_json)
+        return STORE_EINVAL;
+    return job_insert(s, name, dtype, steps, spec_json, NULL, parent_id, branch_json, id, NULL);
+}
+
+int store_job_branches(store *s, int64_t id, int64_t **ids, int *n)
+{
+    store_conn *c;
+    sqlite3_stmt *st;
+    int rc, cap = 0;
+
+    if (!s || !ids || !n)
+        return STORE_EINVAL;
+    *ids = NULL;
+    *n = 0;
+    if (!(c = store_reader(s)) || !(st = store_stmt(c, ST_JOB_BRANCHES)))
+        return STORE_EIO;
+    sqlite3_bind_int64(st, 1, id);
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        if (store_grow(ids, &cap, *n, sizeof(**ids), 4) != 0) {
+            rc = SQLITE_NOMEM;
+            break;
+        }
+        (*ids)[(*n)++] = sqlite3_column_int64(st, 0);
+    }
+    rc = rc == SQLITE_DONE ? 0 : store_sql_error(c->db, st, rc, __func__);
+    store_stmt_done(st);
+    if (rc) {
+        free(*ids);
+        *ids = NULL;
+        *n = 0;
+    }
+    return rc;
 }
 
 int store_job_get(store *s, int64_t id, store_job *out)

@@ -125,6 +125,9 @@ typedef struct {
     char *summary;           /* summary JSON or NULL (heap) */
     char *error;             /* failure reason or NULL (heap) */
     char *launch;            /* how its ranks were launched (JSON object) or NULL (heap) */
+    int64_t parent_id;       /* the job it was branched from (0: not a branch) */
+    char *branch;            /* a branch's record (JSON object: parent, step, reason, patch)
+                              * or NULL (heap) */
 } store_job;
 
 /* Release the heap strings of j (not j itself). */
@@ -135,6 +138,14 @@ void store_job_clear(store_job *j);
 int store_job_insert(store *s, const char *name, const char *dtype, int64_t steps,
                      const char *spec_json, const char *idem_key, int64_t *id,
                      bool *existed);
+/* Insert a queued job that is a branch of job parent_id (its record branch_json, a JSON
+ * object), in one statement: the job is never seen without its lineage. */
+int store_job_insert_branch(store *s, const char *name, const char *dtype, int64_t steps,
+                            const char *spec_json, int64_t parent_id, const char *branch_json,
+                            int64_t *id);
+/* The ids of the jobs branched from job id, oldest first (*ids: heap, free(); NULL when
+ * n is 0). */
+int store_job_branches(store *s, int64_t id, int64_t **ids, int *n);
 /* Fill *out (caller clears with store_job_clear). STORE_ENOTFOUND when absent. */
 int store_job_get(store *s, int64_t id, store_job *out);
 

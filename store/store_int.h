@@ -48,6 +48,7 @@ enum {
     ST_VERSION_GET,
     ST_VERSION_ADD,
     ST_JOB_INSERT,
+    ST_JOB_BRANCHES,
     ST_JOB_BY_IDEM,
     ST_JOB_GET,
     ST_JOB_LIST,

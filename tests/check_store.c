@@ -37,7 +37,7 @@
 
 #define NF STORE_M_NFIELDS
 #define NLF STORE_L_NFIELDS
-#define SCHEMA_VERSION 7 /* jobs.launch */
+#define SCHEMA_VERSION 8 /* jobs.parent_id and jobs.branch */
 #define EVAL_BITS ((1u << STORE_M_EVAL_LOSS) | (1u << STORE_M_EVAL_ACC))
 
 static char tmp_dir[64];
@@ -684,6 +684,7 @@ START_TEST(test_job_state)
     ck_assert_int_eq(store_job_set_status(st, 99999, STORE_RUNNING, NULL), STORE_ENOTFOUND);
     ck_assert_int_eq(store_job_set_summary(st, 99999, "{}"), STORE_ENOTFOUND);
     ck_assert_int_eq(store_job_set_launch(st, 99999, "{}"), STORE_ENOTFOUND);
+
     ck_assert_int_eq(store_job_set_cancel(st, 99999, true), STORE_ENOTFOUND);
     ck_assert_int_eq(store_job_get(st, 99999, &j), STORE_ENOTFOUND);
     ck_assert_int_eq(store_job_set_status(st, id, STORE_NSTATUS, NULL), STORE_EINVAL);
@@ -696,6 +697,31 @@ START_TEST(test_job_state)
     ck_assert_int_eq(n, 1);
     ck_assert_int_eq(ids[0], id);
     free(ids);
+
+    /* branches: the lineage is on the row from its insert; the parent lists them */
+    int64_t b1, b2;
+    int nb = -1;
+    ck_assert_int_eq(store_job_branches(st, id, &ids, &nb), 0);
+    ck_assert_int_eq(nb, 0);
+    ck_assert_ptr_null(ids);
+    ck_assert_int_eq(store_job_insert_branch(st, "b", "fp16", 1000, "{}", id,
+                                             "{\"parent\":1,\"step\":500}", &b1),
+                     0);
+    ck_assert_int_eq(store_job_insert_branch(st, "b", "bf16", 1000, "{}", id, "{}", &b2), 0);
+    ck_assert_int_eq(store_job_insert_branch(st, "b", "bf16", 1000, "{}", 0, "{}", &b2),
+                     STORE_EINVAL);
+    ck_assert_int_eq(store_job_get(st, b1, &j), 0);
+    ck_assert_int_eq(j.parent_id, id);
+    ck_assert_str_eq(j.branch, "{\"parent\":1,\"step\":500}");
+    ck_assert_int_eq(j.status, STORE_QUEUED);
+    store_job_clear(&j);
+    ck_assert_int_eq(store_job_branches(st, id, &ids, &nb), 0);
+    ck_assert_int_eq(nb, 2);
+    ck_assert(ids[0] == b1 && ids[1] > b1);
+    free(ids);
+    ck_assert_int_eq(store_job_get(st, id, &j), 0);
+    ck_assert(j.parent_id == 0 && j.branch == NULL);
+    store_job_clear(&j);
 
     for (int s = 0; s < STORE_NSTATUS; s++) {
         store_status back;
@@ -1347,11 +1373,18 @@ static void check_lrow(const store_layer_stat *got, const store_layer_stat *want
 }
 
 /* Make the database look as schema version v left it: drop the columns of the fields added
- * after v, jobs.launch (version 7), the experiments (version 6), the stream table (version
- * 5) and the schema_version rows above v (the other tables are the caller's). */
+ * after v, the branches' lineage (version 8), jobs.launch (version 7), the experiments
+ * (version 6), the stream table (version 5) and the schema_version rows above v (the other
+ * tables are the caller's). */
 static void downgrade_fields(sqlite3 *db, int v)
 {
     char sql[512];
+    if (v < 8)
+        ck_assert_int_eq(sqlite3_exec(db,
+                                      "DROP INDEX jobs_parent; ALTER TABLE jobs DROP COLUMN "
+                                      "parent_id; ALTER TABLE jobs DROP COLUMN branch",
+                                      NULL, NULL, NULL),
+                         SQLITE_OK);
     if (v < 7)
         ck_assert_int_eq(sqlite3_exec(db, "ALTER TABLE jobs DROP COLUMN launch", NULL, NULL, NULL),
                          SQLITE_OK);

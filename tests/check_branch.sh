@@ -1,0 +1,132 @@
+#!/bin/bash
+# check_branch.sh - branching a job from one of its checkpoints with a changed spec
+# (POST /v1/jobs/ID/branch, docs/api.md "Branches"), end to end through the daemon:
+#   - a parent (the MLP on Fashion-MNIST in fp16 with dynamic loss scaling, SGD with
+#     momentum, a checkpoint every 40 steps) runs to its end;
+#   - a branch from step 40 whose patch changes the learning-rate schedule (cosine decay):
+#     its record names the parent, the step, the reason and the patch, the parent's
+#     "branches" lists it, and both jobs' events say so;
+#   - the branch succeeds with one row per step 41..STEPS and none before; every step's loss
+#     and loss scale equal `ampd run --resume` of the parent's checkpoint with the branch's
+#     spec (the weights, the optimizer, the scaler and the data order carried over whole);
+#     its first step's loss is the parent's (the same weights), its later ones are not
+#     (another rate);
+#   - a branch of the branch keeps the whole lineage, [parent, branch];
+#   - refused, naming the field: a step without a checkpoint (422, listing the steps that
+#     have one), another model, another world size, a patched value the spec refuses
+#     (patch.optimizer.lr), steps that end before the branch step (422), an unknown member
+#     and a missing patch (400); a job that does not exist is 404; the parent is unchanged;
+#   - every answer recorded matches the OpenAPI description.
+# Exit 77 (SKIP) without jq or Fashion-MNIST. The daemon is stopped by pid on exit.
+set -u
+AMPD=${AMPD:-./ampd}
+command -v jq >/dev/null || { echo "SKIP: check_branch needs jq (Debian jq)"; exit 77; }
+[ -d /usr/share/datasets/fashion-mnist ] ||
+    { echo "SKIP: check_branch: Fashion-MNIST is not installed (dataset-fashion-mnist)"; exit 77; }
+# shellcheck source=tests/testlib.sh
+. "$(dirname "$0")/testlib.sh"
+test_tmp
+# shellcheck source=tests/apilib.sh
+. "$(dirname "$0")/apilib.sh"
+
+STEPS=120
+SPEC='{"name": "parent", "model": {"type": "mlp", "layers": [784, 64, 10]},
+  "data": {"type": "idx", "train": "fashion-mnist"}, "precision": {"dtype": "fp16"},
+  "batch_size": 64, "steps": 120, "seed": 3, "threads": 1, "checkpoint_every": 40,
+  "optimizer": {"type": "sgd", "lr": 0.05, "momentum": 0.9}}'
+status_of() {
+    req GET "/v1/jobs/$1"
+    jq -r .status <<<"$BODY"
+}
+is_status() { [ "$(status_of "$1")" = "$2" ]; }
+rows() { # id: "step,loss,loss_scale" of every row
+    acurl -s -m 30 "$URL/v1/jobs/$1/metrics?fields=loss,loss_scale&from=1&to=$STEPS&format=csv" |
+        tail -n +2
+}
+events() { # id: every event's message, a line each
+    req GET "/v1/jobs/$1/events?limit=1000"
+    jq -r '.events[].message' <<<"$BODY"
+}
+branch() { # id body: sets CODE, BODY, ID (the new job's, when created)
+    post_json "/v1/jobs/$1/branch" "$2"
+    ID=$(jq -r '.id // empty' <<<"$BODY" 2>/dev/null)
+}
+body_has() { jq -e "$@" <<<"$BODY" >/dev/null; } # [jq args] test: a jq test of BODY
+refused() { # name id body code field: the branch is refused with code, naming field
+    branch "$2" "$3"
+    check "$1: $4 naming $5 ($CODE $(jq -c .error.field <<<"$BODY" 2>/dev/null))" \
+        test "$CODE" = "$4" -a "$(jq -r .error.field <<<"$BODY" 2>/dev/null)" = "$5"
+}
+
+start_daemon
+check "the daemon starts" test -n "$PORT" || { cat "$TMP/daemon.log"; exit 1; }
+post_json /v1/jobs "$SPEC"
+P=$(jq -r .id <<<"$BODY")
+check "the parent (job $P) succeeds" wait_for 120 is_status "$P" succeeded
+rows "$P" >"$TMP/parent.csv"
+
+# ---- a branch with another learning-rate schedule ---------------------------------------------
+branch "$P" '{"from_step": 40, "patch": {"optimizer": {"schedule": "cosine"}}, "reason": "try cosine decay"}'
+B=$ID
+check "POST /branch creates a job ($CODE, job $B)" test "$CODE" = 201 -a -n "$B"
+check "... whose record names the parent, the step, the reason and the patch" \
+    body_has --argjson p "$P" '.branch == {parent: $p, step: 40, reason: "try cosine decay",
+        patch: {optimizer: {schedule: "cosine"}}, lineage: [$p]}'
+check "... and whose spec is the parent's with the patch" \
+    body_has '.spec.optimizer.schedule == "cosine" and .spec.optimizer.lr == 0.05 and
+        .spec.checkpoint_every == 40'
+check "the branch succeeds" wait_for 120 is_status "$B" succeeded
+req GET "/v1/jobs/$P"
+check "the parent's branches list it" body_has --argjson b "$B" '.branches == [$b]'
+check "... and its event says so" grep -q "branch: job $B starts from this job's checkpoint at step 40" \
+    <(events "$P")
+check "the branch's event names its parent and the patch" \
+    grep -q "branched from job $P at step 40: try cosine decay; patch {\"optimizer\":{\"schedule\":\"cosine\"}}" \
+    <(events "$B")
+rows "$B" >"$TMP/branch.csv"
+check "its history is steps 41..$STEPS" \
+    test "$(cut -d, -f1 "$TMP/branch.csv" | tr '\n' ' ')" = "$(seq 41 $STEPS | tr '\n' ' ')"
+req GET "/v1/jobs/$B"
+jq .spec <<<"$BODY" >"$TMP/branch.json"
+"$AMPD" run --every 1 --resume "$TMP/data/jobs/$P/ckpt-40.safetensors" "$TMP/branch.json" \
+    >"$TMP/ref.out" 2>"$TMP/ref.err"
+status_is "ampd run --resume of the parent's checkpoint with the branch's spec" 0 $?
+jq -r 'select(.type == "step") | "\(.step),\(.loss),\(.loss_scale)"' "$TMP/ref.out" >"$TMP/ref.csv"
+check "... every step's loss and loss scale are the branch's ($(diff "$TMP/ref.csv" "$TMP/branch.csv" | head -2 | tr '\n' ' '))" \
+    cmp -s "$TMP/ref.csv" "$TMP/branch.csv"
+check "its first step's loss is the parent's (the same weights)" \
+    test "$(grep '^41,' "$TMP/branch.csv" | cut -d, -f2)" = "$(grep '^41,' "$TMP/parent.csv" | cut -d, -f2)"
+check "... its last is not (another rate)" \
+    test "$(tail -1 "$TMP/branch.csv" | cut -d, -f2)" != "$(tail -1 "$TMP/parent.csv" | cut -d, -f2)"
+
+# ---- a branch of the branch -------------------------------------------------------------------
+branch "$B" '{"from_step": 80, "patch": {"optimizer": {"lr": 0.02}}}'
+B2=$ID
+check "a branch of the branch (job $B2) keeps the whole lineage" \
+    body_has --argjson p "$P" --argjson b "$B" '.branch.lineage == [$p, $b] and .branch.parent == $b
+        and .branch.reason == "by hand" and .spec.optimizer.schedule == "cosine"
+        and .spec.optimizer.lr == 0.02'
+check "... and succeeds" wait_for 120 is_status "$B2" succeeded
+check "... from step 81" test "$(rows "$B2" | head -1 | cut -d, -f1)" = 81
+
+# ---- what is refused ----------------------------------------------------------------------------
+refused "a step without a checkpoint" "$P" '{"from_step": 50, "patch": {}}' 422 from_step
+check "... listing the steps that have one" grep -q 'it has 40, 80, 120' <<<"$BODY"
+refused "another model" "$P" '{"from_step": 40, "patch": {"model": {"layers": [784, 32, 10]}}}' 422 patch.model
+refused "another world size" "$P" '{"from_step": 40, "patch": {"distributed": {"world_size": 2}}}' \
+    422 patch.distributed.world_size
+refused "a learning rate the spec refuses" "$P" '{"from_step": 40, "patch": {"optimizer": {"lr": -1}}}' \
+    422 patch.optimizer.lr
+refused "steps that end before the branch step" "$P" '{"from_step": 80, "patch": {"steps": 60}}' 422 patch.steps
+refused "an unknown member" "$P" '{"from_step": 40, "patch": {}, "remedy_of": 1}' 400 remedy_of
+refused "no patch" "$P" '{"from_step": 40}' 400 patch
+branch 99999 '{"from_step": 40, "patch": {}}'
+check "a job that does not exist: 404 ($CODE)" test "$CODE" = 404
+req GET "/v1/jobs/$P"
+check "the parent is unchanged: succeeded, no branch record, two branches" \
+    body_has --argjson b "$B" '.status == "succeeded" and .branch == null and .branches == [$b]'
+check "... and its rows too" test "$(rows "$P")" = "$(cat "$TMP/parent.csv")"
+
+openapi_check_recorded
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
