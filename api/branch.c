@@ -7,8 +7,12 @@
  * spec; the result is checked like a submitted spec, and its errors name the field under
  * "patch.". What a checkpoint cannot carry is refused with 422 naming the field: another
  * model (the checkpoint's tensors are the parent's), another world size, or steps that
- * end at or before S. The branch's record (jobs.branch) is {"parent", "step", "reason",
- * "patch", "lineage"}, lineage its ancestors' ids, the root first and the parent last.
+ * end at or before S. A patch of precision.dtype that leaves precision.loss_scale alone
+ * takes the new dtype's loss-scaling defaults (the stored spec has the old one's written
+ * out). The branch's record (jobs.branch) is {"parent", "step", "reason", "patch",
+ * "lineage", "resets"}: lineage its ancestors' ids, the root first and the parent last;
+ * resets what starts anew instead of carrying over from the checkpoint ("loss_scale" when
+ * the scaler's settings or the dtype changed: the parent's scale means nothing then).
  *
  * Threads: the HTTP thread of the request; the store and the scheduler are thread-safe.
  */
@@ -163,8 +167,30 @@ static bool carries(json_t *parent, json_t *branch, int64_t from, api_resp *r)
     return true;
 }
 
+/* A patch of precision.dtype without precision.loss_scale: the new dtype's scaler
+ * defaults, not the old one's that the stored spec spells out. */
+static void dtype_defaults(json_t *merged, json_t *patch)
+{
+    json_t *pp = json_object_get(patch, "precision");
+    if (json_object_get(pp, "dtype") && !json_object_get(pp, "loss_scale"))
+        json_object_del(json_object_get(merged, "precision"), "loss_scale");
+}
+
+/* What starts anew in the branch (its effective spec eff) rather than carrying over from
+ * the parent's checkpoint (pspec: the parent's): a JSON array. */
+static json_t *resets(json_t *pspec, const char *eff)
+{
+    json_t *e = json_loads(eff, 0, NULL), *out = json_array();
+    json_t *pp = json_object_get(pspec, "precision"), *bp = json_object_get(e, "precision");
+    if (!json_equal(json_object_get(pp, "loss_scale"), json_object_get(bp, "loss_scale")) ||
+        !json_equal(json_object_get(pp, "dtype"), json_object_get(bp, "dtype")))
+        json_array_append_new(out, json_string("loss_scale"));
+    json_decref(e);
+    return out;
+}
+
 /* The branch's record (see the top of the file); NULL when out of memory. */
-static char *branch_record(const store_job *parent, const branch_req *b)
+static char *branch_record(const store_job *parent, const branch_req *b, json_t *reset)
 {
     json_t *pb = parent->branch ? json_loads(parent->branch, 0, NULL) : NULL;
     json_t *lineage = json_array(), *rec;
@@ -175,9 +201,9 @@ static char *branch_record(const store_job *parent, const branch_req *b)
     json_array_foreach(up, i, v) json_array_append(lineage, v);
     json_array_append_new(lineage, json_integer(parent->id));
     json_decref(pb);
-    rec =
-        json_pack("{s:I, s:I, s:s, s:O, s:o}", "parent", (json_int_t)parent->id, "step",
-                  (json_int_t)b->from, "reason", b->reason, "patch", b->patch, "lineage", lineage);
+    rec = json_pack("{s:I, s:I, s:s, s:O, s:o, s:o}", "parent", (json_int_t)parent->id, "step",
+                    (json_int_t)b->from, "reason", b->reason, "patch", b->patch, "lineage", lineage,
+                    "resets", reset);
     text = rec ? json_dumps(rec, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
     json_decref(rec);
     return text;
@@ -236,10 +262,11 @@ static void create(api_req *q, api_resp *r, const store_job *parent, branch_req 
         goto fail;
     }
     merge_patch(merged, b->patch);
+    dtype_defaults(merged, b->patch);
     if (!find_checkpoint(s, r, parent->id, b->from, ckpt, sizeof(ckpt)) ||
         !carries(pspec, merged, b->from, r) || !check_spec(s, r, merged, &cfg, &eff))
         goto fail;
-    if (!(rec = branch_record(parent, b))) {
+    if (!(rec = branch_record(parent, b, resets(pspec, eff)))) {
         api_error_resp(r, 503, "unavailable", NULL, "out of memory");
         goto fail;
     }

@@ -586,9 +586,22 @@ static int parse_scalars(json_t *meta, gpu_state_scalars *sc)
     return 0;
 }
 
-/* Check one tensor's header entry against the job's tensor; returns its file offset. */
-static int match_tensor(json_t *h, const gpu_state_tensor *v, uint64_t *off, char *why,
-                        size_t whylen)
+/* A safetensors float dtype as a gpu_dtype; -1 for another (I32) or none. */
+static int float_dtype(const char *name)
+{
+    static const char *const names[] = {"F32", "F16", "BF16"};
+    static const gpu_dtype dts[] = {GPU_FP32, GPU_FP16, GPU_BF16};
+    for (int i = 0; name && i < 3; i++)
+        if (strcmp(name, names[i]) == 0)
+            return (int)dts[i];
+    return -1;
+}
+
+/* Check one tensor's header entry against the job's tensor; its file offset in *off. With
+ * convert (a branch's start), a float tensor of the same shape in another float dtype fits
+ * too: *from gets the file's dtype (else -1: as the job keeps it). */
+static int match_tensor(json_t *h, const gpu_state_tensor *v, bool convert, uint64_t *off,
+                        int *from, char *why, size_t whylen)
 {
     json_t *e = json_object_get(h, v->name), *shape, *offs;
     if (!json_is_object(e)) {
@@ -598,14 +611,21 @@ static int match_tensor(json_t *h, const gpu_state_tensor *v, uint64_t *off, cha
     shape = json_object_get(e, "shape");
     offs = json_object_get(e, "data_offsets");
     const char *dt = json_string_value(json_object_get(e, "dtype"));
-    bool ok = dt && strcmp(dt, v->dtype) == 0 && json_array_size(shape) == (size_t)v->ndim &&
-              json_array_size(offs) == 2;
+    int fdt = float_dtype(dt), vdt = float_dtype(v->dtype);
+    size_t bytes = v->bytes;
+    *from = -1;
+    if (convert && dt && fdt >= 0 && vdt >= 0 && fdt != vdt) {
+        *from = fdt;
+        bytes = v->bytes / gpu_dtype_size((gpu_dtype)vdt) * gpu_dtype_size((gpu_dtype)fdt);
+    }
+    bool ok = dt && (*from >= 0 || strcmp(dt, v->dtype) == 0) &&
+              json_array_size(shape) == (size_t)v->ndim && json_array_size(offs) == 2;
     for (int d = 0; ok && d < v->ndim; d++)
         ok = json_integer_value(json_array_get(shape, (size_t)d)) == v->shape[d];
     if (ok) {
         json_int_t a = json_integer_value(json_array_get(offs, 0));
         json_int_t b = json_integer_value(json_array_get(offs, 1));
-        ok = (uint64_t)(b - a) == v->bytes; /* ckpt_open checked 0 <= a <= b <= the data */
+        ok = (uint64_t)(b - a) == bytes; /* ckpt_open checked 0 <= a <= b <= the data */
         *off = (uint64_t)a;
     }
     if (!ok)
@@ -619,14 +639,39 @@ static int read_at(FILE *f, uint64_t off, void *buf, size_t n)
     return fseeko(f, (off_t)off, SEEK_SET) == 0 && fread(buf, 1, n, f) == n ? 0 : -1;
 }
 
-/* The load, with the reason in why (no path). */
-static int load(gpu_trainer *t, const char *path, daemon_ckpt_info *info, char *why, size_t whylen)
+/* Read tensor v stored in dtype from at off, converted to v's dtype through fp32 (exact
+ * from a 16-bit dtype to fp32, rounded to nearest even the other way). 0, -1 (a read
+ * error, errno set) or GPU_ENOMEM. */
+static int read_converted(FILE *f, uint64_t off, const gpu_state_tensor *v, gpu_dtype from)
+{
+    gpu_dtype to = (gpu_dtype)float_dtype(v->dtype);
+    size_t n = v->bytes / gpu_dtype_size(to);
+    void *raw = malloc(n * gpu_dtype_size(from));
+    float *f32 = to == GPU_FP32 ? v->data : malloc(n * sizeof(float));
+    int rc = raw && f32 ? 0 : GPU_ENOMEM;
+    if (rc == 0 && read_at(f, off, raw, n * gpu_dtype_size(from)) != 0)
+        rc = -1;
+    if (rc == 0) {
+        gpu_cvt_to_f32(f32, raw, from, n);
+        if (to != GPU_FP32)
+            gpu_cvt_from_f32(v->data, to, f32, n);
+    }
+    free(raw);
+    if (f32 != v->data)
+        free(f32);
+    return rc;
+}
+
+/* The load, with the reason in why (no path). convert: a branch's start, whose float
+ * tensors may be in another dtype (match_tensor); *nconv counts them. */
+static int load(gpu_trainer *t, const char *path, bool convert, daemon_ckpt_info *info, int *nconv,
+                char *why, size_t whylen)
 {
     ckpt_file c;
     gpu_state_tensor *v = NULL;
     gpu_state_scalars sc, now;
     uint64_t *offs = NULL;
-    int n = 0, rc;
+    int *from = NULL, n = 0, rc;
 
     if ((rc = ckpt_open(path, &c, info, why, whylen)) != 0)
         return rc;
@@ -637,14 +682,16 @@ static int load(gpu_trainer *t, const char *path, daemon_ckpt_info *info, char *
         snprintf(why, whylen, "not an ampd checkpoint (its metadata lacks the trainer's state)");
         goto out;
     }
-    if (gpu_trainer_state(t, &v, &n) != 0 || !(offs = calloc((size_t)n, sizeof(*offs)))) {
+    *nconv = 0;
+    if (gpu_trainer_state(t, &v, &n) != 0 || !(offs = calloc((size_t)n, sizeof(*offs))) ||
+        !(from = calloc((size_t)n, sizeof(*from)))) {
         rc = GPU_ENOMEM;
         snprintf(why, whylen, "out of memory");
         goto out;
     }
     rc = GPU_EINVAL;
     for (int i = 0; i < n; i++)
-        if (match_tensor(c.h, &v[i], &offs[i], why, whylen))
+        if (match_tensor(c.h, &v[i], convert, &offs[i], &from[i], why, whylen))
             goto out;
     gpu_trainer_get_scalars(t, &now);
     if (sc.world_size != now.world_size) {
@@ -654,16 +701,26 @@ static int load(gpu_trainer *t, const char *path, daemon_ckpt_info *info, char *
                  sc.world_size, now.world_size);
         goto out;
     }
-    for (int i = 0; i < n; i++)
-        if (read_at(c.f, 8 + c.hlen + offs[i], v[i].data, v[i].bytes)) {
+    for (int i = 0; i < n; i++) {
+        uint64_t at = 8 + c.hlen + offs[i];
+        rc = from[i] < 0 ? read_at(c.f, at, v[i].data, v[i].bytes)
+                         : read_converted(c.f, at, &v[i], (gpu_dtype)from[i]);
+        *nconv += from[i] >= 0;
+        if (rc == GPU_ENOMEM) {
+            snprintf(why, whylen, "out of memory");
+            goto out;
+        }
+        if (rc) {
             snprintf(why, whylen, "cannot read it: %s", errno ? strerror(errno) : "short read");
             rc = GPU_EIO;
             goto out;
         }
+    }
     rc = gpu_trainer_set_scalars(t, &sc);
     if (rc)
         snprintf(why, whylen, "the checkpoint's state does not fit this job");
 out:
+    free(from);
     free(offs);
     free(v);
     ckpt_close(&c);
@@ -699,7 +756,8 @@ static int attempt(gpu_trainer *t, const char *path, int64_t step, daemon_ckpt_r
                    char *err, size_t errlen)
 {
     char why[400];
-    int rc = load(t, path, &out->info, why, sizeof(why));
+    int nconv;
+    int rc = load(t, path, false, &out->info, &nconv, why, sizeof(why));
     if (rc == 0) {
         out->step = out->info.step;
         snprintf(out->path, sizeof(out->path), "%s", path);
@@ -760,7 +818,7 @@ int daemon_ckpt_load_exact(gpu_trainer *t, const char *path, daemon_ckpt_resumed
     memset(out, 0, sizeof(*out));
     snprintf(out->dir, sizeof(out->dir), "%.*s", slash ? (int)(slash - path) : 1,
              slash ? path : ".");
-    rc = load(t, path, &out->info, why, sizeof(why));
+    rc = load(t, path, true, &out->info, &out->converted, why, sizeof(why));
     if (rc) {
         out->touched = rc == GPU_EIO;
         snprintf(err, errlen, "%s: %s", path, why);

@@ -67,6 +67,7 @@ typedef struct {
     daemon_ckpt_skip *skipped; /* newest first (heap) */
     int nskipped;
     bool touched; /* a failed attempt may have written the trainer */
+    int converted; /* a branch's start: tensors read from another float dtype */
 } daemon_ckpt_resumed;
 
 /* Resume t from `from`: a directory (its newest checkpoint that verifies) or a file (that
@@ -82,8 +83,10 @@ int daemon_ckpt_resume(gpu_trainer *t, const char *from, daemon_ckpt_resumed *ou
                        size_t errlen);
 /* Load t from exactly the checkpoint at path (a branch's start: another job's checkpoint,
  * which no older one may stand in for), verified as daemon_ckpt_resume verifies; out as
- * there, without skips. An error (with path and reason in err) when it does not verify or
- * does not fit t. */
+ * there, without skips. A float tensor the checkpoint holds in another dtype than t (the
+ * branch changed precision.dtype or master_weights) is converted through fp32 (exact from
+ * 16 bits to fp32, rounded to nearest even the other way), counted in out->converted. An
+ * error (with path and reason in err) when it does not verify or does not fit t. */
 int daemon_ckpt_load_exact(gpu_trainer *t, const char *path, daemon_ckpt_resumed *out, char *err,
                            size_t errlen);
 /* Release out's heap parts; NULL is fine. */

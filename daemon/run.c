@@ -77,6 +77,7 @@ typedef struct {
     const char *ckpt_dir; /* --checkpoint-dir: NULL for none */
     const char *resume;   /* --resume: a checkpoint file or directory, or NULL */
     const char *branch_from; /* --branch-from: a checkpoint file of the parent job, or NULL */
+    const char *branch_reset; /* --branch-reset: what starts anew ("loss_scale"), or NULL */
     bool no_delete;       /* --no-delete: dropped checkpoints are left for the caller */
     int every;            /* --every: every Nth step line is printed */
     int roots_given;      /* --data-root options read */
@@ -201,6 +202,9 @@ static const daemon_opt run_opts[] = {
     {"branch-from", 'B', "CKPT", .kind = DAEMON_OPT_PTR, .off = offsetof(run_args, branch_from),
      .help = "start a branch from exactly this checkpoint of another\njob (its parent), with "
              "this spec's changes"},
+    {"branch-reset", 'R', "WHAT", .kind = DAEMON_OPT_PTR, .off = offsetof(run_args, branch_reset),
+     .help = "with --branch-from: \"loss_scale\" starts the loss scaler\nanew from this "
+             "spec's settings instead of carrying\nits state over"},
     {"no-delete", 'n', NULL, .kind = DAEMON_OPT_FLAG, .off = offsetof(run_args, no_delete),
      .help = "name the checkpoints the retention drops in\n\"checkpoint_drop\" lines, without "
              "deleting them"},
@@ -247,6 +251,10 @@ static int parse_args(int argc, char **argv, run_args *a)
         return 2;
     if (rc != DAEMON_OPTS_OK || first != argc - 1) {
         daemon_opts_usage(stderr, &run_cmd);
+        return 2;
+    }
+    if (a->branch_reset && !a->branch_from) {
+        fprintf(stderr, "ampd run: --branch-reset goes with --branch-from\n");
         return 2;
     }
     if (a->resume && a->branch_from) {
@@ -662,6 +670,52 @@ static void report_resume(const daemon_ckpt_resumed *res)
                                res->path[0] && res->info.checksummed, "skipped", skipped));
 }
 
+/* A branch's start, after its parent's checkpoint has loaded: with --branch-reset
+ * loss_scale the scaler starts anew from this spec's settings (the parent's scale means
+ * nothing under another dtype or scaler). 0 or an error with err filled. */
+static int branch_reset(const gpu_job_config *c, const run_args *a, gpu_trainer *t, char *err,
+                        size_t errlen)
+{
+    gpu_state_scalars sc;
+    if (!a->branch_reset)
+        return 0;
+    if (strcmp(a->branch_reset, "loss_scale") != 0) {
+        snprintf(err, errlen, "--branch-reset %s: only \"loss_scale\" starts anew",
+                 a->branch_reset);
+        return GPU_EINVAL;
+    }
+    gpu_trainer_get_scalars(t, &sc);
+    gpu_scaler_init(&sc.scaler, &c->scaler);
+    int rc = gpu_trainer_set_scalars(t, &sc);
+    if (rc)
+        snprintf(err, errlen, "cannot start the loss scaler anew: %s", gpu_strerror(rc));
+    return rc;
+}
+
+/* The event line of a branch's start: where from, and what did not carry over as it was. */
+static void emit_branch_start(const gpu_job_config *c, const run_args *a,
+                              const daemon_ckpt_resumed *res)
+{
+    char msg[700];
+    int n = snprintf(msg, sizeof(msg), "branch start: from %s (step %lld)", res->path,
+                     (long long)res->step);
+    if (a->branch_reset && n > 0 && (size_t)n < sizeof(msg))
+        n += snprintf(msg + n, sizeof(msg) - (size_t)n,
+                      "; the loss scaler starts anew at %g (%s), its parent's state reset",
+                      (double)(c->scaler.mode == GPU_SCALE_NONE ? 1.0f : c->scaler.init_scale),
+                      c->scaler.mode == GPU_SCALE_NONE     ? "no loss scaling"
+                      : c->scaler.mode == GPU_SCALE_STATIC ? "static"
+                                                           : "dynamic");
+    if (res->converted > 0 && n > 0 && (size_t)n < sizeof(msg))
+        snprintf(msg + n, sizeof(msg) - (size_t)n,
+                 "; %d weight tensor(s) converted to %s (master weights %s)", res->converted,
+                 c->master_weights || c->dtype == GPU_FP32 ? "fp32" : gpu_dtype_name(c->dtype),
+                 c->master_weights ? "on" : "off");
+    log_info("%s", msg);
+    daemon_line_emit(json_pack("{s:s, s:I, s:s, s:s}", "type", "event", "step",
+                               (json_int_t)res->step, "kind", "branch", "message", msg));
+}
+
 /* Build the trainer, resumed when a->resume says so; 0 or an error with err filled. */
 static int create(const gpu_job_config *c, const run_args *a, gpu_comm *comm, gpu_trainer **t,
                   daemon_ckpt_resumed *res, char *err, size_t errlen)
@@ -673,8 +727,10 @@ static int create(const gpu_job_config *c, const run_args *a, gpu_comm *comm, gp
         log_device(c, *t);
     if (rc || (!a->resume && !a->branch_from))
         return rc;
-    if (a->branch_from)
-        return daemon_ckpt_load_exact(*t, a->branch_from, res, err, errlen);
+    if (a->branch_from) {
+        rc = daemon_ckpt_load_exact(*t, a->branch_from, res, err, errlen);
+        return rc ? rc : branch_reset(c, a, *t, err, errlen);
+    }
     rc = daemon_ckpt_resume(*t, a->resume, res, err, errlen);
     if (!rc && !res->path[0] && res->touched) { /* none loaded: start from a fresh trainer */
         gpu_trainer_free(*t);
@@ -716,6 +772,8 @@ static int train(const gpu_job_config *c, const run_args *a, gpu_comm *comm)
         log_info("guard mode: each block between inaccessible pages, checked after every step");
     if (a->resume || a->branch_from)
         report_resume(&res);
+    if (lead && a->branch_from)
+        emit_branch_start(c, a, &res);
     if (lead && a->ckpt_dir && a->resume && same_dir(a->ckpt_dir, res.dir))
         seed_kept(a, &s, &res);
     daemon_ckpt_resumed_clear(&res);

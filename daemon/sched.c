@@ -209,6 +209,20 @@ static int branch_start(daemon_sched *s, const store_job *j, char *ckpt, size_t 
     return 0;
 }
 
+/* Whether branch j's record lists what among what starts anew ("resets"). */
+static bool branch_resets(const store_job *j, const char *what)
+{
+    json_t *b = json_loads(j->branch ? j->branch : "", 0, NULL);
+    json_t *arr = json_object_get(b, "resets");
+    bool found = false;
+    for (size_t i = 0; i < json_array_size(arr) && !found; i++) {
+        const char *v = json_string_value(json_array_get(arr, i));
+        found = v && strcmp(v, what) == 0;
+    }
+    json_decref(b);
+    return found;
+}
+
 /* Prepare a queued job to restart from its newest checkpoint whose file is there (the
  * worker verifies it and walks back further past damaged ones): the records of the newer
  * ones whose files are gone are removed, each with an event saying why it was skipped, and
@@ -253,7 +267,7 @@ static int prepare_resume(daemon_sched *s, const store_job *j, char *ckpt, size_
 }
 
 typedef struct {
-    char *argv[22 + 2 * DAEMON_MAX_ROOTS];
+    char *argv[24 + 2 * DAEMON_MAX_ROOTS]; /* worker_argv's at most, with the NULL */
     char **envp;       /* the environment with the job's CUDA_VISIBLE_DEVICES (NULL: ours) */
     char visible[300]; /* that variable */
     cpu_set_t cpus;    /* the cores the job was given */
@@ -261,6 +275,7 @@ typedef struct {
     char spec[700];
     char ckpt[600];
     bool branch;           /* ckpt is the parent's, a branch's start (--branch-from) */
+    bool reset_scale;      /* ... whose loss scaler starts anew (--branch-reset) */
     int out[2], log, null; /* the stdout pipe, worker.log and /dev/null; -1: closed */
 } spawn_args;
 
@@ -322,6 +337,7 @@ static int worker_files(daemon_sched *s, const store_job *j, worker *w, spawn_ar
                                   : "cannot prepare the job's metrics for a restart");
         return GPU_EIO;
     }
+    a->reset_scale = a->branch && branch_resets(j, "loss_scale");
     snprintf(path, sizeof(path), "%s/worker.log", w->dir);
     a->log = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
     a->null = open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -354,6 +370,10 @@ static void worker_argv(const daemon_sched *s, worker *w, spawn_args *a, const c
     if (a->ckpt[0]) {
         a->argv[k++] = a->branch ? "--branch-from" : "--resume";
         a->argv[k++] = a->ckpt;
+        if (a->branch && a->reset_scale) {
+            a->argv[k++] = "--branch-reset";
+            a->argv[k++] = "loss_scale";
+        }
     }
     if (device[0]) {
         a->argv[k++] = "--device";

@@ -12,6 +12,11 @@
 #     its first step's loss is the parent's (the same weights), its later ones are not
 #     (another rate);
 #   - a branch of the branch keeps the whole lineage, [parent, branch];
+#   - a branch to bf16 takes bf16's loss-scaling defaults (none) and starts its scaler anew
+#     (resets ["loss_scale"]; its start event says so); it equals `ampd run --branch-from
+#     --branch-reset loss_scale`; a branch with master weights from a parent without them
+#     converts the fp16 weights to an fp32 master exactly (its first step's loss is the
+#     parent's) and keeps the scaler's state;
 #   - refused, naming the field: a step without a checkpoint (422, listing the steps that
 #     have one), another model, another world size, a patched value the spec refuses
 #     (patch.optimizer.lr), steps that end before the branch step (422), an unknown member
@@ -71,7 +76,7 @@ B=$ID
 check "POST /branch creates a job ($CODE, job $B)" test "$CODE" = 201 -a -n "$B"
 check "... whose record names the parent, the step, the reason and the patch" \
     body_has --argjson p "$P" '.branch == {parent: $p, step: 40, reason: "try cosine decay",
-        patch: {optimizer: {schedule: "cosine"}}, lineage: [$p]}'
+        patch: {optimizer: {schedule: "cosine"}}, lineage: [$p], resets: []}'
 check "... and whose spec is the parent's with the patch" \
     body_has '.spec.optimizer.schedule == "cosine" and .spec.optimizer.lr == 0.05 and
         .spec.checkpoint_every == 40'
@@ -109,6 +114,41 @@ check "a branch of the branch (job $B2) keeps the whole lineage" \
 check "... and succeeds" wait_for 120 is_status "$B2" succeeded
 check "... from step 81" test "$(rows "$B2" | head -1 | cut -d, -f1)" = 81
 
+# ---- another dtype: the loss scaler starts anew ---------------------------------------------------
+branch "$P" '{"from_step": 40, "patch": {"precision": {"dtype": "bf16"}}, "reason": "fp16 overflows"}'
+BB=$ID
+check "a branch to bf16 (job $BB) starts its loss scaler anew, with bf16's defaults" \
+    body_has '.branch.resets == ["loss_scale"] and .spec.precision.dtype == "bf16" and
+        .spec.precision.loss_scale.mode == "none"'
+check "... and succeeds" wait_for 120 is_status "$BB" succeeded
+rows "$BB" >"$TMP/bf16.csv"
+check "... from step 41, without loss scaling" \
+    test "$(cut -d, -f1,3 "$TMP/bf16.csv" | head -1)" = "41,1" -a "$(cut -d, -f3 "$TMP/bf16.csv" | sort -u)" = 1
+check "... its start event says what was reset" \
+    grep -q "branch start: from .*ckpt-40.safetensors (step 40); the loss scaler starts anew at 1 (no loss scaling)" \
+    <(events "$BB")
+req GET "/v1/jobs/$BB"
+jq .spec <<<"$BODY" >"$TMP/bf16.json"
+"$AMPD" run --every 1 --branch-from "$TMP/data/jobs/$P/ckpt-40.safetensors" --branch-reset loss_scale \
+    "$TMP/bf16.json" >"$TMP/bf16.out" 2>"$TMP/bf16.err"
+jq -r 'select(.type == "step") | "\(.step),\(.loss),\(.loss_scale)"' "$TMP/bf16.out" >"$TMP/bf16-ref.csv"
+check "... every step equals ampd run --branch-from --branch-reset loss_scale" \
+    cmp -s "$TMP/bf16-ref.csv" "$TMP/bf16.csv"
+
+# ---- master weights on, from a parent without them: its 16-bit weights become the master -----
+post_json /v1/jobs "$(jq -c '.name = "no-master" | .precision.master_weights = false' <<<"$SPEC")"
+PN=$(jq -r .id <<<"$BODY")
+check "a parent without master weights (job $PN) succeeds" wait_for 120 is_status "$PN" succeeded
+branch "$PN" '{"from_step": 40, "patch": {"precision": {"master_weights": true}}}'
+BM=$ID
+check "its branch with master weights (job $BM) keeps the loss scaler's state" \
+    body_has '.branch.resets == [] and .spec.precision.master_weights == true'
+check "... and succeeds" wait_for 120 is_status "$BM" succeeded
+check "... its first step's loss and scale are the parent's (the fp16 weights made fp32 exactly)" \
+    test "$(rows "$BM" | head -1)" = "$(rows "$PN" | grep '^41,')"
+check "... its start event says the weights were converted" \
+    grep -q "weight tensor(s) converted to fp32 (master weights on)" <(events "$BM")
+
 # ---- what is refused ----------------------------------------------------------------------------
 refused "a step without a checkpoint" "$P" '{"from_step": 50, "patch": {}}' 422 from_step
 check "... listing the steps that have one" grep -q 'it has 40, 80, 120' <<<"$BODY"
@@ -123,8 +163,9 @@ refused "no patch" "$P" '{"from_step": 40}' 400 patch
 branch 99999 '{"from_step": 40, "patch": {}}'
 check "a job that does not exist: 404 ($CODE)" test "$CODE" = 404
 req GET "/v1/jobs/$P"
-check "the parent is unchanged: succeeded, no branch record, two branches" \
-    body_has --argjson b "$B" '.status == "succeeded" and .branch == null and .branches == [$b]'
+check "the parent is unchanged: succeeded, no branch record, its two branches" \
+    body_has --argjson b "$B" --argjson bb "$BB" '.status == "succeeded" and .branch == null
+        and .branches == [$b, $bb]'
 check "... and its rows too" test "$(rows "$P")" = "$(cat "$TMP/parent.csv")"
 
 openapi_check_recorded
