@@ -2,7 +2,10 @@
  * branch.c - POST /v1/jobs/{id}/branch: a new job that starts from one of a job's
  * checkpoints with a changed spec, its lineage on record (docs/api.md, "Branches").
  *
- * The body is {"from_step": S, "patch": {...}, "reason": "..."}. The patch is a JSON merge
+ * The body is {"from_step": S, "patch": {...}, "reason": "..."}, or {"remedy": E} to take
+ * the remedy of recommendation event E as it stands: its patch, its sentence as the reason,
+ * and from the newest checkpoint before the step where the problem showed (from_step may
+ * still name another). The patch is a JSON merge
  * patch (RFC 7386: members replace, objects merge, null removes) over the parent's stored
  * spec; the result is checked like a submitted spec, and its errors name the field under
  * "patch.". What a checkpoint cannot carry is refused with 422 naming the field: another
@@ -49,10 +52,12 @@ static void merge_patch(json_t *t, json_t *p)
 }
 
 typedef struct {
-    int64_t from;
-    json_t *patch; /* borrowed from body */
-    const char *reason;
-    json_t *body;
+    int64_t from;       /* 0: the newest checkpoint before the remedy's step */
+    json_t *patch;      /* borrowed from body, or the remedy's (owned by remedy_data) */
+    const char *reason; /* borrowed likewise */
+    int64_t remedy;     /* the recommendation event taken (0: none) */
+    json_t *body, *remedy_data;
+    store_event *ev;
 } branch_req;
 
 /* The request body into b; false with a 400 in r naming the member at fault. */
@@ -70,23 +75,35 @@ static bool parse_body(const api_req *q, api_resp *r, branch_req *b)
     }
     json_object_foreach(b->body, k, v)
     {
-        if (strcmp(k, "from_step") != 0 && strcmp(k, "patch") != 0 && strcmp(k, "reason") != 0) {
+        if (strcmp(k, "from_step") != 0 && strcmp(k, "patch") != 0 && strcmp(k, "reason") != 0 &&
+            strcmp(k, "remedy") != 0) {
             api_error_resp(r, 400, "invalid_parameter", k,
-                           "%s: not a member of a branch request (from_step, patch, reason)", k);
+                           "%s: not a member of a branch request (from_step, patch or remedy, "
+                           "reason)",
+                           k);
             return false;
         }
     }
     from = json_object_get(b->body, "from_step");
     b->patch = json_object_get(b->body, "patch");
+    v = json_object_get(b->body, "remedy");
+    if (v && (!json_is_integer(v) || json_integer_value(v) < 1 || b->patch)) {
+        api_error_resp(r, 400, "invalid_parameter", "remedy",
+                       "remedy: the id of a recommendation event (an integer >= 1), instead of "
+                       "a patch");
+        return false;
+    }
+    b->remedy = v ? json_integer_value(v) : 0;
     v = json_object_get(b->body, "reason");
-    if (!json_is_integer(from) || json_integer_value(from) < 1) {
+    if ((from || !b->remedy) && (!json_is_integer(from) || json_integer_value(from) < 1)) {
         api_error_resp(r, 400, "invalid_parameter", "from_step",
                        "from_step: the step of one of the job's checkpoints (an integer >= 1)");
         return false;
     }
-    if (!json_is_object(b->patch)) {
+    if (!b->remedy && !json_is_object(b->patch)) {
         api_error_resp(r, 400, "invalid_parameter", "patch",
-                       "patch: a JSON object merged into the job's spec ({} to change nothing)");
+                       "patch: a JSON object merged into the job's spec ({} to change nothing), "
+                       "or remedy: a recommendation's id");
         return false;
     }
     if (v && (!json_is_string(v) || strlen(json_string_value(v)) > BRANCH_REASON_MAX)) {
@@ -94,9 +111,52 @@ static bool parse_body(const api_req *q, api_resp *r, branch_req *b)
                        "reason: a string of at most %d bytes", BRANCH_REASON_MAX);
         return false;
     }
-    b->from = json_integer_value(from);
+    b->from = from ? json_integer_value(from) : 0;
     b->reason = v ? json_string_value(v) : "by hand";
     return true;
+}
+
+/* Recommendation event b->remedy of job: its patch and sentence into b, and b->from when
+ * the request gave none: the newest checkpoint before the event's step. False with a 422
+ * in r naming "remedy" when there is no such event, it has no remedy, or no checkpoint
+ * precedes it. */
+static bool take_remedy(api_server *s, api_resp *r, int64_t job, branch_req *b)
+{
+    store_checkpoint *cks = NULL;
+    int n = 0, rc = store_event_list(s->st, job, b->remedy - 1, 1, &b->ev, &n);
+    if (rc) {
+        api_store_error(r, rc, "events of job", job, false);
+        return false;
+    }
+    if (n == 1 && b->ev->id == b->remedy && b->ev->data)
+        b->remedy_data = json_loads(b->ev->data, 0, NULL);
+    b->patch = json_object_get(json_object_get(b->remedy_data, "remedy"), "patch");
+    if (n != 1 || b->ev->id != b->remedy || strcmp(b->ev->kind, "recommendation") != 0 ||
+        !json_is_object(b->patch)) {
+        api_error_resp(r, 422, API_E_INVALID_BRANCH, "remedy",
+                       "remedy: job %lld has no recommendation %lld with a remedy (GET "
+                       "/v1/jobs/%lld/events lists them, the remedy in their data)",
+                       (long long)job, (long long)b->remedy, (long long)job);
+        return false;
+    }
+    if (!json_object_get(b->body, "reason"))
+        b->reason = b->ev->message;
+    if (b->from > 0)
+        return true;
+    if ((rc = store_checkpoint_list(s->st, job, &cks, &n)) != 0) {
+        api_store_error(r, rc, "job", job, false);
+        return false;
+    }
+    for (int i = 0; i < n; i++)
+        if (cks[i].step < b->ev->step && cks[i].step > b->from)
+            b->from = cks[i].step;
+    free(cks);
+    if (b->from == 0)
+        api_error_resp(r, 422, API_E_INVALID_BRANCH, "remedy",
+                       "remedy: job %lld has no checkpoint before step %lld, where the problem "
+                       "showed; name one with from_step",
+                       (long long)job, (long long)b->ev->step);
+    return b->from > 0;
 }
 
 /* The parent's checkpoint at step into path; false with a 422 in r when it has none there
@@ -201,9 +261,9 @@ static char *branch_record(const store_job *parent, const branch_req *b, json_t 
     json_array_foreach(up, i, v) json_array_append(lineage, v);
     json_array_append_new(lineage, json_integer(parent->id));
     json_decref(pb);
-    rec = json_pack("{s:I, s:I, s:s, s:O, s:o, s:o}", "parent", (json_int_t)parent->id, "step",
+    rec = json_pack("{s:I, s:I, s:s, s:O, s:o, s:o, s:o}", "parent", (json_int_t)parent->id, "step",
                     (json_int_t)b->from, "reason", b->reason, "patch", b->patch, "lineage", lineage,
-                    "resets", reset);
+                    "resets", reset, "remedy", b->remedy ? json_integer(b->remedy) : json_null());
     text = rec ? json_dumps(rec, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
     json_decref(rec);
     return text;
@@ -300,7 +360,7 @@ void api_h_job_branch(api_req *q, api_resp *r)
         return;
     if (!q->srv->jobs || !q->srv->jobs->branch) {
         api_error_resp(r, 503, "unavailable", NULL, "the scheduler is not running");
-    } else if (parse_body(q, r, &b)) {
+    } else if (parse_body(q, r, &b) && (!b.remedy || take_remedy(q->srv, r, parent.id, &b))) {
         json_t *pb = parent.branch ? json_loads(parent.branch, 0, NULL) : NULL;
         if (json_array_size(json_object_get(pb, "lineage")) + 1 >= LINEAGE_MAX)
             api_error_resp(r, 422, API_E_INVALID_BRANCH, NULL,
@@ -311,5 +371,7 @@ void api_h_job_branch(api_req *q, api_resp *r)
         json_decref(pb);
     }
     json_decref(b.body);
+    json_decref(b.remedy_data);
+    store_events_free(b.ev, b.ev ? 1 : 0);
     store_job_clear(&parent);
 }

@@ -525,7 +525,8 @@ static void on_layers(store *st, worker *w, json_t *o)
                  (long long)step);
 }
 
-/* An "event" line: {"step", "kind", "message", "layer"?}. */
+/* An "event" line: {"step", "kind", "message", "layer"?, "remedy"?}: the layer and a
+ * recommendation's remedy ({"patch": {...}, "acts": bool}) go in the event's data. */
 static void on_worker_event(store *st, worker *w, json_t *o)
 {
     static const char *const reserved[] = {"lifecycle", "overflow", "scale", "memory",
@@ -554,8 +555,15 @@ static void on_worker_event(store *st, worker *w, json_t *o)
                             "further events of this worker run are not recorded", NULL);
         return;
     }
-    daemon_ingest_event(st, w->job, step < 0 ? w->last_step : step, kind, message,
-                        layer ? json_pack("{s:s}", "layer", layer) : NULL);
+    json_t *remedy = json_object_get(o, "remedy"), *data = NULL;
+    if (layer || json_is_object(remedy)) {
+        data = json_object();
+        if (layer)
+            json_object_set_new(data, "layer", json_string(layer));
+        if (json_is_object(remedy) && json_is_object(json_object_get(remedy, "patch")))
+            json_object_set(data, "remedy", remedy);
+    }
+    daemon_ingest_event(st, w->job, step < 0 ? w->last_step : step, kind, message, data);
 }
 
 /* The start line's "data" (a sequence set's unigram level) as a "data" event, which the

@@ -48,6 +48,7 @@
 #include "daemon/log.h"
 #include "daemon/opts.h"
 #include "daemon/ranks.h"
+#include "daemon/remedy.h"
 
 #define SPEC_MAX_BYTES (1 << 20)
 
@@ -100,8 +101,9 @@ static json_t *layer_json(const gpu_layer_stat *l)
     return o;
 }
 
-/* The "layers" line of a diagnosed step and an "event" line per new recommendation. */
-static void emit_diagnostics(gpu_trainer *t, const gpu_step_metrics *m)
+/* The "layers" line of a diagnosed step and an "event" line per new recommendation, with
+ * its remedy when it has one (daemon/remedy.h). */
+static void emit_diagnostics(const gpu_job_config *c, gpu_trainer *t, const gpu_step_metrics *m)
 {
     const gpu_layer_stat *ls;
     const gpu_recommendation *recs;
@@ -125,11 +127,18 @@ static void emit_diagnostics(gpu_trainer *t, const gpu_step_metrics *m)
                                    "first_nonfinite", fn, "layers", arr));
     }
     gpu_trainer_recommendations(t, &recs, &nrecs);
-    for (int i = 0; i < nrecs; i++)
-        daemon_line_emit(json_pack("{s:s, s:I, s:s, s:o, s:s}", "type", "event", "step",
-                                   (json_int_t)m->step, "kind", "recommendation", "layer",
-                                   recs[i].layer ? json_string(recs[i].layer) : json_null(),
-                                   "message", recs[i].message));
+    for (int i = 0; i < nrecs; i++) {
+        json_t *line = json_pack("{s:s, s:I, s:s, s:o, s:s}", "type", "event", "step",
+                                 (json_int_t)m->step, "kind", "recommendation", "layer",
+                                 recs[i].layer ? json_string(recs[i].layer) : json_null(),
+                                 "message", recs[i].message);
+        json_t *remedy = daemon_remedy(c, &recs[i]);
+        if (line && remedy)
+            json_object_set_new(line, "remedy", remedy);
+        else
+            json_decref(remedy);
+        daemon_line_emit(line);
+    }
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -594,7 +603,7 @@ static int loop(const gpu_job_config *c, const run_args *a, gpu_trainer *t, gpu_
             daemon_line_emit(daemon_line_step(&s->last));
         if (s->last.step == a->profile)
             emit_profile(t, s->last.step, s->last.step_ms);
-        emit_diagnostics(t, &s->last);
+        emit_diagnostics(c, t, &s->last);
         watch_stragglers(t, s->last.step);
         if (rc) {
             if (!err[0])

@@ -17,6 +17,9 @@
 #     --branch-reset loss_scale`; a branch with master weights from a parent without them
 #     converts the fp16 weights to an fp32 master exactly (its first step's loss is the
 #     parent's) and keeps the scaler's state;
+#   - a recommendation's remedy (a job losing updates without master weights: master
+#     weights on) is in its event's data, and {"remedy": id} branches with it from the
+#     newest checkpoint before the step where the problem showed;
 #   - refused, naming the field: a step without a checkpoint (422, listing the steps that
 #     have one), another model, another world size, a patched value the spec refuses
 #     (patch.optimizer.lr), steps that end before the branch step (422), an unknown member
@@ -76,7 +79,7 @@ B=$ID
 check "POST /branch creates a job ($CODE, job $B)" test "$CODE" = 201 -a -n "$B"
 check "... whose record names the parent, the step, the reason and the patch" \
     body_has --argjson p "$P" '.branch == {parent: $p, step: 40, reason: "try cosine decay",
-        patch: {optimizer: {schedule: "cosine"}}, lineage: [$p], resets: []}'
+        patch: {optimizer: {schedule: "cosine"}}, lineage: [$p], resets: [], remedy: null}'
 check "... and whose spec is the parent's with the patch" \
     body_has '.spec.optimizer.schedule == "cosine" and .spec.optimizer.lr == 0.05 and
         .spec.checkpoint_every == 40'
@@ -148,6 +151,29 @@ check "... its first step's loss and scale are the parent's (the fp16 weights ma
     test "$(rows "$BM" | head -1)" = "$(rows "$PN" | grep '^41,')"
 check "... its start event says the weights were converted" \
     grep -q "weight tensor(s) converted to fp32 (master weights on)" <(events "$BM")
+
+# ---- a recommendation's remedy, taken as it stands ----------------------------------------------
+post_json /v1/jobs "$(jq -c '.name = "lost-updates" | .steps = 60 | .checkpoint_every = 5 |
+    .checkpoints = {keep_last: 0} | .diagnostics_every = 10 | .precision.master_weights = false |
+    .optimizer = {type: "sgd", lr: 0.001, momentum: 0}' <<<"$SPEC")"
+PL=$(jq -r .id <<<"$BODY")
+check "a job that loses updates without master weights (job $PL) succeeds" \
+    wait_for 120 is_status "$PL" succeeded
+req GET "/v1/jobs/$PL/events?limit=1000"
+RECO=$(jq -c '[.events[] | select(.kind == "recommendation" and .data.remedy != null)][0]' <<<"$BODY")
+echo "# recommendation: $(jq -c '{id, step, message, data}' <<<"$RECO")"
+check "its recommendation carries a remedy: master weights on, a problem that stops the run" \
+    jq -e '.data.remedy == {patch: {precision: {master_weights: true}}, acts: true}' <<<"$RECO" >/dev/null
+RS=$(jq -r .step <<<"$RECO")
+branch "$PL" "{\"remedy\": $(jq -r .id <<<"$RECO")}"
+BR=$ID
+check "POST /branch {remedy: id} creates the branch ($CODE, job $BR) from the newest checkpoint before step $RS" \
+    body_has --argjson s "$((RS - 5))" --argjson e "$(jq .id <<<"$RECO")" --arg m "$(jq -r .message <<<"$RECO")" \
+        '.branch.step == $s and .branch.remedy == $e and .branch.reason == $m and
+        .branch.patch == {precision: {master_weights: true}} and .spec.precision.master_weights'
+check "... which succeeds" wait_for 120 is_status "$BR" succeeded
+refused "a remedy that is not a recommendation's" "$PL" '{"remedy": 1}' 422 remedy
+refused "a remedy with a patch" "$PL" '{"remedy": 1, "patch": {}}' 400 remedy
 
 # ---- what is refused ----------------------------------------------------------------------------
 refused "a step without a checkpoint" "$P" '{"from_step": 50, "patch": {}}' 422 from_step

@@ -45,13 +45,14 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "gpu/gpu_int.h"
-#include "tests/testutil.h"
 #include "daemon/beat.h"
 #include "daemon/machine.h"
 #include "daemon/queue.h"
+#include "daemon/remedy.h"
 #include "daemon/sched.h"
+#include "gpu/gpu_int.h"
 #include "store/store.h"
+#include "tests/testutil.h"
 
 typedef struct {
     char dir[256], db[300];
@@ -1453,6 +1454,61 @@ START_TEST(test_beat_watch)
 }
 END_TEST
 
+/* remedy_is KIND PATCH: the remedy of a recommendation of kind in c is patch (JSON text;
+ * NULL: none) and acts as said. */
+static void remedy_is(const gpu_job_config *c, const char *kind, const char *patch, bool acts)
+{
+    gpu_recommendation r = {.layer = "fc1", .kind = kind, .message = "m"};
+    json_t *got = daemon_remedy(c, &r), *want = patch ? json_loads(patch, 0, NULL) : NULL;
+    char *text = got ? json_dumps(got, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    if (!patch)
+        ck_assert_msg(got == NULL, "%s: a remedy %s, expected none", kind, text);
+    else
+        ck_assert_msg(got && json_equal(json_object_get(got, "patch"), want) &&
+                          json_is_true(json_object_get(got, "acts")) == acts,
+                      "%s: %s, expected patch %s acts %d", kind, text ? text : "none", patch, acts);
+    free(text);
+    json_decref(got);
+    json_decref(want);
+}
+
+/* Each recommendation's remedy follows its sentence and the job's config. */
+START_TEST(test_remedies)
+{
+    gpu_job_config c;
+    gpu_job_defaults(&c);
+    c.dtype = GPU_FP16;
+    c.optim.lr = 0.01;
+    c.scaler.mode = GPU_SCALE_DYNAMIC;
+    c.scaler.min_scale = 1.0f;
+    c.scaler.init_scale = 65536.0f;
+    remedy_is(&c, "act_overflow", "{\"precision\": {\"dtype\": \"bf16\"}}", true);
+    remedy_is(&c, "act_headroom", "{\"precision\": {\"dtype\": \"bf16\"}}", false);
+    remedy_is(&c, "underflow", "{\"precision\": {\"dtype\": \"bf16\"}}", true);
+    remedy_is(&c, "lost_updates", "{\"precision\": {\"master_weights\": true}}", true);
+    remedy_is(&c, "scale_floor", "{\"precision\": {\"dtype\": \"bf16\"}}", true);
+    remedy_is(&c, "comm_overflow", NULL, false); /* an fp32 all-reduce */
+    remedy_is(&c, "no_such_kind", NULL, false);
+    c.dist.hook = GPU_HOOK_FP16;
+    remedy_is(&c, "comm_overflow", "{\"distributed\": {\"comm_hook\": \"bf16\"}}", true);
+    c.dist.hook = GPU_HOOK_BF16;
+    remedy_is(&c, "comm_overflow", "{\"distributed\": {\"comm_hook\": \"none\"}}", true);
+    c.scaler.min_scale = 1024.0f;
+    remedy_is(&c, "scale_floor", "{\"precision\": {\"loss_scale\": {\"min_scale\": 1.0}}}", true);
+    c.scaler.mode = GPU_SCALE_STATIC;
+    remedy_is(&c, "underflow", "{\"precision\": {\"loss_scale\": {\"mode\": \"dynamic\"}}}", true);
+    c.dtype = GPU_BF16;
+    c.scaler.mode = GPU_SCALE_DYNAMIC;
+    c.scaler.min_scale = 1.0f;
+    remedy_is(&c, "act_overflow", "{\"optimizer\": {\"lr\": 0.005}}", true);
+    remedy_is(&c, "act_headroom", NULL, false);
+    remedy_is(&c, "scale_below_one", "{\"optimizer\": {\"lr\": 0.005}}", true);
+    remedy_is(&c, "underflow", "{\"precision\": {\"loss_scale\": {\"min_scale\": 256.0}}}", true);
+    c.scaler.init_scale = 1.0f; /* no room above the floor */
+    remedy_is(&c, "underflow", NULL, false);
+}
+END_TEST
+
 static Suite *sched_suite(void)
 {
     Suite *s = suite_create("sched");
@@ -1490,6 +1546,7 @@ static Suite *sched_suite(void)
     tcase_add_test(tc, test_straggler);
     tcase_add_test(tc, test_lost_ranks);
     tcase_add_test(tc, test_beat_watch);
+    tcase_add_test(tc, test_remedies);
     suite_add_tcase(s, tc);
     return s;
 }
