@@ -133,6 +133,25 @@ typedef struct {
     int (*queued)(void *ctx, int64_t id, api_queue_place *out);
 } api_jobs;
 
+/* A branch of a job (api_branch_create): from its checkpoint at from_step, or (0) at the
+ * newest one before sign_step, where a problem showed; its spec the parent's with patch (a
+ * JSON merge patch, borrowed) applied; reason in words (NULL: "by hand"); remedy the
+ * recommendation event it takes (0: none). */
+typedef struct {
+    int64_t from_step, sign_step;
+    json_t *patch;
+    const char *reason;
+    int64_t remedy;
+} api_branch_req;
+#define API_BRANCH_MAX_DEPTH 64 /* ancestors a branch may have, plus one */
+
+/* Create the branch b of job parent and queue it through jobs->branch (docs/api.md,
+ * "Branches"): 0 with *id, or the HTTP status of the refusal (404: no such job; 422:
+ * API_E_INVALID_BRANCH, or the admission's and the data's own codes, naming the field; 503)
+ * with e filled. o: the data roots the spec is resolved with. */
+int api_branch_create(struct store *st, const api_spec_opts *o, const api_jobs *jobs,
+                      int64_t parent, const api_branch_req *b, int64_t *id, api_error *e);
+
 #define API_MAX_ALLOW 16 /* --allow-host and --allow-origin entries */
 #define API_ALLOW_LEN 256
 
