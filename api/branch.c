@@ -6,12 +6,12 @@
  *
  * The body is {"from_step": S, "patch": {...}, "reason": "..."}, or {"remedy": E} to take
  * the remedy of recommendation event E as it stands: its patch, its sentence as the reason,
- * and from the newest checkpoint before the step where the problem showed (from_step may
- * still name another). The patch is a JSON merge patch (RFC 7386: members replace, objects
- * merge, null removes) over the parent's stored spec; the result is checked like a
- * submitted spec, and its errors name the field under "patch.". What a checkpoint cannot
- * carry is refused with 422 naming the field: another model (the checkpoint's tensors are
- * the parent's), another world size, or steps that end at or before S. A patch of
+ * and from the newest checkpoint before the step where the problem showed, or from the
+ * start when none precedes it (from_step may still name another). The patch is a JSON merge patch
+ * (RFC 7386: members replace, objects merge, null removes) over the parent's stored spec; the
+ * result is checked like a submitted spec, and its errors name the field under "patch.". What a
+ * checkpoint cannot carry is refused with 422 naming the field: another model (the checkpoint's
+ * tensors are the parent's), another world size, or steps that end at or before S. A patch of
  * precision.dtype that leaves precision.loss_scale alone takes the new dtype's
  * loss-scaling defaults (the stored spec has the old one's written out). The branch's
  * record (jobs.branch) is {"parent", "step", "reason", "patch", "lineage", "resets",
@@ -89,7 +89,8 @@ static void dtype_defaults(json_t *merged, json_t *patch)
 }
 
 /* The parent's checkpoint at *step (0: the newest before sign) into path, *step set; else
- * a 422 naming the field the request gave it by. */
+ * a 422 naming the field the request gave it by. With no checkpoint before sign, *step 0
+ * and path "": the branch starts from the beginning, the only state before the problem. */
 static int find_checkpoint(store *st, int64_t job, int64_t *step, int64_t sign, const char *field,
                            char *path, size_t len, api_error *e)
 {
@@ -115,11 +116,10 @@ static int find_checkpoint(store *st, int64_t job, int64_t *step, int64_t sign, 
     if (k < 0 && *step > 0)
         return refuse(e, 422, field, "%s: job %lld has no checkpoint at step %lld (it has %s)",
                       field, (long long)job, (long long)*step, n ? have : "none");
-    if (k < 0)
-        return refuse(e, 422, field,
-                      "%s: job %lld has no checkpoint before step %lld, where the problem "
-                      "showed (it has %s); name one with from_step",
-                      field, (long long)job, (long long)sign, n ? have : "none");
+    if (k < 0) { /* no state before the problem but the initialisation: from the start */
+        *step = 0;
+        return 0;
+    }
     if (access(path, R_OK) != 0)
         return refuse(e, 422, field,
                       "%s: the file of job %lld's checkpoint at step %lld is gone (%s)", field,
@@ -248,7 +248,7 @@ int api_branch_create(store *st, const api_spec_opts *o, const api_jobs *jobs, i
                         (long long)parent, depth);
     else if (!json_is_object(pspec) || !(merged = json_deep_copy(pspec)))
         status = refuse(e, 422, NULL, "job %lld's stored spec cannot be read", (long long)parent);
-    else if (!json_is_object(b->patch) || (b->reason && strlen(b->reason) > 400))
+    else if (!json_is_object(b->patch) || (b->reason && strlen(b->reason) > 1000))
         status = refuse(e, 422, "patch", "patch: a JSON object merged into the job's spec");
     else {
         merge_patch(merged, b->patch);

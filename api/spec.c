@@ -158,6 +158,9 @@ static int get_bool(ctx *c, json_t *obj, const char *key, const char *field, boo
 }
 
 /* Optional string that must be one of the NULL-terminated choices; *idx gets its index. */
+/* on_numerics's values, in gpu_on_numerics order. */
+static const char *const on_numerics_names[] = {"stop", "branch", "ask", NULL};
+
 static int get_choice(ctx *c, json_t *obj, const char *key, const char *field,
                       const char *const *choices, int *idx)
 {
@@ -991,10 +994,12 @@ static int parse_top(ctx *c, json_t *spec, gpu_job_config *jc)
                                        "threads",
                                        "priority",
                                        "resources",
+                                       "on_numerics",
+                                       "max_branches",
                                        NULL};
     json_t *v;
     int64_t seed = (int64_t)jc->seed;
-    int rc;
+    int rc, policy = (int)jc->on_numerics;
 
     if (!json_is_object(spec))
         return fail(c, "", "the job spec must be a JSON object");
@@ -1024,8 +1029,12 @@ static int parse_top(ctx *c, json_t *spec, gpu_job_config *jc)
         (rc = get_int(c, spec, "diagnostics_every", "diagnostics_every", 0, 1000000000LL,
                       &jc->diagnostics_every)) ||
         (rc = get_int32(c, spec, "threads", "threads", 0, 1024, &jc->threads)) ||
-        (rc = get_int32(c, spec, "priority", "priority", -1000, 1000, &jc->priority)))
+        (rc = get_int32(c, spec, "priority", "priority", -1000, 1000, &jc->priority)) ||
+        (rc = get_int32(c, spec, "max_branches", "max_branches", 0, API_BRANCH_MAX_DEPTH - 1,
+                        &jc->max_branches)) ||
+        (rc = get_choice(c, spec, "on_numerics", "on_numerics", on_numerics_names, &policy)))
         return rc;
+    jc->on_numerics = (gpu_on_numerics)policy;
     jc->seed = (uint64_t)seed;
     if (jc->batch_size % jc->dist.world_size != 0)
         return fail(c, "batch_size",
@@ -1292,6 +1301,8 @@ json_t *api_spec_to_json(const gpu_job_config *c)
                                       "keep_best", c->checkpoint_keep_best));
         json_object_set_new(j, "distributed", dist_to_json(&c->dist));
         json_object_set_new(j, "priority", json_integer(c->priority));
+        json_object_set_new(j, "on_numerics", json_string(on_numerics_names[c->on_numerics]));
+        json_object_set_new(j, "max_branches", json_integer(c->max_branches));
         json_object_set_new(j, "resources", resources_to_json(&c->res));
     }
     return j;

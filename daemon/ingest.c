@@ -556,6 +556,11 @@ static void on_worker_event(store *st, worker *w, json_t *o)
         return;
     }
     json_t *remedy = json_object_get(o, "remedy"), *data = NULL;
+    if (!w->remedy && strcmp(kind, "recommendation") == 0 &&
+        json_is_true(json_object_get(remedy, "acts")) &&
+        json_is_object(json_object_get(remedy, "patch")))
+        w->remedy = json_pack("{s:O, s:I, s:s}", "patch", json_object_get(remedy, "patch"), "step",
+                              (json_int_t)(step < 0 ? w->last_step : step), "message", message);
     if (layer || json_is_object(remedy)) {
         data = json_object();
         if (layer)
@@ -810,5 +815,7 @@ void daemon_worker_free(worker *w)
     free(w->summary_line);
     free(w->end_err);
     json_decref(w->launch);
+    json_decref(w->remedy);
+    free(w->branch_err);
     free(w);
 }

@@ -66,6 +66,7 @@
 #include "daemon/line.h"
 #include "daemon/log.h"
 #include "daemon/machine.h"
+#include "daemon/policy.h"
 #include "daemon/queue.h"
 #include "daemon/ranks.h"
 #include "daemon/sched.h"
@@ -187,7 +188,8 @@ static void stop_worker_locked(worker *w, double now)
 
 /* A branch without a checkpoint of its own starts from its parent's at the branch step:
  * its path in ckpt (even when the file is gone: the worker then fails naming it) and the
- * step in *from. 0, or GPU_EINVAL when the parent has no record of it. */
+ * step in *from; a branch from step 0 starts from the beginning (ckpt ""). 0, or GPU_EINVAL
+ * when the parent has no record of it. */
 static int branch_start(daemon_sched *s, const store_job *j, char *ckpt, size_t len, int64_t *from)
 {
     json_t *b = json_loads(j->branch ? j->branch : "", 0, NULL);
@@ -200,6 +202,8 @@ static int branch_start(daemon_sched *s, const store_job *j, char *ckpt, size_t 
             if (cks[i].step == step)
                 snprintf(ckpt, len, "%s", cks[i].path);
     free(cks);
+    if (step == 0)
+        return 0; /* a branch from the start: nothing to load */
     if (!ckpt[0]) {
         log_error("job %lld: its parent, job %lld, has no checkpoint at step %lld any more",
                   (long long)j->id, (long long)j->parent_id, (long long)step);
@@ -256,7 +260,7 @@ static int prepare_resume(daemon_sched *s, const store_job *j, char *ckpt, size_
     if (!ckpt[0] && j->parent_id > 0) {
         if (branch_start(s, j, ckpt, len, from) != 0)
             return GPU_EINVAL;
-        *branch = true;
+        *branch = ckpt[0] != '\0';
     } else if (j->checkpoint_step > 0 && !ckpt[0])
         log_warn("job %lld: no checkpoint file is left (the last was at step %lld); starting "
                  "from scratch",
@@ -571,11 +575,18 @@ static const char *signal_name(int sig)
 }
 
 /* The status of a job whose worker was told to stop and did: cancelled, paused, preempted,
- * or interrupted (the daemon stops). */
-static store_status stopped_status(const worker *w)
+ * branched by its on_numerics (failed, with err, when the branch could not be made), or
+ * interrupted (the daemon stops). */
+static store_status stopped_status(const worker *w, char *err, size_t errlen)
 {
-    return w->cancel ? STORE_CANCELLED
-           : w->pause ? STORE_PAUSED
+    if (!w->cancel && w->branching && !w->branch_child) {
+        snprintf(err, errlen, "on_numerics branch: the branch could not be made: %s",
+                 w->branch_err ? w->branch_err : "the worker stopped before it could");
+        return STORE_FAILED;
+    }
+    return w->cancel       ? STORE_CANCELLED
+           : w->pause      ? STORE_PAUSED
+           : w->branching  ? STORE_BRANCHED
            : w->preempt_by ? STORE_PREEMPTED
                            : STORE_INTERRUPTED;
 }
@@ -612,8 +623,10 @@ static store_status final_status(daemon_sched *s, worker *w, char *err, size_t e
         int code = WEXITSTATUS(w->wstatus);
         if (code == 0)
             return STORE_SUCCEEDED;
+        if (w->branching && w->branch_child && !w->cancel)
+            return STORE_BRANCHED; /* it failed by itself at the problem its branch remedies */
         if (code == 130)
-            return stopped_status(w);
+            return stopped_status(w, err, errlen);
         if (code == DAEMON_EXIT_LOST && !w->term_sent) {
             daemon_log_tail(w->dir, w->log_start, err, errlen);
             return retry_lost(s, w) ? STORE_QUEUED : STORE_FAILED;
@@ -625,7 +638,7 @@ static store_status final_status(daemon_sched *s, worker *w, char *err, size_t e
     } else if (WIFSIGNALED(w->wstatus)) {
         int sig = WTERMSIG(w->wstatus);
         if (w->term_sent && (sig == SIGTERM || sig == SIGKILL))
-            return stopped_status(w);
+            return stopped_status(w, err, errlen);
         n = snprintf(err, errlen, "worker killed by signal %d (%s)", sig, signal_name(sig));
     }
     (void)n;
@@ -657,8 +670,78 @@ static void end_message(const daemon_sched *s, const worker *w, char *msg, size_
     else if (w->end_status == STORE_QUEUED)
         snprintf(msg, len, "retrying from its checkpoint at step %lld (retry %d of %d): %s",
                  (long long)w->newest_ckpt, w->retry, s->cfg.max_retries, why);
+    else if (w->end_status == STORE_BRANCHED)
+        snprintf(msg, len,
+                 "branched: job %lld goes on from the newest checkpoint before step "
+                 "%lld, with its remedy",
+                 (long long)w->branch_child,
+                 (long long)json_integer_value(json_object_get(w->remedy, "step")));
     else
         snprintf(msg, len, "%s", store_status_name(w->end_status));
+}
+
+/* ---- on_numerics (policy.h) ------------------------------------------------------------- */
+
+/* The data roots the workers get, as the spec parser's options. */
+static void spec_opts(const daemon_sched *s, api_spec_opts *o)
+{
+    memset(o, 0, sizeof(*o));
+    for (int i = 0; i < s->cfg.nroots && i < API_MAX_ROOTS; i++, o->nroots++)
+        snprintf(o->roots[i], sizeof(o->roots[i]), "%s", s->cfg.roots[i]);
+}
+
+/* The policy's look at w's first remedy (scheduler thread): an event saying what it does,
+ * and the worker stopped to branch or to ask (as a pause). */
+static void apply_policy(daemon_sched *s, worker *w)
+{
+    static const char *const acts[] = {"none", "branch", "ask"};
+    store_job j;
+    char msg[1200];
+    daemon_policy act;
+    w->policy_done = true;
+    if (store_job_get(s->st, w->job, &j) != 0)
+        return;
+    act = daemon_policy_decide(s->st, &j, w->remedy, msg, sizeof(msg));
+    store_job_clear(&j);
+    int64_t step = json_integer_value(json_object_get(w->remedy, "step"));
+    if (msg[0])
+        daemon_ingest_event(s->st, w->job, step, DAEMON_POLICY_EVENT, msg,
+                            json_pack("{s:O, s:I, s:s}", "patch",
+                                      json_object_get(w->remedy, "patch"), "step", (json_int_t)step,
+                                      "act", acts[act]));
+    if (act == DAEMON_POLICY_NONE)
+        return;
+    pthread_mutex_lock(&s->mu);
+    if (act == DAEMON_POLICY_BRANCH && !w->cancel && (!w->term_sent || w->exited))
+        w->branching = true; /* a worker that failed by itself meanwhile is branched too */
+    else if (act == DAEMON_POLICY_ASK && !w->term_sent && !w->exited)
+        w->pause = true;
+    if ((w->branching || w->pause) && !w->term_sent && !w->exited) {
+        stop_worker_locked(w, daemon_now_s());
+        log_info("job %lld: %s", (long long)w->job, msg);
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* The branch of w's job once its worker has stopped for it (scheduler thread, outside
+ * mu): w->branch_child, or w->branch_err. Not for a job cancelled meanwhile. */
+static void policy_branch(daemon_sched *s, worker *w)
+{
+    api_spec_opts o;
+    api_jobs jobs;
+    char err[600];
+    w->branch_tried = true;
+    if (w->cancel || !WIFEXITED(w->wstatus) || WEXITSTATUS(w->wstatus) == 0)
+        return; /* stopped for it (130) or failed by itself: branched; finished: not */
+    spec_opts(s, &o);
+    daemon_sched_api(s, &jobs);
+    if (daemon_policy_branch(s->st, &o, &jobs, w->job, w->remedy, &w->branch_child, err,
+                             sizeof(err)) != 0) {
+        w->branch_child = 0;
+        w->branch_err = strdup(err);
+        log_warn("job %lld: on_numerics branch: the branch could not be made: %s",
+                 (long long)w->job, err);
+    }
 }
 
 /* The worker has exited: drain its pipe and write the job's end (scheduler thread): the
@@ -688,6 +771,10 @@ static bool finish_worker(daemon_sched *s, worker *w, bool give_up)
     if ((rc = daemon_ingest_summary(s->st, w)) == 0 &&
         (rc = daemon_ingest_checkpoints(s->st, w)) == 0)
         rc = store_flush(s->st);
+    if (rc == 0 && w->remedy && !w->policy_done)
+        apply_policy(s, w); /* it ended (failed, perhaps) in the turn its remedy came */
+    if (rc == 0 && w->branching && !w->branch_tried)
+        policy_branch(s, w); /* its checkpoints are on record: the branch can start from one */
     if (rc == 0) {
         pthread_mutex_lock(&s->mu);
         if (!w->end_decided) {
@@ -960,6 +1047,9 @@ static void *sched_main(void *arg)
     }
     while (begin_turn(s, &l, daemon_now_s())) {
         poll_workers(s, &l);
+        for (int i = 0; i < s->nworkers; i++)
+            if (s->workers[i]->remedy && !s->workers[i]->policy_done && !s->workers[i]->exited)
+                apply_policy(s, s->workers[i]);
         end_workers(s, &l, reap_workers(s, &l));
     }
 done:
@@ -1137,6 +1227,34 @@ void daemon_sched_stop(daemon_sched *s)
     free(s);
 }
 
+/* A branch of a job that its on_numerics "ask" paused answers the question: the job ends
+ * branched (under mu). */
+static void answer_ask_locked(daemon_sched *s, int64_t parent, int64_t child)
+{
+    store_job j;
+    store_event *ev = NULL;
+    char msg[200];
+    bool asked = false;
+    if (store_job_get(s->st, parent, &j) != 0)
+        return;
+    if (j.status == STORE_PAUSED && !find_worker_locked(s, parent) &&
+        store_event_last(s->st, parent, DAEMON_POLICY_EVENT, &ev) == 0) {
+        json_t *d = ev->data ? json_loads(ev->data, 0, NULL) : NULL;
+        const char *act = json_string_value(json_object_get(d, "act"));
+        asked = act && strcmp(act, "ask") == 0;
+        json_decref(d);
+        store_events_free(ev, 1);
+    }
+    store_job_clear(&j);
+    if (!asked)
+        return;
+    snprintf(msg, sizeof(msg), "branched: job %lld goes on in its place (on_numerics ask)",
+             (long long)child);
+    daemon_ingest_event(s->st, parent, 0, "lifecycle", msg, NULL);
+    if (store_job_set_status(s->st, parent, STORE_BRANCHED, NULL) == 0)
+        log_info("job %lld: %s", (long long)parent, msg);
+}
+
 /* See sched.h. */
 int daemon_sched_branch(daemon_sched *s, const char *name, const char *dtype, int64_t steps,
                         const char *spec_json, int64_t parent, int64_t from_step,
@@ -1146,16 +1264,25 @@ int daemon_sched_branch(daemon_sched *s, const char *name, const char *dtype, in
     int rc = store_job_insert_branch(s->st, name, dtype, steps, spec_json, parent, branch_json, id);
     if (rc != 0)
         return rc;
-    snprintf(msg, sizeof(msg), "branched from job %lld at step %lld: %s", (long long)parent,
-             (long long)from_step, what);
+    if (from_step > 0)
+        snprintf(msg, sizeof(msg), "branched from job %lld at step %lld: %s", (long long)parent,
+                 (long long)from_step, what);
+    else
+        snprintf(msg, sizeof(msg), "branched from job %lld from its start: %s", (long long)parent,
+                 what);
     daemon_ingest_event(s->st, *id, from_step, "lifecycle", msg, NULL);
-    snprintf(msg, sizeof(msg),
-             "branch: job %lld starts from this job's checkpoint at step %lld: %s", (long long)*id,
-             (long long)from_step, what);
+    if (from_step > 0)
+        snprintf(msg, sizeof(msg),
+                 "branch: job %lld starts from this job's checkpoint at step %lld: %s",
+                 (long long)*id, (long long)from_step, what);
+    else
+        snprintf(msg, sizeof(msg), "branch: job %lld starts from this job's start: %s",
+                 (long long)*id, what);
     daemon_ingest_event(s->st, parent, from_step, "branch", msg, NULL);
     log_info("job %lld: a branch of job %lld from step %lld (%s)", (long long)*id,
              (long long)parent, (long long)from_step, what);
     pthread_mutex_lock(&s->mu);
+    answer_ask_locked(s, parent, *id);
     s->need_schedule = true;
     pthread_mutex_unlock(&s->mu);
     wake_up(s);

@@ -43,6 +43,13 @@ typedef struct {
     int64_t preempt_by; /* stopped for this job: its job becomes preempted (0: not) */
     int priority;
     int retry;          /* queued again after losing a node: its retry number (0: not) */
+    /* on_numerics (policy.h): the first remedy for a problem that stops the run, as
+     * {"patch", "step", "message"} (NULL: none yet), whether the policy has looked at it,
+     * and a branch it stops the worker for: the child made once it has exited */
+    json_t *remedy;
+    bool policy_done, branching, branch_tried;
+    int64_t branch_child;
+    char *branch_err;
     json_t *launch;     /* what the launcher last said ("launch" lines merged), or NULL */
     bool launch_running; /* the ranks have said they run: a late "waiting" line is stale */
     int wstatus;

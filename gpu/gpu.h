@@ -202,6 +202,11 @@ size_t gpu_gemm_lib_bytes(void);
 void gpu_gemm_ref(bool ta, bool tb, int M, int N, int K, const float *A, int lda,
                   const float *B, int ldb, float beta, float *C, int ldc);
 
+/* What the daemon does when a run's diagnostics give a remedy for a problem that stops it
+ * (the job spec's on_numerics): nothing more than today (the run fails or goes on), branch
+ * from the last checkpoint before it with the remedy, or pause and ask. */
+typedef GPU_ENUM{GPU_NUMERICS_STOP = 0, GPU_NUMERICS_BRANCH, GPU_NUMERICS_ASK} gpu_on_numerics;
+
 /* ---- loss scaling (scaler.c) ------------------------------------------------------------ */
 
 typedef GPU_ENUM { GPU_SCALE_NONE = 0, GPU_SCALE_STATIC, GPU_SCALE_DYNAMIC } gpu_scale_mode;
@@ -516,6 +521,8 @@ typedef struct {
                                   * "cpu", "cuda" (device 0) or "cuda:N" */
     int priority;                /* the daemon's queue order, higher first (0) */
     gpu_resources res;
+    gpu_on_numerics on_numerics; /* what the daemon does with an acting remedy (STOP) */
+    int max_branches;            /* branches on_numerics BRANCH may make in a lineage (2) */
 } gpu_job_config;
 
 /* Whether job c's data can train its model, read the way the trainer reads it (every file,

@@ -138,6 +138,7 @@ void gpu_job_defaults(gpu_job_config *c)
     c->eval_every = 0;
     c->checkpoint_every = 0;
     c->checkpoint_keep_last = 3;
+    c->max_branches = 2;
     c->checkpoint_keep_best = 1;
     c->diagnostics_every = 0;
     c->threads = 0;

@@ -105,7 +105,7 @@ int store_status_parse(const char *name, store_status *out)
 
 bool store_status_finished(store_status s)
 {
-    return s == STORE_SUCCEEDED || s == STORE_FAILED || s == STORE_CANCELLED;
+    return s == STORE_SUCCEEDED || s == STORE_FAILED || s == STORE_CANCELLED || s == STORE_BRANCHED;
 }
 
 bool store_status_waiting(store_status s)

@@ -79,14 +79,15 @@ typedef struct store store; /* opaque */
     X(STORE_CANCELLED, "cancelled")                                                                \
     X(STORE_INTERRUPTED, "interrupted")                                                            \
     X(STORE_PREEMPTED, "preempted")                                                                \
-    X(STORE_PAUSED, "paused")
+    X(STORE_PAUSED, "paused")                                                                      \
+    X(STORE_BRANCHED, "branched")
 #define STORE_STATUS_ENUM_(id, name) id,
 typedef enum { STORE_STATUSES(STORE_STATUS_ENUM_) STORE_NSTATUS } store_status;
 #undef STORE_STATUS_ENUM_
 
 const char *store_status_name(store_status s); /* "queued", ... */
 int store_status_parse(const char *name, store_status *out);
-bool store_status_finished(store_status s);    /* succeeded, failed or cancelled */
+bool store_status_finished(store_status s); /* succeeded, failed, cancelled or branched */
 bool store_status_waiting(store_status s); /* queued or preempted: in the scheduler's queue */
 bool store_status_active(store_status s);  /* waiting or running: not deletable */
 

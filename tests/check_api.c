@@ -1226,8 +1226,10 @@ START_TEST(test_jobs)
     {   /* the status filter's error lists every status (from the store's table) */
         hresp r;
         http(port, "GET", "/v1/jobs?status=done", NULL, NULL, 0, &r);
-        ck_assert_msg(r.body && strstr(r.body, "must be one of queued, running, succeeded, failed, "
-                                               "cancelled, interrupted, preempted, paused\"") != NULL,
+        ck_assert_msg(r.body &&
+                          strstr(r.body,
+                                 "must be one of queued, running, succeeded, failed, "
+                                 "cancelled, interrupted, preempted, paused, branched\"") != NULL,
                       "%s", r.body ? r.body : "(no body)");
         hresp_free(&r);
     }

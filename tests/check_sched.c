@@ -47,6 +47,7 @@
 
 #include "daemon/beat.h"
 #include "daemon/machine.h"
+#include "daemon/policy.h"
 #include "daemon/queue.h"
 #include "daemon/remedy.h"
 #include "daemon/sched.h"
@@ -1509,6 +1510,68 @@ START_TEST(test_remedies)
 }
 END_TEST
 
+/* decide J REMEDY-PATCH: daemon_policy_decide for job id with that patch at step 40. */
+static daemon_policy decide(store *st, int64_t id, const char *patch, char *msg, size_t len)
+{
+    store_job j;
+    ck_assert_int_eq(store_job_get(st, id, &j), 0);
+    json_t *r = json_pack("{s:o, s:I, s:s}", "patch", json_loads(patch, 0, NULL), "step",
+                          (json_int_t)40, "message", "m");
+    daemon_policy act = daemon_policy_decide(st, &j, r, msg, len);
+    json_decref(r);
+    store_job_clear(&j);
+    return act;
+}
+
+/* on_numerics: "stop" does nothing; "branch" at most max_branches times in a lineage and
+ * never with a remedy applied in it before; "ask" once per remedy. */
+START_TEST(test_policy)
+{
+    fixture f;
+    char msg[1200];
+    int64_t root, child, grand, stop, ask;
+    const char *mw = "{\"precision\":{\"master_weights\":true}}";
+    const char *bf = "{\"precision\":{\"dtype\":\"bf16\"}}";
+    setup(&f);
+    store *st = f.st;
+    const char *spec = "{\"on_numerics\":\"branch\",\"max_branches\":2}";
+    ck_assert_int_eq(store_job_insert(st, "r", "fp16", 100, spec, NULL, &root, NULL), 0);
+    ck_assert_int_eq(store_job_insert_branch(st, "c", "fp16", 100, spec, root,
+                                             "{\"patch\":{\"precision\":{\"master_weights\":"
+                                             "true}},\"lineage\":[1]}",
+                                             &child),
+                     0);
+    ck_assert_int_eq(store_job_insert_branch(st, "g", "bf16", 100, spec, child,
+                                             "{\"patch\":{\"optimizer\":{\"lr\":0.1}},"
+                                             "\"lineage\":[1,2]}",
+                                             &grand),
+                     0);
+    ck_assert_int_eq(decide(st, root, mw, msg, sizeof(msg)), DAEMON_POLICY_BRANCH);
+    ck_assert_msg(strstr(msg, "stopping to branch with {\"precision\":{\"master_weights\":true}}"),
+                  "%s", msg);
+    ck_assert_int_eq(decide(st, child, mw, msg, sizeof(msg)), DAEMON_POLICY_NONE);
+    ck_assert_msg(strstr(msg, "job 2 was branched with it already"), "%s", msg);
+    ck_assert_int_eq(decide(st, child, bf, msg, sizeof(msg)), DAEMON_POLICY_BRANCH);
+    ck_assert_int_eq(decide(st, grand, bf, msg, sizeof(msg)), DAEMON_POLICY_NONE);
+    ck_assert_msg(strstr(msg, "the lineage has 2 branch(es) and max_branches is 2"), "%s", msg);
+    ck_assert_int_eq(
+        store_job_insert(st, "s", "fp16", 100, "{\"on_numerics\":\"stop\"}", NULL, &stop, NULL), 0);
+    ck_assert_int_eq(decide(st, stop, mw, msg, sizeof(msg)), DAEMON_POLICY_NONE);
+    ck_assert_str_eq(msg, "");
+    ck_assert_int_eq(
+        store_job_insert(st, "a", "fp16", 100, "{\"on_numerics\":\"ask\"}", NULL, &ask, NULL), 0);
+    ck_assert_int_eq(decide(st, ask, mw, msg, sizeof(msg)), DAEMON_POLICY_ASK);
+    ck_assert_int_eq(store_event_append(st, ask, 40, DAEMON_POLICY_EVENT, msg,
+                                        "{\"patch\":{\"precision\":{\"master_weights\":true}},"
+                                        "\"act\":\"ask\"}"),
+                     0);
+    ck_assert_int_eq(store_flush(st), 0);
+    ck_assert_int_eq(decide(st, ask, mw, msg, sizeof(msg)), DAEMON_POLICY_NONE); /* asked */
+    ck_assert_int_eq(decide(st, ask, bf, msg, sizeof(msg)), DAEMON_POLICY_ASK);  /* another */
+    teardown(&f);
+}
+END_TEST
+
 static Suite *sched_suite(void)
 {
     Suite *s = suite_create("sched");
@@ -1547,6 +1610,7 @@ static Suite *sched_suite(void)
     tcase_add_test(tc, test_lost_ranks);
     tcase_add_test(tc, test_beat_watch);
     tcase_add_test(tc, test_remedies);
+    tcase_add_test(tc, test_policy);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -59,10 +59,18 @@ export class RunsPage {
         this.compareBtn = h('button', {class: 'btn primary', disabled: true, id: 'compare-selected',
                                        onclick: () => navigate('#/compare?ids=' + [...this.selected].sort((a, b) => a - b).join(','))},
                             'Compare selected');
-        const statusSel = h('select', {'aria-label': 'status filter', id: 'filter-status',
-                                       onchange: (e) => { f.status = e.target.value; this.render(); }},
-                            ['', 'queued', 'running', 'succeeded', 'failed', 'cancelled', 'interrupted', 'preempted', 'paused']
-                                .map((s) => h('option', {value: s}, s || 'any status')));
+        const statusSel = h('select', {
+            'aria-label' : 'status filter',
+            id : 'filter-status',
+            onchange : (e) => {
+                f.status = e.target.value;
+                this.render();
+            }
+        },
+                            [
+                                '', 'queued', 'running', 'succeeded', 'failed', 'cancelled',
+                                'interrupted', 'preempted', 'paused', 'branched'
+                            ].map((s) => h('option', {value : s}, s || 'any status')));
         statusSel.value = f.status;
         const dtypeSel = h('select', {'aria-label': 'precision filter', id: 'filter-dtype',
                                       onchange: (e) => { f.dtype = e.target.value; this.render(); }},

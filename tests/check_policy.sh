@@ -1,0 +1,178 @@
+#!/bin/bash
+# check_policy.sh - on_numerics, end to end through the daemon (docs/api.md "Branches",
+# docs/diagnostics.md "Remedies"):
+#   - lost updates: an fp16 MLP without master weights at a small rate loses most of its
+#     updates; with on_numerics "branch" it ends "branched" at the step of the
+#     recommendation, its branch (master weights on, from the newest checkpoint before that
+#     step, the recommendation's event named as its remedy) succeeds, and its mean loss over
+#     the last 20 steps is below the same job's with on_numerics "stop" (which goes on as it
+#     is) over the same steps;
+#   - activations beyond fp16's 65504 from the first step (init_scale 100): the job branches
+#     to bf16 from its start (no checkpoint precedes the problem; max_branches 1, so the
+#     branch, at its limit, goes on as it is), and the branch's accuracy is within 1 point of
+#     the same job submitted in bf16;
+#   - a scale collapse (a loss-scale floor of 2^20 that fp16's gradients overflow at: every
+#     step skipped until the run fails at the floor): the job ends branched, not failed; its
+#     branch lowers the floor to 1 with the scaler started anew, and stops skipping within
+#     20 steps of its start;
+#   - max_branches 0: the job does not branch, and an event says why;
+#   - "ask": the job pauses with an event naming the remedy and the request that applies it;
+#     an unpause goes on as it is (and does not ask again: it succeeds); on another asked
+#     job, POST /branch {"remedy": id} ends it "branched" and its branch succeeds;
+#   - every answer recorded matches the OpenAPI description.
+# Exit 77 (SKIP) without jq or Fashion-MNIST. The daemon is stopped by pid on exit.
+set -u
+AMPD=${AMPD:-./ampd}
+command -v jq >/dev/null || { echo "SKIP: check_policy needs jq (Debian jq)"; exit 77; }
+[ -d /usr/share/datasets/fashion-mnist ] ||
+    { echo "SKIP: check_policy: Fashion-MNIST is not installed (dataset-fashion-mnist)"; exit 77; }
+# shellcheck source=tests/testlib.sh
+. "$(dirname "$0")/testlib.sh"
+test_tmp
+# shellcheck source=tests/apilib.sh
+. "$(dirname "$0")/apilib.sh"
+
+# the lost-updates job: fp16 without master weights at a rate whose updates mostly round away
+LOST='{"name": "lost", "model": {"type": "mlp", "layers": [784, 64, 10]},
+  "data": {"type": "idx", "train": "fashion-mnist"},
+  "precision": {"dtype": "fp16", "master_weights": false}, "batch_size": 64, "steps": 100,
+  "seed": 3, "threads": 1, "checkpoint_every": 5, "diagnostics_every": 10,
+  "optimizer": {"type": "sgd", "lr": 0.001, "momentum": 0}}'
+# activations beyond fp16's range from the first step
+WIDE='{"name": "wide", "model": {"type": "mlp", "layers": [784, 256, 256, 10], "init_scale": 100},
+  "data": {"type": "idx", "train": "fashion-mnist"}, "precision": {"dtype": "fp16"},
+  "batch_size": 64, "steps": 100, "seed": 1, "threads": 1, "eval_every": 100,
+  "checkpoint_every": 50, "diagnostics_every": 5, "max_branches": 1,
+  "optimizer": {"type": "sgd", "lr": 0.001, "momentum": 0.9}}'
+status_of() {
+    req GET "/v1/jobs/$1"
+    jq -r .status <<<"$BODY"
+}
+is_status() { [ "$(status_of "$1")" = "$2" ]; }
+body_has() { jq -e "$@" <<<"$BODY" >/dev/null; } # [jq args] test: a jq test of BODY
+events() { # id: every event's message, a line each
+    req GET "/v1/jobs/$1/events?limit=1000"
+    jq -r '.events[].message' <<<"$BODY"
+}
+submit() { # spec: sets ID
+    post_json /v1/jobs "$1"
+    ID=$(jq -r .id <<<"$BODY")
+}
+child_of() { # id: its newest branch
+    req GET "/v1/jobs/$1"
+    jq -r '.branches[-1] // empty' <<<"$BODY"
+}
+# mean_loss ID FROM TO: the mean training loss over steps FROM..TO
+mean_loss() {
+    acurl -s -m 30 "$URL/v1/jobs/$1/metrics?fields=loss&from=$2&to=$3&format=csv" | tail -n +2 |
+        awk -F, '{ s += $2; n++ } END { if (n) printf "%.6f", s / n }'
+}
+final_acc() {
+    req GET "/v1/jobs/$1"
+    jq -r '.summary.eval_acc // empty' <<<"$BODY"
+}
+
+start_daemon --max-running 2
+check "the daemon starts" test -n "$PORT" || { cat "$TMP/daemon.log"; exit 1; }
+
+# ---- lost updates: branch to master weights ---------------------------------------------------
+submit "$(jq -c '.on_numerics = "branch"' <<<"$LOST")"
+L=$ID
+submit "$(jq -c '.on_numerics = "stop" | .name = "lost-stop"' <<<"$LOST")"
+LS=$ID
+check "with on_numerics branch, the lost-updates job (job $L) ends branched" \
+    wait_for 120 is_status "$L" branched
+B=$(child_of "$L")
+req GET "/v1/jobs/$B"
+check "... its branch (job $B) turns master weights on from the newest checkpoint before the recommendation" \
+    body_has '.branch.patch == {precision: {master_weights: true}} and (.branch.remedy | type) == "number"
+        and .branch.step > 0 and .spec.precision.master_weights and .spec.on_numerics == "branch"'
+at=$(jq -r .branch.step <<<"$BODY")
+rid=$(jq -r .branch.remedy <<<"$BODY")
+req GET "/v1/jobs/$L/events?limit=1000"
+check "... the remedy it names is the job's recommendation, made after step $at" \
+    body_has --argjson r "$rid" --argjson s "$at" '[.events[] | select(.id == $r and .kind == "recommendation"
+        and .step > $s and .step <= $s + 10)] | length == 1'
+check "... and an event says what the policy did" \
+    grep -q 'on_numerics branch: stopping to branch with {"precision":{"master_weights":true}}' <(events "$L")
+check "... and the job's end names its branch" grep -q "branched: job $B goes on" <(events "$L")
+check "the branch succeeds" wait_for 180 is_status "$B" succeeded
+check "the job with on_numerics stop goes on as it is and succeeds" wait_for 180 is_status "$LS" succeeded
+mb=$(mean_loss "$B" 81 100)
+ms=$(mean_loss "$LS" 81 100)
+check "the branch's mean loss over steps 81-100 ($mb) is below the unbranched job's ($ms)" \
+    awk -v a="$mb" -v b="$ms" 'BEGIN { exit !(a != "" && b != "" && a < b) }'
+
+# ---- activations beyond fp16's range: to bf16, from the start --------------------------------
+submit "$(jq -c '.on_numerics = "branch"' <<<"$WIDE")"
+W=$ID
+submit "$(jq -c '.precision.dtype = "bf16" | .name = "wide-bf16"' <<<"$WIDE")"
+WB=$ID
+check "activations beyond 65504 (job $W): the job ends branched" wait_for 120 is_status "$W" branched
+C=$(child_of "$W")
+req GET "/v1/jobs/$C"
+check "... its branch (job $C) is bf16, from the start (no checkpoint precedes step 1)" \
+    body_has '.branch.patch == {precision: {dtype: "bf16"}} and .branch.step == 0 and
+        .branch.resets == ["loss_scale"] and .spec.precision.loss_scale.mode == "none"'
+check "... and succeeds" wait_for 240 is_status "$C" succeeded
+check "the same job in bf16 succeeds" wait_for 240 is_status "$WB" succeeded
+ac=$(final_acc "$C")
+ab=$(final_acc "$WB")
+check "the branch's accuracy ($ac) is within 1 point of bf16 from the start ($ab)" \
+    awk -v a="$ac" -v b="$ab" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && b != "" && d <= 0.01) }'
+
+# ---- a scale collapse: a loss-scale floor too high ---------------------------------------------
+submit "$(jq -c '.name = "collapse" | .on_numerics = "branch" | .steps = 120 | .diagnostics_every = 10 |
+    .precision = {dtype: "fp16", loss_scale: {init: 16777216, min_scale: 1048576}} |
+    .optimizer = {type: "sgd", lr: 0.05, momentum: 0.9}' <<<"$LOST")"
+S=$ID
+check "a loss scale stuck at a floor of 2^20 (job $S): the job ends branched" \
+    wait_for 120 is_status "$S" branched
+req GET "/v1/jobs/$S"
+check "... after skipping every step from its first" body_has '.summary.skipped_total == .summary.steps'
+SC=$(child_of "$S")
+req GET "/v1/jobs/$SC"
+check "... its branch (job $SC) lowers the floor to 1 and starts the scaler anew" \
+    body_has '.branch.patch == {precision: {loss_scale: {min_scale: 1}}} and
+        .branch.resets == ["loss_scale"] and .spec.precision.loss_scale.min_scale == 1'
+check "... and succeeds" wait_for 120 is_status "$SC" succeeded
+req GET "/v1/jobs/$SC"
+sk=$(jq -r '.summary.skipped_total' <<<"$BODY")
+first=$(jq -r .branch.step <<<"$BODY")
+last=$(acurl -s -m 30 "$URL/v1/jobs/$SC/metrics?fields=skipped&from=1&to=120&format=csv" | tail -n +2 |
+    awk -F, '$2 == 1 { s = $1 } END { print s + 0 }')
+check "... it stops skipping: $sk skipped steps, the last at step $last, within 20 steps of its start ($first)" \
+    test "$last" -le "$((first + 20))"
+
+# ---- max_branches 0 ----------------------------------------------------------------------------
+submit "$(jq -c '.on_numerics = "branch" | .max_branches = 0 | .steps = 40' <<<"$LOST")"
+M=$ID
+check "max_branches 0 (job $M): the job goes on and succeeds" wait_for 120 is_status "$M" succeeded
+check "... an event says why it did not branch" \
+    grep -q 'not branching with {"precision":{"master_weights":true}}: the lineage has 0 branch(es) and max_branches is 0' \
+    <(events "$M")
+check "... and it has no branch" test -z "$(child_of "$M")"
+
+# ---- ask -----------------------------------------------------------------------------------------
+submit "$(jq -c '.on_numerics = "ask" | .steps = 60' <<<"$LOST")"
+K=$ID
+check "on_numerics ask (job $K): the job pauses" wait_for 120 is_status "$K" paused
+events "$K" >"$TMP/ask.ev"
+check "... with an event naming the remedy and the request that applies it" \
+    grep -q "on_numerics ask: paused: .*POST /v1/jobs/$K/branch {\"remedy\": [0-9]*} branches it with {\"precision\":{\"master_weights\":true}}" "$TMP/ask.ev"
+post_json "/v1/jobs/$K/unpause" '{}'
+check "an unpause ($CODE) goes on as it is, without asking again: it succeeds" \
+    wait_for 120 is_status "$K" succeeded
+submit "$(jq -c '.on_numerics = "ask" | .steps = 60 | .name = "ask-2"' <<<"$LOST")"
+K2=$ID
+check "another asked job (job $K2) pauses" wait_for 120 is_status "$K2" paused
+rid=$(events "$K2" | grep -o 'branch {"remedy": [0-9]*}' | grep -o '[0-9]*' | head -1)
+post_json "/v1/jobs/$K2/branch" "{\"remedy\": ${rid:-0}}"
+KB=$(jq -r '.id // empty' <<<"$BODY")
+check "POST /branch {remedy: $rid} answers it ($CODE, job $KB)" test "$CODE" = 201 -a -n "$KB"
+check "... the asked job is branched" is_status "$K2" branched
+check "... and its branch succeeds" wait_for 120 is_status "$KB" succeeded
+
+openapi_check_recorded
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
