@@ -852,7 +852,8 @@ static int by_key_then_newest(const void *a, const void *b)
 }
 
 /* See ckpt.h. */
-int daemon_ckpt_retain(const daemon_ckpt_info *v, int n, int keep_last, int keep_best, bool *keep)
+int daemon_ckpt_retain(const daemon_ckpt_info *v, int n, int keep_last, int keep_best,
+                       int64_t before, bool *keep)
 {
     ranked *r = NULL;
     int m = 0;
@@ -872,6 +873,11 @@ int daemon_ckpt_retain(const daemon_ckpt_info *v, int n, int keep_last, int keep
     for (int i = 0; i < n; i++)
         if (daemon_ckpt_healthy(&v[r[i].idx])) {
             keep[r[i].idx] = true; /* the newest healthy one */
+            break;
+        }
+    for (int i = 0; before > 0 && i < n; i++)
+        if (r[i].step < before) {
+            keep[r[i].idx] = true; /* the newest before the problem: a branch starts there */
             break;
         }
     for (int i = 0; i < n; i++)

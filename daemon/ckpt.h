@@ -94,8 +94,10 @@ void daemon_ckpt_resumed_clear(daemon_ckpt_resumed *out);
 
 /* The retention policy over a job's n checkpoints (any order): keep[i] tells whether v[i]
  * stays. keep_last 0 keeps every one; otherwise the keep_last newest stay, and the keep_best
- * with the lowest finite eval loss, and the newest healthy one. GPU_ENOMEM (every keep[i]
- * true) when out of memory. */
-int daemon_ckpt_retain(const daemon_ckpt_info *v, int n, int keep_last, int keep_best, bool *keep);
+ * with the lowest finite eval loss, and the newest healthy one, and (before > 0) the newest
+ * before step `before`: the state before the first problem a remedy answers, where a branch
+ * with it starts. GPU_ENOMEM (every keep[i] true) when out of memory. */
+int daemon_ckpt_retain(const daemon_ckpt_info *v, int n, int keep_last, int keep_best,
+                       int64_t before, bool *keep);
 
 #endif /* AMPD_DAEMON_CKPT_H */

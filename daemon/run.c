@@ -102,13 +102,15 @@ static json_t *layer_json(const gpu_layer_stat *l)
 }
 
 /* The "layers" line of a diagnosed step and an "event" line per new recommendation, with
- * its remedy when it has one (daemon/remedy.h). */
-static void emit_diagnostics(const gpu_job_config *c, gpu_trainer *t, const gpu_step_metrics *m)
+ * its remedy when it has one (daemon/remedy.h). Returns the step when a remedy for a
+ * problem that stops the run was among them, else 0. */
+static int64_t emit_diagnostics(const gpu_job_config *c, gpu_trainer *t, const gpu_step_metrics *m)
 {
     const gpu_layer_stat *ls;
     const gpu_recommendation *recs;
     const char *first, *where;
     int n, nrecs;
+    int64_t problem = 0;
     if (m->diagnosed && gpu_trainer_diagnostics(t, &ls, &n, &first, &where) == 0) {
         json_t *arr = json_array();
         for (int i = 0; i < n; i++)
@@ -133,12 +135,15 @@ static void emit_diagnostics(const gpu_job_config *c, gpu_trainer *t, const gpu_
                                  recs[i].layer ? json_string(recs[i].layer) : json_null(),
                                  "message", recs[i].message);
         json_t *remedy = daemon_remedy(c, &recs[i]);
+        if (json_is_true(json_object_get(remedy, "acts")))
+            problem = m->step;
         if (line && remedy)
             json_object_set_new(line, "remedy", remedy);
         else
             json_decref(remedy);
         daemon_line_emit(line);
     }
+    return problem;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -339,6 +344,9 @@ typedef struct {
     int64_t eval_step;
     daemon_ckpt_info *kept; /* the checkpoint directory's files the retention manages */
     int nkept, capkept;
+    int64_t problem_step; /* the first step a remedy for a problem that stops the run was
+                           * given at (0: none): the retention keeps the newest checkpoint
+                           * before it, where a branch with the remedy starts */
 } run_state;
 
 static void emit_eval(gpu_trainer *t, run_state *s, int64_t step)
@@ -456,7 +464,7 @@ static void retain(const gpu_job_config *c, const run_args *a, run_state *s)
     bool *keep = s->nkept ? malloc(sizeof(*keep) * (size_t)s->nkept) : NULL;
     int m = 0;
     if (!keep || daemon_ckpt_retain(s->kept, s->nkept, c->checkpoint_keep_last,
-                                    c->checkpoint_keep_best, keep) != 0) {
+                                    c->checkpoint_keep_best, s->problem_step, keep) != 0) {
         free(keep); /* out of memory: nothing is dropped this time */
         return;
     }
@@ -603,7 +611,9 @@ static int loop(const gpu_job_config *c, const run_args *a, gpu_trainer *t, gpu_
             daemon_line_emit(daemon_line_step(&s->last));
         if (s->last.step == a->profile)
             emit_profile(t, s->last.step, s->last.step_ms);
-        emit_diagnostics(c, t, &s->last);
+        int64_t problem = emit_diagnostics(c, t, &s->last);
+        if (problem > 0 && s->problem_step == 0)
+            s->problem_step = problem;
         watch_stragglers(t, s->last.step);
         if (rc) {
             if (!err[0])

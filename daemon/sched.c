@@ -1237,6 +1237,7 @@ static void answer_ask_locked(daemon_sched *s, int64_t parent, int64_t child)
     bool asked = false;
     if (store_job_get(s->st, parent, &j) != 0)
         return;
+    int64_t step = j.step;
     if (j.status == STORE_PAUSED && !find_worker_locked(s, parent) &&
         store_event_last(s->st, parent, DAEMON_POLICY_EVENT, &ev) == 0) {
         json_t *d = ev->data ? json_loads(ev->data, 0, NULL) : NULL;
@@ -1250,7 +1251,7 @@ static void answer_ask_locked(daemon_sched *s, int64_t parent, int64_t child)
         return;
     snprintf(msg, sizeof(msg), "branched: job %lld goes on in its place (on_numerics ask)",
              (long long)child);
-    daemon_ingest_event(s->st, parent, 0, "lifecycle", msg, NULL);
+    daemon_ingest_event(s->st, parent, step, "lifecycle", msg, NULL);
     if (store_job_set_status(s->st, parent, STORE_BRANCHED, NULL) == 0)
         log_info("job %lld: %s", (long long)parent, msg);
 }

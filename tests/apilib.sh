@@ -2,8 +2,10 @@
 # tests/check_daemon.sh and tests/check_experiment.sh after testlib.sh, with TMP set to the
 # test's temporary directory): a bearer token in $TMP/token, start_daemon (a daemon on a
 # free loopback port over $TMP/ampd.db, its pid in DPID; stop_daemons kills it), acurl and req
-# (every exchange recorded under $REC), post_json, jget, and openapi_check_recorded, which checks every recorded response against the OpenAPI
-# description. check_default.sh sources it too.
+# (every exchange recorded under $REC), post_json, jget, status_of, is_status, body_has and
+# events (these four with jq), and openapi_check_recorded, which checks every recorded
+# response against the OpenAPI description. check_default.sh, check_cluster.sh,
+# check_branch.sh and check_policy.sh source it too.
 TOKEN=e2e-secret-token-0123456789
 printf '%s\n' "$TOKEN" >"$TMP/token"
 chmod 600 "$TMP/token"
@@ -72,6 +74,18 @@ post_json() { # path body [curl args]
     local p=$1 b=$2
     shift 2
     req POST "$p" "${AUTH[@]}" "${JSON[@]}" --data-binary "$b" "$@"
+}
+# A job's status; whether it is $2; a jq test of BODY (jq's arguments before the test);
+# every event's message of a job, a line each (needs jq).
+status_of() {
+    req GET "/v1/jobs/$1"
+    jq -r .status <<<"$BODY" 2>/dev/null
+}
+is_status() { [ "$(status_of "$1")" = "$2" ]; }
+body_has() { jq -e "$@" <<<"$BODY" >/dev/null; }
+events() {
+    req GET "/v1/jobs/$1/events?limit=1000"
+    jq -r '.events[].message | gsub("\n"; " | ")' <<<"$BODY"
 }
 # The first value of "key" in BODY (string quotes stripped).
 jget() { printf '%s' "$BODY" | grep -o "\"$1\":[^,}]*" | head -1 | sed 's/^[^:]*://; s/"//g'; }

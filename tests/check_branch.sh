@@ -42,24 +42,14 @@ SPEC='{"name": "parent", "model": {"type": "mlp", "layers": [784, 64, 10]},
   "data": {"type": "idx", "train": "fashion-mnist"}, "precision": {"dtype": "fp16"},
   "batch_size": 64, "steps": 120, "seed": 3, "threads": 1, "checkpoint_every": 40,
   "optimizer": {"type": "sgd", "lr": 0.05, "momentum": 0.9}}'
-status_of() {
-    req GET "/v1/jobs/$1"
-    jq -r .status <<<"$BODY"
-}
-is_status() { [ "$(status_of "$1")" = "$2" ]; }
 rows() { # id: "step,loss,loss_scale" of every row
     acurl -s -m 30 "$URL/v1/jobs/$1/metrics?fields=loss,loss_scale&from=1&to=$STEPS&format=csv" |
         tail -n +2
-}
-events() { # id: every event's message, a line each
-    req GET "/v1/jobs/$1/events?limit=1000"
-    jq -r '.events[].message' <<<"$BODY"
 }
 branch() { # id body: sets CODE, BODY, ID (the new job's, when created)
     post_json "/v1/jobs/$1/branch" "$2"
     ID=$(jq -r '.id // empty' <<<"$BODY" 2>/dev/null)
 }
-body_has() { jq -e "$@" <<<"$BODY" >/dev/null; } # [jq args] test: a jq test of BODY
 refused() { # name id body code field: the branch is refused with code, naming field
     branch "$2" "$3"
     check "$1: $4 naming $5 ($CODE $(jq -c .error.field <<<"$BODY" 2>/dev/null))" \

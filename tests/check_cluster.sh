@@ -77,11 +77,6 @@ submit() { # spec: sets ID
     ID=$(jq -r .id <<<"$BODY")
     [ "$CODE" = 201 ] || echo "# submit: $CODE $BODY"
 }
-status_of() {
-    req GET "/v1/jobs/$1"
-    jq -r .status <<<"$BODY"
-}
-is_status() { [ "$(status_of "$1")" = "$2" ]; }
 ended() { case $(status_of "$1") in succeeded | failed | cancelled) return 0 ;; esac; return 1; }
 past() { # id step
     req GET "/v1/jobs/$1"
@@ -89,11 +84,6 @@ past() { # id step
 }
 rows() { # id: "step,loss" of every row
     acurl -s -m 30 "$URL/v1/jobs/$1/metrics?fields=loss&from=1&to=$STEPS&format=csv" | tail -n +2
-}
-body_has() { jq -e "$1" <<<"$BODY" >/dev/null; } # a jq test of BODY
-events() { # id: every event's message, a line each
-    req GET "/v1/jobs/$1/events?limit=1000"
-    jq -r '.events[].message | gsub("\n"; " | ")' <<<"$BODY"
 }
 has_event() { events "$1" | grep -q "$2"; } # id text
 show() { # id: after a check that failed

@@ -44,16 +44,6 @@ WIDE='{"name": "wide", "model": {"type": "mlp", "layers": [784, 256, 256, 10], "
   "batch_size": 64, "steps": 100, "seed": 1, "threads": 1, "eval_every": 100,
   "checkpoint_every": 50, "diagnostics_every": 5, "max_branches": 1,
   "optimizer": {"type": "sgd", "lr": 0.001, "momentum": 0.9}}'
-status_of() {
-    req GET "/v1/jobs/$1"
-    jq -r .status <<<"$BODY"
-}
-is_status() { [ "$(status_of "$1")" = "$2" ]; }
-body_has() { jq -e "$@" <<<"$BODY" >/dev/null; } # [jq args] test: a jq test of BODY
-events() { # id: every event's message, a line each
-    req GET "/v1/jobs/$1/events?limit=1000"
-    jq -r '.events[].message' <<<"$BODY"
-}
 submit() { # spec: sets ID
     post_json /v1/jobs "$1"
     ID=$(jq -r .id <<<"$BODY")

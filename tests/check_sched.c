@@ -46,6 +46,7 @@
 #include <unistd.h>
 
 #include "daemon/beat.h"
+#include "daemon/ckpt.h"
 #include "daemon/machine.h"
 #include "daemon/policy.h"
 #include "daemon/queue.h"
@@ -1572,6 +1573,30 @@ START_TEST(test_policy)
 }
 END_TEST
 
+/* The retention keeps the newest checkpoint before the first problem a remedy answers,
+ * besides the newest ones: a branch with the remedy starts there. */
+START_TEST(test_retain_before_problem)
+{
+    daemon_ckpt_info v[6];
+    bool keep[6];
+    memset(v, 0, sizeof(v));
+    for (int i = 0; i < 6; i++) {
+        v[i].step = 5 * (i + 1); /* 5, 10, ..., 30 */
+        v[i].finite = true;
+    }
+    ck_assert_int_eq(daemon_ckpt_retain(v, 6, 2, 0, 0, keep), 0);
+    for (int i = 0; i < 6; i++)
+        ck_assert_msg(keep[i] == (v[i].step >= 25), "step %lld", (long long)v[i].step);
+    ck_assert_int_eq(daemon_ckpt_retain(v, 6, 2, 0, 12, keep), 0); /* the problem at 12 */
+    for (int i = 0; i < 6; i++)
+        ck_assert_msg(keep[i] == (v[i].step >= 25 || v[i].step == 10), "step %lld",
+                      (long long)v[i].step);
+    ck_assert_int_eq(daemon_ckpt_retain(v, 6, 2, 0, 5, keep), 0); /* none before it */
+    for (int i = 0; i < 6; i++)
+        ck_assert_msg(keep[i] == (v[i].step >= 25), "step %lld", (long long)v[i].step);
+}
+END_TEST
+
 static Suite *sched_suite(void)
 {
     Suite *s = suite_create("sched");
@@ -1611,6 +1636,7 @@ static Suite *sched_suite(void)
     tcase_add_test(tc, test_beat_watch);
     tcase_add_test(tc, test_remedies);
     tcase_add_test(tc, test_policy);
+    tcase_add_test(tc, test_retain_before_problem);
     suite_add_tcase(s, tc);
     return s;
 }

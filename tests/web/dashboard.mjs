@@ -11,8 +11,11 @@
 // EventSource left open, no request or drawing afterwards), a phone-sized viewport without
 // horizontal scrolling, the machine page (cores and their jobs, the queue with priorities
 // and reasons, pause and unpause from its buttons, the runs filter offering every status
-// of the API), a waiting job's place on its run page and its priority set there, and no
-// console error anywhere. Then what
+// of the API), a waiting job's place on its run page and its priority set there, a
+// recommendation's remedy clicked and confirmed (the branch made from the checkpoint the
+// dialog named, the compare view of the run and its branch with the branch step marked on
+// every chart, the lineage on the runs table and the branch's page), and no console error
+// anywhere. Then what
 // pages of other sites can do to a daemon without a token: a page on another loopback port
 // (a second HTTP server started here) that tries a no-cors POST and a form POST to cancel a
 // running job and a cross-origin fetch of /v1/jobs, and a DNS-rebinding page (rebind.test
@@ -881,6 +884,56 @@ async function main() {
     await page.goto(`${BASE}/#/runs`); // the run page would ask for its run once deleted
     await page.waitForSelector('#app[data-ready=runs]');
     await releaseSlots([...holds, waitId]);
+
+    // ---- a recommendation's remedy, clicked: the branch, compared with its parent
+    const lr = await apiSend('POST', '/v1/jobs', {name: 'lost-updates', model: {layers: [784, 64, 10]},
+        data: {type: 'idx', train: 'fashion-mnist'}, precision: {dtype: 'fp16', master_weights: false},
+        batch_size: 64, steps: 60, seed: 3, threads: 1, checkpoint_every: 5, diagnostics_every: 10,
+        optimizer: {type: 'sgd', lr: 0.001, momentum: 0}});
+    const lostId = (await lr.json()).id;
+    check('a job that loses updates without master weights succeeds', await until(async () =>
+        (await apiGet(`/v1/jobs/${lostId}`)).status === 'succeeded', 60000 * SLOW));
+    await page.goto(`${BASE}/#/runs/${lostId}`);
+    await page.waitForSelector('#app[data-ready=run]');
+    const remedyBtn = await page.waitForSelector('.recs button[data-action=remedy]');
+    const recText = await page.textContent('.recs li:has(button[data-action=remedy])');
+    check('its recommendation shows its remedy and a button',
+          recText.includes('enable master weights') && recText.includes('{"precision":{"master_weights":true}}'), recText);
+    await page.waitForSelector('[data-chart=checkpoints] a');
+    await page.locator('.recs').scrollIntoViewIfNeeded();
+    await shot(page, 'remedy.png');
+    await remedyBtn.click();
+    await page.waitForSelector('#confirm-dialog[open]');
+    const ask = await page.textContent('#confirm-dialog .confirm-text');
+    check('the button asks first, naming the checkpoint and the patch',
+          ask.includes('from its checkpoint at step 5') && ask.includes('master_weights'), ask);
+    await page.click('#confirm-yes');
+    await page.waitForURL(new RegExp(`#/compare\\?ids=${lostId},\\d+$`));
+    const child = Number(page.url().split(',').pop());
+    await page.waitForSelector('#compare-table');
+    const bj = await apiGet(`/v1/jobs/${child}`);
+    check('confirmed, it makes the branch: master weights on, from step 5, the recommendation named',
+          bj.branch && bj.branch.parent === lostId && bj.branch.step === 5 && bj.spec.precision.master_weights &&
+          typeof bj.branch.remedy === 'number', JSON.stringify(bj.branch));
+    check('... and opens the compare view of the run and its branch',
+          (await page.locator('#compare-table thead th a').count()) === 2 &&
+          (await page.textContent(`#compare-table td[data-job="${child}"][data-field=branch]`)) === `#${lostId} @ 5`);
+    check('... whose charts mark the branch step', await until(() => page.evaluate(
+        () => window.ampd.compare && window.ampd.compare.charts.every((c) => (c.marks.branch || []).includes(5))), 10000));
+    check('the branch runs to its end', await until(async () =>
+        (await apiGet(`/v1/jobs/${child}`)).status === 'succeeded', 60000 * SLOW));
+    await page.reload();
+    await page.waitForSelector('#compare-table');
+    await until(() => page.evaluate(() => window.ampd.compare && window.ampd.compare.root.dataset.live === 'no'), 10000);
+    await shot(page, 'branch-compare.png', true);
+    await page.goto(`${BASE}/#/runs`);
+    await page.waitForSelector(`#runs-table tr[data-id="${child}"] .lineage`);
+    check('the runs table shows the branch\'s parent',
+          (await page.textContent(`#runs-table tr[data-id="${child}"] .lineage`)).includes(`#${lostId}`));
+    await page.goto(`${BASE}/#/runs/${child}`);
+    await page.waitForSelector('#lineage');
+    check('its run page names its parent, the step and the patch',
+          /A branch of #\d+ from its checkpoint at step 5: .*master weights/.test(await page.textContent('#lineage')));
 
     // ---- a phone: no horizontal scrolling on the runs table, a run page, the compare view
     const phone = await browser.newContext({viewport: {width: 390, height: 844}, deviceScaleFactor: 2, isMobile: true, hasTouch: true});

@@ -112,6 +112,7 @@ export const pauseJob = (id) => request('POST', `/v1/jobs/${id}/pause`);
 export const unpauseJob = (id) => request('POST', `/v1/jobs/${id}/unpause`);
 export const setPriority = (id, priority) => request('POST', `/v1/jobs/${id}/priority`, {priority});
 export const deleteJob = (id) => request('DELETE', `/v1/jobs/${id}`);
+export const branchJob = (id, body) => request('POST', `/v1/jobs/${id}/branch`, body);
 export const getEvents = (id, params) => get(`/v1/jobs/${id}/events` + qs(params || {}));
 export const getCheckpoints = (id) => get(`/v1/jobs/${id}/checkpoints`);
 export const getCompare = (ids) => get('/v1/compare?ids=' + ids.join(','));
