@@ -18,12 +18,7 @@
 // data-steps and data-field.
 import {h, clear, fmtNum, debounce} from './util.js';
 
-const MARK_COLORS = {
-    overflow : '#dc2626',
-    skipped : '#f59e0b',
-    nonfinite : '#111827',
-    branch : '#7c3aed'
-};
+const MARK_COLORS = {overflow: '#dc2626', skipped: '#f59e0b', nonfinite: '#111827', branch: '#7c3aed'};
 
 export class LineChart {
     // opts: {title, series: [{label, color, dash, width, scale, band}], yLog, yLabel,
@@ -149,7 +144,7 @@ export class LineChart {
             ctx.globalAlpha = kind === 'overflow' ? 0.8 : 0.5;
             ctx.lineWidth = Math.max(1, devicePixelRatio);
             const len = kind === 'overflow' ? height * 0.12 : kind === 'skipped' ? height * 0.08 : height;
-            ctx.setLineDash(kind === 'nonfinite' ? [ 3, 3 ] : kind === 'branch' ? [ 6, 3 ] : []);
+            ctx.setLineDash(kind === 'nonfinite' ? [3, 3] : kind === 'branch' ? [6, 3] : []);
             ctx.beginPath();
             for (const s of steps) {
                 const x = u.valToPos(s, 'x', true);

@@ -12,24 +12,10 @@
 // await, so a view left while it loads (or while a refresh is in flight) draws nothing
 // and arms no new timer.
 import * as api from './api.js';
-import {LineChart, MEM_CATS, memoryBar, memoryLegend, smoothingControl} from './charts.js';
+import {LineChart, memoryBar, memoryLegend, MEM_CATS, smoothingControl} from './charts.js';
 import {Series} from './series.js';
-import {
-    clear,
-    DTYPE_COLORS,
-    dtypeBadge,
-    FINISHED,
-    fmtBytes,
-    fmtInt,
-    fmtMs,
-    fmtNum,
-    fmtPct,
-    fmtScale,
-    h,
-    num,
-    runColor,
-    statusBadge
-} from './util.js';
+import {h, clear, fmtNum, fmtInt, fmtBytes, fmtMs, fmtPct, fmtScale, statusBadge, dtypeBadge,
+        DTYPE_COLORS, runColor, num, FINISHED} from './util.js';
 
 const POLL_MS = 2000;
 const CHART_FIELDS = ['loss', 'eval_loss', 'eval_acc', 'loss_scale', 'step_ms'];
@@ -138,46 +124,23 @@ export class ComparePage {
         };
         // [label, field, value(job), format, ratio direction (low/high better) or null]
         const rows = [
-            [ 'status', 'status', (j) => j.status, (v) => statusBadge(v), null ],
-            [ 'precision', 'dtype', (j) => j.dtype, (v) => dtypeBadge(v), null ],
-            [
-                'model', 'model',
-                (j) => {
-                    const d = this.details.get(j.id);
-                    return d && d.model ? d.model.text : '';
-                },
-                (v) => v, null
-            ],
-            [
-                'branch of', 'branch',
-                (j) => {
-                    const d = this.details.get(j.id);
-                    return d && d.branch ? `#${d.branch.parent} @ ${d.branch.step}` : null;
-                },
-                (v) => v, null
-            ],
-            [ 'steps', 'step', (j) => j.step, (v, j) => `${fmtInt(v)} / ${fmtInt(j.steps)}`, null ],
-            [ 'final train loss', 'final_loss', (j) => S(j, 'final_loss'), (v) => fmtNum(v), null ],
-            [ 'eval loss', 'eval_loss', (j) => S(j, 'eval_loss'), (v) => fmtNum(v), null ],
-            [ 'eval accuracy', 'eval_acc', (j) => S(j, 'eval_acc'), (v) => fmtPct(v), null ],
-            [ 'overflow steps', 'overflow_total', (j) => S(j, 'overflow_total'), fmtInt, null ],
-            [ 'skipped steps', 'skipped_total', (j) => S(j, 'skipped_total'), fmtInt, null ],
-            [
-                'lost updates', 'lost_updates_total', (j) => S(j, 'lost_updates_total'), fmtInt,
-                null
-            ],
-            [
-                'final loss scale', 'final_loss_scale', (j) => S(j, 'final_loss_scale'), fmtScale,
-                null
-            ],
-            [ 'median step time', 'median_step_ms', (j) => S(j, 'median_step_ms'), fmtMs, 'low' ],
-            [
-                'throughput (samples/s)', 'samples_per_s', (j) => S(j, 'samples_per_s'),
-                (v) => fmtNum(v, 4), 'high'
-            ],
-            [ 'peak memory', 'peak_mem', (j) => mem(j, 'total'), fmtBytes, 'low' ],
-            ...MEM_CATS.map(([ k ]) => [`  ${k}`, 'mem_' + k, (j) => mem(j, k), fmtBytes, null]),
-            [ 'parameters', 'params', (j) => S(j, 'params'), fmtInt, null ],
+            ['status', 'status', (j) => j.status, (v) => statusBadge(v), null],
+            ['precision', 'dtype', (j) => j.dtype, (v) => dtypeBadge(v), null],
+            ['model', 'model', (j) => { const d = this.details.get(j.id); return d && d.model ? d.model.text : ''; }, (v) => v, null],
+            ['branch of', 'branch', (j) => { const d = this.details.get(j.id); return d && d.branch ? `#${d.branch.parent} @ ${d.branch.step}` : null; }, (v) => v, null],
+            ['steps', 'step', (j) => j.step, (v, j) => `${fmtInt(v)} / ${fmtInt(j.steps)}`, null],
+            ['final train loss', 'final_loss', (j) => S(j, 'final_loss'), (v) => fmtNum(v), null],
+            ['eval loss', 'eval_loss', (j) => S(j, 'eval_loss'), (v) => fmtNum(v), null],
+            ['eval accuracy', 'eval_acc', (j) => S(j, 'eval_acc'), (v) => fmtPct(v), null],
+            ['overflow steps', 'overflow_total', (j) => S(j, 'overflow_total'), fmtInt, null],
+            ['skipped steps', 'skipped_total', (j) => S(j, 'skipped_total'), fmtInt, null],
+            ['lost updates', 'lost_updates_total', (j) => S(j, 'lost_updates_total'), fmtInt, null],
+            ['final loss scale', 'final_loss_scale', (j) => S(j, 'final_loss_scale'), fmtScale, null],
+            ['median step time', 'median_step_ms', (j) => S(j, 'median_step_ms'), fmtMs, 'low'],
+            ['throughput (samples/s)', 'samples_per_s', (j) => S(j, 'samples_per_s'), (v) => fmtNum(v, 4), 'high'],
+            ['peak memory', 'peak_mem', (j) => mem(j, 'total'), fmtBytes, 'low'],
+            ...MEM_CATS.map(([k]) => [`  ${k}`, 'mem_' + k, (j) => mem(j, k), fmtBytes, null]),
+            ['parameters', 'params', (j) => S(j, 'params'), fmtInt, null],
         ];
         const head = h('tr', {}, h('th', {}, ''), this.jobs.map((j) =>
             h('th', {class: 'num', style: `border-top:3px solid ${this.colors.get(j.id)}`},
@@ -245,22 +208,16 @@ export class ComparePage {
         for (const j of this.jobs) marks.overflow.push(...this.series.get(j.id).marks.overflow);
         if (!tables.length) return {x: [], ys: []};
         const t = uPlot.join(tables);
-        const branch = {branch : this.branchSteps()};
-        return {
-            x : t[0],
-            ys : t.slice(1),
-            marks : field === 'loss_scale' ? Object.assign(marks, branch) : branch
-        };
+        const branch = {branch: this.branchSteps()};
+        return {x: t[0], ys: t.slice(1), marks: field === 'loss_scale' ? Object.assign(marks, branch) : branch};
     }
 
     // The steps where a run shown branched from another one shown: one picture of before and after.
-    branchSteps()
-    {
+    branchSteps() {
         const steps = [];
         for (const j of this.jobs) {
             const d = this.details.get(j.id);
-            if (d && d.branch && this.ids.includes(d.branch.parent) && d.branch.step > 0)
-                steps.push(d.branch.step);
+            if (d && d.branch && this.ids.includes(d.branch.parent) && d.branch.step > 0) steps.push(d.branch.step);
         }
         return steps;
     }

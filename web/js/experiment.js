@@ -15,25 +15,11 @@
 //
 // Lifecycle: dispose() stops the poll; refresh checks `disposed` after each await.
 import * as api from './api.js';
-import {confirmDialog, navigate, toast} from './app.js';
-import {ema, LineChart, smoothingControl} from './charts.js';
+import {LineChart, smoothingControl, ema} from './charts.js';
 import {Series} from './series.js';
-import {
-    clear,
-    DTYPE_COLORS,
-    dtypeBadge,
-    FINISHED,
-    fmtBytes,
-    fmtInt,
-    fmtMs,
-    fmtNum,
-    fmtPct,
-    fmtTime,
-    h,
-    num,
-    runColor,
-    statusBadge
-} from './util.js';
+import {h, clear, fmtNum, fmtInt, fmtBytes, fmtMs, fmtPct, fmtTime, statusBadge, dtypeBadge,
+        DTYPE_COLORS, runColor, num, FINISHED} from './util.js';
+import {navigate, toast, confirmDialog} from './app.js';
 
 const POLL_MS = 2000;
 

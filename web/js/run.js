@@ -16,35 +16,12 @@
 // `disposed` after each await, and startStream() and the timers are only started while the
 // page is mounted, so a page left before it has loaded opens nothing afterwards.
 import * as api from './api.js';
-import {confirmDialog, navigate, toast} from './app.js';
-import {
-    heatFromApi,
-    Heatmap,
-    LineChart,
-    memoryBar,
-    memoryLegend,
-    smoothingControl
-} from './charts.js';
-import {FIELDS, Series} from './series.js';
+import {LineChart, Heatmap, heatFromApi, memoryBar, memoryLegend, smoothingControl} from './charts.js';
+import {Series, FIELDS} from './series.js';
 import {JobStream} from './stream.js';
-import {
-    clear,
-    DTYPE_COLORS,
-    dtypeBadge,
-    FINISHED,
-    fmtBytes,
-    fmtDuration,
-    fmtInt,
-    fmtMs,
-    fmtNum,
-    fmtPct,
-    fmtScale,
-    fmtTime,
-    h,
-    jobSeconds,
-    num,
-    statusBadge
-} from './util.js';
+import {h, clear, fmtNum, fmtInt, fmtBytes, fmtMs, fmtPct, fmtScale, fmtTime, fmtDuration,
+        jobSeconds, statusBadge, dtypeBadge, DTYPE_COLORS, num, FINISHED} from './util.js';
+import {toast, confirmDialog, navigate} from './app.js';
 
 const POLL_MS = 2000;
 const LIVE_MAX = 6000;
@@ -55,27 +32,23 @@ function targetPoints() {
     return Math.min(1500, Math.max(300, Math.round(window.innerWidth * 0.6)));
 }
 
+
 // "Slurm job 12 · RUNNING · nodes n[1-2] · ranks 0-1 on n1, 2-3 on n2": what the job's
 // launcher said (docs/cluster.md); under mpirun, where its ranks ran.
 // Where a run comes from and where it went: its parent, step, reason and patch; its branches.
-function lineage(j)
-{
+function lineage(j) {
     const out = [];
     if (j.branch) {
         const b = j.branch;
-        out.push(
-            h('p', {class : 'small', id : 'lineage'}, 'A branch of ',
-              h('a', {href : `#/runs/${b.parent}`}, `#${b.parent}`),
-              b.step > 0 ? ` from its checkpoint at step ${fmtInt(b.step)}` : ' from its start',
-              `: ${b.reason} `, h('code', {}, JSON.stringify(b.patch)), ' · ',
-              h('a', {href : `#/compare?ids=${b.parent},${j.id}`}, 'compare with it')));
+        out.push(h('p', {class: 'small', id: 'lineage'}, 'A branch of ', h('a', {href: `#/runs/${b.parent}`}, `#${b.parent}`),
+                   b.step > 0 ? ` from its checkpoint at step ${fmtInt(b.step)}` : ' from its start', `: ${b.reason} `,
+                   h('code', {}, JSON.stringify(b.patch)), ' · ',
+                   h('a', {href: `#/compare?ids=${b.parent},${j.id}`}, 'compare with it')));
     }
     if (j.branches && j.branches.length)
-        out.push(
-            h('p', {class : 'small', id : 'branches'}, 'Branches: ',
-              j.branches.map(
-                  (id) => h('a', {href : `#/runs/${id}`, dataset : {branch : id}}, `#${id} `)),
-              h('a', {href : `#/compare?ids=${[j.id, ...j.branches].join(',')}`}, 'compare them')));
+        out.push(h('p', {class: 'small', id: 'branches'}, 'Branches: ',
+                   j.branches.map((id) => h('a', {href: `#/runs/${id}`, dataset: {branch: id}}, `#${id} `)),
+                   h('a', {href: `#/compare?ids=${[j.id, ...j.branches].join(',')}`}, 'compare them')));
     return out;
 }
 
@@ -246,36 +219,29 @@ export class RunPage {
         actions.append(h('a', {class: 'btn ghost', href: `#/submit?from=${j.id}`}, 'Clone'));
         const frac = j.progress ? j.progress.fraction : 0;
         // Element.append writes null as text: the parts a job does not have are left out
-        this.head.append(
-            ...[h('div', {class : 'run-title'},
-                  h('h2', {}, h('span', {class : 'muted'}, '#', j.id, ' '), j.name),
-                  statusBadge(st), dtypeBadge(j.dtype),
-                  h('span', {class : 'muted'}, j.model ? j.model.text : ''),
-                  this.liveBadge = h(
-                      'span', {class : 'live muted small', dataset : {live : this.liveState || ''}},
-                      this.liveState || '')),
-                h('div', {class : 'progress-row'},
-                  h('div', {class : 'progress', title : `${fmtPct(frac, 1)}`},
-                    h('span', {style : `width:${(100 * frac).toFixed(2)}%`})),
-                  h('span', {class : 'small', dataset : {field : 'progress'}},
-                    `step ${fmtInt(j.progress.step)} / ${fmtInt(j.progress.steps)}`),
-                  h('span', {class : 'muted small'},
-                    j.started_at
-                        ? `started ${fmtTime(j.started_at)} · ${fmtDuration(jobSeconds(j))}`
-                        : `queued ${fmtTime(j.created_at)}`)),
-                actions,
-                j.launch ? h('p', {class : 'small', id : 'launch'}, launchText(j.launch)) : null,
-                lineage(j),
-                j.queue
-                    ? h('p', {class : 'small', id : 'queue-place'},
+        this.head.append(...[
+            h('div', {class: 'run-title'},
+              h('h2', {}, h('span', {class: 'muted'}, '#', j.id, ' '), j.name),
+              statusBadge(st), dtypeBadge(j.dtype),
+              h('span', {class: 'muted'}, j.model ? j.model.text : ''),
+              this.liveBadge = h('span', {class: 'live muted small', dataset: {live: this.liveState || ''}},
+                                 this.liveState || '')),
+            h('div', {class: 'progress-row'},
+              h('div', {class: 'progress', title: `${fmtPct(frac, 1)}`},
+                h('span', {style: `width:${(100 * frac).toFixed(2)}%`})),
+              h('span', {class: 'small', dataset: {field: 'progress'}},
+                `step ${fmtInt(j.progress.step)} / ${fmtInt(j.progress.steps)}`),
+              h('span', {class: 'muted small'},
+                j.started_at ? `started ${fmtTime(j.started_at)} · ${fmtDuration(jobSeconds(j))}` :
+                               `queued ${fmtTime(j.created_at)}`)),
+            actions,
+            j.launch ? h('p', {class: 'small', id: 'launch'}, launchText(j.launch)) : null,
+            lineage(j),
+            j.queue ? h('p', {class: 'small', id: 'queue-place'},
                         `In the queue: position ${j.queue.position}, priority ${j.queue.priority}` +
-                            (j.queue.waiting_for ? ` · ${j.queue.waiting_for}` : ''))
-                                                 : null,
-                j.plateau && j.plateau.on_plateau
-                    ? h('p', {class : 'plateau-note', id : 'plateau-note'},
-                        h('span', {class : 'badge plateau'}, 'unigram plateau'), ' ',
-                        j.plateau.text)
-                    : null,
+                        (j.queue.waiting_for ? ` · ${j.queue.waiting_for}` : '')) : null,
+            j.plateau && j.plateau.on_plateau ?
+                h('p', {class: 'plateau-note', id: 'plateau-note'}, h('span', {class: 'badge plateau'}, 'unigram plateau'), ' ', j.plateau.text) : null,
         ].flat().filter(Boolean));
         if (j.error) {
             this.errorBox.hidden = false;
@@ -475,16 +441,13 @@ export class RunPage {
 
     // A branch with recommendation e's remedy, from the newest checkpoint before its step (the
     // API's choice, shown before it is made), then the parent and the branch compared.
-    async branchWith(e)
-    {
+    async branchWith(e) {
         const from = Math.max(0, ...(this.ckptSteps || []).filter((s) => s < e.step));
         const where = from > 0 ? `its checkpoint at step ${fmtInt(from)}` : 'its start';
-        if (!(await confirmDialog(`Branch run #${this.id} from ${where} with ${
-                                      JSON.stringify(e.data.remedy.patch)}? ` +
-                                  'A new run goes on with the change; this one is kept.')))
-            return;
+        if (!(await confirmDialog(`Branch run #${this.id} from ${where} with ${JSON.stringify(e.data.remedy.patch)}? ` +
+                                  'A new run goes on with the change; this one is kept.'))) return;
         try {
-            const b = await api.branchJob(this.id, {remedy : e.id});
+            const b = await api.branchJob(this.id, {remedy: e.id});
             toast(`run #${b.id} branches #${this.id} from ${where}`);
             navigate(`#/compare?ids=${this.id},${b.id}`);
         } catch (err) {
@@ -503,22 +466,13 @@ export class RunPage {
                                                        onchange: (e) => { this.showScale = e.target.checked; this.renderEvents(); }}),
                 ` scale changes (${nScale})`)));
         if (recs.length)
-            this.eventsCard.append(h(
-                'div', {class : 'recs'}, h('h4', {}, 'Recommendations'),
-                h('ul', {},
-                  recs.map((e) => h('li', {dataset : {step : e.step}},
-                                    h('span', {class : 'muted small'}, `step ${fmtInt(e.step)} `),
-                                    e.message,
-                                    e.data && e.data.remedy
-                                        ? h('div', {class : 'remedy small'}, 'remedy ',
-                                            h('code', {}, JSON.stringify(e.data.remedy.patch)), ' ',
-                                            h('button', {
-                                                class : 'btn',
-                                                dataset : {action : 'remedy', event : e.id},
-                                                onclick : () => this.branchWith(e)
-                                            },
-                                              'Branch with it'))
-                                        : null)))));
+            this.eventsCard.append(h('div', {class: 'recs'}, h('h4', {}, 'Recommendations'),
+                h('ul', {}, recs.map((e) => h('li', {dataset: {step: e.step}},
+                    h('span', {class: 'muted small'}, `step ${fmtInt(e.step)} `), e.message,
+                    e.data && e.data.remedy ? h('div', {class: 'remedy small'}, 'remedy ',
+                        h('code', {}, JSON.stringify(e.data.remedy.patch)), ' ',
+                        h('button', {class: 'btn', dataset: {action: 'remedy', event: e.id},
+                                     onclick: () => this.branchWith(e)}, 'Branch with it')) : null)))));
         const list = h('ol', {class: 'timeline', reversed: true});
         for (const e of shown.slice(-300).reverse())
             list.append(h('li', {class: `ev ev-${e.kind}`, dataset: {kind: e.kind, step: e.step}},

@@ -59,18 +59,10 @@ export class RunsPage {
         this.compareBtn = h('button', {class: 'btn primary', disabled: true, id: 'compare-selected',
                                        onclick: () => navigate('#/compare?ids=' + [...this.selected].sort((a, b) => a - b).join(','))},
                             'Compare selected');
-        const statusSel = h('select', {
-            'aria-label' : 'status filter',
-            id : 'filter-status',
-            onchange : (e) => {
-                f.status = e.target.value;
-                this.render();
-            }
-        },
-                            [
-                                '', 'queued', 'running', 'succeeded', 'failed', 'cancelled',
-                                'interrupted', 'preempted', 'paused', 'branched'
-                            ].map((s) => h('option', {value : s}, s || 'any status')));
+        const statusSel = h('select', {'aria-label': 'status filter', id: 'filter-status',
+                                       onchange: (e) => { f.status = e.target.value; this.render(); }},
+                            ['', 'queued', 'running', 'succeeded', 'failed', 'cancelled', 'interrupted', 'preempted', 'paused', 'branched']
+                                .map((s) => h('option', {value: s}, s || 'any status')));
         statusSel.value = f.status;
         const dtypeSel = h('select', {'aria-label': 'precision filter', id: 'filter-dtype',
                                       onchange: (e) => { f.dtype = e.target.value; this.render(); }},
@@ -191,29 +183,24 @@ export class RunsPage {
             ? `${fmtNum(s.eval_loss)} / ${fmtPct(s.eval_acc)}` : fmtNum(s.eval_loss);
         const ov = j.summary ? `${fmtInt(s.overflow_total)} / ${fmtInt(s.skipped_total)}` : '—';
         const frac = j.progress.fraction;
-        return h('tr', {class : sel ? 'selected' : '', dataset : {id : j.id, status : j.status}},
-                 h('td', {class : 'sel'}, cb),
-                 h('td', {class : 'num'}, link(j.id, 0),
-                   j.branch ? h('div', {
-                       class : 'muted small lineage',
-                       title : `a branch of run #${j.branch.parent} from step ${j.branch.step}`
-                   },
-                                `↳ #${j.branch.parent}`)
-                            : null),
-                 h('td', {class : 'name'}, link(j.name, 1)), h('td', {}, statusBadge(j.status)),
-                 h('td', {class : 'opt small'}, j.model ? j.model.text : ''),
+        return h('tr', {class: sel ? 'selected' : '', dataset: {id: j.id, status: j.status}},
+                 h('td', {class: 'sel'}, cb),
+                 h('td', {class: 'num'}, link(j.id, 0),
+                   j.branch ? h('div', {class: 'muted small lineage', title: `a branch of run #${j.branch.parent} from step ${j.branch.step}`},
+                                `↳ #${j.branch.parent}`) : null),
+                 h('td', {class: 'name'}, link(j.name, 1)),
+                 h('td', {}, statusBadge(j.status)),
+                 h('td', {class: 'opt small'}, j.model ? j.model.text : ''),
                  h('td', {}, dtypeBadge(j.dtype)),
-                 h('td', {class : 'prog'},
-                   h('div', {class : 'progress', title : fmtPct(frac, 1)},
-                     h('span', {style : `width:${(100 * frac).toFixed(1)}%`})),
-                   h('span', {class : 'small muted'},
-                     `${fmtInt(j.progress.step)}/${fmtInt(j.progress.steps)}`)),
-                 h('td', {class : 'num', dataset : {field : 'final_loss'}}, fmtNum(s.final_loss)),
-                 h('td', {class : 'num'}, evalText),
-                 h('td', {class : 'num' + (s.overflow_total > 0 ? ' warn' : '')}, ov),
-                 h('td', {class : 'num opt'}, s.peak_mem ? fmtBytes(s.peak_mem.total) : '—'),
-                 h('td', {class : 'num opt'}, fmtMs(s.median_step_ms)),
-                 h('td', {class : 'opt small muted'}, fmtTime(j.created_at)));
+                 h('td', {class: 'prog'}, h('div', {class: 'progress', title: fmtPct(frac, 1)},
+                                            h('span', {style: `width:${(100 * frac).toFixed(1)}%`})),
+                   h('span', {class: 'small muted'}, `${fmtInt(j.progress.step)}/${fmtInt(j.progress.steps)}`)),
+                 h('td', {class: 'num', dataset: {field: 'final_loss'}}, fmtNum(s.final_loss)),
+                 h('td', {class: 'num'}, evalText),
+                 h('td', {class: 'num' + (s.overflow_total > 0 ? ' warn' : '')}, ov),
+                 h('td', {class: 'num opt'}, s.peak_mem ? fmtBytes(s.peak_mem.total) : '—'),
+                 h('td', {class: 'num opt'}, fmtMs(s.median_step_ms)),
+                 h('td', {class: 'opt small muted'}, fmtTime(j.created_at)));
     }
 
     setSort(key) {

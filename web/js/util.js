@@ -7,7 +7,7 @@
 // strings "NaN", "Infinity", "-Infinity" (docs/api.md); num() turns them into JS numbers.
 
 // The statuses a job ends in: its stream ends, nothing about it changes any more.
-export const FINISHED = [ 'succeeded', 'failed', 'cancelled', 'branched' ];
+export const FINISHED = ['succeeded', 'failed', 'cancelled', 'branched'];
 
 export function h(tag, attrs, ...children) {
     const el = document.createElement(tag);
