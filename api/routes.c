@@ -1000,6 +1000,29 @@ static bool parse_layer_fields(const char *v, int *fields, int *n, api_resp *r)
     }
 }
 
+/* ,"recommendations": the job's recommendation events up to step (every one when step < 0)
+ * with their data (the layer, the remedy), oldest first; [] when they cannot be read. */
+static void put_recommendations(api_buf *b, store *st, int64_t job, int64_t step)
+{
+    store_event *ev = NULL;
+    int64_t after = 0;
+    int n = 0, k = 0;
+    api_buf_puts(b, ",\"recommendations\":[");
+    while (store_event_list(st, job, after, 500, &ev, &n) == 0 && n > 0) {
+        for (int i = 0; i < n; i++)
+            if (strcmp(ev[i].kind, "recommendation") == 0 && (step < 0 || ev[i].step <= step)) {
+                api_buf_puts(b, k++ ? ",{" : "{");
+                api_put_event_fields(b, &ev[i]);
+                api_buf_putc(b, '}');
+            }
+        after = ev[n - 1].id;
+        store_events_free(ev, n);
+        ev = NULL;
+    }
+    store_events_free(ev, n);
+    api_buf_putc(b, ']');
+}
+
 static void layers_step(api_req *q, api_resp *r, int64_t job, int64_t step)
 {
     store_layer_stat *rows = NULL;
@@ -1029,6 +1052,7 @@ static void layers_step(api_req *q, api_resp *r, int64_t job, int64_t step)
     ok_json(r, 200);
     api_buf_putc(b, '{');
     api_put_layers_fields(b, job, at, &info, rows, n);
+    put_recommendations(b, q->srv->st, job, step);
     api_buf_putc(b, '}');
     free(rows);
 }

@@ -18,7 +18,8 @@
 #     converts the fp16 weights to an fp32 master exactly (its first step's loss is the
 #     parent's) and keeps the scaler's state;
 #   - a recommendation's remedy (a job losing updates without master weights: master
-#     weights on) is in its event's data, and {"remedy": id} branches with it from the
+#     weights on) is in its event's data and in GET /layers (up to the step asked for), and
+#     {"remedy": id} branches with it from the
 #     newest checkpoint before the step where the problem showed;
 #   - refused, naming the field: a step without a checkpoint (422, listing the steps that
 #     have one), another model, another world size, a patched value the spec refuses
@@ -155,6 +156,14 @@ echo "# recommendation: $(jq -c '{id, step, message, data}' <<<"$RECO")"
 check "its recommendation carries a remedy: master weights on, a problem that stops the run" \
     jq -e '.data.remedy == {patch: {precision: {master_weights: true}}, acts: true}' <<<"$RECO" >/dev/null
 RS=$(jq -r .step <<<"$RECO")
+req GET "/v1/jobs/$PL/layers"
+check "GET /layers lists the recommendations with their remedies" \
+    body_has --argjson e "$(jq .id <<<"$RECO")" '[.recommendations[] | select(.id == $e and
+        .data.remedy.patch == {precision: {master_weights: true}})] | length == 1'
+req GET "/v1/jobs/$PL/layers?step=$RS"
+check "... and at the step where it was given ($RS)" \
+    body_has --argjson s "$RS" '(.recommendations | length) > 0 and all(.recommendations[]; .step <= $s)'
+
 branch "$PL" "{\"remedy\": $(jq -r .id <<<"$RECO")}"
 BR=$ID
 check "POST /branch {remedy: id} creates the branch ($CODE, job $BR) from the newest checkpoint before step $RS" \
