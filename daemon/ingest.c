@@ -217,11 +217,41 @@ static bool ckpt_path_ok(const worker *w, int64_t step, const char *path)
     return strcmp(path, want) == 0;
 }
 
-/* Drop a checkpoint the worker gave up: delete its file, then its record. 0, or the store's
+/* The branch of job that starts from its checkpoint at step and has none of its own yet
+ * (it waits, or runs toward its first): that checkpoint is its start. 0 when none. */
+static int64_t branch_start_of(store *st, int64_t job, int64_t step)
+{
+    int64_t *ids = NULL, found = 0;
+    int n = 0;
+    if (store_job_branches(st, job, &ids, &n) != 0)
+        return 0;
+    for (int i = 0; i < n && !found; i++) {
+        store_job b;
+        if (store_job_get(st, ids[i], &b) != 0)
+            continue;
+        json_t *rec = b.branch ? json_loads(b.branch, 0, NULL) : NULL;
+        if (json_integer_value(json_object_get(rec, "step")) == step && b.checkpoint_step == 0 &&
+            !store_status_finished(b.status))
+            found = b.id;
+        json_decref(rec);
+        store_job_clear(&b);
+    }
+    free(ids);
+    return found;
+}
+
+/* Drop a checkpoint the worker gave up: delete its file, then its record; not one that a
+ * branch starts from (branch_start_of), which stays with its record. 0, or the store's
  * transient failure (the file is gone then; the record goes when the op is tried again). */
 static int drop_checkpoint(store *st, worker *w, const pending_ckpt *c)
 {
     int rc;
+    int64_t branch = branch_start_of(st, w->job, c->step);
+    if (branch) {
+        log_info("job %lld: the checkpoint at step %lld stays: job %lld, a branch, starts from it",
+                 (long long)w->job, (long long)c->step, (long long)branch);
+        return 0;
+    }
     if (unlink(c->path) != 0 && errno != ENOENT) {
         log_warn("job %lld: cannot delete %s: %s", (long long)w->job, c->path, strerror(errno));
         return 0; /* its record stays: the file still takes its bytes */

@@ -21,6 +21,8 @@
 #     weights on) is in its event's data and in GET /layers (up to the step asked for), and
 #     {"remedy": id} branches with it from the
 #     newest checkpoint before the step where the problem showed;
+#   - a running parent whose retention keeps one checkpoint keeps the one a waiting branch
+#     starts from, and the branch runs from it once the parent has ended;
 #   - refused, naming the field: a step without a checkpoint (422, listing the steps that
 #     have one), another model, another world size, a patched value the spec refuses
 #     (patch.optimizer.lr), steps that end before the branch step (422), an unknown member
@@ -173,6 +175,27 @@ check "POST /branch {remedy: id} creates the branch ($CODE, job $BR) from the ne
 check "... which succeeds" wait_for 120 is_status "$BR" succeeded
 refused "a remedy that is not a recommendation's" "$PL" '{"remedy": 1}' 422 remedy
 refused "a remedy with a patch" "$PL" '{"remedy": 1, "patch": {}}' 400 remedy
+
+# ---- a running parent's retention keeps the checkpoint a waiting branch starts from --------
+post_json /v1/jobs "$(jq -c '.name = "long" | .steps = 600 | .checkpoint_every = 50 |
+    .model.layers = [784, 1024, 1024, 10] | .batch_size = 256 |
+    .checkpoints = {keep_last: 1, keep_best: 0}' <<<"$SPEC")"
+PR=$(jq -r .id <<<"$BODY")
+past() { req GET "/v1/jobs/$1"; [ "$(jq -r .progress.step <<<"$BODY")" -ge "$2" ] 2>/dev/null; }
+check "a long parent (job $PR) reaches step 100" wait_for 120 past "$PR" 100
+BW=""
+for _ in 1 2 3 4 5; do # its newest checkpoint may be dropped before the request: the next then
+    at=$(acurl -s -m 10 "$URL/v1/jobs/$PR/checkpoints" | jq -r '.checkpoints[-1].step // 0')
+    branch "$PR" "{\"from_step\": $at, \"patch\": {\"steps\": $((at + 20))}}"
+    [ "$CODE" = 201 ] && { BW=$ID; break; }
+    echo "# branch from $at: $CODE $(jq -c .error <<<"$BODY" 2>/dev/null)"
+done
+check "a branch from its newest checkpoint (step $at, job $BW) waits while it runs" test -n "$BW"
+check "the parent goes on past it and succeeds" wait_for 120 is_status "$PR" succeeded
+check "... its retention kept the checkpoint the branch starts from" \
+    test -f "$TMP/data/jobs/$PR/ckpt-$at.safetensors"
+check "the branch then runs from it and succeeds" wait_for 120 is_status "$BW" succeeded
+check "... from step $((at + 1))" test "$(rows "$BW" | head -1 | cut -d, -f1)" = "$((at + 1))"
 
 # ---- what is refused ----------------------------------------------------------------------------
 refused "a step without a checkpoint" "$P" '{"from_step": 50, "patch": {}}' 422 from_step
