@@ -177,7 +177,7 @@ refused "a remedy that is not a recommendation's" "$PL" '{"remedy": 1}' 422 reme
 refused "a remedy with a patch" "$PL" '{"remedy": 1, "patch": {}}' 400 remedy
 
 # ---- a running parent's retention keeps the checkpoint a waiting branch starts from --------
-post_json /v1/jobs "$(jq -c '.name = "long" | .steps = 600 | .checkpoint_every = 50 |
+post_json /v1/jobs "$(jq -c '.name = "long" | .steps = 400 | .checkpoint_every = 50 |
     .model.layers = [784, 1024, 1024, 10] | .batch_size = 256 |
     .checkpoints = {keep_last: 1, keep_best: 0}' <<<"$SPEC")"
 PR=$(jq -r .id <<<"$BODY")
@@ -191,10 +191,10 @@ for _ in 1 2 3 4 5; do # its newest checkpoint may be dropped before the request
     echo "# branch from $at: $CODE $(jq -c .error <<<"$BODY" 2>/dev/null)"
 done
 check "a branch from its newest checkpoint (step $at, job $BW) waits while it runs" test -n "$BW"
-check "the parent goes on past it and succeeds" wait_for 120 is_status "$PR" succeeded
+check "the parent goes on past it and succeeds" wait_for 240 is_status "$PR" succeeded
 check "... its retention kept the checkpoint the branch starts from" \
     test -f "$TMP/data/jobs/$PR/ckpt-$at.safetensors"
-check "the branch then runs from it and succeeds" wait_for 120 is_status "$BW" succeeded
+check "the branch then runs from it and succeeds" wait_for 240 is_status "$BW" succeeded
 check "... from step $((at + 1))" test "$(rows "$BW" | head -1 | cut -d, -f1)" = "$((at + 1))"
 
 # ---- what is refused ----------------------------------------------------------------------------
