@@ -394,7 +394,7 @@ void api_store_error(api_resp *r, int rc, const char *what, int64_t id, bool wri
 bool api_load_job(api_req *q, api_resp *r, store_job *j);
 /* Whether job c (spec: the spec as sent) can ever run here: it fits the machine and its
  * data can train its model; else e says why (answered 422). */
-bool api_job_can_run(api_server *s, const gpu_job_config *c, json_t *spec, api_error *e);
+bool api_job_can_run(const api_jobs *jobs, const gpu_job_config *c, json_t *spec, api_error *e);
 /* The job object of the API (routes.c): full adds spec (always the last member); st
  * (non-NULL: the store to read them from) adds the job's unigram plateau and its branches
  * before it; jobs: for a queued job's place. */

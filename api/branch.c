@@ -199,8 +199,7 @@ static int check_spec(const api_spec_opts *o, const api_jobs *jobs, json_t *merg
     if (!text)
         return refuse(e, 503, NULL, "out of memory");
     if (api_spec_parse(text, strlen(text), o, cfg, &pe) == 0 &&
-        (!jobs->admit || jobs->admit(jobs->ctx, cfg, &pe) == 0) &&
-        api_spec_check_data(cfg, merged, &pe) == 0) {
+        api_job_can_run(jobs, cfg, merged, &pe)) {
         if (!(*eff = api_spec_effective(cfg)))
             status = refuse(e, 503, NULL, "out of memory");
     } else {

@@ -529,9 +529,9 @@ static bool same_spec(const char *stored, const char *spec)
 
 /* Whether job c (spec: the spec as sent) can ever run here: it fits the machine (the
  * scheduler's admission) and its data can train its model; else e says why. */
-bool api_job_can_run(api_server *s, const gpu_job_config *c, json_t *spec, api_error *e)
+bool api_job_can_run(const api_jobs *jobs, const gpu_job_config *c, json_t *spec, api_error *e)
 {
-    if (s->jobs->admit && s->jobs->admit(s->jobs->ctx, c, e) != 0)
+    if (jobs->admit && jobs->admit(jobs->ctx, c, e) != 0)
         return false;
     return api_spec_check_data(c, spec, e) == 0;
 }
@@ -574,7 +574,7 @@ void api_h_jobs_submit(api_req *q, api_resp *r)
         return;
     }
     json_t *sent = json_loadb(q->body, q->body_len, 0, NULL);
-    bool can = api_job_can_run(s, &cfg, sent, &e);
+    bool can = api_job_can_run(s->jobs, &cfg, sent, &e);
     json_decref(sent);
     if (!can) {
         api_error_resp(r, 422, e.code, e.field, "%s", e.message);

@@ -57,15 +57,16 @@ static int64_t applied_in(store *st, const store_job *j, json_t *patch)
     return found;
 }
 
-/* Whether job's newest policy event asked about patch already. */
-static bool asked_before(store *st, int64_t job, json_t *patch)
+/* See policy.h. */
+bool daemon_policy_asked(store *st, int64_t job, json_t *patch)
 {
     store_event *ev = NULL;
     bool asked = false;
     if (store_event_last(st, job, DAEMON_POLICY_EVENT, &ev) == 0) {
         json_t *d = ev->data ? json_loads(ev->data, 0, NULL) : NULL;
         const char *act = json_string_value(json_object_get(d, "act"));
-        asked = act && strcmp(act, "ask") == 0 && json_equal(json_object_get(d, "patch"), patch);
+        asked = act && strcmp(act, "ask") == 0 &&
+                (!patch || json_equal(json_object_get(d, "patch"), patch));
         json_decref(d);
         store_events_free(ev, 1);
     }
@@ -117,7 +118,7 @@ daemon_policy daemon_policy_decide(store *st, const store_job *j, json_t *remedy
         json_object_set_new(remedy, "event", json_integer(ev));
         if (strcmp(policy, "branch") == 0) {
             act = decide_branch(st, j, spec, remedy, ptext, msg, len);
-        } else if (strcmp(policy, "ask") == 0 && !asked_before(st, j->id, patch)) {
+        } else if (strcmp(policy, "ask") == 0 && !daemon_policy_asked(st, j->id, patch)) {
             snprintf(msg, len,
                      "on_numerics ask: paused: %s. POST /v1/jobs/%lld/branch {\"remedy\": %lld} "
                      "branches it with %s from the newest checkpoint before step %lld; POST "

@@ -12,6 +12,7 @@
 #define AMPD_DAEMON_POLICY_H
 
 #include <jansson.h>
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "api/api.h"
@@ -28,6 +29,9 @@ typedef enum { DAEMON_POLICY_NONE = 0, DAEMON_POLICY_BRANCH, DAEMON_POLICY_ASK }
  * remedy applied before in the lineage, asked before); "" when there is nothing to say. */
 daemon_policy daemon_policy_decide(store *st, const store_job *j, json_t *remedy, char *msg,
                                    size_t len);
+
+/* Whether job's newest policy event is an ask (about patch; NULL: about any remedy). */
+bool daemon_policy_asked(store *st, int64_t job, json_t *patch);
 
 /* The branch of job that the policy stopped: remedy's patch from the newest checkpoint
  * before its step, through api_branch_create (o: the data roots; jobs: the queue). 0 with

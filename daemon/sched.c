@@ -1232,20 +1232,12 @@ void daemon_sched_stop(daemon_sched *s)
 static void answer_ask_locked(daemon_sched *s, int64_t parent, int64_t child)
 {
     store_job j;
-    store_event *ev = NULL;
     char msg[200];
-    bool asked = false;
     if (store_job_get(s->st, parent, &j) != 0)
         return;
     int64_t step = j.step;
-    if (j.status == STORE_PAUSED && !find_worker_locked(s, parent) &&
-        store_event_last(s->st, parent, DAEMON_POLICY_EVENT, &ev) == 0) {
-        json_t *d = ev->data ? json_loads(ev->data, 0, NULL) : NULL;
-        const char *act = json_string_value(json_object_get(d, "act"));
-        asked = act && strcmp(act, "ask") == 0;
-        json_decref(d);
-        store_events_free(ev, 1);
-    }
+    bool asked = j.status == STORE_PAUSED && !find_worker_locked(s, parent) &&
+                 daemon_policy_asked(s->st, parent, NULL);
     store_job_clear(&j);
     if (!asked)
         return;

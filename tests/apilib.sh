@@ -2,8 +2,8 @@
 # tests/check_daemon.sh and tests/check_experiment.sh after testlib.sh, with TMP set to the
 # test's temporary directory): a bearer token in $TMP/token, start_daemon (a daemon on a
 # free loopback port over $TMP/ampd.db, its pid in DPID; stop_daemons kills it), acurl and req
-# (every exchange recorded under $REC), post_json, jget, status_of, is_status, body_has and
-# events (these four with jq), and openapi_check_recorded, which checks every recorded
+# (every exchange recorded under $REC), post_json, jget, status_of, is_status, past,
+# body_has and events (these five with jq), and openapi_check_recorded, which checks every recorded
 # response against the OpenAPI description. check_default.sh, check_cluster.sh,
 # check_branch.sh and check_policy.sh source it too.
 TOKEN=e2e-secret-token-0123456789
@@ -82,6 +82,10 @@ status_of() {
     jq -r .status <<<"$BODY" 2>/dev/null
 }
 is_status() { [ "$(status_of "$1")" = "$2" ]; }
+past() { # id step: the job has reported that step
+    req GET "/v1/jobs/$1"
+    [ "$(jq -r .progress.step <<<"$BODY")" -ge "$2" ] 2>/dev/null
+}
 body_has() { jq -e "$@" <<<"$BODY" >/dev/null; }
 events() {
     req GET "/v1/jobs/$1/events?limit=1000"

@@ -78,10 +78,6 @@ submit() { # spec: sets ID
     [ "$CODE" = 201 ] || echo "# submit: $CODE $BODY"
 }
 ended() { case $(status_of "$1") in succeeded | failed | cancelled) return 0 ;; esac; return 1; }
-past() { # id step
-    req GET "/v1/jobs/$1"
-    [ "$(jq -r .progress.step <<<"$BODY")" -ge "$2" ] 2>/dev/null
-}
 rows() { # id: "step,loss" of every row
     acurl -s -m 30 "$URL/v1/jobs/$1/metrics?fields=loss&from=1&to=$STEPS&format=csv" | tail -n +2
 }

@@ -39,10 +39,6 @@ rows() { # id: "step,loss,loss_scale" for every metric row
     acurl -s -m 30 "$URL/v1/jobs/$1/metrics?fields=loss,loss_scale&from=1&to=$STEPS&format=csv" |
         tail -n +2
 }
-past() { # id step: the job has reported that step
-    req GET "/v1/jobs/$1"
-    [ "$(jq -r .progress.step <<<"$BODY")" -ge "$2" ] 2>/dev/null
-}
 gone() { [ -z "$(job_procs "$1")" ]; }
 # same_as_ref NAME ID: ID ended succeeded, with a row per step equal to the reference's
 same_as_ref() {
