@@ -155,12 +155,19 @@ unsigned api_method_bit(const char *method);
  * (step,<field>...), otherwise step,step_last,count,flags,<field>_min,_max,_last...; in
  * JSON a point of one step (count 1) carries plain values, a bucket {min, max, last} per
  * field. The fields overflow and skipped are carried by the JSON point's flags of the same
- * names (for a bucket: some step in it overflowed / was skipped). */
+ * names (for a bucket: some step in it overflowed / was skipped). With lineage (raw only)
+ * each point also names the job it comes from. */
 typedef struct {
     bool csv, raw;
     int nfields;
     int fields[STORE_M_NFIELDS];
     int64_t npoints;
+    /* lineage: a branch's series with its ancestors' steps first; each point names its job
+     * (CSV: a first column job), JSON adds the list of jobs, root first (ids[nlineage]) */
+    bool lineage;
+    int64_t job; /* the job of the points being written */
+    int nlineage;
+    int64_t ids[API_BRANCH_MAX_DEPTH + 1];
 } api_series_enc;
 
 void api_series_begin(api_series_enc *e, api_buf *b, int64_t job);

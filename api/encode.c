@@ -486,7 +486,7 @@ void api_series_begin(api_series_enc *e, api_buf *b, int64_t job)
     e->npoints = 0;
     if (e->csv) {
         if (e->raw) {
-            api_buf_puts(b, "step");
+            api_buf_puts(b, e->lineage ? "job,step" : "step");
             for (int i = 0; i < e->nfields; i++)
                 api_buf_printf(b, ",%s", store_metric_name(e->fields[i]));
         } else {
@@ -499,7 +499,14 @@ void api_series_begin(api_series_enc *e, api_buf *b, int64_t job)
         api_buf_putc(b, '\n');
         return;
     }
-    api_buf_printf(b, "{\"job\":%lld,\"fields\":[", (long long)job);
+    api_buf_printf(b, "{\"job\":%lld,", (long long)job);
+    if (e->lineage) {
+        api_buf_puts(b, "\"lineage\":[");
+        for (int i = 0; i < e->nlineage; i++)
+            api_buf_printf(b, "%s%lld", i ? "," : "", (long long)e->ids[i]);
+        api_buf_puts(b, "],");
+    }
+    api_buf_puts(b, "\"fields\":[");
     for (int i = 0; i < e->nfields; i++) {
         if (i)
             api_buf_putc(b, ',');
@@ -511,6 +518,8 @@ void api_series_begin(api_series_enc *e, api_buf *b, int64_t job)
 static void csv_point(api_series_enc *e, api_buf *b, const store_point *p)
 {
     if (e->raw) {
+        if (e->lineage)
+            api_buf_printf(b, "%lld,", (long long)e->job);
         api_buf_printf(b, "%lld", (long long)p->step_first);
         for (int i = 0; i < e->nfields; i++) {
             api_buf_putc(b, ',');
@@ -535,8 +544,11 @@ static void json_point(api_series_enc *e, api_buf *b, const store_point *p)
 {
     if (e->npoints > 0)
         api_buf_putc(b, ',');
+    api_buf_putc(b, '{');
+    if (e->lineage)
+        api_buf_printf(b, "\"job\":%lld,", (long long)e->job);
     api_buf_printf(b,
-                   "{\"step\":%lld,\"step_last\":%lld,\"count\":%lld,\"overflow\":%s,"
+                   "\"step\":%lld,\"step_last\":%lld,\"count\":%lld,\"overflow\":%s,"
                    "\"skipped\":%s,\"nonfinite\":%s",
                    (long long)p->step_first, (long long)p->step_last, (long long)p->count,
                    p->flags & STORE_F_OVERFLOW ? "true" : "false",

@@ -737,6 +737,12 @@ void api_h_job_action(api_req *q, api_resp *r)
  * store RAW_CHUNK_STEPS steps at a time, so no response sits in memory whole. */
 #define PIECE_POINTS 2048
 
+#define LINEAGE_MAX (API_BRANCH_MAX_DEPTH + 1)
+
+typedef struct {
+    int64_t job, hi;
+} lineage_seg;
+
 typedef struct {
     api_server *srv;
     int64_t job;
@@ -747,6 +753,11 @@ typedef struct {
     bool have_se, raw_done, ended, failed;
     int idx; /* next point of se to encode */
     int64_t lo, hi_limit, known_end, total;
+    /* raw: the jobs read one after the other (one, or a branch's lineage root first), each
+     * up to step hi; from, to and end: the request's range and the job's last step */
+    lineage_seg seg[LINEAGE_MAX];
+    int nseg, iseg;
+    int64_t from, to, end;
 } series_stream;
 
 static void series_free(void *cls)
@@ -765,8 +776,8 @@ static int raw_chunk(series_stream *ss)
 {
     int64_t lo = ss->lo;
     int64_t hi = ss->hi_limit - lo < RAW_CHUNK_STEPS ? ss->hi_limit : lo + RAW_CHUNK_STEPS - 1;
-    int rc = store_series_query(ss->srv->st, ss->job, ss->enc.fields, ss->enc.nfields, lo, hi, 0,
-                                &ss->se);
+    int rc = store_series_query(ss->srv->st, ss->enc.job, ss->enc.fields, ss->enc.nfields, lo, hi,
+                                0, &ss->se);
     if (rc)
         return rc;
     ss->have_se = true;
@@ -782,6 +793,65 @@ static int raw_chunk(series_stream *ss)
     return 0;
 }
 
+/* Read segment i of a raw series from here on: its job's steps after the previous
+ * segment's end, within the request's range. */
+static void series_segment(series_stream *ss, int i)
+{
+    const lineage_seg *g = &ss->seg[i];
+    int64_t lo = i > 0 && ss->seg[i - 1].hi + 1 > ss->from ? ss->seg[i - 1].hi + 1 : ss->from;
+    ss->iseg = i;
+    ss->enc.job = g->job;
+    ss->lo = lo;
+    ss->hi_limit = g->hi < ss->to ? g->hi : ss->to;
+    ss->known_end = i == ss->nseg - 1 ? ss->end : ss->hi_limit;
+    ss->raw_done = lo > ss->hi_limit;
+}
+
+/* The branch step of job j (its record's "step"), or -1 when it has none. */
+static int64_t branch_step(const store_job *j)
+{
+    json_t *b = j->branch ? json_loads(j->branch, 0, NULL) : NULL;
+    json_t *v = json_object_get(b, "step");
+    int64_t step = json_is_integer(v) ? (int64_t)json_integer_value(v) : -1;
+    json_decref(b);
+    return step;
+}
+
+/* ss->seg: job j alone, or with lineage its ancestors first, root first, each up to the
+ * step its child branched at. An ancestor deleted since ends the walk up there. */
+static int series_lineage(series_stream *ss, const store_job *j, bool lineage)
+{
+    lineage_seg rev[LINEAGE_MAX];
+    int n = 0, rc = 0;
+    store_job a, cur;
+    rev[n++] = (lineage_seg){j->id, INT64_MAX};
+    memset(&cur, 0, sizeof(cur));
+    int64_t parent = lineage ? j->parent_id : 0, step = branch_step(j);
+    while (parent > 0 && step >= 0 && n < LINEAGE_MAX) {
+        rc = store_job_get(ss->srv->st, parent, &a);
+        if (rc == STORE_ENOTFOUND) {
+            rc = 0;
+            break;
+        }
+        if (rc)
+            break;
+        rev[n++] = (lineage_seg){parent, step};
+        store_job_clear(&cur);
+        cur = a;
+        parent = cur.parent_id;
+        step = branch_step(&cur);
+    }
+    store_job_clear(&cur);
+    ss->nseg = n;
+    for (int i = 0; i < n; i++)
+        ss->seg[i] = rev[n - 1 - i];
+    ss->enc.lineage = lineage;
+    ss->enc.nlineage = n;
+    for (int i = 0; i < n; i++)
+        ss->enc.ids[i] = ss->seg[i].job;
+    return rc;
+}
+
 /* Append the next piece of the body to ss->out. */
 static void series_piece(series_stream *ss)
 {
@@ -794,6 +864,10 @@ static void series_piece(series_stream *ss)
     if (ss->have_se) {
         store_series_free(&ss->se);
         ss->have_se = false;
+    }
+    if (ss->enc.raw && ss->raw_done && ss->iseg + 1 < ss->nseg) {
+        series_segment(ss, ss->iseg + 1);
+        return;
     }
     if (ss->enc.raw && !ss->raw_done) {
         int rc = raw_chunk(ss);
@@ -837,6 +911,7 @@ void api_h_job_metrics(api_req *q, api_resp *r)
     int64_t from, to, points;
     const char *v;
     char err[160];
+    bool lineage = false;
     int rc;
 
     ss = calloc(1, sizeof(*ss));
@@ -872,19 +947,34 @@ void api_h_job_metrics(api_req *q, api_resp *r)
             goto fail;
         }
     }
+    if ((v = api_query(q, "lineage"))) {
+        lineage = strcmp(v, "true") == 0 || strcmp(v, "1") == 0;
+        if (!lineage && strcmp(v, "false") != 0 && strcmp(v, "0") != 0) {
+            api_error_resp(r, 400, "invalid_parameter", "lineage", "must be true or false");
+            goto fail;
+        }
+        if (lineage && points > 0) {
+            api_error_resp(r, 400, "invalid_parameter", "lineage",
+                           "needs the raw series (points=0): a branch's ancestors are not "
+                           "downsampled together");
+            goto fail;
+        }
+    }
     if (!api_load_job(q, r, &j))
         goto fail;
     ss->srv = s;
     ss->job = j.id;
     ss->enc.raw = points == 0;
-    ss->lo = from;
-    ss->hi_limit = to >= 0 ? to : INT64_MAX;
-    ss->known_end = j.step;
+    ss->from = from;
+    ss->to = to >= 0 ? to : INT64_MAX;
+    ss->end = j.step;
+    rc = series_lineage(ss, &j, lineage);
     store_job_clear(&j);
     /* The first read happens here, so that a store failure is still a proper 503. */
-    if (ss->enc.raw) {
-        rc = raw_chunk(ss);
-    } else {
+    if (rc == 0 && ss->enc.raw) {
+        series_segment(ss, 0);
+        rc = ss->raw_done ? 0 : raw_chunk(ss);
+    } else if (rc == 0) {
         rc = store_series_query(s->st, ss->job, ss->enc.fields, ss->enc.nfields, from, to,
                                 (int)points, &ss->se);
         ss->have_se = rc == 0;

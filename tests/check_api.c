@@ -2247,7 +2247,8 @@ START_TEST(test_openapi_routes)
 END_TEST
 
 /* The metric fields: MetricName lists STORE_METRICS in order; MetricPoint has one property per
- * field (overflow and skipped being its flags) besides step, step_last, count and nonfinite;
+ * field (overflow and skipped being its flags) besides step, step_last, count, nonfinite and
+ * job (a lineage's);
  * the SSE step and eval messages have the fields of their line, typed as the table says. */
 START_TEST(test_openapi_metric_fields)
 {
@@ -2258,7 +2259,7 @@ START_TEST(test_openapi_metric_fields)
     json_t *evalm = json_object_get(openapi_schema(doc, "EvalMessage"), "properties");
 
     ck_assert_int_eq((int)json_array_size(names), STORE_M_NFIELDS);
-    ck_assert_int_eq((int)json_object_size(point), STORE_M_NFIELDS + 4);
+    ck_assert_int_eq((int)json_object_size(point), STORE_M_NFIELDS + 5);
     for (int f = 0; f < STORE_M_NFIELDS; f++) {
         const store_metric_info *m = store_metric_field(f);
         json_t *own = m->line == STORE_LINE_STEP ? stepm : evalm;

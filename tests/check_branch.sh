@@ -11,7 +11,9 @@
 #     spec (the weights, the optimizer, the scaler and the data order carried over whole);
 #     its first step's loss is the parent's (the same weights), its later ones are not
 #     (another rate);
-#   - a branch of the branch keeps the whole lineage, [parent, branch];
+#   - a branch of the branch keeps the whole lineage, [parent, branch], and its metrics with
+#     lineage=true (CSV and JSON) are the parent's steps to 40, the branch's to 80, then its
+#     own, each naming its job (downsampled: refused);
 #   - a branch to bf16 takes bf16's loss-scaling defaults (none) and starts its scaler anew
 #     (resets ["loss_scale"]; its start event says so); it equals `ampd run --branch-from
 #     --branch-reset loss_scale`; a branch with master weights from a parent without them
@@ -109,6 +111,20 @@ check "a branch of the branch (job $B2) keeps the whole lineage" \
         and .spec.optimizer.lr == 0.02'
 check "... and succeeds" wait_for 120 is_status "$B2" succeeded
 check "... from step 81" test "$(rows "$B2" | head -1 | cut -d, -f1)" = 81
+acurl -s -m 30 "$URL/v1/jobs/$B2/metrics?fields=loss,loss_scale&format=csv&lineage=true" >"$TMP/lineage.csv"
+check "its lineage CSV names the job of every step: $P for 1-40, $B for 41-80, $B2 for 81-$STEPS" \
+    test "$(head -1 "$TMP/lineage.csv")" = job,step,loss,loss_scale -a \
+    "$(tail -n +2 "$TMP/lineage.csv" | cut -d, -f1,2 | tr '\n' ' ')" = \
+    "$( (seq 1 40 | sed "s/^/$P,/"; seq 41 80 | sed "s/^/$B,/"; seq 81 $STEPS | sed "s/^/$B2,/") | tr '\n' ' ')"
+check "... with each job's own rows" cmp -s <(tail -n +2 "$TMP/lineage.csv" | cut -d, -f2-) \
+    <(head -40 "$TMP/parent.csv"; sed -n 1,40p "$TMP/branch.csv"; rows "$B2")
+req GET "/v1/jobs/$B2/metrics?fields=loss&from=39&to=42&lineage=true"
+check "... and in JSON, the lineage root first and each point's job" \
+    body_has --argjson p "$P" --argjson b "$B" --argjson b2 "$B2" '.lineage == [$p, $b, $b2] and
+        [.points[] | [.job, .step]] == [[$p, 39], [$p, 40], [$b, 41], [$b, 42]]'
+req GET "/v1/jobs/$B2/metrics?lineage=true&points=50"
+check "a downsampled lineage is refused, naming lineage ($CODE)" \
+    test "$CODE" = 400 -a "$(jq -r .error.field <<<"$BODY")" = lineage
 
 # ---- another dtype: the loss scaler starts anew ---------------------------------------------------
 branch "$P" '{"from_step": 40, "patch": {"precision": {"dtype": "bf16"}}, "reason": "fp16 overflows"}'

@@ -216,6 +216,11 @@ export class RunPage {
             actions.append(h('button', {class: 'btn danger', onclick: () => this.act('delete')}, 'Delete'));
         actions.append(h('a', {class: 'btn ghost', href: `/v1/jobs/${j.id}/metrics?format=csv`,
                                download: `ampd-job${j.id}-metrics.csv`}, 'Metrics CSV'));
+        if (j.branch)
+            actions.append(h('a', {class: 'btn ghost', href: `/v1/jobs/${j.id}/metrics?format=csv&lineage=true`,
+                                   download: `ampd-job${j.id}-lineage.csv`,
+                                   title: 'the ancestors\' steps up to each branch, then this run\'s; a first column names the job'},
+                             'Lineage CSV'));
         actions.append(h('a', {class: 'btn ghost', href: `#/submit?from=${j.id}`}, 'Clone'));
         const frac = j.progress ? j.progress.fraction : 0;
         // Element.append writes null as text: the parts a job does not have are left out
