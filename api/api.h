@@ -134,11 +134,12 @@ typedef struct {
 } api_jobs;
 
 /* A branch of a job (api_branch_create): from its checkpoint at from_step, or (0) at the
- * newest one before sign_step, where a problem showed; its spec the parent's with patch (a
- * JSON merge patch, borrowed) applied; reason in words (NULL: "by hand"); remedy the
- * recommendation event it takes (0: none). */
+ * newest one before sign_step, where a problem showed (with rewind > 0: the newest at or
+ * before sign_step - rewind, else the oldest before sign_step); its spec the parent's with
+ * patch (a JSON merge patch, borrowed) applied; reason in words (NULL: "by hand"); remedy
+ * the recommendation event it takes (0: none). */
 typedef struct {
-    int64_t from_step, sign_step;
+    int64_t from_step, sign_step, rewind;
     json_t *patch;
     const char *reason;
     int64_t remedy;

@@ -88,11 +88,26 @@ static void dtype_defaults(json_t *merged, json_t *patch)
         json_object_del(json_object_get(merged, "precision"), "loss_scale");
 }
 
-/* The parent's checkpoint at *step (0: the newest before sign) into path, *step set; else
- * a 422 naming the field the request gave it by. With no checkpoint before sign, *step 0
- * and path "": the branch starts from the beginning, the only state before the problem. */
-static int find_checkpoint(store *st, int64_t job, int64_t *step, int64_t sign, const char *field,
-                           char *path, size_t len, api_error *e)
+/* Whether checkpoint step a is a better start than b (-1: none yet) for a problem at sign,
+ * rewind steps back: the newest at or before sign - rewind, else the oldest before sign. */
+static bool better_start(int64_t a, int64_t b, int64_t sign, int64_t rewind)
+{
+    if (a >= sign)
+        return false;
+    if (b < 0)
+        return true;
+    bool a_back = a <= sign - rewind, b_back = b <= sign - rewind;
+    if (a_back != b_back)
+        return a_back;
+    return a_back ? a > b : a < b;
+}
+
+/* The parent's checkpoint at *step (0: the one before sign, see better_start) into path,
+ * *step set; else a 422 naming the field the request gave it by. With no checkpoint before
+ * sign, *step 0 and path "": the branch starts from the beginning, the only state before
+ * the problem. */
+static int find_checkpoint(store *st, int64_t job, int64_t *step, const api_branch_req *b,
+                           const char *field, char *path, size_t len, api_error *e)
 {
     store_checkpoint *cks = NULL;
     char have[400] = "";
@@ -101,8 +116,9 @@ static int find_checkpoint(store *st, int64_t job, int64_t *step, int64_t sign, 
     if (rc)
         return store_refusal(e, rc, "job", job);
     for (int i = 0; i < n; i++) {
-        if (*step > 0 ? cks[i].step == *step
-                      : cks[i].step < sign && (k < 0 || cks[i].step > cks[k].step))
+        if (*step > 0
+                ? cks[i].step == *step
+                : better_start(cks[i].step, k < 0 ? -1 : cks[k].step, b->sign_step, b->rewind))
             k = i;
         if (used < sizeof(have))
             used += (size_t)snprintf(have + used, sizeof(have) - used, "%s%lld", i ? ", " : "",
@@ -135,6 +151,10 @@ static int carries(json_t *parent, json_t *branch, int64_t from, api_error *e)
     json_int_t pw = json_integer_value(json_object_get(pd, "world_size"));
     json_int_t bw = json_integer_value(json_object_get(bd, "world_size"));
     json_int_t steps = json_integer_value(json_object_get(branch, "steps"));
+    json_int_t pskip =
+        json_integer_value(json_object_get(json_object_get(parent, "data"), "skip_batches"));
+    json_int_t bskip =
+        json_integer_value(json_object_get(json_object_get(branch, "data"), "skip_batches"));
     if (!json_equal(json_object_get(parent, "model"), json_object_get(branch, "model")))
         return refuse(e, 422, "patch.model",
                       "patch.model: a branch keeps its parent's model (the checkpoint holds "
@@ -144,6 +164,11 @@ static int carries(json_t *parent, json_t *branch, int64_t from, api_error *e)
                       "patch.distributed.world_size: a branch keeps its parent's world size "
                       "(%lld): the checkpoint's data order is split across that many ranks",
                       (long long)(pw ? pw : 1));
+    if (from > 0 && bskip < pskip)
+        return refuse(e, 422, "patch.data.skip_batches",
+                      "patch.data.skip_batches: the parent's checkpoint has skipped %lld "
+                      "batches already; a branch from it skips as many or more",
+                      (long long)pskip);
     if (steps <= from)
         return refuse(e, 422, "patch.steps",
                       "patch.steps: the branch would end at step %lld, not after the step it "
@@ -252,7 +277,7 @@ int api_branch_create(store *st, const api_spec_opts *o, const api_jobs *jobs, i
     else {
         merge_patch(merged, b->patch);
         dtype_defaults(merged, b->patch);
-        status = find_checkpoint(st, parent, &from, b->sign_step,
+        status = find_checkpoint(st, parent, &from, b,
                                  b->from_step > 0 || !b->remedy ? "from_step" : "remedy", ckpt,
                                  sizeof(ckpt), e);
     }
@@ -365,6 +390,8 @@ static bool take_remedy(api_server *s, api_resp *r, int64_t job, branch_body *b)
     if (!json_object_get(b->body, "reason"))
         b->req.reason = b->ev->message;
     b->req.sign_step = b->ev->step;
+    b->req.rewind =
+        json_integer_value(json_object_get(json_object_get(b->remedy_data, "remedy"), "rewind"));
     return true;
 }
 

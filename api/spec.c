@@ -466,12 +466,11 @@ static int parse_idx_files(ctx *c, json_t *d, const char *kind, char *images, ch
 
 static int parse_data(ctx *c, json_t *d, gpu_data_config *dc)
 {
-    static const char *const keys[] = {"type",         "train",        "eval",
-                                       "features",     "classes",      "train_size",
-                                       "eval_size",    "val_fraction", "train_images",
-                                       "train_labels", "eval_images",  "eval_labels",
-                                       NULL};
-    bool train_files, eval_files;
+    static const char *const keys[] = {
+        "type",        "train",       "eval",         "features",     "classes",
+        "train_size",  "eval_size",   "val_fraction", "train_images", "train_labels",
+        "eval_images", "eval_labels", "shuffle",      "skip_batches", NULL};
+    bool train_files, eval_files, shuffle = !dc->in_order;
     /* in gpu_data_type's order */
     static const char *const types[] = {"idx", "synthetic", "text", "tokens", NULL};
     int type = (int)dc->type, rc;
@@ -481,8 +480,18 @@ static int parse_data(ctx *c, json_t *d, gpu_data_config *dc)
         (rc = get_choice(c, d, "type", "data.type", types, &type)))
         return rc;
     dc->type = (gpu_data_type)type;
-    if (dc->type == GPU_DATA_TEXT || dc->type == GPU_DATA_TOKENS)
+    if ((rc = get_int(c, d, "skip_batches", "data.skip_batches", 0, 1000000000,
+                      &dc->skip_batches)) ||
+        (rc = get_bool(c, d, "shuffle", "data.shuffle", &shuffle)))
+        return rc;
+    dc->in_order = !shuffle;
+    if (dc->type == GPU_DATA_TEXT || dc->type == GPU_DATA_TOKENS) {
+        if (json_object_get(d, "shuffle"))
+            return fail(c, "data.shuffle",
+                        "only for \"idx\" and \"synthetic\" data (text and token batches are "
+                        "windows at random places)");
         return parse_seq_data(c, d, dc);
+    }
     if (json_object_get(d, "val_fraction"))
         return fail(c, "data.val_fraction", "only for \"text\" and \"tokens\" data");
     if (dc->type == GPU_DATA_SYNTHETIC) {
@@ -1184,6 +1193,16 @@ static json_t *scaler_to_json(const gpu_scaler_config *s)
         api_float_value(s->max_scale), "floor_patience", s->floor_patience);
 }
 
+/* data_to_json's part: skip_batches and shuffle, given when not the default. */
+static json_t *data_order_json(json_t *o, const gpu_data_config *d)
+{
+    if (o && d->skip_batches > 0)
+        json_object_set_new(o, "skip_batches", json_integer(d->skip_batches));
+    if (o && d->in_order)
+        json_object_set_new(o, "shuffle", json_false());
+    return o;
+}
+
 static json_t *data_to_json(const gpu_data_config *d)
 {
     if (d->type == GPU_DATA_SYNTHETIC)
@@ -1282,13 +1301,13 @@ json_t *api_spec_to_json(const gpu_job_config *c)
         "{s:s, s:o, s:o, s:{s:s, s:b, s:o, s:{s:o}},"
         " s:{s:s, s:f, s:[f,f], s:f, s:f, s:f, s:f, s:i, s:s, s:f},"
         " s:i, s:I, s:I, s:I, s:I, s:I, s:s, s:i}",
-        "name", c->name, "model", model_to_json(&c->model), "data", data_to_json(&c->data),
-        "precision", "dtype",
+        "name", c->name, "model", model_to_json(&c->model), "data",
+        data_order_json(data_to_json(&c->data), &c->data), "precision", "dtype",
         gpu_dtype_name(c->dtype), "master_weights", c->master_weights, "loss_scale",
         scaler_to_json(&c->scaler), "autocast", "table", api_autocast_to_json(&c->autocast),
-        "optimizer", "type", opts[o->type], "lr", o->lr, "betas", o->beta1,
-        o->beta2, "eps", o->eps, "momentum", o->momentum, "weight_decay", o->weight_decay,
-        "grad_clip", api_float_value(o->grad_clip), "warmup_steps", o->warmup_steps, "schedule",
+        "optimizer", "type", opts[o->type], "lr", o->lr, "betas", o->beta1, o->beta2, "eps", o->eps,
+        "momentum", o->momentum, "weight_decay", o->weight_decay, "grad_clip",
+        api_float_value(o->grad_clip), "warmup_steps", o->warmup_steps, "schedule",
         scheds[o->schedule], "min_lr_ratio", api_float_value(o->min_lr_ratio), "batch_size",
         c->batch_size, "steps", (json_int_t)c->steps, "seed", (json_int_t)c->seed, "eval_every",
         (json_int_t)c->eval_every, "checkpoint_every", (json_int_t)c->checkpoint_every,

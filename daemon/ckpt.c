@@ -141,6 +141,7 @@ static json_t *scalars_meta(const gpu_state_scalars *sc, const daemon_ckpt_info 
     meta_i64(m, "applied", sc->applied);
     meta_i64(m, "lost_total", sc->lost_total);
     meta_i64(m, "perm_pos", sc->perm_pos);
+    meta_i64(m, "data.skipped", sc->skipped);
     snprintf(buf, sizeof(buf), "%.9g", (double)sc->scaler.scale);
     json_object_set_new(m, "scaler.scale", json_string(buf));
     meta_i64(m, "scaler.growth_tracker", sc->scaler.growth_tracker);
@@ -572,6 +573,8 @@ static int parse_scalars(json_t *meta, gpu_state_scalars *sc)
         return -1;
     if (meta_get(meta, "world_size", &ws) != 0)
         ws = 1; /* written before data parallelism */
+    if (meta_get(meta, "data.skipped", &sc->skipped) != 0)
+        sc->skipped = 0; /* written before data.skip_batches */
     sc->world_size = (int)ws;
     sc->scaler.scale = strtof(scale, NULL);
     sc->scaler.growth_tracker = (int)gt;

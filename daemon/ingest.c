@@ -589,8 +589,10 @@ static void on_worker_event(store *st, worker *w, json_t *o)
     if (!w->remedy && strcmp(kind, "recommendation") == 0 &&
         json_is_true(json_object_get(remedy, "acts")) &&
         json_is_object(json_object_get(remedy, "patch")))
-        w->remedy = json_pack("{s:O, s:I, s:s}", "patch", json_object_get(remedy, "patch"), "step",
-                              (json_int_t)(step < 0 ? w->last_step : step), "message", message);
+        w->remedy =
+            json_pack("{s:O, s:I, s:s, s:I}", "patch", json_object_get(remedy, "patch"), "step",
+                      (json_int_t)(step < 0 ? w->last_step : step), "message", message, "rewind",
+                      json_integer_value(json_object_get(remedy, "rewind")));
     if (layer || json_is_object(remedy)) {
         data = json_object();
         if (layer)

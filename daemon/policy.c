@@ -73,13 +73,26 @@ bool daemon_policy_asked(store *st, int64_t job, json_t *patch)
     return asked;
 }
 
+/* Where remedy's branch starts, in words. */
+static void start_text(json_t *remedy, char *buf, size_t len)
+{
+    long long step = json_integer_value(json_object_get(remedy, "step"));
+    long long rewind = json_integer_value(json_object_get(remedy, "rewind"));
+    if (rewind > 0)
+        snprintf(buf, len, "the newest checkpoint at least %lld steps before step %lld", rewind,
+                 step);
+    else
+        snprintf(buf, len, "the newest checkpoint before step %lld", step);
+}
+
 static daemon_policy decide_branch(store *st, const store_job *j, json_t *spec, json_t *remedy,
                                    const char *ptext, char *msg, size_t len)
 {
     json_t *rec = j->branch ? json_loads(j->branch, 0, NULL) : NULL;
     size_t depth = json_array_size(json_object_get(rec, "lineage"));
     json_int_t max = json_integer_value(json_object_get(spec, "max_branches"));
-    int64_t step = json_integer_value(json_object_get(remedy, "step")), by;
+    int64_t by;
+    char from[120];
     json_decref(rec);
     if ((json_int_t)depth >= max) {
         snprintf(msg, len,
@@ -95,10 +108,9 @@ static daemon_policy decide_branch(store *st, const store_job *j, json_t *spec, 
                  ptext, (long long)by);
         return DAEMON_POLICY_NONE;
     }
-    snprintf(msg, len,
-             "on_numerics branch: stopping to branch with %s from the newest checkpoint before "
-             "step %lld: %s",
-             ptext, (long long)step, json_string_value(json_object_get(remedy, "message")));
+    start_text(remedy, from, sizeof(from));
+    snprintf(msg, len, "on_numerics branch: stopping to branch with %s from %s: %s", ptext, from,
+             json_string_value(json_object_get(remedy, "message")));
     return DAEMON_POLICY_BRANCH;
 }
 
@@ -119,12 +131,12 @@ daemon_policy daemon_policy_decide(store *st, const store_job *j, json_t *remedy
         if (strcmp(policy, "branch") == 0) {
             act = decide_branch(st, j, spec, remedy, ptext, msg, len);
         } else if (strcmp(policy, "ask") == 0 && !daemon_policy_asked(st, j->id, patch)) {
+            char from[120];
+            start_text(remedy, from, sizeof(from));
             snprintf(msg, len,
                      "on_numerics ask: paused: %s. POST /v1/jobs/%lld/branch {\"remedy\": %lld} "
-                     "branches it with %s from the newest checkpoint before step %lld; POST "
-                     "/v1/jobs/%lld/unpause goes on as it is",
-                     what, (long long)j->id, (long long)ev, ptext, (long long)step,
-                     (long long)j->id);
+                     "branches it with %s from %s; POST /v1/jobs/%lld/unpause goes on as it is",
+                     what, (long long)j->id, (long long)ev, ptext, from, (long long)j->id);
             act = DAEMON_POLICY_ASK;
         }
     }
@@ -139,6 +151,7 @@ int daemon_policy_branch(store *st, const api_spec_opts *o, const api_jobs *jobs
     api_error e;
     api_branch_req b = {.from_step = 0,
                         .sign_step = json_integer_value(json_object_get(remedy, "step")),
+                        .rewind = json_integer_value(json_object_get(remedy, "rewind")),
                         .patch = json_object_get(remedy, "patch"),
                         .reason = json_string_value(json_object_get(remedy, "message")),
                         .remedy = json_integer_value(json_object_get(remedy, "event"))};

@@ -12,12 +12,18 @@
  *   scale_below_one   fp16: bf16; otherwise half the rate
  *   comm_overflow     a compressed all-reduce: fp16 -> bf16, bf16 -> none; an fp32 one has
  *                     no remedy of its own (its gradients overflow fp32)
+ *   loss_spike        PaLM's: from a checkpoint about REMEDY_REWIND steps before the spike
+ *                     ("rewind"), skip the next REMEDY_SKIP batches (data.skip_batches
+ *                     grows by it, so a second spike's remedy is another patch)
  * Invariants: a patch changes only what its sentence names, and never the model or the
  * world size (a branch from a checkpoint could not take it).
  */
 #include <string.h>
 
 #include "daemon/remedy.h"
+
+#define REMEDY_REWIND 100
+#define REMEDY_SKIP 200
 
 typedef json_t *(*patch_fn)(const gpu_job_config *c);
 
@@ -82,15 +88,22 @@ static json_t *comm_overflow(const gpu_job_config *c)
                      c->dist.hook == GPU_HOOK_FP16 ? "bf16" : "none");
 }
 
+static json_t *loss_spike(const gpu_job_config *c)
+{
+    return json_pack("{s:{s:I}}", "data", "skip_batches",
+                     (json_int_t)(c->data.skip_batches + REMEDY_SKIP));
+}
+
 static const struct {
     const char *kind;
-    bool acts; /* the problem stops a run that goes on as it is */
+    bool acts;  /* the problem stops a run that goes on as it is */
+    int rewind; /* the branch starts this many steps before the problem or earlier */
     patch_fn patch;
 } rules[] = {
-    {"act_overflow", true, act_overflow},   {"act_headroom", false, act_headroom},
-    {"underflow", true, underflow},         {"lost_updates", true, lost_updates},
-    {"scale_floor", true, scale_floor},     {"scale_below_one", true, scale_below_one},
-    {"comm_overflow", true, comm_overflow},
+    {"act_overflow", true, 0, act_overflow},   {"act_headroom", false, 0, act_headroom},
+    {"underflow", true, 0, underflow},         {"lost_updates", true, 0, lost_updates},
+    {"scale_floor", true, 0, scale_floor},     {"scale_below_one", true, 0, scale_below_one},
+    {"comm_overflow", true, 0, comm_overflow}, {"loss_spike", true, REMEDY_REWIND, loss_spike},
 };
 
 json_t *daemon_remedy(const gpu_job_config *c, const gpu_recommendation *r)
@@ -98,8 +111,11 @@ json_t *daemon_remedy(const gpu_job_config *c, const gpu_recommendation *r)
     for (size_t i = 0; r->kind && i < sizeof(rules) / sizeof(rules[0]); i++) {
         if (strcmp(rules[i].kind, r->kind) != 0)
             continue;
-        json_t *patch = rules[i].patch(c);
-        return patch ? json_pack("{s:o, s:b}", "patch", patch, "acts", rules[i].acts) : NULL;
+        json_t *patch = rules[i].patch(c), *out;
+        out = patch ? json_pack("{s:o, s:b}", "patch", patch, "acts", rules[i].acts) : NULL;
+        if (out && rules[i].rewind > 0)
+            json_object_set_new(out, "rewind", json_integer(rules[i].rewind));
+        return out;
     }
     return NULL;
 }

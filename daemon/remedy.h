@@ -15,8 +15,9 @@
 
 #include "gpu/gpu.h"
 
-/* The remedy of recommendation r in job c: {"patch": {...}, "acts": true|false} (a new
- * reference), or NULL when the recommendation has none that a spec can say. */
+/* The remedy of recommendation r in job c: {"patch": {...}, "acts": true|false} and, when
+ * the branch should start well before the problem (a loss spike), "rewind": N steps (a new
+ * reference); NULL when the recommendation has none that a spec can say. */
 json_t *daemon_remedy(const gpu_job_config *c, const gpu_recommendation *r);
 
 #endif /* AMPD_DAEMON_REMEDY_H */

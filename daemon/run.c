@@ -135,8 +135,13 @@ static int64_t emit_diagnostics(const gpu_job_config *c, gpu_trainer *t, const g
                                  recs[i].layer ? json_string(recs[i].layer) : json_null(),
                                  "message", recs[i].message);
         json_t *remedy = daemon_remedy(c, &recs[i]);
-        if (json_is_true(json_object_get(remedy, "acts")))
-            problem = m->step;
+        if (json_is_true(json_object_get(remedy, "acts")) && problem == 0) {
+            /* the branch starts before the step, or at or before step - rewind */
+            int64_t rewind = json_integer_value(json_object_get(remedy, "rewind"));
+            problem = rewind > 0 ? m->step - rewind + 1 : m->step;
+            if (problem < 1)
+                problem = 1;
+        }
         if (line && remedy)
             json_object_set_new(line, "remedy", remedy);
         else

@@ -672,8 +672,8 @@ static void end_message(const daemon_sched *s, const worker *w, char *msg, size_
                  (long long)w->newest_ckpt, w->retry, s->cfg.max_retries, why);
     else if (w->end_status == STORE_BRANCHED)
         snprintf(msg, len,
-                 "branched: job %lld goes on from the newest checkpoint before step "
-                 "%lld, with its remedy",
+                 "branched: job %lld goes on from a checkpoint before step %lld, with its "
+                 "remedy",
                  (long long)w->branch_child,
                  (long long)json_integer_value(json_object_get(w->remedy, "step")));
     else

@@ -401,6 +401,37 @@ void gpu_diag_explain(const gpu_diag *d, const gpu_layer_stat *st, const gpu_dia
                  (double)d->scale, fix);
 }
 
+/* A loss spike (see GPU_DIAG_SPIKE_*): judged against the window, then added to it. Told
+ * at its first step; a later spike is told when it is twice the size (in standard
+ * deviations) of the last one told, or half. */
+static void spike(gpu_diag_advisor *a, const gpu_diag_context *c)
+{
+    if (!isfinite(c->loss) || c->overflow)
+        return;
+    int n = a->nlosses;
+    if (n >= GPU_DIAG_SPIKE_MIN) {
+        double mean = 0, var = 0;
+        for (int i = 0; i < n; i++)
+            mean += a->losses[i];
+        mean /= n;
+        for (int i = 0; i < n; i++)
+            var += (a->losses[i] - mean) * (a->losses[i] - mean);
+        double sd = sqrt(var / (n - 1)), z = sd > 0 ? (c->loss - mean) / sd : 0;
+        bool first = !a->spiking;
+        a->spiking = z > GPU_DIAG_SPIKE_SIGMA;
+        if (a->spiking && first)
+            offer(a, "loss_spike", NULL, z,
+                  "loss spike: %.4g is %.0f standard deviations above the mean %.4g of the last "
+                  "%d steps, with finite gradients (the data, or the data with this state of "
+                  "the weights): rewind and skip the batches around it",
+                  c->loss, z, mean, n);
+    }
+    a->losses[a->loss_next] = c->loss;
+    a->loss_next = (a->loss_next + 1) % GPU_DIAG_SPIKE_WINDOW;
+    if (a->nlosses < GPU_DIAG_SPIKE_WINDOW)
+        a->nlosses++;
+}
+
 /* This step's recommendations; see gpu/diag.h. */
 void gpu_diag_advise(gpu_diag_advisor *a, const gpu_diag *d, const gpu_layer_stat *st,
                      const gpu_diag_context *c)
@@ -459,6 +490,7 @@ void gpu_diag_advise(gpu_diag_advisor *a, const gpu_diag *d, const gpu_layer_sta
               "lower loss scale",
               c->hook == GPU_HOOK_NONE ? "fp32" : gpu_comm_hook_name(c->hook),
               c->comm_tensor, (double)c->scale, c->hook == GPU_HOOK_FP16 ? "bf16" : "none");
+    spike(a, c);
     if (c->mode == GPU_SCALE_DYNAMIC && c->next_scale < 1.0f)
         offer(a, "scale_below_one", NULL, 1.0,
               "the loss scale fell below 1 (%g): gradients overflow even unscaled; %s",

@@ -98,9 +98,17 @@ typedef struct {
      * it): the first tensor it hit, and the hook; NULL: it did not */
     const char *comm_tensor;
     gpu_comm_hook hook;
+    double loss;   /* the step's loss (rank 0's; NaN: not known) */
+    bool overflow; /* the step's gradients held inf/NaN (the update was skipped) */
 } gpu_diag_context;
 
 #define GPU_DIAG_MAX_RECS 32    /* new recommendations one step can give */
+/* A loss spike (OLMo's rule): a finite loss of a step whose gradients are finite, more than
+ * GPU_DIAG_SPIKE_SIGMA standard deviations above the mean of the previous
+ * GPU_DIAG_SPIKE_WINDOW such losses, once GPU_DIAG_SPIKE_MIN of them are known. */
+#define GPU_DIAG_SPIKE_WINDOW 128
+#define GPU_DIAG_SPIKE_MIN 64
+#define GPU_DIAG_SPIKE_SIGMA 6.0
 #define GPU_DIAG_MAX_SEEN 1024  /* distinct (kind, layer) pairs remembered per job */
 
 typedef struct {
@@ -112,6 +120,9 @@ typedef struct {
 typedef struct {
     int nseen;
     gpu_diag_seen seen[GPU_DIAG_MAX_SEEN];
+    double losses[GPU_DIAG_SPIKE_WINDOW]; /* the last finite losses of clean steps (a ring) */
+    int nlosses, loss_next;
+    bool spiking; /* the last clean step was a spike: the ones after it are the same spike */
     int nnew;
     gpu_recommendation rec[GPU_DIAG_MAX_RECS]; /* point into the arrays below */
     char kind[GPU_DIAG_MAX_RECS][24];
@@ -121,8 +132,10 @@ typedef struct {
 
 /* Replace a's list of new recommendations with those of this step: from the statistics
  * st (d->nlayers entries) when d is not NULL (the step collected), and from the scaler
- * state c always. A recommendation is new when its (kind, layer) was not given before in
- * the job, or its number changed by a factor of two or more since. */
+ * state and the loss in c always (the loss then joins the spike window, after it was
+ * judged, so that a spike is measured against the steps before it). A recommendation is new when
+ * its (kind, layer) was not given before in the job, or its number changed by a factor of two or
+ * more since. */
 void gpu_diag_advise(gpu_diag_advisor *a, const gpu_diag *d, const gpu_layer_stat *st,
                      const gpu_diag_context *c);
 /* One clause on why the scale cannot help, from the first inf/NaN of d (may be NULL),

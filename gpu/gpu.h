@@ -375,6 +375,9 @@ typedef struct {
     char seq_train[512];
     char seq_eval[512];   /* empty: the last val_fraction of the training tokens */
     float val_fraction;   /* 0.1 */
+    bool in_order;        /* idx, synthetic: every epoch in the file's order (not shuffled) */
+    int64_t skip_batches; /* the steps' batches the run's data order starts past: step s
+                           * trains on what step s + skip_batches would (0) */
 } gpu_data_config;
 
 typedef struct gpu_dataset gpu_dataset; /* opaque */
@@ -770,6 +773,7 @@ typedef struct {
     int64_t applied;     /* optimizer steps applied (AdamW's t) */
     int64_t lost_total;
     int64_t perm_pos;    /* position in the shuffled data order */
+    int64_t skipped;     /* the steps' batches skipped so far (data.skip_batches applied) */
     gpu_scaler_state scaler;
     uint64_t rng[4];     /* the shuffling generator */
     int world_size;      /* the ranks that trained it (0: not recorded; set_scalars refuses

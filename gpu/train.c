@@ -60,6 +60,7 @@ struct gpu_trainer {
     float *scratch, *xbatch;
     int *ybatch, *perm, *xtok; /* xtok: a GPT's input tokens */
     int perm_pos;
+    int64_t skipped; /* the steps' batches skipped (data.skip_batches) */
     int ntensors;
     size_t offsets[TRAINER_MAX_TENSORS], counts[TRAINER_MAX_TENSORS];
     char names[TRAINER_MAX_TENSORS][48];
@@ -471,13 +472,30 @@ static void shuffle(gpu_trainer *t)
         return;
     for (int i = 0; i < n; i++)
         t->perm[i] = i;
-    for (int i = n - 1; i > 0; i--) {
+    for (int i = n - 1; i > 0 && !t->cfg.data.in_order; i--) {
         int j = (int)gpu_rng_below(&t->rng, (uint32_t)i + 1);
         int tmp = t->perm[i];
         t->perm[i] = t->perm[j];
         t->perm[j] = tmp;
     }
     t->perm_pos = 0;
+}
+
+/* Skip n steps' batches of the data order (data.skip_batches): classification rows are
+ * drawn and dropped as next_batch draws them; sequence batches, a function of the step,
+ * are offset by t->skipped. */
+static void skip_batches(gpu_trainer *t, int64_t n)
+{
+    int total = gpu_dataset_count(t->train);
+    int64_t rows = n * t->cfg.batch_size * t->cfg.grad_accum_steps;
+    t->skipped += n;
+    while (t->perm && rows > 0) {
+        if (t->perm_pos >= total)
+            shuffle(t);
+        int64_t take = total - t->perm_pos < rows ? total - t->perm_pos : rows;
+        t->perm_pos += (int)take;
+        rows -= take;
+    }
 }
 
 /* Where the job runs, from cfg.device: t->use_cuda and t->cuda_index. GPU_EINVAL for a
@@ -634,6 +652,7 @@ int gpu_trainer_create(const gpu_job_config *cfg, gpu_trainer **out, char *err, 
     gpu_scaler_init(&t->scaler, &cfg->scaler);
     gpu_rng_seed(&t->rng, cfg->seed ^ 0xDA7A5EEDull);
     shuffle(t);
+    skip_batches(t, cfg->data.skip_batches);
     if (t->use_cuda && (rc = start_cuda(t, err, errlen))) {
         if (rc != GPU_ENODEV || strcmp(cfg->device, "auto") != 0)
             goto fail;
@@ -769,7 +788,8 @@ static void next_batch(gpu_trainer *t, int B, int draw)
         /* batches depend on (seed, step) alone, so a resumed job draws the same ones */
         size_t T = (size_t)t->gpt->seq_len;
         int K = t->cfg.grad_accum_steps;
-        int64_t k = K > 1 ? (t->step - 1) * K + draw + 1 : t->step;
+        int64_t s = t->step + t->skipped;
+        int64_t k = K > 1 ? (s - 1) * K + draw + 1 : s;
         gpu_dataset_sample_seq(t->train, t->cfg.seed, k, B, (int)T, t->xtok, t->ybatch);
         if (first > 0) {
             memmove(t->xtok, t->xtok + first * T, sizeof(int) * b * T);
@@ -946,14 +966,14 @@ static void layer_stats(gpu_trainer *t, bool updated)
             t->lstats[l].lost_updates = (double)lost[l] / (double)count[l];
 }
 
-static void advise(gpu_trainer *t, float scale_used)
+static void advise(gpu_trainer *t, const gpu_step_metrics *m, bool found_inf)
 {
     const gpu_job_config *c = &t->cfg;
     gpu_diag_context ctx = {
         .dtype = c->dtype,
         .master_weights = t->master != NULL,
         .mode = c->scaler.mode,
-        .scale = scale_used,
+        .scale = m->loss_scale,
         .next_scale = t->scaler.scale,
         .min_scale = c->scaler.min_scale,
         .max_scale = c->scaler.max_scale,
@@ -961,6 +981,8 @@ static void advise(gpu_trainer *t, float scale_used)
         .floor_patience = c->scaler.floor_patience,
         .comm_tensor = t->comm_overflow && t->comm_first >= 0 ? t->names[t->comm_first] : NULL,
         .hook = c->dist.hook,
+        .loss = m->loss,
+        .overflow = found_inf,
     };
     gpu_diag_advise(t->advisor, t->diagnosed ? t->diag : NULL, t->lstats, &ctx);
 }
@@ -1203,7 +1225,7 @@ int gpu_trainer_step(gpu_trainer *t, gpu_step_metrics *m, char *err, size_t errl
         return GPU_EGUARD;
     if (rc && rc != GPU_ESCALE_FLOOR)
         return rc;
-    advise(t, m->loss_scale);
+    advise(t, m, found_inf);
     m->diagnosed = t->diagnosed;
     m->overflow = found_inf;
     m->skipped = found_inf;
@@ -1422,6 +1444,7 @@ void gpu_trainer_get_scalars(const gpu_trainer *t, gpu_state_scalars *out)
     out->applied = t->applied;
     out->lost_total = t->lost_total;
     out->perm_pos = t->perm_pos;
+    out->skipped = t->skipped;
     out->scaler = t->scaler;
     memcpy(out->rng, t->rng.s, sizeof(out->rng));
     out->world_size = t->world;
@@ -1432,7 +1455,8 @@ int gpu_trainer_set_scalars(gpu_trainer *t, const gpu_state_scalars *in)
 {
     int n = t->perm ? gpu_dataset_count(t->train) : 0;
     if (in->step < 0 || in->step > t->cfg.steps || in->applied < 0 || in->applied > in->step ||
-        in->perm_pos < 0 || in->perm_pos > n || !(in->scaler.scale > 0.0f) ||
+        in->perm_pos < 0 || in->perm_pos > n || in->skipped < 0 ||
+        in->skipped > t->cfg.data.skip_batches || !(in->scaler.scale > 0.0f) ||
         !isfinite(in->scaler.scale) || (in->world_size != 0 && in->world_size != t->world))
         return GPU_EINVAL;
     for (int i = 0; i < n; i++)
@@ -1444,6 +1468,8 @@ int gpu_trainer_set_scalars(gpu_trainer *t, const gpu_state_scalars *in)
     t->perm_pos = (int)in->perm_pos;
     t->scaler = in->scaler;
     memcpy(t->rng.s, in->rng, sizeof(in->rng));
+    t->skipped = in->skipped; /* a branch that skips more skips the rest from here */
+    skip_batches(t, t->cfg.data.skip_batches - in->skipped);
     if (t->master && t->work && t->work != t->master)
         gpu_cvt_from_f32(t->work, t->cfg.dtype, t->master, (size_t)gpu_trainer_params(t));
     else if (!t->master && t->cfg.dtype == GPU_BF16) /* bf16 weights read as they were stored */

@@ -418,6 +418,44 @@ START_TEST(test_advisor)
 }
 END_TEST
 
+/* A loss spike: judged once 64 clean losses are known, against the last 128; not on a step
+ * whose gradients overflowed or whose loss is not finite; told at its first step only. */
+START_TEST(test_loss_spike)
+{
+    gpu_diag_advisor *adv = calloc(1, sizeof(*adv));
+    gpu_diag_context c = {
+        .dtype = GPU_FP32, .mode = GPU_SCALE_NONE, .scale = 1.0f, .next_scale = 1.0f};
+    int step = 0, told = 0;
+    ck_assert_ptr_nonnull(adv);
+    for (step = 1; step <= 200; step++) { /* a spike at step 30 comes before the window fills */
+        c.loss = step == 30 ? 3.0 : 1.0 + 0.01 * sin(1.7 * step);
+        gpu_diag_advise(adv, NULL, NULL, &c);
+        told += adv->nnew;
+    }
+    ck_assert_int_eq(told, 0);
+    c.loss = 100.0; /* an overflowing step's loss is the scaler's business */
+    c.overflow = true;
+    gpu_diag_advise(adv, NULL, NULL, &c);
+    ck_assert_int_eq(adv->nnew, 0);
+    c.overflow = false;
+    c.loss = NAN;
+    gpu_diag_advise(adv, NULL, NULL, &c);
+    ck_assert_int_eq(adv->nnew, 0);
+    c.loss = 10.0;
+    gpu_diag_advise(adv, NULL, NULL, &c);
+    ck_assert_int_eq(adv->nnew, 1);
+    ck_assert_str_eq(adv->rec[0].kind, "loss_spike");
+    ck_assert_ptr_null(adv->rec[0].layer);
+    ck_assert_msg(strncmp(adv->rec[0].message, "loss spike: 10 is ", 18) == 0 &&
+                      strstr(adv->rec[0].message, "standard deviations above the mean 1 of "
+                                                  "the last 128 steps, with finite gradients"),
+                  "%s", adv->rec[0].message);
+    gpu_diag_advise(adv, NULL, NULL, &c); /* the same spike, a step later */
+    ck_assert_int_eq(adv->nnew, 0);
+    free(adv);
+}
+END_TEST
+
 /* ---- through the MLP and the trainer ---------------------------------------------------- */
 
 /* Collecting diagnostics computes the same forward and backward, bit for bit. */
@@ -754,6 +792,7 @@ static Suite *diag_suite(void)
     tcase_add_test(tc, test_first_nonfinite);
     tcase_add_test(tc, test_stats);
     tcase_add_test(tc, test_advisor);
+    tcase_add_test(tc, test_loss_spike);
     tcase_set_timeout(tc, 60);
     suite_add_tcase(s, tc);
     tc = tcase_create("training");

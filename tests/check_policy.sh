@@ -18,6 +18,10 @@
 #   - a GPT of 2 ranks whose fp16-compressed all-reduce overflows as its loss scale grows
 #     ends branched; its branch takes comm_hook "bf16" from a checkpoint before the overflow
 #     and runs to its end without one (skipped, with the reason, without MPI);
+#   - a loss spike with finite gradients (Fashion-MNIST in the file's order, the labels of 8
+#     batches after step 150 wrong): the job ends branched; its branch starts from the
+#     checkpoint at step 50 (at least 100 steps back) and skips 200 batches, runs without a
+#     spike, and equals `ampd run --branch-from` of that checkpoint with its spec;
 #   - max_branches 0: the job does not branch, and an event says why;
 #   - "ask": the job pauses with an event naming the remedy and the request that applies it;
 #     an unpause goes on as it is (and does not ask again: it succeeds); on another asked
@@ -72,7 +76,22 @@ final_acc() {
 mkdir -p "$TMP/text"
 for i in $(seq 2000); do echo "line $i: the $((i % 7)) quick brown foxes jump over $((i * 13 % 97)) dogs"; done \
     >"$TMP/text/fox.txt"
-start_daemon --max-running 2 --data-root /usr/share/datasets --data-root "$TMP/text"
+# Fashion-MNIST with the labels of the 8 batches after the first 150 (in the file's order)
+# moved by 5 classes: a loss spike where they come, with finite gradients
+mkdir -p "$TMP/datasets/spiky"
+python3 - "$TMP/datasets/spiky" <<'PY'
+import gzip, os, sys
+src, dst = "/usr/share/datasets/fashion-mnist", sys.argv[1]
+labels = bytearray(gzip.open(src + "/train-labels-idx1-ubyte.gz").read())
+for i in range(150 * 64, 158 * 64):
+    labels[8 + i] = (labels[8 + i] + 5) % 10
+with gzip.open(dst + "/train-labels-idx1-ubyte.gz", "wb") as f:
+    f.write(bytes(labels))
+for n in ("train-images-idx3-ubyte.gz", "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"):
+    os.symlink(src + "/" + n, dst + "/" + n)
+PY
+start_daemon --max-running 2 --data-root /usr/share/datasets --data-root "$TMP/text" \
+    --data-root "$TMP/datasets"
 check "the daemon starts" test -n "$PORT" || { cat "$TMP/daemon.log"; exit 1; }
 
 # ---- lost updates: branch to master weights ---------------------------------------------------
@@ -143,6 +162,39 @@ last=$(acurl -s -m 30 "$URL/v1/jobs/$SC/metrics?fields=skipped&from=1&to=120&for
     awk -F, '$2 == 1 { s = $1 } END { print s + 0 }')
 check "... it stops skipping: $sk skipped steps, the last at step $last, within 20 steps of its start ($first)" \
     test "$last" -le "$((first + 20))"
+
+# ---- a loss spike with finite gradients: rewind and skip the batches (PaLM's recipe) ----------
+submit '{"name": "spike", "model": {"type": "mlp", "layers": [784, 64, 10]},
+  "data": {"type": "idx", "train": "spiky", "shuffle": false}, "precision": {"dtype": "fp32"},
+  "batch_size": 64, "steps": 300, "seed": 3, "threads": 1, "checkpoint_every": 25,
+  "checkpoints": {"keep_last": 0}, "on_numerics": "branch",
+  "optimizer": {"type": "sgd", "lr": 0.05, "momentum": 0.9}}'
+K=$ID
+check "a loss spike on mislabelled batches (job $K): the job ends branched" \
+    wait_for 120 is_status "$K" branched
+req GET "/v1/jobs/$K/events?limit=1000"
+check "... its one recommendation is the spike at step 151, the first mislabelled batch" \
+    body_has '[.events[] | select(.kind == "recommendation")] | map([.step, (.message | test("^loss spike: .* standard deviations above the mean"))]) == [[151, true]]'
+check "... and the policy rewinds at least 100 steps and skips 200 batches" \
+    grep -q 'on_numerics branch: stopping to branch with {"data":{"skip_batches":200}} from the newest checkpoint at least 100 steps before step 151' \
+    <(events "$K")
+KC=$(child_of "$K")
+req GET "/v1/jobs/$KC"
+check "... its branch (job $KC) starts at step 50 and skips 200 batches, the data still in order" \
+    body_has '.branch.patch == {data: {skip_batches: 200}} and .branch.step == 50 and
+        .spec.data.skip_batches == 200 and .spec.data.shuffle == false and .branch.resets == []'
+jq .spec <<<"$BODY" >"$TMP/spike-branch.json"
+check "... and succeeds" wait_for 120 is_status "$KC" succeeded
+spike=$(acurl -s -m 30 "$URL/v1/jobs/$K/metrics?fields=loss&from=151&to=151&format=csv" | tail -1 | cut -d, -f2)
+acurl -s -m 30 "$URL/v1/jobs/$KC/metrics?fields=loss&format=csv" | tail -n +2 >"$TMP/spike-branch.csv"
+top=$(cut -d, -f2 "$TMP/spike-branch.csv" | sort -g | tail -1)
+check "... without a spike: its highest loss over steps 51-300 ($top) is below a fifth of the parent's at step 151 ($spike)" \
+    awk -v a="$top" -v b="$spike" 'BEGIN { exit !(a != "" && b != "" && a * 5 < b) }'
+"$AMPD" run --every 1 --data-root /usr/share/datasets --data-root "$TMP/datasets" \
+    --branch-from "$TMP/data/jobs/$K/ckpt-50.safetensors" "$TMP/spike-branch.json" 2>/dev/null |
+    jq -r 'select(.type == "step") | "\(.step),\(.loss)"' >"$TMP/spike-ref.csv"
+check "... and every step is ampd run --branch-from the parent's checkpoint at 50 with its spec" \
+    cmp -s "$TMP/spike-ref.csv" <(cut -d, -f1,2 "$TMP/spike-branch.csv")
 
 # ---- a GPT of 2 ranks whose fp16-compressed all-reduce overflows: to comm_hook bf16 ---------
 if grep -q '^#define HAVE_MPI 1' config.h 2>/dev/null && command -v mpirun >/dev/null; then

@@ -346,6 +346,18 @@ status_is "gpt resumed run" 0 $?
 steps_of "$TMP/gfull" | tail -n 40 >"$TMP/a"
 steps_of "$TMP/gres" >"$TMP/b"
 check "gpt resumed steps equal the uninterrupted run" cmp -s "$TMP/a" "$TMP/b"
+# data.skip_batches on a GPT: with weights that do not move (lr 1e-30) a step's loss is its
+# batch's, and a run that skips 13 batches has at step s the plain run's loss at s + 13
+still='{"name": "still", "model": {"type": "gpt", "n_layer": 2, "n_head": 2, "d_model": 32,
+      "seq_len": 32, "vocab": 256}, "data": {"type": "text", "train": "fox.txt"SKIP},
+      "batch_size": 8, "steps": 30, "optimizer": {"lr": 1e-30}, "threads": 1, "device": "cpu"}'
+losses_of() { grep '"type":"step"' "$1" | sed 's/.*"step":\([0-9]*\),.*"loss":\([^,]*\),.*/\1 \2/'; }
+echo "${still/SKIP/}" | "$AMPD" run --data-root "$TMP/text" - >"$TMP/gstill" 2>/dev/null
+echo "${still/SKIP/, \"skip_batches\": 13}" | "$AMPD" run --data-root "$TMP/text" - >"$TMP/gskip" 2>/dev/null
+losses_of "$TMP/gstill" | awk '$1 > 13 {print $2}' >"$TMP/a"
+losses_of "$TMP/gskip" | awk '$1 <= 17 {print $2}' >"$TMP/b"
+check "a gpt run with data.skip_batches 13 trains at step s on step s + 13's batch" \
+    test "$(wc -l <"$TMP/a")" = 17 -a "$(md5sum <"$TMP/a")" = "$(md5sum <"$TMP/b")"
 
 # the same GPT with flash attention: it trains as the materialised one does, in less memory
 sed 's/"vocab": 256}/"vocab": 256, "attention": "flash"}/' "$TMP/gpt.json" >"$TMP/gflash.json"

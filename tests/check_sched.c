@@ -1508,6 +1508,18 @@ START_TEST(test_remedies)
     remedy_is(&c, "underflow", "{\"precision\": {\"loss_scale\": {\"min_scale\": 256.0}}}", true);
     c.scaler.init_scale = 1.0f; /* no room above the floor */
     remedy_is(&c, "underflow", NULL, false);
+    /* a loss spike: 200 more batches skipped, from at least 100 steps back; the only rewind */
+    remedy_is(&c, "loss_spike", "{\"data\": {\"skip_batches\": 200}}", true);
+    c.data.skip_batches = 200;
+    remedy_is(&c, "loss_spike", "{\"data\": {\"skip_batches\": 400}}", true);
+    gpu_recommendation r = {.layer = NULL, .kind = "loss_spike", .message = "m"};
+    json_t *got = daemon_remedy(&c, &r);
+    ck_assert_int_eq(json_integer_value(json_object_get(got, "rewind")), 100);
+    json_decref(got);
+    r.kind = "act_overflow";
+    got = daemon_remedy(&c, &r);
+    ck_assert_ptr_null(json_object_get(got, "rewind"));
+    json_decref(got);
 }
 END_TEST
 

@@ -338,6 +338,12 @@ START_TEST(test_bad_values)
     expect_field("{\"optimizer\": {\"type\": \"lamb\"}}", "optimizer.type");
     expect_field("{\"optimizer\": {\"schedule\": 3}}", "optimizer.schedule");
     expect_field("{\"batch_size\": 0}", "batch_size");
+    expect_field("{\"data\": {\"skip_batches\": -1}}", "data.skip_batches");
+    expect_field("{\"data\": {\"skip_batches\": 1.5}}", "data.skip_batches");
+    expect_field("{\"data\": {\"shuffle\": \"no\"}}", "data.shuffle");
+    expect_field("{\"model\": {\"type\": \"gpt\"}, \"data\": {\"type\": \"text\", "
+                 "\"train\": \"fortunes\", \"shuffle\": false}}",
+                 "data.shuffle");
     expect_field("{\"checkpoints\": {\"keep_last\": -1}}", "checkpoints.keep_last");
     expect_field("{\"checkpoints\": {\"keep_last\": \"3\"}}", "checkpoints.keep_last");
     expect_field("{\"checkpoints\": {\"keep_last\": 1000001}}", "checkpoints.keep_last");
@@ -602,14 +608,16 @@ START_TEST(test_canonical_roundtrip)
         "{\"data\": {\"train\": \"fashion-mnist\", \"eval\": null}, \"precision\": "
         "{\"dtype\": \"fp16\", \"loss_scale\": {\"init\": 1024, \"growth_factor\": 1.5}}}",
         "{\"model\": {\"layers\": [12, 7, 3], \"activation\": \"gelu\", \"init_scale\": 0.3},"
-        " \"data\": {\"type\": \"synthetic\", \"train_size\": 100, \"eval_size\": 0},"
+        " \"data\": {\"type\": \"synthetic\", \"train_size\": 100, \"eval_size\": 0,"
+        " \"shuffle\": false, \"skip_batches\": 12},"
         " \"precision\": {\"dtype\": \"bf16\", \"master_weights\": false, \"autocast\":"
         " {\"overrides\": {\"softmax\": \"lowp\", \"add\": \"fp32\"}}},"
         " \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.0123, \"momentum\": 0.7,"
         " \"schedule\": \"linear\", \"min_lr_ratio\": 0.1, \"grad_clip\": 0.3}}",
         "{\"model\": {\"type\": \"gpt\", \"n_layer\": 2, \"d_model\": 64, \"n_head\": 4,"
         " \"attention\": \"flash\"}, \"data\": {\"type\": \"text\", \"train\": \"fortunes\","
-        " \"val_fraction\": 0.3}, \"optimizer\": {\"betas\": [0.8, 0.95], \"eps\": 1e-6},"
+        " \"val_fraction\": 0.3, \"skip_batches\": 3}, \"optimizer\": {\"betas\": [0.8, 0.95],"
+        " \"eps\": 1e-6},"
         " \"seed\": 9007199254740993, \"grad_accum_steps\": 3, \"device\": \"cpu\"}",
         "{\"model\": {\"type\": \"gpt\"}, \"data\": {\"type\": \"tokens\", \"train\":"
         " \"tiny_train.bin\", \"eval\": \"tiny_val.bin\"}, \"distributed\": {\"bucket_mb\": 0.1}}",
@@ -626,6 +634,11 @@ START_TEST(test_canonical_roundtrip)
         char *t2 = canonical(&c2);
         ck_assert_str_eq(t2, t1);
         ck_assert_mem_eq(&c2.autocast, &c1.autocast, sizeof(c1.autocast));
+        ck_assert(c2.data.skip_batches == c1.data.skip_batches &&
+                  c2.data.in_order == c1.data.in_order);
+        if (i == 2) /* the data order, given when not the default */
+            ck_assert(c1.data.skip_batches == 12 && c1.data.in_order &&
+                      strstr(t1, "\"shuffle\":false") && strstr(t1, "\"skip_batches\":12"));
         free(t1);
         free(t2);
     }

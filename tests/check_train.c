@@ -267,6 +267,74 @@ static void state_restore(gpu_trainer *t, saved_state *s)
     ck_assert_int_eq(gpu_trainer_set_scalars(t, &s->sc), 0);
 }
 
+/* The losses of steps 1..n of a trainer (whose weights do not move: lr 1e-30). */
+static void losses(gpu_trainer *t, double *out, int n)
+{
+    gpu_step_metrics m;
+    for (int i = 0; i < n; i++) {
+        ck_assert_int_eq(gpu_trainer_step(t, &m, NULL, 0), 0);
+        out[i] = m.loss;
+    }
+}
+
+/* data.skip_batches: with weights that do not move (lr 1e-30), a step's loss is a function
+ * of its batch alone, so a run that skips k batches has at step s the loss of the plain run
+ * at step s + k: from its start (shuffled, across epoch boundaries, and in the file's
+ * order), and from a restored state that skipped fewer (a branch that skips more: the rest
+ * is skipped from there, and the state then says so). */
+START_TEST(test_skip_batches)
+{
+    enum { N = 24, K = 7, AT = 5 };
+    for (int in_order = 0; in_order < 2; in_order++) {
+        gpu_job_config c;
+        gpu_trainer *a, *b;
+        saved_state st;
+        double la[N + K], lb[N];
+        test_narrow_job(&c, 3, 1.0f, GPU_SCALE_DYNAMIC);
+        c.dtype = GPU_FP32;
+        c.optim.lr = 1e-30f;
+        c.data.synth_train = 200; /* an epoch of 3 batches and a part */
+        c.data.in_order = in_order;
+        ck_assert_int_eq(gpu_trainer_create(&c, &a, NULL, 0), 0);
+        losses(a, la, N + K);
+        gpu_trainer_free(a);
+        c.data.skip_batches = K;
+        ck_assert_int_eq(gpu_trainer_create(&c, &b, NULL, 0), 0);
+        losses(b, lb, N);
+        gpu_trainer_free(b);
+        for (int i = 0; i < N; i++)
+            ck_assert_msg(lb[i] == la[i + K],
+                          "in_order %d: step %d of the skipping run is not step %d of the "
+                          "plain one",
+                          in_order, i + 1, i + 1 + K);
+        /* a branch that skips K from the plain run's state at step AT */
+        c.data.skip_batches = 0;
+        ck_assert_int_eq(gpu_trainer_create(&c, &a, NULL, 0), 0);
+        losses(a, lb, AT);
+        state_save(a, &st);
+        gpu_trainer_free(a);
+        ck_assert_int_eq(st.sc.skipped, 0);
+        c.data.skip_batches = K;
+        ck_assert_int_eq(gpu_trainer_create(&c, &b, NULL, 0), 0);
+        state_restore(b, &st);
+        losses(b, lb, N - AT);
+        for (int i = 0; i < N - AT; i++)
+            ck_assert_msg(lb[i] == la[AT + i + K],
+                          "in_order %d: the branch's step %d is not the plain run's step %d",
+                          in_order, AT + i + 1, AT + i + 1 + K);
+        free(st.bytes);
+        gpu_trainer_get_scalars(b, &st.sc);
+        gpu_trainer_free(b);
+        ck_assert_int_eq(st.sc.skipped, K);
+        /* a state that skipped more than the job says cannot be this job's */
+        c.data.skip_batches = K - 1;
+        ck_assert_int_eq(gpu_trainer_create(&c, &a, NULL, 0), 0);
+        ck_assert_int_eq(gpu_trainer_set_scalars(a, &st.sc), GPU_EINVAL);
+        gpu_trainer_free(a);
+    }
+}
+END_TEST
+
 /* The CPU MLP in fp16 or bf16 keeps its weights' working copy in the gradient block between
  * an update and the next backward; the run is the one of a trainer that keeps its gradients
  * (and rounds the master in the GEMMs), bit for bit: through fp16's overflowing steps
@@ -393,6 +461,7 @@ static Suite *train_suite(void)
     tcase_add_test(tc, test_overflow_floor);
     tcase_add_test(tc, test_scale_backoff_then_growth);
     tcase_add_test(tc, test_deterministic);
+    tcase_add_test(tc, test_skip_batches);
     tcase_add_loop_test(tc, test_copy_in_grads, 0, 2);
     tcase_add_test(tc, test_bad_config);
     tcase_add_test(tc, test_local_rank);

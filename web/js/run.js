@@ -444,10 +444,13 @@ export class RunPage {
                           `step ${fmtInt(c.step)}`), h('span', {class: 'muted small'}, ` ${fmtBytes(c.bytes)} · ${fmtTime(c.created_at)}`)))));
     }
 
-    // A branch with recommendation e's remedy, from the newest checkpoint before its step (the
-    // API's choice, shown before it is made), then the parent and the branch compared.
+    // A branch with recommendation e's remedy, from the newest checkpoint before its step, or
+    // with a rewind the newest at least that far back, else the oldest before it (the API's
+    // choice, shown before it is made), then the parent and the branch compared.
     async branchWith(e) {
-        const from = Math.max(0, ...(this.ckptSteps || []).filter((s) => s < e.step));
+        const before = (this.ckptSteps || []).filter((s) => s < e.step);
+        const back = before.filter((s) => s <= e.step - (e.data.remedy.rewind || 0));
+        const from = back.length ? Math.max(...back) : before.length ? Math.min(...before) : 0;
         const where = from > 0 ? `its checkpoint at step ${fmtInt(from)}` : 'its start';
         if (!(await confirmDialog(`Branch run #${this.id} from ${where} with ${JSON.stringify(e.data.remedy.patch)}? ` +
                                   'A new run goes on with the change; this one is kept.'))) return;
