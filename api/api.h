@@ -152,6 +152,10 @@ typedef struct {
  * with e filled. o: the data roots the spec is resolved with. */
 int api_branch_create(struct store *st, const api_spec_opts *o, const api_jobs *jobs,
                       int64_t parent, const api_branch_req *b, int64_t *id, api_error *e);
+/* The file (path) of job's checkpoint at step; when job has none there and step is the
+ * step it was branched at, the ancestor's checkpoint it began with. 0, STORE_ENOTFOUND, or
+ * another store code. */
+int api_branch_checkpoint(struct store *st, int64_t job, int64_t step, char *path, size_t len);
 
 #define API_MAX_ALLOW 16 /* --allow-host and --allow-origin entries */
 #define API_ALLOW_LEN 256

@@ -102,44 +102,81 @@ static bool better_start(int64_t a, int64_t b, int64_t sign, int64_t rewind)
     return a_back ? a > b : a < b;
 }
 
-/* The parent's checkpoint at *step (0: the one before sign, see better_start) into path,
- * *step set; else a 422 naming the field the request gave it by. With no checkpoint before
- * sign, *step 0 and path "": the branch starts from the beginning, the only state before
- * the problem. */
-static int find_checkpoint(store *st, int64_t job, int64_t *step, const api_branch_req *b,
+/* The branch step of job j (its record's "step"; 0 for a job that is not a branch). */
+static int64_t start_step(const store_job *j)
+{
+    json_t *r = j->branch ? json_loads(j->branch, 0, NULL) : NULL;
+    int64_t step = json_integer_value(json_object_get(r, "step"));
+    json_decref(r);
+    return step;
+}
+
+/* See api.h. */
+int api_branch_checkpoint(store *st, int64_t job, int64_t step, char *path, size_t len)
+{
+    path[0] = '\0';
+    for (int depth = 0; job > 0 && depth <= API_BRANCH_MAX_DEPTH; depth++) {
+        store_checkpoint *cks = NULL;
+        store_job j;
+        int n = 0, rc = store_checkpoint_list(st, job, &cks, &n);
+        for (int i = 0; rc == 0 && i < n && !path[0]; i++)
+            if (cks[i].step == step)
+                snprintf(path, len, "%s", cks[i].path);
+        free(cks);
+        if (rc || path[0])
+            return rc;
+        if ((rc = store_job_get(st, job, &j)) != 0)
+            return rc;
+        job = start_step(&j) == step ? j.parent_id : 0; /* its start: an ancestor's file */
+        store_job_clear(&j);
+    }
+    return STORE_ENOTFOUND;
+}
+
+/* The step of the parent's checkpoint at *step (0: the one before the problem, see
+ * better_start; a branch's own start counts as one) and its file in path; else a 422 naming
+ * the field the request gave it by. With no state before the problem but the
+ * initialisation, *step 0 and path "": the branch starts from the beginning. */
+static int find_checkpoint(store *st, const store_job *pj, int64_t *step, const api_branch_req *b,
                            const char *field, char *path, size_t len, api_error *e)
 {
     store_checkpoint *cks = NULL;
     char have[400] = "";
     size_t used = 0;
-    int n = 0, rc = store_checkpoint_list(st, job, &cks, &n), k = -1;
+    int n = 0, rc = store_checkpoint_list(st, pj->id, &cks, &n);
+    int64_t begun = start_step(pj), k = -1;
     if (rc)
-        return store_refusal(e, rc, "job", job);
-    for (int i = 0; i < n; i++) {
-        if (*step > 0
-                ? cks[i].step == *step
-                : better_start(cks[i].step, k < 0 ? -1 : cks[k].step, b->sign_step, b->rewind))
-            k = i;
+        return store_refusal(e, rc, "job", pj->id);
+    for (int i = -1; i < n; i++) { /* -1: the state the branch began with */
+        int64_t at = i < 0 ? begun : cks[i].step;
+        if (at <= 0 || (i >= 0 && at == begun))
+            continue;
+        if (*step > 0 ? at == *step : better_start(at, k, b->sign_step, b->rewind))
+            k = at;
         if (used < sizeof(have))
-            used += (size_t)snprintf(have + used, sizeof(have) - used, "%s%lld", i ? ", " : "",
-                                     (long long)cks[i].step);
-    }
-    if (k >= 0) {
-        *step = cks[k].step;
-        snprintf(path, len, "%s", cks[k].path);
+            used += (size_t)snprintf(have + used, sizeof(have) - used, "%s%lld%s", used ? ", " : "",
+                                     (long long)at, i < 0 ? " (its start)" : "");
     }
     free(cks);
     if (k < 0 && *step > 0)
         return refuse(e, 422, field, "%s: job %lld has no checkpoint at step %lld (it has %s)",
-                      field, (long long)job, (long long)*step, n ? have : "none");
+                      field, (long long)pj->id, (long long)*step, used ? have : "none");
     if (k < 0) { /* no state before the problem but the initialisation: from the start */
         *step = 0;
+        path[0] = '\0';
         return 0;
     }
+    *step = k;
+    rc = api_branch_checkpoint(st, pj->id, k, path, len);
+    if (rc == STORE_ENOTFOUND)
+        return refuse(e, 422, field, "%s: the state job %lld began with at step %lld is gone",
+                      field, (long long)pj->id, (long long)k);
+    if (rc)
+        return store_refusal(e, rc, "job", pj->id);
     if (access(path, R_OK) != 0)
         return refuse(e, 422, field,
                       "%s: the file of job %lld's checkpoint at step %lld is gone (%s)", field,
-                      (long long)job, (long long)*step, path);
+                      (long long)pj->id, (long long)*step, path);
     return 0;
 }
 
@@ -178,14 +215,18 @@ static int carries(json_t *parent, json_t *branch, int64_t from, api_error *e)
 }
 
 /* What starts anew in the branch (its effective spec eff) rather than carrying over from
- * the parent's checkpoint (pspec: the parent's): a JSON array. */
-static json_t *resets(json_t *pspec, const char *eff)
+ * the parent's checkpoint (pspec: the parent's spec): a JSON array. From the state the
+ * parent began with (from: its branch step), also what the parent reset itself. */
+static json_t *resets(const store_job *parent, int64_t from, json_t *pspec, const char *eff)
 {
     json_t *e = json_loads(eff, 0, NULL), *out = json_array();
+    json_t *r = from > 0 && from == start_step(parent) ? json_loads(parent->branch, 0, NULL) : NULL;
     json_t *pp = json_object_get(pspec, "precision"), *bp = json_object_get(e, "precision");
     if (!json_equal(json_object_get(pp, "loss_scale"), json_object_get(bp, "loss_scale")) ||
-        !json_equal(json_object_get(pp, "dtype"), json_object_get(bp, "dtype")))
+        !json_equal(json_object_get(pp, "dtype"), json_object_get(bp, "dtype")) ||
+        json_array_size(json_object_get(r, "resets")) > 0) /* "loss_scale", the only one */
         json_array_append_new(out, json_string("loss_scale"));
+    json_decref(r);
     json_decref(e);
     return out;
 }
@@ -277,7 +318,7 @@ int api_branch_create(store *st, const api_spec_opts *o, const api_jobs *jobs, i
     else {
         merge_patch(merged, b->patch);
         dtype_defaults(merged, b->patch);
-        status = find_checkpoint(st, parent, &from, b,
+        status = find_checkpoint(st, &pj, &from, b,
                                  b->from_step > 0 || !b->remedy ? "from_step" : "remedy", ckpt,
                                  sizeof(ckpt), e);
     }
@@ -285,7 +326,7 @@ int api_branch_create(store *st, const api_spec_opts *o, const api_jobs *jobs, i
         status = carries(pspec, merged, from, e);
     if (status == 0)
         status = check_spec(o, jobs, merged, &cfg, &eff, e);
-    if (status == 0 && !(rec = branch_record(&pj, b, from, resets(pspec, eff))))
+    if (status == 0 && !(rec = branch_record(&pj, b, from, resets(&pj, from, pspec, eff))))
         status = refuse(e, 503, NULL, "out of memory");
     if (status == 0) {
         describe(b, what, sizeof(what));

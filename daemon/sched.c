@@ -186,22 +186,18 @@ static void stop_worker_locked(worker *w, double now)
 
 /* ---- spawning ----------------------------------------------------------------------------- */
 
-/* A branch without a checkpoint of its own starts from its parent's at the branch step:
- * its path in ckpt (even when the file is gone: the worker then fails naming it) and the
+/* A branch without a checkpoint of its own starts from its parent's at the branch step
+ * (or, where the parent began there itself, the ancestor's it began with): its path in
+ * ckpt (even when the file is gone: the worker then fails naming it) and the
  * step in *from; a branch from step 0 starts from the beginning (ckpt ""). 0, or GPU_EINVAL
  * when the parent has no record of it. */
 static int branch_start(daemon_sched *s, const store_job *j, char *ckpt, size_t len, int64_t *from)
 {
     json_t *b = json_loads(j->branch ? j->branch : "", 0, NULL);
     int64_t step = json_integer_value(json_object_get(b, "step"));
-    store_checkpoint *cks = NULL;
-    int n = 0;
     json_decref(b);
-    if (step > 0 && store_checkpoint_list(s->st, j->parent_id, &cks, &n) == 0)
-        for (int i = 0; i < n && !ckpt[0]; i++)
-            if (cks[i].step == step)
-                snprintf(ckpt, len, "%s", cks[i].path);
-    free(cks);
+    if (step > 0 && api_branch_checkpoint(s->st, j->parent_id, step, ckpt, len) != 0)
+        ckpt[0] = '\0';
     if (step == 0)
         return 0; /* a branch from the start: nothing to load */
     if (!ckpt[0]) {

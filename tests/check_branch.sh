@@ -14,6 +14,8 @@
 #   - a branch of the branch keeps the whole lineage, [parent, branch], and its metrics with
 #     lineage=true (CSV and JSON) are the parent's steps to 40, the branch's to 80, then its
 #     own, each naming its job (downsampled: refused);
+#   - a branch of a branch from the step it began at starts from the state it began with
+#     (the first parent's checkpoint), resetting what it reset;
 #   - a branch to bf16 takes bf16's loss-scaling defaults (none) and starts its scaler anew
 #     (resets ["loss_scale"]; its start event says so); it equals `ampd run --branch-from
 #     --branch-reset loss_scale`; a branch with master weights from a parent without them
@@ -146,6 +148,18 @@ jq .spec <<<"$BODY" >"$TMP/bf16.json"
 jq -r 'select(.type == "step") | "\(.step),\(.loss),\(.loss_scale)"' "$TMP/bf16.out" >"$TMP/bf16-ref.csv"
 check "... every step equals ampd run --branch-from --branch-reset loss_scale" \
     cmp -s "$TMP/bf16-ref.csv" "$TMP/bf16.csv"
+branch "$BB" '{"from_step": 40, "patch": {"optimizer": {"lr": 0.02}}}'
+BS=$ID
+check "a branch of it from step 40, where it began (job $BS): its parent's start, the scaler reset as there" \
+    body_has --argjson bb "$BB" '.branch.parent == $bb and .branch.step == 40 and
+        .branch.resets == ["loss_scale"] and .spec.precision.dtype == "bf16"'
+check "... and succeeds" wait_for 120 is_status "$BS" succeeded
+req GET "/v1/jobs/$BS"
+jq .spec <<<"$BODY" >"$TMP/bs.json"
+"$AMPD" run --every 1 --branch-from "$TMP/data/jobs/$P/ckpt-40.safetensors" --branch-reset loss_scale \
+    "$TMP/bs.json" 2>/dev/null | jq -r 'select(.type == "step") | "\(.step),\(.loss),\(.loss_scale)"' >"$TMP/bs-ref.csv"
+check "... every step equals ampd run --branch-from the first parent's checkpoint at 40" \
+    cmp -s "$TMP/bs-ref.csv" <(rows "$BS")
 
 # ---- master weights on, from a parent without them: its 16-bit weights become the master -----
 post_json /v1/jobs "$(jq -c '.name = "no-master" | .precision.master_weights = false' <<<"$SPEC")"

@@ -7,6 +7,10 @@
 #     step, the recommendation's event named as its remedy) succeeds, and its mean loss over
 #     the last 20 steps is below the same job's with on_numerics "stop" (which goes on as it
 #     is) over the same steps;
+#   - activations that cross fp16's 65504 as the run goes (init_scale 52: fc3 starts just
+#     under it), seeds 1-3: each job ends branched, its branch is bf16 from the last
+#     checkpoint before the first overflow of fc3, and the branches' mean accuracy is within 1
+#     point of the same jobs submitted in bf16;
 #   - activations beyond fp16's 65504 from the first step (init_scale 100): the job branches
 #     to bf16 from its start (no checkpoint precedes the problem; max_branches 1, so the
 #     branch, at its limit, goes on as it is), and the branch's accuracy is within 1 point of
@@ -21,7 +25,9 @@
 #   - a loss spike with finite gradients (Fashion-MNIST in the file's order, the labels of 8
 #     batches after step 150 wrong): the job ends branched; its branch starts from the
 #     checkpoint at step 50 (at least 100 steps back) and skips 200 batches, runs without a
-#     spike, and equals `ampd run --branch-from` of that checkpoint with its spec;
+#     spike, and equals `ampd run --branch-from` of that checkpoint with its spec; with the
+#     default retention (nothing kept 100 steps back) it starts from the oldest checkpoint
+#     kept before the spike;
 #   - max_branches 0: the job does not branch, and an event says why;
 #   - "ask": the job pauses with an event naming the remedy and the request that applies it;
 #     an unpause goes on as it is (and does not ask again: it succeeds); on another asked
@@ -122,7 +128,39 @@ ms=$(mean_loss "$LS" 81 100)
 check "the branch's mean loss over steps 81-100 ($mb) is below the unbranched job's ($ms)" \
     awk -v a="$mb" -v b="$ms" 'BEGIN { exit !(a != "" && b != "" && a < b) }'
 
-# ---- activations beyond fp16's range: to bf16, from the start --------------------------------
+# ---- activations beyond fp16's range as the run goes: to bf16, from the checkpoint before ------
+# fc3's activations start just under 65504 (init_scale 52) and cross it within the first 30
+# steps; each seed's job branches from its last checkpoint before that, and over the seeds
+# the branches reach the accuracy of the same jobs in bf16 from the start
+GROW=$(jq -c '.name = "grow" | .model.init_scale = 52 | .steps = 300 | .eval_every = 300 |
+    .checkpoint_every = 5 | .diagnostics_every = 0 | .max_branches = 2 | .optimizer.lr = 0.0003' <<<"$WIDE")
+for seed in 1 2 3; do
+    submit "$(jq -c --argjson s "$seed" '.seed = $s | .on_numerics = "branch"' <<<"$GROW")"
+    G[seed]=$ID
+    submit "$(jq -c --argjson s "$seed" '.seed = $s | .precision.dtype = "bf16" | .name = "grow-bf16"' <<<"$GROW")"
+    GB[seed]=$ID
+done
+accs=()
+for seed in 1 2 3; do
+    g=${G[seed]}
+    check "activations crossing 65504 (job $g, seed $seed): the job ends branched" \
+        wait_for 120 is_status "$g" branched
+    req GET "/v1/jobs/$g/events?limit=1000"
+    first=$(jq -r '[.events[] | select(.kind == "recommendation" and (.message | test("^activations of fc3 exceed")))][0].step // empty' <<<"$BODY")
+    gc=$(child_of "$g")
+    req GET "/v1/jobs/$gc"
+    check "... at step ${first:-?}; its branch (job $gc) is bf16 from the checkpoint before it, step $(( (${first:-1} - 1) / 5 * 5 ))" \
+        body_has --argjson f "${first:-0}" '.branch.patch == {precision: {dtype: "bf16"}} and
+            $f > 5 and .branch.step == (($f - 1) / 5 | floor) * 5 and .branch.resets == ["loss_scale"]'
+    check "... and succeeds" wait_for 240 is_status "$gc" succeeded
+    check "the same job in bf16 (job ${GB[seed]}) succeeds" wait_for 240 is_status "${GB[seed]}" succeeded
+    accs+=("$(final_acc "$gc")" "$(final_acc "${GB[seed]}")")
+done
+check "over seeds 1-3 the branches' mean accuracy is within 1 point of bf16 from the start ($(printf '%s/%s ' "${accs[@]}"))" \
+    awk -v v="${accs[*]}" 'BEGIN { n = split(v, a, " "); if (n != 6) exit 1
+        for (i = 1; i <= 6; i += 2) { d += a[i] - a[i + 1] } d /= 3; exit !(d <= 0.01 && d >= -0.01) }'
+
+# ---- activations beyond fp16's range from the first step: to bf16, from the start ------------
 submit "$(jq -c '.on_numerics = "branch"' <<<"$WIDE")"
 W=$ID
 submit "$(jq -c '.precision.dtype = "bf16" | .name = "wide-bf16"' <<<"$WIDE")"
@@ -195,6 +233,18 @@ check "... without a spike: its highest loss over steps 51-300 ($top) is below a
     jq -r 'select(.type == "step") | "\(.step),\(.loss)"' >"$TMP/spike-ref.csv"
 check "... and every step is ampd run --branch-from the parent's checkpoint at 50 with its spec" \
     cmp -s "$TMP/spike-ref.csv" <(cut -d, -f1,2 "$TMP/spike-branch.csv")
+# with the default retention (the 3 newest checkpoints and the newest healthy one) nothing
+# 100 steps back is left when the spike comes: the branch takes the oldest kept before it
+req GET "/v1/jobs/$K"
+submit "$(jq -c '.spec | .name = "spike-kept" | del(.checkpoints)' <<<"$BODY")"
+KK=$ID
+check "the same job with the default retention (job $KK) ends branched" \
+    wait_for 120 is_status "$KK" branched
+req GET "/v1/jobs/$KK/checkpoints"
+oldest=$(jq '[.checkpoints[].step | select(. < 151)] | min // 0' <<<"$BODY")
+req GET "/v1/jobs/$(child_of "$KK")"
+check "... its branch starts from the oldest checkpoint kept before the spike, step $oldest" \
+    body_has --argjson o "$oldest" '$o > 51 and .branch.step == $o and .branch.patch == {data: {skip_batches: 200}}'
 
 # ---- a GPT of 2 ranks whose fp16-compressed all-reduce overflows: to comm_hook bf16 ---------
 if grep -q '^#define HAVE_MPI 1' config.h 2>/dev/null && command -v mpirun >/dev/null; then
