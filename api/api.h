@@ -110,8 +110,8 @@ typedef struct {
     int (*submit)(void *ctx, const char *name, const char *dtype, int64_t steps,
                   const char *spec_json, const char *idem_key, int64_t *id, bool *existed);
     /* Queue a validated branch of job parent, starting from its checkpoint at from_step
-     * (branch_json: the branch's record; what: its reason and patch in words). NULL: no
-     * branching. */
+     * (branch_json: the branch's record; what: its reason and patch in words);
+     * STORE_ENOTFOUND when that checkpoint's file is gone by then. NULL: no branching. */
     int (*branch)(void *ctx, const char *name, const char *dtype, int64_t steps,
                   const char *spec_json, int64_t parent, int64_t from_step, const char *branch_json,
                   const char *what, int64_t *id);

@@ -297,6 +297,7 @@ int api_branch_create(store *st, const api_spec_opts *o, const api_jobs *jobs, i
     char ckpt[600], what[600], *eff = NULL, *rec = NULL;
     json_t *pspec = NULL, *merged = NULL;
     int64_t from = b->from_step;
+    const char *field = b->from_step > 0 || !b->remedy ? "from_step" : "remedy";
     int status, rc = store_job_get(st, parent, &pj);
 
     memset(e, 0, sizeof(*e));
@@ -318,9 +319,7 @@ int api_branch_create(store *st, const api_spec_opts *o, const api_jobs *jobs, i
     else {
         merge_patch(merged, b->patch);
         dtype_defaults(merged, b->patch);
-        status = find_checkpoint(st, &pj, &from, b,
-                                 b->from_step > 0 || !b->remedy ? "from_step" : "remedy", ckpt,
-                                 sizeof(ckpt), e);
+        status = find_checkpoint(st, &pj, &from, b, field, ckpt, sizeof(ckpt), e);
     }
     if (status == 0)
         status = carries(pspec, merged, from, e);
@@ -332,7 +331,12 @@ int api_branch_create(store *st, const api_spec_opts *o, const api_jobs *jobs, i
         describe(b, what, sizeof(what));
         rc = jobs->branch(jobs->ctx, cfg.name, gpu_dtype_name(cfg.dtype), cfg.steps, eff, parent,
                           from, rec, what, id);
-        if (rc)
+        if (rc == STORE_ENOTFOUND) /* the retention dropped it since find_checkpoint looked */
+            status = refuse(e, 422, field,
+                            "%s: job %lld's checkpoint at step %lld was just dropped by its "
+                            "retention",
+                            field, (long long)parent, (long long)from);
+        else if (rc)
             status = store_refusal(e, rc, "job", parent);
     }
     free(rec);

@@ -34,11 +34,16 @@
  * MAX_EVENTS_PER_RUN overflow and scale events and MAX_WORKER_EVENTS worker events are
  * written per worker run.
  *
- * Threads: the scheduler thread only (a worker's parsing state is its own).
+ * Threads: the scheduler thread only (a worker's parsing state is its own), but for
+ * daemon_ingest_branch (an API thread): ckpt_files_mu makes a branch's check of its
+ * checkpoint file and its insert one step against a drop's search for branches and its
+ * delete.
  */
 #include <errno.h>
 #include <jansson.h>
+#include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -240,20 +245,44 @@ static int64_t branch_start_of(store *st, int64_t job, int64_t step)
     return found;
 }
 
+static pthread_mutex_t ckpt_files_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* See worker.h. */
+int daemon_ingest_branch(store *st, const char *name, const char *dtype, int64_t steps,
+                         const char *spec_json, int64_t parent, int64_t from_step,
+                         const char *branch_json, int64_t *id)
+{
+    char path[PATH_MAX];
+    int rc = 0;
+    pthread_mutex_lock(&ckpt_files_mu);
+    if (from_step > 0)
+        rc = api_branch_checkpoint(st, parent, from_step, path, sizeof(path));
+    if (rc == 0 && from_step > 0 && access(path, R_OK) != 0)
+        rc = STORE_ENOTFOUND;
+    if (rc == 0)
+        rc = store_job_insert_branch(st, name, dtype, steps, spec_json, parent, branch_json, id);
+    pthread_mutex_unlock(&ckpt_files_mu);
+    return rc;
+}
+
 /* Drop a checkpoint the worker gave up: delete its file, then its record; not one that a
  * branch starts from (branch_start_of), which stays with its record. 0, or the store's
  * transient failure (the file is gone then; the record goes when the op is tried again). */
 static int drop_checkpoint(store *st, worker *w, const pending_ckpt *c)
 {
     int rc;
+    pthread_mutex_lock(&ckpt_files_mu);
     int64_t branch = branch_start_of(st, w->job, c->step);
     if (branch) {
+        pthread_mutex_unlock(&ckpt_files_mu);
         log_info("job %lld: the checkpoint at step %lld stays: job %lld, a branch, starts from it",
                  (long long)w->job, (long long)c->step, (long long)branch);
         return 0;
     }
-    if (unlink(c->path) != 0 && errno != ENOENT) {
-        log_warn("job %lld: cannot delete %s: %s", (long long)w->job, c->path, strerror(errno));
+    rc = unlink(c->path) != 0 && errno != ENOENT ? errno : 0;
+    pthread_mutex_unlock(&ckpt_files_mu);
+    if (rc) {
+        log_warn("job %lld: cannot delete %s: %s", (long long)w->job, c->path, strerror(rc));
         return 0; /* its record stays: the file still takes its bytes */
     }
     rc = store_checkpoint_delete(st, w->job, c->step);

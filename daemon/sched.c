@@ -1250,7 +1250,8 @@ int daemon_sched_branch(daemon_sched *s, const char *name, const char *dtype, in
                         const char *branch_json, const char *what, int64_t *id)
 {
     char msg[600];
-    int rc = store_job_insert_branch(s->st, name, dtype, steps, spec_json, parent, branch_json, id);
+    int rc = daemon_ingest_branch(s->st, name, dtype, steps, spec_json, parent, from_step,
+                                  branch_json, id);
     if (rc != 0)
         return rc;
     if (from_step > 0)

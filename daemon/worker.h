@@ -110,6 +110,14 @@ void daemon_ingest_flush_overflow(store *st, worker *w, double new_scale);
 /* Record w's checkpoint lines waiting for the store; 0 when none is left, else the store's
  * transient code. */
 int daemon_ingest_checkpoints(store *st, worker *w);
+/* Insert a branch of job parent from its checkpoint at from_step (0: from the start) as
+ * store_job_insert_branch does, once the checkpoint's file is there: its check and the
+ * insert exclude the dropping of checkpoint files (daemon_ingest_checkpoints, which keeps
+ * the file of a branch it finds), so a file checked is the branch's. STORE_ENOTFOUND when
+ * the file is gone (the retention dropped it), else the store's code. */
+int daemon_ingest_branch(store *st, const char *name, const char *dtype, int64_t steps,
+                         const char *spec_json, int64_t parent, int64_t from_step,
+                         const char *branch_json, int64_t *id);
 /* Store w's summary line if one waits; 0 when none is left, else the store's transient code. */
 int daemon_ingest_summary(store *st, worker *w);
 /* Close w's pipe and free w with its buffers. NULL is accepted. */

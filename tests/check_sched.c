@@ -52,6 +52,7 @@
 #include "daemon/queue.h"
 #include "daemon/remedy.h"
 #include "daemon/sched.h"
+#include "daemon/worker.h"
 #include "gpu/gpu_int.h"
 #include "store/store.h"
 #include "tests/testutil.h"
@@ -1609,12 +1610,48 @@ START_TEST(test_retain_before_problem)
 }
 END_TEST
 
+/* A branch's insert claims its checkpoint's file: while the file is there the branch is
+ * inserted (and a drop then keeps the file: see check_branch.sh); once the retention has
+ * dropped it the insert is refused with STORE_ENOTFOUND and no job is made. A branch of a
+ * branch at the step the latter began at claims the first parent's file. */
+START_TEST(test_branch_claims_file)
+{
+    fixture f;
+    char ck[600];
+    int64_t parent, child, grand, gone = 0, n;
+    setup(&f);
+    snprintf(ck, sizeof(ck), "%s/ckpt-10.safetensors", f.dir);
+    ck_assert_int_eq(store_job_insert(f.st, "p", "fp16", 100, "{}", NULL, &parent, NULL), 0);
+    ck_assert_int_eq(store_checkpoint_add(f.st, parent, 10, ck, 2), 0);
+    ck_assert_int_eq(
+        daemon_ingest_branch(f.st, "b", "fp16", 100, "{}", parent, 10, "{\"step\":10}", &gone),
+        STORE_ENOTFOUND);
+    ck_assert_int_eq(gone, 0);
+    FILE *fp = fopen(ck, "w");
+    ck_assert_ptr_nonnull(fp);
+    fclose(fp);
+    ck_assert_int_eq(
+        daemon_ingest_branch(f.st, "b", "fp16", 100, "{}", parent, 10, "{\"step\":10}", &child), 0);
+    ck_assert_int_eq(
+        daemon_ingest_branch(f.st, "g", "fp16", 100, "{}", child, 10, "{\"step\":10}", &grand), 0);
+    ck_assert_int_eq(
+        daemon_ingest_branch(f.st, "s", "fp16", 100, "{}", parent, 0, "{\"step\":0}", &n),
+        0); /* from the start: no file to claim */
+    unlink(ck);
+    ck_assert_int_eq(
+        daemon_ingest_branch(f.st, "g2", "fp16", 100, "{}", child, 10, "{\"step\":10}", &gone),
+        STORE_ENOTFOUND);
+    teardown(&f);
+}
+END_TEST
+
 static Suite *sched_suite(void)
 {
     Suite *s = suite_create("sched");
     TCase *tc = tcase_create("scheduler");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_job_succeeds);
+    tcase_add_test(tc, test_branch_claims_file);
     tcase_add_test(tc, test_crash_fails_only_its_job);
     tcase_add_test(tc, test_abort_after_summary_fails);
     tcase_add_test(tc, test_hung_worker_is_killed);
