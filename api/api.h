@@ -152,6 +152,9 @@ typedef struct {
  * with e filled. o: the data roots the spec is resolved with. */
 int api_branch_create(struct store *st, const api_spec_opts *o, const api_jobs *jobs,
                       int64_t parent, const api_branch_req *b, int64_t *id, api_error *e);
+/* The step a job was branched at, from its branch record (store_job's branch: the JSON
+ * text, NULL for a job that is not a branch; 0 then). */
+int64_t api_branch_step(const char *branch);
 /* The file (path) of job's checkpoint at step; when job has none there and step is the
  * step it was branched at, the ancestor's checkpoint it began with. 0, STORE_ENOTFOUND, or
  * another store code. */

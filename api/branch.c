@@ -102,10 +102,10 @@ static bool better_start(int64_t a, int64_t b, int64_t sign, int64_t rewind)
     return a_back ? a > b : a < b;
 }
 
-/* The branch step of job j (its record's "step"; 0 for a job that is not a branch). */
-static int64_t start_step(const store_job *j)
+/* See api.h. */
+int64_t api_branch_step(const char *branch)
 {
-    json_t *r = j->branch ? json_loads(j->branch, 0, NULL) : NULL;
+    json_t *r = branch ? json_loads(branch, 0, NULL) : NULL;
     int64_t step = json_integer_value(json_object_get(r, "step"));
     json_decref(r);
     return step;
@@ -127,7 +127,8 @@ int api_branch_checkpoint(store *st, int64_t job, int64_t step, char *path, size
             return rc;
         if ((rc = store_job_get(st, job, &j)) != 0)
             return rc;
-        job = start_step(&j) == step ? j.parent_id : 0; /* its start: an ancestor's file */
+        job =
+            api_branch_step(j.branch) == step ? j.parent_id : 0; /* its start: an ancestor's file */
         store_job_clear(&j);
     }
     return STORE_ENOTFOUND;
@@ -144,7 +145,7 @@ static int find_checkpoint(store *st, const store_job *pj, int64_t *step, const 
     char have[400] = "";
     size_t used = 0;
     int n = 0, rc = store_checkpoint_list(st, pj->id, &cks, &n);
-    int64_t begun = start_step(pj), k = -1;
+    int64_t begun = api_branch_step(pj->branch), k = -1;
     if (rc)
         return store_refusal(e, rc, "job", pj->id);
     for (int i = -1; i < n; i++) { /* -1: the state the branch began with */
@@ -220,7 +221,9 @@ static int carries(json_t *parent, json_t *branch, int64_t from, api_error *e)
 static json_t *resets(const store_job *parent, int64_t from, json_t *pspec, const char *eff)
 {
     json_t *e = json_loads(eff, 0, NULL), *out = json_array();
-    json_t *r = from > 0 && from == start_step(parent) ? json_loads(parent->branch, 0, NULL) : NULL;
+    json_t *r = from > 0 && from == api_branch_step(parent->branch)
+                    ? json_loads(parent->branch, 0, NULL)
+                    : NULL;
     json_t *pp = json_object_get(pspec, "precision"), *bp = json_object_get(e, "precision");
     if (!json_equal(json_object_get(pp, "loss_scale"), json_object_get(bp, "loss_scale")) ||
         !json_equal(json_object_get(pp, "dtype"), json_object_get(bp, "dtype")) ||

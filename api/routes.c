@@ -807,16 +807,6 @@ static void series_segment(series_stream *ss, int i)
     ss->raw_done = lo > ss->hi_limit;
 }
 
-/* The branch step of job j (its record's "step"), or -1 when it has none. */
-static int64_t branch_step(const store_job *j)
-{
-    json_t *b = j->branch ? json_loads(j->branch, 0, NULL) : NULL;
-    json_t *v = json_object_get(b, "step");
-    int64_t step = json_is_integer(v) ? (int64_t)json_integer_value(v) : -1;
-    json_decref(b);
-    return step;
-}
-
 /* ss->seg: job j alone, or with lineage its ancestors first, root first, each up to the
  * step its child branched at. An ancestor deleted since ends the walk up there. */
 static int series_lineage(series_stream *ss, const store_job *j, bool lineage)
@@ -826,8 +816,8 @@ static int series_lineage(series_stream *ss, const store_job *j, bool lineage)
     store_job a, cur;
     rev[n++] = (lineage_seg){j->id, INT64_MAX};
     memset(&cur, 0, sizeof(cur));
-    int64_t parent = lineage ? j->parent_id : 0, step = branch_step(j);
-    while (parent > 0 && step >= 0 && n < LINEAGE_MAX) {
+    int64_t parent = lineage ? j->parent_id : 0, step = api_branch_step(j->branch);
+    while (parent > 0 && n < LINEAGE_MAX) {
         rc = store_job_get(ss->srv->st, parent, &a);
         if (rc == STORE_ENOTFOUND) {
             rc = 0;
@@ -839,7 +829,7 @@ static int series_lineage(series_stream *ss, const store_job *j, bool lineage)
         store_job_clear(&cur);
         cur = a;
         parent = cur.parent_id;
-        step = branch_step(&cur);
+        step = api_branch_step(cur.branch);
     }
     store_job_clear(&cur);
     ss->nseg = n;

@@ -234,11 +234,9 @@ static int64_t branch_start_of(store *st, int64_t job, int64_t step)
         store_job b;
         if (store_job_get(st, ids[i], &b) != 0)
             continue;
-        json_t *rec = b.branch ? json_loads(b.branch, 0, NULL) : NULL;
-        if (json_integer_value(json_object_get(rec, "step")) == step && b.checkpoint_step == 0 &&
+        if (api_branch_step(b.branch) == step && b.checkpoint_step == 0 &&
             !store_status_finished(b.status))
             found = b.id;
-        json_decref(rec);
         store_job_clear(&b);
     }
     free(ids);

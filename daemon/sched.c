@@ -193,9 +193,7 @@ static void stop_worker_locked(worker *w, double now)
  * when the parent has no record of it. */
 static int branch_start(daemon_sched *s, const store_job *j, char *ckpt, size_t len, int64_t *from)
 {
-    json_t *b = json_loads(j->branch ? j->branch : "", 0, NULL);
-    int64_t step = json_integer_value(json_object_get(b, "step"));
-    json_decref(b);
+    int64_t step = api_branch_step(j->branch);
     if (step > 0 && api_branch_checkpoint(s->st, j->parent_id, step, ckpt, len) != 0)
         ckpt[0] = '\0';
     if (step == 0)

@@ -14,8 +14,8 @@
 // of the API), a waiting job's place on its run page and its priority set there, a
 // recommendation's remedy clicked and confirmed (the branch made from the checkpoint the
 // dialog named, the compare view of the run and its branch with the branch step marked on
-// every chart, the lineage on the runs table and the branch's page), and no console error
-// anywhere. Then what
+// every chart, the lineage on the runs table and the branch's page, its Lineage CSV), and no
+// console error anywhere. Then what
 // pages of other sites can do to a daemon without a token: a page on another loopback port
 // (a second HTTP server started here) that tries a no-cors POST and a form POST to cancel a
 // running job and a cross-origin fetch of /v1/jobs, and a DNS-rebinding page (rebind.test
@@ -934,6 +934,14 @@ async function main() {
     await page.waitForSelector('#lineage');
     check('its run page names its parent, the step and the patch',
           /A branch of #\d+ from its checkpoint at step 5: .*master weights/.test(await page.textContent('#lineage')));
+    const linHref = await page.getAttribute('a:has-text("Lineage CSV")', 'href');
+    const lin = (await (await fetch(BASE + linHref)).text()).trim().split('\n');
+    const jobsOf = lin.slice(1).map((l) => Number(l.split(',')[0]));
+    check('... and its Lineage CSV is the parent\'s steps to 5, then its own, each naming its job',
+          lin[0].startsWith('job,step,') && jobsOf.slice(0, 5).every((j) => j === lostId) &&
+          jobsOf.slice(5).every((j) => j === child) && jobsOf.length > 5 &&
+          lin.slice(1).every((l, i) => Number(l.split(',')[1]) === i + 1),
+          `${linHref}: ${lin.length} lines, ${lin.slice(0, 2).join(' | ')} ... ${lin[6]}`);
 
     // ---- a phone: no horizontal scrolling on the runs table, a run page, the compare view
     const phone = await browser.newContext({viewport: {width: 390, height: 844}, deviceScaleFactor: 2, isMobile: true, hasTouch: true});
