@@ -6,12 +6,16 @@
  *
  * The body is {"from_step": S, "patch": {...}, "reason": "..."}, or {"remedy": E} to take
  * the remedy of recommendation event E as it stands: its patch, its sentence as the reason,
- * and from the newest checkpoint before the step where the problem showed, or from the
- * start when none precedes it (from_step may still name another). The patch is a JSON merge patch
+ * and from the newest checkpoint before the step where the problem showed (a remedy with a
+ * rewind: the newest at least that many steps before it, else the oldest before it), or
+ * from the start when none precedes it (from_step may still name another). A branch's own
+ * start counts as one of its checkpoints (the file is the ancestor's it began with, and
+ * what it reset is reset again). The patch is a JSON merge patch
  * (RFC 7386: members replace, objects merge, null removes) over the parent's stored spec; the
  * result is checked like a submitted spec, and its errors name the field under "patch.". What a
  * checkpoint cannot carry is refused with 422 naming the field: another model (the checkpoint's
- * tensors are the parent's), another world size, or steps that end at or before S. A patch of
+ * tensors are the parent's), another world size, fewer skipped batches (data.skip_batches)
+ * than the checkpoint has skipped, or steps that end at or before S. A patch of
  * precision.dtype that leaves precision.loss_scale alone takes the new dtype's
  * loss-scaling defaults (the stored spec has the old one's written out). The branch's
  * record (jobs.branch) is {"parent", "step", "reason", "patch", "lineage", "resets",
@@ -127,8 +131,8 @@ int api_branch_checkpoint(store *st, int64_t job, int64_t step, char *path, size
             return rc;
         if ((rc = store_job_get(st, job, &j)) != 0)
             return rc;
-        job =
-            api_branch_step(j.branch) == step ? j.parent_id : 0; /* its start: an ancestor's file */
+        /* not its own checkpoint: its start, when it began there, is an ancestor's file */
+        job = api_branch_step(j.branch) == step ? j.parent_id : 0;
         store_job_clear(&j);
     }
     return STORE_ENOTFOUND;

@@ -480,8 +480,7 @@ static int parse_data(ctx *c, json_t *d, gpu_data_config *dc)
         (rc = get_choice(c, d, "type", "data.type", types, &type)))
         return rc;
     dc->type = (gpu_data_type)type;
-    if ((rc = get_int(c, d, "skip_batches", "data.skip_batches", 0, 1000000000,
-                      &dc->skip_batches)) ||
+    if ((rc = get_int(c, d, "skip_batches", "data.skip_batches", 0, 10000000, &dc->skip_batches)) ||
         (rc = get_bool(c, d, "shuffle", "data.shuffle", &shuffle)))
         return rc;
     dc->in_order = !shuffle;
