@@ -48,8 +48,9 @@
 # step 0.93-2.23 s, as the load came and went) and a PyTorch fp32 run 220-425 s (0.63-1.08
 # s a step); the data and model checks about 1 min; `bench/convergence.sh 300 1,2` (8 runs,
 # torch:bf16 skipped) 69 min. Runs scale with STEPS, so the default (600 steps, 5 seeds,
-# 20 runs without torch:bf16) takes about 4-8 hours there; torch:bf16, where it runs
-# (AVX512_BF16), about as long as torch:fp32.
+# 20 runs without torch:bf16) takes about 4-8 hours there (measured 2026-12-06/07: 5 h 30 min
+# in three parts, beside builds); torch:bf16, where it runs (AVX512_BF16), about as long as
+# torch:fp32.
 set -euo pipefail
 
 STEPS=${1:-600}
