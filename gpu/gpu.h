@@ -131,6 +131,28 @@ const char *gpu_cvt_impl(void);
  * it, GPU_EINVAL for an unknown name. */
 int gpu_cvt_force(const char *impl);
 
+/* ---- fp8 (fp8.c) ------------------------------------------------------------------------- */
+
+/* E4M3 (bias 7, largest 448, no infinity, NaN S.1111.111) and E5M2 (bias 15, largest
+ * 57344, IEEE-like infinities and NaNs), the formats of FP8 training. */
+typedef GPU_ENUM{GPU_E4M3 = 0, GPU_E5M2 = 1} gpu_fp8_format;
+
+#define GPU_E4M3_MAX 448.0f
+#define GPU_E5M2_MAX 57344.0f
+
+const char *gpu_fp8_format_name(gpu_fp8_format f); /* "e4m3", "e5m2" */
+float gpu_fp8_max(gpu_fp8_format f);               /* largest finite value */
+/* Round to nearest even, subnormals and signed zeros kept. Past the largest finite value
+ * (+-inf included): +-max when saturate (what Transformer Engine and CUDA use), otherwise
+ * E4M3's NaN (0x7F with the sign) or E5M2's +-inf. Every NaN becomes 0x7F (sign dropped).
+ * Bit for bit NVIDIA's __nv_cvt_float_to_fp8. */
+uint8_t gpu_f32_to_fp8(float x, gpu_fp8_format f, bool saturate);
+/* Exact; a NaN code gives the canonical quiet NaN (0x7FC00000). */
+float gpu_fp8_to_f32(uint8_t v, gpu_fp8_format f);
+/* Bulk versions of the two (the same bits; src and dst may not overlap). */
+void gpu_cvt_f32_fp8(uint8_t *dst, const float *src, size_t n, gpu_fp8_format f, bool saturate);
+void gpu_cvt_fp8_f32(float *dst, const uint8_t *src, size_t n, gpu_fp8_format f);
+
 /* ---- BLAS (blas.c) ---------------------------------------------------------------------- */
 
 /* Open the BLAS library once (thread-safe). On x86 it chooses OpenBLAS's kernel set from

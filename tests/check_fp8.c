@@ -1,0 +1,213 @@
+/*
+ * check_fp8.c - the fp8 formats (gpu/fp8.c) against NVIDIA's own host implementation
+ * (tests/fp8_nv.cc: __nv_cvt_float_to_fp8 and __nv_cvt_fp8_to_halfraw of the CUDA
+ * toolkit's cuda_fp8.hpp):
+ *   - the 2^32 fp32 bit patterns converted to E4M3 and to E5M2, saturating and not, by the
+ *     bulk conversion (in blocks of 2^16), and every 61st by the scalar one, equal to
+ *     NVIDIA's bits: all of them with AMPD_FP8_SWEEP=full (100 s on 2 cores), every 17th
+ *     block by default (every 257th under AddressSanitizer), so that `make check` stays
+ *     fast;
+ *   - all 256 codes of each format back to fp32, exactly NVIDIA's value (every fp8 value is
+ *     an fp16 one; a NaN code a NaN), by the scalar and the bulk conversion;
+ *   - the formats' landmarks by hand: the largest values, the smallest subnormals, the ties
+ *     at their edges, infinities and NaNs, signed zeros.
+ * Exits 77 (SKIP) for the comparisons when built without the CUDA toolkit's headers.
+ */
+#include <check.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu/gpu.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define ASAN 1
+#endif
+#endif
+
+/* The sweep takes every stride-th block of 2^16 fp32 patterns: all of them (stride 1) with
+ * AMPD_FP8_SWEEP=full, about 100 s on 2 cores; by default every 17th (6 s), and every
+ * 257th under AddressSanitizer. */
+static unsigned sweep_stride(void)
+{
+    const char *v = getenv("AMPD_FP8_SWEEP");
+    if (v && strcmp(v, "full") == 0)
+        return 1;
+#ifdef ASAN
+    return 257;
+#else
+    return 17;
+#endif
+}
+
+#ifdef HAVE_FP8_NV
+unsigned char fp8_nv_from_f32(float x, int e5m2, int saturate);
+unsigned short fp8_nv_to_f16(unsigned char v, int e5m2);
+#endif
+
+static float from_bits(uint32_t b)
+{
+    float f;
+    memcpy(&f, &b, sizeof(f));
+    return f;
+}
+
+static uint32_t bits_of(float f)
+{
+    uint32_t b;
+    memcpy(&b, &f, sizeof(b));
+    return b;
+}
+
+/* The landmarks of both formats, by hand. */
+START_TEST(test_landmarks)
+{
+    ck_assert_uint_eq(gpu_f32_to_fp8(448.0f, GPU_E4M3, false), 0x7E);
+    ck_assert_uint_eq(gpu_f32_to_fp8(464.0f, GPU_E4M3, false), 0x7E); /* the tie: to even */
+    ck_assert_uint_eq(gpu_f32_to_fp8(464.5f, GPU_E4M3, false), 0x7F); /* NaN */
+    ck_assert_uint_eq(gpu_f32_to_fp8(464.5f, GPU_E4M3, true), 0x7E);
+    ck_assert_uint_eq(gpu_f32_to_fp8(-INFINITY, GPU_E4M3, true), 0xFE);
+    ck_assert_uint_eq(gpu_f32_to_fp8(-INFINITY, GPU_E4M3, false), 0xFF);
+    ck_assert_uint_eq(gpu_f32_to_fp8(57344.0f, GPU_E5M2, false), 0x7B);
+    ck_assert_uint_eq(gpu_f32_to_fp8(61440.0f, GPU_E5M2, false), 0x7C); /* tie to even: inf */
+    ck_assert_uint_eq(gpu_f32_to_fp8(61439.0f, GPU_E5M2, false), 0x7B);
+    ck_assert_uint_eq(gpu_f32_to_fp8(61440.0f, GPU_E5M2, true), 0x7B);
+    ck_assert_uint_eq(gpu_f32_to_fp8(INFINITY, GPU_E5M2, false), 0x7C);
+    ck_assert_uint_eq(gpu_f32_to_fp8(ldexpf(1, -9), GPU_E4M3, false), 0x01);   /* smallest */
+    ck_assert_uint_eq(gpu_f32_to_fp8(ldexpf(1, -10), GPU_E4M3, false), 0x00);  /* its half */
+    ck_assert_uint_eq(gpu_f32_to_fp8(ldexpf(3, -10), GPU_E4M3, false), 0x02);  /* 1.5: to even */
+    ck_assert_uint_eq(gpu_f32_to_fp8(ldexpf(3, -11), GPU_E4M3, false), 0x01);  /* 0.75: up */
+    ck_assert_uint_eq(gpu_f32_to_fp8(-ldexpf(1, -17), GPU_E5M2, false), 0x80); /* -0 */
+    ck_assert_uint_eq(gpu_f32_to_fp8(ldexpf(1.01f, -17), GPU_E5M2, false), 0x01);
+    ck_assert_uint_eq(gpu_f32_to_fp8(ldexpf(7, -9), GPU_E4M3, false), 0x07);   /* largest subn. */
+    ck_assert_uint_eq(gpu_f32_to_fp8(ldexpf(15, -10), GPU_E4M3, false), 0x08); /* -> 2^-6 */
+    ck_assert_uint_eq(gpu_f32_to_fp8(NAN, GPU_E4M3, true), 0x7F);
+    ck_assert_uint_eq(gpu_f32_to_fp8(-NAN, GPU_E5M2, true), 0x7F); /* one NaN, no sign */
+    ck_assert_uint_eq(gpu_f32_to_fp8(from_bits(0xFF800001u), GPU_E4M3, false), 0x7F);
+    ck_assert_uint_eq(gpu_f32_to_fp8(-0.0f, GPU_E4M3, false), 0x80);
+    ck_assert(gpu_fp8_to_f32(0x7E, GPU_E4M3) == 448.0f);
+    ck_assert(gpu_fp8_to_f32(0xFB, GPU_E5M2) == -57344.0f);
+    ck_assert(gpu_fp8_to_f32(0x01, GPU_E4M3) == ldexpf(1, -9));
+    ck_assert(gpu_fp8_to_f32(0x01, GPU_E5M2) == ldexpf(1, -16));
+    ck_assert(isinf(gpu_fp8_to_f32(0xFC, GPU_E5M2)) && gpu_fp8_to_f32(0xFC, GPU_E5M2) < 0);
+    ck_assert_uint_eq(bits_of(gpu_fp8_to_f32(0xFF, GPU_E4M3)), 0x7FC00000u);
+    ck_assert_uint_eq(bits_of(gpu_fp8_to_f32(0x7D, GPU_E5M2)), 0x7FC00000u);
+    ck_assert_uint_eq(bits_of(gpu_fp8_to_f32(0x80, GPU_E5M2)), 0x80000000u);
+    ck_assert(gpu_fp8_max(GPU_E4M3) == 448.0f && gpu_fp8_max(GPU_E5M2) == 57344.0f);
+    ck_assert_str_eq(gpu_fp8_format_name(GPU_E5M2), "e5m2");
+}
+END_TEST
+
+#ifdef HAVE_FP8_NV
+/* All 256 codes back to fp32: NVIDIA's value (its fp16, widened exactly), NaN for NaN. */
+START_TEST(test_decode_all_codes)
+{
+    for (int f = 0; f < 2; f++) {
+        uint8_t codes[256];
+        float bulk[256];
+        for (int c = 0; c < 256; c++)
+            codes[c] = (uint8_t)c;
+        gpu_cvt_fp8_f32(bulk, codes, 256, (gpu_fp8_format)f);
+        for (int c = 0; c < 256; c++) {
+            float want = gpu_f16_to_f32(fp8_nv_to_f16((uint8_t)c, f));
+            float got = gpu_fp8_to_f32((uint8_t)c, (gpu_fp8_format)f);
+            if (isnan(want))
+                ck_assert_msg(isnan(got) && isnan(bulk[c]), "%s code 0x%02x: %g, not NaN",
+                              gpu_fp8_format_name(f), c, (double)got);
+            else
+                ck_assert_msg(bits_of(got) == bits_of(want) && bits_of(bulk[c]) == bits_of(want),
+                              "%s code 0x%02x: %a (bulk %a), NVIDIA %a", gpu_fp8_format_name(f), c,
+                              (double)got, (double)bulk[c], (double)want);
+        }
+    }
+}
+END_TEST
+
+#define BLOCK (1u << 16)
+
+/* The fp32 patterns of every stride-th block, both formats, both overflow modes. */
+START_TEST(test_encode_every_f32)
+{
+    uint64_t checked = 0, wrong = 0;
+    const unsigned stride = sweep_stride();
+    char first[200] = "";
+#pragma omp parallel reduction(+ : checked, wrong)
+    {
+        float *src = malloc(BLOCK * sizeof(float));
+        uint8_t *dst = malloc(BLOCK);
+#pragma omp for schedule(dynamic, 16)
+        for (uint64_t blk = 0; blk < ((uint64_t)1 << 32) / BLOCK; blk++) {
+            uint32_t base = (uint32_t)(blk * BLOCK);
+            if (!src || !dst) { /* out of memory: counted as a difference */
+                wrong++;
+                continue;
+            }
+            if (blk % stride != 0)
+                continue;
+            for (uint32_t i = 0; i < BLOCK; i++)
+                src[i] = from_bits(base + i);
+            for (int mode = 0; mode < 4; mode++) { /* bit 0: E5M2, bit 1: saturating */
+                int e5m2 = mode & 1, sat = mode >> 1;
+                gpu_fp8_format f = e5m2 ? GPU_E5M2 : GPU_E4M3;
+                gpu_cvt_f32_fp8(dst, src, BLOCK, f, sat);
+                for (uint32_t i = 0; i < BLOCK; i++) {
+                    uint8_t want = fp8_nv_from_f32(src[i], e5m2, sat);
+                    bool bad = dst[i] != want ||
+                               ((base + i) % 61 == 0 && gpu_f32_to_fp8(src[i], f, sat) != want);
+                    checked++;
+                    if (bad && wrong++ == 0) {
+#pragma omp critical
+                        snprintf(first, sizeof(first), "0x%08x to %s%s: 0x%02x, NVIDIA 0x%02x",
+                                 base + i, gpu_fp8_format_name(f), sat ? " saturating" : "", dst[i],
+                                 want);
+                    }
+                }
+            }
+        }
+        free(src);
+        free(dst);
+    }
+    printf("fp8: %llu conversions (%s of the 2^32 fp32 patterns, x 2 formats x 2 modes) "
+           "compared with NVIDIA's, %llu differ\n",
+           (unsigned long long)checked, stride > 1 ? "a part" : "all", (unsigned long long)wrong);
+    ck_assert_msg(wrong == 0, "%llu conversions differ from NVIDIA's; the first: %s",
+                  (unsigned long long)wrong, first);
+    ck_assert(stride > 1 || checked == (uint64_t)4 << 32);
+}
+END_TEST
+#endif
+
+static Suite *fp8_suite(void)
+{
+    Suite *s = suite_create("fp8");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 900);
+    tcase_add_test(tc, test_landmarks);
+#ifdef HAVE_FP8_NV
+    tcase_add_test(tc, test_decode_all_codes);
+    tcase_add_test(tc, test_encode_every_f32);
+#endif
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(fp8_suite());
+    srunner_run_all(sr, CK_ENV);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+#ifndef HAVE_FP8_NV
+    if (failed == 0) {
+        printf("SKIP: check_fp8: built without the CUDA toolkit's cuda_fp8.h, so NVIDIA's "
+               "conversions are not here to compare with (the landmarks passed)\n");
+        return 77;
+    }
+#endif
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
