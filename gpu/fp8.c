@@ -17,8 +17,15 @@
  * codes), on the OpenMP team from GPU_PAR_MIN elements: each element's result depends on
  * that element alone.
  *
+ * Scaling (Transformer Engine's recipes, per tensor): current scaling from this step's amax;
+ * delayed scaling from a history of amaxes, computed before the history rolls, the previous
+ * scale kept for an amax of 0, inf or NaN, an infinite scale made FLT_MAX, and nothing
+ * changed in a step whose amax is 0 (TE: a module that did not run). The division is fp32
+ * round-to-nearest, so the scales are the bits TE computes.
+ *
  * Threads: all functions are thread-safe (the tables are built once, under pthread_once).
  */
+#include <float.h>
 #include <math.h>
 #include <pthread.h>
 #include <string.h>
@@ -128,4 +135,41 @@ void gpu_cvt_fp8_f32(float *dst, const uint8_t *src, size_t n, gpu_fp8_format f)
 #pragma omp parallel for if (gpu_par_worth(n)) schedule(static)
     for (size_t i = 0; i < n; i++)
         dst[i] = t[src[i]];
+}
+
+/* ---- scaling ---------------------------------------------------------------------------- */
+
+float gpu_fp8_scaled_max(gpu_fp8_format f, int margin)
+{
+    return ldexpf(gpu_fp8_max(f), -margin); /* a power of two: exact */
+}
+
+float gpu_fp8_current_scale(float amax, float scaled_max, float epsilon)
+{
+    if (amax < epsilon)
+        amax = epsilon;
+    if (isinf(amax) || isnan(amax) || amax == 0.0f)
+        return 1.0f;
+    float scale = scaled_max / amax;
+    return isinf(scale) ? FLT_MAX : scale;
+}
+
+void gpu_fp8_delayed_update(float *history, int len, gpu_fp8_amax_algo algo, float scaled_max,
+                            float *scale, float *scale_inv)
+{
+    float last = history[0], amax = 0.0f;
+    if (last == 0.0f) /* the tensor did not take part this step */
+        return;
+    for (int i = 0; i < len; i++)
+        amax = fmaxf(amax, history[i]);
+    if (algo == GPU_FP8_AMAX_MOST_RECENT)
+        amax = last;
+    if (isfinite(amax) && amax > 0.0f) {
+        float s = scaled_max / amax;
+        *scale = isinf(s) ? FLT_MAX : s;
+    }
+    *scale_inv = 1.0f / *scale;
+    memmove(history, history + 1, (size_t)(len - 1) * sizeof(float));
+    history[len - 1] = last;
+    history[0] = 0.0f; /* the staging slot: the oldest entry, which leaves the window */
 }

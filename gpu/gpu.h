@@ -153,6 +153,27 @@ float gpu_fp8_to_f32(uint8_t v, gpu_fp8_format f);
 void gpu_cvt_f32_fp8(uint8_t *dst, const float *src, size_t n, gpu_fp8_format f, bool saturate);
 void gpu_cvt_fp8_f32(float *dst, const uint8_t *src, size_t n, gpu_fp8_format f);
 
+/* Per-tensor scaling (Transformer Engine's recipes; docs/fp8.md). A tensor x is cast as
+ * fp8(x * scale), and a GEMM's product of two such tensors is multiplied by both
+ * scale_inv = 1 / scale (fp32, rounded to nearest). */
+typedef GPU_ENUM{GPU_FP8_AMAX_MAX = 0, GPU_FP8_AMAX_MOST_RECENT = 1} gpu_fp8_amax_algo;
+
+/* The value the scale maps amax to: f's largest value x 2^-margin (margin >= 0). */
+float gpu_fp8_scaled_max(gpu_fp8_format f, int margin);
+/* Current scaling (Float8CurrentScaling): from this step's amax, raised to epsilon first when
+ * below it; 1 when it is 0, inf or NaN; scaled_max / amax otherwise, FLT_MAX if that is inf. */
+float gpu_fp8_current_scale(float amax, float scaled_max, float epsilon);
+/* One step of delayed scaling (DelayedScaling) of one tensor role. history[0..len) holds the
+ * staging slot [0], where the caller has put this step's amax, and the len - 1 amaxes
+ * before it, oldest first. When that amax is 0 (the tensor did not take part) nothing
+ * changes. Otherwise the amax used is history[0] (MOST_RECENT) or the largest of all len
+ * entries, NaNs skipped as fmaxf skips them (MAX); from it *scale becomes scaled_max / amax
+ * (FLT_MAX if that is inf) when it is finite and above 0, else stays; then the history
+ * rolls (the oldest entry goes, this step's amax becomes the newest) and the staging slot
+ * is cleared. *scale_inv becomes 1 / *scale. */
+void gpu_fp8_delayed_update(float *history, int len, gpu_fp8_amax_algo algo, float scaled_max,
+                            float *scale, float *scale_inv);
+
 /* ---- BLAS (blas.c) ---------------------------------------------------------------------- */
 
 /* Open the BLAS library once (thread-safe). On x86 it chooses OpenBLAS's kernel set from

@@ -10,10 +10,17 @@
  *   - all 256 codes of each format back to fp32, exactly NVIDIA's value (every fp8 value is
  *     an fp16 one; a NaN code a NaN), by the scalar and the bulk conversion;
  *   - the formats' landmarks by hand: the largest values, the smallest subnormals, the ties
- *     at their edges, infinities and NaNs, signed zeros.
+ *     at their edges, infinities and NaNs, signed zeros;
+ *   - the scaling recipes replayed against a model written here from Transformer Engine's
+ *     formulas (docs/fp8.md), sharing no code with gpu/fp8.c (its divisions in fp64, its
+ *     window a list in time order): delayed scaling over 1000 steps of amaxes across fp32's
+ *     range with 0, inf and NaN among them, from an empty (all-zero) history, for history
+ *     lengths 1, 2, 16 and 1024, MAX and MOST_RECENT, margins 0 and 3, both formats: every
+ *     step's scale, scale_inv and window bit for bit; current scaling likewise.
  * Exits 77 (SKIP) for the comparisons when built without the CUDA toolkit's headers.
  */
 #include <check.h>
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -103,6 +110,107 @@ START_TEST(test_landmarks)
 }
 END_TEST
 
+/* ---- scaling ------------------------------------------------------------------------------ */
+
+/* The model's amax of the window: the largest, NaNs never larger than anything. */
+static float model_largest(const float *w, int n, float start)
+{
+    float m = start;
+    for (int i = 0; i < n; i++)
+        if (w[i] > m)
+            m = w[i];
+    return m;
+}
+
+static float model_divide(float num, float den)
+{
+    return (float)((double)num / (double)den); /* fp64, rounded once: fp32's own quotient */
+}
+
+/* A trace of amaxes: magnitudes from 2^-140 to 2^120, with 0, inf and NaN among them and a
+ * run of zeros first (the history starts empty and nothing happens). */
+static float trace_amax(int step, uint64_t *rng)
+{
+    *rng = *rng * 6364136223846793005ull + 1442695040888963407ull;
+    uint32_t r = (uint32_t)(*rng >> 33);
+    if (step < 3 || r % 41 == 0)
+        return 0.0f;
+    if (r % 53 == 1)
+        return INFINITY;
+    if (r % 59 == 2)
+        return NAN;
+    return ldexpf(1.0f + (float)(r & 0xFFFF) / 65536.0f, (int)(r >> 16) % 261 - 140);
+}
+
+START_TEST(test_delayed_scaling)
+{
+    static const int lens[] = {1, 2, 16, 1024};
+    for (int c = 0; c < 4 * 2 * 2 * 2; c++) {
+        int len = lens[c % 4], margin = (c / 4) % 2 ? 3 : 0;
+        gpu_fp8_amax_algo algo = (c / 8) % 2 ? GPU_FP8_AMAX_MOST_RECENT : GPU_FP8_AMAX_MAX;
+        gpu_fp8_format f = (c / 16) % 2 ? GPU_E5M2 : GPU_E4M3;
+        float *hist = calloc((size_t)len, sizeof(float));
+        float *past = calloc((size_t)len, sizeof(float)); /* the model: oldest first */
+        float scale = 1.0f, scale_inv = 1.0f, mscale = 1.0f, minv = 1.0f;
+        float smax = (float)((f == GPU_E5M2 ? 57344.0 : 448.0) * pow(2.0, -margin));
+        uint64_t rng = (uint64_t)c + 1;
+        ck_assert(hist && past);
+        ck_assert(gpu_fp8_scaled_max(f, margin) == smax);
+        for (int step = 0; step < 1000; step++) {
+            float a = trace_amax(step, &rng);
+            hist[0] = a;
+            gpu_fp8_delayed_update(hist, len, algo, gpu_fp8_scaled_max(f, margin), &scale,
+                                   &scale_inv);
+            if (a != 0.0f) {
+                float amax = algo == GPU_FP8_AMAX_MAX
+                                 ? model_largest(past + 1, len - 1, a > 0.0f ? a : 0.0f)
+                                 : a;
+                if (amax > 0.0f && amax < INFINITY) {
+                    mscale = model_divide(smax, amax);
+                    if (mscale > FLT_MAX)
+                        mscale = FLT_MAX;
+                }
+                minv = model_divide(1.0f, mscale);
+                for (int i = 1; i < len; i++) /* the oldest leaves, the new one comes last */
+                    past[i - 1] = past[i];
+                past[len - 1] = a;
+            }
+            ck_assert_msg(bits_of(scale) == bits_of(mscale) && bits_of(scale_inv) == bits_of(minv),
+                          "len %d %s margin %d %s, step %d (amax %a): scale %a / %a, model %a / %a",
+                          len, algo ? "most_recent" : "max", margin, gpu_fp8_format_name(f), step,
+                          (double)a, (double)scale, (double)scale_inv, (double)mscale,
+                          (double)minv);
+            ck_assert(hist[0] == 0.0f || len == 1);
+            for (int i = 1; i < len; i++)
+                ck_assert_msg(bits_of(hist[i]) == bits_of(past[i]), "step %d: window[%d]", step, i);
+        }
+        free(hist);
+        free(past);
+    }
+}
+END_TEST
+
+START_TEST(test_current_scaling)
+{
+    uint64_t rng = 7;
+    for (int step = 0; step < 1000; step++) {
+        for (int f = 0; f < 2; f++) {
+            float amax = trace_amax(step, &rng), eps = step % 3 == 0 ? ldexpf(1, -20) : 0.0f;
+            float smax = gpu_fp8_scaled_max((gpu_fp8_format)f, step % 2);
+            float got = gpu_fp8_current_scale(amax, smax, eps), a = amax < eps ? eps : amax;
+            float want = a > 0.0f && a < INFINITY ? model_divide(smax, a) : 1.0f;
+            if (want > FLT_MAX)
+                want = FLT_MAX;
+            ck_assert_msg(bits_of(got) == bits_of(want), "amax %a eps %a: %a, model %a",
+                          (double)amax, (double)eps, (double)got, (double)want);
+        }
+    }
+    ck_assert(gpu_fp8_current_scale(ldexpf(1, -140), 448.0f, 0.0f) == FLT_MAX);
+    ck_assert(gpu_fp8_current_scale(NAN, 448.0f, 1e-12f) == 1.0f);
+    ck_assert(gpu_fp8_current_scale(2.0f, 448.0f, 0.0f) == 224.0f);
+}
+END_TEST
+
 #ifdef HAVE_FP8_NV
 /* All 256 codes back to fp32: NVIDIA's value (its fp16, widened exactly), NaN for NaN. */
 START_TEST(test_decode_all_codes)
@@ -188,6 +296,8 @@ static Suite *fp8_suite(void)
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 900);
     tcase_add_test(tc, test_landmarks);
+    tcase_add_test(tc, test_delayed_scaling);
+    tcase_add_test(tc, test_current_scaling);
 #ifdef HAVE_FP8_NV
     tcase_add_test(tc, test_decode_all_codes);
     tcase_add_test(tc, test_encode_every_f32);
