@@ -13,9 +13,10 @@
  *   fp8 -> fp32: exact; E5M2's infinities are +-inf; every NaN code gives the canonical quiet
  *     NaN 0x7FC00000.
  * Integer arithmetic on the bits only, so MXCSR (FTZ/DAZ, the rounding mode) cannot change
- * a result. The bulk conversions run the scalar ones (decoding through a table of the 256
- * codes), on the OpenMP team from GPU_PAR_MIN elements: each element's result depends on
- * that element alone.
+ * a result. The bulk encoding runs the same arithmetic on 16 lanes (AVX-512F), 8 (AVX2) or
+ * one at a time (portable), chosen from CPUID; decoding reads a table of the 256 codes.
+ * Both run on the OpenMP team from GPU_PAR_MIN elements, in blocks: each element's result
+ * depends on that element alone.
  *
  * Scaling (Transformer Engine's recipes, per tensor): current scaling from this step's amax;
  * delayed scaling from a history of amaxes, computed before the history rolls, the previous
@@ -31,6 +32,13 @@
 #include <string.h>
 
 #include "gpu/gpu_int.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define FP8_X86 1
+#include <immintrin.h>
+#else
+#define FP8_X86 0
+#endif
 
 typedef struct {
     int mbits, bias;
@@ -121,11 +129,161 @@ float gpu_fp8_to_f32(uint8_t v, gpu_fp8_format f)
     return tables[f == GPU_E5M2][v];
 }
 
+/* ---- bulk encoding: portable, AVX2, AVX-512 ------------------------------------------- */
+
+typedef void (*encode_fn)(uint8_t *dst, const float *src, size_t n, gpu_fp8_format f, bool sat);
+
+static void port_encode(uint8_t *dst, const float *src, size_t n, gpu_fp8_format f, bool sat)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = gpu_f32_to_fp8(src[i], f, sat);
+}
+
+#if FP8_X86
+/* The vector paths compute round_code and gpu_f32_to_fp8's cases on every lane, then pick
+ * each lane's case: NaN, zero, overflow, or the rounded code, with the sign. Lanes whose
+ * shifts run past 31 (the zeros, the overflows) are blended away. */
+#define T256 __attribute__((target("avx2")))
+#define T512 __attribute__((target("avx512f,avx2")))
+
+T256 static void a256_encode(uint8_t *dst, const float *src, size_t n, gpu_fp8_format f, bool sat)
+{
+    const fp8_fmt *p = &fmts[f == GPU_E5M2];
+    const __m256i one = _mm256_set1_epi32(1), zero = _mm256_setzero_si256();
+    const __m256i over = _mm256_set1_epi32(sat ? p->max_code : f == GPU_E5M2 ? 0x7C : 0x7F);
+    const __m256i take =
+        _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12,
+                         -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i b = _mm256_loadu_si256((const __m256i *)(src + i));
+        __m256i a = _mm256_and_si256(b, _mm256_set1_epi32(0x7FFFFFFF));
+        __m256i sign = _mm256_and_si256(_mm256_srli_epi32(b, 24), _mm256_set1_epi32(0x80));
+        __m256i e = _mm256_sub_epi32(_mm256_srli_epi32(a, 23), _mm256_set1_epi32(127 - p->bias));
+        __m256i m = _mm256_or_si256(_mm256_and_si256(a, _mm256_set1_epi32(0x7FFFFF)),
+                                    _mm256_set1_epi32(0x800000));
+        __m256i shift = _mm256_add_epi32(_mm256_set1_epi32(23 - p->mbits),
+                                         _mm256_max_epi32(_mm256_sub_epi32(one, e), zero));
+        __m256i code = _mm256_add_epi32(
+            _mm256_slli_epi32(_mm256_max_epi32(_mm256_sub_epi32(e, one), zero), p->mbits),
+            _mm256_srlv_epi32(m, shift));
+        __m256i half = _mm256_sllv_epi32(one, _mm256_sub_epi32(shift, one));
+        __m256i rem = _mm256_and_si256(m, _mm256_sub_epi32(_mm256_sllv_epi32(one, shift), one));
+        __m256i up =
+            _mm256_or_si256(_mm256_cmpgt_epi32(rem, half),
+                            _mm256_and_si256(_mm256_cmpeq_epi32(rem, half),
+                                             _mm256_cmpeq_epi32(_mm256_and_si256(code, one), one)));
+        code = _mm256_sub_epi32(code, up); /* up is -1 where the code rounds up */
+        __m256i ovf =
+            _mm256_or_si256(_mm256_cmpgt_epi32(code, _mm256_set1_epi32(p->max_code)),
+                            _mm256_cmpgt_epi32(a, _mm256_set1_epi32((int)p->too_big - 1)));
+        code = _mm256_blendv_epi8(code, over, ovf);
+        code = _mm256_and_si256(code, _mm256_cmpgt_epi32(a, _mm256_set1_epi32((int)p->zero_below)));
+        code = _mm256_or_si256(code, sign);
+        code = _mm256_blendv_epi8(code, _mm256_set1_epi32(0x7F),
+                                  _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x7F800000)));
+        __m256i packed = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(code, take),
+                                                     _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0));
+        _mm_storel_epi64((__m128i *)(dst + i), _mm256_castsi256_si128(packed));
+    }
+    port_encode(dst + i, src + i, n - i, f, sat);
+}
+
+T512 static void a512_encode(uint8_t *dst, const float *src, size_t n, gpu_fp8_format f, bool sat)
+{
+    const fp8_fmt *p = &fmts[f == GPU_E5M2];
+    const __m512i one = _mm512_set1_epi32(1), zero = _mm512_setzero_si512();
+    const __m512i over = _mm512_set1_epi32(sat ? p->max_code : f == GPU_E5M2 ? 0x7C : 0x7F);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512i b = _mm512_loadu_si512(src + i);
+        __m512i a = _mm512_and_si512(b, _mm512_set1_epi32(0x7FFFFFFF));
+        __m512i sign = _mm512_and_si512(_mm512_srli_epi32(b, 24), _mm512_set1_epi32(0x80));
+        __m512i e = _mm512_sub_epi32(_mm512_srli_epi32(a, 23), _mm512_set1_epi32(127 - p->bias));
+        __m512i m = _mm512_or_si512(_mm512_and_si512(a, _mm512_set1_epi32(0x7FFFFF)),
+                                    _mm512_set1_epi32(0x800000));
+        __m512i shift = _mm512_add_epi32(_mm512_set1_epi32(23 - p->mbits),
+                                         _mm512_max_epi32(_mm512_sub_epi32(one, e), zero));
+        __m512i code = _mm512_add_epi32(
+            _mm512_slli_epi32(_mm512_max_epi32(_mm512_sub_epi32(e, one), zero), p->mbits),
+            _mm512_srlv_epi32(m, shift));
+        __m512i half = _mm512_sllv_epi32(one, _mm512_sub_epi32(shift, one));
+        __m512i rem = _mm512_and_si512(m, _mm512_sub_epi32(_mm512_sllv_epi32(one, shift), one));
+        __mmask16 up = _mm512_cmpgt_epi32_mask(rem, half) |
+                       (_mm512_cmpeq_epi32_mask(rem, half) & _mm512_test_epi32_mask(code, one));
+        code = _mm512_mask_add_epi32(code, up, code, one);
+        __mmask16 ovf = _mm512_cmpgt_epi32_mask(code, _mm512_set1_epi32(p->max_code)) |
+                        _mm512_cmpgt_epi32_mask(a, _mm512_set1_epi32((int)p->too_big - 1));
+        code = _mm512_mask_blend_epi32(ovf, code, over);
+        code = _mm512_maskz_mov_epi32(
+            _mm512_cmpgt_epi32_mask(a, _mm512_set1_epi32((int)p->zero_below)), code);
+        code = _mm512_or_si512(code, sign);
+        code = _mm512_mask_blend_epi32(_mm512_cmpgt_epi32_mask(a, _mm512_set1_epi32(0x7F800000)),
+                                       code, _mm512_set1_epi32(0x7F));
+        _mm_storeu_si128((__m128i *)(dst + i), _mm512_cvtepi32_epi8(code));
+    }
+    port_encode(dst + i, src + i, n - i, f, sat);
+}
+#endif
+
+/* The encoder of path name when this CPU can run it, else NULL. */
+static encode_fn encoder(const char *name)
+{
+    if (strcmp(name, "portable") == 0)
+        return port_encode;
+#if FP8_X86
+    const gpu_cpu_features *c = gpu_cpu();
+    if (strcmp(name, "avx512") == 0 && c->avx512f && c->avx2)
+        return a512_encode;
+    if (strcmp(name, "avx2") == 0 && c->avx2)
+        return a256_encode;
+#endif
+    return NULL;
+}
+
+static const char *best_path(void)
+{
+    return encoder("avx512") ? "avx512" : encoder("avx2") ? "avx2" : "portable";
+}
+
+const char *gpu_fp8_impl(void)
+{
+    return best_path();
+}
+
+/* A bulk conversion on path fn, shared out to the OpenMP team in blocks. */
+static void encode_on(encode_fn fn, uint8_t *dst, const float *src, size_t n, gpu_fp8_format f,
+                      bool sat)
+{
+    const size_t block = 1 << 14;
+    size_t nblocks = (n + block - 1) / block;
+#pragma omp parallel for if (gpu_par_worth(n)) schedule(static)
+    for (size_t k = 0; k < nblocks; k++) {
+        size_t at = k * block, len = n - at < block ? n - at : block;
+        fn(dst + at, src + at, len, f, sat);
+    }
+}
+
+int gpu_cvt_f32_fp8_on(const char *impl, uint8_t *dst, const float *src, size_t n, gpu_fp8_format f,
+                       bool saturate)
+{
+    encode_fn fn = impl ? encoder(impl) : NULL;
+    if (!fn)
+        return impl && (strcmp(impl, "avx512") == 0 || strcmp(impl, "avx2") == 0) ? GPU_ENODEV
+                                                                                  : GPU_EINVAL;
+    encode_on(fn, dst, src, n, f, saturate);
+    return 0;
+}
+
 void gpu_cvt_f32_fp8(uint8_t *dst, const float *src, size_t n, gpu_fp8_format f, bool saturate)
 {
-#pragma omp parallel for if (gpu_par_worth(n)) schedule(static)
-    for (size_t i = 0; i < n; i++)
-        dst[i] = gpu_f32_to_fp8(src[i], f, saturate);
+    static encode_fn best; /* chosen once; a race stores the same pointer */
+    encode_fn fn = __atomic_load_n(&best, __ATOMIC_RELAXED);
+    if (!fn) {
+        fn = encoder(best_path());
+        __atomic_store_n(&best, fn, __ATOMIC_RELAXED);
+    }
+    encode_on(fn, dst, src, n, f, saturate);
 }
 
 void gpu_cvt_fp8_f32(float *dst, const uint8_t *src, size_t n, gpu_fp8_format f)
