@@ -3,8 +3,8 @@
  * (bias 7, largest 448, no infinity, NaN S.1111.111) and E5M2 (bias 15, largest 57344,
  * IEEE-like infinities and NaNs), converted from and to fp32.
  *
- * Semantics (the contract of gpu.h; NVIDIA's __nv_cvt_float_to_fp8 gives the same bits,
- * tests/check_fp8.c compares every fp32 input):
+ * Semantics (the contract of gpu.h; NVIDIA's __nv_cvt_float_to_fp8 gives the same bits:
+ * tests/check_fp8.c compares them, for every fp32 input with AMPD_FP8_SWEEP=full):
  *   fp32 -> fp8: round to nearest, ties to even, on the exact value; subnormal results and
  *     signed zeros are kept (a value at or below half the smallest subnormal becomes a zero
  *     of its sign). A value whose rounding lands beyond the largest finite one (and +-inf)
