@@ -136,13 +136,13 @@ GROW=$(jq -c '.name = "grow" | .model.init_scale = 52 | .steps = 300 | .eval_eve
     .checkpoint_every = 5 | .diagnostics_every = 0 | .max_branches = 2 | .optimizer.lr = 0.0003' <<<"$WIDE")
 for seed in 1 2 3; do
     submit "$(jq -c --argjson s "$seed" '.seed = $s | .on_numerics = "branch"' <<<"$GROW")"
-    G[seed]=$ID
+    GROWN[seed]=$ID
     submit "$(jq -c --argjson s "$seed" '.seed = $s | .precision.dtype = "bf16" | .name = "grow-bf16"' <<<"$GROW")"
-    GB[seed]=$ID
+    GROWB[seed]=$ID
 done
 accs=()
 for seed in 1 2 3; do
-    g=${G[seed]}
+    g=${GROWN[seed]}
     check "activations crossing 65504 (job $g, seed $seed): the job ends branched" \
         wait_for 120 is_status "$g" branched
     req GET "/v1/jobs/$g/events?limit=1000"
@@ -153,8 +153,8 @@ for seed in 1 2 3; do
         body_has --argjson f "${first:-0}" '.branch.patch == {precision: {dtype: "bf16"}} and
             $f > 5 and .branch.step == (($f - 1) / 5 | floor) * 5 and .branch.resets == ["loss_scale"]'
     check "... and succeeds" wait_for 240 is_status "$gc" succeeded
-    check "the same job in bf16 (job ${GB[seed]}) succeeds" wait_for 240 is_status "${GB[seed]}" succeeded
-    accs+=("$(final_acc "$gc")" "$(final_acc "${GB[seed]}")")
+    check "the same job in bf16 (job ${GROWB[seed]}) succeeds" wait_for 240 is_status "${GROWB[seed]}" succeeded
+    accs+=("$(final_acc "$gc")" "$(final_acc "${GROWB[seed]}")")
 done
 check "over seeds 1-3 the branches' mean accuracy is within 1 point of bf16 from the start ($(printf '%s/%s ' "${accs[@]}"))" \
     awk -v v="${accs[*]}" 'BEGIN { n = split(v, a, " "); if (n != 6) exit 1
