@@ -336,7 +336,7 @@ int api_branch_create(store *st, const api_spec_opts *o, const api_jobs *jobs, i
         status = refuse(e, 503, NULL, "out of memory");
     if (status == 0) {
         describe(b, what, sizeof(what));
-        rc = jobs->branch(jobs->ctx, cfg.name, gpu_dtype_name(cfg.dtype), cfg.steps, eff, parent,
+        rc = jobs->branch(jobs->ctx, cfg.name, gpu_job_dtype_name(&cfg), cfg.steps, eff, parent,
                           from, rec, what, id);
         if (rc == STORE_ENOTFOUND) /* the retention dropped it since find_checkpoint looked */
             status = refuse(e, 422, field,

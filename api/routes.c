@@ -586,7 +586,7 @@ void api_h_jobs_submit(api_req *q, api_resp *r)
         api_error_resp(r, 503, "unavailable", NULL, "out of memory");
         return;
     }
-    rc = s->jobs->submit(s->jobs->ctx, cfg.name, gpu_dtype_name(cfg.dtype), cfg.steps, spec, key,
+    rc = s->jobs->submit(s->jobs->ctx, cfg.name, gpu_job_dtype_name(&cfg), cfg.steps, spec, key,
                          &id, &existed);
     if (rc) {
         free(spec);

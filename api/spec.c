@@ -654,19 +654,120 @@ static int parse_autocast(ctx *c, json_t *ac, gpu_autocast *a)
     return 0;
 }
 
+/* precision.fp8.accumulator: {"mantissa_bits", "promote_every"}. */
+static int parse_fp8_acc(ctx *c, json_t *a, gpu_fp8_acc *acc)
+{
+    static const char *const keys[] = {"mantissa_bits", "promote_every", NULL};
+    const char *f = "precision.fp8.accumulator";
+    int rc;
+    if ((rc = want_object(c, a, f)) || (rc = only_keys(c, a, f, keys)) ||
+        (rc = get_int32(c, a, "mantissa_bits", "precision.fp8.accumulator.mantissa_bits", 0, 23,
+                        &acc->bits)) ||
+        (rc = get_int32(c, a, "promote_every", "precision.fp8.accumulator.promote_every", 1,
+                        1 << 20, &acc->promote)))
+        return rc;
+    return 0;
+}
+
+/* precision.fp8.keep: the layers whose GEMMs stay in bf16 (checked against the model when it
+ * is planned). */
+static int parse_fp8_keep(ctx *c, json_t *a, gpu_fp8_config *f)
+{
+    size_t i;
+    json_t *v;
+    if (!json_is_array(a) || json_array_size(a) > GPU_FP8_MAX_KEEP)
+        return fail(c, "precision.fp8.keep", "must be an array of at most %d layer names",
+                    GPU_FP8_MAX_KEEP);
+    f->nkeep = 0;
+    json_array_foreach(a, i, v)
+    {
+        const char *s = json_string_value(v);
+        char field[64];
+        snprintf(field, sizeof(field), "precision.fp8.keep[%zu]", i);
+        if (!s || !*s || strlen(s) >= sizeof(f->keep[0]))
+            return fail(c, field, "must be a layer's name (\"fc1\"), 1 to %zu characters",
+                        sizeof(f->keep[0]) - 1);
+        for (int k = 0; k < f->nkeep; k++)
+            if (strcmp(f->keep[k], s) == 0)
+                return fail(c, field, "names \"%s\" twice", s);
+        snprintf(f->keep[f->nkeep++], sizeof(f->keep[0]), "%s", s);
+    }
+    return 0;
+}
+
+/* The first of a recipe's fields present in o that the other recipe does not take. */
+static const char *other_recipes_field(json_t *o, gpu_fp8_recipe r)
+{
+    static const char *const delayed[] = {"margin", "amax_history_len", "amax_compute_algo",
+                                          NULL};
+    static const char *const current[] = {"amax_epsilon", NULL};
+    const char *const *wrong = r == GPU_FP8_DELAYED ? current : delayed;
+    for (int i = 0; wrong[i]; i++)
+        if (json_object_get(o, wrong[i]))
+            return wrong[i];
+    return NULL;
+}
+
+/* precision.fp8 (docs/fp8.md): the recipe and its fields. */
+static int parse_fp8(ctx *c, json_t *o, gpu_fp8_config *f)
+{
+    static const char *const keys[] = {"recipe",       "format", "margin",   "amax_history_len",
+                                       "amax_compute_algo", "amax_epsilon", "accumulator",
+                                       "keep",         NULL};
+    static const char *const recipes[] = {"delayed", "current", NULL};
+    static const char *const formats[] = {"hybrid", "e4m3", NULL};
+    static const char *const algos[] = {"max", "most_recent", NULL};
+    int recipe = (int)f->recipe, format = (int)f->format, algo = (int)f->amax_algo, rc;
+    const char *wrong;
+    char field[64];
+    json_t *v;
+
+    if ((rc = want_object(c, o, "precision.fp8")) || (rc = only_keys(c, o, "precision.fp8", keys)) ||
+        (rc = get_choice(c, o, "recipe", "precision.fp8.recipe", recipes, &recipe)) ||
+        (rc = get_choice(c, o, "format", "precision.fp8.format", formats, &format)) ||
+        (rc = get_choice(c, o, "amax_compute_algo", "precision.fp8.amax_compute_algo", algos,
+                         &algo)) ||
+        (rc = get_int32(c, o, "margin", "precision.fp8.margin", 0, 64, &f->margin)) ||
+        (rc = get_int32(c, o, "amax_history_len", "precision.fp8.amax_history_len", 1, 16384,
+                        &f->amax_history_len)) ||
+        (rc = get_real(c, o, "amax_epsilon", "precision.fp8.amax_epsilon", CLOSED(0, 3e38),
+                       &f->amax_epsilon)))
+        return rc;
+    f->recipe = (gpu_fp8_recipe)recipe;
+    f->format = (gpu_fp8_formats)format;
+    f->amax_algo = (gpu_fp8_amax_algo)algo;
+    if ((wrong = other_recipes_field(o, f->recipe))) {
+        snprintf(field, sizeof(field), "precision.fp8.%s", wrong);
+        return fail(c, field, "belongs to the %s recipe, and this one is \"%s\"",
+                    f->recipe == GPU_FP8_DELAYED ? "current" : "delayed", recipes[recipe]);
+    }
+    if ((v = json_object_get(o, "accumulator")) && (rc = parse_fp8_acc(c, v, &f->acc)))
+        return rc;
+    if ((v = json_object_get(o, "keep")) && (rc = parse_fp8_keep(c, v, f)))
+        return rc;
+    return 0;
+}
+
 static int parse_precision(ctx *c, json_t *p, gpu_job_config *jc)
 {
-    static const char *const keys[] = {"dtype", "master_weights", "loss_scale", "autocast", NULL};
-    static const char *const dtypes[] = {"fp32", "fp16", "bf16", NULL};
-    int dt = (int)jc->dtype, rc;
+    static const char *const keys[] = {"dtype",    "master_weights", "loss_scale",
+                                       "autocast", "fp8",            NULL};
+    static const char *const dtypes[] = {"fp32", "fp16", "bf16", "fp8", NULL};
+    int dt = jc->fp8.on ? 3 : (int)jc->dtype, rc;
     json_t *v;
 
     if ((rc = want_object(c, p, "precision")) || (rc = only_keys(c, p, "precision", keys)) ||
         (rc = get_choice(c, p, "dtype", "precision.dtype", dtypes, &dt)) ||
         (rc = get_bool(c, p, "master_weights", "precision.master_weights", &jc->master_weights)))
         return rc;
-    jc->dtype = (gpu_dtype)dt;
+    /* an fp8 job's other ops run in bf16, as under Transformer Engine with bf16 autocast */
+    jc->fp8.on = dt == 3;
+    jc->dtype = jc->fp8.on ? GPU_BF16 : (gpu_dtype)dt;
     gpu_scaler_defaults(&jc->scaler, jc->dtype);
+    if ((v = json_object_get(p, "fp8")) && !jc->fp8.on)
+        return fail(c, "precision.fp8", "is the fp8 recipe: it needs precision.dtype \"fp8\"");
+    if (v && (rc = parse_fp8(c, v, &jc->fp8)))
+        return rc;
     if ((v = json_object_get(p, "loss_scale")) && (rc = parse_scaler(c, v, &jc->scaler)))
         return rc;
     if ((v = json_object_get(p, "autocast")) && (rc = parse_autocast(c, v, &jc->autocast)))
@@ -1290,6 +1391,28 @@ static json_t *resources_to_json(const gpu_resources *r)
     return o;
 }
 
+/* precision.fp8 as the canonical spec prints it: the recipe's own fields. */
+static json_t *fp8_to_json(const gpu_fp8_config *f)
+{
+    static const char *const algos[] = {"max", "most_recent"};
+    json_t *keep = json_array();
+    json_t *o = json_pack("{s:s, s:s, s:{s:i, s:i}, s:o}", "recipe",
+                          f->recipe == GPU_FP8_DELAYED ? "delayed" : "current", "format",
+                          f->format == GPU_FP8_HYBRID ? "hybrid" : "e4m3", "accumulator",
+                          "mantissa_bits", f->acc.bits, "promote_every", f->acc.promote, "keep",
+                          keep);
+    for (int k = 0; keep && k < f->nkeep; k++)
+        json_array_append_new(keep, json_string(f->keep[k]));
+    if (o && f->recipe == GPU_FP8_DELAYED) {
+        json_object_set_new(o, "margin", json_integer(f->margin));
+        json_object_set_new(o, "amax_history_len", json_integer(f->amax_history_len));
+        json_object_set_new(o, "amax_compute_algo", json_string(algos[f->amax_algo]));
+    } else if (o) {
+        json_object_set_new(o, "amax_epsilon", json_real(api_float_value(f->amax_epsilon)));
+    }
+    return o;
+}
+
 /* The canonical, fully defaulted spec; caller owns the reference. */
 json_t *api_spec_to_json(const gpu_job_config *c)
 {
@@ -1302,7 +1425,7 @@ json_t *api_spec_to_json(const gpu_job_config *c)
         " s:i, s:I, s:I, s:I, s:I, s:I, s:s, s:i}",
         "name", c->name, "model", model_to_json(&c->model), "data",
         data_order_json(data_to_json(&c->data), &c->data), "precision", "dtype",
-        gpu_dtype_name(c->dtype), "master_weights", c->master_weights, "loss_scale",
+        gpu_job_dtype_name(c), "master_weights", c->master_weights, "loss_scale",
         scaler_to_json(&c->scaler), "autocast", "table", api_autocast_to_json(&c->autocast),
         "optimizer", "type", opts[o->type], "lr", o->lr, "betas", o->beta1, o->beta2, "eps", o->eps,
         "momentum", o->momentum, "weight_decay", o->weight_decay, "grad_clip",
@@ -1312,6 +1435,8 @@ json_t *api_spec_to_json(const gpu_job_config *c)
         (json_int_t)c->eval_every, "checkpoint_every", (json_int_t)c->checkpoint_every,
         "diagnostics_every", (json_int_t)c->diagnostics_every, "device", c->device, "threads",
         c->threads);
+    if (j && c->fp8.on)
+        json_object_set_new(json_object_get(j, "precision"), "fp8", fp8_to_json(&c->fp8));
     if (j) {
         json_object_set_new(j, "grad_accum_steps", json_integer(c->grad_accum_steps));
         json_object_set_new(j, "checkpoints",

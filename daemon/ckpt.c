@@ -693,9 +693,14 @@ static int load(gpu_trainer *t, const char *path, bool convert, daemon_ckpt_info
         goto out;
     }
     rc = GPU_EINVAL;
-    for (int i = 0; i < n; i++)
-        if (match_tensor(c.h, &v[i], convert, &offs[i], &from[i], why, whylen))
+    for (int i = 0; i < n; i++) {
+        if (match_tensor(c.h, &v[i], convert, &offs[i], &from[i], why, whylen) == 0)
+            continue;
+        if (!convert || strcmp(v[i].name, "fp8.scaling") != 0)
             goto out;
+        /* a branch into fp8, or with another history length: its scaling starts afresh */
+        offs[i] = UINT64_MAX;
+    }
     gpu_trainer_get_scalars(t, &now);
     if (sc.world_size != now.world_size) {
         snprintf(why, whylen,
@@ -706,6 +711,8 @@ static int load(gpu_trainer *t, const char *path, bool convert, daemon_ckpt_info
     }
     for (int i = 0; i < n; i++) {
         uint64_t at = 8 + c.hlen + offs[i];
+        if (offs[i] == UINT64_MAX)
+            continue;
         rc = from[i] < 0 ? read_at(c.f, at, v[i].data, v[i].bytes)
                          : read_converted(c.f, at, &v[i], (gpu_dtype)from[i]);
         *nconv += from[i] >= 0;

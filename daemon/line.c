@@ -33,10 +33,11 @@
 
 json_t *daemon_line_mem(const gpu_mem *m)
 {
-    return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "weights", (json_int_t)m->weights,
+    return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "weights", (json_int_t)m->weights,
                      "master", (json_int_t)m->master, "grads", (json_int_t)m->grads, "optimizer",
                      (json_int_t)m->optimizer, "activations", (json_int_t)m->activations,
-                     "workspace", (json_int_t)m->workspace, "total", (json_int_t)m->total);
+                     "workspace", (json_int_t)m->workspace, "fp8", (json_int_t)m->fp8, "total",
+                     (json_int_t)m->total);
 }
 
 json_t *daemon_line_step(const gpu_step_metrics *m)

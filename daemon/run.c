@@ -370,7 +370,7 @@ static void emit_summary(const gpu_job_config *c, gpu_trainer *t, run_state *s, 
     double med = median(s->times, s->ntimes);
     json_t *o =
         json_pack("{s:s, s:s, s:s, s:s, s:I}", "type", "summary", "name", c->name, "status", status,
-                  "dtype", gpu_dtype_name(c->dtype), "steps", (json_int_t)s->last.step);
+                  "dtype", gpu_job_dtype_name(c), "steps", (json_int_t)s->last.step);
     if (error)
         json_object_set_new(o, "error", json_string(error));
     if (sc) {

@@ -47,6 +47,9 @@ void gpu_comm_local(int *rank, int *size);
 /* bytes at buf from rank 0 to every rank (the NCCL bootstrap); 0 or GPU_ECOMM. Called while
  * the communication thread is idle. */
 int gpu_comm_bcast(gpu_comm *c, void *buf, size_t bytes);
+/* v[0..n) becomes the largest of every rank's v[i] (fp8's amax reduction); 0 or GPU_ECOMM.
+ * Called while the communication thread is idle. */
+int gpu_comm_max(gpu_comm *c, float *v, int n);
 
 /* Build the buckets over the n tensors (element offsets and counts into grads, in table
  * order). grads is borrowed for the trainer's life. */

@@ -257,6 +257,12 @@ int gpu_comm_any(gpu_comm *c, bool mine, bool *any)
     return 0;
 }
 
+int gpu_comm_max(gpu_comm *c, float *v, int n)
+{
+    int rc = MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_FLOAT, MPI_MAX, MPI_COMM_WORLD);
+    return rc == MPI_SUCCESS ? 0 : fail(c, rc, "MPI_Allreduce (fp8 amax)");
+}
+
 int gpu_comm_bcast(gpu_comm *c, void *buf, size_t bytes)
 {
     int rc = MPI_Bcast(buf, (int)bytes, MPI_BYTE, 0, MPI_COMM_WORLD);

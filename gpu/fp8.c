@@ -235,7 +235,7 @@ int gpu_cvt_f32_fp8_on(const char *impl, uint8_t *dst, const float *src, size_t 
     return 0;
 }
 
-void gpu_cvt_f32_fp8(uint8_t *dst, const float *src, size_t n, gpu_fp8_format f, bool saturate)
+static encode_fn best_encoder(void)
 {
     static encode_fn best; /* chosen once; a race stores the same pointer */
     encode_fn fn = __atomic_load_n(&best, __ATOMIC_RELAXED);
@@ -243,7 +243,12 @@ void gpu_cvt_f32_fp8(uint8_t *dst, const float *src, size_t n, gpu_fp8_format f,
         fn = encoder(best_path());
         __atomic_store_n(&best, fn, __ATOMIC_RELAXED);
     }
-    encode_on(fn, dst, src, n, f, saturate);
+    return fn;
+}
+
+void gpu_cvt_f32_fp8(uint8_t *dst, const float *src, size_t n, gpu_fp8_format f, bool saturate)
+{
+    encode_on(best_encoder(), dst, src, n, f, saturate);
 }
 
 void gpu_cvt_fp8_f32(float *dst, const uint8_t *src, size_t n, gpu_fp8_format f)
@@ -253,6 +258,85 @@ void gpu_cvt_fp8_f32(float *dst, const uint8_t *src, size_t n, gpu_fp8_format f)
 #pragma omp parallel for if (gpu_par_worth(n)) schedule(static)
     for (size_t i = 0; i < n; i++)
         dst[i] = t[src[i]];
+}
+
+/* ---- scaled casts ----------------------------------------------------------------------- */
+
+#define CAST_PIECE 256
+
+/* One piece of at most CAST_PIECE values: widened to fp32, measured, scaled and encoded. */
+static void cast_piece(encode_fn fn, uint8_t *dst, const void *src, gpu_dtype sdt, size_t n,
+                       gpu_fp8_format f, float scale, float *amax, gpu_fp8_cast_stats *st)
+{
+    float x[CAST_PIECE], y[CAST_PIECE];
+    float top = gpu_fp8_max(f), a = *amax;
+    gpu_cvt_to_f32(x, src, sdt, n);
+    for (size_t i = 0; i < n; i++) {
+        a = fmaxf(a, fabsf(x[i]));
+        y[i] = x[i] * scale;
+    }
+    *amax = a;
+    fn(dst, y, n, f, true);
+    if (!st)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        st->nan += isnan(x[i]);
+        st->saturated += fabsf(y[i]) > top;
+        st->underflow += x[i] != 0.0f && !isnan(x[i]) && (dst[i] & 0x7Fu) == 0;
+    }
+    st->n += (int64_t)n;
+}
+
+static const void *at_elem(const void *p, gpu_dtype dt, size_t i)
+{
+    return (const uint8_t *)p + i * gpu_dtype_size(dt);
+}
+
+/* The pieces on the OpenMP team: max and sums do not depend on how they are shared out. */
+void gpu_fp8_cast(uint8_t *dst, const void *src, gpu_dtype sdt, size_t n, gpu_fp8_format f,
+                  float scale, float *amax, gpu_fp8_cast_stats *st)
+{
+    encode_fn fn = best_encoder();
+    size_t pieces = (n + CAST_PIECE - 1) / CAST_PIECE;
+    float a = 0.0f;
+    int64_t nn = 0, sat = 0, ufl = 0, nan = 0;
+#pragma omp parallel for if (gpu_par_worth(n)) schedule(static) reduction(max : a) \
+    reduction(+ : nn, sat, ufl, nan)
+    for (size_t k = 0; k < pieces; k++) {
+        size_t at = k * CAST_PIECE, len = n - at < CAST_PIECE ? n - at : CAST_PIECE;
+        gpu_fp8_cast_stats one = {0};
+        float pa = 0.0f;
+        cast_piece(fn, dst + at, at_elem(src, sdt, at), sdt, len, f, scale, &pa, st ? &one : NULL);
+        a = fmaxf(a, pa);
+        nn += one.n;
+        sat += one.saturated;
+        ufl += one.underflow;
+        nan += one.nan;
+    }
+    if (amax)
+        *amax = a;
+    if (st) {
+        st->n += nn;
+        st->saturated += sat;
+        st->underflow += ufl;
+        st->nan += nan;
+    }
+}
+
+float gpu_fp8_amax(const void *src, gpu_dtype sdt, size_t n)
+{
+    size_t pieces = (n + CAST_PIECE - 1) / CAST_PIECE;
+    float a = 0.0f;
+#pragma omp parallel for if (gpu_par_worth(n)) schedule(static) reduction(max : a)
+    for (size_t k = 0; k < pieces; k++) {
+        size_t at = k * CAST_PIECE, len = n - at < CAST_PIECE ? n - at : CAST_PIECE;
+        float x[CAST_PIECE], pa = 0.0f;
+        gpu_cvt_to_f32(x, at_elem(src, sdt, at), sdt, len);
+        for (size_t i = 0; i < len; i++)
+            pa = fmaxf(pa, fabsf(x[i]));
+        a = fmaxf(a, pa);
+    }
+    return a;
 }
 
 /* ---- scaling ---------------------------------------------------------------------------- */

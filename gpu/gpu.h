@@ -180,6 +180,68 @@ float gpu_fp8_current_scale(float amax, float scaled_max, float epsilon);
 void gpu_fp8_delayed_update(float *history, int len, gpu_fp8_amax_algo algo, float scaled_max,
                             float *scale, float *scale_inv);
 
+/* A scaled cast's counts (docs/fp8.md, "Reading the fp8 diagnostics"). */
+typedef struct {
+    int64_t n;         /* values cast */
+    int64_t saturated; /* |x * scale| beyond the largest finite value (inf included): clipped */
+    int64_t underflow; /* non-zero finite values that became a zero */
+    int64_t nan;       /* NaN values (they stay NaN) */
+} gpu_fp8_cast_stats;
+
+/* dst[i] = fp8(src[i] * scale), saturating, for n values of dtype sdt; the product is fp32,
+ * rounded to nearest, as Transformer Engine's cast kernels compute it. *amax (NULL: not
+ * wanted) gets the largest |src[i]| with NaNs skipped as fmaxf skips them (TE's amax; an inf
+ * counts). st (NULL: not counted) gets the counts added. Runs on the OpenMP team from
+ * GPU_PAR_MIN values; every result is independent of the thread count. */
+void gpu_fp8_cast(uint8_t *dst, const void *src, gpu_dtype sdt, size_t n, gpu_fp8_format f,
+                  float scale, float *amax, gpu_fp8_cast_stats *st);
+/* The amax of n values of dtype sdt alone (current scaling's first pass), as gpu_fp8_cast. */
+float gpu_fp8_amax(const void *src, gpu_dtype sdt, size_t n);
+
+/* The accumulator of an fp8 GEMM. bits 0 (the default) is exact: every product (exact in
+ * fp32) is added in fp32, as by an fp32 GEMM. bits > 0 models Hopper's fp8 tensor cores
+ * (an approximation, to be calibrated on the hardware; docs/fp8.md): each partial sum keeps
+ * `bits` mantissa bits, truncated, and is promoted (added to an fp32 total) every `promote`
+ * products along K. */
+typedef struct {
+    int bits;    /* 0, or 1..23 */
+    int promote; /* >= 1 (128: every 4 WGMMAs) */
+} gpu_fp8_acc;
+
+/* C[M,N] = (op(A) op(B)) * (a_scale_inv * b_scale_inv), row-major, for fp8 codes A (format af)
+ * and B (bf), the two scale_invs multiplied first (one fp32 rounding), then the accumulated
+ * sum once. ta/tb and the leading dimensions as gpu_gemm. acc NULL is exact. E5M2 x E5M2 is
+ * GPU_EINVAL, as cuBLASLt refuses it. scratch holds scratch_floats floats, at least
+ * gpu_gemm_fp8_scratch_floats(...) (else GPU_ESCRATCH, nothing written). */
+int gpu_gemm_fp8(bool ta, bool tb, int M, int N, int K,
+                 const uint8_t *A, gpu_fp8_format af, float a_scale_inv, int lda,
+                 const uint8_t *B, gpu_fp8_format bf, float b_scale_inv, int ldb,
+                 const gpu_fp8_acc *acc, float *C, int ldc, float *scratch, size_t scratch_floats);
+size_t gpu_gemm_fp8_scratch_floats(int M, int N, int K);
+
+/* The fp8 training recipe of a job (precision.dtype "fp8" and precision.fp8; docs/fp8.md).
+ * Which format each GEMM operand takes: HYBRID, TE's default, casts the forward's inputs and
+ * weights to E4M3 and the backward's output gradients to E5M2; E4M3 casts all three to E4M3. */
+typedef GPU_ENUM{GPU_FP8_DELAYED = 0, GPU_FP8_CURRENT = 1} gpu_fp8_recipe;
+typedef GPU_ENUM{GPU_FP8_HYBRID = 0, GPU_FP8_ALL_E4M3 = 1} gpu_fp8_formats;
+#define GPU_FP8_MAX_KEEP 16
+typedef struct {
+    bool on;                     /* the job is an fp8 job (its dtype is then bf16) */
+    gpu_fp8_recipe recipe;       /* DELAYED */
+    gpu_fp8_formats format;      /* HYBRID */
+    int margin;                  /* delayed: scale = fp8_max / amax / 2^margin (0) */
+    int amax_history_len;        /* delayed (1024) */
+    gpu_fp8_amax_algo amax_algo; /* delayed (MAX) */
+    float amax_epsilon;          /* current: the amax's floor (0) */
+    gpu_fp8_acc acc;             /* {0, 128}: exact */
+    int nkeep;
+    char keep[GPU_FP8_MAX_KEEP][32]; /* layers whose GEMMs stay in bf16 ("fc1", "blocks.0.attn.qkv") */
+} gpu_fp8_config;
+/* TE's DelayedScaling defaults (on stays false). */
+void gpu_fp8_defaults(gpu_fp8_config *c);
+/* An operand's format under c: role 0 the input, 1 the weight, 2 the output gradient. */
+gpu_fp8_format gpu_fp8_role_format(const gpu_fp8_config *c, int role);
+
 /* ---- BLAS (blas.c) ---------------------------------------------------------------------- */
 
 /* Open the BLAS library once (thread-safe). On x86 it chooses OpenBLAS's kernel set from
@@ -575,7 +637,11 @@ typedef struct {
     gpu_resources res;
     gpu_on_numerics on_numerics; /* what the daemon does with an acting remedy (STOP) */
     int max_branches;            /* branches on_numerics BRANCH may make in a lineage (2) */
+    gpu_fp8_config fp8;          /* fp8.on: the linear layers' GEMMs in fp8 (dtype bf16) */
 } gpu_job_config;
+
+/* The job's precision as users name it: "fp8" for an fp8 job, else its dtype's name. */
+const char *gpu_job_dtype_name(const gpu_job_config *c);
 
 /* Whether job c's data can train its model, read the way the trainer reads it (every file,
  * so that a token past model.vocab is seen): 0, or the error the trainer would give, in err
@@ -594,6 +660,7 @@ typedef struct {
     int64_t optimizer;
     int64_t activations;  /* saved for backward, in their storage dtype */
     int64_t workspace;    /* GEMM widening buffers and temporaries */
+    int64_t fp8;          /* an fp8 job's fp8 copies of the GEMM operands and scaling state */
     int64_t total;
 } gpu_mem;
 

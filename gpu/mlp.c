@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "gpu/diag.h"
+#include "gpu/fp8.h"
 #include "gpu/gpu_int.h"
 #include "gpu/mlp.h"
 
@@ -138,6 +139,42 @@ int gpu_mlp_plan(gpu_mlp *m, const gpu_model_config *mc, const gpu_autocast *a, 
     m->act_bytes = bytes;
     /* the weights the GEMMs read are the working copy, which is 16-bit at most */
     m->scratch_floats = plan_scratch(m, maxw, dt);
+    return 0;
+}
+
+/* The fp8 layers, the fp8 block and the scratch their GEMMs add; see gpu/mlp.h. */
+int gpu_mlp_plan_fp8(gpu_mlp *m, const gpu_fp8_config *f, char *err, size_t errlen)
+{
+    char names[GPU_MAX_LAYERS][16];
+    const char *np[GPU_MAX_LAYERS];
+    size_t bytes = 0, most = 0;
+    int maxw = 0;
+    for (int l = 0; l < m->nlin; l++) {
+        snprintf(names[l], sizeof(names[l]), "fc%d", l + 1);
+        np[l] = names[l];
+    }
+    int rc = gpu_fp8_plan_keep(f, m->nlin, np, m->fp8, err, errlen);
+    if (rc)
+        return rc;
+    for (int l = 0; l <= m->nlin; l++)
+        maxw = m->width[l] > maxw ? m->width[l] : maxw;
+    for (int l = 0; l < m->nlin; l++) {
+        int in = m->width[l], out = m->width[l + 1], b = m->max_batch;
+        if (!m->fp8[l])
+            continue;
+        m->x8_off[l] = bytes;
+        bytes = align64(bytes + (size_t)b * in);
+        m->w8_off[l] = bytes;
+        bytes = align64(bytes + (size_t)out * in);
+        size_t s[3] = {gpu_gemm_fp8_scratch_floats(b, out, in),
+                       gpu_gemm_fp8_scratch_floats(b, in, out),
+                       gpu_gemm_fp8_scratch_floats(out, in, b)};
+        for (int k = 0; k < 3; k++)
+            most = s[k] > most ? s[k] : most;
+    }
+    m->fp8_bytes = bytes;
+    /* the gradient's fp8 copy and the fp8 GEMMs' scratch, after the 16-bit ones' room */
+    m->scratch_floats += ((size_t)m->max_batch * maxw + 3) / 4 + 16 + most;
     return 0;
 }
 
@@ -263,6 +300,54 @@ static int diag_slot(gpu_diag *diag, const gpu_mlp *m, int l)
     return gpu_diag_layer(diag, name, m->lin_dt);
 }
 
+static bool is_fp8(const gpu_mlp *m, const gpu_mlp_weights *w, int l)
+{
+    return w->fp8 && m->fp8[l];
+}
+
+/* An fp8 layer's forward GEMM: its input and weight cast to fp8 (copies kept for backward),
+ * multiplied, out32 = x W^T unrounded. The weight is cast from the fp32 master when there is
+ * one, as Transformer Engine casts a high-precision parameter. */
+static int fp8_fwd_gemm(const gpu_mlp *m, const gpu_mlp_weights *w, int l, const uint8_t *acts,
+                        int B, float *out32, float *scratch, size_t gn)
+{
+    gpu_fp8_run *run = w->fp8;
+    int in = m->width[l], out = m->width[l + 1];
+    uint8_t *x8 = w->fp8_block + m->x8_off[l], *w8 = w->fp8_block + m->w8_off[l];
+    gpu_dtype wdt = w->master ? GPU_FP32 : w->pdt;
+    const void *W = w->master ? (const void *)(w->master + m->w_off[l])
+                              : (const uint8_t *)w->p + m->w_off[l] * gpu_dtype_size(w->pdt);
+    float sx = gpu_fp8_cast_role(run, l, GPU_FP8_X, x8, acts + m->x_off[l], m->lin_dt,
+                                 (size_t)B * in);
+    float sw = gpu_fp8_cast_role(run, l, GPU_FP8_W, w8, W, wdt, (size_t)out * in);
+    return gpu_gemm_fp8(false, true, B, out, in, x8, gpu_fp8_role_format(&run->cfg, GPU_FP8_X), sx,
+                        in, w8, gpu_fp8_role_format(&run->cfg, GPU_FP8_W), sw, in, &run->cfg.acc,
+                        out32, out, scratch, gn);
+}
+
+/* An fp8 layer's backward GEMMs: dz (B x out, values of lin_dt) cast to fp8 with the output
+ * gradient's scale, then dx = dz W (l > 0) and gw = dz^T x on the forward's fp8 copies. */
+static int fp8_bwd_gemms(const gpu_mlp *m, const gpu_mlp_weights *w, int l, int B, const float *dz,
+                         float *dx, float *gw, float *scratch, size_t gn)
+{
+    gpu_fp8_run *run = w->fp8;
+    const gpu_fp8_config *c = &run->cfg;
+    int in = m->width[l], out = m->width[l + 1], rc = 0;
+    const uint8_t *x8 = w->fp8_block + m->x8_off[l], *w8 = w->fp8_block + m->w8_off[l];
+    uint8_t *g8 = (uint8_t *)(void *)scratch;
+    size_t skip = ((size_t)B * out + 3) / 4 + 16;
+    gpu_fp8_format fg = gpu_fp8_role_format(c, GPU_FP8_G), f4 = GPU_E4M3;
+    float sg = gpu_fp8_cast_role(run, l, GPU_FP8_G, g8, dz, GPU_FP32, (size_t)B * out);
+    float sx = gpu_fp8_scale_inv(run, l, GPU_FP8_X), sw = gpu_fp8_scale_inv(run, l, GPU_FP8_W);
+    if (l > 0)
+        rc = gpu_gemm_fp8(false, false, B, in, out, g8, fg, sg, out, w8, f4, sw, in, &c->acc, dx,
+                          in, scratch + skip, gn - skip);
+    if (rc == 0)
+        rc = gpu_gemm_fp8(true, false, out, in, B, g8, fg, sg, out, x8, f4, sx, in, &c->acc, gw,
+                          in, scratch + skip, gn - skip);
+    return rc;
+}
+
 /* One linear layer forward: out32 = round_lin(x W^T + b) (fp32 values), its epilogue
  * applied row by row (each row accounted to the diagnostics while it is in L1). scratch:
  * the GEMM's, gn floats. */
@@ -277,8 +362,11 @@ static int linear_fwd(const gpu_mlp *m, const gpu_mlp_weights *w, int l, uint8_t
     const void *W = lin_weight(m, w, l, &wdt, &ld, &flags);
     const void *bias = weight_ptr(m, w, m->b_off[l], &bdt);
     /* in lin_dt: the weights may be the fp32 master, rounded as autocast casts them */
-    int rc = gpu_gemm_ex(false, true, B, out, in, acts + m->x_off[l], m->lin_dt, in, W, wdt, ld,
-                         m->lin_dt, flags | GPU_GEMM_A_CONVERTED, 0.0f, out32, out, scratch, gn);
+    int rc = is_fp8(m, w, l)
+                 ? fp8_fwd_gemm(m, w, l, acts, B, out32, scratch, gn)
+                 : gpu_gemm_ex(false, true, B, out, in, acts + m->x_off[l], m->lin_dt, in, W, wdt,
+                               ld, m->lin_dt, flags | GPU_GEMM_A_CONVERTED, 0.0f, out32, out,
+                               scratch, gn);
     if (rc)
         return rc;
     gpu_cvt_to_f32(bias32, bias, bdt, (size_t)out);
@@ -555,10 +643,12 @@ int gpu_mlp_backward(const gpu_mlp *m, const gpu_mlp_weights *w, const int *y, i
         const void *W = lin_weight(m, w, l, &wdt, &ld, &flags);
         /* dz holds values of lin_dt (rounded), so the GEMMs may take it in lin_dt; dx first,
          * as the weight gradient may overwrite W's copy */
-        if (l > 0)
+        if (is_fp8(m, w, l))
+            rc = fp8_bwd_gemms(m, w, l, B, dz, dx, gw, gscratch, gn);
+        else if (l > 0)
             rc = gpu_gemm_ex(false, false, B, in, out, dz, GPU_FP32, out, W, wdt, ld, m->lin_dt,
                              flags, 0.0f, dx, in, gscratch, gn);
-        if (rc == 0)
+        if (rc == 0 && !is_fp8(m, w, l))
             rc = gpu_gemm_ex(true, false, out, in, B, dz, GPU_FP32, out, acts + m->x_off[l],
                              m->lin_dt, in, m->lin_dt, GPU_GEMM_B_CONVERTED, 0.0f, gw, in,
                              gscratch, gn);

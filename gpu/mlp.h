@@ -31,6 +31,12 @@ typedef struct {
     size_t x_off[GPU_MAX_LAYERS], z_off[GPU_MAX_LAYERS], probs_off;
     size_t act_bytes;
     size_t scratch_floats; /* fp32 workspace: GEMM widening, outputs, backward buffers */
+    /* fp8 (gpu_mlp_plan_fp8): linear l's GEMMs run in fp8 when fp8[l]; its input's and its
+     * weight's fp8 copies (kept from forward for backward) live in the fp8 block at x8_off[l]
+     * (max_batch x width[l]) and w8_off[l] (width[l + 1] x width[l]) */
+    bool fp8[GPU_MAX_LAYERS];
+    size_t x8_off[GPU_MAX_LAYERS], w8_off[GPU_MAX_LAYERS];
+    size_t fp8_bytes;
 } gpu_mlp;
 
 /* The parameters the ops read: p holds the working copy (pdt), master the fp32 copy or
@@ -47,12 +53,18 @@ typedef struct {
     gpu_dtype pdt;
     const float *master;
     const float *in_grads;
+    /* an fp8 job: the scaling state (which the casts update) and the fp8 block */
+    struct gpu_fp8_run *fp8;
+    uint8_t *fp8_block;
 } gpu_mlp_weights;
 
 /* Plan the layout for model mc under policy a and job dtype dt. GPU_EINVAL with a message
  * in err when the model is malformed. */
 int gpu_mlp_plan(gpu_mlp *m, const gpu_model_config *mc, const gpu_autocast *a, gpu_dtype dt,
                  int max_batch, char *err, size_t errlen);
+/* Plan fp8 GEMMs for an fp8 job (f->on): every linear layer but those f keeps ("fc1", ...);
+ * the fp8 block's layout, more scratch. GPU_EINVAL naming a kept layer the model lacks. */
+int gpu_mlp_plan_fp8(gpu_mlp *m, const gpu_fp8_config *f, char *err, size_t errlen);
 /* Fill params (fp32, nparams) with PyTorch's nn.Linear init (Kaiming-uniform weights and
  * uniform biases in +-1/sqrt(fan_in)) times init_scale. */
 void gpu_mlp_init_params(const gpu_mlp *m, float *params, float init_scale, gpu_rng *rng);

@@ -40,6 +40,7 @@
 
 #include "gpu/comm.h"
 #include "gpu/diag.h"
+#include "gpu/fp8.h"
 #include "gpu/gpt.h"
 #include "gpu/gpu_int.h"
 #include "gpu/mlp.h"
@@ -97,6 +98,12 @@ struct gpu_trainer {
     double *rank_busy;      /* rank 0: each rank's last step without its all-reduce wait */
     bool comm_overflow;     /* the last step's inf/NaN came from the compressed all-reduce */
     int comm_first;         /* then: the first tensor (in backward order) it hit */
+    /* fp8 (cfg.fp8.on): the scaling state (a block, in checkpoints), the GEMMs' fp8 copies */
+    gpu_fp8_run fp8;
+    float *fp8_state;
+    uint8_t *fp8_block;
+    float *fp8_amax;        /* staging amaxes for the all-reduce; the diagnostics' amaxes */
+    gpu_fp8_cast_stats *fp8_stats;
     /* step profile */
     bool profile_next;      /* profile the next step */
     bool profiling;         /* this step is profiled (step_cpu's clock reads) */
@@ -150,6 +157,12 @@ void gpu_job_defaults(gpu_job_config *c)
     c->dist.hook = GPU_HOOK_NONE;
     c->dist.bucket_mb = 25.0;
     snprintf(c->device, sizeof(c->device), "auto");
+    gpu_fp8_defaults(&c->fp8);
+}
+
+const char *gpu_job_dtype_name(const gpu_job_config *c)
+{
+    return c->fp8.on ? "fp8" : gpu_dtype_name(c->dtype);
 }
 
 void gpu_trainer_free(gpu_trainer *t)
@@ -168,6 +181,10 @@ void gpu_trainer_free(gpu_trainer *t)
     gpu_block_free(t->v);
     gpu_block_free(t->acts);
     gpu_block_free(t->scratch);
+    gpu_block_free(t->fp8_state);
+    gpu_block_free(t->fp8_block);
+    free(t->fp8_amax);
+    free(t->fp8_stats);
     free(t->xbatch);
     free(t->ybatch);
     free(t->perm);
@@ -313,6 +330,7 @@ static void build_table(gpu_trainer *t)
 typedef struct {
     size_t nparams, act_bytes, scratch_floats, input_bytes;
     bool work_copy; /* a working copy of the weights in the job's dtype beside the master */
+    size_t fp8_bytes, fp8_state_floats; /* an fp8 job's copies and scaling state */
 } model_sizes;
 
 /* Whether the job keeps the weights in its dtype beside the fp32 master. The MLP on the
@@ -333,10 +351,14 @@ static model_sizes sizes_of(const gpu_job_config *c, const gpu_mlp *m, const gpu
     model_sizes z;
     if (g) { /* the whole batch's tokens are drawn (a rank keeps its share) */
         z = (model_sizes){g->nparams, g->act_bytes, g->scratch_floats,
-                          2 * (size_t)c->batch_size * (size_t)g->seq_len * sizeof(int), true};
+                          2 * (size_t)c->batch_size * (size_t)g->seq_len * sizeof(int), true, 0, 0};
     } else {
         z = (model_sizes){m->nparams, m->act_bytes, m->scratch_floats,
-                          (size_t)gpu_rank_batch(c) * ((size_t)m->width[0] * 4 + 4), true};
+                          (size_t)gpu_rank_batch(c) * ((size_t)m->width[0] * 4 + 4), true, 0, 0};
+        if (c->fp8.on) {
+            z.fp8_bytes = m->fp8_bytes;
+            z.fp8_state_floats = gpu_fp8_state_floats(&c->fp8, m->nlin);
+        }
     }
     z.work_copy = keeps_work_copy(c, m, g, cuda);
     return z;
@@ -352,8 +374,9 @@ static void plan_memory(const gpu_job_config *c, model_sizes z, gpu_mem *mem)
     mem->optimizer = P * 4 * (c->optim.type == GPU_OPT_ADAMW ? 2 : 1);
     mem->activations = (int64_t)z.act_bytes;
     mem->workspace = (int64_t)z.scratch_floats * 4 + (int64_t)z.input_bytes;
+    mem->fp8 = (int64_t)z.fp8_bytes + (int64_t)z.fp8_state_floats * 4;
     mem->total = mem->weights + mem->master + mem->grads + mem->optimizer + mem->activations +
-                 mem->workspace;
+                 mem->workspace + mem->fp8;
 }
 
 /* See gpu/twin.h. */
@@ -365,9 +388,16 @@ int gpu_job_plan(const gpu_job_config *c, gpu_mlp *m, gpu_gpt **g, char *err, si
         errlen = sizeof(dummy);
     }
     *g = NULL;
-    if (c->model.type != GPU_MODEL_GPT)
-        return gpu_mlp_plan(m, &c->model, &c->autocast, c->dtype, gpu_rank_batch(c), err,
-                            errlen);
+    if (c->model.type != GPU_MODEL_GPT) {
+        int rc = gpu_mlp_plan(m, &c->model, &c->autocast, c->dtype, gpu_rank_batch(c), err,
+                              errlen);
+        return rc == 0 && c->fp8.on ? gpu_mlp_plan_fp8(m, &c->fp8, err, errlen) : rc;
+    }
+    if (c->fp8.on) {
+        snprintf(err, errlen, "precision.dtype: fp8 trains the mlp model only so far (the gpt's "
+                              "fp8 linears are not built yet)");
+        return GPU_EINVAL;
+    }
     if (!(*g = malloc(sizeof(**g))))
         return GPU_ENOMEM;
     int rc = gpu_gpt_plan(*g, &c->model, &c->autocast, c->dtype, gpu_rank_batch(c), err, errlen);
@@ -398,6 +428,27 @@ static void alloc_host_model(gpu_trainer *t)
     t->scratch = gpu_block_alloc(z.scratch_floats * sizeof(float), "scratch");
 }
 
+static int fail_alloc(const gpu_trainer *t, char *err, size_t errlen)
+{
+    snprintf(err, errlen, "the job needs %lld bytes of memory, which could not be allocated",
+             (long long)t->mem.total);
+    return GPU_ENOMEM;
+}
+
+/* An fp8 job's blocks: the scaling state (scales of 1, empty histories) and the copies. */
+static bool alloc_fp8(gpu_trainer *t, model_sizes z)
+{
+    int rows = t->mlp.nlin * GPU_FP8_ROLES;
+    t->fp8_state = gpu_block_alloc(z.fp8_state_floats * sizeof(float), "fp8 scaling");
+    t->fp8_block = gpu_block_alloc(z.fp8_bytes ? z.fp8_bytes : 1, "fp8 copies");
+    t->fp8_amax = calloc((size_t)rows, sizeof(float));
+    t->fp8_stats = calloc((size_t)rows, sizeof(gpu_fp8_cast_stats));
+    if (!t->fp8_state || !t->fp8_block || !t->fp8_amax || !t->fp8_stats)
+        return false;
+    gpu_fp8_run_init(&t->fp8, &t->cfg.fp8, t->mlp.nlin, t->mlp.fp8, t->fp8_state);
+    return true;
+}
+
 static int allocate(gpu_trainer *t, char *err, size_t errlen)
 {
     const gpu_job_config *c = &t->cfg;
@@ -418,6 +469,8 @@ static int allocate(gpu_trainer *t, char *err, size_t errlen)
         t->v = gpu_block_alloc(P * sizeof(float), "optimizer v");
     if (!t->use_cuda) /* the host model's blocks (the device has its own) */
         alloc_host_model(t);
+    if (c->fp8.on && !alloc_fp8(t, z))
+        return fail_alloc(t, err, errlen);
     if (t->gpt) {
         size_t T = (size_t)t->gpt->seq_len;
         t->xtok = malloc(sizeof(int) * B * T);
@@ -436,11 +489,8 @@ static int allocate(gpu_trainer *t, char *err, size_t errlen)
         (!t->work && z.work_copy) || !t->grads || (!t->accum && c->grad_accum_steps > 1) || !t->m ||
         (!t->v && c->optim.type == GPU_OPT_ADAMW) ||
         (!t->use_cuda && (!t->acts || !t->scratch)) || !(t->xbatch || t->xtok) || !t->ybatch ||
-        !(t->perm || t->gpt)) {
-        snprintf(err, errlen, "the job needs %lld bytes of memory, which could not be allocated",
-                 (long long)t->mem.total);
-        return GPU_ENOMEM;
-    }
+        !(t->perm || t->gpt))
+        return fail_alloc(t, err, errlen);
     return 0;
 }
 
@@ -510,6 +560,18 @@ static int pick_device(gpu_trainer *t, char *err, size_t errlen)
 
     if (strcmp(s, "cpu") == 0)
         return 0;
+    if (t->cfg.fp8.on) {
+        /* the device twin has no fp8 GEMMs yet */
+        if (strcmp(s, "auto") == 0) {
+            if (gpu_cuda_probe(NULL, 0) == 0)
+                snprintf(t->device_text, sizeof(t->device_text),
+                         "cpu (fp8: the CUDA backend has no fp8 GEMMs yet)");
+            return 0;
+        }
+        snprintf(err, errlen, "device \"%s\": fp8 jobs run on the CPU so far (\"cpu\" or "
+                 "\"auto\"); the CUDA backend has no fp8 GEMMs yet", s);
+        return GPU_EINVAL;
+    }
     if (t->cfg.grad_accum_steps > 1) {
         /* the device twin runs whole steps of one micro-batch */
         if (strcmp(s, "auto") == 0) {
@@ -806,9 +868,13 @@ static void next_batch(gpu_trainer *t, int B, int draw)
     gpu_dataset_gather(t->train, idx + first, b, t->xbatch, t->ybatch);
 }
 
-static gpu_mlp_weights weights_view(const gpu_trainer *t)
+static gpu_mlp_weights weights_view(gpu_trainer *t)
 {
-    gpu_mlp_weights w = {t->work, t->cfg.dtype, NULL, NULL};
+    gpu_mlp_weights w = {t->work, t->cfg.dtype, NULL, NULL, NULL, NULL};
+    if (t->fp8_state) {
+        w.fp8 = &t->fp8;
+        w.fp8_block = t->fp8_block;
+    }
     if (t->cfg.dtype != GPU_FP32 && t->master)
         w.master = t->master;
     if (t->copy_ready)
@@ -1009,6 +1075,24 @@ static void floor_message(const gpu_trainer *t, float scale_used, char *err, siz
         snprintf(err + n, errlen - (size_t)n, " none (the loss itself is not finite)");
 }
 
+/* After a forward and backward of an fp8 job: the staging amaxes reduced across ranks (MAX, one
+ * all-reduce for every GEMM and role, as Transformer Engine reduces them) and delayed scaling's
+ * update. Not after a recomputation, which records nothing. */
+static int fp8_sync(gpu_trainer *t)
+{
+    if (!t->fp8_state || t->cfg.fp8.recipe != GPU_FP8_DELAYED)
+        return 0;
+    if (t->comm) {
+        gpu_fp8_staging_get(&t->fp8, t->fp8_amax);
+        int rc = gpu_comm_max(t->comm, t->fp8_amax, t->fp8.ngemm * GPU_FP8_ROLES);
+        if (rc)
+            return rc;
+        gpu_fp8_staging_set(&t->fp8, t->fp8_amax);
+    }
+    gpu_fp8_update(&t->fp8);
+    return 0;
+}
+
 /* The micro-steps of one optimizer step: forward and backward on each of
  * grad_accum_steps batches (the first one already drawn), the gradients summed, each
  * backward seeded with S / grad_accum_steps (PyTorch's loss / accumulation steps); with
@@ -1027,6 +1111,8 @@ static int micro_steps(gpu_trainer *t, int b, double *loss, bool *pre_nonfinite,
 
     if (t->comm)
         gpu_comm_begin(t->comm);
+    if (t->fp8_state)
+        gpu_fp8_save_scales(&t->fp8);
     for (t->micro = 0; t->micro < K; t->micro++) {
         if (t->micro > 0)
             next_batch(t, t->cfg.batch_size, t->micro);
@@ -1035,14 +1121,19 @@ static int micro_steps(gpu_trainer *t, int b, double *loss, bool *pre_nonfinite,
         if (rc)
             break;
         sum += one;
+        /* the last micro-step's after its all-reduce (MPI is the comm thread's until then) */
+        if (!last && (rc = fp8_sync(t)))
+            break;
     }
     t->micro = 0;
     *loss = sum / K;
     if (rc || !t->comm)
-        return rc;
+        return rc ? rc : fp8_sync(t);
     gpu_comm_stats cs;
     double t0 = gpu_now();
     rc = gpu_comm_finish(t->comm, &cs);
+    if (rc == 0)
+        rc = fp8_sync(t);
     cpu_phase(t, "comm.wait", &t0);
     m->comm_bytes = cs.bytes;
     m->comm_ms = cs.ms;
@@ -1084,6 +1175,17 @@ static int agree(gpu_trainer *t, bool pre_nonfinite, double *loss, bool *found_i
     return 0;
 }
 
+/* Around recomputing a step (start, then !start): an fp8 job casts with the scales the step
+ * began with and records no amax, so that the recomputation sees the step's numbers and
+ * leaves the scaling state as it was. */
+static void fp8_recompute(gpu_trainer *t, bool start)
+{
+    if (!t->fp8_state)
+        return;
+    gpu_fp8_swap_scales(&t->fp8);
+    t->fp8.record = !start;
+}
+
 /* The step on the CPU after the batch: forward, backward (micro-steps, all-reduce), unscale,
  * update, scaler. Returns 0, GPU_ESCALE_FLOOR (the step is complete) or an error. */
 static int step_cpu(gpu_trainer *t, gpu_step_metrics *m, bool *found_inf, char *err,
@@ -1115,7 +1217,9 @@ static int step_cpu(gpu_trainer *t, gpu_step_metrics *m, bool *found_inf, char *
         double again;
         t->diagnosed = true;
         gpu_diag_begin(t->diag, t->scaler.scale);
+        fp8_recompute(t, true);
         rc = forward_backward(t, b, t->scaler.scale, NULL, &again, t->diag);
+        fp8_recompute(t, false);
         if (rc)
             return rc;
     }
@@ -1360,32 +1464,30 @@ int gpu_trainer_eval(gpu_trainer *t, gpu_eval_result *r)
     int n = gpu_dataset_count(d), B = gpu_rank_batch(&t->cfg); /* rows the blocks hold */
     double total = 0.0;
     int64_t right = 0;
-    int idx[B];
+    int idx[B], rc = 0;
 
-    for (int start = 0; start < n; start += B) {
+    t->fp8.record = false; /* evaluation leaves the scaling state alone */
+    for (int start = 0; start < n && rc == 0; start += B) {
         int b = n - start < B ? n - start : B, correct;
         double loss;
         for (int i = 0; i < b; i++)
             idx[i] = start + i;
         gpu_dataset_gather(d, idx, b, t->xbatch, t->ybatch);
         if (t->cuda) {
-            int rc = gpu_cuda_twin_eval(t->cuda, t->xbatch, t->ybatch, b, &loss, &correct);
-            if (rc)
-                return rc;
+            rc = gpu_cuda_twin_eval(t->cuda, t->xbatch, t->ybatch, b, &loss, &correct);
             total += loss; /* the summed loss of the b rows */
         } else {
-            int rc = gpu_mlp_forward(&t->mlp, &w, t->xbatch, t->ybatch, b, t->acts, t->scratch,
-                                     &loss, &correct, NULL);
-            if (rc)
-                return rc;
+            rc = gpu_mlp_forward(&t->mlp, &w, t->xbatch, t->ybatch, b, t->acts, t->scratch, &loss,
+                                 &correct, NULL);
             total += loss * b;
         }
         right += correct;
     }
+    t->fp8.record = true;
     r->count = n;
     r->loss = total / n;
     r->accuracy = (double)right / n;
-    return 0;
+    return rc;
 }
 
 static void state_add(gpu_state_tensor *v, int *n, const char *prefix, const char *name,
@@ -1417,7 +1519,7 @@ int gpu_trainer_state(gpu_trainer *t, gpu_state_tensor **out, int *n)
             return rc;
     }
     t->copy_ready = false; /* the caller may write the weights */
-    gpu_state_tensor *v = calloc((size_t)t->ntensors * 3 + 1, sizeof(*v));
+    gpu_state_tensor *v = calloc((size_t)t->ntensors * 3 + 2, sizeof(*v));
     if (!v)
         return GPU_ENOMEM;
     *n = 0;
@@ -1433,6 +1535,11 @@ int gpu_trainer_state(gpu_trainer *t, gpu_state_tensor **out, int *n)
     }
     if (t->perm) /* classification data: the shuffled order (sequence batches are stateless) */
         state_add(v, n, "", "data.order", "I32", t->perm, (size_t)ds, sizeof(int), ds, 0);
+    if (t->fp8_state) { /* a row per GEMM and role: scale, scale_inv, amax history */
+        int rows = t->fp8.ngemm * GPU_FP8_ROLES;
+        state_add(v, n, "", "fp8.scaling", "F32", t->fp8_state, (size_t)rows * (2 + t->fp8.len), 4,
+                  rows, 2 + t->fp8.len);
+    }
     *out = v;
     return 0;
 }
