@@ -49,7 +49,8 @@ typedef struct {
     int n;                          /* members */
     store_member m[EXP_MAX_JOBS];   /* arm and seed; job_id once queued */
     json_t *specs[EXP_MAX_JOBS];    /* each member's spec (owned); NULL when grouping */
-    gpu_dtype dtype[EXP_MAX_JOBS];  /* each spec's dtype and steps, as its validation read them */
+    const char *dtype[EXP_MAX_JOBS]; /* each spec's precision (gpu_job_dtype_name) and steps,
+                                     * as its validation read them */
     int64_t steps[EXP_MAX_JOBS];
 } plan;
 
@@ -155,22 +156,24 @@ static json_t *arm_spec(const json_t *base, const json_t *patch, const char *dty
     return s;
 }
 
+/* A precision an arm may name: a dtype, or fp8. */
 static bool dtype_ok(const char *dt)
 {
     gpu_dtype d;
-    return dt && gpu_dtype_parse(dt, &d) == 0;
+    return dt && (gpu_dtype_parse(dt, &d) == 0 || strcmp(dt, "fp8") == 0);
 }
 
-/* The arms of "precisions" (default fp32, fp16, bf16), each with the default seeds. */
+/* The arms of "precisions" (default fp32, fp16, bf16; fp8 when named), each with the default
+ * seeds. */
 static bool arms_of_precisions(const json_t *body, const json_t *base, plan *p, api_resp *r)
 {
     static const char *const all[] = {"fp32", "fp16", "bf16"};
     const json_t *v = json_object_get(body, "precisions");
     size_t n = v ? json_array_size(v) : 3;
     arm_plan seeds;
-    if (v && (!json_is_array(v) || n < 1 || n > 3)) {
+    if (v && (!json_is_array(v) || n < 1 || n > 4)) {
         api_error_resp(r, 400, "invalid_request", "precisions",
-                       "must be a list of 1 to 3 of fp32, fp16 and bf16");
+                       "must be a list of 1 to 4 of fp32, fp16, bf16 and fp8");
         return false;
     }
     if (!default_seeds(body, base, &seeds, r))
@@ -180,7 +183,7 @@ static bool arms_of_precisions(const json_t *body, const json_t *base, plan *p, 
         arm_plan *a = &p->arms[p->narms];
         if (!dtype_ok(dt)) {
             api_error_resp(r, 400, "invalid_request", "precisions",
-                           "entry %zu is not one of fp32, fp16 and bf16", i);
+                           "entry %zu is not one of fp32, fp16, bf16 and fp8", i);
             return false;
         }
         for (int k = 0; k < p->narms; k++)
@@ -234,7 +237,7 @@ static bool arm_parse(const json_t *o, size_t i, const json_t *body, const json_
             return false;
         }
     if (dt && !dtype_ok(json_string_value(dt))) {
-        api_error_resp(r, 400, "invalid_request", field, "dtype must be fp32, fp16 or bf16");
+        api_error_resp(r, 400, "invalid_request", field, "dtype must be fp32, fp16, bf16 or fp8");
         return false;
     }
     if (patch && !json_is_object(patch)) {
@@ -304,7 +307,7 @@ static bool members_of_arms(api_req *q, api_resp *r, plan *p)
             }
             snprintf(p->m[p->n].arm, STORE_ARM_MAX, "%s", a->name);
             p->m[p->n].seed = a->seeds[pos];
-            p->dtype[p->n] = cfg.dtype;
+            p->dtype[p->n] = gpu_job_dtype_name(&cfg);
             p->steps[p->n] = cfg.steps;
             p->n++;
         }
@@ -452,7 +455,7 @@ static int plan_submit(api_server *s, plan *p)
             rc = STORE_EIO;
             break;
         }
-        rc = s->jobs->submit(s->jobs->ctx, name, gpu_dtype_name(p->dtype[i]), p->steps[i], text,
+        rc = s->jobs->submit(s->jobs->ctx, name, p->dtype[i], p->steps[i], text,
                              NULL, &p->m[i].job_id, &existed);
         free(text);
     }

@@ -464,8 +464,8 @@ void api_h_jobs_list(api_req *q, api_resp *r)
     }
     if ((v = api_query(q, "dtype"))) {
         gpu_dtype dt;
-        if (gpu_dtype_parse(v, &dt) != 0) {
-            api_error_resp(r, 400, "invalid_parameter", "dtype", "must be fp32, fp16 or bf16");
+        if (gpu_dtype_parse(v, &dt) != 0 && strcmp(v, "fp8") != 0) {
+            api_error_resp(r, 400, "invalid_parameter", "dtype", "must be fp32, fp16, bf16 or fp8");
             return;
         }
         f.dtype = v;

@@ -1206,6 +1206,18 @@ static int cuda_index(const char *dev, int count)
     return -1;
 }
 
+/* A model plan's error, "field: message" (model.layers when it names no field). */
+static int plan_error(ctx *c, const char *err)
+{
+    const char *sep = strstr(err, ": ");
+    size_t n = sep ? (size_t)(sep - err) : 0;
+    char field[96];
+    if (n == 0 || n >= sizeof(field) || strcspn(err, " ") < n)
+        return fail(c, "model.layers", "%s", err);
+    snprintf(field, sizeof(field), "%.*s", (int)n, err);
+    return fail(c, field, "%s", sep + 2);
+}
+
 /* Refuse a job whose blocks cannot fit in this machine's memory, or in the memory of the
  * GPU it will train on, saying what it needs. */
 static int check_memory(ctx *c, const gpu_job_config *jc)
@@ -1217,7 +1229,7 @@ static int check_memory(ctx *c, const gpu_job_config *jc)
     int n = 0, k;
 
     if (gpu_job_memory(jc, &m, err, sizeof(err)) != 0)
-        return fail(c, "model.layers", "%s", err);
+        return plan_error(c, err);
     if ((double)m.total > 0.8 * phys)
         return too_big(c, &m, "this machine", phys);
     if (strcmp(jc->device, "cpu") == 0 ||      /* no CUDA call for a CPU job */

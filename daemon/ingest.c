@@ -155,8 +155,8 @@ static int64_t line_step(json_t *o)
  * the step rows keep only as totals. */
 static void memory_event(store *st, worker *w, int64_t step, json_t *mem)
 {
-    static const char *const cats[] = {"weights", "master", "grads", "optimizer", "activations",
-                                       "workspace"};
+    static const char *const cats[] = {"weights",     "master",    "grads", "optimizer",
+                                       "activations", "workspace", "fp8"};
     char msg[320];
     int n;
     if (!json_is_object(mem))
@@ -164,8 +164,9 @@ static void memory_event(store *st, worker *w, int64_t step, json_t *mem)
     n = snprintf(msg, sizeof(msg), "step %lld holds %.1f MiB:", (long long)step,
                  field(mem, "total") / 1048576.0);
     for (size_t i = 0; i < sizeof(cats) / sizeof(cats[0]) && n > 0 && (size_t)n < sizeof(msg); i++)
-        n += snprintf(msg + n, sizeof(msg) - (size_t)n, "%s %s %.1f MiB", i ? "," : "", cats[i],
-                      field(mem, cats[i]) / 1048576.0);
+        if (strcmp(cats[i], "fp8") != 0 || field(mem, "fp8") > 0) /* fp8: an fp8 job's */
+            n += snprintf(msg + n, sizeof(msg) - (size_t)n, "%s %s %.1f MiB", i ? "," : "",
+                          cats[i], field(mem, cats[i]) / 1048576.0);
     daemon_ingest_event(st, w->job, step, "memory", msg, json_incref(mem));
 }
 

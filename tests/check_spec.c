@@ -366,7 +366,7 @@ START_TEST(test_bad_values)
     expect_field("{\"model\": {\"layers\": \"784-10\"}}", "model.layers");
     expect_field("{\"model\": {\"activation\": \"tanh\"}}", "model.activation");
     expect_field("{\"model\": []}", "model");
-    expect_field("{\"precision\": {\"dtype\": \"fp8\"}}", "precision.dtype");
+    expect_field("{\"precision\": {\"dtype\": \"fp4\"}}", "precision.dtype");
     expect_field("{\"precision\": {\"master_weights\": 1}}", "precision.master_weights");
     expect_field("{\"precision\": {\"loss_scale\": {\"mode\": \"auto\"}}}",
                  "precision.loss_scale.mode");
@@ -623,6 +623,10 @@ START_TEST(test_canonical_roundtrip)
         " \"tiny_train.bin\", \"eval\": \"tiny_val.bin\"}, \"distributed\": {\"bucket_mb\": 0.1}}",
         "{\"distributed\": {\"launcher\": \"slurm\", \"slurm\": {\"partition\": \"debug\","
         " \"time\": \"30\"}}}",
+        "{\"precision\": {\"dtype\": \"fp8\", \"fp8\": {\"margin\": 2, \"amax_history_len\": 16,"
+        " \"amax_compute_algo\": \"most_recent\", \"keep\": [\"fc1\", \"fc3\"]}}}",
+        "{\"precision\": {\"dtype\": \"fp8\", \"fp8\": {\"recipe\": \"current\", \"format\":"
+        " \"e4m3\", \"amax_epsilon\": 1e-12, \"accumulator\": {\"mantissa_bits\": 13}}}}",
     };
     for (size_t i = 0; i < sizeof(specs) / sizeof(specs[0]); i++) {
         gpu_job_config c1, c2;
@@ -642,6 +646,66 @@ START_TEST(test_canonical_roundtrip)
         free(t1);
         free(t2);
     }
+}
+END_TEST
+
+/* precision.dtype "fp8": a bf16 job with fp8 GEMMs, TE's DelayedScaling defaults, its fields
+ * checked and each refusal naming the field. */
+START_TEST(test_fp8)
+{
+    gpu_job_config c;
+    api_error e;
+    ck_assert_int_eq(parse("{\"precision\": {\"dtype\": \"fp8\"}}", &c, &e), 0);
+    ck_assert(c.fp8.on && c.dtype == GPU_BF16 && c.scaler.mode == GPU_SCALE_NONE);
+    ck_assert(c.fp8.recipe == GPU_FP8_DELAYED && c.fp8.format == GPU_FP8_HYBRID &&
+              c.fp8.margin == 0 && c.fp8.amax_history_len == 1024 &&
+              c.fp8.amax_algo == GPU_FP8_AMAX_MAX && c.fp8.acc.bits == 0 &&
+              c.fp8.acc.promote == 128 && c.fp8.nkeep == 0);
+    ck_assert_str_eq(gpu_job_dtype_name(&c), "fp8");
+    char *t = canonical(&c);
+    ck_assert_msg(strstr(t, "\"dtype\":\"fp8\"") &&
+                      strstr(t, "\"fp8\":{\"recipe\":\"delayed\",\"format\":\"hybrid\""),
+                  "%s", t);
+    free(t);
+    ck_assert_int_eq(parse("{\"precision\": {\"dtype\": \"fp8\", \"fp8\": {\"recipe\": "
+                           "\"current\", \"keep\": [\"fc2\"]}}}",
+                           &c, &e),
+                     0);
+    ck_assert(c.fp8.recipe == GPU_FP8_CURRENT && c.fp8.nkeep == 1 &&
+              strcmp(c.fp8.keep[0], "fc2") == 0);
+    ck_assert_int_eq(parse("{\"precision\": {\"dtype\": \"bf16\"}}", &c, &e), 0);
+    ck_assert(!c.fp8.on);
+    expect_field("{\"precision\": {\"dtype\": \"fp16\", \"fp8\": {}}}", "precision.fp8");
+    expect_field("{\"precision\": {\"dtype\": \"fp8\", \"fp8\": {\"recipe\": \"mx\"}}}",
+                 "precision.fp8.recipe");
+    expect_field("{\"precision\": {\"dtype\": \"fp8\", \"fp8\": {\"format\": \"e5m2\"}}}",
+                 "precision.fp8.format");
+    expect_field("{\"precision\": {\"dtype\": \"fp8\", \"fp8\": {\"margin\": -1}}}",
+                 "precision.fp8.margin");
+    expect_field("{\"precision\": {\"dtype\": \"fp8\", \"fp8\": {\"amax_history_len\": 0}}}",
+                 "precision.fp8.amax_history_len");
+    expect_field("{\"precision\": {\"dtype\": \"fp8\", \"fp8\": {\"recipe\": \"current\","
+                 " \"margin\": 1}}}",
+                 "precision.fp8.margin");
+    expect_field("{\"precision\": {\"dtype\": \"fp8\", \"fp8\": {\"amax_epsilon\": 1}}}",
+                 "precision.fp8.amax_epsilon");
+    expect_field("{\"precision\": {\"dtype\": \"fp8\", \"fp8\": {\"accumulator\":"
+                 " {\"mantissa_bits\": 24}}}}",
+                 "precision.fp8.accumulator.mantissa_bits");
+    expect_field("{\"precision\": {\"dtype\": \"fp8\", \"fp8\": {\"accumulator\":"
+                 " {\"promote_every\": 0}}}}",
+                 "precision.fp8.accumulator.promote_every");
+    expect_field("{\"precision\": {\"dtype\": \"fp8\", \"fp8\": {\"keep\": [\"fc1\", \"fc1\"]}}}",
+                 "precision.fp8.keep[1]");
+    expect_field("{\"precision\": {\"dtype\": \"fp8\", \"fp8\": {\"keep\": [\"fc4\"]}}}",
+                 "precision.fp8.keep");
+    expect_field("{\"precision\": {\"dtype\": \"fp8\", \"fp8\": {\"keep\": \"fc1\"}}}",
+                 "precision.fp8.keep");
+    expect_field("{\"precision\": {\"dtype\": \"fp8\", \"fp8\": {\"scale\": 1}}}",
+                 "precision.fp8.scale");
+    expect_field("{\"model\": {\"type\": \"gpt\"}, \"data\": {\"type\": \"text\", \"train\":"
+                 " \"fortunes\"}, \"precision\": {\"dtype\": \"fp8\"}}",
+                 "precision.dtype");
 }
 END_TEST
 
@@ -853,6 +917,7 @@ static Suite *spec_suite(void)
     tcase_add_test(tc, test_data_roots);
     tcase_add_test(tc, test_seq_data);
     tcase_add_test(tc, test_canonical_roundtrip);
+    tcase_add_test(tc, test_fp8);
     tcase_add_test(tc, test_effective_exact);
     tcase_add_test(tc, test_canonical_fields);
     tcase_add_test(tc, test_resources);

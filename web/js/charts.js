@@ -494,7 +494,7 @@ export function heatFromApi(r) {
 // A stacked horizontal bar of memory by category, with a legend.
 export const MEM_CATS = [
     ['weights', '#2563eb'], ['master', '#7c3aed'], ['grads', '#dc2626'], ['optimizer', '#d97706'],
-    ['activations', '#059669'], ['workspace', '#6b7280'],
+    ['activations', '#059669'], ['workspace', '#6b7280'], ['fp8', '#db2777'],
 ];
 
 export function memoryBar(mem, maxTotal, fmtBytes) {
