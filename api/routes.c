@@ -1040,7 +1040,7 @@ static void put_first_nonfinite(api_buf *b, const store_layer_info *info)
 }
 
 /* "act_amax, act_headroom, ...": the layer fields, from a string constant that starts ", ". */
-#define LAYER_NAME_(id, name, kind) ", " #name
+#define LAYER_NAME_(id, name, ...) ", " #name
 #define LAYER_NAMES (&STORE_LAYER_FIELDS(LAYER_NAME_)[2])
 
 /* A comma-separated list of layer field names into fields; false with a 400 in r. */

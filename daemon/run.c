@@ -94,8 +94,12 @@ typedef struct {
 #define LAYER_COUNT(v) json_integer((json_int_t)(v))
 static json_t *layer_json(const gpu_layer_stat *l)
 {
-    json_t *o = json_pack("{s:s, s:s}", "name", l->name, "dtype", gpu_dtype_name(l->dtype));
-#define LAYER_FIELD_(id, field, kind) json_object_set_new(o, #field, LAYER_##kind(l->field));
+    json_t *o = json_pack("{s:s, s:s}", "name", l->name, "dtype",
+                          l->fp8 ? "fp8" : gpu_dtype_name(l->dtype));
+    /* the fp8 fields (since 9) are an fp8 layer's only: the others do not report them */
+#define LAYER_FIELD_(id, field, kind, since)                                                       \
+    if (since < 9 || l->fp8)                                                                       \
+        json_object_set_new(o, #field, LAYER_##kind(l->field));
     STORE_LAYER_FIELDS(LAYER_FIELD_)
 #undef LAYER_FIELD_
     return o;

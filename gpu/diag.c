@@ -433,6 +433,44 @@ static void spike(gpu_diag_advisor *a, const gpu_diag_context *c)
 }
 
 /* This step's recommendations; see gpu/diag.h. */
+/* The fp8 operands' trouble in layer l: the worst underflow (>= 10% of the non-zero values
+ * of an operand became 0) and the worst saturation (>= 1% clipped), each with the way out
+ * the remedy takes (the layer in bf16; docs/fp8.md). True when an operand underflowed: the
+ * gradients the layer passes on then underflow because of it, not of the loss scale. */
+static bool advise_fp8(gpu_diag_advisor *a, const gpu_layer_stat *l, const gpu_fp8_config *f)
+{
+    static const char *const roles[] = {"forward input", "weight", "output gradient"};
+    const double ufl[3] = {l->fp8_in_underflow, l->fp8_w_underflow, l->fp8_grad_underflow};
+    const double sat[3] = {l->fp8_in_saturated, l->fp8_w_saturated, l->fp8_grad_saturated};
+    const double scale[3] = {l->fp8_in_scale, l->fp8_w_scale, l->fp8_grad_scale};
+    int u = 0, s = 0;
+    for (int r = 1; r < 3; r++) {
+        u = ufl[r] > ufl[u] ? r : u;
+        s = sat[r] > sat[s] ? r : s;
+    }
+    const char *fu = gpu_fp8_format_name(gpu_fp8_role_format(f, u));
+    const char *fs = gpu_fp8_format_name(gpu_fp8_role_format(f, s));
+    char margin[32] = "";
+    if (f->recipe == GPU_FP8_DELAYED && f->margin > 0)
+        snprintf(margin, sizeof(margin), ", margin %d", f->margin);
+    if (ufl[u] >= 0.10)
+        offer(a, "fp8_underflow", l->name, ufl[u],
+              "%s %s: %.0f%% of the non-zero values underflow to 0 in %s (scale %.3g%s): %s"
+              "keep %s in bf16",
+              l->name, roles[u], pct(ufl[u]), fu, scale[u], margin,
+              f->recipe == GPU_FP8_DELAYED ? "use current scaling or a smaller margin, or "
+                                           : "",
+              l->name);
+    if (sat[s] >= 0.01)
+        offer(a, "fp8_saturation", l->name, sat[s],
+              "%s %s: %.0f%% of the values saturate at %s's %g (scale %.3g): %skeep %s in bf16",
+              l->name, roles[s], pct(sat[s]), fs, (double)gpu_fp8_max(gpu_fp8_role_format(f, s)),
+              scale[s],
+              f->recipe == GPU_FP8_DELAYED ? "use current scaling or a larger margin, or " : "",
+              l->name);
+    return ufl[u] >= 0.10;
+}
+
 void gpu_diag_advise(gpu_diag_advisor *a, const gpu_diag *d, const gpu_layer_stat *st,
                      const gpu_diag_context *c)
 {
@@ -440,6 +478,7 @@ void gpu_diag_advise(gpu_diag_advisor *a, const gpu_diag *d, const gpu_layer_sta
     for (int i = 0; d && i < d->nlayers; i++) {
         const gpu_layer_stat *l = &st[i];
         const char *dn = gpu_dtype_name(l->dtype);
+        bool fp8_ufl = l->fp8 && c->fp8 && advise_fp8(a, l, c->fp8);
         if (l->dtype == GPU_FP32)
             continue;
         if (l->act_overflow > 0 && l->act_amax >= overflow_value(l->dtype))
@@ -453,7 +492,7 @@ void gpu_diag_advise(gpu_diag_advisor *a, const gpu_diag *d, const gpu_layer_sta
                   "activations of %s reach %.2g, within a factor of 2 of fp16's 65504: bf16 "
                   "has fp32's range",
                   l->name, l->act_amax);
-        if (l->grad_underflow >= 0.10) {
+        if (l->grad_underflow >= 0.10 && !fp8_ufl) {
             if (c->mode == GPU_SCALE_NONE)
                 offer(a, "underflow", l->name, l->grad_underflow,
                       "%.0f%% of %s's gradients flush to zero without loss scaling: enable "

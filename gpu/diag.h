@@ -100,6 +100,7 @@ typedef struct {
     gpu_comm_hook hook;
     double loss;   /* the step's loss (rank 0's; NaN: not known) */
     bool overflow; /* the step's gradients held inf/NaN (the update was skipped) */
+    const gpu_fp8_config *fp8; /* an fp8 job's recipe; NULL otherwise */
 } gpu_diag_context;
 
 #define GPU_DIAG_MAX_RECS 32    /* new recommendations one step can give */

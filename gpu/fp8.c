@@ -283,6 +283,7 @@ static void cast_piece(encode_fn fn, uint8_t *dst, const void *src, gpu_dtype sd
         st->nan += isnan(x[i]);
         st->saturated += fabsf(y[i]) > top;
         st->underflow += x[i] != 0.0f && !isnan(x[i]) && (dst[i] & 0x7Fu) == 0;
+        st->nonzero += x[i] != 0.0f && isfinite(x[i]);
     }
     st->n += (int64_t)n;
 }
@@ -299,9 +300,9 @@ void gpu_fp8_cast(uint8_t *dst, const void *src, gpu_dtype sdt, size_t n, gpu_fp
     encode_fn fn = best_encoder();
     size_t pieces = (n + CAST_PIECE - 1) / CAST_PIECE;
     float a = 0.0f;
-    int64_t nn = 0, sat = 0, ufl = 0, nan = 0;
+    int64_t nn = 0, sat = 0, ufl = 0, nz = 0, nan = 0;
 #pragma omp parallel for if (gpu_par_worth(n)) schedule(static) reduction(max : a) \
-    reduction(+ : nn, sat, ufl, nan)
+    reduction(+ : nn, sat, ufl, nz, nan)
     for (size_t k = 0; k < pieces; k++) {
         size_t at = k * CAST_PIECE, len = n - at < CAST_PIECE ? n - at : CAST_PIECE;
         gpu_fp8_cast_stats one = {0};
@@ -311,6 +312,7 @@ void gpu_fp8_cast(uint8_t *dst, const void *src, gpu_dtype sdt, size_t n, gpu_fp
         nn += one.n;
         sat += one.saturated;
         ufl += one.underflow;
+        nz += one.nonzero;
         nan += one.nan;
     }
     if (amax)
@@ -319,6 +321,7 @@ void gpu_fp8_cast(uint8_t *dst, const void *src, gpu_dtype sdt, size_t n, gpu_fp
         st->n += nn;
         st->saturated += sat;
         st->underflow += ufl;
+        st->nonzero += nz;
         st->nan += nan;
     }
 }

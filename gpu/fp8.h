@@ -28,6 +28,7 @@ typedef struct gpu_fp8_run {
     /* what the last collecting step cast, per row (NULL: not collecting) */
     gpu_fp8_cast_stats *stats;
     float *amax;      /* the step's amax per row, NaN when a NaN was cast (NaN-aware) */
+    float *scale_used; /* the scale of the row's last cast */
 } gpu_fp8_run;
 
 /* Floats of the state of ngemm GEMMs under c. */

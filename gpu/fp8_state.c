@@ -81,8 +81,10 @@ static void note(gpu_fp8_run *run, int r, float amax, const gpu_fp8_cast_stats *
     st->n += one->n;
     st->saturated += one->saturated;
     st->underflow += one->underflow;
+    st->nonzero += one->nonzero;
     st->nan += one->nan;
     run->amax[r] = st->nan > 0 ? NAN : fmaxf(run->amax[r], amax);
+    run->scale_used[r] = row(run, r)[0];
 }
 
 float gpu_fp8_cast_role(gpu_fp8_run *run, int g, int role, uint8_t *dst, const void *src,

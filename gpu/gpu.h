@@ -185,6 +185,7 @@ typedef struct {
     int64_t n;         /* values cast */
     int64_t saturated; /* |x * scale| beyond the largest finite value (inf included): clipped */
     int64_t underflow; /* non-zero finite values that became a zero */
+    int64_t nonzero;   /* non-zero finite values */
     int64_t nan;       /* NaN values (they stay NaN) */
 } gpu_fp8_cast_stats;
 
@@ -846,6 +847,19 @@ typedef struct {
     int64_t grad_nonfinite;   /* weight-gradient values that were inf/NaN in dtype */
     double lost_updates;      /* master_weights off: fraction of the layer's parameter
                                * updates that rounded away this step; 0 otherwise */
+    /* an fp8 layer's GEMM operands (fp8 set; docs/fp8.md): in (its input), w (its weight),
+     * grad (its output gradient) */
+    bool fp8;
+#define GPU_LAYER_FP8_STAT(r)                                                                      \
+    double fp8_##r##_amax;      /* largest |x|, NaN when a NaN was cast */                          \
+    double fp8_##r##_scale;     /* the scale the cast used */                                      \
+    double fp8_##r##_headroom;  /* log2(fp8 max / (amax x scale)): < 0 saturates */                \
+    double fp8_##r##_saturated; /* fraction of the values clipped to +-max */                      \
+    double fp8_##r##_underflow; /* fraction of the non-zero values that became 0 */
+    GPU_LAYER_FP8_STAT(in)
+    GPU_LAYER_FP8_STAT(w)
+    GPU_LAYER_FP8_STAT(grad)
+#undef GPU_LAYER_FP8_STAT
 } gpu_layer_stat;
 
 /* A plain-language recommendation drawn from the diagnostics and the scaler state. */

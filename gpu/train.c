@@ -102,8 +102,9 @@ struct gpu_trainer {
     gpu_fp8_run fp8;
     float *fp8_state;
     uint8_t *fp8_block;
-    float *fp8_amax;        /* staging amaxes for the all-reduce; the diagnostics' amaxes */
-    gpu_fp8_cast_stats *fp8_stats;
+    float *fp8_amax;        /* staging amaxes for the all-reduce */
+    gpu_fp8_cast_stats *fp8_stats; /* a collecting step's casts, per row; their amaxes and scales */
+    float *fp8_damax, *fp8_dscale;
     /* step profile */
     bool profile_next;      /* profile the next step */
     bool profiling;         /* this step is profiled (step_cpu's clock reads) */
@@ -185,6 +186,8 @@ void gpu_trainer_free(gpu_trainer *t)
     gpu_block_free(t->fp8_block);
     free(t->fp8_amax);
     free(t->fp8_stats);
+    free(t->fp8_damax);
+    free(t->fp8_dscale);
     free(t->xbatch);
     free(t->ybatch);
     free(t->perm);
@@ -443,7 +446,10 @@ static bool alloc_fp8(gpu_trainer *t, model_sizes z)
     t->fp8_block = gpu_block_alloc(z.fp8_bytes ? z.fp8_bytes : 1, "fp8 copies");
     t->fp8_amax = calloc((size_t)rows, sizeof(float));
     t->fp8_stats = calloc((size_t)rows, sizeof(gpu_fp8_cast_stats));
-    if (!t->fp8_state || !t->fp8_block || !t->fp8_amax || !t->fp8_stats)
+    t->fp8_damax = calloc((size_t)rows, sizeof(float));
+    t->fp8_dscale = calloc((size_t)rows, sizeof(float));
+    if (!t->fp8_state || !t->fp8_block || !t->fp8_amax || !t->fp8_stats || !t->fp8_damax ||
+        !t->fp8_dscale)
         return false;
     gpu_fp8_run_init(&t->fp8, &t->cfg.fp8, t->mlp.nlin, t->mlp.fp8, t->fp8_state);
     return true;
@@ -1014,10 +1020,66 @@ static int tensor_layer(const gpu_trainer *t, int i)
 
 /* Per-layer statistics of a collecting step, with the lost updates when they were
  * counted (an update was applied without master weights). */
+/* Collect (on) the fp8 casts' counts, amaxes and scales of the step, or stop (!on). */
+static void fp8_collect(gpu_trainer *t, bool on)
+{
+    int rows = t->fp8.ngemm * GPU_FP8_ROLES;
+    if (!t->fp8_state)
+        return;
+    t->fp8.stats = on ? t->fp8_stats : NULL;
+    t->fp8.amax = t->fp8_damax;
+    t->fp8.scale_used = t->fp8_dscale;
+    if (!on)
+        return;
+    memset(t->fp8_stats, 0, sizeof(*t->fp8_stats) * (size_t)rows);
+    for (int r = 0; r < rows; r++)
+        t->fp8_damax[r] = 0.0f, t->fp8_dscale[r] = NAN;
+}
+
+/* An fp8 layer's operand r (a row of the scaling state) as the diagnostics report it. */
+static void fp8_role_stat(const gpu_trainer *t, int r, double *v)
+{
+    const gpu_fp8_cast_stats *st = &t->fp8_stats[r];
+    double amax = t->fp8_damax[r], scale = t->fp8_dscale[r];
+    double top = gpu_fp8_max(gpu_fp8_role_format(&t->cfg.fp8, r % GPU_FP8_ROLES));
+    v[0] = amax;
+    v[1] = scale;
+    v[2] = amax > 0 ? log2(top / (amax * scale)) : INFINITY; /* NaN for a NaN amax */
+    v[3] = st->n ? (double)st->saturated / (double)st->n : 0.0;
+    v[4] = st->nonzero ? (double)st->underflow / (double)st->nonzero : 0.0;
+}
+
+/* The fp8 fields of the layers whose GEMMs ran in fp8 (the MLP's "fc1", ...). */
+static void fp8_layer_stats(gpu_trainer *t)
+{
+    for (int g = 0; t->fp8_state && g < t->fp8.ngemm; g++) {
+        char name[16];
+        snprintf(name, sizeof(name), "fc%d", g + 1);
+        for (int l = 0; l < t->diag->nlayers; l++) {
+            gpu_layer_stat *s = &t->lstats[l];
+            double v[GPU_FP8_ROLES][5];
+            if (strcmp(s->name, name) != 0 || !t->fp8.on[g])
+                continue;
+            for (int r = 0; r < GPU_FP8_ROLES; r++)
+                fp8_role_stat(t, g * GPU_FP8_ROLES + r, v[r]);
+            s->fp8 = true;
+#define FP8_PUT(r, k)                                                                              \
+    s->fp8_##r##_amax = v[k][0], s->fp8_##r##_scale = v[k][1], s->fp8_##r##_headroom = v[k][2],    \
+    s->fp8_##r##_saturated = v[k][3], s->fp8_##r##_underflow = v[k][4]
+            FP8_PUT(in, GPU_FP8_X);
+            FP8_PUT(w, GPU_FP8_W);
+            FP8_PUT(grad, GPU_FP8_G);
+#undef FP8_PUT
+        }
+    }
+    fp8_collect(t, false);
+}
+
 static void layer_stats(gpu_trainer *t, bool updated)
 {
     int64_t lost[GPU_DIAG_MAX_LAYERS] = {0}, count[GPU_DIAG_MAX_LAYERS] = {0};
     gpu_diag_stats(t->diag, t->lstats);
+    fp8_layer_stats(t);
     if (!updated || t->master)
         return;
     for (int i = 0; i < t->ntensors; i++) {
@@ -1049,6 +1111,7 @@ static void advise(gpu_trainer *t, const gpu_step_metrics *m, bool found_inf)
         .hook = c->dist.hook,
         .loss = m->loss,
         .overflow = found_inf,
+        .fp8 = c->fp8.on ? &c->fp8 : NULL,
     };
     gpu_diag_advise(t->advisor, t->diagnosed ? t->diag : NULL, t->lstats, &ctx);
 }
@@ -1199,6 +1262,7 @@ static int step_cpu(gpu_trainer *t, gpu_step_metrics *m, bool *found_inf, char *
 
     if (t->diagnosed)
         gpu_diag_begin(t->diag, t->scaler.scale);
+    fp8_collect(t, t->diagnosed);
     rc = micro_steps(t, b, &loss, &pre_nonfinite, m);
     if (rc) {
         if (rc == GPU_ECOMM)
@@ -1217,6 +1281,7 @@ static int step_cpu(gpu_trainer *t, gpu_step_metrics *m, bool *found_inf, char *
         double again;
         t->diagnosed = true;
         gpu_diag_begin(t->diag, t->scaler.scale);
+        fp8_collect(t, true);
         fp8_recompute(t, true);
         rc = forward_backward(t, b, t->scaler.scale, NULL, &again, t->diag);
         fp8_recompute(t, false);

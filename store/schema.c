@@ -154,8 +154,8 @@ static const char *const migration_8[] = {"ALTER TABLE jobs ADD COLUMN parent_id
                                           "CREATE INDEX jobs_parent ON jobs(parent_id)", NULL};
 
 /* The hand-written steps. The versions without one add only the columns of the fields
- * whose `since` names them (store.h's STORE_METRICS); a new field takes a version above
- * every version here. */
+ * whose `since` names them (store.h's STORE_METRICS and STORE_LAYER_FIELDS); a new field
+ * takes a version above every version here. */
 static const struct {
     int version;
     const char *const *sql;
@@ -163,12 +163,18 @@ static const struct {
                   {6, migration_6}, {7, migration_7}, {8, migration_8}};
 #define NMIGRATIONS ((int)(sizeof(migrations) / sizeof(migrations[0])))
 
+/* The schema version that added each layer field's column (STORE_LAYER_FIELDS). */
+#define LSINCE_(id, f, kind, since) since,
+static const int layer_since[STORE_L_NFIELDS] = {STORE_LAYER_FIELDS(LSINCE_)};
+
 int store_schema_version(void)
 {
     int v = migrations[NMIGRATIONS - 1].version;
     for (int i = 0; i < STORE_M_NFIELDS; i++)
         if (store_metric_field(i)->since > v)
             v = store_metric_field(i)->since;
+    for (int i = 0; i < STORE_L_NFIELDS; i++)
+        v = layer_since[i] > v ? layer_since[i] : v;
     return v;
 }
 
@@ -193,10 +199,9 @@ int store_schema_version(void)
 #define EVSET_STEP(f)
 #define EVSET_EVAL(f) #f "=?,"
 
-#define LCOL_(id, f, kind) "," #f
-#define LQ_(id, f, kind) ",?"
-#define LSET_(id, f, kind) "," #f "=excluded." #f
-_Static_assert(STORE_L_NFIELDS == 8, "the layer column lists below have 8 fields");
+#define LCOL_(id, f, ...) "," #f
+#define LQ_(id, f, ...) ",?"
+#define LSET_(id, f, ...) "," #f "=excluded." #f
 
 #define RAW_COLS "step,special,nf_mask,nan_mask,rank" STORE_METRICS(PCOL_)
 #define ROLLUP_COLS "bucket,step_first,step_last,count,flags,nf_mask" STORE_METRICS(PRCOL_)
@@ -237,7 +242,7 @@ _Static_assert(STORE_L_NFIELDS == 8, "the layer column lists below have 8 fields
     "step_first=excluded.step_first,step_last=excluded.step_last,count=excluded.count,"            \
     "flags=excluded.flags,nf_mask=excluded.nf_mask"
 
-/* job ?1, step ?2, layer ?3, name ?4, dtype ?5, nan_mask ?6, fields ?7..?14 */
+/* job ?1, step ?2, layer ?3, name ?4, dtype ?5, nan_mask ?6, the fields from ?7 */
 #define LAYER_UPSERT_SQL                                                                           \
     "INSERT INTO layer_stats(job_id,step,layer,name,dtype,nan_mask" STORE_LAYER_FIELDS(LCOL_)      \
     ") VALUES(?,?,?,?,?,?" STORE_LAYER_FIELDS(LQ_) ") ON CONFLICT(job_id,step,layer) DO UPDATE "   \
@@ -670,7 +675,8 @@ static int version_add(store_conn *c, int version)
 }
 
 /* The columns of the fields added by version v (their `since`): one in metrics, min, max
- * and last in metrics_rollup. */
+ * and last in metrics_rollup for a metric; one in layer_stats for a layer field (those of
+ * version 2 are in migration_2). */
 static int add_field_columns(store_conn *c, int v)
 {
     static const char *const table[] = {"metrics", "metrics_rollup", "metrics_rollup",
@@ -688,6 +694,14 @@ static int add_field_columns(store_conn *c, int v)
             if ((rc = exec_const(c->db, sql)) != 0)
                 return rc;
         }
+    }
+    for (int i = 0; i < STORE_L_NFIELDS; i++) {
+        if (v <= 2 || layer_since[i] != v)
+            continue;
+        snprintf(sql, sizeof(sql), "ALTER TABLE layer_stats ADD COLUMN %s REAL",
+                 store_layer_field_name(i));
+        if ((rc = exec_const(c->db, sql)) != 0)
+            return rc;
     }
     return 0;
 }

@@ -1106,7 +1106,7 @@ void store_get_stats(store *s, store_stats *out)
  * are NULL in SQLite). Every read runs in one read transaction, so a step's record and its
  * rows come from the same commit. */
 
-#define NAME_(id, name, kind) #name,
+#define NAME_(id, name, ...) #name,
 static const char *const layer_field_names[STORE_L_NFIELDS] = {STORE_LAYER_FIELDS(NAME_)};
 
 const char *store_layer_field_name(int field)

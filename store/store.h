@@ -414,20 +414,31 @@ int store_event_last(store *s, int64_t job, const char *kind, store_event **out)
 
 /* A diagnosed step (every diagnostics_every steps and every overflow step) has one row per
  * layer (in the model's order) and one step record (the loss scale and which layer first
- * produced inf/NaN). The fields of a layer row, in this order, as X(ID, name, kind): kind
- * REAL (a real) or COUNT (an integer count). The one list: the STORE_L_ enum, the store's
- * columns and names, the worker's "layers" line and the API's field names come from it. */
+ * produced inf/NaN). The fields of a layer row, in this order, as X(ID, name, kind, since):
+ * kind REAL (a real) or COUNT (an integer count); since the schema version that added its
+ * column. The one list: the STORE_L_ enum, the store's columns and names, the worker's
+ * "layers" line and the API's field names come from it. The fp8 fields are an fp8 layer's
+ * (docs/fp8.md), per operand: in (its input), w (its weight), grad (its output gradient);
+ * amax NaN-aware, the scale its cast used, headroom log2(fp8 max / (amax x scale)), the
+ * fractions of the values that saturated and of the non-zero ones that became 0. */
+#define STORE_LAYER_FP8(X, R, r)                                                                   \
+    X(FP8_##R##_AMAX, fp8_##r##_amax, REAL, 9)                                                     \
+    X(FP8_##R##_SCALE, fp8_##r##_scale, REAL, 9)                                                   \
+    X(FP8_##R##_HEADROOM, fp8_##r##_headroom, REAL, 9)                                             \
+    X(FP8_##R##_SATURATED, fp8_##r##_saturated, REAL, 9)                                           \
+    X(FP8_##R##_UNDERFLOW, fp8_##r##_underflow, REAL, 9)
 #define STORE_LAYER_FIELDS(X)                                                                      \
-    X(ACT_AMAX, act_amax, REAL)         /* max |forward output| before rounding */                 \
-    X(ACT_HEADROOM, act_headroom, REAL) /* dtype max / act_amax (+Inf when act_amax is 0) */       \
-    X(ACT_OVERFLOW, act_overflow, COUNT) /* outputs that became inf/NaN when rounded */            \
-    X(GRAD_AMAX, grad_amax, REAL)       /* max |weight gradient|, unscaled */                      \
-    X(GRAD_UNDERFLOW, grad_underflow, REAL) /* fraction of elements flushed to 0 at the scale */   \
-    X(GRAD_UNDERFLOW_UNSCALED, grad_underflow_unscaled, REAL) /* ... without loss scaling */       \
-    X(GRAD_NONFINITE, grad_nonfinite, COUNT) /* gradient elements that were inf/NaN */             \
-    X(LOST_UPDATES, lost_updates, REAL) /* fraction of weight updates that rounded away */
+    X(ACT_AMAX, act_amax, REAL, 2)         /* max |forward output| before rounding */              \
+    X(ACT_HEADROOM, act_headroom, REAL, 2) /* dtype max / act_amax (+Inf when act_amax is 0) */    \
+    X(ACT_OVERFLOW, act_overflow, COUNT, 2) /* outputs that became inf/NaN when rounded */         \
+    X(GRAD_AMAX, grad_amax, REAL, 2)       /* max |weight gradient|, unscaled */                   \
+    X(GRAD_UNDERFLOW, grad_underflow, REAL, 2) /* fraction of elements flushed to 0 at the scale */\
+    X(GRAD_UNDERFLOW_UNSCALED, grad_underflow_unscaled, REAL, 2) /* ... without loss scaling */    \
+    X(GRAD_NONFINITE, grad_nonfinite, COUNT, 2) /* gradient elements that were inf/NaN */          \
+    X(LOST_UPDATES, lost_updates, REAL, 2) /* fraction of weight updates that rounded away */      \
+    STORE_LAYER_FP8(X, IN, in) STORE_LAYER_FP8(X, W, w) STORE_LAYER_FP8(X, GRAD, grad)
 enum {
-#define STORE_L_ENUM_(id, name, kind) STORE_L_##id,
+#define STORE_L_ENUM_(id, name, ...) STORE_L_##id,
     STORE_LAYER_FIELDS(STORE_L_ENUM_)
 #undef STORE_L_ENUM_
     STORE_L_NFIELDS

@@ -1213,7 +1213,7 @@ START_TEST(test_jobs)
 
     /* bad filters name the parameter */
     const char *bad[][2] = {{"/v1/jobs?status=done", "status"},
-                            {"/v1/jobs?dtype=fp8", "dtype"},
+                            {"/v1/jobs?dtype=fp4", "dtype"},
                             {"/v1/jobs?limit=0", "limit"},
                             {"/v1/jobs?limit=1001", "limit"},
                             {"/v1/jobs?limit=ten", "limit"},

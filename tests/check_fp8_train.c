@@ -73,7 +73,7 @@ START_TEST(test_cast)
             const void *src = x;
             float scale = f ? 3.7f : 0.013f, amax = -1.0f, want_amax = 0.0f;
             gpu_fp8_cast_stats st = {0};
-            int64_t sat = 0, ufl = 0, nan = 0, wrong = 0;
+            int64_t sat = 0, ufl = 0, nz = 0, nan = 0, wrong = 0;
             if (dt != GPU_FP32) {
                 gpu_cvt_from_f32(x16, dt, x, N);
                 src = x16;
@@ -87,6 +87,7 @@ START_TEST(test_cast)
                     want_amax = fabsf(v) > want_amax ? fabsf(v) : want_amax;
                     sat += fabsf(y) > gpu_fp8_max((gpu_fp8_format)f);
                     ufl += v != 0.0f && gpu_fp8_to_f32(want, (gpu_fp8_format)f) == 0.0f;
+                    nz += v != 0.0f && isfinite(v);
                 }
                 nan += isnan(v) != 0;
             }
@@ -97,6 +98,7 @@ START_TEST(test_cast)
             ck_assert_int_eq(st.saturated, sat);
             ck_assert_int_eq(st.underflow, ufl);
             ck_assert_int_eq(st.nan, nan);
+            ck_assert_int_eq(st.nonzero, nz);
             ck_assert(sat > 100 && ufl > 100 && nan == 1);
             x[6] = 1.5f; /* the amax without the inf, once, from fp32 */
             ck_assert(gpu_fp8_amax(x, GPU_FP32, N) < INFINITY);
@@ -370,6 +372,9 @@ START_TEST(test_mlp_fp8_steps)
     for (int i = 0; i < BATCH; i++)
         y[i] = (int)gpu_rng_below(&r, OUT);
     gpu_fp8_run_init(&run, &fc, m.nlin, m.fp8, state);
+    gpu_fp8_cast_stats stats[6] = {{0}};
+    float damax[6] = {0}, dscale[6] = {0};
+    run.stats = stats, run.amax = damax, run.scale_used = dscale;
     for (int l = 0; l < 2; l++) /* scales that are not powers of two, as delayed ones are */
         for (int role = 0; role < 3; role++) {
             float *row = state + (size_t)(l * 3 + role) * (2 + run.len);
@@ -400,6 +405,16 @@ START_TEST(test_mlp_fp8_steps)
         want += -((double)zi[y[i]] - mx - log(sum));
     }
     ck_assert_msg(loss == want / BATCH, "loss %.17g, the steps here %.17g", loss, want / BATCH);
+    /* the diagnostics' counts of fc1's input cast, and its amax and scale */
+    int64_t nz = 0, ufl = 0, sat = 0;
+    for (int i = 0; i < BATCH * IN; i++) {
+        nz += xr[i] != 0.0f;
+        ufl += xr[i] != 0.0f && (x8[i] & 0x7F) == 0;
+        sat += fabsf(xr[i] * sc[0][0]) > 448.0f;
+    }
+    ck_assert(stats[0].n == BATCH * IN && stats[0].nonzero == nz && stats[0].underflow == ufl &&
+              stats[0].nan == 0 && stats[0].saturated == sat);
+    ck_assert(damax[0] == row_amax(xr, BATCH * IN) && dscale[0] == sc[0][0]);
     /* the staging slots hold each role's amax */
     ck_assert(state[2] == row_amax(xr, BATCH * IN));
     ck_assert(state[(2 + run.len) + 2] == row_amax(params + m.w_off[0], HID * IN));
@@ -515,6 +530,59 @@ START_TEST(test_delayed_rows)
     ck_assert_int_eq(gpu_trainer_eval(t, &ev), 0);
     ck_assert(memcmp(before, s, sizeof(before)) == 0);
     ck_assert(ev.accuracy > 0.0);
+    gpu_trainer_free(t);
+}
+END_TEST
+
+/* A collecting step reports each fp8 layer's operands: fp8 set, the scales its casts used
+ * (the rows' before the step), finite headroom; a margin that pushes the values below E4M3's
+ * range makes an fp8_underflow recommendation naming the layer and the operand, and no
+ * loss-scaling one for it. */
+START_TEST(test_fp8_diagnostics)
+{
+    gpu_job_config c;
+    gpu_trainer *t;
+    gpu_step_metrics m;
+    const gpu_layer_stat *ls;
+    const gpu_recommendation *recs;
+    int n, nrec, rows, cols;
+    fp8_job(&c);
+    c.diagnostics_every = 1;
+    ck_assert_int_eq(gpu_trainer_create(&c, &t, NULL, 0), 0);
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(gpu_trainer_step(t, &m, NULL, 0), 0);
+    float *s = scaling(t, &cols, &rows), was[6];
+    for (int r = 0; r < rows; r++)
+        was[r] = s[(size_t)r * cols];
+    ck_assert_int_eq(gpu_trainer_step(t, &m, NULL, 0), 0);
+    ck_assert_int_eq(gpu_trainer_diagnostics(t, &ls, &n, NULL, NULL), 0);
+    ck_assert_int_eq(n, 2);
+    for (int l = 0; l < 2; l++) {
+        ck_assert(ls[l].fp8);
+        ck_assert(ls[l].fp8_in_scale == was[l * 3] && ls[l].fp8_w_scale == was[l * 3 + 1] &&
+                  ls[l].fp8_grad_scale == was[l * 3 + 2]);
+        ck_assert(ls[l].fp8_in_amax > 0 && isfinite(ls[l].fp8_in_headroom) &&
+                  ls[l].fp8_w_saturated <= 0.01 && ls[l].fp8_grad_underflow < 0.10);
+    }
+    gpu_trainer_free(t);
+    c.fp8.margin = 24;
+    ck_assert_int_eq(gpu_trainer_create(&c, &t, NULL, 0), 0);
+    bool named = false;
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(gpu_trainer_step(t, &m, NULL, 0), 0);
+        gpu_trainer_recommendations(t, &recs, &nrec);
+        for (int k = 0; k < nrec; k++) {
+            ck_assert_str_ne(recs[k].kind, "underflow");
+            if (strcmp(recs[k].kind, "fp8_underflow") == 0) {
+                named = true;
+                ck_assert_msg(strstr(recs[k].message, recs[k].layer) &&
+                                  strstr(recs[k].message, "margin 24") &&
+                                  strstr(recs[k].message, "in bf16"),
+                              "%s", recs[k].message);
+            }
+        }
+    }
+    ck_assert(named);
     gpu_trainer_free(t);
 }
 END_TEST
@@ -650,6 +718,7 @@ static Suite *fp8_train_suite(void)
     tcase_add_test(tc, test_acc_model);
     tcase_add_test(tc, test_mlp_fp8_steps);
     tcase_add_test(tc, test_delayed_rows);
+    tcase_add_test(tc, test_fp8_diagnostics);
     tcase_add_test(tc, test_keep_layer);
     tcase_add_test(tc, test_resume_bits);
     tcase_add_test(tc, test_recipes_train);

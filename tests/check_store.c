@@ -37,7 +37,7 @@
 
 #define NF STORE_M_NFIELDS
 #define NLF STORE_L_NFIELDS
-#define SCHEMA_VERSION 8 /* jobs.parent_id and jobs.branch */
+#define SCHEMA_VERSION 9 /* the fp8 layer fields */
 #define EVAL_BITS ((1u << STORE_M_EVAL_LOSS) | (1u << STORE_M_EVAL_ACC))
 
 static char tmp_dir[64];
@@ -1373,12 +1373,22 @@ static void check_lrow(const store_layer_stat *got, const store_layer_stat *want
 }
 
 /* Make the database look as schema version v left it: drop the columns of the fields added
- * after v, the branches' lineage (version 8), jobs.launch (version 7), the experiments
+ * after v (the fp8 layer fields: version 9), the branches' lineage (version 8), jobs.launch (version 7), the experiments
  * (version 6), the stream table (version 5) and the schema_version rows above v (the other
  * tables are the caller's). */
+#define LSINCE_(id, f, kind, since) since,
+static const int layer_since[NLF] = {STORE_LAYER_FIELDS(LSINCE_)};
+
 static void downgrade_fields(sqlite3 *db, int v)
 {
     char sql[512];
+    for (int f = 0; f < NLF; f++) {
+        if (layer_since[f] <= v || layer_since[f] <= 2) /* version 2's: migration_2's table */
+            continue;
+        snprintf(sql, sizeof(sql), "ALTER TABLE layer_stats DROP COLUMN %s",
+                 store_layer_field_name(f));
+        ck_assert_int_eq(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
+    }
     if (v < 8)
         ck_assert_int_eq(sqlite3_exec(db,
                                       "DROP INDEX jobs_parent; ALTER TABLE jobs DROP COLUMN "
@@ -1527,6 +1537,7 @@ START_TEST(test_migrate_from_v2)
     ck_assert_int_eq(column_count(db, "metrics", "tokens_per_s"), 1);
     ck_assert_int_eq(column_count(db, "metrics", "lost_updates"), 1);
     ck_assert_int_eq(column_count(db, "metrics_rollup", "lost_updates_last"), 1);
+    ck_assert_int_eq(column_count(db, "layer_stats", "fp8_grad_underflow"), 1);
     sqlite3_close(db);
     ck_assert_int_eq(store_metric_latest(st, id, &got), 0);
     ck_assert(got.v[STORE_M_LOSS] == 2.5);

@@ -281,6 +281,25 @@ export const HEAT_FIELDS = {
     },
 };
 
+// An fp8 job's layers (docs/fp8.md): each GEMM operand's underflow and headroom.
+const FP8_OPERANDS = [['in', 'input'], ['w', 'weight'], ['grad', 'output gradient']];
+for (const [r, what] of FP8_OPERANDS) {
+    HEAT_FIELDS[`fp8_${r}_underflow`] = {
+        label: `fp8 ${what} underflow`,
+        help: `fp8 jobs: fraction of the non-zero values of each layer's ${what} that its fp8 cast made 0 (grey: not an fp8 layer)`,
+        color: (v) => (v === null ? null : mix([240, 253, 244], [88, 28, 135], Math.sqrt(Math.min(1, Math.max(0, v))))),
+        fmt: (v) => (v === null ? '—' : (100 * v).toFixed(2) + '%'),
+        legend: FRACTION_LEGEND,
+    };
+    HEAT_FIELDS[`fp8_${r}_headroom`] = {
+        label: `fp8 ${what} headroom`,
+        help: `fp8 jobs: log2(fp8 max / (amax × scale)) of each layer's ${what}: below 0 (red) its values saturate`,
+        color: (v) => (v === null ? null : v < 0 ? '#7f1d1d' : ramp(HEADROOM_STOPS, v)),
+        fmt: (v) => (v === null ? '—' : `${fmtNum(v)} bits${v < 0 ? ' (saturating)' : ''}`),
+        legend: [[-1, 'saturating'], [0, '0'], [4, '4'], [8, '8'], [12, '12'], [20, '≥20']],
+    };
+}
+
 const HEADROOM_STOPS = [[0, [185, 28, 28]], [4, [249, 115, 22]], [8, [253, 224, 71]],
                         [12, [219, 234, 254]], [20, [30, 64, 175]]];
 
