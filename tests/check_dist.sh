@@ -16,6 +16,8 @@
 #   - SIGINT stops every rank after the same step with a checkpoint; the resumed run's steps
 #     equal an uninterrupted run's; a resume with another world size is refused;
 #   - grad_accum_steps 4 with batch 64 equals batch 256 (world 1 and world 2);
+#   - fp8 at world 2: both ranks end with the same state, the fp8 scaling state included
+#     (its amaxes are reduced across the ranks);
 #   - CUDA ranks on the emulator (tests/ampd_emu, NCCL's stand-in over MPI), world 2: an
 #     fp16 job with the fp16 hook follows the CPU ranks (loss within 1e-3, the same bytes,
 #     scales and skips), and so does a GPT in small buckets; fp32 with hook none follows
@@ -118,6 +120,15 @@ check "world 2: comm time, exposed part, slowest rank" \
     jsok "$TMP/w2.out" 'steps[10].comm_ms > 0 && steps[10].comm_exposed_ms >= 0 &&
         steps[10].comm_exposed_ms <= steps[10].comm_ms && steps[10].step_ms_max >= steps[10].step_ms &&
         [0, 1].includes(steps[10].slowest_rank)'
+
+# ---- fp8: the amaxes reduced across the ranks ----------------------------------------------
+# The state hash covers the fp8 scaling state, whose input and gradient amaxes come from each
+# rank's half of the batch: equal on both ranks only when they are reduced (MAX) every step.
+spec 2 none 8 | sed 's/"dtype": "fp32"/"dtype": "fp8"/' | "$AMPD" run - >"$TMP/f8.out" 2>"$TMP/f8.err"
+status_is "fp8, world 2" 0 $?
+check "fp8, world 2: both ranks end with the same state, fp8 scaling included" \
+    test "$(grep -c 'stopped at step 8' "$TMP/f8.err")" -eq 2 -a \
+    "$(grep -o 'stopped at step 8: .*' "$TMP/f8.err" | sort -u | wc -l)" -eq 1
 
 # ---- hooks: bytes and accuracy -----------------------------------------------------------
 adam='"optimizer": {"type": "adamw", "lr": 0.001}'
