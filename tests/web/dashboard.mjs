@@ -517,6 +517,12 @@ async function main() {
     await fillForm(page, 'web-exp', 'fp16', {steps: '600', eval: '200'});
     blockers = await holdSlots();
     await page.fill('#experiment-seeds', '3');
+    await page.check('#experiment-fp8');
+    check('"and fp8" adds fp8 to the experiment button',
+          (await page.textContent('#submit-experiment')) === 'Run as fp32 + fp16 + bf16 + fp8');
+    await page.uncheck('#experiment-fp8');
+    check('... and unchecked, the button runs the three dtypes',
+          (await page.textContent('#submit-experiment')) === 'Run as fp32 + fp16 + bf16');
     await page.click('#submit-experiment');
     await page.waitForURL(/#\/experiments\/\d+$/);
     const expId = Number(page.url().split('/').pop());

@@ -66,7 +66,7 @@ export class RunsPage {
         statusSel.value = f.status;
         const dtypeSel = h('select', {'aria-label': 'precision filter', id: 'filter-dtype',
                                       onchange: (e) => { f.dtype = e.target.value; this.render(); }},
-                           ['', 'fp32', 'fp16', 'bf16'].map((s) => h('option', {value: s}, s || 'any dtype')));
+                           ['', 'fp32', 'fp16', 'bf16', 'fp8'].map((s) => h('option', {value: s}, s || 'any dtype')));
         dtypeSel.value = f.dtype;
         this.countEl = h('span', {class: 'muted small'});
         this.tableWrap = h('div', {class: 'table-wrap'});

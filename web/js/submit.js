@@ -1,8 +1,8 @@
 // submit.js - the submit page (#/submit): templates, a form over the most used fields and
 // a JSON editor over the whole spec (docs/job-spec.md), kept in step both ways; the API's
 // validation error is shown next to the field it names; "Run as fp32 + fp16 + bf16"
-// submits the same spec in the three precisions (loss scaling kept for fp16 only) and
-// opens the compare view.
+// submits the same spec in the three precisions (loss scaling kept for fp16 only; "and
+// fp8" adds an fp8 arm) and opens the experiment.
 //
 // The spec object is the source of truth. Each form control has a dotted path
 // (data-path); editing it sets or (when emptied) deletes that path, and the JSON text is
@@ -65,7 +65,7 @@ const CONTROLS = [
         ['data.train', 'training data', 'text', {placeholder: 'fashion-mnist'}],
     ]],
     ['Precision', [
-        ['precision.dtype', 'dtype', 'radio', {choices: ['fp32', 'fp16', 'bf16']}],
+        ['precision.dtype', 'dtype', 'radio', {choices: ['fp32', 'fp16', 'bf16', 'fp8']}],
         ['precision.master_weights', 'fp32 master weights', 'check', {def: true}],
         ['precision.loss_scale.mode', 'loss scaling', 'select', {choices: ['', 'dynamic', 'static', 'none']}],
         ['precision.loss_scale.init', 'initial scale', 'num', {placeholder: '65536'}],
@@ -176,6 +176,9 @@ export class SubmitPage {
                                    onclick: () => this.submit(true)}, 'Run as fp32 + fp16 + bf16');
         this.repeats = h('input', {type: 'number', id: 'experiment-seeds', min: 1, max: 10, value: 3,
                                    class: 'seeds', 'aria-label': 'seeds per precision'});
+        // fp8 beside them (the MLP so far: docs/fp8.md); the button says what it runs
+        this.withFp8 = h('input', {type: 'checkbox', id: 'experiment-fp8',
+                                   onchange: () => { this.expBtn.textContent = this.expLabel(); }});
         this.root.append(
             h('div', {class: 'toolbar'}, h('h2', {}, 'New run'), tplRow),
             this.banner,
@@ -187,6 +190,7 @@ export class SubmitPage {
                 this.json, this.jsonError)),
             h('div', {class: 'submit-bar'}, this.submitBtn, this.expBtn,
               h('label', {class: 'small'}, 'with ', this.repeats, ' seeds each'),
+              h('label', {class: 'small'}, this.withFp8, ' and fp8'),
               h('span', {class: 'muted small'}, 'The experiment runs this spec in each precision with each seed (from the spec\'s seed up), changing nothing else (loss scaling is kept for fp16 only; fp32 and bf16 train unscaled), and opens its comparison: a difference counts only when it is larger than the spread between seeds.')));
         this.render();
     }
@@ -340,6 +344,15 @@ export class SubmitPage {
         }
     }
 
+    // The experiment's precisions: the three dtypes, and fp8 when asked for.
+    precisions() {
+        return ['fp32', 'fp16', 'bf16', ...(this.withFp8.checked ? ['fp8'] : [])];
+    }
+
+    expLabel() {
+        return 'Run as ' + this.precisions().join(' + ');
+    }
+
     async submit(experiment) {
         this.clearErrors();
         for (const c of this.controls) {
@@ -364,9 +377,9 @@ export class SubmitPage {
                 this.banner.textContent = 'seeds per precision: a whole number from 1 to 10';
                 return;
             }
-            const base = (this.spec.name || 'job').replace(/-(fp32|fp16|bf16)$/, '');
+            const base = (this.spec.name || 'job').replace(/-(fp32|fp16|bf16|fp8)$/, '');
             const exp = await api.createExperiment({name: base.slice(0, 64), spec: this.spec,
-                                                    precisions: ['fp32', 'fp16', 'bf16'], repeats});
+                                                    precisions: this.precisions(), repeats});
             toast(`experiment #${exp.id}: ${exp.jobs.length} runs queued`);
             if (!this.disposed) navigate(`#/experiments/${exp.id}`);
         } catch (e) {

@@ -125,7 +125,7 @@ export function dtypeBadge(dtype) {
 }
 
 // Colours per precision, the same in every chart and table.
-export const DTYPE_COLORS = {fp32: '#2563eb', fp16: '#dc2626', bf16: '#059669'};
+export const DTYPE_COLORS = {fp32: '#2563eb', fp16: '#dc2626', bf16: '#059669', fp8: '#db2777'};
 const PALETTE = ['#2563eb', '#dc2626', '#059669', '#d97706', '#7c3aed', '#db2777', '#0891b2',
                  '#4b5563'];
 
