@@ -770,7 +770,7 @@ static void refs_ce_mlp(gpu_dtype dt, int B, int V)
             raw[(size_t)i * V + v] = x[i] + params[m.b_off[0] + v];
     }
     gpu_cvt_from_f32(work, dt, params, m.nparams);
-    gpu_mlp_weights w = {work, dt, params, NULL};
+    gpu_mlp_weights w = {work, dt, params, NULL, NULL, NULL};
     ck_assert_int_eq(gpu_mlp_forward(&m, &w, x, y, B, acts, scratch, &loss, &hits, NULL), 0);
     ref_ce_mlp(raw, y, B, V, m.lin_dt, m.ce_dt, p, &loss_ref, &hits_ref, &scale);
     snprintf(what, sizeof(what), "ref ce mlp %s B %d V %d", dn(dt), B, V);
@@ -822,7 +822,7 @@ static void refs_act(gpu_activation act, gpu_dtype dt)
     for (int i = 0; i < 24; i++) /* the specials but the overflowing 70000 */
         u[i] = gpu_round(SPECIAL[i], dt);
     gpu_cvt_from_f32(work, dt, params, m.nparams);
-    gpu_mlp_weights w = {work, dt, params, NULL};
+    gpu_mlp_weights w = {work, dt, params, NULL, NULL, NULL};
     ck_assert_int_eq(gpu_mlp_forward(&m, &w, u, y, B, acts, scratch, &loss, &hits, NULL), 0);
     ref_act_fwd(act, want, u, B, m.act_dt);
     rnd(want, B, m.lin_dt);

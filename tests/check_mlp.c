@@ -91,7 +91,7 @@ static double loss64(const net *n, const double *p)
 
 static void run_fwd_bwd(net *n, gpu_dtype pdt, const void *p, float seed, double *loss)
 {
-    gpu_mlp_weights w = {p, pdt, NULL, NULL};
+    gpu_mlp_weights w = {p, pdt, NULL, NULL, NULL, NULL};
     int correct;
     ck_assert_int_eq(
         gpu_mlp_forward(&n->m, &w, n->x, n->y, B, n->acts, n->scratch, loss, &correct, NULL), 0);
@@ -229,7 +229,7 @@ START_TEST(test_forward_overflow)
     for (size_t i = 0; i < P; i++)
         n.params[i] *= 20.0f;
     gpu_cvt_from_f32(w16, GPU_FP16, n.params, P);
-    gpu_mlp_weights w = {w16, GPU_FP16, NULL, NULL};
+    gpu_mlp_weights w = {w16, GPU_FP16, NULL, NULL, NULL, NULL};
     int correct;
     ck_assert_int_eq(
         gpu_mlp_forward(&n.m, &w, n.x, n.y, B, n.acts, n.scratch, &loss, &correct, NULL), 0);
