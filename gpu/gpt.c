@@ -64,6 +64,7 @@
 #include <string.h>
 
 #include "gpu/diag.h"
+#include "gpu/fp8.h"
 #include "gpu/gpt.h"
 #include "gpu/gpt_int.h"
 #include "gpu/gpu_int.h"
@@ -803,6 +804,53 @@ int gpu_gpt_plan(gpu_gpt *m, const gpu_model_config *mc, const gpu_autocast *a, 
     return 0;
 }
 
+static const char *const linear_kind[4] = {"attn.qkv", "attn.proj", "mlp.fc", "mlp.proj"};
+
+void gpu_gpt_linear_name(int g, char *out, size_t len)
+{
+    snprintf(out, len, "blocks.%d.%s", g / 4, linear_kind[g % 4]);
+}
+
+/* The fp8 GEMMs' layout and scratch; see gpu/gpt.h. */
+int gpu_gpt_plan_fp8(gpu_gpt *m, const gpu_fp8_config *f, char *err, size_t errlen)
+{
+    char names[4 * GPU_GPT_MAX_LAYERS][48];
+    const char *np[4 * GPU_GPT_MAX_LAYERS] = {0};
+    int n = 4 * m->n_layer, N = m->max_batch * m->seq_len, C = m->d_model;
+    int dims[4][2] = {{3 * C, C}, {C, C}, {4 * C, C}, {C, 4 * C}}; /* out, in */
+    size_t bytes = 0, most = 0;
+    char buf[48];
+    for (int g = 0; g < n; g++) {
+        gpu_gpt_linear_name(g, buf, sizeof(buf));
+        memcpy(names[g], buf, sizeof(buf));
+        np[g] = names[g];
+    }
+    int rc = gpu_fp8_plan_keep(f, n, np, m->fp8, err, errlen);
+    if (rc)
+        return rc;
+    m->nfp8 = n;
+    for (int g = 0; g < n; g++) {
+        const gpu_gpt_block *P = &m->blk[g / 4];
+        const size_t w[4] = {P->qkv_w, P->proj_w, P->fc_w, P->mproj_w};
+        int O = dims[g % 4][0], K = dims[g % 4][1];
+        m->fp8_w[g] = w[g % 4];
+        if (!m->fp8[g])
+            continue;
+        m->x8_off[g] = bytes;
+        bytes = align64(bytes + (size_t)N * K);
+        m->w8_off[g] = bytes;
+        bytes = align64(bytes + (size_t)O * K);
+        size_t s[3] = {gpu_gemm_fp8_scratch_floats(N, O, K), gpu_gemm_fp8_scratch_floats(O, K, N),
+                       gpu_gemm_fp8_scratch_floats(N, K, O)};
+        for (int k = 0; k < 3; k++)
+            most = s[k] > most ? s[k] : most;
+    }
+    m->fp8_bytes = bytes;
+    /* the output gradient's fp8 copy at the GEMM scratch's start, then the fp8 GEMMs' */
+    m->scratch_floats += ((size_t)N * 4 * C + 3) / 4 + 16 + most;
+    return 0;
+}
+
 /* GPT-2's init; see gpu/gpt.h. */
 void gpu_gpt_init_params(const gpu_gpt *m, float *params, float init_scale, gpu_rng *rng)
 {
@@ -895,6 +943,61 @@ static void linear_row(const gpu_gpt *m, float *o, const float *bias, int O, siz
     }
 }
 
+/* The fp8 GEMM of the linear whose weight is at w_off, or -1 (not an fp8 job, or the layer
+ * is kept in lin_dt). */
+static int fp8_gemm(const gpu_gpt *m, const gpu_gpt_weights *w, size_t w_off)
+{
+    for (int g = 0; w->fp8 && g < m->nfp8; g++)
+        if (m->fp8_w[g] == w_off)
+            return m->fp8[g] ? g : -1;
+    return -1;
+}
+
+/* The weight an fp8 cast reads: the fp32 master, or the working copy without one. */
+static const void *fp8_weight(const gpu_gpt_weights *w, size_t off, gpu_dtype *dt)
+{
+    *dt = w->master ? GPU_FP32 : w->pdt;
+    return w->master ? (const void *)(w->master + off)
+                     : (const uint8_t *)w->p + off * gpu_dtype_size(w->pdt);
+}
+
+/* Linear g's forward GEMM in fp8: its saved input (lin_dt) and its weight cast (the copies
+ * kept for backward), out = x W^T unrounded. */
+static int fp8_fwd(const gpu_gpt *m, const gpu_gpt_weights *w, int g, const uint8_t *saved,
+                   int N, int K, int O, float *out, const gpt_scratch *sc)
+{
+    gpu_fp8_run *run = w->fp8;
+    uint8_t *x8 = w->fp8_block + m->x8_off[g], *w8 = w->fp8_block + m->w8_off[g];
+    gpu_dtype wdt;
+    const void *W = fp8_weight(w, m->fp8_w[g], &wdt);
+    float sx = gpu_fp8_cast_role(run, g, GPU_FP8_X, x8, saved, m->lin_dt, (size_t)N * K);
+    float sw = gpu_fp8_cast_role(run, g, GPU_FP8_W, w8, W, wdt, (size_t)O * K);
+    return gpu_gemm_fp8(false, true, N, O, K, x8, gpu_fp8_role_format(&run->cfg, GPU_FP8_X), sx, K,
+                        w8, gpu_fp8_role_format(&run->cfg, GPU_FP8_W), sw, K, &run->cfg.acc, out,
+                        O, sc->g, sc->gn);
+}
+
+/* Linear g's backward GEMMs in fp8: dY (n values of ddt) cast to the gradient's format at the
+ * GEMM scratch's start, then dW = dY^T X and dX = dY W on the forward's fp8 copies. */
+static int fp8_bwd(const gpu_gpt *m, const gpu_gpt_weights *w, int g, const void *dy,
+                   gpu_dtype ddt, int N, int K, int O, float *gw, float *dX, const gpt_scratch *sc)
+{
+    gpu_fp8_run *run = w->fp8;
+    const gpu_fp8_config *c = &run->cfg;
+    const uint8_t *x8 = w->fp8_block + m->x8_off[g], *w8 = w->fp8_block + m->w8_off[g];
+    uint8_t *g8 = (uint8_t *)(void *)sc->g;
+    size_t skip = ((size_t)N * O + 3) / 4 + 16;
+    gpu_fp8_format fg = gpu_fp8_role_format(c, GPU_FP8_G), f4 = GPU_E4M3;
+    float sg = gpu_fp8_cast_role(run, g, GPU_FP8_G, g8, dy, ddt, (size_t)N * O);
+    float sx = gpu_fp8_scale_inv(run, g, GPU_FP8_X), sw = gpu_fp8_scale_inv(run, g, GPU_FP8_W);
+    int rc = gpu_gemm_fp8(true, false, O, K, N, g8, fg, sg, O, x8, f4, sx, K, &c->acc, gw, K,
+                          sc->g + skip, sc->gn - skip);
+    if (rc == 0)
+        rc = gpu_gemm_fp8(false, false, N, K, O, g8, fg, sg, O, w8, f4, sw, K, &c->acc, dX, K,
+                          sc->g + skip, sc->gn - skip);
+    return rc;
+}
+
 /* out[N x O] = rd(in W^T + b, lin_dt), then `to`: the rows after the GEMM on every core (on
  * the calling thread with diag). in holds fp32 values of lin_dt; saved, the same values
  * stored in lin_dt, is what the GEMM reads where it takes lin_dt as it is stored
@@ -907,8 +1010,10 @@ static int linear_fwd(const gpu_gpt *m, const gpu_gpt_weights *w, const float *i
     gpu_dtype dt = m->lin_dt, wdt, adt = lin_io_dt(m);
     const void *W = wsrc(w, w_off, dt, &wdt);
     const void *x = adt == GPU_FP32 ? (const void *)in : saved; /* in may be NULL then */
-    int rc = gpu_gemm_ex(false, true, N, O, K, x, adt, K, W, wdt, K, dt, GPU_GEMM_AB_CONVERTED,
-                         0.0f, out, O, sc->g, sc->gn);
+    int g = fp8_gemm(m, w, w_off);
+    int rc = g >= 0 ? fp8_fwd(m, w, g, saved, N, K, O, out, sc)
+                    : gpu_gemm_ex(false, true, N, O, K, x, adt, K, W, wdt, K, dt,
+                                  GPU_GEMM_AB_CONVERTED, 0.0f, out, O, sc->g, sc->gn);
     if (rc)
         return rc;
     const float *bias = wf32(w, b_off, (size_t)O, dt, sc->row0);
@@ -940,6 +1045,24 @@ static const void *x_for_dw(const gpu_gpt *m, const uint8_t *X, size_t n, float 
     return dX;
 }
 
+/* linear_bwd in fp8: the GEMMs, then the roundings and the bias gradient as in lin_dt. */
+static int fp8_linear_bwd(const gpu_gpt *m, const gpu_gpt_weights *w, int g, const void *dy,
+                          gpu_dtype ddt, const float *dY, const void *dy16, int N, int K, int O,
+                          float *gw, float *gb, float *dX, const gpt_scratch *sc, gpu_diag *diag,
+                          int layer)
+{
+    gpu_dtype dt = m->lin_dt;
+    int rc = fp8_bwd(m, w, g, dy, ddt, N, K, O, gw, dX, sc);
+    if (rc)
+        return rc;
+    round_grad(diag, layer, true, gw, (size_t)O * K, dt);
+    gpu_gpt_bias_grad(gb, dY, dy16, dt, (size_t)N, O);
+    round_grad(diag, layer, true, gb, (size_t)O, dt);
+    if (diag)
+        gpu_diag_round_grad(diag, layer, false, dX, (size_t)N * K, dt);
+    return 0;
+}
+
 /* Backward of a linear in lin_dt from dY [N x O] (values of lin_dt; also in dy_store() when
  * dY_stored) and its saved input X (lin_dt, N x K): weight and bias gradients rounded to
  * lin_dt into grads, dX [N x K] written. With diag: the arriving dY, then each gradient
@@ -964,6 +1087,9 @@ static int linear_bwd(const gpu_gpt *m, const gpu_gpt_weights *w, const float *d
         dy = dy16;
         ddt = dt;
     }
+    int g = fp8_gemm(m, w, w_off);
+    if (g >= 0)
+        return fp8_linear_bwd(m, w, g, dy, ddt, dY, dy16, N, K, O, gw, gb, dX, sc, diag, layer);
     const void *x = x_for_dw(m, X, (size_t)N * K, dX, &xdt);
     int rc = gpu_gemm_ex(true, false, O, K, N, dy, ddt, O, x, xdt, K, dt, GPU_GEMM_AB_CONVERTED,
                          0.0f, gw, K, sc->g, sc->gn);

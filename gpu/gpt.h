@@ -87,12 +87,27 @@ typedef struct {
     size_t probs;                /* fp32 N x V: the cross-entropy's softmax */
     size_t act_bytes;
     size_t scratch_floats;
+    /* fp8 (gpu_gpt_plan_fp8): the blocks' linears are fp8 GEMM g = 4 l + k, k 0..3 for
+     * attn.qkv, attn.proj, mlp.fc and mlp.proj (nfp8 = 4 n_layer; the head stays in lin_dt);
+     * fp8[g] unless kept in bf16, with its weight at fp8_w[g] (a parameter offset) and the
+     * fp8 copies of its input (max_batch x seq_len x in) and weight at x8_off[g] and
+     * w8_off[g] in the fp8 block */
+    int nfp8;
+    bool fp8[4 * GPU_GPT_MAX_LAYERS];
+    size_t fp8_w[4 * GPU_GPT_MAX_LAYERS];
+    size_t x8_off[4 * GPU_GPT_MAX_LAYERS], w8_off[4 * GPU_GPT_MAX_LAYERS];
+    size_t fp8_bytes;
 } gpu_gpt;
 
 /* The parameters the ops read, as for the MLP: the working copy p in pdt, the fp32 master
  * or NULL; an op autocast runs in fp32 reads the master when there is one. */
 typedef gpu_mlp_weights gpu_gpt_weights;
 
+/* The name of the blocks' linear g ("blocks.2.mlp.fc") into out. */
+void gpu_gpt_linear_name(int g, char *out, size_t len);
+/* Plan fp8 GEMMs for an fp8 job (f->on): the blocks' linears but those f keeps; the fp8 block
+ * and more scratch. GPU_EINVAL naming a kept layer the model lacks. */
+int gpu_gpt_plan_fp8(gpu_gpt *m, const gpu_fp8_config *f, char *err, size_t errlen);
 /* Plan the layout for model mc (n_layer, n_head, d_model, seq_len, vocab) under policy a and
  * job dtype dt for up to max_batch sequences of seq_len tokens. GPU_EINVAL with a message
  * naming the field in err when the model is malformed or too large. */

@@ -355,6 +355,10 @@ static model_sizes sizes_of(const gpu_job_config *c, const gpu_mlp *m, const gpu
     if (g) { /* the whole batch's tokens are drawn (a rank keeps its share) */
         z = (model_sizes){g->nparams, g->act_bytes, g->scratch_floats,
                           2 * (size_t)c->batch_size * (size_t)g->seq_len * sizeof(int), true, 0, 0};
+        if (c->fp8.on) {
+            z.fp8_bytes = g->fp8_bytes;
+            z.fp8_state_floats = gpu_fp8_state_floats(&c->fp8, g->nfp8);
+        }
     } else {
         z = (model_sizes){m->nparams, m->act_bytes, m->scratch_floats,
                           (size_t)gpu_rank_batch(c) * ((size_t)m->width[0] * 4 + 4), true, 0, 0};
@@ -396,14 +400,11 @@ int gpu_job_plan(const gpu_job_config *c, gpu_mlp *m, gpu_gpt **g, char *err, si
                               errlen);
         return rc == 0 && c->fp8.on ? gpu_mlp_plan_fp8(m, &c->fp8, err, errlen) : rc;
     }
-    if (c->fp8.on) {
-        snprintf(err, errlen, "precision.dtype: fp8 trains the mlp model only so far (the gpt's "
-                              "fp8 linears are not built yet)");
-        return GPU_EINVAL;
-    }
     if (!(*g = malloc(sizeof(**g))))
         return GPU_ENOMEM;
     int rc = gpu_gpt_plan(*g, &c->model, &c->autocast, c->dtype, gpu_rank_batch(c), err, errlen);
+    if (rc == 0 && c->fp8.on)
+        rc = gpu_gpt_plan_fp8(*g, &c->fp8, err, errlen);
     if (rc) {
         free(*g);
         *g = NULL;
@@ -438,10 +439,27 @@ static int fail_alloc(const gpu_trainer *t, char *err, size_t errlen)
     return GPU_ENOMEM;
 }
 
+/* An fp8 job's GEMMs: how many, and which run in fp8 (the others are kept in bf16). */
+static int fp8_gemms(const gpu_trainer *t, const bool **on)
+{
+    *on = t->gpt ? t->gpt->fp8 : t->mlp.fp8;
+    return t->gpt ? t->gpt->nfp8 : t->mlp.nlin;
+}
+
+/* GEMM g's layer name, as the diagnostics name it ("fc2", "blocks.1.mlp.fc"). */
+static void fp8_gemm_name(const gpu_trainer *t, int g, char *out, size_t len)
+{
+    if (t->gpt)
+        gpu_gpt_linear_name(g, out, len);
+    else
+        snprintf(out, len, "fc%d", g + 1);
+}
+
 /* An fp8 job's blocks: the scaling state (scales of 1, empty histories) and the copies. */
 static bool alloc_fp8(gpu_trainer *t, model_sizes z)
 {
-    int rows = t->mlp.nlin * GPU_FP8_ROLES;
+    const bool *on;
+    int ngemm = fp8_gemms(t, &on), rows = ngemm * GPU_FP8_ROLES;
     t->fp8_state = gpu_block_alloc(z.fp8_state_floats * sizeof(float), "fp8 scaling");
     t->fp8_block = gpu_block_alloc(z.fp8_bytes ? z.fp8_bytes : 1, "fp8 copies");
     t->fp8_amax = calloc((size_t)rows, sizeof(float));
@@ -451,7 +469,7 @@ static bool alloc_fp8(gpu_trainer *t, model_sizes z)
     if (!t->fp8_state || !t->fp8_block || !t->fp8_amax || !t->fp8_stats || !t->fp8_damax ||
         !t->fp8_dscale)
         return false;
-    gpu_fp8_run_init(&t->fp8, &t->cfg.fp8, t->mlp.nlin, t->mlp.fp8, t->fp8_state);
+    gpu_fp8_run_init(&t->fp8, &t->cfg.fp8, ngemm, on, t->fp8_state);
     return true;
 }
 
@@ -1049,12 +1067,12 @@ static void fp8_role_stat(const gpu_trainer *t, int r, double *v)
     v[4] = st->nonzero ? (double)st->underflow / (double)st->nonzero : 0.0;
 }
 
-/* The fp8 fields of the layers whose GEMMs ran in fp8 (the MLP's "fc1", ...). */
+/* The fp8 fields of the layers whose GEMMs ran in fp8. */
 static void fp8_layer_stats(gpu_trainer *t)
 {
     for (int g = 0; t->fp8_state && g < t->fp8.ngemm; g++) {
-        char name[16];
-        snprintf(name, sizeof(name), "fc%d", g + 1);
+        char name[48];
+        fp8_gemm_name(t, g, name, sizeof(name));
         for (int l = 0; l < t->diag->nlayers; l++) {
             gpu_layer_stat *s = &t->lstats[l];
             double v[GPU_FP8_ROLES][5];
@@ -1522,8 +1540,12 @@ static int eval_gpt(gpu_trainer *t, gpu_eval_result *r)
 
 int gpu_trainer_eval(gpu_trainer *t, gpu_eval_result *r)
 {
-    if (t->gpt)
-        return eval_gpt(t, r);
+    if (t->gpt) {
+        t->fp8.record = false; /* evaluation leaves the scaling state alone */
+        int rc = eval_gpt(t, r);
+        t->fp8.record = true;
+        return rc;
+    }
     const gpu_dataset *d = t->eval ? t->eval : t->train;
     gpu_mlp_weights w = weights_view(t);
     int n = gpu_dataset_count(d), B = gpu_rank_batch(&t->cfg); /* rows the blocks hold */
