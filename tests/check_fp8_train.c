@@ -15,6 +15,9 @@
  *     and weight cast with their rows' scales, E4M3, the GEMM, the epilogue; the output
  *     gradient cast to E5M2): the loss and the last layer's weight gradient bit for bit, and
  *     each role's amax recorded;
+ *   - the GPT's: each block linear casts its saved input and its master weight (each row's
+ *     amax is that tensor's) and its output gradient; every linear kept in bf16 is the bf16
+ *     model's loss to the bit;
  *   - through the trainer: delayed scaling's rows after some steps are TE's formula over
  *     their histories; a kept layer's rows never move; a resumed run continues bit for bit
  *     (the scaling state in the checkpoint's tensors); evaluation leaves the state alone;
@@ -30,6 +33,7 @@
 
 #include "gpu/fp8.h"
 #include "gpu/gpu_int.h"
+#include "gpu/gpt.h"
 #include "gpu/mlp.h"
 #include "tests/testutil.h"
 
@@ -464,6 +468,112 @@ START_TEST(test_mlp_fp8_steps)
 }
 END_TEST
 
+/* ---- the GPT's fp8 linears ------------------------------------------------------------------- */
+
+/* The largest |v| of n bf16 values. */
+static float bf16_amax(const uint8_t *p, size_t n)
+{
+    float *f = malloc(n * sizeof(float)), a;
+    gpu_cvt_to_f32(f, p, GPU_BF16, n);
+    a = row_amax(f, n);
+    free(f);
+    return a;
+}
+
+/* One forward and backward of a 2-block GPT whose blocks' linears run in fp8 (or, kept, in
+ * bf16), with the fp32 master params and its bf16 copy w16, as the trainer keeps them;
+ * returns the loss, the gradients in grads. */
+static double gpt_step(const gpu_gpt *m, float *params, const uint16_t *w16, gpu_fp8_run *run,
+                       uint8_t *block, uint8_t *acts, float *scratch, float *grads, const int *x,
+                       const int *y, int B)
+{
+    gpu_mlp_weights w = {w16, GPU_BF16, params, NULL, run, block};
+    double loss;
+    int correct;
+    ck_assert_int_eq(gpu_gpt_forward(m, &w, x, y, B, acts, scratch, NULL, &loss, &correct), 0);
+    ck_assert_int_eq(gpu_gpt_backward(m, &w, x, y, B, 1.0f, acts, scratch, NULL, grads, NULL), 0);
+    return loss;
+}
+
+/* Every linear of every block casts its saved input and its weight with its own row (each
+ * staging slot holds that tensor's amax: the input as saved in bf16, the weight's fp32
+ * master) and its output gradient; the head stays in bf16; every layer kept in bf16 is the
+ * bf16 model to the bit; fp8 moves the loss, a little. */
+START_TEST(test_gpt_fp8)
+{
+    enum { B = 2 };
+    gpu_job_config c;
+    gpu_autocast a;
+    gpu_fp8_config fc;
+    gpu_fp8_run run;
+    gpu_rng r;
+    char err[256];
+    gpu_gpt *m = malloc(sizeof(*m)), *k = malloc(sizeof(*k));
+    test_cpu_job(&c);
+    c.model.type = GPU_MODEL_GPT;
+    c.model.n_layer = 2, c.model.d_model = 32, c.model.n_head = 2;
+    c.model.seq_len = 16, c.model.vocab = 64;
+    gpu_autocast_defaults(&a);
+    gpu_fp8_defaults(&fc);
+    fc.on = true;
+    fc.amax_history_len = 4;
+    ck_assert_int_eq(gpu_gpt_plan(m, &c.model, &a, GPU_BF16, B, err, sizeof(err)), 0);
+    ck_assert_int_eq(gpu_gpt_plan_fp8(m, &fc, err, sizeof(err)), 0);
+    ck_assert_int_eq(m->nfp8, 8);
+    int N = B * 16, C = 32;
+    float *params = malloc(sizeof(float) * m->nparams), *grads = malloc(sizeof(float) * m->nparams);
+    float *state = malloc(sizeof(float) * gpu_fp8_state_floats(&fc, m->nfp8));
+    float *scratch = malloc(sizeof(float) * m->scratch_floats);
+    uint8_t *acts = malloc(m->act_bytes), *block = malloc(m->fp8_bytes);
+    int x[B * 16], y[B * 16];
+    gpu_rng_seed(&r, 31);
+    gpu_gpt_init_params(m, params, 1.0f, &r);
+    uint16_t *w16 = malloc(sizeof(uint16_t) * m->nparams);
+    gpu_cvt_from_f32(w16, GPU_BF16, params, m->nparams);
+    for (int i = 0; i < N; i++)
+        x[i] = (int)gpu_rng_below(&r, 64), y[i] = (int)gpu_rng_below(&r, 64);
+    gpu_fp8_run_init(&run, &fc, m->nfp8, m->fp8, state);
+    double l8 = gpt_step(m, params, w16, &run, block, acts, scratch, grads, x, y, B);
+    for (int g = 0; g < m->nfp8; g++) {
+        const gpu_gpt_block_acts *A = &m->act[g / 4];
+        const size_t in[4] = {A->ln1, A->atty, A->ln2, A->gelu};
+        const int K[4] = {C, C, C, 4 * C}, O[4] = {3 * C, C, 4 * C, C};
+        const float *row = state + (size_t)g * 3 * (2 + run.len);
+        char name[48];
+        gpu_gpt_linear_name(g, name, sizeof(name));
+        ck_assert_msg(row[2] == bf16_amax(acts + in[g % 4], (size_t)N * K[g % 4]),
+                      "%s: the input's amax %g", name, (double)row[2]);
+        ck_assert_msg(row[(2 + run.len) + 2] == row_amax(params + m->fp8_w[g],
+                                                         (size_t)O[g % 4] * K[g % 4]),
+                      "%s: the weight's amax", name);
+        ck_assert_msg(row[2 * (2 + run.len) + 2] > 0 && isfinite(row[2 * (2 + run.len) + 2]),
+                      "%s: the output gradient's amax", name);
+        float ga = row_amax(grads + m->fp8_w[g], (size_t)O[g % 4] * K[g % 4]);
+        ck_assert_msg(ga > 0 && isfinite(ga), "%s: its weight gradient", name);
+    }
+    /* every linear kept in bf16: the bf16 model's loss to the bit */
+    double l16 = gpt_step(m, params, w16, NULL, NULL, acts, scratch, grads, x, y, B);
+    for (int g = 0; g < 8; g++)
+        gpu_gpt_linear_name(g, fc.keep[g], sizeof(fc.keep[g]));
+    fc.nkeep = 8;
+    ck_assert_int_eq(gpu_gpt_plan(k, &c.model, &a, GPU_BF16, B, err, sizeof(err)), 0);
+    ck_assert_int_eq(gpu_gpt_plan_fp8(k, &fc, err, sizeof(err)), 0);
+    gpu_fp8_run_init(&run, &fc, k->nfp8, k->fp8, state);
+    ck_assert_str_eq(fc.keep[7], "blocks.1.mlp.proj");
+    ck_assert(gpt_step(k, params, w16, &run, block, acts, scratch, grads, x, y, B) == l16);
+    ck_assert_msg(l8 != l16 && fabs(l8 - l16) < 0.05 * l16, "fp8 %.9g, bf16 %.9g", l8, l16);
+    free(params);
+    free(w16);
+    free(grads);
+    free(state);
+    free(scratch);
+    free(acts);
+    free(block);
+    free(m);
+    free(k);
+}
+END_TEST
+
 /* ---- through the trainer -------------------------------------------------------------------- */
 
 static void fp8_job(gpu_job_config *c)
@@ -717,6 +827,7 @@ static Suite *fp8_train_suite(void)
     tcase_add_test(tc, test_gemm_nonfinite);
     tcase_add_test(tc, test_acc_model);
     tcase_add_test(tc, test_mlp_fp8_steps);
+    tcase_add_test(tc, test_gpt_fp8);
     tcase_add_test(tc, test_delayed_rows);
     tcase_add_test(tc, test_fp8_diagnostics);
     tcase_add_test(tc, test_keep_layer);

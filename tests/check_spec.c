@@ -703,9 +703,15 @@ START_TEST(test_fp8)
                  "precision.fp8.keep");
     expect_field("{\"precision\": {\"dtype\": \"fp8\", \"fp8\": {\"scale\": 1}}}",
                  "precision.fp8.scale");
+    ck_assert_int_eq(parse("{\"model\": {\"type\": \"gpt\"}, \"data\": {\"type\": \"text\", "
+                           "\"train\": \"fortunes\"}, \"precision\": {\"dtype\": \"fp8\", \"fp8\": "
+                           "{\"keep\": [\"blocks.0.attn.qkv\"]}}}",
+                           &c, &e),
+                     0);
     expect_field("{\"model\": {\"type\": \"gpt\"}, \"data\": {\"type\": \"text\", \"train\":"
-                 " \"fortunes\"}, \"precision\": {\"dtype\": \"fp8\"}}",
-                 "precision.dtype");
+                 " \"fortunes\"}, \"precision\": {\"dtype\": \"fp8\", \"fp8\": {\"keep\": "
+                 "[\"lm_head\"]}}}",
+                 "precision.fp8.keep");
 }
 END_TEST
 

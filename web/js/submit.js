@@ -176,7 +176,7 @@ export class SubmitPage {
                                    onclick: () => this.submit(true)}, 'Run as fp32 + fp16 + bf16');
         this.repeats = h('input', {type: 'number', id: 'experiment-seeds', min: 1, max: 10, value: 3,
                                    class: 'seeds', 'aria-label': 'seeds per precision'});
-        // fp8 beside them (the MLP so far: docs/fp8.md); the button says what it runs
+        // fp8 beside them (docs/fp8.md); the button says what it runs
         this.withFp8 = h('input', {type: 'checkbox', id: 'experiment-fp8',
                                    onchange: () => { this.expBtn.textContent = this.expLabel(); }});
         this.root.append(
