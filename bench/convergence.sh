@@ -30,7 +30,7 @@
 #                     from several runs of the same job taken together (seeds 1,2 and 3,4)
 # Environment:
 #   CONV_VARIANTS  the runs per seed, in order (default "ampd:fp32 ampd:fp16 ampd:bf16
-#                  torch:fp32 torch:bf16")
+#                  torch:fp32 torch:bf16"; ampd:fp8 runs fp8 with its defaults, claim (c))
 #   CONV_TORCH_BF16  auto (default): torch:bf16 is skipped, with the reason printed, on a
 #                  CPU without AVX512_BF16, where PyTorch 1.13's bf16 autocast takes 17-30 s
 #                  a step; run: run it anyway; skip: never
@@ -88,7 +88,7 @@ meta = metas[0]
 (cpu, engine, torch_ver, steps, data_path) = (
     meta[k] for k in ("cpu", "engine", "torch", "steps", "data_path"))
 seeds = sorted({x for m in metas for x in m["seeds"]})
-ORDER = ("ampd:fp32", "ampd:fp16", "ampd:bf16", "torch:fp32", "torch:bf16")
+ORDER = ("ampd:fp32", "ampd:fp16", "ampd:bf16", "ampd:fp8", "torch:fp32", "torch:bf16")
 variants = [v for v in ORDER if any(v in m["variants"] for m in metas)]
 skipped = "; ".join(dict.fromkeys(m["skipped"] for m in metas if m["skipped"]))
 command = "`, `".join(m["command"] for m in metas)
@@ -114,7 +114,8 @@ out = ", ".join(dirs)
 H, PMAX = st["entropy"], st["p_max"]
 LOSS_MIN, ACC_MAX = 0.95 * H, PMAX + 0.02
 NAME = {"ampd:fp32": "ampd fp32", "ampd:fp16": "ampd fp16 (dynamic scaling)",
-        "ampd:bf16": "ampd bf16", "torch:fp32": "PyTorch fp32",
+        "ampd:bf16": "ampd bf16", "ampd:fp8": "ampd fp8 (delayed scaling, HYBRID)",
+        "torch:fp32": "PyTorch fp32",
         "torch:bf16": "PyTorch bf16 autocast"}
 
 
@@ -295,6 +296,12 @@ for dt in ("fp16", "bf16"):
     verdict, det = within(v, "ampd:fp32")
     print("- %s vs ampd fp32: **%s**: %s" % (NAME[v], verdict, det))
 print()
+if "ampd:fp8" in variants:
+    print("(c) ampd fp8's mean within ampd bf16's seed spread (docs/fp8.md):")
+    print()
+    verdict, det = within("ampd:fp8", "ampd:bf16")
+    print("- %s vs ampd bf16: **%s**: %s" % (NAME["ampd:fp8"], verdict, det))
+    print()
 print("Raw results (one JSON record per run in results.jsonl, each run's stdout in runs/): "
       + out)
 EOF
@@ -325,8 +332,8 @@ LIMIT=${CONV_TIMEOUT:-$((600 + 10 * STEPS))}
 [[ $LIMIT =~ ^[0-9]+$ && $LIMIT -ge 1 ]] || bench_die "CONV_TIMEOUT must be a positive integer"
 case $TORCH_BF16 in auto | run | skip) ;; *) bench_die "CONV_TORCH_BF16 must be auto, run or skip" ;; esac
 for v in $VARIANTS; do
-    case $v in ampd:fp32 | ampd:fp16 | ampd:bf16 | torch:fp32 | torch:bf16) ;;
-    *) bench_die "CONV_VARIANTS: $v is not one of ampd:fp32 ampd:fp16 ampd:bf16 torch:fp32 torch:bf16" ;;
+    case $v in ampd:fp32 | ampd:fp16 | ampd:bf16 | ampd:fp8 | torch:fp32 | torch:bf16) ;;
+    *) bench_die "CONV_VARIANTS: $v is not one of ampd:fp32 ampd:fp16 ampd:bf16 ampd:fp8 torch:fp32 torch:bf16" ;;
     esac
 done
 for f in "$AMPD" "$BATCHES"; do

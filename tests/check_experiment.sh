@@ -9,7 +9,8 @@
 #   existing jobs grouped by id; cancel (every job ends cancelled); delete refused (409)
 #   while a job runs, delete of the group only (?jobs=keep: its jobs stay), delete with its
 #   jobs (404 afterwards); a restart of the daemon, after which the groups, their members and
-#   their verdicts are as before. Every response is checked against the OpenAPI description.
+#   their verdicts are as before; an fp8 arm beside bf16. Every response is checked against the
+#   OpenAPI description.
 #
 # The null verdict: Welch's test at 5% says "outside" for 1 in 20 random pairs of seed sets
 # by design; these two sets give p = 0.88 (the test prints it), far from the
@@ -66,7 +67,7 @@ refused 400 colour '{"name": "x", "spec": '"$MLP"', "colour": "red"}' "an unknow
 refused 400 spec '{"name": "x", "spec": '"$MLP"', "jobs": [1]}' "both spec and jobs"
 refused 400 spec.optimizer.lr '{"name": "x", "spec": {"optimizer": {"lr": -1}}}' "a bad spec"
 refused 400 baseline '{"spec": '"$MLP"', "baseline": "fp64"}' "a baseline that is no arm"
-refused 400 precisions '{"spec": '"$MLP"', "precisions": ["fp8"]}' "an unknown precision"
+refused 400 precisions '{"spec": '"$MLP"', "precisions": ["fp4"]}' "an unknown precision"
 refused 400 repeats '{"spec": '"$MLP"', "repeats": 0}' "repeats 0"
 refused 400 'arms[1]' '{"spec": '"$MLP"', "arms": [{"name": "a"}, {"name": "a"}]}' "an arm twice"
 refused 404 'jobs[0]' '{"jobs": [999]}' "a job that does not exist"
@@ -168,6 +169,17 @@ check "after a restart the experiment, its jobs and its comparison are as before
 req GET /v1/experiments
 check "... and the list has the same groups" \
     test "$(jq -c '[.experiments[] | .id]' <<<"$BODY")" = "[$E2,$E1]"
+
+# ---- fp8 beside bf16 -------------------------------------------------------------------------------
+post_json /v1/experiments '{"name": "eight", "spec": '"$MLP"', "precisions": ["bf16", "fp8"],
+  "seeds": [1]}'
+E5=$(jq -r .id <<<"$BODY")
+check "an experiment with an fp8 arm is created: its jobs are bf16 and fp8 (got $CODE)" \
+    test "$CODE" = 201 -a "$(jq -r '[.jobs[] | .dtype] | join(" ")' <<<"$BODY")" = "bf16 fp8"
+check "... and both finish" wait_for 60 exp_done "$E5"
+req GET "/v1/experiments/$E5"
+check "... both succeeded" \
+    test "$(jq '[.jobs[] | select(.status == "succeeded")] | length' <<<"$BODY")" = 2
 
 openapi_check_recorded
 echo "$pass passed, $fail failed"
