@@ -1,5 +1,5 @@
 /*
- * format_rule.h - the scalar conversions between fp32 and fp16/bf16, on bit patterns, written
+ * format_rule.h - the scalar conversions between fp32 and fp16/bf16/fp8, on bit patterns, written
  * once for the host and the device: gpu/format.c's reference conversions (gpu_f32_to_f16 and
  * the rest, which every vector path is tested against) are these functions, and the CUDA
  * kernels call them as they are (gpu/cuda/cuda_common.cuh). Internal to the gpu/ module.
@@ -121,6 +121,58 @@ GPU_FMT uint32_t gpu_fmt_bf16_to_f32(uint16_t h)
     if ((u & 0x7FFFFFFFu) > 0x7F800000u)
         u |= 0x00400000u; /* NaN: quiet bit set */
     return u;
+}
+
+/* ---- fp8 (gpu/fp8.c's semantics: gpu.h, "fp8"; NVIDIA's __nv_cvt_float_to_fp8) ---------
+ * e5m2 selects E5M2 (else E4M3). fp32 bits u -> fp8: round to nearest even on the exact
+ * value, subnormals and signed zeros kept; past the largest finite value (+-inf too) +-max
+ * when sat, else E4M3's NaN (0x7F | sign) or E5M2's +-inf; every NaN 0x7F. */
+GPU_FMT uint8_t gpu_fmt_f32_to_fp8(uint32_t u, int e5m2, int sat)
+{
+    int mbits = e5m2 ? 2 : 3, bias = e5m2 ? 15 : 7;
+    uint32_t zero_below = e5m2 ? 0x37000000u : 0x3A800000u; /* half the smallest subnormal */
+    uint32_t too_big = e5m2 ? 0x47800000u : 0x44000000u;    /* 2^(emax + 1): past every code */
+    unsigned max_code = e5m2 ? 0x7Bu : 0x7Eu;
+    uint32_t a = u & 0x7FFFFFFFu;
+    uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
+    if (a > 0x7F800000u) /* NaN */
+        return 0x7Fu;
+    if (a <= zero_below)
+        return sign;
+    unsigned code = 0xFFu;
+    if (a < too_big) { /* round to nearest even; a carry moves into the exponent */
+        int e = (int)(a >> 23) - 127 + bias;
+        uint32_t m = (a & 0x7FFFFFu) | 0x800000u;
+        int shift = 23 - mbits + (e < 1 ? 1 - e : 0); /* bits rounded off (<= 24) */
+        uint32_t rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1);
+        code = (e >= 1 ? (unsigned)(e - 1) << mbits : 0u) + (m >> shift);
+        if (rem > half || (rem == half && (code & 1u)))
+            code++;
+    }
+    if (code > max_code)
+        code = sat ? max_code : e5m2 ? 0x7Cu : 0x7Fu;
+    return (uint8_t)(sign | code);
+}
+
+/* fp8 code v -> fp32 bits, exact; E5M2's infinities stay; every NaN code gives 0x7FC00000. */
+GPU_FMT uint32_t gpu_fmt_fp8_to_f32(uint8_t v, int e5m2)
+{
+    int mbits = e5m2 ? 2 : 3, bias = e5m2 ? 15 : 7;
+    uint32_t mag = v & 0x7Fu, e = mag >> mbits, m = mag & ((1u << mbits) - 1u);
+    uint32_t sign = (uint32_t)(v & 0x80u) << 24;
+    if (e5m2 ? e == 0x1Fu : mag == 0x7Fu)
+        return e5m2 && m == 0 ? sign | 0x7F800000u : 0x7FC00000u;
+    if (e > 0)
+        return sign | (e - (uint32_t)bias + 127u) << 23 | m << (23 - mbits);
+    if (m == 0)
+        return sign;
+    /* subnormal: m x 2^(1 - bias - mbits), normalised for fp32 */
+    int exp = 1 - bias - mbits;
+    while (!(m & 0x8u)) { /* make m a 4-bit 1.xxx: each shift halves the exponent's part */
+        m <<= 1;
+        exp--;
+    }
+    return sign | (uint32_t)(exp + 3 + 127) << 23 | (m & 0x7u) << 20;
 }
 
 #endif /* AMPD_GPU_FORMAT_RULE_H */

@@ -63,54 +63,14 @@ float gpu_fp8_max(gpu_fp8_format f)
     return f == GPU_E5M2 ? GPU_E5M2_MAX : GPU_E4M3_MAX;
 }
 
-/* The code of |x| (bits a, finite, above zero_below) rounded to nearest even, before any
- * overflow check: up to 0xFF for a value past the largest finite one. */
-static unsigned round_code(const fp8_fmt *p, uint32_t a)
-{
-    int e = (int)(a >> 23) - 127 + p->bias; /* the biased fp8 exponent */
-    uint32_t m = (a & 0x7FFFFFu) | 0x800000u;
-    int shift = 23 - p->mbits + (e < 1 ? 1 - e : 0); /* bits rounded off (<= 24) */
-    unsigned code = (e >= 1 ? (unsigned)(e - 1) << p->mbits : 0) + (m >> shift);
-    uint32_t rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (code & 1)))
-        code++; /* a carry moves into the exponent, as it should */
-    return code;
-}
-
 uint8_t gpu_f32_to_fp8(float x, gpu_fp8_format f, bool saturate)
 {
-    const fp8_fmt *p = &fmts[f == GPU_E5M2];
-    uint32_t b, a;
-    memcpy(&b, &x, sizeof(b));
-    a = b & 0x7FFFFFFFu;
-    uint8_t sign = (uint8_t)((b >> 24) & 0x80u);
-    if (a > 0x7F800000u) /* NaN */
-        return 0x7Fu;
-    if (a <= p->zero_below)
-        return sign;
-    unsigned code = a >= p->too_big ? 0xFFu : round_code(p, a);
-    if (code > p->max_code)
-        code = saturate ? p->max_code : f == GPU_E5M2 ? 0x7Cu : 0x7Fu;
-    return sign | (uint8_t)code;
+    return gpu_fmt_f32_to_fp8(gpu_fmt_f2u(x), f == GPU_E5M2, saturate);
 }
 
 static float decode(uint8_t v, gpu_fp8_format f)
 {
-    const fp8_fmt *p = &fmts[f == GPU_E5M2];
-    unsigned mag = v & 0x7Fu, e = mag >> p->mbits, m = mag & ((1u << p->mbits) - 1);
-    uint32_t bits, sign = (uint32_t)(v & 0x80u) << 24;
-    float out;
-    if (f == GPU_E4M3 ? mag == 0x7Fu : e == 0x1Fu) {
-        bits = f == GPU_E5M2 && m == 0 ? sign | 0x7F800000u : 0x7FC00000u;
-    } else if (e > 0) {
-        bits = sign | (e - (unsigned)p->bias + 127u) << 23 | m << (23 - p->mbits);
-    } else { /* subnormal or zero: m x 2^(1 - bias - mbits), exact in fp32 */
-        out = ldexpf((float)m, 1 - p->bias - p->mbits);
-        memcpy(&bits, &out, sizeof(bits));
-        bits |= sign;
-    }
-    memcpy(&out, &bits, sizeof(out));
-    return out;
+    return gpu_fmt_u2f(gpu_fmt_fp8_to_f32(v, f == GPU_E5M2));
 }
 
 static float tables[2][256];
@@ -141,7 +101,7 @@ static void port_encode(uint8_t *dst, const float *src, size_t n, gpu_fp8_format
 }
 
 #if FP8_X86
-/* The vector path computes round_code and gpu_f32_to_fp8's cases on every lane, then pick
+/* The vector path computes gpu_fmt_f32_to_fp8's rounding and cases on every lane, then picks
  * each lane's case: NaN, zero, overflow, or the rounded code, with the sign. Lanes whose
  * shifts run past 31 (the zeros, the overflows) are blended away. */
 #define T256 __attribute__((target("avx2")))
