@@ -37,6 +37,14 @@
  * "check_cuda_gemm: SKIP: <why>" once, the device tests return at once (the suite exits 77,
  * SKIP), and one test checks that the entry points report GPU_ENODEV and leave their buffers
  * alone.
+ * fp8 (case "fp8"): the cast kernel's codes, transposed copy and amax equal the CPU's
+ * (gpu_fp8_cast) from fp32, bf16 and fp16; the fp8 GEMM (TN, three format pairs, fp32 and
+ * bf16 C, K up to 3008) against the CPU's exact model gpu_gemm_fp8: bit for bit on the
+ * emulator, within fp32 accumulation's bound (K 2^-23 sum|ab|) on a GPU, with the largest
+ * difference printed for random operands and for adversarial ones (448 x 448 then 4095 tiny
+ * products a 13-bit accumulator drops): the calibration of the accumulator model; E5M2 x
+ * E5M2, K not a multiple of 16 and an fp16 C refused; on a device below sm_89 (the emulator
+ * with AMPD_CUDAEMU_SM=80) the product refused naming the device.
  *
  * Threads: the suite runs without fork (CK_NOFORK) so the CUDA state main's probe creates is
  * the one the tests use; every test checks for the device itself. Failures inside a test
@@ -884,6 +892,163 @@ START_TEST(t_device_api)
 }
 END_TEST
 
+/* ---- fp8 ------------------------------------------------------------------------------------ */
+
+/* Whether the device is the CUDA emulator, whose cuBLASLt is the CPU's exact model. */
+static bool emulated(void)
+{
+    gpu_cuda_device d[1];
+    int n = 0;
+    return gpu_cuda_devices(d, 1, &n) == 0 && n > 0 && strstr(d[0].name, "emulator") != NULL;
+}
+
+static uint8_t finite_code(gpu_rng *r, gpu_fp8_format f)
+{
+    for (;;) {
+        uint8_t c = (uint8_t)gpu_rng_below(r, 256);
+        if (isfinite(gpu_fp8_to_f32(c, f)))
+            return c;
+    }
+}
+
+/* The cast: the CPU's codes (gpu_fp8_cast), the transposed copy, the amax (NaNs skipped). */
+static void fp8_cast_case(gpu_dtype sdt, gpu_fp8_format f, uint64_t seed)
+{
+    enum { R = 37, C = 53 };
+    float x[R * C], amax = 0.25f, want_amax;
+    uint16_t x16[R * C];
+    uint8_t q[R * C], qt[R * C], want[R * C];
+    gpu_rng r;
+    gpu_rng_seed(&r, seed);
+    for (int i = 0; i < R * C; i++)
+        x[i] = gpu_rng_normal(&r) * ldexpf(1.0f, (int)gpu_rng_below(&r, 40) - 20);
+    x[3] = NAN, x[4] = INFINITY, x[5] = -0.0f, x[6] = 0.0f;
+    const void *src = x;
+    if (sdt != GPU_FP32) {
+        gpu_cvt_from_f32(x16, sdt, x, R * C);
+        src = x16;
+    }
+    gpu_fp8_cast(want, src, sdt, R * C, f, 3.7f, &want_amax, NULL);
+    ck_assert_int_eq(gpu_cuda_fp8_cast_host(q, qt, src, sdt, R, C, f, 3.7f, &amax), 0);
+    ck_assert_msg(memcmp(q, want, sizeof(q)) == 0, "%s -> %s: codes differ from the CPU's",
+                  gpu_dtype_name(sdt), gpu_fp8_format_name(f));
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < C; j++)
+            if (qt[j * R + i] != q[i * C + j])
+                ck_abort_msg("the transposed copy differs at %d, %d", i, j);
+    ck_assert_msg(f2u(amax) == f2u(want_amax), "amax %a, the CPU's %a", (double)amax,
+                  (double)want_amax);
+}
+
+/* One product against the CPU's exact model: equal on the emulator; on a GPU within fp32
+ * accumulation's bound, the largest difference (in units of 2^-24 S) printed: the number
+ * that calibrates the accumulator model (docs/fp8.md). */
+static double fp8_gemm_case(int M, int N, int K, gpu_fp8_format af, gpu_fp8_format bf,
+                            gpu_dtype cdt, bool adversarial, uint64_t seed)
+{
+    int lda = K + (M % 2 ? 16 : 0), ldb = K, ldc = N + 3;
+    uint8_t *A = xmalloc((size_t)M * lda), *B = xmalloc((size_t)N * ldb);
+    float *C = xmalloc(sizeof(float) * (size_t)M * ldc), *want = xmalloc(sizeof(float) * M * N);
+    float *scr = xmalloc(sizeof(float) * gpu_gemm_fp8_scratch_floats(M, N, K));
+    float sa = 0.37f, sb = 1.0f / 3.0f;
+    double worst = 0.0;
+    gpu_rng r;
+    gpu_rng_seed(&r, seed);
+    for (size_t i = 0; i < (size_t)M * lda; i++)
+        A[i] = finite_code(&r, af);
+    for (size_t i = 0; i < (size_t)N * ldb; i++)
+        B[i] = finite_code(&r, bf);
+    if (adversarial) /* a large product first, then many that an fp22 sum would drop */
+        for (int i = 0; i < M; i++)
+            for (int k = 0; k < K; k++) {
+                A[(size_t)i * lda + k] = k == 0 ? 0x7E : 0x01; /* 448 (E4M3/E5M2 code), tiny */
+                if (i < N)
+                    B[(size_t)i * ldb + k] = k == 0 ? 0x7E : 0x01;
+            }
+    for (size_t i = 0; i < (size_t)M * ldc; i++)
+        C[i] = NAN; /* must be overwritten (beta 0) */
+    ck_assert_int_eq(gpu_gemm_fp8(false, true, M, N, K, A, af, sa, lda, B, bf, sb, ldb, NULL, want,
+                                  N, scr, gpu_gemm_fp8_scratch_floats(M, N, K)),
+                     0);
+    gpu_cuda_mm8 p = {.M = M, .N = N, .K = K, .A = A, .af = af, .lda = lda, .B = B, .bf = bf,
+                      .ldb = ldb, .C = C, .cdt = cdt, .ldc = ldc};
+    ck_assert_int_eq(gpu_cuda_mm8_host(&p, sa, sb), 0);
+    bool exact = emulated();
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double mag = 0.0;
+            for (int k = 0; k < K; k++)
+                mag += fabs((double)gpu_fp8_to_f32(A[(size_t)i * lda + k], af) *
+                            gpu_fp8_to_f32(B[(size_t)j * ldb + k], bf));
+            mag *= (double)(sa * sb);
+            float w = cdt == GPU_BF16 ? gpu_round(want[i * N + j], GPU_BF16) : want[i * N + j];
+            float c = C[(size_t)i * ldc + j];
+            double d = fabs((double)c - w) / (mag * 0x1p-24 + 1e-38);
+            worst = d > worst ? d : worst;
+            if (exact && f2u(c) != f2u(w))
+                ck_abort_msg("fp8 %dx%dx%d [%d,%d]: %a on the emulator, the CPU's %a", M, N, K, i,
+                             j, (double)c, (double)w);
+            if (!exact && !(fabs((double)c - w) <= K * 0x1p-23 * mag + (cdt == GPU_BF16 ? 0x1p-7 * fabs(w) : 0.0) + 1e-30))
+                ck_abort_msg("fp8 %dx%dx%d [%d,%d]: %a, the CPU's exact %a (sum |ab| %g)", M, N, K,
+                             i, j, (double)c, (double)w, mag);
+        }
+    free(A);
+    free(B);
+    free(C);
+    free(want);
+    free(scr);
+    return worst;
+}
+
+START_TEST(t_fp8)
+{
+    char why[320];
+    if (!have_blas())
+        return;
+    if (!gpu_cuda_has_fp8(why, sizeof(why))) { /* an A100 (or the emulator as one) */
+        uint8_t a[16 * 16] = {0}, b[16 * 16] = {0};
+        float c[16 * 16];
+        gpu_cuda_mm8 p = {.M = 16, .N = 16, .K = 16, .A = a, .lda = 16, .B = b, .ldb = 16,
+                          .C = c, .cdt = GPU_FP32, .ldc = 16};
+        ck_assert_msg(strstr(why, "sm_") && strstr(why, "8.9"), "%s", why);
+        printf("check_cuda_gemm: fp8 refused as it should be: %s\n", why);
+        ck_assert_int_eq(gpu_cuda_mm8_host(&p, 1.0f, 1.0f), GPU_ENODEV);
+        return;
+    }
+    static const gpu_dtype sdts[] = {GPU_FP32, GPU_BF16, GPU_FP16};
+    for (int d = 0; d < 3; d++)
+        for (int f = 0; f < 2; f++)
+            fp8_cast_case(sdts[d], (gpu_fp8_format)f, 40 + (uint64_t)(d * 2 + f));
+    static const int shapes8[][3] = {{1, 16, 16}, {33, 48, 64}, {128, 256, 768}, {7, 32, 3008}};
+    static const gpu_fp8_format pairs8[][2] = {
+        {GPU_E4M3, GPU_E4M3}, {GPU_E4M3, GPU_E5M2}, {GPU_E5M2, GPU_E4M3}};
+    double worst = 0.0;
+    for (int s = 0; s < 4; s++)
+        for (int q = 0; q < 3; q++) {
+            double w = fp8_gemm_case(shapes8[s][0], shapes8[s][1], shapes8[s][2], pairs8[q][0],
+                                     pairs8[q][1], (s + q) % 2 ? GPU_BF16 : GPU_FP32, false,
+                                     60 + (uint64_t)(s * 3 + q));
+            worst = w > worst ? w : worst;
+        }
+    double adv = fp8_gemm_case(64, 64, 4096, GPU_E4M3, GPU_E4M3, GPU_FP32, true, 77);
+    printf("check_cuda_gemm: fp8 GEMMs against the CPU's exact model: largest difference %.3g "
+           "x 2^-24 sum|ab| on random operands, %.3g on the adversarial ones (%s)\n",
+           worst, adv, emulated() ? "the emulator: 0 expected" : "this GPU");
+    /* the refusals: E5M2 x E5M2, K not a multiple of 16, an fp16 C */
+    uint8_t a[32 * 32] = {0}, b[32 * 32] = {0};
+    float c[32 * 32];
+    gpu_cuda_mm8 p = {.M = 16, .N = 16, .K = 16, .A = a, .af = GPU_E5M2, .lda = 32, .B = b,
+                      .bf = GPU_E5M2, .ldb = 32, .C = c, .cdt = GPU_FP32, .ldc = 16};
+    ck_assert_int_eq(gpu_cuda_mm8_host(&p, 1.0f, 1.0f), GPU_EINVAL);
+    p.bf = GPU_E4M3;
+    p.K = 24;
+    ck_assert_int_eq(gpu_cuda_mm8_host(&p, 1.0f, 1.0f), GPU_EINVAL);
+    p.K = 16;
+    p.cdt = GPU_FP16;
+    ck_assert_int_eq(gpu_cuda_mm8_host(&p, 1.0f, 1.0f), GPU_EINVAL);
+}
+END_TEST
+
 static Suite *cuda_gemm_suite(void)
 {
     Suite *s = suite_create("cuda_gemm");
@@ -901,6 +1066,10 @@ static Suite *cuda_gemm_suite(void)
     tcase_add_test(tc, t_overflow);
     tcase_add_test(tc, t_device_api);
     suite_add_tcase(s, tc);
+    TCase *t8 = tcase_create("fp8"); /* alone: AMPD_CUDAEMU_SM=80 CK_RUN_CASE=fp8 */
+    tcase_set_timeout(t8, 120);
+    tcase_add_test(t8, t_fp8);
+    suite_add_tcase(s, t8);
     return s;
 }
 

@@ -5,6 +5,7 @@
 #     "device cuda trains on the GPU" branch included);
 #   - a model that cannot fit in the device's memory is refused (exit 2, 400 from the daemon)
 #     with what it needs by category and what the device has;
+#   - an emulated sm_80 (an A100) refuses the fp8 GEMM, naming the device;
 #   - without a device, "auto" trains on the CPU and the log says why, "cuda" fails saying so;
 #   - the same job run with the blocks and threads of every launch in two different orders
 #     gives the same bits (AMPD_CUDAEMU_SHUFFLE);
@@ -35,6 +36,11 @@ check "... saying what it needs and what the device has" \
 echo "$big" | sed 's/"cuda"/"cpu"/' | AMPD_CUDAEMU_MEMORY=50000000 "$AMPD" run - >"$TMP/out" 2>/dev/null
 status_is "the same model on the CPU" 0 $?
 check "... while on the CPU it trains" grep -q '"status":"succeeded"' "$TMP/out"
+
+# an A100 (sm_80) has no fp8 tensor cores: the fp8 GEMM is refused naming the device
+AMPD_CUDAEMU_SM=80 CK_RUN_CASE=fp8 "$(dirname "$0")/check_cudaemu_gemm" >"$TMP/sm80" 2>&1
+check "sm_80: the fp8 GEMM is refused, naming the device and sm_80 ($(grep -o 'refused.*' "$TMP/sm80"))" \
+    grep -q 'fp8 refused as it should be: ampd CUDA emulator (CPU) (device 0) is sm_80' "$TMP/sm80"
 
 tiny='{"model":{"layers":[20,4]},"data":{"type":"synthetic"},"steps":3,"threads":1}'
 echo "$tiny" | AMPD_CUDAEMU_DEVICES=0 "$AMPD" run - >"$TMP/out" 2>"$TMP/err"

@@ -144,7 +144,11 @@ static int lt_fail(cublasStatus_t s, const char *what, const char *file, int lin
 struct gpu_cuda_blas {
     cublasLtHandle_t handle;
     void *workspace;        /* GPU_CUDA_BLAS_WORKSPACE bytes on the device */
+    bool fp8;               /* the device has fp8 tensor cores (else no_fp8 says why) */
+    char no_fp8[320];
 };
+
+extern "C" bool gpu_cuda_has_fp8(char *why, size_t whylen);
 
 /* See cuda_blas.h. why may be NULL. */
 extern "C" int gpu_cuda_blas_open(gpu_cuda_blas **out, char *why, size_t whylen)
@@ -191,6 +195,7 @@ extern "C" int gpu_cuda_blas_open(gpu_cuda_blas **out, char *why, size_t whylen)
         rc = GPU_ECUDA;
         goto fail;
     }
+    b->fp8 = gpu_cuda_has_fp8(b->no_fp8, sizeof(b->no_fp8));
     *out = b;
     return 0;
 fail:
@@ -553,4 +558,201 @@ extern "C" int gpu_cuda_matmul(gpu_cuda_blas *b, cudaStream_t stream, const gpu_
     if (p->K == 0)
         return scale_c(p, stream);
     return lt_matmul(b, stream, p);
+}
+
+/* ---- fp8 ------------------------------------------------------------------------------------
+ * The product is the TN one cuBLASLt's fp8 kernels take: cuBLASLt's A is our B (N x K
+ * row-major, transposed: TRANSA T), its B our A (TRANSB N), and the dequantisation factors
+ * go to A_SCALE_POINTER (b_scale_inv) and B_SCALE_POINTER (a_scale_inv), as Transformer
+ * Engine passes its scale_inv. The cast is a grid-stride loop over format_rule.h's
+ * conversion, so its codes are the CPU's; its amax is an atomicMax on the bits of |x|, which
+ * order as the values do for non-negative floats (max needs no order: deterministic). */
+
+static cudaDataType_t fp8_type(gpu_fp8_format f)
+{
+    return f == GPU_E5M2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3;
+}
+
+extern "C" bool gpu_cuda_has_fp8(char *why, size_t whylen)
+{
+    int dev = 0;
+    struct cudaDeviceProp prop;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        set_why(why, whylen, "no CUDA device");
+        return false;
+    }
+    if (prop.major * 10 + prop.minor >= 89)
+        return true;
+    set_why(why, whylen,
+            "%s (device %d) is sm_%d%d: fp8 GEMMs need fp8 tensor cores, compute capability 8.9 "
+            "or above (Ada, Hopper: an H100 or H200)",
+            prop.name, dev, prop.major, prop.minor);
+    return false;
+}
+
+extern "C" int gpu_cuda_mm8_check(const gpu_cuda_mm8 *p, bool device)
+{
+    if (p == NULL)
+        return bad("fp8: no parameters");
+    if (p->M < 0 || p->N < 0 || p->K < 0)
+        return bad("fp8: negative size M %d N %d K %d", p->M, p->N, p->K);
+    if ((p->af != GPU_E4M3 && p->af != GPU_E5M2) || (p->bf != GPU_E4M3 && p->bf != GPU_E5M2))
+        return bad("fp8: unknown format (A %d, B %d)", (int)p->af, (int)p->bf);
+    if (p->af == GPU_E5M2 && p->bf == GPU_E5M2)
+        return bad("fp8: E5M2 x E5M2 is not a product cuBLASLt has (one operand must be E4M3)");
+    if (p->cdt != GPU_FP32 && p->cdt != GPU_BF16)
+        return bad("fp8: C must be fp32 or bf16, not %s", gpu_dtype_name(p->cdt));
+    if (p->K % 16 || p->N % 16 || p->lda % 16 || p->ldb % 16)
+        return bad("fp8: K %d, N %d, lda %d and ldb %d must be multiples of 16", p->K, p->N,
+                   p->lda, p->ldb);
+    if (p->lda < p->K || p->ldb < p->K || p->ldc < p->N || p->ldc < 1)
+        return bad("fp8: lda %d or ldb %d below K %d, or ldc %d below N %d", p->lda, p->ldb, p->K,
+                   p->ldc, p->N);
+    if (p->M > 0 && p->N > 0 &&
+        (p->C == NULL || (p->K > 0 && (p->A == NULL || p->B == NULL || p->a_scale_inv == NULL ||
+                                       p->b_scale_inv == NULL))))
+        return bad("fp8: A, B, C or a scale_inv is NULL");
+    if (device && (misaligned(p->A, 16) || misaligned(p->B, 16) || misaligned(p->C, 16) ||
+                   misaligned(p->a_scale_inv, 4) || misaligned(p->b_scale_inv, 4)))
+        return bad("fp8: A, B and C must be 16-byte aligned");
+    return 0;
+}
+
+/* The fp8 product's descriptor: TN, the scale pointers, fast accumulation. */
+static cublasStatus_t make_desc8(cublasLtMatmulDesc_t *d, const gpu_cuda_mm8 *p)
+{
+    cublasStatus_t s = lt.desc_create(d, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        *d = NULL;
+        return s;
+    }
+    s = desc_set(*d, CUBLASLT_MATMUL_DESC_TRANSA, (int32_t)CUBLAS_OP_T);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = desc_set(*d, CUBLASLT_MATMUL_DESC_TRANSB, (int32_t)CUBLAS_OP_N);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = desc_set(*d, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, p->b_scale_inv);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = desc_set(*d, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, p->a_scale_inv);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = desc_set(*d, CUBLASLT_MATMUL_DESC_FAST_ACCUM, (int8_t)(p->fast_accum ? 1 : 0));
+    return s;
+}
+
+static int lt_matmul8(gpu_cuda_blas *b, cudaStream_t stream, const gpu_cuda_mm8 *p)
+{
+    int rc = 0, found = 0;
+    cublasLtMatmulDesc_t op = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t res;
+    cublasStatus_t s;
+    const float alpha = 1.0f, beta = 0.0f;
+    gpu_cuda_mm q; /* the preference's view: alignments and the reduction scheme */
+
+    memset(&res, 0, sizeof(res));
+    memset(&q, 0, sizeof(q));
+    q.A = p->A, q.B = p->B, q.C = p->C, q.cdt = p->cdt;
+    LT_TRY(make_desc8(&op, p));
+    LT_TRY(lt.layout_create(&la, fp8_type(p->bf), (uint64_t)p->K, (uint64_t)p->N, p->ldb));
+    LT_TRY(lt.layout_create(&lb, fp8_type(p->af), (uint64_t)p->K, (uint64_t)p->M, p->lda));
+    LT_TRY(lt.layout_create(&lc, cuda_type(p->cdt), (uint64_t)p->N, (uint64_t)p->M, p->ldc));
+    LT_TRY(make_pref(&pref, &q));
+    s = lt.heuristic(b->handle, op, la, lb, lc, lc, pref, 1, &res, &found);
+    if (s == CUBLAS_STATUS_NOT_SUPPORTED || (s == CUBLAS_STATUS_SUCCESS && found < 1)) {
+        rc = bad("cuBLASLt has no fp8 algorithm for %s x %s to %s, M %d N %d K %d (%s)",
+                 gpu_fp8_format_name(p->af), gpu_fp8_format_name(p->bf), gpu_dtype_name(p->cdt),
+                 p->M, p->N, p->K, lt.status_name(s));
+        goto fail;
+    }
+    LT_TRY(s);
+    LT_TRY(lt.matmul(b->handle, op, &alpha, p->B, la, p->A, lb, &beta, p->C, lc, p->C, lc,
+                     &res.algo, b->workspace, GPU_CUDA_BLAS_WORKSPACE, stream));
+    rc = 0;
+fail:
+    if (pref != NULL)
+        lt.pref_destroy(pref);
+    if (lc != NULL)
+        lt.layout_destroy(lc);
+    if (lb != NULL)
+        lt.layout_destroy(lb);
+    if (la != NULL)
+        lt.layout_destroy(la);
+    if (op != NULL)
+        lt.desc_destroy(op);
+    return rc;
+}
+
+extern "C" int gpu_cuda_matmul_fp8(gpu_cuda_blas *b, cudaStream_t stream, const gpu_cuda_mm8 *p)
+{
+    if (b == NULL)
+        return bad("fp8: no handle");
+    int rc = gpu_cuda_mm8_check(p, true);
+    if (rc != 0)
+        return rc;
+    if (!b->fp8) {
+        gpu_log(GPU_LOG_ERROR, "gpu_cuda_matmul_fp8", "%s", b->no_fp8);
+        return GPU_ENODEV;
+    }
+    if (p->M == 0 || p->N == 0)
+        return 0;
+    if (p->K == 0) { /* C = 0, as the exact sum of nothing */
+        gpu_cuda_mm z;
+        memset(&z, 0, sizeof(z));
+        z.M = p->M, z.N = p->N, z.C = p->C, z.cdt = p->cdt, z.ldc = p->ldc, z.batch = 1;
+        return scale_c(&z, stream);
+    }
+    return lt_matmul8(b, stream, p);
+}
+
+#define CAST_THREADS 256u
+#define CAST_MAX_BLOCKS 4096u
+
+static __device__ float load_as_f32(const void *src, gpu_dtype dt, size_t i)
+{
+    if (dt == GPU_FP32)
+        return ((const float *)src)[i];
+    uint16_t h = ((const uint16_t *)src)[i];
+    return __uint_as_float(dt == GPU_FP16 ? gpu_fmt_f16_to_f32(h) : gpu_fmt_bf16_to_f32(h));
+}
+
+static __global__ void gpu_k_fp8_cast(uint8_t *dst, uint8_t *dst_t, const void *src,
+                                      gpu_dtype sdt, int rows, int cols, int e5m2,
+                                      const float *scale, float *amax)
+{
+    size_t n = (size_t)rows * cols, stride = (size_t)gridDim.x * blockDim.x;
+    float s = *scale;
+    uint32_t most = 0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        float x = load_as_f32(src, sdt, i);
+        uint32_t a = __float_as_uint(x) & 0x7FFFFFFFu;
+        most = a <= 0x7F800000u && a > most ? a : most; /* a NaN is skipped */
+        uint8_t c = gpu_fmt_f32_to_fp8(__float_as_uint(x * s), e5m2, 1);
+        dst[i] = c;
+        if (dst_t)
+            dst_t[(i % (size_t)cols) * (size_t)rows + i / (size_t)cols] = c;
+    }
+    if (amax && most)
+        atomicMax((unsigned int *)amax, (unsigned int)most);
+}
+
+extern "C" int gpu_cuda_fp8_cast(cudaStream_t stream, uint8_t *dst, uint8_t *dst_t,
+                                 const void *src, gpu_dtype sdt, int rows, int cols,
+                                 gpu_fp8_format f, const float *scale, float *amax)
+{
+    size_t n = (size_t)rows * (size_t)cols;
+    if (rows < 0 || cols < 0 || (sdt != GPU_FP32 && sdt != GPU_FP16 && sdt != GPU_BF16) ||
+        (f != GPU_E4M3 && f != GPU_E5M2) || (n > 0 && (dst == NULL || src == NULL || scale == NULL)))
+        return bad("fp8 cast: bad arguments (rows %d, cols %d)", rows, cols);
+    if (n == 0)
+        return 0;
+    unsigned blocks = gpu_cuda_blocks(n, CAST_THREADS, CAST_MAX_BLOCKS);
+    gpu_k_fp8_cast<<<blocks, CAST_THREADS, 0, stream>>>(dst, dst_t, src, sdt, rows, cols,
+                                                         f == GPU_E5M2, scale, amax);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) {
+        gpu_log(GPU_LOG_ERROR, "gpu_cuda_fp8_cast", "launch: %s", cudaGetErrorString(e));
+        return GPU_ECUDA;
+    }
+    return 0;
 }

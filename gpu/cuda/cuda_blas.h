@@ -84,6 +84,51 @@ typedef struct {
  * enqueued), or GPU_ECUDA for a failed launch (logged). */
 int gpu_cuda_matmul(gpu_cuda_blas *b, cudaStream_t stream, const gpu_cuda_mm *p);
 
+/* ---- fp8 (docs/fp8.md) -------------------------------------------------------------------
+ *
+ * One fp8 product, C = (A B^T) x (a_scale_inv x b_scale_inv): A is M x K and B is N x K, both
+ * row-major fp8 codes (the TN layout, the only one Hopper's fp8 GEMMs take: a product of
+ * another layout multiplies a transposed copy, which gpu_cuda_fp8_cast writes); fp32
+ * accumulation; C fp32 or bf16, rounded once. K, N, lda and ldb multiples of 16 and the
+ * pointers 16-byte aligned, as cuBLASLt's fp8 kernels need; E5M2 x E5M2 is refused, as
+ * cuBLASLt refuses it. fast_accum: cuBLASLt's FAST_ACCUM (no promotion of the tensor cores'
+ * partial sums; Transformer Engine's forward default). */
+typedef struct {
+    int M, N, K;
+    const uint8_t *A;
+    gpu_fp8_format af;
+    int lda;
+    const uint8_t *B;
+    gpu_fp8_format bf;
+    int ldb;
+    const float *a_scale_inv, *b_scale_inv; /* device pointers to one float each */
+    void *C;
+    gpu_dtype cdt;
+    int ldc;
+    bool fast_accum;
+} gpu_cuda_mm8;
+
+/* Enqueue the product on stream. GPU_EINVAL for bad arguments (logged); GPU_ENODEV, with
+ * the device named in the log, on a device without fp8 tensor cores (below sm_89: an A100
+ * is sm_80); GPU_ECUDA for a failed launch. */
+int gpu_cuda_matmul_fp8(gpu_cuda_blas *b, cudaStream_t stream, const gpu_cuda_mm8 *p);
+/* 0 when p describes a product gpu_cuda_matmul_fp8 can run (device: its pointers are device
+ * pointers, their alignment checked), else GPU_EINVAL with a message in the log. */
+int gpu_cuda_mm8_check(const gpu_cuda_mm8 *p, bool device);
+/* Whether this device multiplies fp8 (compute capability 8.9 or above); its name and
+ * capability into why when it does not (may be NULL). */
+bool gpu_cuda_has_fp8(char *why, size_t whylen);
+
+/* Enqueue the cast of rows x cols values of sdt (row-major) to fp8: dst[i] = fp8(src[i] x
+ * *scale) saturating, bit for bit gpu_fp8_cast's codes; with dst_t (may be NULL) the same
+ * codes transposed (cols x rows), for a GEMM that needs the other layout; with amax (may be
+ * NULL; its old value >= 0) raised to the largest |src[i]|, NaNs skipped as fmaxf skips them.
+ * scale and amax are device pointers. GPU_EINVAL for bad arguments, GPU_ECUDA for a failed
+ * launch. */
+int gpu_cuda_fp8_cast(cudaStream_t stream, uint8_t *dst, uint8_t *dst_t, const void *src,
+                      gpu_dtype sdt, int rows, int cols, gpu_fp8_format f, const float *scale,
+                      float *amax);
+
 /* ---- argument helpers (no device needed; the host wrappers of the tests use them) ------- */
 
 /* 0 when p describes a product gpu_cuda_matmul can run, else GPU_EINVAL with a message

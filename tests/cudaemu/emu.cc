@@ -30,7 +30,8 @@
  *    $AMPD_CUDAEMU_DEVICES (default 1; 0 makes cudaGetDeviceCount fail with
  *    cudaErrorNoDevice, as without a driver), of which a process sees those that
  *    $CUDA_VISIBLE_DEVICES lists, as the driver does (indices up to the first that does
- *    not exist). $AMPD_CUDAEMU_STATS=1 prints, at exit, each
+ *    not exist). $AMPD_CUDAEMU_SM is its compute capability x 10 (default 90, an H100's;
+ *    80 makes it an A100 without fp8). $AMPD_CUDAEMU_STATS=1 prints, at exit, each
  *    kernel's launches, threads, suspensions and seconds.
  *  - Order: blocks run in index order and threads start in index order, unless
  *    $AMPD_CUDAEMU_SHUFFLE is a seed: then every launch runs its blocks, and starts the
@@ -101,6 +102,7 @@ static bool protect = true;
 static cudaError_t last_error;
 static size_t page;
 static unsigned long long shuffle;     /* $AMPD_CUDAEMU_SHUFFLE; 0: index order */
+static int sm = 90;                    /* $AMPD_CUDAEMU_SM: the compute capability, x10 */
 static struct sigaction old_segv;
 
 struct kstat {
@@ -216,6 +218,9 @@ static void init(void)
     total = e != NULL ? strtoull(e, NULL, 10) : (size_t)16 << 30;
     e = getenv("AMPD_CUDAEMU_DEVICES");
     ndevices = visible(e != NULL ? atoi(e) : 1);
+    e = getenv("AMPD_CUDAEMU_SM");
+    if (e && atoi(e) >= 10 && atoi(e) <= 129)
+        sm = atoi(e);
     e = getenv("AMPD_CUDAEMU_STATS");
     if (e != NULL && strcmp(e, "1") == 0) {
         stats = new std::map<std::string, kstat>();
@@ -313,8 +318,8 @@ extern "C" cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int 
         prop->sharedMemPerBlock = 48 << 10;
         prop->warpSize = 32;
         prop->maxThreadsPerBlock = 1024;
-        prop->major = 9;
-        prop->minor = 0;
+        prop->major = sm / 10; /* $AMPD_CUDAEMU_SM (default 90: an H100's sm_90) */
+        prop->minor = sm % 10;
         prop->multiProcessorCount = 132;
     }
     leave();

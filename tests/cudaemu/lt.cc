@@ -10,6 +10,12 @@
  * accumulation, the CPU backend's contract); the epilogue runs in fp32 and D is rounded to
  * its dtype once.
  *
+ * fp8 (CUDA_R_8F_E4M3, CUDA_R_8F_E5M2 A and B): D = alpha * (A_SCALE x B_SCALE) * op(A) op(B),
+ * the product through gpu_gemm_fp8 with its exact accumulator (FAST_ACCUM is accepted and
+ * changes nothing here: the emulator is the exact model, not Hopper's), D fp32 or bf16, beta
+ * 0; the library's fp8 rules are checked: TN only (TRANSA T, TRANSB N), not E5M2 x E5M2,
+ * no epilogue.
+
  * Checked as the library checks, so that a wrong call fails here as it would on a GPU:
  * every attribute's size; compute type 32F and scale type 32F; operand dtypes; dimensions
  * that agree; ld >= rows; the alignment the heuristic was promised (MIN_ALIGNMENT_*, 256
@@ -45,6 +51,8 @@ struct emu_lt_desc {
     int32_t bias_type;      /* -1: D's */
     void *aux;
     int64_t aux_ld;
+    const float *a_scale, *b_scale; /* fp8: device pointers (NULL: 1) */
+    int8_t fast_accum;
 };
 
 struct emu_lt_layout {
@@ -145,6 +153,9 @@ extern "C" cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d,
     case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER:
         return attr(&d->aux, buf, n, "EPILOGUE_AUX_POINTER");
     case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD: return attr(&d->aux_ld, buf, n, "EPILOGUE_AUX_LD");
+    case CUBLASLT_MATMUL_DESC_A_SCALE_POINTER: return attr(&d->a_scale, buf, n, "A_SCALE_POINTER");
+    case CUBLASLT_MATMUL_DESC_B_SCALE_POINTER: return attr(&d->b_scale, buf, n, "B_SCALE_POINTER");
+    case CUBLASLT_MATMUL_DESC_FAST_ACCUM: return attr(&d->fast_accum, buf, n, "FAST_ACCUM");
     }
     emu_report("cuBLASLt matmul attribute %d is not emulated", (int)a);
     return CUBLAS_STATUS_INVALID_VALUE;
@@ -229,9 +240,45 @@ static bool type_ok(cudaDataType_t t)
     return t == CUDA_R_32F || t == CUDA_R_16F || t == CUDA_R_16BF;
 }
 
+static bool is_fp8(cudaDataType_t t)
+{
+    return t == CUDA_R_8F_E4M3 || t == CUDA_R_8F_E5M2;
+}
+
 static size_t type_size(cudaDataType_t t)
 {
-    return t == CUDA_R_32F ? 4 : 2;
+    return is_fp8(t) ? 1 : t == CUDA_R_32F ? 4 : 2;
+}
+
+static gpu_fp8_format fp8_of(cudaDataType_t t)
+{
+    return t == CUDA_R_8F_E5M2 ? GPU_E5M2 : GPU_E4M3;
+}
+
+/* The fp8 rules of cuBLASLt (see the top): CUBLAS_STATUS_SUCCESS, or NOT_SUPPORTED. */
+static cublasStatus_t check_fp8(const emu_lt_desc *d, const emu_lt_layout *a,
+                                const emu_lt_layout *b, const emu_lt_layout *dd)
+{
+    if (!is_fp8(a->type) || !is_fp8(b->type)) {
+        emu_report("cuBLASLt: an fp8 product needs both A and B in fp8 (types %d, %d)",
+                   (int)a->type, (int)b->type);
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    if (a->type == CUDA_R_8F_E5M2 && b->type == CUDA_R_8F_E5M2) {
+        emu_report("cuBLASLt: E5M2 x E5M2 has no fp8 kernel");
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    if (d->transa != CUBLAS_OP_T || d->transb != CUBLAS_OP_N) {
+        emu_report("cuBLASLt: fp8 GEMMs take the TN layout only (TRANSA T, TRANSB N; got %d, %d)",
+                   (int)d->transa, (int)d->transb);
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    if ((dd->type != CUDA_R_32F && dd->type != CUDA_R_16BF) ||
+        d->epilogue != CUBLASLT_EPILOGUE_DEFAULT || a->batch != 1) {
+        emu_report("cuBLASLt: an fp8 product here writes fp32 or bf16, one batch, no epilogue");
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    return CUBLAS_STATUS_SUCCESS;
 }
 
 static gpu_dtype dtype_of(cudaDataType_t t)
@@ -267,8 +314,13 @@ static cublasStatus_t check_problem(const emu_lt_desc *d, const emu_lt_layout *a
         emu_report("cuBLASLt: only CUBLAS_COMPUTE_32F with fp32 scaling is emulated");
         return CUBLAS_STATUS_NOT_SUPPORTED;
     }
-    if (!type_ok(a->type) || a->type != b->type || c->type != dd->type ||
-        (dd->type != a->type && dd->type != CUDA_R_32F)) {
+    cublasStatus_t s8 = is_fp8(a->type) || is_fp8(b->type) ? check_fp8(d, a, b, dd)
+                                                           : CUBLAS_STATUS_SUCCESS;
+    if (s8 != CUBLAS_STATUS_SUCCESS)
+        return s8;
+    if (is_fp8(a->type) ? c->type != dd->type
+                        : !type_ok(a->type) || a->type != b->type || c->type != dd->type ||
+                              (dd->type != a->type && dd->type != CUDA_R_32F)) {
         emu_report("cuBLASLt: operand types A %d B %d C %d D %d are not supported",
                    (int)a->type, (int)b->type, (int)c->type, (int)dd->type);
         return CUBLAS_STATUS_NOT_SUPPORTED;
@@ -386,6 +438,28 @@ static float gelu_tanh(float x)
     return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
 }
 
+/* An fp8 product (one batch, TN): D = alpha (A_SCALE x B_SCALE) A^T B. Lock held, memory
+ * open. cuBLASLt's A (k x m, transposed) is gpu_gemm_fp8's B (row-major, n rows of k in our
+ * naming below), as in run_one. */
+static int run_fp8(const emu_lt_desc *d, float alpha, const void *A, const emu_lt_layout *la,
+                   const void *B, const emu_lt_layout *lb, void *D, const emu_lt_layout *ld,
+                   uint64_t m, uint64_t n, uint64_t k)
+{
+    std::vector<float> acc(m * n);
+    std::vector<float> scratch(gpu_gemm_fp8_scratch_floats((int)n, (int)m, (int)k) + 1);
+    float sa = d->a_scale ? *d->a_scale : 1.0f, sb = d->b_scale ? *d->b_scale : 1.0f;
+    /* D^T (n x m row-major) = B^T A: B (k x n col-major) is n x k row-major, A^T likewise */
+    int rc = gpu_gemm_fp8(false, true, (int)n, (int)m, (int)k, (const uint8_t *)B, fp8_of(lb->type),
+                          sb, (int)lb->ld, (const uint8_t *)A, fp8_of(la->type), sa, (int)la->ld,
+                          NULL, acc.data(), (int)m, scratch.data(), scratch.size());
+    if (rc != 0)
+        return rc;
+    for (uint64_t j = 0; j < n; j++)
+        for (uint64_t i = 0; i < m; i++)
+            store(D, ld->type, j * (uint64_t)ld->ld + i, alpha * acc[j * m + i]);
+    return 0;
+}
+
 /* One batch entry: D = epilogue(alpha op(A) op(B) + beta C + bias). Lock held, memory open. */
 static int run_one(const emu_lt_desc *d, float alpha, float beta, const void *A,
                    const emu_lt_layout *la, const void *B, const emu_lt_layout *lb,
@@ -463,7 +537,9 @@ extern "C" cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_
         return CUBLAS_STATUS_SUCCESS;
     emu_device_begin();
     int rc = 0;
-    for (int i = 0; i < batch && rc == 0; i++)
+    if (is_fp8(la->type))
+        rc = run_fp8(d, al, A, la, B, lb, D, ld, m, n, k);
+    for (int i = 0; i < batch && rc == 0 && !is_fp8(la->type); i++)
         rc = run_one(d, al, be, (const char *)A + i * la->stride * type_size(la->type), la,
                      (const char *)B + i * lb->stride * type_size(lb->type), lb,
                      (const char *)C + i * lc->stride * type_size(lc->type), lc,

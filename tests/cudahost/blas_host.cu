@@ -1,7 +1,8 @@
 /*
  * blas_host.cu - the tests' synchronous host-buffer wrappers of the cuBLASLt GEMMs
  * (declared in tests/cudahost/cudahost.h): gpu_cuda_mm_host runs gpu_cuda_matmul
- * (gpu/cuda/cuda_blas.h) on host arrays with a handle of its own, and gpu_cuda_gemm_host
+ * (gpu/cuda/cuda_blas.h) on host arrays with a handle of its own (gpu_cuda_mm8_host its fp8
+ * product, gpu_cuda_fp8_cast_host the fp8 cast), and gpu_cuda_gemm_host
  * gives it gpu_gemm()'s contract (mixed operand dtypes widened on the host first).
  *
  * Invariants: the arguments are checked by the backend's own gpu_cuda_mm_check (host
@@ -221,5 +222,108 @@ extern "C" int gpu_cuda_gemm_host(bool ta, bool tb, int M, int N, int K, const v
 done:
     free(wa);
     free(wb);
+    return rc;
+}
+
+/* ---- fp8 ------------------------------------------------------------------------------------ */
+
+/* A device copy of n bytes at src (*d NULL when n is 0). */
+static int upload_bytes(void **d, const void *src, size_t n)
+{
+    int rc = 0;
+    *d = NULL;
+    if (n == 0)
+        return 0;
+    GPU_CUDA_TRY(cudaMalloc(d, n));
+    GPU_CUDA_TRY(cudaMemcpy(*d, src, n, cudaMemcpyHostToDevice));
+fail:
+    return rc;
+}
+
+extern "C" int gpu_cuda_mm8_host(const gpu_cuda_mm8 *p, float a_scale_inv, float b_scale_inv)
+{
+    int rc = gpu_cuda_ready();
+    gpu_cuda_blas *b = NULL;
+    gpu_cuda_mm8 d;
+    void *d_a = NULL, *d_b = NULL, *d_c = NULL, *d_s = NULL;
+    float scales[2] = {a_scale_inv, b_scale_inv};
+    int64_t sa = 0, sb = 0, sc = 0;
+    char why[320];
+
+    if (rc != 0)
+        return rc;
+    d = *p; /* the scales are values here: the check sees them as host pointers */
+    d.a_scale_inv = &scales[0];
+    d.b_scale_inv = &scales[1];
+    if ((rc = gpu_cuda_mm8_check(&d, false)) != 0)
+        return rc;
+    gpu_cuda_span(p->M, p->K, p->lda, 1, 0, &sa);
+    gpu_cuda_span(p->N, p->K, p->ldb, 1, 0, &sb);
+    gpu_cuda_span(p->M, p->N, p->ldc, 1, 0, &sc);
+    if ((rc = gpu_cuda_blas_open(&b, why, sizeof(why))) != 0) {
+        fprintf(stderr, "gpu_cuda_mm8_host: %s\n", why);
+        return rc;
+    }
+    d = *p;
+    if ((rc = upload_bytes(&d_a, p->A, (size_t)sa)) != 0 ||
+        (rc = upload_bytes(&d_b, p->B, (size_t)sb)) != 0 ||
+        (rc = upload(&d_c, p->C, p->cdt, sc, true)) != 0 ||
+        (rc = upload_bytes(&d_s, scales, sizeof(scales))) != 0)
+        goto fail;
+    d.A = (const uint8_t *)d_a;
+    d.B = (const uint8_t *)d_b;
+    d.C = d_c;
+    d.a_scale_inv = (const float *)d_s;
+    d.b_scale_inv = (const float *)d_s + 1;
+    if ((rc = gpu_cuda_matmul_fp8(b, 0, &d)) != 0)
+        goto fail;
+    GPU_CUDA_TRY(cudaDeviceSynchronize());
+    if (sc > 0)
+        rc = download((float *)p->C, d_c, p->cdt, sc, p->M, p->N, p->ldc, 1, 0);
+fail:
+    cudaFree(d_s);
+    cudaFree(d_c);
+    cudaFree(d_b);
+    cudaFree(d_a);
+    gpu_cuda_blas_free(b);
+    return rc;
+}
+
+extern "C" int gpu_cuda_fp8_cast_host(uint8_t *dst, uint8_t *dst_t, const void *src,
+                                      gpu_dtype sdt, int rows, int cols, gpu_fp8_format f,
+                                      float scale, float *amax)
+{
+    int rc = gpu_cuda_ready();
+    size_t n = rows > 0 && cols > 0 ? (size_t)rows * (size_t)cols : 0;
+    void *d_src = NULL, *d_dst = NULL, *d_t = NULL, *d_f = NULL;
+    float f2[2] = {scale, amax ? *amax : 0.0f};
+
+    if (rc != 0)
+        return rc;
+    if (rows < 0 || cols < 0 || (n > 0 && (dst == NULL || src == NULL)))
+        return GPU_EINVAL;
+    if (n == 0)
+        return 0;
+    if ((rc = upload_bytes(&d_src, src, n * gpu_dtype_size(sdt))) != 0 ||
+        (rc = upload_bytes(&d_f, f2, sizeof(f2))) != 0)
+        goto fail;
+    GPU_CUDA_TRY(cudaMalloc(&d_dst, n));
+    if (dst_t)
+        GPU_CUDA_TRY(cudaMalloc(&d_t, n));
+    rc = gpu_cuda_fp8_cast(0, (uint8_t *)d_dst, (uint8_t *)d_t, d_src, sdt, rows, cols, f,
+                           (const float *)d_f, amax ? (float *)d_f + 1 : NULL);
+    if (rc != 0)
+        goto fail;
+    GPU_CUDA_TRY(cudaDeviceSynchronize());
+    GPU_CUDA_TRY(cudaMemcpy(dst, d_dst, n, cudaMemcpyDeviceToHost));
+    if (dst_t)
+        GPU_CUDA_TRY(cudaMemcpy(dst_t, d_t, n, cudaMemcpyDeviceToHost));
+    if (amax)
+        GPU_CUDA_TRY(cudaMemcpy(amax, (float *)d_f + 1, sizeof(float), cudaMemcpyDeviceToHost));
+fail:
+    cudaFree(d_f);
+    cudaFree(d_t);
+    cudaFree(d_dst);
+    cudaFree(d_src);
     return rc;
 }

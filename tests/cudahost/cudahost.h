@@ -52,6 +52,16 @@ int gpu_cuda_gemm_host(bool ta, bool tb, int M, int N, int K, const void *A, gpu
  * untouched on failure. */
 int gpu_cuda_mm_host(const gpu_cuda_mm *p);
 
+/* gpu_cuda_matmul_fp8() on host buffers: A and B host arrays of fp8 codes (their spans),
+ * the two scale_invs as values, C a host fp32 array holding values of cdt (its M x N
+ * elements written back; untouched on failure). Synchronous; returns what the launch does,
+ * or GPU_ENODEV / GPU_ENOMEM / GPU_ECUDA. */
+int gpu_cuda_mm8_host(const gpu_cuda_mm8 *p, float a_scale_inv, float b_scale_inv);
+/* gpu_cuda_fp8_cast() on host buffers: src rows x cols values of sdt (storage), dst (and
+ * dst_t, may be NULL) host arrays of codes, scale a value; *amax (may be NULL) in and out. */
+int gpu_cuda_fp8_cast_host(uint8_t *dst, uint8_t *dst_t, const void *src, gpu_dtype sdt,
+                           int rows, int cols, gpu_fp8_format f, float scale, float *amax);
+
 /* ---- the ops (ops_host.cu, gpu/cuda/cuda_ops.h) ---------------------------------------
  *
  * The CPU op's calling convention: fp32 host arrays holding values of the dtype named, each

@@ -28,7 +28,14 @@ typedef enum {
     CUBLAS_STATUS_NOT_SUPPORTED = 15
 } cublasStatus_t;
 
-typedef enum { CUDA_R_32F = 0, CUDA_R_64F = 1, CUDA_R_16F = 2, CUDA_R_16BF = 14 } cudaDataType_t;
+typedef enum {
+    CUDA_R_32F = 0,
+    CUDA_R_64F = 1,
+    CUDA_R_16F = 2,
+    CUDA_R_16BF = 14,
+    CUDA_R_8F_E4M3 = 28,
+    CUDA_R_8F_E5M2 = 29
+} cudaDataType_t;
 typedef cudaDataType_t cudaDataType;
 
 typedef enum { CUBLAS_COMPUTE_16F = 64, CUBLAS_COMPUTE_32F = 68, CUBLAS_COMPUTE_32F_FAST_TF32 = 77 }
@@ -43,6 +50,9 @@ typedef enum {
     CUBLASLT_MATMUL_DESC_BIAS_POINTER = 8,
     CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER = 10,
     CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD = 11,
+    CUBLASLT_MATMUL_DESC_A_SCALE_POINTER = 17,
+    CUBLASLT_MATMUL_DESC_B_SCALE_POINTER = 18,
+    CUBLASLT_MATMUL_DESC_FAST_ACCUM = 25,
     CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE = 26
 } cublasLtMatmulDescAttributes_t;
 
