@@ -318,6 +318,13 @@ PYEOF
 )
     echo "8192^3 bf16 GEMM (torch.matmul, cuBLAS): ${GEMM_TFLOPS:-failed (see $LOGS/gemm.err)} TFLOP/s" \
          "against the ${PEAK_TFLOPS} TFLOP/s datasheet peak"
+    # the fp8 GEMMs of GPT-2's linears against bf16, through ampd's own cuBLASLt calls
+    for g in .gpu/tools/gemm8 bench/gemm8; do
+        if [ -x "$g" ]; then
+            timeout 60 "$g" 8192 | tee "$LOGS/gemm8.md" || echo "bench/gemm8 failed (see above)"
+            break
+        fi
+    done
 fi
 
 echo "== runs (budget ${BUDGET}s; logs in $LOGS)"

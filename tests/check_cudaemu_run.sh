@@ -5,6 +5,7 @@
 #     "device cuda trains on the GPU" branch included);
 #   - a model that cannot fit in the device's memory is refused (exit 2, 400 from the daemon)
 #     with what it needs by category and what the device has;
+#   - bench/gemm8 runs (on the emulator: a few tokens);
 #   - an emulated sm_80 (an A100) refuses the fp8 GEMM, naming the device;
 #   - without a device, "auto" trains on the CPU and the log says why, "cuda" fails saying so;
 #   - the same job run with the blocks and threads of every launch in two different orders
@@ -36,6 +37,11 @@ check "... saying what it needs and what the device has" \
 echo "$big" | sed 's/"cuda"/"cpu"/' | AMPD_CUDAEMU_MEMORY=50000000 "$AMPD" run - >"$TMP/out" 2>/dev/null
 status_is "the same model on the CPU" 0 $?
 check "... while on the CPU it trains" grep -q '"status":"succeeded"' "$TMP/out"
+
+# bench/gemm8 (the fp8 GEMMs against bf16, for a GPU) runs: its four linears timed
+"$(dirname "$0")/gemm8_emu" 16 1 >"$TMP/gemm8" 2>&1
+check "bench/gemm8 times GPT-2's four linears in bf16 and fp8" \
+    test "$(grep -cE '^\| (attn|mlp)\.[a-z]+ \| 16 x ' "$TMP/gemm8")" -eq 4
 
 # an A100 (sm_80) has no fp8 tensor cores: the fp8 GEMM is refused naming the device
 AMPD_CUDAEMU_SM=80 CK_RUN_CASE=fp8 "$(dirname "$0")/check_cudaemu_gemm" >"$TMP/sm80" 2>&1

@@ -17,7 +17,7 @@ TESTS="tests/check_cuda tests/check_cuda_gemm tests/check_cuda_ops tests/check_c
 CARRY_LIMIT_KIB=$((64 * 1024)) # the device tool carries at most 64 MiB
 
 # shellcheck disable=SC2086 # a list of targets
-make -j2 $TESTS ampd >/dev/null
+make -j2 $TESTS ampd bench/gemm8 >/dev/null
 rm -rf .gpu
 mkdir -p .gpu/bin .gpu/lib .gpu/tools
 # shellcheck disable=SC2086
@@ -25,6 +25,8 @@ cp $TESTS .gpu/bin/
 strip --strip-debug .gpu/bin/*
 cp ampd .gpu/tools/ampd
 strip --strip-debug .gpu/tools/ampd # keeps the symbols (backtraces); nobody debugs it there
+cp bench/gemm8 .gpu/tools/gemm8 # the fp8 GEMMs against bf16 (bench/gpu.sh)
+strip --strip-debug .gpu/tools/gemm8
 # the Fashion-MNIST job of check_cuda_train (Debian's dataset-fashion-mnist, 30 MB)
 mkdir -p .gpu/data
 cp -r /usr/share/datasets/fashion-mnist .gpu/data/
@@ -33,7 +35,7 @@ if [ -d /usr/share/games/fortunes ]; then cp -a /usr/share/games/fortunes .gpu/d
 openblas=$(sed -n 's/^#define AMPD_OPENBLAS_PATH "\(.*\)"$/\1/p' config.h)
 cp -L "$openblas" .gpu/lib/libopenblas.so.0
 # shellcheck disable=SC2086
-"$BUNDLE" .gpu/lib .gpu/bin/* .gpu/tools/ampd "$openblas" >/dev/null
+"$BUNDLE" .gpu/lib .gpu/bin/* .gpu/tools/ampd .gpu/tools/gemm8 "$openblas" >/dev/null
 # The libraries alone are close to the device tool's 64 MiB carry limit (OpenBLAS is 36 MiB):
 # carry them compressed; run.sh and bench/gpu.sh unpack .gpu.tar.xz when .gpu is missing.
 tar -cf - .gpu | xz -T2 -6 >.gpu.tar.xz
