@@ -499,49 +499,72 @@ static cublasStatus_t make_pref(cublasLtMatmulPreference_t *pr, const gpu_cuda_m
     return s;
 }
 
+/* The objects of one cuBLASLt call, each NULL until made. */
+typedef struct {
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulPreference_t pref;
+} lt_call;
+
+static void lt_call_free(lt_call *c)
+{
+    if (c->pref != NULL)
+        lt.pref_destroy(c->pref);
+    if (c->lc != NULL)
+        lt.layout_destroy(c->lc);
+    if (c->lb != NULL)
+        lt.layout_destroy(c->lb);
+    if (c->la != NULL)
+        lt.layout_destroy(c->la);
+    if (c->op != NULL)
+        lt.desc_destroy(c->op);
+}
+
+/* Pick an algorithm for c and enqueue D = C = alpha op(A) op(B) + beta C in cuBLASLt's terms
+ * (A, B its operands: our B and A). *none: cuBLASLt has none for it (rc GPU_EINVAL, for the
+ * caller to say why). */
+static int lt_call_run(gpu_cuda_blas *b, cudaStream_t stream, const lt_call *c, const void *A,
+                       const void *B, void *C, float beta, bool *none)
+{
+    int rc = 0, found = 0;
+    cublasLtMatmulHeuristicResult_t res;
+    const float alpha = 1.0f;
+    memset(&res, 0, sizeof(res));
+    cublasStatus_t s = lt.heuristic(b->handle, c->op, c->la, c->lb, c->lc, c->lc, c->pref, 1, &res,
+                                    &found);
+    *none = s == CUBLAS_STATUS_NOT_SUPPORTED || (s == CUBLAS_STATUS_SUCCESS && found < 1);
+    if (*none)
+        return GPU_EINVAL;
+    LT_TRY(s);
+    LT_TRY(lt.matmul(b->handle, c->op, &alpha, A, c->la, B, c->lb, &beta, C, c->lc, C, c->lc,
+                     &res.algo, b->workspace, GPU_CUDA_BLAS_WORKSPACE, stream));
+fail:
+    return rc;
+}
+
 /* M, N, K >= 1: pick an algorithm and enqueue the product. */
 static int lt_matmul(gpu_cuda_blas *b, cudaStream_t stream, const gpu_cuda_mm *p)
 {
-    int rc = 0, found = 0;
-    cublasLtMatmulDesc_t op = NULL;
-    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
-    cublasLtMatmulPreference_t pref = NULL;
-    cublasLtMatmulHeuristicResult_t res;
-    cublasStatus_t s;
-    const float alpha = 1.0f, beta = p->beta;
+    int rc = 0;
+    lt_call c = {NULL, NULL, NULL, NULL, NULL};
+    bool none = false;
 
-    memset(&res, 0, sizeof(res));
-    LT_TRY(make_desc(&op, p));
-    LT_TRY(make_layout(&la, p->bdt, p->tb ? p->K : p->N, p->tb ? p->N : p->K, p->ldb, p->batch,
+    LT_TRY(make_desc(&c.op, p));
+    LT_TRY(make_layout(&c.la, p->bdt, p->tb ? p->K : p->N, p->tb ? p->N : p->K, p->ldb, p->batch,
                        p->stride_b));
-    LT_TRY(make_layout(&lb, p->adt, p->ta ? p->M : p->K, p->ta ? p->K : p->M, p->lda, p->batch,
+    LT_TRY(make_layout(&c.lb, p->adt, p->ta ? p->M : p->K, p->ta ? p->K : p->M, p->lda, p->batch,
                        p->stride_a));
-    LT_TRY(make_layout(&lc, p->cdt, p->N, p->M, p->ldc, p->batch, p->stride_c));
-    LT_TRY(make_pref(&pref, p));
-    s = lt.heuristic(b->handle, op, la, lb, lc, lc, pref, 1, &res, &found);
-    if (s == CUBLAS_STATUS_NOT_SUPPORTED || (s == CUBLAS_STATUS_SUCCESS && found < 1)) {
+    LT_TRY(make_layout(&c.lc, p->cdt, p->N, p->M, p->ldc, p->batch, p->stride_c));
+    LT_TRY(make_pref(&c.pref, p));
+    rc = lt_call_run(b, stream, &c, p->B, p->A, p->C, p->beta, &none);
+    if (none)
         rc = bad("cuBLASLt has no algorithm for %s operands to %s C, M %d N %d K %d, "
-                 "ta %d tb %d, lda %d ldb %d ldc %d, batch %d, epilogue %s%s (%s)",
+                 "ta %d tb %d, lda %d ldb %d ldc %d, batch %d, epilogue %s%s",
                  gpu_dtype_name(p->adt), gpu_dtype_name(p->cdt), p->M, p->N, p->K, (int)p->ta,
                  (int)p->tb, p->lda, p->ldb, p->ldc, p->batch, epi_name(p->epilogue),
-                 p->aux != NULL ? " with aux" : "", lt.status_name(s));
-        goto fail;
-    }
-    LT_TRY(s);
-    LT_TRY(lt.matmul(b->handle, op, &alpha, p->B, la, p->A, lb, &beta, p->C, lc, p->C, lc,
-                     &res.algo, b->workspace, GPU_CUDA_BLAS_WORKSPACE, stream));
-    rc = 0;
+                 p->aux != NULL ? " with aux" : "");
 fail:
-    if (pref != NULL)
-        lt.pref_destroy(pref);
-    if (lc != NULL)
-        lt.layout_destroy(lc);
-    if (lb != NULL)
-        lt.layout_destroy(lb);
-    if (la != NULL)
-        lt.layout_destroy(la);
-    if (op != NULL)
-        lt.desc_destroy(op);
+    lt_call_free(&c);
     return rc;
 }
 
@@ -641,45 +664,25 @@ static cublasStatus_t make_desc8(cublasLtMatmulDesc_t *d, const gpu_cuda_mm8 *p)
 
 static int lt_matmul8(gpu_cuda_blas *b, cudaStream_t stream, const gpu_cuda_mm8 *p)
 {
-    int rc = 0, found = 0;
-    cublasLtMatmulDesc_t op = NULL;
-    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
-    cublasLtMatmulPreference_t pref = NULL;
-    cublasLtMatmulHeuristicResult_t res;
-    cublasStatus_t s;
-    const float alpha = 1.0f, beta = 0.0f;
+    int rc = 0;
+    lt_call c = {NULL, NULL, NULL, NULL, NULL};
     gpu_cuda_mm q; /* the preference's view: alignments and the reduction scheme */
+    bool none = false;
 
-    memset(&res, 0, sizeof(res));
     memset(&q, 0, sizeof(q));
     q.A = p->A, q.B = p->B, q.C = p->C, q.cdt = p->cdt;
-    LT_TRY(make_desc8(&op, p));
-    LT_TRY(lt.layout_create(&la, fp8_type(p->bf), (uint64_t)p->K, (uint64_t)p->N, p->ldb));
-    LT_TRY(lt.layout_create(&lb, fp8_type(p->af), (uint64_t)p->K, (uint64_t)p->M, p->lda));
-    LT_TRY(lt.layout_create(&lc, cuda_type(p->cdt), (uint64_t)p->N, (uint64_t)p->M, p->ldc));
-    LT_TRY(make_pref(&pref, &q));
-    s = lt.heuristic(b->handle, op, la, lb, lc, lc, pref, 1, &res, &found);
-    if (s == CUBLAS_STATUS_NOT_SUPPORTED || (s == CUBLAS_STATUS_SUCCESS && found < 1)) {
-        rc = bad("cuBLASLt has no fp8 algorithm for %s x %s to %s, M %d N %d K %d (%s)",
+    LT_TRY(make_desc8(&c.op, p));
+    LT_TRY(lt.layout_create(&c.la, fp8_type(p->bf), (uint64_t)p->K, (uint64_t)p->N, p->ldb));
+    LT_TRY(lt.layout_create(&c.lb, fp8_type(p->af), (uint64_t)p->K, (uint64_t)p->M, p->lda));
+    LT_TRY(lt.layout_create(&c.lc, cuda_type(p->cdt), (uint64_t)p->N, (uint64_t)p->M, p->ldc));
+    LT_TRY(make_pref(&c.pref, &q));
+    rc = lt_call_run(b, stream, &c, p->B, p->A, p->C, 0.0f, &none);
+    if (none)
+        rc = bad("cuBLASLt has no fp8 algorithm for %s x %s to %s, M %d N %d K %d",
                  gpu_fp8_format_name(p->af), gpu_fp8_format_name(p->bf), gpu_dtype_name(p->cdt),
-                 p->M, p->N, p->K, lt.status_name(s));
-        goto fail;
-    }
-    LT_TRY(s);
-    LT_TRY(lt.matmul(b->handle, op, &alpha, p->B, la, p->A, lb, &beta, p->C, lc, p->C, lc,
-                     &res.algo, b->workspace, GPU_CUDA_BLAS_WORKSPACE, stream));
-    rc = 0;
+                 p->M, p->N, p->K);
 fail:
-    if (pref != NULL)
-        lt.pref_destroy(pref);
-    if (lc != NULL)
-        lt.layout_destroy(lc);
-    if (lb != NULL)
-        lt.layout_destroy(lb);
-    if (la != NULL)
-        lt.layout_destroy(la);
-    if (op != NULL)
-        lt.desc_destroy(op);
+    lt_call_free(&c);
     return rc;
 }
 
