@@ -78,24 +78,29 @@ static void job_labels(api_buf *b, const store_job *j)
     api_buf_putc(b, '}');
 }
 
-/* One per-layer family: field is a STORE_L_* field of the latest diagnosed step. */
+/* One per-layer family of the latest diagnosed step: fields[f] (STORE_L_*) for f < nf, each
+ * labelled operand=ops[f] when ops is not NULL (an fp8 layer's operands). A layer that did
+ * not report a field has no sample of it. */
 static void layer_family(api_buf *b, const char *name, const char *help, const job_layers *jl,
-                         int n, int field)
+                         int n, const int *fields, const char *const *ops, int nf)
 {
     family(b, name, "gauge", help);
     for (int i = 0; i < n; i++)
-        for (int k = 0; k < jl[i].n; k++) {
-            const store_layer_stat *r = &jl[i].rows[k];
-            if ((r->missing >> field) & 1u)
-                continue;
-            api_buf_puts(b, name);
-            job_labels_open(b, jl[i].job);
-            api_buf_puts(b, ",layer=\"");
-            api_buf_prom_label(b, r->name);
-            api_buf_puts(b, "\"} ");
-            api_buf_prom_num(b, r->v[field]);
-            api_buf_putc(b, '\n');
-        }
+        for (int k = 0; k < jl[i].n; k++)
+            for (int f = 0; f < nf; f++) {
+                const store_layer_stat *r = &jl[i].rows[k];
+                if ((r->missing >> fields[f]) & 1u)
+                    continue;
+                api_buf_puts(b, name);
+                job_labels_open(b, jl[i].job);
+                api_buf_puts(b, ",layer=\"");
+                api_buf_prom_label(b, r->name);
+                if (ops)
+                    api_buf_printf(b, "\",operand=\"%s", ops[f]);
+                api_buf_puts(b, "\"} ");
+                api_buf_prom_num(b, r->v[fields[f]]);
+                api_buf_putc(b, '\n');
+            }
 }
 
 /* One per-job family: field is a STORE_M_* column, scale multiplies it. */
@@ -363,14 +368,23 @@ static void job_families(api_server *s, api_buf *b, const job_row *rows, int nro
         job_family(b, job_metrics[k].name, job_metrics[k].type, job_metrics[k].help, rows, nrows,
                    job_metrics[k].field, job_metrics[k].scale);
     hist_family(s, b, rows, nrows);
+    static const int headroom[] = {STORE_L_ACT_HEADROOM}, underflow[] = {STORE_L_GRAD_UNDERFLOW};
+    static const int fp8_ufl[] = {STORE_L_FP8_IN_UNDERFLOW, STORE_L_FP8_W_UNDERFLOW,
+                                  STORE_L_FP8_GRAD_UNDERFLOW};
+    static const char *const fp8_ops[] = {"in", "w", "grad"};
     layer_family(b, "ampd_layer_act_headroom",
                  "Dtype max over the largest forward output of the layer, at the job's "
                  "latest diagnosed step (+Inf: all zero).",
-                 layers, nlayers, STORE_L_ACT_HEADROOM);
+                 layers, nlayers, headroom, NULL, 1);
     layer_family(b, "ampd_layer_grad_underflow_ratio",
                  "Fraction of the layer's weight-gradient elements flushed to zero at the loss "
                  "scale, at the job's latest diagnosed step.",
-                 layers, nlayers, STORE_L_GRAD_UNDERFLOW);
+                 layers, nlayers, underflow, NULL, 1);
+    layer_family(b, "ampd_layer_fp8_underflow_ratio",
+                 "An fp8 layer's operand (in: its input, w: its weight, grad: its output "
+                 "gradient): the fraction of its non-zero values its fp8 cast made 0, at the "
+                 "job's latest diagnosed step.",
+                 layers, nlayers, fp8_ufl, fp8_ops, 3);
 }
 
 void api_h_prom(api_req *q, api_resp *r)

@@ -1811,6 +1811,10 @@ static void add_layer_rows(int64_t job)
         r[1].v[STORE_L_ACT_OVERFLOW] = s == 10 || s == 70 ? 7 : 0;
         r[2].missing = 1u << STORE_L_LOST_UPDATES;
         r[2].v[STORE_L_LOST_UPDATES] = NAN;
+        /* fc1 reports its fp8 operands, as an fp8 layer does; the others leave them out */
+        r[0].v[STORE_L_FP8_GRAD_UNDERFLOW] = 0.375;
+        for (int f = STORE_L_FP8_IN_AMAX; f < STORE_L_NFIELDS; f++)
+            r[1].missing |= 1u << f, r[2].missing |= 1u << f;
         ck_assert_int_eq(store_layer_stats_append(st, job, s, &info, r, 3), 0);
     }
     ck_assert_int_eq(store_flush(st), 0);
@@ -1986,6 +1990,13 @@ START_TEST(test_layers)
              "layer=\"head\"}",
              (long long)id);
     ck_assert(prom_check(r.body, want_s) == 0.25);
+    snprintf(want_s, sizeof(want_s),
+             "ampd_layer_fp8_underflow_ratio{job_id=\"%lld\",name=\"layers\",dtype=\"fp16\","
+             "layer=\"fc1\",operand=\"grad\"}",
+             (long long)id);
+    ck_assert(prom_check(r.body, want_s) == 0.375);
+    ck_assert(strstr(r.body, "ampd_layer_fp8_underflow_ratio{") &&
+              !strstr(r.body, "layer=\"fc2\",operand="));
     hresp_free(&r);
 }
 END_TEST
