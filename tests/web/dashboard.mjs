@@ -484,6 +484,10 @@ async function main() {
     check('the run page shows the API\'s final loss', close(Number(lossCard), fpJob.summary.final_loss));
     check('the heatmap shows the diagnosed layers', Number(await page.getAttribute('[data-chart=heatmap]', 'data-layers')) === 2 &&
           Number(await page.getAttribute('[data-chart=heatmap]', 'data-steps')) >= 24);
+    const heatFields = await page.$$eval('[data-chart=heatmap] select option', (os) => os.map((o) => o.value));
+    check('the heatmap offers each fp8 operand\'s underflow and headroom',
+          ['in', 'w', 'grad'].every((r) => heatFields.includes(`fp8_${r}_underflow`) &&
+                                           heatFields.includes(`fp8_${r}_headroom`)), heatFields.join(' '));
     // the last lifecycle event (succeeded) may reach the page just after the status
     const lifecycle = () => page.locator('.timeline li[data-kind=lifecycle]').count();
     check('the events timeline lists the lifecycle events',
