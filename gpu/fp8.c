@@ -23,7 +23,8 @@
  * delayed scaling from a history of amaxes, computed before the history rolls, the previous
  * scale kept for an amax of 0, inf or NaN, an infinite scale made FLT_MAX, and nothing
  * changed in a step whose amax is 0 (TE: a module that did not run). The division is fp32
- * round-to-nearest, so the scales are the bits TE computes.
+ * round-to-nearest, so the scales are the bits TE computes. The rules are gpu/fp8_rule.h's,
+ * written once for the host and the device.
  *
  * Threads: all functions are thread-safe (the tables are built once, under pthread_once).
  */
@@ -32,6 +33,7 @@
 #include <pthread.h>
 #include <string.h>
 
+#include "gpu/fp8_rule.h"
 #include "gpu/gpu_int.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -311,30 +313,12 @@ float gpu_fp8_scaled_max(gpu_fp8_format f, int margin)
 
 float gpu_fp8_current_scale(float amax, float scaled_max, float epsilon)
 {
-    if (amax < epsilon)
-        amax = epsilon;
-    if (isinf(amax) || isnan(amax) || amax == 0.0f)
-        return 1.0f;
-    float scale = scaled_max / amax;
-    return isinf(scale) ? FLT_MAX : scale;
+    return gpu_fp8r_current_scale(amax, scaled_max, epsilon);
 }
 
 void gpu_fp8_delayed_update(float *history, int len, gpu_fp8_amax_algo algo, float scaled_max,
                             float *scale, float *scale_inv)
 {
-    float last = history[0], amax = 0.0f;
-    if (last == 0.0f) /* the tensor did not take part this step */
-        return;
-    for (int i = 0; i < len; i++)
-        amax = fmaxf(amax, history[i]);
-    if (algo == GPU_FP8_AMAX_MOST_RECENT)
-        amax = last;
-    if (isfinite(amax) && amax > 0.0f) {
-        float s = scaled_max / amax;
-        *scale = isinf(s) ? FLT_MAX : s;
-    }
-    *scale_inv = 1.0f / *scale;
-    memmove(history, history + 1, (size_t)(len - 1) * sizeof(float));
-    history[len - 1] = last;
-    history[0] = 0.0f; /* the staging slot: the oldest entry, which leaves the window */
+    gpu_fp8r_delayed_update(history, len, algo == GPU_FP8_AMAX_MOST_RECENT, scaled_max, scale,
+                            scale_inv);
 }
