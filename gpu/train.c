@@ -12,6 +12,11 @@
  * stats, global norm), skip the update if anything overflowed, else clip and update with
  * the working copy refreshed in the same pass, then update the scale.
  *
+ * fp8 (cfg.fp8.on; docs/fp8.md): the models' linears cast to fp8 with the scaling state of
+ * gpu/fp8.h, a block of its own (the checkpoint tensor "fp8.scaling"); after each micro-step's
+ * forward and backward the staging amaxes are reduced across ranks and delayed scaling
+ * updates every row. The fp8 copies of the GEMM operands are a block of their own (mem.fp8).
+ *
  * Diagnostics: every diagnostics_every steps the forward and backward feed per-layer
  * counters (diag.c); a step whose gradients overflowed without collecting is run again on
  * the same batch with collection on before it is skipped (the weights have not changed, so
@@ -1036,8 +1041,6 @@ static int tensor_layer(const gpu_trainer *t, int i)
     return -1;
 }
 
-/* Per-layer statistics of a collecting step, with the lost updates when they were
- * counted (an update was applied without master weights). */
 /* Collect (on) the fp8 casts' counts, amaxes and scales of the step, or stop (!on). */
 static void fp8_collect(gpu_trainer *t, bool on)
 {
@@ -1093,6 +1096,8 @@ static void fp8_layer_stats(gpu_trainer *t)
     fp8_collect(t, false);
 }
 
+/* Per-layer statistics of a collecting step, with the lost updates when they were
+ * counted (an update was applied without master weights), and the fp8 layers' operands. */
 static void layer_stats(gpu_trainer *t, bool updated)
 {
     int64_t lost[GPU_DIAG_MAX_LAYERS] = {0}, count[GPU_DIAG_MAX_LAYERS] = {0};
