@@ -42,8 +42,9 @@
  * bf16 C, K up to 3008) against the CPU's exact model gpu_gemm_fp8: bit for bit on the
  * emulator, within fp32 accumulation's bound (K 2^-23 sum|ab|) on a GPU, with the largest
  * difference printed for random operands and for adversarial ones (448 x 448 then 4095 tiny
- * products a 13-bit accumulator drops): the calibration of the accumulator model; E5M2 x
- * E5M2, K not a multiple of 16 and an fp16 C refused; on a device below sm_89 (the emulator
+ * products a 13-bit accumulator drops): the calibration of the accumulator model; delayed and
+ * current scaling on the device equal to the CPU's bits over 40 steps; E5M2 x E5M2, K not a
+ * multiple of 16 and an fp16 C refused; on a device below sm_89 (the emulator
  * with AMPD_CUDAEMU_SM=80) the product refused naming the device.
  *
  * Threads: the suite runs without fork (CK_NOFORK) so the CUDA state main's probe creates is
@@ -938,6 +939,9 @@ static void fp8_cast_case(gpu_dtype sdt, gpu_fp8_format f, uint64_t seed)
                 ck_abort_msg("the transposed copy differs at %d, %d", i, j);
     ck_assert_msg(f2u(amax) == f2u(want_amax), "amax %a, the CPU's %a", (double)amax,
                   (double)want_amax);
+    amax = 0.0f; /* the amax alone (current scaling's first pass) */
+    ck_assert_int_eq(gpu_cuda_fp8_cast_host(NULL, NULL, src, sdt, R, C, f, 3.7f, &amax), 0);
+    ck_assert(f2u(amax) == f2u(gpu_fp8_amax(src, sdt, R * C)));
 }
 
 /* One product against the CPU's exact model: equal on the emulator; on a GPU within fp32
@@ -1000,6 +1004,50 @@ static double fp8_gemm_case(int M, int N, int K, gpu_fp8_format af, gpu_fp8_form
     return worst;
 }
 
+/* The scaling rules on the device against the CPU's (gpu/fp8_rule.h both): delayed scaling
+ * over 40 steps of amaxes from 2^-120 to 2^100 with 0, inf and NaN among them, on 6 rows of
+ * a 16-entry history, max and most_recent, the bits of every row after every step; current
+ * scaling of the same amaxes (epsilon 2^-60). */
+static void fp8_scaling_case(void)
+{
+    enum { ROWS = 6, LEN = 16, COLS = 2 + LEN };
+    const float top[3] = {448.0f / 8, 448.0f / 8, 57344.0f / 8}; /* margin 3 */
+    gpu_rng r;
+    gpu_rng_seed(&r, 88);
+    for (int mr = 0; mr < 2; mr++) {
+        float dev[ROWS * COLS], cpu[ROWS * COLS];
+        for (int i = 0; i < ROWS * COLS; i++)
+            dev[i] = cpu[i] = (i % COLS) < 2 ? 1.0f : 0.0f;
+        for (int step = 0; step < 40; step++) {
+            for (int k = 0; k < ROWS; k++) {
+                int pick = (int)gpu_rng_below(&r, 20);
+                float a = pick == 0 ? 0.0f : pick == 1 ? INFINITY : pick == 2 ? NAN
+                        : ldexpf(1.0f + gpu_rng_uniform(&r), (int)gpu_rng_below(&r, 220) - 120);
+                dev[k * COLS + 2] = cpu[k * COLS + 2] = a;
+                float c[3] = {1.0f, 1.0f, 0.0f}, d[3] = {1.0f, 1.0f, 0.0f};
+                c[0] = gpu_fp8_current_scale(a, top[k % 3], 0x1p-60f);
+                c[1] = 1.0f / c[0];
+                c[2] = a;
+                ck_assert_int_eq(gpu_cuda_fp8_current_host(d, a, top[k % 3], 0x1p-60f), 0);
+                ck_assert_msg(f2u(d[0]) == f2u(c[0]) && f2u(d[1]) == f2u(c[1]) &&
+                                  f2u(d[2]) == f2u(c[2]),
+                              "current scale of %a: %a on the device, %a on the CPU", (double)a,
+                              (double)d[0], (double)c[0]);
+            }
+            ck_assert_int_eq(gpu_cuda_fp8_delayed_host(dev, ROWS, LEN, mr, top), 0);
+            for (int k = 0; k < ROWS; k++)
+                gpu_fp8_delayed_update(cpu + k * COLS + 2, LEN,
+                                       mr ? GPU_FP8_AMAX_MOST_RECENT : GPU_FP8_AMAX_MAX,
+                                       top[k % 3], &cpu[k * COLS], &cpu[k * COLS + 1]);
+            for (int i = 0; i < ROWS * COLS; i++)
+                if (f2u(dev[i]) != f2u(cpu[i]))
+                    ck_abort_msg("delayed scaling (%s), step %d, row %d entry %d: %a on the "
+                                 "device, %a on the CPU", mr ? "most_recent" : "max", step,
+                                 i / COLS, i % COLS, (double)dev[i], (double)cpu[i]);
+        }
+    }
+}
+
 START_TEST(t_fp8)
 {
     char why[320];
@@ -1031,6 +1079,7 @@ START_TEST(t_fp8)
             worst = w > worst ? w : worst;
         }
     double adv = fp8_gemm_case(64, 64, 4096, GPU_E4M3, GPU_E4M3, GPU_FP32, true, 77);
+    fp8_scaling_case();
     printf("check_cuda_gemm: fp8 GEMMs against the CPU's exact model: largest difference %.3g "
            "x 2^-24 sum|ab| on random operands, %.3g on the adversarial ones (%s)\n",
            worst, adv, emulated() ? "the emulator: 0 expected" : "this GPU");

@@ -35,6 +35,7 @@
 
 #include "gpu/cuda/cuda_blas.h"
 #include "gpu/cuda/cuda_common.cuh"
+#include "gpu/fp8_rule.h"
 
 /* ---- the library ------------------------------------------------------------------------- */
 
@@ -730,6 +731,8 @@ static __global__ void gpu_k_fp8_cast(uint8_t *dst, uint8_t *dst_t, const void *
         float x = load_as_f32(src, sdt, i);
         uint32_t a = __float_as_uint(x) & 0x7FFFFFFFu;
         most = a <= 0x7F800000u && a > most ? a : most; /* a NaN is skipped */
+        if (!dst)
+            continue;
         uint8_t c = gpu_fmt_f32_to_fp8(__float_as_uint(x * s), e5m2, 1);
         dst[i] = c;
         if (dst_t)
@@ -745,7 +748,8 @@ extern "C" int gpu_cuda_fp8_cast(cudaStream_t stream, uint8_t *dst, uint8_t *dst
 {
     size_t n = (size_t)rows * (size_t)cols;
     if (rows < 0 || cols < 0 || (sdt != GPU_FP32 && sdt != GPU_FP16 && sdt != GPU_BF16) ||
-        (f != GPU_E4M3 && f != GPU_E5M2) || (n > 0 && (dst == NULL || src == NULL || scale == NULL)))
+        (f != GPU_E4M3 && f != GPU_E5M2) || (n > 0 && (src == NULL || scale == NULL)) ||
+        (n > 0 && dst == NULL && (dst_t != NULL || amax == NULL)))
         return bad("fp8 cast: bad arguments (rows %d, cols %d)", rows, cols);
     if (n == 0)
         return 0;
@@ -755,6 +759,58 @@ extern "C" int gpu_cuda_fp8_cast(cudaStream_t stream, uint8_t *dst, uint8_t *dst
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) {
         gpu_log(GPU_LOG_ERROR, "gpu_cuda_fp8_cast", "launch: %s", cudaGetErrorString(e));
+        return GPU_ECUDA;
+    }
+    return 0;
+}
+
+static __global__ void gpu_k_fp8_current(float *row, const float *amax, float scaled_max,
+                                         float epsilon)
+{
+    float a = *amax;
+    row[0] = gpu_fp8r_current_scale(a, scaled_max, epsilon);
+    row[1] = 1.0f / row[0];
+    row[2] = a;
+}
+
+extern "C" int gpu_cuda_fp8_current(cudaStream_t stream, float *row, const float *amax,
+                                    float scaled_max, float epsilon)
+{
+    if (row == NULL || amax == NULL)
+        return bad("fp8 current scaling: no row or amax");
+    gpu_k_fp8_current<<<1, 1, 0, stream>>>(row, amax, scaled_max, epsilon);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) {
+        gpu_log(GPU_LOG_ERROR, "gpu_cuda_fp8_current", "launch: %s", cudaGetErrorString(e));
+        return GPU_ECUDA;
+    }
+    return 0;
+}
+
+static __global__ void gpu_k_fp8_delayed(float *state, int nrows, int len, int most_recent,
+                                         float top0, float top1, float top2)
+{
+    int r = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (r >= nrows)
+        return;
+    float *w = state + (size_t)r * (size_t)(2 + len);
+    float top = r % 3 == 0 ? top0 : r % 3 == 1 ? top1 : top2;
+    gpu_fp8r_delayed_update(w + 2, len, most_recent, top, &w[0], &w[1]);
+}
+
+extern "C" int gpu_cuda_fp8_delayed(cudaStream_t stream, float *state, int nrows, int len,
+                                    bool most_recent, const float scaled_max[3])
+{
+    if (nrows < 0 || len < 1 || (nrows > 0 && (state == NULL || scaled_max == NULL)))
+        return bad("fp8 delayed scaling: bad arguments (rows %d, history %d)", nrows, len);
+    if (nrows == 0)
+        return 0;
+    unsigned threads = 128, blocks = (unsigned)((nrows + 127) / 128);
+    gpu_k_fp8_delayed<<<blocks, threads, 0, stream>>>(state, nrows, len, most_recent ? 1 : 0,
+                                                       scaled_max[0], scaled_max[1], scaled_max[2]);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) {
+        gpu_log(GPU_LOG_ERROR, "gpu_cuda_fp8_delayed", "launch: %s", cudaGetErrorString(e));
         return GPU_ECUDA;
     }
     return 0;

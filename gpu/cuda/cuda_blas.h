@@ -120,7 +120,8 @@ int gpu_cuda_mm8_check(const gpu_cuda_mm8 *p, bool device);
 bool gpu_cuda_has_fp8(char *why, size_t whylen);
 
 /* Enqueue the cast of rows x cols values of sdt (row-major) to fp8: dst[i] = fp8(src[i] x
- * *scale) saturating, bit for bit gpu_fp8_cast's codes; with dst_t (may be NULL) the same
+ * *scale) saturating, bit for bit gpu_fp8_cast's codes (dst NULL: only the amax, current
+ * scaling's first pass); with dst_t (may be NULL) the same
  * codes transposed (cols x rows), for a GEMM that needs the other layout; with amax (may be
  * NULL; its old value >= 0) raised to the largest |src[i]|, NaNs skipped as fmaxf skips them.
  * scale and amax are device pointers. GPU_EINVAL for bad arguments, GPU_ECUDA for a failed
@@ -128,6 +129,16 @@ bool gpu_cuda_has_fp8(char *why, size_t whylen);
 int gpu_cuda_fp8_cast(cudaStream_t stream, uint8_t *dst, uint8_t *dst_t, const void *src,
                       gpu_dtype sdt, int rows, int cols, gpu_fp8_format f, const float *scale,
                       float *amax);
+/* The scaling rules of gpu/fp8_rule.h on the device, on rows laid out as the CPU's scaling
+ * state (gpu/fp8.h: scale, scale_inv, then len history entries, the staging slot first):
+ * current scaling sets row[0..2] = scale, scale_inv, amax from *amax (device); delayed
+ * scaling updates `nrows` rows, row r with scaled_max[r % 3] (the input's, the weight's, the
+ * output gradient's). One thread per row. GPU_EINVAL for bad arguments, GPU_ECUDA for a
+ * failed launch. */
+int gpu_cuda_fp8_current(cudaStream_t stream, float *row, const float *amax, float scaled_max,
+                         float epsilon);
+int gpu_cuda_fp8_delayed(cudaStream_t stream, float *state, int nrows, int len, bool most_recent,
+                         const float scaled_max[3]);
 
 /* ---- argument helpers (no device needed; the host wrappers of the tests use them) ------- */
 

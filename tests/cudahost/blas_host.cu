@@ -300,14 +300,15 @@ extern "C" int gpu_cuda_fp8_cast_host(uint8_t *dst, uint8_t *dst_t, const void *
 
     if (rc != 0)
         return rc;
-    if (rows < 0 || cols < 0 || (n > 0 && (dst == NULL || src == NULL)))
+    if (rows < 0 || cols < 0 || (n > 0 && (src == NULL || (dst == NULL && amax == NULL))))
         return GPU_EINVAL;
     if (n == 0)
         return 0;
     if ((rc = upload_bytes(&d_src, src, n * gpu_dtype_size(sdt))) != 0 ||
         (rc = upload_bytes(&d_f, f2, sizeof(f2))) != 0)
         goto fail;
-    GPU_CUDA_TRY(cudaMalloc(&d_dst, n));
+    if (dst)
+        GPU_CUDA_TRY(cudaMalloc(&d_dst, n));
     if (dst_t)
         GPU_CUDA_TRY(cudaMalloc(&d_t, n));
     rc = gpu_cuda_fp8_cast(0, (uint8_t *)d_dst, (uint8_t *)d_t, d_src, sdt, rows, cols, f,
@@ -315,7 +316,8 @@ extern "C" int gpu_cuda_fp8_cast_host(uint8_t *dst, uint8_t *dst_t, const void *
     if (rc != 0)
         goto fail;
     GPU_CUDA_TRY(cudaDeviceSynchronize());
-    GPU_CUDA_TRY(cudaMemcpy(dst, d_dst, n, cudaMemcpyDeviceToHost));
+    if (dst)
+        GPU_CUDA_TRY(cudaMemcpy(dst, d_dst, n, cudaMemcpyDeviceToHost));
     if (dst_t)
         GPU_CUDA_TRY(cudaMemcpy(dst_t, d_t, n, cudaMemcpyDeviceToHost));
     if (amax)
@@ -325,5 +327,43 @@ fail:
     cudaFree(d_t);
     cudaFree(d_dst);
     cudaFree(d_src);
+    return rc;
+}
+
+extern "C" int gpu_cuda_fp8_delayed_host(float *state, int nrows, int len, bool most_recent,
+                                         const float scaled_max[3])
+{
+    int rc = gpu_cuda_ready();
+    void *d = NULL;
+    size_t bytes = (size_t)(nrows > 0 ? nrows : 0) * (size_t)(2 + (len > 0 ? len : 0)) * 4;
+    if (rc != 0)
+        return rc;
+    if ((rc = upload_bytes(&d, state, bytes)) != 0)
+        goto fail;
+    if ((rc = gpu_cuda_fp8_delayed(0, (float *)d, nrows, len, most_recent, scaled_max)) != 0)
+        goto fail;
+    GPU_CUDA_TRY(cudaDeviceSynchronize());
+    if (bytes)
+        GPU_CUDA_TRY(cudaMemcpy(state, d, bytes, cudaMemcpyDeviceToHost));
+fail:
+    cudaFree(d);
+    return rc;
+}
+
+extern "C" int gpu_cuda_fp8_current_host(float *row, float amax, float scaled_max, float epsilon)
+{
+    int rc = gpu_cuda_ready();
+    void *d = NULL;
+    float buf[4] = {row[0], row[1], row[2], amax};
+    if (rc != 0)
+        return rc;
+    if ((rc = upload_bytes(&d, buf, sizeof(buf))) != 0)
+        goto fail;
+    if ((rc = gpu_cuda_fp8_current(0, (float *)d, (const float *)d + 3, scaled_max, epsilon)) != 0)
+        goto fail;
+    GPU_CUDA_TRY(cudaDeviceSynchronize());
+    GPU_CUDA_TRY(cudaMemcpy(row, d, 3 * sizeof(float), cudaMemcpyDeviceToHost));
+fail:
+    cudaFree(d);
     return rc;
 }

@@ -61,6 +61,11 @@ int gpu_cuda_mm8_host(const gpu_cuda_mm8 *p, float a_scale_inv, float b_scale_in
  * dst_t, may be NULL) host arrays of codes, scale a value; *amax (may be NULL) in and out. */
 int gpu_cuda_fp8_cast_host(uint8_t *dst, uint8_t *dst_t, const void *src, gpu_dtype sdt,
                            int rows, int cols, gpu_fp8_format f, float scale, float *amax);
+/* gpu_cuda_fp8_delayed() on a host copy of the scaling state (nrows rows of 2 + len floats,
+ * updated in place), and gpu_cuda_fp8_current() on one row (2 + 1 floats) from amax. */
+int gpu_cuda_fp8_delayed_host(float *state, int nrows, int len, bool most_recent,
+                              const float scaled_max[3]);
+int gpu_cuda_fp8_current_host(float *row, float amax, float scaled_max, float epsilon);
 
 /* ---- the ops (ops_host.cu, gpu/cuda/cuda_ops.h) ---------------------------------------
  *
