@@ -589,16 +589,18 @@ static int pick_device(gpu_trainer *t, char *err, size_t errlen)
 
     if (strcmp(s, "cpu") == 0)
         return 0;
-    if (t->cfg.fp8.on) {
-        /* the device twin has no fp8 GEMMs yet */
+    const char *no_fp8 = !t->cfg.fp8.on                ? NULL
+                         : t->cfg.model.type == GPU_MODEL_GPT ? "the CUDA GPT has no fp8 linears yet"
+                         : t->cfg.dist.world_size > 1 ? "fp8 on CUDA runs one rank so far"
+                                                       : NULL;
+    if (no_fp8) {
         if (strcmp(s, "auto") == 0) {
             if (gpu_cuda_probe(NULL, 0) == 0)
-                snprintf(t->device_text, sizeof(t->device_text),
-                         "cpu (fp8: the CUDA backend has no fp8 GEMMs yet)");
+                snprintf(t->device_text, sizeof(t->device_text), "cpu (fp8: %s)", no_fp8);
             return 0;
         }
-        snprintf(err, errlen, "device \"%s\": fp8 jobs run on the CPU so far (\"cpu\" or "
-                 "\"auto\"); the CUDA backend has no fp8 GEMMs yet", s);
+        snprintf(err, errlen, "device \"%s\": %s (\"cpu\" or \"auto\" trains on the CPU)", s,
+                 no_fp8);
         return GPU_EINVAL;
     }
     if (t->cfg.grad_accum_steps > 1) {
@@ -678,6 +680,12 @@ static int start_cuda(gpu_trainer *t, char *err, size_t errlen)
         .m = t->m,
         .v = t->v,
     };
+    if (t->fp8_state) {
+        h.fp8 = &t->cfg.fp8;
+        h.fp8_ngemm = fp8_gemms(t, &h.fp8_on);
+        h.fp8_len = t->fp8.len;
+        h.fp8_state = t->fp8_state;
+    }
     return gpu_cuda_twin_create(&h, t->cuda_index, &t->scaler, t->applied, t->lost_total,
                                 &t->cuda, &t->mem, err, errlen);
 }
@@ -1102,7 +1110,8 @@ static void layer_stats(gpu_trainer *t, bool updated)
 {
     int64_t lost[GPU_DIAG_MAX_LAYERS] = {0}, count[GPU_DIAG_MAX_LAYERS] = {0};
     gpu_diag_stats(t->diag, t->lstats);
-    fp8_layer_stats(t);
+    if (!t->cuda) /* the device does not count its casts yet */
+        fp8_layer_stats(t);
     if (!updated || t->master)
         return;
     for (int i = 0; i < t->ntensors; i++) {

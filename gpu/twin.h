@@ -34,6 +34,12 @@ typedef struct {
     float *master;               /* fp32 master (the params of an fp32 job), or NULL */
     void *work;                  /* the working copy in cfg->dtype (== master for fp32) */
     float *m, *v;                /* optimizer state (v NULL for SGD) */
+    /* an fp8 job (NULL otherwise): the recipe, the number of GEMMs, which run in fp8, the
+     * history length, and the host scaling state (gpu/fp8.h's rows; 3 ngemm x (2 + len)) */
+    const gpu_fp8_config *fp8;
+    int fp8_ngemm, fp8_len;
+    const bool *fp8_on;
+    float *fp8_state;
 } gpu_cuda_host;
 
 /* What one device step returns (read after the step's one synchronisation). */
@@ -88,7 +94,8 @@ int gpu_cuda_twin_step(gpu_cuda_twin *d, const void *x, const int *y, int B, dou
  * the argmax hits. Synchronous. */
 int gpu_cuda_twin_eval(gpu_cuda_twin *d, const void *x, const int *y, int B, double *loss_sum,
                        int *correct);
-/* Copy the device's master, working copy, m and v into the host blocks and, when grads is
+/* Copy the device's master, working copy, m and v (and an fp8 job's scaling state) into the
+ * host blocks and, when grads is
  * not NULL, the gradient block into grads (nparams floats). Synchronous. */
 int gpu_cuda_twin_download(gpu_cuda_twin *d, float *grads);
 /* Copy the host blocks to the device and rewrite the step state (a restored checkpoint).

@@ -34,7 +34,13 @@
  *     relative, the overflow and inf/NaN counts identical, the underflow fractions within
  *     0.02 (flushing near a threshold; the device skips mlp.c's starved-unit analysis);
  *   - a checkpoint taken from a device trainer and restored into a new one continues with
- *     the same losses (1e-9 relative) and weights (1e-6 of max |w|) as the original;
+ *     the same losses (1e-9 relative) and weights (1e-6 of max |w|) as the original (fp16,
+ *     and fp8 with its scaling rows);
+ *   - fp8 (an MLP of widths multiples of 16; delayed scaling with and without master
+ *     weights, current scaling): step by step as the 16-bit jobs, the fp8.scaling rows among
+ *     the blocks; a 10-class head is refused naming fc3 ("auto": the CPU, saying why), and
+ *     trains kept in bf16; an fp8 GPT is refused on "cuda" and trains on the CPU under
+ *     "auto";
  *   - one rank through NCCL (the all-reduce path of a data-parallel job on one device): hook
  *     none leaves every gradient and loss bit for bit as without it, fp16 and bf16 round each
  *     gradient to their type and change nothing else, 4 / 2 bytes per parameter;
@@ -242,8 +248,9 @@ static int tensor_layout(const state_view *s, size_t *off, size_t *cnt, const ch
     const uint8_t *base = s->v[0].data;
     for (int i = 0; i < s->n; i++) {
         const gpu_state_tensor *e = &s->v[i];
-        if (strncmp(e->name, "optim.", 6) == 0 || strcmp(e->dtype, "I32") == 0)
-            continue;
+        if (strncmp(e->name, "optim.", 6) == 0 || strncmp(e->name, "fp8.", 4) == 0 ||
+            strcmp(e->dtype, "I32") == 0)
+            continue; /* not parameters: the optimizer's, fp8's scaling, the data order */
         size_t es = e->bytes / s->count[i];
         off[k] = (size_t)((const uint8_t *)e->data - base) / es;
         cnt[k] = s->count[i];
@@ -309,7 +316,8 @@ static void check_memory(const gpu_job_config *c, gpu_trainer *tg, const gpu_ste
     ck_assert_int_gt(g->activations, 0);
     ck_assert_int_ge(g->workspace, (int64_t)32 << 20);
     ck_assert_int_eq(g->total, g->weights + g->master + g->grads + g->optimizer +
-                                   g->activations + g->workspace);
+                                   g->activations + g->workspace + g->fp8);
+    ck_assert(c->fp8.on ? g->fp8 > 0 : g->fp8 == 0);
     ck_assert_int_eq(m->peak.total, g->total);
     ck_assert_msg(strncmp(gpu_trainer_device(tg), "cuda:", 5) == 0, "device %s",
                   gpu_trainer_device(tg));
@@ -497,6 +505,65 @@ START_TEST(t_mlp_bf16)
 }
 END_TEST
 
+/* fp8 (docs/fp8.md): an MLP whose dimensions are multiples of 16, delayed scaling (master
+ * weights on and off) and current scaling, step by step against the CPU's fp8 trainer,
+ * the fp8.scaling state included among the blocks compared; an fp8 GPT on "cuda" is refused
+ * and "auto" takes the CPU, saying why; a layer whose width is not a multiple of 16 is refused
+ * naming it. */
+static void fp8_mlp_job(gpu_job_config *c, bool master, gpu_fp8_recipe recipe)
+{
+    mlp_job(c, GPU_BF16, master, GPU_ACT_RELU);
+    c->model.layers[3] = 16;
+    c->data.synth_classes = 16;
+    c->fp8.on = true;
+    c->fp8.recipe = recipe;
+    c->fp8.amax_history_len = 8;
+}
+
+START_TEST(t_mlp_fp8)
+{
+    gpu_job_config c;
+    gpu_trainer *t;
+    char err[512];
+    if (!have_device())
+        return;
+    for (int master = 1; master >= 0; master--) {
+        fp8_mlp_job(&c, master, GPU_FP8_DELAYED);
+        compare_job(&c, 4, &B16);
+    }
+    fp8_mlp_job(&c, true, GPU_FP8_CURRENT);
+    compare_job(&c, 3, &B16);
+    fp8_mlp_job(&c, true, GPU_FP8_DELAYED);
+    c.model.layers[3] = 10; /* the 10-class head: not a multiple of 16 */
+    c.data.synth_classes = 10;
+    snprintf(c.device, sizeof(c.device), "cuda");
+    ck_assert_int_eq(gpu_trainer_create(&c, &t, err, sizeof(err)), GPU_ENODEV);
+    ck_assert_msg(strstr(err, "fc3") && strstr(err, "16"), "%s", err);
+    snprintf(c.device, sizeof(c.device), "auto"); /* the CPU runs it, and says why */
+    ck_assert_int_eq(gpu_trainer_create(&c, &t, err, sizeof(err)), 0);
+    ck_assert_msg(strstr(gpu_trainer_device(t), "cpu (CUDA unusable") &&
+                      strstr(gpu_trainer_device(t), "fc3"),
+                  "%s", gpu_trainer_device(t));
+    gpu_trainer_free(t);
+    snprintf(c.device, sizeof(c.device), "cuda");
+    c.fp8.nkeep = 1; /* kept in bf16, it trains there */
+    snprintf(c.fp8.keep[0], sizeof(c.fp8.keep[0]), "fc3");
+    ck_assert_int_eq(gpu_trainer_create(&c, &t, err, sizeof(err)), 0);
+    ck_assert(strncmp(gpu_trainer_device(t), "cuda:", 5) == 0);
+    gpu_trainer_free(t);
+    gpt_job(&c, GPU_BF16, true);
+    c.fp8.on = true;
+    snprintf(c.device, sizeof(c.device), "cuda");
+    ck_assert_int_eq(gpu_trainer_create(&c, &t, err, sizeof(err)), GPU_EINVAL);
+    ck_assert_msg(strstr(err, "GPT has no fp8"), "%s", err);
+    snprintf(c.device, sizeof(c.device), "auto");
+    ck_assert_int_eq(gpu_trainer_create(&c, &t, err, sizeof(err)), 0);
+    ck_assert_msg(strstr(gpu_trainer_device(t), "cpu (fp8: the CUDA GPT"), "%s",
+                  gpu_trainer_device(t));
+    gpu_trainer_free(t);
+}
+END_TEST
+
 START_TEST(t_mlp_adamw)
 {
     gpu_job_config c;
@@ -652,16 +719,14 @@ START_TEST(t_diag)
 }
 END_TEST
 
-START_TEST(t_checkpoint)
+/* A checkpoint of c taken from a device trainer after 3 steps and restored into a new one
+ * continues with the original's losses and state. */
+static void checkpoint_case(const gpu_job_config *cj)
 {
-    gpu_job_config c;
+    gpu_job_config c = *cj;
     gpu_step_metrics ma, mb;
     gpu_state_scalars sc;
     state_view sa, sb, ra, rb;
-    if (!have_device())
-        return;
-    mlp_job(&c, GPU_FP16, true, GPU_ACT_RELU);
-    gpu_optim_defaults(&c.optim);
     gpu_trainer *a = make(&c, "cuda"), *b = make(&c, "cuda");
     for (int s = 0; s < 3; s++)
         ck_assert_int_eq(gpu_trainer_step(a, &ma, NULL, 0), 0);
@@ -692,6 +757,19 @@ START_TEST(t_checkpoint)
     state_put(&rb);
     gpu_trainer_free(a);
     gpu_trainer_free(b);
+}
+
+START_TEST(t_checkpoint)
+{
+    gpu_job_config c;
+    if (!have_device())
+        return;
+    mlp_job(&c, GPU_FP16, true, GPU_ACT_RELU);
+    gpu_optim_defaults(&c.optim);
+    checkpoint_case(&c);
+    /* fp8: the scaling rows travel with the checkpoint (downloaded, then uploaded) */
+    fp8_mlp_job(&c, true, GPU_FP8_DELAYED);
+    checkpoint_case(&c);
 }
 END_TEST
 
@@ -799,6 +877,7 @@ static Suite *cuda_train_suite(void)
     tcase_add_test(tc, t_mlp_fp32);
     tcase_add_test(tc, t_mlp_fp16);
     tcase_add_test(tc, t_mlp_bf16);
+    tcase_add_test(tc, t_mlp_fp8);
     tcase_add_test(tc, t_mlp_adamw);
     tcase_add_test(tc, t_mlp_fp32_linear);
     tcase_add_test(tc, t_gpt);

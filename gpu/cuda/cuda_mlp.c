@@ -36,6 +36,7 @@
  * (every region grows with B, so blocks planned for max_batch hold any B <= max_batch).
  * Threads: everything is enqueued on c->stream; nothing synchronises the host.
  */
+#include <stdio.h>
 #include <string.h>
 
 #include "gpu/cuda/cuda_model.h"
@@ -116,6 +117,60 @@ static void ws_layout(const gpu_mlp *m, int B, mlp_ws *w)
     w->bytes = off;
 }
 
+/* Byte offsets in the fp8 block for B rows: per fp8 linear l its input x8[l] (B x in) and
+ * its transpose, its weight w8[l] (out x in) and its transpose; the output gradient of the
+ * linear in backward (B x max width) and its transpose, shared. */
+typedef struct {
+    size_t x8[GPU_MAX_LAYERS], x8t[GPU_MAX_LAYERS], w8[GPU_MAX_LAYERS], w8t[GPU_MAX_LAYERS];
+    size_t g8, g8t, bytes;
+} mlp_fp8;
+
+static void fp8_layout(const gpu_mlp *m, const bool *on, int B, mlp_fp8 *f)
+{
+    size_t off = 0, rows = (size_t)B, maxw = (size_t)max_width(m);
+    for (int l = 0; l < m->nlin; l++) {
+        size_t in = (size_t)m->width[l], out = (size_t)m->width[l + 1];
+        if (!on[l])
+            continue;
+        f->x8[l] = off;
+        off = gpu_align256(off + rows * in);
+        f->x8t[l] = off;
+        off = gpu_align256(off + rows * in);
+        f->w8[l] = off;
+        off = gpu_align256(off + out * in);
+        f->w8t[l] = off;
+        off = gpu_align256(off + out * in);
+    }
+    f->g8 = off;
+    off = gpu_align256(off + rows * maxw);
+    f->g8t = off;
+    off = gpu_align256(off + rows * maxw);
+    f->bytes = off;
+}
+
+/* See cuda_model.h. */
+int gpu_cuda_mlp_fp8_plan(const gpu_mlp *m, const bool *on, int max_batch, size_t *bytes,
+                          char *err, size_t errlen)
+{
+    mlp_fp8 f;
+    if (max_batch % 16) {
+        snprintf(err, errlen, "batch_size: fp8 on CUDA multiplies the batch's rows in the weight "
+                 "gradients' GEMMs, so each rank's %d rows must be a multiple of 16", max_batch);
+        return GPU_EINVAL;
+    }
+    for (int l = 0; l < m->nlin; l++)
+        if (on[l] && (m->width[l] % 16 || m->width[l + 1] % 16)) {
+            snprintf(err, errlen,
+                     "precision.fp8.keep: fc%d is %d x %d, and fp8 GEMMs on CUDA need both "
+                     "a multiple of 16: keep fc%d in bf16", l + 1, m->width[l + 1], m->width[l],
+                     l + 1);
+            return GPU_EINVAL;
+        }
+    fp8_layout(m, on, max_batch, &f);
+    *bytes = f.bytes;
+    return 0;
+}
+
 /* Plan the device blocks; see cuda_model.h. */
 int gpu_cuda_mlp_plan(const gpu_mlp *m, int max_batch, size_t *acts_bytes, size_t *ws_bytes)
 {
@@ -138,6 +193,7 @@ typedef struct {
     int B;
     mlp_acts a;
     mlp_ws w;
+    mlp_fp8 f;        /* an fp8 job's */
     uint8_t *acts, *ws;
     const float *zero;
 } mlp_pass;
@@ -155,6 +211,8 @@ static int pass_init(mlp_pass *p, const gpu_mlp *m, const gpu_cuda_model_ctx *c,
     ws_layout(m, B, &p->w);
     p->acts = c->acts;
     p->ws = c->ws;
+    if (c->fp8)
+        fp8_layout(m, c->fp8_on, B, &p->f);
     p->zero = (const float *)(const void *)(p->ws + p->w.zero);
     return gpu_cuda_c_check(cudaMemsetAsync(p->ws + p->w.zero, 0,
                                             (size_t)max_width(m) * sizeof(float), c->stream),
@@ -233,6 +291,77 @@ static int gemm(const mlp_pass *p, bool ta, bool tb, int M, int N, int K, const 
     return gpu_cuda_matmul(p->c->blas, p->c->stream, &mm);
 }
 
+/* ---- fp8 ------------------------------------------------------------------------------------ */
+
+static bool is_fp8(const mlp_pass *p, int l)
+{
+    return p->c->fp8 != NULL && p->c->fp8_on[l];
+}
+
+/* The scaling row of linear l's operand r (0 input, 1 weight, 2 output gradient). */
+static float *fp8_row(const mlp_pass *p, int l, int r)
+{
+    return p->c->fp8_state + (size_t)(3 * l + r) * (size_t)(2 + p->c->fp8_len);
+}
+
+/* Cast rows x cols values of dt at src to fp8 (and transposed) with linear l's operand r's
+ * scale, as gpu/fp8_state.c casts on the CPU: current scaling measures the tensor and sets
+ * the row first; delayed scaling records the amax in the staging slot while training. */
+static int fp8_cast(const mlp_pass *p, int l, int r, const void *src, gpu_dtype dt, int rows,
+                    int cols, uint8_t *dst, uint8_t *dst_t)
+{
+    const gpu_cuda_model_ctx *c = p->c;
+    const gpu_fp8_config *f = c->fp8;
+    gpu_fp8_format fmt = gpu_fp8_role_format(f, r);
+    float *row = fp8_row(p, l, r);
+    cudaStream_t s = c->stream;
+    if (f->recipe == GPU_FP8_CURRENT) {
+        GPU_TRY(gpu_cuda_c_check(cudaMemsetAsync(row + 2, 0, sizeof(float), s), "fp8 amax"));
+        GPU_TRY(gpu_cuda_fp8_cast(s, NULL, NULL, src, dt, rows, cols, fmt, row, row + 2));
+        GPU_TRY(gpu_cuda_fp8_current(s, row, row + 2, gpu_fp8_max(fmt), f->amax_epsilon));
+        return gpu_cuda_fp8_cast(s, dst, dst_t, src, dt, rows, cols, fmt, row, NULL);
+    }
+    return gpu_cuda_fp8_cast(s, dst, dst_t, src, dt, rows, cols, fmt, row,
+                             c->fp8_record ? row + 2 : NULL);
+}
+
+/* C[M x N] (fp32) = (A B^T) x scale_invs, fp8 A (M x K) and B (N x K). */
+static int fp8_gemm(const mlp_pass *p, int M, int N, int K, const uint8_t *A, int l, int ra,
+                    const uint8_t *B, int rb, float *C)
+{
+    const gpu_fp8_config *f = p->c->fp8;
+    gpu_cuda_mm8 mm = {.M = M, .N = N, .K = K, .A = A, .af = gpu_fp8_role_format(f, ra),
+                       .lda = K, .B = B, .bf = gpu_fp8_role_format(f, rb), .ldb = K,
+                       .a_scale_inv = fp8_row(p, l, ra) + 1, .b_scale_inv = fp8_row(p, l, rb) + 1,
+                       .C = C, .cdt = GPU_FP32, .ldc = N};
+    return gpu_cuda_matmul_fp8(p->c->blas, p->c->stream, &mm);
+}
+
+/* Linear l's forward GEMM in fp8: its input and its weight (the fp32 master when there is
+ * one) cast with their transposes kept for backward, o = x W^T. */
+static int fp8_fwd(const mlp_pass *p, int l, float *o)
+{
+    const gpu_mlp *m = p->m;
+    const gpu_cuda_model_ctx *c = p->c;
+    uint8_t *b = c->fp8_block;
+    int B = p->B, in = m->width[l], out = m->width[l + 1];
+    const void *W = c->master ? (const void *)(c->master + m->w_off[l])
+                              : (const uint8_t *)c->work + m->w_off[l] * gpu_dtype_size(c->wdt);
+    GPU_TRY(fp8_cast(p, l, 0, p->acts + p->a.x[l], m->lin_dt, B, in, b + p->f.x8[l],
+                     b + p->f.x8t[l]));
+    GPU_TRY(fp8_cast(p, l, 1, W, c->master ? GPU_FP32 : c->wdt, out, in, b + p->f.w8[l],
+                     b + p->f.w8t[l]));
+    return fp8_gemm(p, B, out, in, b + p->f.x8[l], l, 0, b + p->f.w8[l], 1, o);
+}
+
+/* Linear l's output gradient dz (B x out, lin_dt) cast to fp8 with its transpose. */
+static int fp8_grad(const mlp_pass *p, int l, const void *dz)
+{
+    uint8_t *b = p->c->fp8_block;
+    return fp8_cast(p, l, 2, dz, p->m->lin_dt, p->B, p->m->width[l + 1], b + p->f.g8,
+                    b + p->f.g8t);
+}
+
 /* Linear l forward and its epilogue (bias, rounding, saved z, activation). */
 static int linear_fwd(const mlp_pass *p, int l)
 {
@@ -244,8 +373,13 @@ static int linear_fwd(const mlp_pass *p, int l)
     const void *W, *bias;
     gpu_dtype bdt;
 
-    GPU_TRY(weight(p, l, &W));
-    GPU_TRY(gemm(p, false, true, B, out, in, p->acts + p->a.x[l], in, W, in, m->lin_dt, o, out));
+    if (is_fp8(p, l)) {
+        GPU_TRY(fp8_fwd(p, l, o));
+    } else {
+        GPU_TRY(weight(p, l, &W));
+        GPU_TRY(gemm(p, false, true, B, out, in, p->acts + p->a.x[l], in, W, in, m->lin_dt, o,
+                     out));
+    }
     bias = param(p, m->b_off[l], &bdt);
     if (p->c->diag != NULL) { /* the fp32 outputs before rounding, as mlp.c accounts them */
         GPU_TRY(gpu_cuda_bias_add_launch(o, GPU_FP32, bias, bdt, B, out, GPU_FP32, o, GPU_FP32, s));
@@ -298,7 +432,14 @@ static int param_grads(const mlp_pass *p, int l, const void *dz)
     float *gw = c->grads + m->w_off[l], *gb = c->grads + m->b_off[l];
     bool lowp = m->lin_dt != GPU_FP32, on = c->diag != NULL;
 
-    GPU_TRY(gemm(p, true, false, out, in, B, dz, out, p->acts + p->a.x[l], in, m->lin_dt, gw, in));
+    if (is_fp8(p, l)) { /* dW = dz^T x on the transposed copies (TN) */
+        uint8_t *b = c->fp8_block;
+        GPU_TRY(fp8_grad(p, l, dz));
+        GPU_TRY(fp8_gemm(p, out, in, B, b + p->f.g8t, l, 2, b + p->f.x8t[l], 0, gw));
+    } else {
+        GPU_TRY(gemm(p, true, false, out, in, B, dz, out, p->acts + p->a.x[l], in, m->lin_dt, gw,
+                     in));
+    }
     if (on) {
         const float *dz32 = dz;
         if (lowp) {
@@ -332,8 +473,13 @@ static int input_grad(const mlp_pass *p, int l, const void *dz, void *dx)
     float *d32 = lowp ? (float *)(void *)(p->ws + p->w.f32) : dx;
     const void *W, *saved;
 
-    GPU_TRY(weight(p, l, &W));
-    GPU_TRY(gemm(p, false, false, B, in, out, dz, out, W, in, m->lin_dt, d32, in));
+    if (is_fp8(p, l)) { /* dX = dz W: the gradient's fp8 copy (param_grads made it), W^T */
+        uint8_t *b = p->c->fp8_block;
+        GPU_TRY(fp8_gemm(p, B, in, out, b + p->f.g8, l, 2, b + p->f.w8t[l], 1, d32));
+    } else {
+        GPU_TRY(weight(p, l, &W));
+        GPU_TRY(gemm(p, false, false, B, in, out, dz, out, W, in, m->lin_dt, d32, in));
+    }
     GPU_TRY(diag(p, l, GPU_CUDA_DIAG_INPUT_GRAD, d32, n));
     if (lowp)
         GPU_TRY(cast(p, d32, GPU_FP32, B, in, m->lin_dt, dx, m->lin_dt));

@@ -65,12 +65,29 @@ typedef struct {
     gpu_cuda_prof *prof;   /* NULL: the step is not profiled */
     const gpu_grad_ready *ready; /* NULL: nobody; else told of each parameter gradient once
                                   * the kernels that write it are enqueued (as on the CPU) */
+    /* an fp8 job (fp8 NULL otherwise; docs/fp8.md): the scaling rows of gpu/fp8.h on the
+     * device, GEMM g's operand r at row 3 g + r of 2 + fp8_len floats; which GEMMs run in
+     * fp8 (host array); the fp8 operands' block (gpu_cuda_mlp_fp8_plan); whether casts
+     * record their amax (delayed scaling, training) */
+    const gpu_fp8_config *fp8;
+    float *fp8_state;
+    int fp8_len;
+    const bool *fp8_on;
+    uint8_t *fp8_block;
+    bool fp8_record;
 } gpu_cuda_model_ctx;
 
 /* ---- MLP (cuda_mlp.c) ---------------------------------------------------------------- */
 
 /* Bytes of the activation block and the workspace for up to max_batch rows of m. */
 int gpu_cuda_mlp_plan(const gpu_mlp *m, int max_batch, size_t *acts_bytes, size_t *ws_bytes);
+/* An fp8 MLP on the device (on[l]: linear l in fp8): the bytes of its fp8 operands' block
+ * for up to max_batch rows (each fp8 linear's input and weight and their transposes, the
+ * output gradient's and its transpose), 0 with the block's size in *bytes; GPU_EINVAL with
+ * the reason in err (naming the layer) when a dimension of an fp8 GEMM is not a multiple of
+ * 16, as cuBLASLt's fp8 kernels need. */
+int gpu_cuda_mlp_fp8_plan(const gpu_mlp *m, const bool *on, int max_batch, size_t *bytes,
+                          char *err, size_t errlen);
 /* Forward of B rows: x (device fp32, B x width[0]), y (device int, B); writes *loss_sum and
  * *correct (device) and saves what backward needs. */
 int gpu_cuda_mlp_forward(const gpu_mlp *m, const gpu_cuda_model_ctx *c, const float *x,

@@ -42,6 +42,7 @@
 #include "gpu/cuda/cuda_comm.h"
 #include "gpu/cuda/cuda_model.h"
 #include "gpu/cuda/cuda_util.h"
+#include "gpu/fp8.h"
 #include "gpu/twin.h"
 
 /* The next region of `bytes` at *off (256-byte aligned); returns its offset. */
@@ -81,6 +82,9 @@ struct gpu_cuda_twin {
     float *grads, *m, *v;
     void *acts, *ws, *batch, *small;
     size_t acts_bytes, ws_bytes, batch_bytes;
+    float *fp8_state;            /* an fp8 job's scaling rows, and its fp8 operands' block */
+    uint8_t *fp8_block;
+    size_t fp8_state_bytes, fp8_bytes;
     small_layout sl;
     void *x;                     /* in batch */
     int *y;
@@ -258,6 +262,21 @@ static int alloc_blocks(gpu_cuda_twin *d, char *err, size_t errlen)
     GPU_TRY(dev_alloc(d, &d->ws, d->ws_bytes, "workspace", err, errlen));
     GPU_TRY(dev_alloc(d, &d->batch, d->batch_bytes, "batch", err, errlen));
     GPU_TRY(dev_alloc(d, &d->small, d->sl.bytes, "step state", err, errlen));
+    if (h->fp8) {
+        char why[320];
+        if (!gpu_cuda_has_fp8(why, sizeof(why))) {
+            snprintf(err, errlen, "device \"%s\": %s", d->cfg.device, why);
+            return GPU_ENODEV;
+        }
+        d->fp8_state_bytes = (size_t)h->fp8_ngemm * 3 * (size_t)(2 + h->fp8_len) * sizeof(float);
+        if (gpu_cuda_mlp_fp8_plan(h->mlp, h->fp8_on, d->B, &d->fp8_bytes, why, sizeof(why))) {
+            snprintf(err, errlen, "device \"%s\": %s", d->cfg.device, why);
+            return GPU_ENODEV; /* this device cannot run the job ("auto": the CPU can) */
+        }
+        GPU_TRY(dev_alloc(d, (void **)&d->fp8_state, d->fp8_state_bytes, "fp8 scaling", err,
+                          errlen));
+        GPU_TRY(dev_alloc(d, (void **)&d->fp8_block, d->fp8_bytes, "fp8 operands", err, errlen));
+    }
     d->x = d->batch;
     d->y = AT(d->batch, gpu_align256(xbytes), int);
     pinned_bytes = d->sl.parts + d->batch_bytes;     /* the small block up to the partials */
@@ -322,6 +341,12 @@ int gpu_cuda_job_memory(const gpu_job_config *c, gpu_mem *out, char *err, size_t
         xsize = (size_t)m.width[0] * sizeof(float);
         ntensors = 2 * m.nlin;
     }
+    size_t fp8 = 0;
+    if (rc == 0 && c->fp8.on && !g) { /* the MLP's fp8 operands and scaling state */
+        char why[8];
+        if (gpu_cuda_mlp_fp8_plan(&m, m.fp8, gpu_rank_batch(c), &fp8, why, sizeof(why)) == 0)
+            fp8 += gpu_fp8_state_floats(&c->fp8, m.nlin) * sizeof(float);
+    }
     free(g);
     if (rc)
         return rc;
@@ -330,6 +355,8 @@ int gpu_cuda_job_memory(const gpu_job_config *c, gpu_mem *out, char *err, size_t
             c->optim.type == GPU_OPT_ADAMW, acts,
             ws + batch_bytes(gpu_rank_batch(c), xsize, rows) + sl.bytes +
                 comm_bytes(c, P, ntensors));
+    out->fp8 = (int64_t)fp8;
+    out->total += out->fp8;
     return 0;
 }
 
@@ -346,6 +373,8 @@ static int put_blocks(const gpu_cuda_twin *d)
     GPU_TRY(copy(d, d->m, h->m, P * sizeof(float), cudaMemcpyHostToDevice));
     if (d->v)
         GPU_TRY(copy(d, d->v, h->v, P * sizeof(float), cudaMemcpyHostToDevice));
+    if (d->fp8_state)
+        GPU_TRY(copy(d, d->fp8_state, h->fp8_state, d->fp8_state_bytes, cudaMemcpyHostToDevice));
     return 0;
 }
 
@@ -417,6 +446,8 @@ int gpu_cuda_twin_create(const gpu_cuda_host *h, int device, const gpu_scaler_st
     (void)cudaGetLastError();
     account(&d->mem, d->P, d->cfg.dtype, d->master != NULL, d->v != NULL, d->acts_bytes,
             d->ws_bytes + d->batch_bytes + d->sl.bytes);
+    d->mem.fp8 = (int64_t)(d->fp8_state_bytes + d->fp8_bytes);
+    d->mem.total += d->mem.fp8;
     *mem = d->mem;
     *out = d;
     return 0;
@@ -432,7 +463,7 @@ void gpu_cuda_twin_free(gpu_cuda_twin *d)
         (void)cudaStreamSynchronize(d->stream);
     }
     void *blocks[] = {d->work != d->master ? d->work : NULL, d->master, d->grads, d->m, d->v,
-                      d->acts, d->ws, d->batch, d->small};
+                      d->acts, d->ws, d->batch, d->small, d->fp8_state, d->fp8_block};
     for (size_t i = 0; i < sizeof(blocks) / sizeof(blocks[0]); i++)
         if (blocks[i] != NULL)
             (void)cudaFree(blocks[i]);
@@ -494,7 +525,29 @@ static gpu_cuda_model_ctx ctx_of(const gpu_cuda_twin *d, bool train, bool diag)
     c.correct = AT(d->small, d->sl.correct, int);
     c.diag = diag ? AT(d->small, d->sl.diag, gpu_cuda_diag) : NULL;
     c.ready = train && d->comm != NULL ? &d->ready : NULL;
+    if (d->fp8_state) {
+        c.fp8 = d->h.fp8;
+        c.fp8_state = d->fp8_state;
+        c.fp8_len = d->h.fp8_len;
+        c.fp8_on = d->h.fp8_on;
+        c.fp8_block = d->fp8_block;
+        c.fp8_record = train;
+    }
     return c;
+}
+
+/* After a training step's forward and backward: delayed scaling's update of every row, as
+ * train.c's fp8_sync does (one rank: nothing to reduce). */
+static int fp8_update(const gpu_cuda_twin *d)
+{
+    const gpu_fp8_config *f = d->h.fp8;
+    if (!d->fp8_state || f->recipe != GPU_FP8_DELAYED)
+        return 0;
+    const float top[3] = {gpu_fp8_scaled_max(gpu_fp8_role_format(f, 0), f->margin),
+                          gpu_fp8_scaled_max(gpu_fp8_role_format(f, 1), f->margin),
+                          gpu_fp8_scaled_max(gpu_fp8_role_format(f, 2), f->margin)};
+    return gpu_cuda_fp8_delayed(d->stream, d->fp8_state, 3 * d->h.fp8_ngemm, d->h.fp8_len,
+                                f->amax_algo == GPU_FP8_AMAX_MOST_RECENT, top);
 }
 
 /* Stage x and y (B samples) in pinned memory and enqueue their upload. */
@@ -658,6 +711,7 @@ int gpu_cuda_twin_step(gpu_cuda_twin *d, const void *x, const int *y, int B, dou
     if (d->comm != NULL)
         GPU_TRY(gpu_cuda_comm_begin(d->comm));
     GPU_TRY(backward(d, &c, B));
+    GPU_TRY(fp8_update(d));
     if (d->comm != NULL) /* the unscale waits for the last bucket */
         GPU_TRY(gpu_cuda_comm_finish(d->comm));
     GPU_TRY(tail(d, lr, c.prof));
@@ -711,6 +765,8 @@ int gpu_cuda_twin_download(gpu_cuda_twin *d, float *grads)
         GPU_TRY(copy(d, h->v, d->v, P * sizeof(float), cudaMemcpyDeviceToHost));
     if (grads != NULL)
         GPU_TRY(copy(d, grads, d->grads, P * sizeof(float), cudaMemcpyDeviceToHost));
+    if (d->fp8_state)
+        GPU_TRY(copy(d, h->fp8_state, d->fp8_state, d->fp8_state_bytes, cudaMemcpyDeviceToHost));
     return sync_stream(d);
 }
 
