@@ -20,6 +20,13 @@
  * Every gradient is rounded exactly where mlp.c rounds it; the fp32 gradient block uses the
  * CPU plan's offsets.
  *
+ * fp8 (c->fp8; docs/fp8.md): a linear that runs in fp8 casts its input and its weight (with
+ * the scaling rows of gpu/fp8.h on the device, through cuda_blas.h's kernels) into fp8 copies
+ * and their transposes, which the fp8 GEMMs take in the TN layout: o = x W^T forward; in
+ * backward the output gradient is cast with its transpose, dW = dz^T x and dX = dz W; the
+ * rest of the layer is the bf16 one. Every dimension is a multiple of 16
+ * (gpu_cuda_mlp_fp8_plan).
+ *
  * Casts and roundings that are not part of a kernel are bias adds of a row of zeros:
  * rd(v + 0, dt) = rd(v, dt) for every v except -0, which becomes +0 (the only bit that can
  * differ from the CPU's casts; no value, comparison or update depends on it).

@@ -26,6 +26,10 @@
  * the end: the only point where a step waits for the device. Its duration is measured with
  * two CUDA events (upload to snapshot).
  *
+ * An fp8 job (an MLP on one rank) adds two blocks, the scaling rows (uploaded with the others,
+ * downloaded into the host's for a checkpoint) and the fp8 operands; after backward,
+ * delayed scaling's update runs on the device. Its casts are not counted for the diagnostics.
+ *
  * Differences from the CPU trainer: a step that overflows without collecting diagnostics is
  * not run again to collect them (the device does not know about the overflow until the
  * step's end); train.c collects them on the next step instead. Eval synchronises once per
