@@ -50,7 +50,7 @@ typedef struct {
     store_member m[EXP_MAX_JOBS];   /* arm and seed; job_id once queued */
     json_t *specs[EXP_MAX_JOBS];    /* each member's spec (owned); NULL when grouping */
     const char *dtype[EXP_MAX_JOBS]; /* each spec's precision (gpu_job_dtype_name) and steps,
-                                     * as its validation read them */
+                                      * as its validation read them */
     int64_t steps[EXP_MAX_JOBS];
 } plan;
 
@@ -455,8 +455,8 @@ static int plan_submit(api_server *s, plan *p)
             rc = STORE_EIO;
             break;
         }
-        rc = s->jobs->submit(s->jobs->ctx, name, p->dtype[i], p->steps[i], text,
-                             NULL, &p->m[i].job_id, &existed);
+        rc = s->jobs->submit(s->jobs->ctx, name, p->dtype[i], p->steps[i], text, NULL,
+                             &p->m[i].job_id, &existed);
         free(text);
     }
     if (rc)

@@ -698,8 +698,7 @@ static int parse_fp8_keep(ctx *c, json_t *a, gpu_fp8_config *f)
 /* The first of a recipe's fields present in o that the other recipe does not take. */
 static const char *other_recipes_field(json_t *o, gpu_fp8_recipe r)
 {
-    static const char *const delayed[] = {"margin", "amax_history_len", "amax_compute_algo",
-                                          NULL};
+    static const char *const delayed[] = {"margin", "amax_history_len", "amax_compute_algo", NULL};
     static const char *const current[] = {"amax_epsilon", NULL};
     const char *const *wrong = r == GPU_FP8_DELAYED ? current : delayed;
     for (int i = 0; wrong[i]; i++)
@@ -711,9 +710,9 @@ static const char *other_recipes_field(json_t *o, gpu_fp8_recipe r)
 /* precision.fp8 (docs/fp8.md): the recipe and its fields. */
 static int parse_fp8(ctx *c, json_t *o, gpu_fp8_config *f)
 {
-    static const char *const keys[] = {"recipe",       "format", "margin",   "amax_history_len",
-                                       "amax_compute_algo", "amax_epsilon", "accumulator",
-                                       "keep",         NULL};
+    static const char *const keys[] = {
+        "recipe",      "format", "margin", "amax_history_len", "amax_compute_algo", "amax_epsilon",
+        "accumulator", "keep",   NULL};
     static const char *const recipes[] = {"delayed", "current", NULL};
     static const char *const formats[] = {"hybrid", "e4m3", NULL};
     static const char *const algos[] = {"max", "most_recent", NULL};
@@ -722,7 +721,8 @@ static int parse_fp8(ctx *c, json_t *o, gpu_fp8_config *f)
     char field[64];
     json_t *v;
 
-    if ((rc = want_object(c, o, "precision.fp8")) || (rc = only_keys(c, o, "precision.fp8", keys)) ||
+    if ((rc = want_object(c, o, "precision.fp8")) ||
+        (rc = only_keys(c, o, "precision.fp8", keys)) ||
         (rc = get_choice(c, o, "recipe", "precision.fp8.recipe", recipes, &recipe)) ||
         (rc = get_choice(c, o, "format", "precision.fp8.format", formats, &format)) ||
         (rc = get_choice(c, o, "amax_compute_algo", "precision.fp8.amax_compute_algo", algos,
@@ -750,8 +750,8 @@ static int parse_fp8(ctx *c, json_t *o, gpu_fp8_config *f)
 
 static int parse_precision(ctx *c, json_t *p, gpu_job_config *jc)
 {
-    static const char *const keys[] = {"dtype",    "master_weights", "loss_scale",
-                                       "autocast", "fp8",            NULL};
+    static const char *const keys[] = {"dtype", "master_weights", "loss_scale", "autocast", "fp8",
+                                       NULL};
     static const char *const dtypes[] = {"fp32", "fp16", "bf16", "fp8", NULL};
     int dt = jc->fp8.on ? 3 : (int)jc->dtype, rc;
     json_t *v;
@@ -1408,11 +1408,11 @@ static json_t *fp8_to_json(const gpu_fp8_config *f)
 {
     static const char *const algos[] = {"max", "most_recent"};
     json_t *keep = json_array();
-    json_t *o = json_pack("{s:s, s:s, s:{s:i, s:i}, s:o}", "recipe",
-                          f->recipe == GPU_FP8_DELAYED ? "delayed" : "current", "format",
-                          f->format == GPU_FP8_HYBRID ? "hybrid" : "e4m3", "accumulator",
-                          "mantissa_bits", f->acc.bits, "promote_every", f->acc.promote, "keep",
-                          keep);
+    json_t *o =
+        json_pack("{s:s, s:s, s:{s:i, s:i}, s:o}", "recipe",
+                  f->recipe == GPU_FP8_DELAYED ? "delayed" : "current", "format",
+                  f->format == GPU_FP8_HYBRID ? "hybrid" : "e4m3", "accumulator", "mantissa_bits",
+                  f->acc.bits, "promote_every", f->acc.promote, "keep", keep);
     for (int k = 0; keep && k < f->nkeep; k++)
         json_array_append_new(keep, json_string(f->keep[k]));
     if (o && f->recipe == GPU_FP8_DELAYED) {

@@ -44,15 +44,37 @@ static int time_one(bench *z, int fp8, int M, int N, int K, void *a, void *w, vo
         int rc;
         cudaEventRecord(z->e0, 0);
         if (fp8) {
-            gpu_cuda_mm8 p = {.M = M, .N = N, .K = K, .A = a, .af = GPU_E4M3, .lda = K,
-                              .B = w, .bf = GPU_E4M3, .ldb = K, .a_scale_inv = s,
-                              .b_scale_inv = s + 1, .C = c, .cdt = GPU_BF16, .ldc = N,
+            gpu_cuda_mm8 p = {.M = M,
+                              .N = N,
+                              .K = K,
+                              .A = a,
+                              .af = GPU_E4M3,
+                              .lda = K,
+                              .B = w,
+                              .bf = GPU_E4M3,
+                              .ldb = K,
+                              .a_scale_inv = s,
+                              .b_scale_inv = s + 1,
+                              .C = c,
+                              .cdt = GPU_BF16,
+                              .ldc = N,
                               .fast_accum = fp8 == 2};
             rc = gpu_cuda_matmul_fp8(z->b, 0, &p);
         } else {
-            gpu_cuda_mm p = {.tb = true, .M = M, .N = N, .K = K, .A = a, .adt = GPU_BF16,
-                             .lda = K, .B = w, .bdt = GPU_BF16, .ldb = K, .C = c,
-                             .cdt = GPU_BF16, .ldc = N, .batch = 1};
+            gpu_cuda_mm p = {.tb = true,
+                             .M = M,
+                             .N = N,
+                             .K = K,
+                             .A = a,
+                             .adt = GPU_BF16,
+                             .lda = K,
+                             .B = w,
+                             .bdt = GPU_BF16,
+                             .ldb = K,
+                             .C = c,
+                             .cdt = GPU_BF16,
+                             .ldc = N,
+                             .batch = 1};
             rc = gpu_cuda_matmul(z->b, 0, &p);
         }
         cudaEventRecord(z->e1, 0);
@@ -71,7 +93,9 @@ int main(int argc, char **argv)
     static const struct {
         const char *name;
         int out, in;
-    } lin[] = {{"attn.qkv", 2304, 768}, {"attn.proj", 768, 768}, {"mlp.fc", 3072, 768},
+    } lin[] = {{"attn.qkv", 2304, 768},
+               {"attn.proj", 768, 768},
+               {"mlp.fc", 3072, 768},
                {"mlp.proj", 768, 3072}};
     int M = argc > 1 ? atoi(argv[1]) : 8192;
     if (argc > 2) {
@@ -84,8 +108,10 @@ int main(int argc, char **argv)
     const float scales[2] = {1.0f / 64, 1.0f / 1024};
 
     if (M < 16 || M % 16 || timed < 1 || timed > MAX_TIMED) {
-        fprintf(stderr, "usage: bench/gemm8 [TOKENS [CALLS]]   (TOKENS a multiple of 16; "
-                        "CALLS timed, 1 to %d)\n", MAX_TIMED);
+        fprintf(stderr,
+                "usage: bench/gemm8 [TOKENS [CALLS]]   (TOKENS a multiple of 16; "
+                "CALLS timed, 1 to %d)\n",
+                MAX_TIMED);
         return 2;
     }
     if (gpu_cuda_blas_open(&z.b, why, sizeof(why)) != 0) {
@@ -97,9 +123,9 @@ int main(int argc, char **argv)
         return 1;
     }
     size_t most = (size_t)M * 3072 * 2; /* the largest operand, as bf16 */
-    if (cudaMalloc(&a, most) || cudaMalloc(&w, (size_t)3072 * 768 * 2) ||
-        cudaMalloc(&c, most) || cudaMalloc(&s, sizeof(scales)) ||
-        cudaMemset(a, 0x3A, most) || cudaMemset(w, 0x3A, (size_t)3072 * 768 * 2) ||
+    if (cudaMalloc(&a, most) || cudaMalloc(&w, (size_t)3072 * 768 * 2) || cudaMalloc(&c, most) ||
+        cudaMalloc(&s, sizeof(scales)) || cudaMemset(a, 0x3A, most) ||
+        cudaMemset(w, 0x3A, (size_t)3072 * 768 * 2) ||
         cudaMemcpy(s, scales, sizeof(scales), cudaMemcpyHostToDevice)) {
         fprintf(stderr, "bench/gemm8: cannot allocate the operands\n");
         return 1;

@@ -165,8 +165,8 @@ static void memory_event(store *st, worker *w, int64_t step, json_t *mem)
                  field(mem, "total") / 1048576.0);
     for (size_t i = 0; i < sizeof(cats) / sizeof(cats[0]) && n > 0 && (size_t)n < sizeof(msg); i++)
         if (strcmp(cats[i], "fp8") != 0 || field(mem, "fp8") > 0) /* fp8: an fp8 job's */
-            n += snprintf(msg + n, sizeof(msg) - (size_t)n, "%s %s %.1f MiB", i ? "," : "",
-                          cats[i], field(mem, cats[i]) / 1048576.0);
+            n += snprintf(msg + n, sizeof(msg) - (size_t)n, "%s %s %.1f MiB", i ? "," : "", cats[i],
+                          field(mem, cats[i]) / 1048576.0);
     daemon_ingest_event(st, w->job, step, "memory", msg, json_incref(mem));
 }
 

@@ -458,8 +458,7 @@ static bool advise_fp8(gpu_diag_advisor *a, const gpu_layer_stat *l, const gpu_f
               "%s %s: %.0f%% of the non-zero values underflow to 0 in %s (scale %.3g%s): %s"
               "keep %s in bf16",
               l->name, roles[u], pct(ufl[u]), fu, scale[u], margin,
-              f->recipe == GPU_FP8_DELAYED ? "use current scaling or a smaller margin, or "
-                                           : "",
+              f->recipe == GPU_FP8_DELAYED ? "use current scaling or a smaller margin, or " : "",
               l->name);
     if (sat[s] >= 0.01)
         offer(a, "fp8_saturation", l->name, sat[s],

@@ -226,7 +226,8 @@ void gpu_cvt_fp8_f32(float *dst, const uint8_t *src, size_t n, gpu_fp8_format f)
 
 #define CAST_PIECE 256
 
-/* One piece of at most CAST_PIECE values: widened to fp32, measured, scaled and encoded. */
+/* One piece of at most CAST_PIECE values: widened to fp32, measured, then (dst not NULL)
+ * scaled and encoded. */
 static void cast_piece(encode_fn fn, uint8_t *dst, const void *src, gpu_dtype sdt, size_t n,
                        gpu_fp8_format f, float scale, float *amax, gpu_fp8_cast_stats *st)
 {
@@ -238,6 +239,8 @@ static void cast_piece(encode_fn fn, uint8_t *dst, const void *src, gpu_dtype sd
         y[i] = x[i] * scale;
     }
     *amax = a;
+    if (!dst)
+        return;
     fn(dst, y, n, f, true);
     if (!st)
         return;
@@ -269,7 +272,8 @@ void gpu_fp8_cast(uint8_t *dst, const void *src, gpu_dtype sdt, size_t n, gpu_fp
         size_t at = k * CAST_PIECE, len = n - at < CAST_PIECE ? n - at : CAST_PIECE;
         gpu_fp8_cast_stats one = {0};
         float pa = 0.0f;
-        cast_piece(fn, dst + at, at_elem(src, sdt, at), sdt, len, f, scale, &pa, st ? &one : NULL);
+        cast_piece(fn, dst ? dst + at : NULL, at_elem(src, sdt, at), sdt, len, f, scale, &pa,
+                   st ? &one : NULL);
         a = fmaxf(a, pa);
         nn += one.n;
         sat += one.saturated;
@@ -290,17 +294,8 @@ void gpu_fp8_cast(uint8_t *dst, const void *src, gpu_dtype sdt, size_t n, gpu_fp
 
 float gpu_fp8_amax(const void *src, gpu_dtype sdt, size_t n)
 {
-    size_t pieces = (n + CAST_PIECE - 1) / CAST_PIECE;
-    float a = 0.0f;
-#pragma omp parallel for if (gpu_par_worth(n)) schedule(static) reduction(max : a)
-    for (size_t k = 0; k < pieces; k++) {
-        size_t at = k * CAST_PIECE, len = n - at < CAST_PIECE ? n - at : CAST_PIECE;
-        float x[CAST_PIECE], pa = 0.0f;
-        gpu_cvt_to_f32(x, at_elem(src, sdt, at), sdt, len);
-        for (size_t i = 0; i < len; i++)
-            pa = fmaxf(pa, fabsf(x[i]));
-        a = fmaxf(a, pa);
-    }
+    float a;
+    gpu_fp8_cast(NULL, src, sdt, n, GPU_E4M3, 1.0f, &a, NULL);
     return a;
 }
 

@@ -20,14 +20,14 @@ enum { GPU_FP8_X = 0, GPU_FP8_W = 1, GPU_FP8_G = 2, GPU_FP8_ROLES = 3 };
 typedef struct gpu_fp8_run {
     gpu_fp8_config cfg;
     int ngemm;
-    int len;          /* history entries a row keeps: delayed amax_history_len, current 1 */
+    int len; /* history entries a row keeps: delayed amax_history_len, current 1 */
     bool on[GPU_FP8_MAX_GEMMS]; /* GEMM g runs in fp8 (it is not kept in bf16) */
-    float *state;     /* ngemm x ROLES rows of 2 + len floats (gpu_fp8_state_floats) */
+    float *state;               /* ngemm x ROLES rows of 2 + len floats (gpu_fp8_state_floats) */
     float saved[GPU_FP8_MAX_GEMMS * GPU_FP8_ROLES][2]; /* the scales the step began with */
-    bool record;      /* delayed: casts add their amax to the staging slot */
+    bool record; /* delayed: casts add their amax to the staging slot */
     /* what the last collecting step cast, per row (NULL: not collecting) */
     gpu_fp8_cast_stats *stats;
-    float *amax;      /* the step's amax per row, NaN when a NaN was cast (NaN-aware) */
+    float *amax;       /* the step's amax per row, NaN when a NaN was cast (NaN-aware) */
     float *scale_used; /* the scale of the row's last cast */
 } gpu_fp8_run;
 
@@ -39,8 +39,8 @@ void gpu_fp8_run_init(gpu_fp8_run *run, const gpu_fp8_config *c, int ngemm, cons
                       float *state);
 /* Which of n layers named names[] an fp8 job runs in fp8 (on[]): all but c->keep's. GPU_EINVAL
  * when c keeps a name none of them has, with the message in err. */
-int gpu_fp8_plan_keep(const gpu_fp8_config *c, int n, const char *const *names, bool *on,
-                      char *err, size_t errlen);
+int gpu_fp8_plan_keep(const gpu_fp8_config *c, int n, const char *const *names, bool *on, char *err,
+                      size_t errlen);
 /* Cast n values of src (dtype sdt) into dst for GEMM g's role, with the recipe's scale: the
  * row's (delayed; its amax recorded when run->record) or this tensor's (current). Returns the
  * scale_inv the GEMM multiplies by. */

@@ -84,6 +84,14 @@ size_t gpu_gemm_fp8_scratch_floats(int M, int N, int K)
     return exact > model ? exact : model;
 }
 
+size_t gpu_gemm_fp8_linear_scratch_floats(int N, int O, int K)
+{
+    size_t s[3] = {gpu_gemm_fp8_scratch_floats(N, O, K), gpu_gemm_fp8_scratch_floats(N, K, O),
+                   gpu_gemm_fp8_scratch_floats(O, K, N)};
+    size_t most = s[0] > s[1] ? s[0] : s[1];
+    return most > s[2] ? most : s[2];
+}
+
 /* The partial sum kept to `bits` mantissa bits, the rest cut off (toward zero). */
 static float trunc_bits(float x, int bits)
 {
@@ -122,10 +130,10 @@ static void *aligned(float *p)
     return (void *)(((uintptr_t)p + 63) & ~(uintptr_t)63);
 }
 
-int gpu_gemm_fp8(bool ta, bool tb, int M, int N, int K,
-                 const uint8_t *A, gpu_fp8_format af, float a_scale_inv, int lda,
-                 const uint8_t *B, gpu_fp8_format bf, float b_scale_inv, int ldb,
-                 const gpu_fp8_acc *acc, float *C, int ldc, float *scratch, size_t scratch_floats)
+int gpu_gemm_fp8(bool ta, bool tb, int M, int N, int K, const uint8_t *A, gpu_fp8_format af,
+                 float a_scale_inv, int lda, const uint8_t *B, gpu_fp8_format bf, float b_scale_inv,
+                 int ldb, const gpu_fp8_acc *acc, float *C, int ldc, float *scratch,
+                 size_t scratch_floats)
 {
     int ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
     bool model = acc && acc->bits > 0;

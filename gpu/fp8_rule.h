@@ -39,8 +39,8 @@ GPU_FP8R float gpu_fp8r_current_scale(float amax, float scaled_max, float epsilo
  * nothing when the staged amax is 0; else the amax (the staged one, most_recent, or the
  * largest of all, NaNs skipped) gives the scale when finite and above 0 (the old one stays
  * otherwise), then the history rolls and the staging slot is cleared. */
-GPU_FP8R void gpu_fp8r_delayed_update(float *history, int len, int most_recent,
-                                      float scaled_max, float *scale, float *scale_inv)
+GPU_FP8R void gpu_fp8r_delayed_update(float *history, int len, int most_recent, float scaled_max,
+                                      float *scale, float *scale_inv)
 {
     float last = history[0], amax = 0.0f;
     if (last == 0.0f) /* the tensor did not take part this step */

@@ -31,8 +31,8 @@ static float *row(const gpu_fp8_run *run, int r)
     return run->state + (size_t)r * (size_t)(2 + run->len);
 }
 
-int gpu_fp8_plan_keep(const gpu_fp8_config *c, int n, const char *const *names, bool *on,
-                      char *err, size_t errlen)
+int gpu_fp8_plan_keep(const gpu_fp8_config *c, int n, const char *const *names, bool *on, char *err,
+                      size_t errlen)
 {
     if (n > GPU_FP8_MAX_GEMMS) {
         snprintf(err, errlen, "precision.dtype: fp8 takes at most %d linear layers",

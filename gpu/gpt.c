@@ -819,10 +819,8 @@ int gpu_gpt_plan_fp8(gpu_gpt *m, const gpu_fp8_config *f, char *err, size_t errl
     int n = 4 * m->n_layer, N = m->max_batch * m->seq_len, C = m->d_model;
     int dims[4][2] = {{3 * C, C}, {C, C}, {4 * C, C}, {C, 4 * C}}; /* out, in */
     size_t bytes = 0, most = 0;
-    char buf[48];
     for (int g = 0; g < n; g++) {
-        gpu_gpt_linear_name(g, buf, sizeof(buf));
-        memcpy(names[g], buf, sizeof(buf));
+        gpu_gpt_linear_name(g, names[g], sizeof(names[g]));
         np[g] = names[g];
     }
     int rc = gpu_fp8_plan_keep(f, n, np, m->fp8, err, errlen);
@@ -840,10 +838,8 @@ int gpu_gpt_plan_fp8(gpu_gpt *m, const gpu_fp8_config *f, char *err, size_t errl
         bytes = align64(bytes + (size_t)N * K);
         m->w8_off[g] = bytes;
         bytes = align64(bytes + (size_t)O * K);
-        size_t s[3] = {gpu_gemm_fp8_scratch_floats(N, O, K), gpu_gemm_fp8_scratch_floats(O, K, N),
-                       gpu_gemm_fp8_scratch_floats(N, K, O)};
-        for (int k = 0; k < 3; k++)
-            most = s[k] > most ? s[k] : most;
+        size_t s = gpu_gemm_fp8_linear_scratch_floats(N, O, K);
+        most = s > most ? s : most;
     }
     m->fp8_bytes = bytes;
     /* the output gradient's fp8 copy at the GEMM scratch's start, then the fp8 GEMMs' */
@@ -963,8 +959,8 @@ static const void *fp8_weight(const gpu_gpt_weights *w, size_t off, gpu_dtype *d
 
 /* Linear g's forward GEMM in fp8: its saved input (lin_dt) and its weight cast (the copies
  * kept for backward), out = x W^T unrounded. */
-static int fp8_fwd(const gpu_gpt *m, const gpu_gpt_weights *w, int g, const uint8_t *saved,
-                   int N, int K, int O, float *out, const gpt_scratch *sc)
+static int fp8_fwd(const gpu_gpt *m, const gpu_gpt_weights *w, int g, const uint8_t *saved, int N,
+                   int K, int O, float *out, const gpt_scratch *sc)
 {
     gpu_fp8_run *run = w->fp8;
     uint8_t *x8 = w->fp8_block + m->x8_off[g], *w8 = w->fp8_block + m->w8_off[g];
@@ -973,14 +969,14 @@ static int fp8_fwd(const gpu_gpt *m, const gpu_gpt_weights *w, int g, const uint
     float sx = gpu_fp8_cast_role(run, g, GPU_FP8_X, x8, saved, m->lin_dt, (size_t)N * K);
     float sw = gpu_fp8_cast_role(run, g, GPU_FP8_W, w8, W, wdt, (size_t)O * K);
     return gpu_gemm_fp8(false, true, N, O, K, x8, gpu_fp8_role_format(&run->cfg, GPU_FP8_X), sx, K,
-                        w8, gpu_fp8_role_format(&run->cfg, GPU_FP8_W), sw, K, &run->cfg.acc, out,
-                        O, sc->g, sc->gn);
+                        w8, gpu_fp8_role_format(&run->cfg, GPU_FP8_W), sw, K, &run->cfg.acc, out, O,
+                        sc->g, sc->gn);
 }
 
 /* Linear g's backward GEMMs in fp8: dY (n values of ddt) cast to the gradient's format at the
  * GEMM scratch's start, then dW = dY^T X and dX = dY W on the forward's fp8 copies. */
-static int fp8_bwd(const gpu_gpt *m, const gpu_gpt_weights *w, int g, const void *dy,
-                   gpu_dtype ddt, int N, int K, int O, float *gw, float *dX, const gpt_scratch *sc)
+static int fp8_bwd(const gpu_gpt *m, const gpu_gpt_weights *w, int g, const void *dy, gpu_dtype ddt,
+                   int N, int K, int O, float *gw, float *dX, const gpt_scratch *sc)
 {
     gpu_fp8_run *run = w->fp8;
     const gpu_fp8_config *c = &run->cfg;

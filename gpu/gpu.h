@@ -190,7 +190,8 @@ typedef struct {
 } gpu_fp8_cast_stats;
 
 /* dst[i] = fp8(src[i] * scale), saturating, for n values of dtype sdt; the product is fp32,
- * rounded to nearest, as Transformer Engine's cast kernels compute it. *amax (NULL: not
+ * rounded to nearest, as Transformer Engine's cast kernels compute it (dst NULL: the amax
+ * alone, st not counted). *amax (NULL: not
  * wanted) gets the largest |src[i]| with NaNs skipped as fmaxf skips them (TE's amax; an inf
  * counts). st (NULL: not counted) gets the counts added. Runs on the OpenMP team from
  * GPU_PAR_MIN values; every result is independent of the thread count. */
@@ -214,11 +215,13 @@ typedef struct {
  * sum once. ta/tb and the leading dimensions as gpu_gemm. acc NULL is exact. E5M2 x E5M2 is
  * GPU_EINVAL, as cuBLASLt refuses it. scratch holds scratch_floats floats, at least
  * gpu_gemm_fp8_scratch_floats(...) (else GPU_ESCRATCH, nothing written). */
-int gpu_gemm_fp8(bool ta, bool tb, int M, int N, int K,
-                 const uint8_t *A, gpu_fp8_format af, float a_scale_inv, int lda,
-                 const uint8_t *B, gpu_fp8_format bf, float b_scale_inv, int ldb,
-                 const gpu_fp8_acc *acc, float *C, int ldc, float *scratch, size_t scratch_floats);
+int gpu_gemm_fp8(bool ta, bool tb, int M, int N, int K, const uint8_t *A, gpu_fp8_format af,
+                 float a_scale_inv, int lda, const uint8_t *B, gpu_fp8_format bf, float b_scale_inv,
+                 int ldb, const gpu_fp8_acc *acc, float *C, int ldc, float *scratch,
+                 size_t scratch_floats);
 size_t gpu_gemm_fp8_scratch_floats(int M, int N, int K);
+/* The most a linear's three fp8 GEMMs take: Y = X W^T (N x O from K), dX and dW. */
+size_t gpu_gemm_fp8_linear_scratch_floats(int N, int O, int K);
 
 /* The fp8 training recipe of a job (precision.dtype "fp8" and precision.fp8; docs/fp8.md).
  * Which format each GEMM operand takes: HYBRID, TE's default, casts the forward's inputs and
@@ -236,7 +239,8 @@ typedef struct {
     float amax_epsilon;          /* current: the amax's floor (0) */
     gpu_fp8_acc acc;             /* {0, 128}: exact */
     int nkeep;
-    char keep[GPU_FP8_MAX_KEEP][32]; /* layers whose GEMMs stay in bf16 ("fc1", "blocks.0.attn.qkv") */
+    char keep[GPU_FP8_MAX_KEEP]
+             [32]; /* layers whose GEMMs stay in bf16 ("fc1", "blocks.0.attn.qkv") */
 } gpu_fp8_config;
 /* TE's DelayedScaling defaults (on stays false). */
 void gpu_fp8_defaults(gpu_fp8_config *c);
@@ -851,7 +855,7 @@ typedef struct {
      * grad (its output gradient) */
     bool fp8;
 #define GPU_LAYER_FP8_STAT(r)                                                                      \
-    double fp8_##r##_amax;      /* largest |x|, NaN when a NaN was cast */                          \
+    double fp8_##r##_amax;      /* largest |x|, NaN when a NaN was cast */                         \
     double fp8_##r##_scale;     /* the scale the cast used */                                      \
     double fp8_##r##_headroom;  /* log2(fp8 max / (amax x scale)): < 0 saturates */                \
     double fp8_##r##_saturated; /* fraction of the values clipped to +-max */                      \

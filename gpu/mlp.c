@@ -166,11 +166,8 @@ int gpu_mlp_plan_fp8(gpu_mlp *m, const gpu_fp8_config *f, char *err, size_t errl
         bytes = align64(bytes + (size_t)b * in);
         m->w8_off[l] = bytes;
         bytes = align64(bytes + (size_t)out * in);
-        size_t s[3] = {gpu_gemm_fp8_scratch_floats(b, out, in),
-                       gpu_gemm_fp8_scratch_floats(b, in, out),
-                       gpu_gemm_fp8_scratch_floats(out, in, b)};
-        for (int k = 0; k < 3; k++)
-            most = s[k] > most ? s[k] : most;
+        size_t s = gpu_gemm_fp8_linear_scratch_floats(b, out, in);
+        most = s > most ? s : most;
     }
     m->fp8_bytes = bytes;
     /* the gradient's fp8 copy and the fp8 GEMMs' scratch, after the 16-bit ones' room */
@@ -317,8 +314,8 @@ static int fp8_fwd_gemm(const gpu_mlp *m, const gpu_mlp_weights *w, int l, const
     gpu_dtype wdt = w->master ? GPU_FP32 : w->pdt;
     const void *W = w->master ? (const void *)(w->master + m->w_off[l])
                               : (const uint8_t *)w->p + m->w_off[l] * gpu_dtype_size(w->pdt);
-    float sx = gpu_fp8_cast_role(run, l, GPU_FP8_X, x8, acts + m->x_off[l], m->lin_dt,
-                                 (size_t)B * in);
+    float sx =
+        gpu_fp8_cast_role(run, l, GPU_FP8_X, x8, acts + m->x_off[l], m->lin_dt, (size_t)B * in);
     float sw = gpu_fp8_cast_role(run, l, GPU_FP8_W, w8, W, wdt, (size_t)out * in);
     return gpu_gemm_fp8(false, true, B, out, in, x8, gpu_fp8_role_format(&run->cfg, GPU_FP8_X), sx,
                         in, w8, gpu_fp8_role_format(&run->cfg, GPU_FP8_W), sw, in, &run->cfg.acc,
@@ -343,8 +340,8 @@ static int fp8_bwd_gemms(const gpu_mlp *m, const gpu_mlp_weights *w, int l, int 
         rc = gpu_gemm_fp8(false, false, B, in, out, g8, fg, sg, out, w8, f4, sw, in, &c->acc, dx,
                           in, scratch + skip, gn - skip);
     if (rc == 0)
-        rc = gpu_gemm_fp8(true, false, out, in, B, g8, fg, sg, out, x8, f4, sx, in, &c->acc, gw,
-                          in, scratch + skip, gn - skip);
+        rc = gpu_gemm_fp8(true, false, out, in, B, g8, fg, sg, out, x8, f4, sx, in, &c->acc, gw, in,
+                          scratch + skip, gn - skip);
     return rc;
 }
 
@@ -362,11 +359,10 @@ static int linear_fwd(const gpu_mlp *m, const gpu_mlp_weights *w, int l, uint8_t
     const void *W = lin_weight(m, w, l, &wdt, &ld, &flags);
     const void *bias = weight_ptr(m, w, m->b_off[l], &bdt);
     /* in lin_dt: the weights may be the fp32 master, rounded as autocast casts them */
-    int rc = is_fp8(m, w, l)
-                 ? fp8_fwd_gemm(m, w, l, acts, B, out32, scratch, gn)
-                 : gpu_gemm_ex(false, true, B, out, in, acts + m->x_off[l], m->lin_dt, in, W, wdt,
-                               ld, m->lin_dt, flags | GPU_GEMM_A_CONVERTED, 0.0f, out32, out,
-                               scratch, gn);
+    int rc = is_fp8(m, w, l) ? fp8_fwd_gemm(m, w, l, acts, B, out32, scratch, gn)
+                             : gpu_gemm_ex(false, true, B, out, in, acts + m->x_off[l], m->lin_dt,
+                                           in, W, wdt, ld, m->lin_dt, flags | GPU_GEMM_A_CONVERTED,
+                                           0.0f, out32, out, scratch, gn);
     if (rc)
         return rc;
     gpu_cvt_to_f32(bias32, bias, bdt, (size_t)out);

@@ -107,7 +107,7 @@ struct gpu_trainer {
     gpu_fp8_run fp8;
     float *fp8_state;
     uint8_t *fp8_block;
-    float *fp8_amax;        /* staging amaxes for the all-reduce */
+    float *fp8_amax;               /* staging amaxes for the all-reduce */
     gpu_fp8_cast_stats *fp8_stats; /* a collecting step's casts, per row; their amaxes and scales */
     float *fp8_damax, *fp8_dscale;
     /* step profile */
@@ -358,15 +358,25 @@ static model_sizes sizes_of(const gpu_job_config *c, const gpu_mlp *m, const gpu
 {
     model_sizes z;
     if (g) { /* the whole batch's tokens are drawn (a rank keeps its share) */
-        z = (model_sizes){g->nparams, g->act_bytes, g->scratch_floats,
-                          2 * (size_t)c->batch_size * (size_t)g->seq_len * sizeof(int), true, 0, 0};
+        z = (model_sizes){g->nparams,
+                          g->act_bytes,
+                          g->scratch_floats,
+                          2 * (size_t)c->batch_size * (size_t)g->seq_len * sizeof(int),
+                          true,
+                          0,
+                          0};
         if (c->fp8.on) {
             z.fp8_bytes = g->fp8_bytes;
             z.fp8_state_floats = gpu_fp8_state_floats(&c->fp8, g->nfp8);
         }
     } else {
-        z = (model_sizes){m->nparams, m->act_bytes, m->scratch_floats,
-                          (size_t)gpu_rank_batch(c) * ((size_t)m->width[0] * 4 + 4), true, 0, 0};
+        z = (model_sizes){m->nparams,
+                          m->act_bytes,
+                          m->scratch_floats,
+                          (size_t)gpu_rank_batch(c) * ((size_t)m->width[0] * 4 + 4),
+                          true,
+                          0,
+                          0};
         if (c->fp8.on) {
             z.fp8_bytes = m->fp8_bytes;
             z.fp8_state_floats = gpu_fp8_state_floats(&c->fp8, m->nlin);
@@ -401,8 +411,7 @@ int gpu_job_plan(const gpu_job_config *c, gpu_mlp *m, gpu_gpt **g, char *err, si
     }
     *g = NULL;
     if (c->model.type != GPU_MODEL_GPT) {
-        int rc = gpu_mlp_plan(m, &c->model, &c->autocast, c->dtype, gpu_rank_batch(c), err,
-                              errlen);
+        int rc = gpu_mlp_plan(m, &c->model, &c->autocast, c->dtype, gpu_rank_batch(c), err, errlen);
         return rc == 0 && c->fp8.on ? gpu_mlp_plan_fp8(m, &c->fp8, err, errlen) : rc;
     }
     if (!(*g = malloc(sizeof(**g))))
@@ -516,9 +525,8 @@ static int allocate(gpu_trainer *t, char *err, size_t errlen)
     t->advisor = calloc(1, sizeof(*t->advisor));
     if (!t->diag || !t->lstats || !t->advisor || (!t->master && (fp32 || c->master_weights)) ||
         (!t->work && z.work_copy) || !t->grads || (!t->accum && c->grad_accum_steps > 1) || !t->m ||
-        (!t->v && c->optim.type == GPU_OPT_ADAMW) ||
-        (!t->use_cuda && (!t->acts || !t->scratch)) || !(t->xbatch || t->xtok) || !t->ybatch ||
-        !(t->perm || t->gpt))
+        (!t->v && c->optim.type == GPU_OPT_ADAMW) || (!t->use_cuda && (!t->acts || !t->scratch)) ||
+        !(t->xbatch || t->xtok) || !t->ybatch || !(t->perm || t->gpt))
         return fail_alloc(t, err, errlen);
     return 0;
 }
@@ -589,10 +597,11 @@ static int pick_device(gpu_trainer *t, char *err, size_t errlen)
 
     if (strcmp(s, "cpu") == 0)
         return 0;
-    const char *no_fp8 = !t->cfg.fp8.on                ? NULL
-                         : t->cfg.model.type == GPU_MODEL_GPT ? "the CUDA GPT has no fp8 linears yet"
+    const char *no_fp8 = !t->cfg.fp8.on ? NULL
+                         : t->cfg.model.type == GPU_MODEL_GPT
+                             ? "the CUDA GPT has no fp8 linears yet"
                          : t->cfg.dist.world_size > 1 ? "fp8 on CUDA runs one rank so far"
-                                                       : NULL;
+                                                      : NULL;
     if (no_fp8) {
         if (strcmp(s, "auto") == 0) {
             if (gpu_cuda_probe(NULL, 0) == 0)

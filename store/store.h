@@ -432,7 +432,7 @@ int store_event_last(store *s, int64_t job, const char *kind, store_event **out)
     X(ACT_HEADROOM, act_headroom, REAL, 2) /* dtype max / act_amax (+Inf when act_amax is 0) */    \
     X(ACT_OVERFLOW, act_overflow, COUNT, 2) /* outputs that became inf/NaN when rounded */         \
     X(GRAD_AMAX, grad_amax, REAL, 2)       /* max |weight gradient|, unscaled */                   \
-    X(GRAD_UNDERFLOW, grad_underflow, REAL, 2) /* fraction of elements flushed to 0 at the scale */\
+    X(GRAD_UNDERFLOW, grad_underflow, REAL, 2) /* fraction flushed to 0 at the scale */          \
     X(GRAD_UNDERFLOW_UNSCALED, grad_underflow_unscaled, REAL, 2) /* ... without loss scaling */    \
     X(GRAD_NONFINITE, grad_nonfinite, COUNT, 2) /* gradient elements that were inf/NaN */          \
     X(LOST_UPDATES, lost_updates, REAL, 2) /* fraction of weight updates that rounded away */      \

@@ -974,8 +974,18 @@ static double fp8_gemm_case(int M, int N, int K, gpu_fp8_format af, gpu_fp8_form
     ck_assert_int_eq(gpu_gemm_fp8(false, true, M, N, K, A, af, sa, lda, B, bf, sb, ldb, NULL, want,
                                   N, scr, gpu_gemm_fp8_scratch_floats(M, N, K)),
                      0);
-    gpu_cuda_mm8 p = {.M = M, .N = N, .K = K, .A = A, .af = af, .lda = lda, .B = B, .bf = bf,
-                      .ldb = ldb, .C = C, .cdt = cdt, .ldc = ldc};
+    gpu_cuda_mm8 p = {.M = M,
+                      .N = N,
+                      .K = K,
+                      .A = A,
+                      .af = af,
+                      .lda = lda,
+                      .B = B,
+                      .bf = bf,
+                      .ldb = ldb,
+                      .C = C,
+                      .cdt = cdt,
+                      .ldc = ldc};
     ck_assert_int_eq(gpu_cuda_mm8_host(&p, sa, sb), 0);
     bool exact = emulated();
     for (int i = 0; i < M; i++)
@@ -992,7 +1002,8 @@ static double fp8_gemm_case(int M, int N, int K, gpu_fp8_format af, gpu_fp8_form
             if (exact && f2u(c) != f2u(w))
                 ck_abort_msg("fp8 %dx%dx%d [%d,%d]: %a on the emulator, the CPU's %a", M, N, K, i,
                              j, (double)c, (double)w);
-            if (!exact && !(fabs((double)c - w) <= K * 0x1p-23 * mag + (cdt == GPU_BF16 ? 0x1p-7 * fabs(w) : 0.0) + 1e-30))
+            if (!exact && !(fabs((double)c - w) <=
+                            K * 0x1p-23 * mag + (cdt == GPU_BF16 ? 0x1p-7 * fabs(w) : 0.0) + 1e-30))
                 ck_abort_msg("fp8 %dx%dx%d [%d,%d]: %a, the CPU's exact %a (sum |ab| %g)", M, N, K,
                              i, j, (double)c, (double)w, mag);
         }
@@ -1021,8 +1032,11 @@ static void fp8_scaling_case(void)
         for (int step = 0; step < 40; step++) {
             for (int k = 0; k < ROWS; k++) {
                 int pick = (int)gpu_rng_below(&r, 20);
-                float a = pick == 0 ? 0.0f : pick == 1 ? INFINITY : pick == 2 ? NAN
-                        : ldexpf(1.0f + gpu_rng_uniform(&r), (int)gpu_rng_below(&r, 220) - 120);
+                float a = pick == 0   ? 0.0f
+                          : pick == 1 ? INFINITY
+                          : pick == 2 ? NAN
+                                      : ldexpf(1.0f + gpu_rng_uniform(&r),
+                                               (int)gpu_rng_below(&r, 220) - 120);
                 dev[k * COLS + 2] = cpu[k * COLS + 2] = a;
                 float c[3] = {1.0f, 1.0f, 0.0f}, d[3] = {1.0f, 1.0f, 0.0f};
                 c[0] = gpu_fp8_current_scale(a, top[k % 3], 0x1p-60f);
@@ -1037,13 +1051,14 @@ static void fp8_scaling_case(void)
             ck_assert_int_eq(gpu_cuda_fp8_delayed_host(dev, ROWS, LEN, mr, top), 0);
             for (int k = 0; k < ROWS; k++)
                 gpu_fp8_delayed_update(cpu + k * COLS + 2, LEN,
-                                       mr ? GPU_FP8_AMAX_MOST_RECENT : GPU_FP8_AMAX_MAX,
-                                       top[k % 3], &cpu[k * COLS], &cpu[k * COLS + 1]);
+                                       mr ? GPU_FP8_AMAX_MOST_RECENT : GPU_FP8_AMAX_MAX, top[k % 3],
+                                       &cpu[k * COLS], &cpu[k * COLS + 1]);
             for (int i = 0; i < ROWS * COLS; i++)
                 if (f2u(dev[i]) != f2u(cpu[i]))
                     ck_abort_msg("delayed scaling (%s), step %d, row %d entry %d: %a on the "
-                                 "device, %a on the CPU", mr ? "most_recent" : "max", step,
-                                 i / COLS, i % COLS, (double)dev[i], (double)cpu[i]);
+                                 "device, %a on the CPU",
+                                 mr ? "most_recent" : "max", step, i / COLS, i % COLS,
+                                 (double)dev[i], (double)cpu[i]);
         }
     }
 }
@@ -1056,8 +1071,16 @@ START_TEST(t_fp8)
     if (!gpu_cuda_has_fp8(why, sizeof(why))) { /* an A100 (or the emulator as one) */
         uint8_t a[16 * 16] = {0}, b[16 * 16] = {0};
         float c[16 * 16];
-        gpu_cuda_mm8 p = {.M = 16, .N = 16, .K = 16, .A = a, .lda = 16, .B = b, .ldb = 16,
-                          .C = c, .cdt = GPU_FP32, .ldc = 16};
+        gpu_cuda_mm8 p = {.M = 16,
+                          .N = 16,
+                          .K = 16,
+                          .A = a,
+                          .lda = 16,
+                          .B = b,
+                          .ldb = 16,
+                          .C = c,
+                          .cdt = GPU_FP32,
+                          .ldc = 16};
         ck_assert_msg(strstr(why, "sm_") && strstr(why, "8.9"), "%s", why);
         printf("check_cuda_gemm: fp8 refused as it should be: %s\n", why);
         ck_assert_int_eq(gpu_cuda_mm8_host(&p, 1.0f, 1.0f), GPU_ENODEV);
@@ -1086,8 +1109,18 @@ START_TEST(t_fp8)
     /* the refusals: E5M2 x E5M2, K not a multiple of 16, an fp16 C */
     uint8_t a[32 * 32] = {0}, b[32 * 32] = {0};
     float c[32 * 32];
-    gpu_cuda_mm8 p = {.M = 16, .N = 16, .K = 16, .A = a, .af = GPU_E5M2, .lda = 32, .B = b,
-                      .bf = GPU_E5M2, .ldb = 32, .C = c, .cdt = GPU_FP32, .ldc = 16};
+    gpu_cuda_mm8 p = {.M = 16,
+                      .N = 16,
+                      .K = 16,
+                      .A = a,
+                      .af = GPU_E5M2,
+                      .lda = 32,
+                      .B = b,
+                      .bf = GPU_E5M2,
+                      .ldb = 32,
+                      .C = c,
+                      .cdt = GPU_FP32,
+                      .ldc = 16};
     ck_assert_int_eq(gpu_cuda_mm8_host(&p, 1.0f, 1.0f), GPU_EINVAL);
     p.bf = GPU_E4M3;
     p.K = 24;

@@ -315,8 +315,8 @@ static void check_memory(const gpu_job_config *c, gpu_trainer *tg, const gpu_ste
     ck_assert_int_eq(g->optimizer, P * 4 * (c->optim.type == GPU_OPT_ADAMW ? 2 : 1));
     ck_assert_int_gt(g->activations, 0);
     ck_assert_int_ge(g->workspace, (int64_t)32 << 20);
-    ck_assert_int_eq(g->total, g->weights + g->master + g->grads + g->optimizer +
-                                   g->activations + g->workspace + g->fp8);
+    ck_assert_int_eq(g->total, g->weights + g->master + g->grads + g->optimizer + g->activations +
+                                   g->workspace + g->fp8);
     ck_assert(c->fp8.on ? g->fp8 > 0 : g->fp8 == 0);
     ck_assert_int_eq(m->peak.total, g->total);
     ck_assert_msg(strncmp(gpu_trainer_device(tg), "cuda:", 5) == 0, "device %s",

@@ -489,8 +489,12 @@ START_TEST(test_mlp_unchanged_by_diag)
         for (int i = 0; i < B; i++)
             y[i] = (int)gpu_rng_below(&r, 5);
         gpu_cvt_from_f32(w16, dts[k] == GPU_FP32 ? GPU_FP16 : dts[k], p, m.nparams);
-        gpu_mlp_weights w = {dts[k] == GPU_FP32 ? (const void *)p : w16, dts[k],
-                             dts[k] == GPU_FP32 ? NULL : p, NULL, NULL, NULL};
+        gpu_mlp_weights w = {dts[k] == GPU_FP32 ? (const void *)p : w16,
+                             dts[k],
+                             dts[k] == GPU_FP32 ? NULL : p,
+                             NULL,
+                             NULL,
+                             NULL};
         for (int run = 0; run < 2; run++) {
             gpu_diag *dd = run ? d : NULL;
             if (dd)

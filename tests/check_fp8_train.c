@@ -32,8 +32,8 @@
 #include <string.h>
 
 #include "gpu/fp8.h"
-#include "gpu/gpu_int.h"
 #include "gpu/gpt.h"
+#include "gpu/gpu_int.h"
 #include "gpu/mlp.h"
 #include "tests/testutil.h"
 
@@ -212,8 +212,8 @@ START_TEST(test_gemm_exact_bits)
                     first = bad++ ? first : i;
                 }
             ck_assert_msg(bad == 0, "%s x %s ta %d tb %d: %d differ, C[%d] %a, the reference %a",
-                          gpu_fp8_format_name(g.af), gpu_fp8_format_name(g.bf), t & 1,
-                          (t & 2) != 0, bad, first, first < 0 ? 0.0 : (double)g.C[first],
+                          gpu_fp8_format_name(g.af), gpu_fp8_format_name(g.bf), t & 1, (t & 2) != 0,
+                          bad, first, first < 0 ? 0.0 : (double)g.C[first],
                           first < 0 ? 0.0 : (double)((float)g.ref[first] * s));
             case_free(&g);
         }
@@ -251,9 +251,9 @@ START_TEST(test_gemm_nonfinite)
     gemm_case g;
     gpu_rng_seed(&r, 13);
     case_make(&g, false, false, 4, 3, 8, GPU_E5M2, GPU_E4M3, true, &r);
-    g.A[1 * g.lda + 2] = 0x7F;             /* NaN in row 1 */
-    g.A[2 * g.lda + 0] = 0x7C;             /* +inf in row 2 ... */
-    g.B[0 * g.ldb + 0] = 0x00;             /* ... times 0 in column 0 */
+    g.A[1 * g.lda + 2] = 0x7F; /* NaN in row 1 */
+    g.A[2 * g.lda + 0] = 0x7C; /* +inf in row 2 ... */
+    g.B[0 * g.ldb + 0] = 0x00; /* ... times 0 in column 0 */
     ck_assert_int_eq(case_run(&g, 1.0f, 1.0f, NULL), 0);
     for (int j = 0; j < 3; j++)
         ck_assert(isnan(g.C[1 * 3 + j]));
@@ -389,12 +389,12 @@ START_TEST(test_mlp_fp8_steps)
     ck_assert_int_eq(gpu_mlp_forward(&m, &w, x, y, BATCH, acts, scratch, &loss, &correct, NULL), 0);
 
     /* the same forward, spelled out */
-    ref_linear(xr, BATCH, IN, HID, params + m.w_off[0], params + m.b_off[0], sc[0][0], sc[0][1],
-               x8, w8, h);
+    ref_linear(xr, BATCH, IN, HID, params + m.w_off[0], params + m.b_off[0], sc[0][0], sc[0][1], x8,
+               w8, h);
     for (int i = 0; i < BATCH * HID; i++)
         h[i] = h[i] > 0.0f ? h[i] : 0.0f;
-    ref_linear(h, BATCH, HID, OUT, params + m.w_off[1], params + m.b_off[1], sc[1][0], sc[1][1],
-               h8, w28, z);
+    ref_linear(h, BATCH, HID, OUT, params + m.w_off[1], params + m.b_off[1], sc[1][0], sc[1][1], h8,
+               w28, z);
     double p[BATCH][OUT];
     for (int i = 0; i < BATCH; i++) {
         const float *zi = z + i * OUT;
@@ -543,8 +543,8 @@ START_TEST(test_gpt_fp8)
         gpu_gpt_linear_name(g, name, sizeof(name));
         ck_assert_msg(row[2] == bf16_amax(acts + in[g % 4], (size_t)N * K[g % 4]),
                       "%s: the input's amax %g", name, (double)row[2]);
-        ck_assert_msg(row[(2 + run.len) + 2] == row_amax(params + m->fp8_w[g],
-                                                         (size_t)O[g % 4] * K[g % 4]),
+        ck_assert_msg(row[(2 + run.len) + 2] ==
+                          row_amax(params + m->fp8_w[g], (size_t)O[g % 4] * K[g % 4]),
                       "%s: the weight's amax", name);
         ck_assert_msg(row[2 * (2 + run.len) + 2] > 0 && isfinite(row[2 * (2 + run.len) + 2]),
                       "%s: the output gradient's amax", name);
@@ -854,7 +854,10 @@ START_TEST(test_recipes_train)
         c.fp8.format = k == 2 ? GPU_FP8_ALL_E4M3 : GPU_FP8_HYBRID;
         double fp8 = late_loss(&c, &mem);
         printf("fp8 (%s): loss %.4f over steps 61-80, bf16 %.4f\n",
-               k == 0 ? "delayed" : k == 1 ? "current" : "all E4M3", fp8, bf16);
+               k == 0   ? "delayed"
+               : k == 1 ? "current"
+                        : "all E4M3",
+               fp8, bf16);
         ck_assert_msg(fabs(fp8 - bf16) < 0.05 * bf16, "recipe %d: %g, bf16 %g", k, fp8, bf16);
         ck_assert(mem.fp8 > 0);
     }

@@ -1373,9 +1373,9 @@ static void check_lrow(const store_layer_stat *got, const store_layer_stat *want
 }
 
 /* Make the database look as schema version v left it: drop the columns of the fields added
- * after v (the fp8 layer fields: version 9), the branches' lineage (version 8), jobs.launch (version 7), the experiments
- * (version 6), the stream table (version 5) and the schema_version rows above v (the other
- * tables are the caller's). */
+ * after v (the fp8 layer fields: version 9), the branches' lineage (version 8), jobs.launch
+ * (version 7), the experiments (version 6), the stream table (version 5) and the schema_version
+ * rows above v (the other tables are the caller's). */
 #define LSINCE_(id, f, kind, since) since,
 static const int layer_since[NLF] = {STORE_LAYER_FIELDS(LSINCE_)};
 

@@ -531,8 +531,8 @@ static int lt_call_run(gpu_cuda_blas *b, cudaStream_t stream, const lt_call *c, 
     cublasLtMatmulHeuristicResult_t res;
     const float alpha = 1.0f;
     memset(&res, 0, sizeof(res));
-    cublasStatus_t s = lt.heuristic(b->handle, c->op, c->la, c->lb, c->lc, c->lc, c->pref, 1, &res,
-                                    &found);
+    cublasStatus_t s =
+        lt.heuristic(b->handle, c->op, c->la, c->lb, c->lc, c->lc, c->pref, 1, &res, &found);
     *none = s == CUBLAS_STATUS_NOT_SUPPORTED || (s == CUBLAS_STATUS_SUCCESS && found < 1);
     if (*none)
         return GPU_EINVAL;
@@ -628,8 +628,8 @@ extern "C" int gpu_cuda_mm8_check(const gpu_cuda_mm8 *p, bool device)
     if (p->cdt != GPU_FP32 && p->cdt != GPU_BF16)
         return bad("fp8: C must be fp32 or bf16, not %s", gpu_dtype_name(p->cdt));
     if (p->K % 16 || p->N % 16 || p->lda % 16 || p->ldb % 16)
-        return bad("fp8: K %d, N %d, lda %d and ldb %d must be multiples of 16", p->K, p->N,
-                   p->lda, p->ldb);
+        return bad("fp8: K %d, N %d, lda %d and ldb %d must be multiples of 16", p->K, p->N, p->lda,
+                   p->ldb);
     if (p->lda < p->K || p->ldb < p->K || p->ldc < p->N || p->ldc < 1)
         return bad("fp8: lda %d or ldb %d below K %d, or ldc %d below N %d", p->lda, p->ldb, p->K,
                    p->ldc, p->N);
@@ -720,9 +720,8 @@ static __device__ float load_as_f32(const void *src, gpu_dtype dt, size_t i)
     return __uint_as_float(dt == GPU_FP16 ? gpu_fmt_f16_to_f32(h) : gpu_fmt_bf16_to_f32(h));
 }
 
-static __global__ void gpu_k_fp8_cast(uint8_t *dst, uint8_t *dst_t, const void *src,
-                                      gpu_dtype sdt, int rows, int cols, int e5m2,
-                                      const float *scale, float *amax)
+static __global__ void gpu_k_fp8_cast(uint8_t *dst, uint8_t *dst_t, const void *src, gpu_dtype sdt,
+                                      int rows, int cols, int e5m2, const float *scale, float *amax)
 {
     size_t n = (size_t)rows * cols, stride = (size_t)gridDim.x * blockDim.x;
     float s = *scale;
@@ -742,9 +741,9 @@ static __global__ void gpu_k_fp8_cast(uint8_t *dst, uint8_t *dst_t, const void *
         atomicMax((unsigned int *)amax, (unsigned int)most);
 }
 
-extern "C" int gpu_cuda_fp8_cast(cudaStream_t stream, uint8_t *dst, uint8_t *dst_t,
-                                 const void *src, gpu_dtype sdt, int rows, int cols,
-                                 gpu_fp8_format f, const float *scale, float *amax)
+extern "C" int gpu_cuda_fp8_cast(cudaStream_t stream, uint8_t *dst, uint8_t *dst_t, const void *src,
+                                 gpu_dtype sdt, int rows, int cols, gpu_fp8_format f,
+                                 const float *scale, float *amax)
 {
     size_t n = (size_t)rows * (size_t)cols;
     if (rows < 0 || cols < 0 || (sdt != GPU_FP32 && sdt != GPU_FP16 && sdt != GPU_BF16) ||
@@ -755,7 +754,7 @@ extern "C" int gpu_cuda_fp8_cast(cudaStream_t stream, uint8_t *dst, uint8_t *dst
         return 0;
     unsigned blocks = gpu_cuda_blocks(n, CAST_THREADS, CAST_MAX_BLOCKS);
     gpu_k_fp8_cast<<<blocks, CAST_THREADS, 0, stream>>>(dst, dst_t, src, sdt, rows, cols,
-                                                         f == GPU_E5M2, scale, amax);
+                                                        f == GPU_E5M2, scale, amax);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) {
         gpu_log(GPU_LOG_ERROR, "gpu_cuda_fp8_cast", "launch: %s", cudaGetErrorString(e));
@@ -807,7 +806,7 @@ extern "C" int gpu_cuda_fp8_delayed(cudaStream_t stream, float *state, int nrows
         return 0;
     unsigned threads = 128, blocks = (unsigned)((nrows + 127) / 128);
     gpu_k_fp8_delayed<<<blocks, threads, 0, stream>>>(state, nrows, len, most_recent ? 1 : 0,
-                                                       scaled_max[0], scaled_max[1], scaled_max[2]);
+                                                      scaled_max[0], scaled_max[1], scaled_max[2]);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) {
         gpu_log(GPU_LOG_ERROR, "gpu_cuda_fp8_delayed", "launch: %s", cudaGetErrorString(e));

@@ -156,21 +156,23 @@ static void fp8_layout(const gpu_mlp *m, const bool *on, int B, mlp_fp8 *f)
 }
 
 /* See cuda_model.h. */
-int gpu_cuda_mlp_fp8_plan(const gpu_mlp *m, const bool *on, int max_batch, size_t *bytes,
-                          char *err, size_t errlen)
+int gpu_cuda_mlp_fp8_plan(const gpu_mlp *m, const bool *on, int max_batch, size_t *bytes, char *err,
+                          size_t errlen)
 {
     mlp_fp8 f;
     if (max_batch % 16) {
-        snprintf(err, errlen, "batch_size: fp8 on CUDA multiplies the batch's rows in the weight "
-                 "gradients' GEMMs, so each rank's %d rows must be a multiple of 16", max_batch);
+        snprintf(err, errlen,
+                 "batch_size: fp8 on CUDA multiplies the batch's rows in the weight "
+                 "gradients' GEMMs, so each rank's %d rows must be a multiple of 16",
+                 max_batch);
         return GPU_EINVAL;
     }
     for (int l = 0; l < m->nlin; l++)
         if (on[l] && (m->width[l] % 16 || m->width[l + 1] % 16)) {
             snprintf(err, errlen,
                      "precision.fp8.keep: fc%d is %d x %d, and fp8 GEMMs on CUDA need both "
-                     "a multiple of 16: keep fc%d in bf16", l + 1, m->width[l + 1], m->width[l],
-                     l + 1);
+                     "a multiple of 16: keep fc%d in bf16",
+                     l + 1, m->width[l + 1], m->width[l], l + 1);
             return GPU_EINVAL;
         }
     fp8_layout(m, on, max_batch, &f);
@@ -200,7 +202,7 @@ typedef struct {
     int B;
     mlp_acts a;
     mlp_ws w;
-    mlp_fp8 f;        /* an fp8 job's */
+    mlp_fp8 f; /* an fp8 job's */
     uint8_t *acts, *ws;
     const float *zero;
 } mlp_pass;
@@ -337,10 +339,20 @@ static int fp8_gemm(const mlp_pass *p, int M, int N, int K, const uint8_t *A, in
                     const uint8_t *B, int rb, float *C)
 {
     const gpu_fp8_config *f = p->c->fp8;
-    gpu_cuda_mm8 mm = {.M = M, .N = N, .K = K, .A = A, .af = gpu_fp8_role_format(f, ra),
-                       .lda = K, .B = B, .bf = gpu_fp8_role_format(f, rb), .ldb = K,
-                       .a_scale_inv = fp8_row(p, l, ra) + 1, .b_scale_inv = fp8_row(p, l, rb) + 1,
-                       .C = C, .cdt = GPU_FP32, .ldc = N};
+    gpu_cuda_mm8 mm = {.M = M,
+                       .N = N,
+                       .K = K,
+                       .A = A,
+                       .af = gpu_fp8_role_format(f, ra),
+                       .lda = K,
+                       .B = B,
+                       .bf = gpu_fp8_role_format(f, rb),
+                       .ldb = K,
+                       .a_scale_inv = fp8_row(p, l, ra) + 1,
+                       .b_scale_inv = fp8_row(p, l, rb) + 1,
+                       .C = C,
+                       .cdt = GPU_FP32,
+                       .ldc = N};
     return gpu_cuda_matmul_fp8(p->c->blas, p->c->stream, &mm);
 }
 
@@ -354,8 +366,8 @@ static int fp8_fwd(const mlp_pass *p, int l, float *o)
     int B = p->B, in = m->width[l], out = m->width[l + 1];
     const void *W = c->master ? (const void *)(c->master + m->w_off[l])
                               : (const uint8_t *)c->work + m->w_off[l] * gpu_dtype_size(c->wdt);
-    GPU_TRY(fp8_cast(p, l, 0, p->acts + p->a.x[l], m->lin_dt, B, in, b + p->f.x8[l],
-                     b + p->f.x8t[l]));
+    GPU_TRY(
+        fp8_cast(p, l, 0, p->acts + p->a.x[l], m->lin_dt, B, in, b + p->f.x8[l], b + p->f.x8t[l]));
     GPU_TRY(fp8_cast(p, l, 1, W, c->master ? GPU_FP32 : c->wdt, out, in, b + p->f.w8[l],
                      b + p->f.w8t[l]));
     return fp8_gemm(p, B, out, in, b + p->f.x8[l], l, 0, b + p->f.w8[l], 1, o);
@@ -365,8 +377,7 @@ static int fp8_fwd(const mlp_pass *p, int l, float *o)
 static int fp8_grad(const mlp_pass *p, int l, const void *dz)
 {
     uint8_t *b = p->c->fp8_block;
-    return fp8_cast(p, l, 2, dz, p->m->lin_dt, p->B, p->m->width[l + 1], b + p->f.g8,
-                    b + p->f.g8t);
+    return fp8_cast(p, l, 2, dz, p->m->lin_dt, p->B, p->m->width[l + 1], b + p->f.g8, b + p->f.g8t);
 }
 
 /* Linear l forward and its epilogue (bias, rounding, saved z, activation). */
@@ -384,8 +395,8 @@ static int linear_fwd(const mlp_pass *p, int l)
         GPU_TRY(fp8_fwd(p, l, o));
     } else {
         GPU_TRY(weight(p, l, &W));
-        GPU_TRY(gemm(p, false, true, B, out, in, p->acts + p->a.x[l], in, W, in, m->lin_dt, o,
-                     out));
+        GPU_TRY(
+            gemm(p, false, true, B, out, in, p->acts + p->a.x[l], in, W, in, m->lin_dt, o, out));
     }
     bias = param(p, m->b_off[l], &bdt);
     if (p->c->diag != NULL) { /* the fp32 outputs before rounding, as mlp.c accounts them */
@@ -444,8 +455,8 @@ static int param_grads(const mlp_pass *p, int l, const void *dz)
         GPU_TRY(fp8_grad(p, l, dz));
         GPU_TRY(fp8_gemm(p, out, in, B, b + p->f.g8t, l, 2, b + p->f.x8t[l], 0, gw));
     } else {
-        GPU_TRY(gemm(p, true, false, out, in, B, dz, out, p->acts + p->a.x[l], in, m->lin_dt, gw,
-                     in));
+        GPU_TRY(
+            gemm(p, true, false, out, in, B, dz, out, p->acts + p->a.x[l], in, m->lin_dt, gw, in));
     }
     if (on) {
         const float *dz32 = dz;

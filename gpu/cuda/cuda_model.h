@@ -86,8 +86,8 @@ int gpu_cuda_mlp_plan(const gpu_mlp *m, int max_batch, size_t *acts_bytes, size_
  * output gradient's and its transpose), 0 with the block's size in *bytes; GPU_EINVAL with
  * the reason in err (naming the layer) when a dimension of an fp8 GEMM is not a multiple of
  * 16, as cuBLASLt's fp8 kernels need. */
-int gpu_cuda_mlp_fp8_plan(const gpu_mlp *m, const bool *on, int max_batch, size_t *bytes,
-                          char *err, size_t errlen);
+int gpu_cuda_mlp_fp8_plan(const gpu_mlp *m, const bool *on, int max_batch, size_t *bytes, char *err,
+                          size_t errlen);
 /* Forward of B rows: x (device fp32, B x width[0]), y (device int, B); writes *loss_sum and
  * *correct (device) and saves what backward needs. */
 int gpu_cuda_mlp_forward(const gpu_mlp *m, const gpu_cuda_model_ctx *c, const float *x,

@@ -86,7 +86,7 @@ struct gpu_cuda_twin {
     float *grads, *m, *v;
     void *acts, *ws, *batch, *small;
     size_t acts_bytes, ws_bytes, batch_bytes;
-    float *fp8_state;            /* an fp8 job's scaling rows, and its fp8 operands' block */
+    float *fp8_state; /* an fp8 job's scaling rows, and its fp8 operands' block */
     uint8_t *fp8_block;
     size_t fp8_state_bytes, fp8_bytes;
     small_layout sl;
@@ -277,8 +277,8 @@ static int alloc_blocks(gpu_cuda_twin *d, char *err, size_t errlen)
             snprintf(err, errlen, "device \"%s\": %s", d->cfg.device, why);
             return GPU_ENODEV; /* this device cannot run the job ("auto": the CPU can) */
         }
-        GPU_TRY(dev_alloc(d, (void **)&d->fp8_state, d->fp8_state_bytes, "fp8 scaling", err,
-                          errlen));
+        GPU_TRY(
+            dev_alloc(d, (void **)&d->fp8_state, d->fp8_state_bytes, "fp8 scaling", err, errlen));
         GPU_TRY(dev_alloc(d, (void **)&d->fp8_block, d->fp8_bytes, "fp8 operands", err, errlen));
     }
     d->x = d->batch;
@@ -466,8 +466,17 @@ void gpu_cuda_twin_free(gpu_cuda_twin *d)
         (void)cudaSetDevice(d->device);
         (void)cudaStreamSynchronize(d->stream);
     }
-    void *blocks[] = {d->work != d->master ? d->work : NULL, d->master, d->grads, d->m, d->v,
-                      d->acts, d->ws, d->batch, d->small, d->fp8_state, d->fp8_block};
+    void *blocks[] = {d->work != d->master ? d->work : NULL,
+                      d->master,
+                      d->grads,
+                      d->m,
+                      d->v,
+                      d->acts,
+                      d->ws,
+                      d->batch,
+                      d->small,
+                      d->fp8_state,
+                      d->fp8_block};
     for (size_t i = 0; i < sizeof(blocks) / sizeof(blocks[0]); i++)
         if (blocks[i] != NULL)
             (void)cudaFree(blocks[i]);

@@ -289,9 +289,9 @@ fail:
     return rc;
 }
 
-extern "C" int gpu_cuda_fp8_cast_host(uint8_t *dst, uint8_t *dst_t, const void *src,
-                                      gpu_dtype sdt, int rows, int cols, gpu_fp8_format f,
-                                      float scale, float *amax)
+extern "C" int gpu_cuda_fp8_cast_host(uint8_t *dst, uint8_t *dst_t, const void *src, gpu_dtype sdt,
+                                      int rows, int cols, gpu_fp8_format f, float scale,
+                                      float *amax)
 {
     int rc = gpu_cuda_ready();
     size_t n = rows > 0 && cols > 0 ? (size_t)rows * (size_t)cols : 0;
