@@ -22,7 +22,8 @@
 // mapped to 127.0.0.1, in a second Chromium without its local-network checks, as other
 // browsers are) that reads and cancels through the daemon's own port: the job must keep
 // running, nothing may be read, and the daemon must have refused them itself (403, 421).
-// Screenshots go to $SHOTS (default tests/web-shots).
+// Screenshots go to $SHOTS (default tests/web-shots). AMPD_TEST_CPU_THROTTLE=N slows the
+// page's CPU N times (Chromium's throttling), to find the checks that race a slow machine.
 //
 // Exit 0 when every check passed, 1 when one failed, 77 (automake's SKIP) only when
 // Chromium cannot start. Every wait is bounded; the daemon is killed on exit.
@@ -38,12 +39,19 @@ const AMPD = process.env.AMPD || './ampd';
 const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium';
 const SHOTS = process.env.SHOTS || 'tests/web-shots';
 const SLOW = Number(process.env.AMPD_TEST_SLOW || 1); // wait multiplier (sanitizer builds)
+// Chromium's CPU slowed this many times on the main page: a loaded CI machine, here
+const THROTTLE = Number(process.env.AMPD_TEST_CPU_THROTTLE || 1);
 const require = createRequire(path.resolve(srcdir, 'web/package.json'));
 const {chromium} = require('playwright-core');
 
 let pass = 0, fail = 0;
+const failed = []; // repeated at the end, where a log cut to its tail still shows them
 const ok = (name) => { pass++; console.log('PASS: ' + name); };
-const bad = (name, why) => { fail++; console.log('FAIL: ' + name + (why ? ' — ' + why : '')); };
+const bad = (name, why) => {
+    fail++;
+    failed.push(name + (why ? ' — ' + why : ''));
+    console.log('FAIL: ' + failed[failed.length - 1]);
+};
 const check = (name, cond, why) => (cond ? ok(name) : bad(name, why));
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
@@ -53,7 +61,7 @@ fs.writeFileSync(path.join(tmp, 'token'), TOKEN + '\n', {mode: 0o600});
 fs.mkdirSync(path.join(tmp, 'text'));
 fs.writeFileSync(path.join(tmp, 'text', 'fox.txt'),
                  Array.from({length: 400}, (_, i) => `the quick brown fox jumps over the lazy dog ${i % 7}\n`).join(''));
-let daemon = null, browser = null, expect400 = false;
+let daemon = null, browser = null, expect400 = false, mainPage = null;
 let daemon2 = null, browser2 = null, attacker = null; // the cross-site part
 const errors = []; // console errors and uncaught exceptions of every page
 
@@ -372,7 +380,8 @@ async function main() {
     }
     const ctx = await browser.newContext({viewport: {width: 1440, height: 900}});
     await ctx.addInitScript(probe);
-    const page = await ctx.newPage();
+    const page = mainPage = await ctx.newPage();
+    if (THROTTLE > 1) await (await ctx.newCDPSession(page)).send('Emulation.setCPUThrottlingRate', {rate: THROTTLE});
     // The one refused submit below is answered 400, which Chromium logs as a console error
     // for the resource: that one (and only that one) is expected.
     page.on('console', (m) => {
@@ -431,28 +440,34 @@ async function main() {
           fpSpec.model.layers.join() === '784,256,10', JSON.stringify(fpSpec));
     await page.waitForSelector('#app[data-ready=run]');
     const queued = await page.getAttribute('.run-title [data-status]', 'data-status');
+    // the page records each loss scale its chart draws while the job is live, and drops its
+    // stream at the first, early in the run: what it showed, however slowly this machine
+    // runs the browser
+    await page.evaluate(() => {
+        const el = document.querySelector('[data-chart=loss_scale]');
+        const rec = window.__live = {seen: [], dropped: false};
+        new MutationObserver(() => {
+            const st = document.querySelector('.run-title [data-status]');
+            const y = Number(el.dataset.lastY), n = Number(el.dataset.points);
+            // the page polls the status, so steps may arrive while it still says queued
+            if (!st || !['running', 'queued'].includes(st.dataset.status) || !(y > 0)) return;
+            rec.seen.push({y, n});
+            const s = window.ampd.run && window.ampd.run.stream;
+            if (!rec.dropped && s && !s.closed) {
+                s.drop();
+                rec.dropped = true;
+            }
+        }).observe(el, {attributes: true, attributeFilter: ['data-points', 'data-last-y']});
+    });
     await releaseSlots(blockers);
     check('the run page opened on the queued job', queued === 'queued', queued);
 
     // ---- the live loss-scale chart grows while the fp16 job runs
-    const seen = [];
-    let dropped = false;
     await until(async () => {
         const st = await page.getAttribute('.run-title [data-status]', 'data-status');
-        const y = Number(await page.getAttribute('[data-chart=loss_scale]', 'data-last-y'));
-        const n = Number(await page.getAttribute('[data-chart=loss_scale]', 'data-points'));
-        // the page polls the status, so steps may arrive while it still says queued
-        if ((st === 'running' || st === 'queued') && y > 0) seen.push({y, n});
-        if (!dropped && seen.length >= 2) {
-            dropped = await page.evaluate(() => {
-                const s = window.ampd.run && window.ampd.run.stream;
-                if (!s || s.closed) return false;
-                s.drop();
-                return true;
-            });
-        }
         return st && st !== 'running' && st !== 'queued';
     }, 180000, 200);
+    const {seen, dropped} = await page.evaluate(() => window.__live);
     const ys = seen.map((s) => s.y);
     const grew = ys.length >= 3 && Math.max(...ys) >= 16 * ys[0];
     check('the loss-scale chart grew live while the fp16 job ran', grew,
@@ -739,7 +754,7 @@ async function main() {
     await until(async () => (await status()) === 'running', 20000);
     await page.click('.actions button:has-text("Cancel")');
     check('Cancel stops the running job', await until(async () => (await status()) === 'cancelled', 30000));
-    await page.click('.actions button:has-text("Resume")', {timeout: 10000 * SLOW});
+    await page.click('.actions button:has-text("Resume")');
     check('Resume runs it again', await until(async () => (await status()) === 'running', 20000));
 
     // ---- a page left before it has loaded opens no stream and no timer afterwards
@@ -776,9 +791,9 @@ async function main() {
     check('a clone form left while loading its run draws nothing over the next page', sl.ok, JSON.stringify(sl));
     await page.evaluate((x) => { location.hash = x; }, `#/runs/${cId}`);
     await page.waitForSelector('#app[data-ready=run]');
-    await page.click('.actions button:has-text("Cancel")', {timeout: 10000 * SLOW});
+    await page.click('.actions button:has-text("Cancel")');
     await until(async () => (await status()) === 'cancelled', 30000);
-    await page.click('.actions button:has-text("Delete")', {timeout: 10000 * SLOW});
+    await page.click('.actions button:has-text("Delete")');
     await page.waitForSelector('#confirm-dialog[open]');
     await page.click('#confirm-yes');
     await page.waitForSelector('#app[data-ready=runs]');
@@ -973,6 +988,7 @@ async function main() {
 
     check('no console error or uncaught exception in any page', errors.length === 0, errors.join(' | '));
     await crossSite();
+    for (const f of failed) console.log('failed: ' + f);
     console.log(`${pass} passed, ${fail} failed`);
     return fail ? 1 : 0;
 }
@@ -983,6 +999,13 @@ try {
 } catch (e) {
     console.log('FAIL: ' + (e.stack || e));
     if (errors.length) console.log('console errors: ' + errors.join(' | '));
+    if (mainPage) { // what the page showed when the step gave up
+        const seen = await mainPage.evaluate(() => ({hash: location.hash, ready: document.getElementById('app').dataset.ready,
+                                                      head: (document.querySelector('.run-head') || {}).textContent}))
+            .catch((e2) => String(e2));
+        console.log('the page: ' + JSON.stringify(seen).slice(0, 600));
+    }
+    for (const f of failed) console.log('failed: ' + f);
     console.log(`${pass} passed, ${fail + 1} failed`);
     try {
         console.log(fs.readFileSync(path.join(tmp, 'main', 'daemon.log'), 'utf8').split('\n').slice(-30).join('\n'));

@@ -185,11 +185,13 @@ export class RunPage {
         this.renderHead();
     }
 
-    renderHead() {
-        const j = this.job;
-        const s = j.summary || {};
-        clear(this.head);
+    // The header's buttons. They are built again only when what they offer changes (status,
+    // cancel requested, priority, branch), so a poll does not replace a button under the
+    // user's pointer, nor one a script is about to click.
+    renderActions(j) {
         const st = j.status;
+        const key = JSON.stringify([st, !!j.cancel_requested, j.spec ? j.spec.priority || 0 : null, !!j.branch]);
+        if (this.actions && this.actionsKey === key) return this.actions;
         const actions = h('div', {class: 'actions'});
         if (['queued', 'running', 'preempted', 'paused'].includes(st))
             actions.append(h('button', {class: 'btn', onclick: () => this.act('cancel'),
@@ -222,6 +224,18 @@ export class RunPage {
                                    title: 'the ancestors\' steps up to each branch, then this run\'s; a first column names the job'},
                              'Lineage CSV'));
         actions.append(h('a', {class: 'btn ghost', href: `#/submit?from=${j.id}`}, 'Clone'));
+        this.actions = actions;
+        this.actionsKey = key;
+        return actions;
+    }
+
+    renderHead() {
+        const j = this.job;
+        const s = j.summary || {};
+        const st = j.status;
+        const focused = this.actions && this.actions.contains(document.activeElement) ? document.activeElement : null;
+        const actions = this.renderActions(j); // before clear: it reads the focus
+        clear(this.head);
         const frac = j.progress ? j.progress.fraction : 0;
         // Element.append writes null as text: the parts a job does not have are left out
         this.head.append(...[
@@ -248,6 +262,7 @@ export class RunPage {
             j.plateau && j.plateau.on_plateau ?
                 h('p', {class: 'plateau-note', id: 'plateau-note'}, h('span', {class: 'badge plateau'}, 'unigram plateau'), ' ', j.plateau.text) : null,
         ].flat().filter(Boolean));
+        if (focused && document.activeElement !== focused) focused.focus();
         if (j.error) {
             this.errorBox.hidden = false;
             clear(this.errorBox).append(h('h3', {}, j.status === 'failed' ? 'Error' : 'Why it stopped'),
