@@ -150,10 +150,10 @@ uint8_t gpu_f32_to_fp8(float x, gpu_fp8_format f, bool saturate);
 /* Exact; a NaN code gives the canonical quiet NaN (0x7FC00000). */
 float gpu_fp8_to_f32(uint8_t v, gpu_fp8_format f);
 /* Bulk versions of the two (the same bits; src and dst may not overlap). The encoding is
- * vectorised with AVX2 where the CPU has it (gpu_fp8_impl names the path). */
+ * vectorised with AVX-512F or AVX2 where the CPU has it (gpu_fp8_impl names the path). */
 void gpu_cvt_f32_fp8(uint8_t *dst, const float *src, size_t n, gpu_fp8_format f, bool saturate);
 void gpu_cvt_fp8_f32(float *dst, const uint8_t *src, size_t n, gpu_fp8_format f);
-const char *gpu_fp8_impl(void); /* "avx2" or "portable" */
+const char *gpu_fp8_impl(void); /* "avx512", "avx2" or "portable" */
 /* gpu_cvt_f32_fp8 on the path named impl (for tests and benchmarks): GPU_ENODEV when the
  * CPU lacks it, GPU_EINVAL for another name. */
 int gpu_cvt_f32_fp8_on(const char *impl, uint8_t *dst, const float *src, size_t n, gpu_fp8_format f,

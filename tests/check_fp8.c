@@ -3,7 +3,8 @@
  * (tests/fp8_nv.cc: __nv_cvt_float_to_fp8 and __nv_cvt_fp8_to_halfraw of the CUDA
  * toolkit's cuda_fp8.hpp):
  *   - the 2^32 fp32 bit patterns converted to E4M3 and to E5M2, saturating and not, by the
- *     bulk conversion on every path this CPU has (portable, AVX2; in blocks of 2^16), and
+ *     bulk conversion on every path this CPU has (portable, AVX2, AVX-512; in blocks of 2^16,
+ *     and a block whose length is not a multiple of any vector's, for the tails), and
  *     every 61st by the scalar one, equal to
  *     NVIDIA's bits: all of them with AMPD_FP8_SWEEP=full (100 s on 2 cores), every 17th
  *     block by default (every 257th under AddressSanitizer), so that `make check` stays
@@ -244,18 +245,21 @@ END_TEST
  * bulk path this CPU has (and every 61st pattern by the scalar conversion). */
 START_TEST(test_encode_every_f32)
 {
-    static const char *const paths[] = {"portable", "avx2"};
+    static const char *const paths[] = {"portable", "avx2", "avx512"};
+    enum { NPATHS = sizeof(paths) / sizeof(paths[0]) };
     uint64_t checked = 0, wrong = 0;
     const unsigned stride = sweep_stride();
     char first[200] = "", have[40] = "";
+    const char *best = "portable";
     int npaths = 0;
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < NPATHS; k++) {
         uint8_t d;
         float x = 1.0f;
         if (gpu_cvt_f32_fp8_on(paths[k], &d, &x, 1, GPU_E4M3, true) == 0) {
             snprintf(have + strlen(have), sizeof(have) - strlen(have), "%s%s", npaths ? ", " : "",
                      paths[k]);
             npaths++;
+            best = paths[k];
         }
     }
 #pragma omp parallel reduction(+ : checked, wrong)
@@ -278,7 +282,7 @@ START_TEST(test_encode_every_f32)
                 gpu_fp8_format f = e5m2 ? GPU_E5M2 : GPU_E4M3;
                 for (uint32_t i = 0; i < BLOCK; i++)
                     want[i] = fp8_nv_from_f32(src[i], e5m2, sat);
-                for (int k = 0; k < 2; k++) {
+                for (int k = 0; k < NPATHS; k++) {
                     if (gpu_cvt_f32_fp8_on(paths[k], dst, src, BLOCK, f, sat) != 0)
                         continue;
                     for (uint32_t i = 0; i < BLOCK; i++) {
@@ -307,10 +311,39 @@ START_TEST(test_encode_every_f32)
     ck_assert_msg(wrong == 0, "%llu conversions differ from NVIDIA's; the first: %s",
                   (unsigned long long)wrong, first);
     ck_assert(stride > 1 || checked == (uint64_t)npaths << 34);
-    ck_assert_str_eq(gpu_fp8_impl(), npaths == 2 ? "avx2" : "portable");
+    ck_assert_str_eq(gpu_fp8_impl(), best);
 }
 END_TEST
 #endif
+
+/* Every length from 0 to 50 on every path: the vector paths' tails give the scalar
+ * conversion's codes and write nothing past the end. */
+START_TEST(test_encode_tails)
+{
+    static const char *const paths[] = {"portable", "avx2", "avx512"};
+    float src[50];
+    uint8_t dst[51];
+    for (int i = 0; i < 50; i++) /* both signs, normals, subnormals, ties, past the max, NaN */
+        src[i] = i == 7    ? NAN
+                 : i == 13 ? -INFINITY
+                           : ldexpf(1.0f + (float)(i % 9) / 16, i - 25) * (i % 2 ? -1 : 1);
+    for (size_t k = 0; k < sizeof(paths) / sizeof(paths[0]); k++)
+        for (int mode = 0; mode < 4; mode++) {
+            gpu_fp8_format f = mode & 1 ? GPU_E5M2 : GPU_E4M3;
+            bool sat = mode >> 1;
+            for (size_t n = 0; n <= 50; n++) {
+                memset(dst, 0xA5, sizeof(dst));
+                if (gpu_cvt_f32_fp8_on(paths[k], dst, src, n, f, sat) != 0)
+                    break; /* this CPU lacks the path */
+                for (size_t i = 0; i < n; i++)
+                    ck_assert_msg(dst[i] == gpu_f32_to_fp8(src[i], f, sat),
+                                  "%s, n %zu: [%zu] %a gave 0x%02x, not 0x%02x", paths[k], n, i,
+                                  (double)src[i], dst[i], gpu_f32_to_fp8(src[i], f, sat));
+                ck_assert_msg(dst[n] == 0xA5, "%s wrote past %zu values", paths[k], n);
+            }
+        }
+}
+END_TEST
 
 static Suite *fp8_suite(void)
 {
@@ -320,6 +353,7 @@ static Suite *fp8_suite(void)
     tcase_add_test(tc, test_landmarks);
     tcase_add_test(tc, test_delayed_scaling);
     tcase_add_test(tc, test_current_scaling);
+    tcase_add_test(tc, test_encode_tails);
 #ifdef HAVE_FP8_NV
     tcase_add_test(tc, test_decode_all_codes);
     tcase_add_test(tc, test_encode_every_f32);
