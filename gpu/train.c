@@ -597,11 +597,8 @@ static int pick_device(gpu_trainer *t, char *err, size_t errlen)
 
     if (strcmp(s, "cpu") == 0)
         return 0;
-    const char *no_fp8 = !t->cfg.fp8.on ? NULL
-                         : t->cfg.model.type == GPU_MODEL_GPT
-                             ? "the CUDA GPT has no fp8 linears yet"
-                         : t->cfg.dist.world_size > 1 ? "fp8 on CUDA runs one rank so far"
-                                                      : NULL;
+    const char *no_fp8 =
+        t->cfg.fp8.on && t->cfg.dist.world_size > 1 ? "fp8 on CUDA runs one rank so far" : NULL;
     if (no_fp8) {
         if (strcmp(s, "auto") == 0) {
             if (gpu_cuda_probe(NULL, 0) == 0)

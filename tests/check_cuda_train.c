@@ -39,8 +39,8 @@
  *   - fp8 (an MLP of widths multiples of 16; delayed scaling with and without master
  *     weights, current scaling): step by step as the 16-bit jobs, the fp8.scaling rows among
  *     the blocks; a 10-class head is refused naming fc3 ("auto": the CPU, saying why), and
- *     trains kept in bf16; an fp8 GPT is refused on "cuda" and trains on the CPU under
- *     "auto";
+ *     trains kept in bf16; the GPT's block linears likewise (delayed with and without master
+ *     weights, current, one linear kept in bf16), a seq_len of 24 refused naming it;
  *   - one rank through NCCL (the all-reduce path of a data-parallel job on one device): hook
  *     none leaves every gradient and loss bit for bit as without it, fp16 and bf16 round each
  *     gradient to their type and change nothing else, 4 / 2 bytes per parameter;
@@ -507,9 +507,8 @@ END_TEST
 
 /* fp8 (docs/fp8.md): an MLP whose dimensions are multiples of 16, delayed scaling (master
  * weights on and off) and current scaling, step by step against the CPU's fp8 trainer,
- * the fp8.scaling state included among the blocks compared; an fp8 GPT on "cuda" is refused
- * and "auto" takes the CPU, saying why; a layer whose width is not a multiple of 16 is refused
- * naming it. */
+ * the fp8.scaling state included among the blocks compared; a layer whose width is not a
+ * multiple of 16 is refused naming it, and "auto" takes the CPU, saying why. */
 static void fp8_mlp_job(gpu_job_config *c, bool master, gpu_fp8_recipe recipe)
 {
     mlp_job(c, GPU_BF16, master, GPU_ACT_RELU);
@@ -551,15 +550,47 @@ START_TEST(t_mlp_fp8)
     ck_assert_int_eq(gpu_trainer_create(&c, &t, err, sizeof(err)), 0);
     ck_assert(strncmp(gpu_trainer_device(t), "cuda:", 5) == 0);
     gpu_trainer_free(t);
-    gpt_job(&c, GPU_BF16, true);
-    c.fp8.on = true;
+}
+END_TEST
+
+static void fp8_gpt_job(gpu_job_config *c, bool master, gpu_fp8_recipe recipe)
+{
+    gpt_job(c, GPU_BF16, master);
+    c->fp8.on = true;
+    c->fp8.recipe = recipe;
+    c->fp8.amax_history_len = 8;
+}
+
+/* The GPT's block linears in fp8 (the head in bf16), as the MLP: delayed scaling with and
+ * without master weights, current scaling, one linear kept in bf16; a seq_len that is not a
+ * multiple of 16 is refused naming it ("auto": the CPU, saying why). */
+START_TEST(t_gpt_fp8)
+{
+    gpu_job_config c;
+    gpu_trainer *t;
+    char err[512];
+    if (!have_device())
+        return;
+    for (int master = 1; master >= 0; master--) {
+        fp8_gpt_job(&c, master, GPU_FP8_DELAYED);
+        compare_job(&c, 3, &B16);
+    }
+    fp8_gpt_job(&c, true, GPU_FP8_CURRENT);
+    compare_job(&c, 2, &B16);
+    fp8_gpt_job(&c, true, GPU_FP8_DELAYED);
+    c.fp8.nkeep = 1;
+    snprintf(c.fp8.keep[0], sizeof(c.fp8.keep[0]), "blocks.1.mlp.fc");
+    compare_job(&c, 2, &B16);
+    fp8_gpt_job(&c, true, GPU_FP8_DELAYED);
+    c.model.seq_len = 24;
     snprintf(c.device, sizeof(c.device), "cuda");
-    ck_assert_int_eq(gpu_trainer_create(&c, &t, err, sizeof(err)), GPU_EINVAL);
-    ck_assert_msg(strstr(err, "GPT has no fp8"), "%s", err);
+    ck_assert_int_eq(gpu_trainer_create(&c, &t, err, sizeof(err)), GPU_ENODEV);
+    ck_assert_msg(strstr(err, "model.seq_len") && strstr(err, "16"), "%s", err);
     snprintf(c.device, sizeof(c.device), "auto");
     ck_assert_int_eq(gpu_trainer_create(&c, &t, err, sizeof(err)), 0);
-    ck_assert_msg(strstr(gpu_trainer_device(t), "cpu (fp8: the CUDA GPT"), "%s",
-                  gpu_trainer_device(t));
+    ck_assert_msg(strstr(gpu_trainer_device(t), "cpu (CUDA unusable") &&
+                      strstr(gpu_trainer_device(t), "seq_len"),
+                  "%s", gpu_trainer_device(t));
     gpu_trainer_free(t);
 }
 END_TEST
@@ -878,6 +909,7 @@ static Suite *cuda_train_suite(void)
     tcase_add_test(tc, t_mlp_fp16);
     tcase_add_test(tc, t_mlp_bf16);
     tcase_add_test(tc, t_mlp_fp8);
+    tcase_add_test(tc, t_gpt_fp8);
     tcase_add_test(tc, t_mlp_adamw);
     tcase_add_test(tc, t_mlp_fp32_linear);
     tcase_add_test(tc, t_gpt);

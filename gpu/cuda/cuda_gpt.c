@@ -78,6 +78,7 @@
 
 #include "gpu/cuda/cuda_model.h"
 #include "gpu/cuda/cuda_util.h"
+#include "gpu/fp8.h"
 
 #define DIAG_MIN_FLOATS ((size_t)1 << 20)  /* diagnostics buffer: at least 4 MiB */
 #define WIDEN_MAX_FLOATS ((size_t)1 << 22) /* widening buffer: at most 16 MiB */
@@ -99,12 +100,22 @@ typedef struct {
     size_t dg_floats, wid_floats, embw_bytes, ws_bytes;
 } gpt_lay;
 
+/* An fp8 job's block for B sequences (N rows; byte offsets): per fp8 GEMM g what its
+ * backward reads of its forward, the input's transpose x8t[g] (K x N) and the weight's
+ * w8t[g] (K x O); then, shared by the GEMMs, the forward's input x8 (N x K) and weight w8
+ * (O x K) and backward's output gradient g8 (N x O) and its transpose g8t (O x N). */
+typedef struct {
+    size_t x8t[4 * GPU_GPT_MAX_LAYERS], w8t[4 * GPU_GPT_MAX_LAYERS];
+    size_t x8, w8, g8, g8t, bytes;
+} gpt_fp8;
+
 /* One forward or backward call. */
 typedef struct {
     const gpu_gpt *m;
     const gpu_cuda_model_ctx *c;
     cudaStream_t st;
     gpt_lay L;
+    gpt_fp8 F; /* an fp8 job's */
     int B, T, C, H, hd, V, N;
     size_t nC;  /* N x C */
     bool widen; /* fp32 linears on 16-bit weights without a master */
@@ -265,6 +276,66 @@ int gpu_cuda_gpt_plan(const gpu_gpt *m, int max_batch, size_t *acts_bytes, size_
     return 0;
 }
 
+/* GEMM g's output and input widths: attn.qkv 3C x C, attn.proj C x C, mlp.fc 4C x C,
+ * mlp.proj C x 4C (gpt.c's order, g = 4 block + k). */
+static void fp8_dims(const gpu_gpt *m, int g, int *O, int *K)
+{
+    static const int o[4] = {3, 1, 4, 1}, k[4] = {1, 1, 1, 4};
+    *O = o[g % 4] * m->d_model;
+    *K = k[g % 4] * m->d_model;
+}
+
+static void fp8_layout(const gpu_gpt *m, const bool *on, int B, gpt_fp8 *f)
+{
+    size_t off = 0, N = (size_t)B * (size_t)m->seq_len, C4 = 4 * (size_t)m->d_model;
+    for (int g = 0; g < m->nfp8; g++) {
+        int O, K;
+        if (!on[g])
+            continue;
+        fp8_dims(m, g, &O, &K);
+        f->x8t[g] = off;
+        off = gpu_align256(off + N * (size_t)K);
+        f->w8t[g] = off;
+        off = gpu_align256(off + (size_t)O * (size_t)K);
+    }
+    f->x8 = off; /* the widest input and output are 4C, the largest weight 4C x C */
+    off = gpu_align256(off + N * C4);
+    f->w8 = off;
+    off = gpu_align256(off + C4 * (size_t)m->d_model);
+    f->g8 = off;
+    off = gpu_align256(off + N * C4);
+    f->g8t = off;
+    off = gpu_align256(off + N * C4);
+    f->bytes = off;
+}
+
+/* See cuda_model.h. */
+int gpu_cuda_gpt_fp8_plan(const gpu_gpt *m, const bool *on, int max_batch, size_t *bytes, char *err,
+                          size_t errlen)
+{
+    gpt_fp8 f;
+    if (!model_ok(m) || m->nfp8 > 4 * GPU_GPT_MAX_LAYERS || max_batch < 1)
+        return GPU_EINVAL;
+    if (m->seq_len % 16) {
+        snprintf(err, errlen,
+                 "model.seq_len: fp8 on CUDA multiplies the batch's token rows in the weight "
+                 "gradients' GEMMs, which need a multiple of 16 rows for any batch: seq_len %d "
+                 "is not one",
+                 m->seq_len);
+        return GPU_EINVAL;
+    }
+    if (m->d_model % 16) {
+        snprintf(err, errlen,
+                 "model.d_model: fp8 GEMMs on CUDA need every dimension a multiple of 16, and "
+                 "d_model %d is not one",
+                 m->d_model);
+        return GPU_EINVAL;
+    }
+    fp8_layout(m, on, max_batch, &f);
+    *bytes = f.bytes;
+    return 0;
+}
+
 /* Check the arguments and set up a call for B sequences (acts and ws 256-byte aligned, as
  * cudaMalloc returns them); the zero float is written. */
 static int run_init(gpt_run *r, const gpu_gpt *m, const gpu_cuda_model_ctx *c, const int *x,
@@ -298,6 +369,12 @@ static int run_init(gpt_run *r, const gpu_gpt *m, const gpu_cuda_model_ctx *c, c
     r->widen = m->lin_dt == GPU_FP32 && c->master == NULL && c->wdt != GPU_FP32;
     r->acts = (uint8_t *)c->acts;
     r->ws = (uint8_t *)c->ws;
+    if (c->fp8) {
+        if (c->fp8_state == NULL || c->fp8_block == NULL || c->fp8_on == NULL ||
+            m->nfp8 > 4 * GPU_GPT_MAX_LAYERS || m->seq_len % 16 || m->d_model % 16)
+            return GPU_EINVAL;
+        fp8_layout(m, c->fp8_on, B, &r->F);
+    }
     return gpu_cuda_c_check(cudaMemsetAsync(wsp(r, r->L.zero), 0, sizeof(float), r->st),
                             "cudaMemsetAsync");
 }
@@ -497,6 +574,54 @@ static int agemm(const gpt_run *r, bool ta, bool tb, int M, int Nn, int K, aop a
     return 0;
 }
 
+/* ---- fp8 linears ---------------------------------------------------------------------------- */
+
+/* The fp8 GEMM of the linear whose weight is at w_off, or -1 (not an fp8 job, or a linear
+ * kept in bf16, or the head). */
+static int fp8_gemm(const gpt_run *r, size_t w_off)
+{
+    const gpu_gpt *m = r->m;
+    for (int g = 0; r->c->fp8 != NULL && g < m->nfp8; g++)
+        if (m->fp8_w[g] == w_off)
+            return r->c->fp8_on[g] ? g : -1;
+    return -1;
+}
+
+/* F[N x O] = X W^T in fp8 (gpt.c's fp8_fwd): the input (lin_dt) and the weight (the fp32
+ * master when there is one) cast with their transposes kept for backward. */
+static int fp8_fwd(const gpt_run *r, int g, const void *X, int K, int O, size_t w_off, float *F)
+{
+    const gpu_cuda_model_ctx *c = r->c;
+    uint8_t *b = c->fp8_block;
+    const void *W = c->master ? (const void *)(c->master + w_off) : cel(c->work, w_off, c->wdt);
+    GPU_TRY(gpu_cuda_fp8_cast_op(c, g, GPU_FP8_X, X, r->m->lin_dt, r->N, K, b + r->F.x8,
+                                 b + r->F.x8t[g]));
+    GPU_TRY(gpu_cuda_fp8_cast_op(c, g, GPU_FP8_W, W, c->master ? GPU_FP32 : c->wdt, O, K,
+                                 b + r->F.w8, b + r->F.w8t[g]));
+    return gpu_cuda_fp8_gemm_op(c, g, r->N, O, K, b + r->F.x8, GPU_FP8_X, b + r->F.w8, GPU_FP8_W,
+                                F);
+}
+
+/* gw[O x K] = dY^T X in fp8: the output gradient (lin_dt) cast with its transpose, then the
+ * product with the forward's transposed input. */
+static int fp8_dw(const gpt_run *r, int g, const void *dY, int K, int O, float *gw)
+{
+    const gpu_cuda_model_ctx *c = r->c;
+    uint8_t *b = c->fp8_block;
+    GPU_TRY(gpu_cuda_fp8_cast_op(c, g, GPU_FP8_G, dY, r->m->lin_dt, r->N, O, b + r->F.g8,
+                                 b + r->F.g8t));
+    return gpu_cuda_fp8_gemm_op(c, g, O, K, r->N, b + r->F.g8t, GPU_FP8_G, b + r->F.x8t[g],
+                                GPU_FP8_X, gw);
+}
+
+/* F[N x K] = dY W in fp8, from the gradient's copy fp8_dw made and the forward's W^T. */
+static int fp8_dx(const gpt_run *r, int g, int K, int O, float *F)
+{
+    uint8_t *b = r->c->fp8_block;
+    return gpu_cuda_fp8_gemm_op(r->c, g, r->N, K, O, b + r->F.g8, GPU_FP8_G, b + r->F.w8t[g],
+                                GPU_FP8_W, F);
+}
+
 /* ---- linear layers ------------------------------------------------------------------------- */
 
 /* out[N x O] = rd(X W^T + b, lin_dt) stored in odt (gpt.c's linear_fwd); X [N x K] in lin_dt.
@@ -510,9 +635,12 @@ static int linear_fwd(const gpt_run *r, const void *X, int K, int O, size_t w_of
     wref b = wsrc(r, b_off, lin);
     size_t n = (size_t)r->N * (size_t)O;
     float *F = wsp(r, r->L.f32);
-    if (r->c->diag == NULL && odt == lin && b.dt == lin && !r->widen && (uintptr_t)b.p % 16 == 0)
+    int g = fp8_gemm(r, w_off);
+    if (g < 0 && r->c->diag == NULL && odt == lin && b.dt == lin && !r->widen &&
+        (uintptr_t)b.p % 16 == 0)
         return wgemm_fwd(r, X, r->N, K, O, w_off, out, lin, b.p);
-    int rc = wgemm_fwd(r, X, r->N, K, O, w_off, F, GPU_FP32, NULL);
+    int rc = g >= 0 ? fp8_fwd(r, g, X, K, O, w_off, F)
+                    : wgemm_fwd(r, X, r->N, K, O, w_off, F, GPU_FP32, NULL);
     if (rc != 0)
         return rc;
     if (r->c->diag == NULL)
@@ -538,8 +666,13 @@ static int linear_bwd(const gpt_run *r, const void *dY, const void *X, int K, in
     int rc = diag_any(r, layer, lin, GPU_CUDA_DIAG_BACKWARD, dY, lin, (size_t)r->N * O);
     if (rc != 0)
         return rc;
-    gpu_cuda_mm p = mm_desc(true, false, O, K, r->N, dY, lin, O, X, lin, K, gw, GPU_FP32, K);
-    rc = mm(r, &p);
+    int g = fp8_gemm(r, w_off);
+    if (g >= 0) {
+        rc = fp8_dw(r, g, dY, K, O, gw);
+    } else {
+        gpu_cuda_mm p = mm_desc(true, false, O, K, r->N, dY, lin, O, X, lin, K, gw, GPU_FP32, K);
+        rc = mm(r, &p);
+    }
     if (rc == 0)
         rc = diag_round(r, layer, GPU_CUDA_DIAG_WEIGHT_GRAD, gw, nw, gw, GPU_FP32);
     if (rc == 0 && b_off != NO_BIAS) {
@@ -551,9 +684,9 @@ static int linear_bwd(const gpt_run *r, const void *dY, const void *X, int K, in
     }
     if (rc != 0)
         return rc;
-    if (!dg && dxdt == lin && !r->widen)
+    if (g < 0 && !dg && dxdt == lin && !r->widen)
         return wgemm_dx(r, dY, O, K, w_off, dX, lin);
-    rc = wgemm_dx(r, dY, O, K, w_off, F, GPU_FP32);
+    rc = g >= 0 ? fp8_dx(r, g, K, O, F) : wgemm_dx(r, dY, O, K, w_off, F, GPU_FP32);
     if (rc == 0)
         rc = diag_round(r, layer, GPU_CUDA_DIAG_INPUT_GRAD, F, (size_t)r->N * K, dX, dxdt);
     return rc;

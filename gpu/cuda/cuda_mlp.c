@@ -307,55 +307,6 @@ static bool is_fp8(const mlp_pass *p, int l)
     return p->c->fp8 != NULL && p->c->fp8_on[l];
 }
 
-/* The scaling row of linear l's operand r (0 input, 1 weight, 2 output gradient). */
-static float *fp8_row(const mlp_pass *p, int l, int r)
-{
-    return p->c->fp8_state + (size_t)(3 * l + r) * (size_t)(2 + p->c->fp8_len);
-}
-
-/* Cast rows x cols values of dt at src to fp8 (and transposed) with linear l's operand r's
- * scale, as gpu/fp8_state.c casts on the CPU: current scaling measures the tensor and sets
- * the row first; delayed scaling records the amax in the staging slot while training. */
-static int fp8_cast(const mlp_pass *p, int l, int r, const void *src, gpu_dtype dt, int rows,
-                    int cols, uint8_t *dst, uint8_t *dst_t)
-{
-    const gpu_cuda_model_ctx *c = p->c;
-    const gpu_fp8_config *f = c->fp8;
-    gpu_fp8_format fmt = gpu_fp8_role_format(f, r);
-    float *row = fp8_row(p, l, r);
-    cudaStream_t s = c->stream;
-    if (f->recipe == GPU_FP8_CURRENT) {
-        GPU_TRY(gpu_cuda_c_check(cudaMemsetAsync(row + 2, 0, sizeof(float), s), "fp8 amax"));
-        GPU_TRY(gpu_cuda_fp8_cast(s, NULL, NULL, src, dt, rows, cols, fmt, row, row + 2));
-        GPU_TRY(gpu_cuda_fp8_current(s, row, row + 2, gpu_fp8_max(fmt), f->amax_epsilon));
-        return gpu_cuda_fp8_cast(s, dst, dst_t, src, dt, rows, cols, fmt, row, NULL);
-    }
-    return gpu_cuda_fp8_cast(s, dst, dst_t, src, dt, rows, cols, fmt, row,
-                             c->fp8_record ? row + 2 : NULL);
-}
-
-/* C[M x N] (fp32) = (A B^T) x scale_invs, fp8 A (M x K) and B (N x K). */
-static int fp8_gemm(const mlp_pass *p, int M, int N, int K, const uint8_t *A, int l, int ra,
-                    const uint8_t *B, int rb, float *C)
-{
-    const gpu_fp8_config *f = p->c->fp8;
-    gpu_cuda_mm8 mm = {.M = M,
-                       .N = N,
-                       .K = K,
-                       .A = A,
-                       .af = gpu_fp8_role_format(f, ra),
-                       .lda = K,
-                       .B = B,
-                       .bf = gpu_fp8_role_format(f, rb),
-                       .ldb = K,
-                       .a_scale_inv = fp8_row(p, l, ra) + 1,
-                       .b_scale_inv = fp8_row(p, l, rb) + 1,
-                       .C = C,
-                       .cdt = GPU_FP32,
-                       .ldc = N};
-    return gpu_cuda_matmul_fp8(p->c->blas, p->c->stream, &mm);
-}
-
 /* Linear l's forward GEMM in fp8: its input and its weight (the fp32 master when there is
  * one) cast with their transposes kept for backward, o = x W^T. */
 static int fp8_fwd(const mlp_pass *p, int l, float *o)
@@ -366,18 +317,19 @@ static int fp8_fwd(const mlp_pass *p, int l, float *o)
     int B = p->B, in = m->width[l], out = m->width[l + 1];
     const void *W = c->master ? (const void *)(c->master + m->w_off[l])
                               : (const uint8_t *)c->work + m->w_off[l] * gpu_dtype_size(c->wdt);
-    GPU_TRY(
-        fp8_cast(p, l, 0, p->acts + p->a.x[l], m->lin_dt, B, in, b + p->f.x8[l], b + p->f.x8t[l]));
-    GPU_TRY(fp8_cast(p, l, 1, W, c->master ? GPU_FP32 : c->wdt, out, in, b + p->f.w8[l],
-                     b + p->f.w8t[l]));
-    return fp8_gemm(p, B, out, in, b + p->f.x8[l], l, 0, b + p->f.w8[l], 1, o);
+    GPU_TRY(gpu_cuda_fp8_cast_op(p->c, l, 0, p->acts + p->a.x[l], m->lin_dt, B, in, b + p->f.x8[l],
+                                 b + p->f.x8t[l]));
+    GPU_TRY(gpu_cuda_fp8_cast_op(p->c, l, 1, W, c->master ? GPU_FP32 : c->wdt, out, in,
+                                 b + p->f.w8[l], b + p->f.w8t[l]));
+    return gpu_cuda_fp8_gemm_op(p->c, l, B, out, in, b + p->f.x8[l], 0, b + p->f.w8[l], 1, o);
 }
 
 /* Linear l's output gradient dz (B x out, lin_dt) cast to fp8 with its transpose. */
 static int fp8_grad(const mlp_pass *p, int l, const void *dz)
 {
     uint8_t *b = p->c->fp8_block;
-    return fp8_cast(p, l, 2, dz, p->m->lin_dt, p->B, p->m->width[l + 1], b + p->f.g8, b + p->f.g8t);
+    return gpu_cuda_fp8_cast_op(p->c, l, 2, dz, p->m->lin_dt, p->B, p->m->width[l + 1], b + p->f.g8,
+                                b + p->f.g8t);
 }
 
 /* Linear l forward and its epilogue (bias, rounding, saved z, activation). */
@@ -453,7 +405,7 @@ static int param_grads(const mlp_pass *p, int l, const void *dz)
     if (is_fp8(p, l)) { /* dW = dz^T x on the transposed copies (TN) */
         uint8_t *b = c->fp8_block;
         GPU_TRY(fp8_grad(p, l, dz));
-        GPU_TRY(fp8_gemm(p, out, in, B, b + p->f.g8t, l, 2, b + p->f.x8t[l], 0, gw));
+        GPU_TRY(gpu_cuda_fp8_gemm_op(p->c, l, out, in, B, b + p->f.g8t, 2, b + p->f.x8t[l], 0, gw));
     } else {
         GPU_TRY(
             gemm(p, true, false, out, in, B, dz, out, p->acts + p->a.x[l], in, m->lin_dt, gw, in));
@@ -493,7 +445,7 @@ static int input_grad(const mlp_pass *p, int l, const void *dz, void *dx)
 
     if (is_fp8(p, l)) { /* dX = dz W: the gradient's fp8 copy (param_grads made it), W^T */
         uint8_t *b = p->c->fp8_block;
-        GPU_TRY(fp8_gemm(p, B, in, out, b + p->f.g8, l, 2, b + p->f.w8t[l], 1, d32));
+        GPU_TRY(gpu_cuda_fp8_gemm_op(p->c, l, B, in, out, b + p->f.g8, 2, b + p->f.w8t[l], 1, d32));
     } else {
         GPU_TRY(weight(p, l, &W));
         GPU_TRY(gemm(p, false, false, B, in, out, dz, out, W, in, m->lin_dt, d32, in));

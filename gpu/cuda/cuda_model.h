@@ -67,7 +67,7 @@ typedef struct {
                                   * the kernels that write it are enqueued (as on the CPU) */
     /* an fp8 job (fp8 NULL otherwise; docs/fp8.md): the scaling rows of gpu/fp8.h on the
      * device, GEMM g's operand r at row 3 g + r of 2 + fp8_len floats; which GEMMs run in
-     * fp8 (host array); the fp8 operands' block (gpu_cuda_mlp_fp8_plan); whether casts
+     * fp8 (host array); the fp8 operands' block (gpu_cuda_*_fp8_plan); whether casts
      * record their amax (delayed scaling, training) */
     const gpu_fp8_config *fp8;
     float *fp8_state;
@@ -76,6 +76,19 @@ typedef struct {
     uint8_t *fp8_block;
     bool fp8_record;
 } gpu_cuda_model_ctx;
+
+/* ---- fp8 linears (cuda_fp8.c), the MLP's and the GPT's -------------------------------- */
+
+/* Cast rows x cols values of dt at src into fp8 dst (and its transpose dst_t; either may be
+ * NULL) with the scaling row of GEMM g's operand r (0 input, 1 weight, 2 output gradient),
+ * by ctx->fp8's recipe: current scaling sets the row's scale from this tensor first; delayed
+ * scaling records the amax in the staging slot when ctx->fp8_record. */
+int gpu_cuda_fp8_cast_op(const gpu_cuda_model_ctx *c, int g, int r, const void *src, gpu_dtype dt,
+                         int rows, int cols, uint8_t *dst, uint8_t *dst_t);
+/* C[M x N] (fp32, ld N) = (A B^T) x the scale_inv of GEMM g's operands ra and rb: fp8 A
+ * (M x K) and B (N x K), both K-major (cuBLASLt's TN). */
+int gpu_cuda_fp8_gemm_op(const gpu_cuda_model_ctx *c, int g, int M, int N, int K, const uint8_t *A,
+                         int ra, const uint8_t *B, int rb, float *C);
 
 /* ---- MLP (cuda_mlp.c) ---------------------------------------------------------------- */
 
@@ -99,6 +112,13 @@ int gpu_cuda_mlp_backward(const gpu_mlp *m, const gpu_cuda_model_ctx *c, const f
 /* ---- GPT (cuda_gpt.c) ---------------------------------------------------------------- */
 
 int gpu_cuda_gpt_plan(const gpu_gpt *m, int max_batch, size_t *acts_bytes, size_t *ws_bytes);
+/* An fp8 GPT on the device (m planned by gpu_gpt_plan_fp8; on[g]: GEMM g in fp8): the bytes
+ * of its fp8 operands' block for up to max_batch sequences (each fp8 linear's transposed
+ * input and weight, and the shared forward and gradient copies), 0 with the size in *bytes;
+ * GPU_EINVAL with the reason in err (naming the field) when seq_len or d_model is not a
+ * multiple of 16, as cuBLASLt's fp8 kernels need. */
+int gpu_cuda_gpt_fp8_plan(const gpu_gpt *m, const bool *on, int max_batch, size_t *bytes, char *err,
+                          size_t errlen);
 /* Forward of B sequences: tokens x and targets y (device int, B x seq_len each). */
 int gpu_cuda_gpt_forward(const gpu_gpt *m, const gpu_cuda_model_ctx *c, const int *x,
                          const int *y, int B);

@@ -26,8 +26,8 @@
  * the end: the only point where a step waits for the device. Its duration is measured with
  * two CUDA events (upload to snapshot).
  *
- * An fp8 job (an MLP on one rank) adds two blocks, the scaling rows (uploaded with the others,
- * downloaded into the host's for a checkpoint) and the fp8 operands; after backward,
+ * An fp8 job (the MLP or the GPT, on one rank) adds two blocks, the scaling rows (uploaded with the
+ * others, downloaded into the host's for a checkpoint) and the fp8 operands; after backward,
  * delayed scaling's update runs on the device. Its casts are not counted for the diagnostics.
  *
  * Differences from the CPU trainer: a step that overflows without collecting diagnostics is
@@ -236,6 +236,15 @@ static int dev_alloc(const gpu_cuda_twin *d, void **p, size_t bytes, const char 
 }
 
 /* Plan the device model and allocate every block, the pinned host block included. */
+/* The bytes of an fp8 job's operand block for B rows (the MLP's) or sequences (the GPT's);
+ * GPU_EINVAL with the reason in err when the device cannot run the model's fp8 GEMMs. */
+static int fp8_plan(const gpu_cuda_host *h, int B, size_t *bytes, char *err, size_t errlen)
+{
+    if (h->gpt)
+        return gpu_cuda_gpt_fp8_plan(h->gpt, h->fp8_on, B, bytes, err, errlen);
+    return gpu_cuda_mlp_fp8_plan(h->mlp, h->fp8_on, B, bytes, err, errlen);
+}
+
 static int alloc_blocks(gpu_cuda_twin *d, char *err, size_t errlen)
 {
     const gpu_cuda_host *h = &d->h;
@@ -273,7 +282,7 @@ static int alloc_blocks(gpu_cuda_twin *d, char *err, size_t errlen)
             return GPU_ENODEV;
         }
         d->fp8_state_bytes = (size_t)h->fp8_ngemm * 3 * (size_t)(2 + h->fp8_len) * sizeof(float);
-        if (gpu_cuda_mlp_fp8_plan(h->mlp, h->fp8_on, d->B, &d->fp8_bytes, why, sizeof(why))) {
+        if (fp8_plan(h, d->B, &d->fp8_bytes, why, sizeof(why))) {
             snprintf(err, errlen, "device \"%s\": %s", d->cfg.device, why);
             return GPU_ENODEV; /* this device cannot run the job ("auto": the CPU can) */
         }
@@ -346,10 +355,11 @@ int gpu_cuda_job_memory(const gpu_job_config *c, gpu_mem *out, char *err, size_t
         ntensors = 2 * m.nlin;
     }
     size_t fp8 = 0;
-    if (rc == 0 && c->fp8.on && !g) { /* the MLP's fp8 operands and scaling state */
+    if (rc == 0 && c->fp8.on) { /* the fp8 operands and scaling state */
         char why[8];
-        if (gpu_cuda_mlp_fp8_plan(&m, m.fp8, gpu_rank_batch(c), &fp8, why, sizeof(why)) == 0)
-            fp8 += gpu_fp8_state_floats(&c->fp8, m.nlin) * sizeof(float);
+        gpu_cuda_host h = {.mlp = &m, .gpt = g, .fp8_on = g ? g->fp8 : m.fp8};
+        if (fp8_plan(&h, gpu_rank_batch(c), &fp8, why, sizeof(why)) == 0)
+            fp8 += gpu_fp8_state_floats(&c->fp8, g ? g->nfp8 : m.nlin) * sizeof(float);
     }
     free(g);
     if (rc)
