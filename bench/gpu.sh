@@ -37,7 +37,8 @@
 # gradient clipping, constant lr, seed 1.
 #
 # Runs, in this order (interleaved so that a budget cut or a hang costs both sides alike):
-#   ampd bf16, pytorch bf16, ampd fp16, pytorch fp16, pytorch fp32, ampd fp32, then
+#   ampd bf16, pytorch bf16, ampd fp16, pytorch fp16, ampd fp8 (the blocks' linears in fp8,
+#   Transformer Engine's defaults; compared with ampd bf16), pytorch fp32, ampd fp32, then
 #   pytorch bf16 with --attn naive and ampd bf16 materialised. Attention, like for like:
 #   "pytorch" is torch_gpu.py's default, F.scaled_dot_product_attention, a FUSED (flash)
 #   attention that never stores the (B, H, T, T) softmax, and ampd's 16-bit runs use its
@@ -332,6 +333,7 @@ run_ampd ampd-bf16 bf16 "$STEPS" "$T_AMPD" flash
 run_torch torch-bf16 bf16 "$STEPS" "$WARMUP"
 run_ampd ampd-fp16 fp16 "$STEPS" "$T_AMPD" flash
 run_torch torch-fp16 fp16 "$STEPS" "$WARMUP"
+run_ampd ampd-fp8 fp8 "$STEPS" "$T_AMPD" flash
 run_torch torch-fp32 fp32 "$FP32_STEPS" "$FP32_WARMUP"
 run_ampd ampd-fp32 fp32 "$FP32_STEPS" "$T_AMPD_FP32" materialized
 if [ "$NAIVE" = 1 ]; then
@@ -487,6 +489,7 @@ runs = {
     "ampd-bf16-materialized": ampd_run("bf16", "ampd-bf16-materialized"),
     "ampd-fp16": ampd_run("fp16"), "torch-fp16": torch_run("torch-fp16", "fp16"),
     "ampd-fp32": ampd_run("fp32"), "torch-fp32": torch_run("torch-fp32", "fp32"),
+    "ampd-fp8": ampd_run("fp8"),
 }
 for r in runs.values():
     tps = r.get("tokens_per_s")
@@ -529,7 +532,7 @@ order = [("bf16", "ampd-bf16", "torch-bf16"), ("bf16", "torch-bf16", None),
          ("bf16", "ampd-bf16-materialized", "torch-bf16-naive"),
          ("bf16", "torch-bf16-naive", None), ("fp16", "ampd-fp16", "torch-fp16"),
          ("fp16", "torch-fp16", None), ("fp32", "ampd-fp32", "torch-fp32"),
-         ("fp32", "torch-fp32", None)]
+         ("fp32", "torch-fp32", None), ("fp8", "ampd-fp8", None)]
 ratios = {}
 for mode, name, peer in order:
     r = runs[name]
@@ -558,7 +561,14 @@ ratios["ampd-bf16-materialized/torch-bf16-naive"] = {"step_ms": rt, "mem": rm,
                                         "dev_mem": ratio(a.get("dev_peak"), n.get("dev_peak"))}
 print(f"bf16 ampd-materialized / pytorch-naive (softmax materialised in both): step time "
       f"{f(rt, '.2f', 0, 'x')}, memory {f(rm, '.2f', 0, 'x')}")
-for dt in ("bf16", "fp16", "fp32"):
+a, b16 = runs["ampd-fp8"], runs["ampd-bf16"]
+rt, rm = ratio(a.get("median_step_ms"), b16.get("median_step_ms")), ratio(a.get("mem_total"),
+                                                                           b16.get("mem_total"))
+ratios["ampd-fp8/ampd-bf16"] = {"step_ms": rt, "mem": rm,
+                                "dev_mem": ratio(a.get("dev_peak"), b16.get("dev_peak"))}
+print(f"fp8 / bf16, ampd (the blocks' linears in fp8, delayed scaling; no PyTorch peer here): "
+      f"step time {f(rt, '.2f', 0, 'x')}, memory {f(rm, '.2f', 0, 'x')}")
+for dt in ("bf16", "fp16", "fp32", "fp8"):
     r = runs[f"ampd-{dt}"]
     s = r.get("summary") or {}
     pm = r.get("peak_mem") or {}
@@ -578,8 +588,9 @@ for name in ("torch-bf16", "torch-bf16-naive", "torch-fp16", "torch-fp32"):
         print(f"{name} mem GiB: weights {m['weights'] / GIB:.2f}, grads {m['grads'] / GIB:.2f}, "
               f"optimizer {m['optimizer'] / GIB:.2f} (fp32); peak allocated "
               f"{m['peak_allocated'] / GIB:.2f}, reserved {m['peak_reserved'] / GIB:.2f}")
-profs = [(n, runs[n]["profile"]) for n in ("ampd-bf16", "ampd-fp16", "ampd-bf16-materialized",
-                                          "ampd-fp32") if runs[n].get("profile")]
+profs = [(n, runs[n]["profile"]) for n in ("ampd-bf16", "ampd-fp16", "ampd-fp8",
+                                          "ampd-bf16-materialized", "ampd-fp32")
+         if runs[n].get("profile")]
 if profs:
     print(f"ampd's step by phase (--profile: CUDA events between op groups on its last warm-up "
           f"step; ms summed over the layers, x calls):")
