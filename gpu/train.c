@@ -597,18 +597,6 @@ static int pick_device(gpu_trainer *t, char *err, size_t errlen)
 
     if (strcmp(s, "cpu") == 0)
         return 0;
-    const char *no_fp8 =
-        t->cfg.fp8.on && t->cfg.dist.world_size > 1 ? "fp8 on CUDA runs one rank so far" : NULL;
-    if (no_fp8) {
-        if (strcmp(s, "auto") == 0) {
-            if (gpu_cuda_probe(NULL, 0) == 0)
-                snprintf(t->device_text, sizeof(t->device_text), "cpu (fp8: %s)", no_fp8);
-            return 0;
-        }
-        snprintf(err, errlen, "device \"%s\": %s (\"cpu\" or \"auto\" trains on the CPU)", s,
-                 no_fp8);
-        return GPU_EINVAL;
-    }
     if (t->cfg.grad_accum_steps > 1) {
         /* the device twin runs whole steps of one micro-batch */
         if (strcmp(s, "auto") == 0) {

@@ -20,7 +20,8 @@
 #     (its amaxes are reduced across the ranks);
 #   - CUDA ranks on the emulator (tests/ampd_emu, NCCL's stand-in over MPI), world 2: an
 #     fp16 job with the fp16 hook follows the CPU ranks (loss within 1e-3, the same bytes,
-#     scales and skips), and so does a GPT in small buckets; fp32 with hook none follows
+#     scales and skips), and so does a GPT in small buckets, and an fp8 GPT (its staged
+#     amaxes MAX-reduced: both ranks end with one state); fp32 with hook none follows
 #     world 1 on the CPU within 1e-5, the
 #     compressed overflow is skipped alike and diagnosed as "comm"; two ranks and one
 #     device fail naming the rank, and "auto" then puts both on the CPU;
@@ -284,6 +285,23 @@ check "CUDA ranks, a GPT in 64 KiB buckets: 3 steps within 1e-4 of the CPU ranks
         rel(steps[s].loss, load('$TMP/gptc.out')[s].loss) <= 1e-4)"
 check "CUDA ranks, a GPT: both ranks end with the same weights" \
     test "$(grep -o 'stopped at step 3: .*' "$TMP/gptg.err" | sort -u | wc -l)" -eq 1
+# fp8 on CUDA ranks: the GPT's block linears in fp8; each rank stages the amaxes of its half
+# of the batch, which NCCL's stand-in reduces (MAX) after the gradients' buckets
+g8=$(echo "$gpt" | sed 's/"dtype": "fp16"/"dtype": "fp8"/; s/"steps": 3/"steps": 6/')
+echo "${g8/DEVICE/cpu}" | "$AMPD" run --data-root "$TMP/text" - >"$TMP/g8c.out" 2>"$TMP/g8c.err"
+status_is "CPU ranks, an fp8 GPT" 0 $?
+echo "${g8/DEVICE/cuda}" | AMPD_CUDAEMU_DEVICES=2 "$AMPD_EMU" run --data-root "$TMP/text" - \
+    >"$TMP/g8g.out" 2>"$TMP/g8g.err"
+status_is "CUDA ranks, an fp8 GPT" 0 $?
+check "CUDA ranks, an fp8 GPT: rank 0 trains on the emulated device" \
+    grep -q '"type":"start",.*"device":"cuda:0 (ampd CUDA emulator' "$TMP/g8g.out"
+m=$(js "$TMP/g8g.out" "Math.max(...Object.keys(steps).map(s => rel(steps[s].loss, load('$TMP/g8c.out')[s].loss)))")
+echo "CUDA ranks (emulated), world 2, an fp8 GPT: largest relative loss difference from the CPU ranks over 6 steps: $m"
+check "CUDA ranks, an fp8 GPT: 6 steps within 1e-3 of the CPU ranks' losses" \
+    jsok "$TMP/g8g.out" "Object.keys(steps).length === 6 && $m <= 1e-3"
+check "CUDA ranks, an fp8 GPT: both ranks end with the same state, fp8 scaling included" \
+    test "$(grep -c 'stopped at step 6' "$TMP/g8g.err")" -eq 2 -a \
+    "$(grep -o 'stopped at step 6: .*' "$TMP/g8g.err" | sort -u | wc -l)" -eq 1
 spec 2 fp16 3 '"diagnostics_every": 1, "device": "cuda"' |
     sed 's/"precision": {[^}]*}/"precision": {"dtype": "bf16", "loss_scale": {"mode": "dynamic", "init": 16777216}}/' |
     AMPD_CUDAEMU_DEVICES=2 "$AMPD_EMU" run - >"$TMP/gov.out" 2>"$TMP/gov.err"

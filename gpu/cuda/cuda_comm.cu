@@ -374,6 +374,12 @@ extern "C" int gpu_cuda_comm_finish(gpu_cuda_comm *c)
     return 0;
 }
 
+extern "C" int gpu_cuda_comm_max(gpu_cuda_comm *c, float *buf, size_t n)
+{
+    ncclResult_t r = nc.all_reduce(buf, buf, n, ncclFloat32, ncclMax, c->nccl, c->compute);
+    return r == ncclSuccess ? 0 : nccl_fail(c, r, "ncclAllReduce (MAX)");
+}
+
 extern "C" int gpu_cuda_comm_result(gpu_cuda_comm *c, gpu_cuda_comm_stats *out, char *err,
                                     size_t errlen)
 {

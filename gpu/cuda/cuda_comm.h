@@ -66,6 +66,11 @@ int gpu_cuda_comm_begin(gpu_cuda_comm *c);
 void gpu_cuda_comm_ready(gpu_cuda_comm *c, size_t off, size_t count);
 int gpu_cuda_comm_finish(gpu_cuda_comm *c);
 
+/* buf[0..n) (device fp32) = its element-wise MAX over the ranks, in place, on the compute
+ * stream: after gpu_cuda_comm_finish, so every rank issues its collectives in one order
+ * (an fp8 job's amaxes). Not counted in the step's bytes and times. */
+int gpu_cuda_comm_max(gpu_cuda_comm *c, float *buf, size_t n);
+
 typedef struct {
     int64_t bytes;         /* handed to ncclAllReduce (elements x the hook's size) */
     double ms;             /* the first bucket's start to the last one's end (CUDA events) */

@@ -26,9 +26,11 @@
  * the end: the only point where a step waits for the device. Its duration is measured with
  * two CUDA events (upload to snapshot).
  *
- * An fp8 job (the MLP or the GPT, on one rank) adds two blocks, the scaling rows (uploaded with the
- * others, downloaded into the host's for a checkpoint) and the fp8 operands; after backward,
- * delayed scaling's update runs on the device. Its casts are not counted for the diagnostics.
+ * An fp8 job (the MLP or the GPT) adds two blocks, the scaling rows (uploaded with the
+ * others, downloaded into the host's for a checkpoint) and the fp8 operands; after backward
+ * and the gradients' all-reduce, the staged amaxes are reduced across the ranks (NCCL, MAX)
+ * and delayed scaling's update runs on the device. Its casts are not counted for the
+ * diagnostics.
  *
  * Differences from the CPU trainer: a step that overflows without collecting diagnostics is
  * not run again to collect them (the device does not know about the overflow until the
@@ -88,6 +90,7 @@ struct gpu_cuda_twin {
     size_t acts_bytes, ws_bytes, batch_bytes;
     float *fp8_state; /* an fp8 job's scaling rows, and its fp8 operands' block */
     uint8_t *fp8_block;
+    float *fp8_amax; /* with several ranks, at the fp8 block's end: the staged amaxes */
     size_t fp8_state_bytes, fp8_bytes;
     small_layout sl;
     void *x;                     /* in batch */
@@ -236,6 +239,13 @@ static int dev_alloc(const gpu_cuda_twin *d, void **p, size_t bytes, const char 
 }
 
 /* Plan the device model and allocate every block, the pinned host block included. */
+/* With several ranks, the room for the staged amaxes of ngemm GEMMs that are reduced
+ * across them (3 a GEMM). */
+static size_t fp8_amax_bytes(const gpu_job_config *c, int ngemm)
+{
+    return c->dist.world_size > 1 ? gpu_align256((size_t)ngemm * 3 * sizeof(float)) : 0;
+}
+
 /* The bytes of an fp8 job's operand block for B rows (the MLP's) or sequences (the GPT's);
  * GPU_EINVAL with the reason in err when the device cannot run the model's fp8 GEMMs. */
 static int fp8_plan(const gpu_cuda_host *h, int B, size_t *bytes, char *err, size_t errlen)
@@ -286,9 +296,13 @@ static int alloc_blocks(gpu_cuda_twin *d, char *err, size_t errlen)
             snprintf(err, errlen, "device \"%s\": %s", d->cfg.device, why);
             return GPU_ENODEV; /* this device cannot run the job ("auto": the CPU can) */
         }
+        size_t amax_at = d->fp8_bytes;
+        d->fp8_bytes += fp8_amax_bytes(&d->cfg, h->fp8_ngemm);
         GPU_TRY(
             dev_alloc(d, (void **)&d->fp8_state, d->fp8_state_bytes, "fp8 scaling", err, errlen));
         GPU_TRY(dev_alloc(d, (void **)&d->fp8_block, d->fp8_bytes, "fp8 operands", err, errlen));
+        if (d->fp8_bytes > amax_at)
+            d->fp8_amax = (float *)(void *)(d->fp8_block + amax_at);
     }
     d->x = d->batch;
     d->y = AT(d->batch, gpu_align256(xbytes), int);
@@ -358,8 +372,9 @@ int gpu_cuda_job_memory(const gpu_job_config *c, gpu_mem *out, char *err, size_t
     if (rc == 0 && c->fp8.on) { /* the fp8 operands and scaling state */
         char why[8];
         gpu_cuda_host h = {.mlp = &m, .gpt = g, .fp8_on = g ? g->fp8 : m.fp8};
+        int ngemm = g ? g->nfp8 : m.nlin;
         if (fp8_plan(&h, gpu_rank_batch(c), &fp8, why, sizeof(why)) == 0)
-            fp8 += gpu_fp8_state_floats(&c->fp8, g ? g->nfp8 : m.nlin) * sizeof(float);
+            fp8 += gpu_fp8_state_floats(&c->fp8, ngemm) * sizeof(float) + fp8_amax_bytes(c, ngemm);
     }
     free(g);
     if (rc)
@@ -559,13 +574,32 @@ static gpu_cuda_model_ctx ctx_of(const gpu_cuda_twin *d, bool train, bool diag)
     return c;
 }
 
-/* After a training step's forward and backward: delayed scaling's update of every row, as
- * train.c's fp8_sync does (one rank: nothing to reduce). */
+/* The staged amaxes (each row's first history slot) reduced across the ranks: gathered
+ * into fp8_amax, MAX-reduced, scattered back (train.c's fp8_sync with its comm). */
+static int fp8_reduce(const gpu_cuda_twin *d)
+{
+    size_t rows = 3 * (size_t)d->h.fp8_ngemm, pitch = (2 + (size_t)d->h.fp8_len) * sizeof(float);
+    GPU_TRY(gpu_cuda_c_check(cudaMemcpy2DAsync(d->fp8_amax, sizeof(float), d->fp8_state + 2, pitch,
+                                               sizeof(float), rows, cudaMemcpyDeviceToDevice,
+                                               d->stream),
+                             "cudaMemcpy2DAsync (fp8 amaxes)"));
+    GPU_TRY(gpu_cuda_comm_max(d->comm, d->fp8_amax, rows));
+    return gpu_cuda_c_check(cudaMemcpy2DAsync(d->fp8_state + 2, pitch, d->fp8_amax, sizeof(float),
+                                              sizeof(float), rows, cudaMemcpyDeviceToDevice,
+                                              d->stream),
+                            "cudaMemcpy2DAsync (fp8 amaxes)");
+}
+
+/* After a training step's forward, backward and gradient all-reduce: the amaxes reduced
+ * across the ranks, then delayed scaling's update of every row, as train.c's fp8_sync
+ * does. */
 static int fp8_update(const gpu_cuda_twin *d)
 {
     const gpu_fp8_config *f = d->h.fp8;
     if (!d->fp8_state || f->recipe != GPU_FP8_DELAYED)
         return 0;
+    if (d->comm != NULL && d->fp8_amax != NULL)
+        GPU_TRY(fp8_reduce(d));
     const float top[3] = {gpu_fp8_scaled_max(gpu_fp8_role_format(f, 0), f->margin),
                           gpu_fp8_scaled_max(gpu_fp8_role_format(f, 1), f->margin),
                           gpu_fp8_scaled_max(gpu_fp8_role_format(f, 2), f->margin)};
@@ -734,9 +768,9 @@ int gpu_cuda_twin_step(gpu_cuda_twin *d, const void *x, const int *y, int B, dou
     if (d->comm != NULL)
         GPU_TRY(gpu_cuda_comm_begin(d->comm));
     GPU_TRY(backward(d, &c, B));
-    GPU_TRY(fp8_update(d));
     if (d->comm != NULL) /* the unscale waits for the last bucket */
         GPU_TRY(gpu_cuda_comm_finish(d->comm));
+    GPU_TRY(fp8_update(d)); /* its reduction after the buckets' */
     GPU_TRY(tail(d, lr, c.prof));
     GPU_TRY(snapshot(d, nlayers));
     gpu_cuda_prof_mark(c.prof, d->stream, "scaler"); /* the scaler update and the snapshot */

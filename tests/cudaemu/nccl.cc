@@ -7,11 +7,11 @@
  * What it checks as NCCL would, and more: ranks and counts in range; the communicator's size
  * and rank match MPI's (the stand-in is MPI_COMM_WORLD, duplicated); every rank was given
  * the same unique id (a job whose ranks skipped the broadcast fails in ncclCommInitRank,
- * where NCCL would hang); SUM only, over fp32, fp16 and bf16; both buffers inside one device
- * allocation each (emu_device_span).
+ * where NCCL would hang); SUM over fp32, fp16 and bf16, and MAX over fp32 only; both buffers
+ * inside one device allocation each (emu_device_span).
  *
  * Numerics: ncclAllReduce copies the device buffer to the host, reduces with MPI_Allreduce
- * and copies the result back: fp32 with MPI_SUM; fp16 and bf16 with a user-defined MPI_Op
+ * and copies the result back: fp32 with MPI_SUM or MPI_MAX; fp16 and bf16 with a user-defined MPI_Op
  * over gpu_comm_sum16 (the CPU ranks' op: two 16-bit values added in fp32, the sum rounded
  * to the 16-bit type, nearest even), as each hop of NCCL's ring does. With two ranks that is
  * one addition per element, the same on every rank.
@@ -138,7 +138,8 @@ static void leave_mpi(ncclComm *c)
     MPI_Comm_free(&c->mpi);
 }
 
-static ncclResult_t reduce(ncclComm *c, void *buf, size_t count, ncclDataType_t dt)
+static ncclResult_t reduce(ncclComm *c, void *buf, size_t count, ncclDataType_t dt,
+                           ncclRedOp_t op)
 {
     if (count > (size_t)INT32_MAX) {
         emu_report("ncclAllReduce: %zu elements are more than the stand-in reduces at once",
@@ -146,7 +147,8 @@ static ncclResult_t reduce(ncclComm *c, void *buf, size_t count, ncclDataType_t 
         return ncclInvalidArgument;
     }
     int rc = dt == ncclFloat32
-                 ? MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, c->mpi)
+                 ? MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT,
+                                 op == ncclMax ? MPI_MAX : MPI_SUM, c->mpi)
                  : MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, c->t16,
                                  dt == ncclFloat16 ? c->op_f16 : c->op_bf16, c->mpi);
     return rc == MPI_SUCCESS ? ncclSuccess : ncclRemoteError;
@@ -164,9 +166,10 @@ static void leave_mpi(ncclComm *c)
     (void)c;
 }
 
-static ncclResult_t reduce(ncclComm *c, void *buf, size_t count, ncclDataType_t dt)
+static ncclResult_t reduce(ncclComm *c, void *buf, size_t count, ncclDataType_t dt,
+                           ncclRedOp_t op)
 {
-    (void)c, (void)buf, (void)count, (void)dt;
+    (void)c, (void)buf, (void)count, (void)dt, (void)op;
     return ncclInvalidUsage;
 }
 #endif
@@ -217,9 +220,10 @@ extern "C" ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count
                                       cudaStream_t stream)
 {
     (void)stream;
-    if (c == NULL || op != ncclSum ||
+    if (c == NULL || (op != ncclSum && !(op == ncclMax && dt == ncclFloat32)) ||
         (dt != ncclFloat32 && dt != ncclFloat16 && dt != ncclBfloat16)) {
-        emu_report("ncclAllReduce: the stand-in sums fp32, fp16 or bf16 (op %d, type %d)",
+        emu_report("ncclAllReduce: the stand-in sums fp32, fp16 or bf16 and takes the MAX of "
+                   "fp32 (op %d, type %d)",
                    (int)op, (int)dt);
         return ncclInvalidArgument;
     }
@@ -235,7 +239,7 @@ extern "C" ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count
     emu_device_begin();
     memcpy(host.data(), send, bytes);
     emu_device_end();
-    ncclResult_t r = c->nranks > 1 ? reduce(c, host.data(), count, dt) : ncclSuccess;
+    ncclResult_t r = c->nranks > 1 ? reduce(c, host.data(), count, dt, op) : ncclSuccess;
     if (r != ncclSuccess)
         return r;
     emu_device_begin();
