@@ -679,6 +679,9 @@ static int start_cuda(gpu_trainer *t, char *err, size_t errlen)
         h.fp8_ngemm = fp8_gemms(t, &h.fp8_on);
         h.fp8_len = t->fp8.len;
         h.fp8_state = t->fp8_state;
+        h.fp8_stats = t->fp8_stats;
+        h.fp8_amax = t->fp8_damax;
+        h.fp8_scale = t->fp8_dscale;
     }
     return gpu_cuda_twin_create(&h, t->cuda_index, &t->scaler, t->applied, t->lost_total,
                                 &t->cuda, &t->mem, err, errlen);
@@ -1104,8 +1107,7 @@ static void layer_stats(gpu_trainer *t, bool updated)
 {
     int64_t lost[GPU_DIAG_MAX_LAYERS] = {0}, count[GPU_DIAG_MAX_LAYERS] = {0};
     gpu_diag_stats(t->diag, t->lstats);
-    if (!t->cuda) /* the device does not count its casts yet */
-        fp8_layer_stats(t);
+    fp8_layer_stats(t); /* the device's counts are in fp8_stats too */
     if (!updated || t->master)
         return;
     for (int i = 0; i < t->ntensors; i++) {

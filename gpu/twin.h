@@ -40,6 +40,10 @@ typedef struct {
     int fp8_ngemm, fp8_len;
     const bool *fp8_on;
     float *fp8_state;
+    /* a collecting step's fp8 casts per row, written after it (gpu/fp8.h's stats, amax and
+     * scale_used: the amax NaN when a NaN was cast, the scale NaN for a row not cast) */
+    gpu_fp8_cast_stats *fp8_stats;
+    float *fp8_amax, *fp8_scale;
 } gpu_cuda_host;
 
 /* What one device step returns (read after the step's one synchronisation). */

@@ -38,14 +38,14 @@
  * SKIP), and one test checks that the entry points report GPU_ENODEV and leave their buffers
  * alone.
  * fp8 (case "fp8"): the cast kernel's codes, transposed copy and amax equal the CPU's
- * (gpu_fp8_cast) from fp32, bf16 and fp16; the fp8 GEMM (TN, three format pairs, fp32 and
- * bf16 C, K up to 3008) against the CPU's exact model gpu_gemm_fp8: bit for bit on the
- * emulator, within fp32 accumulation's bound (K 2^-23 sum|ab|) on a GPU, with the largest
- * difference printed for random operands and for adversarial ones (448 x 448 then 4095 tiny
- * products a 13-bit accumulator drops): the calibration of the accumulator model; delayed and
- * current scaling on the device equal to the CPU's bits over 40 steps; E5M2 x E5M2, K not a
- * multiple of 16 and an fp16 C refused; on a device below sm_89 (the emulator
- * with AMPD_CUDAEMU_SM=80) the product refused naming the device.
+ * (gpu_fp8_cast) from fp32, bf16 and fp16, and its diagnostics' counts equal the CPU's stats; the
+ * fp8 GEMM (TN, three format pairs, fp32 and bf16 C, K up to 3008) against the CPU's exact model
+ * gpu_gemm_fp8: bit for bit on the emulator, within fp32 accumulation's bound (K 2^-23 sum|ab|) on
+ * a GPU, with the largest difference printed for random operands and for adversarial ones (448 x
+ * 448 then 4095 tiny products a 13-bit accumulator drops): the calibration of the accumulator
+ * model; delayed and current scaling on the device equal to the CPU's bits over 40 steps; E5M2 x
+ * E5M2, K not a multiple of 16 and an fp16 C refused; on a device below sm_89 (the emulator with
+ * AMPD_CUDAEMU_SM=80) the product refused naming the device.
  *
  * Threads: the suite runs without fork (CK_NOFORK) so the CUDA state main's probe creates is
  * the one the tests use; every test checks for the device itself. Failures inside a test
@@ -912,7 +912,8 @@ static uint8_t finite_code(gpu_rng *r, gpu_fp8_format f)
     }
 }
 
-/* The cast: the CPU's codes (gpu_fp8_cast), the transposed copy, the amax (NaNs skipped). */
+/* The cast: the CPU's codes (gpu_fp8_cast), the transposed copy, the amax (NaNs skipped),
+ * and the diagnostics' counts equal to gpu_fp8_cast's stats. */
 static void fp8_cast_case(gpu_dtype sdt, gpu_fp8_format f, uint64_t seed)
 {
     enum { R = 37, C = 53 };
@@ -929,8 +930,21 @@ static void fp8_cast_case(gpu_dtype sdt, gpu_fp8_format f, uint64_t seed)
         gpu_cvt_from_f32(x16, sdt, x, R * C);
         src = x16;
     }
-    gpu_fp8_cast(want, src, sdt, R * C, f, 3.7f, &want_amax, NULL);
-    ck_assert_int_eq(gpu_cuda_fp8_cast_host(q, qt, src, sdt, R, C, f, 3.7f, &amax), 0);
+    gpu_fp8_cast_stats st = {0};
+    gpu_cuda_fp8_counts k;
+    memset(&k, 0, sizeof(k));
+    gpu_fp8_cast(want, src, sdt, R * C, f, 3.7f, &want_amax, &st);
+    ck_assert_int_eq(gpu_cuda_fp8_cast_host(q, qt, src, sdt, R, C, f, 3.7f, &amax, &k), 0);
+    /* the diagnostics' counts, the CPU's, and the largest |x| and the scale with them */
+    ck_assert_msg(
+        k.n == (unsigned long long)st.n && k.saturated == (unsigned long long)st.saturated &&
+            k.underflow == (unsigned long long)st.underflow &&
+            k.nonzero == (unsigned long long)st.nonzero && k.nan == (unsigned long long)st.nan,
+        "counts n %llu sat %llu ufl %llu nz %llu nan %llu, the CPU's %lld %lld %lld %lld %lld", k.n,
+        k.saturated, k.underflow, k.nonzero, k.nan, (long long)st.n, (long long)st.saturated,
+        (long long)st.underflow, (long long)st.nonzero, (long long)st.nan);
+    ck_assert(st.saturated > 0 && st.underflow > 0 && st.nan == 1); /* each one counted */
+    ck_assert(k.amax == f2u(want_amax) && f2u(k.scale) == f2u(3.7f));
     ck_assert_msg(memcmp(q, want, sizeof(q)) == 0, "%s -> %s: codes differ from the CPU's",
                   gpu_dtype_name(sdt), gpu_fp8_format_name(f));
     for (int i = 0; i < R; i++)
@@ -940,7 +954,7 @@ static void fp8_cast_case(gpu_dtype sdt, gpu_fp8_format f, uint64_t seed)
     ck_assert_msg(f2u(amax) == f2u(want_amax), "amax %a, the CPU's %a", (double)amax,
                   (double)want_amax);
     amax = 0.0f; /* the amax alone (current scaling's first pass) */
-    ck_assert_int_eq(gpu_cuda_fp8_cast_host(NULL, NULL, src, sdt, R, C, f, 3.7f, &amax), 0);
+    ck_assert_int_eq(gpu_cuda_fp8_cast_host(NULL, NULL, src, sdt, R, C, f, 3.7f, &amax, NULL), 0);
     ck_assert(f2u(amax) == f2u(gpu_fp8_amax(src, sdt, R * C)));
 }
 

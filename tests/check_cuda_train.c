@@ -33,6 +33,8 @@
  *     layers by name and dtype in the same order, act_amax and grad_amax within 2e-2
  *     relative, the overflow and inf/NaN counts identical, the underflow fractions within
  *     0.02 (flushing near a threshold; the device skips mlp.c's starved-unit analysis);
+ *     and of an fp8 MLP (its head's gradient underflowing) and an fp8 GPT, each operand's
+ *     fp8 amax, scale, headroom, saturated and underflow fractions as the CPU reports them;
  *   - a checkpoint taken from a device trainer and restored into a new one continues with
  *     the same losses (1e-9 relative) and weights (1e-6 of max |w|) as the original (fp16,
  *     and fp8 with its scaling rows);
@@ -698,6 +700,36 @@ START_TEST(t_overflow)
 END_TEST
 
 /* One diagnosed fp16 step of c on both: the per-layer statistics agree. */
+/* An fp8 layer's operands as the device counts them and as the CPU does: amax and scale
+ * within the 16-bit bounds, headroom within 0.05 bits, the fractions within 0.02. */
+static void compare_fp8_fields(const gpu_layer_stat *a, const gpu_layer_stat *b)
+{
+    const char *role[3] = {"in", "w", "grad"};
+    const double va[3][5] = {
+        {a->fp8_in_amax, a->fp8_in_scale, a->fp8_in_headroom, a->fp8_in_saturated,
+         a->fp8_in_underflow},
+        {a->fp8_w_amax, a->fp8_w_scale, a->fp8_w_headroom, a->fp8_w_saturated, a->fp8_w_underflow},
+        {a->fp8_grad_amax, a->fp8_grad_scale, a->fp8_grad_headroom, a->fp8_grad_saturated,
+         a->fp8_grad_underflow}};
+    const double vb[3][5] = {
+        {b->fp8_in_amax, b->fp8_in_scale, b->fp8_in_headroom, b->fp8_in_saturated,
+         b->fp8_in_underflow},
+        {b->fp8_w_amax, b->fp8_w_scale, b->fp8_w_headroom, b->fp8_w_saturated, b->fp8_w_underflow},
+        {b->fp8_grad_amax, b->fp8_grad_scale, b->fp8_grad_headroom, b->fp8_grad_saturated,
+         b->fp8_grad_underflow}};
+    for (int r = 0; r < 3; r++) {
+        ck_assert_msg(va[r][0] > 0 && rel_diff(va[r][0], vb[r][0]) <= TOL16 &&
+                          rel_diff(va[r][1], vb[r][1]) <= TOL16,
+                      "%s %s: amax %g %g, scale %g %g", a->name, role[r], va[r][0], vb[r][0],
+                      va[r][1], vb[r][1]);
+        ck_assert_msg(fabs(va[r][2] - vb[r][2]) <= 0.05, "%s %s: headroom %g %g", a->name, role[r],
+                      va[r][2], vb[r][2]);
+        for (int k = 3; k < 5; k++)
+            ck_assert_msg(fabs(va[r][k] - vb[r][k]) <= 0.02, "%s %s: %s %g %g", a->name, role[r],
+                          k == 3 ? "saturated" : "underflow", va[r][k], vb[r][k]);
+    }
+}
+
 static void compare_diag(gpu_job_config *c)
 {
     gpu_step_metrics mc, mg;
@@ -731,6 +763,9 @@ static void compare_diag(gpu_job_config *c)
                       b->grad_underflow_unscaled);
         ck_assert_msg(fabs(a->lost_updates - b->lost_updates) <= 0.02, "%s: lost %g %g",
                       a->name, a->lost_updates, b->lost_updates);
+        ck_assert_msg(a->fp8 == b->fp8, "%s: fp8 %d %d", a->name, a->fp8, b->fp8);
+        if (a->fp8)
+            compare_fp8_fields(a, b);
     }
     gpu_trainer_free(tc);
     gpu_trainer_free(tg);
@@ -746,6 +781,11 @@ START_TEST(t_diag)
     mlp_job(&c, GPU_FP16, false, GPU_ACT_GELU);
     compare_diag(&c);
     gpt_job(&c, GPU_FP16, true);
+    compare_diag(&c);
+    fp8_mlp_job(&c, true, GPU_FP8_DELAYED); /* the device counts its casts */
+    c.model.init_scale = 8.0f; /* the head's gradient underflows in E5M2 (docs/fp8.md) */
+    compare_diag(&c);
+    fp8_gpt_job(&c, true, GPU_FP8_CURRENT);
     compare_diag(&c);
 }
 END_TEST

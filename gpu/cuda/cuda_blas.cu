@@ -720,41 +720,87 @@ static __device__ float load_as_f32(const void *src, gpu_dtype dt, size_t i)
     return __uint_as_float(dt == GPU_FP16 ? gpu_fmt_f16_to_f32(h) : gpu_fmt_bf16_to_f32(h));
 }
 
+/* A thread's counts of a collecting cast, summed over the warp. */
+typedef struct {
+    unsigned long long n, sat, ufl, nz, nan;
+} fp8_cnt;
+
+static __device__ void fp8_cnt_flush(gpu_cuda_fp8_counts *k, fp8_cnt v, uint32_t most,
+                                     const float *scale)
+{
+    for (int off = 16; off > 0; off >>= 1) {
+        v.n += __shfl_down_sync(0xFFFFFFFFu, v.n, off);
+        v.sat += __shfl_down_sync(0xFFFFFFFFu, v.sat, off);
+        v.ufl += __shfl_down_sync(0xFFFFFFFFu, v.ufl, off);
+        v.nz += __shfl_down_sync(0xFFFFFFFFu, v.nz, off);
+        v.nan += __shfl_down_sync(0xFFFFFFFFu, v.nan, off);
+        uint32_t o = __shfl_down_sync(0xFFFFFFFFu, most, off);
+        most = o > most ? o : most;
+    }
+    if (threadIdx.x % 32 != 0)
+        return;
+    const unsigned long long add[5] = {v.n, v.sat, v.ufl, v.nz, v.nan};
+    unsigned long long *to[5] = {&k->n, &k->saturated, &k->underflow, &k->nonzero, &k->nan};
+    for (int i = 0; i < 5; i++)
+        if (add[i])
+            atomicAdd(to[i], add[i]);
+    if (most)
+        atomicMax(&k->amax, (unsigned int)most);
+    if (blockIdx.x == 0 && threadIdx.x == 0)
+        k->scale = *scale;
+}
+
+/* Grid-stride over the values; counts (with dst only) as gpu_fp8_cast counts its stats. The
+ * blocks are whole warps, and every thread reaches the warp sum. */
 static __global__ void gpu_k_fp8_cast(uint8_t *dst, uint8_t *dst_t, const void *src, gpu_dtype sdt,
-                                      int rows, int cols, int e5m2, const float *scale, float *amax)
+                                      int rows, int cols, int e5m2, const float *scale, float *amax,
+                                      gpu_cuda_fp8_counts *cnt, float top)
 {
     size_t n = (size_t)rows * cols, stride = (size_t)gridDim.x * blockDim.x;
     float s = *scale;
     uint32_t most = 0;
+    fp8_cnt v = {0, 0, 0, 0, 0};
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         float x = load_as_f32(src, sdt, i);
         uint32_t a = __float_as_uint(x) & 0x7FFFFFFFu;
         most = a <= 0x7F800000u && a > most ? a : most; /* a NaN is skipped */
         if (!dst)
             continue;
-        uint8_t c = gpu_fmt_f32_to_fp8(__float_as_uint(x * s), e5m2, 1);
+        float y = x * s;
+        uint8_t c = gpu_fmt_f32_to_fp8(__float_as_uint(y), e5m2, 1);
         dst[i] = c;
         if (dst_t)
             dst_t[(i % (size_t)cols) * (size_t)rows + i / (size_t)cols] = c;
+        if (cnt) {
+            bool nan = a > 0x7F800000u;
+            v.n++;
+            v.nan += nan;
+            v.sat += fabsf(y) > top;
+            v.ufl += a != 0 && !nan && (c & 0x7Fu) == 0;
+            v.nz += a != 0 && a < 0x7F800000u;
+        }
     }
     if (amax && most)
         atomicMax((unsigned int *)amax, (unsigned int)most);
+    if (cnt)
+        fp8_cnt_flush(cnt, v, most, scale);
 }
 
 extern "C" int gpu_cuda_fp8_cast(cudaStream_t stream, uint8_t *dst, uint8_t *dst_t, const void *src,
                                  gpu_dtype sdt, int rows, int cols, gpu_fp8_format f,
-                                 const float *scale, float *amax)
+                                 const float *scale, float *amax, gpu_cuda_fp8_counts *counts)
 {
     size_t n = (size_t)rows * (size_t)cols;
     if (rows < 0 || cols < 0 || (sdt != GPU_FP32 && sdt != GPU_FP16 && sdt != GPU_BF16) ||
         (f != GPU_E4M3 && f != GPU_E5M2) || (n > 0 && (src == NULL || scale == NULL)) ||
-        (n > 0 && dst == NULL && (dst_t != NULL || amax == NULL)))
+        (n > 0 && dst == NULL && (dst_t != NULL || amax == NULL || counts != NULL)))
         return bad("fp8 cast: bad arguments (rows %d, cols %d)", rows, cols);
     if (n == 0)
         return 0;
     unsigned blocks = gpu_cuda_blocks(n, CAST_THREADS, CAST_MAX_BLOCKS);
-    gpu_k_fp8_cast<<<blocks, CAST_THREADS, 0, stream>>>(dst, dst_t, src, sdt, rows, cols,
-                                                        f == GPU_E5M2, scale, amax);
+    gpu_k_fp8_cast<<<blocks, CAST_THREADS, 0, stream>>>(
+        dst, dst_t, src, sdt, rows, cols, f == GPU_E5M2, scale, amax, counts,
+        f == GPU_E5M2 ? GPU_E5M2_MAX : GPU_E4M3_MAX);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) {
         gpu_log(GPU_LOG_ERROR, "gpu_cuda_fp8_cast", "launch: %s", cudaGetErrorString(e));

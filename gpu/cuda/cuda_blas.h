@@ -119,16 +119,27 @@ int gpu_cuda_mm8_check(const gpu_cuda_mm8 *p, bool device);
  * capability into why when it does not (may be NULL). */
 bool gpu_cuda_has_fp8(char *why, size_t whylen);
 
+/* A tensor's fp8 casts counted on the device for the diagnostics (gpu_fp8_cast_stats):
+ * values cast, saturated, non-zero finite values made 0, non-zero finite values, NaNs; the
+ * largest |x| (the bits of a float, NaNs skipped) and the scale of the last cast. Zeroed by
+ * the caller; each counted cast adds to it. */
+typedef struct {
+    unsigned long long n, saturated, underflow, nonzero, nan;
+    unsigned int amax;
+    float scale;
+} gpu_cuda_fp8_counts;
+
 /* Enqueue the cast of rows x cols values of sdt (row-major) to fp8: dst[i] = fp8(src[i] x
  * *scale) saturating, bit for bit gpu_fp8_cast's codes (dst NULL: only the amax, current
  * scaling's first pass); with dst_t (may be NULL) the same
  * codes transposed (cols x rows), for a GEMM that needs the other layout; with amax (may be
- * NULL; its old value >= 0) raised to the largest |src[i]|, NaNs skipped as fmaxf skips them.
- * scale and amax are device pointers. GPU_EINVAL for bad arguments, GPU_ECUDA for a failed
- * launch. */
+ * NULL; its old value >= 0) raised to the largest |src[i]|, NaNs skipped as fmaxf skips them;
+ * with counts (may be NULL; dst not NULL) the cast counted into it, as gpu_fp8_cast counts.
+ * scale, amax and counts are device pointers. GPU_EINVAL for bad arguments, GPU_ECUDA for a
+ * failed launch. */
 int gpu_cuda_fp8_cast(cudaStream_t stream, uint8_t *dst, uint8_t *dst_t, const void *src,
                       gpu_dtype sdt, int rows, int cols, gpu_fp8_format f, const float *scale,
-                      float *amax);
+                      float *amax, gpu_cuda_fp8_counts *counts);
 /* The scaling rules of gpu/fp8_rule.h on the device, on rows laid out as the CPU's scaling
  * state (gpu/fp8.h: scale, scale_inv, then len history entries, the staging slot first):
  * current scaling sets row[0..2] = scale, scale_inv, amax from *amax (device); delayed

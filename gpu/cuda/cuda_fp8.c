@@ -8,7 +8,8 @@
  * The rules are gpu/fp8_state.c's on the CPU: current scaling measures the tensor, sets the
  * row's scale from that amax and then casts; delayed scaling casts with the row's scale and,
  * while training (ctx->fp8_record), folds the tensor's amax into the staging slot, which the
- * trainer's update after backward rolls into the history.
+ * trainer's update after backward rolls into the history. On a collecting step
+ * (ctx->fp8_counts) each cast also counts into its row's gpu_cuda_fp8_counts.
  *
  * Threads: everything is enqueued on ctx->stream.
  */
@@ -30,14 +31,15 @@ int gpu_cuda_fp8_cast_op(const gpu_cuda_model_ctx *c, int g, int r, const void *
     gpu_fp8_format fmt = gpu_fp8_role_format(f, r);
     float *row = row_of(c, g, r);
     cudaStream_t s = c->stream;
+    gpu_cuda_fp8_counts *k = c->fp8_counts ? c->fp8_counts + 3 * g + r : NULL;
     if (f->recipe == GPU_FP8_CURRENT) {
         GPU_TRY(gpu_cuda_c_check(cudaMemsetAsync(row + 2, 0, sizeof(float), s), "fp8 amax"));
-        GPU_TRY(gpu_cuda_fp8_cast(s, NULL, NULL, src, dt, rows, cols, fmt, row, row + 2));
+        GPU_TRY(gpu_cuda_fp8_cast(s, NULL, NULL, src, dt, rows, cols, fmt, row, row + 2, NULL));
         GPU_TRY(gpu_cuda_fp8_current(s, row, row + 2, gpu_fp8_max(fmt), f->amax_epsilon));
-        return gpu_cuda_fp8_cast(s, dst, dst_t, src, dt, rows, cols, fmt, row, NULL);
+        return gpu_cuda_fp8_cast(s, dst, dst_t, src, dt, rows, cols, fmt, row, NULL, k);
     }
     return gpu_cuda_fp8_cast(s, dst, dst_t, src, dt, rows, cols, fmt, row,
-                             c->fp8_record ? row + 2 : NULL);
+                             c->fp8_record ? row + 2 : NULL, k);
 }
 
 /* See cuda_model.h. */

@@ -75,6 +75,7 @@ typedef struct {
     const bool *fp8_on;
     uint8_t *fp8_block;
     bool fp8_record;
+    gpu_cuda_fp8_counts *fp8_counts; /* a collecting step's: one per row, zeroed; else NULL */
 } gpu_cuda_model_ctx;
 
 /* ---- fp8 linears (cuda_fp8.c), the MLP's and the GPT's -------------------------------- */

@@ -29,8 +29,9 @@
  * An fp8 job (the MLP or the GPT) adds two blocks, the scaling rows (uploaded with the
  * others, downloaded into the host's for a checkpoint) and the fp8 operands; after backward
  * and the gradients' all-reduce, the staged amaxes are reduced across the ranks (NCCL, MAX)
- * and delayed scaling's update runs on the device. Its casts are not counted for the
- * diagnostics.
+ * and delayed scaling's update runs on the device. A collecting step's casts count into
+ * one gpu_cuda_fp8_counts per row of the small block, mirrored with the step's snapshot and
+ * handed to the host's fp8 stats (train.c reports them as on the CPU).
  *
  * Differences from the CPU trainer: a step that overflows without collecting diagnostics is
  * not run again to collect them (the device does not know about the overflow until the
@@ -42,6 +43,7 @@
  * makes the twin's device current first. Host transfers of the blocks (create, download,
  * upload) are stream-ordered on the twin's stream and then synchronised.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -61,7 +63,7 @@ static size_t take(size_t *off, size_t bytes)
 
 /* Byte offsets of the small block (and of its pinned mirror). */
 typedef struct {
-    size_t state, offsets, counts, tstats, tlost, diag, loss, correct;
+    size_t state, offsets, counts, tstats, tlost, diag, fp8, loss, correct;
     size_t parts;                /* the unscale's partial sums: last, not mirrored on the host */
     size_t bytes;
 } small_layout;
@@ -105,7 +107,8 @@ struct gpu_cuda_twin {
     gpu_grad_ready ready;
 };
 
-static void small_plan(small_layout *s, int ntensors)
+/* fp8rows: an fp8 job's scaling rows, whose casts a collecting step counts (3 a GEMM). */
+static void small_plan(small_layout *s, int ntensors, int fp8rows)
 {
     size_t off = 0, nt = (size_t)ntensors;
     s->state = take(&off, sizeof(gpu_cuda_step_state));
@@ -114,6 +117,7 @@ static void small_plan(small_layout *s, int ntensors)
     s->tstats = take(&off, nt * sizeof(gpu_cuda_step_tstat));
     s->tlost = take(&off, nt * sizeof(unsigned long long));
     s->diag = take(&off, sizeof(gpu_cuda_diag));
+    s->fp8 = take(&off, (size_t)fp8rows * sizeof(gpu_cuda_fp8_counts));
     s->loss = take(&off, sizeof(double));
     s->correct = take(&off, sizeof(int));
     s->parts = take(&off, GPU_CUDA_UNSCALE_PARTS * sizeof(double));
@@ -126,6 +130,11 @@ static void small_plan(small_layout *s, int ntensors)
 static gpu_cuda_step_state *d_state(const gpu_cuda_twin *d)
 {
     return AT(d->small, d->sl.state, gpu_cuda_step_state);
+}
+
+static size_t fp8_counts_bytes(const gpu_cuda_twin *d)
+{
+    return 3 * (size_t)d->h.fp8_ngemm * sizeof(gpu_cuda_fp8_counts);
 }
 
 static gpu_cuda_step_state *h_state(const gpu_cuda_twin *d)
@@ -268,7 +277,7 @@ static int alloc_blocks(gpu_cuda_twin *d, char *err, size_t errlen)
         return rc;
     }
     d->batch_bytes = batch_bytes(d->B, d->xsize, d->rows);
-    small_plan(&d->sl, h->ntensors);
+    small_plan(&d->sl, h->ntensors, h->fp8 ? 3 * h->fp8_ngemm : 0);
     if (h->master)
         GPU_TRY(dev_alloc(d, (void **)&d->master, P * sizeof(float), "fp32 master weights", err,
                           errlen));
@@ -369,17 +378,17 @@ int gpu_cuda_job_memory(const gpu_job_config *c, gpu_mem *out, char *err, size_t
         ntensors = 2 * m.nlin;
     }
     size_t fp8 = 0;
+    int ngemm = !c->fp8.on ? 0 : g ? g->nfp8 : m.nlin;
     if (rc == 0 && c->fp8.on) { /* the fp8 operands and scaling state */
         char why[8];
         gpu_cuda_host h = {.mlp = &m, .gpt = g, .fp8_on = g ? g->fp8 : m.fp8};
-        int ngemm = g ? g->nfp8 : m.nlin;
         if (fp8_plan(&h, gpu_rank_batch(c), &fp8, why, sizeof(why)) == 0)
             fp8 += gpu_fp8_state_floats(&c->fp8, ngemm) * sizeof(float) + fp8_amax_bytes(c, ngemm);
     }
     free(g);
     if (rc)
         return rc;
-    small_plan(&sl, ntensors);
+    small_plan(&sl, ntensors, 3 * ngemm);
     account(out, P, c->dtype, c->dtype == GPU_FP32 || c->master_weights,
             c->optim.type == GPU_OPT_ADAMW, acts,
             ws + batch_bytes(gpu_rank_batch(c), xsize, rows) + sl.bytes +
@@ -570,6 +579,7 @@ static gpu_cuda_model_ctx ctx_of(const gpu_cuda_twin *d, bool train, bool diag)
         c.fp8_on = d->h.fp8_on;
         c.fp8_block = d->fp8_block;
         c.fp8_record = train;
+        c.fp8_counts = diag ? AT(d->small, d->sl.fp8, gpu_cuda_fp8_counts) : NULL;
     }
     return c;
 }
@@ -679,7 +689,30 @@ static int snapshot(const gpu_cuda_twin *d, int nlayers)
         GPU_TRY(gpu_cuda_diag_snapshot(AT(d->small, d->sl.diag, gpu_cuda_diag),
                                        AT(d->pinned, d->sl.diag, gpu_cuda_diag), nlayers,
                                        d->stream));
+    if (nlayers > 0 && d->fp8_state)
+        GPU_TRY(copy(d, AT(d->pinned, d->sl.fp8, gpu_cuda_fp8_counts),
+                     AT(d->small, d->sl.fp8, gpu_cuda_fp8_counts), fp8_counts_bytes(d),
+                     cudaMemcpyDeviceToHost));
     return 0;
+}
+
+/* A collecting step's fp8 counts into the host's (train.c's diagnostics), as gpu/fp8_state.c
+ * notes them: the amax NaN when a NaN was cast, the scale of a row that was cast. */
+static void fp8_counts_export(const gpu_cuda_twin *d)
+{
+    const gpu_cuda_fp8_counts *k = AT(d->pinned, d->sl.fp8, gpu_cuda_fp8_counts);
+    const gpu_cuda_host *h = &d->h;
+    for (int r = 0; r < 3 * h->fp8_ngemm; r++) {
+        union {
+            unsigned int u;
+            float f;
+        } a = {k[r].amax};
+        h->fp8_stats[r] =
+            (gpu_fp8_cast_stats){(int64_t)k[r].n, (int64_t)k[r].saturated, (int64_t)k[r].underflow,
+                                 (int64_t)k[r].nonzero, (int64_t)k[r].nan};
+        h->fp8_amax[r] = k[r].nan > 0 ? NAN : a.f;
+        h->fp8_scale[r] = k[r].n > 0 ? k[r].scale : NAN;
+    }
 }
 
 /* Read the synchronised snapshot into the caller's structures. */
@@ -706,6 +739,8 @@ static void read_snapshot(const gpu_cuda_twin *d, int B, gpu_diag *diag, gpu_gra
         const gpu_cuda_diag *hd = AT(d->pinned, d->sl.diag, gpu_cuda_diag);
         gpu_diag_begin(diag, hd->scale); /* clears the host counters, keeps the names */
         gpu_cuda_diag_export(hd, diag);
+        if (d->fp8_state && d->h.fp8_stats)
+            fp8_counts_export(d);
     }
 }
 
@@ -763,6 +798,9 @@ int gpu_cuda_twin_step(gpu_cuda_twin *d, const void *x, const int *y, int B, dou
     GPU_TRY(gpu_cuda_step_begin_launch(d_state(d), d->stream));
     if (diag != NULL)
         GPU_TRY(gpu_cuda_diag_begin_launch(c.diag, d_state(d), d->stream));
+    if (c.fp8_counts != NULL)
+        GPU_TRY(gpu_cuda_c_check(cudaMemsetAsync(c.fp8_counts, 0, fp8_counts_bytes(d), d->stream),
+                                 "cudaMemsetAsync (fp8 counts)"));
     gpu_cuda_prof_mark(c.prof, d->stream, "upload");
     GPU_TRY(forward(d, &c, B));
     if (d->comm != NULL)

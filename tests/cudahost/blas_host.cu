@@ -291,11 +291,11 @@ fail:
 
 extern "C" int gpu_cuda_fp8_cast_host(uint8_t *dst, uint8_t *dst_t, const void *src, gpu_dtype sdt,
                                       int rows, int cols, gpu_fp8_format f, float scale,
-                                      float *amax)
+                                      float *amax, gpu_cuda_fp8_counts *counts)
 {
     int rc = gpu_cuda_ready();
     size_t n = rows > 0 && cols > 0 ? (size_t)rows * (size_t)cols : 0;
-    void *d_src = NULL, *d_dst = NULL, *d_t = NULL, *d_f = NULL;
+    void *d_src = NULL, *d_dst = NULL, *d_t = NULL, *d_f = NULL, *d_k = NULL;
     float f2[2] = {scale, amax ? *amax : 0.0f};
 
     if (rc != 0)
@@ -305,14 +305,16 @@ extern "C" int gpu_cuda_fp8_cast_host(uint8_t *dst, uint8_t *dst_t, const void *
     if (n == 0)
         return 0;
     if ((rc = upload_bytes(&d_src, src, n * gpu_dtype_size(sdt))) != 0 ||
-        (rc = upload_bytes(&d_f, f2, sizeof(f2))) != 0)
+        (rc = upload_bytes(&d_f, f2, sizeof(f2))) != 0 ||
+        (counts && (rc = upload_bytes(&d_k, counts, sizeof(*counts))) != 0))
         goto fail;
     if (dst)
         GPU_CUDA_TRY(cudaMalloc(&d_dst, n));
     if (dst_t)
         GPU_CUDA_TRY(cudaMalloc(&d_t, n));
     rc = gpu_cuda_fp8_cast(0, (uint8_t *)d_dst, (uint8_t *)d_t, d_src, sdt, rows, cols, f,
-                           (const float *)d_f, amax ? (float *)d_f + 1 : NULL);
+                           (const float *)d_f, amax ? (float *)d_f + 1 : NULL,
+                           (gpu_cuda_fp8_counts *)d_k);
     if (rc != 0)
         goto fail;
     GPU_CUDA_TRY(cudaDeviceSynchronize());
@@ -322,7 +324,10 @@ extern "C" int gpu_cuda_fp8_cast_host(uint8_t *dst, uint8_t *dst_t, const void *
         GPU_CUDA_TRY(cudaMemcpy(dst_t, d_t, n, cudaMemcpyDeviceToHost));
     if (amax)
         GPU_CUDA_TRY(cudaMemcpy(amax, (float *)d_f + 1, sizeof(float), cudaMemcpyDeviceToHost));
+    if (counts)
+        GPU_CUDA_TRY(cudaMemcpy(counts, d_k, sizeof(*counts), cudaMemcpyDeviceToHost));
 fail:
+    cudaFree(d_k);
     cudaFree(d_f);
     cudaFree(d_t);
     cudaFree(d_dst);

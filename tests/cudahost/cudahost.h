@@ -58,9 +58,11 @@ int gpu_cuda_mm_host(const gpu_cuda_mm *p);
  * or GPU_ENODEV / GPU_ENOMEM / GPU_ECUDA. */
 int gpu_cuda_mm8_host(const gpu_cuda_mm8 *p, float a_scale_inv, float b_scale_inv);
 /* gpu_cuda_fp8_cast() on host buffers: src rows x cols values of sdt (storage), dst (and
- * dst_t, may be NULL) host arrays of codes, scale a value; *amax (may be NULL) in and out. */
+ * dst_t, may be NULL) host arrays of codes, scale a value; *amax and *counts (either may be
+ * NULL) in and out. */
 int gpu_cuda_fp8_cast_host(uint8_t *dst, uint8_t *dst_t, const void *src, gpu_dtype sdt, int rows,
-                           int cols, gpu_fp8_format f, float scale, float *amax);
+                           int cols, gpu_fp8_format f, float scale, float *amax,
+                           gpu_cuda_fp8_counts *counts);
 /* gpu_cuda_fp8_delayed() on a host copy of the scaling state (nrows rows of 2 + len floats,
  * updated in place), and gpu_cuda_fp8_current() on one row (2 + 1 floats) from amax. */
 int gpu_cuda_fp8_delayed_host(float *state, int nrows, int len, bool most_recent,
