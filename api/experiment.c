@@ -130,6 +130,20 @@ static bool default_seeds(const json_t *body, const json_t *base, arm_plan *a, a
     return true;
 }
 
+/* An arm that is not fp8 drops from the base spec what only fp8 takes (the base may be an
+ * fp8 job's): the recipe, and "fp8" as the linear layers' autocast policy ("lowp" there). */
+static void drop_fp8(json_t *prec)
+{
+    json_t *ac = json_object_get(prec, "autocast");
+    json_object_del(prec, "fp8");
+    for (int i = 0; i < 2; i++) {
+        json_t *t = json_object_get(ac, i ? "overrides" : "table");
+        const char *lin = json_string_value(json_object_get(t, "linear"));
+        if (lin && strcmp(lin, "fp8") == 0)
+            json_object_set_new(t, "linear", json_string("lowp"));
+    }
+}
+
 /* The arm's spec: base with patch merged in, precision.dtype set to dtype (NULL: as it
  * is), and loss scaling left to its default (none) outside fp16 unless the patch sets it:
  * PyTorch's recipe, a GradScaler for fp16 only. */
@@ -138,6 +152,8 @@ static json_t *arm_spec(const json_t *base, const json_t *patch, const char *dty
     json_t *s = json_deep_copy(base), *prec;
     if (!s)
         return NULL;
+    if (dtype && strcmp(dtype, "fp8") != 0 && json_is_object(json_object_get(s, "precision")))
+        drop_fp8(json_object_get(s, "precision")); /* the base's; a patch's stays and is checked */
     if (patch)
         json_object_update_recursive(s, (json_t *)patch);
     prec = json_object_get(s, "precision");

@@ -595,11 +595,40 @@ static int parse_scaler(ctx *c, json_t *ls, gpu_scaler_config *s)
     return 0;
 }
 
+/* One op's policy v at field f into *p. An fp8 job's linear layers run in fp8, which its
+ * table names "fp8" ("lowp" too, as the other dtypes' tables write it: a spec cloned from
+ * one); the other ops and jobs take the three policies. */
+static int parse_policy(ctx *c, const char *f, gpu_op o, json_t *v, bool fp8, gpu_cast_policy *p)
+{
+    const char *s = json_is_string(v) ? json_string_value(v) : NULL;
+    bool fp8_linear = fp8 && o == GPU_OP_LINEAR;
+    if (s && strcmp(s, "fp8") == 0 && fp8_linear) {
+        *p = GPU_CAST_LOWP;
+        return 0;
+    }
+    if (s && strcmp(s, "fp8") == 0)
+        return fail(c, f,
+                    o == GPU_OP_LINEAR ? "is \"fp8\" in an fp8 job only (precision.dtype \"fp8\")"
+                                       : "fp8 runs the linear layers' GEMMs only: \"lowp\", "
+                                         "\"fp32\" or \"input\"");
+    if (!s || gpu_cast_policy_parse(s, p) != 0)
+        return fail(c, f,
+                    fp8_linear ? "must be \"fp8\" (an fp8 job's linear layers)"
+                               : "must be \"lowp\", \"fp32\" or \"input\"");
+    if (fp8_linear && *p != GPU_CAST_LOWP)
+        return fail(c, f,
+                    "must be \"fp8\": an fp8 job runs its linear layers in fp8 (keep a layer "
+                    "in bf16 with precision.fp8.keep, or use precision.dtype \"bf16\")");
+    return 0;
+}
+
 /* An object of op: policy at field (overrides or table) into a; *seen counts the ops. */
-static int parse_policies(ctx *c, json_t *obj, const char *field, gpu_autocast *a, int *seen)
+static int parse_policies(ctx *c, json_t *obj, const char *field, bool fp8, gpu_autocast *a,
+                          int *seen)
 {
     json_t *v;
     const char *op;
+    int rc;
 
     *seen = 0;
     if (!json_is_object(obj))
@@ -612,8 +641,8 @@ static int parse_policies(ctx *c, json_t *obj, const char *field, gpu_autocast *
         snprintf(f, sizeof(f), "%s.%s", field, op);
         if (gpu_op_parse(op, &o) != 0)
             return fail(c, f, "unknown op (see GET /v1/system for the autocast table)");
-        if (!json_is_string(v) || gpu_cast_policy_parse(json_string_value(v), &p) != 0)
-            return fail(c, f, "must be \"lowp\", \"fp32\" or \"input\"");
+        if ((rc = parse_policy(c, f, o, v, fp8, &p)))
+            return rc;
         a->policy[o] = p;
         (*seen)++;
     }
@@ -622,7 +651,7 @@ static int parse_policies(ctx *c, json_t *obj, const char *field, gpu_autocast *
 
 /* precision.autocast: overrides (the ops named change, the others keep their default), or
  * table, the whole table as the canonical spec prints it (every op, no overrides). */
-static int parse_autocast(ctx *c, json_t *ac, gpu_autocast *a)
+static int parse_autocast(ctx *c, json_t *ac, bool fp8, gpu_autocast *a)
 {
     static const char *const keys[] = {"overrides", "table", NULL};
     json_t *ov, *table;
@@ -638,11 +667,11 @@ static int parse_autocast(ctx *c, json_t *ac, gpu_autocast *a)
         return fail(c, "precision.autocast.table",
                     "is the whole table: give it or overrides, not both");
     if (ov)
-        return parse_policies(c, ov, "precision.autocast.overrides", a, &seen);
+        return parse_policies(c, ov, "precision.autocast.overrides", fp8, a, &seen);
     if (!table)
         return 0;
     t = *a;
-    if ((rc = parse_policies(c, table, "precision.autocast.table", &t, &seen)) != 0)
+    if ((rc = parse_policies(c, table, "precision.autocast.table", fp8, &t, &seen)) != 0)
         return rc;
     for (int i = 0; seen < GPU_OP_COUNT && i < GPU_OP_COUNT; i++)
         if (!json_object_get(table, gpu_op_name((gpu_op)i)))
@@ -770,7 +799,8 @@ static int parse_precision(ctx *c, json_t *p, gpu_job_config *jc)
         return rc;
     if ((v = json_object_get(p, "loss_scale")) && (rc = parse_scaler(c, v, &jc->scaler)))
         return rc;
-    if ((v = json_object_get(p, "autocast")) && (rc = parse_autocast(c, v, &jc->autocast)))
+    if ((v = json_object_get(p, "autocast")) &&
+        (rc = parse_autocast(c, v, jc->fp8.on, &jc->autocast)))
         return rc;
     return 0;
 }
@@ -1294,6 +1324,15 @@ json_t *api_autocast_to_json(const gpu_autocast *a)
     return o;
 }
 
+/* A job's table: an fp8 job's linear layers are "fp8". */
+static json_t *autocast_table_json(const gpu_job_config *c)
+{
+    json_t *o = api_autocast_to_json(&c->autocast);
+    if (o && c->fp8.on)
+        json_object_set_new(o, gpu_op_name(GPU_OP_LINEAR), json_string("fp8"));
+    return o;
+}
+
 static json_t *scaler_to_json(const gpu_scaler_config *s)
 {
     static const char *const modes[] = {"none", "static", "dynamic"};
@@ -1438,15 +1477,14 @@ json_t *api_spec_to_json(const gpu_job_config *c)
         "name", c->name, "model", model_to_json(&c->model), "data",
         data_order_json(data_to_json(&c->data), &c->data), "precision", "dtype",
         gpu_job_dtype_name(c), "master_weights", c->master_weights, "loss_scale",
-        scaler_to_json(&c->scaler), "autocast", "table", api_autocast_to_json(&c->autocast),
-        "optimizer", "type", opts[o->type], "lr", o->lr, "betas", o->beta1, o->beta2, "eps", o->eps,
-        "momentum", o->momentum, "weight_decay", o->weight_decay, "grad_clip",
-        api_float_value(o->grad_clip), "warmup_steps", o->warmup_steps, "schedule",
-        scheds[o->schedule], "min_lr_ratio", api_float_value(o->min_lr_ratio), "batch_size",
-        c->batch_size, "steps", (json_int_t)c->steps, "seed", (json_int_t)c->seed, "eval_every",
-        (json_int_t)c->eval_every, "checkpoint_every", (json_int_t)c->checkpoint_every,
-        "diagnostics_every", (json_int_t)c->diagnostics_every, "device", c->device, "threads",
-        c->threads);
+        scaler_to_json(&c->scaler), "autocast", "table", autocast_table_json(c), "optimizer",
+        "type", opts[o->type], "lr", o->lr, "betas", o->beta1, o->beta2, "eps", o->eps, "momentum",
+        o->momentum, "weight_decay", o->weight_decay, "grad_clip", api_float_value(o->grad_clip),
+        "warmup_steps", o->warmup_steps, "schedule", scheds[o->schedule], "min_lr_ratio",
+        api_float_value(o->min_lr_ratio), "batch_size", c->batch_size, "steps",
+        (json_int_t)c->steps, "seed", (json_int_t)c->seed, "eval_every", (json_int_t)c->eval_every,
+        "checkpoint_every", (json_int_t)c->checkpoint_every, "diagnostics_every",
+        (json_int_t)c->diagnostics_every, "device", c->device, "threads", c->threads);
     if (j && c->fp8.on)
         json_object_set_new(json_object_get(j, "precision"), "fp8", fp8_to_json(&c->fp8));
     if (j) {

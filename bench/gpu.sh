@@ -554,20 +554,22 @@ for mode, name, peer in order:
           f"{f(r.get('tokens_per_s'), ',.0f', 10)} {f(mfu, '.1f', 6, '%')} "
           f"{f(mem / GIB if mem else None, '.2f', 8)} {f(dev / GIB if dev else None, '.2f', 8)} "
           f"{f(rt, '.2f', 8, 'x')} {f(rm, '.2f', 8, 'x')} {f(rd, '.2f', 8, 'x')}")
-a, n = runs["ampd-bf16-materialized"], runs["torch-bf16-naive"]
-rt, rm = ratio(a.get("median_step_ms"), n.get("median_step_ms")), ratio(a.get("mem_total"),
-                                                                         n.get("mem_total"))
-ratios["ampd-bf16-materialized/torch-bf16-naive"] = {"step_ms": rt, "mem": rm,
-                                        "dev_mem": ratio(a.get("dev_peak"), n.get("dev_peak"))}
-print(f"bf16 ampd-materialized / pytorch-naive (softmax materialised in both): step time "
-      f"{f(rt, '.2f', 0, 'x')}, memory {f(rm, '.2f', 0, 'x')}")
-a, b16 = runs["ampd-fp8"], runs["ampd-bf16"]
-rt, rm = ratio(a.get("median_step_ms"), b16.get("median_step_ms")), ratio(a.get("mem_total"),
-                                                                           b16.get("mem_total"))
-ratios["ampd-fp8/ampd-bf16"] = {"step_ms": rt, "mem": rm,
-                                "dev_mem": ratio(a.get("dev_peak"), b16.get("dev_peak"))}
-print(f"fp8 / bf16, ampd (the blocks' linears in fp8, delayed scaling; no PyTorch peer here): "
-      f"step time {f(rt, '.2f', 0, 'x')}, memory {f(rm, '.2f', 0, 'x')}")
+
+
+def pair(name, peer, what):
+    """One run against another outside the table: the ratios kept, one line printed."""
+    a, b = runs[name], runs[peer]
+    rt, rm = ratio(a.get("median_step_ms"), b.get("median_step_ms")), ratio(a.get("mem_total"),
+                                                                             b.get("mem_total"))
+    ratios[f"{name}/{peer}"] = {"step_ms": rt, "mem": rm,
+                                "dev_mem": ratio(a.get("dev_peak"), b.get("dev_peak"))}
+    print(f"{what}: step time {f(rt, '.2f', 0, 'x')}, memory {f(rm, '.2f', 0, 'x')}")
+
+
+pair("ampd-bf16-materialized", "torch-bf16-naive",
+     "bf16 ampd-materialized / pytorch-naive (softmax materialised in both)")
+pair("ampd-fp8", "ampd-bf16",
+     "fp8 / bf16, ampd (the blocks' linears in fp8, delayed scaling; no PyTorch peer here)")
 for dt in ("bf16", "fp16", "fp32", "fp8"):
     r = runs[f"ampd-{dt}"]
     s = r.get("summary") or {}

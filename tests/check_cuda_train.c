@@ -511,14 +511,42 @@ END_TEST
  * weights on and off) and current scaling, step by step against the CPU's fp8 trainer,
  * the fp8.scaling state included among the blocks compared; a layer whose width is not a
  * multiple of 16 is refused naming it, and "auto" takes the CPU, saying why. */
+static void fp8_on(gpu_job_config *c, gpu_fp8_recipe recipe)
+{
+    c->fp8.on = true;
+    c->fp8.recipe = recipe;
+    c->fp8.amax_history_len = 8;
+}
+
 static void fp8_mlp_job(gpu_job_config *c, bool master, gpu_fp8_recipe recipe)
 {
     mlp_job(c, GPU_BF16, master, GPU_ACT_RELU);
     c->model.layers[3] = 16;
     c->data.synth_classes = 16;
-    c->fp8.on = true;
-    c->fp8.recipe = recipe;
-    c->fp8.amax_history_len = 8;
+    fp8_on(c, recipe);
+}
+
+static void fp8_gpt_job(gpu_job_config *c, bool master, gpu_fp8_recipe recipe)
+{
+    gpt_job(c, GPU_BF16, master);
+    fp8_on(c, recipe);
+}
+
+/* c on "cuda" is refused naming what (and the multiple of 16); "auto" trains it on the CPU
+ * and says why. */
+static void fp8_refused(gpu_job_config *c, const char *what)
+{
+    gpu_trainer *t;
+    char err[512];
+    snprintf(c->device, sizeof(c->device), "cuda");
+    ck_assert_int_eq(gpu_trainer_create(c, &t, err, sizeof(err)), GPU_ENODEV);
+    ck_assert_msg(strstr(err, what) && strstr(err, "16"), "%s", err);
+    snprintf(c->device, sizeof(c->device), "auto");
+    ck_assert_int_eq(gpu_trainer_create(c, &t, err, sizeof(err)), 0);
+    ck_assert_msg(strstr(gpu_trainer_device(t), "cpu (CUDA unusable") &&
+                      strstr(gpu_trainer_device(t), what),
+                  "%s", gpu_trainer_device(t));
+    gpu_trainer_free(t);
 }
 
 START_TEST(t_mlp_fp8)
@@ -537,15 +565,7 @@ START_TEST(t_mlp_fp8)
     fp8_mlp_job(&c, true, GPU_FP8_DELAYED);
     c.model.layers[3] = 10; /* the 10-class head: not a multiple of 16 */
     c.data.synth_classes = 10;
-    snprintf(c.device, sizeof(c.device), "cuda");
-    ck_assert_int_eq(gpu_trainer_create(&c, &t, err, sizeof(err)), GPU_ENODEV);
-    ck_assert_msg(strstr(err, "fc3") && strstr(err, "16"), "%s", err);
-    snprintf(c.device, sizeof(c.device), "auto"); /* the CPU runs it, and says why */
-    ck_assert_int_eq(gpu_trainer_create(&c, &t, err, sizeof(err)), 0);
-    ck_assert_msg(strstr(gpu_trainer_device(t), "cpu (CUDA unusable") &&
-                      strstr(gpu_trainer_device(t), "fc3"),
-                  "%s", gpu_trainer_device(t));
-    gpu_trainer_free(t);
+    fp8_refused(&c, "fc3");
     snprintf(c.device, sizeof(c.device), "cuda");
     c.fp8.nkeep = 1; /* kept in bf16, it trains there */
     snprintf(c.fp8.keep[0], sizeof(c.fp8.keep[0]), "fc3");
@@ -555,22 +575,12 @@ START_TEST(t_mlp_fp8)
 }
 END_TEST
 
-static void fp8_gpt_job(gpu_job_config *c, bool master, gpu_fp8_recipe recipe)
-{
-    gpt_job(c, GPU_BF16, master);
-    c->fp8.on = true;
-    c->fp8.recipe = recipe;
-    c->fp8.amax_history_len = 8;
-}
-
 /* The GPT's block linears in fp8 (the head in bf16), as the MLP: delayed scaling with and
  * without master weights, current scaling, one linear kept in bf16; a seq_len that is not a
  * multiple of 16 is refused naming it ("auto": the CPU, saying why). */
 START_TEST(t_gpt_fp8)
 {
     gpu_job_config c;
-    gpu_trainer *t;
-    char err[512];
     if (!have_device())
         return;
     for (int master = 1; master >= 0; master--) {
@@ -585,15 +595,7 @@ START_TEST(t_gpt_fp8)
     compare_job(&c, 2, &B16);
     fp8_gpt_job(&c, true, GPU_FP8_DELAYED);
     c.model.seq_len = 24;
-    snprintf(c.device, sizeof(c.device), "cuda");
-    ck_assert_int_eq(gpu_trainer_create(&c, &t, err, sizeof(err)), GPU_ENODEV);
-    ck_assert_msg(strstr(err, "model.seq_len") && strstr(err, "16"), "%s", err);
-    snprintf(c.device, sizeof(c.device), "auto");
-    ck_assert_int_eq(gpu_trainer_create(&c, &t, err, sizeof(err)), 0);
-    ck_assert_msg(strstr(gpu_trainer_device(t), "cpu (CUDA unusable") &&
-                      strstr(gpu_trainer_device(t), "seq_len"),
-                  "%s", gpu_trainer_device(t));
-    gpu_trainer_free(t);
+    fp8_refused(&c, "model.seq_len");
 }
 END_TEST
 

@@ -9,7 +9,8 @@
 #   existing jobs grouped by id; cancel (every job ends cancelled); delete refused (409)
 #   while a job runs, delete of the group only (?jobs=keep: its jobs stay), delete with its
 #   jobs (404 afterwards); a restart of the daemon, after which the groups, their members and
-#   their verdicts are as before; an fp8 arm beside bf16. Every response is checked against the
+#   their verdicts are as before; an fp8 arm beside bf16, and an experiment on that fp8 job's
+#   own spec (its bf16 arm without the fp8 parts). Every response is checked against the
 #   OpenAPI description.
 #
 # The null verdict: Welch's test at 5% says "outside" for 1 in 20 random pairs of seed sets
@@ -180,6 +181,27 @@ check "... and both finish" wait_for 60 exp_done "$E5"
 req GET "/v1/experiments/$E5"
 check "... both succeeded" \
     test "$(jq '[.jobs[] | select(.status == "succeeded")] | length' <<<"$BODY")" = 2
+# the fp8 job's own spec as a base: its table names the linear layers fp8; the bf16 arm
+# reads that as lowp and drops the recipe, the fp8 arm keeps both
+F8=$(jq -r '.jobs[] | select(.dtype == "fp8") | .id' <<<"$BODY")
+req GET "/v1/jobs/$F8"
+F8SPEC=$(jq -c .spec <<<"$BODY")
+check "the fp8 job's spec names its linear layers fp8 in the autocast table" \
+    test "$(jq -r '.precision.autocast.table.linear' <<<"$F8SPEC")" = fp8
+post_json /v1/experiments '{"name": "eight-again", "spec": '"$F8SPEC"', "precisions": ["bf16", "fp8"],
+  "seeds": [2]}'
+E6=$(jq -r .id <<<"$BODY")
+check "an experiment on the fp8 job's spec is created (got $CODE)" test "$CODE" = 201
+arm_spec() { # experiment dtype -> that arm's stored spec
+    req GET "/v1/experiments/$1"
+    req GET "/v1/jobs/$(jq -r --arg d "$2" '.jobs[] | select(.dtype == $d) | .id' <<<"$BODY")"
+    jq -c .spec <<<"$BODY"
+}
+check "... its bf16 arm runs the linear layers lowp, without the fp8 recipe" \
+    test "$(arm_spec "$E6" bf16 | jq -r '[.precision.autocast.table.linear, .precision.fp8] | tostring')" = '["lowp",null]'
+check "... its fp8 arm keeps them fp8, with the recipe" \
+    test "$(arm_spec "$E6" fp8 | jq -r '[.precision.autocast.table.linear, .precision.fp8.recipe] | tostring')" = '["fp8","delayed"]'
+check "... and both finish" wait_for 60 exp_done "$E6"
 
 openapi_check_recorded
 echo "$pass passed, $fail failed"

@@ -664,8 +664,33 @@ START_TEST(test_fp8)
     ck_assert_str_eq(gpu_job_dtype_name(&c), "fp8");
     char *t = canonical(&c);
     ck_assert_msg(strstr(t, "\"dtype\":\"fp8\"") &&
-                      strstr(t, "\"fp8\":{\"recipe\":\"delayed\",\"format\":\"hybrid\""),
+                      strstr(t, "\"fp8\":{\"recipe\":\"delayed\",\"format\":\"hybrid\"") &&
+                      strstr(t, "\"linear\":\"fp8\"") && strstr(t, "\"matmul\":\"lowp\""),
                   "%s", t);
+    ck_assert_int_eq(parse(t, &c, &e), 0); /* the canonical spec reads back */
+    ck_assert(c.fp8.on && c.autocast.policy[GPU_OP_LINEAR] == GPU_CAST_LOWP);
+    free(t);
+    /* the autocast table: fp8 is the linear layers' policy in an fp8 job, and only there */
+    for (int i = 0; i < 2; i++) {
+        char spec[160];
+        snprintf(spec, sizeof(spec),
+                 "{\"precision\": {\"dtype\": \"fp8\", \"autocast\": {\"overrides\": "
+                 "{\"linear\": \"%s\"}}}}",
+                 i ? "lowp" : "fp8"); /* lowp: a spec cloned from another dtype's job */
+        ck_assert_int_eq(parse(spec, &c, &e), 0);
+    }
+    expect_field("{\"precision\": {\"dtype\": \"fp8\", \"autocast\": {\"overrides\": "
+                 "{\"linear\": \"fp32\"}}}}",
+                 "precision.autocast.overrides.linear");
+    expect_field("{\"precision\": {\"dtype\": \"bf16\", \"autocast\": {\"overrides\": "
+                 "{\"linear\": \"fp8\"}}}}",
+                 "precision.autocast.overrides.linear");
+    expect_field("{\"precision\": {\"dtype\": \"fp8\", \"autocast\": {\"overrides\": "
+                 "{\"softmax\": \"fp8\"}}}}",
+                 "precision.autocast.overrides.softmax");
+    ck_assert_int_eq(parse("{\"precision\": {\"dtype\": \"bf16\"}}", &c, &e), 0);
+    t = canonical(&c);
+    ck_assert_msg(strstr(t, "\"linear\":\"lowp\""), "%s", t);
     free(t);
     ck_assert_int_eq(parse("{\"precision\": {\"dtype\": \"fp8\", \"fp8\": {\"recipe\": "
                            "\"current\", \"keep\": [\"fc2\"]}}}",

@@ -427,6 +427,16 @@ async function main() {
     await page.fill('#spec-json', JSON.stringify(edited));
     check('editing the JSON updates the form', (await page.inputValue('#f-seed')) === '7');
 
+    // ---- another dtype than fp8 drops fp8's parts (a spec cloned from an fp8 run has them)
+    const f8 = JSON.parse(await page.inputValue('#spec-json'));
+    f8.precision = {dtype: 'fp8', fp8: {recipe: 'current'}, autocast: {overrides: {linear: 'fp8'}}};
+    await page.fill('#spec-json', JSON.stringify(f8));
+    await page.check('#f-precision-dtype input[value="bf16"]');
+    const p16 = JSON.parse(await page.inputValue('#spec-json')).precision;
+    check('choosing bf16 for an fp8 spec drops the fp8 recipe and reads its fp8 linears as lowp',
+          p16.dtype === 'bf16' && p16.fp8 === undefined && p16.autocast.overrides.linear === 'lowp',
+          JSON.stringify(p16));
+
     // ---- an fp16 job through the form; then its run page, open while the job is queued, so
     // that the live checks below see it from its first step
     let blockers = await holdSlots();

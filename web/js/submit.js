@@ -119,6 +119,15 @@ function prune(o, ks) {
     }
 }
 
+// Another dtype than fp8 takes none of fp8's parts (a spec cloned from an fp8 run has
+// them): the recipe, and "fp8" as the linear layers' autocast policy, "lowp" elsewhere.
+function dropFp8(spec) {
+    const p = spec.precision || {};
+    delete p.fp8;
+    for (const k of ['table', 'overrides'])
+        if (p.autocast && p.autocast[k] && p.autocast[k].linear === 'fp8') p.autocast[k].linear = 'lowp';
+}
+
 export class SubmitPage {
     constructor(root, query) {
         this.root = root;
@@ -247,6 +256,7 @@ export class SubmitPage {
         }
         if (kind === 'check' && v === c.opt.def && getPath(this.spec, path) === undefined) return;
         setPath(this.spec, path, v);
+        if (path === 'precision.dtype' && v !== 'fp8') dropFp8(this.spec);
         this.renderJson();
         if (path === 'model.type') this.renderVisibility();
     }
