@@ -247,7 +247,6 @@ static int dev_alloc(const gpu_cuda_twin *d, void **p, size_t bytes, const char 
     return e == cudaErrorMemoryAllocation ? GPU_ENOMEM : GPU_ECUDA;
 }
 
-/* Plan the device model and allocate every block, the pinned host block included. */
 /* With several ranks, the room for the staged amaxes of ngemm GEMMs that are reduced
  * across them (3 a GEMM). */
 static size_t fp8_amax_bytes(const gpu_job_config *c, int ngemm)
@@ -264,6 +263,7 @@ static int fp8_plan(const gpu_cuda_host *h, int B, size_t *bytes, char *err, siz
     return gpu_cuda_mlp_fp8_plan(h->mlp, h->fp8_on, B, bytes, err, errlen);
 }
 
+/* Plan the device model and allocate every block, the pinned host block included. */
 static int alloc_blocks(gpu_cuda_twin *d, char *err, size_t errlen)
 {
     const gpu_cuda_host *h = &d->h;
