@@ -16,7 +16,7 @@
 // For tests and scripts each chart's element carries data-points, data-last-x, data-last-y
 // (series 1) and data-zoom ("from-to" or empty); the heatmap carries data-layers,
 // data-steps and data-field.
-import {h, clear, fmtNum, debounce} from './util.js';
+import {h, clear, fmtNum, fmtInt, debounce} from './util.js';
 
 const MARK_COLORS = {overflow: '#dc2626', skipped: '#f59e0b', nonfinite: '#111827', branch: '#7c3aed'};
 
@@ -98,7 +98,7 @@ export class LineChart {
             scales: {x: {time: false},
                      y: o.yLog ? {distr: 3, log: 2} : {},
                      y2: {}},
-            series: [{label: 'step', value: (u, v) => (v === null ? '—' : Math.round(v).toLocaleString('en-US'))}]
+            series: [{label: 'step', value: (u, v) => (v === null ? '—' : fmtInt(v))}]
                         .concat(spec.map((s) => {
                             const c = Object.assign({}, s);
                             delete c.src; delete c.band; delete c.kind;
@@ -395,7 +395,19 @@ export class Heatmap {
                 d.values[f][li].push(v);
             });
         }
-        this.draw();
+        this.drawSoon();
+    }
+
+    // A live job sends a diagnosed step several times a second: its counts are set at once,
+    // the canvas drawn once a frame.
+    drawSoon() {
+        this.el.dataset.layers = String(this.data.layers.length);
+        this.el.dataset.steps = String(this.data.steps.length);
+        if (this.frame) return;
+        this.frame = requestAnimationFrame(() => {
+            this.frame = 0;
+            this.draw();
+        });
     }
 
     draw() {
@@ -450,7 +462,7 @@ export class Heatmap {
             const li = d.layers.indexOf(fn.layer);
             if (li >= 0) ctx.strokeRect(k * colW + 1, li * rowH + 1, Math.max(2, colW - 2), rowH - 3);
         });
-        axis.textContent = `steps ${d.steps[0].toLocaleString('en-US')} … ${d.steps[n - 1].toLocaleString('en-US')} ` +
+        axis.textContent = `steps ${fmtInt(d.steps[0])} … ${fmtInt(d.steps[n - 1])} ` +
                            `(${n} diagnosed steps; outlined: first layer to produce inf/NaN)`;
         const culprits = firstNonfiniteCounts(d.first);
         this.el.dataset.culprits = culprits.map(([k, c]) => `${k}:${c}`).join(',');
@@ -481,6 +493,7 @@ export class Heatmap {
 
     destroy() {
         this.ro.disconnect();
+        cancelAnimationFrame(this.frame);
         this.el.remove();
     }
 }

@@ -355,6 +355,11 @@ export class RunPage {
     }
 
     redraw() {
+        if (this.eventsDirty && !this.disposed) {
+            this.eventsDirty = false;
+            this.memoryFromEvents();
+            this.renderEvents();
+        }
         if (!this.dirty || this.zoomed || this.disposed) return;
         this.dirty = false;
         this.drawSeries(this.series, null);
@@ -527,8 +532,7 @@ export class RunPage {
                 // last loaded step may be in both: events have ids
                 if (this.events.some((e) => e.id === m.id)) return;
                 this.events.push(m);
-                this.memoryFromEvents();
-                this.renderEvents();
+                this.eventsDirty = true; /* drawn with the charts: a fast job sends many */
             },
             checkpoint: () => this.loadCheckpoints(),
             layers: (m) => this.heat.push(m),
