@@ -99,8 +99,8 @@ int gpu_cuda_twin_step(gpu_cuda_twin *d, const void *x, const int *y, int B, dou
 int gpu_cuda_twin_eval(gpu_cuda_twin *d, const void *x, const int *y, int B, double *loss_sum,
                        int *correct);
 /* Copy the device's master, working copy, m and v (and an fp8 job's scaling state) into the
- * host blocks and, when grads is
- * not NULL, the gradient block into grads (nparams floats). Synchronous. */
+ * host blocks and, when grads is not NULL, the gradient block into grads (nparams floats).
+ * Synchronous. */
 int gpu_cuda_twin_download(gpu_cuda_twin *d, float *grads);
 /* Copy the host blocks to the device and rewrite the step state (a restored checkpoint).
  * Synchronous. */

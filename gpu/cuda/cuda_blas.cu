@@ -725,6 +725,17 @@ typedef struct {
     unsigned long long n, sat, ufl, nz, nan;
 } fp8_cnt;
 
+/* The warp's largest |x| bits, in lane 0. */
+static __device__ uint32_t fp8_warp_max(uint32_t most)
+{
+    for (int off = 16; off > 0; off >>= 1) {
+        uint32_t o = __shfl_down_sync(0xFFFFFFFFu, most, off);
+        most = o > most ? o : most;
+    }
+    return most;
+}
+
+/* The warp's counts into k (most: the warp's largest |x| bits, already summed in lane 0). */
 static __device__ void fp8_cnt_flush(gpu_cuda_fp8_counts *k, fp8_cnt v, uint32_t most,
                                      const float *scale)
 {
@@ -734,8 +745,6 @@ static __device__ void fp8_cnt_flush(gpu_cuda_fp8_counts *k, fp8_cnt v, uint32_t
         v.ufl += __shfl_down_sync(0xFFFFFFFFu, v.ufl, off);
         v.nz += __shfl_down_sync(0xFFFFFFFFu, v.nz, off);
         v.nan += __shfl_down_sync(0xFFFFFFFFu, v.nan, off);
-        uint32_t o = __shfl_down_sync(0xFFFFFFFFu, most, off);
-        most = o > most ? o : most;
     }
     if (threadIdx.x % 32 != 0)
         return;
@@ -751,7 +760,8 @@ static __device__ void fp8_cnt_flush(gpu_cuda_fp8_counts *k, fp8_cnt v, uint32_t
 }
 
 /* Grid-stride over the values; counts (with dst only) as gpu_fp8_cast counts its stats. The
- * blocks are whole warps, and every thread reaches the warp sum. */
+ * blocks are whole warps, and every thread reaches the warp sums: the amax and the counts
+ * take one atomic per warp. */
 static __global__ void gpu_k_fp8_cast(uint8_t *dst, uint8_t *dst_t, const void *src, gpu_dtype sdt,
                                       int rows, int cols, int e5m2, const float *scale, float *amax,
                                       gpu_cuda_fp8_counts *cnt, float top)
@@ -780,7 +790,8 @@ static __global__ void gpu_k_fp8_cast(uint8_t *dst, uint8_t *dst_t, const void *
             v.nz += a != 0 && a < 0x7F800000u;
         }
     }
-    if (amax && most)
+    most = fp8_warp_max(most); /* one atomic a warp, not a thread */
+    if (amax && most && threadIdx.x % 32 == 0)
         atomicMax((unsigned int *)amax, (unsigned int)most);
     if (cnt)
         fp8_cnt_flush(cnt, v, most, scale);

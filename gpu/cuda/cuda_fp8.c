@@ -43,6 +43,16 @@ int gpu_cuda_fp8_cast_op(const gpu_cuda_model_ctx *c, int g, int r, const void *
 }
 
 /* See cuda_model.h. */
+int gpu_cuda_fp8_cast_weight(const gpu_cuda_model_ctx *c, int g, size_t w_off, int rows, int cols,
+                             uint8_t *dst, uint8_t *dst_t)
+{
+    const void *W = c->master ? (const void *)(c->master + w_off)
+                              : (const uint8_t *)c->work + w_off * gpu_dtype_size(c->wdt);
+    return gpu_cuda_fp8_cast_op(c, g, GPU_FP8_W, W, c->master ? GPU_FP32 : c->wdt, rows, cols, dst,
+                                dst_t);
+}
+
+/* See cuda_model.h. */
 int gpu_cuda_fp8_gemm_op(const gpu_cuda_model_ctx *c, int g, int M, int N, int K, const uint8_t *A,
                          int ra, const uint8_t *B, int rb, float *C)
 {

@@ -593,11 +593,9 @@ static int fp8_fwd(const gpt_run *r, int g, const void *X, int K, int O, size_t 
 {
     const gpu_cuda_model_ctx *c = r->c;
     uint8_t *b = c->fp8_block;
-    const void *W = c->master ? (const void *)(c->master + w_off) : cel(c->work, w_off, c->wdt);
     GPU_TRY(gpu_cuda_fp8_cast_op(c, g, GPU_FP8_X, X, r->m->lin_dt, r->N, K, b + r->F.x8,
                                  b + r->F.x8t[g]));
-    GPU_TRY(gpu_cuda_fp8_cast_op(c, g, GPU_FP8_W, W, c->master ? GPU_FP32 : c->wdt, O, K,
-                                 b + r->F.w8, b + r->F.w8t[g]));
+    GPU_TRY(gpu_cuda_fp8_cast_weight(c, g, w_off, O, K, b + r->F.w8, b + r->F.w8t[g]));
     return gpu_cuda_fp8_gemm_op(c, g, r->N, O, K, b + r->F.x8, GPU_FP8_X, b + r->F.w8, GPU_FP8_W,
                                 F);
 }

@@ -48,6 +48,7 @@
 
 #include "gpu/cuda/cuda_model.h"
 #include "gpu/cuda/cuda_util.h"
+#include "gpu/fp8.h"
 
 static bool act_needs_z(const gpu_mlp *m, int l)
 {
@@ -312,24 +313,22 @@ static bool is_fp8(const mlp_pass *p, int l)
 static int fp8_fwd(const mlp_pass *p, int l, float *o)
 {
     const gpu_mlp *m = p->m;
-    const gpu_cuda_model_ctx *c = p->c;
-    uint8_t *b = c->fp8_block;
+    uint8_t *b = p->c->fp8_block;
     int B = p->B, in = m->width[l], out = m->width[l + 1];
-    const void *W = c->master ? (const void *)(c->master + m->w_off[l])
-                              : (const uint8_t *)c->work + m->w_off[l] * gpu_dtype_size(c->wdt);
-    GPU_TRY(gpu_cuda_fp8_cast_op(p->c, l, 0, p->acts + p->a.x[l], m->lin_dt, B, in, b + p->f.x8[l],
-                                 b + p->f.x8t[l]));
-    GPU_TRY(gpu_cuda_fp8_cast_op(p->c, l, 1, W, c->master ? GPU_FP32 : c->wdt, out, in,
-                                 b + p->f.w8[l], b + p->f.w8t[l]));
-    return gpu_cuda_fp8_gemm_op(p->c, l, B, out, in, b + p->f.x8[l], 0, b + p->f.w8[l], 1, o);
+    GPU_TRY(gpu_cuda_fp8_cast_op(p->c, l, GPU_FP8_X, p->acts + p->a.x[l], m->lin_dt, B, in,
+                                 b + p->f.x8[l], b + p->f.x8t[l]));
+    GPU_TRY(
+        gpu_cuda_fp8_cast_weight(p->c, l, m->w_off[l], out, in, b + p->f.w8[l], b + p->f.w8t[l]));
+    return gpu_cuda_fp8_gemm_op(p->c, l, B, out, in, b + p->f.x8[l], GPU_FP8_X, b + p->f.w8[l],
+                                GPU_FP8_W, o);
 }
 
 /* Linear l's output gradient dz (B x out, lin_dt) cast to fp8 with its transpose. */
 static int fp8_grad(const mlp_pass *p, int l, const void *dz)
 {
     uint8_t *b = p->c->fp8_block;
-    return gpu_cuda_fp8_cast_op(p->c, l, 2, dz, p->m->lin_dt, p->B, p->m->width[l + 1], b + p->f.g8,
-                                b + p->f.g8t);
+    return gpu_cuda_fp8_cast_op(p->c, l, GPU_FP8_G, dz, p->m->lin_dt, p->B, p->m->width[l + 1],
+                                b + p->f.g8, b + p->f.g8t);
 }
 
 /* Linear l forward and its epilogue (bias, rounding, saved z, activation). */
@@ -405,7 +404,8 @@ static int param_grads(const mlp_pass *p, int l, const void *dz)
     if (is_fp8(p, l)) { /* dW = dz^T x on the transposed copies (TN) */
         uint8_t *b = c->fp8_block;
         GPU_TRY(fp8_grad(p, l, dz));
-        GPU_TRY(gpu_cuda_fp8_gemm_op(p->c, l, out, in, B, b + p->f.g8t, 2, b + p->f.x8t[l], 0, gw));
+        GPU_TRY(gpu_cuda_fp8_gemm_op(p->c, l, out, in, B, b + p->f.g8t, GPU_FP8_G, b + p->f.x8t[l],
+                                     GPU_FP8_X, gw));
     } else {
         GPU_TRY(
             gemm(p, true, false, out, in, B, dz, out, p->acts + p->a.x[l], in, m->lin_dt, gw, in));
@@ -445,7 +445,8 @@ static int input_grad(const mlp_pass *p, int l, const void *dz, void *dx)
 
     if (is_fp8(p, l)) { /* dX = dz W: the gradient's fp8 copy (param_grads made it), W^T */
         uint8_t *b = p->c->fp8_block;
-        GPU_TRY(gpu_cuda_fp8_gemm_op(p->c, l, B, in, out, b + p->f.g8, 2, b + p->f.w8t[l], 1, d32));
+        GPU_TRY(gpu_cuda_fp8_gemm_op(p->c, l, B, in, out, b + p->f.g8, GPU_FP8_G, b + p->f.w8t[l],
+                                     GPU_FP8_W, d32));
     } else {
         GPU_TRY(weight(p, l, &W));
         GPU_TRY(gemm(p, false, false, B, in, out, dz, out, W, in, m->lin_dt, d32, in));

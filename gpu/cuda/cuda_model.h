@@ -86,6 +86,10 @@ typedef struct {
  * scaling records the amax in the staging slot when ctx->fp8_record. */
 int gpu_cuda_fp8_cast_op(const gpu_cuda_model_ctx *c, int g, int r, const void *src, gpu_dtype dt,
                          int rows, int cols, uint8_t *dst, uint8_t *dst_t);
+/* gpu_cuda_fp8_cast_op of GEMM g's weight (rows x cols at parameter offset w_off): the fp32
+ * master when there is one, else the working copy, as the CPU's fp8 linears read it. */
+int gpu_cuda_fp8_cast_weight(const gpu_cuda_model_ctx *c, int g, size_t w_off, int rows, int cols,
+                             uint8_t *dst, uint8_t *dst_t);
 /* C[M x N] (fp32, ld N) = (A B^T) x the scale_inv of GEMM g's operands ra and rb: fp8 A
  * (M x K) and B (N x K), both K-major (cuBLASLt's TN). */
 int gpu_cuda_fp8_gemm_op(const gpu_cuda_model_ctx *c, int g, int M, int N, int K, const uint8_t *A,
